@@ -1,0 +1,302 @@
+/* moe_ep.h: the public C ABI of libmoe_ep.so (ABI v1).
+ *
+ * An engine dlopens the library, looks up the exported table
+ * `moe_ep_plugin_v1` (see moe_ep_loader.h) and calls everything through it.
+ * Every public struct starts with `size_t struct_size`: the library reads
+ * only the fields that fit in that size and uses defaults for the rest, so
+ * old engines keep working when fields are appended. Fields are only ever
+ * appended; tests/abi_layout_test.cc pins every offset.
+ */
+#ifndef MOE_EP_H_
+#define MOE_EP_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MOE_EP_ABI_VERSION 1u
+#define MOE_EP_VERSION_MAJOR 0
+#define MOE_EP_VERSION_MINOR 1
+#define MOE_EP_VERSION_PATCH 0
+
+/* ---- status ------------------------------------------------------------ */
+
+typedef enum moe_ep_status {
+  MOE_EP_OK = 0,
+  MOE_EP_ERR_INVALID_ARGUMENT = 1, /* a parameter broke a documented rule */
+  MOE_EP_ERR_CONFIG = 2,           /* YAML / config value rejected */
+  MOE_EP_ERR_UNSUPPORTED = 3,      /* valid request this build/backend lacks */
+  MOE_EP_ERR_NO_MEMORY = 4,
+  MOE_EP_ERR_BOOTSTRAP = 5,        /* group could not form within timeout */
+  MOE_EP_ERR_PEER_FAILED = 6,      /* a peer died or vanished mid-operation */
+  MOE_EP_ERR_TIMEOUT = 7,          /* a bounded wait expired */
+  MOE_EP_ERR_MISMATCH = 8,         /* ranks disagree (config hash, versions) */
+  MOE_EP_ERR_CUDA = 9,
+  MOE_EP_ERR_NCCL = 10,
+  MOE_EP_ERR_UCX = 11,
+  MOE_EP_ERR_BUSY = 12,            /* e.g. a third pending double-buffered op */
+  MOE_EP_ERR_INTERNAL = 13,
+  MOE_EP_STATUS_COUNT_ = 14
+} moe_ep_status_t;
+
+/* ---- tensors ----------------------------------------------------------- */
+
+/* Layout-identical to DLPack's DLTensor (tests/abi_layout_test.cc checks
+ * this against <dlpack/dlpack.h>), so a DLTensor* casts to it directly. */
+typedef enum moe_ep_device_type {
+  MOE_EP_DEVICE_CPU = 1,       /* kDLCPU */
+  MOE_EP_DEVICE_CUDA = 2,      /* kDLCUDA */
+  MOE_EP_DEVICE_CUDA_HOST = 3  /* kDLCUDAHost */
+} moe_ep_device_type_t;
+
+typedef enum moe_ep_dtype_code {
+  MOE_EP_DTYPE_INT = 0,        /* kDLInt */
+  MOE_EP_DTYPE_UINT = 1,       /* kDLUInt */
+  MOE_EP_DTYPE_FLOAT = 2,      /* kDLFloat */
+  MOE_EP_DTYPE_BFLOAT = 4,     /* kDLBfloat */
+  MOE_EP_DTYPE_FLOAT8_E4M3FN = 10 /* kDLFloat8_e4m3fn (DLPack >= 1.1) */
+} moe_ep_dtype_code_t;
+
+typedef struct moe_ep_device {
+  int32_t device_type; /* moe_ep_device_type_t */
+  int32_t device_id;
+} moe_ep_device_t;
+
+typedef struct moe_ep_data_type {
+  uint8_t code; /* moe_ep_dtype_code_t */
+  uint8_t bits;
+  uint16_t lanes;
+} moe_ep_data_type_t;
+
+typedef struct moe_ep_tensor {
+  void *data;
+  moe_ep_device_t device;
+  int32_t ndim;
+  moe_ep_data_type_t dtype;
+  int64_t *shape;
+  int64_t *strides; /* in elements; NULL = compact row-major */
+  uint64_t byte_offset;
+} moe_ep_tensor_t;
+
+/* ---- configuration ----------------------------------------------------- */
+
+typedef enum moe_ep_backend {
+  MOE_EP_BACKEND_AUTO = 0, /* nccl when a CUDA device is present, else host */
+  MOE_EP_BACKEND_HOST = 1,
+  MOE_EP_BACKEND_NCCL = 2
+} moe_ep_backend_t;
+
+typedef enum moe_ep_mode {
+  MOE_EP_MODE_LOW_LATENCY = 0,
+  MOE_EP_MODE_HIGH_THROUGHPUT = 1
+} moe_ep_mode_t;
+
+typedef enum moe_ep_dispatch_dtype {
+  MOE_EP_DISPATCH_BF16 = 0,
+  MOE_EP_DISPATCH_FP8_E4M3 = 1
+} moe_ep_dispatch_dtype_t;
+
+typedef enum moe_ep_fp8_scale {
+  MOE_EP_FP8_SCALE_F32 = 0,         /* one f32 scale per 128 channels */
+  MOE_EP_FP8_SCALE_UE8M0 = 1,       /* power-of-two scales, f32 storage */
+  MOE_EP_FP8_SCALE_UE8M0_PACKED = 2 /* power-of-two, 4 exponents per int32 */
+} moe_ep_fp8_scale_t;
+
+typedef enum moe_ep_transport {
+  MOE_EP_TRANSPORT_AUTO = 0,
+  MOE_EP_TRANSPORT_LSA = 1,
+  MOE_EP_TRANSPORT_GIN = 2,
+  MOE_EP_TRANSPORT_GIN_EMULATED = 3
+} moe_ep_transport_t;
+
+typedef enum moe_ep_log_level {
+  MOE_EP_LOG_NONE = 0,
+  MOE_EP_LOG_ERROR = 1,
+  MOE_EP_LOG_WARN = 2,
+  MOE_EP_LOG_INFO = 3,
+  MOE_EP_LOG_DEBUG = 4,
+  MOE_EP_LOG_TRACE = 5
+} moe_ep_log_level_t;
+
+#define MOE_EP_ADDRESS_MAX 256
+#define MOE_EP_ENV_NAME_MAX 64
+
+/* The effective configuration: what the engine's YAML `moe_ep:` section
+ * says, with defaults filled in and MOE_EP_<KEY> environment overrides
+ * applied. Build one with `config_from_yaml` (the text "moe_ep: {}" gives
+ * every default). */
+typedef struct moe_ep_config {
+  size_t struct_size;
+  int32_t backend;          /* moe_ep_backend_t */
+  int32_t mode;             /* moe_ep_mode_t */
+  int32_t num_experts;      /* global expert count */
+  int32_t hidden;           /* max hidden size of any layer */
+  int32_t top_k;            /* max top_k of any layer */
+  int32_t max_tokens_per_rank;
+  int32_t dispatch_dtype;   /* moe_ep_dispatch_dtype_t */
+  int32_t fp8_scale;        /* moe_ep_fp8_scale_t */
+  int32_t double_buffer;    /* 0 or 1: two buffer sets for hooks */
+  int32_t transport;        /* moe_ep_transport_t */
+  int32_t bootstrap_timeout_ms;
+  int32_t kernel_timeout_ms;
+  int32_t log_level;        /* moe_ep_log_level_t */
+  char bootstrap_address[MOE_EP_ADDRESS_MAX]; /* "host:port" of rank 0 */
+  char bootstrap_token_env[MOE_EP_ENV_NAME_MAX]; /* env var holding the job token */
+} moe_ep_config_t;
+
+/* ---- group ------------------------------------------------------------- */
+
+typedef struct moe_ep_group moe_ep_group_t;   /* opaque */
+typedef struct moe_ep_handle moe_ep_handle_t; /* opaque: one routing layout */
+typedef struct moe_ep_hook moe_ep_hook_t;     /* opaque: a deferred receive */
+
+typedef void (*moe_ep_logger_fn)(void *user, int level, const char *message);
+
+/* rank / world_size < 0 mean "read MOE_EP_RANK / MOE_EP_WORLD_SIZE"
+ * (the launcher sets them). */
+typedef struct moe_ep_group_params {
+  size_t struct_size;
+  const moe_ep_config_t *config; /* borrowed for the call only */
+  int32_t rank;
+  int32_t world_size;
+  int32_t cuda_device;           /* < 0: current device (nccl backend) */
+  int32_t reserved0;
+  void *nccl_comm;               /* optional engine ncclComm_t for the EP group */
+} moe_ep_group_params_t;
+
+#define MOE_EP_TRANSPORT_NAME_MAX 16
+
+typedef struct moe_ep_group_info {
+  size_t struct_size;
+  int32_t rank;
+  int32_t world_size;
+  int32_t num_local_experts;
+  int32_t backend;              /* moe_ep_backend_t actually chosen */
+  int32_t mode;
+  int32_t num_sms;              /* SMs the kernels may use (0 on host) */
+  uint64_t bytes_allocated;     /* communication buffers this rank holds */
+  uint64_t config_hash;         /* canonical hash of the effective config */
+  /* transport per peer (moe_ep_transport_t), world_size entries; may be
+   * NULL to skip; the caller owns the array. */
+  int32_t *peer_transports;
+  int32_t peer_transports_len;
+  int32_t reserved0;
+} moe_ep_group_info_t;
+
+/* ---- operations -------------------------------------------------------- */
+
+#define MOE_EP_FLAG_DEFER_RECV (1u << 0) /* launch send half, return a hook */
+#define MOE_EP_FLAG_ROUND_SCALE (1u << 1) /* fp8: power-of-two scales */
+
+typedef struct moe_ep_prepare_params {
+  size_t struct_size;
+  const moe_ep_tensor_t *topk_idx; /* [T, K] int32/int64, -1 = no expert */
+  int32_t num_tokens;              /* T; <= max_tokens_per_rank */
+  int32_t top_k;                   /* K; <= config top_k */
+  void *stream;                    /* cudaStream_t (nccl); ignored on host */
+  /* HT outputs (optional, may be NULL): */
+  moe_ep_tensor_t *num_tokens_per_rank;   /* [R] int32 */
+  moe_ep_tensor_t *num_tokens_per_expert; /* [E] int32 */
+  moe_ep_tensor_t *is_token_in_rank;      /* [T, R] uint8 */
+} moe_ep_prepare_params_t;
+
+typedef struct moe_ep_dispatch_params {
+  size_t struct_size;
+  uint32_t flags;              /* MOE_EP_FLAG_* */
+  int32_t hidden;              /* this layer's hidden (<= config hidden) */
+  const moe_ep_tensor_t *x;    /* [T, H] bf16 */
+  void *stream;
+  /* LL outputs: */
+  moe_ep_tensor_t *recv_x;      /* [E_local, R*max_tokens, H] bf16 or fp8 */
+  moe_ep_tensor_t *recv_scales; /* [E_local, R*max_tokens, H/128] f32, or
+                                   [E_local, R*max_tokens, H/512] int32 */
+  moe_ep_tensor_t *recv_count;  /* [E_local] int32 */
+  /* HT outputs: */
+  const moe_ep_tensor_t *topk_weights; /* [T, K] f32 (HT input) */
+  moe_ep_tensor_t *recv_topk_idx;      /* [N_recv, K] int32 local id or -1 */
+  moe_ep_tensor_t *recv_topk_weights;  /* [N_recv, K] f32 */
+  int64_t *num_recv_tokens;            /* host out: N_recv (HT) */
+} moe_ep_dispatch_params_t;
+
+typedef struct moe_ep_combine_params {
+  size_t struct_size;
+  uint32_t flags;
+  int32_t hidden;
+  const moe_ep_tensor_t *y;            /* LL: [E_local, R*max_tokens, H];
+                                          HT: [N_recv, H] bf16 */
+  const moe_ep_tensor_t *topk_weights; /* [T, K] f32 (LL) */
+  moe_ep_tensor_t *out;                /* [T, H] bf16 */
+  void *stream;
+} moe_ep_combine_params_t;
+
+/* ---- the function table ------------------------------------------------ */
+
+typedef struct moe_ep_plugin_v1 {
+  size_t struct_size; /* sizeof(moe_ep_plugin_v1_t) of the library */
+  uint32_t abi_version;
+  const char *name;   /* "moe_ep" */
+
+  moe_ep_status_t (*get_version)(int *major, int *minor, int *patch);
+  /* Thread-local sentence about the last failure on this thread. Valid
+   * until the next call on the same thread. Never NULL. */
+  const char *(*last_error)(void);
+  const char *(*status_string)(moe_ep_status_t status);
+  /* Route library log lines to the engine; fn NULL restores stderr. */
+  moe_ep_status_t (*set_logger)(moe_ep_logger_fn fn, void *user);
+
+  /* `path_or_text` is a file path, or YAML text when it contains a newline
+   * or a ':' and no such file exists. On success *out is a new config the
+   * caller frees with config_free. */
+  moe_ep_status_t (*config_from_yaml)(const char *path_or_text,
+                                      moe_ep_config_t **out);
+  void (*config_free)(moe_ep_config_t *config);
+  moe_ep_status_t (*buffer_size_hint)(const moe_ep_config_t *config,
+                                      int32_t world_size, uint64_t *bytes);
+
+  /* Collective over all ranks. On success *out is owned by the caller and
+   * released with group_destroy (collective too). */
+  moe_ep_status_t (*group_create)(const moe_ep_group_params_t *params,
+                                  moe_ep_group_t **out);
+  moe_ep_status_t (*group_destroy)(moe_ep_group_t *group);
+  moe_ep_status_t (*group_info)(const moe_ep_group_t *group,
+                                moe_ep_group_info_t *info);
+  /* OK, or the asynchronous error (e.g. TIMEOUT) a kernel recorded. */
+  moe_ep_status_t (*group_poll_error)(moe_ep_group_t *group);
+  moe_ep_status_t (*set_num_sms)(moe_ep_group_t *group, int32_t num_sms);
+  moe_ep_status_t (*max_sms_used)(const moe_ep_group_t *group,
+                                  int32_t *num_sms);
+
+  /* Routing layout for one layer call; *handle is owned by the caller
+   * (handle_free). */
+  moe_ep_status_t (*prepare)(moe_ep_group_t *group,
+                             const moe_ep_prepare_params_t *params,
+                             moe_ep_handle_t **handle);
+  /* With MOE_EP_FLAG_DEFER_RECV, *hook receives a hook to run later;
+   * otherwise *hook (if hook is non-NULL) is set to NULL. On error no hook
+   * is returned and no work stays queued. */
+  moe_ep_status_t (*dispatch)(moe_ep_group_t *group, moe_ep_handle_t *handle,
+                              const moe_ep_dispatch_params_t *params,
+                              moe_ep_hook_t **hook);
+  moe_ep_status_t (*combine)(moe_ep_group_t *group, moe_ep_handle_t *handle,
+                             const moe_ep_combine_params_t *params,
+                             moe_ep_hook_t **hook);
+  /* Finish the deferred receive on `stream` (any host thread). A hook runs
+   * once; it stays owned by the caller until hook_free. */
+  moe_ep_status_t (*hook_run)(moe_ep_hook_t *hook, void *stream);
+  void (*hook_free)(moe_ep_hook_t *hook);
+  void (*handle_free)(moe_ep_handle_t *handle);
+} moe_ep_plugin_v1_t;
+
+#define MOE_EP_PLUGIN_V1_SYMBOL "moe_ep_plugin_v1"
+
+/* Initializers: zero everything, set struct_size. */
+#define MOE_EP_INIT(type) ((type){.struct_size = sizeof(type)})
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOE_EP_H_ */

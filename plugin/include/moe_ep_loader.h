@@ -1,0 +1,104 @@
+/* moe_ep_loader.h: header-only helper an engine uses to load libmoe_ep.so.
+ *
+ *   const moe_ep_plugin_v1_t *ep;
+ *   char err[512];
+ *   void *lib = moe_ep_load("/path/libmoe_ep.so", &ep, err, sizeof err);
+ *   if (lib == NULL) { report(err); }
+ *   ...
+ *   moe_ep_unload(lib);
+ *
+ * It dlopens the file, probes the newest table this header understands down
+ * to the oldest, and checks abi_version and struct_size, so a too-old or
+ * foreign library is refused with a sentence instead of a crash. Link the
+ * engine with -ldl on older glibc. */
+#ifndef MOE_EP_LOADER_H_
+#define MOE_EP_LOADER_H_
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "moe_ep.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The smallest v1 table this header can use: everything up to handle_free. */
+#define MOE_EP_LOADER_MIN_V1_SIZE \
+  (offsetof(moe_ep_plugin_v1_t, handle_free) + sizeof(void (*)(void)))
+
+/* Whether `table` (of the size it reports) has the entry `field` set;
+ * use before calling entries appended after v1's first release. */
+#define MOE_EP_HAS_ENTRY(table, field)                                   \
+  ((table)->struct_size >= offsetof(moe_ep_plugin_v1_t, field) +       \
+                               sizeof((table)->field) &&               \
+   (table)->field != NULL)
+
+/* Returns the dlopen handle (pass to moe_ep_unload) and sets *table, or
+ * returns NULL with a sentence in err (if err_len > 0). */
+static inline void *moe_ep_load(const char *path,
+                                const moe_ep_plugin_v1_t **table, char *err,
+                                size_t err_len) {
+  static const char *const symbols[] = {MOE_EP_PLUGIN_V1_SYMBOL};
+  void *lib;
+  const moe_ep_plugin_v1_t *found = NULL;
+  size_t i;
+
+  if (table != NULL) *table = NULL;
+  if (path == NULL || table == NULL) {
+    if (err_len > 0)
+      snprintf(err, err_len, "moe_ep_load: path and table must be non-NULL");
+    return NULL;
+  }
+  lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (lib == NULL) {
+    const char *why = dlerror();
+    if (err_len > 0)
+      snprintf(err, err_len, "moe_ep_load: cannot open '%s': %s", path,
+               why ? why : "unknown dlopen error");
+    return NULL;
+  }
+  for (i = 0; i < sizeof(symbols) / sizeof(symbols[0]) && found == NULL; i++) {
+    found = (const moe_ep_plugin_v1_t *)dlsym(lib, symbols[i]);
+  }
+  if (found == NULL) {
+    if (err_len > 0)
+      snprintf(err, err_len,
+               "moe_ep_load: '%s' exports no moe_ep_plugin_v1 table (not a "
+               "moe_ep library, or one older than ABI v1)",
+               path);
+    dlclose(lib);
+    return NULL;
+  }
+  if (found->abi_version != MOE_EP_ABI_VERSION) {
+    if (err_len > 0)
+      snprintf(err, err_len,
+               "moe_ep_load: '%s' table moe_ep_plugin_v1 reports abi_version "
+               "%u, this engine was built for %u",
+               path, found->abi_version, MOE_EP_ABI_VERSION);
+    dlclose(lib);
+    return NULL;
+  }
+  if (found->struct_size < MOE_EP_LOADER_MIN_V1_SIZE) {
+    if (err_len > 0)
+      snprintf(err, err_len,
+               "moe_ep_load: '%s' table moe_ep_plugin_v1 is %zu bytes, too old: "
+               "this engine needs at least %zu",
+               path, found->struct_size, (size_t)MOE_EP_LOADER_MIN_V1_SIZE);
+    dlclose(lib);
+    return NULL;
+  }
+  *table = found;
+  return lib;
+}
+
+static inline void moe_ep_unload(void *lib) {
+  if (lib != NULL) dlclose(lib);
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOE_EP_LOADER_H_ */

@@ -1,0 +1,54 @@
+/* bootstrap.h: UCX out-of-band bootstrap: rank 0 listens on
+ * bootstrap.address, the others connect with retry; a job token is checked in
+ * the handshake; allgather / broadcast / barrier over the resulting star.
+ * Every wait is bounded by timeout_ms; a peer that dies turns into
+ * MOE_EP_ERR_PEER_FAILED naming it on every surviving rank. */
+#ifndef MEP_BOOTSTRAP_H_
+#define MEP_BOOTSTRAP_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moe_ep.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mep_bootstrap mep_bootstrap_t;
+
+typedef struct mep_bootstrap_params {
+  int rank;
+  int world_size;
+  const char *address; /* "host:port" rank 0 listens on / others dial */
+  int timeout_ms;      /* bound on forming the group and on every collective */
+  const char *token;   /* job token, "" or NULL = none expected */
+} mep_bootstrap_params_t;
+
+/* Collective: returns once all world_size ranks have joined (token checked),
+ * or MOE_EP_ERR_BOOTSTRAP naming who is missing after timeout_ms. */
+moe_ep_status_t mep_bootstrap_create(const mep_bootstrap_params_t *params,
+                                     mep_bootstrap_t **out);
+/* Accepts NULL. Not collective (a peer may already be gone). */
+void mep_bootstrap_destroy(mep_bootstrap_t *bs);
+
+int mep_bootstrap_rank(const mep_bootstrap_t *bs);
+int mep_bootstrap_world_size(const mep_bootstrap_t *bs);
+
+/* recv holds world_size blocks of `bytes`, block r from rank r. */
+moe_ep_status_t mep_bootstrap_allgather(mep_bootstrap_t *bs, const void *send,
+                                        void *recv, size_t bytes);
+moe_ep_status_t mep_bootstrap_broadcast(mep_bootstrap_t *bs, void *buf,
+                                        size_t bytes, int root);
+moe_ep_status_t mep_bootstrap_barrier(mep_bootstrap_t *bs);
+
+/* The UCX context and worker, so the host backend can build its data-path
+ * endpoints (full mesh) on the same worker. Owned by the bootstrap. */
+void *mep_bootstrap_ucp_context(mep_bootstrap_t *bs); /* ucp_context_h */
+void *mep_bootstrap_ucp_worker(mep_bootstrap_t *bs);  /* ucp_worker_h */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MEP_BOOTSTRAP_H_ */

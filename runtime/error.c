@@ -1,0 +1,56 @@
+/* error.c: thread-local last-error text and status names. */
+#include "runtime/error.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "runtime/log.h"
+
+static __thread char tls_error[MEP_ERROR_MAX];
+
+moe_ep_status_t mep_error(moe_ep_status_t status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(tls_error, sizeof(tls_error), fmt, ap);
+  va_end(ap);
+  mep_log(MOE_EP_LOG_DEBUG, "error", "%s: %s", mep_status_string(status),
+          tls_error);
+  return status;
+}
+
+void mep_error_prefix(const char *fmt, ...) {
+  char prefix[256];
+  char old[MEP_ERROR_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(prefix, sizeof(prefix), fmt, ap);
+  va_end(ap);
+  memcpy(old, tls_error, sizeof(old));
+  snprintf(tls_error, sizeof(tls_error), "%s: %s", prefix, old);
+}
+
+const char *mep_last_error(void) { return tls_error; }
+
+void mep_error_clear(void) { tls_error[0] = '\0'; }
+
+const char *mep_status_string(moe_ep_status_t status) {
+  switch (status) {
+    case MOE_EP_OK: return "MOE_EP_OK";
+    case MOE_EP_ERR_INVALID_ARGUMENT: return "MOE_EP_ERR_INVALID_ARGUMENT";
+    case MOE_EP_ERR_CONFIG: return "MOE_EP_ERR_CONFIG";
+    case MOE_EP_ERR_UNSUPPORTED: return "MOE_EP_ERR_UNSUPPORTED";
+    case MOE_EP_ERR_NO_MEMORY: return "MOE_EP_ERR_NO_MEMORY";
+    case MOE_EP_ERR_BOOTSTRAP: return "MOE_EP_ERR_BOOTSTRAP";
+    case MOE_EP_ERR_PEER_FAILED: return "MOE_EP_ERR_PEER_FAILED";
+    case MOE_EP_ERR_TIMEOUT: return "MOE_EP_ERR_TIMEOUT";
+    case MOE_EP_ERR_MISMATCH: return "MOE_EP_ERR_MISMATCH";
+    case MOE_EP_ERR_CUDA: return "MOE_EP_ERR_CUDA";
+    case MOE_EP_ERR_NCCL: return "MOE_EP_ERR_NCCL";
+    case MOE_EP_ERR_UCX: return "MOE_EP_ERR_UCX";
+    case MOE_EP_ERR_BUSY: return "MOE_EP_ERR_BUSY";
+    case MOE_EP_ERR_INTERNAL: return "MOE_EP_ERR_INTERNAL";
+    case MOE_EP_STATUS_COUNT_: break;
+  }
+  return "MOE_EP_ERR_UNKNOWN";
+}

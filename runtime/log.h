@@ -1,0 +1,28 @@
+/* log.h: the library's only way to emit text. Level from MOE_EP_LOG_LEVEL
+ * (name or number) or the config's log_level; an engine may install its own
+ * logger through set_logger. Nothing else in the library prints. */
+#ifndef MEP_LOG_H_
+#define MEP_LOG_H_
+
+#include "moe_ep.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+void mep_log(int level, const char *subsys, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int mep_log_level(void);
+void mep_log_set_level(int level);
+void mep_log_set_logger(moe_ep_logger_fn fn, void *user);
+
+#define MEP_LOG_ERROR(sub, ...) mep_log(MOE_EP_LOG_ERROR, sub, __VA_ARGS__)
+#define MEP_LOG_WARN(sub, ...) mep_log(MOE_EP_LOG_WARN, sub, __VA_ARGS__)
+#define MEP_LOG_INFO(sub, ...) mep_log(MOE_EP_LOG_INFO, sub, __VA_ARGS__)
+#define MEP_LOG_DEBUG(sub, ...) mep_log(MOE_EP_LOG_DEBUG, sub, __VA_ARGS__)
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MEP_LOG_H_ */
