@@ -109,7 +109,8 @@ typedef enum moe_ep_transport {
   MOE_EP_TRANSPORT_AUTO = 0,
   MOE_EP_TRANSPORT_LSA = 1,
   MOE_EP_TRANSPORT_GIN = 2,
-  MOE_EP_TRANSPORT_GIN_EMULATED = 3
+  MOE_EP_TRANSPORT_GIN_EMULATED = 3,
+  MOE_EP_TRANSPORT_UCX_HOST = 4 /* host backend: UCX RMA (reported only) */
 } moe_ep_transport_t;
 
 typedef enum moe_ep_log_level {

@@ -1,0 +1,61 @@
+/* host_rows.h: the host backend's wire row: one token sent once to one
+ * destination rank, with the destination's local expert ids for each top-k
+ * slot, its weights (HT), and its payload (bf16, or fp8 + per-128 scales).
+ * Pure per-rank compute; the transport lives in runtime/host/. */
+#ifndef MEP_HOST_ROWS_H_
+#define MEP_HOST_ROWS_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mep_row_layout {
+  int32_t hidden;
+  int32_t top_k;
+  int32_t fp8;        /* payload is e4m3 + f32 scales */
+  int32_t scale_pow2; /* UE8M0 rounding of the scales */
+  size_t meta_bytes;  /* token, ordinal, lid[K], w[K]; 16-byte multiple */
+  size_t payload_bytes;
+  size_t row_bytes;
+} mep_row_layout_t;
+
+void mep_row_layout_init(mep_row_layout_t *l, int hidden, int top_k, int fp8,
+                         int scale_pow2);
+/* Bytes of the largest row any layer of the group can produce. */
+size_t mep_row_bytes_max(int hidden, int top_k, int fp8);
+
+/* Writes one row. lids[k] = local expert id on the destination or -1;
+ * weights may be NULL (LL). x is the token's bf16 row of `hidden`. */
+void mep_row_pack(const mep_row_layout_t *l, uint8_t *row, int32_t token,
+                  int32_t ordinal, const int32_t *lids, const float *weights,
+                  const uint16_t *x);
+
+int32_t mep_row_token(const uint8_t *row);
+int32_t mep_row_ordinal(const uint8_t *row);
+const int32_t *mep_row_lids(const uint8_t *row);
+const float *mep_row_weights(const mep_row_layout_t *l, const uint8_t *row);
+const uint8_t *mep_row_payload(const mep_row_layout_t *l, const uint8_t *row);
+
+/* Copies a row's payload into an LL receive slot: bf16 -> recv_x row;
+ * fp8 -> recv_x row + scales (f32 [groups] or packed UE8M0 int32
+ * [(groups+3)/4] when packed_scales). */
+void mep_row_unpack_ll(const mep_row_layout_t *l, const uint8_t *row,
+                       void *recv_x_row, void *recv_scales_row,
+                       int packed_scales);
+
+/* out[h] = bf16(sum_k w[k] * y_k[h]) in f32, k ascending; rows[k] NULL for
+ * skipped slots. */
+void mep_combine_weighted(uint16_t *out, const uint16_t *const *rows,
+                          const float *w, int top_k, int hidden);
+/* out[h] = bf16(sum_j rows[j][h]) in f32, j ascending (HT reduction). */
+void mep_combine_sum(uint16_t *out, const uint16_t *const *rows, int n,
+                     int hidden);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MEP_HOST_ROWS_H_ */

@@ -1,0 +1,42 @@
+/* backend.h: what a backend (host over UCX, nccl on GPUs) implements behind
+ * the group. The common runtime validates every argument first, so a
+ * backend sees only well-formed requests, and owns hooks / buffer sets. */
+#ifndef MEP_BACKEND_H_
+#define MEP_BACKEND_H_
+
+#include <stdint.h>
+
+#include "moe_ep.h"
+#include "runtime/op.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mep_backend_ops {
+  const char *name;
+  /* Exact bytes of communication buffers for the config and world size. */
+  uint64_t (*buffer_bytes)(const moe_ep_config_t *cfg, int world_size);
+  /* Collective. Sets group->impl; on failure leaves nothing allocated. */
+  moe_ep_status_t (*create)(moe_ep_group_t *group);
+  void (*destroy)(moe_ep_group_t *group); /* accepts impl == NULL */
+  /* Routing layout (HT exchanges counts here). */
+  moe_ep_status_t (*prepare)(moe_ep_group_t *group, mep_handle_state_t *h);
+  /* Send half of an operation into buffer set op->buffer_set. */
+  moe_ep_status_t (*send)(moe_ep_group_t *group, mep_op_t *op);
+  /* Receive half; for deferred ops it runs from hook_run, maybe on another
+   * thread (the runtime holds the group lock). */
+  moe_ep_status_t (*recv)(moe_ep_group_t *group, mep_op_t *op);
+  /* OK or the recorded asynchronous error. */
+  moe_ep_status_t (*poll_error)(moe_ep_group_t *group);
+  /* Transport used to reach each peer (moe_ep_transport_t). */
+  int (*peer_transport)(const moe_ep_group_t *group, int peer);
+} mep_backend_ops_t;
+
+extern const mep_backend_ops_t mep_host_backend;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MEP_BACKEND_H_ */

@@ -1,0 +1,360 @@
+/* group.c: group lifecycle: rank/world resolution, UCX bootstrap, the
+ * cross-rank config check, backend selection, info and SM bounds. */
+#include "runtime/group.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/config.h"
+#include "runtime/error.h"
+#include "runtime/log.h"
+#include "runtime/registry.h"
+
+#define CANON_BYTES 1024
+
+static moe_ep_status_t env_int(const char *name, int32_t *out) {
+  const char *v = getenv(name);
+  if (v == NULL || *v == '\0') {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "group_create: params rank/world_size are negative "
+                     "(meaning: take them from the environment) but %s is not "
+                     "set; start ranks with tools/launcher/moe_ep_run or pass "
+                     "them explicitly",
+                     name);
+  }
+  char *end = NULL;
+  errno = 0;
+  long x = strtol(v, &end, 10);
+  if (errno != 0 || end == v || *end != '\0' || x < 0 || x > MEP_MAX_RANKS) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "group_create: %s='%s' is not an integer in [0, %d]",
+                     name, v, MEP_MAX_RANKS);
+  }
+  *out = (int32_t)x;
+  return MOE_EP_OK;
+}
+
+static moe_ep_status_t resolve_backend(moe_ep_group_t *g) {
+  switch (g->cfg.backend) {
+    case MOE_EP_BACKEND_HOST:
+    case MOE_EP_BACKEND_AUTO: /* GPU detection arrives with the nccl backend */
+      g->cfg.backend = MOE_EP_BACKEND_HOST;
+      g->ops = &mep_host_backend;
+      return MOE_EP_OK;
+    case MOE_EP_BACKEND_NCCL:
+      return mep_error(MOE_EP_ERR_UNSUPPORTED,
+                       "group_create: config backend='nccl' is not available "
+                       "in this build: the GPU path is not wired into the "
+                       "runtime yet; use backend: host");
+    default:
+      return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                       "group_create: config backend=%d is not a "
+                       "moe_ep_backend_t value",
+                       g->cfg.backend);
+  }
+}
+
+/* Every rank compares every rank's canonical config, so all of them fail
+ * with the same sentence (a differing max_tokens_per_rank must not hang). */
+static moe_ep_status_t check_configs_agree(moe_ep_group_t *g) {
+  char mine[CANON_BYTES];
+  memset(mine, 0, sizeof(mine));
+  mep_config_canonical(&g->cfg, mine, sizeof(mine));
+  char *all = calloc((size_t)g->world_size, CANON_BYTES);
+  if (all == NULL) {
+    return mep_error(MOE_EP_ERR_NO_MEMORY,
+                     "group_create: cannot allocate %d config texts",
+                     g->world_size);
+  }
+  moe_ep_status_t st = mep_bootstrap_allgather(g->boot, mine, all, CANON_BYTES);
+  if (st != MOE_EP_OK) {
+    mep_error_prefix("group_create: exchanging config hashes");
+    free(all);
+    return st;
+  }
+  for (int r = 0; r < g->world_size; r++) {
+    const char *theirs = all + (size_t)r * CANON_BYTES;
+    if (strncmp(all, theirs, CANON_BYTES) != 0) {
+      char diff[256];
+      mep_config_describe_diff(all, theirs, diff, sizeof(diff));
+      st = mep_error(MOE_EP_ERR_MISMATCH,
+                     "group_create: ranks disagree on the config: rank 0 vs "
+                     "rank %d: %s (every rank must use the same moe_ep "
+                     "section)",
+                     r, diff);
+      break;
+    }
+  }
+  free(all);
+  return st;
+}
+
+static moe_ep_status_t validate_params(const moe_ep_group_params_t *p,
+                                       moe_ep_group_t *g) {
+  if (p->struct_size < offsetof(moe_ep_group_params_t, cuda_device)) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "group_create: params->struct_size=%zu is smaller than "
+                     "the v1 minimum %zu; initialise with "
+                     "MOE_EP_INIT(moe_ep_group_params_t)",
+                     p->struct_size, offsetof(moe_ep_group_params_t, cuda_device));
+  }
+  if (p->config == NULL) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "group_create: params->config is NULL; build one with "
+                     "config_from_yaml");
+  }
+  MEP_CHECK(mep_config_import(p->config, &g->cfg));
+  g->rank = p->rank;
+  g->world_size = p->world_size;
+  if (g->rank < 0) MEP_CHECK(env_int("MOE_EP_RANK", &g->rank));
+  if (g->world_size < 0) MEP_CHECK(env_int("MOE_EP_WORLD_SIZE", &g->world_size));
+  if (g->world_size < 1 || g->world_size > MEP_MAX_RANKS) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "group_create: world_size=%d must be in [1, %d]",
+                     g->world_size, MEP_MAX_RANKS);
+  }
+  if (g->rank >= g->world_size) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "group_create: rank=%d must be in [0, world_size=%d)",
+                     g->rank, g->world_size);
+  }
+  if (g->cfg.num_experts % g->world_size != 0) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "group_create: num_experts=%d is not divisible by "
+                     "world_size=%d; every rank must hold the same number of "
+                     "experts",
+                     g->cfg.num_experts, g->world_size);
+  }
+  g->num_local_experts = g->cfg.num_experts / g->world_size;
+  if (g->num_local_experts > MEP_MAX_LOCAL_EXPERTS) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "group_create: num_experts/world_size=%d local experts "
+                     "exceeds the limit %d",
+                     g->num_local_experts, MEP_MAX_LOCAL_EXPERTS);
+  }
+  return MOE_EP_OK;
+}
+
+moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
+                                 moe_ep_group_t **out) {
+  moe_ep_status_t st;
+  if (params == NULL || out == NULL) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "group_create: %s is NULL", params ? "out" : "params");
+  }
+  moe_ep_group_t *g = calloc(1, sizeof(*g));
+  if (g == NULL) {
+    return mep_error(MOE_EP_ERR_NO_MEMORY, "group_create: out of host memory");
+  }
+  MEP_CHECK_GOTO(validate_params(params, g), st, out_free_group);
+  MEP_CHECK_GOTO(resolve_backend(g), st, out_free_group);
+  mep_log_set_level(g->cfg.log_level);
+
+  const char *token = getenv(g->cfg.bootstrap_token_env);
+  mep_bootstrap_params_t bp = {
+      .rank = g->rank,
+      .world_size = g->world_size,
+      .address = g->cfg.bootstrap_address,
+      .timeout_ms = g->cfg.bootstrap_timeout_ms,
+      .token = token ? token : "",
+  };
+  MEP_CHECK_GOTO(mep_bootstrap_create(&bp, &g->boot), st, out_free_group);
+  MEP_CHECK_GOTO(check_configs_agree(g), st, out_destroy_bootstrap);
+  g->config_hash = mep_config_hash(&g->cfg);
+
+  if (pthread_mutex_init(&g->lock, NULL) != 0) {
+    st = mep_error(MOE_EP_ERR_INTERNAL, "group_create: pthread_mutex_init failed");
+    goto out_destroy_bootstrap;
+  }
+  MEP_CHECK_GOTO(g->ops->create(g), st, out_destroy_lock);
+  g->bytes_allocated = g->ops->buffer_bytes(&g->cfg, g->world_size);
+  if (!mep_registry_add(g, MEP_OBJ_GROUP)) {
+    st = mep_error(MOE_EP_ERR_NO_MEMORY, "group_create: out of host memory");
+    goto out_destroy_backend;
+  }
+  MEP_LOG_INFO("group", "rank %d/%d formed: backend %s, %d local experts, %llu "
+               "buffer bytes",
+               g->rank, g->world_size, g->ops->name, g->num_local_experts,
+               (unsigned long long)g->bytes_allocated);
+  *out = g;
+  return MOE_EP_OK;
+
+out_destroy_backend:
+  g->ops->destroy(g);
+out_destroy_lock:
+  pthread_mutex_destroy(&g->lock);
+out_destroy_bootstrap:
+  mep_bootstrap_destroy(g->boot);
+out_free_group:
+  free(g);
+  return st;
+}
+
+moe_ep_status_t mep_group_destroy(moe_ep_group_t *group) {
+  if (group == NULL) return MOE_EP_OK;
+  if (!mep_registry_contains(group, MEP_OBJ_GROUP)) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "group_destroy: group=%p is not a live group (already "
+                     "destroyed, or not from group_create)",
+                     (void *)group);
+  }
+  mep_registry_remove(group);
+  /* Pending hooks stay owned by the engine; detach them so a late
+   * hook_run reports the destroyed group instead of touching it. */
+  for (int i = 0; i < MEP_NUM_BUFFER_SETS; i++) {
+    if (group->pending[i] != NULL) group->pending[i]->group = NULL;
+  }
+  group->ops->destroy(group);
+  mep_bootstrap_destroy(group->boot);
+  pthread_mutex_destroy(&group->lock);
+  free(group);
+  return MOE_EP_OK;
+}
+
+static moe_ep_status_t check_group(const moe_ep_group_t *g, const char *entry) {
+  if (g == NULL || !mep_registry_contains(g, MEP_OBJ_GROUP)) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "%s: group=%p is not a live group", entry, (const void *)g);
+  }
+  return MOE_EP_OK;
+}
+
+/* Entry guard: a live, unbroken group. */
+moe_ep_status_t mep_group_enter(moe_ep_group_t *g, const char *entry) {
+  if (g == NULL || !mep_registry_contains(g, MEP_OBJ_GROUP)) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "%s: group=%p is not a live group", entry, (void *)g);
+  }
+  if (g->broken != MOE_EP_OK) {
+    return mep_error(g->broken, "%s: the group failed earlier: %s", entry,
+                     g->broken_msg);
+  }
+  return MOE_EP_OK;
+}
+
+moe_ep_status_t mep_handle_check(moe_ep_group_t *g, moe_ep_handle_t *h,
+                                    const char *entry) {
+  if (h == NULL || !mep_registry_contains(h, MEP_OBJ_HANDLE)) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "%s: handle=%p is not a live handle (freed, or not from "
+                     "prepare)",
+                     entry, (void *)h);
+  }
+  if (h->group != g) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "%s: handle=%p was prepared on another group", entry,
+                     (void *)h);
+  }
+  return MOE_EP_OK;
+}
+
+int mep_group_device_type(const moe_ep_group_t *g) {
+  return g->cfg.backend == MOE_EP_BACKEND_HOST ? MOE_EP_DEVICE_CPU
+                                               : MOE_EP_DEVICE_CUDA;
+}
+
+int mep_status_is_fatal(moe_ep_status_t st) {
+  return st == MOE_EP_ERR_PEER_FAILED || st == MOE_EP_ERR_TIMEOUT ||
+         st == MOE_EP_ERR_UCX || st == MOE_EP_ERR_CUDA ||
+         st == MOE_EP_ERR_NCCL || st == MOE_EP_ERR_INTERNAL;
+}
+
+moe_ep_status_t mep_group_info(const moe_ep_group_t *g,
+                               moe_ep_group_info_t *info) {
+  MEP_CHECK(check_group(g, "group_info"));
+  if (info == NULL || info->struct_size < offsetof(moe_ep_group_info_t, peer_transports)) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "group_info: info is NULL or info->struct_size is below "
+                     "the v1 minimum; use MOE_EP_INIT(moe_ep_group_info_t)");
+  }
+  info->rank = g->rank;
+  info->world_size = g->world_size;
+  info->num_local_experts = g->num_local_experts;
+  info->backend = g->cfg.backend;
+  info->mode = g->cfg.mode;
+  info->num_sms = g->num_sms;
+  info->bytes_allocated = g->bytes_allocated;
+  info->config_hash = g->config_hash;
+  if (info->struct_size >= offsetof(moe_ep_group_info_t, reserved0) &&
+      info->peer_transports != NULL) {
+    if (info->peer_transports_len < g->world_size) {
+      return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                       "group_info: peer_transports_len=%d is smaller than "
+                       "world_size=%d",
+                       info->peer_transports_len, g->world_size);
+    }
+    for (int p = 0; p < g->world_size; p++) {
+      info->peer_transports[p] = g->ops->peer_transport(g, p);
+    }
+  }
+  return MOE_EP_OK;
+}
+
+moe_ep_status_t mep_group_break(moe_ep_group_t *g, moe_ep_status_t st) {
+  if (g->broken == MOE_EP_OK) {
+    g->broken = st;
+    strncpy(g->broken_msg, mep_last_error(), sizeof(g->broken_msg) - 1);
+    MEP_LOG_ERROR("group", "rank %d: %s", g->rank, g->broken_msg);
+  }
+  return st;
+}
+
+moe_ep_status_t mep_group_poll_error(moe_ep_group_t *g) {
+  MEP_CHECK(check_group(g, "group_poll_error"));
+  pthread_mutex_lock(&g->lock);
+  moe_ep_status_t st = g->broken;
+  if (st == MOE_EP_OK) {
+    st = g->ops->poll_error(g);
+    if (st != MOE_EP_OK) mep_group_break(g, st);
+  } else {
+    mep_error(st, "%s", g->broken_msg);
+  }
+  pthread_mutex_unlock(&g->lock);
+  return st;
+}
+
+moe_ep_status_t mep_group_set_num_sms(moe_ep_group_t *g, int32_t num_sms) {
+  MEP_CHECK(check_group(g, "set_num_sms"));
+  if (num_sms < 0 || (g->max_sms > 0 && num_sms > g->max_sms)) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "set_num_sms: num_sms=%d must be in [0, %d] (0 = the "
+                     "backend's default)",
+                     num_sms, g->max_sms);
+  }
+  g->num_sms = num_sms;
+  return MOE_EP_OK;
+}
+
+moe_ep_status_t mep_group_max_sms_used(const moe_ep_group_t *g,
+                                       int32_t *num_sms) {
+  MEP_CHECK(check_group(g, "max_sms_used"));
+  if (num_sms == NULL) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "max_sms_used: num_sms is NULL");
+  }
+  *num_sms = g->num_sms; /* the host backend uses no SMs */
+  return MOE_EP_OK;
+}
+
+moe_ep_status_t mep_buffer_size_hint(const moe_ep_config_t *config,
+                                     int32_t world_size, uint64_t *bytes) {
+  moe_ep_config_t cfg;
+  if (config == NULL || bytes == NULL) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "buffer_size_hint: %s is NULL", config ? "bytes" : "config");
+  }
+  MEP_CHECK(mep_config_import(config, &cfg));
+  if (world_size < 1 || world_size > MEP_MAX_RANKS ||
+      cfg.num_experts % world_size != 0) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "buffer_size_hint: world_size=%d must be in [1, %d] and "
+                     "divide num_experts=%d",
+                     world_size, MEP_MAX_RANKS, cfg.num_experts);
+  }
+  if (cfg.backend == MOE_EP_BACKEND_NCCL) {
+    return mep_error(MOE_EP_ERR_UNSUPPORTED,
+                     "buffer_size_hint: backend='nccl' is not in this build yet");
+  }
+  *bytes = mep_host_backend.buffer_bytes(&cfg, world_size);
+  return MOE_EP_OK;
+}

@@ -1,0 +1,89 @@
+/* group.h: the group object behind moe_ep_group_t and the runtime entry
+ * points the plugin table forwards to. */
+#ifndef MEP_GROUP_H_
+#define MEP_GROUP_H_
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "kernels/limits.h"
+#include "moe_ep.h"
+#include "runtime/backend.h"
+#include "runtime/bootstrap.h"
+#include "runtime/op.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct moe_ep_hook {
+  moe_ep_group_t *group;
+  mep_op_t op;
+  int32_t ran; /* hook_run already called */
+};
+
+struct moe_ep_group {
+  moe_ep_config_t cfg;
+  int32_t rank;
+  int32_t world_size;
+  int32_t num_local_experts;
+  int32_t num_sms;
+  int32_t max_sms;
+  uint64_t config_hash;
+  uint64_t bytes_allocated;
+  mep_bootstrap_t *boot;
+  const mep_backend_ops_t *ops;
+  void *impl; /* backend state */
+  /* Serialises the group's entries: a hook may run on another thread. */
+  pthread_mutex_t lock;
+  uint64_t seq;                                   /* operations launched */
+  moe_ep_hook_t *pending[MEP_NUM_BUFFER_SETS];    /* deferred receives */
+  /* A peer failure or timeout breaks the group for good: later calls
+   * return the same status and sentence. */
+  moe_ep_status_t broken;
+  char broken_msg[512];
+};
+
+moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
+                                 moe_ep_group_t **out);
+moe_ep_status_t mep_group_destroy(moe_ep_group_t *group);
+moe_ep_status_t mep_group_info(const moe_ep_group_t *group,
+                               moe_ep_group_info_t *info);
+moe_ep_status_t mep_group_poll_error(moe_ep_group_t *group);
+moe_ep_status_t mep_group_set_num_sms(moe_ep_group_t *group, int32_t num_sms);
+moe_ep_status_t mep_group_max_sms_used(const moe_ep_group_t *group,
+                                       int32_t *num_sms);
+moe_ep_status_t mep_buffer_size_hint(const moe_ep_config_t *config,
+                                     int32_t world_size, uint64_t *bytes);
+
+/* Entry guard: a live group that has not failed. */
+moe_ep_status_t mep_group_enter(moe_ep_group_t *group, const char *entry);
+/* A live handle prepared on this group. */
+moe_ep_status_t mep_handle_check(moe_ep_group_t *group, moe_ep_handle_t *h,
+                                 const char *entry);
+int mep_group_device_type(const moe_ep_group_t *group);
+/* Communication failures break the group; argument errors never do. */
+int mep_status_is_fatal(moe_ep_status_t st);
+
+/* Records a fatal communication failure (status + current last_error). */
+moe_ep_status_t mep_group_break(moe_ep_group_t *group, moe_ep_status_t st);
+
+/* prepare.c, ops.c */
+moe_ep_status_t mep_prepare(moe_ep_group_t *group,
+                            const moe_ep_prepare_params_t *params,
+                            moe_ep_handle_t **out);
+moe_ep_status_t mep_dispatch(moe_ep_group_t *group, moe_ep_handle_t *handle,
+                             const moe_ep_dispatch_params_t *params,
+                             moe_ep_hook_t **hook);
+moe_ep_status_t mep_combine(moe_ep_group_t *group, moe_ep_handle_t *handle,
+                            const moe_ep_combine_params_t *params,
+                            moe_ep_hook_t **hook);
+moe_ep_status_t mep_hook_run(moe_ep_hook_t *hook, void *stream);
+void mep_hook_free(moe_ep_hook_t *hook);
+void mep_handle_free(moe_ep_handle_t *handle);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MEP_GROUP_H_ */

@@ -1,0 +1,400 @@
+/* host_backend.c: backend "host": the LL and HT protocols on host memory
+ * across processes. Each token goes once to each destination rank (a row
+ * carrying its local expert ids); the receiver fans rows out to expert
+ * slots in (source rank, token) order, so layouts are deterministic. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/host/host_rows.h"
+#include "runtime/error.h"
+#include "runtime/group.h"
+#include "runtime/host/host_layout.h"
+#include "runtime/host/host_mesh.h"
+
+typedef struct host_state {
+  mep_host_mesh_t *mesh;
+  mep_host_layout_t layout;
+  uint8_t *staging;  /* one destination's rows */
+  uint64_t *counts;  /* [R] stable sources of the row-count puts */
+} host_state_t;
+
+/* Per-handle record of every received slot: (source rank, token, k) for
+ * LL, (source rank, token, ordinal among the token's ranks) for HT. */
+typedef struct slot_table {
+  int64_t n;
+  int32_t num_experts;
+  int32_t *expert_start; /* [E_l + 1], LL */
+  int32_t (*rec)[3];
+} slot_table_t;
+
+static uint64_t host_buffer_bytes(const moe_ep_config_t *cfg, int world) {
+  mep_host_layout_t l;
+  mep_host_layout_init(&l, cfg, world);
+  return mep_host_layout_bytes(&l);
+}
+
+static void host_destroy(moe_ep_group_t *g) {
+  host_state_t *hs = g->impl;
+  if (hs == NULL) return;
+  mep_host_mesh_destroy(hs->mesh);
+  free(hs->staging);
+  free(hs->counts);
+  free(hs);
+  g->impl = NULL;
+}
+
+static moe_ep_status_t host_create(moe_ep_group_t *g) {
+  host_state_t *hs = calloc(1, sizeof(*hs));
+  if (hs == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "host backend: out of memory");
+  g->impl = hs;
+  mep_host_layout_init(&hs->layout, &g->cfg, g->world_size);
+  hs->staging = malloc((size_t)g->cfg.max_tokens_per_rank * hs->layout.row_max);
+  hs->counts = calloc((size_t)g->world_size, sizeof(uint64_t));
+  if (hs->staging == NULL || hs->counts == NULL) {
+    host_destroy(g);
+    return mep_error(MOE_EP_ERR_NO_MEMORY, "host backend: out of memory");
+  }
+  moe_ep_status_t st = mep_host_mesh_create(g->boot, mep_host_layout_bytes(&hs->layout),
+                                            g->cfg.kernel_timeout_ms, &hs->mesh);
+  if (st != MOE_EP_OK) host_destroy(g);
+  return st;
+}
+
+static int rank_of(const moe_ep_group_t *g, int64_t e) {
+  return e < 0 ? -1 : (int)(e / g->num_local_experts);
+}
+
+/* How many distinct ranks below `d` token t's experts live on: the index of
+ * d's partial result among t's destinations (HT combine order). */
+static int ordinal_below(const moe_ep_group_t *g, const int64_t *topk, int k_n,
+                         int d) {
+  int n = 0;
+  for (int k = 0; k < k_n; k++) {
+    int r = rank_of(g, topk[k]);
+    if (r < 0 || r >= d) continue;
+    int seen = 0;
+    for (int j = 0; j < k && !seen; j++) seen = rank_of(g, topk[j]) == r;
+    n += !seen;
+  }
+  return n;
+}
+
+static moe_ep_status_t host_prepare(moe_ep_group_t *g, mep_handle_state_t *h) {
+  int R = g->world_size, K = h->top_k;
+  int32_t *per_rank = calloc((size_t)R, sizeof(int32_t));
+  if (per_rank == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "prepare: out of memory");
+  if (h->out_tokens_per_expert) {
+    memset(h->out_tokens_per_expert, 0, (size_t)g->cfg.num_experts * 4u);
+  }
+  for (int t = 0; t < h->num_tokens; t++) {
+    const int64_t *tk = h->topk_host + (size_t)t * (size_t)K;
+    for (int d = 0; d < R; d++) {
+      int hit = 0;
+      for (int k = 0; k < K && !hit; k++) hit = rank_of(g, tk[k]) == d;
+      per_rank[d] += hit;
+      if (h->out_is_token_in_rank) h->out_is_token_in_rank[(size_t)t * R + d] = (uint8_t)hit;
+    }
+    for (int k = 0; k < K && h->out_tokens_per_expert; k++) {
+      if (tk[k] >= 0) h->out_tokens_per_expert[tk[k]]++;
+    }
+  }
+  if (h->out_tokens_per_rank) memcpy(h->out_tokens_per_rank, per_rank, (size_t)R * 4u);
+  moe_ep_status_t st = MOE_EP_OK;
+  if (g->cfg.mode == MOE_EP_MODE_HIGH_THROUGHPUT) {
+    /* Each rank learns how many rows it will receive, so the engine can
+     * size recv_x before dispatch. */
+    int32_t *all = calloc((size_t)R * (size_t)R, sizeof(int32_t));
+    if (all == NULL) {
+      free(per_rank);
+      return mep_error(MOE_EP_ERR_NO_MEMORY, "prepare: out of memory");
+    }
+    st = mep_bootstrap_allgather(g->boot, per_rank, all, (size_t)R * 4u);
+    if (st == MOE_EP_OK) {
+      h->num_recv = 0;
+      for (int s = 0; s < R; s++) h->num_recv += all[(size_t)s * R + g->rank];
+    } else {
+      mep_error_prefix("prepare: exchanging per-rank token counts");
+    }
+    free(all);
+  }
+  free(per_rank);
+  return st;
+}
+
+static void row_layout_for(const moe_ep_group_t *g, const mep_op_t *op,
+                           mep_row_layout_t *rl) {
+  int fp8 = op->mode == MOE_EP_MODE_LOW_LATENCY &&
+            g->cfg.dispatch_dtype == MOE_EP_DISPATCH_FP8_E4M3;
+  int pow2 = g->cfg.fp8_scale != MOE_EP_FP8_SCALE_F32 ||
+             (op->flags & MOE_EP_FLAG_ROUND_SCALE);
+  mep_row_layout_init(rl, op->hidden, op->handle->top_k, fp8, pow2);
+}
+
+static moe_ep_status_t dispatch_send(moe_ep_group_t *g, mep_op_t *op) {
+  host_state_t *hs = g->impl;
+  const mep_handle_state_t *h = op->handle;
+  int R = g->world_size, K = h->top_k, E_l = g->num_local_experts;
+  int32_t lids[MEP_MAX_TOP_K];
+  mep_row_layout_t rl;
+  row_layout_for(g, op, &rl);
+  const uint16_t *x = op->x;
+  for (int d = 0; d < R; d++) {
+    int n = 0;
+    for (int t = 0; t < h->num_tokens; t++) {
+      const int64_t *tk = h->topk_host + (size_t)t * (size_t)K;
+      int any = 0;
+      for (int k = 0; k < K; k++) {
+        lids[k] = rank_of(g, tk[k]) == d ? (int32_t)(tk[k] % E_l) : -1;
+        any |= lids[k] >= 0;
+      }
+      if (!any) continue;
+      const float *w = op->mode == MOE_EP_MODE_HIGH_THROUGHPUT
+                           ? op->topk_weights + (size_t)t * (size_t)K
+                           : NULL;
+      mep_row_pack(&rl, hs->staging + (size_t)n * rl.row_bytes, t,
+                   ordinal_below(g, tk, K, d), lids, w,
+                   x + (size_t)t * (size_t)op->hidden);
+      n++;
+    }
+    hs->counts[d] = (uint64_t)n;
+    size_t off = mep_host_off_dispatch_row(&hs->layout, op->buffer_set, g->rank,
+                                           g->cfg.max_tokens_per_rank, 0, rl.row_bytes);
+    MEP_CHECK(mep_host_mesh_put(hs->mesh, d, hs->staging, (size_t)n * rl.row_bytes, off));
+    MEP_CHECK(mep_host_mesh_put(
+        hs->mesh, d, &hs->counts[d], 8,
+        mep_host_off_dispatch_count(&hs->layout, op->buffer_set, g->rank)));
+    /* The staging buffer is reused for the next destination. */
+    MEP_CHECK(mep_host_mesh_complete(hs->mesh, "dispatch"));
+  }
+  MEP_CHECK(mep_host_mesh_fence(hs->mesh));
+  for (int d = 0; d < R; d++) {
+    MEP_CHECK(mep_host_mesh_signal(
+        hs->mesh, d, mep_host_off_dispatch_flag(&hs->layout, op->buffer_set, g->rank),
+        op->seq + 1));
+  }
+  return mep_host_mesh_complete(hs->mesh, "dispatch");
+}
+
+static moe_ep_status_t wait_all(moe_ep_group_t *g, mep_op_t *op, int combine) {
+  host_state_t *hs = g->impl;
+  for (int s = 0; s < g->world_size; s++) {
+    size_t off = combine ? mep_host_off_combine_flag(&hs->layout, op->buffer_set, s)
+                         : mep_host_off_dispatch_flag(&hs->layout, op->buffer_set, s);
+    MEP_CHECK(mep_host_mesh_wait(hs->mesh, off, op->seq + 1, s,
+                                 combine ? "combine" : "dispatch"));
+  }
+  return MOE_EP_OK;
+}
+
+static const uint8_t *source_row(host_state_t *hs, const moe_ep_group_t *g,
+                                 const mep_op_t *op, const mep_row_layout_t *rl,
+                                 int s, int i) {
+  return mep_host_mesh_local(hs->mesh) +
+         mep_host_off_dispatch_row(&hs->layout, op->buffer_set, s,
+                                   g->cfg.max_tokens_per_rank, i, rl->row_bytes);
+}
+
+static int64_t source_count(host_state_t *hs, const mep_op_t *op, int s) {
+  uint64_t n;
+  memcpy(&n, mep_host_mesh_local(hs->mesh) +
+                 mep_host_off_dispatch_count(&hs->layout, op->buffer_set, s),
+         8);
+  return (int64_t)n;
+}
+
+static slot_table_t *slot_table_new(int64_t n, int experts) {
+  size_t bytes = sizeof(slot_table_t) + (size_t)(experts + 1) * 4u + (size_t)n * 12u + 16u;
+  slot_table_t *st = malloc(bytes);
+  if (st == NULL) return NULL;
+  st->n = n;
+  st->num_experts = experts;
+  st->expert_start = (int32_t *)(st + 1);
+  uintptr_t rec = (uintptr_t)(st->expert_start + experts + 1);
+  st->rec = (int32_t(*)[3])((rec + 15u) & ~(uintptr_t)15u);
+  return st;
+}
+
+static moe_ep_status_t dispatch_recv_ll(moe_ep_group_t *g, mep_op_t *op,
+                                        const mep_row_layout_t *rl) {
+  host_state_t *hs = g->impl;
+  int R = g->world_size, K = op->handle->top_k, E_l = g->num_local_experts;
+  int64_t total = 0;
+  memset(op->recv_count, 0, (size_t)E_l * 4u);
+  for (int s = 0; s < R; s++) {
+    for (int64_t i = 0; i < source_count(hs, op, s); i++) {
+      const int32_t *lids = mep_row_lids(source_row(hs, g, op, rl, s, (int)i));
+      for (int k = 0; k < K; k++) {
+        if (lids[k] >= 0) op->recv_count[lids[k]]++, total++;
+      }
+    }
+  }
+  slot_table_t *tab = slot_table_new(total, E_l);
+  if (tab == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "dispatch: out of memory");
+  tab->expert_start[0] = 0;
+  for (int e = 0; e < E_l; e++) tab->expert_start[e + 1] = tab->expert_start[e] + op->recv_count[e];
+  int64_t slots = (int64_t)R * g->cfg.max_tokens_per_rank;
+  size_t x_row = rl->fp8 ? (size_t)op->hidden : (size_t)op->hidden * 2u;
+  int packed = g->cfg.fp8_scale == MOE_EP_FP8_SCALE_UE8M0_PACKED;
+  int groups = op->hidden / MEP_HIDDEN_ALIGN;
+  size_t s_row = packed ? (size_t)((groups + 3) / 4) * 4u : (size_t)groups * 4u;
+  int32_t *cursor = calloc((size_t)E_l, sizeof(int32_t));
+  if (cursor == NULL) {
+    free(tab);
+    return mep_error(MOE_EP_ERR_NO_MEMORY, "dispatch: out of memory");
+  }
+  for (int s = 0; s < R; s++) {
+    for (int64_t i = 0; i < source_count(hs, op, s); i++) {
+      const uint8_t *row = source_row(hs, g, op, rl, s, (int)i);
+      const int32_t *lids = mep_row_lids(row);
+      for (int k = 0; k < K; k++) {
+        int e = lids[k];
+        if (e < 0) continue;
+        int slot = cursor[e]++;
+        size_t flat = (size_t)e * (size_t)slots + (size_t)slot;
+        mep_row_unpack_ll(rl, row, (uint8_t *)op->recv_x + flat * x_row,
+                          rl->fp8 ? (uint8_t *)op->recv_scales + flat * s_row : NULL,
+                          packed);
+        int32_t *rec = tab->rec[tab->expert_start[e] + slot];
+        rec[0] = s;
+        rec[1] = mep_row_token(row);
+        rec[2] = k;
+      }
+    }
+  }
+  free(cursor);
+  free(op->handle->backend);
+  op->handle->backend = tab;
+  return MOE_EP_OK;
+}
+
+static moe_ep_status_t dispatch_recv_ht(moe_ep_group_t *g, mep_op_t *op,
+                                        const mep_row_layout_t *rl) {
+  host_state_t *hs = g->impl;
+  int R = g->world_size, K = op->handle->top_k, E_l = g->num_local_experts;
+  int64_t total = 0;
+  for (int s = 0; s < R; s++) total += source_count(hs, op, s);
+  if (total > op->recv_capacity) {
+    return mep_error(MOE_EP_ERR_INTERNAL,
+                     "dispatch: received %lld rows but prepare announced %lld",
+                     (long long)total, (long long)op->handle->num_recv);
+  }
+  slot_table_t *tab = slot_table_new(total, E_l);
+  if (tab == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "dispatch: out of memory");
+  memset(op->recv_count, 0, (size_t)E_l * 4u);
+  int64_t n = 0;
+  for (int s = 0; s < R; s++) {
+    for (int64_t i = 0; i < source_count(hs, op, s); i++, n++) {
+      const uint8_t *row = source_row(hs, g, op, rl, s, (int)i);
+      const int32_t *lids = mep_row_lids(row);
+      const float *w = mep_row_weights(rl, row);
+      memcpy((uint16_t *)op->recv_x + n * op->hidden, mep_row_payload(rl, row),
+             (size_t)op->hidden * 2u);
+      for (int k = 0; k < K; k++) {
+        op->recv_topk_idx[n * K + k] = lids[k];
+        op->recv_topk_weights[n * K + k] = lids[k] >= 0 ? w[k] : 0.0f;
+        if (lids[k] >= 0) op->recv_count[lids[k]]++;
+      }
+      tab->rec[n][0] = s;
+      tab->rec[n][1] = mep_row_token(row);
+      tab->rec[n][2] = mep_row_ordinal(row);
+    }
+  }
+  *op->num_recv_tokens = n;
+  op->handle->num_recv = n;
+  free(op->handle->backend);
+  op->handle->backend = tab;
+  return MOE_EP_OK;
+}
+
+static int combine_width(const moe_ep_group_t *g, const mep_op_t *op) {
+  int K = op->handle->top_k;
+  if (op->mode == MOE_EP_MODE_LOW_LATENCY) return K;
+  return K < g->world_size ? K : g->world_size;
+}
+
+static moe_ep_status_t combine_send(moe_ep_group_t *g, mep_op_t *op) {
+  host_state_t *hs = g->impl;
+  const slot_table_t *tab = op->handle->backend;
+  int W = combine_width(g, op);
+  size_t row_bytes = (size_t)op->hidden * 2u;
+  int64_t slots = (int64_t)g->world_size * g->cfg.max_tokens_per_rank;
+  /* LL records are grouped by expert (expert_start); HT records are the
+   * received rows in order. */
+  int e = 0;
+  for (int64_t i = 0; i < tab->n; i++) {
+    const int32_t *rec = tab->rec[i];
+    size_t y_row = (size_t)i;
+    if (op->mode == MOE_EP_MODE_LOW_LATENCY) {
+      while (tab->expert_start[e + 1] <= i) e++;
+      y_row = (size_t)e * (size_t)slots + (size_t)(i - tab->expert_start[e]);
+    }
+    const uint16_t *y = (const uint16_t *)op->y + y_row * (size_t)op->hidden;
+    size_t row = (size_t)rec[1] * (size_t)W + (size_t)rec[2];
+    MEP_CHECK(mep_host_mesh_put(hs->mesh, rec[0], y, row_bytes,
+                                mep_host_off_combine_row(&hs->layout, op->buffer_set, row)));
+  }
+  MEP_CHECK(mep_host_mesh_fence(hs->mesh));
+  for (int s = 0; s < g->world_size; s++) {
+    MEP_CHECK(mep_host_mesh_signal(
+        hs->mesh, s, mep_host_off_combine_flag(&hs->layout, op->buffer_set, g->rank),
+        op->seq + 1));
+  }
+  return mep_host_mesh_complete(hs->mesh, "combine");
+}
+
+static moe_ep_status_t combine_recv(moe_ep_group_t *g, mep_op_t *op) {
+  host_state_t *hs = g->impl;
+  const mep_handle_state_t *h = op->handle;
+  int K = h->top_k, W = combine_width(g, op);
+  const uint16_t *rows[MEP_MAX_TOP_K];
+  MEP_CHECK(wait_all(g, op, 1));
+  for (int t = 0; t < h->num_tokens; t++) {
+    const int64_t *tk = h->topk_host + (size_t)t * (size_t)K;
+    uint16_t *out = (uint16_t *)op->out + (size_t)t * (size_t)op->hidden;
+    int n = op->mode == MOE_EP_MODE_LOW_LATENCY ? K : ordinal_below(g, tk, K, g->world_size);
+    for (int j = 0; j < n; j++) {
+      int used = op->mode == MOE_EP_MODE_HIGH_THROUGHPUT || tk[j] >= 0;
+      rows[j] = used ? (const uint16_t *)(mep_host_mesh_local(hs->mesh) +
+                                          mep_host_off_combine_row(&hs->layout, op->buffer_set,
+                                                                   (size_t)t * (size_t)W + (size_t)j))
+                     : NULL;
+    }
+    if (op->mode == MOE_EP_MODE_LOW_LATENCY) {
+      mep_combine_weighted(out, rows, op->topk_weights + (size_t)t * (size_t)K, K, op->hidden);
+    } else {
+      mep_combine_sum(out, rows, n, op->hidden);
+    }
+  }
+  return MOE_EP_OK;
+}
+
+static moe_ep_status_t host_send(moe_ep_group_t *g, mep_op_t *op) {
+  return op->kind == MEP_OP_DISPATCH ? dispatch_send(g, op) : combine_send(g, op);
+}
+
+static moe_ep_status_t host_recv(moe_ep_group_t *g, mep_op_t *op) {
+  if (op->kind == MEP_OP_COMBINE) return combine_recv(g, op);
+  mep_row_layout_t rl;
+  row_layout_for(g, op, &rl);
+  MEP_CHECK(wait_all(g, op, 0));
+  return op->mode == MOE_EP_MODE_LOW_LATENCY ? dispatch_recv_ll(g, op, &rl)
+                                             : dispatch_recv_ht(g, op, &rl);
+}
+
+static moe_ep_status_t host_poll_error(moe_ep_group_t *g) { return MOE_EP_OK; }
+
+static int host_peer_transport(const moe_ep_group_t *g, int peer) {
+  return MOE_EP_TRANSPORT_UCX_HOST;
+}
+
+const mep_backend_ops_t mep_host_backend = {
+    .name = "host",
+    .buffer_bytes = host_buffer_bytes,
+    .create = host_create,
+    .destroy = host_destroy,
+    .prepare = host_prepare,
+    .send = host_send,
+    .recv = host_recv,
+    .poll_error = host_poll_error,
+    .peer_transport = host_peer_transport,
+};

@@ -1,0 +1,60 @@
+/* host_layout.c: region layout of the host backend (see host_layout.h). */
+#include "runtime/host/host_layout.h"
+
+#include "kernels/host/host_rows.h"
+
+#define ALIGN64(x) (((x) + 63u) & ~(size_t)63u)
+
+void mep_host_layout_init(mep_host_layout_t *l, const moe_ep_config_t *cfg,
+                          int world) {
+  int fp8 = cfg->mode == MOE_EP_MODE_LOW_LATENCY &&
+            cfg->dispatch_dtype == MOE_EP_DISPATCH_FP8_E4M3;
+  size_t m = (size_t)cfg->max_tokens_per_rank;
+  size_t k = (size_t)cfg->top_k;
+  size_t w = (size_t)world;
+  l->world = world;
+  l->nsets = cfg->double_buffer ? 2 : 1;
+  l->row_max = mep_row_bytes_max(cfg->hidden, cfg->top_k, fp8);
+  /* LL combine returns one row per (token, k); HT one per (token, distinct
+   * destination rank), at most min(top_k, world). */
+  if (cfg->mode == MOE_EP_MODE_LOW_LATENCY) {
+    l->combine_rows = m * k;
+  } else {
+    l->combine_rows = m * (k < w ? k : w);
+  }
+  l->combine_row_bytes = ALIGN64((size_t)cfg->hidden * 2u);
+  l->dispatch_flags = 0;
+  l->dispatch_counts = ALIGN64(w * 8u);
+  l->combine_flags = l->dispatch_counts + ALIGN64(w * 8u);
+  l->dispatch_rows = l->combine_flags + ALIGN64(w * 8u);
+  l->combine_area = l->dispatch_rows + ALIGN64(w * m * l->row_max);
+  l->set_bytes = l->combine_area + l->combine_rows * l->combine_row_bytes;
+}
+
+size_t mep_host_layout_bytes(const mep_host_layout_t *l) {
+  return (size_t)l->nsets * l->set_bytes;
+}
+
+size_t mep_host_off_dispatch_flag(const mep_host_layout_t *l, int set, int src) {
+  return (size_t)set * l->set_bytes + l->dispatch_flags + (size_t)src * 8u;
+}
+
+size_t mep_host_off_dispatch_count(const mep_host_layout_t *l, int set, int src) {
+  return (size_t)set * l->set_bytes + l->dispatch_counts + (size_t)src * 8u;
+}
+
+size_t mep_host_off_combine_flag(const mep_host_layout_t *l, int set, int src) {
+  return (size_t)set * l->set_bytes + l->combine_flags + (size_t)src * 8u;
+}
+
+/* Rows of one source use the op's row size, packed from the source's slot
+ * start; the slot region is sized for the largest row. */
+size_t mep_host_off_dispatch_row(const mep_host_layout_t *l, int set, int src,
+                                 int max_tokens, int row, size_t row_bytes) {
+  return (size_t)set * l->set_bytes + l->dispatch_rows +
+         (size_t)src * (size_t)max_tokens * l->row_max + (size_t)row * row_bytes;
+}
+
+size_t mep_host_off_combine_row(const mep_host_layout_t *l, int set, size_t row) {
+  return (size_t)set * l->set_bytes + l->combine_area + row * l->combine_row_bytes;
+}

@@ -1,0 +1,44 @@
+/* host_layout.h: where everything lives in a rank's registered region:
+ * per buffer set, the signal words, per-source row counts, the dispatch
+ * rows (one slot per source rank and token) and the combine rows. The same
+ * function computes the exact byte count for buffer_size_hint. */
+#ifndef MEP_HOST_LAYOUT_H_
+#define MEP_HOST_LAYOUT_H_
+
+#include <stddef.h>
+
+#include "moe_ep.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mep_host_layout {
+  int world;
+  int nsets;
+  size_t row_max;       /* largest dispatch row */
+  size_t combine_rows;  /* rows of the combine area per set */
+  size_t combine_row_bytes;
+  size_t set_bytes;
+  /* offsets inside one set */
+  size_t dispatch_flags, dispatch_counts, combine_flags, dispatch_rows,
+      combine_area;
+} mep_host_layout_t;
+
+void mep_host_layout_init(mep_host_layout_t *l, const moe_ep_config_t *cfg,
+                          int world);
+size_t mep_host_layout_bytes(const mep_host_layout_t *l);
+
+/* Byte offsets in the region of set `set`. */
+size_t mep_host_off_dispatch_flag(const mep_host_layout_t *l, int set, int src);
+size_t mep_host_off_dispatch_count(const mep_host_layout_t *l, int set, int src);
+size_t mep_host_off_combine_flag(const mep_host_layout_t *l, int set, int src);
+size_t mep_host_off_dispatch_row(const mep_host_layout_t *l, int set, int src,
+                                 int max_tokens, int row, size_t row_bytes);
+size_t mep_host_off_combine_row(const mep_host_layout_t *l, int set, size_t row);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MEP_HOST_LAYOUT_H_ */

@@ -1,0 +1,324 @@
+/* host_mesh.c: UCX full mesh, registered regions, put/fence/signal/wait. */
+#define _GNU_SOURCE /* clock_gettime, posix_memalign under -std=c11 */
+#include "runtime/host/host_mesh.h"
+
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <ucp/api/ucp.h>
+
+#include "runtime/error.h"
+#include "runtime/log.h"
+
+#define BLOB_MAX 4096 /* worker address / packed rkey exchange slot */
+
+typedef struct peer {
+  ucp_ep_h ep;
+  ucp_rkey_h rkey;
+  uint64_t remote_base;
+  int failed; /* set by the endpoint error callback */
+  ucs_status_t fail_status;
+  uint64_t signal_src; /* stable source of the 8-byte signal put */
+} peer_t;
+
+struct mep_host_mesh {
+  mep_bootstrap_t *bs;
+  ucp_context_h ctx;
+  ucp_worker_h worker;
+  int rank, world;
+  int timeout_ms;
+  uint8_t *region;
+  size_t region_bytes;
+  ucp_mem_h memh;
+  peer_t *peers;
+  void **reqs; /* outstanding put requests */
+  size_t nreqs, reqcap;
+};
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status) {
+  peer_t *p = arg;
+  p->failed = 1;
+  p->fail_status = status;
+}
+
+static moe_ep_status_t peer_failed_error(mep_host_mesh_t *m, int peer,
+                                         const char *what) {
+  return mep_error(MOE_EP_ERR_PEER_FAILED,
+                   "%s: rank %d lost its connection to rank %d (%s); the peer "
+                   "process died or closed the group",
+                   what, m->rank, peer, ucs_status_string(m->peers[peer].fail_status));
+}
+
+/* Allgathers a variable-size blob (worker address, rkey) in fixed slots. */
+static moe_ep_status_t allgather_blob(mep_host_mesh_t *m, const void *blob,
+                                      size_t len, uint8_t **all) {
+  if (len + sizeof(uint64_t) > BLOB_MAX) {
+    return mep_error(MOE_EP_ERR_UCX, "host mesh: UCX blob of %zu bytes exceeds %d",
+                     len, BLOB_MAX);
+  }
+  uint8_t *mine = calloc(1, BLOB_MAX);
+  *all = calloc((size_t)m->world, BLOB_MAX);
+  if (mine == NULL || *all == NULL) {
+    free(mine);
+    free(*all);
+    *all = NULL;
+    return mep_error(MOE_EP_ERR_NO_MEMORY, "host mesh: out of memory");
+  }
+  uint64_t l = len;
+  memcpy(mine, &l, sizeof(l));
+  memcpy(mine + sizeof(l), blob, len);
+  moe_ep_status_t st = mep_bootstrap_allgather(m->bs, mine, *all, BLOB_MAX);
+  free(mine);
+  if (st != MOE_EP_OK) {
+    free(*all);
+    *all = NULL;
+  }
+  return st;
+}
+
+static moe_ep_status_t connect_peers(mep_host_mesh_t *m) {
+  ucp_address_t *addr;
+  size_t addr_len;
+  ucs_status_t us = ucp_worker_get_address(m->worker, &addr, &addr_len);
+  if (us != UCS_OK) {
+    return mep_error(MOE_EP_ERR_UCX, "host mesh: ucp_worker_get_address: %s",
+                     ucs_status_string(us));
+  }
+  uint8_t *all;
+  moe_ep_status_t st = allgather_blob(m, addr, addr_len, &all);
+  ucp_worker_release_address(m->worker, addr);
+  if (st != MOE_EP_OK) return st;
+  for (int p = 0; p < m->world && st == MOE_EP_OK; p++) {
+    ucp_ep_params_t ep = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .address = (const ucp_address_t *)(all + (size_t)p * BLOB_MAX + 8),
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = on_ep_error, .arg = &m->peers[p]},
+    };
+    us = ucp_ep_create(m->worker, &ep, &m->peers[p].ep);
+    if (us != UCS_OK) {
+      st = mep_error(MOE_EP_ERR_UCX, "host mesh: rank %d cannot connect to rank %d: %s",
+                     m->rank, p, ucs_status_string(us));
+    }
+  }
+  free(all);
+  return st;
+}
+
+static moe_ep_status_t register_region(mep_host_mesh_t *m) {
+  if (posix_memalign((void **)&m->region, 4096, m->region_bytes) != 0) {
+    return mep_error(MOE_EP_ERR_NO_MEMORY,
+                     "host mesh: cannot allocate %zu bytes of buffers",
+                     m->region_bytes);
+  }
+  memset(m->region, 0, m->region_bytes);
+  ucp_mem_map_params_t mp = {
+      .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+      .address = m->region,
+      .length = m->region_bytes,
+  };
+  ucs_status_t us = ucp_mem_map(m->ctx, &mp, &m->memh);
+  if (us != UCS_OK) {
+    return mep_error(MOE_EP_ERR_UCX, "host mesh: ucp_mem_map of %zu bytes: %s",
+                     m->region_bytes, ucs_status_string(us));
+  }
+  void *rkey_buf;
+  size_t rkey_len;
+  us = ucp_rkey_pack(m->ctx, m->memh, &rkey_buf, &rkey_len);
+  if (us != UCS_OK) {
+    return mep_error(MOE_EP_ERR_UCX, "host mesh: ucp_rkey_pack: %s",
+                     ucs_status_string(us));
+  }
+  /* The blob carries the region base address after the packed rkey. */
+  uint8_t *blob = malloc(rkey_len + 8);
+  if (blob == NULL) {
+    ucp_rkey_buffer_release(rkey_buf);
+    return mep_error(MOE_EP_ERR_NO_MEMORY, "host mesh: out of memory");
+  }
+  uint64_t base = (uint64_t)(uintptr_t)m->region;
+  memcpy(blob, &base, 8);
+  memcpy(blob + 8, rkey_buf, rkey_len);
+  ucp_rkey_buffer_release(rkey_buf);
+  uint8_t *all;
+  moe_ep_status_t st = allgather_blob(m, blob, rkey_len + 8, &all);
+  free(blob);
+  if (st != MOE_EP_OK) return st;
+  for (int p = 0; p < m->world && st == MOE_EP_OK; p++) {
+    uint8_t *slot = all + (size_t)p * BLOB_MAX + 8;
+    memcpy(&m->peers[p].remote_base, slot, 8);
+    us = ucp_ep_rkey_unpack(m->peers[p].ep, slot + 8, &m->peers[p].rkey);
+    if (us != UCS_OK) {
+      st = mep_error(MOE_EP_ERR_UCX, "host mesh: unpacking rank %d's rkey: %s", p,
+                     ucs_status_string(us));
+    }
+  }
+  free(all);
+  return st;
+}
+
+moe_ep_status_t mep_host_mesh_create(mep_bootstrap_t *bs, size_t region_bytes,
+                                     int timeout_ms, mep_host_mesh_t **out) {
+  mep_host_mesh_t *m = calloc(1, sizeof(*m));
+  if (m == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "host mesh: out of memory");
+  m->bs = bs;
+  m->ctx = mep_bootstrap_ucp_context(bs);
+  m->worker = mep_bootstrap_ucp_worker(bs);
+  m->rank = mep_bootstrap_rank(bs);
+  m->world = mep_bootstrap_world_size(bs);
+  m->timeout_ms = timeout_ms;
+  m->region_bytes = region_bytes;
+  m->peers = calloc((size_t)m->world, sizeof(peer_t));
+  moe_ep_status_t st;
+  if (m->peers == NULL) {
+    st = mep_error(MOE_EP_ERR_NO_MEMORY, "host mesh: out of memory");
+    goto out_destroy;
+  }
+  MEP_CHECK_GOTO(connect_peers(m), st, out_destroy);
+  MEP_CHECK_GOTO(register_region(m), st, out_destroy);
+  /* Nobody may put into a peer before its region is registered. */
+  MEP_CHECK_GOTO(mep_bootstrap_barrier(bs), st, out_destroy);
+  *out = m;
+  return MOE_EP_OK;
+out_destroy:
+  mep_host_mesh_destroy(m);
+  return st;
+}
+
+void mep_host_mesh_destroy(mep_host_mesh_t *m) {
+  if (m == NULL) return;
+  for (size_t i = 0; i < m->nreqs; i++) {
+    ucp_request_cancel(m->worker, m->reqs[i]);
+    ucp_request_free(m->reqs[i]);
+  }
+  free(m->reqs);
+  for (int p = 0; m->peers != NULL && p < m->world; p++) {
+    if (m->peers[p].rkey != NULL) ucp_rkey_destroy(m->peers[p].rkey);
+    if (m->peers[p].ep == NULL) continue;
+    /* Force close: a peer may already be gone, so never wait on it. */
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                               .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    void *req = ucp_ep_close_nbx(m->peers[p].ep, &prm);
+    if (UCS_PTR_IS_PTR(req)) {
+      int64_t deadline = now_ns() + 1000000000LL;
+      while (ucp_request_check_status(req) == UCS_INPROGRESS && now_ns() < deadline) {
+        ucp_worker_progress(m->worker);
+      }
+      ucp_request_free(req);
+    }
+  }
+  if (m->memh != NULL) ucp_mem_unmap(m->ctx, m->memh);
+  free(m->region);
+  free(m->peers);
+  free(m);
+}
+
+uint8_t *mep_host_mesh_local(mep_host_mesh_t *m) { return m->region; }
+
+static moe_ep_status_t track(mep_host_mesh_t *m, void *req, int peer,
+                             const char *what) {
+  if (req == NULL) return MOE_EP_OK;
+  if (UCS_PTR_IS_ERR(req)) {
+    if (m->peers[peer].failed) return peer_failed_error(m, peer, what);
+    return mep_error(MOE_EP_ERR_UCX, "%s to rank %d: %s", what, peer,
+                     ucs_status_string(UCS_PTR_STATUS(req)));
+  }
+  if (m->nreqs == m->reqcap) {
+    size_t cap = m->reqcap ? m->reqcap * 2 : 256;
+    void **grown = realloc(m->reqs, cap * sizeof(void *));
+    if (grown == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "host mesh: out of memory");
+    m->reqs = grown;
+    m->reqcap = cap;
+  }
+  m->reqs[m->nreqs++] = req;
+  return MOE_EP_OK;
+}
+
+moe_ep_status_t mep_host_mesh_put(mep_host_mesh_t *m, int peer, const void *src,
+                                  size_t bytes, size_t remote_off) {
+  if (m->peers[peer].failed) return peer_failed_error(m, peer, "put");
+  if (bytes == 0) return MOE_EP_OK;
+  ucp_request_param_t prm = {.op_attr_mask = 0};
+  void *req = ucp_put_nbx(m->peers[peer].ep, src, bytes,
+                          m->peers[peer].remote_base + remote_off,
+                          m->peers[peer].rkey, &prm);
+  return track(m, req, peer, "put");
+}
+
+moe_ep_status_t mep_host_mesh_fence(mep_host_mesh_t *m) {
+  ucs_status_t us = ucp_worker_fence(m->worker);
+  if (us != UCS_OK) {
+    return mep_error(MOE_EP_ERR_UCX, "host mesh: ucp_worker_fence: %s",
+                     ucs_status_string(us));
+  }
+  return MOE_EP_OK;
+}
+
+moe_ep_status_t mep_host_mesh_signal(mep_host_mesh_t *m, int peer,
+                                     size_t remote_off, uint64_t value) {
+  m->peers[peer].signal_src = value;
+  return mep_host_mesh_put(m, peer, &m->peers[peer].signal_src, sizeof(uint64_t),
+                           remote_off);
+}
+
+moe_ep_status_t mep_host_mesh_complete(mep_host_mesh_t *m, const char *what) {
+  int64_t deadline = now_ns() + (int64_t)m->timeout_ms * 1000000LL;
+  moe_ep_status_t st = MOE_EP_OK;
+  size_t i = 0;
+  while (i < m->nreqs) {
+    ucs_status_t us = ucp_request_check_status(m->reqs[i]);
+    if (us == UCS_INPROGRESS) {
+      if (now_ns() > deadline) {
+        st = mep_error(MOE_EP_ERR_TIMEOUT,
+                       "%s: rank %d's puts did not complete within "
+                       "timeouts.kernel_ms=%d",
+                       what, m->rank, m->timeout_ms);
+        break;
+      }
+      ucp_worker_progress(m->worker);
+      continue;
+    }
+    if (us != UCS_OK && st == MOE_EP_OK) {
+      st = mep_error(MOE_EP_ERR_PEER_FAILED, "%s: rank %d's put failed: %s "
+                     "(a peer died or closed the group)",
+                     what, m->rank, ucs_status_string(us));
+      for (int p = 0; p < m->world; p++) {
+        if (m->peers[p].failed) {
+          st = peer_failed_error(m, p, what);
+          break;
+        }
+      }
+    }
+    ucp_request_free(m->reqs[i]);
+    m->reqs[i] = m->reqs[--m->nreqs];
+  }
+  return st;
+}
+
+moe_ep_status_t mep_host_mesh_wait(mep_host_mesh_t *m, size_t local_off,
+                                   uint64_t value, int peer, const char *what) {
+  const uint64_t *flag = (const uint64_t *)(m->region + local_off);
+  int64_t deadline = now_ns() + (int64_t)m->timeout_ms * 1000000LL;
+  while (__atomic_load_n(flag, __ATOMIC_ACQUIRE) != value) {
+    if (m->peers[peer].failed) return peer_failed_error(m, peer, what);
+    if (now_ns() > deadline) {
+      return mep_error(MOE_EP_ERR_TIMEOUT,
+                       "%s: rank %d waited timeouts.kernel_ms=%d for rank %d's "
+                       "signal (expected %llu, saw %llu); the peer did not "
+                       "take part in the operation",
+                       what, m->rank, m->timeout_ms, peer,
+                       (unsigned long long)value,
+                       (unsigned long long)__atomic_load_n(flag, __ATOMIC_ACQUIRE));
+    }
+    if (ucp_worker_progress(m->worker) == 0) sched_yield();
+  }
+  return MOE_EP_OK;
+}

@@ -1,0 +1,48 @@
+/* host_mesh.h: the host backend's put/signal/wait transport over UCX: a
+ * full mesh of endpoints on the bootstrap's worker, one registered region
+ * per rank, RMA puts, a fence, 64-bit signal puts, and bounded waits on
+ * local signals. It mirrors the GPU transports' put + signal design. */
+#ifndef MEP_HOST_MESH_H_
+#define MEP_HOST_MESH_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moe_ep.h"
+#include "runtime/bootstrap.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mep_host_mesh mep_host_mesh_t;
+
+/* Collective: allocates and registers `region_bytes` on every rank and
+ * connects to every peer (self included). */
+moe_ep_status_t mep_host_mesh_create(mep_bootstrap_t *bs, size_t region_bytes,
+                                     int timeout_ms, mep_host_mesh_t **out);
+void mep_host_mesh_destroy(mep_host_mesh_t *m); /* accepts NULL */
+
+uint8_t *mep_host_mesh_local(mep_host_mesh_t *m);
+
+/* Starts a put of src[0, bytes) to peer's region at remote_off. src must
+ * stay valid until mep_host_mesh_complete returns. */
+moe_ep_status_t mep_host_mesh_put(mep_host_mesh_t *m, int peer, const void *src,
+                                  size_t bytes, size_t remote_off);
+/* Orders every put issued so far before every later one. */
+moe_ep_status_t mep_host_mesh_fence(mep_host_mesh_t *m);
+/* Writes the 64-bit value at peer's remote_off (after a fence). */
+moe_ep_status_t mep_host_mesh_signal(mep_host_mesh_t *m, int peer,
+                                     size_t remote_off, uint64_t value);
+/* Waits until every issued put completed locally, up to the timeout. */
+moe_ep_status_t mep_host_mesh_complete(mep_host_mesh_t *m, const char *what);
+/* Waits until the local u64 at local_off equals value; `peer` is who
+ * writes it (named in the error). Bounded by the mesh's timeout. */
+moe_ep_status_t mep_host_mesh_wait(mep_host_mesh_t *m, size_t local_off,
+                                   uint64_t value, int peer, const char *what);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MEP_HOST_MESH_H_ */

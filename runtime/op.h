@@ -1,0 +1,68 @@
+/* op.h: the runtime's internal view of a routing handle and of one
+ * dispatch/combine operation (what a backend's send/recv halves receive).
+ * Everything the receive half needs is copied here, because a deferred
+ * receive runs after the caller's parameter structs are gone. */
+#ifndef MEP_OP_H_
+#define MEP_OP_H_
+
+#include <stdint.h>
+
+#include "moe_ep.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct moe_ep_handle mep_handle_state_t;
+
+/* The routing layout of one layer call (public type moe_ep_handle_t). */
+struct moe_ep_handle {
+  moe_ep_group_t *group;
+  int32_t num_tokens;
+  int32_t top_k;
+  /* topk_idx as the caller gave it; host backend also keeps an int64 copy. */
+  const void *topk_idx;
+  int32_t topk_idx_bits; /* 32 or 64 */
+  int64_t *topk_host;    /* [T*K] int64 copy (host backend), owned */
+  int32_t dispatched;    /* a dispatch ran on this handle (combine needs it) */
+  int32_t dispatch_hidden;
+  int64_t num_recv;      /* HT: rows received by dispatch */
+  void *backend;         /* backend's per-handle state (slot sources); one
+                            malloc block, freed with the handle */
+  /* prepare's optional outputs, valid during prepare only (NULL = skip) */
+  int32_t *out_tokens_per_rank;   /* [R] */
+  int32_t *out_tokens_per_expert; /* [E] */
+  uint8_t *out_is_token_in_rank;  /* [T, R] */
+};
+
+typedef enum mep_op_kind { MEP_OP_DISPATCH = 0, MEP_OP_COMBINE = 1 } mep_op_kind_t;
+
+typedef struct mep_op {
+  mep_op_kind_t kind;
+  int32_t mode;        /* moe_ep_mode_t of the group */
+  int32_t buffer_set;  /* 0 .. MEP_NUM_BUFFER_SETS-1 */
+  uint32_t flags;
+  int32_t hidden;
+  uint64_t seq;        /* per-group operation counter (epoch for signals) */
+  mep_handle_state_t *handle;
+  void *stream;
+  /* dispatch */
+  const void *x;              /* [T, H] bf16 */
+  void *recv_x;               /* LL [E_l, R*M, H]; HT [cap, H] */
+  void *recv_scales;          /* LL fp8 only */
+  int32_t *recv_count;        /* LL [E_l]; HT per-local-expert counts */
+  const float *topk_weights;  /* HT dispatch input; LL combine input */
+  int32_t *recv_topk_idx;     /* HT [cap, K] */
+  float *recv_topk_weights;   /* HT [cap, K] */
+  int64_t *num_recv_tokens;   /* HT host out */
+  int64_t recv_capacity;      /* HT rows recv_x can hold */
+  /* combine */
+  const void *y;              /* LL [E_l, R*M, H]; HT [N_recv, H] */
+  void *out;                  /* [T, H] bf16 */
+} mep_op_t;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MEP_OP_H_ */

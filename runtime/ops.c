@@ -1,0 +1,312 @@
+/* ops.c: dispatch / combine / hooks: argument validation common to every
+ * backend, buffer-set alternation and pending-hook bookkeeping. A backend
+ * only sees requests that passed these checks. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/error.h"
+#include "runtime/group.h"
+#include "runtime/registry.h"
+#include "runtime/validate.h"
+
+#define BIT(dt) (1u << (dt))
+#define KNOWN_FLAGS (MOE_EP_FLAG_DEFER_RECV | MOE_EP_FLAG_ROUND_SCALE)
+
+static int is_ll(const moe_ep_group_t *g) {
+  return g->cfg.mode == MOE_EP_MODE_LOW_LATENCY;
+}
+
+static moe_ep_status_t check_flags_hidden(moe_ep_group_t *g, const char *entry,
+                                          uint32_t flags, int32_t hidden,
+                                          moe_ep_hook_t **hook, int fp8) {
+  if (flags & ~KNOWN_FLAGS) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "%s: params->flags=0x%x has unknown bits 0x%x", entry,
+                     flags, flags & ~KNOWN_FLAGS);
+  }
+  if ((flags & MOE_EP_FLAG_DEFER_RECV) && hook == NULL) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "%s: MOE_EP_FLAG_DEFER_RECV needs a non-NULL hook output",
+                     entry);
+  }
+  int align = fp8 ? MEP_HIDDEN_ALIGN : MEP_BF16_HIDDEN_ALIGN;
+  if (hidden < align || hidden > g->cfg.hidden || hidden % align != 0) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "%s: params->hidden=%d must be a multiple of %d%s in [%d, "
+                     "config hidden=%d]",
+                     entry, hidden, align, fp8 ? " (fp8 scales cover 128 channels)" : "",
+                     align, g->cfg.hidden);
+  }
+  return MOE_EP_OK;
+}
+
+static moe_ep_status_t reserve_buffer_set(moe_ep_group_t *g, const char *entry,
+                                          int32_t *set) {
+  int nsets = g->cfg.double_buffer ? MEP_NUM_BUFFER_SETS : 1;
+  *set = (int32_t)(g->seq % (uint64_t)nsets);
+  if (g->pending[*set] != NULL) {
+    return mep_error(MOE_EP_ERR_BUSY,
+                     "%s: buffer set %d still holds a pending %s whose hook "
+                     "has not run; at most %d operation%s may be pending "
+                     "(double_buffer=%s): run a hook first",
+                     entry, *set,
+                     g->pending[*set]->op.kind == MEP_OP_DISPATCH ? "dispatch" : "combine",
+                     nsets, nsets > 1 ? "s" : "", g->cfg.double_buffer ? "true" : "false");
+  }
+  return MOE_EP_OK;
+}
+
+/* Sends, then either receives now or parks the op in a hook. Called with
+ * validated arguments; takes the group lock. */
+static moe_ep_status_t launch(moe_ep_group_t *g, mep_op_t *op,
+                              moe_ep_hook_t **hook_out) {
+  moe_ep_status_t st;
+  moe_ep_hook_t *hook = NULL;
+  if (hook_out != NULL) *hook_out = NULL;
+  if (op->flags & MOE_EP_FLAG_DEFER_RECV) {
+    hook = calloc(1, sizeof(*hook));
+    if (hook == NULL || !mep_registry_add(hook, MEP_OBJ_HOOK)) {
+      free(hook);
+      return mep_error(MOE_EP_ERR_NO_MEMORY, "cannot allocate a hook");
+    }
+  }
+  pthread_mutex_lock(&g->lock);
+  const char *entry = op->kind == MEP_OP_DISPATCH ? "dispatch" : "combine";
+  st = reserve_buffer_set(g, entry, &op->buffer_set);
+  if (st != MOE_EP_OK) goto out_unlock;
+  op->seq = g->seq;
+  st = g->ops->send(g, op);
+  if (st != MOE_EP_OK) goto out_unlock;
+  g->seq++;
+  if (hook != NULL) {
+    hook->group = g;
+    hook->op = *op;
+    g->pending[op->buffer_set] = hook;
+    *hook_out = hook;
+    hook = NULL;
+  } else {
+    st = g->ops->recv(g, op);
+  }
+out_unlock:
+  if (mep_status_is_fatal(st)) mep_group_break(g, st);
+  pthread_mutex_unlock(&g->lock);
+  if (hook != NULL) {
+    mep_registry_remove(hook);
+    free(hook);
+  }
+  return st;
+}
+
+static moe_ep_status_t check_ll_dispatch_outputs(moe_ep_group_t *g,
+                                                 const moe_ep_dispatch_params_t *p,
+                                                 mep_op_t *op, int fp8) {
+  int dev = mep_group_device_type(g);
+  int64_t el = g->num_local_experts;
+  int64_t slots = (int64_t)g->world_size * g->cfg.max_tokens_per_rank;
+  void *data;
+  int dt;
+  mep_tensor_rule_t rx = {"dispatch", "params->recv_x", dev,
+                          fp8 ? BIT(MEP_DT_FP8) : BIT(MEP_DT_BF16), 3,
+                          {el, slots, p->hidden}, 0};
+  MEP_CHECK(mep_tensor_check(p->recv_x, &rx, &op->recv_x, &dt));
+  mep_tensor_rule_t rc = {"dispatch", "params->recv_count", dev, BIT(MEP_DT_I32),
+                          1, {el, 0, 0}, 0};
+  MEP_CHECK(mep_tensor_check(p->recv_count, &rc, &data, &dt));
+  op->recv_count = data;
+  if (fp8) {
+    int packed = g->cfg.fp8_scale == MOE_EP_FP8_SCALE_UE8M0_PACKED;
+    int64_t groups = p->hidden / MEP_HIDDEN_ALIGN;
+    mep_tensor_rule_t rs = {"dispatch", "params->recv_scales", dev,
+                            packed ? BIT(MEP_DT_I32) : BIT(MEP_DT_F32), 3,
+                            {el, slots, packed ? (groups + 3) / 4 : groups}, 0};
+    MEP_CHECK(mep_tensor_check(p->recv_scales, &rs, &op->recv_scales, &dt));
+  }
+  return MOE_EP_OK;
+}
+
+static moe_ep_status_t check_ht_dispatch_outputs(moe_ep_group_t *g,
+                                                 const moe_ep_dispatch_params_t *p,
+                                                 mep_op_t *op) {
+  int dev = mep_group_device_type(g);
+  mep_handle_state_t *h = op->handle;
+  void *data;
+  int dt;
+  mep_tensor_rule_t rw = {"dispatch", "params->topk_weights", dev, BIT(MEP_DT_F32),
+                          2, {h->num_tokens, h->top_k, 0}, 1};
+  MEP_CHECK(mep_tensor_check(p->topk_weights, &rw, &data, &dt));
+  op->topk_weights = data;
+  mep_tensor_rule_t rx = {"dispatch", "params->recv_x", dev, BIT(MEP_DT_BF16), 2,
+                          {-1, p->hidden, 0}, 1};
+  MEP_CHECK(mep_tensor_check(p->recv_x, &rx, &op->recv_x, &dt));
+  op->recv_capacity = p->recv_x->shape[0];
+  if (op->recv_capacity < h->num_recv) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "dispatch: params->recv_x has %lld rows but this rank "
+                     "receives %lld tokens (see prepare's layout)",
+                     (long long)op->recv_capacity, (long long)h->num_recv);
+  }
+  int64_t cap = op->recv_capacity;
+  mep_tensor_rule_t ri = {"dispatch", "params->recv_topk_idx", dev, BIT(MEP_DT_I32),
+                          2, {cap, h->top_k, 0}, 1};
+  MEP_CHECK(mep_tensor_check(p->recv_topk_idx, &ri, &data, &dt));
+  op->recv_topk_idx = data;
+  mep_tensor_rule_t rtw = {"dispatch", "params->recv_topk_weights", dev,
+                           BIT(MEP_DT_F32), 2, {cap, h->top_k, 0}, 1};
+  MEP_CHECK(mep_tensor_check(p->recv_topk_weights, &rtw, &data, &dt));
+  op->recv_topk_weights = data;
+  mep_tensor_rule_t rc = {"dispatch", "params->recv_count", dev, BIT(MEP_DT_I32),
+                          1, {g->num_local_experts, 0, 0}, 0};
+  MEP_CHECK(mep_tensor_check(p->recv_count, &rc, &data, &dt));
+  op->recv_count = data;
+  if (p->num_recv_tokens == NULL) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "dispatch: params->num_recv_tokens is NULL; high-throughput "
+                     "dispatch reports the received row count there");
+  }
+  op->num_recv_tokens = p->num_recv_tokens;
+  return MOE_EP_OK;
+}
+
+moe_ep_status_t mep_dispatch(moe_ep_group_t *g, moe_ep_handle_t *h,
+                             const moe_ep_dispatch_params_t *p,
+                             moe_ep_hook_t **hook) {
+  if (hook != NULL) *hook = NULL;
+  MEP_CHECK(mep_group_enter(g, "dispatch"));
+  MEP_CHECK(mep_handle_check(g, h, "dispatch"));
+  if (p == NULL || p->struct_size < offsetof(moe_ep_dispatch_params_t, topk_weights)) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "dispatch: params is NULL or params->struct_size is below "
+                     "the v1 minimum");
+  }
+  int fp8 = is_ll(g) && g->cfg.dispatch_dtype == MOE_EP_DISPATCH_FP8_E4M3;
+  MEP_CHECK(check_flags_hidden(g, "dispatch", p->flags, p->hidden, hook, fp8));
+  if (h->dispatched) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "dispatch: handle=%p was already dispatched; prepare a new "
+                     "handle for each layer call",
+                     (void *)h);
+  }
+  mep_op_t op = {.kind = MEP_OP_DISPATCH, .mode = g->cfg.mode, .flags = p->flags,
+                 .hidden = p->hidden, .handle = h, .stream = p->stream};
+  void *data;
+  int dt;
+  mep_tensor_rule_t rx = {"dispatch", "params->x", mep_group_device_type(g),
+                          BIT(MEP_DT_BF16), 2, {h->num_tokens, p->hidden, 0}, 1};
+  MEP_CHECK(mep_tensor_check(p->x, &rx, &data, &dt));
+  op.x = data;
+  if (is_ll(g)) {
+    MEP_CHECK(check_ll_dispatch_outputs(g, p, &op, fp8));
+  } else {
+    MEP_CHECK(check_ht_dispatch_outputs(g, p, &op));
+  }
+  moe_ep_status_t st = launch(g, &op, hook);
+  if (st == MOE_EP_OK) {
+    h->dispatch_hidden = p->hidden;
+    h->dispatched = (p->flags & MOE_EP_FLAG_DEFER_RECV) ? 1 : 2;
+  }
+  return st;
+}
+
+moe_ep_status_t mep_combine(moe_ep_group_t *g, moe_ep_handle_t *h,
+                            const moe_ep_combine_params_t *p,
+                            moe_ep_hook_t **hook) {
+  if (hook != NULL) *hook = NULL;
+  MEP_CHECK(mep_group_enter(g, "combine"));
+  MEP_CHECK(mep_handle_check(g, h, "combine"));
+  if (p == NULL || p->struct_size < sizeof(moe_ep_combine_params_t)) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "combine: params is NULL or params->struct_size is below "
+                     "the v1 minimum");
+  }
+  MEP_CHECK(check_flags_hidden(g, "combine", p->flags, p->hidden, hook, 0));
+  if (h->dispatched != 2) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "combine: handle=%p has %s; combine needs a completed "
+                     "dispatch on it",
+                     (void *)h,
+                     h->dispatched ? "a dispatch whose hook has not run yet"
+                                   : "not been dispatched");
+  }
+  if (p->hidden != h->dispatch_hidden) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "combine: params->hidden=%d differs from the dispatch's "
+                     "hidden=%d on this handle",
+                     p->hidden, h->dispatch_hidden);
+  }
+  int dev = mep_group_device_type(g);
+  mep_op_t op = {.kind = MEP_OP_COMBINE, .mode = g->cfg.mode, .flags = p->flags,
+                 .hidden = p->hidden, .handle = h, .stream = p->stream};
+  void *data;
+  int dt;
+  int64_t rows = is_ll(g) ? (int64_t)g->world_size * g->cfg.max_tokens_per_rank
+                          : h->num_recv;
+  mep_tensor_rule_t ry = {"combine", "params->y", dev, BIT(MEP_DT_BF16),
+                          is_ll(g) ? 3 : 2,
+                          {is_ll(g) ? g->num_local_experts : rows,
+                           is_ll(g) ? rows : p->hidden, p->hidden},
+                          1};
+  MEP_CHECK(mep_tensor_check(p->y, &ry, &data, &dt));
+  op.y = data;
+  if (is_ll(g)) {
+    mep_tensor_rule_t rw = {"combine", "params->topk_weights", dev, BIT(MEP_DT_F32),
+                            2, {h->num_tokens, h->top_k, 0}, 1};
+    MEP_CHECK(mep_tensor_check(p->topk_weights, &rw, &data, &dt));
+    op.topk_weights = data;
+  }
+  mep_tensor_rule_t ro = {"combine", "params->out", dev, BIT(MEP_DT_BF16), 2,
+                          {h->num_tokens, p->hidden, 0}, 1};
+  MEP_CHECK(mep_tensor_check(p->out, &ro, &op.out, &dt));
+  return launch(g, &op, hook);
+}
+
+moe_ep_status_t mep_hook_run(moe_ep_hook_t *hook, void *stream) {
+  if (hook == NULL || !mep_registry_contains(hook, MEP_OBJ_HOOK)) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "hook_run: hook=%p is not a live hook (freed, or not from "
+                     "dispatch/combine)",
+                     (void *)hook);
+  }
+  if (hook->ran) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "hook_run: hook=%p already ran; a hook runs exactly once",
+                     (void *)hook);
+  }
+  moe_ep_group_t *g = hook->group;
+  if (g == NULL) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "hook_run: hook=%p belongs to a destroyed group",
+                     (void *)hook);
+  }
+  MEP_CHECK(mep_group_enter(g, "hook_run"));
+  if (!mep_registry_contains(hook->op.handle, MEP_OBJ_HANDLE)) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "hook_run: the handle of hook=%p was freed before the "
+                     "hook ran",
+                     (void *)hook);
+  }
+  pthread_mutex_lock(&g->lock);
+  hook->ran = 1;
+  g->pending[hook->op.buffer_set] = NULL;
+  hook->op.stream = stream;
+  moe_ep_status_t st = g->ops->recv(g, &hook->op);
+  if (st == MOE_EP_OK && hook->op.kind == MEP_OP_DISPATCH) {
+    hook->op.handle->dispatched = 2;
+  }
+  if (mep_status_is_fatal(st)) mep_group_break(g, st);
+  pthread_mutex_unlock(&g->lock);
+  return st;
+}
+
+void mep_hook_free(moe_ep_hook_t *hook) {
+  if (hook == NULL || !mep_registry_contains(hook, MEP_OBJ_HOOK)) return;
+  moe_ep_group_t *g = hook->group;
+  /* Freeing an unrun hook abandons its receive; the buffer set is released
+   * so the group stays usable (the peers' data for it is dropped). */
+  if (g != NULL && !hook->ran) {
+    pthread_mutex_lock(&g->lock);
+    if (g->pending[hook->op.buffer_set] == hook) g->pending[hook->op.buffer_set] = NULL;
+    pthread_mutex_unlock(&g->lock);
+  }
+  mep_registry_remove(hook);
+  free(hook);
+}

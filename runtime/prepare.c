@@ -1,0 +1,139 @@
+/* prepare.c: prepare and handle_free: topk_idx validation common to every
+ * backend, the handle object, and the backend's layout step. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/error.h"
+#include "runtime/group.h"
+#include "runtime/registry.h"
+#include "runtime/validate.h"
+
+#define BIT(dt) (1u << (dt))
+
+/* ---- prepare ------------------------------------------------------------ */
+
+static moe_ep_status_t copy_topk(moe_ep_group_t *g, mep_handle_state_t *h,
+                                 const void *data, int dt) {
+  size_t n = (size_t)h->num_tokens * (size_t)h->top_k;
+  h->topk_host = malloc((n ? n : 1) * sizeof(int64_t));
+  if (h->topk_host == NULL) {
+    return mep_error(MOE_EP_ERR_NO_MEMORY, "prepare: cannot copy topk_idx");
+  }
+  for (size_t i = 0; i < n; i++) {
+    int64_t e = dt == MEP_DT_I64 ? ((const int64_t *)data)[i]
+                                 : ((const int32_t *)data)[i];
+    if (e < -1 || e >= g->cfg.num_experts) {
+      return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                       "prepare: params->topk_idx[%zu][%zu]=%lld is not an "
+                       "expert id: it must be in [0, num_experts=%d) or -1",
+                       i / (size_t)h->top_k, i % (size_t)h->top_k,
+                       (long long)e, g->cfg.num_experts);
+    }
+    h->topk_host[i] = e;
+  }
+  return MOE_EP_OK;
+}
+
+/* The optional layout outputs (num_tokens_per_rank / _per_expert,
+ * is_token_in_rank); NULL skips one. */
+static moe_ep_status_t check_layout_outputs(moe_ep_group_t *g,
+                                            const moe_ep_prepare_params_t *p,
+                                            mep_handle_state_t *h) {
+  int dev = mep_group_device_type(g);
+  void *data;
+  int dt;
+  if (p->struct_size < sizeof(moe_ep_prepare_params_t)) return MOE_EP_OK;
+  if (p->num_tokens_per_rank != NULL) {
+    mep_tensor_rule_t r = {"prepare", "params->num_tokens_per_rank", dev,
+                           1u << MEP_DT_I32, 1, {g->world_size, 0, 0}, 0};
+    MEP_CHECK(mep_tensor_check(p->num_tokens_per_rank, &r, &data, &dt));
+    h->out_tokens_per_rank = data;
+  }
+  if (p->num_tokens_per_expert != NULL) {
+    mep_tensor_rule_t r = {"prepare", "params->num_tokens_per_expert", dev,
+                           1u << MEP_DT_I32, 1, {g->cfg.num_experts, 0, 0}, 0};
+    MEP_CHECK(mep_tensor_check(p->num_tokens_per_expert, &r, &data, &dt));
+    h->out_tokens_per_expert = data;
+  }
+  if (p->is_token_in_rank != NULL) {
+    mep_tensor_rule_t r = {"prepare", "params->is_token_in_rank", dev,
+                           1u << MEP_DT_U8, 2, {p->num_tokens, g->world_size, 0}, 1};
+    MEP_CHECK(mep_tensor_check(p->is_token_in_rank, &r, &data, &dt));
+    h->out_is_token_in_rank = data;
+  }
+  return MOE_EP_OK;
+}
+
+static void handle_release(mep_handle_state_t *h) {
+  free(h->topk_host);
+  free(h->backend);
+  free(h);
+}
+
+moe_ep_status_t mep_prepare(moe_ep_group_t *g,
+                            const moe_ep_prepare_params_t *p,
+                            moe_ep_handle_t **out) {
+  MEP_CHECK(mep_group_enter(g, "prepare"));
+  if (p == NULL || out == NULL) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "prepare: %s is NULL",
+                     p ? "handle" : "params");
+  }
+  if (p->struct_size < offsetof(moe_ep_prepare_params_t, num_tokens_per_rank)) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "prepare: params->struct_size=%zu is below the v1 minimum",
+                     p->struct_size);
+  }
+  if (p->num_tokens < 0 || p->num_tokens > g->cfg.max_tokens_per_rank) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "prepare: params->num_tokens=%d must be in [0, "
+                     "max_tokens_per_rank=%d]",
+                     p->num_tokens, g->cfg.max_tokens_per_rank);
+  }
+  if (p->top_k < 1 || p->top_k > g->cfg.top_k) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "prepare: params->top_k=%d must be in [1, config top_k=%d]",
+                     p->top_k, g->cfg.top_k);
+  }
+  mep_tensor_rule_t rule = {"prepare", "params->topk_idx", mep_group_device_type(g),
+                            BIT(MEP_DT_I32) | BIT(MEP_DT_I64), 2,
+                            {p->num_tokens, p->top_k, 0}, 1};
+  void *data;
+  int dt;
+  MEP_CHECK(mep_tensor_check(p->topk_idx, &rule, &data, &dt));
+  mep_handle_state_t *h = calloc(1, sizeof(*h));
+  if (h == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "prepare: out of memory");
+  h->group = g;
+  h->num_tokens = p->num_tokens;
+  h->top_k = p->top_k;
+  h->topk_idx = data;
+  h->topk_idx_bits = dt == MEP_DT_I64 ? 64 : 32;
+  moe_ep_status_t st = MOE_EP_OK;
+  MEP_CHECK_GOTO(check_layout_outputs(g, p, h), st, out_release);
+  if (g->cfg.backend == MOE_EP_BACKEND_HOST) {
+    MEP_CHECK_GOTO(copy_topk(g, h, data, dt), st, out_release);
+  }
+  pthread_mutex_lock(&g->lock);
+  st = g->ops->prepare(g, h);
+  if (mep_status_is_fatal(st)) mep_group_break(g, st);
+  pthread_mutex_unlock(&g->lock);
+  h->out_tokens_per_rank = NULL;
+  h->out_tokens_per_expert = NULL;
+  h->out_is_token_in_rank = NULL;
+  if (st != MOE_EP_OK) goto out_release;
+  if (!mep_registry_add(h, MEP_OBJ_HANDLE)) {
+    st = mep_error(MOE_EP_ERR_NO_MEMORY, "prepare: out of memory");
+    goto out_release;
+  }
+  *out = h;
+  return MOE_EP_OK;
+
+out_release:
+  handle_release(h);
+  return st;
+}
+
+void mep_handle_free(moe_ep_handle_t *h) {
+  if (h == NULL || !mep_registry_contains(h, MEP_OBJ_HANDLE)) return;
+  mep_registry_remove(h);
+  handle_release(h);
+}

@@ -1,0 +1,54 @@
+/* registry.c: live-object set. Small open array: an engine holds a handful
+ * of groups and a few handles/hooks per layer in flight. */
+#include "runtime/registry.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+typedef struct entry {
+  const void *obj;
+  mep_obj_kind_t kind;
+} entry_t;
+
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static entry_t *reg_entries;
+static size_t reg_len, reg_cap;
+
+int mep_registry_add(const void *obj, mep_obj_kind_t kind) {
+  int ok = 1;
+  pthread_mutex_lock(&reg_lock);
+  if (reg_len == reg_cap) {
+    size_t cap = reg_cap ? reg_cap * 2 : 64;
+    entry_t *grown = realloc(reg_entries, cap * sizeof(*grown));
+    if (grown == NULL) {
+      ok = 0;
+    } else {
+      reg_entries = grown;
+      reg_cap = cap;
+    }
+  }
+  if (ok) reg_entries[reg_len++] = (entry_t){obj, kind};
+  pthread_mutex_unlock(&reg_lock);
+  return ok;
+}
+
+void mep_registry_remove(const void *obj) {
+  pthread_mutex_lock(&reg_lock);
+  for (size_t i = 0; i < reg_len; i++) {
+    if (reg_entries[i].obj == obj) {
+      reg_entries[i] = reg_entries[--reg_len];
+      break;
+    }
+  }
+  pthread_mutex_unlock(&reg_lock);
+}
+
+int mep_registry_contains(const void *obj, mep_obj_kind_t kind) {
+  int found = 0;
+  pthread_mutex_lock(&reg_lock);
+  for (size_t i = 0; i < reg_len && !found; i++) {
+    found = reg_entries[i].obj == obj && reg_entries[i].kind == kind;
+  }
+  pthread_mutex_unlock(&reg_lock);
+  return found;
+}

@@ -1,0 +1,145 @@
+/* validate.c: tensor descriptor checks (see validate.h). */
+#include "runtime/validate.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "runtime/error.h"
+
+static const struct {
+  const char *name;
+  uint8_t code, bits;
+} dtypes[MEP_DT_COUNT_] = {
+    [MEP_DT_BF16] = {"bf16", MOE_EP_DTYPE_BFLOAT, 16},
+    [MEP_DT_FP8] = {"fp8_e4m3fn", MOE_EP_DTYPE_FLOAT8_E4M3FN, 8},
+    [MEP_DT_F32] = {"float32", MOE_EP_DTYPE_FLOAT, 32},
+    [MEP_DT_I32] = {"int32", MOE_EP_DTYPE_INT, 32},
+    [MEP_DT_I64] = {"int64", MOE_EP_DTYPE_INT, 64},
+    [MEP_DT_U8] = {"uint8", MOE_EP_DTYPE_UINT, 8},
+};
+
+const char *mep_dtype_name(mep_dtype_t dt) {
+  return (dt >= 0 && dt < MEP_DT_COUNT_) ? dtypes[dt].name : "unknown";
+}
+
+int mep_dtype_bytes(mep_dtype_t dt) {
+  return (dt >= 0 && dt < MEP_DT_COUNT_) ? dtypes[dt].bits / 8 : 0;
+}
+
+int mep_dtype_of(const moe_ep_data_type_t *dt) {
+  if (dt->lanes != 1) return -1;
+  for (int i = 0; i < MEP_DT_COUNT_; i++) {
+    if (dtypes[i].code == dt->code && dtypes[i].bits == dt->bits) return i;
+  }
+  return -1;
+}
+
+static void mask_names(uint32_t mask, char *buf, size_t cap) {
+  buf[0] = '\0';
+  size_t n = 0;
+  for (int i = 0; i < MEP_DT_COUNT_; i++) {
+    if (mask & (1u << i)) {
+      n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, "%s%s",
+                            n ? " or " : "", dtypes[i].name);
+    }
+  }
+}
+
+static void shape_text(const int64_t *shape, int ndim, char *buf, size_t cap) {
+  size_t n = (size_t)snprintf(buf, cap, "[");
+  for (int i = 0; i < ndim && n < cap; i++) {
+    if (shape[i] < 0) {
+      n += (size_t)snprintf(buf + n, cap - n, "%s*", i ? ", " : "");
+    } else {
+      n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i ? ", " : "",
+                            (long long)shape[i]);
+    }
+  }
+  if (n < cap) snprintf(buf + n, cap - n, "]");
+}
+
+moe_ep_status_t mep_tensor_check(const moe_ep_tensor_t *t,
+                                 const mep_tensor_rule_t *r, void **data,
+                                 int *dtype) {
+  char want[96], got[96];
+  if (t == NULL) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "%s: %s is NULL", r->entry,
+                     r->name);
+  }
+  int dev = t->device.device_type;
+  int dev_ok = dev == r->device_type ||
+               (r->device_type == MOE_EP_DEVICE_CPU && dev == MOE_EP_DEVICE_CUDA_HOST);
+  if (!dev_ok) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "%s: %s has device_type=%d but this backend needs %s "
+                     "memory (device_type=%d)",
+                     r->entry, r->name, dev,
+                     r->device_type == MOE_EP_DEVICE_CPU ? "host" : "CUDA device",
+                     r->device_type);
+  }
+  int dt = mep_dtype_of(&t->dtype);
+  if (dt < 0 || !(r->dtype_mask & (1u << dt))) {
+    mask_names(r->dtype_mask, want, sizeof(want));
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "%s: %s has dtype (code=%u, bits=%u, lanes=%u) = %s; it "
+                     "must be %s",
+                     r->entry, r->name, t->dtype.code, t->dtype.bits,
+                     t->dtype.lanes, dt < 0 ? "unsupported" : mep_dtype_name(dt),
+                     want);
+  }
+  if (t->ndim != r->ndim || t->shape == NULL) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "%s: %s has ndim=%d%s; it must have %d dimensions",
+                     r->entry, r->name, t->ndim,
+                     t->shape == NULL ? " and no shape" : "", r->ndim);
+  }
+  int64_t elems = 1;
+  for (int i = 0; i < r->ndim; i++) {
+    if (t->shape[i] < 0 || (r->shape[i] >= 0 && t->shape[i] != r->shape[i])) {
+      shape_text(r->shape, r->ndim, want, sizeof(want));
+      shape_text(t->shape, t->ndim, got, sizeof(got));
+      return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                       "%s: %s has shape %s; it must be %s", r->entry, r->name,
+                       got, want);
+    }
+    elems *= t->shape[i];
+  }
+  if (t->strides != NULL) {
+    int64_t expect = 1;
+    for (int i = r->ndim - 1; i >= 0; i--) {
+      if (t->shape[i] > 1 && t->strides[i] != expect) {
+        return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                         "%s: %s is not contiguous (stride[%d]=%lld, row-major "
+                         "needs %lld)",
+                         r->entry, r->name, i, (long long)t->strides[i],
+                         (long long)expect);
+      }
+      expect *= t->shape[i];
+    }
+  }
+  char *p = (char *)t->data;
+  if (p == NULL) {
+    if (elems == 0 && r->allow_null_data) {
+      *data = NULL;
+      *dtype = dt;
+      return MOE_EP_OK;
+    }
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "%s: %s->data is NULL",
+                     r->entry, r->name);
+  }
+  p += t->byte_offset;
+  /* 16-byte rows let the kernels move whole vectors; small index/count
+   * arrays only need their element alignment. */
+  uintptr_t align = (dt == MEP_DT_BF16 || dt == MEP_DT_FP8) ? 16
+                                                           : (uintptr_t)mep_dtype_bytes(dt);
+  if (((uintptr_t)p & (align - 1)) != 0) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "%s: %s data %p (byte_offset %llu) is not %u-byte "
+                     "aligned",
+                     r->entry, r->name, t->data,
+                     (unsigned long long)t->byte_offset, (unsigned)align);
+  }
+  *data = p;
+  *dtype = dt;
+  return MOE_EP_OK;
+}

@@ -1,0 +1,51 @@
+/* validate.h: tensor descriptor checks shared by every entry and backend:
+ * device, dtype, rank, shape, contiguity, alignment. Each failure names the
+ * entry, the argument, the value and the rule. */
+#ifndef MEP_VALIDATE_H_
+#define MEP_VALIDATE_H_
+
+#include <stdint.h>
+
+#include "moe_ep.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Dtype selectors (the descriptor's (code, bits)). */
+typedef enum mep_dtype {
+  MEP_DT_BF16 = 0,
+  MEP_DT_FP8 = 1,
+  MEP_DT_F32 = 2,
+  MEP_DT_I32 = 3,
+  MEP_DT_I64 = 4,
+  MEP_DT_U8 = 5,
+  MEP_DT_COUNT_ = 6
+} mep_dtype_t;
+
+const char *mep_dtype_name(mep_dtype_t dt);
+int mep_dtype_bytes(mep_dtype_t dt);
+/* Returns the mep_dtype_t of a descriptor, or -1 if it is none of them. */
+int mep_dtype_of(const moe_ep_data_type_t *dt);
+
+typedef struct mep_tensor_rule {
+  const char *entry;    /* "dispatch" */
+  const char *name;     /* "params->recv_x" */
+  int device_type;      /* MOE_EP_DEVICE_CPU or _CUDA (CPU also accepts CUDA_HOST) */
+  uint32_t dtype_mask;  /* bit per mep_dtype_t allowed */
+  int ndim;
+  int64_t shape[3];     /* -1 = any */
+  int allow_null_data;  /* when the tensor has zero elements */
+} mep_tensor_rule_t;
+
+/* Checks `t` against the rule; on success *data is the element pointer
+ * (data + byte_offset) and *dtype its mep_dtype_t. */
+moe_ep_status_t mep_tensor_check(const moe_ep_tensor_t *t,
+                                 const mep_tensor_rule_t *rule, void **data,
+                                 int *dtype);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MEP_VALIDATE_H_ */
