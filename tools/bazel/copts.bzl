@@ -11,3 +11,7 @@ MEP_COPTS = [
 ]
 
 MEP_CONLYOPTS = MEP_COPTS + ["-Wstrict-prototypes", "-Wmissing-prototypes"]
+
+# Tests and tools: same warnings, default visibility (Bazel links test
+# libraries as shared objects).
+MEP_TEST_COPTS = [c for c in MEP_COPTS if c != "-fvisibility=hidden"]

@@ -1,0 +1,153 @@
+// ll_call.cc: an LL layer call against the oracle (see ll_call.h).
+#include "tests/host/ll_call.h"
+
+#include <cstring>
+#include <new>
+
+namespace moe_ep_test {
+
+using namespace moe_ep_oracle;
+
+namespace {
+bool fp8(const Problem& p) { return p.dispatch_dtype == DispatchDtype::kFp8; }
+bool packed(const Problem& p) { return p.scale_format == ScaleFormat::kUe8m0Packed; }
+int dev(const Ctx& c) { return c.opt.backend == "nccl" ? MOE_EP_DEVICE_CUDA : MOE_EP_DEVICE_CPU; }
+}  // namespace
+
+LlCall::LlCall(Ctx& c, const Problem& p, uint64_t seed)
+    : c_(c), p_(p), seed_(seed), el_(p.local_experts()),
+      slots_(p.world * p.max_tokens_per_rank), all_(make_all_inputs(p, seed)),
+      want_(ll_dispatch_expected(p, all_, c.rank)), idx32_(seed % 2 == 1) {
+  const RankInputs& mine = all_[c.rank];
+  int T = mine.num_tokens, K = p.top_k, H = p.hidden;
+  size_t rows = static_cast<size_t>(el_) * slots_;
+  // Poisoned outputs: a row the plugin forgot to write cannot match.
+  recv_x_.assign(rows * H * (fp8(p) ? 1 : 2), 0xA5);
+  size_t srow = packed(p) ? p.packed_scale_words() : p.scale_groups();
+  recv_scales_.assign(fp8(p) ? rows * srow * 4 : 4, 0xA5);
+  recv_count_.assign(el_, -7);
+  out_.assign(static_cast<size_t>(T) * H, 0x7FC1);
+  y_.assign(rows * H, 0);
+  per_rank_.assign(p.world, -1);
+  per_expert_.assign(p.num_experts, -1);
+  in_rank_.assign(static_cast<size_t>(T) * p.world + 1, 0xEE);
+  topk32_.assign(mine.topk_idx.begin(), mine.topk_idx.end());
+  if (idx32_) {
+    new (&t_topk_) Tensor(topk32_.data(), DT::kI32, {T, K}, dev(c));
+  } else {
+    new (&t_topk_) Tensor(mine.topk_idx.data(), DT::kI64, {T, K}, dev(c));
+  }
+  new (&t_x_) Tensor(mine.x.data(), DT::kBf16, {T, H}, dev(c));
+  new (&t_recv_x_) Tensor(recv_x_.data(), fp8(p) ? DT::kFp8 : DT::kBf16, {el_, slots_, H}, dev(c));
+  new (&t_scales_) Tensor(recv_scales_.data(), packed(p) ? DT::kI32 : DT::kF32,
+                          {el_, slots_, static_cast<int64_t>(srow)}, dev(c));
+  new (&t_count_) Tensor(recv_count_.data(), DT::kI32, {el_}, dev(c));
+  new (&t_y_) Tensor(y_.data(), DT::kBf16, {el_, slots_, H}, dev(c));
+  new (&t_w_) Tensor(mine.topk_weights.data(), DT::kF32, {T, K}, dev(c));
+  new (&t_out_) Tensor(out_.data(), DT::kBf16, {T, H}, dev(c));
+  new (&t_per_rank_) Tensor(per_rank_.data(), DT::kI32, {p.world}, dev(c));
+  new (&t_per_expert_) Tensor(per_expert_.data(), DT::kI32, {p.num_experts}, dev(c));
+  new (&t_in_rank_) Tensor(in_rank_.data(), DT::kU8, {T, p.world}, dev(c));
+}
+
+LlCall::~LlCall() { c_.api->handle_free(h_); }
+
+moe_ep_status_t LlCall::prepare() {
+  moe_ep_prepare_params_t pp = MOE_EP_INIT(moe_ep_prepare_params_t);
+  pp.topk_idx = t_topk_.get();
+  pp.num_tokens = all_[c_.rank].num_tokens;
+  pp.top_k = p_.top_k;
+  pp.num_tokens_per_rank = t_per_rank_.get();
+  pp.num_tokens_per_expert = t_per_expert_.get();
+  pp.is_token_in_rank = t_in_rank_.get();
+  moe_ep_status_t st = c_.api->prepare(c_.group, &pp, &h_);
+  if (!expect_status(c_, seed_, "prepare", st, MOE_EP_OK)) return st;
+  PrepareExpected pe = prepare_expected(p_, all_[c_.rank]);
+  expect_same(c_, seed_, "prepare num_tokens_per_rank",
+              compare_exact_i32("num_tokens_per_rank", per_rank_.data(),
+                                pe.num_tokens_per_rank.data(), p_.world, p_.world));
+  expect_same(c_, seed_, "prepare num_tokens_per_expert",
+              compare_exact_i32("num_tokens_per_expert", per_expert_.data(),
+                                pe.num_tokens_per_expert.data(), p_.num_experts,
+                                p_.num_experts));
+  expect_same(c_, seed_, "prepare is_token_in_rank",
+              compare_exact_u8("is_token_in_rank", in_rank_.data(), pe.is_token_in_rank.data(),
+                               pe.is_token_in_rank.size(), p_.world));
+  return st;
+}
+
+moe_ep_status_t LlCall::dispatch(uint32_t flags, moe_ep_hook_t** hook) {
+  moe_ep_dispatch_params_t dp = MOE_EP_INIT(moe_ep_dispatch_params_t);
+  dp.flags = flags;
+  dp.hidden = p_.hidden;
+  dp.x = t_x_.get();
+  dp.recv_x = t_recv_x_.get();
+  dp.recv_scales = fp8(p_) ? t_scales_.get() : nullptr;
+  dp.recv_count = t_count_.get();
+  return c_.api->dispatch(c_.group, h_, &dp, hook);
+}
+
+void LlCall::check_dispatch() {
+  const char* tag = idx32_ ? "dispatch(int32 topk)" : "dispatch(int64 topk)";
+  expect_same(c_, seed_, tag,
+              compare_exact_i32("recv_count", recv_count_.data(), want_.recv_count.data(), el_, el_));
+  if (recv_count_ != want_.recv_count) return;
+  int H = p_.hidden;
+  size_t srow = packed(p_) ? p_.packed_scale_words() : p_.scale_groups();
+  for (int e = 0; e < el_; e++) {
+    for (int i = 0; i < want_.recv_count[e]; i++) {
+      int64_t full = want_.full_row(e, i), row = want_.row(e, i);
+      std::string where = std::string(tag) + " expert " + std::to_string(e) + " slot " +
+                          std::to_string(i) + " (from rank " +
+                          std::to_string(want_.slots[row].src_rank) + " token " +
+                          std::to_string(want_.slots[row].src_token) + ")";
+      std::string d;
+      if (!fp8(p_)) {
+        d = compare_exact_u16("recv_x", reinterpret_cast<uint16_t*>(recv_x_.data()) + full * H,
+                              want_.x_bf16.data() + row * H, H, H);
+      } else {
+        d = compare_exact_u8("recv_x", recv_x_.data() + full * H, want_.x_fp8.data() + row * H, H, H);
+        if (d.empty() && packed(p_)) {
+          d = compare_exact_i32("recv_scales",
+                                reinterpret_cast<int32_t*>(recv_scales_.data()) + full * srow,
+                                want_.scales_packed.data() + row * srow, srow, srow);
+        } else if (d.empty()) {
+          d = compare_exact_f32("recv_scales",
+                                reinterpret_cast<float*>(recv_scales_.data()) + full * srow,
+                                want_.scales.data() + row * srow, srow, srow);
+        }
+      }
+      expect_same(c_, seed_, where, d);
+      if (!d.empty()) return;  // one detailed failure per call is enough
+    }
+  }
+}
+
+void LlCall::make_y() {
+  std::vector<float> row(p_.hidden);
+  for (int e = 0; e < el_; e++) {
+    for (int i = 0; i < recv_count_[e] && i < want_.recv_count[e]; i++) {
+      ll_received_row(p_, want_, want_.row(e, i), row.data());
+      expert_fn_row(c_.rank * el_ + e, row.data(), p_.hidden,
+                    y_.data() + want_.full_row(e, i) * p_.hidden);
+    }
+  }
+}
+
+moe_ep_status_t LlCall::combine(uint32_t flags, moe_ep_hook_t** hook) {
+  moe_ep_combine_params_t cp = MOE_EP_INIT(moe_ep_combine_params_t);
+  cp.flags = flags;
+  cp.hidden = p_.hidden;
+  cp.y = t_y_.get();
+  cp.topk_weights = t_w_.get();
+  cp.out = t_out_.get();
+  return c_.api->combine(c_.group, h_, &cp, hook);
+}
+
+void LlCall::check_combine() {
+  std::vector<uint16_t> want = ll_combine_expected(p_, all_[c_.rank]);
+  expect_same(c_, seed_, "combine",
+              compare_bf16_close("out", out_.data(), want.data(), want.size(), p_.hidden));
+}
+
+}  // namespace moe_ep_test

@@ -1,0 +1,47 @@
+// ll_call.h: one LL layer call's buffers and steps, checked against the
+// oracle. Steps are separate so the hook scenarios can interleave two calls.
+#ifndef MOE_EP_TESTS_HOST_LL_CALL_H_
+#define MOE_EP_TESTS_HOST_LL_CALL_H_
+
+#include <memory>
+#include <vector>
+
+#include "tests/common/plugin_api.h"
+#include "tests/host/worker_common.h"
+
+namespace moe_ep_test {
+
+class LlCall {
+ public:
+  LlCall(Ctx& c, const moe_ep_oracle::Problem& p, uint64_t seed);
+  ~LlCall();
+  moe_ep_status_t prepare();
+  moe_ep_status_t dispatch(uint32_t flags, moe_ep_hook_t** hook);
+  void check_dispatch();
+  void make_y();  // the expert stand-in on the rows received
+  moe_ep_status_t combine(uint32_t flags, moe_ep_hook_t** hook);
+  void check_combine();
+  moe_ep_handle_t* handle() { return h_; }
+  uint64_t seed() const { return seed_; }
+
+ private:
+  Ctx& c_;
+  moe_ep_oracle::Problem p_;
+  uint64_t seed_;
+  int el_, slots_;
+  std::vector<moe_ep_oracle::RankInputs> all_;
+  moe_ep_oracle::LlDispatchExpected want_;
+  std::vector<int32_t> topk32_;
+  bool idx32_;
+  std::vector<uint8_t> recv_x_, recv_scales_;
+  std::vector<int32_t> recv_count_, per_rank_, per_expert_;
+  std::vector<uint8_t> in_rank_;
+  std::vector<uint16_t> y_, out_;
+  Tensor t_topk_, t_x_, t_recv_x_, t_scales_, t_count_, t_y_, t_w_, t_out_;
+  Tensor t_per_rank_, t_per_expert_, t_in_rank_;
+  moe_ep_handle_t* h_ = nullptr;
+};
+
+}  // namespace moe_ep_test
+
+#endif  // MOE_EP_TESTS_HOST_LL_CALL_H_

@@ -1,0 +1,66 @@
+// worker_common.h: what every conformance worker process shares: its
+// options, its group, and the FAIL reporting (rank, seed, first bad index,
+// expected, got) the driver greps for.
+#ifndef MOE_EP_TESTS_HOST_WORKER_COMMON_H_
+#define MOE_EP_TESTS_HOST_WORKER_COMMON_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "moe_ep.h"
+#include "tests/oracle/oracle.h"
+
+namespace moe_ep_test {
+
+struct Options {
+  std::string plugin;
+  std::string scenario = "conformance";  // conformance | badinput | fault
+  std::string backend = "host";
+  bool ht = false;
+  int num_experts = 8;
+  int max_tokens = 8;
+  std::string dtype = "bf16";
+  std::string scale = "f32";
+  std::vector<std::pair<int, int>> layers = {{128, 1}};  // (hidden, top_k)
+  int seeds = 2;
+  bool hooks = true;
+  int kernel_ms = 20000;
+};
+
+struct Ctx {
+  const moe_ep_plugin_v1_t* api = nullptr;
+  moe_ep_group_t* group = nullptr;
+  Options opt;
+  int rank = 0;
+  int world = 1;
+  int failures = 0;
+  int checks = 0;
+};
+
+// Records a failure line "FAIL rank=R seed=S <what>: <detail>" on stderr.
+void fail(Ctx& c, uint64_t seed, const std::string& what, const std::string& detail);
+// Checks an empty "" comparison result from compare.h.
+void expect_same(Ctx& c, uint64_t seed, const std::string& what, const std::string& diff);
+// Checks a plugin status; on mismatch prints the plugin's last_error.
+bool expect_status(Ctx& c, uint64_t seed, const std::string& what, moe_ep_status_t got,
+                   moe_ep_status_t want, const char* must_contain = nullptr);
+
+moe_ep_oracle::Problem problem_for(const Ctx& c, int hidden, int top_k,
+                                   moe_ep_oracle::Generator gen);
+std::string config_yaml(const Options& o);
+
+// Scenarios (worker_ll.cc, worker_ht.cc, worker_bad.cc).
+void run_ll_conformance(Ctx& c);
+void run_ht_conformance(Ctx& c);
+void run_bad_input(Ctx& c);
+void run_fault(Ctx& c);
+
+// One LL layer call (prepare, dispatch, check, expert, combine, check);
+// `defer` exercises the hook path run from another thread.
+void ll_roundtrip(Ctx& c, const moe_ep_oracle::Problem& p, uint64_t seed, bool defer);
+
+}  // namespace moe_ep_test
+
+#endif  // MOE_EP_TESTS_HOST_WORKER_COMMON_H_

@@ -1,0 +1,34 @@
+// worker_fault.cc: the last rank dies (SIGKILL) in the middle of a layer
+// call; every survivor must report MOE_EP_ERR_PEER_FAILED naming it within
+// the timeout, keep reporting it, and destroy the group cleanly.
+#include <chrono>
+#include <csignal>
+#include <string>
+
+#include "tests/host/ll_call.h"
+#include "tests/host/worker_common.h"
+
+namespace moe_ep_test {
+
+void run_fault(Ctx& c) {
+  using moe_ep_oracle::Generator;
+  auto p = problem_for(c, c.opt.layers[0].first, c.opt.layers[0].second, Generator::kUniform);
+  ll_roundtrip(c, p, 21, false);  // the group works before the fault
+  int victim = c.world - 1;
+  LlCall call(c, p, 22);
+  if (call.prepare() != MOE_EP_OK) return;
+  if (c.rank == victim) std::raise(SIGKILL);
+  auto t0 = std::chrono::steady_clock::now();
+  moe_ep_status_t st = call.dispatch(0, nullptr);
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::string want_rank = "rank " + std::to_string(victim);
+  expect_status(c, 22, "dispatch with a dead peer", st, MOE_EP_ERR_PEER_FAILED, want_rank.c_str());
+  if (ms > c.opt.kernel_ms + 2000) {
+    fail(c, 22, "dead peer detection", "took " + std::to_string(ms) + " ms, timeout is " +
+                                           std::to_string(c.opt.kernel_ms) + " ms");
+  }
+  expect_status(c, 22, "poll_error after the fault", c.api->group_poll_error(c.group),
+                MOE_EP_ERR_PEER_FAILED, want_rank.c_str());
+}
+
+}  // namespace moe_ep_test

@@ -1,0 +1,168 @@
+// worker_main.cc: one rank of a conformance run. Started N times (by the
+// driver or tools/launcher/moe_ep_run) with MOE_EP_RANK / WORLD_SIZE /
+// BOOTSTRAP_ADDRESS in the environment; loads libmoe_ep.so through the
+// public loader, forms the group, runs a scenario, exits 0 only if every
+// check passed.
+#include <cstdio>
+#include <cstdlib>
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+#include <string>
+
+#include "tests/common/plugin_api.h"
+#include "tests/host/worker_common.h"
+
+namespace moe_ep_test {
+
+void fail(Ctx& c, uint64_t seed, const std::string& what, const std::string& detail) {
+  c.failures++;
+  std::fprintf(stderr, "FAIL rank=%d seed=%llu %s: %s\n", c.rank,
+               static_cast<unsigned long long>(seed), what.c_str(), detail.c_str());
+}
+
+void expect_same(Ctx& c, uint64_t seed, const std::string& what, const std::string& diff) {
+  c.checks++;
+  if (!diff.empty()) fail(c, seed, what, diff);
+}
+
+bool expect_status(Ctx& c, uint64_t seed, const std::string& what, moe_ep_status_t got,
+                   moe_ep_status_t want, const char* must_contain) {
+  c.checks++;
+  const char* msg = c.api->last_error();
+  if (got != want) {
+    fail(c, seed, what,
+         std::string("status ") + c.api->status_string(got) + ", expected " +
+             c.api->status_string(want) + " (last_error: " + msg + ")");
+    return false;
+  }
+  if (must_contain != nullptr && std::strstr(msg, must_contain) == nullptr) {
+    fail(c, seed, what,
+         std::string("last_error \"") + msg + "\" does not mention \"" + must_contain + "\"");
+    return false;
+  }
+  return true;
+}
+
+moe_ep_oracle::Problem problem_for(const Ctx& c, int hidden, int top_k,
+                                   moe_ep_oracle::Generator gen) {
+  moe_ep_oracle::Problem p;
+  p.world = c.world;
+  p.num_experts = c.opt.num_experts;
+  p.hidden = hidden;
+  p.top_k = top_k;
+  p.max_tokens_per_rank = c.opt.max_tokens;
+  p.generator = gen;
+  p.dispatch_dtype = c.opt.dtype == "fp8" ? moe_ep_oracle::DispatchDtype::kFp8
+                                          : moe_ep_oracle::DispatchDtype::kBf16;
+  p.scale_format = c.opt.scale == "ue8m0"          ? moe_ep_oracle::ScaleFormat::kUe8m0
+                   : c.opt.scale == "ue8m0_packed" ? moe_ep_oracle::ScaleFormat::kUe8m0Packed
+                                                   : moe_ep_oracle::ScaleFormat::kF32;
+  return p;
+}
+
+std::string config_yaml(const Options& o) {
+  int hidden = 0, top_k = 0;
+  for (auto& l : o.layers) {
+    hidden = std::max(hidden, l.first);
+    top_k = std::max(top_k, l.second);
+  }
+  std::ostringstream y;
+  y << "engine:\n  name: conformance\n"
+    << "moe_ep:\n"
+    << "  backend: " << o.backend << "\n"
+    << "  mode: " << (o.ht ? "high_throughput" : "low_latency") << "\n"
+    << "  num_experts: " << o.num_experts << "\n"
+    << "  hidden: " << hidden << "\n"
+    << "  top_k: " << top_k << "\n"
+    << "  max_tokens_per_rank: " << o.max_tokens << "\n"
+    << "  dispatch_dtype: " << (o.dtype == "fp8" ? "fp8_e4m3" : "bf16") << "\n"
+    << "  fp8_scale: " << o.scale << "\n"
+    << "  timeouts:\n    kernel_ms: " << o.kernel_ms << "\n"
+    << "  bootstrap:\n    timeout_ms: 30000\n";
+  return y.str();
+}
+
+static bool parse(int argc, char** argv, Options* o) {
+  for (int i = 1; i < argc; i++) {
+    std::string a = argv[i];
+    size_t eq = a.find('=');
+    if (a.rfind("--", 0) != 0 || eq == std::string::npos) return false;
+    std::string k = a.substr(2, eq - 2), v = a.substr(eq + 1);
+    if (k == "plugin") o->plugin = v;
+    else if (k == "scenario") o->scenario = v;
+    else if (k == "backend") o->backend = v;
+    else if (k == "mode") o->ht = v == "ht";
+    else if (k == "experts") o->num_experts = std::atoi(v.c_str());
+    else if (k == "max_tokens") o->max_tokens = std::atoi(v.c_str());
+    else if (k == "dtype") o->dtype = v;
+    else if (k == "scale") o->scale = v;
+    else if (k == "seeds") o->seeds = std::atoi(v.c_str());
+    else if (k == "hooks") o->hooks = v == "1";
+    else if (k == "kernel_ms") o->kernel_ms = std::atoi(v.c_str());
+    else if (k == "layers") {  // "7168:8,2048:1"
+      o->layers.clear();
+      std::stringstream ss(v);
+      std::string item;
+      while (std::getline(ss, item, ',')) {
+        size_t colon = item.find(':');
+        if (colon == std::string::npos) return false;
+        o->layers.push_back({std::atoi(item.substr(0, colon).c_str()),
+                             std::atoi(item.substr(colon + 1).c_str())});
+      }
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace moe_ep_test
+
+int main(int argc, char** argv) {
+  using namespace moe_ep_test;
+  Ctx c;
+  if (!parse(argc, argv, &c.opt)) {
+    std::fprintf(stderr, "usage: %s --plugin=PATH --scenario=... (see worker_main.cc)\n",
+                 argv[0]);
+    return 2;
+  }
+  if (c.opt.plugin.empty()) c.opt.plugin = plugin_path(argv[0]);
+  c.api = load_plugin(c.opt.plugin);
+  moe_ep_config_t* cfg = nullptr;
+  std::string yaml = config_yaml(c.opt);
+  if (c.api->config_from_yaml(yaml.c_str(), &cfg) != MOE_EP_OK) {
+    std::fprintf(stderr, "FAIL config: %s\n", c.api->last_error());
+    return 1;
+  }
+  moe_ep_group_params_t gp = MOE_EP_INIT(moe_ep_group_params_t);
+  gp.config = cfg;
+  gp.rank = -1;
+  gp.world_size = -1;
+  gp.cuda_device = -1;
+  moe_ep_status_t st = c.api->group_create(&gp, &c.group);
+  c.api->config_free(cfg);
+  if (st != MOE_EP_OK) {
+    std::fprintf(stderr, "FAIL group_create: %s: %s\n", c.api->status_string(st),
+                 c.api->last_error());
+    return 1;
+  }
+  moe_ep_group_info_t info = MOE_EP_INIT(moe_ep_group_info_t);
+  c.api->group_info(c.group, &info);
+  c.rank = info.rank;
+  c.world = info.world_size;
+  if (c.opt.scenario == "badinput") {
+    run_bad_input(c);
+  } else if (c.opt.scenario == "fault") {
+    run_fault(c);
+  } else if (c.opt.ht) {
+    run_ht_conformance(c);
+  } else {
+    run_ll_conformance(c);
+  }
+  st = c.api->group_destroy(c.group);
+  if (st != MOE_EP_OK) fail(c, 0, "group_destroy", c.api->last_error());
+  std::fprintf(stderr, "%s rank=%d checks=%d failures=%d\n",
+               c.failures ? "FAILED" : "PASSED", c.rank, c.checks, c.failures);
+  return c.failures ? 1 : 0;
+}
