@@ -1,0 +1,129 @@
+// loader_test.cc: an engine's view: moe_ep_loader.h on the real built
+// library (table, version, errors, a one-rank group), and the loader's
+// readable failures for a missing file, a library without the symbol, and
+// a table that is too old.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "moe_ep.h"
+#include "moe_ep_loader.h"
+#include "tests/common/spawn.h"
+
+namespace {
+
+std::string lib() { return moe_ep_test::runfile("plugin/libmoe_ep.so"); }
+
+TEST(Loader, LoadsRealLibrary) {
+  const moe_ep_plugin_v1_t* t = nullptr;
+  char err[512] = "";
+  void* h = moe_ep_load(lib().c_str(), &t, err, sizeof err);
+  ASSERT_NE(h, nullptr) << err;
+  EXPECT_EQ(t->abi_version, MOE_EP_ABI_VERSION);
+  EXPECT_EQ(t->struct_size, sizeof(moe_ep_plugin_v1_t));
+  EXPECT_STREQ(t->name, "moe_ep");
+  EXPECT_TRUE(MOE_EP_HAS_ENTRY(t, handle_free));
+  int a = -1, b = -1, c = -1;
+  EXPECT_EQ(t->get_version(&a, &b, &c), MOE_EP_OK);
+  EXPECT_EQ(a, MOE_EP_VERSION_MAJOR);
+  EXPECT_EQ(t->get_version(nullptr, &b, &c), MOE_EP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(t->last_error(), "get_version"), nullptr) << t->last_error();
+  EXPECT_STREQ(t->status_string(MOE_EP_ERR_PEER_FAILED), "MOE_EP_ERR_PEER_FAILED");
+  moe_ep_unload(h);
+}
+
+TEST(Loader, EveryEntryIsSet) {
+  const moe_ep_plugin_v1_t* t = nullptr;
+  char err[512];
+  void* h = moe_ep_load(lib().c_str(), &t, err, sizeof err);
+  ASSERT_NE(h, nullptr) << err;
+  const void* const* entries = reinterpret_cast<const void* const*>(&t->get_version);
+  size_t n = (sizeof(moe_ep_plugin_v1_t) - offsetof(moe_ep_plugin_v1_t, get_version)) / sizeof(void*);
+  for (size_t i = 0; i < n; i++) EXPECT_NE(entries[i], nullptr) << "entry " << i;
+  moe_ep_unload(h);
+}
+
+TEST(Loader, OneRankGroupThroughTheTable) {
+  const moe_ep_plugin_v1_t* t = nullptr;
+  char err[512];
+  void* h = moe_ep_load(lib().c_str(), &t, err, sizeof err);
+  ASSERT_NE(h, nullptr) << err;
+  moe_ep_config_t* cfg = nullptr;
+  int port = moe_ep_test::free_port();
+  std::string yaml = "moe_ep:\n  backend: host\n  num_experts: 4\n  hidden: 256\n  top_k: 2\n"
+                     "  max_tokens_per_rank: 8\n  bootstrap:\n    address: \"127.0.0.1:" +
+                     std::to_string(port) + "\"\n";
+  ASSERT_EQ(t->config_from_yaml(yaml.c_str(), &cfg), MOE_EP_OK) << t->last_error();
+  uint64_t bytes = 0;
+  ASSERT_EQ(t->buffer_size_hint(cfg, 1, &bytes), MOE_EP_OK) << t->last_error();
+  EXPECT_GT(bytes, 0u);
+  EXPECT_EQ(t->buffer_size_hint(cfg, 3, &bytes), MOE_EP_ERR_INVALID_ARGUMENT);
+  moe_ep_group_params_t gp = MOE_EP_INIT(moe_ep_group_params_t);
+  gp.config = cfg;
+  gp.rank = 0;
+  gp.world_size = 1;
+  moe_ep_group_t* g = nullptr;
+  ASSERT_EQ(t->group_create(&gp, &g), MOE_EP_OK) << t->last_error();
+  int32_t transports[1] = {-1};
+  moe_ep_group_info_t info = MOE_EP_INIT(moe_ep_group_info_t);
+  info.peer_transports = transports;
+  info.peer_transports_len = 1;
+  ASSERT_EQ(t->group_info(g, &info), MOE_EP_OK) << t->last_error();
+  EXPECT_EQ(info.world_size, 1);
+  EXPECT_EQ(info.num_local_experts, 4);
+  EXPECT_EQ(info.bytes_allocated, bytes);
+  EXPECT_EQ(transports[0], MOE_EP_TRANSPORT_UCX_HOST);
+  EXPECT_EQ(t->group_destroy(g), MOE_EP_OK);
+  EXPECT_EQ(t->group_destroy(g), MOE_EP_ERR_INVALID_ARGUMENT);  // already destroyed
+  // num_experts not divisible by the world size fails before any bootstrap.
+  gp.world_size = 3;
+  EXPECT_EQ(t->group_create(&gp, &g), MOE_EP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(t->last_error(), "divisible"), nullptr) << t->last_error();
+  t->config_free(cfg);
+  moe_ep_unload(h);
+}
+
+TEST(Loader, NccBackendSaysUnsupported) {
+  const moe_ep_plugin_v1_t* t = nullptr;
+  char err[512];
+  void* h = moe_ep_load(lib().c_str(), &t, err, sizeof err);
+  ASSERT_NE(h, nullptr) << err;
+  moe_ep_config_t* cfg = nullptr;
+  ASSERT_EQ(t->config_from_yaml("moe_ep:\n  backend: nccl\n", &cfg), MOE_EP_OK) << t->last_error();
+  moe_ep_group_params_t gp = MOE_EP_INIT(moe_ep_group_params_t);
+  gp.config = cfg;
+  gp.rank = 0;
+  gp.world_size = 1;
+  moe_ep_group_t* g = nullptr;
+  EXPECT_EQ(t->group_create(&gp, &g), MOE_EP_ERR_UNSUPPORTED);
+  EXPECT_NE(std::strstr(t->last_error(), "nccl"), nullptr) << t->last_error();
+  EXPECT_EQ(g, nullptr);
+  t->config_free(cfg);
+  moe_ep_unload(h);
+}
+
+TEST(Loader, MissingFile) {
+  const moe_ep_plugin_v1_t* t = reinterpret_cast<const moe_ep_plugin_v1_t*>(0x1);
+  char err[512];
+  EXPECT_EQ(moe_ep_load("/nonexistent/libmoe_ep.so", &t, err, sizeof err), nullptr);
+  EXPECT_EQ(t, nullptr);
+  EXPECT_NE(std::strstr(err, "cannot open"), nullptr) << err;
+}
+
+TEST(Loader, LibraryWithoutTable) {
+  const moe_ep_plugin_v1_t* t = nullptr;
+  char err[512];
+  EXPECT_EQ(moe_ep_load("libm.so.6", &t, err, sizeof err), nullptr);
+  EXPECT_NE(std::strstr(err, "exports no moe_ep_plugin_v1"), nullptr) << err;
+}
+
+TEST(Loader, TooOldTable) {
+  const moe_ep_plugin_v1_t* t = nullptr;
+  char err[512];
+  std::string old = moe_ep_test::runfile("tests/plugin/libfake_old_plugin.so");
+  EXPECT_EQ(moe_ep_load(old.c_str(), &t, err, sizeof err), nullptr);
+  EXPECT_NE(std::strstr(err, "too old"), nullptr) << err;
+}
+
+}  // namespace
