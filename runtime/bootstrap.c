@@ -1,0 +1,152 @@
+/* bootstrap.c: the bootstrap object's lifecycle: argument checks, the UCX
+ * context and worker it owns (and lends to the host backend), forming the
+ * group (rank 0 listens, the others join), and a destroy that never hangs. */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/bootstrap_types.h"
+#include "runtime/error.h"
+#include "runtime/log.h"
+
+static moe_ep_status_t bs_check_params(const mep_bootstrap_params_t *p,
+                                       mep_bootstrap_t **out) {
+  if (p == NULL || out == NULL) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "bootstrap_create: params (%p) and out (%p) must be "
+                     "non-NULL",
+                     (const void *)p, (void *)out);
+  }
+  if (p->world_size < 1 || p->world_size > MEP_BS_MAX_RANKS) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "bootstrap_create: world_size %d is outside 1..%d",
+                     p->world_size, MEP_BS_MAX_RANKS);
+  }
+  if (p->rank < 0 || p->rank >= p->world_size) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "bootstrap_create: rank %d is outside 0..%d (world_size "
+                     "%d)",
+                     p->rank, p->world_size - 1, p->world_size);
+  }
+  if (p->timeout_ms <= 0 || p->timeout_ms > MEP_BS_MAX_TIMEOUT_MS) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "bootstrap_create: timeout_ms %d is outside 1..%d",
+                     p->timeout_ms, MEP_BS_MAX_TIMEOUT_MS);
+  }
+  if (p->token != NULL && strlen(p->token) >= MEP_BS_TOKEN_MAX) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "bootstrap_create: token is %zu characters; at most %d",
+                     strlen(p->token), MEP_BS_TOKEN_MAX - 1);
+  }
+  return MOE_EP_OK;
+}
+
+moe_ep_status_t mep_bootstrap_create(const mep_bootstrap_params_t *params,
+                                     mep_bootstrap_t **out) {
+  int64_t start = mep_bs_now_ms();
+  MEP_CHECK(bs_check_params(params, out));
+  mep_bootstrap_t *bs = (mep_bootstrap_t *)calloc(1, sizeof(*bs));
+  if (bs == NULL) {
+    return mep_error(MOE_EP_ERR_NO_MEMORY, "bootstrap_create: out of memory");
+  }
+  moe_ep_status_t st = MOE_EP_OK;
+  bs->rank = params->rank;
+  bs->world_size = params->world_size;
+  bs->timeout_ms = params->timeout_ms;
+  bs->fail_status = MOE_EP_OK;
+  if (params->token != NULL) {
+    snprintf(bs->token, sizeof(bs->token), "%s", params->token);
+  }
+  bs->by_rank = (mep_bs_peer_t **)calloc((size_t)bs->world_size,
+                                         sizeof(*bs->by_rank));
+  if (bs->by_rank == NULL) {
+    st = mep_error(MOE_EP_ERR_NO_MEMORY, "bootstrap_create: out of memory");
+    goto out_destroy;
+  }
+  if (bs->world_size > 1) {
+    /* A single rank needs no address: nothing to listen for or dial. */
+    MEP_CHECK_GOTO(mep_bs_addr_parse(params->address, &bs->saddr,
+                                     &bs->saddr_len),
+                   st, out_destroy);
+    snprintf(bs->address, sizeof(bs->address), "%s", params->address);
+  }
+  MEP_CHECK_GOTO(mep_bs_worker_setup(bs), st, out_destroy);
+  if (bs->world_size > 1) {
+    if (bs->rank == 0) {
+      st = mep_bs_root_form(bs, start + bs->timeout_ms);
+    } else {
+      st = mep_bs_join(bs, start);
+    }
+    if (st != MOE_EP_OK) goto out_destroy;
+  }
+  MEP_LOG_DEBUG("bootstrap", "rank %d of %d: group formed on %s in %lld ms",
+                bs->rank, bs->world_size, bs->address,
+                (long long)(mep_bs_now_ms() - start));
+  *out = bs;
+  return MOE_EP_OK;
+
+out_destroy:
+  /* destroy logs nothing and keeps the error text intact. */
+  mep_bootstrap_destroy(bs);
+  return st;
+}
+
+void mep_bootstrap_destroy(mep_bootstrap_t *bs) {
+  if (bs == NULL) return;
+  if (bs->worker != NULL) {
+    if (bs->listener != NULL) {
+      for (int i = 0; i < bs->num_conn_reqs; i++) {
+        ucp_listener_reject(bs->listener, bs->conn_reqs[i]);
+      }
+      ucp_listener_destroy(bs->listener);
+      bs->listener = NULL;
+    }
+    /* Flush to live peers, force where the peer is gone; bounded, since a
+     * peer that stopped answering must not keep us here. */
+    for (mep_bs_peer_t *p = bs->peers; p != NULL; p = p->next) {
+      mep_bs_peer_close(bs, p, p->failed || bs->fail_status != MOE_EP_OK);
+    }
+    int64_t wait = bs->timeout_ms < 1000 ? bs->timeout_ms : 1000;
+    mep_bs_close_wait(bs, mep_bs_now_ms() + wait);
+    /* Drain the callbacks of the sends abandoned at deadlines. */
+    int idle = 0;
+    for (int i = 0; i < 4; i++) mep_bs_progress(bs, &idle);
+  }
+  for (mep_bs_msg_t *m = bs->msgs; m != NULL; m = m->next) {
+    if (m->rndv_desc != NULL) ucp_am_data_release(bs->worker, m->rndv_desc);
+    m->rndv_desc = NULL;
+  }
+  if (bs->worker != NULL) ucp_worker_destroy(bs->worker);
+  if (bs->context != NULL) ucp_cleanup(bs->context);
+  /* After the worker: a receive still in flight may write into a node. */
+  while (bs->msgs != NULL) {
+    mep_bs_msg_t *m = bs->msgs;
+    bs->msgs = m->next;
+    mep_bs_msg_free(m);
+  }
+  while (bs->peers != NULL) {
+    mep_bs_peer_t *p = bs->peers;
+    bs->peers = p->next;
+    free(p);
+  }
+  free(bs->conn_reqs);
+  free(bs->by_rank);
+  free(bs);
+}
+
+int mep_bootstrap_rank(const mep_bootstrap_t *bs) {
+  return bs != NULL ? bs->rank : -1;
+}
+
+int mep_bootstrap_world_size(const mep_bootstrap_t *bs) {
+  return bs != NULL ? bs->world_size : -1;
+}
+
+void *mep_bootstrap_ucp_context(mep_bootstrap_t *bs) {
+  return bs != NULL ? (void *)bs->context : NULL;
+}
+
+void *mep_bootstrap_ucp_worker(mep_bootstrap_t *bs) {
+  return bs != NULL ? (void *)bs->worker : NULL;
+}

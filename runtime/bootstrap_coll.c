@@ -1,0 +1,319 @@
+/* bootstrap_coll.c: allgather, broadcast and barrier over the star through
+ * rank 0. Every rank sends rank 0 one CONTRIB per op and gets one RESULT
+ * back, both stamped with the op's sequence number, kind, root and size, so
+ * ranks calling different collectives are caught; every wait is bounded,
+ * and a dead rank aborts the group with its name. */
+#define _GNU_SOURCE
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/bootstrap_types.h"
+#include "runtime/error.h"
+#include "runtime/log.h"
+
+int mep_bs_slack_ms(const mep_bootstrap_t *bs) {
+  int s = bs->timeout_ms / 8;
+  if (s < 50) s = 50;
+  if (s > 1000) s = 1000;
+  return s;
+}
+
+static const char *op_name(int op) {
+  switch (op) {
+    case MEP_BS_OP_ALLGATHER: return "allgather";
+    case MEP_BS_OP_BROADCAST: return "broadcast";
+    case MEP_BS_OP_BARRIER: return "barrier";
+    default: return "unknown op";
+  }
+}
+
+/* One collective as this rank sees it. */
+typedef struct coll {
+  int op;
+  int root;
+  size_t bytes;
+  const void *send; /* this rank's CONTRIB payload */
+  size_t send_len;
+  void *out;        /* where the RESULT lands */
+  size_t out_len;
+  uint64_t seq;
+} coll_t;
+
+/* Records the sticky failure and the thread's error text. */
+static moe_ep_status_t coll_fail(mep_bootstrap_t *bs, moe_ep_status_t st,
+                                 const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static moe_ep_status_t coll_fail(mep_bootstrap_t *bs, moe_ep_status_t st,
+                                 const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(bs->fail_msg, sizeof(bs->fail_msg), fmt, ap);
+  va_end(ap);
+  bs->fail_status = st;
+  return mep_error(st, "%s", bs->fail_msg);
+}
+
+/* Payload rank r owes rank 0 for this op. */
+static size_t contrib_len(const coll_t *c, int r) {
+  if (c->op == MEP_BS_OP_ALLGATHER) return c->bytes;
+  if (c->op == MEP_BS_OP_BROADCAST && r == c->root) return c->bytes;
+  return 0;
+}
+
+static size_t result_len(const coll_t *c, int r, int world) {
+  if (c->op == MEP_BS_OP_ALLGATHER) return c->bytes * (size_t)world;
+  if (c->op == MEP_BS_OP_BROADCAST && r != c->root) return c->bytes;
+  return 0;
+}
+
+static moe_ep_status_t root_abort(mep_bootstrap_t *bs, moe_ep_status_t st,
+                                  int failed_rank, const char *reason) {
+  mep_bs_root_abort(bs, st, failed_rank, reason);
+  return coll_fail(bs, st, "rank 0: %s", reason);
+}
+
+/* Checks one CONTRIB against what rank 0 is doing; 0 when it matches. */
+static int root_check_contrib(const mep_bootstrap_t *bs, const coll_t *c,
+                              const mep_bs_msg_t *m, char *why, size_t n) {
+  const mep_bs_hdr_t *h = &m->hdr;
+  if (h->seq != c->seq || h->op != c->op) {
+    snprintf(why, n,
+             "collective mismatch: rank %d called %s #%llu while rank 0 "
+             "called %s #%llu",
+             h->src, op_name(h->op), (unsigned long long)h->seq,
+             op_name(c->op), (unsigned long long)c->seq);
+  } else if (h->bytes != c->bytes) {
+    snprintf(why, n,
+             "%s #%llu size mismatch: rank %d passed %llu bytes, rank 0 %zu",
+             op_name(c->op), (unsigned long long)c->seq, h->src,
+             (unsigned long long)h->bytes, c->bytes);
+  } else if (h->root != c->root) {
+    snprintf(why, n,
+             "broadcast #%llu root mismatch: rank %d passed root %d, rank 0 "
+             "root %d",
+             (unsigned long long)c->seq, h->src, h->root, c->root);
+  } else if (m->len != contrib_len(c, h->src)) {
+    snprintf(why, n, "%s #%llu: rank %d sent %zu bytes, expected %zu",
+             op_name(c->op), (unsigned long long)c->seq, h->src, m->len,
+             contrib_len(c, h->src));
+  } else {
+    (void)bs;
+    return 0;
+  }
+  return 1;
+}
+
+/* Rank 0: the first joined rank whose endpoint failed, or -1. */
+static int root_first_failed(const mep_bootstrap_t *bs) {
+  for (int r = 1; r < bs->world_size; r++) {
+    if (bs->by_rank[r] == NULL || bs->by_rank[r]->failed) return r;
+  }
+  return -1;
+}
+
+static moe_ep_status_t root_gather(mep_bootstrap_t *bs, const coll_t *c,
+                                   mep_bs_msg_t **got, int64_t deadline) {
+  char why[MEP_BS_REASON_MAX];
+  int idle = 0;
+  for (;;) {
+    int missing = 0;
+    for (int r = 1; r < bs->world_size; r++) {
+      if (got[r] != NULL) continue;
+      got[r] = mep_bs_msg_take(bs, MEP_BS_MSG_CONTRIB, r);
+      if (got[r] == NULL) {
+        missing++;
+      } else if (root_check_contrib(bs, c, got[r], why, sizeof(why))) {
+        return root_abort(bs, MOE_EP_ERR_MISMATCH, r, why);
+      }
+    }
+    int dead = root_first_failed(bs);
+    if (dead > 0) {
+      mep_bs_peer_t *p = bs->by_rank[dead];
+      snprintf(why, sizeof(why), "rank %d failed (%s) during %s #%llu", dead,
+               p != NULL ? ucs_status_string(p->fail_status) : "gone",
+               op_name(c->op), (unsigned long long)c->seq);
+      return root_abort(bs, MOE_EP_ERR_PEER_FAILED, dead, why);
+    }
+    if (missing == 0) return MOE_EP_OK;
+    if (mep_bs_now_ms() >= deadline) {
+      int late[MEP_BS_MAX_RANKS] = {0};
+      int n = 0;
+      for (int r = 1; r < bs->world_size; r++) {
+        if (got[r] == NULL) late[n++] = r;
+      }
+      char list[256];
+      mep_bs_format_ranks(list, sizeof(list), late, n);
+      snprintf(why, sizeof(why),
+               "%s #%llu: %s %s did not arrive within %d ms", op_name(c->op),
+               (unsigned long long)c->seq, n == 1 ? "rank" : "ranks", list,
+               bs->timeout_ms);
+      return root_abort(bs, MOE_EP_ERR_TIMEOUT, n == 1 ? late[0] : -1, why);
+    }
+    mep_bs_progress(bs, &idle);
+  }
+}
+
+static void root_deliver(mep_bootstrap_t *bs, const coll_t *c,
+                         int64_t deadline) {
+  mep_bs_send_t *sends[MEP_BS_MAX_RANKS];
+  mep_bs_hdr_t h;
+  mep_bs_hdr_init(bs, &h, MEP_BS_MSG_RESULT);
+  h.seq = c->seq;
+  h.op = c->op;
+  h.root = c->root;
+  h.bytes = c->bytes;
+  for (int r = 1; r < bs->world_size; r++) {
+    h.payload_len = result_len(c, r, bs->world_size);
+    sends[r] = NULL;
+    (void)mep_bs_send(bs, bs->by_rank[r], &h, c->out, &sends[r]);
+  }
+  /* A failed delivery means that rank died after contributing: the others
+   * already have their result, so the failure surfaces in the next op. */
+  for (int r = 1; r < bs->world_size; r++) {
+    ucs_status_t st = mep_bs_send_wait(bs, sends[r], deadline);
+    mep_bs_peer_t *p = bs->by_rank[r];
+    if (st != UCS_OK && !p->failed) {
+      p->failed = 1;
+      p->fail_status = st;
+    }
+  }
+}
+
+static moe_ep_status_t coll_root(mep_bootstrap_t *bs, coll_t *c) {
+  int64_t deadline = mep_bs_now_ms() + bs->timeout_ms;
+  mep_bs_msg_t *got[MEP_BS_MAX_RANKS];
+  memset(got, 0, sizeof(got[0]) * (size_t)bs->world_size);
+  moe_ep_status_t st = root_gather(bs, c, got, deadline);
+  if (st == MOE_EP_OK) {
+    if (c->op == MEP_BS_OP_ALLGATHER) {
+      char *out = (char *)c->out;
+      if (c->bytes != 0) memmove(out, c->send, c->bytes); /* may be in place */
+      for (int r = 1; r < bs->world_size; r++) {
+        if (c->bytes != 0) {
+          memcpy(out + (size_t)r * c->bytes, got[r]->payload, c->bytes);
+        }
+      }
+    } else if (c->op == MEP_BS_OP_BROADCAST && c->root != 0 && c->bytes != 0) {
+      memcpy(c->out, got[c->root]->payload, c->bytes);
+    }
+    root_deliver(bs, c, deadline + mep_bs_slack_ms(bs));
+  }
+  for (int r = 1; r < bs->world_size; r++) mep_bs_msg_free(got[r]);
+  return st;
+}
+
+static moe_ep_status_t coll_member(mep_bootstrap_t *bs, coll_t *c) {
+  mep_bs_peer_t *peer = bs->by_rank[0];
+  mep_bs_hdr_t h;
+  mep_bs_hdr_init(bs, &h, MEP_BS_MSG_CONTRIB);
+  h.seq = c->seq;
+  h.op = c->op;
+  h.root = c->root;
+  h.bytes = c->bytes;
+  h.payload_len = c->send_len;
+  (void)mep_bs_send(bs, peer, &h, c->send, NULL);
+  int64_t deadline = mep_bs_now_ms() + bs->timeout_ms + mep_bs_slack_ms(bs);
+  int idle = 0;
+  for (;;) {
+    /* An abort may follow a result of this very op on the wire, so the
+     * result is looked for first. */
+    mep_bs_msg_t *m = mep_bs_msg_take(bs, MEP_BS_MSG_RESULT, 0);
+    if (m != NULL) {
+      int ok = m->hdr.seq == c->seq && m->hdr.op == c->op &&
+               m->len == c->out_len;
+      if (ok && c->out_len != 0) memcpy(c->out, m->payload, c->out_len);
+      uint64_t seq = m->hdr.seq;
+      int op = m->hdr.op;
+      size_t len = m->len;
+      mep_bs_msg_free(m);
+      if (ok) return MOE_EP_OK;
+      return coll_fail(bs, MOE_EP_ERR_MISMATCH,
+                       "rank %d: %s #%llu got rank 0's result of %s #%llu "
+                       "(%zu bytes, expected %zu)",
+                       bs->rank, op_name(c->op), (unsigned long long)c->seq,
+                       op_name(op), (unsigned long long)seq, len, c->out_len);
+    }
+    if (bs->abort_seen) {
+      return coll_fail(bs, bs->abort_status,
+                       "rank %d: %s #%llu failed; rank 0 reports: %s",
+                       bs->rank, op_name(c->op), (unsigned long long)c->seq,
+                       bs->abort_msg);
+    }
+    if (peer->failed) {
+      return coll_fail(bs, MOE_EP_ERR_PEER_FAILED,
+                       "rank %d: %s #%llu failed: rank 0 failed (%s)",
+                       bs->rank, op_name(c->op), (unsigned long long)c->seq,
+                       ucs_status_string(peer->fail_status));
+    }
+    if (mep_bs_now_ms() >= deadline) {
+      return coll_fail(bs, MOE_EP_ERR_TIMEOUT,
+                       "rank %d: %s #%llu: rank 0 did not complete it within "
+                       "%d ms",
+                       bs->rank, op_name(c->op), (unsigned long long)c->seq,
+                       bs->timeout_ms);
+    }
+    mep_bs_progress(bs, &idle);
+  }
+}
+
+static moe_ep_status_t coll_run(mep_bootstrap_t *bs, coll_t *c) {
+  if (bs->fail_status != MOE_EP_OK) {
+    return mep_error(bs->fail_status, "%s (the bootstrap group failed earlier)",
+                     bs->fail_msg);
+  }
+  c->seq = ++bs->seq;
+  c->send_len = contrib_len(c, bs->rank);
+  c->out_len = bs->rank == 0 ? 0 : result_len(c, bs->rank, bs->world_size);
+  if (bs->rank == 0) return coll_root(bs, c);
+  return coll_member(bs, c);
+}
+
+moe_ep_status_t mep_bootstrap_allgather(mep_bootstrap_t *bs, const void *send,
+                                        void *recv, size_t bytes) {
+  if (bs == NULL) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "allgather: bs is NULL");
+  }
+  if (bytes != 0 && (send == NULL || recv == NULL)) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "allgather: send (%p) and recv (%p) must be non-NULL "
+                     "when bytes (%zu) > 0",
+                     send, recv, bytes);
+  }
+  if (bytes > (SIZE_MAX / 2) / (size_t)bs->world_size) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "allgather: bytes %zu times world_size %d overflows",
+                     bytes, bs->world_size);
+  }
+  coll_t c = {.op = MEP_BS_OP_ALLGATHER, .root = 0, .bytes = bytes,
+              .send = send, .out = recv};
+  return coll_run(bs, &c);
+}
+
+moe_ep_status_t mep_bootstrap_broadcast(mep_bootstrap_t *bs, void *buf,
+                                        size_t bytes, int root) {
+  if (bs == NULL) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "broadcast: bs is NULL");
+  }
+  if (root < 0 || root >= bs->world_size) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "broadcast: root %d is outside 0..%d", root,
+                     bs->world_size - 1);
+  }
+  if (bytes != 0 && buf == NULL) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "broadcast: buf is NULL with bytes %zu", bytes);
+  }
+  coll_t c = {.op = MEP_BS_OP_BROADCAST, .root = root, .bytes = bytes,
+              .send = buf, .out = buf};
+  return coll_run(bs, &c);
+}
+
+moe_ep_status_t mep_bootstrap_barrier(mep_bootstrap_t *bs) {
+  if (bs == NULL) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "barrier: bs is NULL");
+  }
+  coll_t c = {.op = MEP_BS_OP_BARRIER, .root = 0, .bytes = 0};
+  return coll_run(bs, &c);
+}

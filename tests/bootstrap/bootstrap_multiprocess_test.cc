@@ -1,0 +1,242 @@
+// bootstrap_multiprocess_test.cc: the UCX bootstrap across real processes on
+// loopback, at 2, 4 and 8 ranks: collective values, a rank that never
+// starts, a rank killed mid-loop (rank 0 too), and strangers refused.
+#include <signal.h>
+#include <unistd.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "tests/bootstrap/proc_util.h"
+
+namespace mep_test {
+namespace {
+
+constexpr int kShortTimeoutMs = 2000;
+// Non-root ranks wait timeout/8 (>= 50 ms) longer for rank 0's verdict;
+// the rest is scheduling noise with 8 UCX processes on 2 cores.
+constexpr int kSlackMs = 250 + 750;
+constexpr int kStatusBootstrap = 5;
+constexpr int kStatusPeerFailed = 6;
+
+std::string Worker() { return Runfile("tests/bootstrap/bootstrap_worker"); }
+
+class BootstrapGroup : public ::testing::TestWithParam<int> {
+ protected:
+  int World() const { return GetParam(); }
+
+  // One worker as `rank`, with common flags plus extra.
+  std::unique_ptr<Proc> Start(int rank, int world, const std::string &scenario,
+                              const std::string &token, int timeout_ms,
+                              std::vector<std::string> extra = {},
+                              const std::string &name = "") {
+    std::vector<std::string> argv = {
+        Worker(), "--scenario=" + scenario, "--rank=" + std::to_string(rank),
+        "--world=" + std::to_string(world), "--address=" + address_,
+        "--timeout_ms=" + std::to_string(timeout_ms)};
+    if (token.empty()) {
+      argv.push_back("--no_token");
+    } else {
+      argv.push_back("--token=" + token);
+    }
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return std::make_unique<Proc>(
+        Spawn(name.empty() ? "rank " + std::to_string(rank) : name, argv));
+  }
+
+  void SetUp() override {
+    port_ = FreePort();
+    ASSERT_GT(port_, 0);
+    address_ = "127.0.0.1:" + std::to_string(port_);
+  }
+
+  static std::vector<Proc *> Ptrs(std::vector<std::unique_ptr<Proc>> &v) {
+    std::vector<Proc *> out;
+    for (auto &p : v) {
+      if (p) out.push_back(p.get());
+    }
+    return out;
+  }
+
+  int port_ = -1;
+  std::string address_;
+};
+
+TEST_P(BootstrapGroup, CollectivesDeliverEveryRanksValues) {
+  const int w = World();
+  const int iters = 10;
+  std::vector<std::unique_ptr<Proc>> procs;
+  for (int r = 0; r < w; r++) {
+    procs.push_back(Start(r, w, "collectives", "tok-abc", 10000,
+                          {"--iters=" + std::to_string(iters)}));
+  }
+  WaitAll(Ptrs(procs), NowMs() + 45000);
+  for (auto &p : procs) {
+    auto res = p->Result();
+    EXPECT_TRUE(p->Exited(0)) << p->Describe();
+    EXPECT_EQ(res["status"], "MOE_EP_OK") << p->Describe();
+    EXPECT_EQ(p->ResultInt("iters"), iters) << p->Describe();
+  }
+}
+
+// `missing` never starts; everyone else must give up with BOOTSTRAP close to
+// the timeout, and say who (rank 0) or what (the others) went wrong.
+void ExpectMissingRank(std::vector<std::unique_ptr<Proc>> &procs, int missing,
+                       const std::string &address) {
+  for (auto &p : procs) {
+    if (!p) continue;
+    auto res = p->Result();
+    int64_t create_ms = p->ResultInt("create_ms");
+    EXPECT_TRUE(p->Exited(kStatusBootstrap)) << p->Describe();
+    EXPECT_EQ(res["status"], "MOE_EP_ERR_BOOTSTRAP") << p->Describe();
+    EXPECT_GE(create_ms, kShortTimeoutMs - 50) << p->Describe();
+    EXPECT_LE(create_ms, kShortTimeoutMs + kSlackMs) << p->Describe();
+    EXPECT_LE(p->end_ms - p->start_ms, kShortTimeoutMs + kSlackMs + 1500)
+        << p->Describe();
+    const std::string &msg = res["msg"];
+    if (p->name == "rank 0") {
+      EXPECT_NE(msg.find("rank " + std::to_string(missing) + " never joined"),
+                std::string::npos)
+          << p->Describe();
+    } else if (missing == 0) {
+      EXPECT_NE(msg.find("could not reach rank 0 at " + address),
+                std::string::npos)
+          << p->Describe();
+    } else {
+      // Rank 0's verdict names the missing rank; without it, the rank says
+      // it was not told the group formed.
+      bool named = msg.find("rank " + std::to_string(missing) +
+                            " never joined") != std::string::npos;
+      bool not_told = msg.find("not told the group formed") != std::string::npos;
+      EXPECT_TRUE(named || not_told) << p->Describe();
+    }
+  }
+}
+
+TEST_P(BootstrapGroup, MissingLastRankFailsEveryoneWithinTimeout) {
+  const int w = World();
+  std::vector<std::unique_ptr<Proc>> procs;
+  for (int r = 0; r < w - 1; r++) {
+    procs.push_back(Start(r, w, "form", "tok", kShortTimeoutMs));
+  }
+  WaitAll(Ptrs(procs), NowMs() + 15000);
+  ExpectMissingRank(procs, w - 1, address_);
+}
+
+TEST_P(BootstrapGroup, MissingRankZeroFailsEveryoneWithinTimeout) {
+  const int w = World();
+  std::vector<std::unique_ptr<Proc>> procs;
+  for (int r = 1; r < w; r++) {
+    procs.push_back(Start(r, w, "form", "tok", kShortTimeoutMs));
+  }
+  WaitAll(Ptrs(procs), NowMs() + 15000);
+  ExpectMissingRank(procs, 0, address_);
+}
+
+// The victim SIGKILLs itself after its 20th barrier; every survivor's next
+// barrier must fail with PEER_FAILED naming it, well within the timeout.
+TEST_P(BootstrapGroup, KilledRankFailsSurvivorsWithPeerFailed) {
+  const int w = World();
+  for (int victim : {w - 1, 0}) {
+    SCOPED_TRACE("victim rank " + std::to_string(victim));
+    port_ = FreePort();
+    address_ = "127.0.0.1:" + std::to_string(port_);
+    std::vector<std::unique_ptr<Proc>> procs;
+    for (int r = 0; r < w; r++) {
+      procs.push_back(Start(r, w, "barrier_loop", "tok", kShortTimeoutMs,
+                            {"--die_rank=" + std::to_string(victim),
+                             "--die_at=20", "--max_ms=15000"}));
+    }
+    WaitAll(Ptrs(procs), NowMs() + 30000);
+    for (int r = 0; r < w; r++) {
+      Proc *p = procs[r].get();
+      if (r == victim) {
+        EXPECT_TRUE(p->Signaled(SIGKILL)) << p->Describe();
+        continue;
+      }
+      auto res = p->Result();
+      EXPECT_TRUE(p->Exited(kStatusPeerFailed)) << p->Describe();
+      EXPECT_EQ(res["status"], "MOE_EP_ERR_PEER_FAILED") << p->Describe();
+      EXPECT_NE(res["msg"].find("rank " + std::to_string(victim) + " failed"),
+                std::string::npos)
+          << p->Describe();
+      // Completed exactly the 20 barriers the victim did.
+      EXPECT_EQ(p->ResultInt("iters"), 20) << p->Describe();
+      EXPECT_LE(p->ResultInt("op_ms"), kShortTimeoutMs + kSlackMs)
+          << p->Describe();
+      EXPECT_LE(p->ResultInt("destroy_ms"), 1500) << p->Describe();
+    }
+  }
+}
+
+TEST_P(BootstrapGroup, StrangersAreRefusedAndTheGroupStillForms) {
+  const int w = World();
+  const std::string token = "job-7f3a9c";
+  std::vector<std::unique_ptr<Proc>> group;
+  group.push_back(Start(0, w, "barrier", token, 15000));
+
+  struct Stranger {
+    std::string name;
+    int world;
+    std::string token;
+    std::string reason;
+  };
+  const std::vector<Stranger> strangers = {
+      {"stranger(wrong token)", w, "not-the-token", "wrong job token"},
+      {"stranger(no token)", w, "", "no job token presented"},
+      {"stranger(world size)", w + 1, token, "world size mismatch"},
+  };
+  for (const Stranger &s : strangers) {
+    auto p = Start(1, s.world, "form", s.token, 8000, {}, s.name);
+    WaitOne(p.get(), NowMs() + 10000);
+    auto res = p->Result();
+    EXPECT_TRUE(p->Exited(kStatusBootstrap)) << p->Describe();
+    EXPECT_EQ(res["status"], "MOE_EP_ERR_BOOTSTRAP") << p->Describe();
+    EXPECT_NE(res["msg"].find("refused"), std::string::npos) << p->Describe();
+    EXPECT_NE(res["msg"].find(s.reason), std::string::npos) << p->Describe();
+  }
+
+  int first_real = 1;
+  std::unique_ptr<Proc> dup_loser;
+  if (w >= 3) {
+    // Two processes both claim rank 1 with the right token: whichever comes
+    // second is refused as a duplicate, the other one stays in the group.
+    auto a = Start(1, w, "barrier", token, 15000, {}, "rank 1 (a)");
+    auto b = Start(1, w, "barrier", token, 15000, {}, "rank 1 (b)");
+    int i = WaitAny({a.get(), b.get()}, NowMs() + 10000);
+    ASSERT_GE(i, 0) << a->Describe() << b->Describe();
+    dup_loser = i == 0 ? std::move(a) : std::move(b);
+    group.push_back(i == 0 ? std::move(b) : std::move(a));
+    auto res = dup_loser->Result();
+    EXPECT_TRUE(dup_loser->Exited(kStatusBootstrap)) << dup_loser->Describe();
+    EXPECT_NE(res["msg"].find("rank 1 already joined"), std::string::npos)
+        << dup_loser->Describe();
+    first_real = 2;
+  }
+  for (int r = first_real; r < w; r++) {
+    group.push_back(Start(r, w, "barrier", token, 15000));
+  }
+  WaitAll(Ptrs(group), NowMs() + 30000);
+  for (auto &p : group) {
+    auto res = p->Result();
+    EXPECT_TRUE(p->Exited(0)) << p->Describe();
+    EXPECT_EQ(res["status"], "MOE_EP_OK") << p->Describe();
+    EXPECT_EQ(p->ResultInt("iters"), 1) << p->Describe();
+  }
+  // Rank 0 logs each refusal at WARN (the default level) with its reason.
+  const std::string &log0 = group[0]->err;
+  for (const Stranger &s : strangers) {
+    EXPECT_NE(log0.find(s.reason), std::string::npos) << group[0]->Describe();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, BootstrapGroup, ::testing::Values(2, 4, 8),
+                         [](const ::testing::TestParamInfo<int> &i) {
+                           return "world" + std::to_string(i.param);
+                         });
+
+}  // namespace
+}  // namespace mep_test

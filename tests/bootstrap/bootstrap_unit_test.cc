@@ -1,0 +1,111 @@
+// bootstrap_unit_test.cc: single-process checks of the bootstrap: argument
+// and address validation, a port already in use, and a world of one (no
+// network, local collectives, the UCX context and worker exposed).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "runtime/bootstrap.h"
+#include "runtime/error.h"
+
+namespace {
+
+mep_bootstrap_params_t Params(int rank, int world, const char *addr) {
+  mep_bootstrap_params_t p;
+  p.rank = rank;
+  p.world_size = world;
+  p.address = addr;
+  p.timeout_ms = 1000;
+  p.token = "t";
+  return p;
+}
+
+TEST(BootstrapArgs, RejectsBadArgumentsNamingThem) {
+  mep_bootstrap_t *bs = nullptr;
+  EXPECT_EQ(mep_bootstrap_create(nullptr, &bs), MOE_EP_ERR_INVALID_ARGUMENT);
+  struct Case {
+    mep_bootstrap_params_t p;
+    const char *needle;
+  } cases[] = {
+      {Params(0, 0, "127.0.0.1:1"), "world_size 0"},
+      {Params(2, 2, "127.0.0.1:1"), "rank 2 is outside 0..1"},
+      {Params(-1, 2, "127.0.0.1:1"), "rank -1"},
+      {Params(0, 2, "localhost"), "\"localhost\" is not \"host:port\""},
+      {Params(0, 2, "127.0.0.1:0"), "port \"0\""},
+      {Params(0, 2, "127.0.0.1:http"), "port \"http\""},
+      {Params(0, 2, "::1:5000"), "[addr]:port"},
+      {Params(0, 2, ""), "empty"},
+      {Params(0, 2, nullptr), "empty"},
+  };
+  for (const Case &c : cases) {
+    bs = nullptr;
+    EXPECT_EQ(mep_bootstrap_create(&c.p, &bs), MOE_EP_ERR_INVALID_ARGUMENT)
+        << c.needle;
+    EXPECT_EQ(bs, nullptr);
+    EXPECT_NE(std::string(mep_last_error()).find(c.needle), std::string::npos)
+        << "expected '" << c.needle << "' in: " << mep_last_error();
+  }
+  mep_bootstrap_params_t p = Params(0, 2, "127.0.0.1:1");
+  p.timeout_ms = 0;
+  EXPECT_EQ(mep_bootstrap_create(&p, &bs), MOE_EP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(mep_last_error()).find("timeout_ms 0"),
+            std::string::npos)
+      << mep_last_error();
+}
+
+TEST(BootstrapArgs, PortInUseIsBootstrapErrorNamingAddress) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof(a));
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+  ASSERT_EQ(listen(fd, 4), 0);
+  ASSERT_EQ(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+  std::string addr = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  mep_bootstrap_params_t p = Params(0, 2, addr.c_str());
+  mep_bootstrap_t *bs = nullptr;
+  EXPECT_EQ(mep_bootstrap_create(&p, &bs), MOE_EP_ERR_BOOTSTRAP);
+  std::string msg = mep_last_error();
+  EXPECT_NE(msg.find(addr), std::string::npos) << msg;
+  EXPECT_NE(msg.find("Address already in use"), std::string::npos) << msg;
+  close(fd);
+}
+
+TEST(BootstrapSingleRank, CollectivesAreLocalCopies) {
+  mep_bootstrap_params_t p = Params(0, 1, nullptr);
+  mep_bootstrap_t *bs = nullptr;
+  ASSERT_EQ(mep_bootstrap_create(&p, &bs), MOE_EP_OK) << mep_last_error();
+  EXPECT_EQ(mep_bootstrap_rank(bs), 0);
+  EXPECT_EQ(mep_bootstrap_world_size(bs), 1);
+  EXPECT_NE(mep_bootstrap_ucp_context(bs), nullptr);
+  EXPECT_NE(mep_bootstrap_ucp_worker(bs), nullptr);
+  std::vector<unsigned char> send(100), recv(100, 0);
+  for (size_t i = 0; i < send.size(); i++) send[i] = (unsigned char)(i * 7);
+  ASSERT_EQ(mep_bootstrap_allgather(bs, send.data(), recv.data(), 100),
+            MOE_EP_OK);
+  EXPECT_EQ(send, recv);
+  EXPECT_EQ(mep_bootstrap_broadcast(bs, recv.data(), 100, 0), MOE_EP_OK);
+  EXPECT_EQ(send, recv);
+  EXPECT_EQ(mep_bootstrap_barrier(bs), MOE_EP_OK);
+  EXPECT_EQ(mep_bootstrap_broadcast(bs, recv.data(), 100, 1),
+            MOE_EP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(mep_last_error()).find("root 1"), std::string::npos)
+      << mep_last_error();
+  EXPECT_EQ(mep_bootstrap_allgather(bs, nullptr, recv.data(), 4),
+            MOE_EP_ERR_INVALID_ARGUMENT);
+  mep_bootstrap_destroy(bs);
+  mep_bootstrap_destroy(nullptr);  // accepted
+  EXPECT_EQ(mep_bootstrap_barrier(nullptr), MOE_EP_ERR_INVALID_ARGUMENT);
+}
+
+}  // namespace

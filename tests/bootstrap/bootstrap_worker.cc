@@ -1,0 +1,242 @@
+// bootstrap_worker.cc: one rank of a bootstrap test. Runs a named scenario
+// against the real UCX bootstrap and prints one "RESULT key=value ..." line
+// that the drivers parse; exit code 0 means the scenario's own checks passed.
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "runtime/bootstrap.h"
+#include "runtime/error.h"
+
+namespace {
+
+struct Opts {
+  std::string scenario = "collectives";
+  int rank = -1;
+  int world = -1;
+  std::string address;
+  std::string token;
+  bool token_set = false;
+  bool no_token = false;
+  int timeout_ms = 10000;
+  int iters = 20;
+  int die_rank = -1;
+  int die_at = -1;
+  int fail_rank = -1;
+  int max_ms = 20000;
+};
+
+int64_t NowMs() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+bool Flag(const char *arg, const char *name, std::string *val) {
+  size_t n = strlen(name);
+  if (strncmp(arg, name, n) != 0 || arg[n] != '=') return false;
+  *val = arg + n + 1;
+  return true;
+}
+
+int EnvInt(const char *name, int dflt) {
+  const char *v = getenv(name);
+  return v != nullptr && *v != '\0' ? atoi(v) : dflt;
+}
+
+Opts Parse(int argc, char **argv) {
+  Opts o;
+  for (int i = 1; i < argc; i++) {
+    std::string v;
+    const char *a = argv[i];
+    if (Flag(a, "--scenario", &v)) o.scenario = v;
+    else if (Flag(a, "--rank", &v)) o.rank = atoi(v.c_str());
+    else if (Flag(a, "--world", &v)) o.world = atoi(v.c_str());
+    else if (Flag(a, "--address", &v)) o.address = v;
+    else if (Flag(a, "--token", &v)) { o.token = v; o.token_set = true; }
+    else if (strcmp(a, "--no_token") == 0) o.no_token = true;
+    else if (Flag(a, "--timeout_ms", &v)) o.timeout_ms = atoi(v.c_str());
+    else if (Flag(a, "--iters", &v)) o.iters = atoi(v.c_str());
+    else if (Flag(a, "--die_rank", &v)) o.die_rank = atoi(v.c_str());
+    else if (Flag(a, "--die_at", &v)) o.die_at = atoi(v.c_str());
+    else if (Flag(a, "--fail_rank", &v)) o.fail_rank = atoi(v.c_str());
+    else if (Flag(a, "--max_ms", &v)) o.max_ms = atoi(v.c_str());
+    else {
+      fprintf(stderr, "bootstrap_worker: unknown argument %s\n", a);
+      exit(64);
+    }
+  }
+  // The launcher's environment fills whatever the flags left out.
+  if (o.rank < 0) o.rank = EnvInt("MOE_EP_RANK", -1);
+  if (o.world < 0) o.world = EnvInt("MOE_EP_WORLD_SIZE", -1);
+  if (o.address.empty() && getenv("MOE_EP_BOOTSTRAP_ADDRESS") != nullptr) {
+    o.address = getenv("MOE_EP_BOOTSTRAP_ADDRESS");
+  }
+  if (!o.token_set && getenv("MOE_EP_JOB_TOKEN") != nullptr) {
+    o.token = getenv("MOE_EP_JOB_TOKEN");
+  }
+  if (o.no_token) o.token.clear();
+  return o;
+}
+
+void Report(const Opts &o, moe_ep_status_t st, int64_t create_ms,
+            int64_t op_ms, int iters, int64_t destroy_ms, const char *msg) {
+  // One write so lines from several ranks never interleave.
+  char line[2048];
+  snprintf(line, sizeof(line),
+           "RESULT rank=%d status=%s create_ms=%lld op_ms=%lld iters=%d "
+           "destroy_ms=%lld msg=%s\n",
+           o.rank, mep_status_string(st), (long long)create_ms,
+           (long long)op_ms, iters, (long long)destroy_ms, msg);
+  fputs(line, stdout);
+  fflush(stdout);
+}
+
+unsigned char Pattern(int rank, int iter, size_t size, size_t i) {
+  return (unsigned char)(rank * 131 + iter * 17 + size * 7 + i * 3 + 1);
+}
+
+// Returns 0, or 100 after printing the first mismatch.
+int CheckBlock(const Opts &o, const char *op, int iter, size_t size, int block,
+               const unsigned char *got, int src) {
+  for (size_t i = 0; i < size; i++) {
+    unsigned char want = Pattern(src, iter, size, i);
+    if (got[i] != want) {
+      printf("MISMATCH rank=%d op=%s iter=%d size=%zu block=%d index=%zu "
+             "expected=%u got=%u\n",
+             o.rank, op, iter, size, block, i, want, got[i]);
+      return 100;
+    }
+  }
+  return 0;
+}
+
+int RunCollectives(const Opts &o, mep_bootstrap_t *bs, int *done,
+                   moe_ep_status_t *st) {
+  const size_t sizes[] = {0, 1, 13, 4096, 65536};
+  const int w = o.world;
+  std::vector<unsigned char> send, recv, buf;
+  for (int it = 0; it < o.iters; it++) {
+    for (size_t size : sizes) {
+      send.resize(size);
+      for (size_t i = 0; i < size; i++) send[i] = Pattern(o.rank, it, size, i);
+      recv.assign(size * w + 1, 0xEE);
+      *st = mep_bootstrap_allgather(bs, send.data(), recv.data(), size);
+      if (*st != MOE_EP_OK) return 1;
+      for (int r = 0; r < w; r++) {
+        int rc = CheckBlock(o, "allgather", it, size, r, &recv[r * size], r);
+        if (rc != 0) return rc;
+      }
+      if (recv[size * w] != 0xEE) {
+        printf("MISMATCH rank=%d op=allgather wrote past %zu bytes\n", o.rank,
+               size * w);
+        return 100;
+      }
+      for (int root = 0; root < w; root++) {
+        buf.assign(size, 0);
+        if (o.rank == root) {
+          for (size_t i = 0; i < size; i++) buf[i] = Pattern(root, it, size, i);
+        }
+        *st = mep_bootstrap_broadcast(bs, buf.data(), size, root);
+        if (*st != MOE_EP_OK) return 1;
+        int rc = CheckBlock(o, "broadcast", it, size, root, buf.data(), root);
+        if (rc != 0) return rc;
+      }
+    }
+    *st = mep_bootstrap_barrier(bs);
+    if (*st != MOE_EP_OK) return 1;
+    *done = it + 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  Opts o = Parse(argc, argv);
+  if (o.scenario == "sleep") {
+    sleep(60);
+    return 0;
+  }
+  if (o.scenario == "env") {
+    // What the launcher promises each rank.
+    const char *addr = getenv("MOE_EP_BOOTSTRAP_ADDRESS");
+    const char *tok = getenv("MOE_EP_JOB_TOKEN");
+    bool ok = o.rank >= 0 && o.world > 0 && o.rank < o.world &&
+              EnvInt("MOE_EP_LOCAL_RANK", -1) == o.rank &&
+              EnvInt("MOE_EP_LOCAL_WORLD_SIZE", -1) == o.world &&
+              addr != nullptr && strncmp(addr, "127.0.0.1:", 10) == 0 &&
+              atoi(addr + 10) > 0 && tok != nullptr && strlen(tok) >= 16;
+    printf("ENV rank=%d world=%d address=%s token_len=%zu ok=%d\n", o.rank,
+           o.world, addr ? addr : "(unset)", tok ? strlen(tok) : 0, ok);
+    return ok ? 0 : 1;
+  }
+  if (o.rank == o.fail_rank) {
+    printf("RESULT rank=%d status=FAIL_ON_PURPOSE\n", o.rank);
+    return 3;
+  }
+  mep_bootstrap_params_t p;
+  p.rank = o.rank;
+  p.world_size = o.world;
+  p.address = o.address.c_str();
+  p.timeout_ms = o.timeout_ms;
+  p.token = o.token.c_str();
+  int64_t t0 = NowMs();
+  mep_bootstrap_t *bs = nullptr;
+  moe_ep_status_t st = mep_bootstrap_create(&p, &bs);
+  int64_t create_ms = NowMs() - t0;
+  if (st != MOE_EP_OK) {
+    Report(o, st, create_ms, 0, 0, 0, mep_last_error());
+    return (int)st;
+  }
+  if (mep_bootstrap_rank(bs) != o.rank ||
+      mep_bootstrap_world_size(bs) != o.world ||
+      mep_bootstrap_ucp_context(bs) == nullptr ||
+      mep_bootstrap_ucp_worker(bs) == nullptr) {
+    Report(o, MOE_EP_ERR_INTERNAL, create_ms, 0, 0, 0, "accessors disagree");
+    mep_bootstrap_destroy(bs);
+    return 101;
+  }
+  int rc = 0;
+  int done = 0;
+  int64_t op_ms = 0;
+  if (o.scenario == "collectives") {
+    int64_t t1 = NowMs();
+    rc = RunCollectives(o, bs, &done, &st);
+    op_ms = NowMs() - t1;
+  } else if (o.scenario == "barrier") {
+    int64_t t1 = NowMs();
+    st = mep_bootstrap_barrier(bs);
+    op_ms = NowMs() - t1;
+    done = st == MOE_EP_OK;
+  } else if (o.scenario == "barrier_loop") {
+    // Loops until a barrier fails (the expected outcome when a rank dies)
+    // or max_ms passes; op_ms is how long the failing barrier took.
+    int64_t end = NowMs() + o.max_ms;
+    for (int i = 0; NowMs() < end; i++) {
+      if (o.rank == o.die_rank && i == o.die_at) raise(SIGKILL);
+      int64_t t1 = NowMs();
+      st = mep_bootstrap_barrier(bs);
+      op_ms = NowMs() - t1;
+      if (st != MOE_EP_OK) break;
+      done = i + 1;
+    }
+  } else if (o.scenario != "form") {
+    fprintf(stderr, "bootstrap_worker: unknown scenario %s\n",
+            o.scenario.c_str());
+    rc = 64;
+  }
+  std::string msg = st == MOE_EP_OK ? "" : mep_last_error();
+  int64_t t2 = NowMs();
+  mep_bootstrap_destroy(bs);
+  int64_t destroy_ms = NowMs() - t2;
+  if (rc == 0 && st != MOE_EP_OK) rc = (int)st;
+  Report(o, st, create_ms, op_ms, done, destroy_ms, msg.c_str());
+  return rc;
+}

@@ -1,0 +1,109 @@
+// launcher_test.cc: moe_ep_run end to end with real bootstrap workers: a
+// passing 4-rank job, the environment it hands out, a failing rank, the
+// job timeout, and SIGTERM forwarding.
+#include <signal.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "tests/bootstrap/proc_util.h"
+
+namespace mep_test {
+namespace {
+
+std::string Launcher() { return Runfile("tools/launcher/moe_ep_run"); }
+std::string Worker() { return Runfile("tests/bootstrap/bootstrap_worker"); }
+
+int Count(const std::string &hay, const std::string &needle) {
+  int n = 0;
+  for (size_t at = hay.find(needle); at != std::string::npos;
+       at = hay.find(needle, at + 1)) {
+    n++;
+  }
+  return n;
+}
+
+TEST(Launcher, FourRanksRunCollectives) {
+  Proc p = Spawn("moe_ep_run -n 4", {Launcher(), "-n", "4", "--", Worker(),
+                                     "--scenario=collectives", "--iters=5"});
+  WaitOne(&p, NowMs() + 30000);
+  EXPECT_TRUE(p.Exited(0)) << p.Describe();
+  EXPECT_EQ(Count(p.out, "status=MOE_EP_OK"), 4) << p.Describe();
+}
+
+TEST(Launcher, SetsRankEnvironmentAndKeepsAGivenToken) {
+  Proc p = Spawn("moe_ep_run env", {Launcher(), "-n", "3", "--", Worker(),
+                                    "--scenario=env"});
+  WaitOne(&p, NowMs() + 10000);
+  EXPECT_TRUE(p.Exited(0)) << p.Describe();
+  EXPECT_EQ(Count(p.out, "ok=1"), 3) << p.Describe();
+  EXPECT_EQ(Count(p.out, "token_len=32"), 3) << p.Describe();  // 16 random bytes
+  for (int r = 0; r < 3; r++) {
+    EXPECT_NE(p.out.find("ENV rank=" + std::to_string(r) + " world=3"),
+              std::string::npos)
+        << p.Describe();
+  }
+  Proc q = Spawn("moe_ep_run env token",
+                 {Launcher(), "-n", "2", "--", Worker(), "--scenario=env"},
+                 {"MOE_EP_JOB_TOKEN=feedface-given-token"});
+  WaitOne(&q, NowMs() + 10000);
+  EXPECT_TRUE(q.Exited(0)) << q.Describe();
+  EXPECT_EQ(Count(q.out, "token_len=20"), 2) << q.Describe();
+}
+
+TEST(Launcher, FailingRankFailsTheJobAfterGrace) {
+  // Rank 1 exits 3 at once; the others wait for it in bootstrap_create
+  // (30 s timeout) until the 1 s grace period ends and they are killed.
+  int64_t t0 = NowMs();
+  Proc p = Spawn("moe_ep_run failing rank",
+                 {Launcher(), "-n", "3", "--grace_s", "1", "--", Worker(),
+                  "--scenario=form", "--fail_rank=1", "--timeout_ms=30000"});
+  WaitOne(&p, NowMs() + 15000);
+  int64_t took = NowMs() - t0;
+  EXPECT_TRUE(p.Exited(3)) << p.Describe();
+  EXPECT_NE(p.err.find("rank 1 (pid"), std::string::npos) << p.Describe();
+  EXPECT_NE(p.err.find("exited with status 3"), std::string::npos)
+      << p.Describe();
+  EXPECT_NE(p.err.find("job failed: rank 1"), std::string::npos) << p.Describe();
+  EXPECT_LT(took, 6000) << p.Describe();
+}
+
+TEST(Launcher, TimeoutKillsEverything) {
+  int64_t t0 = NowMs();
+  Proc p = Spawn("moe_ep_run timeout", {Launcher(), "-n", "2", "--timeout_s",
+                                        "1", "--", Worker(), "--scenario=sleep"});
+  WaitOne(&p, NowMs() + 10000);
+  EXPECT_TRUE(p.Exited(124)) << p.Describe();
+  EXPECT_NE(p.err.find("--timeout_s 1.0 expired"), std::string::npos)
+      << p.Describe();
+  EXPECT_LT(NowMs() - t0, 5000) << p.Describe();
+}
+
+TEST(Launcher, ForwardsSigterm) {
+  Proc p = Spawn("moe_ep_run sigterm",
+                 {Launcher(), "-n", "2", "--", Worker(), "--scenario=sleep"});
+  usleep(300 * 1000);
+  int64_t t0 = NowMs();
+  kill(p.pid, SIGTERM);
+  WaitOne(&p, NowMs() + 10000);
+  EXPECT_TRUE(p.Exited(128 + SIGTERM)) << p.Describe();
+  EXPECT_NE(p.err.find("forwarding to 2 rank(s)"), std::string::npos)
+      << p.Describe();
+  EXPECT_EQ(Count(p.err, "killed by signal 15"), 2) << p.Describe();
+  EXPECT_LT(NowMs() - t0, 3000) << p.Describe();
+}
+
+TEST(Launcher, RejectsBadUsage) {
+  Proc p = Spawn("moe_ep_run -n 0", {Launcher(), "-n", "0", "--", Worker()});
+  WaitOne(&p, NowMs() + 5000);
+  EXPECT_TRUE(p.Exited(2)) << p.Describe();
+  Proc q = Spawn("moe_ep_run no prog", {Launcher(), "-n", "2"});
+  WaitOne(&q, NowMs() + 5000);
+  EXPECT_TRUE(q.Exited(2)) << q.Describe();
+}
+
+}  // namespace
+}  // namespace mep_test

@@ -1,0 +1,9 @@
+#!/bin/bash
+# test.sh: the README's test command: set up, build everything (CUDA kernels
+# for sm_90 included), run every CPU suite (GPU suites are tagged "gpu" and
+# skipped; see tools/gpu_suite.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/setup.sh
+bazel build //...
+bazel test //... --test_output=errors --local_test_jobs=2
