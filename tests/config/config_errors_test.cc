@@ -1,0 +1,184 @@
+// config_errors_test.cc: every rejected input gives MOE_EP_ERR_CONFIG (never
+// a crash or a config) and a sentence naming the key's full path, its line
+// and what is allowed.
+#include <string>
+
+#include "config_test_util.h"
+
+namespace {
+
+using ConfigErrors = ConfigTest;
+
+TEST_F(ConfigErrors, UnknownKeySuggestsClosest) {
+  ExpectError("moe_ep:\n  mode: low_latency\n  topk: 4\n",
+              {"unknown key 'topk'", "line 3", "did you mean 'top_k'?",
+               "allowed keys under moe_ep: backend, mode, num_experts, hidden, "
+               "top_k, max_tokens_per_rank, dispatch_dtype, fp8_scale, "
+               "double_buffer, transport, bootstrap, timeouts, log_level"});
+  ExpectError("moe_ep:\n  bootstrap:\n    adress: 'h:1'\n",
+              {"unknown key 'bootstrap.adress'", "line 3",
+               "did you mean 'bootstrap.address'?",
+               "allowed keys under moe_ep.bootstrap: address, timeout_ms, "
+               "token_env"});
+  // A nested key written at the top level points to where it belongs.
+  ExpectError("moe_ep:\n  timeout_ms: 5\n",
+              {"unknown key 'timeout_ms'", "line 2",
+               "did you mean 'bootstrap.timeout_ms'?"});
+  ExpectError("moe_ep:\n  timeouts:\n    kernel: 5\n",
+              {"'timeouts.kernel'", "line 3",
+               "did you mean 'timeouts.kernel_ms'?", "kernel_ms"});
+}
+
+TEST_F(ConfigErrors, UnknownKeyFarFromAnyHasNoSuggestion) {
+  ExpectError("moe_ep:\n\n  zzzzzzzzzzzz: 1\n",
+              {"unknown key 'zzzzzzzzzzzz'", "line 3", "allowed keys"});
+  EXPECT_EQ(std::string(mep_last_error()).find("did you mean"),
+            std::string::npos)
+      << mep_last_error();
+}
+
+TEST_F(ConfigErrors, WrongTypes) {
+  ExpectError("moe_ep:\n  top_k:\n    a: 1\n",
+              {"'top_k'", "line 2", "a mapping", "integer 1..32"});
+  ExpectError("moe_ep:\n  num_experts: [1, 2]\n",
+              {"'num_experts'", "line 2", "a sequence", "integer 1..65536"});
+  ExpectError("moe_ep:\n  top_k: abc\n",
+              {"'top_k'", "line 2", "'abc' is not an integer", "integer 1..32"});
+  ExpectError("moe_ep:\n  hidden: 3.5\n",
+              {"'hidden'", "line 2", "'3.5' is not an integer", "8..32768"});
+  ExpectError("moe_ep:\n  top_k: 0x10\n", {"'top_k'", "not an integer"});
+  ExpectError("moe_ep:\n  num_experts: 99999999999\n",
+              {"'num_experts'", "line 2", "does not fit in a 32-bit integer",
+               "integer 1..65536"});
+  ExpectError("moe_ep:\n  num_experts: -99999999999999999999999\n",
+              {"'num_experts'", "does not fit"});
+  ExpectError("moe_ep:\n  backend: gpu\n",
+              {"'backend'", "line 2", "'gpu'", "one of auto, host, nccl"});
+  ExpectError("moe_ep:\n  mode: fast\n",
+              {"'mode'", "line 2", "one of low_latency, high_throughput"});
+  ExpectError("moe_ep:\n  dispatch_dtype: fp16\n",
+              {"'dispatch_dtype'", "one of bf16, fp8_e4m3"});
+  ExpectError("moe_ep:\n  fp8_scale: e8m0\n",
+              {"'fp8_scale'", "one of f32, ue8m0, ue8m0_packed"});
+  ExpectError("moe_ep:\n  transport: rdma\n",
+              {"'transport'", "one of auto, lsa, gin, gin_emulated"});
+  ExpectError("moe_ep:\n  log_level: loud\n",
+              {"'log_level'", "one of none, error, warn, info, debug, trace"});
+  ExpectError("moe_ep:\n  double_buffer: maybe\n",
+              {"'double_buffer'", "line 2", "'maybe' is not a boolean",
+               "true/false/yes/no/on/off/1/0"});
+  ExpectError("moe_ep:\n  bootstrap:\n    timeout_ms: {a: 1}\n",
+              {"'bootstrap.timeout_ms'", "line 3", "a mapping",
+               "integer 1..3600000"});
+  ExpectError("moe_ep:\n  top_k:\n", {"'top_k'", "line 2", "has no value",
+                                       "integer 1..32"});
+  ExpectError("moe_ep:\n  top_k: \"1\\0\"\n",
+              {"'top_k'", "line 2", "NUL character"});
+}
+
+TEST_F(ConfigErrors, OutOfRange) {
+  ExpectError("moe_ep:\n  top_k: 33\n",
+              {"'top_k' = 33", "line 2", "out of range", "integer 1..32"});
+  ExpectError("moe_ep:\n  top_k: 0\n", {"'top_k' = 0", "line 2", "1..32"});
+  ExpectError("moe_ep:\n  num_experts: 65537\n",
+              {"'num_experts' = 65537", "line 2", "1..65536"});
+  ExpectError("moe_ep:\n  num_experts: -1\n",
+              {"'num_experts' = -1", "line 2", "1..65536"});
+  ExpectError("x: 1\nmoe_ep:\n  bootstrap:\n    timeout_ms: 0\n",
+              {"'bootstrap.timeout_ms' = 0", "line 4", "integer 1..3600000"});
+  ExpectError("moe_ep:\n  timeouts:\n    kernel_ms: 3600001\n",
+              {"'timeouts.kernel_ms' = 3600001", "line 3", "1..3600000"});
+  ExpectError("moe_ep:\n  hidden: 4\n",
+              {"'hidden' = 4", "line 2", "out of range", "8..32768"});
+  ExpectError("moe_ep:\n  hidden: 32776\n", {"'hidden' = 32776", "8..32768"});
+  ExpectError("moe_ep:\n  hidden: 100\n",
+              {"'hidden' = 100", "line 2", "not a multiple of 8",
+               "a multiple of 8"});
+}
+
+TEST_F(ConfigErrors, ModeDependentTokensAndFp8Hidden) {
+  ExpectError("moe_ep:\n  max_tokens_per_rank: 2048\n",
+              {"'max_tokens_per_rank' = 2048", "line 2",
+               "out of range for mode low_latency", "1..1024 in mode low_latency",
+               "1..65536 in mode high_throughput"});
+  ExpectError("moe_ep:\n  mode: high_throughput\n  max_tokens_per_rank: 65537\n",
+              {"'max_tokens_per_rank' = 65537", "line 3",
+               "for mode high_throughput"});
+  ExpectError("moe_ep:\n  hidden: 7176\n  dispatch_dtype: fp8_e4m3\n",
+              {"'hidden' = 7176", "line 2", "multiple of 128",
+               "fp8_e4m3 (line 3)"});
+}
+
+TEST_F(ConfigErrors, StringRules) {
+  std::string long_addr(300, 'a');
+  ExpectError("moe_ep:\n  bootstrap:\n    address: " + long_addr + ":1\n",
+              {"'bootstrap.address'", "line 3", "at most 255"});
+  ExpectError("moe_ep:\n  bootstrap:\n    address: localhost\n",
+              {"'bootstrap.address' = 'localhost'", "line 3", "no ':port'",
+               "port 1..65535"});
+  ExpectError("moe_ep:\n  bootstrap:\n    address: 'h:0'\n",
+              {"'bootstrap.address'", "port 0", "port 1..65535"});
+  ExpectError("moe_ep:\n  bootstrap:\n    address: 'h:65536'\n",
+              {"'bootstrap.address'", "above 65535"});
+  ExpectError("moe_ep:\n  bootstrap:\n    address: 'h:12x'\n",
+              {"'bootstrap.address'", "not a number"});
+  ExpectError("moe_ep:\n  bootstrap:\n    address: ':80'\n",
+              {"'bootstrap.address'", "empty host"});
+  ExpectError("moe_ep:\n  bootstrap:\n    address: '::1:80'\n",
+              {"'bootstrap.address'", "[addr]:port"});
+  ExpectError("moe_ep:\n  bootstrap:\n    address: 'a b:80'\n",
+              {"'bootstrap.address'", "not allowed in a host name"});
+  ExpectError("moe_ep:\n  bootstrap:\n    token_env: 1BAD\n",
+              {"'bootstrap.token_env' = '1BAD'", "line 3",
+               "[A-Za-z_][A-Za-z0-9_]*"});
+  ExpectError("moe_ep:\n  bootstrap:\n    token_env: " + std::string(64, 'T') +
+                  "\n",
+              {"'bootstrap.token_env'", "line 3", "at most 63"});
+}
+
+TEST_F(ConfigErrors, DuplicateKeys) {
+  ExpectError("moe_ep:\n  top_k: 4\n  hidden: 256\n  top_k: 6\n",
+              {"duplicate key 'top_k'", "line 4", "first set at line 2"});
+  ExpectError("moe_ep:\n  bootstrap:\n    timeout_ms: 1\n    timeout_ms: 2\n",
+              {"duplicate key 'bootstrap.timeout_ms'", "line 4",
+               "first set at line 3"});
+  ExpectError("moe_ep: {}\nmodel: x\nmoe_ep:\n  top_k: 4\n",
+              {"duplicate key 'moe_ep'", "line 3", "first at line 1"});
+}
+
+TEST_F(ConfigErrors, MalformedYaml) {
+  ExpectError("moe_ep:\n  top_k: 4\n  hidden: [1, 2\n",
+              {"malformed YAML", "line 4", "did not find expected ',' or ']'"});
+  ExpectError("moe_ep:\n  top_k: 4\n bad: 1\n",
+              {"malformed YAML", "line 3"});
+  ExpectError("moe_ep:\n  top_k: \"unterminated\n",
+              {"malformed YAML", "found unexpected end of stream"});
+  ExpectError("moe_ep:\n  top_k: *nope\n",
+              {"malformed YAML", "line 2", "undefined alias"});
+  // Invalid UTF-8 on line 3 is reported with that line.
+  ExpectError(std::string("moe_ep:\n  top_k: 4\n  hidden: \xff\xfe\n"),
+              {"malformed YAML", "line 3", "UTF-8"});
+}
+
+TEST_F(ConfigErrors, MissingOrMisshapenSection) {
+  ExpectError("model: llama\nserving:\n  port: 8000\n",
+              {"no 'moe_ep:' section", "line 1"});
+  ExpectError("model: llama\nmoe-ep:\n  top_k: 4\n",
+              {"no 'moe_ep:' section", "did you mean 'moe_ep'",
+               "'moe-ep' at line 2"});
+  ExpectError("\n# only a comment\n", {"empty"});
+  ExpectError("- moe_ep\n- b\n", {"line 1", "a sequence, not a mapping"});
+  ExpectError("moe_ep: 5\n", {"'moe_ep' is scalar '5'", "line 1",
+                              "must be a mapping"});
+  ExpectError("x: 1\nmoe_ep: [top_k, 4]\n",
+              {"'moe_ep' is a sequence", "line 2", "must be a mapping"});
+  ExpectError("moe_ep:\n  bootstrap: 5\n",
+              {"'bootstrap' is scalar '5'", "line 2",
+               "mapping with keys: address, timeout_ms, token_env"});
+  ExpectError("moe_ep:\n  timeouts: [1]\n",
+              {"'timeouts' is a sequence", "line 2", "kernel_ms"});
+  ExpectError("moe_ep:\n  ? [a, b]\n  : 1\n",
+              {"a key under moe_ep is a sequence", "line 2", "plain names"});
+}
+
+}  // namespace
