@@ -144,8 +144,8 @@ moe_ep_status_t mep_config_from_yaml(const char *path_or_text,
       char *text = NULL;
       size_t len = 0;
       MEP_CHECK(read_file(path_or_text, &text, &len));
-      char source[128 + 16];
-      snprintf(source, sizeof(source), "config file '%.128s'", path_or_text);
+      char source[512 + 16]; /* long paths (Bazel sandboxes) stay whole */
+      snprintf(source, sizeof(source), "config file '%.512s'", path_or_text);
       moe_ep_status_t st = parse_all(text, len, source, out);
       free(text);
       return st;
