@@ -1,0 +1,78 @@
+// compare.cc: element-wise comparison loops that count mismatches and
+// describe the first one.
+#include "tests/oracle/compare.h"
+
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "tests/oracle/bf16.h"
+
+namespace moe_ep_oracle {
+namespace {
+
+template <typename T, typename Same, typename Show>
+std::string compare(const char* what, const T* got, const T* want, size_t n, size_t row_len,
+                    Same same, Show show) {
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (!same(got[i], want[i]) && bad++ == 0) first = i;
+  if (bad == 0) return "";
+  if (row_len == 0) row_len = 1;
+  std::ostringstream m;
+  m << what << ": " << bad << " of " << n << " differ; first at [" << first / row_len << ", "
+    << first % row_len << "] (flat " << first << "): got " << show(got[first]) << " want "
+    << show(want[first]);
+  return m.str();
+}
+
+template <typename T>
+bool bits_equal(T a, T b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+}  // namespace
+
+bool bf16_sum_close(float got, float want, float tol) {
+  return std::fabs(got - want) <= tol * std::fmax(1.0f, std::fabs(want));
+}
+
+std::string compare_bf16_close(const char* what, const uint16_t* got, const uint16_t* want,
+                               size_t n, size_t row_len, float tol) {
+  return compare(what, got, want, n, row_len,
+                 [&](uint16_t a, uint16_t b) { return bf16_sum_close(bf16_to_float(a), bf16_to_float(b), tol); },
+                 [](uint16_t v) { return bf16_to_float(v); });
+}
+
+bool e4m3_adjacent(uint8_t got, uint8_t want) {
+  if (got == want) return true;
+  int gm = got & 0x7F, wm = want & 0x7F;
+  if (gm == 0 && wm == 0) return true;  // +0 / -0
+  if ((got & 0x80) != (want & 0x80) || gm == 0x7F || wm == 0x7F) return false;
+  return gm - wm == 1 || wm - gm == 1;
+}
+
+std::string compare_e4m3_adjacent(const char* what, const uint8_t* got, const uint8_t* want,
+                                  size_t n, size_t row_len) {
+  return compare(what, got, want, n, row_len, e4m3_adjacent, [](uint8_t v) { return int(v); });
+}
+
+std::string compare_exact_u8(const char* what, const uint8_t* got, const uint8_t* want,
+                             size_t n, size_t row_len) {
+  return compare(what, got, want, n, row_len, bits_equal<uint8_t>, [](uint8_t v) { return int(v); });
+}
+
+std::string compare_exact_u16(const char* what, const uint16_t* got, const uint16_t* want,
+                              size_t n, size_t row_len) {
+  return compare(what, got, want, n, row_len, bits_equal<uint16_t>, [](uint16_t v) { return int(v); });
+}
+
+std::string compare_exact_i32(const char* what, const int32_t* got, const int32_t* want,
+                              size_t n, size_t row_len) {
+  return compare(what, got, want, n, row_len, bits_equal<int32_t>, [](int32_t v) { return v; });
+}
+
+std::string compare_exact_f32(const char* what, const float* got, const float* want,
+                              size_t n, size_t row_len) {
+  return compare(what, got, want, n, row_len, bits_equal<float>, [](float v) { return v; });
+}
+
+}  // namespace moe_ep_oracle

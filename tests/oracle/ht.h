@@ -1,0 +1,49 @@
+// ht.h: expected HT (high-throughput) dispatch and combine. HT moves bf16
+// rows once per destination rank (not per expert); p.dispatch_dtype is ignored.
+#ifndef MOE_EP_TESTS_ORACLE_HT_H_
+#define MOE_EP_TESTS_ORACLE_HT_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "tests/oracle/inputs.h"
+#include "tests/oracle/problem.h"
+
+namespace moe_ep_oracle {
+
+struct HtDispatchExpected {
+  int rank = 0;
+  int64_t num_recv = 0;                     // N_recv
+  std::vector<int32_t> src_rank;            // [N_recv]
+  std::vector<int32_t> src_token;           // [N_recv]
+  std::vector<uint16_t> recv_x;             // [N_recv, H] bf16, the source row exactly
+  std::vector<int32_t> recv_topk_idx;       // [N_recv, K] local id on `rank`, or -1
+  std::vector<float> recv_topk_weights;     // [N_recv, K] weight, or 0 where idx is -1
+  std::vector<int32_t> num_recv_tokens_per_expert;  // [E_local]
+};
+
+// One row per (source rank s, token t of s) with >= 1 expert on `rank`,
+// ordered by s ascending then t ascending. all[s] are rank s's inputs.
+HtDispatchExpected ht_dispatch_expected(const Problem& p, const std::vector<RankInputs>& all,
+                                        int rank);
+
+// Destination rank r's partials y_r for every row it received:
+// ht_partial_row (expert.h) applied to each row of d. [N_recv, H] bf16.
+std::vector<uint16_t> ht_partials(const Problem& p, const HtDispatchExpected& d);
+
+// out [T_s, H] bf16 of source rank s from arbitrary partials:
+// out[t] = bf16(sum over r ascending that received (s, t) of
+// bf16_to_float(y_by_rank[r][row of (s, t) on r])), float accumulation from
+// 0.0f; tokens no rank received give +0. y_by_rank[r] is [N_recv_r, H] in
+// r's dispatch order (may be null for a rank that received nothing).
+std::vector<uint16_t> ht_combine_reduce(const Problem& p, const std::vector<RankInputs>& all,
+                                        int s, const std::vector<const uint16_t*>& y_by_rank);
+
+// ht_combine_reduce with every rank's partials from ht_partials, computed
+// only for s's tokens (O(T_s * K * H)).
+std::vector<uint16_t> ht_combine_expected(const Problem& p, const std::vector<RankInputs>& all,
+                                          int s);
+
+}  // namespace moe_ep_oracle
+
+#endif  // MOE_EP_TESTS_ORACLE_HT_H_

@@ -1,0 +1,52 @@
+// problem.h: the oracle's plain description of one layer call (its own types,
+// not the plugin's config), and where each expert lives.
+#ifndef MOE_EP_TESTS_ORACLE_PROBLEM_H_
+#define MOE_EP_TESTS_ORACLE_PROBLEM_H_
+
+#include <cstdint>
+#include <string>
+
+namespace moe_ep_oracle {
+
+constexpr int kGroupSize = 128;   // channels per fp8 scale
+constexpr int kMaxTopK = 32;      // same number as the plugin's limit, restated
+
+// How topk_idx (and the token count) are drawn; see inputs.h for each rule.
+enum class Generator { kUniform, kSkewed, kAllToOneRank, kEmptyRanks, kMasked };
+
+enum class DispatchDtype { kBf16, kFp8 };
+
+// kF32: scale = amax/448; kUe8m0: that rounded up to a power of two, stored
+// as f32; kUe8m0Packed: the same powers of two as biased exponent bytes,
+// four groups per int32.
+enum class ScaleFormat { kF32, kUe8m0, kUe8m0Packed };
+
+struct Problem {
+  int world = 1;
+  int num_experts = 1;
+  int hidden = kGroupSize;   // this layer's hidden
+  int top_k = 1;             // this layer's top_k
+  int max_tokens_per_rank = 1;
+  Generator generator = Generator::kUniform;
+  DispatchDtype dispatch_dtype = DispatchDtype::kBf16;  // LL only; HT moves bf16
+  ScaleFormat scale_format = ScaleFormat::kF32;
+
+  // Experts live on ranks in contiguous blocks of local_experts().
+  int local_experts() const { return num_experts / world; }
+  int rank_of_expert(int64_t e) const { return static_cast<int>(e / local_experts()); }
+  int local_id(int64_t e) const { return static_cast<int>(e % local_experts()); }
+  int scale_groups() const { return hidden / kGroupSize; }
+  int packed_scale_words() const { return (scale_groups() + 3) / 4; }
+};
+
+// "" when the oracle can serve `p`, else a sentence naming the broken rule.
+std::string problem_error(const Problem& p);
+
+// Aborts with problem_error's sentence: a bad Problem is a bug in the test.
+void check_problem(const Problem& p);
+
+const char* generator_name(Generator g);
+
+}  // namespace moe_ep_oracle
+
+#endif  // MOE_EP_TESTS_ORACLE_PROBLEM_H_
