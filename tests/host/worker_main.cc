@@ -129,6 +129,14 @@ int main(int argc, char** argv) {
   }
   if (c.opt.plugin.empty()) c.opt.plugin = plugin_path(argv[0]);
   c.api = load_plugin(c.opt.plugin);
+  // "mismatch": the last rank differs in max_tokens_per_rank; every rank's
+  // group_create must fail naming that key and both values (no hang).
+  bool mismatch = c.opt.scenario == "mismatch";
+  const char* env_rank = std::getenv("MOE_EP_RANK");
+  const char* env_world = std::getenv("MOE_EP_WORLD_SIZE");
+  if (mismatch && env_rank && env_world && std::atoi(env_rank) == std::atoi(env_world) - 1) {
+    c.opt.max_tokens += 1;
+  }
   moe_ep_config_t* cfg = nullptr;
   std::string yaml = config_yaml(c.opt);
   if (c.api->config_from_yaml(yaml.c_str(), &cfg) != MOE_EP_OK) {
@@ -142,6 +150,14 @@ int main(int argc, char** argv) {
   gp.cuda_device = -1;
   moe_ep_status_t st = c.api->group_create(&gp, &c.group);
   c.api->config_free(cfg);
+  if (mismatch) {
+    const char* msg = c.api->last_error();
+    bool ok = st == MOE_EP_ERR_MISMATCH && c.group == nullptr &&
+              std::strstr(msg, "max_tokens_per_rank") != nullptr;
+    std::fprintf(stderr, "%s config mismatch: %s: %s\n", ok ? "PASSED" : "FAIL",
+                 c.api->status_string(st), msg);
+    return ok ? 0 : 1;
+  }
   if (st != MOE_EP_OK) {
     std::fprintf(stderr, "FAIL group_create: %s: %s\n", c.api->status_string(st),
                  c.api->last_error());
