@@ -172,7 +172,7 @@ static moe_ep_status_t dispatch_send(moe_ep_group_t *g, mep_op_t *op) {
         hs->mesh, d, mep_host_off_dispatch_flag(&hs->layout, op->buffer_set, g->rank),
         op->seq + 1));
   }
-  return mep_host_mesh_complete(hs->mesh, "dispatch");
+  return mep_host_mesh_flush(hs->mesh, "dispatch");
 }
 
 static moe_ep_status_t wait_all(moe_ep_group_t *g, mep_op_t *op, int combine) {
@@ -339,7 +339,7 @@ static moe_ep_status_t combine_send(moe_ep_group_t *g, mep_op_t *op) {
         hs->mesh, s, mep_host_off_combine_flag(&hs->layout, op->buffer_set, g->rank),
         op->seq + 1));
   }
-  return mep_host_mesh_complete(hs->mesh, "combine");
+  return mep_host_mesh_flush(hs->mesh, "combine");
 }
 
 static moe_ep_status_t combine_recv(moe_ep_group_t *g, mep_op_t *op) {

@@ -303,6 +303,15 @@ moe_ep_status_t mep_host_mesh_complete(mep_host_mesh_t *m, const char *what) {
   return st;
 }
 
+moe_ep_status_t mep_host_mesh_flush(mep_host_mesh_t *m, const char *what) {
+  MEP_CHECK(mep_host_mesh_complete(m, what));
+  ucp_request_param_t prm = {.op_attr_mask = 0};
+  void *req = ucp_worker_flush_nbx(m->worker, &prm);
+  if (req == NULL) return MOE_EP_OK;
+  MEP_CHECK(track(m, req, m->rank, what));
+  return mep_host_mesh_complete(m, what);
+}
+
 moe_ep_status_t mep_host_mesh_wait(mep_host_mesh_t *m, size_t local_off,
                                    uint64_t value, int peer, const char *what) {
   const uint64_t *flag = (const uint64_t *)(m->region + local_off);

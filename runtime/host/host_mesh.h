@@ -36,6 +36,10 @@ moe_ep_status_t mep_host_mesh_signal(mep_host_mesh_t *m, int peer,
                                      size_t remote_off, uint64_t value);
 /* Waits until every issued put completed locally, up to the timeout. */
 moe_ep_status_t mep_host_mesh_complete(mep_host_mesh_t *m, const char *what);
+/* Waits until every put issued so far is complete at its target (UCX may
+ * emulate RMA in software over TCP: then the target acknowledges each put,
+ * and a rank must not move on, or die, with acknowledgements outstanding). */
+moe_ep_status_t mep_host_mesh_flush(mep_host_mesh_t *m, const char *what);
 /* Waits until the local u64 at local_off equals value; `peer` is who
  * writes it (named in the error). Bounded by the mesh's timeout. */
 moe_ep_status_t mep_host_mesh_wait(mep_host_mesh_t *m, size_t local_off,
