@@ -1,0 +1,146 @@
+/* ll.h: host launchers of the low-latency (LL) dispatch/combine kernels.
+ * Plain C: the runtime includes this, never the CUDA C++ behind it. Each
+ * operation is a send half and a receive half (separate kernels, nothing
+ * resident in between) so the receive can be deferred (hooks). */
+#ifndef MEP_LL_H_
+#define MEP_LL_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/ll_layout.h"
+#include "moe_ep.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Which wait expired (mep_ll_error_record_t.op). */
+enum {
+  MEP_LL_OP_NONE = 0,
+  MEP_LL_OP_DISPATCH_SEND = 1, /* waiting for this rank's own rows (LSA) */
+  MEP_LL_OP_DISPATCH_RECV = 2, /* waiting for a peer's count or rows */
+  MEP_LL_OP_COMBINE_SEND = 3,
+  MEP_LL_OP_COMBINE_RECV = 4
+};
+
+/* Written by a kernel whose bounded wait expired, into host-mapped memory
+ * (cudaHostAlloc mapped). flag: 0 = none, 1 = being written, 2 = complete.
+ * The first expiring wait wins; the kernel then exits (no trap). */
+typedef struct mep_ll_error_record {
+  volatile int32_t flag;
+  int32_t op;       /* MEP_LL_OP_* */
+  int32_t rank;     /* the rank that waited */
+  int32_t peer;     /* the rank it waited for (-1: itself) */
+  int32_t expert;   /* local expert (dispatch) or -1 */
+  int32_t buffer_set;
+  uint64_t expected;
+  uint64_t seen;
+} mep_ll_error_record_t;
+
+typedef enum mep_ll_transport {
+  MEP_LL_TRANSPORT_LSA = 1,          /* = MOE_EP_TRANSPORT_LSA */
+  MEP_LL_TRANSPORT_GIN = 2,          /* = MOE_EP_TRANSPORT_GIN */
+  MEP_LL_TRANSPORT_GIN_EMULATED = 3  /* = MOE_EP_TRANSPORT_GIN_EMULATED */
+} mep_ll_transport_t;
+
+/* Everything the kernels need about the group; built once by the runtime,
+ * borrowed by every launch. */
+typedef struct mep_ll_ctx {
+  const void *dev_comm;  /* struct ncclDevComm, host copy (borrowed) */
+  void *window;          /* ncclWindow_t of the symmetric buffer */
+  void *window_local;    /* this rank's local pointer to that buffer */
+  uint64_t window_bytes; /* >= mep_ll_buffer_bytes(dims) */
+  mep_ll_dims_t dims;    /* capacities the buffer was sized for */
+  int32_t rank;
+  int32_t transport;     /* mep_ll_transport_t */
+  int32_t num_sms;       /* blocks per launch (set_num_sms) */
+  int32_t reserved0;
+  uint64_t timeout_cycles;            /* device clocks; see mep_ll_timeout_cycles */
+  void *state;                        /* device, mep_ll_state_bytes(dims), zeroed */
+  mep_ll_error_record_t *error_dev;   /* device alias of the host-mapped record */
+} mep_ll_ctx_t;
+
+typedef struct mep_ll_dispatch_args {
+  const void *x;          /* [T, H] bf16 */
+  const void *topk_idx;   /* [T, K] int32 or int64, -1 = no expert */
+  int32_t topk_idx_bytes; /* 4 or 8 */
+  int32_t num_tokens;     /* T, 0..max_tokens */
+  int32_t hidden;         /* H, <= dims.hidden */
+  int32_t top_k;          /* K, 1..min(dims.top_k, MEP_MAX_TOP_K) */
+  int32_t num_experts;    /* global; E_local = num_experts / world */
+  int32_t fp8;            /* 0: bf16 rows; 1: fp8 e4m3 + scales */
+  int32_t scale_mode;     /* moe_ep_fp8_scale_t (fp8 only) */
+  int32_t buffer_set;     /* 0 or 1 */
+  /* outputs (receive half) */
+  void *recv_x;           /* [E_local, R*max_tokens, H] bf16 or fp8 */
+  void *recv_scales;      /* f32 [.., H/128] or int32 [.., ceil(H/512)] */
+  int32_t *recv_count;    /* [E_local] */
+  /* handle (written by the receive half, read by combine) */
+  int32_t *slot_src;      /* [E_local, R*max_tokens] packed (rank, token, k) */
+  int32_t *src_count;     /* [E_local, R] rows from each source rank */
+} mep_ll_dispatch_args_t;
+
+typedef struct mep_ll_combine_args {
+  const void *y;             /* [E_local, R*max_tokens, H] bf16 */
+  const void *topk_idx;      /* [T, K] as in dispatch */
+  int32_t topk_idx_bytes;
+  const float *topk_weights; /* [T, K] */
+  void *out;                 /* [T, H] bf16 */
+  int32_t num_tokens;
+  int32_t hidden;
+  int32_t top_k;
+  int32_t num_experts;
+  int32_t buffer_set;
+  int32_t reserved0;
+  const int32_t *recv_count; /* handle, from dispatch */
+  const int32_t *slot_src;
+  const int32_t *src_count;
+} mep_ll_combine_args_t;
+
+/* slot_src packing: 11 bits token (< 2048), 5 bits k, 16 bits rank. */
+#define MEP_LL_SLOT_PACK(rank, token, k) \
+  ((int32_t)(((uint32_t)(rank) << 16) | ((uint32_t)(k) << 11) | (uint32_t)(token)))
+#define MEP_LL_SLOT_RANK(v) ((int32_t)((uint32_t)(v) >> 16))
+#define MEP_LL_SLOT_K(v) ((int32_t)(((uint32_t)(v) >> 11) & 31u))
+#define MEP_LL_SLOT_TOKEN(v) ((int32_t)((uint32_t)(v) & 2047u))
+
+/* Exact symmetric-buffer bytes for both buffer sets. */
+uint64_t mep_ll_buffer_bytes(int32_t num_local_experts, int32_t world,
+                             int32_t max_tokens, int32_t hidden, int32_t top_k,
+                             int32_t fp8);
+/* Device state bytes (ordinary device memory, zero before first use). */
+uint64_t mep_ll_state_bytes(const mep_ll_dims_t *dims);
+/* kernel_ms -> device clocks at the device's peak SM clock. */
+moe_ep_status_t mep_ll_timeout_cycles(int cuda_device, int32_t kernel_ms,
+                                      uint64_t *cycles);
+/* Clears the abort flag left by a timed-out wait (state must be idle). */
+moe_ep_status_t mep_ll_clear_abort(const mep_ll_ctx_t *ctx, void *stream);
+
+/* Launchers: validate, launch on `stream` (cudaStream_t), return at once.
+ * INVALID_ARGUMENT without touching the GPU when an argument breaks a rule;
+ * mep_kernels_last_error() then says which. */
+moe_ep_status_t mep_ll_dispatch_send(const mep_ll_ctx_t *ctx,
+                                     const mep_ll_dispatch_args_t *args, void *stream);
+moe_ep_status_t mep_ll_dispatch_recv(const mep_ll_ctx_t *ctx,
+                                     const mep_ll_dispatch_args_t *args, void *stream);
+moe_ep_status_t mep_ll_combine_send(const mep_ll_ctx_t *ctx,
+                                    const mep_ll_combine_args_t *args, void *stream);
+moe_ep_status_t mep_ll_combine_recv(const mep_ll_ctx_t *ctx,
+                                    const mep_ll_combine_args_t *args, void *stream);
+
+/* Standalone per-128-channel fp8 quantisation (same device code as the LL
+ * dispatch): x [T, H] bf16 -> q [T, H] e4m3, scales f32 [T, H/128] or
+ * packed UE8M0 int32 [T, ceil(H/512)]. */
+moe_ep_status_t mep_fp8_quantize(const void *x, int32_t num_tokens, int32_t hidden,
+                                 int32_t scale_mode, void *q, void *scales,
+                                 void *stream);
+
+/* Sentence about the last launcher failure on this thread (never NULL). */
+const char *mep_kernels_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MEP_LL_H_ */

@@ -1,0 +1,144 @@
+/* ll_combine_recv.cu: LL combine, receive half. Every block waits all
+ * peers' counts (and GIN rows), then warps reduce tokens:
+ * out[t] = sum_k w[t,k] * y_k in f32, k ascending (deterministic), bf16 out.
+ * The last block to finish advances the signal shadows. */
+#include "kernels/ll_launch.cuh"
+
+extern "C" moe_ep_status_t mep_ll_combine_check(const char *op, const mep_ll_ctx_t *ctx,
+                                                const mep_ll_combine_args_t *a);
+
+namespace {
+
+struct CRecvArgs {
+  const void *topk;
+  const float *weights;
+  __nv_bfloat16 *out;
+  int tokens, hidden, top_k, num_experts;
+};
+
+template <class Tp, typename IdxT>
+__global__ void __launch_bounds__(MEP_LL_THREADS, 1)
+    ll_combine_recv_kernel(const MepLLParams p, const CRecvArgs a) {
+  extern __shared__ int cnt[]; /* [R] */
+  __shared__ int failed;
+  const int R = p.dims.world;
+  const int lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) failed = 0;
+  __syncthreads();
+  for (int r = threadIdx.x; r < R; r += blockDim.x) {
+    const uint32_t cs = mep_ll_sig_comb_cnt(&p.dims, r);
+    const uint64_t base = p.shadows[cs];
+    uint64_t seen = 0;
+    int c = 0;
+    if (mep_wait_ge(p, [&] { return Tp::read_signal(p, cs); }, base + 1, MEP_LL_OP_COMBINE_RECV,
+                    r, -1, &seen)) {
+      c = (int)(seen - base - 1);
+      if (Tp::kRowSignals) {
+        const uint32_t rs = mep_ll_sig_comb_row(&p.dims, r);
+        uint64_t rseen;
+        if (!mep_wait_ge(p, [&] { return Tp::read_signal(p, rs); }, p.shadows[rs] + c,
+                         MEP_LL_OP_COMBINE_RECV, r, -1, &rseen))
+          failed = 1;
+      }
+    } else {
+      failed = 1;
+    }
+    cnt[r] = c;
+  }
+  __syncthreads();
+  if (failed) return;
+
+  const int nwarps = gridDim.x * (MEP_LL_THREADS / 32);
+  const int gwarp = blockIdx.x * (MEP_LL_THREADS / 32) + threadIdx.x / 32;
+  const int K = a.top_k;
+  const uint32_t row_elems = (uint32_t)a.hidden;
+  const __nv_bfloat16 *region =
+      reinterpret_cast<const __nv_bfloat16 *>(p.local + p.set_off + p.lay.comb_recv);
+  for (int t = gwarp; t < a.tokens; t += nwarps) {
+    int my_e = -1;
+    float my_w = 0.f;
+    if (lane < K) {
+      my_e = (int)reinterpret_cast<const IdxT *>(a.topk)[t * K + lane];
+      my_w = a.weights[t * K + lane];
+    }
+    for (int c = lane * 8; c < a.hidden; c += 256) {
+      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      for (int k = 0; k < K; ++k) {
+        const int e = __shfl_sync(0xffffffffu, my_e, k);
+        const float w = __shfl_sync(0xffffffffu, my_w, k);
+        if (e < 0 || e >= a.num_experts) continue;
+        const uint4 v = __ldcg(reinterpret_cast<const uint4 *>(
+            region + (size_t)(t * K + k) * row_elems + c));
+        const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&v);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 f = __bfloat1622float2(h[i]);
+          acc[2 * i] = fmaf(w, f.x, acc[2 * i]);
+          acc[2 * i + 1] = fmaf(w, f.y, acc[2 * i + 1]);
+        }
+      }
+      uint4 o;
+      __nv_bfloat162 *ob = reinterpret_cast<__nv_bfloat162 *>(&o);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) ob[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
+      *reinterpret_cast<uint4 *>(a.out + (size_t)t * a.hidden + c) = o;
+    }
+  }
+
+  /* Shadows advance once every block has read them. */
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const uint32_t old = atomicAdd(p.ticket, 1u);
+    if (old == gridDim.x - 1) {
+      for (int r = 0; r < R; ++r) {
+        p.shadows[mep_ll_sig_comb_cnt(&p.dims, r)] += (uint64_t)cnt[r] + 1;
+        if (Tp::kRowSignals) p.shadows[mep_ll_sig_comb_row(&p.dims, r)] += (uint64_t)cnt[r];
+      }
+      *p.ticket = 0;
+      __threadfence();
+    }
+  }
+}
+
+template <class Tp>
+cudaError_t launch_tp(const MepLLParams &p, const CRecvArgs &a, int idx_bytes, int grid,
+                      size_t smem, cudaStream_t s) {
+  if (idx_bytes == 8)
+    ll_combine_recv_kernel<Tp, int64_t><<<grid, MEP_LL_THREADS, smem, s>>>(p, a);
+  else
+    ll_combine_recv_kernel<Tp, int32_t><<<grid, MEP_LL_THREADS, smem, s>>>(p, a);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+extern "C" moe_ep_status_t mep_ll_combine_recv(const mep_ll_ctx_t *ctx,
+                                               const mep_ll_combine_args_t *a, void *stream) {
+  moe_ep_status_t st = mep_ll_combine_check("combine_recv", ctx, a);
+  if (st != MOE_EP_OK) return st;
+  if (a->topk_idx == nullptr || a->topk_weights == nullptr ||
+      (a->num_tokens > 0 && a->out == nullptr))
+    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                             "combine_recv: topk_idx, topk_weights and out must not be NULL");
+  MepLLParams p;
+  mep_ll_make_params(ctx, a->buffer_set, &p);
+  CRecvArgs k;
+  k.topk = a->topk_idx;
+  k.weights = a->topk_weights;
+  k.out = (__nv_bfloat16 *)a->out;
+  k.tokens = a->num_tokens;
+  k.hidden = a->hidden;
+  k.top_k = a->top_k;
+  k.num_experts = a->num_experts;
+  const int grid = mep_ll_grid(ctx);
+  const size_t smem = (size_t)ctx->dims.world * sizeof(int);
+  cudaStream_t s = (cudaStream_t)stream;
+  cudaError_t e;
+  switch (ctx->transport) {
+    case MEP_LL_TRANSPORT_LSA: e = launch_tp<MepLsa>(p, k, a->topk_idx_bytes, grid, smem, s); break;
+    case MEP_LL_TRANSPORT_GIN: e = launch_tp<MepGin>(p, k, a->topk_idx_bytes, grid, smem, s); break;
+    default: e = launch_tp<MepGinEmu>(p, k, a->topk_idx_bytes, grid, smem, s); break;
+  }
+  return mep_kernels_cuda_check("combine_recv: launch", e);
+}

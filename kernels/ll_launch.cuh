@@ -1,0 +1,106 @@
+/* ll_launch.cuh: host-side glue shared by the LL launchers: validating the
+ * context, building the kernel parameter block, picking the grid. */
+#ifndef MEP_LL_LAUNCH_CUH_
+#define MEP_LL_LAUNCH_CUH_
+
+#include <string.h>
+
+#include "kernels/kernels_error.h"
+#include "kernels/limits.h"
+#include "kernels/transport.cuh"
+
+/* Threads per LL block: 16 warps; one block per SM so spinning warps never
+ * wait on a block that cannot become resident. */
+#define MEP_LL_THREADS 512
+
+/* runtime/nccl keeps the device communicator in this many bytes. */
+#define MEP_LL_DEVCOMM_BYTES 1024
+static_assert(sizeof(ncclDevComm) <= MEP_LL_DEVCOMM_BYTES,
+              "ncclDevComm outgrew MEP_NCCL_DEVCOMM_BYTES in runtime/nccl/nccl_setup.h");
+
+static inline moe_ep_status_t mep_ll_check_ctx(const char *op, const mep_ll_ctx_t *ctx,
+                                               int set) {
+  if (ctx == nullptr || ctx->dev_comm == nullptr || ctx->window == nullptr ||
+      ctx->window_local == nullptr || ctx->state == nullptr || ctx->error_dev == nullptr)
+    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                             "%s: the LL context or one of its pointers is NULL", op);
+  if (set < 0 || set >= MEP_NUM_BUFFER_SETS)
+    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                             "%s: buffer_set is %d; it must be 0 or 1", op, set);
+  if (ctx->transport != MEP_LL_TRANSPORT_LSA && ctx->transport != MEP_LL_TRANSPORT_GIN &&
+      ctx->transport != MEP_LL_TRANSPORT_GIN_EMULATED)
+    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                             "%s: transport is %d; it must be lsa (1), gin (2) or "
+                             "gin_emulated (3)", op, ctx->transport);
+  if (ctx->num_sms <= 0)
+    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                             "%s: num_sms is %d; it must be positive", op, ctx->num_sms);
+  if (ctx->window_bytes < mep_ll_buffer_bytes(ctx->dims.local_experts, ctx->dims.world,
+                                              ctx->dims.max_tokens, ctx->dims.hidden,
+                                              ctx->dims.top_k, ctx->dims.fp8))
+    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                             "%s: window_bytes %llu is smaller than the LL buffer for its dims",
+                             op, (unsigned long long)ctx->window_bytes);
+  return MOE_EP_OK;
+}
+
+static inline moe_ep_status_t mep_ll_check_shape(const char *op, const mep_ll_ctx_t *ctx,
+                                                 int tokens, int hidden, int top_k,
+                                                 int num_experts, int idx_bytes) {
+  const mep_ll_dims_t *d = &ctx->dims;
+  if (tokens < 0 || tokens > d->max_tokens)
+    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                             "%s: num_tokens is %d; it must be in 0..%d (max_tokens)", op,
+                             tokens, d->max_tokens);
+  if (hidden <= 0 || hidden > d->hidden || hidden % MEP_BF16_HIDDEN_ALIGN != 0)
+    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                             "%s: hidden is %d; it must be a multiple of %d in 1..%d", op, hidden,
+                             MEP_BF16_HIDDEN_ALIGN, d->hidden);
+  if (top_k < 1 || top_k > d->top_k || top_k > MEP_MAX_TOP_K)
+    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                             "%s: top_k is %d; it must be in 1..%d", op, top_k, d->top_k);
+  if (num_experts <= 0 || num_experts % d->world != 0 ||
+      num_experts / d->world > d->local_experts)
+    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                             "%s: num_experts is %d; it must be a multiple of world %d with at "
+                             "most %d per rank", op, num_experts, d->world, d->local_experts);
+  if (idx_bytes != 4 && idx_bytes != 8)
+    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                             "%s: topk_idx_bytes is %d; it must be 4 (int32) or 8 (int64)", op,
+                             idx_bytes);
+  return MOE_EP_OK;
+}
+
+static inline void mep_ll_make_params(const mep_ll_ctx_t *ctx, int set, MepLLParams *p) {
+  memset(p, 0, sizeof *p);
+  memcpy(&p->comm, ctx->dev_comm, sizeof(ncclDevComm));
+  p->win = (ncclWindow_t)ctx->window;
+  p->local = (char *)ctx->window_local;
+  p->dims = ctx->dims;
+  p->lay = mep_ll_set_layout(&ctx->dims);
+  p->set_off = (uint64_t)set * p->lay.set_bytes;
+  p->rank = ctx->rank;
+  p->set = set;
+  p->gin_sig_base = (uint32_t)(set * p->lay.num_signals);
+  p->timeout_cycles = ctx->timeout_cycles;
+  const mep_ll_state_layout_t s = mep_ll_state_layout(&ctx->dims);
+  char *st = (char *)ctx->state;
+  const uint64_t experts = (uint64_t)ctx->dims.local_experts * ctx->dims.world;
+  p->shadows = (uint64_t *)(st + s.shadows) + (uint64_t)set * p->lay.num_signals;
+  p->done_disp = (uint32_t *)(st + s.done_disp) + (uint64_t)set * experts;
+  p->done_comb = (uint32_t *)(st + s.done_comb) + (uint64_t)set * ctx->dims.world;
+  p->ticket = (uint32_t *)(st + s.tickets) + set * 4;
+  p->abort_flag = (uint32_t *)(st + s.abort_flag);
+  p->err = ctx->error_dev;
+}
+
+/* Blocks per launch: the caller's SM budget, never more than the device's
+ * SM count (co-residency of spinning blocks). */
+static inline int mep_ll_grid(const mep_ll_ctx_t *ctx) {
+  int dev = 0, sms = 1;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  return ctx->num_sms < sms ? ctx->num_sms : sms;
+}
+
+#endif /* MEP_LL_LAUNCH_CUH_ */

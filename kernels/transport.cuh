@@ -1,0 +1,139 @@
+/* transport.cuh: the one device-side transport interface of the LL kernels,
+ * the kernel parameter block they share, and the bounded wait. The three
+ * implementations (transport_lsa.cuh, transport_gin.cuh,
+ * transport_gin_emu.cuh) are selected by template parameter, so one kernel
+ * body serves all. Interface of a transport Tp:
+ *
+ *   kStaged      sources must sit in the local window (GIN puts read the
+ *                window); the kernel stages caller rows there first.
+ *   kRowSignals  every put adds 1 to a row signal at the receiver, so the
+ *                receiver waits rows by count; without it (LSA) the sender
+ *                counts its own finished rows and signals only afterwards.
+ *   put_warp(p, peer, dst_off, src, src_off, bytes, row_sig)   whole warp
+ *   put_meta(p, peer, dst_off, int4 v, stage_off, row_sig)      one lane
+ *   signal(p, peer, sig, add)                                   one lane
+ *   read_signal(p, sig) -> u64 (acquire)                        one lane
+ *   flush_warp(p)        sources reusable when the kernel ends  whole warp
+ *
+ * Signals only ever grow (SignalAdd semantics for all three): the receiver
+ * keeps the value seen after its last receive in device memory (shadows),
+ * so back-to-back calls and graph replays need no reset and no host. */
+#ifndef MEP_TRANSPORT_CUH_
+#define MEP_TRANSPORT_CUH_
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <nccl_device.h>
+#include <stdint.h>
+
+#include "kernels/ll.h"
+#include "kernels/ll_layout.h"
+
+/* Kernel parameter block (passed by value). Offsets are window offsets. */
+struct MepLLParams {
+  ncclDevComm comm;
+  ncclWindow_t win;
+  char *local;            /* this rank's window base */
+  uint64_t set_off;       /* offset of this call's buffer set */
+  mep_ll_dims_t dims;     /* capacities */
+  mep_ll_set_layout_t lay;
+  int rank;
+  int set;
+  uint32_t gin_sig_base;  /* set * lay.num_signals */
+  uint64_t timeout_cycles;
+  uint64_t *shadows;      /* this set's shadows [num_signals] */
+  uint32_t *done_disp;    /* this set's [num experts] */
+  uint32_t *done_comb;    /* this set's [R] */
+  uint32_t *ticket;       /* this set's combine-receive ticket */
+  uint32_t *abort_flag;
+  mep_ll_error_record_t *err;
+};
+
+__device__ __forceinline__ uint64_t mep_ld_acquire_sys(const uint64_t *p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ uint32_t mep_ld_volatile_u32(const uint32_t *p) {
+  return *reinterpret_cast<const volatile uint32_t *>(p);
+}
+
+/* Records the first expired wait into host-mapped memory and raises the
+ * abort flag so every other wait in flight gives up quickly. */
+static __device__ __noinline__ void mep_record_timeout(const MepLLParams &p, int op, int peer,
+                                                int expert, uint64_t expected, uint64_t seen) {
+  atomicExch(p.abort_flag, 1u);
+  if (atomicCAS(const_cast<int32_t *>(&p.err->flag), 0, 1) == 0) {
+    p.err->op = op;
+    p.err->rank = p.rank;
+    p.err->peer = peer;
+    p.err->expert = expert;
+    p.err->buffer_set = p.set;
+    p.err->expected = expected;
+    p.err->seen = seen;
+    __threadfence_system();
+    p.err->flag = 2;
+    __threadfence_system();
+  }
+}
+
+/* Spins until read() >= target (wrap-safe), bounded by p.timeout_cycles.
+ * Returns false (after recording) on expiry or when another wait aborted. */
+template <typename Read>
+__device__ __forceinline__ bool mep_wait_ge(const MepLLParams &p, Read read, uint64_t target,
+                                            int op, int peer, int expert, uint64_t *seen) {
+  const long long start = clock64();
+  uint32_t iter = 0;
+  for (;;) {
+    const uint64_t v = read();
+    if ((int64_t)(v - target) >= 0) {
+      *seen = v;
+      return true;
+    }
+    if ((++iter & 1023u) == 0) {
+      if (mep_ld_volatile_u32(p.abort_flag)) {
+        *seen = v;
+        return false;
+      }
+      if ((uint64_t)(clock64() - start) > p.timeout_cycles) {
+        mep_record_timeout(p, op, peer, expert, target, v);
+        *seen = v;
+        return false;
+      }
+    }
+  }
+}
+
+/* Warp copy of `bytes` (multiple of 16, 16-byte aligned) from src to dst. */
+__device__ __forceinline__ void mep_copy_warp(void *dst, const void *src, uint32_t bytes) {
+  const int lane = threadIdx.x & 31;
+  uint4 *d = reinterpret_cast<uint4 *>(dst);
+  const uint4 *s = reinterpret_cast<const uint4 *>(src);
+  const uint32_t n = bytes / 16;
+  uint32_t i = lane;
+  /* Four 16-byte loads in flight per lane before the stores. */
+  for (; i + 96 < n; i += 128) {
+    uint4 a = __ldcg(s + i), b = __ldcg(s + i + 32), c = __ldcg(s + i + 64),
+          e = __ldcg(s + i + 96);
+    d[i] = a;
+    d[i + 32] = b;
+    d[i + 64] = c;
+    d[i + 96] = e;
+  }
+  for (; i < n; i += 32) d[i] = __ldcg(s + i);
+}
+
+__device__ __forceinline__ int mep_lsa_peer(const MepLLParams &p, int peer) {
+  return ncclTeamRankToLsa(p.comm, ncclTeamWorld(p.comm), peer);
+}
+
+__device__ __forceinline__ uint64_t mep_sig_off(const MepLLParams &p, uint32_t sig) {
+  return p.set_off + (uint64_t)sig * 8u;
+}
+
+#include "kernels/transport_gin.cuh"
+#include "kernels/transport_gin_emu.cuh"
+#include "kernels/transport_lsa.cuh"
+
+#endif /* MEP_TRANSPORT_CUH_ */

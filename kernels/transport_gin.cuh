@@ -1,0 +1,42 @@
+/* transport_gin.cuh: GIN transport (GPU-initiated networking). Puts read the
+ * local window and carry SignalAdd{row_sig, 1}; counts travel as signal
+ * adds; waits poll readSignal (our own bounded loop, not waitSignal, so a
+ * dead peer becomes a timeout record). Signal ids = set base + index, from
+ * ginSignalCount requested at ncclDevCommCreate (ids start at 0). */
+#ifndef MEP_TRANSPORT_GIN_CUH_
+#define MEP_TRANSPORT_GIN_CUH_
+
+struct MepGin {
+  static constexpr bool kStaged = true;
+  static constexpr bool kRowSignals = true;
+
+  static __device__ __forceinline__ void put_warp(const MepLLParams &p, int peer, uint64_t dst_off,
+                                                  const void *, uint64_t src_off, uint32_t bytes,
+                                                  uint32_t row_sig) {
+    ncclGin gin(p.comm, 0);
+    gin.put(ncclTeamWorld(p.comm), peer, p.win, dst_off, p.win, src_off, bytes,
+            ncclGin_SignalAdd{p.gin_sig_base + row_sig, 1}, ncclGin_None{}, ncclCoopWarp());
+  }
+  static __device__ __forceinline__ void put_meta(const MepLLParams &p, int peer, uint64_t dst_off,
+                                                  int4 v, uint64_t stage_off, uint32_t row_sig) {
+    *reinterpret_cast<int4 *>(p.local + stage_off) = v;
+    ncclGin gin(p.comm, 0);
+    gin.put(ncclTeamWorld(p.comm), peer, p.win, dst_off, p.win, stage_off, sizeof(int4),
+            ncclGin_SignalAdd{p.gin_sig_base + row_sig, 1});
+  }
+  static __device__ __forceinline__ void signal(const MepLLParams &p, int peer, uint32_t sig,
+                                                uint64_t add) {
+    ncclGin gin(p.comm, 0);
+    gin.signal(ncclTeamWorld(p.comm), peer, ncclGin_SignalAdd{p.gin_sig_base + sig, add});
+  }
+  static __device__ __forceinline__ uint64_t read_signal(const MepLLParams &p, uint32_t sig) {
+    ncclGin gin(p.comm, 0);
+    return gin.readSignal(p.gin_sig_base + sig);
+  }
+  static __device__ __forceinline__ void flush_warp(const MepLLParams &p) {
+    ncclGin gin(p.comm, 0);
+    gin.flush(ncclCoopWarp());
+  }
+};
+
+#endif /* MEP_TRANSPORT_GIN_CUH_ */

@@ -1,0 +1,48 @@
+/* transport_gin_emu.cuh: the GIN protocol carried over NVLink stores, so the
+ * network path's logic runs on one node: same staging offsets, same signal
+ * ids, one row-signal add per put ordered after that put's payload, count
+ * signals that may overtake rows (the receiver waits both). */
+#ifndef MEP_TRANSPORT_GIN_EMU_CUH_
+#define MEP_TRANSPORT_GIN_EMU_CUH_
+
+struct MepGinEmu {
+  static constexpr bool kStaged = true;
+  static constexpr bool kRowSignals = true;
+
+  static __device__ __forceinline__ void *peer_ptr(const MepLLParams &p, int peer, uint64_t off) {
+    return ncclGetLsaPointer(p.win, off, mep_lsa_peer(p, peer));
+  }
+  static __device__ __forceinline__ void add_sig(const MepLLParams &p, int peer, uint32_t sig,
+                                                 uint64_t add) {
+    atomicAdd_system(reinterpret_cast<unsigned long long *>(peer_ptr(p, peer, mep_sig_off(p, sig))),
+                     (unsigned long long)add);
+  }
+  /* Like ncclGin::put with SignalAdd{row_sig, 1}: reads the source from the
+   * local window (as the NIC would), signal after payload. */
+  static __device__ __forceinline__ void put_warp(const MepLLParams &p, int peer, uint64_t dst_off,
+                                                  const void *, uint64_t src_off, uint32_t bytes,
+                                                  uint32_t row_sig) {
+    mep_copy_warp(peer_ptr(p, peer, dst_off), p.local + src_off, bytes);
+    __threadfence_system();
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) add_sig(p, peer, row_sig, 1);
+  }
+  static __device__ __forceinline__ void put_meta(const MepLLParams &p, int peer, uint64_t dst_off,
+                                                  int4 v, uint64_t stage_off, uint32_t row_sig) {
+    int4 *stage = reinterpret_cast<int4 *>(p.local + stage_off);
+    *stage = v;
+    *reinterpret_cast<int4 *>(peer_ptr(p, peer, dst_off)) = *stage;
+    __threadfence_system();
+    add_sig(p, peer, row_sig, 1);
+  }
+  static __device__ __forceinline__ void signal(const MepLLParams &p, int peer, uint32_t sig,
+                                                uint64_t add) {
+    add_sig(p, peer, sig, add); /* no ordering promise, as with GIN */
+  }
+  static __device__ __forceinline__ uint64_t read_signal(const MepLLParams &p, uint32_t sig) {
+    return mep_ld_acquire_sys(reinterpret_cast<const uint64_t *>(p.local + mep_sig_off(p, sig)));
+  }
+  static __device__ __forceinline__ void flush_warp(const MepLLParams &) {}
+};
+
+#endif /* MEP_TRANSPORT_GIN_EMU_CUH_ */

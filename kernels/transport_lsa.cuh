@@ -1,0 +1,36 @@
+/* transport_lsa.cuh: LSA transport. Stores go straight into the peer's
+ * symmetric window through ncclGetLsaPointer; the count signal is a
+ * system-scope atomic add issued after a system fence, once the sender has
+ * counted all its rows done (no per-row signals). */
+#ifndef MEP_TRANSPORT_LSA_CUH_
+#define MEP_TRANSPORT_LSA_CUH_
+
+struct MepLsa {
+  static constexpr bool kStaged = false;
+  static constexpr bool kRowSignals = false;
+
+  static __device__ __forceinline__ void *peer_ptr(const MepLLParams &p, int peer, uint64_t off) {
+    return ncclGetLsaPointer(p.win, off, mep_lsa_peer(p, peer));
+  }
+  static __device__ __forceinline__ void put_warp(const MepLLParams &p, int peer, uint64_t dst_off,
+                                                  const void *src, uint64_t, uint32_t bytes,
+                                                  uint32_t) {
+    mep_copy_warp(peer_ptr(p, peer, dst_off), src, bytes);
+  }
+  static __device__ __forceinline__ void put_meta(const MepLLParams &p, int peer, uint64_t dst_off,
+                                                  int4 v, uint64_t, uint32_t) {
+    *reinterpret_cast<int4 *>(peer_ptr(p, peer, dst_off)) = v;
+  }
+  static __device__ __forceinline__ void signal(const MepLLParams &p, int peer, uint32_t sig,
+                                                uint64_t add) {
+    __threadfence_system(); /* rows before the count, at system scope */
+    atomicAdd_system(reinterpret_cast<unsigned long long *>(peer_ptr(p, peer, mep_sig_off(p, sig))),
+                     (unsigned long long)add);
+  }
+  static __device__ __forceinline__ uint64_t read_signal(const MepLLParams &p, uint32_t sig) {
+    return mep_ld_acquire_sys(reinterpret_cast<const uint64_t *>(p.local + mep_sig_off(p, sig)));
+  }
+  static __device__ __forceinline__ void flush_warp(const MepLLParams &) {}
+};
+
+#endif /* MEP_TRANSPORT_LSA_CUH_ */

@@ -1,0 +1,245 @@
+/* nccl_setup.c: NCCL communicator, symmetric window and device communicator
+ * for the nccl backend (see nccl_setup.h). Every failure names the NCCL or
+ * CUDA call and its reason; nothing prints. */
+#include "runtime/nccl/nccl_setup.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* core.h is C-compatible except for host/device inline helpers it only
+ * defines for C++: declare them as plain (unused) prototypes here, since C
+ * warns about inline functions that are never defined. */
+#include <nccl_device/utility.h>
+#undef NCCL_HOST_DEVICE_INLINE
+#define NCCL_HOST_DEVICE_INLINE
+#include <nccl_device/core.h>
+
+#include "runtime/error.h"
+
+struct mep_nccl {
+  ncclComm_t comm;
+  int owns_comm;
+  int has_devcomm;
+  void *buf;
+  ncclWindow_t win;
+  uint64_t bytes;
+  int32_t world;
+  int32_t lsa_size;
+  int32_t *peer_transport;
+  _Alignas(16) unsigned char devcomm[MEP_NCCL_DEVCOMM_BYTES];
+};
+
+static moe_ep_status_t nccl_fail(ncclComm_t comm, const char *call, ncclResult_t r) {
+  const char *last = comm ? ncclGetLastError(comm) : ncclGetLastError(NULL);
+  return mep_error(MOE_EP_ERR_NCCL, "%s failed: %s%s%s", call, ncclGetErrorString(r),
+                   last && last[0] ? ": " : "", last ? last : "");
+}
+
+static moe_ep_status_t cuda_fail(const char *call, cudaError_t e) {
+  return mep_error(MOE_EP_ERR_CUDA, "%s failed: %s", call, cudaGetErrorString(e));
+}
+
+static moe_ep_status_t check_version(void) {
+  int v = 0;
+  ncclResult_t r = ncclGetVersion(&v);
+  if (r != ncclSuccess) return nccl_fail(NULL, "ncclGetVersion", r);
+  if (v != NCCL_VERSION_CODE)
+    return mep_error(MOE_EP_ERR_MISMATCH,
+                     "the NCCL library loaded at run time is version %d but moe-ep was built "
+                     "against NCCL headers version %d; the device communicator is shared "
+                     "between them, so load the matching libnccl.so.2 (LD_LIBRARY_PATH)",
+                     v, NCCL_VERSION_CODE);
+  return MOE_EP_OK;
+}
+
+static moe_ep_status_t init_comm(const mep_nccl_params_t *p, ncclComm_t *comm) {
+  ncclUniqueId id;
+  ncclResult_t r;
+  memset(&id, 0, sizeof id);
+  if (p->exchange == NULL)
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "nccl: exchange callback is NULL and no communicator was given to adopt");
+  if (p->rank == 0 && (r = ncclGetUniqueId(&id)) != ncclSuccess)
+    return nccl_fail(NULL, "ncclGetUniqueId", r);
+  MEP_CHECK(p->exchange(p->exchange_user, p->rank, p->world, &id, sizeof id));
+  r = ncclCommInitRank(comm, p->world, id, p->rank);
+  if (r != ncclSuccess) return nccl_fail(NULL, "ncclCommInitRank", r);
+  return MOE_EP_OK;
+}
+
+/* World ranks of the LSA team are an arithmetic progression through us. */
+static int in_lsa_team(ncclTeam_t lsa, int self, int peer) {
+  const int first = self - lsa.rank * lsa.stride;
+  const int d = peer - first;
+  return d >= 0 && d % lsa.stride == 0 && d / lsa.stride < lsa.nRanks;
+}
+
+static moe_ep_status_t choose_transports(mep_nccl_t *n, const mep_nccl_params_t *p,
+                                         int *need_gin) {
+  ncclTeam_t lsa = ncclTeamLsa(n->comm);
+  n->lsa_size = lsa.nRanks;
+  *need_gin = 0;
+  for (int q = 0; q < p->world; ++q) {
+    const int near = in_lsa_team(lsa, p->rank, q);
+    int t;
+    switch (p->transport) {
+      case MOE_EP_TRANSPORT_LSA:
+      case MOE_EP_TRANSPORT_GIN_EMULATED:
+        if (!near)
+          return mep_error(MOE_EP_ERR_UNSUPPORTED,
+                           "nccl: transport %s needs every peer in the NVLink (LSA) team, but "
+                           "rank %d is outside rank %d's team of %d",
+                           p->transport == MOE_EP_TRANSPORT_LSA ? "lsa" : "gin_emulated", q,
+                           p->rank, lsa.nRanks);
+        t = p->transport;
+        break;
+      case MOE_EP_TRANSPORT_GIN:
+        t = MOE_EP_TRANSPORT_GIN;
+        *need_gin = 1;
+        break;
+      default: /* auto */
+        t = near ? MOE_EP_TRANSPORT_LSA : MOE_EP_TRANSPORT_GIN;
+        if (!near) *need_gin = 1;
+        break;
+    }
+    n->peer_transport[q] = t;
+  }
+  return MOE_EP_OK;
+}
+
+/* A tiny all-reduce: nobody signals into a window before its owner zeroed it. */
+static moe_ep_status_t barrier(ncclComm_t comm) {
+  void *tmp = NULL;
+  cudaError_t e = cudaMalloc(&tmp, 16);
+  if (e != cudaSuccess) return cuda_fail("cudaMalloc (barrier)", e);
+  moe_ep_status_t st = MOE_EP_OK;
+  ncclResult_t r = ncclAllReduce(tmp, tmp, 1, ncclInt32, ncclSum, comm, 0);
+  if (r != ncclSuccess)
+    st = nccl_fail(comm, "ncclAllReduce (barrier)", r);
+  else if ((e = cudaStreamSynchronize(0)) != cudaSuccess)
+    st = cuda_fail("cudaStreamSynchronize (barrier)", e);
+  cudaFree(tmp);
+  return st;
+}
+
+moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *p, mep_nccl_t **out) {
+  moe_ep_status_t st;
+  ncclResult_t r;
+  cudaError_t e;
+  int need_gin = 0;
+  if (p == NULL || out == NULL)
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "nccl_create: params and out must not be NULL");
+  if (p->world <= 0 || p->rank < 0 || p->rank >= p->world)
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "nccl_create: rank %d / world %d; need 0 <= rank < world", p->rank,
+                     p->world);
+  if (p->window_bytes == 0)
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "nccl_create: window_bytes is 0");
+  MEP_CHECK(check_version());
+  if (p->cuda_device >= 0 && (e = cudaSetDevice(p->cuda_device)) != cudaSuccess)
+    return cuda_fail("cudaSetDevice", e);
+
+  mep_nccl_t *n = calloc(1, sizeof *n);
+  if (n == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "nccl_create: out of host memory");
+  n->world = p->world;
+  n->peer_transport = calloc((size_t)p->world, sizeof(int32_t));
+  if (n->peer_transport == NULL) {
+    st = mep_error(MOE_EP_ERR_NO_MEMORY, "nccl_create: out of host memory");
+    goto out_free;
+  }
+  if (p->adopt_comm != NULL) {
+    int count = 0, rank = 0;
+    n->comm = (ncclComm_t)p->adopt_comm;
+    if ((r = ncclCommCount(n->comm, &count)) != ncclSuccess ||
+        (r = ncclCommUserRank(n->comm, &rank)) != ncclSuccess) {
+      st = nccl_fail(n->comm, "ncclCommCount/ncclCommUserRank (adopted comm)", r);
+      goto out_free;
+    }
+    if (count != p->world || rank != p->rank) {
+      st = mep_error(MOE_EP_ERR_MISMATCH,
+                     "nccl_create: the adopted communicator has rank %d of %d, but the group "
+                     "is rank %d of %d", rank, count, p->rank, p->world);
+      goto out_free;
+    }
+  } else {
+    MEP_CHECK_GOTO(init_comm(p, &n->comm), st, out_free);
+    n->owns_comm = 1;
+  }
+  MEP_CHECK_GOTO(choose_transports(n, p, &need_gin), st, out_destroy_comm);
+
+  if ((r = ncclMemAlloc(&n->buf, p->window_bytes)) != ncclSuccess) {
+    st = nccl_fail(n->comm, "ncclMemAlloc", r);
+    goto out_destroy_comm;
+  }
+  n->bytes = p->window_bytes;
+  if ((e = cudaMemset(n->buf, 0, p->window_bytes)) != cudaSuccess ||
+      (e = cudaDeviceSynchronize()) != cudaSuccess) {
+    st = cuda_fail("cudaMemset (window)", e);
+    goto out_free_buf;
+  }
+  r = ncclCommWindowRegister(n->comm, n->buf, p->window_bytes, &n->win, NCCL_WIN_COLL_SYMMETRIC);
+  if (r != ncclSuccess) {
+    st = nccl_fail(n->comm, "ncclCommWindowRegister(NCCL_WIN_COLL_SYMMETRIC)", r);
+    goto out_free_buf;
+  }
+
+  {
+    ncclDevCommRequirements_t req;
+    memset(&req, 0, sizeof req); /* no initializer macro in 2.28.9 */
+    req.lsaBarrierCount = 1;
+    if (need_gin) {
+      req.ginContextCount = 1;
+      req.ginSignalCount = p->gin_signal_count;
+      req.ginForceEnable = p->transport == MOE_EP_TRANSPORT_GIN;
+    }
+    r = ncclDevCommCreate(n->comm, &req, (ncclDevComm_t *)(void *)n->devcomm);
+    if (r != ncclSuccess) {
+      st = nccl_fail(n->comm, need_gin ? "ncclDevCommCreate (with GIN)" : "ncclDevCommCreate", r);
+      goto out_deregister;
+    }
+    n->has_devcomm = 1;
+  }
+  MEP_CHECK_GOTO(barrier(n->comm), st, out_devcomm);
+  *out = n;
+  return MOE_EP_OK;
+
+out_devcomm:
+  ncclDevCommDestroy(n->comm, (const ncclDevComm_t *)(const void *)n->devcomm);
+out_deregister:
+  ncclCommWindowDeregister(n->comm, n->win);
+out_free_buf:
+  ncclMemFree(n->buf);
+out_destroy_comm:
+  if (n->owns_comm) ncclCommDestroy(n->comm);
+out_free:
+  free(n->peer_transport);
+  free(n);
+  return st;
+}
+
+void mep_nccl_destroy(mep_nccl_t *n) {
+  if (n == NULL) return;
+  cudaDeviceSynchronize(); /* no kernel may still use the window */
+  if (n->has_devcomm) ncclDevCommDestroy(n->comm, (const ncclDevComm_t *)(const void *)n->devcomm);
+  ncclCommWindowDeregister(n->comm, n->win);
+  ncclMemFree(n->buf);
+  if (n->owns_comm) {
+    ncclCommFinalize(n->comm);
+    ncclCommDestroy(n->comm);
+  }
+  free(n->peer_transport);
+  free(n);
+}
+
+void *mep_nccl_comm(const mep_nccl_t *n) { return n->comm; }
+const void *mep_nccl_dev_comm(const mep_nccl_t *n) { return n->devcomm; }
+void *mep_nccl_window(const mep_nccl_t *n) { return n->win; }
+void *mep_nccl_window_local(const mep_nccl_t *n) { return n->buf; }
+uint64_t mep_nccl_bytes_allocated(const mep_nccl_t *n) { return n->bytes; }
+int32_t mep_nccl_lsa_size(const mep_nccl_t *n) { return n->lsa_size; }
+
+void mep_nccl_peer_transports(const mep_nccl_t *n, int32_t *out, int32_t len) {
+  for (int32_t i = 0; i < len && i < n->world; ++i) out[i] = n->peer_transport[i];
+}

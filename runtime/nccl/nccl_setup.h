@@ -1,0 +1,63 @@
+/* nccl_setup.h: the NCCL side of an nccl-backend group: communicator (created
+ * from a unique id exchanged through a caller callback, or adopted from the
+ * engine), version check, the symmetric LL window, the device communicator,
+ * and the transport chosen for each peer. Plain C; teardown in reverse. */
+#ifndef MEP_NCCL_SETUP_H_
+#define MEP_NCCL_SETUP_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moe_ep.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bytes reserved for the device communicator (struct ncclDevComm is C++
+ * only; kernels/ll_launch.cuh static_asserts that it fits). */
+#define MEP_NCCL_DEVCOMM_BYTES 1024
+#define MEP_NCCL_UNIQUE_ID_BYTES 128 /* NCCL_UNIQUE_ID_BYTES */
+
+/* Shares rank 0's unique id: on rank 0 `uid` holds the id to publish; on
+ * every other rank the callback fills it. Returns OK or an error it has
+ * written with mep_error(). Called once per create, never after a failure. */
+typedef moe_ep_status_t (*mep_nccl_uid_exchange_fn)(void *user, int32_t rank, int32_t world,
+                                                    void *uid, size_t uid_bytes);
+
+typedef struct mep_nccl_params {
+  int32_t rank;
+  int32_t world;
+  int32_t cuda_device;       /* < 0: current device */
+  int32_t transport;         /* moe_ep_transport_t */
+  uint64_t window_bytes;     /* symmetric buffer (e.g. mep_ll_buffer_bytes) */
+  int32_t gin_signal_count;  /* GIN signals the kernels use (both sets) */
+  int32_t reserved0;
+  void *adopt_comm;          /* engine's ncclComm_t, borrowed; NULL: create */
+  mep_nccl_uid_exchange_fn exchange; /* required when adopt_comm is NULL */
+  void *exchange_user;
+} mep_nccl_params_t;
+
+typedef struct mep_nccl mep_nccl_t; /* opaque */
+
+/* Collective over the group. On success *out is owned by the caller and
+ * released with mep_nccl_destroy (collective too). The window is zeroed
+ * and every rank has zeroed its own before this returns on any rank. */
+moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *params, mep_nccl_t **out);
+/* Accepts NULL. Does not destroy an adopted communicator. */
+void mep_nccl_destroy(mep_nccl_t *nccl);
+
+void *mep_nccl_comm(const mep_nccl_t *nccl);             /* ncclComm_t */
+const void *mep_nccl_dev_comm(const mep_nccl_t *nccl);   /* struct ncclDevComm */
+void *mep_nccl_window(const mep_nccl_t *nccl);           /* ncclWindow_t */
+void *mep_nccl_window_local(const mep_nccl_t *nccl);     /* local device pointer */
+uint64_t mep_nccl_bytes_allocated(const mep_nccl_t *nccl);
+int32_t mep_nccl_lsa_size(const mep_nccl_t *nccl);
+/* moe_ep_transport_t for each of `len` world ranks (self included). */
+void mep_nccl_peer_transports(const mep_nccl_t *nccl, int32_t *out, int32_t len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MEP_NCCL_SETUP_H_ */

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# gpu_suite.sh: builds the GPU test binaries here (no GPU needed), copies them
+# into .gpu_bundle/ (bazel-bin is a symlink and does not travel), and prints
+# the one device `run` command that executes the suite on the GPU machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUTPUT_BASE="${MEP_BAZEL_OUTPUT_BASE:-/root/.cache/bazel_gpu}"
+# GPU tests are tagged manual, which wildcards skip: name them.
+bazel --output_base="$OUTPUT_BASE" build //kernels/... //tests/gpu:ll_gpu_test
+rm -rf .gpu_bundle
+mkdir -p .gpu_bundle
+BIN="$(bazel --output_base="$OUTPUT_BASE" info bazel-bin 2>/dev/null)"
+cp -L "$BIN/tests/gpu/ll_gpu_test" .gpu_bundle/
+cat > .gpu_bundle/run_suite.sh <<'INNER'
+#!/usr/bin/env bash
+# Runs on the GPU machine from the repository root; logs go to $OUT.
+export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}
+export NCCL_NVLS_ENABLE=0 NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+OUT=${OUT:-/tmp/mep_out}
+mkdir -p "$OUT"
+nvidia-smi -L > "$OUT/gpus.txt" 2>&1 || true
+rc=0
+timeout 500 .gpu_bundle/ll_gpu_test "$@" > "$OUT/ll_gpu_test.log" 2>&1 || rc=$?
+grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |FAILED  |BENCH|TIMEOUT record|GIN request|NCCL up|ll_gpu_test:|Failure|error" "$OUT/ll_gpu_test.log" | head -150
+echo "ll_gpu_test exit code $rc"
+exit $rc
+INNER
+chmod +x .gpu_bundle/run_suite.sh
+echo "bundle ready in .gpu_bundle/ ($(du -sh .gpu_bundle | cut -f1))"
+echo 'device run: kind=nvidia-h200-x2 carry=[".gpu_bundle"] command="bash .gpu_bundle/run_suite.sh"'
