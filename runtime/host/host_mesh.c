@@ -14,6 +14,7 @@
 #define BLOB_MAX 4096 /* worker address / packed rkey exchange slot */
 
 typedef struct peer {
+  struct mep_host_mesh *mesh;
   ucp_ep_h ep;
   ucp_rkey_h rkey;
   uint64_t remote_base;
@@ -32,6 +33,7 @@ struct mep_host_mesh {
   size_t region_bytes;
   ucp_mem_h memh;
   peer_t *peers;
+  int first_failed; /* first peer whose endpoint failed, or -1 */
   void **reqs; /* outstanding put requests */
   size_t nreqs, reqcap;
 };
@@ -46,6 +48,7 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status) {
   peer_t *p = arg;
   p->failed = 1;
   p->fail_status = status;
+  if (p->mesh->first_failed < 0) p->mesh->first_failed = (int)(p - p->mesh->peers);
 }
 
 static moe_ep_status_t peer_failed_error(mep_host_mesh_t *m, int peer,
@@ -176,7 +179,9 @@ moe_ep_status_t mep_host_mesh_create(mep_bootstrap_t *bs, size_t region_bytes,
   m->world = mep_bootstrap_world_size(bs);
   m->timeout_ms = timeout_ms;
   m->region_bytes = region_bytes;
+  m->first_failed = -1;
   m->peers = calloc((size_t)m->world, sizeof(peer_t));
+  for (int p = 0; m->peers != NULL && p < m->world; p++) m->peers[p].mesh = m;
   moe_ep_status_t st;
   if (m->peers == NULL) {
     st = mep_error(MOE_EP_ERR_NO_MEMORY, "host mesh: out of memory");
@@ -317,7 +322,8 @@ moe_ep_status_t mep_host_mesh_wait(mep_host_mesh_t *m, size_t local_off,
   const uint64_t *flag = (const uint64_t *)(m->region + local_off);
   int64_t deadline = now_ns() + (int64_t)m->timeout_ms * 1000000LL;
   while (__atomic_load_n(flag, __ATOMIC_ACQUIRE) != value) {
-    if (m->peers[peer].failed) return peer_failed_error(m, peer, what);
+    /* Any lost peer dooms the collective operation, whoever we wait on. */
+    if (m->first_failed >= 0) return peer_failed_error(m, m->first_failed, what);
     if (now_ns() > deadline) {
       return mep_error(MOE_EP_ERR_TIMEOUT,
                        "%s: rank %d waited timeouts.kernel_ms=%d for rank %d's "

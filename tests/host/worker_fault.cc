@@ -4,6 +4,7 @@
 #include <chrono>
 #include <csignal>
 #include <string>
+#include <thread>
 
 #include "tests/host/ll_call.h"
 #include "tests/host/worker_common.h"
@@ -29,6 +30,10 @@ void run_fault(Ctx& c) {
   }
   expect_status(c, 22, "poll_error after the fault", c.api->group_poll_error(c.group),
                 MOE_EP_ERR_PEER_FAILED, want_rank.c_str());
+  // Stay up a moment, as an engine would: a survivor that exits at once is
+  // itself a lost peer to the ranks that have not yet noticed the victim
+  // (the host mesh does not forward who failed first).
+  std::this_thread::sleep_for(std::chrono::milliseconds(c.opt.kernel_ms));
 }
 
 }  // namespace moe_ep_test
