@@ -2,6 +2,7 @@
  * cross-rank config check, backend selection, info and SM bounds. */
 #include "runtime/group.h"
 
+#include <cuda_runtime_api.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,24 +36,24 @@ static moe_ep_status_t env_int(const char *name, int32_t *out) {
   return MOE_EP_OK;
 }
 
-static moe_ep_status_t resolve_backend(moe_ep_group_t *g) {
-  switch (g->cfg.backend) {
+moe_ep_status_t mep_backend_select(int requested, const mep_backend_ops_t **ops,
+                                   int *resolved) {
+  int devices = 0;
+  switch (requested) {
+    case MOE_EP_BACKEND_AUTO:
+      if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
+      *resolved = devices > 0 ? MOE_EP_BACKEND_NCCL : MOE_EP_BACKEND_HOST;
+      break;
     case MOE_EP_BACKEND_HOST:
-    case MOE_EP_BACKEND_AUTO: /* GPU detection arrives with the nccl backend */
-      g->cfg.backend = MOE_EP_BACKEND_HOST;
-      g->ops = &mep_host_backend;
-      return MOE_EP_OK;
     case MOE_EP_BACKEND_NCCL:
-      return mep_error(MOE_EP_ERR_UNSUPPORTED,
-                       "group_create: config backend='nccl' is not available "
-                       "in this build: the GPU path is not wired into the "
-                       "runtime yet; use backend: host");
+      *resolved = requested;
+      break;
     default:
       return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                       "group_create: config backend=%d is not a "
-                       "moe_ep_backend_t value",
-                       g->cfg.backend);
+                       "config backend=%d is not a moe_ep_backend_t value", requested);
   }
+  *ops = *resolved == MOE_EP_BACKEND_NCCL ? &mep_nccl_backend : &mep_host_backend;
+  return MOE_EP_OK;
 }
 
 /* Every rank compares every rank's canonical config, so all of them fail
@@ -127,6 +128,9 @@ static moe_ep_status_t validate_params(const moe_ep_group_params_t *p,
                      g->cfg.num_experts, g->world_size);
   }
   g->num_local_experts = g->cfg.num_experts / g->world_size;
+  g->cuda_device = p->struct_size >= offsetof(moe_ep_group_params_t, reserved0)
+                       ? p->cuda_device : -1;
+  g->nccl_comm = p->struct_size >= sizeof(moe_ep_group_params_t) ? p->nccl_comm : NULL;
   if (g->num_local_experts > MEP_MAX_LOCAL_EXPERTS) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "group_create: num_experts/world_size=%d local experts "
@@ -148,7 +152,8 @@ moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
     return mep_error(MOE_EP_ERR_NO_MEMORY, "group_create: out of host memory");
   }
   MEP_CHECK_GOTO(validate_params(params, g), st, out_free_group);
-  MEP_CHECK_GOTO(resolve_backend(g), st, out_free_group);
+  MEP_CHECK_GOTO(mep_backend_select(g->cfg.backend, &g->ops, &g->cfg.backend), st,
+                 out_free_group);
   mep_log_set_level(g->cfg.log_level);
 
   const char *token = getenv(g->cfg.bootstrap_token_env);
@@ -168,7 +173,9 @@ moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
     goto out_destroy_bootstrap;
   }
   MEP_CHECK_GOTO(g->ops->create(g), st, out_destroy_lock);
-  g->bytes_allocated = g->ops->buffer_bytes(&g->cfg, g->world_size);
+  if (g->bytes_allocated == 0) {
+    g->bytes_allocated = g->ops->buffer_bytes(&g->cfg, g->world_size);
+  }
   if (!mep_registry_add(g, MEP_OBJ_GROUP)) {
     st = mep_error(MOE_EP_ERR_NO_MEMORY, "group_create: out of host memory");
     goto out_destroy_backend;
@@ -332,7 +339,10 @@ moe_ep_status_t mep_group_max_sms_used(const moe_ep_group_t *g,
   if (num_sms == NULL) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "max_sms_used: num_sms is NULL");
   }
-  *num_sms = g->num_sms; /* the host backend uses no SMs */
+  /* The host backend uses no SMs; the nccl kernels use num_sms (0 = all). */
+  *num_sms = g->cfg.backend == MOE_EP_BACKEND_HOST ? 0
+             : g->num_sms > 0                        ? g->num_sms
+                                                     : g->max_sms;
   return MOE_EP_OK;
 }
 
@@ -351,10 +361,9 @@ moe_ep_status_t mep_buffer_size_hint(const moe_ep_config_t *config,
                      "divide num_experts=%d",
                      world_size, MEP_MAX_RANKS, cfg.num_experts);
   }
-  if (cfg.backend == MOE_EP_BACKEND_NCCL) {
-    return mep_error(MOE_EP_ERR_UNSUPPORTED,
-                     "buffer_size_hint: backend='nccl' is not in this build yet");
-  }
-  *bytes = mep_host_backend.buffer_bytes(&cfg, world_size);
+  const mep_backend_ops_t *ops;
+  int resolved;
+  MEP_CHECK(mep_backend_select(cfg.backend, &ops, &resolved));
+  *bytes = ops->buffer_bytes(&cfg, world_size);
   return MOE_EP_OK;
 }

@@ -29,6 +29,8 @@ struct moe_ep_group {
   int32_t num_local_experts;
   int32_t num_sms;
   int32_t max_sms;
+  int32_t cuda_device;  /* params->cuda_device (nccl backend), -1 = current */
+  void *nccl_comm;      /* engine's ncclComm_t to adopt, or NULL */
   uint64_t config_hash;
   uint64_t bytes_allocated;
   mep_bootstrap_t *boot;

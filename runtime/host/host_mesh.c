@@ -35,6 +35,7 @@ struct mep_host_mesh {
   peer_t *peers;
   int first_failed; /* first peer whose endpoint failed, or -1 */
   void **reqs; /* outstanding put requests */
+  int *req_peer; /* the rank each request talks to */
   size_t nreqs, reqcap;
 };
 
@@ -205,6 +206,7 @@ void mep_host_mesh_destroy(mep_host_mesh_t *m) {
     ucp_request_free(m->reqs[i]);
   }
   free(m->reqs);
+  free(m->req_peer);
   for (int p = 0; m->peers != NULL && p < m->world; p++) {
     if (m->peers[p].rkey != NULL) ucp_rkey_destroy(m->peers[p].rkey);
     if (m->peers[p].ep == NULL) continue;
@@ -239,10 +241,15 @@ static moe_ep_status_t track(mep_host_mesh_t *m, void *req, int peer,
   if (m->nreqs == m->reqcap) {
     size_t cap = m->reqcap ? m->reqcap * 2 : 256;
     void **grown = realloc(m->reqs, cap * sizeof(void *));
-    if (grown == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "host mesh: out of memory");
-    m->reqs = grown;
+    if (grown != NULL) m->reqs = grown;
+    int *grown_peer = realloc(m->req_peer, cap * sizeof(int));
+    if (grown_peer != NULL) m->req_peer = grown_peer;
+    if (grown == NULL || grown_peer == NULL) {
+      return mep_error(MOE_EP_ERR_NO_MEMORY, "host mesh: out of memory");
+    }
     m->reqcap = cap;
   }
+  m->req_peer[m->nreqs] = peer;
   m->reqs[m->nreqs++] = req;
   return MOE_EP_OK;
 }
@@ -283,9 +290,10 @@ moe_ep_status_t mep_host_mesh_complete(mep_host_mesh_t *m, const char *what) {
     if (us == UCS_INPROGRESS) {
       if (now_ns() > deadline) {
         st = mep_error(MOE_EP_ERR_TIMEOUT,
-                       "%s: rank %d's puts did not complete within "
-                       "timeouts.kernel_ms=%d",
-                       what, m->rank, m->timeout_ms);
+                       "%s: rank %d's puts to rank %d did not complete within "
+                       "timeouts.kernel_ms=%d; rank %d is not progressing (it did not "
+                       "take part in the operation)",
+                       what, m->rank, m->req_peer[i], m->timeout_ms, m->req_peer[i]);
         break;
       }
       ucp_worker_progress(m->worker);
@@ -303,17 +311,21 @@ moe_ep_status_t mep_host_mesh_complete(mep_host_mesh_t *m, const char *what) {
       }
     }
     ucp_request_free(m->reqs[i]);
-    m->reqs[i] = m->reqs[--m->nreqs];
+    m->nreqs--;
+    m->reqs[i] = m->reqs[m->nreqs];
+    m->req_peer[i] = m->req_peer[m->nreqs];
   }
   return st;
 }
 
 moe_ep_status_t mep_host_mesh_flush(mep_host_mesh_t *m, const char *what) {
   MEP_CHECK(mep_host_mesh_complete(m, what));
-  ucp_request_param_t prm = {.op_attr_mask = 0};
-  void *req = ucp_worker_flush_nbx(m->worker, &prm);
-  if (req == NULL) return MOE_EP_OK;
-  MEP_CHECK(track(m, req, m->rank, what));
+  /* Per endpoint, so a timeout can name the peer that is not answering. */
+  for (int p = 0; p < m->world; p++) {
+    if (m->peers[p].failed) return peer_failed_error(m, p, what);
+    ucp_request_param_t prm = {.op_attr_mask = 0};
+    MEP_CHECK(track(m, ucp_ep_flush_nbx(m->peers[p].ep, &prm), p, what));
+  }
   return mep_host_mesh_complete(m, what);
 }
 

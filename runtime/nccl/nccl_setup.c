@@ -17,6 +17,7 @@
 #include <nccl_device/core.h>
 
 #include "runtime/error.h"
+#include "runtime/nccl/nccl_dl.h"
 
 struct mep_nccl {
   ncclComm_t comm;
@@ -137,6 +138,7 @@ moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *p, mep_nccl_t **out) {
                      p->world);
   if (p->window_bytes == 0)
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "nccl_create: window_bytes is 0");
+  MEP_CHECK(mep_nccl_dl_load());
   MEP_CHECK(check_version());
   if (p->cuda_device >= 0 && (e = cudaSetDevice(p->cuda_device)) != cudaSuccess)
     return cuda_fail("cudaSetDevice", e);

@@ -60,6 +60,7 @@ const Case kCases[] = {
     {"ht_r8_e256", 8, {"--mode=ht", "--experts=256", "--max_tokens=128", "--seeds=1", "--layers=7168:32,128:8"}},
     {"ht_r8_e8_m1", 8, {"--mode=ht", "--experts=8", "--max_tokens=1", "--layers=128:1,2048:2"}},
     {"bad_input_r2_fp8", 2, {"--scenario=badinput", "--experts=8", "--max_tokens=16", "--dtype=fp8", "--layers=256:2"}},
+    {"absent_peer_timeout_r2", 2, {"--scenario=skip", "--experts=8", "--max_tokens=8", "--layers=128:2", "--kernel_ms=1500"}},
     {"config_mismatch_r2", 2, {"--scenario=mismatch", "--max_tokens=16"}},
     {"config_mismatch_r8", 8, {"--scenario=mismatch", "--max_tokens=16"}},
     {"bad_input_r4_bf16", 4, {"--scenario=badinput", "--experts=8", "--max_tokens=16", "--layers=128:2"}},

@@ -17,7 +17,8 @@ int dev(const Ctx& c) { return c.opt.backend == "nccl" ? MOE_EP_DEVICE_CUDA : MO
 LlCall::LlCall(Ctx& c, const Problem& p, uint64_t seed)
     : c_(c), p_(p), seed_(seed), el_(p.local_experts()),
       slots_(p.world * p.max_tokens_per_rank), all_(make_all_inputs(p, seed)),
-      want_(ll_dispatch_expected(p, all_, c.rank)), idx32_(seed % 2 == 1) {
+      want_(ll_dispatch_expected(p, all_, c.rank)), idx32_(seed % 2 == 1),
+      gpu_(c.opt.backend == "nccl") {
   const RankInputs& mine = all_[c.rank];
   int T = mine.num_tokens, K = p.top_k, H = p.hidden;
   size_t rows = static_cast<size_t>(el_) * slots_;
@@ -32,19 +33,28 @@ LlCall::LlCall(Ctx& c, const Problem& p, uint64_t seed)
   per_expert_.assign(p.num_experts, -1);
   in_rank_.assign(static_cast<size_t>(T) * p.world + 1, 0xEE);
   topk32_.assign(mine.topk_idx.begin(), mine.topk_idx.end());
+  RankInputs& m = all_[c.rank];
   if (idx32_) {
-    new (&t_topk_) Tensor(topk32_.data(), DT::kI32, {T, K}, dev(c));
+    m_topk_.init(gpu_, topk32_.data(), topk32_.size() * 4);
   } else {
-    new (&t_topk_) Tensor(mine.topk_idx.data(), DT::kI64, {T, K}, dev(c));
+    m_topk_.init(gpu_, m.topk_idx.data(), m.topk_idx.size() * 8);
   }
-  new (&t_x_) Tensor(mine.x.data(), DT::kBf16, {T, H}, dev(c));
-  new (&t_recv_x_) Tensor(recv_x_.data(), fp8(p) ? DT::kFp8 : DT::kBf16, {el_, slots_, H}, dev(c));
-  new (&t_scales_) Tensor(recv_scales_.data(), packed(p) ? DT::kI32 : DT::kF32,
+  m_x_.init(gpu_, m.x.data(), m.x.size() * 2);
+  m_rx_.init(gpu_, recv_x_.data(), recv_x_.size());
+  m_sc_.init(gpu_, recv_scales_.data(), recv_scales_.size());
+  m_cnt_.init(gpu_, recv_count_.data(), recv_count_.size() * 4);
+  m_y_.init(gpu_, y_.data(), y_.size() * 2);
+  m_w_.init(gpu_, m.topk_weights.data(), m.topk_weights.size() * 4);
+  m_out_.init(gpu_, out_.data(), out_.size() * 2);
+  new (&t_topk_) Tensor(m_topk_.ptr(), idx32_ ? DT::kI32 : DT::kI64, {T, K}, dev(c));
+  new (&t_x_) Tensor(m_x_.ptr(), DT::kBf16, {T, H}, dev(c));
+  new (&t_recv_x_) Tensor(m_rx_.ptr(), fp8(p) ? DT::kFp8 : DT::kBf16, {el_, slots_, H}, dev(c));
+  new (&t_scales_) Tensor(m_sc_.ptr(), packed(p) ? DT::kI32 : DT::kF32,
                           {el_, slots_, static_cast<int64_t>(srow)}, dev(c));
-  new (&t_count_) Tensor(recv_count_.data(), DT::kI32, {el_}, dev(c));
-  new (&t_y_) Tensor(y_.data(), DT::kBf16, {el_, slots_, H}, dev(c));
-  new (&t_w_) Tensor(mine.topk_weights.data(), DT::kF32, {T, K}, dev(c));
-  new (&t_out_) Tensor(out_.data(), DT::kBf16, {T, H}, dev(c));
+  new (&t_count_) Tensor(m_cnt_.ptr(), DT::kI32, {el_}, dev(c));
+  new (&t_y_) Tensor(m_y_.ptr(), DT::kBf16, {el_, slots_, H}, dev(c));
+  new (&t_w_) Tensor(m_w_.ptr(), DT::kF32, {T, K}, dev(c));
+  new (&t_out_) Tensor(m_out_.ptr(), DT::kBf16, {T, H}, dev(c));
   new (&t_per_rank_) Tensor(per_rank_.data(), DT::kI32, {p.world}, dev(c));
   new (&t_per_expert_) Tensor(per_expert_.data(), DT::kI32, {p.num_experts}, dev(c));
   new (&t_in_rank_) Tensor(in_rank_.data(), DT::kU8, {T, p.world}, dev(c));
@@ -57,11 +67,13 @@ moe_ep_status_t LlCall::prepare() {
   pp.topk_idx = t_topk_.get();
   pp.num_tokens = all_[c_.rank].num_tokens;
   pp.top_k = p_.top_k;
-  pp.num_tokens_per_rank = t_per_rank_.get();
-  pp.num_tokens_per_expert = t_per_expert_.get();
-  pp.is_token_in_rank = t_in_rank_.get();
+  if (!gpu_) {  // the nccl backend does not compute the layout outputs yet
+    pp.num_tokens_per_rank = t_per_rank_.get();
+    pp.num_tokens_per_expert = t_per_expert_.get();
+    pp.is_token_in_rank = t_in_rank_.get();
+  }
   moe_ep_status_t st = c_.api->prepare(c_.group, &pp, &h_);
-  if (!expect_status(c_, seed_, "prepare", st, MOE_EP_OK)) return st;
+  if (!expect_status(c_, seed_, "prepare", st, MOE_EP_OK) || gpu_) return st;
   PrepareExpected pe = prepare_expected(p_, all_[c_.rank]);
   expect_same(c_, seed_, "prepare num_tokens_per_rank",
               compare_exact_i32("num_tokens_per_rank", per_rank_.data(),
@@ -89,6 +101,9 @@ moe_ep_status_t LlCall::dispatch(uint32_t flags, moe_ep_hook_t** hook) {
 
 void LlCall::check_dispatch() {
   const char* tag = idx32_ ? "dispatch(int32 topk)" : "dispatch(int64 topk)";
+  m_rx_.download();
+  m_sc_.download();
+  m_cnt_.download();
   expect_same(c_, seed_, tag,
               compare_exact_i32("recv_count", recv_count_.data(), want_.recv_count.data(), el_, el_));
   if (recv_count_ != want_.recv_count) return;
@@ -132,6 +147,7 @@ void LlCall::make_y() {
                     y_.data() + want_.full_row(e, i) * p_.hidden);
     }
   }
+  m_y_.upload();
 }
 
 moe_ep_status_t LlCall::combine(uint32_t flags, moe_ep_hook_t** hook) {
@@ -145,6 +161,7 @@ moe_ep_status_t LlCall::combine(uint32_t flags, moe_ep_hook_t** hook) {
 }
 
 void LlCall::check_combine() {
+  m_out_.download();
   std::vector<uint16_t> want = ll_combine_expected(p_, all_[c_.rank]);
   expect_same(c_, seed_, "combine",
               compare_bf16_close("out", out_.data(), want.data(), want.size(), p_.hidden));

@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "tests/common/mirror.h"
 #include "tests/common/plugin_api.h"
 #include "tests/host/worker_common.h"
 
@@ -18,6 +19,7 @@ class LlCall {
   moe_ep_status_t prepare();
   moe_ep_status_t dispatch(uint32_t flags, moe_ep_hook_t** hook);
   void check_dispatch();
+  void check_dispatch_quietly() { m_cnt_.download(); }  // only waits for the device
   void make_y();  // the expert stand-in on the rows received
   moe_ep_status_t combine(uint32_t flags, moe_ep_hook_t** hook);
   void check_combine();
@@ -39,6 +41,8 @@ class LlCall {
   std::vector<uint16_t> y_, out_;
   Tensor t_topk_, t_x_, t_recv_x_, t_scales_, t_count_, t_y_, t_w_, t_out_;
   Tensor t_per_rank_, t_per_expert_, t_in_rank_;
+  bool gpu_;
+  Mirror m_topk_, m_x_, m_rx_, m_sc_, m_cnt_, m_y_, m_w_, m_out_;
   moe_ep_handle_t* h_ = nullptr;
 };
 

@@ -27,6 +27,7 @@ struct Options {
   int seeds = 2;
   bool hooks = true;
   int kernel_ms = 20000;
+  std::string transport = "auto";
 };
 
 struct Ctx {
@@ -56,6 +57,7 @@ void run_ll_conformance(Ctx& c);
 void run_ht_conformance(Ctx& c);
 void run_bad_input(Ctx& c);
 void run_fault(Ctx& c);
+void run_skip(Ctx& c);
 
 // One LL layer call (prepare, dispatch, check, expert, combine, check);
 // `defer` exercises the hook path run from another thread.

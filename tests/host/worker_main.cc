@@ -10,6 +10,9 @@
 #include <sstream>
 #include <string>
 
+#include <cuda_runtime_api.h>
+
+#include "tests/common/mirror.h"
 #include "tests/common/plugin_api.h"
 #include "tests/host/worker_common.h"
 
@@ -78,6 +81,7 @@ std::string config_yaml(const Options& o) {
     << "  max_tokens_per_rank: " << o.max_tokens << "\n"
     << "  dispatch_dtype: " << (o.dtype == "fp8" ? "fp8_e4m3" : "bf16") << "\n"
     << "  fp8_scale: " << o.scale << "\n"
+    << "  transport: " << o.transport << "\n"
     << "  timeouts:\n    kernel_ms: " << o.kernel_ms << "\n"
     << "  bootstrap:\n    timeout_ms: 30000\n";
   return y.str();
@@ -100,6 +104,7 @@ static bool parse(int argc, char** argv, Options* o) {
     else if (k == "seeds") o->seeds = std::atoi(v.c_str());
     else if (k == "hooks") o->hooks = v == "1";
     else if (k == "kernel_ms") o->kernel_ms = std::atoi(v.c_str());
+    else if (k == "transport") o->transport = v;
     else if (k == "layers") {  // "7168:8,2048:1"
       o->layers.clear();
       std::stringstream ss(v);
@@ -148,6 +153,11 @@ int main(int argc, char** argv) {
   gp.rank = -1;
   gp.world_size = -1;
   gp.cuda_device = -1;
+  if (c.opt.backend == "nccl") {  // one GPU per local rank
+    const char* lr = std::getenv("MOE_EP_LOCAL_RANK");
+    gp.cuda_device = lr ? std::atoi(lr) : 0;
+    cuda_check(cudaSetDevice(gp.cuda_device), "cudaSetDevice");
+  }
   moe_ep_status_t st = c.api->group_create(&gp, &c.group);
   c.api->config_free(cfg);
   if (mismatch) {
@@ -171,6 +181,8 @@ int main(int argc, char** argv) {
     run_bad_input(c);
   } else if (c.opt.scenario == "fault") {
     run_fault(c);
+  } else if (c.opt.scenario == "skip") {
+    run_skip(c);
   } else if (c.opt.ht) {
     run_ht_conformance(c);
   } else {

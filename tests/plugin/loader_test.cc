@@ -84,21 +84,40 @@ TEST(Loader, OneRankGroupThroughTheTable) {
   moe_ep_unload(h);
 }
 
-TEST(Loader, NccBackendSaysUnsupported) {
+// CI has no GPU: the nccl backend sizes its buffers, then refuses to form a
+// group with a sentence saying why, and the library stays usable.
+TEST(Loader, NcclBackendWithoutGpuFailsCleanly) {
   const moe_ep_plugin_v1_t* t = nullptr;
   char err[512];
   void* h = moe_ep_load(lib().c_str(), &t, err, sizeof err);
   ASSERT_NE(h, nullptr) << err;
   moe_ep_config_t* cfg = nullptr;
-  ASSERT_EQ(t->config_from_yaml("moe_ep:\n  backend: nccl\n", &cfg), MOE_EP_OK) << t->last_error();
+  int port = moe_ep_test::free_port();
+  std::string yaml = "moe_ep:\n  backend: nccl\n  num_experts: 8\n  hidden: 1024\n"
+                     "  top_k: 2\n  max_tokens_per_rank: 16\n  bootstrap:\n    address: "
+                     "\"127.0.0.1:" + std::to_string(port) + "\"\n";
+  ASSERT_EQ(t->config_from_yaml(yaml.c_str(), &cfg), MOE_EP_OK) << t->last_error();
+  uint64_t nccl_bytes = 0, host_bytes = 0;
+  ASSERT_EQ(t->buffer_size_hint(cfg, 2, &nccl_bytes), MOE_EP_OK) << t->last_error();
+  cfg->backend = MOE_EP_BACKEND_HOST;
+  ASSERT_EQ(t->buffer_size_hint(cfg, 2, &host_bytes), MOE_EP_OK) << t->last_error();
+  EXPECT_GT(nccl_bytes, 0u);
+  EXPECT_NE(nccl_bytes, host_bytes);  // each backend sizes its own layout
+  cfg->backend = MOE_EP_BACKEND_NCCL;
   moe_ep_group_params_t gp = MOE_EP_INIT(moe_ep_group_params_t);
   gp.config = cfg;
   gp.rank = 0;
   gp.world_size = 1;
+  gp.cuda_device = -1;
   moe_ep_group_t* g = nullptr;
-  EXPECT_EQ(t->group_create(&gp, &g), MOE_EP_ERR_UNSUPPORTED);
-  EXPECT_NE(std::strstr(t->last_error(), "nccl"), nullptr) << t->last_error();
+  moe_ep_status_t st = t->group_create(&gp, &g);
+  EXPECT_EQ(st, MOE_EP_ERR_CUDA) << t->last_error();
+  EXPECT_NE(std::strstr(t->last_error(), "needs a CUDA device"), nullptr) << t->last_error();
   EXPECT_EQ(g, nullptr);
+  // A host group still forms afterwards in the same process.
+  cfg->backend = MOE_EP_BACKEND_HOST;
+  ASSERT_EQ(t->group_create(&gp, &g), MOE_EP_OK) << t->last_error();
+  EXPECT_EQ(t->group_destroy(g), MOE_EP_OK);
   t->config_free(cfg);
   moe_ep_unload(h);
 }

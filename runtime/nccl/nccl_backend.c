@@ -1,0 +1,335 @@
+/* nccl_backend.c: backend "nccl": the LL data path on GPUs. NCCL setup
+ * (communicator, symmetric window, device communicator) comes from
+ * nccl_setup.c, the kernels from kernels/ll.h; this file turns validated
+ * operations into send/receive launches, keeps the per-buffer-set handle
+ * storage, and turns a kernel's timeout record into MOE_EP_ERR_TIMEOUT. */
+#include <cuda_runtime_api.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/ll.h"
+#include "runtime/bootstrap.h"
+#include "runtime/error.h"
+#include "runtime/group.h"
+#include "runtime/nccl/nccl_setup.h"
+
+typedef struct nccl_state {
+  mep_nccl_t *nccl;
+  mep_ll_ctx_t ctx;
+  mep_ll_error_record_t *rec; /* host-mapped; kernels write it on timeout */
+  int device;
+  int device_sms;
+  int32_t *peer_transport;
+  /* Handle storage per dispatch buffer set: slot sources for combine. */
+  int32_t *slot_src[MEP_NUM_BUFFER_SETS];
+  int32_t *src_count[MEP_NUM_BUFFER_SETS];
+} nccl_state_t;
+
+/* What a handle remembers of its dispatch (h->backend). */
+typedef struct nccl_handle {
+  int32_t set;
+  int32_t *recv_count; /* the engine's recv_count tensor of that dispatch */
+} nccl_handle_t;
+
+static moe_ep_status_t cuda_error(const char *what, cudaError_t e) {
+  return mep_error(MOE_EP_ERR_CUDA, "backend nccl: %s failed: %s", what,
+                   cudaGetErrorString(e));
+}
+
+static void dims_for(const moe_ep_config_t *cfg, int world, mep_ll_dims_t *d) {
+  d->local_experts = cfg->num_experts / world;
+  d->world = world;
+  d->max_tokens = cfg->max_tokens_per_rank;
+  d->hidden = cfg->hidden;
+  d->top_k = cfg->top_k;
+  d->fp8 = cfg->dispatch_dtype == MOE_EP_DISPATCH_FP8_E4M3;
+}
+
+static uint64_t nccl_buffer_bytes(const moe_ep_config_t *cfg, int world) {
+  mep_ll_dims_t d;
+  dims_for(cfg, world, &d);
+  return mep_ll_buffer_bytes(d.local_experts, d.world, d.max_tokens, d.hidden, d.top_k, d.fp8);
+}
+
+/* NCCL's unique id travels over the UCX bootstrap. */
+static moe_ep_status_t share_uid(void *user, int32_t rank, int32_t world, void *uid,
+                                 size_t bytes) {
+  return mep_bootstrap_broadcast((mep_bootstrap_t *)user, uid, bytes, 0);
+}
+
+static void nccl_destroy(moe_ep_group_t *g) {
+  nccl_state_t *s = g->impl;
+  if (s == NULL) return;
+  if (s->device >= 0) {
+    cudaSetDevice(s->device);
+    cudaDeviceSynchronize(); /* no kernel may still use the buffers */
+  }
+  for (int i = 0; i < MEP_NUM_BUFFER_SETS; i++) {
+    cudaFree(s->slot_src[i]);
+    cudaFree(s->src_count[i]);
+  }
+  cudaFree(s->ctx.state);
+  if (s->rec != NULL) cudaFreeHost(s->rec);
+  mep_nccl_destroy(s->nccl);
+  free(s->peer_transport);
+  free(s);
+  g->impl = NULL;
+}
+
+static int ll_transport(const moe_ep_group_t *g, const nccl_state_t *s) {
+  if (g->cfg.transport == MOE_EP_TRANSPORT_GIN_EMULATED) return MEP_LL_TRANSPORT_GIN_EMULATED;
+  if (g->cfg.transport == MOE_EP_TRANSPORT_GIN) return MEP_LL_TRANSPORT_GIN;
+  for (int p = 0; p < g->world_size; p++) {
+    if (s->peer_transport[p] == MOE_EP_TRANSPORT_GIN) return MEP_LL_TRANSPORT_GIN;
+  }
+  return MEP_LL_TRANSPORT_LSA;
+}
+
+static moe_ep_status_t pick_device(moe_ep_group_t *g, nccl_state_t *s) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    return mep_error(MOE_EP_ERR_CUDA,
+                     "group_create: backend 'nccl' needs a CUDA device, but this "
+                     "process sees none (%s); use backend: host",
+                     e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+  }
+  int dev = g->cuda_device;
+  if (dev < 0 && (e = cudaGetDevice(&dev)) != cudaSuccess) return cuda_error("cudaGetDevice", e);
+  if (dev >= count) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "group_create: params->cuda_device=%d but only %d CUDA devices are "
+                     "visible",
+                     dev, count);
+  }
+  if ((e = cudaSetDevice(dev)) != cudaSuccess) return cuda_error("cudaSetDevice", e);
+  s->device = dev;
+  if ((e = cudaDeviceGetAttribute(&s->device_sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) {
+    return cuda_error("cudaDeviceGetAttribute(MultiProcessorCount)", e);
+  }
+  g->max_sms = s->device_sms;
+  return MOE_EP_OK;
+}
+
+static moe_ep_status_t alloc_device(nccl_state_t *s, const mep_ll_dims_t *d) {
+  cudaError_t e;
+  uint64_t state = mep_ll_state_bytes(d);
+  if ((e = cudaMalloc(&s->ctx.state, state)) != cudaSuccess ||
+      (e = cudaMemset(s->ctx.state, 0, state)) != cudaSuccess) {
+    return cuda_error("allocating the LL device state", e);
+  }
+  if ((e = cudaHostAlloc((void **)&s->rec, sizeof(*s->rec), cudaHostAllocMapped)) != cudaSuccess) {
+    return cuda_error("cudaHostAlloc(timeout record)", e);
+  }
+  memset((void *)s->rec, 0, sizeof(*s->rec));
+  if ((e = cudaHostGetDevicePointer((void **)&s->ctx.error_dev, s->rec, 0)) != cudaSuccess) {
+    return cuda_error("cudaHostGetDevicePointer(timeout record)", e);
+  }
+  size_t slots = (size_t)d->local_experts * (size_t)d->world * (size_t)d->max_tokens;
+  for (int i = 0; i < MEP_NUM_BUFFER_SETS; i++) {
+    if ((e = cudaMalloc((void **)&s->slot_src[i], slots * 4u)) != cudaSuccess ||
+        (e = cudaMalloc((void **)&s->src_count[i],
+                        (size_t)d->local_experts * (size_t)d->world * 4u)) != cudaSuccess) {
+      return cuda_error("allocating handle storage", e);
+    }
+  }
+  return cudaDeviceSynchronize() == cudaSuccess ? MOE_EP_OK
+                                                : cuda_error("cudaDeviceSynchronize", cudaGetLastError());
+}
+
+static moe_ep_status_t nccl_create(moe_ep_group_t *g) {
+  if (g->cfg.mode != MOE_EP_MODE_LOW_LATENCY) {
+    return mep_error(MOE_EP_ERR_UNSUPPORTED,
+                     "group_create: mode 'high_throughput' is not implemented on the "
+                     "nccl backend yet (the host backend has it)");
+  }
+  nccl_state_t *s = calloc(1, sizeof(*s));
+  if (s == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "group_create: out of memory");
+  g->impl = s;
+  s->device = -1;
+  moe_ep_status_t st;
+  s->peer_transport = calloc((size_t)g->world_size, sizeof(int32_t));
+  if (s->peer_transport == NULL) {
+    st = mep_error(MOE_EP_ERR_NO_MEMORY, "group_create: out of memory");
+    goto out_destroy;
+  }
+  MEP_CHECK_GOTO(pick_device(g, s), st, out_destroy);
+  mep_ll_dims_t d;
+  dims_for(&g->cfg, g->world_size, &d);
+  mep_nccl_params_t np = {
+      .rank = g->rank,
+      .world = g->world_size,
+      .cuda_device = s->device,
+      .transport = g->cfg.transport,
+      .window_bytes = nccl_buffer_bytes(&g->cfg, g->world_size),
+      .gin_signal_count = (int32_t)(MEP_NUM_BUFFER_SETS * mep_ll_set_layout(&d).num_signals),
+      .adopt_comm = g->nccl_comm,
+      .exchange = share_uid,
+      .exchange_user = g->boot,
+  };
+  MEP_CHECK_GOTO(mep_nccl_create(&np, &s->nccl), st, out_destroy);
+  mep_nccl_peer_transports(s->nccl, s->peer_transport, g->world_size);
+  MEP_CHECK_GOTO(alloc_device(s, &d), st, out_destroy);
+  s->ctx.dev_comm = mep_nccl_dev_comm(s->nccl);
+  s->ctx.window = mep_nccl_window(s->nccl);
+  s->ctx.window_local = mep_nccl_window_local(s->nccl);
+  s->ctx.window_bytes = mep_nccl_bytes_allocated(s->nccl);
+  s->ctx.dims = d;
+  s->ctx.rank = g->rank;
+  s->ctx.transport = ll_transport(g, s);
+  if (mep_ll_timeout_cycles(s->device, g->cfg.kernel_timeout_ms, &s->ctx.timeout_cycles) != MOE_EP_OK) {
+    st = mep_error(MOE_EP_ERR_CUDA, "group_create: %s", mep_kernels_last_error());
+    goto out_destroy;
+  }
+  g->bytes_allocated = mep_nccl_bytes_allocated(s->nccl);
+  return MOE_EP_OK;
+out_destroy:
+  nccl_destroy(g);
+  return st;
+}
+
+static moe_ep_status_t nccl_prepare(moe_ep_group_t *g, mep_handle_state_t *h) {
+  if (h->out_tokens_per_rank || h->out_tokens_per_expert || h->out_is_token_in_rank) {
+    return mep_error(MOE_EP_ERR_UNSUPPORTED,
+                     "prepare: the layout outputs (num_tokens_per_rank/_per_expert, "
+                     "is_token_in_rank) are not computed by the nccl backend yet; pass "
+                     "NULL");
+  }
+  return MOE_EP_OK;
+}
+
+/* A kernel's expired wait, as a sentence. */
+static moe_ep_status_t timeout_error(const moe_ep_group_t *g, const nccl_state_t *s) {
+  static const char *const ops[] = {"none", "dispatch send", "dispatch receive",
+                                    "combine send", "combine receive"};
+  const mep_ll_error_record_t *r = s->rec;
+  int op = r->op >= 0 && r->op <= 4 ? r->op : 0;
+  return mep_error(MOE_EP_ERR_TIMEOUT,
+                   "a %s kernel on rank %d waited timeouts.kernel_ms=%d for rank %d "
+                   "(local expert %d, buffer set %d): expected signal %llu, saw %llu; "
+                   "the peer did not take part in the operation",
+                   ops[op], r->rank, g->cfg.kernel_timeout_ms, r->peer, r->expert,
+                   r->buffer_set, (unsigned long long)r->expected,
+                   (unsigned long long)r->seen);
+}
+
+static moe_ep_status_t nccl_poll_error(moe_ep_group_t *g) {
+  nccl_state_t *s = g->impl;
+  return s->rec->flag == 2 ? timeout_error(g, s) : MOE_EP_OK;
+}
+
+static moe_ep_status_t enter_device(moe_ep_group_t *g, nccl_state_t *s) {
+  MEP_CHECK(nccl_poll_error(g));
+  int cur = -1;
+  if (cudaGetDevice(&cur) != cudaSuccess || cur != s->device) {
+    cudaError_t e = cudaSetDevice(s->device);
+    if (e != cudaSuccess) return cuda_error("cudaSetDevice", e);
+  }
+  s->ctx.num_sms = g->num_sms > 0 ? g->num_sms : s->device_sms;
+  return MOE_EP_OK;
+}
+
+static moe_ep_status_t launched(moe_ep_status_t st, const char *what) {
+  if (st == MOE_EP_OK) return st;
+  return mep_error(st, "%s: %s", what, mep_kernels_last_error());
+}
+
+static void dispatch_args(moe_ep_group_t *g, nccl_state_t *s, const mep_op_t *op,
+                          mep_ll_dispatch_args_t *a) {
+  const mep_handle_state_t *h = op->handle;
+  int scale = g->cfg.fp8_scale;
+  if (scale == MOE_EP_FP8_SCALE_F32 && (op->flags & MOE_EP_FLAG_ROUND_SCALE)) {
+    scale = MOE_EP_FP8_SCALE_UE8M0;
+  }
+  *a = (mep_ll_dispatch_args_t){
+      .x = op->x,
+      .topk_idx = h->topk_idx,
+      .topk_idx_bytes = h->topk_idx_bits / 8,
+      .num_tokens = h->num_tokens,
+      .hidden = op->hidden,
+      .top_k = h->top_k,
+      .num_experts = g->cfg.num_experts,
+      .fp8 = g->cfg.dispatch_dtype == MOE_EP_DISPATCH_FP8_E4M3,
+      .scale_mode = scale,
+      .buffer_set = op->buffer_set,
+      .recv_x = op->recv_x,
+      .recv_scales = op->recv_scales,
+      .recv_count = op->recv_count,
+      .slot_src = s->slot_src[op->buffer_set],
+      .src_count = s->src_count[op->buffer_set],
+  };
+}
+
+static void combine_args(moe_ep_group_t *g, nccl_state_t *s, const mep_op_t *op,
+                         mep_ll_combine_args_t *a) {
+  const mep_handle_state_t *h = op->handle;
+  const nccl_handle_t *nh = h->backend;
+  *a = (mep_ll_combine_args_t){
+      .y = op->y,
+      .topk_idx = h->topk_idx,
+      .topk_idx_bytes = h->topk_idx_bits / 8,
+      .topk_weights = op->topk_weights,
+      .out = op->out,
+      .num_tokens = h->num_tokens,
+      .hidden = op->hidden,
+      .top_k = h->top_k,
+      .num_experts = g->cfg.num_experts,
+      .buffer_set = op->buffer_set,
+      .recv_count = nh->recv_count,
+      .slot_src = s->slot_src[nh->set],
+      .src_count = s->src_count[nh->set],
+  };
+}
+
+static moe_ep_status_t nccl_send(moe_ep_group_t *g, mep_op_t *op) {
+  nccl_state_t *s = g->impl;
+  MEP_CHECK(enter_device(g, s));
+  if (op->kind == MEP_OP_DISPATCH) {
+    nccl_handle_t *nh = op->handle->backend;
+    if (nh == NULL && (nh = calloc(1, sizeof(*nh))) == NULL) {
+      return mep_error(MOE_EP_ERR_NO_MEMORY, "dispatch: out of memory");
+    }
+    op->handle->backend = nh;
+    nh->set = op->buffer_set;
+    nh->recv_count = op->recv_count;
+    mep_ll_dispatch_args_t a;
+    dispatch_args(g, s, op, &a);
+    return launched(mep_ll_dispatch_send(&s->ctx, &a, op->stream), "dispatch");
+  }
+  mep_ll_combine_args_t a;
+  combine_args(g, s, op, &a);
+  return launched(mep_ll_combine_send(&s->ctx, &a, op->stream), "combine");
+}
+
+static moe_ep_status_t nccl_recv(moe_ep_group_t *g, mep_op_t *op) {
+  nccl_state_t *s = g->impl;
+  MEP_CHECK(enter_device(g, s));
+  if (op->kind == MEP_OP_DISPATCH) {
+    mep_ll_dispatch_args_t a;
+    dispatch_args(g, s, op, &a);
+    return launched(mep_ll_dispatch_recv(&s->ctx, &a, op->stream), "dispatch receive");
+  }
+  mep_ll_combine_args_t a;
+  combine_args(g, s, op, &a);
+  return launched(mep_ll_combine_recv(&s->ctx, &a, op->stream), "combine receive");
+}
+
+static int nccl_peer_transport(const moe_ep_group_t *g, int peer) {
+  const nccl_state_t *s = g->impl;
+  if (g->cfg.transport == MOE_EP_TRANSPORT_GIN_EMULATED && peer != g->rank) {
+    return MOE_EP_TRANSPORT_GIN_EMULATED;
+  }
+  return s->peer_transport[peer];
+}
+
+const mep_backend_ops_t mep_nccl_backend = {
+    .name = "nccl",
+    .buffer_bytes = nccl_buffer_bytes,
+    .create = nccl_create,
+    .destroy = nccl_destroy,
+    .prepare = nccl_prepare,
+    .send = nccl_send,
+    .recv = nccl_recv,
+    .poll_error = nccl_poll_error,
+    .peer_transport = nccl_peer_transport,
+};

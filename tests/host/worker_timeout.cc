@@ -1,0 +1,46 @@
+// worker_timeout.cc: the last rank skips one dispatch (it stays alive). The
+// others' bounded waits expire: the call itself (host backend) or the next
+// call / group_poll_error (nccl backend: the kernel records it and exits)
+// returns MOE_EP_ERR_TIMEOUT naming the rank that did not take part.
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "tests/host/ll_call.h"
+#include "tests/host/worker_common.h"
+
+namespace moe_ep_test {
+
+void run_skip(Ctx& c) {
+  using moe_ep_oracle::Generator;
+  auto p = problem_for(c, c.opt.layers[0].first, c.opt.layers[0].second, Generator::kUniform);
+  ll_roundtrip(c, p, 31, false);
+  int victim = c.world - 1;
+  LlCall call(c, p, 32);
+  if (call.prepare() != MOE_EP_OK) return;
+  if (c.rank == victim) {
+    // Alive but absent from the operation; outlive the others' timeout.
+    std::this_thread::sleep_for(std::chrono::milliseconds(2 * c.opt.kernel_ms + 1000));
+    return;
+  }
+  std::string want = "rank " + std::to_string(victim);
+  auto t0 = std::chrono::steady_clock::now();
+  moe_ep_status_t st = call.dispatch(0, nullptr);
+  if (st == MOE_EP_OK) {
+    call.check_dispatch_quietly();  // waits for the device; the data is incomplete
+    st = c.api->group_poll_error(c.group);
+  }
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  expect_status(c, 32, "dispatch with an absent peer", st, MOE_EP_ERR_TIMEOUT, want.c_str());
+  if (ms > c.opt.kernel_ms * 2 + 2000) {
+    fail(c, 32, "timeout detection", "took " + std::to_string(ms) + " ms, timeout is " +
+                                         std::to_string(c.opt.kernel_ms) + " ms");
+  }
+  // The failure sticks: later calls report it instead of touching peers.
+  moe_ep_handle_t* h = nullptr;
+  moe_ep_prepare_params_t pp = MOE_EP_INIT(moe_ep_prepare_params_t);
+  expect_status(c, 33, "the next call after the timeout", c.api->prepare(c.group, &pp, &h),
+                MOE_EP_ERR_TIMEOUT, want.c_str());
+}
+
+}  // namespace moe_ep_test
