@@ -1,7 +1,10 @@
 // ll_call.cc: an LL layer call against the oracle (see ll_call.h).
 #include "tests/host/ll_call.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <new>
 
 namespace moe_ep_test {
@@ -9,6 +12,12 @@ namespace moe_ep_test {
 using namespace moe_ep_oracle;
 
 namespace {
+// MOE_EP_TEST_TRACE=1 prints each step, so a hang shows where it is.
+void trace(const Ctx& c, const char* step, uint64_t seed) {
+  static const bool on = std::getenv("MOE_EP_TEST_TRACE") != nullptr;
+  if (on) std::fprintf(stderr, "trace rank=%d seed=%llu %s\n", c.rank,
+                       static_cast<unsigned long long>(seed), step);
+}
 bool fp8(const Problem& p) { return p.dispatch_dtype == DispatchDtype::kFp8; }
 bool packed(const Problem& p) { return p.scale_format == ScaleFormat::kUe8m0Packed; }
 int dev(const Ctx& c) { return c.opt.backend == "nccl" ? MOE_EP_DEVICE_CUDA : MOE_EP_DEVICE_CPU; }
@@ -22,12 +31,12 @@ LlCall::LlCall(Ctx& c, const Problem& p, uint64_t seed)
   const RankInputs& mine = all_[c.rank];
   int T = mine.num_tokens, K = p.top_k, H = p.hidden;
   size_t rows = static_cast<size_t>(el_) * slots_;
-  // Poisoned outputs: a row the plugin forgot to write cannot match.
-  recv_x_.assign(rows * H * (fp8(p) ? 1 : 2), 0xA5);
   size_t srow = packed(p) ? p.packed_scale_words() : p.scale_groups();
-  recv_scales_.assign(fp8(p) ? rows * srow * 4 : 4, 0xA5);
-  recv_count_.assign(el_, -7);
-  out_.assign(static_cast<size_t>(T) * H, 0x7FC1);
+  recv_x_.resize(rows * H * (fp8(p) ? 1 : 2));
+  recv_scales_.resize(fp8(p) ? rows * srow * 4 : 4);
+  recv_count_.resize(el_);
+  out_.resize(static_cast<size_t>(T) * H);
+  poison_outputs();
   y_.assign(rows * H, 0);
   per_rank_.assign(p.world, -1);
   per_expert_.assign(p.num_experts, -1);
@@ -62,7 +71,38 @@ LlCall::LlCall(Ctx& c, const Problem& p, uint64_t seed)
 
 LlCall::~LlCall() { c_.api->handle_free(h_); }
 
+// Poisoned outputs: a row the plugin forgot to write cannot match.
+void LlCall::poison_outputs() {
+  std::fill(recv_x_.begin(), recv_x_.end(), 0xA5);
+  std::fill(recv_scales_.begin(), recv_scales_.end(), 0xA5);
+  std::fill(recv_count_.begin(), recv_count_.end(), -7);
+  std::fill(out_.begin(), out_.end(), 0x7FC1);
+}
+
+void LlCall::reseed(uint64_t seed) {
+  trace(c_, "reseed", seed);
+  std::vector<RankInputs> fresh = make_all_inputs(p_, seed);
+  RankInputs& m = all_[c_.rank];
+  const RankInputs& f = fresh[c_.rank];
+  if (f.num_tokens != m.num_tokens) {
+    fail(c_, seed, "reseed", "token count changed; graphs need fixed shapes");
+    return;
+  }
+  std::copy(f.x.begin(), f.x.end(), m.x.begin());
+  std::copy(f.topk_idx.begin(), f.topk_idx.end(), m.topk_idx.begin());
+  std::copy(f.topk_weights.begin(), f.topk_weights.end(), m.topk_weights.begin());
+  std::copy(f.topk_idx.begin(), f.topk_idx.end(), topk32_.begin());
+  for (int r = 0; r < p_.world; r++) {
+    if (r != c_.rank) all_[r] = fresh[r];
+  }
+  seed_ = seed;
+  want_ = ll_dispatch_expected(p_, all_, c_.rank);
+  poison_outputs();
+  for (Mirror* mm : {&m_topk_, &m_x_, &m_w_, &m_rx_, &m_sc_, &m_cnt_, &m_out_}) mm->upload();
+}
+
 moe_ep_status_t LlCall::prepare() {
+  trace(c_, "prepare", seed_);
   moe_ep_prepare_params_t pp = MOE_EP_INIT(moe_ep_prepare_params_t);
   pp.topk_idx = t_topk_.get();
   pp.num_tokens = all_[c_.rank].num_tokens;
@@ -89,6 +129,7 @@ moe_ep_status_t LlCall::prepare() {
 }
 
 moe_ep_status_t LlCall::dispatch(uint32_t flags, moe_ep_hook_t** hook) {
+  trace(c_, "dispatch", seed_);
   moe_ep_dispatch_params_t dp = MOE_EP_INIT(moe_ep_dispatch_params_t);
   dp.flags = flags;
   dp.hidden = p_.hidden;
@@ -96,10 +137,12 @@ moe_ep_status_t LlCall::dispatch(uint32_t flags, moe_ep_hook_t** hook) {
   dp.recv_x = t_recv_x_.get();
   dp.recv_scales = fp8(p_) ? t_scales_.get() : nullptr;
   dp.recv_count = t_count_.get();
+  dp.stream = stream_;
   return c_.api->dispatch(c_.group, h_, &dp, hook);
 }
 
 void LlCall::check_dispatch() {
+  trace(c_, "check_dispatch", seed_);
   const char* tag = idx32_ ? "dispatch(int32 topk)" : "dispatch(int64 topk)";
   m_rx_.download();
   m_sc_.download();
@@ -139,6 +182,7 @@ void LlCall::check_dispatch() {
 }
 
 void LlCall::make_y() {
+  trace(c_, "make_y", seed_);
   std::vector<float> row(p_.hidden);
   for (int e = 0; e < el_; e++) {
     for (int i = 0; i < recv_count_[e] && i < want_.recv_count[e]; i++) {
@@ -151,16 +195,19 @@ void LlCall::make_y() {
 }
 
 moe_ep_status_t LlCall::combine(uint32_t flags, moe_ep_hook_t** hook) {
+  trace(c_, "combine", seed_);
   moe_ep_combine_params_t cp = MOE_EP_INIT(moe_ep_combine_params_t);
   cp.flags = flags;
   cp.hidden = p_.hidden;
   cp.y = t_y_.get();
   cp.topk_weights = t_w_.get();
   cp.out = t_out_.get();
+  cp.stream = stream_;
   return c_.api->combine(c_.group, h_, &cp, hook);
 }
 
 void LlCall::check_combine() {
+  trace(c_, "check_combine", seed_);
   m_out_.download();
   std::vector<uint16_t> want = ll_combine_expected(p_, all_[c_.rank]);
   expect_same(c_, seed_, "combine",

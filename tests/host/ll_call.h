@@ -24,6 +24,10 @@ class LlCall {
   moe_ep_status_t combine(uint32_t flags, moe_ep_hook_t** hook);
   void check_combine();
   moe_ep_handle_t* handle() { return h_; }
+  void set_stream(void* stream) { stream_ = stream; }
+  // New inputs (same token count) into the same buffers, outputs poisoned
+  // again: what a replayed CUDA graph reads and must overwrite.
+  void reseed(uint64_t seed);
   uint64_t seed() const { return seed_; }
 
  private:
@@ -44,6 +48,8 @@ class LlCall {
   bool gpu_;
   Mirror m_topk_, m_x_, m_rx_, m_sc_, m_cnt_, m_y_, m_w_, m_out_;
   moe_ep_handle_t* h_ = nullptr;
+  void* stream_ = nullptr;
+  void poison_outputs();
 };
 
 }  // namespace moe_ep_test

@@ -158,7 +158,9 @@ int main(int argc, char** argv) {
     gp.cuda_device = lr ? std::atoi(lr) : 0;
     cuda_check(cudaSetDevice(gp.cuda_device), "cudaSetDevice");
   }
+  if (std::getenv("MOE_EP_TEST_TRACE")) std::fprintf(stderr, "trace group_create\n");
   moe_ep_status_t st = c.api->group_create(&gp, &c.group);
+  if (std::getenv("MOE_EP_TEST_TRACE")) std::fprintf(stderr, "trace group_create done\n");
   c.api->config_free(cfg);
   if (mismatch) {
     const char* msg = c.api->last_error();
@@ -183,6 +185,8 @@ int main(int argc, char** argv) {
     run_fault(c);
   } else if (c.opt.scenario == "skip") {
     run_skip(c);
+  } else if (c.opt.scenario == "graph") {
+    run_graph(c);
   } else if (c.opt.ht) {
     run_ht_conformance(c);
   } else {

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# device_suite.sh: everything the GPU machine runs, built here and bundled:
+# the kernel-level test (tests/gpu), the public-API conformance workers on
+# the nccl backend (LSA, GIN-emulated, EP1/EP2, absent-peer timeout), the
+# demo and the benchmark. Usage:
+#   tools/device_suite.sh            # build + bundle into .gpu_bundle/
+# then run on nvidia-h200-x2 with carry [".gpu_bundle"]:
+#   bash .gpu_bundle/run_device.sh [quick|full]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+T=(//plugin:libmoe_ep.so //tests/host:conformance_worker //tools/launcher:moe_ep_run
+   //tests/gpu:ll_gpu_test //integration:moe_ep_demo)
+[ -f tools/bench/BUILD.bazel ] && T+=(//tools/bench:moe_ep_bench)
+bazel build "${T[@]}"
+rm -rf .gpu_bundle && mkdir -p .gpu_bundle
+for f in plugin/libmoe_ep.so tests/host/conformance_worker tools/launcher/moe_ep_run \
+         tests/gpu/ll_gpu_test integration/moe_ep_demo tools/bench/moe_ep_bench; do
+  [ -f "bazel-bin/$f" ] && cp -L "bazel-bin/$f" .gpu_bundle/
+done
+cp integration/configs/*.yaml .gpu_bundle/
+cp tools/device_run.sh .gpu_bundle/run_device.sh
+echo "bundle: $(du -sh .gpu_bundle | cut -f1) in .gpu_bundle/"
