@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "integration/demo_device.h"
 #include "integration/demo_verify.h"
 #include "moe_ep.h"
 #include "moe_ep_loader.h"
@@ -19,6 +20,8 @@
 
 typedef struct micro_batch {
   int tokens;
+  /* .host is what the engine's CPU code reads; .dev what the plugin sees */
+  demo_buf_t b_x, b_topk, b_w, b_recv_x, b_recv_scales, b_recv_count, b_y, b_out;
   uint16_t *x;
   int64_t *topk;
   float *w;
@@ -38,6 +41,7 @@ typedef struct demo {
   moe_ep_group_info_t info;
   moe_ep_config_t *cfg;
   int fp8, verify, steps;
+  int gpu; /* nccl backend: tensors live on the GPU */
   uint64_t rng;
   double *disp_us, *comb_us;
   long n_lat, verified, failed;
@@ -63,29 +67,41 @@ static uint16_t to_bf16(float f) {
   return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+static int tensor_device = MOE_EP_DEVICE_CPU;
+
 static void tensor(moe_ep_tensor_t *t, int64_t *shape, void *data, int code, int bits,
                    int ndim, int64_t a, int64_t b, int64_t c) {
   shape[0] = a;
   if (ndim > 1) shape[1] = b;
   if (ndim > 2) shape[2] = c;
-  *t = (moe_ep_tensor_t){.data = data, .device = {MOE_EP_DEVICE_CPU, 0}, .ndim = ndim,
+  *t = (moe_ep_tensor_t){.data = data, .device = {tensor_device, 0}, .ndim = ndim,
                          .dtype = {(uint8_t)code, (uint8_t)bits, 1}, .shape = shape};
 }
 
 static int mb_alloc(demo_t *d, micro_batch_t *mb) {
   const moe_ep_config_t *c = d->cfg;
-  int64_t el = d->info.num_local_experts, slots = (int64_t)d->info.world_size * c->max_tokens_per_rank;
-  int64_t H = c->hidden, T = c->max_tokens_per_rank, K = c->top_k;
-  mb->x = aligned_alloc(64, T * H * 2);
-  mb->topk = malloc(T * K * 8);
-  mb->w = malloc(T * K * 4);
-  mb->recv_x = aligned_alloc(64, el * slots * H * 2);
-  mb->recv_scales = malloc(el * slots * (H / 128) * 4 + 4);
-  mb->recv_count = malloc(el * 4);
-  mb->y = aligned_alloc(64, el * slots * H * 2);
-  mb->out = aligned_alloc(64, T * H * 2);
-  return mb->x && mb->topk && mb->w && mb->recv_x && mb->recv_scales && mb->recv_count &&
-         mb->y && mb->out;
+  size_t el = (size_t)d->info.num_local_experts;
+  size_t slots = (size_t)d->info.world_size * (size_t)c->max_tokens_per_rank;
+  size_t H = (size_t)c->hidden, T = (size_t)c->max_tokens_per_rank, K = (size_t)c->top_k;
+  int gpu = d->gpu;
+  if (!demo_buf_alloc(&mb->b_x, T * H * 2, gpu) || !demo_buf_alloc(&mb->b_topk, T * K * 8, gpu) ||
+      !demo_buf_alloc(&mb->b_w, T * K * 4, gpu) ||
+      !demo_buf_alloc(&mb->b_recv_x, el * slots * H * 2, gpu) ||
+      !demo_buf_alloc(&mb->b_recv_scales, el * slots * (H / 128) * 4 + 4, gpu) ||
+      !demo_buf_alloc(&mb->b_recv_count, el * 4, gpu) ||
+      !demo_buf_alloc(&mb->b_y, el * slots * H * 2, gpu) ||
+      !demo_buf_alloc(&mb->b_out, T * H * 2, gpu)) {
+    return 0;
+  }
+  mb->x = mb->b_x.host;
+  mb->topk = mb->b_topk.host;
+  mb->w = mb->b_w.host;
+  mb->recv_x = mb->b_recv_x.host;
+  mb->recv_scales = mb->b_recv_scales.host;
+  mb->recv_count = mb->b_recv_count.host;
+  mb->y = mb->b_y.host;
+  mb->out = mb->b_out.host;
+  return 1;
 }
 
 /* Router: random scores per expert, top-k by score, softmax over the k. */
@@ -110,15 +126,19 @@ static void route(demo_t *d, micro_batch_t *mb) {
   }
   free(score);
   int64_t el = d->info.num_local_experts, slots = (int64_t)d->info.world_size * c->max_tokens_per_rank;
-  tensor(&mb->t_topk, mb->s_topk, mb->topk, MOE_EP_DTYPE_INT, 64, 2, mb->tokens, K, 0);
-  tensor(&mb->t_x, mb->s_x, mb->x, MOE_EP_DTYPE_BFLOAT, 16, 2, mb->tokens, H, 0);
-  tensor(&mb->t_rx, mb->s_rx, mb->recv_x, d->fp8 ? MOE_EP_DTYPE_FLOAT8_E4M3FN : MOE_EP_DTYPE_BFLOAT,
+  tensor(&mb->t_topk, mb->s_topk, mb->b_topk.dev, MOE_EP_DTYPE_INT, 64, 2, mb->tokens, K, 0);
+  tensor(&mb->t_x, mb->s_x, mb->b_x.dev, MOE_EP_DTYPE_BFLOAT, 16, 2, mb->tokens, H, 0);
+  tensor(&mb->t_rx, mb->s_rx, mb->b_recv_x.dev, d->fp8 ? MOE_EP_DTYPE_FLOAT8_E4M3FN : MOE_EP_DTYPE_BFLOAT,
          d->fp8 ? 8 : 16, 3, el, slots, H);
-  tensor(&mb->t_rs, mb->s_rs, mb->recv_scales, MOE_EP_DTYPE_FLOAT, 32, 3, el, slots, H / 128);
-  tensor(&mb->t_rc, mb->s_rc, mb->recv_count, MOE_EP_DTYPE_INT, 32, 1, el, 0, 0);
-  tensor(&mb->t_y, mb->s_y, mb->y, MOE_EP_DTYPE_BFLOAT, 16, 3, el, slots, H);
-  tensor(&mb->t_w, mb->s_w, mb->w, MOE_EP_DTYPE_FLOAT, 32, 2, mb->tokens, K, 0);
-  tensor(&mb->t_out, mb->s_out, mb->out, MOE_EP_DTYPE_BFLOAT, 16, 2, mb->tokens, H, 0);
+  tensor(&mb->t_rs, mb->s_rs, mb->b_recv_scales.dev, MOE_EP_DTYPE_FLOAT, 32, 3, el, slots, H / 128);
+  tensor(&mb->t_rc, mb->s_rc, mb->b_recv_count.dev, MOE_EP_DTYPE_INT, 32, 1, el, 0, 0);
+  tensor(&mb->t_y, mb->s_y, mb->b_y.dev, MOE_EP_DTYPE_BFLOAT, 16, 3, el, slots, H);
+  tensor(&mb->t_w, mb->s_w, mb->b_w.dev, MOE_EP_DTYPE_FLOAT, 32, 2, mb->tokens, K, 0);
+  tensor(&mb->t_out, mb->s_out, mb->b_out.dev, MOE_EP_DTYPE_BFLOAT, 16, 2, mb->tokens, H, 0);
+  if (!demo_upload(&mb->b_x) || !demo_upload(&mb->b_topk) || !demo_upload(&mb->b_w)) {
+    fprintf(stderr, "rank %d: upload failed: %s\n", d->info.rank, demo_device_error());
+    exit(1);
+  }
 }
 
 /* Bytes this rank's tokens move off-rank: one row per remote destination
@@ -175,6 +195,11 @@ static int experts_and_combine(demo_t *d, micro_batch_t *mb, moe_ep_hook_t *hook
   int64_t slots = (int64_t)d->info.world_size * d->cfg->max_tokens_per_rank;
   double t0 = now_us();
   CHECK(d->ep->hook_run(hook, NULL));
+  if (!demo_download(&mb->b_recv_count) || !demo_download(&mb->b_recv_x) ||
+      !demo_download(&mb->b_recv_scales)) {
+    fprintf(stderr, "rank %d: download failed: %s\n", d->info.rank, demo_device_error());
+    return 1;
+  }
   mb->t_dispatch += now_us() - t0;
   d->ep->hook_free(hook);
   float *row = malloc(sizeof(float) * (size_t)H);
@@ -187,6 +212,10 @@ static int experts_and_combine(demo_t *d, micro_batch_t *mb, moe_ep_hook_t *hook
     }
   }
   free(row);
+  if (!demo_upload(&mb->b_y)) {
+    fprintf(stderr, "rank %d: upload failed: %s\n", d->info.rank, demo_device_error());
+    return 1;
+  }
   moe_ep_combine_params_t cp = MOE_EP_INIT(moe_ep_combine_params_t);
   cp.flags = MOE_EP_FLAG_DEFER_RECV;
   cp.hidden = H;
@@ -202,6 +231,10 @@ static int experts_and_combine(demo_t *d, micro_batch_t *mb, moe_ep_hook_t *hook
 static int finish(demo_t *d, micro_batch_t *mb, moe_ep_hook_t *hook) {
   double t0 = now_us();
   CHECK(d->ep->hook_run(hook, NULL));
+  if (!demo_download(&mb->b_out)) {
+    fprintf(stderr, "rank %d: download failed: %s\n", d->info.rank, demo_device_error());
+    return 1;
+  }
   mb->t_combine += now_us() - t0;
   d->ep->hook_free(hook);
   d->disp_us[d->n_lat] = mb->t_dispatch;
@@ -262,9 +295,16 @@ int main(int argc, char **argv) {
   gp.rank = -1;
   gp.world_size = -1;
   gp.cuda_device = -1;
+  if (d->cfg->backend != MOE_EP_BACKEND_HOST) { /* one GPU per local rank */
+    const char *lr = getenv("MOE_EP_LOCAL_RANK");
+    int dev = lr ? atoi(lr) : 0;
+    if (demo_set_device(dev)) gp.cuda_device = dev;
+  }
   CHECK(d->ep->group_create(&gp, &d->group));
   d->info = MOE_EP_INIT(moe_ep_group_info_t);
   CHECK(d->ep->group_info(d->group, &d->info));
+  d->gpu = d->info.backend == MOE_EP_BACKEND_NCCL;
+  tensor_device = d->gpu ? MOE_EP_DEVICE_CUDA : MOE_EP_DEVICE_CPU;
   d->rng += (uint64_t)d->info.rank * 0x9E3779B97F4A7C15ull;
   micro_batch_t mb[2];
   memset(mb, 0, sizeof(mb));
