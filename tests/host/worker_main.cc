@@ -9,6 +9,7 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 
@@ -161,6 +162,9 @@ int main(int argc, char** argv) {
   if (std::getenv("MOE_EP_TEST_TRACE")) std::fprintf(stderr, "trace group_create\n");
   moe_ep_status_t st = c.api->group_create(&gp, &c.group);
   if (std::getenv("MOE_EP_TEST_TRACE")) std::fprintf(stderr, "trace group_create done\n");
+  uint64_t hint = 0;
+  const char* ws = std::getenv("MOE_EP_WORLD_SIZE");
+  moe_ep_status_t hint_st = c.api->buffer_size_hint(cfg, ws ? std::atoi(ws) : 1, &hint);
   c.api->config_free(cfg);
   if (mismatch) {
     const char* msg = c.api->last_error();
@@ -179,6 +183,31 @@ int main(int argc, char** argv) {
   c.api->group_info(c.group, &info);
   c.rank = info.rank;
   c.world = info.world_size;
+  // buffer_size_hint is exact: it is what the group allocated.
+  c.checks++;
+  if (hint_st != MOE_EP_OK || hint != info.bytes_allocated) {
+    fail(c, 0, "buffer_size_hint", "hint " + std::to_string(hint) + " (status " +
+                                       std::to_string(hint_st) + ") but group_info reports " +
+                                       std::to_string(info.bytes_allocated) + " bytes");
+  }
+  if (c.opt.backend == "nccl") {
+    std::vector<int32_t> tr(info.world_size, -1);
+    moe_ep_group_info_t ti = MOE_EP_INIT(moe_ep_group_info_t);
+    ti.peer_transports = tr.data();
+    ti.peer_transports_len = info.world_size;
+    c.api->group_info(c.group, &ti);
+    int want = c.opt.transport == "gin_emulated" ? MOE_EP_TRANSPORT_GIN_EMULATED : MOE_EP_TRANSPORT_LSA;
+    for (int p = 0; p < info.world_size; p++) {
+      c.checks++;
+      if (p != info.rank && tr[p] != want) {
+        fail(c, 0, "group_info peer_transports",
+             "peer " + std::to_string(p) + " uses " + std::to_string(tr[p]) + ", expected " +
+                 std::to_string(want));
+      }
+    }
+    std::fprintf(stderr, "rank %d: nccl group, %llu buffer bytes, transport %d\n", info.rank,
+                 static_cast<unsigned long long>(info.bytes_allocated), want);
+  }
   if (c.opt.scenario == "badinput") {
     run_bad_input(c);
   } else if (c.opt.scenario == "fault") {
