@@ -1,6 +1,11 @@
-/* host_mesh.c: UCX full mesh, registered regions, put/fence/signal/wait. */
+/* host_mesh.c: the sending side of the host mesh: a full mesh of UCX
+ * endpoints, puts and signals as active messages (see host_mesh_recv.c for
+ * the receiver), local completion, and bounded waits on local signals.
+ * Active messages rather than RMA: UCX 1.13 emulates RMA over TCP with
+ * acknowledgements, and an acknowledgement to a peer that just died aborts
+ * the process inside UCX; a failed active message is only a failed request. */
 #define _GNU_SOURCE /* clock_gettime, posix_memalign under -std=c11 */
-#include "runtime/host/host_mesh.h"
+#include "runtime/host/host_mesh_impl.h"
 
 #include <sched.h>
 #include <stdlib.h>
@@ -11,33 +16,7 @@
 #include "runtime/error.h"
 #include "runtime/log.h"
 
-#define BLOB_MAX 4096 /* worker address / packed rkey exchange slot */
-
-typedef struct peer {
-  struct mep_host_mesh *mesh;
-  ucp_ep_h ep;
-  ucp_rkey_h rkey;
-  uint64_t remote_base;
-  int failed; /* set by the endpoint error callback */
-  ucs_status_t fail_status;
-  uint64_t signal_src; /* stable source of the 8-byte signal put */
-} peer_t;
-
-struct mep_host_mesh {
-  mep_bootstrap_t *bs;
-  ucp_context_h ctx;
-  ucp_worker_h worker;
-  int rank, world;
-  int timeout_ms;
-  uint8_t *region;
-  size_t region_bytes;
-  ucp_mem_h memh;
-  peer_t *peers;
-  int first_failed; /* first peer whose endpoint failed, or -1 */
-  void **reqs; /* outstanding put requests */
-  int *req_peer; /* the rank each request talks to */
-  size_t nreqs, reqcap;
-};
+#define BLOB_MAX 4096 /* worker address exchange slot */
 
 static int64_t now_ns(void) {
   struct timespec ts;
@@ -46,7 +25,7 @@ static int64_t now_ns(void) {
 }
 
 static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status) {
-  peer_t *p = arg;
+  mep_host_peer_t *p = arg;
   p->failed = 1;
   p->fail_status = status;
   if (p->mesh->first_failed < 0) p->mesh->first_failed = (int)(p - p->mesh->peers);
@@ -60,7 +39,7 @@ static moe_ep_status_t peer_failed_error(mep_host_mesh_t *m, int peer,
                    what, m->rank, peer, ucs_status_string(m->peers[peer].fail_status));
 }
 
-/* Allgathers a variable-size blob (worker address, rkey) in fixed slots. */
+/* Allgathers a variable-size blob (a worker address) in fixed slots. */
 static moe_ep_status_t allgather_blob(mep_host_mesh_t *m, const void *blob,
                                       size_t len, uint8_t **all) {
   if (len + sizeof(uint64_t) > BLOB_MAX) {
@@ -118,55 +97,13 @@ static moe_ep_status_t connect_peers(mep_host_mesh_t *m) {
   return st;
 }
 
-static moe_ep_status_t register_region(mep_host_mesh_t *m) {
+static moe_ep_status_t alloc_region(mep_host_mesh_t *m) {
   if (posix_memalign((void **)&m->region, 4096, m->region_bytes) != 0) {
     return mep_error(MOE_EP_ERR_NO_MEMORY,
-                     "host mesh: cannot allocate %zu bytes of buffers",
-                     m->region_bytes);
+                     "host mesh: cannot allocate %zu bytes of buffers", m->region_bytes);
   }
   memset(m->region, 0, m->region_bytes);
-  ucp_mem_map_params_t mp = {
-      .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
-      .address = m->region,
-      .length = m->region_bytes,
-  };
-  ucs_status_t us = ucp_mem_map(m->ctx, &mp, &m->memh);
-  if (us != UCS_OK) {
-    return mep_error(MOE_EP_ERR_UCX, "host mesh: ucp_mem_map of %zu bytes: %s",
-                     m->region_bytes, ucs_status_string(us));
-  }
-  void *rkey_buf;
-  size_t rkey_len;
-  us = ucp_rkey_pack(m->ctx, m->memh, &rkey_buf, &rkey_len);
-  if (us != UCS_OK) {
-    return mep_error(MOE_EP_ERR_UCX, "host mesh: ucp_rkey_pack: %s",
-                     ucs_status_string(us));
-  }
-  /* The blob carries the region base address after the packed rkey. */
-  uint8_t *blob = malloc(rkey_len + 8);
-  if (blob == NULL) {
-    ucp_rkey_buffer_release(rkey_buf);
-    return mep_error(MOE_EP_ERR_NO_MEMORY, "host mesh: out of memory");
-  }
-  uint64_t base = (uint64_t)(uintptr_t)m->region;
-  memcpy(blob, &base, 8);
-  memcpy(blob + 8, rkey_buf, rkey_len);
-  ucp_rkey_buffer_release(rkey_buf);
-  uint8_t *all;
-  moe_ep_status_t st = allgather_blob(m, blob, rkey_len + 8, &all);
-  free(blob);
-  if (st != MOE_EP_OK) return st;
-  for (int p = 0; p < m->world && st == MOE_EP_OK; p++) {
-    uint8_t *slot = all + (size_t)p * BLOB_MAX + 8;
-    memcpy(&m->peers[p].remote_base, slot, 8);
-    us = ucp_ep_rkey_unpack(m->peers[p].ep, slot + 8, &m->peers[p].rkey);
-    if (us != UCS_OK) {
-      st = mep_error(MOE_EP_ERR_UCX, "host mesh: unpacking rank %d's rkey: %s", p,
-                     ucs_status_string(us));
-    }
-  }
-  free(all);
-  return st;
+  return MOE_EP_OK;
 }
 
 moe_ep_status_t mep_host_mesh_create(mep_bootstrap_t *bs, size_t region_bytes,
@@ -174,22 +111,22 @@ moe_ep_status_t mep_host_mesh_create(mep_bootstrap_t *bs, size_t region_bytes,
   mep_host_mesh_t *m = calloc(1, sizeof(*m));
   if (m == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "host mesh: out of memory");
   m->bs = bs;
-  m->ctx = mep_bootstrap_ucp_context(bs);
   m->worker = mep_bootstrap_ucp_worker(bs);
   m->rank = mep_bootstrap_rank(bs);
   m->world = mep_bootstrap_world_size(bs);
   m->timeout_ms = timeout_ms;
   m->region_bytes = region_bytes;
   m->first_failed = -1;
-  m->peers = calloc((size_t)m->world, sizeof(peer_t));
+  m->peers = calloc((size_t)m->world, sizeof(mep_host_peer_t));
   for (int p = 0; m->peers != NULL && p < m->world; p++) m->peers[p].mesh = m;
   moe_ep_status_t st;
   if (m->peers == NULL) {
     st = mep_error(MOE_EP_ERR_NO_MEMORY, "host mesh: out of memory");
     goto out_destroy;
   }
+  MEP_CHECK_GOTO(alloc_region(m), st, out_destroy);
+  MEP_CHECK_GOTO(mep_host_mesh_recv_start(m), st, out_destroy);
   MEP_CHECK_GOTO(connect_peers(m), st, out_destroy);
-  MEP_CHECK_GOTO(register_region(m), st, out_destroy);
   /* Nobody may put into a peer before its region is registered. */
   MEP_CHECK_GOTO(mep_bootstrap_barrier(bs), st, out_destroy);
   *out = m;
@@ -199,16 +136,25 @@ out_destroy:
   return st;
 }
 
+static void release_request(mep_host_mesh_t *m, size_t i) {
+  ucp_request_free(m->reqs[i]);
+  free(m->req_hdr[i]);
+  m->nreqs--;
+  m->reqs[i] = m->reqs[m->nreqs];
+  m->req_hdr[i] = m->req_hdr[m->nreqs];
+  m->req_peer[i] = m->req_peer[m->nreqs];
+}
+
 void mep_host_mesh_destroy(mep_host_mesh_t *m) {
   if (m == NULL) return;
-  for (size_t i = 0; i < m->nreqs; i++) {
-    ucp_request_cancel(m->worker, m->reqs[i]);
-    ucp_request_free(m->reqs[i]);
+  while (m->nreqs > 0) {
+    ucp_request_cancel(m->worker, m->reqs[0]);
+    release_request(m, 0);
   }
   free(m->reqs);
+  free(m->req_hdr);
   free(m->req_peer);
   for (int p = 0; m->peers != NULL && p < m->world; p++) {
-    if (m->peers[p].rkey != NULL) ucp_rkey_destroy(m->peers[p].rkey);
     if (m->peers[p].ep == NULL) continue;
     /* Force close: a peer may already be gone, so never wait on it. */
     ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
@@ -222,7 +168,7 @@ void mep_host_mesh_destroy(mep_host_mesh_t *m) {
       ucp_request_free(req);
     }
   }
-  if (m->memh != NULL) ucp_mem_unmap(m->ctx, m->memh);
+  mep_host_mesh_recv_stop(m);
   free(m->region);
   free(m->peers);
   free(m);
@@ -230,10 +176,15 @@ void mep_host_mesh_destroy(mep_host_mesh_t *m) {
 
 uint8_t *mep_host_mesh_local(mep_host_mesh_t *m) { return m->region; }
 
-static moe_ep_status_t track(mep_host_mesh_t *m, void *req, int peer,
+/* Keeps a send (and its header, which UCX reads until the send completes). */
+static moe_ep_status_t track(mep_host_mesh_t *m, void *req, mep_host_msg_t *hdr, int peer,
                              const char *what) {
-  if (req == NULL) return MOE_EP_OK;
+  if (req == NULL) {
+    free(hdr);
+    return MOE_EP_OK;
+  }
   if (UCS_PTR_IS_ERR(req)) {
+    free(hdr);
     if (m->peers[peer].failed) return peer_failed_error(m, peer, what);
     return mep_error(MOE_EP_ERR_UCX, "%s to rank %d: %s", what, peer,
                      ucs_status_string(UCS_PTR_STATUS(req)));
@@ -242,43 +193,55 @@ static moe_ep_status_t track(mep_host_mesh_t *m, void *req, int peer,
     size_t cap = m->reqcap ? m->reqcap * 2 : 256;
     void **grown = realloc(m->reqs, cap * sizeof(void *));
     if (grown != NULL) m->reqs = grown;
+    mep_host_msg_t **grown_hdr = realloc(m->req_hdr, cap * sizeof(*grown_hdr));
+    if (grown_hdr != NULL) m->req_hdr = grown_hdr;
     int *grown_peer = realloc(m->req_peer, cap * sizeof(int));
     if (grown_peer != NULL) m->req_peer = grown_peer;
-    if (grown == NULL || grown_peer == NULL) {
+    if (grown == NULL || grown_hdr == NULL || grown_peer == NULL) {
+      /* The send is in flight: wait for it rather than leak its header. */
+      while (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_worker_progress(m->worker);
+      ucp_request_free(req);
+      free(hdr);
       return mep_error(MOE_EP_ERR_NO_MEMORY, "host mesh: out of memory");
     }
     m->reqcap = cap;
   }
   m->req_peer[m->nreqs] = peer;
+  m->req_hdr[m->nreqs] = hdr;
   m->reqs[m->nreqs++] = req;
   return MOE_EP_OK;
 }
 
-moe_ep_status_t mep_host_mesh_put(mep_host_mesh_t *m, int peer, const void *src,
-                                  size_t bytes, size_t remote_off) {
-  if (m->peers[peer].failed) return peer_failed_error(m, peer, "put");
-  if (bytes == 0) return MOE_EP_OK;
+static moe_ep_status_t send_msg(mep_host_mesh_t *m, int peer, int kind, uint64_t offset,
+                                uint64_t value, const void *data, size_t bytes,
+                                const char *what) {
+  if (m->peers[peer].failed) return peer_failed_error(m, peer, what);
+  mep_host_msg_t *hdr = malloc(sizeof(*hdr));
+  if (hdr == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "host mesh: out of memory");
+  *hdr = (mep_host_msg_t){.offset = offset, .value = value, .src = m->rank, .kind = kind};
   ucp_request_param_t prm = {.op_attr_mask = 0};
-  void *req = ucp_put_nbx(m->peers[peer].ep, src, bytes,
-                          m->peers[peer].remote_base + remote_off,
-                          m->peers[peer].rkey, &prm);
-  return track(m, req, peer, "put");
+  void *req = ucp_am_send_nbx(m->peers[peer].ep, MEP_HOST_AM_ID, hdr, sizeof(*hdr), data,
+                              bytes, &prm);
+  return track(m, req, hdr, peer, what);
 }
 
-moe_ep_status_t mep_host_mesh_fence(mep_host_mesh_t *m) {
-  ucs_status_t us = ucp_worker_fence(m->worker);
-  if (us != UCS_OK) {
-    return mep_error(MOE_EP_ERR_UCX, "host mesh: ucp_worker_fence: %s",
-                     ucs_status_string(us));
-  }
-  return MOE_EP_OK;
+moe_ep_status_t mep_host_mesh_put(mep_host_mesh_t *m, int peer, const void *src,
+                                  size_t bytes, size_t remote_off) {
+  if (bytes == 0) return MOE_EP_OK;
+  return send_msg(m, peer, MEP_HOST_MSG_PUT, remote_off, 0, src, bytes, "put");
 }
+
+/* The receiver applies a signal only after the sender's earlier puts have
+ * landed (host_mesh_recv.c), so no fence is needed on the wire. */
+moe_ep_status_t mep_host_mesh_fence(mep_host_mesh_t *m) { return MOE_EP_OK; }
 
 moe_ep_status_t mep_host_mesh_signal(mep_host_mesh_t *m, int peer,
                                      size_t remote_off, uint64_t value) {
-  m->peers[peer].signal_src = value;
-  return mep_host_mesh_put(m, peer, &m->peers[peer].signal_src, sizeof(uint64_t),
-                           remote_off);
+  return send_msg(m, peer, MEP_HOST_MSG_SIGNAL, remote_off, value, NULL, 0, "signal");
+}
+
+static moe_ep_status_t recv_error(mep_host_mesh_t *m, const char *what) {
+  return mep_error(MOE_EP_ERR_UCX, "%s: rank %d: %s", what, m->rank, m->recv_error_msg);
 }
 
 moe_ep_status_t mep_host_mesh_complete(mep_host_mesh_t *m, const char *what) {
@@ -288,44 +251,33 @@ moe_ep_status_t mep_host_mesh_complete(mep_host_mesh_t *m, const char *what) {
   while (i < m->nreqs) {
     ucs_status_t us = ucp_request_check_status(m->reqs[i]);
     if (us == UCS_INPROGRESS) {
+      if (m->first_failed >= 0) return peer_failed_error(m, m->first_failed, what);
       if (now_ns() > deadline) {
-        st = mep_error(MOE_EP_ERR_TIMEOUT,
-                       "%s: rank %d's puts to rank %d did not complete within "
-                       "timeouts.kernel_ms=%d; rank %d is not progressing (it did not "
-                       "take part in the operation)",
-                       what, m->rank, m->req_peer[i], m->timeout_ms, m->req_peer[i]);
-        break;
+        return mep_error(MOE_EP_ERR_TIMEOUT,
+                         "%s: rank %d's puts to rank %d did not complete within "
+                         "timeouts.kernel_ms=%d; rank %d is not receiving (it did not "
+                         "take part in the operation)",
+                         what, m->rank, m->req_peer[i], m->timeout_ms, m->req_peer[i]);
       }
       ucp_worker_progress(m->worker);
       continue;
     }
     if (us != UCS_OK && st == MOE_EP_OK) {
-      st = mep_error(MOE_EP_ERR_PEER_FAILED, "%s: rank %d's put failed: %s "
-                     "(a peer died or closed the group)",
-                     what, m->rank, ucs_status_string(us));
-      for (int p = 0; p < m->world; p++) {
-        if (m->peers[p].failed) {
-          st = peer_failed_error(m, p, what);
-          break;
-        }
-      }
+      int p = m->peers[m->req_peer[i]].failed ? m->req_peer[i] : m->first_failed;
+      st = p >= 0 ? peer_failed_error(m, p, what)
+                  : mep_error(MOE_EP_ERR_PEER_FAILED,
+                              "%s: rank %d's send to rank %d failed: %s (the peer died or "
+                              "closed the group)",
+                              what, m->rank, m->req_peer[i], ucs_status_string(us));
     }
-    ucp_request_free(m->reqs[i]);
-    m->nreqs--;
-    m->reqs[i] = m->reqs[m->nreqs];
-    m->req_peer[i] = m->req_peer[m->nreqs];
+    release_request(m, i);
   }
   return st;
 }
 
+/* Sends complete locally once UCX owns their data; active messages need no
+ * remote acknowledgement, so this is completion. */
 moe_ep_status_t mep_host_mesh_flush(mep_host_mesh_t *m, const char *what) {
-  MEP_CHECK(mep_host_mesh_complete(m, what));
-  /* Per endpoint, so a timeout can name the peer that is not answering. */
-  for (int p = 0; p < m->world; p++) {
-    if (m->peers[p].failed) return peer_failed_error(m, p, what);
-    ucp_request_param_t prm = {.op_attr_mask = 0};
-    MEP_CHECK(track(m, ucp_ep_flush_nbx(m->peers[p].ep, &prm), p, what));
-  }
   return mep_host_mesh_complete(m, what);
 }
 
@@ -336,6 +288,7 @@ moe_ep_status_t mep_host_mesh_wait(mep_host_mesh_t *m, size_t local_off,
   while (__atomic_load_n(flag, __ATOMIC_ACQUIRE) != value) {
     /* Any lost peer dooms the collective operation, whoever we wait on. */
     if (m->first_failed >= 0) return peer_failed_error(m, m->first_failed, what);
+    if (m->recv_error) return recv_error(m, what);
     if (now_ns() > deadline) {
       return mep_error(MOE_EP_ERR_TIMEOUT,
                        "%s: rank %d waited timeouts.kernel_ms=%d for rank %d's "

@@ -1,7 +1,8 @@
 /* host_mesh.h: the host backend's put/signal/wait transport over UCX: a
- * full mesh of endpoints on the bootstrap's worker, one registered region
- * per rank, RMA puts, a fence, 64-bit signal puts, and bounded waits on
- * local signals. It mirrors the GPU transports' put + signal design. */
+ * full mesh of endpoints on the bootstrap's worker, one region per rank,
+ * puts and 64-bit signals to (peer, offset) carried as active messages, and
+ * bounded waits on local signals. It mirrors the GPU transports' put +
+ * signal design: a signal is seen only after the puts sent before it. */
 #ifndef MEP_HOST_MESH_H_
 #define MEP_HOST_MESH_H_
 
@@ -36,9 +37,8 @@ moe_ep_status_t mep_host_mesh_signal(mep_host_mesh_t *m, int peer,
                                      size_t remote_off, uint64_t value);
 /* Waits until every issued put completed locally, up to the timeout. */
 moe_ep_status_t mep_host_mesh_complete(mep_host_mesh_t *m, const char *what);
-/* Waits until every put issued so far is complete at its target (UCX may
- * emulate RMA in software over TCP: then the target acknowledges each put,
- * and a rank must not move on, or die, with acknowledgements outstanding). */
+/* Waits until every put and signal issued so far has left this rank (their
+ * source buffers may be reused). */
 moe_ep_status_t mep_host_mesh_flush(mep_host_mesh_t *m, const char *what);
 /* Waits until the local u64 at local_off equals value; `peer` is who
  * writes it (named in the error). Bounded by the mesh's timeout. */

@@ -1,0 +1,140 @@
+/* host_mesh_recv.c: the receiving side of the host mesh: one active-message
+ * handler writes incoming puts into the local region (eager data copied at
+ * once, rendezvous data pulled straight into place) and applies signals
+ * only after every earlier put from the same source has landed. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/error.h"
+#include "runtime/host/host_mesh_impl.h"
+
+static void recv_fail(struct mep_host_mesh *m, const char *fmt, int src, uint64_t off,
+                      uint64_t len) {
+  if (m->recv_error) return;
+  m->recv_error = 1;
+  snprintf(m->recv_error_msg, sizeof m->recv_error_msg, fmt, src, (unsigned long long)off,
+           (unsigned long long)len);
+}
+
+static void store_signal(struct mep_host_mesh *m, uint64_t off, uint64_t value) {
+  __atomic_store_n((uint64_t *)(m->region + off), value, __ATOMIC_RELEASE);
+}
+
+static void apply_queued(mep_host_source_t *s) {
+  for (size_t i = 0; i < s->nqueued; i++) {
+    store_signal(s->mesh, s->queued[i].offset, s->queued[i].value);
+  }
+  s->nqueued = 0;
+}
+
+static void on_rndv_done(void *request, ucs_status_t status, size_t length,
+                         void *user_data) {
+  mep_host_source_t *s = user_data;
+  if (status != UCS_OK) {
+    recv_fail(s->mesh, "receiving rank %d's data at offset %llu (%llu bytes) failed", s->rank,
+              0, length);
+  }
+  if (--s->inflight == 0) apply_queued(s);
+  ucp_request_free(request);
+}
+
+static void queue_signal(mep_host_source_t *s, uint64_t off, uint64_t value) {
+  if (s->nqueued == s->capqueued) {
+    size_t cap = s->capqueued ? s->capqueued * 2 : 16;
+    mep_host_signal_t *grown = realloc(s->queued, cap * sizeof(*grown));
+    if (grown == NULL) {
+      recv_fail(s->mesh, "out of memory queueing rank %d's signal at %llu (%llu)", s->rank, off,
+                value);
+      return;
+    }
+    s->queued = grown;
+    s->capqueued = cap;
+  }
+  s->queued[s->nqueued++] = (mep_host_signal_t){off, value};
+}
+
+static ucs_status_t on_message(void *arg, const void *header, size_t header_length,
+                               void *data, size_t length, const ucp_am_recv_param_t *param) {
+  struct mep_host_mesh *m = arg;
+  mep_host_msg_t h;
+  if (header_length != sizeof(h)) {
+    recv_fail(m, "a message from rank %d had a header of %llu bytes (expected %llu)", -1,
+              header_length, sizeof(h));
+    return UCS_OK;
+  }
+  memcpy(&h, header, sizeof(h));
+  size_t span = h.kind == MEP_HOST_MSG_SIGNAL ? sizeof(uint64_t) : length;
+  if (h.src < 0 || h.src >= m->world || h.offset > m->region_bytes ||
+      span > m->region_bytes - h.offset) {
+    recv_fail(m, "rank %d sent a put outside the region (offset %llu, %llu bytes)", h.src,
+              h.offset, span);
+    return UCS_OK;
+  }
+  mep_host_source_t *s = &m->sources[h.src];
+  if (h.kind == MEP_HOST_MSG_SIGNAL) {
+    if (s->inflight > 0) {
+      queue_signal(s, h.offset, h.value);
+    } else {
+      store_signal(m, h.offset, h.value);
+    }
+    return UCS_OK;
+  }
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+    memcpy(m->region + h.offset, data, length);
+    return UCS_OK;
+  }
+  ucp_request_param_t p = {
+      .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+      .cb.recv_am = on_rndv_done,
+      .user_data = s,
+  };
+  s->inflight++;
+  void *req = ucp_am_recv_data_nbx(m->worker, data, m->region + h.offset, length, &p);
+  if (req == NULL) {
+    if (--s->inflight == 0) apply_queued(s);
+  } else if (UCS_PTR_IS_ERR(req)) {
+    s->inflight--;
+    recv_fail(m, "pulling rank %d's data at offset %llu (%llu bytes) failed", h.src, h.offset,
+              length);
+  }
+  return UCS_OK;
+}
+
+moe_ep_status_t mep_host_mesh_recv_start(struct mep_host_mesh *m) {
+  m->sources = calloc((size_t)m->world, sizeof(*m->sources));
+  if (m->sources == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "host mesh: out of memory");
+  for (int r = 0; r < m->world; r++) {
+    m->sources[r].mesh = m;
+    m->sources[r].rank = r;
+  }
+  ucp_am_handler_param_t hp = {
+      .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                    UCP_AM_HANDLER_PARAM_FIELD_ARG,
+      .id = MEP_HOST_AM_ID,
+      .cb = on_message,
+      .arg = m,
+  };
+  ucs_status_t us = ucp_worker_set_am_recv_handler(m->worker, &hp);
+  if (us != UCS_OK) {
+    return mep_error(MOE_EP_ERR_UCX, "host mesh: ucp_worker_set_am_recv_handler: %s",
+                     ucs_status_string(us));
+  }
+  m->handler_set = 1;
+  return MOE_EP_OK;
+}
+
+void mep_host_mesh_recv_stop(struct mep_host_mesh *m) {
+  if (m->handler_set) {
+    ucp_am_handler_param_t hp = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB,
+        .id = MEP_HOST_AM_ID,
+        .cb = NULL,
+    };
+    ucp_worker_set_am_recv_handler(m->worker, &hp);
+    m->handler_set = 0;
+  }
+  for (int r = 0; m->sources != NULL && r < m->world; r++) free(m->sources[r].queued);
+  free(m->sources);
+  m->sources = NULL;
+}
