@@ -1,6 +1,9 @@
 /* fp8.cuh: per-128-channel e4m3 quantisation, one warp per row, shared by the
  * LL dispatch send and the standalone mep_fp8_quantize kernel.
- * scale = max(amax, 1e-4) / 448, optionally rounded up to a power of two. */
+ * scale = max(amax, 1e-4) / 448 (IEEE division), optionally rounded up to a
+ * power of two; q = e4m3_satfinite(x / scale) (IEEE division): the same
+ * operations, in the same order, as tests/oracle/quant.cc, so the bytes
+ * match the oracle exactly. */
 #ifndef MEP_FP8_CUH_
 #define MEP_FP8_CUH_
 
@@ -11,21 +14,25 @@
 #define MEP_FP8_MAX 448.0f
 #define MEP_FP8_AMAX_FLOOR 1e-4f
 
+/* 2^ceil(log2(s)) for a positive normal s, exactly as the oracle's
+ * round_scale_pow2 (frexp, no log): s = m * 2^e, m in [0.5, 1). Non-finite
+ * s (an inf in the row) is left as it is. */
+__device__ __forceinline__ float mep_fp8_round_pow2(float s) {
+  if (!isfinite(s)) return s;
+  int e;
+  const float m = frexpf(s, &e);
+  return m == 0.5f ? ldexpf(1.0f, e - 1) : ldexpf(1.0f, e);
+}
+
 /* Scale for a group with absolute maximum `amax`. Rounding up keeps
  * |x / scale| <= 448 so UE8M0 never saturates. */
 __device__ __forceinline__ float mep_fp8_scale(float amax, bool pow2) {
-  float s = fmaxf(amax, MEP_FP8_AMAX_FLOOR) / MEP_FP8_MAX;
-  if (pow2) {
-    /* Exact round-up to a power of two on the bits (no log2f rounding):
-     * s is a positive normal float here. */
-    uint32_t b = __float_as_uint(s);
-    if (b & 0x7fffffu) b = (b & 0x7f800000u) + 0x00800000u;
-    s = __uint_as_float(b);
-  }
-  return s;
+  const float s = __fdiv_rn(fmaxf(amax, MEP_FP8_AMAX_FLOOR), MEP_FP8_MAX);
+  return pow2 ? mep_fp8_round_pow2(s) : s;
 }
 
-/* UE8M0 byte of a power-of-two scale: its biased exponent. */
+/* UE8M0 byte of a power-of-two scale: its biased exponent (= frexp's e - 1
+ * + 127, the oracle's ue8m0_byte). */
 __device__ __forceinline__ uint8_t mep_ue8m0_byte(float s) {
   return (uint8_t)((__float_as_uint(s) >> 23) & 0xffu);
 }
@@ -40,42 +47,73 @@ __device__ __forceinline__ void mep_bf16x8_to_f32(const uint4 v, float f[8]) {
   }
 }
 
+/* 16 values / s -> 16 e4m3 bytes (RN, satfinite). `f` already holds x / s. */
+__device__ __forceinline__ uint4 mep_fp8_pack16(const float f[16]) {
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(
+        make_float2(f[4 * i], f[4 * i + 1]), __NV_SATFINITE, __NV_E4M3);
+    const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(
+        make_float2(f[4 * i + 2], f[4 * i + 3]), __NV_SATFINITE, __NV_E4M3);
+    w[i] = (uint32_t)lo | ((uint32_t)hi << 16);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 /* Quantise one row of `hidden` (multiple of 128) bf16 values with a warp.
- * Each iteration covers 256 channels: lane l owns 8 channels, a half-warp
- * owns one 128-channel group, so the amax reduction stays in the half-warp.
+ * Lane l owns 16 channels of each 512-channel step (two 16-byte loads, one
+ * 16-byte store of e4m3 bytes); 8 consecutive lanes own one 128-channel
+ * group, so the amax reduction stays inside those 8 lanes and a group is
+ * either wholly inside the row or wholly past its end. kSteps steps have
+ * their loads in flight together. Every lane runs every shuffle (the loop
+ * trip count depends only on hidden). x and q must be 16-byte aligned.
  * Writes q[hidden] and calls put_scale(group, scale) on one lane per group. */
 template <typename PutScale>
 __device__ __forceinline__ void mep_fp8_quantize_row_warp(const __nv_bfloat16 *x, int hidden,
                                                           uint8_t *q, bool pow2,
                                                           PutScale put_scale) {
+  constexpr int kSteps = 4;
   const int lane = threadIdx.x & 31;
-  for (int base = 0; base < hidden; base += 256) {
-    const int c = base + lane * 8;
-    const bool valid = c < hidden; /* whole half-warp valid or not */
-    float f[8];
-    float amax = 0.f;
-    if (valid) {
-      uint4 v = __ldg(reinterpret_cast<const uint4 *>(x + c));
-      mep_bf16x8_to_f32(v, f);
+  for (int base = 0; base < hidden; base += 512 * kSteps) {
+    uint4 v[kSteps][2];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(f[i]));
+    for (int u = 0; u < kSteps; ++u) {
+      const int c = base + u * 512 + lane * 16;
+      if (c < hidden) {
+        const uint4 *src = reinterpret_cast<const uint4 *>(x + c);
+        v[u][0] = __ldg(src);
+        v[u][1] = __ldg(src + 1);
+      } else {
+        v[u][0] = make_uint4(0u, 0u, 0u, 0u);
+        v[u][1] = make_uint4(0u, 0u, 0u, 0u);
+      }
     }
 #pragma unroll
-    for (int m = 8; m >= 1; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-    if (valid) {
-      const float s = mep_fp8_scale(amax, pow2);
-      const float inv = 1.0f / s;
-      uint32_t w[2];
+    for (int u = 0; u < kSteps; ++u) {
+      const int c = base + u * 512 + lane * 16;
+      float f[16];
+      mep_bf16x8_to_f32(v[u][0], f);
+      mep_bf16x8_to_f32(v[u][1], f + 8);
+      float amax = 0.f;
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(
-            make_float2(f[4 * i] * inv, f[4 * i + 1] * inv), __NV_SATFINITE, __NV_E4M3);
-        __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(
-            make_float2(f[4 * i + 2] * inv, f[4 * i + 3] * inv), __NV_SATFINITE, __NV_E4M3);
-        w[i] = (uint32_t)lo | ((uint32_t)hi << 16);
+      for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(f[i]));
+#pragma unroll
+      for (int m = 4; m >= 1; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+      if (c < hidden) {
+        const float s = mep_fp8_scale(amax, pow2);
+        if (pow2) {
+          /* s = 2^e with 2^-e a normal float: x * 2^-e is exactly x / s. */
+          const float inv = __fdiv_rn(1.0f, s);
+#pragma unroll
+          for (int i = 0; i < 16; ++i) f[i] = __fmul_rn(f[i], inv);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 16; ++i) f[i] = __fdiv_rn(f[i], s);
+        }
+        *reinterpret_cast<uint4 *>(q + c) = mep_fp8_pack16(f);
+        if ((lane & 7) == 0) put_scale(c / 128, s);
       }
-      *reinterpret_cast<uint2 *>(q + c) = make_uint2(w[0], w[1]);
-      if ((lane & 15) == 0) put_scale(c / 128, s);
     }
   }
 }

@@ -53,6 +53,10 @@ extern "C" moe_ep_status_t mep_fp8_quantize(const void *x, int32_t num_tokens, i
   if (num_tokens > 0 && (x == nullptr || q == nullptr || scales == nullptr))
     return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
                              "fp8_quantize: x, q and scales must not be NULL");
+  if (num_tokens > 0 && (((uintptr_t)x | (uintptr_t)q) & 15u) != 0)
+    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                             "fp8_quantize: x (%p) and q (%p) must be 16-byte aligned (rows "
+                             "move as 16-byte vectors)", x, q);
   if (num_tokens == 0) return MOE_EP_OK;
   const int blocks = (num_tokens + kWarps - 1) / kWarps;
   fp8_quantize_kernel<<<blocks, kWarps * 32, 0, (cudaStream_t)stream>>>(

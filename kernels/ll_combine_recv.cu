@@ -1,5 +1,5 @@
 /* ll_combine_recv.cu: LL combine, receive half. Every block waits all
- * peers' counts (and GIN rows), then warps reduce tokens:
+ * peers' counts (and GIN rows), then warps reduce (token, chunk) units:
  * out[t] = sum_k w[t,k] * y_k in f32, k ascending (deterministic), bf16 out.
  * The last block to finish advances the signal shadows. */
 #include "kernels/ll_launch.cuh"
@@ -18,7 +18,7 @@ struct CRecvArgs {
 
 template <class Tp, typename IdxT>
 __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
-    ll_combine_recv_kernel(const MepLLParams p, const CRecvArgs a) {
+    ll_combine_recv_kernel(const __grid_constant__ MepLLParams p, const CRecvArgs a) {
   extern __shared__ int cnt[]; /* [R] */
   __shared__ int failed;
   const int R = p.dims.world;
@@ -48,39 +48,57 @@ __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
   __syncthreads();
   if (failed) return;
 
+  /* Work unit = (token, 256-channel chunk): T * ceil(H / 256) units spread
+   * over every warp of the grid (not one warp per token), and each unit
+   * issues the loads of up to 8 slots' rows before the first FMA. No
+   * shuffles: every branch below may diverge safely (a hidden that is not a
+   * multiple of 256 leaves some lanes of the last chunk idle). */
   const int nwarps = gridDim.x * (MEP_LL_THREADS / 32);
   const int gwarp = blockIdx.x * (MEP_LL_THREADS / 32) + threadIdx.x / 32;
   const int K = a.top_k;
   const uint32_t row_elems = (uint32_t)a.hidden;
+  const int nchunks = (a.hidden + 255) / 256;
   const __nv_bfloat16 *region =
       reinterpret_cast<const __nv_bfloat16 *>(p.local + p.set_off + p.lay.comb_recv);
-  for (int t = gwarp; t < a.tokens; t += nwarps) {
-    int my_e = -1;
-    float my_w = 0.f;
-    if (lane < K) {
-      my_e = (int)reinterpret_cast<const IdxT *>(a.topk)[t * K + lane];
-      my_w = a.weights[t * K + lane];
-    }
-    for (int c = lane * 8; c < a.hidden; c += 256) {
-      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      for (int k = 0; k < K; ++k) {
-        const int e = __shfl_sync(0xffffffffu, my_e, k);
-        const float w = __shfl_sync(0xffffffffu, my_w, k);
-        if (e < 0 || e >= a.num_experts) continue;
-        const uint4 v = __ldcg(reinterpret_cast<const uint4 *>(
-            region + (size_t)(t * K + k) * row_elems + c));
-        const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&v);
+  const IdxT *topk = reinterpret_cast<const IdxT *>(a.topk);
+  for (int u = gwarp; u < a.tokens * nchunks; u += nwarps) {
+    const int t = u / nchunks;
+    const int c = (u - t * nchunks) * 256 + lane * 8;
+    const bool valid = c < a.hidden;
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int k0 = 0; k0 < K; k0 += 8) {
+      uint4 v[8];
+      float w[8];
+      bool use[8];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 f = __bfloat1622float2(h[i]);
-          acc[2 * i] = fmaf(w, f.x, acc[2 * i]);
-          acc[2 * i + 1] = fmaf(w, f.y, acc[2 * i + 1]);
+      for (int i = 0; i < 8; ++i) {
+        const int k = k0 + i;
+        const int e = k < K ? (int)topk[t * K + k] : -1;
+        w[i] = k < K ? a.weights[t * K + k] : 0.f;
+        use[i] = valid && e >= 0 && e < a.num_experts;
+        v[i] = use[i] ? __ldcg(reinterpret_cast<const uint4 *>(
+                            region + (size_t)(t * K + k) * row_elems + c))
+                      : make_uint4(0u, 0u, 0u, 0u);
+      }
+      /* k ascending, one fmaf per slot: the documented (deterministic)
+       * order, unchanged. */
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        if (!use[i]) continue;
+        const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&v[i]);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float2 f = __bfloat1622float2(h[j]);
+          acc[2 * j] = fmaf(w[i], f.x, acc[2 * j]);
+          acc[2 * j + 1] = fmaf(w[i], f.y, acc[2 * j + 1]);
         }
       }
+    }
+    if (valid) {
       uint4 o;
       __nv_bfloat162 *ob = reinterpret_cast<__nv_bfloat162 *>(&o);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) ob[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
+      for (int j = 0; j < 4; ++j) ob[j] = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
       *reinterpret_cast<uint4 *>(a.out + (size_t)t * a.hidden + c) = o;
     }
   }

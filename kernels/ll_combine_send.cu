@@ -13,7 +13,7 @@ struct CSendArgs {
 
 template <class Tp>
 __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
-    ll_combine_send_kernel(const MepLLParams p, const CSendArgs a) {
+    ll_combine_send_kernel(const __grid_constant__ MepLLParams p, const CSendArgs a) {
   const int lane = threadIdx.x & 31;
   const int nwarps = gridDim.x * (MEP_LL_THREADS / 32);
   const int gwarp = blockIdx.x * (MEP_LL_THREADS / 32) + threadIdx.x / 32;
@@ -21,8 +21,14 @@ __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
   const uint32_t row_bytes = (uint32_t)a.hidden * 2u;
   const uint32_t row_sig = mep_ll_sig_comb_row(&p.dims, p.rank);
 
-  for (int j = gwarp; j < a.local_experts * cap; j += nwarps) {
-    const int le = j / cap, s = j % cap;
+  /* Slots are visited slot-index-major (u = s * E_local + le), so the first
+   * pass of the grid covers the first few rows of every expert, where the
+   * valid rows are: one row per warp instead of several valid rows landing
+   * on the same warp (expert-major order with a stride of the warp count). */
+  const int EL = a.local_experts;
+  for (int u = gwarp; u < EL * cap; u += nwarps) {
+    const int s = u / EL, le = u - s * EL;
+    const int j = le * cap + s;
     if (s >= __ldg(a.recv_count + le)) continue;
     const int v = __ldg(a.slot_src + j);
     const int r = MEP_LL_SLOT_RANK(v), t = MEP_LL_SLOT_TOKEN(v), k = MEP_LL_SLOT_K(v);
@@ -30,9 +36,7 @@ __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
     const uint64_t stage_off = p.set_off + p.lay.stage + (uint64_t)j * row_bytes;
     if (Tp::kStaged) {
       /* GIN reads its source from the window */
-      const uint4 *src = reinterpret_cast<const uint4 *>(yrow);
-      uint4 *dst = reinterpret_cast<uint4 *>(p.local + stage_off);
-      for (int i = lane; i < a.hidden / 8; i += 32) dst[i] = __ldg(src + i);
+      mep_copy_warp(p.local + stage_off, yrow, row_bytes);
       __syncwarp();
     }
     Tp::put_warp(p, r, p.set_off + p.lay.comb_recv + (uint64_t)(t * a.top_k + k) * row_bytes,

@@ -21,7 +21,7 @@ struct RecvArgs {
 
 template <class Tp, bool kFp8>
 __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
-    ll_dispatch_recv_kernel(const MepLLParams p, const RecvArgs a) {
+    ll_dispatch_recv_kernel(const __grid_constant__ MepLLParams p, const RecvArgs a) {
   extern __shared__ int smem[]; /* counts [R], prefix [R + 1] */
   const int R = p.dims.world;
   int *cnt = smem;
@@ -41,6 +41,9 @@ __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
       if (mep_wait_ge(p, [&] { return Tp::read_signal(p, cs); }, base + 1,
                       MEP_LL_OP_DISPATCH_RECV, r, le, &seen)) {
         c = (int)(seen - base - 1);
+        /* The sender never counts past max_tokens; a larger count could
+         * only come from a corrupt signal: never read past the region. */
+        if (c < 0 || c > p.dims.max_tokens) c = c < 0 ? 0 : p.dims.max_tokens;
         if (Tp::kRowSignals) {
           const uint32_t rs = mep_ll_sig_disp_row(&p.dims, le, r);
           const uint64_t rbase = p.shadows[rs];
@@ -74,7 +77,7 @@ __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
     const int total = prefix[R];
     for (int j = warp; j < total; j += MEP_LL_THREADS / 32) {
       int r = 0;
-      while (prefix[r + 1] <= j) ++r; /* R is small; slots ascend with r */
+      while (r < R - 1 && prefix[r + 1] <= j) ++r; /* slots ascend with r; at most R steps */
       const int i = j - prefix[r];
       const uint64_t src_slot = ((uint64_t)le * R + r) * p.dims.max_tokens + i;
       const uint64_t dst_slot = (uint64_t)le * cap + j;

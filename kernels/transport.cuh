@@ -105,23 +105,29 @@ __device__ __forceinline__ bool mep_wait_ge(const MepLLParams &p, Read read, uin
   }
 }
 
-/* Warp copy of `bytes` (multiple of 16, 16-byte aligned) from src to dst. */
+/* Warp copy of `bytes` (multiple of 16, 16-byte aligned) from src to dst.
+ * Each step issues all of a lane's (up to 8) 16-byte loads before its
+ * stores, so one step costs one load latency; the tail is a guarded step,
+ * not a serial loop. Trip count: ceil(bytes / 4096), bounded. */
 __device__ __forceinline__ void mep_copy_warp(void *dst, const void *src, uint32_t bytes) {
-  const int lane = threadIdx.x & 31;
+  constexpr uint32_t kU = 8;
+  const uint32_t lane = threadIdx.x & 31;
   uint4 *d = reinterpret_cast<uint4 *>(dst);
   const uint4 *s = reinterpret_cast<const uint4 *>(src);
   const uint32_t n = bytes / 16;
-  uint32_t i = lane;
-  /* Four 16-byte loads in flight per lane before the stores. */
-  for (; i + 96 < n; i += 128) {
-    uint4 a = __ldcg(s + i), b = __ldcg(s + i + 32), c = __ldcg(s + i + 64),
-          e = __ldcg(s + i + 96);
-    d[i] = a;
-    d[i + 32] = b;
-    d[i + 64] = c;
-    d[i + 96] = e;
+  for (uint32_t base = 0; base < n; base += 32 * kU) {
+    uint4 v[kU];
+#pragma unroll
+    for (uint32_t u = 0; u < kU; ++u) {
+      const uint32_t i = base + u * 32 + lane;
+      v[u] = i < n ? __ldcg(s + i) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (uint32_t u = 0; u < kU; ++u) {
+      const uint32_t i = base + u * 32 + lane;
+      if (i < n) d[i] = v[u];
+    }
   }
-  for (; i < n; i += 32) d[i] = __ldcg(s + i);
 }
 
 __device__ __forceinline__ int mep_lsa_peer(const MepLLParams &p, int peer) {

@@ -1,8 +1,10 @@
 // ll_gpu_test.cc: multi-process GPU test of the LL data path (one process per
 // GPU, re-exec'd by the parent with MOE_EP_RANK/MOE_EP_WORLD_SIZE): NCCL setup
 // through runtime/nccl, dispatch + combine over LSA and GIN-emulated checked
-// against a CPU reference built from every rank's seeds, double buffering,
-// CUDA graph replays, a timeout record, and a latency micro-benchmark.
+// against a CPU reference built from every rank's seeds (fp8 bytes and scales
+// exactly against tests/oracle's quantizer), double buffering, CUDA graph
+// replays, a timeout record, and a latency micro-benchmark. Runs with any
+// world size, 1 included (MOE_EP_TEST_WORLD=1, or a 1-GPU machine).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <spawn.h>
@@ -24,6 +26,7 @@
 #include "kernels/ll.h"
 #include "runtime/error.h"
 #include "runtime/nccl/nccl_setup.h"
+#include "tests/oracle/quant.h"
 
 extern char **environ;
 
@@ -64,17 +67,6 @@ float e4m3_to_f(uint8_t b) {
   float v = e == 0 ? std::ldexp((float)m, -9) : std::ldexp(1.0f + m / 8.0f, e - 7);
   return s ? -v : v;
 }
-float ref_scale(float amax, bool pow2) {
-  float s = std::max(amax, 1e-4f) / 448.0f;
-  if (pow2) {
-    uint32_t b;
-    memcpy(&b, &s, 4);
-    if (b & 0x7fffffu) b = (b & 0x7f800000u) + 0x00800000u;
-    memcpy(&s, &b, 4);
-  }
-  return s;
-}
-
 struct Case {
   int hidden, top_k, experts, fp8, scale_mode, idx_bytes;
   std::vector<int> tokens;  // per rank
@@ -267,32 +259,49 @@ class LlGpu : public ::testing::Test {
               if (memcmp(&rx[s * row_bytes], xr, row_bytes) != 0 && bad++ < 3)
                 ADD_FAILURE() << "bf16 row differs: rank " << g_rank << " expert " << le << " slot " << i;
             } else {
+              // Exact: the oracle's scale and e4m3 bytes (x / scale, IEEE).
+              const moe_ep_oracle::ScaleFormat fmt =
+                  c.scale_mode == MOE_EP_FP8_SCALE_F32 ? moe_ep_oracle::ScaleFormat::kF32
+                  : c.scale_mode == MOE_EP_FP8_SCALE_UE8M0 ? moe_ep_oracle::ScaleFormat::kUe8m0
+                                                           : moe_ep_oracle::ScaleFormat::kUe8m0Packed;
+              std::vector<uint8_t> oq(H);
+              std::vector<float> osc(groups);
+              moe_ep_oracle::quantize_row(xr, H, fmt, oq.data(), osc.data());
               for (int gi = 0; gi < groups; ++gi) {
-                float amax = 0;
-                for (int h = gi * 128; h < gi * 128 + 128; ++h) amax = std::max(amax, std::fabs(bf2f(xr[h])));
-                const float sc = ref_scale(amax, c.scale_mode != MOE_EP_FP8_SCALE_F32);
+                const float sc = osc[gi];
                 float got_sc;
                 if (c.scale_mode == MOE_EP_FP8_SCALE_UE8M0_PACKED) {
                   const uint8_t byte = rs[s * srow + gi];
-                  uint32_t sb;
-                  memcpy(&sb, &sc, 4);
-                  if (byte != ((sb >> 23) & 0xff) && bad++ < 3)
-                    ADD_FAILURE() << "ue8m0 byte " << (int)byte << " want " << ((sb >> 23) & 0xff)
-                                  << " rank " << g_rank << " expert " << le << " slot " << i << " group " << gi;
-                  got_sc = sc;
+                  const uint8_t want = moe_ep_oracle::ue8m0_byte(sc);
+                  if (byte != want && bad++ < 3)
+                    ADD_FAILURE() << "ue8m0 byte " << (int)byte << " want " << (int)want
+                                  << " rank " << g_rank << " expert " << le << " slot " << i << " group " << gi
+                                  << " seed " << c.seed;
+                  got_sc = moe_ep_oracle::ue8m0_to_float(byte);
                 } else {
                   memcpy(&got_sc, &rs[s * srow + gi * 4], 4);
                   if (got_sc != sc && bad++ < 3)
                     ADD_FAILURE() << "scale " << got_sc << " want " << sc << " rank " << g_rank
-                                  << " expert " << le << " slot " << i << " group " << gi;
+                                  << " expert " << le << " slot " << i << " group " << gi << " seed " << c.seed;
                 }
                 for (int h = gi * 128; h < gi * 128 + 128; ++h) {
-                  const float xv = bf2f(xr[h]), q = e4m3_to_f(rx[s * row_bytes + h]) * got_sc;
+                  const uint8_t got = rx[s * row_bytes + h];
+                  if (got != oq[h] && bad++ < 3)
+                    ADD_FAILURE() << "fp8 byte 0x" << std::hex << (int)got << " want 0x" << (int)oq[h]
+                                  << std::dec << " (x " << bf2f(xr[h]) << ", scale " << sc << ") rank "
+                                  << g_rank << " expert " << le << " slot " << i << " channel " << h
+                                  << " seed " << c.seed;
+                  const float xv = bf2f(xr[h]), q = e4m3_to_f(got) * got_sc;
                   if (std::fabs(q - xv) > std::fabs(xv) * 0.0625f + got_sc * 0.002f + 1e-7f && bad++ < 3)
                     ADD_FAILURE() << "fp8 value " << q << " want ~" << xv << " rank " << g_rank
                                   << " expert " << le << " slot " << i << " channel " << h;
                 }
               }
+              if (c.scale_mode == MOE_EP_FP8_SCALE_UE8M0_PACKED)
+                for (int b = groups; b < words * 4; ++b)
+                  if (rs[s * srow + b] != 0 && bad++ < 3)
+                    ADD_FAILURE() << "packed scale padding byte " << b << " is " << (int)rs[s * srow + b]
+                                  << " rank " << g_rank << " expert " << le << " slot " << i;
             }
             for (int h = 0; h < H; ++h) yh[s * H + h] = f2bf(y_val(y_seed, r, t, e, h));
             ++i;
@@ -353,6 +362,11 @@ const Case kFp8Big = {7168, 8, 256, 1, MOE_EP_FP8_SCALE_F32, 8, {128, 0}, 12};
 const Case kFp8PackedSmall = {2048, 1, 8, 1, MOE_EP_FP8_SCALE_UE8M0_PACKED, 4, {1, 128}, 13};
 const Case kFp8Ue8m0 = {2048, 8, 8, 1, MOE_EP_FP8_SCALE_UE8M0, 4, {128, 1}, 14};
 const Case kBf16Odd = {2056, 1, 256, 0, 0, 4, {1, 0}, 15};
+// int64 topk_idx with UE8M0-packed scales: hidden 7168 (56 groups, 14 full
+// words) and hidden 2176 (17 groups: a partial last word, and a row that is
+// not a multiple of the quantizer's 512-channel step).
+const Case kFp8PackedI64Big = {7168, 8, 256, 1, MOE_EP_FP8_SCALE_UE8M0_PACKED, 8, {128, 37}, 16};
+const Case kFp8PackedI64Odd = {2176, 4, 64, 1, MOE_EP_FP8_SCALE_UE8M0_PACKED, 8, {45, 128}, 17};
 
 TEST_F(LlGpu, LsaBf16H7168Top8E256) { round_trip(kBf16Big, MEP_LL_TRANSPORT_LSA); }
 TEST_F(LlGpu, LsaFp8H7168Top8ZeroTokensOnRank1) { round_trip(kFp8Big, MEP_LL_TRANSPORT_LSA); }
@@ -363,6 +377,10 @@ TEST_F(LlGpu, GinEmuBf16H7168Top8E256) { round_trip(kBf16Big, MEP_LL_TRANSPORT_G
 TEST_F(LlGpu, GinEmuFp8H7168Top8ZeroTokensOnRank1) { round_trip(kFp8Big, MEP_LL_TRANSPORT_GIN_EMULATED); }
 TEST_F(LlGpu, GinEmuFp8PackedH2048Top1E8) { round_trip(kFp8PackedSmall, MEP_LL_TRANSPORT_GIN_EMULATED); }
 TEST_F(LlGpu, GinEmuFp8Ue8m0H2048Top8E8) { round_trip(kFp8Ue8m0, MEP_LL_TRANSPORT_GIN_EMULATED); }
+TEST_F(LlGpu, LsaFp8PackedI64H7168Top8E256) { round_trip(kFp8PackedI64Big, MEP_LL_TRANSPORT_LSA); }
+TEST_F(LlGpu, LsaFp8PackedI64H2176Top4E64) { round_trip(kFp8PackedI64Odd, MEP_LL_TRANSPORT_LSA); }
+TEST_F(LlGpu, GinEmuFp8PackedI64H2176Top4E64) { round_trip(kFp8PackedI64Odd, MEP_LL_TRANSPORT_GIN_EMULATED); }
+TEST_F(LlGpu, GinEmuBf16H2056Top1OneToken) { round_trip(kBf16Odd, MEP_LL_TRANSPORT_GIN_EMULATED); }
 TEST_F(LlGpu, MixedLayersBackToBack) {
   // Layers with different hidden/top_k on the same buffers, alternating transports.
   for (int i = 0; i < 3; ++i) {

@@ -29,7 +29,9 @@ def cuda_library(name, srcs, hdrs = [], hdrs_in = [], deps = [], nvcc_flags = []
             name = "_%s_%s_nvcc" % (name, stem),
             srcs = [src] + hdrs + hdrs_in,
             outs = [obj],
-            cmd = "%s %s %s -c $(location %s) -o $@" % (
+            # Own temp dir: sandboxed actions all run as PID 2, so parallel
+            # nvcc runs would otherwise collide on /tmp/tmpxft_00000002_*.
+            cmd = "T=$$(mktemp -d) && TMPDIR=$$T %s %s %s -c $(location %s) -o $@; r=$$?; rm -rf $$T; exit $$r" % (
                 NVCC,
                 " ".join(NVCC_FLAGS),
                 " ".join(nvcc_flags),
