@@ -23,7 +23,11 @@ void demo_buf_free(demo_buf_t *b) {
 int demo_upload(demo_buf_t *b) {
   if (b->dev == b->host) return 1;
   if ((last = cudaDeviceSynchronize()) != cudaSuccess) return 0;
-  return (last = cudaMemcpy(b->dev, b->host, b->bytes, cudaMemcpyHostToDevice)) == cudaSuccess;
+  if ((last = cudaMemcpy(b->dev, b->host, b->bytes, cudaMemcpyHostToDevice)) != cudaSuccess) {
+    return 0;
+  }
+  /* A pageable source may still be in flight when cudaMemcpy returns. */
+  return (last = cudaDeviceSynchronize()) == cudaSuccess;
 }
 
 int demo_download(demo_buf_t *b) {

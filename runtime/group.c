@@ -280,7 +280,10 @@ moe_ep_status_t mep_group_info(const moe_ep_group_t *g,
   info->num_local_experts = g->num_local_experts;
   info->backend = g->cfg.backend;
   info->mode = g->cfg.mode;
-  info->num_sms = g->num_sms;
+  /* What the kernels actually use: set_num_sms, or every SM by default. */
+  info->num_sms = g->cfg.backend == MOE_EP_BACKEND_HOST ? 0
+                  : g->num_sms > 0                        ? g->num_sms
+                                                          : g->max_sms;
   info->bytes_allocated = g->bytes_allocated;
   info->config_hash = g->config_hash;
   if (info->struct_size >= offsetof(moe_ep_group_info_t, reserved0) &&

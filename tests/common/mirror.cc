@@ -33,6 +33,9 @@ void Mirror::upload() {
   if (!gpu_ || bytes_ == 0) return;
   cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize before upload");
   cuda_check(cudaMemcpy(dev_, host_, bytes_, cudaMemcpyHostToDevice), "upload");
+  // From pageable memory cudaMemcpy may return before the DMA lands; work on
+  // a non-blocking stream (graph replays) is not ordered after it.
+  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize after upload");
 }
 
 void Mirror::download() {

@@ -655,6 +655,8 @@ int main(int argc, char** argv) {
           CUDA_CHECK(cudaMemcpy(d_x, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
           CUDA_CHECK(cudaMemcpy(d_w, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
           CUDA_CHECK(cudaMemcpy(d_topk, routes[rank].data(), routes[rank].size() * 8, cudaMemcpyHostToDevice));
+          // Pageable copies may still be in flight; the bench stream does not wait for them.
+          CUDA_CHECK(cudaDeviceSynchronize());
         }
         Desc t_topk, t_x, t_w, t_out, t_rx, t_rs, t_rc, t_y;
         t_topk.Set(d_topk, MOE_EP_DTYPE_INT, 64, dev, {T, top_k});
