@@ -19,6 +19,8 @@ api() {  # name ranks seconds worker-args...
 timeout 75 $B/ll_gpu_test > "$OUT/ll_gpu_test.log" 2>&1
 summary ll_gpu_test $?
 grep -E "^\[  (PASSED|FAILED) |FAILED  \]|BENCH" "$OUT/ll_gpu_test.log" | head -20
+MOE_EP_TEST_WORLD=1 timeout 60 $B/ll_gpu_test --gtest_filter=-*Bench* > "$OUT/ll_gpu_test_world1.log" 2>&1
+summary ll_gpu_test_world1 $?
 api ep2_lsa_fp8 2 50 --experts=256 --max_tokens=128 --dtype=fp8 --layers=7168:8,2048:1 --seeds=1
 timeout 90 $B/moe_ep_run -n 2 --timeout_s 85 -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
   --warmup=50 --json="$OUT/bench.json" > "$OUT/bench.log" 2>&1

@@ -1,7 +1,7 @@
 #!/bin/bash
 # test.sh: the README's test command: set up, build everything (CUDA kernels
 # for sm_90 included), run every CPU suite (GPU suites are tagged "gpu" and
-# skipped; see tools/gpu_suite.sh).
+# skipped; see tools/device_suite.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
