@@ -40,6 +40,13 @@ void mep_registry_remove(const void *obj) {
       break;
     }
   }
+  /* Nothing live: give the storage back, so an engine that dlcloses the
+   * library after its last group leaks nothing. */
+  if (reg_len == 0) {
+    free(reg_entries);
+    reg_entries = NULL;
+    reg_cap = 0;
+  }
   pthread_mutex_unlock(&reg_lock);
 }
 
