@@ -15,6 +15,8 @@ extern "C" {
 
 typedef struct mep_backend_ops {
   const char *name;
+  /* Whether hook_free of an unrun hook leaves the group consistent. */
+  int abandon_is_safe;
   /* Exact bytes of communication buffers for the config and world size. */
   uint64_t (*buffer_bytes)(const moe_ep_config_t *cfg, int world_size);
   /* Collective. Sets group->impl; on failure leaves nothing allocated. */

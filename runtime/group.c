@@ -11,6 +11,7 @@
 #include "runtime/error.h"
 #include "runtime/log.h"
 #include "runtime/registry.h"
+#include "runtime/validate.h"
 
 #define CANON_BYTES 1024
 
@@ -61,7 +62,12 @@ moe_ep_status_t mep_backend_select(int requested, const mep_backend_ops_t **ops,
 static moe_ep_status_t check_configs_agree(moe_ep_group_t *g) {
   char mine[CANON_BYTES];
   memset(mine, 0, sizeof(mine));
-  mep_config_canonical(&g->cfg, mine, sizeof(mine));
+  if (mep_config_canonical(&g->cfg, mine, sizeof(mine)) >= sizeof(mine) - 1) {
+    return mep_error(MOE_EP_ERR_INTERNAL,
+                     "group_create: the canonical config text outgrew %d bytes; it "
+                     "could hide a difference between ranks",
+                     CANON_BYTES);
+  }
   char *all = calloc((size_t)g->world_size, CANON_BYTES);
   if (all == NULL) {
     return mep_error(MOE_EP_ERR_NO_MEMORY,
@@ -93,7 +99,7 @@ static moe_ep_status_t check_configs_agree(moe_ep_group_t *g) {
 
 static moe_ep_status_t validate_params(const moe_ep_group_params_t *p,
                                        moe_ep_group_t *g) {
-  if (p->struct_size < offsetof(moe_ep_group_params_t, cuda_device)) {
+  if (!MEP_HAS_FIELD(p, world_size)) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "group_create: params->struct_size=%zu is smaller than "
                      "the v1 minimum %zu; initialise with "
@@ -128,9 +134,8 @@ static moe_ep_status_t validate_params(const moe_ep_group_params_t *p,
                      g->cfg.num_experts, g->world_size);
   }
   g->num_local_experts = g->cfg.num_experts / g->world_size;
-  g->cuda_device = p->struct_size >= offsetof(moe_ep_group_params_t, reserved0)
-                       ? p->cuda_device : -1;
-  g->nccl_comm = p->struct_size >= sizeof(moe_ep_group_params_t) ? p->nccl_comm : NULL;
+  g->cuda_device = MEP_HAS_FIELD(p, cuda_device) ? p->cuda_device : -1;
+  g->nccl_comm = MEP_HAS_FIELD(p, nccl_comm) ? p->nccl_comm : NULL;
   if (g->num_local_experts > MEP_MAX_LOCAL_EXPERTS) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "group_create: num_experts/world_size=%d local experts "
@@ -219,7 +224,7 @@ moe_ep_status_t mep_group_destroy(moe_ep_group_t *group) {
   return MOE_EP_OK;
 }
 
-static moe_ep_status_t check_group(const moe_ep_group_t *g, const char *entry) {
+moe_ep_status_t mep_group_check(const moe_ep_group_t *g, const char *entry) {
   if (g == NULL || !mep_registry_contains(g, MEP_OBJ_GROUP)) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "%s: group=%p is not a live group", entry, (const void *)g);
@@ -228,16 +233,17 @@ static moe_ep_status_t check_group(const moe_ep_group_t *g, const char *entry) {
 }
 
 /* Entry guard: a live, unbroken group. */
+moe_ep_status_t mep_group_broken_error(const moe_ep_group_t *g, const char *entry) {
+  if (g->broken == MOE_EP_OK) return MOE_EP_OK;
+  return mep_error(g->broken, "%s: the group failed earlier: %s", entry, g->broken_msg);
+}
+
 moe_ep_status_t mep_group_enter(moe_ep_group_t *g, const char *entry) {
-  if (g == NULL || !mep_registry_contains(g, MEP_OBJ_GROUP)) {
-    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                     "%s: group=%p is not a live group", entry, (void *)g);
-  }
-  if (g->broken != MOE_EP_OK) {
-    return mep_error(g->broken, "%s: the group failed earlier: %s", entry,
-                     g->broken_msg);
-  }
-  return MOE_EP_OK;
+  MEP_CHECK(mep_group_check(g, entry));
+  pthread_mutex_lock(&g->lock);
+  moe_ep_status_t st = mep_group_broken_error(g, entry);
+  pthread_mutex_unlock(&g->lock);
+  return st;
 }
 
 moe_ep_status_t mep_handle_check(moe_ep_group_t *g, moe_ep_handle_t *h,
@@ -267,10 +273,17 @@ int mep_status_is_fatal(moe_ep_status_t st) {
          st == MOE_EP_ERR_NCCL || st == MOE_EP_ERR_INTERNAL;
 }
 
+/* What the kernels use: set_num_sms, or every SM by default; the host
+ * backend uses none. */
+static int32_t sms_used(const moe_ep_group_t *g) {
+  if (g->cfg.backend == MOE_EP_BACKEND_HOST) return 0;
+  return g->num_sms > 0 ? g->num_sms : g->max_sms;
+}
+
 moe_ep_status_t mep_group_info(const moe_ep_group_t *g,
                                moe_ep_group_info_t *info) {
-  MEP_CHECK(check_group(g, "group_info"));
-  if (info == NULL || info->struct_size < offsetof(moe_ep_group_info_t, peer_transports)) {
+  MEP_CHECK(mep_group_check(g, "group_info"));
+  if (info == NULL || !MEP_HAS_FIELD(info, config_hash)) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "group_info: info is NULL or info->struct_size is below "
                      "the v1 minimum; use MOE_EP_INIT(moe_ep_group_info_t)");
@@ -280,14 +293,10 @@ moe_ep_status_t mep_group_info(const moe_ep_group_t *g,
   info->num_local_experts = g->num_local_experts;
   info->backend = g->cfg.backend;
   info->mode = g->cfg.mode;
-  /* What the kernels actually use: set_num_sms, or every SM by default. */
-  info->num_sms = g->cfg.backend == MOE_EP_BACKEND_HOST ? 0
-                  : g->num_sms > 0                        ? g->num_sms
-                                                          : g->max_sms;
+  info->num_sms = sms_used(g);
   info->bytes_allocated = g->bytes_allocated;
   info->config_hash = g->config_hash;
-  if (info->struct_size >= offsetof(moe_ep_group_info_t, reserved0) &&
-      info->peer_transports != NULL) {
+  if (MEP_HAS_FIELD(info, peer_transports_len) && info->peer_transports != NULL) {
     if (info->peer_transports_len < g->world_size) {
       return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                        "group_info: peer_transports_len=%d is smaller than "
@@ -311,7 +320,7 @@ moe_ep_status_t mep_group_break(moe_ep_group_t *g, moe_ep_status_t st) {
 }
 
 moe_ep_status_t mep_group_poll_error(moe_ep_group_t *g) {
-  MEP_CHECK(check_group(g, "group_poll_error"));
+  MEP_CHECK(mep_group_check(g, "group_poll_error"));
   pthread_mutex_lock(&g->lock);
   moe_ep_status_t st = g->broken;
   if (st == MOE_EP_OK) {
@@ -325,27 +334,28 @@ moe_ep_status_t mep_group_poll_error(moe_ep_group_t *g) {
 }
 
 moe_ep_status_t mep_group_set_num_sms(moe_ep_group_t *g, int32_t num_sms) {
-  MEP_CHECK(check_group(g, "set_num_sms"));
+  MEP_CHECK(mep_group_check(g, "set_num_sms"));
   if (num_sms < 0 || (g->max_sms > 0 && num_sms > g->max_sms)) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "set_num_sms: num_sms=%d must be in [0, %d] (0 = the "
                      "backend's default)",
                      num_sms, g->max_sms);
   }
+  pthread_mutex_lock(&g->lock);
   g->num_sms = num_sms;
+  pthread_mutex_unlock(&g->lock);
   return MOE_EP_OK;
 }
 
 moe_ep_status_t mep_group_max_sms_used(const moe_ep_group_t *g,
                                        int32_t *num_sms) {
-  MEP_CHECK(check_group(g, "max_sms_used"));
+  MEP_CHECK(mep_group_check(g, "max_sms_used"));
   if (num_sms == NULL) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "max_sms_used: num_sms is NULL");
   }
-  /* The host backend uses no SMs; the nccl kernels use num_sms (0 = all). */
-  *num_sms = g->cfg.backend == MOE_EP_BACKEND_HOST ? 0
-             : g->num_sms > 0                        ? g->num_sms
-                                                     : g->max_sms;
+  pthread_mutex_lock((pthread_mutex_t *)&g->lock);
+  *num_sms = sms_used(g);
+  pthread_mutex_unlock((pthread_mutex_t *)&g->lock);
   return MOE_EP_OK;
 }
 

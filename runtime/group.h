@@ -58,6 +58,10 @@ moe_ep_status_t mep_group_max_sms_used(const moe_ep_group_t *group,
 moe_ep_status_t mep_buffer_size_hint(const moe_ep_config_t *config,
                                      int32_t world_size, uint64_t *bytes);
 
+/* A live group (from group_create, not destroyed). */
+moe_ep_status_t mep_group_check(const moe_ep_group_t *group, const char *entry);
+/* The recorded failure as this entry's error, or OK; call under the lock. */
+moe_ep_status_t mep_group_broken_error(const moe_ep_group_t *group, const char *entry);
 /* Entry guard: a live group that has not failed. */
 moe_ep_status_t mep_group_enter(moe_ep_group_t *group, const char *entry);
 /* A live handle prepared on this group. */

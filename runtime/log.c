@@ -66,11 +66,15 @@ void mep_log(int level, const char *subsys, const char *fmt, ...) {
     vsnprintf(msg + n, sizeof(msg) - (size_t)n, fmt, ap);
   }
   va_end(ap);
+  /* The engine's logger runs outside the lock: it may log back into us, or
+   * be slow, without blocking other threads. */
   pthread_mutex_lock(&log_lock);
-  if (log_fn != NULL) {
-    log_fn(log_user, level, msg);
+  moe_ep_logger_fn fn = log_fn;
+  void *user = log_user;
+  pthread_mutex_unlock(&log_lock);
+  if (fn != NULL) {
+    fn(user, level, msg);
   } else {
     fprintf(stderr, "%s\n", msg);
   }
-  pthread_mutex_unlock(&log_lock);
 }

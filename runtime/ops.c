@@ -9,7 +9,6 @@
 #include "runtime/registry.h"
 #include "runtime/validate.h"
 
-#define BIT(dt) (1u << (dt))
 #define KNOWN_FLAGS (MOE_EP_FLAG_DEFER_RECV | MOE_EP_FLAG_ROUND_SCALE)
 
 static int is_ll(const moe_ep_group_t *g) {
@@ -46,12 +45,12 @@ static moe_ep_status_t reserve_buffer_set(moe_ep_group_t *g, const char *entry,
   *set = (int32_t)(g->seq % (uint64_t)nsets);
   if (g->pending[*set] != NULL) {
     return mep_error(MOE_EP_ERR_BUSY,
-                     "%s: buffer set %d still holds a pending %s whose hook "
-                     "has not run; at most %d operation%s may be pending "
-                     "(double_buffer=%s): run a hook first",
+                     "%s: the next operation uses buffer set %d, which still holds a "
+                     "pending %s whose hook has not run (buffer sets alternate, %d "
+                     "in all with double_buffer=%s): run that hook first",
                      entry, *set,
                      g->pending[*set]->op.kind == MEP_OP_DISPATCH ? "dispatch" : "combine",
-                     nsets, nsets > 1 ? "s" : "", g->cfg.double_buffer ? "true" : "false");
+                     nsets, g->cfg.double_buffer ? "true" : "false");
   }
   return MOE_EP_OK;
 }
@@ -106,10 +105,10 @@ static moe_ep_status_t check_ll_dispatch_outputs(moe_ep_group_t *g,
   void *data;
   int dt;
   mep_tensor_rule_t rx = {"dispatch", "params->recv_x", dev,
-                          fp8 ? BIT(MEP_DT_FP8) : BIT(MEP_DT_BF16), 3,
+                          fp8 ? MEP_BIT(MEP_DT_FP8) : MEP_BIT(MEP_DT_BF16), 3,
                           {el, slots, p->hidden}, 0};
   MEP_CHECK(mep_tensor_check(p->recv_x, &rx, &op->recv_x, &dt));
-  mep_tensor_rule_t rc = {"dispatch", "params->recv_count", dev, BIT(MEP_DT_I32),
+  mep_tensor_rule_t rc = {"dispatch", "params->recv_count", dev, MEP_BIT(MEP_DT_I32),
                           1, {el, 0, 0}, 0};
   MEP_CHECK(mep_tensor_check(p->recv_count, &rc, &data, &dt));
   op->recv_count = data;
@@ -117,7 +116,7 @@ static moe_ep_status_t check_ll_dispatch_outputs(moe_ep_group_t *g,
     int packed = g->cfg.fp8_scale == MOE_EP_FP8_SCALE_UE8M0_PACKED;
     int64_t groups = p->hidden / MEP_HIDDEN_ALIGN;
     mep_tensor_rule_t rs = {"dispatch", "params->recv_scales", dev,
-                            packed ? BIT(MEP_DT_I32) : BIT(MEP_DT_F32), 3,
+                            packed ? MEP_BIT(MEP_DT_I32) : MEP_BIT(MEP_DT_F32), 3,
                             {el, slots, packed ? (groups + 3) / 4 : groups}, 0};
     MEP_CHECK(mep_tensor_check(p->recv_scales, &rs, &op->recv_scales, &dt));
   }
@@ -131,11 +130,11 @@ static moe_ep_status_t check_ht_dispatch_outputs(moe_ep_group_t *g,
   mep_handle_state_t *h = op->handle;
   void *data;
   int dt;
-  mep_tensor_rule_t rw = {"dispatch", "params->topk_weights", dev, BIT(MEP_DT_F32),
+  mep_tensor_rule_t rw = {"dispatch", "params->topk_weights", dev, MEP_BIT(MEP_DT_F32),
                           2, {h->num_tokens, h->top_k, 0}, 1};
   MEP_CHECK(mep_tensor_check(p->topk_weights, &rw, &data, &dt));
   op->topk_weights = data;
-  mep_tensor_rule_t rx = {"dispatch", "params->recv_x", dev, BIT(MEP_DT_BF16), 2,
+  mep_tensor_rule_t rx = {"dispatch", "params->recv_x", dev, MEP_BIT(MEP_DT_BF16), 2,
                           {-1, p->hidden, 0}, 1};
   MEP_CHECK(mep_tensor_check(p->recv_x, &rx, &op->recv_x, &dt));
   op->recv_capacity = p->recv_x->shape[0];
@@ -146,15 +145,15 @@ static moe_ep_status_t check_ht_dispatch_outputs(moe_ep_group_t *g,
                      (long long)op->recv_capacity, (long long)h->num_recv);
   }
   int64_t cap = op->recv_capacity;
-  mep_tensor_rule_t ri = {"dispatch", "params->recv_topk_idx", dev, BIT(MEP_DT_I32),
+  mep_tensor_rule_t ri = {"dispatch", "params->recv_topk_idx", dev, MEP_BIT(MEP_DT_I32),
                           2, {cap, h->top_k, 0}, 1};
   MEP_CHECK(mep_tensor_check(p->recv_topk_idx, &ri, &data, &dt));
   op->recv_topk_idx = data;
   mep_tensor_rule_t rtw = {"dispatch", "params->recv_topk_weights", dev,
-                           BIT(MEP_DT_F32), 2, {cap, h->top_k, 0}, 1};
+                           MEP_BIT(MEP_DT_F32), 2, {cap, h->top_k, 0}, 1};
   MEP_CHECK(mep_tensor_check(p->recv_topk_weights, &rtw, &data, &dt));
   op->recv_topk_weights = data;
-  mep_tensor_rule_t rc = {"dispatch", "params->recv_count", dev, BIT(MEP_DT_I32),
+  mep_tensor_rule_t rc = {"dispatch", "params->recv_count", dev, MEP_BIT(MEP_DT_I32),
                           1, {g->num_local_experts, 0, 0}, 0};
   MEP_CHECK(mep_tensor_check(p->recv_count, &rc, &data, &dt));
   op->recv_count = data;
@@ -173,10 +172,12 @@ moe_ep_status_t mep_dispatch(moe_ep_group_t *g, moe_ep_handle_t *h,
   if (hook != NULL) *hook = NULL;
   MEP_CHECK(mep_group_enter(g, "dispatch"));
   MEP_CHECK(mep_handle_check(g, h, "dispatch"));
-  if (p == NULL || p->struct_size < offsetof(moe_ep_dispatch_params_t, topk_weights)) {
+  if (p == NULL || !MEP_HAS_FIELD(p, recv_count) ||
+      (!is_ll(g) && !MEP_HAS_FIELD(p, num_recv_tokens))) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                     "dispatch: params is NULL or params->struct_size is below "
-                     "the v1 minimum");
+                     "dispatch: params is NULL or params->struct_size=%zu is below "
+                     "the v1 minimum for this mode",
+                     p ? p->struct_size : (size_t)0);
   }
   int fp8 = is_ll(g) && g->cfg.dispatch_dtype == MOE_EP_DISPATCH_FP8_E4M3;
   MEP_CHECK(check_flags_hidden(g, "dispatch", p->flags, p->hidden, hook, fp8));
@@ -191,7 +192,7 @@ moe_ep_status_t mep_dispatch(moe_ep_group_t *g, moe_ep_handle_t *h,
   void *data;
   int dt;
   mep_tensor_rule_t rx = {"dispatch", "params->x", mep_group_device_type(g),
-                          BIT(MEP_DT_BF16), 2, {h->num_tokens, p->hidden, 0}, 1};
+                          MEP_BIT(MEP_DT_BF16), 2, {h->num_tokens, p->hidden, 0}, 1};
   MEP_CHECK(mep_tensor_check(p->x, &rx, &data, &dt));
   op.x = data;
   if (is_ll(g)) {
@@ -213,10 +214,11 @@ moe_ep_status_t mep_combine(moe_ep_group_t *g, moe_ep_handle_t *h,
   if (hook != NULL) *hook = NULL;
   MEP_CHECK(mep_group_enter(g, "combine"));
   MEP_CHECK(mep_handle_check(g, h, "combine"));
-  if (p == NULL || p->struct_size < sizeof(moe_ep_combine_params_t)) {
+  if (p == NULL || !MEP_HAS_FIELD(p, stream)) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                     "combine: params is NULL or params->struct_size is below "
-                     "the v1 minimum");
+                     "combine: params is NULL or params->struct_size=%zu is below "
+                     "the v1 minimum",
+                     p ? p->struct_size : (size_t)0);
   }
   MEP_CHECK(check_flags_hidden(g, "combine", p->flags, p->hidden, hook, 0));
   if (h->dispatched != 2) {
@@ -240,7 +242,7 @@ moe_ep_status_t mep_combine(moe_ep_group_t *g, moe_ep_handle_t *h,
   int dt;
   int64_t rows = is_ll(g) ? (int64_t)g->world_size * g->cfg.max_tokens_per_rank
                           : h->num_recv;
-  mep_tensor_rule_t ry = {"combine", "params->y", dev, BIT(MEP_DT_BF16),
+  mep_tensor_rule_t ry = {"combine", "params->y", dev, MEP_BIT(MEP_DT_BF16),
                           is_ll(g) ? 3 : 2,
                           {is_ll(g) ? g->num_local_experts : rows,
                            is_ll(g) ? rows : p->hidden, p->hidden},
@@ -248,12 +250,12 @@ moe_ep_status_t mep_combine(moe_ep_group_t *g, moe_ep_handle_t *h,
   MEP_CHECK(mep_tensor_check(p->y, &ry, &data, &dt));
   op.y = data;
   if (is_ll(g)) {
-    mep_tensor_rule_t rw = {"combine", "params->topk_weights", dev, BIT(MEP_DT_F32),
+    mep_tensor_rule_t rw = {"combine", "params->topk_weights", dev, MEP_BIT(MEP_DT_F32),
                             2, {h->num_tokens, h->top_k, 0}, 1};
     MEP_CHECK(mep_tensor_check(p->topk_weights, &rw, &data, &dt));
     op.topk_weights = data;
   }
-  mep_tensor_rule_t ro = {"combine", "params->out", dev, BIT(MEP_DT_BF16), 2,
+  mep_tensor_rule_t ro = {"combine", "params->out", dev, MEP_BIT(MEP_DT_BF16), 2,
                           {h->num_tokens, p->hidden, 0}, 1};
   MEP_CHECK(mep_tensor_check(p->out, &ro, &op.out, &dt));
   return launch(g, &op, hook);
@@ -266,33 +268,39 @@ moe_ep_status_t mep_hook_run(moe_ep_hook_t *hook, void *stream) {
                      "dispatch/combine)",
                      (void *)hook);
   }
-  if (hook->ran) {
-    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                     "hook_run: hook=%p already ran; a hook runs exactly once",
-                     (void *)hook);
-  }
+  /* group_destroy must not race other entries on the same group, so the
+   * group pointer itself is stable here; everything else is checked under
+   * the lock, because two threads may try the same hook. */
   moe_ep_group_t *g = hook->group;
   if (g == NULL) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "hook_run: hook=%p belongs to a destroyed group",
                      (void *)hook);
   }
-  MEP_CHECK(mep_group_enter(g, "hook_run"));
-  if (!mep_registry_contains(hook->op.handle, MEP_OBJ_HANDLE)) {
-    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                     "hook_run: the handle of hook=%p was freed before the "
-                     "hook ran",
-                     (void *)hook);
-  }
+  MEP_CHECK(mep_group_check(g, "hook_run"));
   pthread_mutex_lock(&g->lock);
-  hook->ran = 1;
-  g->pending[hook->op.buffer_set] = NULL;
-  hook->op.stream = stream;
-  moe_ep_status_t st = g->ops->recv(g, &hook->op);
-  if (st == MOE_EP_OK && hook->op.kind == MEP_OP_DISPATCH) {
-    hook->op.handle->dispatched = 2;
+  moe_ep_status_t st = mep_group_broken_error(g, "hook_run");
+  if (st == MOE_EP_OK && hook->ran) {
+    st = mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                   "hook_run: hook=%p already ran; a hook runs exactly once",
+                   (void *)hook);
   }
-  if (mep_status_is_fatal(st)) mep_group_break(g, st);
+  if (st == MOE_EP_OK && !mep_registry_contains(hook->op.handle, MEP_OBJ_HANDLE)) {
+    st = mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                   "hook_run: the handle of hook=%p was freed before the "
+                   "hook ran",
+                   (void *)hook);
+  }
+  if (st == MOE_EP_OK) {
+    hook->ran = 1;
+    g->pending[hook->op.buffer_set] = NULL;
+    hook->op.stream = stream;
+    st = g->ops->recv(g, &hook->op);
+    if (st == MOE_EP_OK && hook->op.kind == MEP_OP_DISPATCH) {
+      hook->op.handle->dispatched = 2;
+    }
+    if (mep_status_is_fatal(st)) mep_group_break(g, st);
+  }
   pthread_mutex_unlock(&g->lock);
   return st;
 }
@@ -300,11 +308,20 @@ moe_ep_status_t mep_hook_run(moe_ep_hook_t *hook, void *stream) {
 void mep_hook_free(moe_ep_hook_t *hook) {
   if (hook == NULL || !mep_registry_contains(hook, MEP_OBJ_HOOK)) return;
   moe_ep_group_t *g = hook->group;
-  /* Freeing an unrun hook abandons its receive; the buffer set is released
-   * so the group stays usable (the peers' data for it is dropped). */
+  /* Freeing an unrun hook abandons its receive. The host backend matches
+   * each signal to its operation exactly, so dropping the peers' data keeps
+   * the group usable; the GPU signals accumulate, so there the group's
+   * signal state is no longer consistent and the group is marked failed. */
   if (g != NULL && !hook->ran) {
     pthread_mutex_lock(&g->lock);
     if (g->pending[hook->op.buffer_set] == hook) g->pending[hook->op.buffer_set] = NULL;
+    if (!g->ops->abandon_is_safe) {
+      mep_group_break(g, mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                                   "hook_free: hook=%p was freed before it ran; its "
+                                   "receive was abandoned and the %s backend cannot "
+                                   "resynchronise its signals: destroy the group",
+                                   (void *)hook, g->ops->name));
+    }
     pthread_mutex_unlock(&g->lock);
   }
   mep_registry_remove(hook);

@@ -8,7 +8,6 @@
 #include "runtime/registry.h"
 #include "runtime/validate.h"
 
-#define BIT(dt) (1u << (dt))
 
 /* ---- prepare ------------------------------------------------------------ */
 
@@ -30,6 +29,17 @@ static moe_ep_status_t copy_topk(moe_ep_group_t *g, mep_handle_state_t *h,
                        (long long)e, g->cfg.num_experts);
     }
     h->topk_host[i] = e;
+    /* A token names each expert at most once: a repeat would need two
+     * slots for one (token, expert) pair and overrun that expert's rows. */
+    size_t k = i % (size_t)h->top_k;
+    for (size_t j = i - k; e >= 0 && j < i; j++) {
+      if (h->topk_host[j] == e) {
+        return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                         "prepare: params->topk_idx[%zu] names expert %lld twice (slots "
+                         "%zu and %zu); each token's experts must be distinct",
+                         i / (size_t)h->top_k, (long long)e, j - (i - k), k);
+      }
+    }
   }
   return MOE_EP_OK;
 }
@@ -42,22 +52,21 @@ static moe_ep_status_t check_layout_outputs(moe_ep_group_t *g,
   int dev = mep_group_device_type(g);
   void *data;
   int dt;
-  if (p->struct_size < sizeof(moe_ep_prepare_params_t)) return MOE_EP_OK;
-  if (p->num_tokens_per_rank != NULL) {
+  if (MEP_HAS_FIELD(p, num_tokens_per_rank) && p->num_tokens_per_rank != NULL) {
     mep_tensor_rule_t r = {"prepare", "params->num_tokens_per_rank", dev,
-                           1u << MEP_DT_I32, 1, {g->world_size, 0, 0}, 0};
+                           MEP_BIT(MEP_DT_I32), 1, {g->world_size, 0, 0}, 0};
     MEP_CHECK(mep_tensor_check(p->num_tokens_per_rank, &r, &data, &dt));
     h->out_tokens_per_rank = data;
   }
-  if (p->num_tokens_per_expert != NULL) {
+  if (MEP_HAS_FIELD(p, num_tokens_per_expert) && p->num_tokens_per_expert != NULL) {
     mep_tensor_rule_t r = {"prepare", "params->num_tokens_per_expert", dev,
-                           1u << MEP_DT_I32, 1, {g->cfg.num_experts, 0, 0}, 0};
+                           MEP_BIT(MEP_DT_I32), 1, {g->cfg.num_experts, 0, 0}, 0};
     MEP_CHECK(mep_tensor_check(p->num_tokens_per_expert, &r, &data, &dt));
     h->out_tokens_per_expert = data;
   }
-  if (p->is_token_in_rank != NULL) {
+  if (MEP_HAS_FIELD(p, is_token_in_rank) && p->is_token_in_rank != NULL) {
     mep_tensor_rule_t r = {"prepare", "params->is_token_in_rank", dev,
-                           1u << MEP_DT_U8, 2, {p->num_tokens, g->world_size, 0}, 1};
+                           MEP_BIT(MEP_DT_U8), 2, {p->num_tokens, g->world_size, 0}, 1};
     MEP_CHECK(mep_tensor_check(p->is_token_in_rank, &r, &data, &dt));
     h->out_is_token_in_rank = data;
   }
@@ -78,7 +87,7 @@ moe_ep_status_t mep_prepare(moe_ep_group_t *g,
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "prepare: %s is NULL",
                      p ? "handle" : "params");
   }
-  if (p->struct_size < offsetof(moe_ep_prepare_params_t, num_tokens_per_rank)) {
+  if (!MEP_HAS_FIELD(p, stream)) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "prepare: params->struct_size=%zu is below the v1 minimum",
                      p->struct_size);
@@ -95,7 +104,7 @@ moe_ep_status_t mep_prepare(moe_ep_group_t *g,
                      p->top_k, g->cfg.top_k);
   }
   mep_tensor_rule_t rule = {"prepare", "params->topk_idx", mep_group_device_type(g),
-                            BIT(MEP_DT_I32) | BIT(MEP_DT_I64), 2,
+                            MEP_BIT(MEP_DT_I32) | MEP_BIT(MEP_DT_I64), 2,
                             {p->num_tokens, p->top_k, 0}, 1};
   void *data;
   int dt;

@@ -4,6 +4,7 @@
 #ifndef MEP_VALIDATE_H_
 #define MEP_VALIDATE_H_
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "moe_ep.h"
@@ -22,6 +23,13 @@ typedef enum mep_dtype {
   MEP_DT_U8 = 5,
   MEP_DT_COUNT_ = 6
 } mep_dtype_t;
+
+#define MEP_BIT(dt) (1u << (dt))
+
+/* Whether a caller's params struct (of its struct_size) holds `field`:
+ * fields appended after an engine was built are absent, never read. */
+#define MEP_HAS_FIELD(p, field) \
+  ((p)->struct_size >= offsetof(__typeof__(*(p)), field) + sizeof((p)->field))
 
 const char *mep_dtype_name(mep_dtype_t dt);
 int mep_dtype_bytes(mep_dtype_t dt);

@@ -7,3 +7,7 @@ cd "$(dirname "$0")/.."
 tools/setup.sh
 bazel build //...
 bazel test //... --test_output=errors --local_test_jobs=2
+# The same CPU suites again under AddressSanitizer + LeakSanitizer (the fuzz
+# target builds its own ASan binary, so it is not repeated here).
+bazel test --config=asan //... --test_tag_filters=-gpu,-fuzz --test_output=errors \
+  --local_test_jobs=2

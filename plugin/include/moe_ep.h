@@ -271,7 +271,13 @@ typedef struct moe_ep_plugin_v1 {
                                   int32_t *num_sms);
 
   /* Routing layout for one layer call; *handle is owned by the caller
-   * (handle_free). */
+   * (handle_free). The handle refers to the engine's topk_idx tensor and to
+   * the recv_count tensor its dispatch wrote: both must stay valid and
+   * unchanged until the combine on this handle has completed. Each token's
+   * experts must be distinct (the host backend rejects a repeat; the GPU
+   * kernels drop the extra slot). Combine a handle before the dispatch after
+   * next: buffer sets alternate, and a later dispatch on the same set
+   * replaces the layout (combine then fails with a sentence saying so). */
   moe_ep_status_t (*prepare)(moe_ep_group_t *group,
                              const moe_ep_prepare_params_t *params,
                              moe_ep_handle_t **handle);
@@ -284,8 +290,12 @@ typedef struct moe_ep_plugin_v1 {
   moe_ep_status_t (*combine)(moe_ep_group_t *group, moe_ep_handle_t *handle,
                              const moe_ep_combine_params_t *params,
                              moe_ep_hook_t **hook);
-  /* Finish the deferred receive on `stream` (any host thread). A hook runs
-   * once; it stays owned by the caller until hook_free. */
+  /* Finish the deferred receive on `stream` (any host thread; on the nccl
+   * backend it is ordered after the send half even on another stream). A
+   * hook runs once; it stays owned by the caller until hook_free. Freeing a
+   * hook that never ran abandons its receive: the host backend stays
+   * usable, the nccl backend marks the group failed. group_destroy must not
+   * race other entries on the same group. */
   moe_ep_status_t (*hook_run)(moe_ep_hook_t *hook, void *stream);
   void (*hook_free)(moe_ep_hook_t *hook);
   void (*handle_free)(moe_ep_handle_t *handle);

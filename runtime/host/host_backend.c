@@ -389,6 +389,7 @@ static int host_peer_transport(const moe_ep_group_t *g, int peer) {
 
 const mep_backend_ops_t mep_host_backend = {
     .name = "host",
+    .abandon_is_safe = 1,
     .buffer_bytes = host_buffer_bytes,
     .create = host_create,
     .destroy = host_destroy,

@@ -300,5 +300,5 @@ moe_ep_status_t mep_host_mesh_wait(mep_host_mesh_t *m, size_t local_off,
     }
     if (ucp_worker_progress(m->worker) == 0) sched_yield();
   }
-  return MOE_EP_OK;
+  return m->recv_error ? recv_error(m, what) : MOE_EP_OK;
 }

@@ -32,10 +32,12 @@ static void on_rndv_done(void *request, ucs_status_t status, size_t length,
                          void *user_data) {
   mep_host_source_t *s = user_data;
   if (status != UCS_OK) {
+    /* Never announce data that did not land: the queued signals stay
+     * unapplied and the waiter reports recv_error. */
     recv_fail(s->mesh, "receiving rank %d's data at offset %llu (%llu bytes) failed", s->rank,
               0, length);
   }
-  if (--s->inflight == 0) apply_queued(s);
+  if (--s->inflight == 0 && !s->mesh->recv_error) apply_queued(s);
   ucp_request_free(request);
 }
 

@@ -23,11 +23,18 @@ typedef struct nccl_state {
   /* Handle storage per dispatch buffer set: slot sources for combine. */
   int32_t *slot_src[MEP_NUM_BUFFER_SETS];
   int32_t *src_count[MEP_NUM_BUFFER_SETS];
+  /* seq of the dispatch whose layout each set's handle storage holds. */
+  uint64_t layout_seq[MEP_NUM_BUFFER_SETS];
+  /* Recorded after each send half: a hook may run its receive on another
+   * stream, which must still come after the send. */
+  cudaEvent_t sent[MEP_NUM_BUFFER_SETS];
+  void *sent_stream[MEP_NUM_BUFFER_SETS];
 } nccl_state_t;
 
 /* What a handle remembers of its dispatch (h->backend). */
 typedef struct nccl_handle {
   int32_t set;
+  uint64_t seq;        /* the dispatch's operation number */
   int32_t *recv_count; /* the engine's recv_count tensor of that dispatch */
 } nccl_handle_t;
 
@@ -67,6 +74,7 @@ static void nccl_destroy(moe_ep_group_t *g) {
   for (int i = 0; i < MEP_NUM_BUFFER_SETS; i++) {
     cudaFree(s->slot_src[i]);
     cudaFree(s->src_count[i]);
+    if (s->sent[i] != NULL) cudaEventDestroy(s->sent[i]);
   }
   cudaFree(s->ctx.state);
   if (s->rec != NULL) cudaFreeHost(s->rec);
@@ -131,6 +139,9 @@ static moe_ep_status_t alloc_device(nccl_state_t *s, const mep_ll_dims_t *d) {
         (e = cudaMalloc((void **)&s->src_count[i],
                         (size_t)d->local_experts * (size_t)d->world * 4u)) != cudaSuccess) {
       return cuda_error("allocating handle storage", e);
+    }
+    if ((e = cudaEventCreateWithFlags(&s->sent[i], cudaEventDisableTiming)) != cudaSuccess) {
+      return cuda_error("cudaEventCreate", e);
     }
   }
   return cudaDeviceSynchronize() == cudaSuccess ? MOE_EP_OK
@@ -215,18 +226,27 @@ static moe_ep_status_t timeout_error(const moe_ep_group_t *g, const nccl_state_t
 
 static moe_ep_status_t nccl_poll_error(moe_ep_group_t *g) {
   nccl_state_t *s = g->impl;
-  return s->rec->flag == 2 ? timeout_error(g, s) : MOE_EP_OK;
+  /* Written by the GPU into host-mapped memory: read it fresh every time. */
+  return __atomic_load_n(&s->rec->flag, __ATOMIC_ACQUIRE) == 2 ? timeout_error(g, s)
+                                                                : MOE_EP_OK;
 }
 
-static moe_ep_status_t enter_device(moe_ep_group_t *g, nccl_state_t *s) {
+/* Makes the group's GPU current for a launch; *prev is the engine's device,
+ * restored by leave_device so moe_ep never changes the caller's device. */
+static moe_ep_status_t enter_device(moe_ep_group_t *g, nccl_state_t *s, int *prev) {
   MEP_CHECK(nccl_poll_error(g));
-  int cur = -1;
-  if (cudaGetDevice(&cur) != cudaSuccess || cur != s->device) {
+  *prev = -1;
+  if (cudaGetDevice(prev) != cudaSuccess || *prev != s->device) {
     cudaError_t e = cudaSetDevice(s->device);
     if (e != cudaSuccess) return cuda_error("cudaSetDevice", e);
   }
   s->ctx.num_sms = g->num_sms > 0 ? g->num_sms : s->device_sms;
   return MOE_EP_OK;
+}
+
+static moe_ep_status_t leave_device(const nccl_state_t *s, int prev, moe_ep_status_t st) {
+  if (prev >= 0 && prev != s->device) cudaSetDevice(prev);
+  return st;
 }
 
 static moe_ep_status_t launched(moe_ep_status_t st, const char *what) {
@@ -281,9 +301,7 @@ static void combine_args(moe_ep_group_t *g, nccl_state_t *s, const mep_op_t *op,
   };
 }
 
-static moe_ep_status_t nccl_send(moe_ep_group_t *g, mep_op_t *op) {
-  nccl_state_t *s = g->impl;
-  MEP_CHECK(enter_device(g, s));
+static moe_ep_status_t send_half(moe_ep_group_t *g, nccl_state_t *s, mep_op_t *op) {
   if (op->kind == MEP_OP_DISPATCH) {
     nccl_handle_t *nh = op->handle->backend;
     if (nh == NULL && (nh = calloc(1, sizeof(*nh))) == NULL) {
@@ -291,27 +309,62 @@ static moe_ep_status_t nccl_send(moe_ep_group_t *g, mep_op_t *op) {
     }
     op->handle->backend = nh;
     nh->set = op->buffer_set;
+    nh->seq = op->seq;
     nh->recv_count = op->recv_count;
+    s->layout_seq[op->buffer_set] = op->seq;
     mep_ll_dispatch_args_t a;
     dispatch_args(g, s, op, &a);
     return launched(mep_ll_dispatch_send(&s->ctx, &a, op->stream), "dispatch");
+  }
+  const nccl_handle_t *nh = op->handle->backend;
+  if (s->layout_seq[nh->set] != nh->seq) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "combine: the layout of this handle's dispatch (operation %llu, "
+                     "buffer set %d) was overwritten by a later dispatch on the same "
+                     "set (operation %llu); combine each handle before the dispatch "
+                     "after next",
+                     (unsigned long long)nh->seq, nh->set,
+                     (unsigned long long)s->layout_seq[nh->set]);
   }
   mep_ll_combine_args_t a;
   combine_args(g, s, op, &a);
   return launched(mep_ll_combine_send(&s->ctx, &a, op->stream), "combine");
 }
 
+static moe_ep_status_t nccl_send(moe_ep_group_t *g, mep_op_t *op) {
+  nccl_state_t *s = g->impl;
+  int prev;
+  MEP_CHECK(enter_device(g, s, &prev));
+  moe_ep_status_t st = send_half(g, s, op);
+  if (st == MOE_EP_OK) {
+    cudaError_t e = cudaEventRecord(s->sent[op->buffer_set], (cudaStream_t)op->stream);
+    if (e != cudaSuccess) st = cuda_error("cudaEventRecord", e);
+    s->sent_stream[op->buffer_set] = op->stream;
+  }
+  return leave_device(s, prev, st);
+}
+
 static moe_ep_status_t nccl_recv(moe_ep_group_t *g, mep_op_t *op) {
   nccl_state_t *s = g->impl;
-  MEP_CHECK(enter_device(g, s));
+  int prev;
+  MEP_CHECK(enter_device(g, s, &prev));
+  /* Same stream: already ordered (and an event from another graph capture
+   * must not be waited on). Another stream: order it after the send. */
+  if (op->stream != s->sent_stream[op->buffer_set]) {
+    cudaError_t e = cudaStreamWaitEvent((cudaStream_t)op->stream, s->sent[op->buffer_set], 0);
+    if (e != cudaSuccess) return leave_device(s, prev, cuda_error("cudaStreamWaitEvent", e));
+  }
+  moe_ep_status_t st;
   if (op->kind == MEP_OP_DISPATCH) {
     mep_ll_dispatch_args_t a;
     dispatch_args(g, s, op, &a);
-    return launched(mep_ll_dispatch_recv(&s->ctx, &a, op->stream), "dispatch receive");
+    st = launched(mep_ll_dispatch_recv(&s->ctx, &a, op->stream), "dispatch receive");
+  } else {
+    mep_ll_combine_args_t a;
+    combine_args(g, s, op, &a);
+    st = launched(mep_ll_combine_recv(&s->ctx, &a, op->stream), "combine receive");
   }
-  mep_ll_combine_args_t a;
-  combine_args(g, s, op, &a);
-  return launched(mep_ll_combine_recv(&s->ctx, &a, op->stream), "combine receive");
+  return leave_device(s, prev, st);
 }
 
 static int nccl_peer_transport(const moe_ep_group_t *g, int peer) {
@@ -324,6 +377,7 @@ static int nccl_peer_transport(const moe_ep_group_t *g, int peer) {
 
 const mep_backend_ops_t mep_nccl_backend = {
     .name = "nccl",
+    .abandon_is_safe = 0,
     .buffer_bytes = nccl_buffer_bytes,
     .create = nccl_create,
     .destroy = nccl_destroy,

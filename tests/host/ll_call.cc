@@ -178,6 +178,20 @@ void LlCall::check_dispatch() {
       expect_same(c_, seed_, where, d);
       if (!d.empty()) return;  // one detailed failure per call is enough
     }
+    // Slots past recv_count stay untouched (an overrun would land there).
+    size_t row_bytes = static_cast<size_t>(H) * (fp8(p_) ? 1 : 2);
+    for (int i = want_.recv_count[e]; i < slots_; i++) {
+      const uint8_t* row = recv_x_.data() + want_.full_row(e, i) * row_bytes;
+      for (size_t b = 0; b < row_bytes; b += 97) {
+        if (row[b] != 0xA5) {
+          fail(c_, seed_, tag,
+               "expert " + std::to_string(e) + " slot " + std::to_string(i) +
+                   " past recv_count " + std::to_string(want_.recv_count[e]) +
+                   " was written (byte " + std::to_string(b) + ")");
+          return;
+        }
+      }
+    }
   }
 }
 

@@ -85,6 +85,13 @@ void run_bad_input(Ctx& c) {
   topk[K + K - 1] = p.num_experts;  // one id past the end
   bad_prepare(c, "expert id >= num_experts", topk, 2, K, "num_experts");
   still_usable(c, 11);
+  if (K >= 2) {
+    std::vector<int64_t> twice(static_cast<size_t>(K), -1);
+    twice[0] = 1;
+    twice[K - 1] = 1;
+    bad_prepare(c, "one expert twice in a token", twice, 1, K, "twice");
+    still_usable(c, 17);
+  }
   std::vector<int64_t> many(static_cast<size_t>(p.max_tokens_per_rank + 1) * K, -1);
   bad_prepare(c, "num_tokens > max_tokens_per_rank", many, p.max_tokens_per_rank + 1, K,
               "max_tokens_per_rank");

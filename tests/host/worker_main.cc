@@ -223,6 +223,7 @@ int main(int argc, char** argv) {
   }
   st = c.api->group_destroy(c.group);
   if (st != MOE_EP_OK) fail(c, 0, "group_destroy", c.api->last_error());
+  if (c.checks == 0) fail(c, 0, "worker", "ran no checks at all");
   std::fprintf(stderr, "%s rank=%d checks=%d failures=%d\n",
                c.failures ? "FAILED" : "PASSED", c.rank, c.checks, c.failures);
   return c.failures ? 1 : 0;
