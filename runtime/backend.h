@@ -38,9 +38,10 @@ typedef struct mep_backend_ops {
 extern const mep_backend_ops_t mep_host_backend;
 extern const mep_backend_ops_t mep_nccl_backend;
 
-/* The backend a config asks for; `auto` is nccl when this process sees a
- * CUDA device, else host. Sets *resolved to the concrete moe_ep_backend_t. */
-moe_ep_status_t mep_backend_select(int requested, const mep_backend_ops_t **ops,
+/* The backend a config asks for; `auto` is nccl for low_latency when this
+ * process sees a CUDA device, else host. Sets *resolved to the concrete
+ * moe_ep_backend_t. */
+moe_ep_status_t mep_backend_select(int requested, int mode, const mep_backend_ops_t **ops,
                                    int *resolved);
 
 #ifdef __cplusplus

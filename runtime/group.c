@@ -37,12 +37,15 @@ static moe_ep_status_t env_int(const char *name, int32_t *out) {
   return MOE_EP_OK;
 }
 
-moe_ep_status_t mep_backend_select(int requested, const mep_backend_ops_t **ops,
+moe_ep_status_t mep_backend_select(int requested, int mode, const mep_backend_ops_t **ops,
                                    int *resolved) {
   int devices = 0;
   switch (requested) {
     case MOE_EP_BACKEND_AUTO:
-      if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
+      /* high_throughput runs on the host backend until the GPU has it. */
+      if (mode != MOE_EP_MODE_LOW_LATENCY || cudaGetDeviceCount(&devices) != cudaSuccess) {
+        devices = 0;
+      }
       *resolved = devices > 0 ? MOE_EP_BACKEND_NCCL : MOE_EP_BACKEND_HOST;
       break;
     case MOE_EP_BACKEND_HOST:
@@ -157,7 +160,7 @@ moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
     return mep_error(MOE_EP_ERR_NO_MEMORY, "group_create: out of host memory");
   }
   MEP_CHECK_GOTO(validate_params(params, g), st, out_free_group);
-  MEP_CHECK_GOTO(mep_backend_select(g->cfg.backend, &g->ops, &g->cfg.backend), st,
+  MEP_CHECK_GOTO(mep_backend_select(g->cfg.backend, g->cfg.mode, &g->ops, &g->cfg.backend), st,
                  out_free_group);
   mep_log_set_level(g->cfg.log_level);
 
@@ -210,6 +213,13 @@ moe_ep_status_t mep_group_destroy(moe_ep_group_t *group) {
                      "group_destroy: group=%p is not a live group (already "
                      "destroyed, or not from group_create)",
                      (void *)group);
+  }
+  /* Collective: wait (bounded) until every rank is done with the data path
+   * before closing endpoints, so a fast rank does not look like a dead
+   * peer to a slow one. A failed group skips it: peers may be gone. */
+  if (group->broken == MOE_EP_OK && mep_bootstrap_barrier(group->boot) != MOE_EP_OK) {
+    MEP_LOG_WARN("group", "rank %d: group_destroy's barrier failed (%s); tearing down anyway",
+                 group->rank, mep_last_error());
   }
   mep_registry_remove(group);
   /* Pending hooks stay owned by the engine; detach them so a late
@@ -376,7 +386,7 @@ moe_ep_status_t mep_buffer_size_hint(const moe_ep_config_t *config,
   }
   const mep_backend_ops_t *ops;
   int resolved;
-  MEP_CHECK(mep_backend_select(cfg.backend, &ops, &resolved));
+  MEP_CHECK(mep_backend_select(cfg.backend, cfg.mode, &ops, &resolved));
   *bytes = ops->buffer_bytes(&cfg, world_size);
   return MOE_EP_OK;
 }

@@ -202,6 +202,37 @@ static int64_t source_count(host_state_t *hs, const mep_op_t *op, int s) {
   return (int64_t)n;
 }
 
+/* Rows come from another process: check every field that becomes an index
+ * or an offset here before using any of them. */
+static moe_ep_status_t check_rows(moe_ep_group_t *g, const mep_op_t *op,
+                                  const mep_row_layout_t *rl, int width) {
+  host_state_t *hs = g->impl;
+  int M = g->cfg.max_tokens_per_rank, K = op->handle->top_k, E_l = g->num_local_experts;
+  for (int s = 0; s < g->world_size; s++) {
+    int64_t n = source_count(hs, op, s);
+    if (n < 0 || n > M) {
+      return mep_error(MOE_EP_ERR_INTERNAL,
+                       "dispatch: rank %d announced %lld rows, more than "
+                       "max_tokens_per_rank=%d (corrupt or mismatched peer)",
+                       s, (long long)n, M);
+    }
+    for (int64_t i = 0; i < n; i++) {
+      const uint8_t *row = source_row(hs, g, op, rl, s, (int)i);
+      const int32_t *lids = mep_row_lids(row);
+      int bad = mep_row_token(row) < 0 || mep_row_token(row) >= M ||
+                mep_row_ordinal(row) < 0 || mep_row_ordinal(row) >= width;
+      for (int k = 0; k < K && !bad; k++) bad = lids[k] < -1 || lids[k] >= E_l;
+      if (bad) {
+        return mep_error(MOE_EP_ERR_INTERNAL,
+                         "dispatch: row %lld from rank %d is malformed (token %d, ordinal "
+                         "%d, or a local expert outside [-1, %d))",
+                         (long long)i, s, mep_row_token(row), mep_row_ordinal(row), E_l);
+      }
+    }
+  }
+  return MOE_EP_OK;
+}
+
 static slot_table_t *slot_table_new(int64_t n, int experts) {
   size_t bytes = sizeof(slot_table_t) + (size_t)(experts + 1) * 4u + (size_t)n * 12u + 16u;
   slot_table_t *st = malloc(bytes);
@@ -228,11 +259,19 @@ static moe_ep_status_t dispatch_recv_ll(moe_ep_group_t *g, mep_op_t *op,
       }
     }
   }
+  int64_t slots = (int64_t)R * g->cfg.max_tokens_per_rank;
+  for (int e = 0; e < E_l; e++) {
+    if (op->recv_count[e] > slots) {
+      return mep_error(MOE_EP_ERR_INTERNAL,
+                       "dispatch: local expert %d would receive %d rows, more than its %lld "
+                       "slots (a peer sent one token to an expert twice)",
+                       e, op->recv_count[e], (long long)slots);
+    }
+  }
   slot_table_t *tab = slot_table_new(total, E_l);
   if (tab == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "dispatch: out of memory");
   tab->expert_start[0] = 0;
   for (int e = 0; e < E_l; e++) tab->expert_start[e + 1] = tab->expert_start[e] + op->recv_count[e];
-  int64_t slots = (int64_t)R * g->cfg.max_tokens_per_rank;
   size_t x_row = rl->fp8 ? (size_t)op->hidden : (size_t)op->hidden * 2u;
   int packed = g->cfg.fp8_scale == MOE_EP_FP8_SCALE_UE8M0_PACKED;
   int groups = op->hidden / MEP_HIDDEN_ALIGN;
@@ -377,6 +416,7 @@ static moe_ep_status_t host_recv(moe_ep_group_t *g, mep_op_t *op) {
   mep_row_layout_t rl;
   row_layout_for(g, op, &rl);
   MEP_CHECK(wait_all(g, op, 0));
+  MEP_CHECK(check_rows(g, op, &rl, combine_width(g, op)));
   return op->mode == MOE_EP_MODE_LOW_LATENCY ? dispatch_recv_ll(g, op, &rl)
                                              : dispatch_recv_ht(g, op, &rl);
 }

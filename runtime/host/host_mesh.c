@@ -145,15 +145,11 @@ static void release_request(mep_host_mesh_t *m, size_t i) {
   m->req_peer[i] = m->req_peer[m->nreqs];
 }
 
+/* Teardown order matters: endpoints first (UCX may still read the headers
+ * of unfinished sends), then those sends, then any rendezvous data still
+ * landing in the region, and only then the region itself. */
 void mep_host_mesh_destroy(mep_host_mesh_t *m) {
   if (m == NULL) return;
-  while (m->nreqs > 0) {
-    ucp_request_cancel(m->worker, m->reqs[0]);
-    release_request(m, 0);
-  }
-  free(m->reqs);
-  free(m->req_hdr);
-  free(m->req_peer);
   for (int p = 0; m->peers != NULL && p < m->world; p++) {
     if (m->peers[p].ep == NULL) continue;
     /* Force close: a peer may already be gone, so never wait on it. */
@@ -167,6 +163,17 @@ void mep_host_mesh_destroy(mep_host_mesh_t *m) {
       }
       ucp_request_free(req);
     }
+  }
+  while (m->nreqs > 0) {
+    ucp_request_cancel(m->worker, m->reqs[0]);
+    release_request(m, 0);
+  }
+  free(m->reqs);
+  free(m->req_hdr);
+  free(m->req_peer);
+  int64_t deadline = now_ns() + 1000000000LL;
+  for (int r = 0; m->sources != NULL && r < m->world; r++) {
+    while (m->sources[r].inflight > 0 && now_ns() < deadline) ucp_worker_progress(m->worker);
   }
   mep_host_mesh_recv_stop(m);
   free(m->region);
