@@ -408,10 +408,12 @@ static moe_ep_status_t combine_recv(moe_ep_group_t *g, mep_op_t *op) {
 }
 
 static moe_ep_status_t host_send(moe_ep_group_t *g, mep_op_t *op) {
+  mep_host_mesh_begin(((host_state_t *)g->impl)->mesh);
   return op->kind == MEP_OP_DISPATCH ? dispatch_send(g, op) : combine_send(g, op);
 }
 
 static moe_ep_status_t host_recv(moe_ep_group_t *g, mep_op_t *op) {
+  mep_host_mesh_begin(((host_state_t *)g->impl)->mesh);
   if (op->kind == MEP_OP_COMBINE) return combine_recv(g, op);
   mep_row_layout_t rl;
   row_layout_for(g, op, &rl);

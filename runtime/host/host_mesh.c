@@ -183,6 +183,10 @@ void mep_host_mesh_destroy(mep_host_mesh_t *m) {
 
 uint8_t *mep_host_mesh_local(mep_host_mesh_t *m) { return m->region; }
 
+void mep_host_mesh_begin(mep_host_mesh_t *m) {
+  m->deadline_ns = now_ns() + (int64_t)m->timeout_ms * 1000000LL;
+}
+
 /* Keeps a send (and its header, which UCX reads until the send completes). */
 static moe_ep_status_t track(mep_host_mesh_t *m, void *req, mep_host_msg_t *hdr, int peer,
                              const char *what) {
@@ -252,7 +256,7 @@ static moe_ep_status_t recv_error(mep_host_mesh_t *m, const char *what) {
 }
 
 moe_ep_status_t mep_host_mesh_complete(mep_host_mesh_t *m, const char *what) {
-  int64_t deadline = now_ns() + (int64_t)m->timeout_ms * 1000000LL;
+  int64_t deadline = m->deadline_ns;
   moe_ep_status_t st = MOE_EP_OK;
   size_t i = 0;
   while (i < m->nreqs) {
@@ -291,7 +295,7 @@ moe_ep_status_t mep_host_mesh_flush(mep_host_mesh_t *m, const char *what) {
 moe_ep_status_t mep_host_mesh_wait(mep_host_mesh_t *m, size_t local_off,
                                    uint64_t value, int peer, const char *what) {
   const uint64_t *flag = (const uint64_t *)(m->region + local_off);
-  int64_t deadline = now_ns() + (int64_t)m->timeout_ms * 1000000LL;
+  int64_t deadline = m->deadline_ns;
   while (__atomic_load_n(flag, __ATOMIC_ACQUIRE) != value) {
     /* Any lost peer dooms the collective operation, whoever we wait on. */
     if (m->first_failed >= 0) return peer_failed_error(m, m->first_failed, what);

@@ -26,6 +26,10 @@ void mep_host_mesh_destroy(mep_host_mesh_t *m); /* accepts NULL */
 
 uint8_t *mep_host_mesh_local(mep_host_mesh_t *m);
 
+/* Starts the clock of one send or receive half: every wait in it shares
+ * one deadline, timeouts.kernel_ms from now. */
+void mep_host_mesh_begin(mep_host_mesh_t *m);
+
 /* Starts a put of src[0, bytes) to peer's region at remote_off. src must
  * stay valid until mep_host_mesh_complete returns. */
 moe_ep_status_t mep_host_mesh_put(mep_host_mesh_t *m, int peer, const void *src,
@@ -38,7 +42,7 @@ moe_ep_status_t mep_host_mesh_signal(mep_host_mesh_t *m, int peer,
 /* Waits until every issued put completed locally, up to the timeout. */
 moe_ep_status_t mep_host_mesh_complete(mep_host_mesh_t *m, const char *what);
 /* Waits until every put and signal issued so far has left this rank (their
- * source buffers may be reused). */
+ * source buffers may be reused). Bounded by the half's deadline. */
 moe_ep_status_t mep_host_mesh_flush(mep_host_mesh_t *m, const char *what);
 /* Waits until the local u64 at local_off equals value; `peer` is who
  * writes it (named in the error). Bounded by the mesh's timeout. */

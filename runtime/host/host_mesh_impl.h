@@ -49,6 +49,7 @@ struct mep_host_mesh {
   ucp_worker_h worker;
   int rank, world;
   int timeout_ms;
+  int64_t deadline_ns; /* of the current send or receive half */
   uint8_t *region;
   size_t region_bytes;
   int handler_set;
