@@ -303,8 +303,25 @@ typedef struct moe_ep_plugin_v1 {
 
 #define MOE_EP_PLUGIN_V1_SYMBOL "moe_ep_plugin_v1"
 
-/* Initializers: zero everything, set struct_size. */
+/* Initializers: zero everything, set struct_size. MOE_EP_INIT is a C99
+ * compound literal; the functions below also work from C++. */
 #define MOE_EP_INIT(type) ((type){.struct_size = sizeof(type)})
+
+#define MOE_EP_DEFINE_INIT_(type, fn)              \
+  static inline type fn(void) {                    \
+    type v;                                        \
+    unsigned char *b = (unsigned char *)&v;        \
+    size_t i;                                      \
+    for (i = 0; i < sizeof(v); i++) b[i] = 0;      \
+    v.struct_size = sizeof(v);                     \
+    return v;                                      \
+  }
+MOE_EP_DEFINE_INIT_(moe_ep_group_params_t, moe_ep_group_params_init)
+MOE_EP_DEFINE_INIT_(moe_ep_group_info_t, moe_ep_group_info_init)
+MOE_EP_DEFINE_INIT_(moe_ep_prepare_params_t, moe_ep_prepare_params_init)
+MOE_EP_DEFINE_INIT_(moe_ep_dispatch_params_t, moe_ep_dispatch_params_init)
+MOE_EP_DEFINE_INIT_(moe_ep_combine_params_t, moe_ep_combine_params_init)
+#undef MOE_EP_DEFINE_INIT_
 
 #ifdef __cplusplus
 }

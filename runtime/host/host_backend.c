@@ -166,13 +166,12 @@ static moe_ep_status_t dispatch_send(moe_ep_group_t *g, mep_op_t *op) {
     /* The staging buffer is reused for the next destination. */
     MEP_CHECK(mep_host_mesh_complete(hs->mesh, "dispatch"));
   }
-  MEP_CHECK(mep_host_mesh_fence(hs->mesh));
   for (int d = 0; d < R; d++) {
     MEP_CHECK(mep_host_mesh_signal(
         hs->mesh, d, mep_host_off_dispatch_flag(&hs->layout, op->buffer_set, g->rank),
         op->seq + 1));
   }
-  return mep_host_mesh_flush(hs->mesh, "dispatch");
+  return mep_host_mesh_complete(hs->mesh, "dispatch");
 }
 
 static moe_ep_status_t wait_all(moe_ep_group_t *g, mep_op_t *op, int combine) {
@@ -372,13 +371,12 @@ static moe_ep_status_t combine_send(moe_ep_group_t *g, mep_op_t *op) {
     MEP_CHECK(mep_host_mesh_put(hs->mesh, rec[0], y, row_bytes,
                                 mep_host_off_combine_row(&hs->layout, op->buffer_set, row)));
   }
-  MEP_CHECK(mep_host_mesh_fence(hs->mesh));
   for (int s = 0; s < g->world_size; s++) {
     MEP_CHECK(mep_host_mesh_signal(
         hs->mesh, s, mep_host_off_combine_flag(&hs->layout, op->buffer_set, g->rank),
         op->seq + 1));
   }
-  return mep_host_mesh_flush(hs->mesh, "combine");
+  return mep_host_mesh_complete(hs->mesh, "combine");
 }
 
 static moe_ep_status_t combine_recv(moe_ep_group_t *g, mep_op_t *op) {

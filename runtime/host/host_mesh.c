@@ -242,10 +242,6 @@ moe_ep_status_t mep_host_mesh_put(mep_host_mesh_t *m, int peer, const void *src,
   return send_msg(m, peer, MEP_HOST_MSG_PUT, remote_off, 0, src, bytes, "put");
 }
 
-/* The receiver applies a signal only after the sender's earlier puts have
- * landed (host_mesh_recv.c), so no fence is needed on the wire. */
-moe_ep_status_t mep_host_mesh_fence(mep_host_mesh_t *m) { return MOE_EP_OK; }
-
 moe_ep_status_t mep_host_mesh_signal(mep_host_mesh_t *m, int peer,
                                      size_t remote_off, uint64_t value) {
   return send_msg(m, peer, MEP_HOST_MSG_SIGNAL, remote_off, value, NULL, 0, "signal");
@@ -284,12 +280,6 @@ moe_ep_status_t mep_host_mesh_complete(mep_host_mesh_t *m, const char *what) {
     release_request(m, i);
   }
   return st;
-}
-
-/* Sends complete locally once UCX owns their data; active messages need no
- * remote acknowledgement, so this is completion. */
-moe_ep_status_t mep_host_mesh_flush(mep_host_mesh_t *m, const char *what) {
-  return mep_host_mesh_complete(m, what);
 }
 
 moe_ep_status_t mep_host_mesh_wait(mep_host_mesh_t *m, size_t local_off,

@@ -18,8 +18,8 @@ extern "C" {
 
 typedef struct mep_host_mesh mep_host_mesh_t;
 
-/* Collective: allocates and registers `region_bytes` on every rank and
- * connects to every peer (self included). */
+/* Collective: allocates `region_bytes` on every rank and connects to every
+ * peer (self included). */
 moe_ep_status_t mep_host_mesh_create(mep_bootstrap_t *bs, size_t region_bytes,
                                      int timeout_ms, mep_host_mesh_t **out);
 void mep_host_mesh_destroy(mep_host_mesh_t *m); /* accepts NULL */
@@ -34,18 +34,15 @@ void mep_host_mesh_begin(mep_host_mesh_t *m);
  * stay valid until mep_host_mesh_complete returns. */
 moe_ep_status_t mep_host_mesh_put(mep_host_mesh_t *m, int peer, const void *src,
                                   size_t bytes, size_t remote_off);
-/* Orders every put issued so far before every later one. */
-moe_ep_status_t mep_host_mesh_fence(mep_host_mesh_t *m);
-/* Writes the 64-bit value at peer's remote_off (after a fence). */
+/* Writes the 64-bit value at peer's remote_off; the peer sees it only
+ * after every put this rank sent it before. */
 moe_ep_status_t mep_host_mesh_signal(mep_host_mesh_t *m, int peer,
                                      size_t remote_off, uint64_t value);
-/* Waits until every issued put completed locally, up to the timeout. */
-moe_ep_status_t mep_host_mesh_complete(mep_host_mesh_t *m, const char *what);
 /* Waits until every put and signal issued so far has left this rank (their
- * source buffers may be reused). Bounded by the half's deadline. */
-moe_ep_status_t mep_host_mesh_flush(mep_host_mesh_t *m, const char *what);
+ * source buffers may be reused); bounded by the half's deadline. */
+moe_ep_status_t mep_host_mesh_complete(mep_host_mesh_t *m, const char *what);
 /* Waits until the local u64 at local_off equals value; `peer` is who
- * writes it (named in the error). Bounded by the mesh's timeout. */
+ * writes it (named in the error). Bounded by the half's deadline. */
 moe_ep_status_t mep_host_mesh_wait(mep_host_mesh_t *m, size_t local_off,
                                    uint64_t value, int peer, const char *what);
 

@@ -109,6 +109,18 @@ TEST(AbiLayout, OperationParams) {
   PIN(moe_ep_combine_params_t, stream, 40);
 }
 
+// The inline initializers (usable from C++) zero the struct and set its size.
+TEST(AbiLayout, InitializersFromCxx) {
+  moe_ep_dispatch_params_t d = moe_ep_dispatch_params_init();
+  EXPECT_EQ(d.struct_size, sizeof(d));
+  EXPECT_EQ(d.flags, 0u);
+  EXPECT_EQ(d.x, nullptr);
+  EXPECT_EQ(moe_ep_group_params_init().struct_size, sizeof(moe_ep_group_params_t));
+  EXPECT_EQ(moe_ep_group_info_init().struct_size, sizeof(moe_ep_group_info_t));
+  EXPECT_EQ(moe_ep_prepare_params_init().struct_size, sizeof(moe_ep_prepare_params_t));
+  EXPECT_EQ(moe_ep_combine_params_init().stream, nullptr);
+}
+
 TEST(AbiLayout, PluginTableV1) {
   EXPECT_EQ(MOE_EP_ABI_VERSION, 1u);
   EXPECT_EQ(sizeof(moe_ep_plugin_v1_t), 176u);
