@@ -43,6 +43,13 @@ uint64_t mep_config_hash(const moe_ep_config_t *cfg); /* FNV-1a of canonical */
 void mep_config_describe_diff(const char *mine, const char *theirs, char *buf,
                               size_t cap);
 
+/* Whether dispatch moves fp8 rows: fp8_e4m3 in low_latency mode (high
+ * throughput always moves bf16). */
+static inline int mep_config_fp8_dispatch(const moe_ep_config_t *cfg) {
+  return cfg->mode == MOE_EP_MODE_LOW_LATENCY &&
+         cfg->dispatch_dtype == MOE_EP_DISPATCH_FP8_E4M3;
+}
+
 /* Names for enums, as written in YAML ("host", "low_latency", "fp8_e4m3"...). */
 const char *mep_backend_name(int v);
 const char *mep_mode_name(int v);

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/config.h"
 #include "runtime/error.h"
 #include "runtime/group.h"
 #include "runtime/registry.h"
@@ -114,10 +115,9 @@ static moe_ep_status_t check_ll_dispatch_outputs(moe_ep_group_t *g,
   op->recv_count = data;
   if (fp8) {
     int packed = g->cfg.fp8_scale == MOE_EP_FP8_SCALE_UE8M0_PACKED;
-    int64_t groups = p->hidden / MEP_HIDDEN_ALIGN;
     mep_tensor_rule_t rs = {"dispatch", "params->recv_scales", dev,
                             packed ? MEP_BIT(MEP_DT_I32) : MEP_BIT(MEP_DT_F32), 3,
-                            {el, slots, packed ? (groups + 3) / 4 : groups}, 0};
+                            {el, slots, mep_scale_cols(p->hidden, packed)}, 0};
     MEP_CHECK(mep_tensor_check(p->recv_scales, &rs, &op->recv_scales, &dt));
   }
   return MOE_EP_OK;
@@ -179,7 +179,7 @@ moe_ep_status_t mep_dispatch(moe_ep_group_t *g, moe_ep_handle_t *h,
                      "the v1 minimum for this mode",
                      p ? p->struct_size : (size_t)0);
   }
-  int fp8 = is_ll(g) && g->cfg.dispatch_dtype == MOE_EP_DISPATCH_FP8_E4M3;
+  int fp8 = mep_config_fp8_dispatch(&g->cfg);
   MEP_CHECK(check_flags_hidden(g, "dispatch", p->flags, p->hidden, hook, fp8));
   if (h->dispatched) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,

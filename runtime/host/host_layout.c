@@ -2,13 +2,13 @@
 #include "runtime/host/host_layout.h"
 
 #include "kernels/host/host_rows.h"
+#include "runtime/config.h"
 
 #define ALIGN64(x) (((x) + 63u) & ~(size_t)63u)
 
 void mep_host_layout_init(mep_host_layout_t *l, const moe_ep_config_t *cfg,
                           int world) {
-  int fp8 = cfg->mode == MOE_EP_MODE_LOW_LATENCY &&
-            cfg->dispatch_dtype == MOE_EP_DISPATCH_FP8_E4M3;
+  int fp8 = mep_config_fp8_dispatch(cfg);
   size_t m = (size_t)cfg->max_tokens_per_rank;
   size_t k = (size_t)cfg->top_k;
   size_t w = (size_t)world;

@@ -9,6 +9,7 @@
 
 #include "kernels/ll.h"
 #include "runtime/bootstrap.h"
+#include "runtime/config.h"
 #include "runtime/error.h"
 #include "runtime/group.h"
 #include "runtime/nccl/nccl_setup.h"
@@ -49,7 +50,7 @@ static void dims_for(const moe_ep_config_t *cfg, int world, mep_ll_dims_t *d) {
   d->max_tokens = cfg->max_tokens_per_rank;
   d->hidden = cfg->hidden;
   d->top_k = cfg->top_k;
-  d->fp8 = cfg->dispatch_dtype == MOE_EP_DISPATCH_FP8_E4M3;
+  d->fp8 = mep_config_fp8_dispatch(cfg);
 }
 
 static uint64_t nccl_buffer_bytes(const moe_ep_config_t *cfg, int world) {
@@ -269,7 +270,7 @@ static void dispatch_args(moe_ep_group_t *g, nccl_state_t *s, const mep_op_t *op
       .hidden = op->hidden,
       .top_k = h->top_k,
       .num_experts = g->cfg.num_experts,
-      .fp8 = g->cfg.dispatch_dtype == MOE_EP_DISPATCH_FP8_E4M3,
+      .fp8 = mep_config_fp8_dispatch(&g->cfg),
       .scale_mode = scale,
       .buffer_set = op->buffer_set,
       .recv_x = op->recv_x,

@@ -15,11 +15,20 @@ namespace {
 
 std::string lib() { return moe_ep_test::runfile("plugin/libmoe_ep.so"); }
 
-TEST(Loader, LoadsRealLibrary) {
+// Loads the real library through the engine's loader for each test.
+class Loaded : public testing::Test {
+ protected:
+  void SetUp() override {
+    char err[512] = "";
+    h = moe_ep_load(lib().c_str(), &t, err, sizeof err);
+    ASSERT_NE(h, nullptr) << err;
+  }
+  void TearDown() override { moe_ep_unload(h); }
   const moe_ep_plugin_v1_t* t = nullptr;
-  char err[512] = "";
-  void* h = moe_ep_load(lib().c_str(), &t, err, sizeof err);
-  ASSERT_NE(h, nullptr) << err;
+  void* h = nullptr;
+};
+
+TEST_F(Loaded, LoadsRealLibrary) {
   EXPECT_EQ(t->abi_version, MOE_EP_ABI_VERSION);
   EXPECT_EQ(t->struct_size, sizeof(moe_ep_plugin_v1_t));
   EXPECT_STREQ(t->name, "moe_ep");
@@ -30,25 +39,15 @@ TEST(Loader, LoadsRealLibrary) {
   EXPECT_EQ(t->get_version(nullptr, &b, &c), MOE_EP_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::strstr(t->last_error(), "get_version"), nullptr) << t->last_error();
   EXPECT_STREQ(t->status_string(MOE_EP_ERR_PEER_FAILED), "MOE_EP_ERR_PEER_FAILED");
-  moe_ep_unload(h);
 }
 
-TEST(Loader, EveryEntryIsSet) {
-  const moe_ep_plugin_v1_t* t = nullptr;
-  char err[512];
-  void* h = moe_ep_load(lib().c_str(), &t, err, sizeof err);
-  ASSERT_NE(h, nullptr) << err;
+TEST_F(Loaded, EveryEntryIsSet) {
   const void* const* entries = reinterpret_cast<const void* const*>(&t->get_version);
   size_t n = (sizeof(moe_ep_plugin_v1_t) - offsetof(moe_ep_plugin_v1_t, get_version)) / sizeof(void*);
   for (size_t i = 0; i < n; i++) EXPECT_NE(entries[i], nullptr) << "entry " << i;
-  moe_ep_unload(h);
 }
 
-TEST(Loader, OneRankGroupThroughTheTable) {
-  const moe_ep_plugin_v1_t* t = nullptr;
-  char err[512];
-  void* h = moe_ep_load(lib().c_str(), &t, err, sizeof err);
-  ASSERT_NE(h, nullptr) << err;
+TEST_F(Loaded, OneRankGroupThroughTheTable) {
   moe_ep_config_t* cfg = nullptr;
   int port = moe_ep_test::free_port();
   std::string yaml = "moe_ep:\n  backend: host\n  num_experts: 4\n  hidden: 256\n  top_k: 2\n"
@@ -81,16 +80,11 @@ TEST(Loader, OneRankGroupThroughTheTable) {
   EXPECT_EQ(t->group_create(&gp, &g), MOE_EP_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::strstr(t->last_error(), "divisible"), nullptr) << t->last_error();
   t->config_free(cfg);
-  moe_ep_unload(h);
 }
 
 // CI has no GPU: the nccl backend sizes its buffers, then refuses to form a
 // group with a sentence saying why, and the library stays usable.
-TEST(Loader, NcclBackendWithoutGpuFailsCleanly) {
-  const moe_ep_plugin_v1_t* t = nullptr;
-  char err[512];
-  void* h = moe_ep_load(lib().c_str(), &t, err, sizeof err);
-  ASSERT_NE(h, nullptr) << err;
+TEST_F(Loaded, NcclBackendWithoutGpuFailsCleanly) {
   moe_ep_config_t* cfg = nullptr;
   int port = moe_ep_test::free_port();
   std::string yaml = "moe_ep:\n  backend: nccl\n  num_experts: 8\n  hidden: 1024\n"
@@ -119,7 +113,6 @@ TEST(Loader, NcclBackendWithoutGpuFailsCleanly) {
   ASSERT_EQ(t->group_create(&gp, &g), MOE_EP_OK) << t->last_error();
   EXPECT_EQ(t->group_destroy(g), MOE_EP_OK);
   t->config_free(cfg);
-  moe_ep_unload(h);
 }
 
 TEST(Loader, MissingFile) {
