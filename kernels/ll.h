@@ -18,9 +18,9 @@ extern "C" {
 /* Which wait expired (mep_ll_error_record_t.op). */
 enum {
   MEP_LL_OP_NONE = 0,
-  MEP_LL_OP_DISPATCH_SEND = 1, /* waiting for this rank's own rows (LSA) */
+  MEP_LL_OP_DISPATCH_SEND = 1, /* (send halves no longer wait: unused) */
   MEP_LL_OP_DISPATCH_RECV = 2, /* waiting for a peer's count or rows */
-  MEP_LL_OP_COMBINE_SEND = 3,
+  MEP_LL_OP_COMBINE_SEND = 3,  /* (unused, as DISPATCH_SEND) */
   MEP_LL_OP_COMBINE_RECV = 4
 };
 

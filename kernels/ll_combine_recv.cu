@@ -104,17 +104,10 @@ __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
   }
 
   /* Shadows advance once every block has read them. */
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    const uint32_t old = atomicAdd(p.ticket, 1u);
-    if (old == gridDim.x - 1) {
-      for (int r = 0; r < R; ++r) {
-        p.shadows[mep_ll_sig_comb_cnt(&p.dims, r)] += (uint64_t)cnt[r] + 1;
-        if (Tp::kRowSignals) p.shadows[mep_ll_sig_comb_row(&p.dims, r)] += (uint64_t)cnt[r];
-      }
-      *p.ticket = 0;
-      __threadfence();
+  if (mep_last_block(&p.tickets[MEP_LL_TICKET_COMBINE_RECV])) {
+    for (int r = threadIdx.x; r < R; r += blockDim.x) {
+      p.shadows[mep_ll_sig_comb_cnt(&p.dims, r)] += (uint64_t)cnt[r] + 1;
+      if (Tp::kRowSignals) p.shadows[mep_ll_sig_comb_row(&p.dims, r)] += (uint64_t)cnt[r];
     }
   }
 }
@@ -149,7 +142,8 @@ extern "C" moe_ep_status_t mep_ll_combine_recv(const mep_ll_ctx_t *ctx,
   k.hidden = a->hidden;
   k.top_k = a->top_k;
   k.num_experts = a->num_experts;
-  const int grid = mep_ll_grid(ctx);
+  /* units: (token, 256-channel chunk), one per warp */
+  const int grid = mep_ll_grid_for(ctx, (int64_t)a->num_tokens * ((a->hidden + 255) / 256));
   const size_t smem = (size_t)ctx->dims.world * sizeof(int);
   cudaStream_t s = (cudaStream_t)stream;
   cudaError_t e;

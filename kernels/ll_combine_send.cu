@@ -1,6 +1,7 @@
 /* ll_combine_send.cu: LL combine, send half. Every valid slot's expert
  * output row goes back to its source rank, into the (token, k) row of the
- * source's combine region; then one count signal per source rank. */
+ * source's combine region; then the last block to finish sends one count
+ * signal per source rank. */
 #include "kernels/ll_launch.cuh"
 
 namespace {
@@ -41,28 +42,15 @@ __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
     }
     Tp::put_warp(p, r, p.set_off + p.lay.comb_recv + (uint64_t)(t * a.top_k + k) * row_bytes,
                  yrow, stage_off, row_bytes, row_sig);
-    if (!Tp::kRowSignals) {
-      __threadfence_system();
-      __syncwarp();
-      if (lane == 0) atomicAdd(&p.done_comb[r], 1u);
-    }
   }
 
-  for (int r = gwarp; r < R; r += nwarps) {
-    int count = 0;
-    for (int le = lane; le < a.local_experts; le += 32) count += __ldg(a.src_count + le * R + r);
+  if (mep_last_block(&p.tickets[MEP_LL_TICKET_COMBINE_SEND])) {
+    for (int r = threadIdx.x / 32; r < R; r += MEP_LL_THREADS / 32) {
+      int count = 0;
+      for (int le = lane; le < a.local_experts; le += 32) count += __ldg(a.src_count + le * R + r);
 #pragma unroll
-    for (int m = 16; m >= 1; m >>= 1) count += __shfl_xor_sync(0xffffffffu, count, m);
-    if (lane == 0) {
-      bool ok = true;
-      if (!Tp::kRowSignals) {
-        uint64_t seen;
-        ok = mep_wait_ge(
-            p, [&] { return (uint64_t)mep_ld_volatile_u32(&p.done_comb[r]); }, (uint64_t)count,
-            MEP_LL_OP_COMBINE_SEND, -1, -1, &seen);
-        p.done_comb[r] = 0;
-      }
-      if (ok) Tp::signal(p, r, mep_ll_sig_comb_cnt(&p.dims, p.rank), (uint64_t)count + 1);
+      for (int m = 16; m >= 1; m >>= 1) count += __shfl_xor_sync(0xffffffffu, count, m);
+      if (lane == 0) Tp::signal(p, r, mep_ll_sig_comb_cnt(&p.dims, p.rank), (uint64_t)count + 1);
     }
   }
   Tp::flush_warp(p);

@@ -1,11 +1,15 @@
-/* ll_dispatch_send.cu: LL dispatch, send half. Each (token, slot) pair is
- * put into the (source rank, expert) region of the expert's rank at an index
- * given by an ordered count (deterministic slots, no atomics); then one
- * count signal per destination expert.
- * LSA: one warp per (token, slot) pair quantises the token straight into the
- * peer's receive row (no staging, 16-byte stores). Staged transports (GIN,
- * GIN-emulated): one warp per token quantises once into the local staging
- * row (the put's source must be in the window), then puts it per slot. */
+/* ll_dispatch_send.cu: LL dispatch, send half. Each token goes once to each
+ * rank that holds at least one of its experts, into the (source rank,
+ * token) row of that rank's receive area, together with the token's slot
+ * list as the destination sees it (local expert per k, -1 elsewhere); the
+ * receiver builds the per-expert slots (deterministic order) itself. Then
+ * the last block to finish sends one count signal per destination.
+ * LSA: work unit = (token, destination, 2048-channel chunk); the warp
+ * quantises its chunk straight into the peer's row (16-byte stores).
+ * Staged transports (GIN, GIN-emulated): one warp per token quantises once
+ * into the local staging row (a put's source must be in the window), puts
+ * it once per destination, and the last block puts each destination's
+ * slot list. */
 #include "kernels/fp8.cuh"
 #include "kernels/ll_launch.cuh"
 
@@ -19,141 +23,107 @@ struct SendArgs {
   uint32_t row_bytes;
 };
 
+/* Channels per LSA work unit: four 512-channel quantiser steps with their
+ * loads in flight together; small enough that one token spreads over
+ * several warps (latency at small batches), large enough to amortise the
+ * unit's routing load. */
+constexpr int kChunk = 2048;
+
+/* Lane k < K: the destination rank of token t's slot k (-1: no expert or an
+ * invalid id, which is dropped) and, through *le, its local expert there. */
 template <typename IdxT>
-__device__ __forceinline__ int load_expert(const void *topk, int j) {
-  return (int)reinterpret_cast<const IdxT *>(topk)[j];
+__device__ __forceinline__ int slot_dst(const SendArgs &a, int t, int lane, int *le) {
+  *le = -1;
+  if (lane >= a.top_k) return -1;
+  const int e = (int)reinterpret_cast<const IdxT *>(a.topk)[t * a.top_k + lane];
+  if (e < 0 || e >= a.num_experts) return -1;
+  *le = e % a.local_experts;
+  return e / a.local_experts;
 }
 
-/* How many of the entries topk[0, n) equal e. Whole warp (every lane must
- * call; every lane gets the count); four loads in flight per lane. */
-template <typename IdxT>
-__device__ __forceinline__ int warp_count_eq(const void *topk, int n, int e) {
-  const int lane = threadIdx.x & 31;
-  const IdxT *t = reinterpret_cast<const IdxT *>(topk);
-  int cnt = 0, base = 0;
-  for (; base + 128 <= n; base += 128) {
-    const int v0 = (int)t[base + lane], v1 = (int)t[base + 32 + lane],
-              v2 = (int)t[base + 64 + lane], v3 = (int)t[base + 96 + lane];
-    cnt += __popc(__ballot_sync(0xffffffffu, v0 == e)) + __popc(__ballot_sync(0xffffffffu, v1 == e)) +
-           __popc(__ballot_sync(0xffffffffu, v2 == e)) + __popc(__ballot_sync(0xffffffffu, v3 == e));
+/* Channels [c0, c0 + n) of token row xr into dispatch row drow: fp8 bytes
+ * plus their f32 scales (one per 128 channels) or bf16. Whole warp. */
+template <bool kFp8>
+__device__ __forceinline__ void write_row_part(const SendArgs &a, const __nv_bfloat16 *xr,
+                                               char *drow, int c0, int n) {
+  if (kFp8) {
+    float *sc = reinterpret_cast<float *>(drow + a.hidden) + c0 / 128;
+    mep_fp8_quantize_row_warp(xr + c0, n, reinterpret_cast<uint8_t *>(drow) + c0, a.pow2,
+                              [&](int g, float s) { sc[g] = s; });
+  } else {
+    mep_copy_warp(drow + 2 * (size_t)c0, xr + c0, (uint32_t)n * 2u);
   }
-  for (; base < n; base += 32) {
-    const int j = base + lane;
-    cnt += __popc(__ballot_sync(0xffffffffu, j < n && (int)t[j] == e));
-  }
-  return cnt;
 }
 
 template <class Tp, bool kFp8, typename IdxT>
 __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
     ll_dispatch_send_kernel(const __grid_constant__ MepLLParams p, const SendArgs a) {
-  static_assert(Tp::kStaged || !Tp::kRowSignals, "direct puts count rows on the sender");
   const int lane = threadIdx.x & 31;
   const int nwarps = gridDim.x * (MEP_LL_THREADS / 32);
   const int gwarp = blockIdx.x * (MEP_LL_THREADS / 32) + threadIdx.x / 32;
   const int K = a.top_k, R = p.dims.world, T = a.tokens, M = p.dims.max_tokens;
-  const uint64_t stage_base = p.set_off + p.lay.stage;
+  const uint64_t list_bytes = mep_ll_align16((uint64_t)M * p.dims.top_k * 4u);
+  const uint64_t my_row = (uint64_t)p.rank * M; /* this rank's rows at every destination */
+  const uint64_t my_list = p.set_off + p.lay.disp_list + (uint64_t)p.rank * list_bytes;
 
   if constexpr (!Tp::kStaged) {
-    /* Phase A (direct): warp per (token, slot). The token is read (and
-     * quantised) once per slot: it is in L2 after the first, and the
-     * division is cheap next to the NVLink stores this spreads over K
-     * times more warps. */
-    for (int q = gwarp; q < T * K; q += nwarps) {
-      const int e = load_expert<IdxT>(a.topk, q); /* same for every lane */
-      if (e < 0 || e >= a.num_experts) continue;
-      const int pos = warp_count_eq<IdxT>(a.topk, q, e);
-      /* More than max_tokens rows for one expert only happens with an
-       * expert repeated within a token; drop the excess (Phase B clamps the
-       * count the same way) rather than write past the region. */
-      if (pos >= M) continue;
-      const int t = q / K, k = q - t * K;
-      const int dst = e / a.local_experts, le = e % a.local_experts;
-      const uint64_t slot = ((uint64_t)le * R + p.rank) * M + pos;
-      char *drow = static_cast<char *>(
-          Tp::peer_ptr(p, dst, p.set_off + p.lay.disp_recv + slot * a.row_bytes));
-      const __nv_bfloat16 *xr = a.x + (size_t)t * a.hidden;
-      if (kFp8) {
-        float *sc = reinterpret_cast<float *>(drow + a.hidden);
-        mep_fp8_quantize_row_warp(xr, a.hidden, reinterpret_cast<uint8_t *>(drow), a.pow2,
-                                  [&](int g, float s) { sc[g] = s; });
-      } else {
-        mep_copy_warp(drow, xr, (uint32_t)a.hidden * 2u);
+    const int nch = (a.hidden + kChunk - 1) / kChunk;
+    for (int u = gwarp; u < T * R * nch; u += nwarps) {
+      const int ch = u % nch, td = u / nch, d = td % R, t = td / R;
+      int le;
+      const int dst = slot_dst<IdxT>(a, t, lane, &le);
+      if (ch == 0 && lane < K) {
+        int32_t *list = static_cast<int32_t *>(Tp::peer_ptr(p, d, my_list));
+        list[t * K + lane] = dst == d ? le : -1;
       }
-      if (lane == 0)
-        Tp::put_meta(p, dst, p.set_off + p.lay.disp_meta + slot * MEP_LL_META_BYTES,
-                     make_int4(t, k, 0, 0), 0, 0);
-      __threadfence_system(); /* this lane's stores before the done count */
-      __syncwarp();
-      if (lane == 0) atomicAdd(&p.done_disp[e], 1u);
+      if (__ballot_sync(0xffffffffu, dst == d) == 0) continue;
+      char *drow = static_cast<char *>(
+          Tp::peer_ptr(p, d, p.set_off + p.lay.disp_recv + (my_row + t) * a.row_bytes));
+      const int c0 = ch * kChunk;
+      write_row_part<kFp8>(a, a.x + (size_t)t * a.hidden, drow, c0,
+                           a.hidden - c0 < kChunk ? a.hidden - c0 : kChunk);
+    }
+    if (mep_last_block(&p.tickets[MEP_LL_TICKET_DISPATCH_SEND])) {
+      for (int d = threadIdx.x; d < R; d += blockDim.x)
+        Tp::signal(p, d, mep_ll_sig_disp_cnt(&p.dims, p.rank), mep_ll_disp_code(T, 0, M));
     }
   } else {
-    /* Phase A (staged): warp per token. */
+    const uint64_t stage_rows = p.set_off + p.lay.stage;
+    const uint64_t stage_list = p.set_off + p.lay.stage_list;
+    const uint32_t row_sig = mep_ll_sig_disp_row(&p.dims, p.rank);
     for (int t = gwarp; t < T; t += nwarps) {
-      char *srow = p.local + stage_base + (uint64_t)t * a.row_bytes;
-      const __nv_bfloat16 *xr = a.x + (size_t)t * a.hidden;
-      if (kFp8) {
-        float *sc = reinterpret_cast<float *>(srow + a.hidden);
-        mep_fp8_quantize_row_warp(xr, a.hidden, reinterpret_cast<uint8_t *>(srow), a.pow2,
-                                  [&](int g, float s) { sc[g] = s; });
-      } else {
-        mep_copy_warp(srow, xr, (uint32_t)a.hidden * 2u);
+      const uint64_t srow = stage_rows + (uint64_t)t * a.row_bytes;
+      write_row_part<kFp8>(a, a.x + (size_t)t * a.hidden, p.local + srow, 0, a.hidden);
+      int le;
+      const int dst = slot_dst<IdxT>(a, t, lane, &le);
+      if (lane < K) {
+        for (int d = 0; d < R; ++d)
+          reinterpret_cast<int32_t *>(p.local + stage_list + d * list_bytes)[t * K + lane] =
+              dst == d ? le : -1;
       }
-      /* Lane k owns slot k: its expert and its index among all earlier
-       * (token, slot) pairs routed to the same expert. */
-      const int my_e = lane < K ? load_expert<IdxT>(a.topk, t * K + lane) : -1;
-      int my_pos = 0;
-      const int end = t * K + K;
-      for (int base = 0; base < end; base += 32) {
-        const int j = base + lane;
-        const int ej = j < end ? load_expert<IdxT>(a.topk, j) : -2;
-        for (int kk = 0; kk < K; ++kk) {
-          const int ek = __shfl_sync(0xffffffffu, my_e, kk);
-          const unsigned m = __ballot_sync(0xffffffffu, ek >= 0 && ej == ek && j < t * K + kk);
-          if (lane == kk) my_pos += __popc(m);
-        }
-      }
-      __syncwarp(); /* staging row complete before any lane reads it */
+      __syncwarp(); /* staging row complete before any lane's put reads it */
       for (int kk = 0; kk < K; ++kk) {
-        const int e = __shfl_sync(0xffffffffu, my_e, kk);
-        const int pos = __shfl_sync(0xffffffffu, my_pos, kk);
-        if (e < 0 || e >= a.num_experts || pos >= M) continue;
-        const int dst = e / a.local_experts, le = e % a.local_experts;
-        const uint64_t slot = ((uint64_t)le * R + p.rank) * M + pos;
-        const uint32_t row_sig = mep_ll_sig_disp_row(&p.dims, le, p.rank);
-        Tp::put_warp(p, dst, p.set_off + p.lay.disp_recv + slot * a.row_bytes, srow,
-                     stage_base + (uint64_t)t * a.row_bytes, a.row_bytes, row_sig);
-        if (lane == 0)
-          Tp::put_meta(p, dst, p.set_off + p.lay.disp_meta + slot * MEP_LL_META_BYTES,
-                       make_int4(t, kk, 0, 0),
-                       p.set_off + p.lay.stage_meta + (uint64_t)(t * K + kk) * MEP_LL_META_BYTES,
-                       row_sig);
-        if (!Tp::kRowSignals) {
-          __threadfence_system();
-          __syncwarp();
-          if (lane == 0) atomicAdd(&p.done_disp[e], 1u);
-        }
+        const int d = __shfl_sync(0xffffffffu, dst, kk);
+        /* once per destination: only at its first slot */
+        if (d < 0 || __ballot_sync(0xffffffffu, lane < kk && dst == d) != 0) continue;
+        Tp::put_warp(p, d, p.set_off + p.lay.disp_recv + (my_row + t) * a.row_bytes,
+                     p.local + srow, srow, a.row_bytes, row_sig);
+        if (lane == 0) atomicAdd(&p.puts[d], 1u);
       }
     }
-  }
-
-  /* Phase B: one count signal per destination expert (every expert, also
-   * with count 0: the receiver waits for all sources). Experts go to the
-   * highest warps first, which Phase A leaves idle when T*K < warps. */
-  for (int e = nwarps - 1 - gwarp; e < a.num_experts; e += nwarps) {
-    int count = warp_count_eq<IdxT>(a.topk, T * K, e);
-    if (count > M) count = M; /* as Phase A drops rows past max_tokens */
-    if (lane == 0) {
-      const int dst = e / a.local_experts, le = e % a.local_experts;
-      bool ok = true;
-      if (!Tp::kRowSignals) {
-        uint64_t seen;
-        ok = mep_wait_ge(
-            p, [&] { return (uint64_t)mep_ld_volatile_u32(&p.done_disp[e]); }, (uint64_t)count,
-            MEP_LL_OP_DISPATCH_SEND, -1, e, &seen);
-        p.done_disp[e] = 0; /* the only writer left in this call */
+    if (mep_last_block(&p.tickets[MEP_LL_TICKET_DISPATCH_SEND])) {
+      for (int d = threadIdx.x / 32; d < R; d += MEP_LL_THREADS / 32) {
+        const uint32_t rows = mep_ld_volatile_u32(&p.puts[d]);
+        const uint64_t src = stage_list + d * list_bytes;
+        if (T > 0)
+          Tp::put_warp(p, d, my_list, p.local + src, src,
+                       (uint32_t)mep_ll_align16((uint64_t)T * K * 4u), row_sig);
+        if (lane == 0) {
+          p.puts[d] = 0;
+          Tp::signal(p, d, mep_ll_sig_disp_cnt(&p.dims, p.rank),
+                     mep_ll_disp_code(T, (int)rows + (T > 0), M));
+        }
       }
-      if (ok) Tp::signal(p, dst, mep_ll_sig_disp_cnt(&p.dims, le, p.rank), (uint64_t)count + 1);
     }
   }
   Tp::flush_warp(p);
@@ -220,7 +190,13 @@ extern "C" moe_ep_status_t mep_ll_dispatch_send(const mep_ll_ctx_t *ctx,
   k.local_experts = a->num_experts / ctx->dims.world;
   k.pow2 = a->fp8 && a->scale_mode != MOE_EP_FP8_SCALE_F32;
   k.row_bytes = (uint32_t)mep_ll_dispatch_row_bytes(a->hidden, a->fp8);
-  const int grid = mep_ll_grid(ctx);
+  /* No more blocks than work units (a small batch launches a small grid):
+   * LSA units are (token, destination, chunk), staged ones tokens. */
+  const int64_t units = ctx->transport == MEP_LL_TRANSPORT_LSA
+                            ? (int64_t)a->num_tokens * ctx->dims.world *
+                                  ((a->hidden + kChunk - 1) / kChunk)
+                            : (int64_t)a->num_tokens;
+  const int grid = mep_ll_grid_for(ctx, units);
   cudaStream_t s = (cudaStream_t)stream;
   cudaError_t e;
   switch (ctx->transport) {

@@ -85,11 +85,9 @@ static inline void mep_ll_make_params(const mep_ll_ctx_t *ctx, int set, MepLLPar
   p->timeout_cycles = ctx->timeout_cycles;
   const mep_ll_state_layout_t s = mep_ll_state_layout(&ctx->dims);
   char *st = (char *)ctx->state;
-  const uint64_t experts = (uint64_t)ctx->dims.local_experts * ctx->dims.world;
   p->shadows = (uint64_t *)(st + s.shadows) + (uint64_t)set * p->lay.num_signals;
-  p->done_disp = (uint32_t *)(st + s.done_disp) + (uint64_t)set * experts;
-  p->done_comb = (uint32_t *)(st + s.done_comb) + (uint64_t)set * ctx->dims.world;
-  p->ticket = (uint32_t *)(st + s.tickets) + set * 4;
+  p->puts = (uint32_t *)(st + s.puts) + (uint64_t)set * ctx->dims.world;
+  p->tickets = (uint32_t *)(st + s.tickets) + set * MEP_LL_NUM_TICKETS;
   p->abort_flag = (uint32_t *)(st + s.abort_flag);
   p->err = ctx->error_dev;
 }
@@ -101,6 +99,15 @@ static inline int mep_ll_grid(const mep_ll_ctx_t *ctx) {
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   return ctx->num_sms < sms ? ctx->num_sms : sms;
+}
+
+/* Blocks for `units` warp-sized work units: enough warps for one unit each,
+ * at least one block, at most mep_ll_grid. */
+static inline int mep_ll_grid_for(const mep_ll_ctx_t *ctx, int64_t units) {
+  const int64_t warps = MEP_LL_THREADS / 32;
+  const int64_t want = (units + warps - 1) / warps;
+  const int most = mep_ll_grid(ctx);
+  return want < 1 ? 1 : (want < most ? (int)want : most);
 }
 
 #endif /* MEP_LL_LAUNCH_CUH_ */

@@ -17,10 +17,6 @@ extern "C" {
 #define MEP_HD
 #endif
 
-/* Per-row metadata (source token, k) travels in its own 16-byte record so a
- * row payload is one contiguous put. */
-#define MEP_LL_META_BYTES 16
-
 static inline MEP_HD uint64_t mep_ll_align16(uint64_t x) { return (x + 15u) & ~(uint64_t)15u; }
 
 /* Bytes of one dispatched row: bf16 payload, or fp8 payload + one f32 scale
@@ -42,17 +38,22 @@ typedef struct mep_ll_dims {
   int32_t fp8;           /* 1: sized for fp8 dispatch rows only */
 } mep_ll_dims_t;
 
-/* One buffer set, offsets relative to the set's start. Signals first:
- *   dispatch count signals [E_local][R], dispatch row signals [E_local][R],
- *   combine count signals [R], combine row signals [R]   (u64 each). */
+/* One buffer set, offsets relative to the set's start. Dispatch sends each
+ * token once per destination rank (not once per expert): the receiver gets
+ * the source's rows in token order plus, per (token, k), the local expert
+ * it names on the receiver (-1: none there), and builds the per-expert
+ * slots itself. Signals first, u64 each, indexed by source rank:
+ *   dispatch count [R], dispatch row [R], combine count [R], combine row [R].
+ * A dispatch count signal carries 1 + tokens + (max_tokens + 1) * puts
+ * (puts: row-signalled puts to wait for; 0 for LSA), see mep_ll_disp_code. */
 typedef struct mep_ll_set_layout {
   uint64_t num_signals;   /* per set */
   uint64_t sig_bytes;
-  uint64_t disp_recv;     /* [E_local][R][max_tokens] dispatch rows */
-  uint64_t disp_meta;     /* [E_local][R][max_tokens] meta records */
+  uint64_t disp_recv;     /* [R][max_tokens] dispatch rows, by source rank */
+  uint64_t disp_list;     /* [R][max_tokens * top_k] int32 local expert or -1 */
   uint64_t comb_recv;     /* [max_tokens][top_k] bf16 rows */
   uint64_t stage;         /* send staging (GIN / GIN-emulated) */
-  uint64_t stage_meta;    /* dispatch meta staging [max_tokens][top_k] */
+  uint64_t stage_list;    /* dispatch list staging [R][max_tokens * top_k] */
   uint64_t set_bytes;
 } mep_ll_set_layout_t;
 
@@ -62,20 +63,20 @@ static inline MEP_HD mep_ll_set_layout_t mep_ll_set_layout(const mep_ll_dims_t *
   const uint64_t t = (uint64_t)d->max_tokens, k = (uint64_t)d->top_k;
   const uint64_t row_d = mep_ll_dispatch_row_bytes(d->hidden, d->fp8);
   const uint64_t row_c = (uint64_t)d->hidden * 2u;
-  const uint64_t slots = el * r * t;
-  l.num_signals = 2u * el * r + 2u * r;
+  const uint64_t list = mep_ll_align16(t * k * 4u);
+  l.num_signals = 4u * r;
   l.sig_bytes = mep_ll_align16(l.num_signals * 8u);
   l.disp_recv = l.sig_bytes;
-  l.disp_meta = l.disp_recv + slots * row_d;
-  l.comb_recv = l.disp_meta + slots * MEP_LL_META_BYTES;
+  l.disp_list = l.disp_recv + r * t * row_d;
+  l.comb_recv = l.disp_list + r * list;
   l.stage = l.comb_recv + t * k * row_c;
   /* Staging holds either the dispatch rows (one per token, quantised once)
-   * plus their meta records, or the combine rows (one per received slot):
-   * never both at once within a set. */
+   * plus one list per destination, or the combine rows (one per received
+   * slot): never both at once within a set. */
   {
-    uint64_t disp_stage = t * row_d + t * k * MEP_LL_META_BYTES;
-    uint64_t comb_stage = slots * row_c;
-    l.stage_meta = l.stage + t * row_d;
+    uint64_t disp_stage = t * row_d + r * list;
+    uint64_t comb_stage = el * r * t * row_c;
+    l.stage_list = l.stage + t * row_d;
     l.set_bytes = l.stage + (disp_stage > comb_stage ? disp_stage : comb_stage);
   }
   l.set_bytes = mep_ll_align16(l.set_bytes);
@@ -83,41 +84,56 @@ static inline MEP_HD mep_ll_set_layout_t mep_ll_set_layout(const mep_ll_dims_t *
 }
 
 /* Signal indices within a set (also the GIN signal id, offset by the set). */
-static inline MEP_HD uint32_t mep_ll_sig_disp_cnt(const mep_ll_dims_t *d, int le, int src) {
-  return (uint32_t)(le * d->world + src);
+static inline MEP_HD uint32_t mep_ll_sig_disp_cnt(const mep_ll_dims_t *d, int src) {
+  (void)d;
+  return (uint32_t)src;
 }
-static inline MEP_HD uint32_t mep_ll_sig_disp_row(const mep_ll_dims_t *d, int le, int src) {
-  return (uint32_t)(d->local_experts * d->world + le * d->world + src);
+static inline MEP_HD uint32_t mep_ll_sig_disp_row(const mep_ll_dims_t *d, int src) {
+  return (uint32_t)(d->world + src);
 }
 static inline MEP_HD uint32_t mep_ll_sig_comb_cnt(const mep_ll_dims_t *d, int src) {
-  return (uint32_t)(2 * d->local_experts * d->world + src);
+  return (uint32_t)(2 * d->world + src);
 }
 static inline MEP_HD uint32_t mep_ll_sig_comb_row(const mep_ll_dims_t *d, int src) {
-  return (uint32_t)(2 * d->local_experts * d->world + d->world + src);
+  return (uint32_t)(3 * d->world + src);
+}
+
+/* The dispatch count signal's increment: token count and row-signalled put
+ * count in one add (both <= max_tokens + 1), so the receiver needs no other
+ * message to know what to wait for. */
+static inline MEP_HD uint64_t mep_ll_disp_code(int tokens, int puts, int max_tokens) {
+  return 1u + (uint64_t)tokens + (uint64_t)(max_tokens + 1) * (uint64_t)puts;
 }
 
 /* Device state (ordinary device memory, zeroed once): signal shadows (the
- * value each signal had after the last completed receive), the senders'
- * row-completion counters (LSA) and the combine receive's block ticket.
- * Everything advances in device memory, so graph replays need no host. */
+ * value each signal had after the last completed receive), the staged
+ * dispatch's per-destination put counters, and one block ticket per kernel
+ * and set (the last block of a launch finishes its work: signals, shadow
+ * updates). Everything advances in device memory, so graph replays need no
+ * host. */
+enum {
+  MEP_LL_TICKET_COMBINE_RECV = 0,
+  MEP_LL_TICKET_DISPATCH_SEND = 1,
+  MEP_LL_TICKET_COMBINE_SEND = 2,
+  MEP_LL_TICKET_DISPATCH_RECV = 3,
+  MEP_LL_NUM_TICKETS = 4
+};
+
 typedef struct mep_ll_state_layout {
   uint64_t shadows;    /* u64 [2 sets][num_signals] */
-  uint64_t done_disp;  /* u32 [2 sets][num_experts_max] */
-  uint64_t done_comb;  /* u32 [2 sets][R] */
-  uint64_t tickets;    /* u32 [2 sets][4] */
+  uint64_t puts;       /* u32 [2 sets][R] staged dispatch puts per destination */
+  uint64_t tickets;    /* u32 [2 sets][MEP_LL_NUM_TICKETS] */
   uint64_t abort_flag; /* u32: set once a wait timed out */
   uint64_t bytes;
 } mep_ll_state_layout_t;
 
 static inline MEP_HD mep_ll_state_layout_t mep_ll_state_layout(const mep_ll_dims_t *d) {
   mep_ll_state_layout_t s;
-  const uint64_t nsig = 2u * (uint64_t)d->local_experts * d->world + 2u * (uint64_t)d->world;
-  const uint64_t experts = (uint64_t)d->local_experts * d->world;
+  const uint64_t nsig = 4u * (uint64_t)d->world;
   s.shadows = 0;
-  s.done_disp = mep_ll_align16(2u * nsig * 8u);
-  s.done_comb = s.done_disp + mep_ll_align16(2u * experts * 4u);
-  s.tickets = s.done_comb + mep_ll_align16(2u * (uint64_t)d->world * 4u);
-  s.abort_flag = s.tickets + 2u * 4u * 4u;
+  s.puts = mep_ll_align16(2u * nsig * 8u);
+  s.tickets = s.puts + mep_ll_align16(2u * (uint64_t)d->world * 4u);
+  s.abort_flag = s.tickets + 2u * MEP_LL_NUM_TICKETS * 4u;
   s.bytes = mep_ll_align16(s.abort_flag + 4u);
   return s;
 }

@@ -10,7 +10,6 @@
  *                receiver waits rows by count; without it (LSA) the sender
  *                counts its own finished rows and signals only afterwards.
  *   put_warp(p, peer, dst_off, src, src_off, bytes, row_sig)   whole warp
- *   put_meta(p, peer, dst_off, int4 v, stage_off, row_sig)      one lane
  *   signal(p, peer, sig, add)                                   one lane
  *   read_signal(p, sig) -> u64 (acquire)                        one lane
  *   flush_warp(p)        sources reusable when the kernel ends  whole warp
@@ -42,9 +41,8 @@ struct MepLLParams {
   uint32_t gin_sig_base;  /* set * lay.num_signals */
   uint64_t timeout_cycles;
   uint64_t *shadows;      /* this set's shadows [num_signals] */
-  uint32_t *done_disp;    /* this set's [num experts] */
-  uint32_t *done_comb;    /* this set's [R] */
-  uint32_t *ticket;       /* this set's combine-receive ticket */
+  uint32_t *puts;         /* this set's staged-dispatch puts per destination [R] */
+  uint32_t *tickets;      /* this set's block tickets [MEP_LL_NUM_TICKETS] */
   uint32_t *abort_flag;
   mep_ll_error_record_t *err;
 };
@@ -128,6 +126,28 @@ __device__ __forceinline__ void mep_copy_warp(void *dst, const void *src, uint32
       if (i < n) d[i] = v[u];
     }
   }
+}
+
+/* Ends a launch's work phase: returns true on every thread of exactly one
+ * block, the last to get here, once every block's earlier stores (local
+ * and NVLink) are visible at system scope. The barrier makes the block's
+ * stores visible to its thread 0, whose system fence then orders them all
+ * (cumulativity) before the ticket; the last block acquires after reading
+ * it. No block waits for another, so nothing assumes co-residency. The
+ * ticket is reset for the next launch (a kernel boundary away). */
+__device__ __forceinline__ bool mep_last_block(uint32_t *ticket) {
+  __shared__ bool last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    if (last) {
+      *ticket = 0;
+      __threadfence();
+    }
+  }
+  __syncthreads();
+  return last;
 }
 
 __device__ __forceinline__ int mep_lsa_peer(const MepLLParams &p, int peer) {

@@ -17,13 +17,6 @@ struct MepGin {
     gin.put(ncclTeamWorld(p.comm), peer, p.win, dst_off, p.win, src_off, bytes,
             ncclGin_SignalAdd{p.gin_sig_base + row_sig, 1}, ncclGin_None{}, ncclCoopWarp());
   }
-  static __device__ __forceinline__ void put_meta(const MepLLParams &p, int peer, uint64_t dst_off,
-                                                  int4 v, uint64_t stage_off, uint32_t row_sig) {
-    *reinterpret_cast<int4 *>(p.local + stage_off) = v;
-    ncclGin gin(p.comm, 0);
-    gin.put(ncclTeamWorld(p.comm), peer, p.win, dst_off, p.win, stage_off, sizeof(int4),
-            ncclGin_SignalAdd{p.gin_sig_base + row_sig, 1});
-  }
   static __device__ __forceinline__ void signal(const MepLLParams &p, int peer, uint32_t sig,
                                                 uint64_t add) {
     ncclGin gin(p.comm, 0);

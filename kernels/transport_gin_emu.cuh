@@ -27,14 +27,6 @@ struct MepGinEmu {
     __syncwarp();
     if ((threadIdx.x & 31) == 0) add_sig(p, peer, row_sig, 1);
   }
-  static __device__ __forceinline__ void put_meta(const MepLLParams &p, int peer, uint64_t dst_off,
-                                                  int4 v, uint64_t stage_off, uint32_t row_sig) {
-    int4 *stage = reinterpret_cast<int4 *>(p.local + stage_off);
-    *stage = v;
-    *reinterpret_cast<int4 *>(peer_ptr(p, peer, dst_off)) = *stage;
-    __threadfence_system();
-    add_sig(p, peer, row_sig, 1);
-  }
   static __device__ __forceinline__ void signal(const MepLLParams &p, int peer, uint32_t sig,
                                                 uint64_t add) {
     add_sig(p, peer, sig, add); /* no ordering promise, as with GIN */

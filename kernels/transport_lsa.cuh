@@ -1,7 +1,8 @@
 /* transport_lsa.cuh: LSA transport. Stores go straight into the peer's
  * symmetric window through ncclGetLsaPointer; the count signal is a
- * system-scope atomic add issued after a system fence, once the sender has
- * counted all its rows done (no per-row signals). */
+ * system-scope atomic add issued after a system fence by the last block of
+ * the launch (mep_last_block), once every block's stores are visible: no
+ * per-row signals. */
 #ifndef MEP_TRANSPORT_LSA_CUH_
 #define MEP_TRANSPORT_LSA_CUH_
 
@@ -16,10 +17,6 @@ struct MepLsa {
                                                   const void *src, uint64_t, uint32_t bytes,
                                                   uint32_t) {
     mep_copy_warp(peer_ptr(p, peer, dst_off), src, bytes);
-  }
-  static __device__ __forceinline__ void put_meta(const MepLLParams &p, int peer, uint64_t dst_off,
-                                                  int4 v, uint64_t, uint32_t) {
-    *reinterpret_cast<int4 *>(peer_ptr(p, peer, dst_off)) = v;
   }
   static __device__ __forceinline__ void signal(const MepLLParams &p, int peer, uint32_t sig,
                                                 uint64_t add) {

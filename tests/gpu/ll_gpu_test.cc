@@ -571,7 +571,7 @@ TEST_F(LlGpu, ZzzGinRequestClearError) {
   moe_ep_status_t st = mep_nccl_create(&p, &n);
   printf("GIN request on rank %d: status %d: %s\n", g_rank, (int)st, st ? mep_last_error() : "ok");
   if (st == MOE_EP_OK) {
-    mep_nccl_destroy(n);
+    mep_nccl_destroy(n, 0);
   } else {
     EXPECT_EQ(st, MOE_EP_ERR_NCCL);
   }
@@ -706,6 +706,6 @@ int main(int argc, char **argv) {
   const int rc = RUN_ALL_TESTS();
   // Destroying the communicator is collective; skip it after a timeout
   // test left rank 1 out of step? No: destroy only waits for local work.
-  mep_nccl_destroy(g_group->nccl);
+  mep_nccl_destroy(g_group->nccl, 0);
   return rc;
 }
