@@ -97,8 +97,14 @@ moe_ep_status_t mep_bs_addr_check_bindable(const mep_bootstrap_t *bs) {
     close(fd);
     return mep_error(MOE_EP_ERR_BOOTSTRAP,
                      "rank 0 cannot listen on bootstrap address %s: bind: %s "
-                     "(errno %d)",
-                     bs->address, strerror(err), err);
+                     "(errno %d)%s",
+                     bs->address, strerror(err), err,
+                     err == EADDRINUSE
+                         ? "; another group or program holds the port, or a group "
+                           "destroyed in the last minute left its connections in TCP "
+                           "TIME_WAIT (UCX's listener does not set SO_REUSEADDR): give "
+                           "each group its own port"
+                         : "");
   }
   /* bind alone succeeds when another socket holds the port with
    * SO_REUSEADDR and is listening; listen() is what collides. */

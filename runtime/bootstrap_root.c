@@ -13,6 +13,10 @@
 
 static void root_conn_cb(ucp_conn_request_h req, void *arg) {
   mep_bootstrap_t *bs = (mep_bootstrap_t *)arg;
+  if (bs->formed) {
+    ucp_listener_reject(bs->listener, req);
+    return;
+  }
   if (bs->num_conn_reqs == bs->cap_conn_reqs) {
     int cap = bs->cap_conn_reqs ? bs->cap_conn_reqs * 2 : 16;
     void *n = realloc(bs->conn_reqs, (size_t)cap * sizeof(*bs->conn_reqs));
@@ -236,8 +240,7 @@ static void root_close_others(mep_bootstrap_t *bs) {
     ucp_listener_reject(bs->listener, bs->conn_reqs[i]);
   }
   bs->num_conn_reqs = 0;
-  ucp_listener_destroy(bs->listener);
-  bs->listener = NULL;
+  bs->formed = 1; /* the listener stays (see bootstrap_types.h) */
   for (mep_bs_peer_t *p = bs->peers; p != NULL; p = p->next) {
     if (p->ep != NULL && p->state != MEP_BS_PEER_JOINED) {
       mep_bs_peer_close(bs, p, p->state == MEP_BS_PEER_REFUSED);

@@ -220,6 +220,9 @@ moe_ep_status_t mep_group_destroy(moe_ep_group_t *group) {
   if (group->broken == MOE_EP_OK && mep_bootstrap_barrier(group->boot) != MOE_EP_OK) {
     MEP_LOG_WARN("group", "rank %d: group_destroy's barrier failed (%s); tearing down anyway",
                  group->rank, mep_last_error());
+    /* A peer is gone or stuck: the backend must not run collective
+     * teardown steps that would wait for it. */
+    group->broken = MOE_EP_ERR_PEER_FAILED;
   }
   mep_registry_remove(group);
   /* Pending hooks stay owned by the engine; detach them so a late

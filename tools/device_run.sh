@@ -4,9 +4,13 @@
 # goes to $OUT and a one-line verdict per step to $OUT/summary.txt.
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/mep_out}
+# Logs are written under a scratch folder and handed back as one archive
+# ($OUT/logs.tgz): the device tool returns only a few files per call.
+FINAL_OUT=${OUT:-/tmp/mep_out}
+OUT=/tmp/mep_logs
 B=.gpu_bundle
-mkdir -p "$OUT"
+rm -rf "$OUT" && mkdir -p "$OUT" "$FINAL_OUT"
+trap 'tar czf "$FINAL_OUT/logs.tgz" -C "$OUT" . 2>/dev/null' EXIT
 nvidia-smi -L > "$OUT/gpus.txt" 2>&1
 summary() { echo "$1: exit $2" | tee -a "$OUT/summary.txt"; }
 api() {  # name ranks seconds worker-args...
@@ -26,6 +30,10 @@ timeout 90 $B/moe_ep_run -n 2 --timeout_s 85 -- $B/moe_ep_bench --plugin=$B/libm
   --warmup=50 --json="$OUT/bench.json" > "$OUT/bench.log" 2>&1
 summary bench $?
 tail -30 "$OUT/bench.log"
+timeout 150 $B/moe_ep_run -n 2 --timeout_s 140 -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
+  --warmup=50 --graph --json="$OUT/bench_graph.json" > "$OUT/bench_graph.log" 2>&1
+summary bench_graph $?
+grep -A24 "^latency" "$OUT/bench_graph.log"
 api ep2_graph 2 40 --scenario=graph --experts=64 --max_tokens=32 --layers=2048:8 --seeds=100
 api ep2_skip_timeout 2 20 --scenario=skip --experts=8 --max_tokens=8 --layers=128:2 --kernel_ms=2000
 sed 's/backend: host/backend: nccl/' $B/demo.yaml > "$OUT/demo_nccl.yaml"
@@ -40,4 +48,15 @@ timeout 60 $B/moe_ep_run -n 2 --timeout_s 55 -- compute-sanitizer --tool memchec
   --error-exitcode 9 $B/conformance_worker --plugin=$B/libmoe_ep.so --backend=nccl \
   --experts=8 --max_tokens=4 --layers=256:2 --seeds=1 --hooks=0 > "$OUT/memcheck.log" 2>&1
 summary memcheck $?; grep -E "ERROR SUMMARY|PASSED|FAIL" "$OUT/memcheck.log" | head -4
+# Kernel durations without the host in the picture (one metric: one pass,
+# no replay, so the cross-rank signals still line up).
+timeout 150 $B/moe_ep_run -n 2 --timeout_s 140 -- bash -c 'ncu --clock-control none \
+  --metrics gpu__time_duration.sum -k regex:ll_ --csv --log-file "$0/ncu_rank$MOE_EP_RANK.csv" \
+  '"$B"'/moe_ep_bench --plugin='"$B"'/libmoe_ep.so --tokens=1,128 --dtype=fp8 --iters=20 \
+  --warmup=5' "$OUT" > "$OUT/ncu.log" 2>&1
+summary ncu_durations $?
+timeout 90 $B/moe_ep_run -n 2 --timeout_s 85 -- compute-sanitizer --tool racecheck \
+  --error-exitcode 9 $B/conformance_worker --plugin=$B/libmoe_ep.so --backend=nccl \
+  --experts=8 --max_tokens=4 --layers=256:2 --seeds=1 --hooks=0 > "$OUT/racecheck.log" 2>&1
+summary racecheck $?; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|PASSED|FAIL" "$OUT/racecheck.log" | head -4
 cat "$OUT/summary.txt"

@@ -18,5 +18,7 @@ for f in plugin/libmoe_ep.so tests/host/conformance_worker tools/launcher/moe_ep
   [ -f "bazel-bin/$f" ] && cp -L "bazel-bin/$f" .gpu_bundle/
 done
 cp integration/configs/*.yaml .gpu_bundle/
+# The NVLink micro-probe (launch, fence, signal and copy costs; no NCCL).
+nvcc -O3 -arch=sm_90 -o .gpu_bundle/nvlink_probe tools/probe/nvlink_probe.cu
 cp tools/device_run.sh .gpu_bundle/run_device.sh
 echo "bundle: $(du -sh .gpu_bundle | cut -f1) in .gpu_bundle/"

@@ -79,7 +79,7 @@ static void nccl_destroy(moe_ep_group_t *g) {
   }
   cudaFree(s->ctx.state);
   if (s->rec != NULL) cudaFreeHost(s->rec);
-  mep_nccl_destroy(s->nccl);
+  mep_nccl_destroy(s->nccl, g->broken != MOE_EP_OK);
   free(s->peer_transport);
   free(s);
   g->impl = NULL;

@@ -26,6 +26,7 @@
   X(ncclResult_t, ncclCommUserRank, (const ncclComm_t c, int *r), (c, r), ncclSystemError) \
   X(ncclResult_t, ncclCommFinalize, (ncclComm_t c), (c), ncclSystemError)          \
   X(ncclResult_t, ncclCommDestroy, (ncclComm_t c), (c), ncclSystemError)           \
+  X(ncclResult_t, ncclCommAbort, (ncclComm_t c), (c), ncclSystemError)             \
   X(ncclResult_t, ncclMemAlloc, (void **p, size_t n), (p, n), ncclSystemError)      \
   X(ncclResult_t, ncclMemFree, (void *p), (p), ncclSystemError)                    \
   X(ncclResult_t, ncclCommWindowRegister,                                          \

@@ -221,9 +221,16 @@ out_free:
   return st;
 }
 
-void mep_nccl_destroy(mep_nccl_t *n) {
+void mep_nccl_destroy(mep_nccl_t *n, int abort) {
   if (n == NULL) return;
-  cudaDeviceSynchronize(); /* no kernel may still use the window */
+  cudaDeviceSynchronize(); /* no kernel may still use the window (every wait is bounded) */
+  if (abort && n->owns_comm) {
+    ncclCommAbort(n->comm);
+    ncclMemFree(n->buf);
+    free(n->peer_transport);
+    free(n);
+    return;
+  }
   if (n->has_devcomm) ncclDevCommDestroy(n->comm, (const ncclDevComm_t *)(const void *)n->devcomm);
   ncclCommWindowDeregister(n->comm, n->win);
   ncclMemFree(n->buf);

@@ -45,7 +45,12 @@ typedef struct mep_nccl mep_nccl_t; /* opaque */
  * and every rank has zeroed its own before this returns on any rank. */
 moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *params, mep_nccl_t **out);
 /* Accepts NULL. Does not destroy an adopted communicator. */
-void mep_nccl_destroy(mep_nccl_t *nccl);
+/* abort != 0 (a failed group: peers may be gone or stuck): the owned
+ * communicator is aborted (ncclCommAbort releases its windows and device
+ * communicators without waiting for peers) instead of the collective
+ * teardown. An adopted communicator belongs to the engine and is never
+ * aborted here; its window is deregistered as usual. */
+void mep_nccl_destroy(mep_nccl_t *nccl, int abort);
 
 void *mep_nccl_comm(const mep_nccl_t *nccl);             /* ncclComm_t */
 const void *mep_nccl_dev_comm(const mep_nccl_t *nccl);   /* struct ncclDevComm */

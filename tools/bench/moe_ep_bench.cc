@@ -52,6 +52,10 @@ ABSL_FLAG(uint64_t, seed, 1, "seed of routing and inputs");
 ABSL_FLAG(bool, sync_each_iter, false,
           "synchronize the stream after every iteration (diagnosis; times then include launch "
           "latency)");
+ABSL_FLAG(bool, graph, false,
+          "time the iterations as one CUDA graph (captured once, replayed) instead of eager "
+          "launches: what a decode step under CUDA graphs sees, without the host's per-launch "
+          "cost; the references are captured the same way");
 ABSL_FLAG(int32_t, id_wait_s, 120, "how long ranks > 0 wait for rank 0's NCCL id file");
 
 namespace {
@@ -337,7 +341,7 @@ struct Timer {
   std::vector<cudaEvent_t> ev;  // iters * kMaxPoints
   static const int kMaxPoints = 5;
   int iters, warmup;
-  bool sync_each;
+  bool sync_each, graph;
   Ref* ref;
 
   void Init(cudaStream_t s, int it, int wu, Ref* r) {
@@ -346,11 +350,13 @@ struct Timer {
     warmup = wu;
     ref = r;
     sync_each = absl::GetFlag(FLAGS_sync_each_iter);
+    graph = absl::GetFlag(FLAGS_graph);
     ev.resize(static_cast<size_t>(iters) * kMaxPoints);
     for (cudaEvent_t& e : ev) CUDA_CHECK(cudaEventCreate(&e));
   }
   std::vector<std::vector<float>> Run(int points, const std::function<void(int, const std::function<void(int)>&)>& body,
-                                      const std::function<void()>& after_warmup, double* host_s) {
+                                      const std::function<void()>& after_warmup, double* host_s,
+                                      bool allow_graph = true) {
     auto none = [](int) {};
     ref->Barrier();
     for (int i = 0; i < warmup; i++) {
@@ -359,14 +365,38 @@ struct Timer {
     }
     CUDA_CHECK(cudaStreamSynchronize(stream));
     if (after_warmup) after_warmup();
-    ref->Barrier();
-    double t0 = NowS();
-    for (int i = 0; i < iters; i++) {
-      cudaEvent_t* e = &ev[static_cast<size_t>(i) * kMaxPoints];
-      body(i, [&](int j) { CUDA_CHECK(cudaEventRecord(e[j], stream)); });
-      if (sync_each) CUDA_CHECK(cudaStreamSynchronize(stream));
+    double t0 = 0;
+    if (graph && allow_graph) {
+      // Every timed iteration goes into one graph; events become record
+      // nodes (External: a plain record in a capture is only a dependency).
+      cudaGraph_t g = nullptr;
+      cudaGraphExec_t ge = nullptr;
+      CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      for (int i = 0; i < iters; i++) {
+        cudaEvent_t* e = &ev[static_cast<size_t>(i) * kMaxPoints];
+        body(i, [&](int j) { CUDA_CHECK(cudaEventRecordWithFlags(e[j], stream, cudaEventRecordExternal)); });
+      }
+      CUDA_CHECK(cudaStreamEndCapture(stream, &g));
+      CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+      ref->Barrier();
+      CUDA_CHECK(cudaGraphLaunch(ge, stream));  // a warm replay, untimed
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      ref->Barrier();
+      t0 = NowS();
+      CUDA_CHECK(cudaGraphLaunch(ge, stream));
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      CUDA_CHECK(cudaGraphExecDestroy(ge));
+      CUDA_CHECK(cudaGraphDestroy(g));
+    } else {
+      ref->Barrier();
+      t0 = NowS();
+      for (int i = 0; i < iters; i++) {
+        cudaEvent_t* e = &ev[static_cast<size_t>(i) * kMaxPoints];
+        body(i, [&](int j) { CUDA_CHECK(cudaEventRecord(e[j], stream)); });
+        if (sync_each) CUDA_CHECK(cudaStreamSynchronize(stream));
+      }
+      CUDA_CHECK(cudaStreamSynchronize(stream));
     }
-    CUDA_CHECK(cudaStreamSynchronize(stream));
     if (host_s) *host_s = NowS() - t0;
     std::vector<std::vector<float>> seg(points - 1, std::vector<float>(iters));
     for (int i = 0; i < iters; i++) {
@@ -559,9 +589,23 @@ int main(int argc, char** argv) {
   std::vector<std::string> group_lines;
   bool header_printed = false;
 
+  // Each group gets its own bootstrap port (the launcher's, then +1, ...):
+  // a port a destroyed group just used can sit in TCP TIME_WAIT for a
+  // minute, and UCX's listener does not set SO_REUSEADDR.
+  const std::string base_address = [] {
+    const char* a = getenv("MOE_EP_BOOTSTRAP_ADDRESS");
+    return std::string(a != nullptr ? a : "127.0.0.1:29500");
+  }();
+  int group_index = 0;
   for (int fp8 : dtypes) {
     // One group per dispatch dtype (a group-level config key), created for
     // the maxima; every (tokens, hidden) below runs on it.
+    {
+      const size_t colon = base_address.rfind(':');
+      if (colon == std::string::npos) Die("MOE_EP_BOOTSTRAP_ADDRESS \"%s\" has no port", base_address.c_str());
+      const int port = atoi(base_address.c_str() + colon + 1) + group_index++;
+      setenv("MOE_EP_BOOTSTRAP_ADDRESS", Fmt("%s:%d", base_address.substr(0, colon).c_str(), port).c_str(), 1);
+    }
     std::string yaml = Fmt(
         "moe_ep:\n"
         "  backend: nccl\n"
@@ -795,7 +839,9 @@ int main(int argc, char** argv) {
             CUDA_CHECK(cudaMemcpyPeerAsync(copy_dst, peer_dev, copy_src, dev, n, stream));
             rec(1);
           };
-          seg = timer.Run(2, copy, nullptr, nullptr);
+          // Peer copies to another process's memory cannot be captured:
+          // the ceiling is always timed with eager launches.
+          seg = timer.Run(2, copy, nullptr, nullptr, false);
           p = Percentiles(seg[0]);
           st[2 * kPeer] = p.p50;
           st[2 * kPeer + 1] = p.p99;
@@ -805,8 +851,11 @@ int main(int argc, char** argv) {
         cases.push_back(c);
         if (rank == 0) {
           if (!header_printed) {
-            printf("\nlatency (us, per rank; dispatch = prepare + dispatch; send/recv = halves "
-                   "through DEFER_RECV + hook_run)\n");
+            printf("\nlatency (us, per rank; %s; dispatch = prepare + dispatch; send/recv = "
+                   "halves through DEFER_RECV + hook_run)\n",
+                   absl::GetFlag(FLAGS_graph)
+                       ? "all iterations in one CUDA graph; the peer-copy ceiling eager"
+                       : "eager launches");
             printf("%-5s %6s %6s %4s | %15s | %15s | %15s | %15s | %15s | %15s | %15s | %8s\n",
                    "dtype", "hidden", "tokens", "rank", "dispatch p50/99", "combine p50/99",
                    "d.send p50/99", "d.recv p50/99", "c.send p50/99", "c.recv p50/99",
