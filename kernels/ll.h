@@ -59,6 +59,11 @@ typedef struct mep_ll_ctx {
   uint64_t timeout_cycles;            /* device clocks; see mep_ll_timeout_cycles */
   void *state;                        /* device, mep_ll_state_bytes(dims), zeroed */
   mep_ll_error_record_t *error_dev;   /* device alias of the host-mapped record */
+  /* LSA (and GIN-emulated) addressing, from mep_ll_resolve_lsa: the
+   * window's address at LSA rank i is lsa_base + i * lsa_stride, so the
+   * kernels compute peer pointers without loading the window descriptor. */
+  uint64_t lsa_base;
+  uint64_t lsa_stride;
 } mep_ll_ctx_t;
 
 typedef struct mep_ll_dispatch_args {
@@ -114,6 +119,9 @@ uint64_t mep_ll_state_bytes(const mep_ll_dims_t *dims);
 /* kernel_ms -> device clocks at the device's peak SM clock. */
 moe_ep_status_t mep_ll_timeout_cycles(int cuda_device, int32_t kernel_ms,
                                       uint64_t *cycles);
+/* Fills ctx->lsa_base / lsa_stride from the window (one tiny kernel and a
+ * synchronous copy; once per group, after dev_comm and window are set). */
+moe_ep_status_t mep_ll_resolve_lsa(mep_ll_ctx_t *ctx);
 /* Clears the abort flag left by a timed-out wait (state must be idle). */
 moe_ep_status_t mep_ll_clear_abort(const mep_ll_ctx_t *ctx, void *stream);
 
@@ -128,6 +136,12 @@ moe_ep_status_t mep_ll_combine_send(const mep_ll_ctx_t *ctx,
                                     const mep_ll_combine_args_t *args, void *stream);
 moe_ep_status_t mep_ll_combine_recv(const mep_ll_ctx_t *ctx,
                                     const mep_ll_combine_args_t *args, void *stream);
+/* Both halves in one launch (no deferred receive): one kernel instead of
+ * two. Same arguments and results as send followed by recv. */
+moe_ep_status_t mep_ll_dispatch(const mep_ll_ctx_t *ctx, const mep_ll_dispatch_args_t *args,
+                                void *stream);
+moe_ep_status_t mep_ll_combine(const mep_ll_ctx_t *ctx, const mep_ll_combine_args_t *args,
+                               void *stream);
 
 /* Standalone per-128-channel fp8 quantisation (same device code as the LL
  * dispatch): x [T, H] bf16 -> q [T, H] e4m3, scales f32 [T, H/128] or

@@ -2,6 +2,9 @@
  * conversion, the launchers' error text. No kernels here except the abort
  * reset. */
 #include <cuda_runtime.h>
+#include <nccl.h>
+#include <nccl_device.h>
+#include <string.h>
 #include <stdarg.h>
 #include <stdio.h>
 
@@ -61,4 +64,40 @@ extern "C" moe_ep_status_t mep_ll_clear_abort(const mep_ll_ctx_t *ctx, void *str
   return mep_kernels_cuda_check(
       "clear_abort: cudaMemsetAsync",
       cudaMemsetAsync((char *)ctx->state + s.abort_flag, 0, 4, (cudaStream_t)stream));
+}
+
+namespace {
+
+/* The window's LSA addresses of ranks 0 and 1 (ncclGetLsaPointer is linear
+ * in the LSA rank). */
+__global__ void resolve_lsa_kernel(const ncclDevComm comm, ncclWindow_t win, uint64_t *out) {
+  const ncclTeam lsa = ncclTeamLsa(comm);
+  const char *r0 = static_cast<const char *>(ncclGetLsaPointer(win, 0, 0));
+  out[0] = (uint64_t)(uintptr_t)r0;
+  out[1] = lsa.nRanks > 1
+               ? (uint64_t)(static_cast<const char *>(ncclGetLsaPointer(win, 0, 1)) - r0)
+               : 0;
+}
+
+}  // namespace
+
+extern "C" moe_ep_status_t mep_ll_resolve_lsa(mep_ll_ctx_t *ctx) {
+  if (ctx == nullptr || ctx->dev_comm == nullptr || ctx->window == nullptr)
+    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                             "resolve_lsa: ctx, dev_comm or window is NULL");
+  uint64_t *d = nullptr, h[2] = {0, 0};
+  ncclDevComm comm;
+  memcpy(&comm, ctx->dev_comm, sizeof comm);
+  moe_ep_status_t st = mep_kernels_cuda_check("resolve_lsa: cudaMalloc", cudaMalloc(&d, sizeof h));
+  if (st != MOE_EP_OK) return st;
+  resolve_lsa_kernel<<<1, 1>>>(comm, (ncclWindow_t)ctx->window, d);
+  st = mep_kernels_cuda_check("resolve_lsa: launch", cudaGetLastError());
+  if (st == MOE_EP_OK)
+    st = mep_kernels_cuda_check("resolve_lsa: cudaMemcpy",
+                                cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost));
+  cudaFree(d);
+  if (st != MOE_EP_OK) return st;
+  ctx->lsa_base = h[0];
+  ctx->lsa_stride = h[1];
+  return MOE_EP_OK;
 }

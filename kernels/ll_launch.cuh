@@ -32,6 +32,10 @@ static inline moe_ep_status_t mep_ll_check_ctx(const char *op, const mep_ll_ctx_
     return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
                              "%s: transport is %d; it must be lsa (1), gin (2) or "
                              "gin_emulated (3)", op, ctx->transport);
+  if (ctx->transport != MEP_LL_TRANSPORT_GIN && ctx->lsa_base == 0)
+    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                             "%s: the context's LSA addresses are not resolved; call "
+                             "mep_ll_resolve_lsa after setting dev_comm and window", op);
   if (ctx->num_sms <= 0)
     return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
                              "%s: num_sms is %d; it must be positive", op, ctx->num_sms);
@@ -76,6 +80,8 @@ static inline void mep_ll_make_params(const mep_ll_ctx_t *ctx, int set, MepLLPar
   memcpy(&p->comm, ctx->dev_comm, sizeof(ncclDevComm));
   p->win = (ncclWindow_t)ctx->window;
   p->local = (char *)ctx->window_local;
+  p->lsa_base = (char *)(uintptr_t)ctx->lsa_base;
+  p->lsa_stride = ctx->lsa_stride;
   p->dims = ctx->dims;
   p->lay = mep_ll_set_layout(&ctx->dims);
   p->set_off = (uint64_t)set * p->lay.set_bytes;

@@ -33,6 +33,8 @@ struct MepLLParams {
   ncclDevComm comm;
   ncclWindow_t win;
   char *local;            /* this rank's window base */
+  char *lsa_base;         /* the window at LSA rank 0 (mep_ll_resolve_lsa) */
+  uint64_t lsa_stride;    /* bytes between LSA ranks' windows */
   uint64_t set_off;       /* offset of this call's buffer set */
   mep_ll_dims_t dims;     /* capacities */
   mep_ll_set_layout_t lay;
@@ -139,11 +141,17 @@ __device__ __forceinline__ bool mep_last_block(uint32_t *ticket) {
   __shared__ bool last;
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence_system();
-    last = atomicAdd(ticket, 1u) == gridDim.x - 1;
-    if (last) {
-      *ticket = 0;
-      __threadfence();
+    /* release at system scope (NVLink stores included); a full fence.sc is
+     * not needed for a release pattern */
+    asm volatile("fence.acq_rel.sys;" ::: "memory");
+    if (gridDim.x == 1) {
+      last = true;
+    } else {
+      last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+      if (last) {
+        *ticket = 0;
+        __threadfence();
+      }
     }
   }
   __syncthreads();
@@ -152,6 +160,13 @@ __device__ __forceinline__ bool mep_last_block(uint32_t *ticket) {
 
 __device__ __forceinline__ int mep_lsa_peer(const MepLLParams &p, int peer) {
   return ncclTeamRankToLsa(p.comm, ncclTeamWorld(p.comm), peer);
+}
+
+/* A peer's window address: arithmetic only (ncclGetLsaPointer would load
+ * the window descriptor, a dependent global load at the head of every
+ * kernel's critical path). */
+__device__ __forceinline__ void *mep_lsa_ptr(const MepLLParams &p, int peer, uint64_t off) {
+  return p.lsa_base + (uint64_t)mep_lsa_peer(p, peer) * p.lsa_stride + off;
 }
 
 __device__ __forceinline__ uint64_t mep_sig_off(const MepLLParams &p, uint32_t sig) {

@@ -10,7 +10,7 @@ struct MepGinEmu {
   static constexpr bool kRowSignals = true;
 
   static __device__ __forceinline__ void *peer_ptr(const MepLLParams &p, int peer, uint64_t off) {
-    return ncclGetLsaPointer(p.win, off, mep_lsa_peer(p, peer));
+    return mep_lsa_ptr(p, peer, off);
   }
   static __device__ __forceinline__ void add_sig(const MepLLParams &p, int peer, uint32_t sig,
                                                  uint64_t add) {

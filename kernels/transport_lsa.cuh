@@ -11,7 +11,7 @@ struct MepLsa {
   static constexpr bool kRowSignals = false;
 
   static __device__ __forceinline__ void *peer_ptr(const MepLLParams &p, int peer, uint64_t off) {
-    return ncclGetLsaPointer(p.win, off, mep_lsa_peer(p, peer));
+    return mep_lsa_ptr(p, peer, off);
   }
   static __device__ __forceinline__ void put_warp(const MepLLParams &p, int peer, uint64_t dst_off,
                                                   const void *src, uint64_t, uint32_t bytes,
@@ -20,9 +20,13 @@ struct MepLsa {
   }
   static __device__ __forceinline__ void signal(const MepLLParams &p, int peer, uint32_t sig,
                                                 uint64_t add) {
-    __threadfence_system(); /* rows before the count, at system scope */
-    atomicAdd_system(reinterpret_cast<unsigned long long *>(peer_ptr(p, peer, mep_sig_off(p, sig))),
-                     (unsigned long long)add);
+    /* A release add at system scope: the rows (ordered before this thread
+     * by mep_last_block's fence, ticket and barrier) land before the
+     * count. */
+    unsigned long long *s =
+        reinterpret_cast<unsigned long long *>(peer_ptr(p, peer, mep_sig_off(p, sig)));
+    asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(s), "l"((unsigned long long)add)
+                 : "memory");
   }
   static __device__ __forceinline__ uint64_t read_signal(const MepLLParams &p, uint32_t sig) {
     return mep_ld_acquire_sys(reinterpret_cast<const uint64_t *>(p.local + mep_sig_off(p, sig)));

@@ -29,6 +29,9 @@ typedef struct mep_backend_ops {
   /* Receive half; for deferred ops it runs from hook_run, maybe on another
    * thread (the runtime holds the group lock). */
   moe_ep_status_t (*recv)(moe_ep_group_t *group, mep_op_t *op);
+  /* Optional: both halves at once for an op that is not deferred (the nccl
+   * backend launches one fused kernel instead of two); NULL = send, recv. */
+  moe_ep_status_t (*send_recv)(moe_ep_group_t *group, mep_op_t *op);
   /* OK or the recorded asynchronous error. */
   moe_ep_status_t (*poll_error)(moe_ep_group_t *group);
   /* Transport used to reach each peer (moe_ep_transport_t). */

@@ -75,6 +75,11 @@ static moe_ep_status_t launch(moe_ep_group_t *g, mep_op_t *op,
   st = reserve_buffer_set(g, entry, &op->buffer_set);
   if (st != MOE_EP_OK) goto out_unlock;
   op->seq = g->seq;
+  if (hook == NULL && g->ops->send_recv != NULL) {
+    st = g->ops->send_recv(g, op);
+    if (st == MOE_EP_OK) g->seq++;
+    goto out_unlock;
+  }
   st = g->ops->send(g, op);
   if (st != MOE_EP_OK) goto out_unlock;
   g->seq++;

@@ -189,6 +189,10 @@ static moe_ep_status_t nccl_create(moe_ep_group_t *g) {
   s->ctx.dims = d;
   s->ctx.rank = g->rank;
   s->ctx.transport = ll_transport(g, s);
+  if (s->ctx.transport != MEP_LL_TRANSPORT_GIN && mep_ll_resolve_lsa(&s->ctx) != MOE_EP_OK) {
+    st = mep_error(MOE_EP_ERR_CUDA, "group_create: %s", mep_kernels_last_error());
+    goto out_destroy;
+  }
   if (mep_ll_timeout_cycles(s->device, g->cfg.kernel_timeout_ms, &s->ctx.timeout_cycles) != MOE_EP_OK) {
     st = mep_error(MOE_EP_ERR_CUDA, "group_create: %s", mep_kernels_last_error());
     goto out_destroy;
@@ -302,7 +306,8 @@ static void combine_args(moe_ep_group_t *g, nccl_state_t *s, const mep_op_t *op,
   };
 }
 
-static moe_ep_status_t send_half(moe_ep_group_t *g, nccl_state_t *s, mep_op_t *op) {
+/* The send half, or with fused != 0 both halves in one kernel. */
+static moe_ep_status_t send_half(moe_ep_group_t *g, nccl_state_t *s, mep_op_t *op, int fused) {
   if (op->kind == MEP_OP_DISPATCH) {
     nccl_handle_t *nh = op->handle->backend;
     if (nh == NULL && (nh = calloc(1, sizeof(*nh))) == NULL) {
@@ -315,7 +320,9 @@ static moe_ep_status_t send_half(moe_ep_group_t *g, nccl_state_t *s, mep_op_t *o
     s->layout_seq[op->buffer_set] = op->seq;
     mep_ll_dispatch_args_t a;
     dispatch_args(g, s, op, &a);
-    return launched(mep_ll_dispatch_send(&s->ctx, &a, op->stream), "dispatch");
+    return launched(fused ? mep_ll_dispatch(&s->ctx, &a, op->stream)
+                          : mep_ll_dispatch_send(&s->ctx, &a, op->stream),
+                    "dispatch");
   }
   const nccl_handle_t *nh = op->handle->backend;
   if (s->layout_seq[nh->set] != nh->seq) {
@@ -329,14 +336,16 @@ static moe_ep_status_t send_half(moe_ep_group_t *g, nccl_state_t *s, mep_op_t *o
   }
   mep_ll_combine_args_t a;
   combine_args(g, s, op, &a);
-  return launched(mep_ll_combine_send(&s->ctx, &a, op->stream), "combine");
+  return launched(fused ? mep_ll_combine(&s->ctx, &a, op->stream)
+                        : mep_ll_combine_send(&s->ctx, &a, op->stream),
+                  "combine");
 }
 
 static moe_ep_status_t nccl_send(moe_ep_group_t *g, mep_op_t *op) {
   nccl_state_t *s = g->impl;
   int prev;
   MEP_CHECK(enter_device(g, s, &prev));
-  moe_ep_status_t st = send_half(g, s, op);
+  moe_ep_status_t st = send_half(g, s, op, 0);
   if (st == MOE_EP_OK) {
     cudaError_t e = cudaEventRecord(s->sent[op->buffer_set], (cudaStream_t)op->stream);
     if (e != cudaSuccess) st = cuda_error("cudaEventRecord", e);
@@ -368,6 +377,13 @@ static moe_ep_status_t nccl_recv(moe_ep_group_t *g, mep_op_t *op) {
   return leave_device(s, prev, st);
 }
 
+static moe_ep_status_t nccl_send_recv(moe_ep_group_t *g, mep_op_t *op) {
+  nccl_state_t *s = g->impl;
+  int prev;
+  MEP_CHECK(enter_device(g, s, &prev));
+  return leave_device(s, prev, send_half(g, s, op, 1));
+}
+
 static int nccl_peer_transport(const moe_ep_group_t *g, int peer) {
   const nccl_state_t *s = g->impl;
   if (g->cfg.transport == MOE_EP_TRANSPORT_GIN_EMULATED && peer != g->rank) {
@@ -385,6 +401,7 @@ const mep_backend_ops_t mep_nccl_backend = {
     .prepare = nccl_prepare,
     .send = nccl_send,
     .recv = nccl_recv,
+    .send_recv = nccl_send_recv,
     .poll_error = nccl_poll_error,
     .peer_transport = nccl_peer_transport,
 };

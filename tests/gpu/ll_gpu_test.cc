@@ -609,6 +609,10 @@ void setup_group() {
   c.dims = dims;
   c.rank = g_rank;
   c.transport = MEP_LL_TRANSPORT_LSA;
+  if (mep_ll_resolve_lsa(&c) != MOE_EP_OK) {
+    fprintf(stderr, "rank %d: %s\n", g_rank, mep_kernels_last_error());
+    exit(4);
+  }
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g_rank);
   const char *env_sms = getenv("MOE_EP_TEST_SMS");

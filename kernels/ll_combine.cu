@@ -1,0 +1,54 @@
+/* ll_combine.cu: LL combine in one launch (send half, then receive half, in
+ * the same kernel) for calls that do not defer the receive. As with the
+ * fused dispatch, the receive waits for this rank's own count signal, sent
+ * by the last block of the send half: at most one block per SM, and the
+ * wait is bounded by timeouts.kernel_ms. */
+#include "kernels/ll_combine_body.cuh"
+
+extern "C" moe_ep_status_t mep_ll_combine_check(const char *op, const mep_ll_ctx_t *ctx,
+                                                const mep_ll_combine_args_t *a);
+
+namespace {
+
+template <class Tp, typename IdxT>
+__global__ void __launch_bounds__(MEP_LL_THREADS, 1)
+    ll_combine_kernel(const __grid_constant__ MepLLParams p, const MepCombineArgs a) {
+  extern __shared__ int smem[]; /* send: [E_local], then receive: [R] */
+  mep_combine_send_body<Tp>(p, a, smem);
+  mep_combine_recv_body<Tp, IdxT>(p, a, smem);
+}
+
+template <class Tp>
+cudaError_t launch_tp(const MepLLParams &p, const MepCombineArgs &a, int idx_bytes, int grid,
+                      size_t smem, cudaStream_t s) {
+  if (idx_bytes == 8)
+    ll_combine_kernel<Tp, int64_t><<<grid, MEP_LL_THREADS, smem, s>>>(p, a);
+  else
+    ll_combine_kernel<Tp, int32_t><<<grid, MEP_LL_THREADS, smem, s>>>(p, a);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+extern "C" moe_ep_status_t mep_ll_combine(const mep_ll_ctx_t *ctx, const mep_ll_combine_args_t *a,
+                                          void *stream) {
+  moe_ep_status_t st = mep_ll_combine_check("combine", ctx, a);
+  if (st != MOE_EP_OK) return st;
+  if ((st = mep_combine_check_send_ptrs("combine", a)) != MOE_EP_OK) return st;
+  if ((st = mep_combine_check_recv_ptrs("combine", a)) != MOE_EP_OK) return st;
+  MepLLParams p;
+  mep_ll_make_params(ctx, a->buffer_set, &p);
+  const MepCombineArgs k = mep_combine_args(ctx, a);
+  /* The send half walks every expert's slots: the whole grid. */
+  const int grid = mep_ll_grid(ctx);
+  const int words = k.local_experts > ctx->dims.world ? k.local_experts : ctx->dims.world;
+  const size_t smem = (size_t)words * sizeof(int);
+  cudaStream_t s = (cudaStream_t)stream;
+  cudaError_t e;
+  switch (ctx->transport) {
+    case MEP_LL_TRANSPORT_LSA: e = launch_tp<MepLsa>(p, k, a->topk_idx_bytes, grid, smem, s); break;
+    case MEP_LL_TRANSPORT_GIN: e = launch_tp<MepGin>(p, k, a->topk_idx_bytes, grid, smem, s); break;
+    default: e = launch_tp<MepGinEmu>(p, k, a->topk_idx_bytes, grid, smem, s); break;
+  }
+  return mep_kernels_cuda_check("combine: launch", e);
+}

@@ -1,0 +1,217 @@
+/* ll_combine_body.cuh: the LL combine's two halves as device functions,
+ * shared by the separate send/receive kernels (hooks) and the fused kernel.
+ *
+ * Send: every valid slot's expert output row goes back to its source rank,
+ * into the (token, k) row of the source's combine region; then the last
+ * block to finish sends one count signal per source rank.
+ * Receive: every block waits all peers' counts (and staged transports'
+ * rows), then warps reduce (token, 256-channel chunk) units:
+ * out[t] = sum_k w[t,k] * y_k in f32, k ascending (deterministic), bf16
+ * out. The last block to finish advances the signal shadows. */
+#ifndef MEP_LL_COMBINE_BODY_CUH_
+#define MEP_LL_COMBINE_BODY_CUH_
+
+#include "kernels/ll_launch.cuh"
+
+/* Both halves' arguments (device copy of mep_ll_combine_args_t). */
+struct MepCombineArgs {
+  const __nv_bfloat16 *y;
+  const int32_t *recv_count, *slot_src, *src_count;
+  const void *topk;
+  const float *weights;
+  __nv_bfloat16 *out;
+  int tokens, hidden, top_k, num_experts, local_experts;
+};
+
+static inline MepCombineArgs mep_combine_args(const mep_ll_ctx_t *ctx,
+                                              const mep_ll_combine_args_t *a) {
+  MepCombineArgs k;
+  k.y = (const __nv_bfloat16 *)a->y;
+  k.recv_count = a->recv_count;
+  k.slot_src = a->slot_src;
+  k.src_count = a->src_count;
+  k.topk = a->topk_idx;
+  k.weights = a->topk_weights;
+  k.out = (__nv_bfloat16 *)a->out;
+  k.tokens = a->num_tokens;
+  k.hidden = a->hidden;
+  k.top_k = a->top_k;
+  k.num_experts = a->num_experts;
+  k.local_experts = a->num_experts / ctx->dims.world;
+  return k;
+}
+
+/* The pointer rules of each half (after mep_ll_combine_check). */
+static inline moe_ep_status_t mep_combine_check_send_ptrs(const char *op,
+                                                          const mep_ll_combine_args_t *a) {
+  if (a->y == nullptr) return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT, "%s: y is NULL", op);
+  return MOE_EP_OK;
+}
+static inline moe_ep_status_t mep_combine_check_recv_ptrs(const char *op,
+                                                          const mep_ll_combine_args_t *a) {
+  if (a->topk_idx == nullptr || a->topk_weights == nullptr ||
+      (a->num_tokens > 0 && a->out == nullptr))
+    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                             "%s: topk_idx, topk_weights and out must not be NULL", op);
+  return MOE_EP_OK;
+}
+
+/* Receive units: (token, 256-channel chunk), one per warp. */
+static inline int64_t mep_combine_recv_units(const mep_ll_combine_args_t *a) {
+  return (int64_t)a->num_tokens * ((a->hidden + 255) / 256);
+}
+
+/* smem: E_local ints of dynamic shared memory. */
+template <class Tp>
+__device__ __forceinline__ void mep_combine_send_body(const MepLLParams &p,
+                                                      const MepCombineArgs &a, int *count_s) {
+  const int lane = threadIdx.x & 31;
+  const int nwarps = gridDim.x * (MEP_LL_THREADS / 32);
+  const int gwarp = blockIdx.x * (MEP_LL_THREADS / 32) + threadIdx.x / 32;
+  const int R = p.dims.world, cap = R * p.dims.max_tokens;
+  const uint32_t row_bytes = (uint32_t)a.hidden * 2u;
+  const uint32_t row_sig = mep_ll_sig_comb_row(&p.dims, p.rank);
+
+  /* Slots are visited slot-index-major (u = s * E_local + le), so the first
+   * pass of the grid covers the first few rows of every expert, where the
+   * valid rows are: one row per warp instead of several valid rows landing
+   * on the same warp (expert-major order with a stride of the warp count). */
+  const int EL = a.local_experts;
+  /* Every block keeps the counts in shared memory and stops at the longest
+   * expert: no dependent global load per visited slot (at 1 token each warp
+   * used to pay ~16 of them walking E_local * R * max_tokens slots). */
+  __shared__ int longest;
+  if (threadIdx.x == 0) longest = 0;
+  __syncthreads();
+  for (int le = threadIdx.x; le < EL; le += blockDim.x) {
+    const int c = __ldg(a.recv_count + le);
+    count_s[le] = c;
+    if (c > 0) atomicMax(&longest, c < cap ? c : cap);
+  }
+  __syncthreads();
+  for (int u = gwarp; u < EL * longest; u += nwarps) {
+    const int s = u / EL, le = u - s * EL;
+    const int j = le * cap + s;
+    if (s >= count_s[le]) continue;
+    const int v = __ldg(a.slot_src + j);
+    const int r = MEP_LL_SLOT_RANK(v), t = MEP_LL_SLOT_TOKEN(v), k = MEP_LL_SLOT_K(v);
+    const __nv_bfloat16 *yrow = a.y + (size_t)j * a.hidden;
+    const uint64_t stage_off = p.set_off + p.lay.stage + (uint64_t)j * row_bytes;
+    if (Tp::kStaged) {
+      /* GIN reads its source from the window */
+      mep_copy_warp(p.local + stage_off, yrow, row_bytes);
+      __syncwarp();
+    }
+    Tp::put_warp(p, r, p.set_off + p.lay.comb_recv + (uint64_t)(t * a.top_k + k) * row_bytes,
+                 yrow, stage_off, row_bytes, row_sig);
+  }
+
+  if (mep_last_block(&p.tickets[MEP_LL_TICKET_COMBINE_SEND])) {
+    for (int r = threadIdx.x / 32; r < R; r += MEP_LL_THREADS / 32) {
+      int count = 0;
+      for (int le = lane; le < a.local_experts; le += 32) count += __ldg(a.src_count + le * R + r);
+#pragma unroll
+      for (int m = 16; m >= 1; m >>= 1) count += __shfl_xor_sync(0xffffffffu, count, m);
+      if (lane == 0) Tp::signal(p, r, mep_ll_sig_comb_cnt(&p.dims, p.rank), (uint64_t)count + 1);
+    }
+  }
+  Tp::flush_warp(p);
+}
+
+/* smem: R ints of dynamic shared memory. */
+template <class Tp, typename IdxT>
+__device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
+                                                      const MepCombineArgs &a, int *cnt) {
+  __shared__ int failed;
+  const int R = p.dims.world;
+  const int lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) failed = 0;
+  __syncthreads();
+  for (int r = threadIdx.x; r < R; r += blockDim.x) {
+    const uint32_t cs = mep_ll_sig_comb_cnt(&p.dims, r);
+    const uint64_t base = p.shadows[cs];
+    uint64_t seen = 0;
+    int c = 0;
+    if (mep_wait_ge(p, [&] { return Tp::read_signal(p, cs); }, base + 1, MEP_LL_OP_COMBINE_RECV,
+                    r, -1, &seen)) {
+      c = (int)(seen - base - 1);
+      if (Tp::kRowSignals) {
+        const uint32_t rs = mep_ll_sig_comb_row(&p.dims, r);
+        uint64_t rseen;
+        if (!mep_wait_ge(p, [&] { return Tp::read_signal(p, rs); }, p.shadows[rs] + c,
+                         MEP_LL_OP_COMBINE_RECV, r, -1, &rseen))
+          failed = 1;
+      }
+    } else {
+      failed = 1;
+    }
+    cnt[r] = c;
+  }
+  __syncthreads();
+  if (failed) return;
+
+  /* Work unit = (token, 256-channel chunk): T * ceil(H / 256) units spread
+   * over every warp of the grid (not one warp per token), and each unit
+   * issues the loads of up to 8 slots' rows before the first FMA. No
+   * shuffles: every branch below may diverge safely (a hidden that is not a
+   * multiple of 256 leaves some lanes of the last chunk idle). */
+  const int nwarps = gridDim.x * (MEP_LL_THREADS / 32);
+  const int gwarp = blockIdx.x * (MEP_LL_THREADS / 32) + threadIdx.x / 32;
+  const int K = a.top_k;
+  const uint32_t row_elems = (uint32_t)a.hidden;
+  const int nchunks = (a.hidden + 255) / 256;
+  const __nv_bfloat16 *region =
+      reinterpret_cast<const __nv_bfloat16 *>(p.local + p.set_off + p.lay.comb_recv);
+  const IdxT *topk = reinterpret_cast<const IdxT *>(a.topk);
+  for (int u = gwarp; u < a.tokens * nchunks; u += nwarps) {
+    const int t = u / nchunks;
+    const int c = (u - t * nchunks) * 256 + lane * 8;
+    const bool valid = c < a.hidden;
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int k0 = 0; k0 < K; k0 += 8) {
+      uint4 v[8];
+      float w[8];
+      bool use[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int k = k0 + i;
+        const int e = k < K ? (int)topk[t * K + k] : -1;
+        w[i] = k < K ? a.weights[t * K + k] : 0.f;
+        use[i] = valid && e >= 0 && e < a.num_experts;
+        v[i] = use[i] ? __ldcg(reinterpret_cast<const uint4 *>(
+                            region + (size_t)(t * K + k) * row_elems + c))
+                      : make_uint4(0u, 0u, 0u, 0u);
+      }
+      /* k ascending, one fmaf per slot: the documented (deterministic)
+       * order, unchanged. */
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        if (!use[i]) continue;
+        const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&v[i]);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float2 f = __bfloat1622float2(h[j]);
+          acc[2 * j] = fmaf(w[i], f.x, acc[2 * j]);
+          acc[2 * j + 1] = fmaf(w[i], f.y, acc[2 * j + 1]);
+        }
+      }
+    }
+    if (valid) {
+      uint4 o;
+      __nv_bfloat162 *ob = reinterpret_cast<__nv_bfloat162 *>(&o);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) ob[j] = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
+      *reinterpret_cast<uint4 *>(a.out + (size_t)t * a.hidden + c) = o;
+    }
+  }
+
+  /* Shadows advance once every block has read them. */
+  if (mep_last_block(&p.tickets[MEP_LL_TICKET_COMBINE_RECV])) {
+    for (int r = threadIdx.x; r < R; r += blockDim.x) {
+      p.shadows[mep_ll_sig_comb_cnt(&p.dims, r)] += (uint64_t)cnt[r] + 1;
+      if (Tp::kRowSignals) p.shadows[mep_ll_sig_comb_row(&p.dims, r)] += (uint64_t)cnt[r];
+    }
+  }
+}
+
+#endif /* MEP_LL_COMBINE_BODY_CUH_ */

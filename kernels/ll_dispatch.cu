@@ -1,0 +1,71 @@
+/* ll_dispatch.cu: LL dispatch in one launch (send half, then receive half,
+ * in the same kernel) for calls that do not defer the receive: one launch
+ * and one grid spin-up fewer than the two-kernel path. The receive half
+ * waits for this rank's own count signal, which the last block of the send
+ * half sends, so every block must eventually run: the grid is at most one
+ * block per SM (each block fits alone on an SM), and if other work holds
+ * SMs the wait is still bounded by timeouts.kernel_ms. */
+#include "kernels/ll_dispatch_body.cuh"
+
+extern "C" moe_ep_status_t mep_ll_dispatch_check(const char *op, const mep_ll_ctx_t *ctx,
+                                                 const mep_ll_dispatch_args_t *a);
+
+namespace {
+
+template <class Tp, bool kFp8, typename IdxT>
+__global__ void __launch_bounds__(MEP_LL_THREADS, 1)
+    ll_dispatch_kernel(const __grid_constant__ MepLLParams p, const MepDispatchArgs a) {
+  extern __shared__ int smem[];
+  mep_dispatch_send_body<Tp, kFp8, IdxT>(p, a);
+  mep_dispatch_recv_body<Tp, kFp8>(p, a, smem);
+}
+
+template <class Tp, bool kFp8, typename IdxT>
+cudaError_t launch(const MepLLParams &p, const MepDispatchArgs &a, int grid, size_t smem,
+                   cudaStream_t s) {
+  ll_dispatch_kernel<Tp, kFp8, IdxT><<<grid, MEP_LL_THREADS, smem, s>>>(p, a);
+  return cudaGetLastError();
+}
+
+template <class Tp>
+cudaError_t launch_tp(const MepLLParams &p, const MepDispatchArgs &a, bool fp8, int idx_bytes,
+                      int grid, size_t smem, cudaStream_t s) {
+  if (fp8) return idx_bytes == 8 ? launch<Tp, true, int64_t>(p, a, grid, smem, s)
+                                 : launch<Tp, true, int32_t>(p, a, grid, smem, s);
+  return idx_bytes == 8 ? launch<Tp, false, int64_t>(p, a, grid, smem, s)
+                        : launch<Tp, false, int32_t>(p, a, grid, smem, s);
+}
+
+}  // namespace
+
+extern "C" moe_ep_status_t mep_ll_dispatch(const mep_ll_ctx_t *ctx,
+                                           const mep_ll_dispatch_args_t *a, void *stream) {
+  moe_ep_status_t st = mep_ll_dispatch_check("dispatch", ctx, a);
+  if (st != MOE_EP_OK) return st;
+  if ((st = mep_dispatch_check_send_ptrs("dispatch", a)) != MOE_EP_OK) return st;
+  if ((st = mep_dispatch_check_recv_ptrs("dispatch", a)) != MOE_EP_OK) return st;
+  MepLLParams p;
+  mep_ll_make_params(ctx, a->buffer_set, &p);
+  const MepDispatchArgs k = mep_dispatch_args(ctx, a);
+  /* Enough blocks for the send units and one per local expert, at most one
+   * per SM. */
+  const int64_t experts_as_units = (int64_t)k.local_experts * (MEP_LL_THREADS / 32);
+  const int64_t send_units = mep_dispatch_send_units(ctx, a);
+  const int grid =
+      mep_ll_grid_for(ctx, send_units > experts_as_units ? send_units : experts_as_units);
+  const size_t smem = mep_dispatch_recv_smem(ctx);
+  cudaStream_t s = (cudaStream_t)stream;
+  cudaError_t e;
+  switch (ctx->transport) {
+    case MEP_LL_TRANSPORT_LSA:
+      e = launch_tp<MepLsa>(p, k, a->fp8, a->topk_idx_bytes, grid, smem, s);
+      break;
+    case MEP_LL_TRANSPORT_GIN:
+      e = launch_tp<MepGin>(p, k, a->fp8, a->topk_idx_bytes, grid, smem, s);
+      break;
+    default:
+      e = launch_tp<MepGinEmu>(p, k, a->fp8, a->topk_idx_bytes, grid, smem, s);
+      break;
+  }
+  return mep_kernels_cuda_check("dispatch: launch", e);
+}

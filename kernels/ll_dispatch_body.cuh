@@ -1,0 +1,329 @@
+/* ll_dispatch_body.cuh: the LL dispatch's two halves as device functions,
+ * shared by the separate send/receive kernels (hooks) and the fused kernel
+ * (one launch when the receive is not deferred).
+ *
+ * Send: each token goes once to each rank that holds at least one of its
+ * experts, into the (source rank, token) row of that rank's receive area,
+ * together with the token's slot list as the destination sees it (local
+ * expert per k, -1 elsewhere); the receiver builds the per-expert slots
+ * (deterministic order) itself. Then the last block to finish sends one
+ * count signal per destination. LSA: work unit = (token, destination,
+ * 2048-channel chunk); the warp quantises its chunk straight into the
+ * peer's row (16-byte stores). Staged transports (GIN, GIN-emulated): one
+ * warp per token quantises once into the local staging row (a put's source
+ * must be in the window), puts it once per destination, and the last block
+ * puts each destination's slot list.
+ *
+ * Receive: every block waits for every source rank's count signal (and, for
+ * staged transports, its puts), then handles local experts: for each source
+ * rank in order, a block-wide stable compaction of that source's slot list
+ * gives the expert's slots (source rank, then token, then k), and warps copy
+ * the source's token rows into them. Writes the handle (slot sources,
+ * counts). The last block to finish advances the signal shadows. */
+#ifndef MEP_LL_DISPATCH_BODY_CUH_
+#define MEP_LL_DISPATCH_BODY_CUH_
+
+#include "kernels/fp8.cuh"
+#include "kernels/ll_launch.cuh"
+
+/* Both halves' arguments (device copy of mep_ll_dispatch_args_t). */
+struct MepDispatchArgs {
+  const __nv_bfloat16 *x;
+  const void *topk;
+  int tokens, hidden, top_k, num_experts, local_experts, scale_mode;
+  bool pow2;
+  uint32_t row_bytes;
+  void *recv_x;
+  void *recv_scales;
+  int32_t *recv_count;
+  int32_t *slot_src;
+  int32_t *src_count;
+};
+
+static inline MepDispatchArgs mep_dispatch_args(const mep_ll_ctx_t *ctx,
+                                                const mep_ll_dispatch_args_t *a) {
+  MepDispatchArgs k;
+  k.x = (const __nv_bfloat16 *)a->x;
+  k.topk = a->topk_idx;
+  k.tokens = a->num_tokens;
+  k.hidden = a->hidden;
+  k.top_k = a->top_k;
+  k.num_experts = a->num_experts;
+  k.local_experts = a->num_experts / ctx->dims.world;
+  k.scale_mode = a->scale_mode;
+  k.pow2 = a->fp8 && a->scale_mode != MOE_EP_FP8_SCALE_F32;
+  k.row_bytes = (uint32_t)mep_ll_dispatch_row_bytes(a->hidden, a->fp8);
+  k.recv_x = a->recv_x;
+  k.recv_scales = a->recv_scales;
+  k.recv_count = a->recv_count;
+  k.slot_src = a->slot_src;
+  k.src_count = a->src_count;
+  return k;
+}
+
+/* Channels per LSA work unit: four 512-channel quantiser steps with their
+ * loads in flight together; small enough that one token spreads over
+ * several warps (latency at small batches), large enough to amortise the
+ * unit's routing load. */
+constexpr int kMepDispatchChunk = 2048;
+
+/* Lane k < K: the destination rank of token t's slot k (-1: no expert or an
+ * invalid id, which is dropped) and, through *le, its local expert there. */
+template <typename IdxT>
+__device__ __forceinline__ int mep_slot_dst(const MepDispatchArgs &a, int t, int lane, int *le) {
+  *le = -1;
+  if (lane >= a.top_k) return -1;
+  const int e = (int)reinterpret_cast<const IdxT *>(a.topk)[t * a.top_k + lane];
+  if (e < 0 || e >= a.num_experts) return -1;
+  *le = e % a.local_experts;
+  return e / a.local_experts;
+}
+
+/* Channels [c0, c0 + n) of token row xr into dispatch row drow: fp8 bytes
+ * plus their f32 scales (one per 128 channels) or bf16. Whole warp. */
+template <bool kFp8>
+__device__ __forceinline__ void mep_write_row_part(const MepDispatchArgs &a, const __nv_bfloat16 *xr,
+                                               char *drow, int c0, int n) {
+  if (kFp8) {
+    float *sc = reinterpret_cast<float *>(drow + a.hidden) + c0 / 128;
+    mep_fp8_quantize_row_warp(xr + c0, n, reinterpret_cast<uint8_t *>(drow) + c0, a.pow2,
+                              [&](int g, float s) { sc[g] = s; });
+  } else {
+    mep_copy_warp(drow + 2 * (size_t)c0, xr + c0, (uint32_t)n * 2u);
+  }
+}
+
+template <class Tp, bool kFp8, typename IdxT>
+__device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
+                                                       const MepDispatchArgs &a) {
+  const int lane = threadIdx.x & 31;
+  const int nwarps = gridDim.x * (MEP_LL_THREADS / 32);
+  const int gwarp = blockIdx.x * (MEP_LL_THREADS / 32) + threadIdx.x / 32;
+  const int K = a.top_k, R = p.dims.world, T = a.tokens, M = p.dims.max_tokens;
+  const uint64_t list_bytes = mep_ll_align16((uint64_t)M * p.dims.top_k * 4u);
+  const uint64_t my_row = (uint64_t)p.rank * M; /* this rank's rows at every destination */
+  const uint64_t my_list = p.set_off + p.lay.disp_list + (uint64_t)p.rank * list_bytes;
+
+  if constexpr (!Tp::kStaged) {
+    const int nch = (a.hidden + kMepDispatchChunk - 1) / kMepDispatchChunk;
+    for (int u = gwarp; u < T * R * nch; u += nwarps) {
+      const int ch = u % nch, td = u / nch, d = td % R, t = td / R;
+      const int c0 = ch * kMepDispatchChunk;
+      const int n = a.hidden - c0 < kMepDispatchChunk ? a.hidden - c0 : kMepDispatchChunk;
+      const char *xc = reinterpret_cast<const char *>(a.x + (size_t)t * a.hidden + c0);
+      /* The chunk's 128-byte lines start towards L2 while the routing load
+       * is in flight (the two were serial latencies). */
+      if (lane * 128 < n * 2) asm volatile("prefetch.global.L2 [%0];" ::"l"(xc + lane * 128));
+      int le;
+      const int dst = mep_slot_dst<IdxT>(a, t, lane, &le);
+      if (ch == 0 && lane < K) {
+        int32_t *list = static_cast<int32_t *>(Tp::peer_ptr(p, d, my_list));
+        list[t * K + lane] = dst == d ? le : -1;
+      }
+      if (__ballot_sync(0xffffffffu, dst == d) == 0) continue;
+      char *drow = static_cast<char *>(
+          Tp::peer_ptr(p, d, p.set_off + p.lay.disp_recv + (my_row + t) * a.row_bytes));
+      mep_write_row_part<kFp8>(a, a.x + (size_t)t * a.hidden, drow, c0, n);
+    }
+    if (mep_last_block(&p.tickets[MEP_LL_TICKET_DISPATCH_SEND])) {
+      for (int d = threadIdx.x; d < R; d += blockDim.x)
+        Tp::signal(p, d, mep_ll_sig_disp_cnt(&p.dims, p.rank), mep_ll_disp_code(T, 0, M));
+    }
+  } else {
+    const uint64_t stage_rows = p.set_off + p.lay.stage;
+    const uint64_t stage_list = p.set_off + p.lay.stage_list;
+    const uint32_t row_sig = mep_ll_sig_disp_row(&p.dims, p.rank);
+    for (int t = gwarp; t < T; t += nwarps) {
+      const uint64_t srow = stage_rows + (uint64_t)t * a.row_bytes;
+      mep_write_row_part<kFp8>(a, a.x + (size_t)t * a.hidden, p.local + srow, 0, a.hidden);
+      int le;
+      const int dst = mep_slot_dst<IdxT>(a, t, lane, &le);
+      if (lane < K) {
+        for (int d = 0; d < R; ++d)
+          reinterpret_cast<int32_t *>(p.local + stage_list + d * list_bytes)[t * K + lane] =
+              dst == d ? le : -1;
+      }
+      __syncwarp(); /* staging row complete before any lane's put reads it */
+      for (int kk = 0; kk < K; ++kk) {
+        const int d = __shfl_sync(0xffffffffu, dst, kk);
+        /* once per destination: only at its first slot */
+        if (d < 0 || __ballot_sync(0xffffffffu, lane < kk && dst == d) != 0) continue;
+        Tp::put_warp(p, d, p.set_off + p.lay.disp_recv + (my_row + t) * a.row_bytes,
+                     p.local + srow, srow, a.row_bytes, row_sig);
+        if (lane == 0) atomicAdd(&p.puts[d], 1u);
+      }
+    }
+    if (mep_last_block(&p.tickets[MEP_LL_TICKET_DISPATCH_SEND])) {
+      for (int d = threadIdx.x / 32; d < R; d += MEP_LL_THREADS / 32) {
+        const uint32_t rows = mep_ld_volatile_u32(&p.puts[d]);
+        const uint64_t src = stage_list + d * list_bytes;
+        if (T > 0)
+          Tp::put_warp(p, d, my_list, p.local + src, src,
+                       (uint32_t)mep_ll_align16((uint64_t)T * K * 4u), row_sig);
+        if (lane == 0) {
+          p.puts[d] = 0;
+          Tp::signal(p, d, mep_ll_sig_disp_cnt(&p.dims, p.rank),
+                     mep_ll_disp_code(T, (int)rows + (T > 0), M));
+        }
+      }
+    }
+  }
+  Tp::flush_warp(p);
+}
+
+constexpr int kMepWarps = MEP_LL_THREADS / 32;
+
+/* Row `src_row` of the receive area into recv_x slot dst_slot (and its
+ * scales, converted to the caller's format). Whole warp. */
+template <bool kFp8>
+__device__ __forceinline__ void mep_copy_recv_row(const MepDispatchArgs &a, const char *row, uint64_t dst_slot) {
+  const int lane = threadIdx.x & 31;
+  if (!kFp8) {
+    mep_copy_warp((char *)a.recv_x + dst_slot * a.hidden * 2, row, (uint32_t)a.hidden * 2);
+    return;
+  }
+  mep_copy_warp((char *)a.recv_x + dst_slot * a.hidden, row, (uint32_t)a.hidden);
+  const float *sc = reinterpret_cast<const float *>(row + a.hidden);
+  const int groups = a.hidden / 128;
+  if (a.scale_mode == MOE_EP_FP8_SCALE_UE8M0_PACKED) {
+    const int words = (groups + 3) / 4;
+    int32_t *dst = (int32_t *)a.recv_scales + dst_slot * words;
+    for (int w = lane; w < words; w += 32) {
+      uint32_t v = 0;
+      for (int b = 0; b < 4 && w * 4 + b < groups; ++b)
+        v |= ((__float_as_uint(__ldcg(sc + w * 4 + b)) >> 23) & 0xffu) << (8 * b);
+      dst[w] = (int32_t)v;
+    }
+  } else {
+    float *dst = (float *)a.recv_scales + dst_slot * groups;
+    for (int g = lane; g < groups; g += 32) dst[g] = __ldcg(sc + g);
+  }
+}
+
+/* smem: 2 * R ints of dynamic shared memory (tokens and puts per source). */
+template <class Tp, bool kFp8>
+__device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
+                                                       const MepDispatchArgs &a, int *smem) {
+  __shared__ int warp_hits[kMepWarps];
+  __shared__ int failed;
+  const int R = p.dims.world, M = p.dims.max_tokens, K = a.top_k;
+  int *tokens = smem;
+  int *puts = smem + R;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  const int cap = R * M; /* slots per local expert */
+  const uint64_t list_bytes = mep_ll_align16((uint64_t)M * p.dims.top_k * 4u);
+
+  if (threadIdx.x == 0) failed = 0;
+  __syncthreads();
+  for (int r = threadIdx.x; r < R; r += blockDim.x) {
+    const uint32_t cs = mep_ll_sig_disp_cnt(&p.dims, r);
+    const uint64_t base = p.shadows[cs];
+    uint64_t seen = 0;
+    int n = 0, q = 0;
+    if (mep_wait_ge(p, [&] { return Tp::read_signal(p, cs); }, base + 1,
+                    MEP_LL_OP_DISPATCH_RECV, r, -1, &seen)) {
+      const uint64_t code = seen - base - 1;
+      /* A sender never sends more than max_tokens tokens or max_tokens + 1
+       * puts; anything else is a corrupt signal: never read past the area. */
+      n = (int)(code % (uint64_t)(M + 1));
+      q = (int)(code / (uint64_t)(M + 1) <= (uint64_t)(M + 1) ? code / (uint64_t)(M + 1) : 0);
+      if (Tp::kRowSignals && q > 0) {
+        const uint32_t rs = mep_ll_sig_disp_row(&p.dims, r);
+        uint64_t rseen;
+        if (!mep_wait_ge(p, [&] { return Tp::read_signal(p, rs); }, p.shadows[rs] + (uint64_t)q,
+                         MEP_LL_OP_DISPATCH_RECV, r, -1, &rseen))
+          failed = 1;
+      }
+    } else {
+      failed = 1;
+    }
+    tokens[r] = n;
+    puts[r] = q;
+  }
+  __syncthreads();
+  if (failed) return; /* the record says why; outputs stay as they were */
+
+  for (int le = blockIdx.x; le < a.local_experts; le += gridDim.x) {
+    int32_t *slots = a.slot_src + (size_t)le * cap;
+    int filled = 0; /* block-uniform */
+    for (int r = 0; r < R; ++r) {
+      const int n = tokens[r] * K;
+      const int32_t *list = reinterpret_cast<const int32_t *>(
+          p.local + p.set_off + p.lay.disp_list + (uint64_t)r * list_bytes);
+      int hits = 0; /* block-uniform: this expert's entries of source r so far */
+      for (int i0 = 0; i0 < n; i0 += MEP_LL_THREADS) {
+        const int i = i0 + threadIdx.x;
+        const bool hit = i < n && __ldcg(list + i) == le;
+        const unsigned ball = __ballot_sync(0xffffffffu, hit);
+        if (lane == 0) warp_hits[warp] = __popc(ball);
+        __syncthreads();
+        int before = 0, all = 0;
+#pragma unroll
+        for (int w = 0; w < kMepWarps; ++w) {
+          const int v = warp_hits[w];
+          before += w < warp ? v : 0;
+          all += v;
+        }
+        const int pos = hits + before + __popc(ball & ((1u << lane) - 1u));
+        /* more than max_tokens hits from one source only happens with an
+         * expert repeated within a token: the excess is dropped */
+        if (hit && pos < M) slots[filled + pos] = MEP_LL_SLOT_PACK(r, i / K, i % K);
+        hits += all;
+        __syncthreads(); /* warp_hits is reused */
+      }
+      if (hits > M) hits = M;
+      if (threadIdx.x == 0) a.src_count[le * R + r] = hits;
+      filled += hits;
+    }
+    if (threadIdx.x == 0) a.recv_count[le] = filled;
+    __syncthreads(); /* this expert's slot sources are written */
+    for (int j = warp; j < filled; j += kMepWarps) {
+      const int v = slots[j];
+      const uint64_t src_row = (uint64_t)MEP_LL_SLOT_RANK(v) * M + MEP_LL_SLOT_TOKEN(v);
+      mep_copy_recv_row<kFp8>(a, p.local + p.set_off + p.lay.disp_recv + src_row * a.row_bytes,
+                     (uint64_t)le * cap + j);
+    }
+  }
+
+  /* Shadows advance once every block has read them. */
+  if (mep_last_block(&p.tickets[MEP_LL_TICKET_DISPATCH_RECV])) {
+    for (int r = threadIdx.x; r < R; r += blockDim.x) {
+      p.shadows[mep_ll_sig_disp_cnt(&p.dims, r)] += mep_ll_disp_code(tokens[r], puts[r], M);
+      if (Tp::kRowSignals) p.shadows[mep_ll_sig_disp_row(&p.dims, r)] += (uint64_t)puts[r];
+    }
+  }
+}
+
+/* Warp-sized work units of the send half: LSA units are (token,
+ * destination, chunk), staged ones tokens. */
+static inline int64_t mep_dispatch_send_units(const mep_ll_ctx_t *ctx,
+                                              const mep_ll_dispatch_args_t *a) {
+  return ctx->transport == MEP_LL_TRANSPORT_LSA
+             ? (int64_t)a->num_tokens * ctx->dims.world *
+                   ((a->hidden + kMepDispatchChunk - 1) / kMepDispatchChunk)
+             : (int64_t)a->num_tokens;
+}
+
+/* The pointer rules of each half (after mep_ll_dispatch_check). */
+static inline moe_ep_status_t mep_dispatch_check_send_ptrs(const char *op,
+                                                           const mep_ll_dispatch_args_t *a) {
+  if ((a->num_tokens > 0 && a->x == nullptr) || a->topk_idx == nullptr)
+    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT, "%s: x or topk_idx is NULL", op);
+  return MOE_EP_OK;
+}
+static inline moe_ep_status_t mep_dispatch_check_recv_ptrs(const char *op,
+                                                           const mep_ll_dispatch_args_t *a) {
+  if (a->recv_x == nullptr || a->recv_count == nullptr || a->slot_src == nullptr ||
+      a->src_count == nullptr || (a->fp8 && a->recv_scales == nullptr))
+    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                             "%s: recv_x, recv_count, slot_src, src_count (and recv_scales "
+                             "for fp8) must not be NULL", op);
+  return MOE_EP_OK;
+}
+
+/* Dynamic shared memory of the receive half. */
+static inline size_t mep_dispatch_recv_smem(const mep_ll_ctx_t *ctx) {
+  return (size_t)(2 * ctx->dims.world) * sizeof(int);
+}
+
+#endif /* MEP_LL_DISPATCH_BODY_CUH_ */
