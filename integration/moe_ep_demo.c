@@ -68,13 +68,14 @@ static uint16_t to_bf16(float f) {
 }
 
 static int tensor_device = MOE_EP_DEVICE_CPU;
+static int tensor_device_id = 0; /* the group's GPU (nccl backend) */
 
 static void tensor(moe_ep_tensor_t *t, int64_t *shape, void *data, int code, int bits,
                    int ndim, int64_t a, int64_t b, int64_t c) {
   shape[0] = a;
   if (ndim > 1) shape[1] = b;
   if (ndim > 2) shape[2] = c;
-  *t = (moe_ep_tensor_t){.data = data, .device = {tensor_device, 0}, .ndim = ndim,
+  *t = (moe_ep_tensor_t){.data = data, .device = {tensor_device, tensor_device_id}, .ndim = ndim,
                          .dtype = {(uint8_t)code, (uint8_t)bits, 1}, .shape = shape};
 }
 
@@ -299,6 +300,7 @@ int main(int argc, char **argv) {
     const char *lr = getenv("MOE_EP_LOCAL_RANK");
     int dev = lr ? atoi(lr) : 0;
     if (demo_set_device(dev)) gp.cuda_device = dev;
+    tensor_device_id = dev;
   }
   CHECK(d->ep->group_create(&gp, &d->group));
   d->info = MOE_EP_INIT(moe_ep_group_info_t);

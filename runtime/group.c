@@ -275,9 +275,9 @@ moe_ep_status_t mep_handle_check(moe_ep_group_t *g, moe_ep_handle_t *h,
   return MOE_EP_OK;
 }
 
-int mep_group_device_type(const moe_ep_group_t *g) {
-  return g->cfg.backend == MOE_EP_BACKEND_HOST ? MOE_EP_DEVICE_CPU
-                                               : MOE_EP_DEVICE_CUDA;
+int mep_group_device(const moe_ep_group_t *g) {
+  return g->cfg.backend == MOE_EP_BACKEND_HOST ? MEP_DEVICE(MOE_EP_DEVICE_CPU, -1)
+                                               : MEP_DEVICE(MOE_EP_DEVICE_CUDA, g->cuda_device);
 }
 
 int mep_status_is_fatal(moe_ep_status_t st) {

@@ -29,7 +29,8 @@ struct moe_ep_group {
   int32_t num_local_experts;
   int32_t num_sms;
   int32_t max_sms;
-  int32_t cuda_device;  /* params->cuda_device (nccl backend), -1 = current */
+  int32_t cuda_device;  /* params->cuda_device (nccl backend), -1 = current;
+                           the device in use once the backend is created */
   void *nccl_comm;      /* engine's ncclComm_t to adopt, or NULL */
   uint64_t config_hash;
   uint64_t bytes_allocated;
@@ -67,7 +68,8 @@ moe_ep_status_t mep_group_enter(moe_ep_group_t *group, const char *entry);
 /* A live handle prepared on this group. */
 moe_ep_status_t mep_handle_check(moe_ep_group_t *group, moe_ep_handle_t *h,
                                  const char *entry);
-int mep_group_device_type(const moe_ep_group_t *group);
+/* The device every tensor of this group must live on (MEP_DEVICE). */
+int mep_group_device(const moe_ep_group_t *group);
 /* Communication failures break the group; argument errors never do. */
 int mep_status_is_fatal(moe_ep_status_t st);
 

@@ -105,7 +105,7 @@ out_unlock:
 static moe_ep_status_t check_ll_dispatch_outputs(moe_ep_group_t *g,
                                                  const moe_ep_dispatch_params_t *p,
                                                  mep_op_t *op, int fp8) {
-  int dev = mep_group_device_type(g);
+  int dev = mep_group_device(g);
   int64_t el = g->num_local_experts;
   int64_t slots = (int64_t)g->world_size * g->cfg.max_tokens_per_rank;
   void *data;
@@ -131,7 +131,7 @@ static moe_ep_status_t check_ll_dispatch_outputs(moe_ep_group_t *g,
 static moe_ep_status_t check_ht_dispatch_outputs(moe_ep_group_t *g,
                                                  const moe_ep_dispatch_params_t *p,
                                                  mep_op_t *op) {
-  int dev = mep_group_device_type(g);
+  int dev = mep_group_device(g);
   mep_handle_state_t *h = op->handle;
   void *data;
   int dt;
@@ -196,7 +196,7 @@ moe_ep_status_t mep_dispatch(moe_ep_group_t *g, moe_ep_handle_t *h,
                  .hidden = p->hidden, .handle = h, .stream = p->stream};
   void *data;
   int dt;
-  mep_tensor_rule_t rx = {"dispatch", "params->x", mep_group_device_type(g),
+  mep_tensor_rule_t rx = {"dispatch", "params->x", mep_group_device(g),
                           MEP_BIT(MEP_DT_BF16), 2, {h->num_tokens, p->hidden, 0}, 1};
   MEP_CHECK(mep_tensor_check(p->x, &rx, &data, &dt));
   op.x = data;
@@ -240,7 +240,7 @@ moe_ep_status_t mep_combine(moe_ep_group_t *g, moe_ep_handle_t *h,
                      "hidden=%d on this handle",
                      p->hidden, h->dispatch_hidden);
   }
-  int dev = mep_group_device_type(g);
+  int dev = mep_group_device(g);
   mep_op_t op = {.kind = MEP_OP_COMBINE, .mode = g->cfg.mode, .flags = p->flags,
                  .hidden = p->hidden, .handle = h, .stream = p->stream};
   void *data;

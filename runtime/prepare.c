@@ -49,7 +49,7 @@ static moe_ep_status_t copy_topk(moe_ep_group_t *g, mep_handle_state_t *h,
 static moe_ep_status_t check_layout_outputs(moe_ep_group_t *g,
                                             const moe_ep_prepare_params_t *p,
                                             mep_handle_state_t *h) {
-  int dev = mep_group_device_type(g);
+  int dev = mep_group_device(g);
   void *data;
   int dt;
   if (MEP_HAS_FIELD(p, num_tokens_per_rank) && p->num_tokens_per_rank != NULL) {
@@ -103,7 +103,7 @@ moe_ep_status_t mep_prepare(moe_ep_group_t *g,
                      "prepare: params->top_k=%d must be in [1, config top_k=%d]",
                      p->top_k, g->cfg.top_k);
   }
-  mep_tensor_rule_t rule = {"prepare", "params->topk_idx", mep_group_device_type(g),
+  mep_tensor_rule_t rule = {"prepare", "params->topk_idx", mep_group_device(g),
                             MEP_BIT(MEP_DT_I32) | MEP_BIT(MEP_DT_I64), 2,
                             {p->num_tokens, p->top_k, 0}, 1};
   void *data;

@@ -67,15 +67,21 @@ moe_ep_status_t mep_tensor_check(const moe_ep_tensor_t *t,
                      r->name);
   }
   int dev = t->device.device_type;
-  int dev_ok = dev == r->device_type ||
-               (r->device_type == MOE_EP_DEVICE_CPU && dev == MOE_EP_DEVICE_CUDA_HOST);
+  const int want_type = MEP_DEVICE_TYPE(r->device), want_id = MEP_DEVICE_ID(r->device);
+  int dev_ok = dev == want_type ||
+               (want_type == MOE_EP_DEVICE_CPU && dev == MOE_EP_DEVICE_CUDA_HOST);
   if (!dev_ok) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "%s: %s has device_type=%d but this backend needs %s "
                      "memory (device_type=%d)",
                      r->entry, r->name, dev,
-                     r->device_type == MOE_EP_DEVICE_CPU ? "host" : "CUDA device",
-                     r->device_type);
+                     want_type == MOE_EP_DEVICE_CPU ? "host" : "CUDA device", want_type);
+  }
+  if (want_type == MOE_EP_DEVICE_CUDA && want_id >= 0 && t->device.device_id != want_id) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "%s: %s has device_id=%d but the group runs on CUDA device %d; "
+                     "tensors must live on the group's GPU",
+                     r->entry, r->name, (int)t->device.device_id, want_id);
   }
   int dt = mep_dtype_of(&t->dtype);
   if (dt < 0 || !(r->dtype_mask & (1u << dt))) {

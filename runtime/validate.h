@@ -43,10 +43,18 @@ int mep_dtype_bytes(mep_dtype_t dt);
 /* Returns the mep_dtype_t of a descriptor, or -1 if it is none of them. */
 int mep_dtype_of(const moe_ep_data_type_t *dt);
 
+/* A rule's device: DLPack device type plus, for CUDA, the required device
+ * id (-1: any), in one int so rule initialisers stay positional. */
+#define MEP_DEVICE(type, id) ((int)(type) | (((int)(id) + 1) << 8))
+#define MEP_DEVICE_TYPE(d) ((d) & 0xff)
+#define MEP_DEVICE_ID(d) (((d) >> 8) - 1)
+
 typedef struct mep_tensor_rule {
   const char *entry;    /* "dispatch" */
   const char *name;     /* "params->recv_x" */
-  int device_type;      /* MOE_EP_DEVICE_CPU or _CUDA (CPU also accepts CUDA_HOST) */
+  int device;           /* MEP_DEVICE(type, id): MOE_EP_DEVICE_CPU (also accepts
+                           CUDA_HOST) or _CUDA, and for CUDA the device id the
+                           tensor must live on (-1: any) */
   uint32_t dtype_mask;  /* bit per mep_dtype_t allowed */
   int ndim;
   int64_t shape[3];     /* -1 = any */

@@ -43,6 +43,11 @@ summary demo $?; tail -3 "$OUT/demo.log"
 MOE_EP_TEST_TRACE=1 api ep2_ginemu_trace 2 25 --transport=gin_emulated --experts=256 \
   --max_tokens=128 --layers=7168:8 --seeds=1 --hooks=0 --kernel_ms=3000
 api gin_request 2 15 --transport=gin --experts=8 --max_tokens=8 --layers=128:2
+# A runtime NCCL other than the headers' (the system's copy): group_create
+# must refuse, naming both versions (the step "fails" by design).
+MOE_EP_NCCL_LIBRARY=/usr/lib/x86_64-linux-gnu/libnccl.so.2 api nccl_version_refused 2 15 \
+  --experts=8 --max_tokens=8 --layers=128:2
+grep -h "version" "$OUT/api_nccl_version_refused.log" | head -2
 api ep1_bf16 1 20 --experts=8 --max_tokens=64 --layers=2048:2 --seeds=1
 timeout 60 $B/moe_ep_run -n 2 --timeout_s 55 -- compute-sanitizer --tool memcheck \
   --error-exitcode 9 $B/conformance_worker --plugin=$B/libmoe_ep.so --backend=nccl \

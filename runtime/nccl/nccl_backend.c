@@ -113,6 +113,7 @@ static moe_ep_status_t pick_device(moe_ep_group_t *g, nccl_state_t *s) {
   }
   if ((e = cudaSetDevice(dev)) != cudaSuccess) return cuda_error("cudaSetDevice", e);
   s->device = dev;
+  g->cuda_device = dev; /* tensors are checked against it */
   if ((e = cudaDeviceGetAttribute(&s->device_sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) {
     return cuda_error("cudaDeviceGetAttribute(MultiProcessorCount)", e);
   }

@@ -46,10 +46,11 @@ moe_ep_data_type_t dtype_of(DT dt) {
   return {0, 0, 0};
 }
 
-Tensor::Tensor(const void* data, DT dt, std::vector<int64_t> dims, int device_type) {
+Tensor::Tensor(const void* data, DT dt, std::vector<int64_t> dims, int device_type,
+               int device_id) {
   for (size_t i = 0; i < dims.size() && i < 3; i++) shape[i] = dims[i];
   t.data = const_cast<void*>(data);
-  t.device = {device_type, 0};
+  t.device = {device_type, device_id};
   t.ndim = static_cast<int32_t>(dims.size());
   t.dtype = dtype_of(dt);
   t.shape = shape;

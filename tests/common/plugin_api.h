@@ -27,7 +27,7 @@ struct Tensor {
   int64_t shape[3] = {0, 0, 0};
   Tensor() = default;
   Tensor(const void* data, DT dt, std::vector<int64_t> dims,
-         int device_type = MOE_EP_DEVICE_CPU);
+         int device_type = MOE_EP_DEVICE_CPU, int device_id = 0);
   Tensor(const Tensor&) = delete;
   Tensor& operator=(const Tensor&) = delete;
   moe_ep_tensor_t* get() { return &t; }

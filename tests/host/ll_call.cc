@@ -55,18 +55,18 @@ LlCall::LlCall(Ctx& c, const Problem& p, uint64_t seed)
   m_y_.init(gpu_, y_.data(), y_.size() * 2);
   m_w_.init(gpu_, m.topk_weights.data(), m.topk_weights.size() * 4);
   m_out_.init(gpu_, out_.data(), out_.size() * 2);
-  new (&t_topk_) Tensor(m_topk_.ptr(), idx32_ ? DT::kI32 : DT::kI64, {T, K}, dev(c));
-  new (&t_x_) Tensor(m_x_.ptr(), DT::kBf16, {T, H}, dev(c));
-  new (&t_recv_x_) Tensor(m_rx_.ptr(), fp8(p) ? DT::kFp8 : DT::kBf16, {el_, slots_, H}, dev(c));
+  new (&t_topk_) Tensor(m_topk_.ptr(), idx32_ ? DT::kI32 : DT::kI64, {T, K}, dev(c), c.gpu);
+  new (&t_x_) Tensor(m_x_.ptr(), DT::kBf16, {T, H}, dev(c), c.gpu);
+  new (&t_recv_x_) Tensor(m_rx_.ptr(), fp8(p) ? DT::kFp8 : DT::kBf16, {el_, slots_, H}, dev(c), c.gpu);
   new (&t_scales_) Tensor(m_sc_.ptr(), packed(p) ? DT::kI32 : DT::kF32,
-                          {el_, slots_, static_cast<int64_t>(srow)}, dev(c));
-  new (&t_count_) Tensor(m_cnt_.ptr(), DT::kI32, {el_}, dev(c));
-  new (&t_y_) Tensor(m_y_.ptr(), DT::kBf16, {el_, slots_, H}, dev(c));
-  new (&t_w_) Tensor(m_w_.ptr(), DT::kF32, {T, K}, dev(c));
-  new (&t_out_) Tensor(m_out_.ptr(), DT::kBf16, {T, H}, dev(c));
-  new (&t_per_rank_) Tensor(per_rank_.data(), DT::kI32, {p.world}, dev(c));
-  new (&t_per_expert_) Tensor(per_expert_.data(), DT::kI32, {p.num_experts}, dev(c));
-  new (&t_in_rank_) Tensor(in_rank_.data(), DT::kU8, {T, p.world}, dev(c));
+                          {el_, slots_, static_cast<int64_t>(srow)}, dev(c), c.gpu);
+  new (&t_count_) Tensor(m_cnt_.ptr(), DT::kI32, {el_}, dev(c), c.gpu);
+  new (&t_y_) Tensor(m_y_.ptr(), DT::kBf16, {el_, slots_, H}, dev(c), c.gpu);
+  new (&t_w_) Tensor(m_w_.ptr(), DT::kF32, {T, K}, dev(c), c.gpu);
+  new (&t_out_) Tensor(m_out_.ptr(), DT::kBf16, {T, H}, dev(c), c.gpu);
+  new (&t_per_rank_) Tensor(per_rank_.data(), DT::kI32, {p.world}, dev(c), c.gpu);
+  new (&t_per_expert_) Tensor(per_expert_.data(), DT::kI32, {p.num_experts}, dev(c), c.gpu);
+  new (&t_in_rank_) Tensor(in_rank_.data(), DT::kU8, {T, p.world}, dev(c), c.gpu);
 }
 
 LlCall::~LlCall() { c_.api->handle_free(h_); }

@@ -36,6 +36,7 @@ struct Ctx {
   Options opt;
   int rank = 0;
   int world = 1;
+  int gpu = 0;  // CUDA device of the group (nccl backend): tensors' device_id
   int failures = 0;
   int checks = 0;
 };

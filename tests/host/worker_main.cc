@@ -157,6 +157,7 @@ int main(int argc, char** argv) {
   if (c.opt.backend == "nccl") {  // one GPU per local rank
     const char* lr = std::getenv("MOE_EP_LOCAL_RANK");
     gp.cuda_device = lr ? std::atoi(lr) : 0;
+    c.gpu = gp.cuda_device;
     cuda_check(cudaSetDevice(gp.cuda_device), "cudaSetDevice");
   }
   if (std::getenv("MOE_EP_TEST_TRACE")) std::fprintf(stderr, "trace group_create\n");

@@ -1,0 +1,75 @@
+// validate_test.cc: mep_tensor_check's device rules (type and, for CUDA, the
+// group's device id), dtype and shape messages, without a GPU.
+#include <string>
+
+#include "gtest/gtest.h"
+
+extern "C" {
+#include "runtime/error.h"
+#include "runtime/validate.h"
+}
+
+namespace {
+
+struct Desc {
+  int64_t shape[2] = {4, 8};
+  moe_ep_tensor_t t{};
+  uint16_t data[32] = {};
+  Desc(int type, int id) {
+    t.data = data;
+    t.device = {type, id};
+    t.ndim = 2;
+    t.dtype = {MOE_EP_DTYPE_BFLOAT, 16, 1};
+    t.shape = shape;
+  }
+};
+
+mep_tensor_rule_t Rule(int device) {
+  return mep_tensor_rule_t{"dispatch", "params->x", device, MEP_BIT(MEP_DT_BF16), 2, {4, 8, 0}, 0};
+}
+
+moe_ep_status_t Check(const Desc& d, const mep_tensor_rule_t& r) {
+  void* data = nullptr;
+  int dt = -1;
+  return mep_tensor_check(&d.t, &r, &data, &dt);
+}
+
+TEST(ValidateTest, CudaTensorOnTheGroupsDeviceIsAccepted) {
+  Desc d(MOE_EP_DEVICE_CUDA, 1);
+  EXPECT_EQ(Check(d, Rule(MEP_DEVICE(MOE_EP_DEVICE_CUDA, 1))), MOE_EP_OK) << mep_last_error();
+}
+
+TEST(ValidateTest, CudaTensorOnAnotherDeviceNamesBothIds) {
+  Desc d(MOE_EP_DEVICE_CUDA, 0);
+  EXPECT_EQ(Check(d, Rule(MEP_DEVICE(MOE_EP_DEVICE_CUDA, 1))), MOE_EP_ERR_INVALID_ARGUMENT);
+  const std::string msg = mep_last_error();
+  EXPECT_NE(msg.find("params->x has device_id=0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("CUDA device 1"), std::string::npos) << msg;
+}
+
+TEST(ValidateTest, AnyDeviceIdWhenTheRuleSaysAny) {
+  Desc d(MOE_EP_DEVICE_CUDA, 5);
+  EXPECT_EQ(Check(d, Rule(MEP_DEVICE(MOE_EP_DEVICE_CUDA, -1))), MOE_EP_OK) << mep_last_error();
+}
+
+TEST(ValidateTest, HostRuleAcceptsPinnedHostAndRefusesDeviceMemory) {
+  Desc pinned(MOE_EP_DEVICE_CUDA_HOST, 0);
+  EXPECT_EQ(Check(pinned, Rule(MEP_DEVICE(MOE_EP_DEVICE_CPU, -1))), MOE_EP_OK) << mep_last_error();
+  Desc dev(MOE_EP_DEVICE_CUDA, 0);
+  EXPECT_EQ(Check(dev, Rule(MEP_DEVICE(MOE_EP_DEVICE_CPU, -1))), MOE_EP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(mep_last_error()).find("needs host memory"), std::string::npos)
+      << mep_last_error();
+}
+
+TEST(ValidateTest, WrongDtypeAndShapeAreNamed) {
+  Desc d(MOE_EP_DEVICE_CUDA, 0);
+  d.t.dtype = {MOE_EP_DTYPE_FLOAT, 32, 1};
+  EXPECT_EQ(Check(d, Rule(MEP_DEVICE(MOE_EP_DEVICE_CUDA, 0))), MOE_EP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(mep_last_error()).find("dtype"), std::string::npos) << mep_last_error();
+  Desc s(MOE_EP_DEVICE_CUDA, 0);
+  s.shape[1] = 9;
+  EXPECT_EQ(Check(s, Rule(MEP_DEVICE(MOE_EP_DEVICE_CUDA, 0))), MOE_EP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(mep_last_error()).find("shape"), std::string::npos) << mep_last_error();
+}
+
+}  // namespace
