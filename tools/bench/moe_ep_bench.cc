@@ -191,15 +191,16 @@ Pct Percentiles(std::vector<float> v) {  // nearest rank, in microseconds
 
 // Per-rank numbers of one (dtype, hidden, tokens) case, gathered to rank 0.
 enum Stat {
-  kDisp, kComb, kDSend, kDRecv, kCSend, kCRecv, kA2aD, kA2aC, kPeer,  // each p50, p99
-  kTimes = 9,
+  kDisp, kComb, kDSend, kDRecv, kCSend, kCRecv, kA2aD, kA2aC, kPeer, kA2aDedup,  // p50, p99
+  kTimes = 10,
   kBytesDisp = 2 * kTimes, kBytesDispDedup, kBytesComb, kBytesCombDedup, kBytesPeer,
   kHostUsFull, kHostUsHalves,
   kNumStats
 };
 const char* const kTimeNames[kTimes] = {"dispatch", "combine", "dispatch_send", "dispatch_recv",
                                         "combine_send", "combine_recv", "nccl_a2a_dispatch",
-                                        "nccl_a2a_combine", "peer_copy"};
+                                        "nccl_a2a_combine", "peer_copy",
+                                        "nccl_a2a_dispatch_dedup"};
 
 struct Case {
   int fp8, hidden, tokens;
@@ -797,16 +798,20 @@ int main(int argc, char** argv) {
         }
         EP_CHECK(g_ep->group_poll_error(group));
 
-        // Reference 1: NCCL all-to-all of exactly the dispatch (and the
-        // combine) bytes per peer; int8 counts.
-        for (int which = 0; which < 2; which++) {
-          const size_t row = which == 0 ? row_disp : row_comb;
+        // Reference 1: NCCL all-to-all of the dispatch (and the combine)
+        // bytes per peer, one row per (token, expert): what a plain
+        // all-to-all dispatch moves; int8 counts. which == 2: the dispatch
+        // rows once per (token, destination rank), the bytes moe-ep's
+        // dispatch moves since it deduplicates.
+        for (int which = 0; which < 3; which++) {
+          const size_t row = which == 1 ? row_comb : row_disp;
+          const std::vector<std::vector<int64_t>>& n = which == 2 ? toks : pairs;
           std::vector<size_t> sc(R), rc(R), so(R + 1, 0), ro(R + 1, 0);
           for (int p2 = 0; p2 < R; p2++) {
             // dispatch: I send my rows to p2, receive p2's rows for me;
             // combine: the reverse direction of the same pairs.
-            int64_t out_pairs = which == 0 ? pairs[rank][p2] : pairs[p2][rank];
-            int64_t in_pairs = which == 0 ? pairs[p2][rank] : pairs[rank][p2];
+            int64_t out_pairs = which != 1 ? n[rank][p2] : n[p2][rank];
+            int64_t in_pairs = which != 1 ? n[p2][rank] : n[rank][p2];
             sc[p2] = p2 == rank ? 0 : out_pairs * row;
             rc[p2] = p2 == rank ? 0 : in_pairs * row;
             so[p2 + 1] = so[p2] + sc[p2];
@@ -825,7 +830,7 @@ int main(int argc, char** argv) {
           };
           seg = timer.Run(2, a2a, nullptr, nullptr);
           p = Percentiles(seg[0]);
-          int s = which == 0 ? kA2aD : kA2aC;
+          int s = which == 0 ? kA2aD : which == 1 ? kA2aC : kA2aDedup;
           st[2 * s] = p.p50;
           st[2 * s + 1] = p.p99;
         }
@@ -856,10 +861,11 @@ int main(int argc, char** argv) {
                    absl::GetFlag(FLAGS_graph)
                        ? "all iterations in one CUDA graph; the peer-copy ceiling eager"
                        : "eager launches");
-            printf("%-5s %6s %6s %4s | %15s | %15s | %15s | %15s | %15s | %15s | %15s | %8s\n",
+            printf("%-5s %6s %6s %4s | %15s | %15s | %15s | %15s | %15s | %15s | %15s | %8s | "
+                   "%15s | %8s\n",
                    "dtype", "hidden", "tokens", "rank", "dispatch p50/99", "combine p50/99",
                    "d.send p50/99", "d.recv p50/99", "c.send p50/99", "c.recv p50/99",
-                   "nccl a2a p50/99", "vs nccl");
+                   "nccl a2a p50/99", "vs nccl", "a2a dedup p50/99", "vs dedup");
             header_printed = true;
           }
           for (int r = 0; r < R; r++) {
@@ -871,6 +877,10 @@ int main(int argc, char** argv) {
             std::string ratio = v[kBytesDisp] > 0 && v[2 * kDisp] > 0
                                     ? Fmt("%6.2fx", v[2 * kA2aD] / v[2 * kDisp])
                                     : std::string("   n/a");
+            ratio += Fmt(" | %7.1f/%7.1f | ", v[2 * kA2aDedup], v[2 * kA2aDedup + 1]);
+            ratio += v[kBytesDisp] > 0 && v[2 * kDisp] > 0
+                         ? Fmt("%6.2fx", v[2 * kA2aDedup] / v[2 * kDisp])
+                         : std::string("   n/a");
             printf("%-5s %6d %6d %4d | %s%s\n", fp8 ? "fp8" : "bf16", H, T, r, cols.c_str(),
                    ratio.c_str());
           }
@@ -911,10 +921,13 @@ int main(int argc, char** argv) {
                comb_bw, ceil_cols.c_str(), v[kBytesDisp] > 0 && v[2 * kDisp] > 0 ? v[2 * kA2aD] / v[2 * kDisp] : 0.0);
       }
     }
-    printf("\n'dedup' = how many times fewer bytes a dispatch that sends each token once per "
-           "destination rank would move; 'vs nccl' = NCCL all-to-all median / moe_ep dispatch "
-           "median (>1: moe_ep faster); 'disp %%' / 'comb %%' = algorithmic bandwidth as a share "
-           "of the peer-copy ceiling bandwidth.\n");
+    printf("\n'disp KB' = algorithmic dispatch bytes, one row per (token, expert on a peer); "
+           "'dedup KB' = one row per (token, peer rank), what moe-ep's dispatch actually moves; "
+           "'dedup' = their ratio; 'vs nccl' = NCCL all-to-all of the algorithmic bytes / moe_ep "
+           "dispatch median (>1: moe_ep faster); 'vs dedup' = the same against an all-to-all of "
+           "the dedup bytes; 'disp %%' / 'comb %%' = algorithmic bandwidth as a share of the "
+           "peer-copy ceiling bandwidth (can pass 100%% for dispatch: fewer bytes move than "
+           "are counted).\n");
     fflush(stdout);
 
     const std::string json = absl::GetFlag(FLAGS_json);
