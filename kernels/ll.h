@@ -21,7 +21,11 @@ enum {
   MEP_LL_OP_DISPATCH_SEND = 1, /* (send halves no longer wait: unused) */
   MEP_LL_OP_DISPATCH_RECV = 2, /* waiting for a peer's count or rows */
   MEP_LL_OP_COMBINE_SEND = 3,  /* (unused, as DISPATCH_SEND) */
-  MEP_LL_OP_COMBINE_RECV = 4
+  MEP_LL_OP_COMBINE_RECV = 4,
+  /* Not a wait: a dispatch met a topk_idx value outside -1..num_experts-1
+   * and dropped that slot (expert = the value, expected = token, seen = k).
+   * Written into the notice record; nothing is aborted. */
+  MEP_LL_OP_BAD_ROUTING = 5
 };
 
 /* Written by a kernel whose bounded wait expired, into host-mapped memory
@@ -59,6 +63,7 @@ typedef struct mep_ll_ctx {
   uint64_t timeout_cycles;            /* device clocks; see mep_ll_timeout_cycles */
   void *state;                        /* device, mep_ll_state_bytes(dims), zeroed */
   mep_ll_error_record_t *error_dev;   /* device alias of the host-mapped record */
+  mep_ll_error_record_t *notice_dev;  /* optional (NULL: not recorded): routing notices */
   /* LSA (and GIN-emulated) addressing, from mep_ll_resolve_lsa: the
    * window's address at LSA rank i is lsa_base + i * lsa_stride, so the
    * kernels compute peer pointers without loading the window descriptor. */
@@ -110,10 +115,11 @@ typedef struct mep_ll_combine_args {
 #define MEP_LL_SLOT_K(v) ((int32_t)(((uint32_t)(v) >> 11) & 31u))
 #define MEP_LL_SLOT_TOKEN(v) ((int32_t)((uint32_t)(v) & 2047u))
 
-/* Exact symmetric-buffer bytes for both buffer sets. */
+/* Exact symmetric-buffer bytes for num_sets (1 or 2; 0 means 2) buffer
+ * sets. */
 uint64_t mep_ll_buffer_bytes(int32_t num_local_experts, int32_t world,
                              int32_t max_tokens, int32_t hidden, int32_t top_k,
-                             int32_t fp8);
+                             int32_t fp8, int32_t num_sets);
 /* Device state bytes (ordinary device memory, zero before first use). */
 uint64_t mep_ll_state_bytes(const mep_ll_dims_t *dims);
 /* kernel_ms -> device clocks at the device's peak SM clock. */

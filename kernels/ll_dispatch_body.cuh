@@ -70,11 +70,16 @@ constexpr int kMepDispatchChunk = 1024;
 /* Lane k < K: the destination rank of token t's slot k (-1: no expert or an
  * invalid id, which is dropped) and, through *le, its local expert there. */
 template <typename IdxT>
-__device__ __forceinline__ int mep_slot_dst(const MepDispatchArgs &a, int t, int lane, int *le) {
+__device__ __forceinline__ int mep_slot_dst(const MepLLParams &p, const MepDispatchArgs &a, int t,
+                                            int lane, int *le) {
   *le = -1;
   if (lane >= a.top_k) return -1;
-  const int e = (int)reinterpret_cast<const IdxT *>(a.topk)[t * a.top_k + lane];
-  if (e < 0 || e >= a.num_experts) return -1;
+  const IdxT raw = reinterpret_cast<const IdxT *>(a.topk)[t * a.top_k + lane];
+  if (raw < -1 || raw >= (IdxT)a.num_experts)
+    mep_record_bad_routing(p, t, lane, raw < (IdxT)INT32_MIN ? INT32_MIN
+                                       : raw > (IdxT)INT32_MAX ? INT32_MAX : (int)raw);
+  const int e = (int)raw;
+  if (raw < 0 || raw >= (IdxT)a.num_experts) return -1;
   *le = e % a.local_experts;
   return e / a.local_experts;
 }
@@ -115,7 +120,7 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
        * is in flight (the two were serial latencies). */
       if (lane * 128 < n * 2) asm volatile("prefetch.global.L2 [%0];" ::"l"(xc + lane * 128));
       int le;
-      const int dst = mep_slot_dst<IdxT>(a, t, lane, &le);
+      const int dst = mep_slot_dst<IdxT>(p, a, t, lane, &le);
       if (ch == 0 && lane < K) {
         int32_t *list = static_cast<int32_t *>(Tp::peer_ptr(p, d, my_list));
         list[t * K + lane] = dst == d ? le : -1;
@@ -137,7 +142,7 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
       const uint64_t srow = stage_rows + (uint64_t)t * a.row_bytes;
       mep_write_row_part<kFp8>(a, a.x + (size_t)t * a.hidden, p.local + srow, 0, a.hidden);
       int le;
-      const int dst = mep_slot_dst<IdxT>(a, t, lane, &le);
+      const int dst = mep_slot_dst<IdxT>(p, a, t, lane, &le);
       if (lane < K) {
         for (int d = 0; d < R; ++d)
           reinterpret_cast<int32_t *>(p.local + stage_list + d * list_bytes)[t * K + lane] =

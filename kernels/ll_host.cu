@@ -32,9 +32,9 @@ extern "C" const char *mep_kernels_last_error(void) { return g_kernels_error; }
 
 extern "C" uint64_t mep_ll_buffer_bytes(int32_t num_local_experts, int32_t world,
                                         int32_t max_tokens, int32_t hidden, int32_t top_k,
-                                        int32_t fp8) {
-  mep_ll_dims_t d = {num_local_experts, world, max_tokens, hidden, top_k, fp8 ? 1 : 0};
-  return (uint64_t)MEP_NUM_BUFFER_SETS * mep_ll_set_layout(&d).set_bytes;
+                                        int32_t fp8, int32_t num_sets) {
+  mep_ll_dims_t d = {num_local_experts, world, max_tokens, hidden, top_k, fp8 ? 1 : 0, num_sets};
+  return (uint64_t)mep_ll_num_sets(&d) * mep_ll_set_layout(&d).set_bytes;
 }
 
 extern "C" uint64_t mep_ll_state_bytes(const mep_ll_dims_t *dims) {

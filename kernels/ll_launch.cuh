@@ -24,9 +24,10 @@ static inline moe_ep_status_t mep_ll_check_ctx(const char *op, const mep_ll_ctx_
       ctx->window_local == nullptr || ctx->state == nullptr || ctx->error_dev == nullptr)
     return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
                              "%s: the LL context or one of its pointers is NULL", op);
-  if (set < 0 || set >= MEP_NUM_BUFFER_SETS)
+  if (ctx != nullptr && (set < 0 || set >= mep_ll_num_sets(&ctx->dims)))
     return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                             "%s: buffer_set is %d; it must be 0 or 1", op, set);
+                             "%s: buffer_set is %d; the window holds %d set(s)", op, set,
+                             mep_ll_num_sets(&ctx->dims));
   if (ctx->transport != MEP_LL_TRANSPORT_LSA && ctx->transport != MEP_LL_TRANSPORT_GIN &&
       ctx->transport != MEP_LL_TRANSPORT_GIN_EMULATED)
     return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
@@ -41,7 +42,8 @@ static inline moe_ep_status_t mep_ll_check_ctx(const char *op, const mep_ll_ctx_
                              "%s: num_sms is %d; it must be positive", op, ctx->num_sms);
   if (ctx->window_bytes < mep_ll_buffer_bytes(ctx->dims.local_experts, ctx->dims.world,
                                               ctx->dims.max_tokens, ctx->dims.hidden,
-                                              ctx->dims.top_k, ctx->dims.fp8))
+                                              ctx->dims.top_k, ctx->dims.fp8,
+                                              ctx->dims.num_sets))
     return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
                              "%s: window_bytes %llu is smaller than the LL buffer for its dims",
                              op, (unsigned long long)ctx->window_bytes);
@@ -96,6 +98,7 @@ static inline void mep_ll_make_params(const mep_ll_ctx_t *ctx, int set, MepLLPar
   p->tickets = (uint32_t *)(st + s.tickets) + set * MEP_LL_NUM_TICKETS;
   p->abort_flag = (uint32_t *)(st + s.abort_flag);
   p->err = ctx->error_dev;
+  p->notice = ctx->notice_dev;
 }
 
 /* Blocks per launch: the caller's SM budget, never more than the device's

@@ -36,7 +36,13 @@ typedef struct mep_ll_dims {
   int32_t hidden;        /* max hidden */
   int32_t top_k;         /* max top_k */
   int32_t fp8;           /* 1: sized for fp8 dispatch rows only */
+  int32_t num_sets;      /* buffer sets in the window: 1 or 2 (0 means 2) */
 } mep_ll_dims_t;
+
+/* Buffer sets a window holds (double_buffer: false needs one). */
+static inline MEP_HD int mep_ll_num_sets(const mep_ll_dims_t *d) {
+  return d->num_sets == 1 ? 1 : 2;
+}
 
 /* One buffer set, offsets relative to the set's start. Dispatch sends each
  * token once per destination rank (not once per expert): the receiver gets

@@ -47,6 +47,7 @@ struct MepLLParams {
   uint32_t *tickets;      /* this set's block tickets [MEP_LL_NUM_TICKETS] */
   uint32_t *abort_flag;
   mep_ll_error_record_t *err;
+  mep_ll_error_record_t *notice; /* may be NULL */
 };
 
 __device__ __forceinline__ uint64_t mep_ld_acquire_sys(const uint64_t *p) {
@@ -74,6 +75,26 @@ static __device__ __noinline__ void mep_record_timeout(const MepLLParams &p, int
     p.err->seen = seen;
     __threadfence_system();
     p.err->flag = 2;
+    __threadfence_system();
+  }
+}
+
+/* Notes the first out-of-range routing entry of a launch (the slot is
+ * dropped, as -1 would be); the runtime reports it once through
+ * group_poll_error. Never aborts anything. */
+static __device__ __noinline__ void mep_record_bad_routing(const MepLLParams &p, int token, int k,
+                                                           int value) {
+  if (p.notice == nullptr) return;
+  if (atomicCAS(const_cast<int32_t *>(&p.notice->flag), 0, 1) == 0) {
+    p.notice->op = MEP_LL_OP_BAD_ROUTING;
+    p.notice->rank = p.rank;
+    p.notice->peer = -1;
+    p.notice->expert = value;
+    p.notice->buffer_set = p.set;
+    p.notice->expected = (uint64_t)token;
+    p.notice->seen = (uint64_t)k;
+    __threadfence_system();
+    p.notice->flag = 2;
     __threadfence_system();
   }
 }

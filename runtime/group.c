@@ -338,7 +338,8 @@ moe_ep_status_t mep_group_poll_error(moe_ep_group_t *g) {
   moe_ep_status_t st = g->broken;
   if (st == MOE_EP_OK) {
     st = g->ops->poll_error(g);
-    if (st != MOE_EP_OK) mep_group_break(g, st);
+    /* A routing notice (INVALID_ARGUMENT) is reported, not fatal. */
+    if (mep_status_is_fatal(st)) mep_group_break(g, st);
   } else {
     mep_error(st, "%s", g->broken_msg);
   }

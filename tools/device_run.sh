@@ -35,6 +35,9 @@ timeout 150 $B/moe_ep_run -n 2 --timeout_s 140 -- $B/moe_ep_bench --plugin=$B/li
 summary bench_graph $?
 grep -A24 "^latency" "$OUT/bench_graph.log"
 api ep2_graph 2 40 --scenario=graph --experts=64 --max_tokens=32 --layers=2048:8 --seeds=100
+api ep2_routing 2 30 --scenario=routing --experts=64 --max_tokens=16 --layers=1024:4
+MOE_EP_DOUBLE_BUFFER=false api ep2_single_set 2 30 --experts=64 --max_tokens=32 \
+  --layers=2048:8 --seeds=1 --hooks=0
 api ep2_skip_timeout 2 20 --scenario=skip --experts=8 --max_tokens=8 --layers=128:2 --kernel_ms=2000
 sed 's/backend: host/backend: nccl/' $B/demo.yaml > "$OUT/demo_nccl.yaml"
 timeout 30 $B/moe_ep_run -n 2 -- $B/moe_ep_demo --config "$OUT/demo_nccl.yaml" \

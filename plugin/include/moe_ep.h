@@ -264,7 +264,11 @@ typedef struct moe_ep_plugin_v1 {
   moe_ep_status_t (*group_destroy)(moe_ep_group_t *group);
   moe_ep_status_t (*group_info)(const moe_ep_group_t *group,
                                 moe_ep_group_info_t *info);
-  /* OK, or the asynchronous error (e.g. TIMEOUT) a kernel recorded. */
+  /* OK, or the asynchronous error a kernel recorded: TIMEOUT (the group is
+   * then failed), or INVALID_ARGUMENT once for a GPU dispatch that met a
+   * topk_idx value outside -1..num_experts-1 and dropped that slot (the
+   * group stays usable; device-resident routing cannot be checked before
+   * the launch without a sync). */
   moe_ep_status_t (*group_poll_error)(moe_ep_group_t *group);
   moe_ep_status_t (*set_num_sms)(moe_ep_group_t *group, int32_t num_sms);
   moe_ep_status_t (*max_sms_used)(const moe_ep_group_t *group,

@@ -17,7 +17,9 @@
 typedef struct nccl_state {
   mep_nccl_t *nccl;
   mep_ll_ctx_t ctx;
-  mep_ll_error_record_t *rec; /* host-mapped; kernels write it on timeout */
+  /* Host-mapped, two records: [0] a timed-out wait (fatal), [1] a routing
+   * notice (an out-of-range topk_idx entry was dropped; reported once). */
+  mep_ll_error_record_t *rec;
   int device;
   int device_sms;
   int32_t *peer_transport;
@@ -51,12 +53,14 @@ static void dims_for(const moe_ep_config_t *cfg, int world, mep_ll_dims_t *d) {
   d->hidden = cfg->hidden;
   d->top_k = cfg->top_k;
   d->fp8 = mep_config_fp8_dispatch(cfg);
+  d->num_sets = cfg->double_buffer ? 2 : 1; /* one set: half the window */
 }
 
 static uint64_t nccl_buffer_bytes(const moe_ep_config_t *cfg, int world) {
   mep_ll_dims_t d;
   dims_for(cfg, world, &d);
-  return mep_ll_buffer_bytes(d.local_experts, d.world, d.max_tokens, d.hidden, d.top_k, d.fp8);
+  return mep_ll_buffer_bytes(d.local_experts, d.world, d.max_tokens, d.hidden, d.top_k, d.fp8,
+                             d.num_sets);
 }
 
 /* NCCL's unique id travels over the UCX bootstrap. */
@@ -128,13 +132,15 @@ static moe_ep_status_t alloc_device(nccl_state_t *s, const mep_ll_dims_t *d) {
       (e = cudaMemset(s->ctx.state, 0, state)) != cudaSuccess) {
     return cuda_error("allocating the LL device state", e);
   }
-  if ((e = cudaHostAlloc((void **)&s->rec, sizeof(*s->rec), cudaHostAllocMapped)) != cudaSuccess) {
-    return cuda_error("cudaHostAlloc(timeout record)", e);
+  if ((e = cudaHostAlloc((void **)&s->rec, 2 * sizeof(*s->rec), cudaHostAllocMapped)) !=
+      cudaSuccess) {
+    return cuda_error("cudaHostAlloc(error records)", e);
   }
-  memset((void *)s->rec, 0, sizeof(*s->rec));
+  memset((void *)s->rec, 0, 2 * sizeof(*s->rec));
   if ((e = cudaHostGetDevicePointer((void **)&s->ctx.error_dev, s->rec, 0)) != cudaSuccess) {
-    return cuda_error("cudaHostGetDevicePointer(timeout record)", e);
+    return cuda_error("cudaHostGetDevicePointer(error records)", e);
   }
+  s->ctx.notice_dev = s->ctx.error_dev + 1;
   size_t slots = (size_t)d->local_experts * (size_t)d->world * (size_t)d->max_tokens;
   for (int i = 0; i < MEP_NUM_BUFFER_SETS; i++) {
     if ((e = cudaMalloc((void **)&s->slot_src[i], slots * 4u)) != cudaSuccess ||
@@ -175,7 +181,7 @@ static moe_ep_status_t nccl_create(moe_ep_group_t *g) {
       .cuda_device = s->device,
       .transport = g->cfg.transport,
       .window_bytes = nccl_buffer_bytes(&g->cfg, g->world_size),
-      .gin_signal_count = (int32_t)(MEP_NUM_BUFFER_SETS * mep_ll_set_layout(&d).num_signals),
+      .gin_signal_count = (int32_t)(mep_ll_num_sets(&d) * mep_ll_set_layout(&d).num_signals),
       .adopt_comm = g->nccl_comm,
       .exchange = share_uid,
       .exchange_user = g->boot,
@@ -219,7 +225,7 @@ static moe_ep_status_t nccl_prepare(moe_ep_group_t *g, mep_handle_state_t *h) {
 static moe_ep_status_t timeout_error(const moe_ep_group_t *g, const nccl_state_t *s) {
   static const char *const ops[] = {"none", "dispatch send", "dispatch receive",
                                     "combine send", "combine receive"};
-  const mep_ll_error_record_t *r = s->rec;
+  const mep_ll_error_record_t *r = &s->rec[0];
   int op = r->op >= 0 && r->op <= 4 ? r->op : 0;
   return mep_error(MOE_EP_ERR_TIMEOUT,
                    "a %s kernel on rank %d waited timeouts.kernel_ms=%d for rank %d "
@@ -230,17 +236,39 @@ static moe_ep_status_t timeout_error(const moe_ep_group_t *g, const nccl_state_t
                    (unsigned long long)r->seen);
 }
 
+/* The timeout record (fatal): written by the GPU into host-mapped memory,
+ * so read fresh every time. */
+static moe_ep_status_t timeout_status(moe_ep_group_t *g, nccl_state_t *s) {
+  return __atomic_load_n(&s->rec[0].flag, __ATOMIC_ACQUIRE) == 2 ? timeout_error(g, s)
+                                                                   : MOE_EP_OK;
+}
+
+/* A routing notice, reported once (the record is cleared): the dispatch ran
+ * with the slot dropped, and the group stays usable. */
+static moe_ep_status_t routing_notice(moe_ep_group_t *g, nccl_state_t *s) {
+  mep_ll_error_record_t *r = &s->rec[1];
+  if (__atomic_load_n(&r->flag, __ATOMIC_ACQUIRE) != 2) return MOE_EP_OK;
+  moe_ep_status_t st = mep_error(
+      MOE_EP_ERR_INVALID_ARGUMENT,
+      "dispatch on rank %d: topk_idx[%llu][%llu] = %d is outside -1..%d (num_experts - 1); "
+      "that slot was dropped as if it were -1 (the first such entry of an earlier call; "
+      "others may follow it)",
+      r->rank, (unsigned long long)r->expected, (unsigned long long)r->seen, r->expert,
+      g->cfg.num_experts - 1);
+  __atomic_store_n(&r->flag, 0, __ATOMIC_RELEASE);
+  return st;
+}
+
 static moe_ep_status_t nccl_poll_error(moe_ep_group_t *g) {
   nccl_state_t *s = g->impl;
-  /* Written by the GPU into host-mapped memory: read it fresh every time. */
-  return __atomic_load_n(&s->rec->flag, __ATOMIC_ACQUIRE) == 2 ? timeout_error(g, s)
-                                                                : MOE_EP_OK;
+  MEP_CHECK(timeout_status(g, s));
+  return routing_notice(g, s);
 }
 
 /* Makes the group's GPU current for a launch; *prev is the engine's device,
  * restored by leave_device so moe_ep never changes the caller's device. */
 static moe_ep_status_t enter_device(moe_ep_group_t *g, nccl_state_t *s, int *prev) {
-  MEP_CHECK(nccl_poll_error(g));
+  MEP_CHECK(timeout_status(g, s));
   *prev = -1;
   if (cudaGetDevice(prev) != cudaSuccess || *prev != s->device) {
     cudaError_t e = cudaSetDevice(s->device);

@@ -585,9 +585,9 @@ void setup_group() {
   p.world = g_world;
   p.cuda_device = g_rank;
   p.transport = MOE_EP_TRANSPORT_LSA;
-  mep_ll_dims_t dims = {kMaxExperts / g_world, g_world, kMaxTokens, kMaxHidden, kMaxTopK, 0};
+  mep_ll_dims_t dims = {kMaxExperts / g_world, g_world, kMaxTokens, kMaxHidden, kMaxTopK, 0, 2};
   p.window_bytes = mep_ll_buffer_bytes(dims.local_experts, dims.world, dims.max_tokens,
-                                       dims.hidden, dims.top_k, dims.fp8);
+                                       dims.hidden, dims.top_k, dims.fp8, dims.num_sets);
   p.gin_signal_count = (int32_t)(2 * mep_ll_set_layout(&dims).num_signals);
   p.exchange = file_exchange;
   p.exchange_user = (void *)(dir ? dir : "/tmp");

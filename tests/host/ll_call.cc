@@ -101,6 +101,15 @@ void LlCall::reseed(uint64_t seed) {
   for (Mirror* mm : {&m_topk_, &m_x_, &m_w_, &m_rx_, &m_sc_, &m_cnt_, &m_out_}) mm->upload();
 }
 
+bool LlCall::corrupt_first_slot(int64_t value) {
+  RankInputs& m = all_[c_.rank];
+  if (m.num_tokens == 0) return false;
+  m.topk_idx[0] = value;
+  topk32_[0] = static_cast<int32_t>(value);
+  m_topk_.upload();
+  return true;
+}
+
 moe_ep_status_t LlCall::prepare() {
   trace(c_, "prepare", seed_);
   moe_ep_prepare_params_t pp = MOE_EP_INIT(moe_ep_prepare_params_t);

@@ -28,6 +28,10 @@ class LlCall {
   // New inputs (same token count) into the same buffers, outputs poisoned
   // again: what a replayed CUDA graph reads and must overwrite.
   void reseed(uint64_t seed);
+  // Overwrites this rank's topk_idx[0][0] with `value` in the copy the
+  // plugin reads (the oracle's expectation is not updated: only the
+  // routing-notice scenario uses it). False when the rank has no tokens.
+  bool corrupt_first_slot(int64_t value);
   uint64_t seed() const { return seed_; }
 
  private:

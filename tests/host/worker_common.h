@@ -60,6 +60,7 @@ void run_bad_input(Ctx& c);
 void run_fault(Ctx& c);
 void run_skip(Ctx& c);
 void run_graph(Ctx& c);
+void run_routing(Ctx& c);
 
 // One LL layer call (prepare, dispatch, check, expert, combine, check);
 // `defer` exercises the hook path run from another thread.

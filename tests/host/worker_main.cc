@@ -215,6 +215,8 @@ int main(int argc, char** argv) {
     run_fault(c);
   } else if (c.opt.scenario == "skip") {
     run_skip(c);
+  } else if (c.opt.scenario == "routing") {
+    run_routing(c);
   } else if (c.opt.scenario == "graph") {
     run_graph(c);
   } else if (c.opt.ht) {

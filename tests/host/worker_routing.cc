@@ -1,0 +1,45 @@
+// worker_routing.cc: a device-resident topk_idx with an out-of-range expert
+// id (nccl backend). The dispatch cannot check it before launching (that
+// would need a sync); the kernel drops the slot and notes it, and
+// group_poll_error reports it once as INVALID_ARGUMENT naming the entry.
+// The group stays usable: a verified round trip follows.
+#include <string>
+
+#include "tests/host/ll_call.h"
+#include "tests/host/worker_common.h"
+
+namespace moe_ep_test {
+
+void run_routing(Ctx& c) {
+  using moe_ep_oracle::Generator;
+  if (c.opt.backend != "nccl") {
+    std::fprintf(stderr, "routing scenario needs --backend=nccl; skipped\n");
+    return;
+  }
+  auto p = problem_for(c, c.opt.layers[0].first, c.opt.layers[0].second, Generator::kUniform);
+  ll_roundtrip(c, p, 51, false);
+  const int64_t bad = p.num_experts + 5;
+  {
+    LlCall call(c, p, 52);
+    const bool corrupted = call.corrupt_first_slot(bad);
+    if (call.prepare() != MOE_EP_OK) {
+      fail(c, 52, "prepare", c.api->last_error());
+      return;
+    }
+    expect_status(c, 52, "dispatch with an out-of-range id in device memory",
+                  call.dispatch(0, nullptr), MOE_EP_OK);
+    call.make_y();
+    expect_status(c, 52, "combine after it", call.combine(0, nullptr), MOE_EP_OK);
+    call.check_dispatch_quietly();  // waits for the device
+    if (corrupted) {
+      const std::string want = "topk_idx[0][0] = " + std::to_string(bad);
+      expect_status(c, 52, "group_poll_error after the bad id", c.api->group_poll_error(c.group),
+                    MOE_EP_ERR_INVALID_ARGUMENT, want.c_str());
+    }
+    expect_status(c, 52, "group_poll_error again (reported once)",
+                  c.api->group_poll_error(c.group), MOE_EP_OK);
+  }
+  ll_roundtrip(c, p, 53, false);
+}
+
+}  // namespace moe_ep_test
