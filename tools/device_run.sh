@@ -34,6 +34,13 @@ timeout 150 $B/moe_ep_run -n 2 --timeout_s 140 -- $B/moe_ep_bench --plugin=$B/li
   --warmup=50 --graph --json="$OUT/bench_graph.json" > "$OUT/bench_graph.log" 2>&1
 summary bench_graph $?
 grep -A24 "^latency" "$OUT/bench_graph.log"
+# The engine-provided communicator path: the groups adopt the bench's own
+# ncclComm (recv_count checked against the routing after every warm-up),
+# and the bench keeps using that communicator after each group is gone.
+timeout 90 $B/moe_ep_run -n 2 --timeout_s 85 -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
+  --adopt_comm --tokens=8,128 --iters=50 --warmup=5 > "$OUT/bench_adopt.log" 2>&1
+summary bench_adopt $?
+grep -E "adopt|^fp8 .* 128 |^bf16 .* 128 " "$OUT/bench_adopt.log" | head -5
 api ep2_graph 2 40 --scenario=graph --experts=64 --max_tokens=32 --layers=2048:8 --seeds=100
 api ep2_routing 2 30 --scenario=routing --experts=64 --max_tokens=16 --layers=1024:4
 MOE_EP_DOUBLE_BUFFER=false api ep2_single_set 2 30 --experts=64 --max_tokens=32 \

@@ -56,6 +56,10 @@ ABSL_FLAG(bool, graph, false,
           "time the iterations as one CUDA graph (captured once, replayed) instead of eager "
           "launches: what a decode step under CUDA graphs sees, without the host's per-launch "
           "cost; the references are captured the same way");
+ABSL_FLAG(bool, adopt_comm, false,
+          "create the moe-ep groups on the bench's own NCCL communicator (group params "
+          "nccl_comm: the engine-provided communicator path) instead of letting moe-ep make "
+          "one; the references keep using it after each group is destroyed");
 ABSL_FLAG(int32_t, id_wait_s, 120, "how long ranks > 0 wait for rank 0's NCCL id file");
 
 namespace {
@@ -583,6 +587,8 @@ int main(int argc, char** argv) {
            }().c_str(),
            transport.c_str(), static_cast<unsigned long long>(seed), iters, warmup);
     if (iters < 1000) printf("  note: fewer than 1000 timed iterations, p99 is rough\n");
+    if (absl::GetFlag(FLAGS_adopt_comm))
+      printf("  moe-ep groups adopt the reference communicator (--adopt_comm)\n");
     fflush(stdout);
   }
 
@@ -627,6 +633,7 @@ int main(int argc, char** argv) {
     gp.rank = rank;
     gp.world_size = world;
     gp.cuda_device = dev;
+    if (absl::GetFlag(FLAGS_adopt_comm)) gp.nccl_comm = ref.comm;
     moe_ep_group_t* group = nullptr;
     EP_CHECK(g_ep->group_create(&gp, &group));
     CUDA_CHECK(cudaSetDevice(dev));
