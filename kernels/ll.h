@@ -69,6 +69,12 @@ typedef struct mep_ll_ctx {
    * kernels compute peer pointers without loading the window descriptor. */
   uint64_t lsa_base;
   uint64_t lsa_stride;
+  /* This rank's window through the same LSA mapping (0: not resolved). The
+   * kernels read their own window here, never through window_local: the
+   * fused kernels write their own rows and signals through the LSA
+   * address, and two virtual aliases of one allocation are not ordered
+   * within a kernel without a proxy fence. */
+  uint64_t lsa_local;
 } mep_ll_ctx_t;
 
 typedef struct mep_ll_dispatch_args {
@@ -128,7 +134,8 @@ moe_ep_status_t mep_ll_timeout_cycles(int cuda_device, int32_t kernel_ms,
 /* Fills ctx->lsa_base / lsa_stride from the window (one tiny kernel and a
  * synchronous copy; once per group, after dev_comm and window are set). */
 moe_ep_status_t mep_ll_resolve_lsa(mep_ll_ctx_t *ctx);
-/* Clears the abort flag left by a timed-out wait (state must be idle). */
+/* Clears what a timed-out wait leaves behind: the abort flag, the block
+ * tickets and the put counters (state must be idle). */
 moe_ep_status_t mep_ll_clear_abort(const mep_ll_ctx_t *ctx, void *stream);
 
 /* Launchers: validate, launch on `stream` (cudaStream_t), return at once.

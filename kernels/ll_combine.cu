@@ -1,8 +1,7 @@
 /* ll_combine.cu: LL combine in one launch (send half, then receive half, in
  * the same kernel) for calls that do not defer the receive. As with the
  * fused dispatch, the receive waits for this rank's own count signal, sent
- * by the last block of the send half: at most one block per SM, and the
- * wait is bounded by timeouts.kernel_ms. */
+ * by the last block of the send half: a cooperative launch. */
 #include "kernels/ll_combine_body.cuh"
 
 extern "C" moe_ep_status_t mep_ll_combine_check(const char *op, const mep_ll_ctx_t *ctx,
@@ -21,11 +20,8 @@ __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
 template <class Tp>
 cudaError_t launch_tp(const MepLLParams &p, const MepCombineArgs &a, int idx_bytes, int grid,
                       size_t smem, cudaStream_t s) {
-  if (idx_bytes == 8)
-    ll_combine_kernel<Tp, int64_t><<<grid, MEP_LL_THREADS, smem, s>>>(p, a);
-  else
-    ll_combine_kernel<Tp, int32_t><<<grid, MEP_LL_THREADS, smem, s>>>(p, a);
-  return cudaGetLastError();
+  return idx_bytes == 8 ? mep_ll_launch_fused(ll_combine_kernel<Tp, int64_t>, grid, smem, s, p, a)
+                        : mep_ll_launch_fused(ll_combine_kernel<Tp, int32_t>, grid, smem, s, p, a);
 }
 
 }  // namespace

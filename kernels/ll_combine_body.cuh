@@ -175,9 +175,11 @@ __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const int k = k0 + i;
-        const int e = k < K ? (int)topk[t * K + k] : -1;
+        /* in the index's own width, as dispatch decides (an int64 id past
+         * 2^31 must not wrap into a valid expert) */
+        const IdxT e = k < K ? topk[t * K + k] : (IdxT)-1;
         w[i] = k < K ? a.weights[t * K + k] : 0.f;
-        use[i] = valid && e >= 0 && e < a.num_experts;
+        use[i] = valid && e >= 0 && e < (IdxT)a.num_experts;
         v[i] = use[i] ? __ldcg(reinterpret_cast<const uint4 *>(
                             region + (size_t)(t * K + k) * row_elems + c))
                       : make_uint4(0u, 0u, 0u, 0u);

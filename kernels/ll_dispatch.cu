@@ -2,9 +2,8 @@
  * in the same kernel) for calls that do not defer the receive: one launch
  * and one grid spin-up fewer than the two-kernel path. The receive half
  * waits for this rank's own count signal, which the last block of the send
- * half sends, so every block must eventually run: the grid is at most one
- * block per SM (each block fits alone on an SM), and if other work holds
- * SMs the wait is still bounded by timeouts.kernel_ms. */
+ * half sends, so the grid is launched cooperatively (all blocks resident;
+ * at most one block per SM). */
 #include "kernels/ll_dispatch_body.cuh"
 
 extern "C" moe_ep_status_t mep_ll_dispatch_check(const char *op, const mep_ll_ctx_t *ctx,
@@ -23,8 +22,7 @@ __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
 template <class Tp, bool kFp8, typename IdxT>
 cudaError_t launch(const MepLLParams &p, const MepDispatchArgs &a, int grid, size_t smem,
                    cudaStream_t s) {
-  ll_dispatch_kernel<Tp, kFp8, IdxT><<<grid, MEP_LL_THREADS, smem, s>>>(p, a);
-  return cudaGetLastError();
+  return mep_ll_launch_fused(ll_dispatch_kernel<Tp, kFp8, IdxT>, grid, smem, s, p, a);
 }
 
 template <class Tp>

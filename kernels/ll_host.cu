@@ -61,9 +61,12 @@ extern "C" moe_ep_status_t mep_ll_clear_abort(const mep_ll_ctx_t *ctx, void *str
   if (ctx == nullptr || ctx->state == nullptr)
     return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT, "clear_abort: ctx/state is NULL");
   mep_ll_state_layout_t s = mep_ll_state_layout(&ctx->dims);
+  /* Blocks that gave up returned without their ticket: the put counters,
+   * the tickets and the abort flag (contiguous) start again from zero. */
   return mep_kernels_cuda_check(
       "clear_abort: cudaMemsetAsync",
-      cudaMemsetAsync((char *)ctx->state + s.abort_flag, 0, 4, (cudaStream_t)stream));
+      cudaMemsetAsync((char *)ctx->state + s.puts, 0, s.abort_flag + 4 - s.puts,
+                      (cudaStream_t)stream));
 }
 
 namespace {
@@ -77,6 +80,7 @@ __global__ void resolve_lsa_kernel(const ncclDevComm comm, ncclWindow_t win, uin
   out[1] = lsa.nRanks > 1
                ? (uint64_t)(static_cast<const char *>(ncclGetLsaPointer(win, 0, 1)) - r0)
                : 0;
+  out[2] = (uint64_t)(uintptr_t)ncclGetLsaPointer(win, 0, lsa.rank);
 }
 
 }  // namespace
@@ -85,7 +89,7 @@ extern "C" moe_ep_status_t mep_ll_resolve_lsa(mep_ll_ctx_t *ctx) {
   if (ctx == nullptr || ctx->dev_comm == nullptr || ctx->window == nullptr)
     return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
                              "resolve_lsa: ctx, dev_comm or window is NULL");
-  uint64_t *d = nullptr, h[2] = {0, 0};
+  uint64_t *d = nullptr, h[3] = {0, 0, 0};
   ncclDevComm comm;
   memcpy(&comm, ctx->dev_comm, sizeof comm);
   moe_ep_status_t st = mep_kernels_cuda_check("resolve_lsa: cudaMalloc", cudaMalloc(&d, sizeof h));
@@ -99,5 +103,6 @@ extern "C" moe_ep_status_t mep_ll_resolve_lsa(mep_ll_ctx_t *ctx) {
   if (st != MOE_EP_OK) return st;
   ctx->lsa_base = h[0];
   ctx->lsa_stride = h[1];
+  ctx->lsa_local = h[2];
   return MOE_EP_OK;
 }

@@ -81,7 +81,7 @@ static inline void mep_ll_make_params(const mep_ll_ctx_t *ctx, int set, MepLLPar
   memset(p, 0, sizeof *p);
   memcpy(&p->comm, ctx->dev_comm, sizeof(ncclDevComm));
   p->win = (ncclWindow_t)ctx->window;
-  p->local = (char *)ctx->window_local;
+  p->local = ctx->lsa_local != 0 ? (char *)(uintptr_t)ctx->lsa_local : (char *)ctx->window_local;
   p->lsa_base = (char *)(uintptr_t)ctx->lsa_base;
   p->lsa_stride = ctx->lsa_stride;
   p->dims = ctx->dims;
@@ -117,6 +117,27 @@ static inline int mep_ll_grid_for(const mep_ll_ctx_t *ctx, int64_t units) {
   const int64_t want = (units + warps - 1) / warps;
   const int most = mep_ll_grid(ctx);
   return want < 1 ? 1 : (want < most ? (int)want : most);
+}
+
+/* Launches a fused (send, then receive) kernel as a cooperative grid: its
+ * receive half waits for a signal that only the last block of its own send
+ * half sends, so every block must be resident at once. A cooperative
+ * launch guarantees that (or fails) instead of leaving it to whatever else
+ * holds SMs. */
+template <typename... Params, typename... Args>
+static cudaError_t mep_ll_launch_fused(void (*kernel)(Params...), int grid, size_t smem,
+                                       cudaStream_t s, Args &&...args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)grid);
+  cfg.blockDim = dim3(MEP_LL_THREADS);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...);
 }
 
 #endif /* MEP_LL_LAUNCH_CUH_ */

@@ -156,8 +156,9 @@ __device__ __forceinline__ void mep_copy_warp(void *dst, const void *src, uint32
  * and NVLink) are visible at system scope. The barrier makes the block's
  * stores visible to its thread 0, whose system fence then orders them all
  * (cumulativity) before the ticket; the last block acquires after reading
- * it. No block waits for another, so nothing assumes co-residency. The
- * ticket is reset for the next launch (a kernel boundary away). */
+ * it. No block waits for another here (a fused kernel's receive half does
+ * wait for its own send half's signal: those are launched cooperatively).
+ * The ticket is reset for the next launch (a kernel boundary away). */
 __device__ __forceinline__ bool mep_last_block(uint32_t *ticket) {
   __shared__ bool last;
   __syncthreads();

@@ -23,9 +23,11 @@ struct MepGinEmu {
                                                   const void *, uint64_t src_off, uint32_t bytes,
                                                   uint32_t row_sig) {
     mep_copy_warp(peer_ptr(p, peer, dst_off), p.local + src_off, bytes);
-    __threadfence_system();
-    __syncwarp();
-    if ((threadIdx.x & 31) == 0) add_sig(p, peer, row_sig, 1);
+    __syncwarp(); /* every lane's stores, then one fence and the add */
+    if ((threadIdx.x & 31) == 0) {
+      __threadfence_system();
+      add_sig(p, peer, row_sig, 1);
+    }
   }
   static __device__ __forceinline__ void signal(const MepLLParams &p, int peer, uint32_t sig,
                                                 uint64_t add) {
