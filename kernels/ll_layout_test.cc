@@ -1,0 +1,116 @@
+// ll_layout_test.cc: properties of the LL buffer layout (ll_layout.h) over
+// many shapes, on the CPU: every region 16-byte aligned, inside its set and
+// disjoint from the others; staging big enough for either use; signal ids
+// unique and in range; the dispatch signal code decodes back to its
+// (tokens, puts); device state regions disjoint. Every rank computes these
+// offsets independently, so a slip here corrupts a peer's memory.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/ll_layout.h"
+
+namespace {
+
+std::string Dims(const mep_ll_dims_t& d) {
+  return "E_local=" + std::to_string(d.local_experts) + " R=" + std::to_string(d.world) +
+         " M=" + std::to_string(d.max_tokens) + " H=" + std::to_string(d.hidden) +
+         " K=" + std::to_string(d.top_k) + " fp8=" + std::to_string(d.fp8);
+}
+
+std::vector<mep_ll_dims_t> Shapes() {
+  std::vector<mep_ll_dims_t> out;
+  for (int el : {1, 3, 128, 1024})
+    for (int r : {1, 2, 8, 64})
+      for (int m : {1, 7, 128, 1024})
+        for (int h : {128, 384, 7168, 32768})
+          for (int k : {1, 8, 9, 32})
+            for (int fp8 : {0, 1}) out.push_back({el, r, m, h, k, fp8, 2});
+  return out;
+}
+
+TEST(LlLayout, RegionsAlignedDisjointAndInsideTheSet) {
+  for (const mep_ll_dims_t& d : Shapes()) {
+    const mep_ll_set_layout_t l = mep_ll_set_layout(&d);
+    const uint64_t R = d.world, M = d.max_tokens, K = d.top_k;
+    const uint64_t row_d = mep_ll_dispatch_row_bytes(d.hidden, d.fp8);
+    const uint64_t row_c = 2ull * d.hidden;
+    const uint64_t list = mep_ll_align16(M * K * 4);
+    // [start, end) of each region; staging holds the larger of its two uses.
+    std::vector<std::pair<uint64_t, uint64_t>> r = {
+        {0, l.num_signals * 8},
+        {l.disp_recv, l.disp_recv + R * M * row_d},
+        {l.disp_list, l.disp_list + R * list},
+        {l.comb_recv, l.comb_recv + M * K * row_c},
+        {l.stage, l.stage + M * row_d},
+        {l.stage_list, l.stage_list + R * list},
+    };
+    const uint64_t comb_stage_end = l.stage + (uint64_t)d.local_experts * R * M * row_c;
+    ASSERT_LE(comb_stage_end, l.set_bytes) << Dims(d) << ": combine staging";
+    for (size_t i = 0; i < r.size(); ++i) {
+      ASSERT_EQ(r[i].first % 16, 0u) << Dims(d) << " region " << i;
+      ASSERT_LE(r[i].second, l.set_bytes) << Dims(d) << " region " << i;
+      for (size_t j = i + 1; j < r.size(); ++j)
+        ASSERT_TRUE(r[i].second <= r[j].first || r[j].second <= r[i].first)
+            << Dims(d) << ": regions " << i << " and " << j << " overlap";
+    }
+    ASSERT_EQ(l.set_bytes % 16, 0u) << Dims(d);
+  }
+}
+
+TEST(LlLayout, SignalIdsUniqueAndInRange) {
+  for (int r : {1, 2, 8, 1024}) {
+    mep_ll_dims_t d = {4, r, 8, 128, 8, 0, 2};
+    const uint64_t n = mep_ll_set_layout(&d).num_signals;
+    std::set<uint32_t> seen;
+    for (int src = 0; src < r; ++src) {
+      for (uint32_t s : {mep_ll_sig_disp_cnt(&d, src), mep_ll_sig_disp_row(&d, src),
+                         mep_ll_sig_comb_cnt(&d, src), mep_ll_sig_comb_row(&d, src)}) {
+        ASSERT_LT(s, n) << "R=" << r << " src=" << src;
+        ASSERT_TRUE(seen.insert(s).second) << "R=" << r << " src=" << src << " id " << s;
+      }
+    }
+    ASSERT_EQ(seen.size(), n) << "R=" << r;
+  }
+}
+
+TEST(LlLayout, DispatchSignalCodeDecodes) {
+  for (int m : {1, 2, 128, 1024}) {
+    for (int tokens = 0; tokens <= m; tokens += (m > 16 ? m / 8 : 1)) {
+      for (int puts : {0, 1, tokens, tokens + 1}) {
+        const uint64_t code = mep_ll_disp_code(tokens, puts, m) - 1;  // receiver: seen - base - 1
+        ASSERT_EQ(code % (uint64_t)(m + 1), (uint64_t)tokens) << "M=" << m << " puts=" << puts;
+        ASSERT_EQ(code / (uint64_t)(m + 1), (uint64_t)puts) << "M=" << m << " tokens=" << tokens;
+      }
+    }
+  }
+}
+
+TEST(LlLayout, OneBufferSetIsHalfTheWindowOfTwo) {
+  mep_ll_dims_t one = {128, 2, 128, 7168, 8, 1, 1}, two = one;
+  two.num_sets = 2;
+  EXPECT_EQ(mep_ll_num_sets(&one), 1);
+  EXPECT_EQ(mep_ll_num_sets(&two), 2);
+  mep_ll_dims_t legacy = one;
+  legacy.num_sets = 0;  // zero-initialised dims mean two sets
+  EXPECT_EQ(mep_ll_num_sets(&legacy), 2);
+}
+
+TEST(LlLayout, StateRegionsDisjoint) {
+  for (int r : {1, 2, 8, 1024}) {
+    mep_ll_dims_t d = {16, r, 8, 128, 8, 0, 2};
+    const mep_ll_state_layout_t s = mep_ll_state_layout(&d);
+    const uint64_t nsig = mep_ll_set_layout(&d).num_signals;
+    EXPECT_LE(s.shadows + 2 * nsig * 8, s.puts) << "R=" << r;
+    EXPECT_LE(s.puts + 2ull * r * 4, s.tickets) << "R=" << r;
+    EXPECT_LE(s.tickets + 2ull * MEP_LL_NUM_TICKETS * 4, s.abort_flag) << "R=" << r;
+    EXPECT_LE(s.abort_flag + 4, s.bytes) << "R=" << r;
+    // clear_abort zeroes [puts, abort_flag + 4): the shadows stay.
+    EXPECT_LT(s.shadows, s.puts);
+  }
+}
+
+}  // namespace
