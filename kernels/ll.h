@@ -18,9 +18,8 @@ extern "C" {
 /* Which wait expired (mep_ll_error_record_t.op). */
 enum {
   MEP_LL_OP_NONE = 0,
-  MEP_LL_OP_DISPATCH_SEND = 1, /* (send halves no longer wait: unused) */
+  /* 1 and 3 were the send halves' waits; send halves no longer wait. */
   MEP_LL_OP_DISPATCH_RECV = 2, /* waiting for a peer's count or rows */
-  MEP_LL_OP_COMBINE_SEND = 3,  /* (unused, as DISPATCH_SEND) */
   MEP_LL_OP_COMBINE_RECV = 4,
   /* Not a wait: a dispatch met a topk_idx value outside -1..num_experts-1
    * and dropped that slot (expert = the value, expected = token, seen = k).

@@ -40,11 +40,8 @@ extern "C" moe_ep_status_t mep_ll_combine(const mep_ll_ctx_t *ctx, const mep_ll_
   const int words = k.local_experts > ctx->dims.world ? k.local_experts : ctx->dims.world;
   const size_t smem = (size_t)words * sizeof(int);
   cudaStream_t s = (cudaStream_t)stream;
-  cudaError_t e;
-  switch (ctx->transport) {
-    case MEP_LL_TRANSPORT_LSA: e = launch_tp<MepLsa>(p, k, a->topk_idx_bytes, grid, smem, s); break;
-    case MEP_LL_TRANSPORT_GIN: e = launch_tp<MepGin>(p, k, a->topk_idx_bytes, grid, smem, s); break;
-    default: e = launch_tp<MepGinEmu>(p, k, a->topk_idx_bytes, grid, smem, s); break;
-  }
+  const cudaError_t e = mep_ll_with_transport(ctx->transport, [&](auto tp) {
+    return launch_tp<typename decltype(tp)::type>(p, k, a->topk_idx_bytes, grid, smem, s);
+  });
   return mep_kernels_cuda_check("combine: launch", e);
 }

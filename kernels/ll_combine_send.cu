@@ -16,12 +16,7 @@ __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
 
 extern "C" moe_ep_status_t mep_ll_combine_check(const char *op, const mep_ll_ctx_t *ctx,
                                                 const mep_ll_combine_args_t *a) {
-  if (a == nullptr)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT, "%s: args is NULL", op);
-  moe_ep_status_t st = mep_ll_check_ctx(op, ctx, a->buffer_set);
-  if (st != MOE_EP_OK) return st;
-  st = mep_ll_check_shape(op, ctx, a->num_tokens, a->hidden, a->top_k, a->num_experts,
-                          a->topk_idx_bytes);
+  moe_ep_status_t st = mep_ll_check_call(op, ctx, a);
   if (st != MOE_EP_OK) return st;
   if (a->recv_count == nullptr || a->slot_src == nullptr || a->src_count == nullptr)
     return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
@@ -41,16 +36,9 @@ extern "C" moe_ep_status_t mep_ll_combine_send(const mep_ll_ctx_t *ctx,
   const int grid = mep_ll_grid(ctx);
   const size_t smem = (size_t)k.local_experts * sizeof(int);
   cudaStream_t s = (cudaStream_t)stream;
-  switch (ctx->transport) {
-    case MEP_LL_TRANSPORT_LSA:
-      ll_combine_send_kernel<MepLsa><<<grid, MEP_LL_THREADS, smem, s>>>(p, k);
-      break;
-    case MEP_LL_TRANSPORT_GIN:
-      ll_combine_send_kernel<MepGin><<<grid, MEP_LL_THREADS, smem, s>>>(p, k);
-      break;
-    default:
-      ll_combine_send_kernel<MepGinEmu><<<grid, MEP_LL_THREADS, smem, s>>>(p, k);
-      break;
-  }
-  return mep_kernels_cuda_check("combine_send: launch", cudaGetLastError());
+  const cudaError_t e = mep_ll_with_transport(ctx->transport, [&](auto tp) {
+    ll_combine_send_kernel<typename decltype(tp)::type><<<grid, MEP_LL_THREADS, smem, s>>>(p, k);
+    return cudaGetLastError();
+  });
+  return mep_kernels_cuda_check("combine_send: launch", e);
 }

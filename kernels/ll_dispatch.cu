@@ -53,17 +53,8 @@ extern "C" moe_ep_status_t mep_ll_dispatch(const mep_ll_ctx_t *ctx,
       mep_ll_grid_for(ctx, send_units > experts_as_units ? send_units : experts_as_units);
   const size_t smem = mep_dispatch_recv_smem(ctx);
   cudaStream_t s = (cudaStream_t)stream;
-  cudaError_t e;
-  switch (ctx->transport) {
-    case MEP_LL_TRANSPORT_LSA:
-      e = launch_tp<MepLsa>(p, k, a->fp8, a->topk_idx_bytes, grid, smem, s);
-      break;
-    case MEP_LL_TRANSPORT_GIN:
-      e = launch_tp<MepGin>(p, k, a->fp8, a->topk_idx_bytes, grid, smem, s);
-      break;
-    default:
-      e = launch_tp<MepGinEmu>(p, k, a->fp8, a->topk_idx_bytes, grid, smem, s);
-      break;
-  }
+  const cudaError_t e = mep_ll_with_transport(ctx->transport, [&](auto tp) {
+    return launch_tp<typename decltype(tp)::type>(p, k, a->fp8, a->topk_idx_bytes, grid, smem, s);
+  });
   return mep_kernels_cuda_check("dispatch: launch", e);
 }

@@ -31,12 +31,7 @@ cudaError_t launch_tp(const MepLLParams &p, const MepDispatchArgs &a, bool fp8, 
 
 extern "C" moe_ep_status_t mep_ll_dispatch_check(const char *op, const mep_ll_ctx_t *ctx,
                                                  const mep_ll_dispatch_args_t *a) {
-  if (a == nullptr)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT, "%s: args is NULL", op);
-  moe_ep_status_t st = mep_ll_check_ctx(op, ctx, a->buffer_set);
-  if (st != MOE_EP_OK) return st;
-  st = mep_ll_check_shape(op, ctx, a->num_tokens, a->hidden, a->top_k, a->num_experts,
-                          a->topk_idx_bytes);
+  moe_ep_status_t st = mep_ll_check_call(op, ctx, a);
   if (st != MOE_EP_OK) return st;
   if (a->fp8 && a->hidden % MEP_HIDDEN_ALIGN != 0)
     return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
@@ -66,11 +61,8 @@ extern "C" moe_ep_status_t mep_ll_dispatch_send(const mep_ll_ctx_t *ctx,
   /* No more blocks than work units: a small batch launches a small grid. */
   const int grid = mep_ll_grid_for(ctx, mep_dispatch_send_units(ctx, a));
   cudaStream_t s = (cudaStream_t)stream;
-  cudaError_t e;
-  switch (ctx->transport) {
-    case MEP_LL_TRANSPORT_LSA: e = launch_tp<MepLsa>(p, k, a->fp8, a->topk_idx_bytes, grid, s); break;
-    case MEP_LL_TRANSPORT_GIN: e = launch_tp<MepGin>(p, k, a->fp8, a->topk_idx_bytes, grid, s); break;
-    default: e = launch_tp<MepGinEmu>(p, k, a->fp8, a->topk_idx_bytes, grid, s); break;
-  }
+  const cudaError_t e = mep_ll_with_transport(ctx->transport, [&](auto tp) {
+    return launch_tp<typename decltype(tp)::type>(p, k, a->fp8, a->topk_idx_bytes, grid, s);
+  });
   return mep_kernels_cuda_check("dispatch_send: launch", e);
 }

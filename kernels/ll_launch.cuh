@@ -24,7 +24,7 @@ static inline moe_ep_status_t mep_ll_check_ctx(const char *op, const mep_ll_ctx_
       ctx->window_local == nullptr || ctx->state == nullptr || ctx->error_dev == nullptr)
     return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
                              "%s: the LL context or one of its pointers is NULL", op);
-  if (ctx != nullptr && (set < 0 || set >= mep_ll_num_sets(&ctx->dims)))
+  if (set < 0 || set >= mep_ll_num_sets(&ctx->dims))
     return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
                              "%s: buffer_set is %d; the window holds %d set(s)", op, set,
                              mep_ll_num_sets(&ctx->dims));
@@ -99,6 +99,35 @@ static inline void mep_ll_make_params(const mep_ll_ctx_t *ctx, int set, MepLLPar
   p->abort_flag = (uint32_t *)(st + s.abort_flag);
   p->err = ctx->error_dev;
   p->notice = ctx->notice_dev;
+}
+
+/* The checks every LL launcher starts with: non-NULL arguments, a usable
+ * context and buffer set, and a call shape within the context's capacities.
+ * Args is mep_ll_dispatch_args_t or mep_ll_combine_args_t. */
+template <typename Args>
+static inline moe_ep_status_t mep_ll_check_call(const char *op, const mep_ll_ctx_t *ctx,
+                                                const Args *a) {
+  if (a == nullptr)
+    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT, "%s: args is NULL", op);
+  moe_ep_status_t st = mep_ll_check_ctx(op, ctx, a->buffer_set);
+  if (st != MOE_EP_OK) return st;
+  return mep_ll_check_shape(op, ctx, a->num_tokens, a->hidden, a->top_k, a->num_experts,
+                            a->topk_idx_bytes);
+}
+
+/* Calls fn(MepType<Tp>{}) with the transport type the context names, so a
+ * launcher instantiates its kernel for it in one place. */
+template <typename T>
+struct MepType {
+  using type = T;
+};
+template <typename Fn>
+static inline cudaError_t mep_ll_with_transport(int transport, Fn &&fn) {
+  switch (transport) {
+    case MEP_LL_TRANSPORT_LSA: return fn(MepType<MepLsa>{});
+    case MEP_LL_TRANSPORT_GIN: return fn(MepType<MepGin>{});
+    default: return fn(MepType<MepGinEmu>{});
+  }
 }
 
 /* Blocks per launch: the caller's SM budget, never more than the device's

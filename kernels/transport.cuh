@@ -60,23 +60,31 @@ __device__ __forceinline__ uint32_t mep_ld_volatile_u32(const uint32_t *p) {
   return *reinterpret_cast<const volatile uint32_t *>(p);
 }
 
+/* Fills a host-mapped record once: the first writer wins (flag 0 -> 1),
+ * the fields land before flag = 2, which the host polls. */
+static __device__ __forceinline__ void mep_publish_record(mep_ll_error_record_t *r,
+                                                          const MepLLParams &p, int op, int peer,
+                                                          int expert, uint64_t expected,
+                                                          uint64_t seen) {
+  if (atomicCAS(const_cast<int32_t *>(&r->flag), 0, 1) != 0) return;
+  r->op = op;
+  r->rank = p.rank;
+  r->peer = peer;
+  r->expert = expert;
+  r->buffer_set = p.set;
+  r->expected = expected;
+  r->seen = seen;
+  __threadfence_system();
+  r->flag = 2;
+  __threadfence_system();
+}
+
 /* Records the first expired wait into host-mapped memory and raises the
  * abort flag so every other wait in flight gives up quickly. */
 static __device__ __noinline__ void mep_record_timeout(const MepLLParams &p, int op, int peer,
                                                 int expert, uint64_t expected, uint64_t seen) {
   atomicExch(p.abort_flag, 1u);
-  if (atomicCAS(const_cast<int32_t *>(&p.err->flag), 0, 1) == 0) {
-    p.err->op = op;
-    p.err->rank = p.rank;
-    p.err->peer = peer;
-    p.err->expert = expert;
-    p.err->buffer_set = p.set;
-    p.err->expected = expected;
-    p.err->seen = seen;
-    __threadfence_system();
-    p.err->flag = 2;
-    __threadfence_system();
-  }
+  mep_publish_record(p.err, p, op, peer, expert, expected, seen);
 }
 
 /* Notes the first out-of-range routing entry of a launch (the slot is
@@ -84,19 +92,9 @@ static __device__ __noinline__ void mep_record_timeout(const MepLLParams &p, int
  * group_poll_error. Never aborts anything. */
 static __device__ __noinline__ void mep_record_bad_routing(const MepLLParams &p, int token, int k,
                                                            int value) {
-  if (p.notice == nullptr) return;
-  if (atomicCAS(const_cast<int32_t *>(&p.notice->flag), 0, 1) == 0) {
-    p.notice->op = MEP_LL_OP_BAD_ROUTING;
-    p.notice->rank = p.rank;
-    p.notice->peer = -1;
-    p.notice->expert = value;
-    p.notice->buffer_set = p.set;
-    p.notice->expected = (uint64_t)token;
-    p.notice->seen = (uint64_t)k;
-    __threadfence_system();
-    p.notice->flag = 2;
-    __threadfence_system();
-  }
+  if (p.notice != nullptr)
+    mep_publish_record(p.notice, p, MEP_LL_OP_BAD_ROUTING, -1, value, (uint64_t)token,
+                       (uint64_t)k);
 }
 
 /* Spins until read() >= target (wrap-safe), bounded by p.timeout_cycles.

@@ -87,18 +87,30 @@ static moe_ep_status_t parser_error(const yaml_parser_t *p, const char *text,
                    (int)p->problem_mark.column + 1, problem, context);
 }
 
+/* Key k's name directly under `prefix`: returns the rest of its path after
+ * the prefix (NULL when the key is not under it), *clen the length of the
+ * first component and *dot where a nested section continues (NULL for a
+ * leaf). */
+static const char *key_under(int k, const char *prefix, size_t plen, size_t *clen,
+                             const char **dot) {
+  const char *path = mep_config_keys[k].path;
+  if (strncmp(path, prefix, plen) != 0) return NULL;
+  const char *rest = path + plen;
+  *dot = strchr(rest, '.');
+  *clen = *dot ? (size_t)(*dot - rest) : strlen(rest);
+  return rest;
+}
+
 /* Finds `name` among the keys directly under `prefix` ("" or "bootstrap.").
  * Returns the first key index whose path continues with it, or -1;
  * *section is set when the name is a mapping of further keys. */
 static int lookup(const char *prefix, const char *name, size_t nlen,
                   int *section) {
-  size_t plen = strlen(prefix);
+  size_t plen = strlen(prefix), clen;
+  const char *dot;
   for (int k = 0; k < MEP_CONFIG_NUM_KEYS; k++) {
-    const char *path = mep_config_keys[k].path;
-    if (strncmp(path, prefix, plen) != 0) continue;
-    const char *rest = path + plen;
-    const char *dot = strchr(rest, '.');
-    size_t clen = dot ? (size_t)(dot - rest) : strlen(rest);
+    const char *rest = key_under(k, prefix, plen, &clen, &dot);
+    if (rest == NULL) continue;
     if (clen == nlen && memcmp(rest, name, nlen) == 0) {
       *section = dot != NULL;
       return k;
@@ -116,11 +128,10 @@ static void allowed_and_suggestion(const char *prefix, const char *name,
   size_t plen = strlen(prefix), n = 0, best = (size_t)-1, best_len = 0;
   allowed[0] = suggest[0] = '\0';
   for (int k = 0; k < MEP_CONFIG_NUM_KEYS; k++) {
-    const char *path = mep_config_keys[k].path;
-    if (strncmp(path, prefix, plen) != 0) continue;
-    const char *rest = path + plen;
-    const char *dot = strchr(rest, '.');
-    size_t clen = dot ? (size_t)(dot - rest) : strlen(rest);
+    size_t clen;
+    const char *dot;
+    const char *rest = key_under(k, prefix, plen, &clen, &dot);
+    if (rest == NULL) continue;
     /* List each section once: skip if an earlier key had the same head. */
     int dup = 0;
     for (int j = 0; j < k && !dup; j++) {
