@@ -76,6 +76,25 @@ typedef struct mep_ll_ctx {
   uint64_t lsa_local;
 } mep_ll_ctx_t;
 
+/* Where the expert side finds one received (source rank, token, k) slot at
+ * combine time: the slot's index in recv_x / y (le * R * max_tokens + row),
+ * MEP_LL_ROUTE_ELSEWHERE when slot k names an expert on another rank,
+ * MEP_LL_ROUTE_DROPPED when it names a local expert whose slots from that
+ * source overflowed (a repeated expert; it contributes nothing). Written by
+ * the dispatch receive, indexed [source rank][token * top_k + k]. */
+typedef struct mep_ll_route {
+  int32_t slot;
+  int32_t weight_bits; /* f32 bits of the source's topk_weights[token][k] */
+} mep_ll_route_t;
+#define MEP_LL_ROUTE_ELSEWHERE (-1)
+#define MEP_LL_ROUTE_DROPPED (-2)
+/* src_tokens[r] = tokens rank r sent | MEP_LL_SRC_WEIGHTED when its slot
+ * lists carried weights: combine then returns that source one pre-reduced
+ * partial per token instead of one row per slot. Per source, so ranks that
+ * differ in whether they pass weights to dispatch still combine correctly. */
+#define MEP_LL_SRC_WEIGHTED (1 << 16)
+#define MEP_LL_SRC_TOKENS(v) ((v) & (MEP_LL_SRC_WEIGHTED - 1))
+
 typedef struct mep_ll_dispatch_args {
   const void *x;          /* [T, H] bf16 */
   const void *topk_idx;   /* [T, K] int32 or int64, -1 = no expert */
@@ -94,6 +113,16 @@ typedef struct mep_ll_dispatch_args {
   /* handle (written by the receive half, read by combine) */
   int32_t *slot_src;      /* [E_local, R*max_tokens] packed (rank, token, k) */
   int32_t *src_count;     /* [E_local, R] rows from each source rank */
+  /* handle, for combine (receive half): per received slot, where combine
+   * finds it; per source, its tokens and whether it sent weights */
+  mep_ll_route_t *route;     /* [R, max_tokens * top_k] */
+  int32_t *src_tokens;       /* [R], see MEP_LL_SRC_WEIGHTED */
+  /* send half: weighted = 1 sends topk_weights ([T, K] f32; may be NULL
+   * only when T = 0) with the slot lists, so the experts' ranks pre-reduce
+   * this rank's tokens at combine (see mep_ll_combine_args_t.partials). */
+  int32_t weighted;
+  int32_t reserved1;
+  const float *topk_weights;
 } mep_ll_dispatch_args_t;
 
 typedef struct mep_ll_combine_args {
@@ -111,6 +140,14 @@ typedef struct mep_ll_combine_args {
   const int32_t *recv_count; /* handle, from dispatch */
   const int32_t *slot_src;
   const int32_t *src_count;
+  const mep_ll_route_t *route;  /* handle, from dispatch (send half) */
+  const int32_t *src_tokens;
+  /* 1 when this rank's dispatch was weighted: the experts' ranks return
+   * one partial per (token, rank) (w * y summed in f32 in k order, bf16),
+   * and the receive half adds them in f32 in the order the token's ranks
+   * first appear in its top-k list; topk_weights is then not read. */
+  int32_t partials;
+  int32_t reserved1;
 } mep_ll_combine_args_t;
 
 /* slot_src packing: 11 bits token (< 2048), 5 bits k, 16 bits rank. */

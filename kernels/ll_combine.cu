@@ -12,7 +12,7 @@ namespace {
 template <class Tp, typename IdxT>
 __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
     ll_combine_kernel(const __grid_constant__ MepLLParams p, const MepCombineArgs a) {
-  extern __shared__ int smem[]; /* send: [E_local], then receive: [R] */
+  extern __shared__ int smem[]; /* send: [E_local + R], then receive: [R] */
   mep_combine_send_body<Tp>(p, a, smem);
   mep_combine_recv_body<Tp, IdxT>(p, a, smem);
 }
@@ -37,7 +37,7 @@ extern "C" moe_ep_status_t mep_ll_combine(const mep_ll_ctx_t *ctx, const mep_ll_
   const MepCombineArgs k = mep_combine_args(ctx, a);
   /* The send half walks every expert's slots: the whole grid. */
   const int grid = mep_ll_grid(ctx);
-  const int words = k.local_experts > ctx->dims.world ? k.local_experts : ctx->dims.world;
+  const int words = k.local_experts + ctx->dims.world; /* send: E_local + R; receive: R */
   const size_t smem = (size_t)words * sizeof(int);
   cudaStream_t s = (cudaStream_t)stream;
   const cudaError_t e = mep_ll_with_transport(ctx->transport, [&](auto tp) {

@@ -1,13 +1,15 @@
 /* ll_combine_body.cuh: the LL combine's two halves as device functions,
  * shared by the separate send/receive kernels (hooks) and the fused kernel.
  *
- * Send: every valid slot's expert output row goes back to its source rank,
- * into the (token, k) row of the source's combine region; then the last
- * block to finish sends one count signal per source rank.
- * Receive: every block waits all peers' counts (and staged transports'
- * rows), then warps reduce (token, 256-channel chunk) units:
- * out[t] = sum_k w[t,k] * y_k in f32, k ascending (deterministic), bf16
- * out. The last block to finish advances the signal shadows. */
+ * Two reductions, picked per source rank by whether its dispatch carried
+ * the weights (MEP_LL_SRC_WEIGHTED). Without: every valid slot's expert
+ * output row goes back to its source rank, into the (token, k) row of the
+ * source's combine region, and the receive half computes out[t] =
+ * sum_k w[t,k] * y_k in f32, k ascending, bf16 out. With: the expert side
+ * pre-reduces (ll_combine_partial.cuh). Either way the last block of the
+ * send half sends one count signal per source rank; every receiving block
+ * waits all peers' counts (and staged transports' rows); the last block to
+ * finish the receive advances the signal shadows. */
 #ifndef MEP_LL_COMBINE_BODY_CUH_
 #define MEP_LL_COMBINE_BODY_CUH_
 
@@ -21,7 +23,13 @@ struct MepCombineArgs {
   const float *weights;
   __nv_bfloat16 *out;
   int tokens, hidden, top_k, num_experts, local_experts;
+  const mep_ll_route_t *route;
+  const int32_t *src_tokens; /* per source: tokens | MEP_LL_SRC_WEIGHTED */
+  int partials;              /* this rank's dispatch was weighted */
 };
+
+#include "kernels/ll_combine_partial.cuh"
+
 
 static inline MepCombineArgs mep_combine_args(const mep_ll_ctx_t *ctx,
                                               const mep_ll_combine_args_t *a) {
@@ -38,21 +46,31 @@ static inline MepCombineArgs mep_combine_args(const mep_ll_ctx_t *ctx,
   k.top_k = a->top_k;
   k.num_experts = a->num_experts;
   k.local_experts = a->num_experts / ctx->dims.world;
+  k.route = a->route;
+  k.src_tokens = a->src_tokens;
+  k.partials = a->partials != 0;
   return k;
 }
 
 /* The pointer rules of each half (after mep_ll_combine_check). */
 static inline moe_ep_status_t mep_combine_check_send_ptrs(const char *op,
                                                           const mep_ll_combine_args_t *a) {
-  if (a->y == nullptr) return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT, "%s: y is NULL", op);
+  if (a->y == nullptr || a->route == nullptr || a->src_tokens == nullptr)
+    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                             "%s: y and the handle's route and src_tokens must not be NULL", op);
   return MOE_EP_OK;
 }
 static inline moe_ep_status_t mep_combine_check_recv_ptrs(const char *op,
                                                           const mep_ll_combine_args_t *a) {
-  if (a->topk_idx == nullptr || a->topk_weights == nullptr ||
+  /* Pre-reduced partials need no weights on the source side. */
+  if (a->partials != 0 && a->partials != 1)
+    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT, "%s: partials is %d; it must be 0 or 1",
+                             op, a->partials);
+  if (a->topk_idx == nullptr || (!a->partials && a->topk_weights == nullptr) ||
       (a->num_tokens > 0 && a->out == nullptr))
     return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                             "%s: topk_idx, topk_weights and out must not be NULL", op);
+                             "%s: topk_idx, out and (without a dispatch that carried the "
+                             "weights) topk_weights must not be NULL", op);
   return MOE_EP_OK;
 }
 
@@ -61,40 +79,56 @@ static inline int64_t mep_combine_recv_units(const mep_ll_combine_args_t *a) {
   return (int64_t)a->num_tokens * ((a->hidden + 255) / 256);
 }
 
-/* smem: E_local ints of dynamic shared memory. */
+/* smem: E_local + R ints of dynamic shared memory (rows per local expert,
+ * then each source's src_tokens word). Sources whose dispatch was weighted
+ * get pre-reduced partials, the others one row per slot. */
 template <class Tp>
 __device__ __forceinline__ void mep_combine_send_body(const MepLLParams &p,
-                                                      const MepCombineArgs &a, int *count_s) {
+                                                      const MepCombineArgs &a, int *smem) {
   const int lane = threadIdx.x & 31;
   const int nwarps = gridDim.x * (MEP_LL_THREADS / 32);
   const int gwarp = blockIdx.x * (MEP_LL_THREADS / 32) + threadIdx.x / 32;
   const int R = p.dims.world, cap = R * p.dims.max_tokens;
+  const int EL = a.local_experts;
   const uint32_t row_bytes = (uint32_t)a.hidden * 2u;
   const uint32_t row_sig = mep_ll_sig_comb_row(&p.dims, p.rank);
+  int *count_s = smem, *src_s = smem + EL;
 
-  /* Slots are visited slot-index-major (u = s * E_local + le), so the first
-   * pass of the grid covers the first few rows of every expert, where the
-   * valid rows are: one row per warp instead of several valid rows landing
-   * on the same warp (expert-major order with a stride of the warp count). */
-  const int EL = a.local_experts;
   /* Every block keeps the counts in shared memory and stops at the longest
-   * expert: no dependent global load per visited slot (at 1 token each warp
-   * used to pay ~16 of them walking E_local * R * max_tokens slots). */
-  __shared__ int longest;
-  if (threadIdx.x == 0) longest = 0;
+   * expert (or source): no dependent global load per visited slot. */
+  __shared__ int longest, longest_tokens, any_weighted, any_plain;
+  if (threadIdx.x == 0) longest = longest_tokens = any_weighted = any_plain = 0;
   __syncthreads();
   for (int le = threadIdx.x; le < EL; le += blockDim.x) {
     const int c = __ldg(a.recv_count + le);
     count_s[le] = c;
     if (c > 0) atomicMax(&longest, c < cap ? c : cap);
   }
+  for (int r = threadIdx.x; r < R; r += blockDim.x) {
+    const int v = __ldg(a.src_tokens + r);
+    src_s[r] = v;
+    const int n = MEP_LL_SRC_TOKENS(v);
+    if (v & MEP_LL_SRC_WEIGHTED) {
+      any_weighted = 1;
+      if (n > 0) atomicMax(&longest_tokens, n < p.dims.max_tokens ? n : p.dims.max_tokens);
+    } else {
+      any_plain = 1;
+    }
+  }
   __syncthreads();
-  for (int u = gwarp; u < EL * longest; u += nwarps) {
+  if (any_weighted) mep_combine_send_partials<Tp>(p, a, src_s, longest_tokens);
+
+  /* Slots are visited slot-index-major (u = s * E_local + le), so the first
+   * pass of the grid covers the first few rows of every expert, where the
+   * valid rows are: one row per warp instead of several valid rows landing
+   * on the same warp (expert-major order with a stride of the warp count). */
+  for (int u = gwarp; any_plain && u < EL * longest; u += nwarps) {
     const int s = u / EL, le = u - s * EL;
     const int j = le * cap + s;
     if (s >= count_s[le]) continue;
     const int v = __ldg(a.slot_src + j);
     const int r = MEP_LL_SLOT_RANK(v), t = MEP_LL_SLOT_TOKEN(v), k = MEP_LL_SLOT_K(v);
+    if (src_s[r] & MEP_LL_SRC_WEIGHTED) continue; /* pre-reduced above */
     const __nv_bfloat16 *yrow = a.y + (size_t)j * a.hidden;
     const uint64_t stage_off = p.set_off + p.lay.stage + (uint64_t)j * row_bytes;
     if (Tp::kStaged) {
@@ -106,50 +140,33 @@ __device__ __forceinline__ void mep_combine_send_body(const MepLLParams &p,
                  yrow, stage_off, row_bytes, row_sig);
   }
 
+  /* One count signal per source: 1 + the rows it must wait for (staged
+   * partial puts, or every slot row from it). */
   if (mep_last_block(&p.tickets[MEP_LL_TICKET_COMBINE_SEND])) {
     for (int r = threadIdx.x / 32; r < R; r += MEP_LL_THREADS / 32) {
       int count = 0;
-      for (int le = lane; le < a.local_experts; le += 32) count += __ldg(a.src_count + le * R + r);
+      if (src_s[r] & MEP_LL_SRC_WEIGHTED) {
+        if (Tp::kStaged && lane == 0) {
+          count = (int)mep_ld_volatile_u32(&p.comb_puts[r]);
+          p.comb_puts[r] = 0;
+        }
+      } else {
+        for (int le = lane; le < EL; le += 32) count += __ldg(a.src_count + le * R + r);
 #pragma unroll
-      for (int m = 16; m >= 1; m >>= 1) count += __shfl_xor_sync(0xffffffffu, count, m);
+        for (int m = 16; m >= 1; m >>= 1) count += __shfl_xor_sync(0xffffffffu, count, m);
+      }
       if (lane == 0) Tp::signal(p, r, mep_ll_sig_comb_cnt(&p.dims, p.rank), (uint64_t)count + 1);
     }
   }
   Tp::flush_warp(p);
 }
 
-/* smem: R ints of dynamic shared memory. */
-template <class Tp, typename IdxT>
-__device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
-                                                      const MepCombineArgs &a, int *cnt) {
-  __shared__ int failed;
-  const int R = p.dims.world;
+/* The per-slot reduction of the receive half (the dispatch carried no
+ * weights): out[t] = sum_k w[t,k] * y_k. */
+template <typename IdxT>
+__device__ __forceinline__ void mep_combine_sum_slots(const MepLLParams &p,
+                                                      const MepCombineArgs &a) {
   const int lane = threadIdx.x & 31;
-  if (threadIdx.x == 0) failed = 0;
-  __syncthreads();
-  for (int r = threadIdx.x; r < R; r += blockDim.x) {
-    const uint32_t cs = mep_ll_sig_comb_cnt(&p.dims, r);
-    const uint64_t base = p.shadows[cs];
-    uint64_t seen = 0;
-    int c = 0;
-    if (mep_wait_ge(p, [&] { return Tp::read_signal(p, cs); }, base + 1, MEP_LL_OP_COMBINE_RECV,
-                    r, -1, &seen)) {
-      c = (int)(seen - base - 1);
-      if (Tp::kRowSignals) {
-        const uint32_t rs = mep_ll_sig_comb_row(&p.dims, r);
-        uint64_t rseen;
-        if (!mep_wait_ge(p, [&] { return Tp::read_signal(p, rs); }, p.shadows[rs] + c,
-                         MEP_LL_OP_COMBINE_RECV, r, -1, &rseen))
-          failed = 1;
-      }
-    } else {
-      failed = 1;
-    }
-    cnt[r] = c;
-  }
-  __syncthreads();
-  if (failed) return;
-
   /* Work unit = (token, 256-channel chunk): T * ceil(H / 256) units spread
    * over every warp of the grid (not one warp per token), and each unit
    * issues the loads of up to 8 slots' rows before the first FMA. No
@@ -206,6 +223,43 @@ __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
       *reinterpret_cast<uint4 *>(a.out + (size_t)t * a.hidden + c) = o;
     }
   }
+}
+
+/* smem: R ints of dynamic shared memory. */
+template <class Tp, typename IdxT>
+__device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
+                                                      const MepCombineArgs &a, int *cnt) {
+  __shared__ int failed;
+  const int R = p.dims.world;
+  if (threadIdx.x == 0) failed = 0;
+  __syncthreads();
+  for (int r = threadIdx.x; r < R; r += blockDim.x) {
+    const uint32_t cs = mep_ll_sig_comb_cnt(&p.dims, r);
+    const uint64_t base = p.shadows[cs];
+    uint64_t seen = 0;
+    int c = 0;
+    if (mep_wait_ge(p, [&] { return Tp::read_signal(p, cs); }, base + 1, MEP_LL_OP_COMBINE_RECV,
+                    r, -1, &seen)) {
+      c = (int)(seen - base - 1);
+      if (Tp::kRowSignals) {
+        const uint32_t rs = mep_ll_sig_comb_row(&p.dims, r);
+        uint64_t rseen;
+        if (!mep_wait_ge(p, [&] { return Tp::read_signal(p, rs); }, p.shadows[rs] + c,
+                         MEP_LL_OP_COMBINE_RECV, r, -1, &rseen))
+          failed = 1;
+      }
+    } else {
+      failed = 1;
+    }
+    cnt[r] = c;
+  }
+  __syncthreads();
+  if (failed) return;
+
+  if (a.partials)
+    mep_combine_sum_partials<IdxT>(p, a);
+  else
+    mep_combine_sum_slots<IdxT>(p, a);
 
   /* Shadows advance once every block has read them. */
   if (mep_last_block(&p.tickets[MEP_LL_TICKET_COMBINE_RECV])) {

@@ -34,7 +34,8 @@ extern "C" moe_ep_status_t mep_ll_combine_send(const mep_ll_ctx_t *ctx,
   mep_ll_make_params(ctx, a->buffer_set, &p);
   const MepCombineArgs k = mep_combine_args(ctx, a);
   const int grid = mep_ll_grid(ctx);
-  const size_t smem = (size_t)k.local_experts * sizeof(int);
+  const int words = k.local_experts + ctx->dims.world; /* send: E_local + R; receive: R */
+  const size_t smem = (size_t)words * sizeof(int);
   cudaStream_t s = (cudaStream_t)stream;
   const cudaError_t e = mep_ll_with_transport(ctx->transport, [&](auto tp) {
     ll_combine_send_kernel<typename decltype(tp)::type><<<grid, MEP_LL_THREADS, smem, s>>>(p, k);

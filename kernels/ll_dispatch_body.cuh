@@ -19,7 +19,8 @@
  * rank in order, a block-wide stable compaction of that source's slot list
  * gives the expert's slots (source rank, then token, then k), and warps copy
  * the source's token rows into them. Writes the handle (slot sources,
- * counts). The last block to finish advances the signal shadows. */
+ * counts, and each received slot's route for combine). The last block to
+ * finish advances the signal shadows. */
 #ifndef MEP_LL_DISPATCH_BODY_CUH_
 #define MEP_LL_DISPATCH_BODY_CUH_
 
@@ -38,6 +39,10 @@ struct MepDispatchArgs {
   int32_t *recv_count;
   int32_t *slot_src;
   int32_t *src_count;
+  const float *weights;   /* NULL: the lists carry weight 0 */
+  int weighted;
+  mep_ll_route_t *route;
+  int32_t *src_tokens;
 };
 
 static inline MepDispatchArgs mep_dispatch_args(const mep_ll_ctx_t *ctx,
@@ -58,6 +63,10 @@ static inline MepDispatchArgs mep_dispatch_args(const mep_ll_ctx_t *ctx,
   k.recv_count = a->recv_count;
   k.slot_src = a->slot_src;
   k.src_count = a->src_count;
+  k.weights = a->topk_weights;
+  k.weighted = a->weighted != 0;
+  k.route = a->route;
+  k.src_tokens = a->src_tokens;
   return k;
 }
 
@@ -84,6 +93,15 @@ __device__ __forceinline__ int mep_slot_dst(const MepLLParams &p, const MepDispa
   return e / a.local_experts;
 }
 
+/* Lane k's slot-list entry for destination d: its local expert there (or
+ * -1) and its weight, as one 8-byte store. */
+__device__ __forceinline__ int2 mep_list_entry(const MepDispatchArgs &a, int t, int lane, int dst,
+                                               int le, int d) {
+  const bool here = dst == d;
+  const float w = here && a.weights != nullptr ? __ldg(a.weights + t * a.top_k + lane) : 0.f;
+  return make_int2(here ? le : -1, __float_as_int(w));
+}
+
 /* Channels [c0, c0 + n) of token row xr into dispatch row drow: fp8 bytes
  * plus their f32 scales (one per 128 channels) or bf16. Whole warp. */
 template <bool kFp8>
@@ -105,7 +123,7 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
   const int nwarps = gridDim.x * (MEP_LL_THREADS / 32);
   const int gwarp = blockIdx.x * (MEP_LL_THREADS / 32) + threadIdx.x / 32;
   const int K = a.top_k, R = p.dims.world, T = a.tokens, M = p.dims.max_tokens;
-  const uint64_t list_bytes = mep_ll_align16((uint64_t)M * p.dims.top_k * 4u);
+  const uint64_t list_bytes = mep_ll_list_bytes(&p.dims);
   const uint64_t my_row = (uint64_t)p.rank * M; /* this rank's rows at every destination */
   const uint64_t my_list = p.set_off + p.lay.disp_list + (uint64_t)p.rank * list_bytes;
 
@@ -122,8 +140,8 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
       int le;
       const int dst = mep_slot_dst<IdxT>(p, a, t, lane, &le);
       if (ch == 0 && lane < K) {
-        int32_t *list = static_cast<int32_t *>(Tp::peer_ptr(p, d, my_list));
-        list[t * K + lane] = dst == d ? le : -1;
+        int2 *list = static_cast<int2 *>(Tp::peer_ptr(p, d, my_list));
+        list[t * K + lane] = mep_list_entry(a, t, lane, dst, le, d);
       }
       if (__ballot_sync(0xffffffffu, dst == d) == 0) continue;
       char *drow = static_cast<char *>(
@@ -132,7 +150,8 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
     }
     if (mep_last_block(&p.tickets[MEP_LL_TICKET_DISPATCH_SEND])) {
       for (int d = threadIdx.x; d < R; d += blockDim.x)
-        Tp::signal(p, d, mep_ll_sig_disp_cnt(&p.dims, p.rank), mep_ll_disp_code(T, 0, M));
+        Tp::signal(p, d, mep_ll_sig_disp_cnt(&p.dims, p.rank),
+                   mep_ll_disp_code(T, 0, a.weighted, M));
     }
   } else {
     const uint64_t stage_rows = p.set_off + p.lay.stage;
@@ -145,8 +164,8 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
       const int dst = mep_slot_dst<IdxT>(p, a, t, lane, &le);
       if (lane < K) {
         for (int d = 0; d < R; ++d)
-          reinterpret_cast<int32_t *>(p.local + stage_list + d * list_bytes)[t * K + lane] =
-              dst == d ? le : -1;
+          reinterpret_cast<int2 *>(p.local + stage_list + d * list_bytes)[t * K + lane] =
+              mep_list_entry(a, t, lane, dst, le, d);
       }
       __syncwarp(); /* staging row complete before any lane's put reads it */
       for (int kk = 0; kk < K; ++kk) {
@@ -164,11 +183,11 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
         const uint64_t src = stage_list + d * list_bytes;
         if (T > 0)
           Tp::put_warp(p, d, my_list, p.local + src, src,
-                       (uint32_t)mep_ll_align16((uint64_t)T * K * 4u), row_sig);
+                       (uint32_t)mep_ll_align16((uint64_t)T * K * sizeof(int2)), row_sig);
         if (lane == 0) {
           p.puts[d] = 0;
           Tp::signal(p, d, mep_ll_sig_disp_cnt(&p.dims, p.rank),
-                     mep_ll_disp_code(T, (int)rows + (T > 0), M));
+                     mep_ll_disp_code(T, (int)rows + (T > 0), a.weighted, M));
         }
       }
     }
@@ -205,7 +224,8 @@ __device__ __forceinline__ void mep_copy_recv_row(const MepDispatchArgs &a, cons
   }
 }
 
-/* smem: 2 * R ints of dynamic shared memory (tokens and puts per source). */
+/* smem: 3 * R ints of dynamic shared memory (tokens, puts and the weighted
+ * flag per source). */
 template <class Tp, bool kFp8>
 __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
                                                        const MepDispatchArgs &a, int *smem) {
@@ -214,9 +234,10 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
   const int R = p.dims.world, M = p.dims.max_tokens, K = a.top_k;
   int *tokens = smem;
   int *puts = smem + R;
+  int *weighted = smem + 2 * R;
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   const int cap = R * M; /* slots per local expert */
-  const uint64_t list_bytes = mep_ll_align16((uint64_t)M * p.dims.top_k * 4u);
+  const uint64_t list_bytes = mep_ll_list_bytes(&p.dims);
 
   if (threadIdx.x == 0) failed = 0;
   __syncthreads();
@@ -224,14 +245,12 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
     const uint32_t cs = mep_ll_sig_disp_cnt(&p.dims, r);
     const uint64_t base = p.shadows[cs];
     uint64_t seen = 0;
-    int n = 0, q = 0;
+    int n = 0, q = 0, w = 0;
     if (mep_wait_ge(p, [&] { return Tp::read_signal(p, cs); }, base + 1,
                     MEP_LL_OP_DISPATCH_RECV, r, -1, &seen)) {
-      const uint64_t code = seen - base - 1;
-      /* A sender never sends more than max_tokens tokens or max_tokens + 1
-       * puts; anything else is a corrupt signal: never read past the area. */
-      n = (int)(code % (uint64_t)(M + 1));
-      q = (int)(code / (uint64_t)(M + 1) <= (uint64_t)(M + 1) ? code / (uint64_t)(M + 1) : 0);
+      /* A corrupt code (no sender makes it) reads nothing: never past the
+       * area. */
+      mep_ll_disp_decode(seen - base - 1, M, &n, &q, &w);
       if (Tp::kRowSignals && q > 0) {
         const uint32_t rs = mep_ll_sig_disp_row(&p.dims, r);
         uint64_t rseen;
@@ -244,21 +263,41 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
     }
     tokens[r] = n;
     puts[r] = q;
+    weighted[r] = w;
   }
   __syncthreads();
   if (failed) return; /* the record says why; outputs stay as they were */
+
+  {
+    /* Routes of slots naming experts elsewhere (any block may write them);
+     * the expert owners below write the others. */
+    if (blockIdx.x == 0)
+      for (int r = threadIdx.x; r < R; r += blockDim.x)
+        a.src_tokens[r] = tokens[r] | (weighted[r] ? MEP_LL_SRC_WEIGHTED : 0);
+    for (int r = 0; r < R; ++r) {
+      const int2 *list = reinterpret_cast<const int2 *>(p.local + p.set_off + p.lay.disp_list +
+                                                        (uint64_t)r * list_bytes);
+      mep_ll_route_t *route = a.route + (size_t)r * M * K;
+      for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < tokens[r] * K;
+           i += gridDim.x * blockDim.x) {
+        const int le = __ldcg(&list[i].x);
+        if (le < 0 || le >= a.local_experts) route[i] = {MEP_LL_ROUTE_ELSEWHERE, 0};
+      }
+    }
+  }
 
   for (int le = blockIdx.x; le < a.local_experts; le += gridDim.x) {
     int32_t *slots = a.slot_src + (size_t)le * cap;
     int filled = 0; /* block-uniform */
     for (int r = 0; r < R; ++r) {
       const int n = tokens[r] * K;
-      const int32_t *list = reinterpret_cast<const int32_t *>(
-          p.local + p.set_off + p.lay.disp_list + (uint64_t)r * list_bytes);
+      const int2 *list = reinterpret_cast<const int2 *>(p.local + p.set_off + p.lay.disp_list +
+                                                        (uint64_t)r * list_bytes);
       int hits = 0; /* block-uniform: this expert's entries of source r so far */
       for (int i0 = 0; i0 < n; i0 += MEP_LL_THREADS) {
         const int i = i0 + threadIdx.x;
-        const bool hit = i < n && __ldcg(list + i) == le;
+        const int2 entry = i < n ? __ldcg(list + i) : make_int2(-1, 0);
+        const bool hit = entry.x == le;
         const unsigned ball = __ballot_sync(0xffffffffu, hit);
         if (lane == 0) warp_hits[warp] = __popc(ball);
         __syncthreads();
@@ -273,6 +312,9 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
         /* more than max_tokens hits from one source only happens with an
          * expert repeated within a token: the excess is dropped */
         if (hit && pos < M) slots[filled + pos] = MEP_LL_SLOT_PACK(r, i / K, i % K);
+        if (hit)
+          a.route[(size_t)r * M * K + i] = {pos < M ? le * cap + filled + pos : MEP_LL_ROUTE_DROPPED,
+                                            entry.y};
         hits += all;
         __syncthreads(); /* warp_hits is reused */
       }
@@ -293,7 +335,8 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
   /* Shadows advance once every block has read them. */
   if (mep_last_block(&p.tickets[MEP_LL_TICKET_DISPATCH_RECV])) {
     for (int r = threadIdx.x; r < R; r += blockDim.x) {
-      p.shadows[mep_ll_sig_disp_cnt(&p.dims, r)] += mep_ll_disp_code(tokens[r], puts[r], M);
+      p.shadows[mep_ll_sig_disp_cnt(&p.dims, r)] +=
+          mep_ll_disp_code(tokens[r], puts[r], weighted[r], M);
       if (Tp::kRowSignals) p.shadows[mep_ll_sig_disp_row(&p.dims, r)] += (uint64_t)puts[r];
     }
   }
@@ -314,21 +357,29 @@ static inline moe_ep_status_t mep_dispatch_check_send_ptrs(const char *op,
                                                            const mep_ll_dispatch_args_t *a) {
   if ((a->num_tokens > 0 && a->x == nullptr) || a->topk_idx == nullptr)
     return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT, "%s: x or topk_idx is NULL", op);
+  if (a->weighted != 0 && a->weighted != 1)
+    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT, "%s: weighted is %d; it must be 0 or 1",
+                             op, a->weighted);
+  if (a->weighted && a->num_tokens > 0 && a->topk_weights == nullptr)
+    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                             "%s: weighted is 1 but topk_weights is NULL with %d tokens", op,
+                             a->num_tokens);
   return MOE_EP_OK;
 }
 static inline moe_ep_status_t mep_dispatch_check_recv_ptrs(const char *op,
                                                            const mep_ll_dispatch_args_t *a) {
   if (a->recv_x == nullptr || a->recv_count == nullptr || a->slot_src == nullptr ||
-      a->src_count == nullptr || (a->fp8 && a->recv_scales == nullptr))
+      a->src_count == nullptr || a->route == nullptr || a->src_tokens == nullptr ||
+      (a->fp8 && a->recv_scales == nullptr))
     return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                             "%s: recv_x, recv_count, slot_src, src_count (and recv_scales "
-                             "for fp8) must not be NULL", op);
+                             "%s: recv_x, recv_count, slot_src, src_count, route, src_tokens "
+                             "(and recv_scales for fp8) must not be NULL", op);
   return MOE_EP_OK;
 }
 
 /* Dynamic shared memory of the receive half. */
 static inline size_t mep_dispatch_recv_smem(const mep_ll_ctx_t *ctx) {
-  return (size_t)(2 * ctx->dims.world) * sizeof(int);
+  return (size_t)(3 * ctx->dims.world) * sizeof(int);
 }
 
 #endif /* MEP_LL_DISPATCH_BODY_CUH_ */

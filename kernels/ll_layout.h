@@ -44,19 +44,38 @@ static inline MEP_HD int mep_ll_num_sets(const mep_ll_dims_t *d) {
   return d->num_sets == 1 ? 1 : 2;
 }
 
+/* One dispatch slot-list entry as it travels: the local expert that slot k
+ * of a token names on the receiving rank (-1: none there), and the slot's
+ * routing weight as f32 bits (0 when the dispatch carries no weights). */
+typedef struct mep_ll_list_entry {
+  int32_t local_expert;
+  int32_t weight_bits;
+} mep_ll_list_entry_t;
+
+/* Bytes of one source's slot list (max_tokens * top_k entries). */
+static inline MEP_HD uint64_t mep_ll_list_bytes(const mep_ll_dims_t *d) {
+  return mep_ll_align16((uint64_t)d->max_tokens * (uint64_t)d->top_k *
+                        sizeof(mep_ll_list_entry_t));
+}
+
 /* One buffer set, offsets relative to the set's start. Dispatch sends each
  * token once per destination rank (not once per expert): the receiver gets
  * the source's rows in token order plus, per (token, k), the local expert
- * it names on the receiver (-1: none there), and builds the per-expert
- * slots itself. Signals first, u64 each, indexed by source rank:
+ * it names on the receiver (-1: none there) and the slot's weight, and
+ * builds the per-expert slots itself. Combine returns either one bf16 row
+ * per (token, k) (the source reduces), or, when the dispatch carried the
+ * weights, one bf16 partial sum per (token, rank), written into the row of
+ * the token's first slot on that rank (the expert side pre-reduces).
+ * Signals first, u64 each, indexed by source rank:
  *   dispatch count [R], dispatch row [R], combine count [R], combine row [R].
- * A dispatch count signal carries 1 + tokens + (max_tokens + 1) * puts
- * (puts: row-signalled puts to wait for; 0 for LSA), see mep_ll_disp_code. */
+ * A dispatch count signal carries the source's token count, its
+ * row-signalled puts (0 for LSA) and whether it sent weights, see
+ * mep_ll_disp_code. */
 typedef struct mep_ll_set_layout {
   uint64_t num_signals;   /* per set */
   uint64_t sig_bytes;
   uint64_t disp_recv;     /* [R][max_tokens] dispatch rows, by source rank */
-  uint64_t disp_list;     /* [R][max_tokens * top_k] int32 local expert or -1 */
+  uint64_t disp_list;     /* [R][max_tokens * top_k] mep_ll_list_entry_t */
   uint64_t comb_recv;     /* [max_tokens][top_k] bf16 rows */
   uint64_t stage;         /* send staging (GIN / GIN-emulated) */
   uint64_t stage_list;    /* dispatch list staging [R][max_tokens * top_k] */
@@ -69,7 +88,7 @@ static inline MEP_HD mep_ll_set_layout_t mep_ll_set_layout(const mep_ll_dims_t *
   const uint64_t t = (uint64_t)d->max_tokens, k = (uint64_t)d->top_k;
   const uint64_t row_d = mep_ll_dispatch_row_bytes(d->hidden, d->fp8);
   const uint64_t row_c = (uint64_t)d->hidden * 2u;
-  const uint64_t list = mep_ll_align16(t * k * 4u);
+  const uint64_t list = mep_ll_list_bytes(d);
   l.num_signals = 4u * r;
   l.sig_bytes = mep_ll_align16(l.num_signals * 8u);
   l.disp_recv = l.sig_bytes;
@@ -78,7 +97,8 @@ static inline MEP_HD mep_ll_set_layout_t mep_ll_set_layout(const mep_ll_dims_t *
   l.stage = l.comb_recv + t * k * row_c;
   /* Staging holds either the dispatch rows (one per token, quantised once)
    * plus one list per destination, or the combine rows (one per received
-   * slot): never both at once within a set. */
+   * slot, or one partial per received token: fewer): never both at once
+   * within a set. */
   {
     uint64_t disp_stage = t * row_d + r * list;
     uint64_t comb_stage = el * r * t * row_c;
@@ -104,16 +124,37 @@ static inline MEP_HD uint32_t mep_ll_sig_comb_row(const mep_ll_dims_t *d, int sr
   return (uint32_t)(3 * d->world + src);
 }
 
-/* The dispatch count signal's increment: token count and row-signalled put
- * count in one add (both <= max_tokens + 1), so the receiver needs no other
- * message to know what to wait for. */
-static inline MEP_HD uint64_t mep_ll_disp_code(int tokens, int puts, int max_tokens) {
-  return 1u + (uint64_t)tokens + (uint64_t)(max_tokens + 1) * (uint64_t)puts;
+/* The dispatch count signal's increment: token count, row-signalled put
+ * count (both <= max_tokens + 1) and whether the source's slot lists carry
+ * weights (combine then pre-reduces for that source), in one add, so the
+ * receiver needs no other message to know what to wait for. */
+static inline MEP_HD uint64_t mep_ll_disp_code(int tokens, int puts, int weighted,
+                                               int max_tokens) {
+  const uint64_t m1 = (uint64_t)max_tokens + 1u;
+  return 1u + (uint64_t)tokens + m1 * ((uint64_t)puts + (m1 + 1u) * (weighted ? 1u : 0u));
+}
+
+/* Inverse of mep_ll_disp_code for code = increment - 1. Returns 0 for a
+ * value no sender produces (the receiver then reads nothing). */
+static inline MEP_HD int mep_ll_disp_decode(uint64_t code, int max_tokens, int *tokens,
+                                            int *puts, int *weighted) {
+  const uint64_t m1 = (uint64_t)max_tokens + 1u;
+  const uint64_t rest = code / m1;
+  *tokens = (int)(code % m1);
+  *puts = (int)(rest % (m1 + 1u));
+  *weighted = (int)(rest / (m1 + 1u));
+  if (*weighted > 1) {
+    *tokens = *puts = *weighted = 0;
+    return 0;
+  }
+  return 1;
 }
 
 /* Device state (ordinary device memory, zeroed once): signal shadows (the
  * value each signal had after the last completed receive), the staged
- * dispatch's per-destination put counters, and one block ticket per kernel
+ * dispatch's and combine's per-destination put counters (contiguous with
+ * the tickets and the abort flag: mep_ll_clear_abort zeroes them as one
+ * range), and one block ticket per kernel
  * and set (the last block of a launch finishes its work: signals, shadow
  * updates). Everything advances in device memory, so graph replays need no
  * host. */
@@ -128,6 +169,7 @@ enum {
 typedef struct mep_ll_state_layout {
   uint64_t shadows;    /* u64 [2 sets][num_signals] */
   uint64_t puts;       /* u32 [2 sets][R] staged dispatch puts per destination */
+  uint64_t comb_puts;  /* u32 [2 sets][R] staged combine partial puts per destination */
   uint64_t tickets;    /* u32 [2 sets][MEP_LL_NUM_TICKETS] */
   uint64_t abort_flag; /* u32: set once a wait timed out */
   uint64_t bytes;
@@ -138,7 +180,8 @@ static inline MEP_HD mep_ll_state_layout_t mep_ll_state_layout(const mep_ll_dims
   const uint64_t nsig = 4u * (uint64_t)d->world;
   s.shadows = 0;
   s.puts = mep_ll_align16(2u * nsig * 8u);
-  s.tickets = s.puts + mep_ll_align16(2u * (uint64_t)d->world * 4u);
+  s.comb_puts = s.puts + mep_ll_align16(2u * (uint64_t)d->world * 4u);
+  s.tickets = s.comb_puts + mep_ll_align16(2u * (uint64_t)d->world * 4u);
   s.abort_flag = s.tickets + 2u * MEP_LL_NUM_TICKETS * 4u;
   s.bytes = mep_ll_align16(s.abort_flag + 4u);
   return s;

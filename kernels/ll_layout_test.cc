@@ -38,7 +38,7 @@ TEST(LlLayout, RegionsAlignedDisjointAndInsideTheSet) {
     const uint64_t R = d.world, M = d.max_tokens, K = d.top_k;
     const uint64_t row_d = mep_ll_dispatch_row_bytes(d.hidden, d.fp8);
     const uint64_t row_c = 2ull * d.hidden;
-    const uint64_t list = mep_ll_align16(M * K * 4);
+    const uint64_t list = mep_ll_align16(M * K * 8);  // (local expert, weight) per slot
     // [start, end) of each region; staging holds the larger of its two uses.
     std::vector<std::pair<uint64_t, uint64_t>> r = {
         {0, l.num_signals * 8},
@@ -81,12 +81,22 @@ TEST(LlLayout, DispatchSignalCodeDecodes) {
   for (int m : {1, 2, 128, 1024}) {
     for (int tokens = 0; tokens <= m; tokens += (m > 16 ? m / 8 : 1)) {
       for (int puts : {0, 1, tokens, tokens + 1}) {
-        const uint64_t code = mep_ll_disp_code(tokens, puts, m) - 1;  // receiver: seen - base - 1
-        ASSERT_EQ(code % (uint64_t)(m + 1), (uint64_t)tokens) << "M=" << m << " puts=" << puts;
-        ASSERT_EQ(code / (uint64_t)(m + 1), (uint64_t)puts) << "M=" << m << " tokens=" << tokens;
+        for (int weighted : {0, 1}) {
+          const uint64_t code = mep_ll_disp_code(tokens, puts, weighted, m) - 1;  // seen - base - 1
+          int t = -1, q = -1, w = -1;
+          ASSERT_EQ(mep_ll_disp_decode(code, m, &t, &q, &w), 1) << "M=" << m;
+          ASSERT_EQ(t, tokens) << "M=" << m << " puts=" << puts << " weighted=" << weighted;
+          ASSERT_EQ(q, puts) << "M=" << m << " tokens=" << tokens << " weighted=" << weighted;
+          ASSERT_EQ(w, weighted) << "M=" << m << " tokens=" << tokens << " puts=" << puts;
+        }
       }
     }
   }
+  // Past the largest code a sender makes: refused, nothing to read.
+  int t, q, w;
+  const uint64_t too_big = mep_ll_disp_code(128, 129, 1, 128);  // = largest code + 1
+  EXPECT_EQ(mep_ll_disp_decode(too_big + 200000, 128, &t, &q, &w), 0);
+  EXPECT_EQ(t + q + w, 0);
 }
 
 TEST(LlLayout, OneBufferSetIsHalfTheWindowOfTwo) {

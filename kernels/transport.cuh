@@ -44,6 +44,7 @@ struct MepLLParams {
   uint64_t timeout_cycles;
   uint64_t *shadows;      /* this set's shadows [num_signals] */
   uint32_t *puts;         /* this set's staged-dispatch puts per destination [R] */
+  uint32_t *comb_puts;    /* this set's staged combine partial puts per destination [R] */
   uint32_t *tickets;      /* this set's block tickets [MEP_LL_NUM_TICKETS] */
   uint32_t *abort_flag;
   mep_ll_error_record_t *err;

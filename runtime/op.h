@@ -26,6 +26,12 @@ struct moe_ep_handle {
   int64_t *topk_host;    /* [T*K] int64 copy (host backend), owned */
   int32_t dispatched;    /* a dispatch ran on this handle (combine needs it) */
   int32_t dispatch_hidden;
+  /* LL: dispatch was given topk_weights (weighted = 1; its data, NULL when
+   * T = 0). The weights then travel with the tokens and combine applies
+   * them on the expert side; the tensor must stay unchanged until the
+   * combine on this handle completes. */
+  int32_t weighted;
+  const float *dispatch_weights;
   int64_t num_recv;      /* HT: rows received by dispatch */
   void *backend;         /* backend's per-handle state (slot sources); one
                             malloc block, freed with the handle */
@@ -51,7 +57,9 @@ typedef struct mep_op {
   void *recv_x;               /* LL [E_l, R*M, H]; HT [cap, H] */
   void *recv_scales;          /* LL fp8 only */
   int32_t *recv_count;        /* LL [E_l]; HT per-local-expert counts */
-  const float *topk_weights;  /* HT dispatch input; LL combine input */
+  const float *topk_weights;  /* HT dispatch input; LL dispatch (optional)
+                                 and combine input */
+  int32_t weighted;           /* LL dispatch: topk_weights was given */
   int32_t *recv_topk_idx;     /* HT [cap, K] */
   float *recv_topk_weights;   /* HT [cap, K] */
   int64_t *num_recv_tokens;   /* HT host out */

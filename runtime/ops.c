@@ -110,6 +110,15 @@ static moe_ep_status_t check_ll_dispatch_outputs(moe_ep_group_t *g,
   int64_t slots = (int64_t)g->world_size * g->cfg.max_tokens_per_rank;
   void *data;
   int dt;
+  /* Optional in LL: weights given here travel with the tokens, so combine
+   * can sum each token's experts on the expert side (fewer bytes back). */
+  if (MEP_HAS_FIELD(p, topk_weights) && p->topk_weights != NULL) {
+    mep_tensor_rule_t rw = {"dispatch", "params->topk_weights", dev, MEP_BIT(MEP_DT_F32), 2,
+                            {op->handle->num_tokens, op->handle->top_k, 0}, 1};
+    MEP_CHECK(mep_tensor_check(p->topk_weights, &rw, &data, &dt));
+    op->topk_weights = data;
+    op->weighted = 1;
+  }
   mep_tensor_rule_t rx = {"dispatch", "params->recv_x", dev,
                           fp8 ? MEP_BIT(MEP_DT_FP8) : MEP_BIT(MEP_DT_BF16), 3,
                           {el, slots, p->hidden}, 0};
@@ -209,8 +218,37 @@ moe_ep_status_t mep_dispatch(moe_ep_group_t *g, moe_ep_handle_t *h,
   if (st == MOE_EP_OK) {
     h->dispatch_hidden = p->hidden;
     h->dispatched = (p->flags & MOE_EP_FLAG_DEFER_RECV) ? 1 : 2;
+    if (is_ll(g)) {
+      h->weighted = op.weighted;
+      h->dispatch_weights = op.topk_weights;
+    }
   }
   return st;
+}
+
+/* LL combine's weights: required, unless the dispatch carried them; then
+ * NULL or that same tensor (the expert side already applied them: another
+ * tensor would be silently ignored). */
+static moe_ep_status_t check_ll_combine_weights(moe_ep_group_t *g, const moe_ep_handle_t *h,
+                                                const moe_ep_combine_params_t *p, mep_op_t *op) {
+  void *data = NULL;
+  int dt;
+  if (p->topk_weights != NULL || !h->weighted) {
+    mep_tensor_rule_t rw = {"combine", "params->topk_weights", mep_group_device(g),
+                            MEP_BIT(MEP_DT_F32), 2, {h->num_tokens, h->top_k, 0}, 1};
+    MEP_CHECK(mep_tensor_check(p->topk_weights, &rw, &data, &dt));
+  }
+  if (h->weighted && data != NULL && data != h->dispatch_weights) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "combine: params->topk_weights data=%p is not the tensor given to "
+                     "this handle's dispatch (data=%p); the weights travelled with the "
+                     "dispatch and are applied on the expert side, so pass that tensor or "
+                     "NULL",
+                     data, (const void *)h->dispatch_weights);
+  }
+  op->topk_weights = h->weighted ? h->dispatch_weights : data;
+  op->weighted = h->weighted;
+  return MOE_EP_OK;
 }
 
 moe_ep_status_t mep_combine(moe_ep_group_t *g, moe_ep_handle_t *h,
@@ -254,12 +292,7 @@ moe_ep_status_t mep_combine(moe_ep_group_t *g, moe_ep_handle_t *h,
                           1};
   MEP_CHECK(mep_tensor_check(p->y, &ry, &data, &dt));
   op.y = data;
-  if (is_ll(g)) {
-    mep_tensor_rule_t rw = {"combine", "params->topk_weights", dev, MEP_BIT(MEP_DT_F32),
-                            2, {h->num_tokens, h->top_k, 0}, 1};
-    MEP_CHECK(mep_tensor_check(p->topk_weights, &rw, &data, &dt));
-    op.topk_weights = data;
-  }
+  if (is_ll(g)) MEP_CHECK(check_ll_combine_weights(g, h, p, &op));
   mep_tensor_rule_t ro = {"combine", "params->out", dev, MEP_BIT(MEP_DT_BF16), 2,
                           {h->num_tokens, p->hidden, 0}, 1};
   MEP_CHECK(mep_tensor_check(p->out, &ro, &op.out, &dt));

@@ -2,6 +2,9 @@
 # device_run.sh (copied to .gpu_bundle/run_device.sh): the GPU suite, run on
 # the GPU machine from the repository root, most important first; every log
 # goes to $OUT and a one-line verdict per step to $OUT/summary.txt.
+# Usage: bash .gpu_bundle/run_device.sh [full|quick]; quick stops after the
+# kernel test, the weighted-dispatch API runs and the eager benchmarks.
+MODE=${1:-full}
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # Logs are written under a scratch folder and handed back as one archive
@@ -20,16 +23,30 @@ api() {  # name ranks seconds worker-args...
   summary "api_$name" $?
   grep -hE "^(PASSED|FAILED)|^FAIL|GIN|nccl group" "$OUT/api_$name.log" | head -6
 }
-timeout 75 $B/ll_gpu_test > "$OUT/ll_gpu_test.log" 2>&1
+timeout 120 $B/ll_gpu_test > "$OUT/ll_gpu_test.log" 2>&1
 summary ll_gpu_test $?
 grep -E "^\[  (PASSED|FAILED) |FAILED  \]|BENCH" "$OUT/ll_gpu_test.log" | head -20
 MOE_EP_TEST_WORLD=1 timeout 60 $B/ll_gpu_test --gtest_filter=-*Bench* > "$OUT/ll_gpu_test_world1.log" 2>&1
 summary ll_gpu_test_world1 $?
 api ep2_lsa_fp8 2 50 --experts=256 --max_tokens=128 --dtype=fp8 --layers=7168:8,2048:1 --seeds=1
+# Weights given to dispatch: expert-side partials (all ranks; even ranks
+# only over GIN-emulated; CUDA-graph replays).
+api ep2_lsa_fp8_dispatch_weights 2 50 --experts=256 --max_tokens=128 --dtype=fp8 \
+  --layers=7168:8,2048:1 --seeds=2 --dispatch_weights=1
+api ep2_ginemu_dispatch_weights_mixed 2 50 --transport=gin_emulated --experts=64 \
+  --max_tokens=64 --layers=4096:8,2048:2 --seeds=2 --dispatch_weights=mixed
+api ep2_graph_dispatch_weights 2 40 --scenario=graph --experts=64 --max_tokens=32 \
+  --layers=2048:8 --seeds=100 --dispatch_weights=1
 timeout 90 $B/moe_ep_run -n 2 --timeout_s 85 -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
   --warmup=50 --json="$OUT/bench.json" > "$OUT/bench.log" 2>&1
 summary bench $?
-tail -30 "$OUT/bench.log"
+grep -A22 "^latency" "$OUT/bench.log"
+# The same with the weights at combine only (one row back per (token, expert)).
+timeout 90 $B/moe_ep_run -n 2 --timeout_s 85 -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
+  --warmup=50 --dispatch_weights=false --json="$OUT/bench_slots.json" > "$OUT/bench_slots.log" 2>&1
+summary bench_slots $?
+grep -A22 "^latency" "$OUT/bench_slots.log" | grep -E "^(fp8|bf16) .* (1|128|256) "
+if [ "$MODE" = quick ]; then cat "$OUT/summary.txt"; exit 0; fi
 timeout 150 $B/moe_ep_run -n 2 --timeout_s 140 -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
   --warmup=50 --graph --json="$OUT/bench_graph.json" > "$OUT/bench_graph.log" 2>&1
 summary bench_graph $?

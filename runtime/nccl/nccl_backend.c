@@ -23,9 +23,12 @@ typedef struct nccl_state {
   int device;
   int device_sms;
   int32_t *peer_transport;
-  /* Handle storage per dispatch buffer set: slot sources for combine. */
+  /* Handle storage per dispatch buffer set: slot sources, and each
+   * received slot's route and each source's token count, for combine. */
   int32_t *slot_src[MEP_NUM_BUFFER_SETS];
   int32_t *src_count[MEP_NUM_BUFFER_SETS];
+  mep_ll_route_t *route[MEP_NUM_BUFFER_SETS];
+  int32_t *src_tokens[MEP_NUM_BUFFER_SETS];
   /* seq of the dispatch whose layout each set's handle storage holds. */
   uint64_t layout_seq[MEP_NUM_BUFFER_SETS];
   /* Recorded after each send half: a hook may run its receive on another
@@ -37,6 +40,7 @@ typedef struct nccl_state {
 /* What a handle remembers of its dispatch (h->backend). */
 typedef struct nccl_handle {
   int32_t set;
+  int32_t weighted;    /* the dispatch sent topk_weights: combine gets partials */
   uint64_t seq;        /* the dispatch's operation number */
   int32_t *recv_count; /* the engine's recv_count tensor of that dispatch */
 } nccl_handle_t;
@@ -79,6 +83,8 @@ static void nccl_destroy(moe_ep_group_t *g) {
   for (int i = 0; i < MEP_NUM_BUFFER_SETS; i++) {
     cudaFree(s->slot_src[i]);
     cudaFree(s->src_count[i]);
+    cudaFree(s->route[i]);
+    cudaFree(s->src_tokens[i]);
     if (s->sent[i] != NULL) cudaEventDestroy(s->sent[i]);
   }
   cudaFree(s->ctx.state);
@@ -142,10 +148,14 @@ static moe_ep_status_t alloc_device(nccl_state_t *s, const mep_ll_dims_t *d) {
   }
   s->ctx.notice_dev = s->ctx.error_dev + 1;
   size_t slots = (size_t)d->local_experts * (size_t)d->world * (size_t)d->max_tokens;
+  size_t routes = (size_t)d->world * (size_t)d->max_tokens * (size_t)d->top_k;
   for (int i = 0; i < MEP_NUM_BUFFER_SETS; i++) {
     if ((e = cudaMalloc((void **)&s->slot_src[i], slots * 4u)) != cudaSuccess ||
         (e = cudaMalloc((void **)&s->src_count[i],
-                        (size_t)d->local_experts * (size_t)d->world * 4u)) != cudaSuccess) {
+                        (size_t)d->local_experts * (size_t)d->world * 4u)) != cudaSuccess ||
+        (e = cudaMalloc((void **)&s->route[i], routes * sizeof(mep_ll_route_t))) !=
+            cudaSuccess ||
+        (e = cudaMalloc((void **)&s->src_tokens[i], (size_t)d->world * 4u)) != cudaSuccess) {
       return cuda_error("allocating handle storage", e);
     }
     if ((e = cudaEventCreateWithFlags(&s->sent[i], cudaEventDisableTiming)) != cudaSuccess) {
@@ -311,6 +321,10 @@ static void dispatch_args(moe_ep_group_t *g, nccl_state_t *s, const mep_op_t *op
       .recv_count = op->recv_count,
       .slot_src = s->slot_src[op->buffer_set],
       .src_count = s->src_count[op->buffer_set],
+      .route = s->route[op->buffer_set],
+      .src_tokens = s->src_tokens[op->buffer_set],
+      .weighted = op->weighted,
+      .topk_weights = op->weighted ? op->topk_weights : NULL,
   };
 }
 
@@ -332,6 +346,9 @@ static void combine_args(moe_ep_group_t *g, nccl_state_t *s, const mep_op_t *op,
       .recv_count = nh->recv_count,
       .slot_src = s->slot_src[nh->set],
       .src_count = s->src_count[nh->set],
+      .route = s->route[nh->set],
+      .src_tokens = s->src_tokens[nh->set],
+      .partials = nh->weighted,
   };
 }
 
@@ -344,6 +361,7 @@ static moe_ep_status_t send_half(moe_ep_group_t *g, nccl_state_t *s, mep_op_t *o
     }
     op->handle->backend = nh;
     nh->set = op->buffer_set;
+    nh->weighted = op->weighted;
     nh->seq = op->seq;
     nh->recv_count = op->recv_count;
     s->layout_seq[op->buffer_set] = op->seq;

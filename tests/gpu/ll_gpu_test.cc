@@ -144,12 +144,17 @@ struct Group {
   void *x = nullptr, *topk = nullptr, *w = nullptr, *recv_x = nullptr, *scales = nullptr,
        *y = nullptr, *out = nullptr;
   int32_t *recv_count = nullptr, *slot_src = nullptr, *src_count = nullptr;
+  mep_ll_route_t *route = nullptr;
+  int32_t *src_tokens = nullptr;
   size_t slots = 0;
 };
 Group *g_group = nullptr;
 
 class LlGpu : public ::testing::Test {
  protected:
+  // This rank's dispatches carry topk_weights, so its combines receive
+  // partials pre-reduced on the experts' ranks (ranks may differ).
+  int weighted_ = 0;
   Group &G() { return *g_group; }
   // Each test starts with no timeout record and no abort flag, so one
   // failure does not cascade into the next test.
@@ -183,7 +188,7 @@ class LlGpu : public ::testing::Test {
     ASSERT_EQ(cudaMemcpy(w, in.w.data(), in.w.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
   }
 
-  mep_ll_dispatch_args_t dargs(const Case &c, Group &g, int set, void *x, void *topk) {
+  mep_ll_dispatch_args_t dargs(const Case &c, Group &g, int set, void *x, void *topk, void *w) {
     mep_ll_dispatch_args_t a = {};
     a.x = x;
     a.topk_idx = topk;
@@ -200,6 +205,10 @@ class LlGpu : public ::testing::Test {
     a.recv_count = g.recv_count;
     a.slot_src = g.slot_src;
     a.src_count = g.src_count;
+    a.route = g.route;
+    a.src_tokens = g.src_tokens;
+    a.weighted = weighted_;
+    a.topk_weights = weighted_ ? (const float *)w : nullptr;
     return a;
   }
   mep_ll_combine_args_t cargs(const Case &c, Group &g, int set, void *topk, void *w) {
@@ -217,6 +226,11 @@ class LlGpu : public ::testing::Test {
     a.recv_count = g.recv_count;
     a.slot_src = g.slot_src;
     a.src_count = g.src_count;
+    a.route = g.route;
+    a.src_tokens = g.src_tokens;
+    a.partials = weighted_;
+    // Weighted: the source side must not need its weights any more.
+    if (weighted_) a.topk_weights = nullptr;
     return a;
   }
 
@@ -314,8 +328,40 @@ class LlGpu : public ::testing::Test {
     ASSERT_EQ(cudaMemcpy(g.y, yh.data(), yh.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
   }
 
+  // Expected out[t][h], exactly as documented: per slot w * y (fmaf, k
+  // ascending, from 0) in f32; with partials, one such sum per expert rank
+  // rounded to bf16, the partials added in f32 (from 0) in the order the
+  // ranks first appear in the token's top-k, then bf16.
+  float expected_out(const Case &c, const Inputs &in, uint64_t y_seed, int t, int h) {
+    const int K = c.top_k, EL = local_experts(c);
+    auto y = [&](int e) { return bf2f(f2bf(y_val(y_seed, g_rank, t, e, h))); };
+    float acc = 0;
+    if (!weighted_) {
+      for (int k = 0; k < K; ++k) {
+        const int e = (int)in.topk[(size_t)t * K + k];
+        if (e >= 0) acc = std::fmaf(in.w[(size_t)t * K + k], y(e), acc);
+      }
+      return bf2f(f2bf(acc));
+    }
+    for (int k = 0; k < K; ++k) {
+      const int e = (int)in.topk[(size_t)t * K + k];
+      if (e < 0) continue;
+      bool seen = false;
+      for (int k0 = 0; k0 < k; ++k0)
+        seen |= in.topk[(size_t)t * K + k0] >= 0 && (int)in.topk[(size_t)t * K + k0] / EL == e / EL;
+      if (seen) continue;
+      float partial = 0;
+      for (int k2 = k; k2 < K; ++k2) {
+        const int e2 = (int)in.topk[(size_t)t * K + k2];
+        if (e2 >= 0 && e2 / EL == e / EL) partial = std::fmaf(in.w[(size_t)t * K + k2], y(e2), partial);
+      }
+      acc += bf2f(f2bf(partial));
+    }
+    return bf2f(f2bf(acc));
+  }
+
   void verify_combine(const Case &c, Group &g, uint64_t y_seed) {
-    const int T = tokens_of(c, g_rank), H = c.hidden, K = c.top_k;
+    const int T = tokens_of(c, g_rank), H = c.hidden;
     if (T == 0) return;
     const Inputs in = make_inputs(c, g_rank);
     std::vector<uint16_t> out((size_t)T * H);
@@ -323,16 +369,10 @@ class LlGpu : public ::testing::Test {
     long bad = 0;
     for (int t = 0; t < T; ++t)
       for (int h = 0; h < H; ++h) {
-        float acc = 0;
-        for (int k = 0; k < K; ++k) {
-          const int e = (int)in.topk[(size_t)t * K + k];
-          if (e < 0) continue;
-          acc = std::fmaf(in.w[(size_t)t * K + k], bf2f(f2bf(y_val(y_seed, g_rank, t, e, h))), acc);
-        }
-        const float got = bf2f(out[(size_t)t * H + h]), want = bf2f(f2bf(acc));
+        const float got = bf2f(out[(size_t)t * H + h]), want = expected_out(c, in, y_seed, t, h);
         if (got != want && bad++ < 3)
           ADD_FAILURE() << "combine out[" << t << "][" << h << "] = " << got << " want " << want
-                        << " rank " << g_rank << " seed " << c.seed;
+                        << " rank " << g_rank << " seed " << c.seed << " weighted " << weighted_;
       }
     ASSERT_EQ(bad, 0);
   }
@@ -342,7 +382,7 @@ class LlGpu : public ::testing::Test {
     g.ctx.transport = transport;
     const Inputs in = make_inputs(c, g_rank);
     upload(c, g, in, g.x, g.topk, g.w);
-    mep_ll_dispatch_args_t d = dargs(c, g, 0, g.x, g.topk);
+    mep_ll_dispatch_args_t d = dargs(c, g, 0, g.x, g.topk, g.w);
     MEP_OK(mep_ll_dispatch_send(&g.ctx, &d, g.stream));
     MEP_OK(mep_ll_dispatch_recv(&g.ctx, &d, g.stream));
     CUDA_OK(cudaStreamSynchronize(g.stream));
@@ -381,6 +421,45 @@ TEST_F(LlGpu, LsaFp8PackedI64H7168Top8E256) { round_trip(kFp8PackedI64Big, MEP_L
 TEST_F(LlGpu, LsaFp8PackedI64H2176Top4E64) { round_trip(kFp8PackedI64Odd, MEP_LL_TRANSPORT_LSA); }
 TEST_F(LlGpu, GinEmuFp8PackedI64H2176Top4E64) { round_trip(kFp8PackedI64Odd, MEP_LL_TRANSPORT_GIN_EMULATED); }
 TEST_F(LlGpu, GinEmuBf16H2056Top1OneToken) { round_trip(kBf16Odd, MEP_LL_TRANSPORT_GIN_EMULATED); }
+// Weights carried by dispatch: combine pre-reduced on the experts' ranks.
+TEST_F(LlGpu, WeightedLsaBf16H7168Top8E256) {
+  weighted_ = 1;
+  round_trip(kBf16Big, MEP_LL_TRANSPORT_LSA);
+}
+TEST_F(LlGpu, WeightedLsaFp8H7168Top8ZeroTokensOnRank1) {
+  weighted_ = 1;
+  round_trip(kFp8Big, MEP_LL_TRANSPORT_LSA);
+}
+TEST_F(LlGpu, WeightedLsaBf16H2056Top1OneToken) {
+  weighted_ = 1;
+  round_trip(kBf16Odd, MEP_LL_TRANSPORT_LSA);
+}
+TEST_F(LlGpu, WeightedLsaFp8PackedI64H2176Top4E64) {
+  weighted_ = 1;
+  round_trip(kFp8PackedI64Odd, MEP_LL_TRANSPORT_LSA);
+}
+TEST_F(LlGpu, WeightedGinEmuFp8H7168Top8ZeroTokensOnRank1) {
+  weighted_ = 1;
+  round_trip(kFp8Big, MEP_LL_TRANSPORT_GIN_EMULATED);
+}
+TEST_F(LlGpu, WeightedGinEmuFp8PackedI64H2176Top4E64) {
+  weighted_ = 1;
+  round_trip(kFp8PackedI64Odd, MEP_LL_TRANSPORT_GIN_EMULATED);
+}
+TEST_F(LlGpu, WeightedGinEmuBf16H2056Top1OneToken) {
+  weighted_ = 1;
+  round_trip(kBf16Odd, MEP_LL_TRANSPORT_GIN_EMULATED);
+}
+// Ranks differ: even ranks send weights, odd ranks do not; each source gets
+// what it asked for in the same combine.
+TEST_F(LlGpu, WeightedOnSomeRanksOnly) {
+  weighted_ = g_rank % 2 == 0;
+  for (int transport : {MEP_LL_TRANSPORT_LSA, MEP_LL_TRANSPORT_GIN_EMULATED}) {
+    round_trip(kBf16Big, transport);
+    round_trip(kFp8PackedI64Big, transport);
+  }
+}
+
 TEST_F(LlGpu, MixedLayersBackToBack) {
   // Layers with different hidden/top_k on the same buffers, alternating transports.
   for (int i = 0; i < 3; ++i) {
@@ -407,7 +486,8 @@ TEST_F(LlGpu, DoubleBufferedSplitSendRecv) {
     CUDA_OK(cudaMalloc(&wb, (size_t)kMaxTokens * kMaxTopK * 4));
     upload(a, g, ia, g.x, g.topk, g.w);
     upload(b, g, ib, xb, tb, wb);
-    mep_ll_dispatch_args_t da = dargs(a, g, 0, g.x, g.topk), db = dargs(b, g, 1, xb, tb);
+    mep_ll_dispatch_args_t da = dargs(a, g, 0, g.x, g.topk, g.w),
+                           db = dargs(b, g, 1, xb, tb, wb);
     MEP_OK(mep_ll_dispatch_send(&g.ctx, &da, g.stream));
     MEP_OK(mep_ll_dispatch_send(&g.ctx, &db, g.stream));
     MEP_OK(mep_ll_dispatch_recv(&g.ctx, &da, g.stream));
@@ -436,14 +516,16 @@ TEST_F(LlGpu, DoubleBufferedSplitSendRecv) {
 // Dispatch (send+recv) and combine (send+recv) captured as two graphs and
 // replayed on changing inputs; every replay is checked.
 TEST_F(LlGpu, GraphReplayChangingInputs) {
-  for (int transport : {MEP_LL_TRANSPORT_LSA, MEP_LL_TRANSPORT_GIN_EMULATED}) {
+  for (int mode = 0; mode < 4; ++mode) {
+    const int transport = mode % 2 ? MEP_LL_TRANSPORT_GIN_EMULATED : MEP_LL_TRANSPORT_LSA;
+    weighted_ = mode / 2;
     Group &g = G();
     g.ctx.transport = transport;
     Case c = kFp8Big;
     c.tokens = {128, 128};
     cudaGraph_t gd, gc;
     cudaGraphExec_t ed, ec;
-    mep_ll_dispatch_args_t d = dargs(c, g, 1, g.x, g.topk);
+    mep_ll_dispatch_args_t d = dargs(c, g, 1, g.x, g.topk, g.w);
     mep_ll_combine_args_t cb = cargs(c, g, 1, g.topk, g.w);
     CUDA_OK(cudaStreamBeginCapture(g.stream, cudaStreamCaptureModeThreadLocal));
     MEP_OK(mep_ll_dispatch_send(&g.ctx, &d, g.stream));
@@ -487,9 +569,11 @@ TEST_F(LlGpu, Bench) {
   c.tokens = {128, 128};
   const Inputs in = make_inputs(c, g_rank);
   upload(c, g, in, g.x, g.topk, g.w);
-  for (int transport : {MEP_LL_TRANSPORT_LSA, MEP_LL_TRANSPORT_GIN_EMULATED}) {
+  for (int mode = 0; mode < 4; ++mode) {
+    const int transport = mode % 2 ? MEP_LL_TRANSPORT_GIN_EMULATED : MEP_LL_TRANSPORT_LSA;
+    weighted_ = mode / 2;
     g.ctx.transport = transport;
-    mep_ll_dispatch_args_t d = dargs(c, g, 0, g.x, g.topk);
+    mep_ll_dispatch_args_t d = dargs(c, g, 0, g.x, g.topk, g.w);
     mep_ll_combine_args_t cb = cargs(c, g, 0, g.topk, g.w);
     cudaEvent_t e0, e1, e2;
     cudaEventCreate(&e0);
@@ -516,9 +600,10 @@ TEST_F(LlGpu, Bench) {
     ASSERT_EQ(g.rec->flag, 0) << rec_text();
     std::sort(td.begin(), td.end());
     std::sort(tc.begin(), tc.end());
-    printf("BENCH rank %d transport %s sms %d: dispatch(fp8) median %.1f us p99 %.1f us | "
+    printf("BENCH rank %d transport %s %s sms %d: dispatch(fp8) median %.1f us p99 %.1f us | "
            "combine(bf16) median %.1f us p99 %.1f us\n",
-           g_rank, transport == MEP_LL_TRANSPORT_LSA ? "lsa" : "gin_emulated", g.ctx.num_sms,
+           g_rank, transport == MEP_LL_TRANSPORT_LSA ? "lsa" : "gin_emulated",
+           weighted_ ? "partials" : "per-slot", g.ctx.num_sms,
            median(td), td[td.size() * 99 / 100], median(tc), tc[tc.size() * 99 / 100]);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
@@ -538,7 +623,7 @@ TEST_F(LlGpu, ZzTimeoutRecordNoHang) {
   MEP_OK(mep_ll_timeout_cycles(g_rank, 300, &g.ctx.timeout_cycles));
   const Inputs in = make_inputs(c, g_rank);
   upload(c, g, in, g.x, g.topk, g.w);
-  mep_ll_dispatch_args_t d = dargs(c, g, 0, g.x, g.topk);
+  mep_ll_dispatch_args_t d = dargs(c, g, 0, g.x, g.topk, g.w);
   const auto t0 = std::chrono::steady_clock::now();
   MEP_OK(mep_ll_dispatch_send(&g.ctx, &d, g.stream));
   MEP_OK(mep_ll_dispatch_recv(&g.ctx, &d, g.stream));
@@ -635,7 +720,10 @@ void setup_group() {
        cudaMalloc(&g->out, (size_t)kMaxTokens * kMaxHidden * 2) == cudaSuccess &&
        cudaMalloc((void **)&g->recv_count, dims.local_experts * 4) == cudaSuccess &&
        cudaMalloc((void **)&g->slot_src, slots * 4) == cudaSuccess &&
-       cudaMalloc((void **)&g->src_count, dims.local_experts * g_world * 4) == cudaSuccess;
+       cudaMalloc((void **)&g->src_count, dims.local_experts * g_world * 4) == cudaSuccess &&
+       cudaMalloc((void **)&g->route, (size_t)g_world * kMaxTokens * kMaxTopK *
+                                          sizeof(mep_ll_route_t)) == cudaSuccess &&
+       cudaMalloc((void **)&g->src_tokens, g_world * 4) == cudaSuccess;
   if (!ok) {
     fprintf(stderr, "rank %d: CUDA allocation failed: %s\n", g_rank, cudaGetErrorString(cudaGetLastError()));
     exit(5);

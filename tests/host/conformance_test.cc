@@ -55,6 +55,10 @@ const Case kCases[] = {
     {"ll_r4_e256_fp8_packed", 4, {"--experts=256", "--max_tokens=1", "--dtype=fp8", "--scale=ue8m0_packed", "--layers=7168:9,2048:32"}},
     {"ll_r8_e256_bf16", 8, {"--experts=256", "--max_tokens=1", "--layers=7168:32,128:1"}},
     {"ll_r8_e64_bf16", 8, {"--experts=64", "--max_tokens=128", "--seeds=1", "--layers=2048:8,384:2"}},
+    // Weights given to dispatch (all ranks, or even ranks only): combine
+    // with NULL or the same weights tensor.
+    {"ll_r2_e64_fp8_dispatch_weights", 2, {"--experts=64", "--max_tokens=128", "--dtype=fp8", "--layers=2048:8,384:9", "--dispatch_weights=1"}},
+    {"ll_r4_e64_bf16_dispatch_weights_mixed", 4, {"--experts=64", "--max_tokens=16", "--layers=2048:8,128:2", "--dispatch_weights=mixed"}},
     {"ht_r2_e8", 2, {"--mode=ht", "--experts=8", "--max_tokens=128", "--layers=7168:2,128:1"}},
     {"ht_r4_e64", 4, {"--mode=ht", "--experts=64", "--max_tokens=128", "--layers=2048:8,384:9"}},
     {"ht_r8_e256", 8, {"--mode=ht", "--experts=256", "--max_tokens=128", "--seeds=1", "--layers=7168:32,128:8"}},

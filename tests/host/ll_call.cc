@@ -27,7 +27,9 @@ LlCall::LlCall(Ctx& c, const Problem& p, uint64_t seed)
     : c_(c), p_(p), seed_(seed), el_(p.local_experts()),
       slots_(p.world * p.max_tokens_per_rank), all_(make_all_inputs(p, seed)),
       want_(ll_dispatch_expected(p, all_, c.rank)), idx32_(seed % 2 == 1),
-      gpu_(c.opt.backend == "nccl") {
+      gpu_(c.opt.backend == "nccl"),
+      weights_at_dispatch_(c.opt.dispatch_weights == "1" ||
+                           (c.opt.dispatch_weights == "mixed" && c.rank % 2 == 0)) {
   const RankInputs& mine = all_[c.rank];
   int T = mine.num_tokens, K = p.top_k, H = p.hidden;
   size_t rows = static_cast<size_t>(el_) * slots_;
@@ -147,6 +149,7 @@ moe_ep_status_t LlCall::dispatch(uint32_t flags, moe_ep_hook_t** hook) {
   dp.recv_scales = fp8(p_) ? t_scales_.get() : nullptr;
   dp.recv_count = t_count_.get();
   dp.stream = stream_;
+  if (weights_at_dispatch_) dp.topk_weights = t_w_.get();
   return c_.api->dispatch(c_.group, h_, &dp, hook);
 }
 
@@ -223,7 +226,24 @@ moe_ep_status_t LlCall::combine(uint32_t flags, moe_ep_hook_t** hook) {
   cp.flags = flags;
   cp.hidden = p_.hidden;
   cp.y = t_y_.get();
-  cp.topk_weights = t_w_.get();
+  // Weights that travelled with the dispatch: combine may pass the same
+  // tensor or NULL; odd seeds take NULL.
+  cp.topk_weights = weights_at_dispatch_ && seed_ % 2 == 1 ? nullptr : t_w_.get();
+  cp.out = t_out_.get();
+  cp.stream = stream_;
+  return c_.api->combine(c_.group, h_, &cp, hook);
+}
+
+moe_ep_status_t LlCall::combine_with_other_weights(uint32_t flags, moe_ep_hook_t** hook) {
+  moe_ep_combine_params_t cp = MOE_EP_INIT(moe_ep_combine_params_t);
+  cp.flags = flags;
+  cp.hidden = p_.hidden;
+  cp.y = t_y_.get();
+  // Same shape, dtype and device as the weights, other data (y's rows are
+  // at least as large; the call must be refused before reading them).
+  Tensor other(t_y_.t.data, DT::kF32, {t_w_.shape[0], t_w_.shape[1]},
+               t_w_.t.device.device_type, t_w_.t.device.device_id);
+  cp.topk_weights = other.get();
   cp.out = t_out_.get();
   cp.stream = stream_;
   return c_.api->combine(c_.group, h_, &cp, hook);

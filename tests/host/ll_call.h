@@ -22,6 +22,10 @@ class LlCall {
   void check_dispatch_quietly() { m_cnt_.download(); }  // only waits for the device
   void make_y();  // the expert stand-in on the rows received
   moe_ep_status_t combine(uint32_t flags, moe_ep_hook_t** hook);
+  // Combine passing a weights tensor other than the one dispatch carried
+  // (must be refused when dispatch carried weights).
+  moe_ep_status_t combine_with_other_weights(uint32_t flags, moe_ep_hook_t** hook);
+  void set_weights_at_dispatch(bool on) { weights_at_dispatch_ = on; }
   void check_combine();
   moe_ep_handle_t* handle() { return h_; }
   void set_stream(void* stream) { stream_ = stream; }
@@ -53,6 +57,7 @@ class LlCall {
   Mirror m_topk_, m_x_, m_rx_, m_sc_, m_cnt_, m_y_, m_w_, m_out_;
   moe_ep_handle_t* h_ = nullptr;
   void* stream_ = nullptr;
+  bool weights_at_dispatch_;
   void poison_outputs();
 };
 

@@ -140,6 +140,26 @@ void run_bad_input(Ctx& c) {
   still_usable(c, 14);
   // A double-buffered round with a refused third operation, hook run twice.
   ll_roundtrip(c, p, 15, true);
+  {
+    // Weights given to dispatch travel with the tokens: a combine naming
+    // another weights tensor is refused (it would be silently ignored), and
+    // the same handle then combines with NULL weights.
+    LlCall call(c, p, 19);
+    call.set_weights_at_dispatch(true);
+    if (expect_status(c, 19, "weighted prepare", call.prepare(), MOE_EP_OK) &&
+        expect_status(c, 19, "weighted dispatch", call.dispatch(0, nullptr), MOE_EP_OK)) {
+      call.check_dispatch();
+      call.make_y();
+      moe_ep_hook_t* hook = reinterpret_cast<moe_ep_hook_t*>(0x1);
+      expect_status(c, 19, "combine with weights other than dispatch's",
+                    call.combine_with_other_weights(MOE_EP_FLAG_DEFER_RECV, &hook),
+                    MOE_EP_ERR_INVALID_ARGUMENT, "not the tensor given to this handle's dispatch");
+      if (hook != nullptr) fail(c, 19, "combine with other weights", "left a hook behind");
+      if (expect_status(c, 19, "weighted combine (NULL weights)", call.combine(0, nullptr),
+                        MOE_EP_OK))
+        call.check_combine();
+    }
+  }
   moe_ep_group_info_t info = MOE_EP_INIT(moe_ep_group_info_t);
   expect_status(c, 0, "group_info", c.api->group_info(c.group, &info), MOE_EP_OK);
   expect_status(c, 0, "poll_error", c.api->group_poll_error(c.group), MOE_EP_OK);

@@ -28,6 +28,10 @@ struct Options {
   bool hooks = true;
   int kernel_ms = 20000;
   std::string transport = "auto";
+  // LL: pass topk_weights to dispatch ("1"), never ("0"), or on even ranks
+  // only ("mixed"): the nccl backend then pre-reduces on the expert side
+  // for the sources that sent weights.
+  std::string dispatch_weights = "0";
 };
 
 struct Ctx {

@@ -106,6 +106,7 @@ static bool parse(int argc, char** argv, Options* o) {
     else if (k == "hooks") o->hooks = v == "1";
     else if (k == "kernel_ms") o->kernel_ms = std::atoi(v.c_str());
     else if (k == "transport") o->transport = v;
+    else if (k == "dispatch_weights") o->dispatch_weights = v;
     else if (k == "layers") {  // "7168:8,2048:1"
       o->layers.clear();
       std::stringstream ss(v);

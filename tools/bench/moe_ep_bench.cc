@@ -60,6 +60,10 @@ ABSL_FLAG(bool, adopt_comm, false,
           "create the moe-ep groups on the bench's own NCCL communicator (group params "
           "nccl_comm: the engine-provided communicator path) instead of letting moe-ep make "
           "one; the references keep using it after each group is destroyed");
+ABSL_FLAG(bool, dispatch_weights, true,
+          "pass topk_weights to dispatch (combine then pre-reduces on the expert side and "
+          "returns one row per (token, rank)); false: weights at combine only, one row back "
+          "per (token, expert)");
 ABSL_FLAG(int32_t, id_wait_s, 120, "how long ranks > 0 wait for rank 0's NCCL id file");
 
 namespace {
@@ -733,6 +737,7 @@ int main(int argc, char** argv) {
         dp.recv_x = &t_rx.t;
         dp.recv_scales = fp8 ? &t_rs.t : nullptr;
         dp.recv_count = &t_rc.t;
+        if (absl::GetFlag(FLAGS_dispatch_weights)) dp.topk_weights = &t_w.t;
         moe_ep_combine_params_t cp = MOE_EP_INIT(moe_ep_combine_params_t);
         cp.hidden = H;
         cp.y = &t_y.t;
@@ -868,11 +873,17 @@ int main(int argc, char** argv) {
                    absl::GetFlag(FLAGS_graph)
                        ? "all iterations in one CUDA graph; the peer-copy ceiling eager"
                        : "eager launches");
+            printf("combine: %s\n", absl::GetFlag(FLAGS_dispatch_weights)
+                                         ? "weights given to dispatch: expert-side partials, "
+                                           "one row back per (token, rank)"
+                                         : "weights at combine only: one row back per "
+                                           "(token, expert)");
             printf("%-5s %6s %6s %4s | %15s | %15s | %15s | %15s | %15s | %15s | %15s | %8s | "
-                   "%15s | %8s\n",
+                   "%15s | %8s | %15s | %8s\n",
                    "dtype", "hidden", "tokens", "rank", "dispatch p50/99", "combine p50/99",
                    "d.send p50/99", "d.recv p50/99", "c.send p50/99", "c.recv p50/99",
-                   "nccl a2a p50/99", "vs nccl", "a2a dedup p50/99", "vs dedup");
+                   "nccl a2a p50/99", "vs nccl", "a2a dedup p50/99", "vs dedup",
+                   "nccl comb p50/99", "c vs nccl");
             header_printed = true;
           }
           for (int r = 0; r < R; r++) {
@@ -887,6 +898,10 @@ int main(int argc, char** argv) {
             ratio += Fmt(" | %7.1f/%7.1f | ", v[2 * kA2aDedup], v[2 * kA2aDedup + 1]);
             ratio += v[kBytesDisp] > 0 && v[2 * kDisp] > 0
                          ? Fmt("%6.2fx", v[2 * kA2aDedup] / v[2 * kDisp])
+                         : std::string("   n/a");
+            ratio += Fmt(" | %7.1f/%7.1f | ", v[2 * kA2aC], v[2 * kA2aC + 1]);
+            ratio += v[kBytesComb] > 0 && v[2 * kComb] > 0
+                         ? Fmt("%6.2fx", v[2 * kA2aC] / v[2 * kComb])
                          : std::string("   n/a");
             printf("%-5s %6d %6d %4d | %s%s\n", fp8 ? "fp8" : "bf16", H, T, r, cols.c_str(),
                    ratio.c_str());
@@ -932,7 +947,9 @@ int main(int argc, char** argv) {
            "'dedup KB' = one row per (token, peer rank), what moe-ep's dispatch actually moves; "
            "'dedup' = their ratio; 'vs nccl' = NCCL all-to-all of the algorithmic bytes / moe_ep "
            "dispatch median (>1: moe_ep faster); 'vs dedup' = the same against an all-to-all of "
-           "the dedup bytes; 'disp %%' / 'comb %%' = algorithmic bandwidth as a share of the "
+           "the dedup bytes; 'c vs nccl' = NCCL all-to-all of the algorithmic combine bytes "
+           "(one bf16 row per (token, expert)) / moe_ep combine median; "
+           "'disp %%' / 'comb %%' = algorithmic bandwidth as a share of the "
            "peer-copy ceiling bandwidth (can pass 100%% for dispatch: fewer bytes move than "
            "are counted).\n");
     fflush(stdout);
@@ -951,9 +968,11 @@ int main(int argc, char** argv) {
         fprintf(f, "%s\"%s\"", i ? ", " : "", JsonEscape(group_lines[i]).c_str());
       }
       fprintf(f, "],\n  \"experts\": %d, \"top_k\": %d, \"iters\": %d, \"warmup\": %d, "
-                 "\"transport\": \"%s\", \"seed\": %llu,\n  \"results\": [\n",
+                 "\"transport\": \"%s\", \"seed\": %llu, \"dispatch_weights\": %s,\n"
+                 "  \"results\": [\n",
               experts, top_k, iters, warmup, JsonEscape(transport).c_str(),
-              static_cast<unsigned long long>(seed));
+              static_cast<unsigned long long>(seed),
+              absl::GetFlag(FLAGS_dispatch_weights) ? "true" : "false");
       bool first = true;
       for (const Case& c : cases) {
         for (int r = 0; r < world; r++) {
