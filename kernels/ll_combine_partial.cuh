@@ -100,7 +100,7 @@ __device__ __forceinline__ void mep_combine_send_partials(const MepLLParams &p,
     } else {
       /* GIN reads its source from the window: stage the whole row. */
       const uint64_t stage_off =
-          p.set_off + p.lay.stage + ((uint64_t)s * M + t) * row_bytes;
+          p.set_off + p.lay.stage_partial + ((uint64_t)s * M + t) * row_bytes;
       for (int c0 = 0; c0 < a.hidden; c0 += kMepPartialStep) {
         const int c = c0 + lane * 8;
         const uint4 o = mep_partial_chunk(a.y, a.hidden, entry, live, c);

@@ -94,12 +94,16 @@ __device__ __forceinline__ int mep_slot_dst(const MepLLParams &p, const MepDispa
 }
 
 /* Lane k's slot-list entry for destination d: its local expert there (or
- * -1) and its weight, as one 8-byte store. */
-__device__ __forceinline__ int2 mep_list_entry(const MepDispatchArgs &a, int t, int lane, int dst,
-                                               int le, int d) {
+ * -1) and its weight w, as one 8-byte store. */
+__device__ __forceinline__ int2 mep_list_entry(float w, int dst, int le, int d) {
   const bool here = dst == d;
-  const float w = here && a.weights != nullptr ? __ldg(a.weights + t * a.top_k + lane) : 0.f;
-  return make_int2(here ? le : -1, __float_as_int(w));
+  return make_int2(here ? le : -1, here ? __float_as_int(w) : 0);
+}
+
+/* Lane k < K: token t's weight k (0 without weights), loaded beside the
+ * routing load rather than after it. */
+__device__ __forceinline__ float mep_slot_weight(const MepDispatchArgs &a, int t, int lane) {
+  return lane < a.top_k && a.weights != nullptr ? __ldg(a.weights + t * a.top_k + lane) : 0.f;
 }
 
 /* Channels [c0, c0 + n) of token row xr into dispatch row drow: fp8 bytes
@@ -137,11 +141,12 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
       /* The chunk's 128-byte lines start towards L2 while the routing load
        * is in flight (the two were serial latencies). */
       if (lane * 128 < n * 2) asm volatile("prefetch.global.L2 [%0];" ::"l"(xc + lane * 128));
+      const float w = ch == 0 ? mep_slot_weight(a, t, lane) : 0.f;
       int le;
       const int dst = mep_slot_dst<IdxT>(p, a, t, lane, &le);
       if (ch == 0 && lane < K) {
         int2 *list = static_cast<int2 *>(Tp::peer_ptr(p, d, my_list));
-        list[t * K + lane] = mep_list_entry(a, t, lane, dst, le, d);
+        list[t * K + lane] = mep_list_entry(w, dst, le, d);
       }
       if (__ballot_sync(0xffffffffu, dst == d) == 0) continue;
       char *drow = static_cast<char *>(
@@ -160,12 +165,13 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
     for (int t = gwarp; t < T; t += nwarps) {
       const uint64_t srow = stage_rows + (uint64_t)t * a.row_bytes;
       mep_write_row_part<kFp8>(a, a.x + (size_t)t * a.hidden, p.local + srow, 0, a.hidden);
+      const float w = mep_slot_weight(a, t, lane);
       int le;
       const int dst = mep_slot_dst<IdxT>(p, a, t, lane, &le);
       if (lane < K) {
         for (int d = 0; d < R; ++d)
           reinterpret_cast<int2 *>(p.local + stage_list + d * list_bytes)[t * K + lane] =
-              mep_list_entry(a, t, lane, dst, le, d);
+              mep_list_entry(w, dst, le, d);
       }
       __syncwarp(); /* staging row complete before any lane's put reads it */
       for (int kk = 0; kk < K; ++kk) {
@@ -196,6 +202,9 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
 }
 
 constexpr int kMepWarps = MEP_LL_THREADS / 32;
+/* Slot-list scan steps (MEP_LL_THREADS entries each) whose loads are in
+ * flight together in the receive half. */
+constexpr int kMepListBatch = 4;
 
 /* Row `src_row` of the receive area into recv_x slot dst_slot (and its
  * scales, converted to the caller's format). Whole warp. */
@@ -294,29 +303,40 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
       const int2 *list = reinterpret_cast<const int2 *>(p.local + p.set_off + p.lay.disp_list +
                                                         (uint64_t)r * list_bytes);
       int hits = 0; /* block-uniform: this expert's entries of source r so far */
-      for (int i0 = 0; i0 < n; i0 += MEP_LL_THREADS) {
-        const int i = i0 + threadIdx.x;
-        const int2 entry = i < n ? __ldcg(list + i) : make_int2(-1, 0);
-        const bool hit = entry.x == le;
-        const unsigned ball = __ballot_sync(0xffffffffu, hit);
-        if (lane == 0) warp_hits[warp] = __popc(ball);
-        __syncthreads();
-        int before = 0, all = 0;
+      /* kMepListBatch steps' entries are loaded before the first scan:
+       * one L2 round trip per batch instead of one per step. */
+      for (int i0 = 0; i0 < n; i0 += kMepListBatch * MEP_LL_THREADS) {
+        int2 ent[kMepListBatch];
 #pragma unroll
-        for (int w = 0; w < kMepWarps; ++w) {
-          const int v = warp_hits[w];
-          before += w < warp ? v : 0;
-          all += v;
+        for (int q = 0; q < kMepListBatch; ++q) {
+          const int i = i0 + q * MEP_LL_THREADS + threadIdx.x;
+          ent[q] = i < n ? __ldcg(list + i) : make_int2(-1, 0);
         }
-        const int pos = hits + before + __popc(ball & ((1u << lane) - 1u));
-        /* more than max_tokens hits from one source only happens with an
-         * expert repeated within a token: the excess is dropped */
-        if (hit && pos < M) slots[filled + pos] = MEP_LL_SLOT_PACK(r, i / K, i % K);
-        if (hit)
-          a.route[(size_t)r * M * K + i] = {pos < M ? le * cap + filled + pos : MEP_LL_ROUTE_DROPPED,
-                                            entry.y};
-        hits += all;
-        __syncthreads(); /* warp_hits is reused */
+#pragma unroll
+        for (int q = 0; q < kMepListBatch; ++q) {
+          if (i0 + q * MEP_LL_THREADS >= n) break; /* block-uniform */
+          const int i = i0 + q * MEP_LL_THREADS + threadIdx.x;
+          const bool hit = ent[q].x == le;
+          const unsigned ball = __ballot_sync(0xffffffffu, hit);
+          if (lane == 0) warp_hits[warp] = __popc(ball);
+          __syncthreads();
+          int before = 0, all = 0;
+#pragma unroll
+          for (int w = 0; w < kMepWarps; ++w) {
+            const int v = warp_hits[w];
+            before += w < warp ? v : 0;
+            all += v;
+          }
+          const int pos = hits + before + __popc(ball & ((1u << lane) - 1u));
+          /* more than max_tokens hits from one source only happens with an
+           * expert repeated within a token: the excess is dropped */
+          if (hit && pos < M) slots[filled + pos] = MEP_LL_SLOT_PACK(r, i / K, i % K);
+          if (hit)
+            a.route[(size_t)r * M * K + i] = {
+                pos < M ? le * cap + filled + pos : MEP_LL_ROUTE_DROPPED, ent[q].y};
+          hits += all;
+          __syncthreads(); /* warp_hits is reused */
+        }
       }
       if (hits > M) hits = M;
       if (threadIdx.x == 0) a.src_count[le * R + r] = hits;

@@ -79,6 +79,7 @@ typedef struct mep_ll_set_layout {
   uint64_t comb_recv;     /* [max_tokens][top_k] bf16 rows */
   uint64_t stage;         /* send staging (GIN / GIN-emulated) */
   uint64_t stage_list;    /* dispatch list staging [R][max_tokens * top_k] */
+  uint64_t stage_partial; /* combine partial staging [R][max_tokens] bf16 rows */
   uint64_t set_bytes;
 } mep_ll_set_layout_t;
 
@@ -96,13 +97,15 @@ static inline MEP_HD mep_ll_set_layout_t mep_ll_set_layout(const mep_ll_dims_t *
   l.comb_recv = l.disp_list + r * list;
   l.stage = l.comb_recv + t * k * row_c;
   /* Staging holds either the dispatch rows (one per token, quantised once)
-   * plus one list per destination, or the combine rows (one per received
-   * slot, or one partial per received token: fewer): never both at once
-   * within a set. */
+   * plus one list per destination, or the combine rows: one per received
+   * slot for sources that want rows, then one partial per received token
+   * for sources that want partials (both kinds can be in flight in one
+   * combine). Never dispatch and combine at once within a set. */
   {
     uint64_t disp_stage = t * row_d + r * list;
-    uint64_t comb_stage = el * r * t * row_c;
+    uint64_t comb_stage = el * r * t * row_c + r * t * row_c;
     l.stage_list = l.stage + t * row_d;
+    l.stage_partial = l.stage + el * r * t * row_c;
     l.set_bytes = l.stage + (disp_stage > comb_stage ? disp_stage : comb_stage);
   }
   l.set_bytes = mep_ll_align16(l.set_bytes);

@@ -48,8 +48,10 @@ TEST(LlLayout, RegionsAlignedDisjointAndInsideTheSet) {
         {l.stage, l.stage + M * row_d},
         {l.stage_list, l.stage_list + R * list},
     };
-    const uint64_t comb_stage_end = l.stage + (uint64_t)d.local_experts * R * M * row_c;
-    ASSERT_LE(comb_stage_end, l.set_bytes) << Dims(d) << ": combine staging";
+    // Combine staging: per-slot rows, then partials (both in one combine).
+    const uint64_t comb_slot_end = l.stage + (uint64_t)d.local_experts * R * M * row_c;
+    ASSERT_EQ(l.stage_partial, comb_slot_end) << Dims(d) << ": partial staging starts after the slots";
+    ASSERT_LE(l.stage_partial + R * M * row_c, l.set_bytes) << Dims(d) << ": partial staging";
     for (size_t i = 0; i < r.size(); ++i) {
       ASSERT_EQ(r[i].first % 16, 0u) << Dims(d) << " region " << i;
       ASSERT_LE(r[i].second, l.set_bytes) << Dims(d) << " region " << i;
