@@ -142,7 +142,7 @@ __device__ __forceinline__ void mep_combine_send_body(const MepLLParams &p,
 
   /* One count signal per source: 1 + the rows it must wait for (staged
    * partial puts, or every slot row from it). */
-  if (mep_last_block(&p.tickets[MEP_LL_TICKET_COMBINE_SEND])) {
+  if (mep_last_block<true>(&p.tickets[MEP_LL_TICKET_COMBINE_SEND])) {
     for (int r = threadIdx.x / 32; r < R; r += MEP_LL_THREADS / 32) {
       int count = 0;
       if (src_s[r] & MEP_LL_SRC_WEIGHTED) {
@@ -262,7 +262,7 @@ __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
     mep_combine_sum_slots<IdxT>(p, a);
 
   /* Shadows advance once every block has read them. */
-  if (mep_last_block(&p.tickets[MEP_LL_TICKET_COMBINE_RECV])) {
+  if (mep_last_block<false>(&p.tickets[MEP_LL_TICKET_COMBINE_RECV])) {
     for (int r = threadIdx.x; r < R; r += blockDim.x) {
       p.shadows[mep_ll_sig_comb_cnt(&p.dims, r)] += (uint64_t)cnt[r] + 1;
       if (Tp::kRowSignals) p.shadows[mep_ll_sig_comb_row(&p.dims, r)] += (uint64_t)cnt[r];

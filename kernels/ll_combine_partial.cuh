@@ -18,8 +18,12 @@
 
 #include "kernels/ll_launch.cuh"
 
-/* Bytes of one channel step: a lane's 8 bf16 channels, 256 per warp. */
+/* Channels of one step: a lane's 8 bf16 channels, 256 per warp. */
 constexpr int kMepPartialStep = 256;
+/* Channels of one staged put (GIN, GIN-emulated): a row goes in pieces, so
+ * a row's steps spread over several warps instead of one warp walking the
+ * whole row (7168 channels: 7 warps of 4 steps, not 1 warp of 28). */
+constexpr int kMepPartialPiece = 1024;
 
 /* Lane `lane` (< 32) of a warp computes channels [c, c + 8) of the partial
  * from the slots whose bits are set in `live` (k order); entries holds lane
@@ -63,10 +67,11 @@ __device__ __forceinline__ uint4 mep_partial_chunk(const __nv_bfloat16 *y, int h
 }
 
 /* The send half's partial rows for the weighted sources (src_s: their
- * src_tokens words, shared memory). Units: LSA (token, source, 256-channel
- * step), written straight into the source's row; staged transports (token,
- * source), the whole row staged, then one put with a row signal, counted in
- * comb_puts for the count signal the caller sends. */
+ * src_tokens words, shared memory). Units (token, source, piece): LSA
+ * pieces are one step, stored straight into the source's row; staged
+ * transports compute a kMepPartialPiece-channel piece into the staging row,
+ * then put it with a row signal, counted in comb_puts for the count signal
+ * the caller sends. */
 template <class Tp>
 __device__ __forceinline__ void mep_combine_send_partials(const MepLLParams &p,
                                                           const MepCombineArgs &a,
@@ -77,11 +82,12 @@ __device__ __forceinline__ void mep_combine_send_partials(const MepLLParams &p,
   const int R = p.dims.world, M = p.dims.max_tokens, K = a.top_k;
   const uint32_t row_bytes = (uint32_t)a.hidden * 2u;
   const uint32_t row_sig = mep_ll_sig_comb_row(&p.dims, p.rank);
-  const int nsteps = Tp::kStaged ? 1 : (a.hidden + kMepPartialStep - 1) / kMepPartialStep;
+  const int piece = Tp::kStaged ? kMepPartialPiece : kMepPartialStep;
+  const int npieces = (a.hidden + piece - 1) / piece;
   /* token-major, so the first pass of the grid covers every source's first
    * tokens */
-  for (int u = gwarp; u < longest * R * nsteps; u += nwarps) {
-    const int step = u % nsteps, ts = u / nsteps, s = ts % R, t = ts / R;
+  for (int u = gwarp; u < longest * R * npieces; u += nwarps) {
+    const int pc = u % npieces, ts = u / npieces, s = ts % R, t = ts / R;
     const int v = src_s[s];
     if (!(v & MEP_LL_SRC_WEIGHTED) || t >= MEP_LL_SRC_TOKENS(v)) continue; /* warp-uniform */
     const mep_ll_route_t entry = lane < K ? a.route[((size_t)s * M + t) * K + lane]
@@ -90,24 +96,26 @@ __device__ __forceinline__ void mep_combine_send_partials(const MepLLParams &p,
     if (mine == 0) continue; /* the token has no expert here */
     const unsigned live = __ballot_sync(0xffffffffu, entry.slot >= 0);
     const int kf = __ffs(mine) - 1;
+    const int c0 = pc * piece;
+    const int c1 = a.hidden - c0 < piece ? a.hidden : c0 + piece;
     const uint64_t dst_off =
-        p.set_off + p.lay.comb_recv + (uint64_t)(t * K + kf) * row_bytes;
+        p.set_off + p.lay.comb_recv + (uint64_t)(t * K + kf) * row_bytes + 2u * (uint64_t)c0;
     if constexpr (!Tp::kStaged) {
-      const int c = step * kMepPartialStep + lane * 8;
+      const int c = c0 + lane * 8;
       const uint4 o = mep_partial_chunk(a.y, a.hidden, entry, live, c);
       if (c < a.hidden)
-        *reinterpret_cast<uint4 *>(static_cast<char *>(Tp::peer_ptr(p, s, dst_off)) + 2 * c) = o;
+        *reinterpret_cast<uint4 *>(static_cast<char *>(Tp::peer_ptr(p, s, dst_off)) + 16 * lane) = o;
     } else {
-      /* GIN reads its source from the window: stage the whole row. */
-      const uint64_t stage_off =
-          p.set_off + p.lay.stage_partial + ((uint64_t)s * M + t) * row_bytes;
-      for (int c0 = 0; c0 < a.hidden; c0 += kMepPartialStep) {
-        const int c = c0 + lane * 8;
+      /* GIN reads its source from the window: stage the piece. */
+      const uint64_t stage_off = p.set_off + p.lay.stage_partial +
+                                 ((uint64_t)s * M + t) * row_bytes + 2u * (uint64_t)c0;
+      for (int cs = c0; cs < c1; cs += kMepPartialStep) {
+        const int c = cs + lane * 8;
         const uint4 o = mep_partial_chunk(a.y, a.hidden, entry, live, c);
-        if (c < a.hidden) *reinterpret_cast<uint4 *>(p.local + stage_off + 2 * (uint64_t)c) = o;
+        if (c < c1) *reinterpret_cast<uint4 *>(p.local + stage_off + 2u * (uint64_t)(c - c0)) = o;
       }
       __syncwarp();
-      Tp::put_warp(p, s, dst_off, nullptr, stage_off, row_bytes, row_sig);
+      Tp::put_warp(p, s, dst_off, nullptr, stage_off, 2u * (uint32_t)(c1 - c0), row_sig);
       if (lane == 0) atomicAdd(&p.comb_puts[s], 1u);
     }
   }

@@ -153,7 +153,7 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
           Tp::peer_ptr(p, d, p.set_off + p.lay.disp_recv + (my_row + t) * a.row_bytes));
       mep_write_row_part<kFp8>(a, a.x + (size_t)t * a.hidden, drow, c0, n);
     }
-    if (mep_last_block(&p.tickets[MEP_LL_TICKET_DISPATCH_SEND])) {
+    if (mep_last_block<true>(&p.tickets[MEP_LL_TICKET_DISPATCH_SEND])) {
       for (int d = threadIdx.x; d < R; d += blockDim.x)
         Tp::signal(p, d, mep_ll_sig_disp_cnt(&p.dims, p.rank),
                    mep_ll_disp_code(T, 0, a.weighted, M));
@@ -183,7 +183,7 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
         if (lane == 0) atomicAdd(&p.puts[d], 1u);
       }
     }
-    if (mep_last_block(&p.tickets[MEP_LL_TICKET_DISPATCH_SEND])) {
+    if (mep_last_block<true>(&p.tickets[MEP_LL_TICKET_DISPATCH_SEND])) {
       for (int d = threadIdx.x / 32; d < R; d += MEP_LL_THREADS / 32) {
         const uint32_t rows = mep_ld_volatile_u32(&p.puts[d]);
         const uint64_t src = stage_list + d * list_bytes;
@@ -206,6 +206,12 @@ constexpr int kMepWarps = MEP_LL_THREADS / 32;
  * flight together in the receive half. */
 constexpr int kMepListBatch = 4;
 
+/* Scale groups (and packed UE8M0 words) per lane for the largest hidden:
+ * the receive loads a row's scales into registers before its payload copy,
+ * so the two loads overlap instead of following each other. */
+constexpr int kMepScalesPerLane = MEP_MAX_HIDDEN / MEP_HIDDEN_ALIGN / 32;
+constexpr int kMepScaleWordsPerLane = (kMepScalesPerLane + 3) / 4;
+
 /* Row `src_row` of the receive area into recv_x slot dst_slot (and its
  * scales, converted to the caller's format). Whole warp. */
 template <bool kFp8>
@@ -215,21 +221,35 @@ __device__ __forceinline__ void mep_copy_recv_row(const MepDispatchArgs &a, cons
     mep_copy_warp((char *)a.recv_x + dst_slot * a.hidden * 2, row, (uint32_t)a.hidden * 2);
     return;
   }
-  mep_copy_warp((char *)a.recv_x + dst_slot * a.hidden, row, (uint32_t)a.hidden);
   const float *sc = reinterpret_cast<const float *>(row + a.hidden);
   const int groups = a.hidden / 128;
   if (a.scale_mode == MOE_EP_FP8_SCALE_UE8M0_PACKED) {
     const int words = (groups + 3) / 4;
-    int32_t *dst = (int32_t *)a.recv_scales + dst_slot * words;
-    for (int w = lane; w < words; w += 32) {
-      uint32_t v = 0;
-      for (int b = 0; b < 4 && w * 4 + b < groups; ++b)
-        v |= ((__float_as_uint(__ldcg(sc + w * 4 + b)) >> 23) & 0xffu) << (8 * b);
-      dst[w] = (int32_t)v;
+    uint32_t v[kMepScaleWordsPerLane];
+#pragma unroll
+    for (int i = 0; i < kMepScaleWordsPerLane; ++i) {
+      const int w = lane + 32 * i;
+      v[i] = 0;
+#pragma unroll
+      for (int b = 0; b < 4; ++b)
+        if (w < words && w * 4 + b < groups)
+          v[i] |= ((__float_as_uint(__ldcg(sc + w * 4 + b)) >> 23) & 0xffu) << (8 * b);
     }
+    mep_copy_warp((char *)a.recv_x + dst_slot * a.hidden, row, (uint32_t)a.hidden);
+    int32_t *dst = (int32_t *)a.recv_scales + dst_slot * words;
+#pragma unroll
+    for (int i = 0; i < kMepScaleWordsPerLane; ++i)
+      if (lane + 32 * i < words) dst[lane + 32 * i] = (int32_t)v[i];
   } else {
+    float f[kMepScalesPerLane];
+#pragma unroll
+    for (int i = 0; i < kMepScalesPerLane; ++i)
+      f[i] = lane + 32 * i < groups ? __ldcg(sc + lane + 32 * i) : 0.f;
+    mep_copy_warp((char *)a.recv_x + dst_slot * a.hidden, row, (uint32_t)a.hidden);
     float *dst = (float *)a.recv_scales + dst_slot * groups;
-    for (int g = lane; g < groups; g += 32) dst[g] = __ldcg(sc + g);
+#pragma unroll
+    for (int i = 0; i < kMepScalesPerLane; ++i)
+      if (lane + 32 * i < groups) dst[lane + 32 * i] = f[i];
   }
 }
 
@@ -277,46 +297,50 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
   __syncthreads();
   if (failed) return; /* the record says why; outputs stay as they were */
 
-  {
-    /* Routes of slots naming experts elsewhere (any block may write them);
-     * the expert owners below write the others. */
-    if (blockIdx.x == 0)
-      for (int r = threadIdx.x; r < R; r += blockDim.x)
-        a.src_tokens[r] = tokens[r] | (weighted[r] ? MEP_LL_SRC_WEIGHTED : 0);
-    for (int r = 0; r < R; ++r) {
-      const int2 *list = reinterpret_cast<const int2 *>(p.local + p.set_off + p.lay.disp_list +
-                                                        (uint64_t)r * list_bytes);
-      mep_ll_route_t *route = a.route + (size_t)r * M * K;
-      for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < tokens[r] * K;
-           i += gridDim.x * blockDim.x) {
-        const int le = __ldcg(&list[i].x);
-        if (le < 0 || le >= a.local_experts) route[i] = {MEP_LL_ROUTE_ELSEWHERE, 0};
-      }
+  if (blockIdx.x == 0)
+    for (int r = threadIdx.x; r < R; r += blockDim.x)
+      a.src_tokens[r] = tokens[r] | (weighted[r] ? MEP_LL_SRC_WEIGHTED : 0);
+
+  /* Slot-list batches: kMepListBatch scan steps of one source, loaded
+   * together; the next batch (this source's next, or the next source's
+   * first) is loaded while the current one is scanned. */
+  auto list_of = [&](int r) {
+    return reinterpret_cast<const int2 *>(p.local + p.set_off + p.lay.disp_list +
+                                          (uint64_t)r * list_bytes);
+  };
+  auto load_batch = [&](int r, int i0, int2 *ent) {
+#pragma unroll
+    for (int q = 0; q < kMepListBatch; ++q) {
+      const int i = i0 + q * MEP_LL_THREADS + threadIdx.x;
+      ent[q] = r < R && i < tokens[r] * K ? __ldcg(list_of(r) + i) : make_int2(-1, 0);
     }
-  }
+  };
+  auto next_source = [&](int r) {
+    do ++r; while (r < R && tokens[r] == 0);
+    return r;
+  };
 
   for (int le = blockIdx.x; le < a.local_experts; le += gridDim.x) {
     int32_t *slots = a.slot_src + (size_t)le * cap;
     int filled = 0; /* block-uniform */
+    int2 ent[kMepListBatch];
+    load_batch(next_source(-1), 0, ent);
     for (int r = 0; r < R; ++r) {
       const int n = tokens[r] * K;
-      const int2 *list = reinterpret_cast<const int2 *>(p.local + p.set_off + p.lay.disp_list +
-                                                        (uint64_t)r * list_bytes);
       int hits = 0; /* block-uniform: this expert's entries of source r so far */
-      /* kMepListBatch steps' entries are loaded before the first scan:
-       * one L2 round trip per batch instead of one per step. */
       for (int i0 = 0; i0 < n; i0 += kMepListBatch * MEP_LL_THREADS) {
-        int2 ent[kMepListBatch];
-#pragma unroll
-        for (int q = 0; q < kMepListBatch; ++q) {
-          const int i = i0 + q * MEP_LL_THREADS + threadIdx.x;
-          ent[q] = i < n ? __ldcg(list + i) : make_int2(-1, 0);
-        }
+        const bool more = i0 + kMepListBatch * MEP_LL_THREADS < n;
+        int2 nxt[kMepListBatch];
+        load_batch(more ? r : next_source(r), more ? i0 + kMepListBatch * MEP_LL_THREADS : 0, nxt);
 #pragma unroll
         for (int q = 0; q < kMepListBatch; ++q) {
           if (i0 + q * MEP_LL_THREADS >= n) break; /* block-uniform */
           const int i = i0 + q * MEP_LL_THREADS + threadIdx.x;
           const bool hit = ent[q].x == le;
+          /* Block 0's first expert visits every entry: it also marks the
+           * routes of slots whose expert is on another rank. */
+          if (le == 0 && i < n && (ent[q].x < 0 || ent[q].x >= a.local_experts))
+            a.route[(size_t)r * M * K + i] = {MEP_LL_ROUTE_ELSEWHERE, 0};
           const unsigned ball = __ballot_sync(0xffffffffu, hit);
           if (lane == 0) warp_hits[warp] = __popc(ball);
           __syncthreads();
@@ -337,6 +361,8 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
           hits += all;
           __syncthreads(); /* warp_hits is reused */
         }
+#pragma unroll
+        for (int q = 0; q < kMepListBatch; ++q) ent[q] = nxt[q];
       }
       if (hits > M) hits = M;
       if (threadIdx.x == 0) a.src_count[le * R + r] = hits;
@@ -353,7 +379,7 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
   }
 
   /* Shadows advance once every block has read them. */
-  if (mep_last_block(&p.tickets[MEP_LL_TICKET_DISPATCH_RECV])) {
+  if (mep_last_block<false>(&p.tickets[MEP_LL_TICKET_DISPATCH_RECV])) {
     for (int r = threadIdx.x; r < R; r += blockDim.x) {
       p.shadows[mep_ll_sig_disp_cnt(&p.dims, r)] +=
           mep_ll_disp_code(tokens[r], puts[r], weighted[r], M);
