@@ -2,8 +2,10 @@
 # device_run.sh (copied to .gpu_bundle/run_device.sh): the GPU suite, run on
 # the GPU machine from the repository root, most important first; every log
 # goes to $OUT and a one-line verdict per step to $OUT/summary.txt.
-# Usage: bash .gpu_bundle/run_device.sh [full|quick]; quick stops after the
-# kernel test, the weighted-dispatch API runs and the eager benchmarks.
+# Usage: bash .gpu_bundle/run_device.sh [full|quick|one]; quick stops after
+# the kernel test, the weighted-dispatch API runs and the eager benchmarks;
+# one is for a 1-GPU machine (EP1 suites, sanitizers, an EP1 benchmark, and
+# an A/B against .gpu_bundle/prev/libmoe_ep.so when that exists).
 MODE=${1:-full}
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -23,6 +25,40 @@ api() {  # name ranks seconds worker-args...
   summary "api_$name" $?
   grep -hE "^(PASSED|FAILED)|^FAIL|GIN|nccl group" "$OUT/api_$name.log" | head -6
 }
+if [ "$MODE" = one ]; then
+  MOE_EP_TEST_WORLD=1 timeout 90 $B/ll_gpu_test > "$OUT/ll_gpu_test_world1.log" 2>&1
+  summary ll_gpu_test_world1 $?
+  grep -E "^\[  (PASSED|FAILED) |FAILED  \]|BENCH" "$OUT/ll_gpu_test_world1.log" | head -12
+  api ep1_bf16 1 20 --experts=8 --max_tokens=64 --layers=2048:2 --seeds=1
+  api ep1_fp8_dispatch_weights 1 40 --experts=256 --max_tokens=128 --dtype=fp8 \
+    --layers=7168:8,2048:1 --seeds=2 --dispatch_weights=1
+  api ep1_graph_dispatch_weights 1 40 --scenario=graph --experts=64 --max_tokens=32 \
+    --layers=2048:8 --seeds=100 --dispatch_weights=1
+  for tool in memcheck racecheck; do
+    for w in 0 1; do
+      timeout 90 $B/moe_ep_run -n 1 --timeout_s 85 -- compute-sanitizer --tool $tool \
+        --error-exitcode 9 $B/conformance_worker --plugin=$B/libmoe_ep.so --backend=nccl \
+        --experts=8 --max_tokens=4 --layers=256:2 --seeds=1 --hooks=0 --dispatch_weights=$w \
+        > "$OUT/${tool}_w$w.log" 2>&1
+      summary "${tool}_dispatch_weights_$w" $?
+      grep -hE "(ERROR|RACECHECK) SUMMARY" "$OUT/${tool}_w$w.log" | head -2
+    done
+  done
+  # A/B, same machine, alternating so drift hits both: this bundle's
+  # library and the previous one's, EP1, fp8, 1 and 128 tokens.
+  for round in 1 2; do
+    for lib in cur prev; do
+      L=$B/libmoe_ep.so; [ $lib = prev ] && L=$B/prev/libmoe_ep.so
+      [ -f "$L" ] || continue
+      timeout 90 $B/moe_ep_run -n 1 --timeout_s 85 -- $B/moe_ep_bench --plugin=$L \
+        --dtype=fp8 --tokens=1,128 --warmup=50 > "$OUT/bench1_${lib}_$round.log" 2>&1
+      summary "bench1_${lib}_$round" $?
+      grep -A4 "^latency" "$OUT/bench1_${lib}_$round.log" | grep -E "^fp8" | sed "s/^/$lib $round: /"
+    done
+  done
+  cat "$OUT/summary.txt"
+  exit 0
+fi
 timeout 120 $B/ll_gpu_test > "$OUT/ll_gpu_test.log" 2>&1
 summary ll_gpu_test $?
 grep -E "^\[  (PASSED|FAILED) |FAILED  \]|BENCH" "$OUT/ll_gpu_test.log" | head -20
