@@ -215,8 +215,14 @@ typedef struct moe_ep_dispatch_params {
   moe_ep_tensor_t *recv_scales; /* [E_local, R*max_tokens, H/128] f32, or
                                    [E_local, R*max_tokens, H/512] int32 */
   moe_ep_tensor_t *recv_count;  /* [E_local] int32 */
+  /* [T, K] f32. HT: required input. LL: optional; when given, the weights
+   * travel with the tokens and combine sums each token's experts on the
+   * experts' ranks (one row back per (token, rank) instead of one per
+   * (token, expert): top_k / ranks-per-token fewer combine bytes). The
+   * tensor must then stay unchanged until the combine on this handle has
+   * completed, like topk_idx. */
+  const moe_ep_tensor_t *topk_weights;
   /* HT outputs: */
-  const moe_ep_tensor_t *topk_weights; /* [T, K] f32 (HT input) */
   moe_ep_tensor_t *recv_topk_idx;      /* [N_recv, K] int32 local id or -1 */
   moe_ep_tensor_t *recv_topk_weights;  /* [N_recv, K] f32 */
   int64_t *num_recv_tokens;            /* host out: N_recv (HT) */
@@ -228,8 +234,11 @@ typedef struct moe_ep_combine_params {
   int32_t hidden;
   const moe_ep_tensor_t *y;            /* LL: [E_local, R*max_tokens, H];
                                           HT: [N_recv, H] bf16 */
-  const moe_ep_tensor_t *topk_weights; /* [T, K] f32 (LL) */
-  moe_ep_tensor_t *out;                /* [T, H] bf16 */
+  /* LL: [T, K] f32. Required unless the dispatch on this handle was given
+   * topk_weights; then NULL or that same tensor (another tensor is
+   * INVALID_ARGUMENT: the weights were already applied). */
+  const moe_ep_tensor_t *topk_weights;
+  moe_ep_tensor_t *out;                /* [T, H] bf16 = sum_k w_k * y_k */
   void *stream;
 } moe_ep_combine_params_t;
 
