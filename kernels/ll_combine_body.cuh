@@ -204,24 +204,10 @@ __device__ __forceinline__ void mep_combine_sum_slots(const MepLLParams &p,
       /* k ascending, one fmaf per slot: the documented (deterministic)
        * order, unchanged. */
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        if (!use[i]) continue;
-        const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&v[i]);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float2 f = __bfloat1622float2(h[j]);
-          acc[2 * j] = fmaf(w[i], f.x, acc[2 * j]);
-          acc[2 * j + 1] = fmaf(w[i], f.y, acc[2 * j + 1]);
-        }
-      }
+      for (int i = 0; i < 8; ++i)
+        if (use[i]) mep_bf16x8_fma(acc, v[i], w[i]);
     }
-    if (valid) {
-      uint4 o;
-      __nv_bfloat162 *ob = reinterpret_cast<__nv_bfloat162 *>(&o);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) ob[j] = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
-      *reinterpret_cast<uint4 *>(a.out + (size_t)t * a.hidden + c) = o;
-    }
+    if (valid) *reinterpret_cast<uint4 *>(a.out + (size_t)t * a.hidden + c) = mep_bf16x8_pack(acc);
   }
 }
 

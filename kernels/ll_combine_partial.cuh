@@ -16,6 +16,7 @@
 #ifndef MEP_LL_COMBINE_PARTIAL_CUH_
 #define MEP_LL_COMBINE_PARTIAL_CUH_
 
+#include "kernels/bf16_vec.cuh"
 #include "kernels/ll_launch.cuh"
 
 /* Channels of one step: a lane's 8 bf16 channels, 256 per warp. */
@@ -48,22 +49,10 @@ __device__ __forceinline__ uint4 mep_partial_chunk(const __nv_bfloat16 *y, int h
                  : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      if (!use[i]) continue;
-      const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&v[i]);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 f = __bfloat1622float2(h[j]);
-        acc[2 * j] = fmaf(w[i], f.x, acc[2 * j]);
-        acc[2 * j + 1] = fmaf(w[i], f.y, acc[2 * j + 1]);
-      }
-    }
+    for (int i = 0; i < 8; ++i)
+      if (use[i]) mep_bf16x8_fma(acc, v[i], w[i]);
   }
-  uint4 o;
-  __nv_bfloat162 *ob = reinterpret_cast<__nv_bfloat162 *>(&o);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) ob[j] = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
-  return o;
+  return mep_bf16x8_pack(acc);
 }
 
 /* The send half's partial rows for the weighted sources (src_s: their
@@ -159,25 +148,12 @@ __device__ __forceinline__ void mep_combine_sum_partials(const MepLLParams &p,
                             region + (size_t)(t * K + k) * a.hidden + c))
                       : make_uint4(0u, 0u, 0u, 0u);
       }
+      /* w = 1: exactly acc + partial */
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        if (!use[i]) continue;
-        const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&v[i]);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float2 f = __bfloat1622float2(h[j]);
-          acc[2 * j] += f.x;
-          acc[2 * j + 1] += f.y;
-        }
-      }
+      for (int i = 0; i < 8; ++i)
+        if (use[i]) mep_bf16x8_fma(acc, v[i], 1.0f);
     }
-    if (valid) {
-      uint4 o;
-      __nv_bfloat162 *ob = reinterpret_cast<__nv_bfloat162 *>(&o);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) ob[j] = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
-      *reinterpret_cast<uint4 *>(a.out + (size_t)t * a.hidden + c) = o;
-    }
+    if (valid) *reinterpret_cast<uint4 *>(a.out + (size_t)t * a.hidden + c) = mep_bf16x8_pack(acc);
   }
 }
 
