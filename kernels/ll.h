@@ -24,7 +24,11 @@ enum {
   /* Not a wait: a dispatch met a topk_idx value outside -1..num_experts-1
    * and dropped that slot (expert = the value, expected = token, seen = k).
    * Written into the notice record; nothing is aborted. */
-  MEP_LL_OP_BAD_ROUTING = 5
+  MEP_LL_OP_BAD_ROUTING = 5,
+  /* A dispatch receive read a count signal value no sender produces (a
+   * late signal piled onto a later one after a timeout, or corruption):
+   * expected = the lowest valid value, seen = the value; fatal. */
+  MEP_LL_OP_BAD_SIGNAL = 6
 };
 
 /* Written by a kernel whose bounded wait expired, into host-mapped memory
@@ -125,6 +129,10 @@ typedef struct mep_ll_dispatch_args {
   const float *topk_weights;
 } mep_ll_dispatch_args_t;
 
+/* Combine args describe the same layer call as the dispatch whose handle
+ * arrays they pass: num_tokens, hidden, top_k and num_experts must be the
+ * dispatch's (the route and slot arrays are indexed with them; the runtime
+ * takes them from the handle). */
 typedef struct mep_ll_combine_args {
   const void *y;             /* [E_local, R*max_tokens, H] bf16 */
   const void *topk_idx;      /* [T, K] as in dispatch */

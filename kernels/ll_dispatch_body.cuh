@@ -277,10 +277,12 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
     int n = 0, q = 0, w = 0;
     if (mep_wait_ge(p, [&] { return Tp::read_signal(p, cs); }, base + 1,
                     MEP_LL_OP_DISPATCH_RECV, r, -1, &seen)) {
-      /* A corrupt code (no sender makes it) reads nothing: never past the
-       * area. */
-      mep_ll_disp_decode(seen - base - 1, M, &n, &q, &w);
-      if (Tp::kRowSignals && q > 0) {
+      /* A code no sender makes (a corrupt or piled-up signal) reads
+       * nothing and fails the group (recorded like an expired wait). */
+      if (!mep_ll_disp_decode(seen - base - 1, M, &n, &q, &w)) {
+        mep_record_timeout(p, MEP_LL_OP_BAD_SIGNAL, r, -1, base + 1, seen);
+        failed = 1;
+      } else if (Tp::kRowSignals && q > 0) {
         const uint32_t rs = mep_ll_sig_disp_row(&p.dims, r);
         uint64_t rseen;
         if (!mep_wait_ge(p, [&] { return Tp::read_signal(p, rs); }, p.shadows[rs] + (uint64_t)q,

@@ -58,10 +58,12 @@ static inline moe_ep_status_t mep_ll_check_shape(const char *op, const mep_ll_ct
     return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
                              "%s: num_tokens is %d; it must be in 0..%d (max_tokens)", op,
                              tokens, d->max_tokens);
-  if (hidden <= 0 || hidden > d->hidden || hidden % MEP_BF16_HIDDEN_ALIGN != 0)
+  if (hidden <= 0 || hidden > d->hidden || hidden > MEP_MAX_HIDDEN ||
+      hidden % MEP_BF16_HIDDEN_ALIGN != 0)
     return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
                              "%s: hidden is %d; it must be a multiple of %d in 1..%d", op, hidden,
-                             MEP_BF16_HIDDEN_ALIGN, d->hidden);
+                             MEP_BF16_HIDDEN_ALIGN,
+                             d->hidden < MEP_MAX_HIDDEN ? d->hidden : MEP_MAX_HIDDEN);
   if (top_k < 1 || top_k > d->top_k || top_k > MEP_MAX_TOP_K)
     return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
                              "%s: top_k is %d; it must be in 1..%d", op, top_k, d->top_k);

@@ -143,13 +143,14 @@ static inline MEP_HD int mep_ll_disp_decode(uint64_t code, int max_tokens, int *
                                             int *puts, int *weighted) {
   const uint64_t m1 = (uint64_t)max_tokens + 1u;
   const uint64_t rest = code / m1;
-  *tokens = (int)(code % m1);
-  *puts = (int)(rest % (m1 + 1u));
-  *weighted = (int)(rest / (m1 + 1u));
-  if (*weighted > 1) {
+  /* range-checked in 64 bits: a piled-up or corrupt signal can be huge */
+  if (rest / (m1 + 1u) > 1u) {
     *tokens = *puts = *weighted = 0;
     return 0;
   }
+  *tokens = (int)(code % m1);
+  *puts = (int)(rest % (m1 + 1u));
+  *weighted = (int)(rest / (m1 + 1u));
   return 1;
 }
 

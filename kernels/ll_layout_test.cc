@@ -99,6 +99,9 @@ TEST(LlLayout, DispatchSignalCodeDecodes) {
   const uint64_t too_big = mep_ll_disp_code(128, 129, 1, 128);  // = largest code + 1
   EXPECT_EQ(mep_ll_disp_decode(too_big + 200000, 128, &t, &q, &w), 0);
   EXPECT_EQ(t + q + w, 0);
+  // A weighted part of 2^32 would wrap to 0 in 32 bits: refused as well.
+  const uint64_t m1 = 129;
+  EXPECT_EQ(mep_ll_disp_decode(m1 * (m1 + 1) * (1ull << 32) + 5, 128, &t, &q, &w), 0);
 }
 
 TEST(LlLayout, OneBufferSetIsHalfTheWindowOfTwo) {

@@ -236,6 +236,15 @@ static moe_ep_status_t timeout_error(const moe_ep_group_t *g, const nccl_state_t
   static const char *const ops[] = {"none", "dispatch send", "dispatch receive",
                                     "combine send", "combine receive"};
   const mep_ll_error_record_t *r = &s->rec[0];
+  if (r->op == MEP_LL_OP_BAD_SIGNAL) {
+    return mep_error(MOE_EP_ERR_INTERNAL,
+                     "a dispatch receive kernel on rank %d read %llu from rank %d's count "
+                     "signal (buffer set %d), a value no sender produces (expected %llu plus a "
+                     "token/put code): the signal state is inconsistent, e.g. a peer's late "
+                     "operation after a timeout; destroy the group",
+                     r->rank, (unsigned long long)r->seen, r->peer, r->buffer_set,
+                     (unsigned long long)r->expected);
+  }
   int op = r->op >= 0 && r->op <= 4 ? r->op : 0;
   return mep_error(MOE_EP_ERR_TIMEOUT,
                    "a %s kernel on rank %d waited timeouts.kernel_ms=%d for rank %d "
