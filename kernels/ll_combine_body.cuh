@@ -30,7 +30,6 @@ struct MepCombineArgs {
 
 #include "kernels/ll_combine_partial.cuh"
 
-
 static inline MepCombineArgs mep_combine_args(const mep_ll_ctx_t *ctx,
                                               const mep_ll_combine_args_t *a) {
   MepCombineArgs k;

@@ -40,7 +40,6 @@ typedef struct nccl_state {
 /* What a handle remembers of its dispatch (h->backend). */
 typedef struct nccl_handle {
   int32_t set;
-  int32_t weighted;    /* the dispatch sent topk_weights: combine gets partials */
   uint64_t seq;        /* the dispatch's operation number */
   int32_t *recv_count; /* the engine's recv_count tensor of that dispatch */
 } nccl_handle_t;
@@ -333,7 +332,7 @@ static void dispatch_args(moe_ep_group_t *g, nccl_state_t *s, const mep_op_t *op
       .route = s->route[op->buffer_set],
       .src_tokens = s->src_tokens[op->buffer_set],
       .weighted = op->weighted,
-      .topk_weights = op->weighted ? op->topk_weights : NULL,
+      .topk_weights = op->topk_weights,
   };
 }
 
@@ -357,7 +356,7 @@ static void combine_args(moe_ep_group_t *g, nccl_state_t *s, const mep_op_t *op,
       .src_count = s->src_count[nh->set],
       .route = s->route[nh->set],
       .src_tokens = s->src_tokens[nh->set],
-      .partials = nh->weighted,
+      .partials = h->weighted, /* this rank's dispatch sent weights */
   };
 }
 
@@ -370,7 +369,6 @@ static moe_ep_status_t send_half(moe_ep_group_t *g, nccl_state_t *s, mep_op_t *o
     }
     op->handle->backend = nh;
     nh->set = op->buffer_set;
-    nh->weighted = op->weighted;
     nh->seq = op->seq;
     nh->recv_count = op->recv_count;
     s->layout_seq[op->buffer_set] = op->seq;

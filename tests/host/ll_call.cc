@@ -222,28 +222,26 @@ void LlCall::make_y() {
 
 moe_ep_status_t LlCall::combine(uint32_t flags, moe_ep_hook_t** hook) {
   trace(c_, "combine", seed_);
-  moe_ep_combine_params_t cp = MOE_EP_INIT(moe_ep_combine_params_t);
-  cp.flags = flags;
-  cp.hidden = p_.hidden;
-  cp.y = t_y_.get();
   // Weights that travelled with the dispatch: combine may pass the same
   // tensor or NULL; odd seeds take NULL.
-  cp.topk_weights = weights_at_dispatch_ && seed_ % 2 == 1 ? nullptr : t_w_.get();
-  cp.out = t_out_.get();
-  cp.stream = stream_;
-  return c_.api->combine(c_.group, h_, &cp, hook);
+  return combine_with(weights_at_dispatch_ && seed_ % 2 == 1 ? nullptr : t_w_.get(), flags, hook);
 }
 
 moe_ep_status_t LlCall::combine_with_other_weights(uint32_t flags, moe_ep_hook_t** hook) {
-  moe_ep_combine_params_t cp = MOE_EP_INIT(moe_ep_combine_params_t);
-  cp.flags = flags;
-  cp.hidden = p_.hidden;
-  cp.y = t_y_.get();
   // Same shape, dtype and device as the weights, other data (y's rows are
   // at least as large; the call must be refused before reading them).
   Tensor other(t_y_.t.data, DT::kF32, {t_w_.shape[0], t_w_.shape[1]},
                t_w_.t.device.device_type, t_w_.t.device.device_id);
-  cp.topk_weights = other.get();
+  return combine_with(other.get(), flags, hook);
+}
+
+moe_ep_status_t LlCall::combine_with(moe_ep_tensor_t* weights, uint32_t flags,
+                                     moe_ep_hook_t** hook) {
+  moe_ep_combine_params_t cp = MOE_EP_INIT(moe_ep_combine_params_t);
+  cp.flags = flags;
+  cp.hidden = p_.hidden;
+  cp.y = t_y_.get();
+  cp.topk_weights = weights;
   cp.out = t_out_.get();
   cp.stream = stream_;
   return c_.api->combine(c_.group, h_, &cp, hook);

@@ -59,6 +59,7 @@ class LlCall {
   void* stream_ = nullptr;
   bool weights_at_dispatch_;
   void poison_outputs();
+  moe_ep_status_t combine_with(moe_ep_tensor_t* weights, uint32_t flags, moe_ep_hook_t** hook);
 };
 
 }  // namespace moe_ep_test
