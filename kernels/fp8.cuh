@@ -61,60 +61,70 @@ __device__ __forceinline__ uint4 mep_fp8_pack16(const float f[16]) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-/* Quantise one row of `hidden` (multiple of 128) bf16 values with a warp.
- * Lane l owns 16 channels of each 512-channel step (two 16-byte loads, one
- * 16-byte store of e4m3 bytes); 8 consecutive lanes own one 128-channel
- * group, so the amax reduction stays inside those 8 lanes and a group is
- * either wholly inside the row or wholly past its end. kSteps steps have
- * their loads in flight together. Every lane runs every shuffle (the loop
- * trip count depends only on hidden). x and q must be 16-byte aligned.
- * Writes q[hidden] and calls put_scale(group, scale) on one lane per group. */
+/* Lane l's two 16-byte loads of a 512-channel step starting at channel
+ * c0: channels c0 + 16 l .. c0 + 16 l + 15 (zero past `hidden`). */
+__device__ __forceinline__ void mep_fp8_load_step(const __nv_bfloat16 *x, int c0, int hidden,
+                                                  uint4 v[2]) {
+  const int c = c0 + (threadIdx.x & 31) * 16;
+  if (c < hidden) {
+    const uint4 *src = reinterpret_cast<const uint4 *>(x + c);
+    v[0] = __ldg(src);
+    v[1] = __ldg(src + 1);
+  } else {
+    v[0] = v[1] = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+/* Quantises the 512-channel step at c0 from the lane's loaded values (see
+ * mep_fp8_load_step): 8 consecutive lanes own one 128-channel group, so
+ * the amax reduction stays inside those 8 lanes and a group is either
+ * wholly inside the row or wholly past its end. Every lane must call it
+ * (shuffles). Writes q[c0 ..] and calls put_scale(group, scale) on one
+ * lane per group. */
+template <typename PutScale>
+__device__ __forceinline__ void mep_fp8_quantize_step(const uint4 v[2], int c0, int hidden,
+                                                      uint8_t *q, bool pow2,
+                                                      PutScale put_scale) {
+  const int lane = threadIdx.x & 31;
+  const int c = c0 + lane * 16;
+  float f[16];
+  mep_bf16x8_to_f32(v[0], f);
+  mep_bf16x8_to_f32(v[1], f + 8);
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(f[i]));
+#pragma unroll
+  for (int m = 4; m >= 1; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+  if (c < hidden) {
+    const float s = mep_fp8_scale(amax, pow2);
+    if (pow2) {
+      /* s = 2^e with 2^-e a normal float: x * 2^-e is exactly x / s. */
+      const float inv = __fdiv_rn(1.0f, s);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) f[i] = __fmul_rn(f[i], inv);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) f[i] = __fdiv_rn(f[i], s);
+    }
+    *reinterpret_cast<uint4 *>(q + c) = mep_fp8_pack16(f);
+    if ((lane & 7) == 0) put_scale(c / 128, s);
+  }
+}
+
+/* Quantise one row of `hidden` (multiple of 128) bf16 values with a warp:
+ * kSteps 512-channel steps have their loads in flight together. x and q
+ * must be 16-byte aligned. */
 template <typename PutScale>
 __device__ __forceinline__ void mep_fp8_quantize_row_warp(const __nv_bfloat16 *x, int hidden,
                                                           uint8_t *q, bool pow2,
                                                           PutScale put_scale) {
   constexpr int kSteps = 4;
-  const int lane = threadIdx.x & 31;
   for (int base = 0; base < hidden; base += 512 * kSteps) {
     uint4 v[kSteps][2];
 #pragma unroll
-    for (int u = 0; u < kSteps; ++u) {
-      const int c = base + u * 512 + lane * 16;
-      if (c < hidden) {
-        const uint4 *src = reinterpret_cast<const uint4 *>(x + c);
-        v[u][0] = __ldg(src);
-        v[u][1] = __ldg(src + 1);
-      } else {
-        v[u][0] = make_uint4(0u, 0u, 0u, 0u);
-        v[u][1] = make_uint4(0u, 0u, 0u, 0u);
-      }
-    }
+    for (int u = 0; u < kSteps; ++u) mep_fp8_load_step(x, base + u * 512, hidden, v[u]);
 #pragma unroll
-    for (int u = 0; u < kSteps; ++u) {
-      const int c = base + u * 512 + lane * 16;
-      float f[16];
-      mep_bf16x8_to_f32(v[u][0], f);
-      mep_bf16x8_to_f32(v[u][1], f + 8);
-      float amax = 0.f;
-#pragma unroll
-      for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(f[i]));
-#pragma unroll
-      for (int m = 4; m >= 1; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-      if (c < hidden) {
-        const float s = mep_fp8_scale(amax, pow2);
-        if (pow2) {
-          /* s = 2^e with 2^-e a normal float: x * 2^-e is exactly x / s. */
-          const float inv = __fdiv_rn(1.0f, s);
-#pragma unroll
-          for (int i = 0; i < 16; ++i) f[i] = __fmul_rn(f[i], inv);
-        } else {
-#pragma unroll
-          for (int i = 0; i < 16; ++i) f[i] = __fdiv_rn(f[i], s);
-        }
-        *reinterpret_cast<uint4 *>(q + c) = mep_fp8_pack16(f);
-        if ((lane & 7) == 0) put_scale(c / 128, s);
-      }
-    }
+    for (int u = 0; u < kSteps; ++u) mep_fp8_quantize_step(v[u], base + u * 512, hidden, q, pow2, put_scale);
   }
 }
 

@@ -25,9 +25,9 @@ enum {
    * and dropped that slot (expert = the value, expected = token, seen = k).
    * Written into the notice record; nothing is aborted. */
   MEP_LL_OP_BAD_ROUTING = 5,
-  /* A dispatch receive read a count signal value no sender produces (a
-   * late signal piled onto a later one after a timeout, or corruption):
-   * expected = the lowest valid value, seen = the value; fatal. */
+  /* A receive read a count signal value no sender produces (a late
+   * signal piled onto a later one after a timeout, or corruption):
+   * expected = the value after the last receive, seen = the value; fatal. */
   MEP_LL_OP_BAD_SIGNAL = 6
 };
 
@@ -78,7 +78,28 @@ typedef struct mep_ll_ctx {
    * address, and two virtual aliases of one allocation are not ordered
    * within a kernel without a proxy fence. */
   uint64_t lsa_local;
+  /* Diagnostics only (NULL in production): device buffer of
+   * MEP_LL_STAMP_POINTS u64 per block where the dispatch kernels write
+   * %globaltimer at each phase boundary (see MEP_LL_STAMP_*), so a test can
+   * see where a launch's time goes without a profiler's replay. */
+  uint64_t *stamps;
 } mep_ll_ctx_t;
+
+/* Phase boundaries stamped into mep_ll_ctx_t.stamps[block * POINTS + i]
+ * (0 where a block does not reach one). */
+enum {
+  MEP_LL_STAMP_ENTRY = 0,     /* first instruction */
+  MEP_LL_STAMP_SENT = 1,      /* thread 0's own send units done */
+  MEP_LL_STAMP_SIGNALLED = 2, /* count signals issued (LSA: every block's
+                                 arrival; staged: the last block) */
+  MEP_LL_STAMP_SEEN = 3,      /* receive: every source's count seen */
+  MEP_LL_STAMP_LISTED = 4,    /* receive: first scan step of the first
+                                 expert done (slot-list load latency) */
+  MEP_LL_STAMP_SCANNED = 5,   /* receive: first expert's slots compacted */
+  MEP_LL_STAMP_COPIED = 6,    /* receive: every row copied */
+  MEP_LL_STAMP_DONE = 7,      /* receive: shadows advanced (the block's end) */
+  MEP_LL_STAMP_POINTS = 8
+};
 
 /* Where the expert side finds one received (source rank, token, k) slot at
  * combine time: the slot's index in recv_x / y (le * R * max_tokens + row),

@@ -12,7 +12,7 @@ namespace {
 template <class Tp, typename IdxT>
 __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
     ll_combine_kernel(const __grid_constant__ MepLLParams p, const MepCombineArgs a) {
-  extern __shared__ int smem[]; /* send: [E_local + R], then receive: [R] */
+  extern __shared__ int smem[]; /* the send's, then the receive's */
   mep_combine_send_body<Tp>(p, a, smem);
   mep_combine_recv_body<Tp, IdxT>(p, a, smem);
 }
@@ -37,8 +37,9 @@ extern "C" moe_ep_status_t mep_ll_combine(const mep_ll_ctx_t *ctx, const mep_ll_
   const MepCombineArgs k = mep_combine_args(ctx, a);
   /* The send half walks every expert's slots: the whole grid. */
   const int grid = mep_ll_grid(ctx);
-  const int words = k.local_experts + ctx->dims.world; /* send: E_local + R; receive: R */
-  const size_t smem = (size_t)words * sizeof(int);
+  const size_t smem = mep_combine_send_smem(ctx, &k) > mep_combine_recv_smem(ctx)
+                         ? mep_combine_send_smem(ctx, &k)
+                         : mep_combine_recv_smem(ctx);
   cudaStream_t s = (cudaStream_t)stream;
   const cudaError_t e = mep_ll_with_transport(ctx->transport, [&](auto tp) {
     return launch_tp<typename decltype(tp)::type>(p, k, a->topk_idx_bytes, grid, smem, s);

@@ -6,10 +6,11 @@
  * output row goes back to its source rank, into the (token, k) row of the
  * source's combine region, and the receive half computes out[t] =
  * sum_k w[t,k] * y_k in f32, k ascending, bf16 out. With: the expert side
- * pre-reduces (ll_combine_partial.cuh). Either way the last block of the
- * send half sends one count signal per source rank; every receiving block
- * waits all peers' counts (and staged transports' rows); the last block to
- * finish the receive advances the signal shadows. */
+ * pre-reduces (ll_combine_partial.cuh). Either way the send half ends
+ * with one count signal per source rank (LSA: every block's arrival;
+ * staged: the last block's add); every receiving block waits all peers'
+ * counts (and staged transports' rows), and at its end advances its own
+ * copies of the signal shadows. */
 #ifndef MEP_LL_COMBINE_BODY_CUH_
 #define MEP_LL_COMBINE_BODY_CUH_
 
@@ -71,6 +72,15 @@ static inline moe_ep_status_t mep_combine_check_recv_ptrs(const char *op,
                              "%s: topk_idx, out and (without a dispatch that carried the "
                              "weights) topk_weights must not be NULL", op);
   return MOE_EP_OK;
+}
+
+/* Dynamic shared memory of each half (mep_combine_send_body,
+ * mep_combine_recv_body). */
+static inline size_t mep_combine_send_smem(const mep_ll_ctx_t *ctx, const MepCombineArgs *k) {
+  return (size_t)(k->local_experts + ctx->dims.world) * sizeof(int);
+}
+static inline size_t mep_combine_recv_smem(const mep_ll_ctx_t *ctx) {
+  return (size_t)ctx->dims.world * (2 * sizeof(uint64_t) + sizeof(int));
 }
 
 /* Receive units: (token, 256-channel chunk), one per warp. */
@@ -139,9 +149,15 @@ __device__ __forceinline__ void mep_combine_send_body(const MepLLParams &p,
                  yrow, stage_off, row_bytes, row_sig);
   }
 
-  /* One count signal per source: 1 + the rows it must wait for (staged
-   * partial puts, or every slot row from it). */
-  if (mep_last_block<true>(&p.tickets[MEP_LL_TICKET_COMBINE_SEND])) {
+  /* LSA: every block's arrival releases its rows; the receiver needs no
+   * row count. */
+  if constexpr (!Tp::kRowSignals) {
+    mep_arrive<Tp>(p, mep_ll_sig_comb_cnt(&p.dims, p.rank), [](int) { return (uint64_t)1; });
+    return;
+  }
+  /* Staged: one count signal per source, 1 + the rows it must wait for
+   * (partial puts, or every slot row from it). */
+  if (mep_last_block(&p.tickets[MEP_LL_TICKET_COMBINE_SEND])) {
     for (int r = threadIdx.x / 32; r < R; r += MEP_LL_THREADS / 32) {
       int count = 0;
       if (src_s[r] & MEP_LL_SRC_WEIGHTED) {
@@ -210,26 +226,29 @@ __device__ __forceinline__ void mep_combine_sum_slots(const MepLLParams &p,
   }
 }
 
-/* smem: R ints of dynamic shared memory. */
+/* smem: 2 R u64 (each source's count and row signal shadows after this
+ * receive), then R ints. */
 template <class Tp, typename IdxT>
 __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
-                                                      const MepCombineArgs &a, int *cnt) {
+                                                      const MepCombineArgs &a, int *smem) {
   __shared__ int failed;
   const int R = p.dims.world;
+  uint64_t *next = reinterpret_cast<uint64_t *>(smem);
+  int *cnt = smem + 4 * R;
   if (threadIdx.x == 0) failed = 0;
   __syncthreads();
   for (int r = threadIdx.x; r < R; r += blockDim.x) {
-    const uint32_t cs = mep_ll_sig_comb_cnt(&p.dims, r);
-    const uint64_t base = p.shadows[cs];
-    uint64_t seen = 0;
+    uint64_t base = 0, increase = 0, code = 0;
     int c = 0;
-    if (mep_wait_ge(p, [&] { return Tp::read_signal(p, cs); }, base + 1, MEP_LL_OP_COMBINE_RECV,
-                    r, -1, &seen)) {
-      c = (int)(seen - base - 1);
+    if (mep_wait_count<Tp>(p, mep_ll_sig_comb_cnt(&p.dims, r), MEP_LL_OP_COMBINE_RECV, r, &base,
+                           &increase, &code)) {
+      next[r] = base + increase;
+      c = (int)(code - 1);
       if (Tp::kRowSignals) {
         const uint32_t rs = mep_ll_sig_comb_row(&p.dims, r);
+        next[R + r] = mep_shadow(p, rs) + (uint64_t)c;
         uint64_t rseen;
-        if (!mep_wait_ge(p, [&] { return Tp::read_signal(p, rs); }, p.shadows[rs] + c,
+        if (!mep_wait_ge(p, [&] { return Tp::read_signal(p, rs); }, next[R + r],
                          MEP_LL_OP_COMBINE_RECV, r, -1, &rseen))
           failed = 1;
       }
@@ -246,13 +265,11 @@ __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
   else
     mep_combine_sum_slots<IdxT>(p, a);
 
-  /* Shadows advance once every block has read them. */
-  if (mep_last_block<false>(&p.tickets[MEP_LL_TICKET_COMBINE_RECV])) {
-    for (int r = threadIdx.x; r < R; r += blockDim.x) {
-      p.shadows[mep_ll_sig_comb_cnt(&p.dims, r)] += (uint64_t)cnt[r] + 1;
-      if (Tp::kRowSignals) p.shadows[mep_ll_sig_comb_row(&p.dims, r)] += (uint64_t)cnt[r];
-    }
-  }
+  /* Only this block reads its shadow copies: no grid-wide ticket. */
+  mep_shadows_store(
+      p, Tp::kRowSignals ? 2 * R : R,
+      [&](int j) { return j < R ? mep_ll_sig_comb_cnt(&p.dims, j) : mep_ll_sig_comb_row(&p.dims, j - R); },
+      next);
 }
 
 #endif /* MEP_LL_COMBINE_BODY_CUH_ */

@@ -36,7 +36,7 @@ extern "C" moe_ep_status_t mep_ll_combine_recv(const mep_ll_ctx_t *ctx,
   mep_ll_make_params(ctx, a->buffer_set, &p);
   const MepCombineArgs k = mep_combine_args(ctx, a);
   const int grid = mep_ll_grid_for(ctx, mep_combine_recv_units(a));
-  const size_t smem = (size_t)ctx->dims.world * sizeof(int);
+  const size_t smem = mep_combine_recv_smem(ctx);
   cudaStream_t s = (cudaStream_t)stream;
   const cudaError_t e = mep_ll_with_transport(ctx->transport, [&](auto tp) {
     return launch_tp<typename decltype(tp)::type>(p, k, a->topk_idx_bytes, grid, smem, s);

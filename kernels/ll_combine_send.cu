@@ -34,8 +34,7 @@ extern "C" moe_ep_status_t mep_ll_combine_send(const mep_ll_ctx_t *ctx,
   mep_ll_make_params(ctx, a->buffer_set, &p);
   const MepCombineArgs k = mep_combine_args(ctx, a);
   const int grid = mep_ll_grid(ctx);
-  const int words = k.local_experts + ctx->dims.world; /* send: E_local + R; receive: R */
-  const size_t smem = (size_t)words * sizeof(int);
+  const size_t smem = mep_combine_send_smem(ctx, &k);
   cudaStream_t s = (cudaStream_t)stream;
   const cudaError_t e = mep_ll_with_transport(ctx->transport, [&](auto tp) {
     ll_combine_send_kernel<typename decltype(tp)::type><<<grid, MEP_LL_THREADS, smem, s>>>(p, k);

@@ -6,21 +6,22 @@
  * experts, into the (source rank, token) row of that rank's receive area,
  * together with the token's slot list as the destination sees it (local
  * expert per k, -1 elsewhere); the receiver builds the per-expert slots
- * (deterministic order) itself. Then the last block to finish sends one
- * count signal per destination. LSA: work unit = (token, destination,
- * 2048-channel chunk); the warp quantises its chunk straight into the
- * peer's row (16-byte stores). Staged transports (GIN, GIN-emulated): one
- * warp per token quantises once into the local staging row (a put's source
- * must be in the window), puts it once per destination, and the last block
- * puts each destination's slot list.
+ * (deterministic order) itself. LSA: work unit = (token, destination,
+ * 1024-channel chunk); the warp loads its chunk, then the routing, and
+ * quantises straight into the peer's row (16-byte stores); every block
+ * then adds its arrival to each destination's count signal. Staged
+ * transports (GIN, GIN-emulated): one warp per token quantises once into
+ * the local staging row (a put's source must be in the window), puts it
+ * once per destination, and the last block puts each destination's slot
+ * list and sends the count signals.
  *
  * Receive: every block waits for every source rank's count signal (and, for
  * staged transports, its puts), then handles local experts: for each source
  * rank in order, a block-wide stable compaction of that source's slot list
  * gives the expert's slots (source rank, then token, then k), and warps copy
  * the source's token rows into them. Writes the handle (slot sources,
- * counts, and each received slot's route for combine). The last block to
- * finish advances the signal shadows. */
+ * counts, and each received slot's route for combine). Each block then
+ * advances its own copies of the signal shadows. */
 #ifndef MEP_LL_DISPATCH_BODY_CUH_
 #define MEP_LL_DISPATCH_BODY_CUH_
 
@@ -120,6 +121,44 @@ __device__ __forceinline__ void mep_write_row_part(const MepDispatchArgs &a, con
   }
 }
 
+/* An LSA work unit's channels [c0, c0 + n) of a token row (n <=
+ * kMepDispatchChunk), as four 16-byte registers per lane. Loaded before the
+ * routing load, so the two latencies overlap; stored (fp8: quantised) once
+ * the unit's destination is known to take the token. */
+static_assert(kMepDispatchChunk == 2 * 512 && kMepDispatchChunk == 4 * 32 * 8,
+              "an LSA chunk is two 512-channel quantiser steps, or four uint4 per lane");
+template <bool kFp8>
+__device__ __forceinline__ void mep_chunk_load(const __nv_bfloat16 *xc, int n, uint4 v[4]) {
+  if (kFp8) {
+    mep_fp8_load_step(xc, 0, n, v);
+    mep_fp8_load_step(xc, 512, n, v + 2);
+  } else {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int i = u * 32 + lane;
+      v[u] = i < n / 8 ? __ldg(reinterpret_cast<const uint4 *>(xc) + i) : make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+}
+template <bool kFp8>
+__device__ __forceinline__ void mep_chunk_store(const MepDispatchArgs &a, const uint4 v[4],
+                                                char *drow, int c0, int n) {
+  if (kFp8) {
+    float *sc = reinterpret_cast<float *>(drow + a.hidden) + c0 / 128;
+    uint8_t *q = reinterpret_cast<uint8_t *>(drow) + c0;
+    auto put = [&](int g, float s) { sc[g] = s; };
+    mep_fp8_quantize_step(v, 0, n, q, a.pow2, put);
+    mep_fp8_quantize_step(v + 2, 512, n, q, a.pow2, put);
+  } else {
+    const int lane = threadIdx.x & 31;
+    uint4 *dst = reinterpret_cast<uint4 *>(drow + 2 * (size_t)c0);
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      if (u * 32 + lane < n / 8) dst[u * 32 + lane] = v[u];
+  }
+}
+
 template <class Tp, bool kFp8, typename IdxT>
 __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
                                                        const MepDispatchArgs &a) {
@@ -130,6 +169,7 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
   const uint64_t list_bytes = mep_ll_list_bytes(&p.dims);
   const uint64_t my_row = (uint64_t)p.rank * M; /* this rank's rows at every destination */
   const uint64_t my_list = p.set_off + p.lay.disp_list + (uint64_t)p.rank * list_bytes;
+  mep_stamp(p, MEP_LL_STAMP_ENTRY);
 
   if constexpr (!Tp::kStaged) {
     const int nch = (a.hidden + kMepDispatchChunk - 1) / kMepDispatchChunk;
@@ -137,10 +177,8 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
       const int ch = u % nch, td = u / nch, d = td % R, t = td / R;
       const int c0 = ch * kMepDispatchChunk;
       const int n = a.hidden - c0 < kMepDispatchChunk ? a.hidden - c0 : kMepDispatchChunk;
-      const char *xc = reinterpret_cast<const char *>(a.x + (size_t)t * a.hidden + c0);
-      /* The chunk's 128-byte lines start towards L2 while the routing load
-       * is in flight (the two were serial latencies). */
-      if (lane * 128 < n * 2) asm volatile("prefetch.global.L2 [%0];" ::"l"(xc + lane * 128));
+      uint4 v[4];
+      mep_chunk_load<kFp8>(a.x + (size_t)t * a.hidden + c0, n, v);
       const float w = ch == 0 ? mep_slot_weight(a, t, lane) : 0.f;
       int le;
       const int dst = mep_slot_dst<IdxT>(p, a, t, lane, &le);
@@ -151,13 +189,12 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
       if (__ballot_sync(0xffffffffu, dst == d) == 0) continue;
       char *drow = static_cast<char *>(
           Tp::peer_ptr(p, d, p.set_off + p.lay.disp_recv + (my_row + t) * a.row_bytes));
-      mep_write_row_part<kFp8>(a, a.x + (size_t)t * a.hidden, drow, c0, n);
+      mep_chunk_store<kFp8>(a, v, drow, c0, n);
     }
-    if (mep_last_block<true>(&p.tickets[MEP_LL_TICKET_DISPATCH_SEND])) {
-      for (int d = threadIdx.x; d < R; d += blockDim.x)
-        Tp::signal(p, d, mep_ll_sig_disp_cnt(&p.dims, p.rank),
-                   mep_ll_disp_code(T, 0, a.weighted, M));
-    }
+    mep_stamp(p, MEP_LL_STAMP_SENT);
+    const uint64_t code = mep_ll_disp_code(T, 0, a.weighted, M);
+    mep_arrive<Tp>(p, mep_ll_sig_disp_cnt(&p.dims, p.rank), [&](int) { return code; });
+    mep_stamp(p, MEP_LL_STAMP_SIGNALLED);
   } else {
     const uint64_t stage_rows = p.set_off + p.lay.stage;
     const uint64_t stage_list = p.set_off + p.lay.stage_list;
@@ -183,7 +220,8 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
         if (lane == 0) atomicAdd(&p.puts[d], 1u);
       }
     }
-    if (mep_last_block<true>(&p.tickets[MEP_LL_TICKET_DISPATCH_SEND])) {
+    mep_stamp(p, MEP_LL_STAMP_SENT);
+    if (mep_last_block(&p.tickets[MEP_LL_TICKET_DISPATCH_SEND])) {
       for (int d = threadIdx.x / 32; d < R; d += MEP_LL_THREADS / 32) {
         const uint32_t rows = mep_ld_volatile_u32(&p.puts[d]);
         const uint64_t src = stage_list + d * list_bytes;
@@ -196,6 +234,7 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
                      mep_ll_disp_code(T, (int)rows + (T > 0), a.weighted, M));
         }
       }
+      mep_stamp(p, MEP_LL_STAMP_SIGNALLED);
     }
   }
   Tp::flush_warp(p);
@@ -253,17 +292,18 @@ __device__ __forceinline__ void mep_copy_recv_row(const MepDispatchArgs &a, cons
   }
 }
 
-/* smem: 3 * R ints of dynamic shared memory (tokens, puts and the weighted
- * flag per source). */
+/* smem: 2 R u64 (each source's count and row signal shadows after this
+ * receive), then 3 R ints (tokens, puts and the weighted flag per source). */
 template <class Tp, bool kFp8>
 __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
                                                        const MepDispatchArgs &a, int *smem) {
   __shared__ int warp_hits[kMepWarps];
   __shared__ int failed;
   const int R = p.dims.world, M = p.dims.max_tokens, K = a.top_k;
-  int *tokens = smem;
-  int *puts = smem + R;
-  int *weighted = smem + 2 * R;
+  uint64_t *next = reinterpret_cast<uint64_t *>(smem);
+  int *tokens = smem + 4 * R;
+  int *puts = tokens + R;
+  int *weighted = puts + R;
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   const int cap = R * M; /* slots per local expert */
   const uint64_t list_bytes = mep_ll_list_bytes(&p.dims);
@@ -272,21 +312,21 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
   __syncthreads();
   for (int r = threadIdx.x; r < R; r += blockDim.x) {
     const uint32_t cs = mep_ll_sig_disp_cnt(&p.dims, r);
-    const uint64_t base = p.shadows[cs];
-    uint64_t seen = 0;
+    uint64_t base = 0, increase = 0, code = 0;
     int n = 0, q = 0, w = 0;
-    if (mep_wait_ge(p, [&] { return Tp::read_signal(p, cs); }, base + 1,
-                    MEP_LL_OP_DISPATCH_RECV, r, -1, &seen)) {
+    if (mep_wait_count<Tp>(p, cs, MEP_LL_OP_DISPATCH_RECV, r, &base, &increase, &code)) {
+      next[r] = base + increase;
       /* A code no sender makes (a corrupt or piled-up signal) reads
        * nothing and fails the group (recorded like an expired wait). */
-      if (!mep_ll_disp_decode(seen - base - 1, M, &n, &q, &w)) {
-        mep_record_timeout(p, MEP_LL_OP_BAD_SIGNAL, r, -1, base + 1, seen);
+      if (!mep_ll_disp_decode(code - 1, M, &n, &q, &w)) {
+        mep_record_timeout(p, MEP_LL_OP_BAD_SIGNAL, r, -1, base, base + increase);
         failed = 1;
-      } else if (Tp::kRowSignals && q > 0) {
+      } else if (Tp::kRowSignals) {
         const uint32_t rs = mep_ll_sig_disp_row(&p.dims, r);
+        next[R + r] = mep_shadow(p, rs) + (uint64_t)q;
         uint64_t rseen;
-        if (!mep_wait_ge(p, [&] { return Tp::read_signal(p, rs); }, p.shadows[rs] + (uint64_t)q,
-                         MEP_LL_OP_DISPATCH_RECV, r, -1, &rseen))
+        if (q > 0 && !mep_wait_ge(p, [&] { return Tp::read_signal(p, rs); }, next[R + r],
+                                  MEP_LL_OP_DISPATCH_RECV, r, -1, &rseen))
           failed = 1;
       }
     } else {
@@ -298,6 +338,7 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
   }
   __syncthreads();
   if (failed) return; /* the record says why; outputs stay as they were */
+  mep_stamp(p, MEP_LL_STAMP_SEEN);
 
   if (blockIdx.x == 0)
     for (int r = threadIdx.x; r < R; r += blockDim.x)
@@ -362,6 +403,8 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
                 pos < M ? le * cap + filled + pos : MEP_LL_ROUTE_DROPPED, ent[q].y};
           hits += all;
           __syncthreads(); /* warp_hits is reused */
+          if (le == (int)blockIdx.x && r == 0 && i0 == 0 && q == 0)
+            mep_stamp(p, MEP_LL_STAMP_LISTED);
         }
 #pragma unroll
         for (int q = 0; q < kMepListBatch; ++q) ent[q] = nxt[q];
@@ -372,6 +415,7 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
     }
     if (threadIdx.x == 0) a.recv_count[le] = filled;
     __syncthreads(); /* this expert's slot sources are written */
+    if (le == (int)blockIdx.x) mep_stamp(p, MEP_LL_STAMP_SCANNED);
     for (int j = warp; j < filled; j += kMepWarps) {
       const int v = slots[j];
       const uint64_t src_row = (uint64_t)MEP_LL_SLOT_RANK(v) * M + MEP_LL_SLOT_TOKEN(v);
@@ -380,14 +424,13 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
     }
   }
 
-  /* Shadows advance once every block has read them. */
-  if (mep_last_block<false>(&p.tickets[MEP_LL_TICKET_DISPATCH_RECV])) {
-    for (int r = threadIdx.x; r < R; r += blockDim.x) {
-      p.shadows[mep_ll_sig_disp_cnt(&p.dims, r)] +=
-          mep_ll_disp_code(tokens[r], puts[r], weighted[r], M);
-      if (Tp::kRowSignals) p.shadows[mep_ll_sig_disp_row(&p.dims, r)] += (uint64_t)puts[r];
-    }
-  }
+  mep_stamp(p, MEP_LL_STAMP_COPIED);
+  /* Only this block reads its shadow copies: no grid-wide ticket. */
+  mep_shadows_store(
+      p, Tp::kRowSignals ? 2 * R : R,
+      [&](int j) { return j < R ? mep_ll_sig_disp_cnt(&p.dims, j) : mep_ll_sig_disp_row(&p.dims, j - R); },
+      next);
+  mep_stamp(p, MEP_LL_STAMP_DONE);
 }
 
 /* Warp-sized work units of the send half: LSA units are (token,
@@ -427,7 +470,7 @@ static inline moe_ep_status_t mep_dispatch_check_recv_ptrs(const char *op,
 
 /* Dynamic shared memory of the receive half. */
 static inline size_t mep_dispatch_recv_smem(const mep_ll_ctx_t *ctx) {
-  return (size_t)(3 * ctx->dims.world) * sizeof(int);
+  return (size_t)ctx->dims.world * (2 * sizeof(uint64_t) + 3 * sizeof(int));
 }
 
 #endif /* MEP_LL_DISPATCH_BODY_CUH_ */

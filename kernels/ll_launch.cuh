@@ -95,13 +95,15 @@ static inline void mep_ll_make_params(const mep_ll_ctx_t *ctx, int set, MepLLPar
   p->timeout_cycles = ctx->timeout_cycles;
   const mep_ll_state_layout_t s = mep_ll_state_layout(&ctx->dims);
   char *st = (char *)ctx->state;
-  p->shadows = (uint64_t *)(st + s.shadows) + (uint64_t)set * p->lay.num_signals;
+  p->shadows =
+      (uint64_t *)(st + s.shadows) + (uint64_t)set * MEP_LL_SHADOW_SLOTS * p->lay.num_signals;
   p->puts = (uint32_t *)(st + s.puts) + (uint64_t)set * ctx->dims.world;
   p->comb_puts = (uint32_t *)(st + s.comb_puts) + (uint64_t)set * ctx->dims.world;
   p->tickets = (uint32_t *)(st + s.tickets) + set * MEP_LL_NUM_TICKETS;
   p->abort_flag = (uint32_t *)(st + s.abort_flag);
   p->err = ctx->error_dev;
   p->notice = ctx->notice_dev;
+  p->stamps = ctx->stamps;
 }
 
 /* The checks every LL launcher starts with: non-NULL arguments, a usable
@@ -134,11 +136,13 @@ static inline cudaError_t mep_ll_with_transport(int transport, Fn &&fn) {
 }
 
 /* Blocks per launch: the caller's SM budget, never more than the device's
- * SM count (co-residency of spinning blocks). */
+ * SM count (co-residency of spinning blocks) or the receive blocks' shadow
+ * copies (MEP_LL_SHADOW_SLOTS). */
 static inline int mep_ll_grid(const mep_ll_ctx_t *ctx) {
   int dev = 0, sms = 1;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (sms > MEP_LL_SHADOW_SLOTS) sms = MEP_LL_SHADOW_SLOTS;
   return ctx->num_sms < sms ? ctx->num_sms : sms;
 }
 

@@ -154,24 +154,50 @@ static inline MEP_HD int mep_ll_disp_decode(uint64_t code, int max_tokens, int *
   return 1;
 }
 
+/* Count signals under LSA carry arrivals: every block of a send half adds
+ * one arrival (bit 48) after its own stores, and block 0's add also carries
+ * the grid size (bits 32..47) and the code (bits 0..31: mep_ll_disp_code,
+ * or 1 + rows for combine). The receiver reads a signal's increase since
+ * its last receive: complete once the arrivals equal the grid size. No
+ * grid-wide ticket, and no last block that signals after everyone else. */
+#define MEP_LL_ARRIVAL_ONE (1ull << 48)
+#define MEP_LL_ARRIVAL_GRID_SHIFT 32
+static inline MEP_HD uint64_t mep_ll_arrival_add(uint64_t code, uint32_t block, uint32_t grid) {
+  return MEP_LL_ARRIVAL_ONE +
+         (block == 0 ? ((uint64_t)grid << MEP_LL_ARRIVAL_GRID_SHIFT) + code : 0u);
+}
+/* 1: complete (*code = block 0's code); 0: arrivals still missing; -1: more
+ * arrivals than the grid (a piled-up or corrupt signal). */
+static inline MEP_HD int mep_ll_arrival_state(uint64_t increase, uint64_t *code) {
+  const uint64_t arrived = increase >> 48;
+  const uint64_t grid = (increase >> MEP_LL_ARRIVAL_GRID_SHIFT) & 0xffffu;
+  *code = increase & 0xffffffffu;
+  if (grid == 0) return 0;
+  return arrived < grid ? 0 : arrived == grid ? 1 : -1;
+}
+
 /* Device state (ordinary device memory, zeroed once): signal shadows (the
  * value each signal had after the last completed receive), the staged
  * dispatch's and combine's per-destination put counters (contiguous with
  * the tickets and the abort flag: mep_ll_clear_abort zeroes them as one
- * range), and one block ticket per kernel
- * and set (the last block of a launch finishes its work: signals, shadow
- * updates). Everything advances in device memory, so graph replays need no
- * host. */
+ * range), and one block ticket per staged send kernel and set (its last
+ * block sends the count signals). Everything advances in device memory, so
+ * graph replays need no host.
+ *
+ * Every receive block keeps its own copy of the shadows (slot = block
+ * index), so a receive ends without a grid-wide ticket: block b reads slot
+ * b, and at its end writes the new value into slots b, b + grid, b +
+ * 2 grid, ... Between launches all slots are equal, whatever grid the next
+ * launch has; launches use at most MEP_LL_SHADOW_SLOTS blocks. */
+#define MEP_LL_SHADOW_SLOTS 256
 enum {
-  MEP_LL_TICKET_COMBINE_RECV = 0,
-  MEP_LL_TICKET_DISPATCH_SEND = 1,
-  MEP_LL_TICKET_COMBINE_SEND = 2,
-  MEP_LL_TICKET_DISPATCH_RECV = 3,
-  MEP_LL_NUM_TICKETS = 4
+  MEP_LL_TICKET_DISPATCH_SEND = 0,
+  MEP_LL_TICKET_COMBINE_SEND = 1,
+  MEP_LL_NUM_TICKETS = 2
 };
 
 typedef struct mep_ll_state_layout {
-  uint64_t shadows;    /* u64 [2 sets][num_signals] */
+  uint64_t shadows;    /* u64 [2 sets][MEP_LL_SHADOW_SLOTS][num_signals] */
   uint64_t puts;       /* u32 [2 sets][R] staged dispatch puts per destination */
   uint64_t comb_puts;  /* u32 [2 sets][R] staged combine partial puts per destination */
   uint64_t tickets;    /* u32 [2 sets][MEP_LL_NUM_TICKETS] */
@@ -183,7 +209,7 @@ static inline MEP_HD mep_ll_state_layout_t mep_ll_state_layout(const mep_ll_dims
   mep_ll_state_layout_t s;
   const uint64_t nsig = 4u * (uint64_t)d->world;
   s.shadows = 0;
-  s.puts = mep_ll_align16(2u * nsig * 8u);
+  s.puts = mep_ll_align16(2u * MEP_LL_SHADOW_SLOTS * nsig * 8u);
   s.comb_puts = s.puts + mep_ll_align16(2u * (uint64_t)d->world * 4u);
   s.tickets = s.comb_puts + mep_ll_align16(2u * (uint64_t)d->world * 4u);
   s.abort_flag = s.tickets + 2u * MEP_LL_NUM_TICKETS * 4u;

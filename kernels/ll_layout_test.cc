@@ -104,6 +104,35 @@ TEST(LlLayout, DispatchSignalCodeDecodes) {
   EXPECT_EQ(mep_ll_disp_decode(m1 * (m1 + 1) * (1ull << 32) + 5, 128, &t, &q, &w), 0);
 }
 
+// LSA count signals: the arrivals of every block, in any order, complete
+// exactly when the last one lands, and give back block 0's code; one more
+// arrival (a piled-up signal) is refused.
+TEST(LlLayout, ArrivalsCompleteOnlyWithEveryBlock) {
+  const uint64_t code = mep_ll_disp_code(1024, 0, 1, 1024);  // the largest LSA code
+  ASSERT_LT(code, 1ull << 32);
+  for (uint32_t grid : {1u, 2u, 7u, 132u, 1024u}) {
+    for (uint32_t block0_at : {0u, grid / 2, grid - 1}) {  // when block 0's add lands
+      uint64_t v = 0xfffffffffffff000ull;  // the shadow: any value, wrapping included
+      const uint64_t base = v;
+      uint32_t added = 0;
+      for (uint32_t i = 0; i < grid; ++i) {
+        // block 0 lands i-th at block0_at; the others in index order
+        const uint32_t b = i == block0_at ? 0u : (i < block0_at ? i + 1 : i);
+        uint64_t got = 0;
+        ASSERT_EQ(mep_ll_arrival_state(v - base, &got), 0)
+            << "grid=" << grid << " block 0 at " << block0_at << " after " << added;
+        v += mep_ll_arrival_add(code, b, grid);
+        ++added;
+      }
+      uint64_t got = 0;
+      ASSERT_EQ(mep_ll_arrival_state(v - base, &got), 1) << "grid=" << grid;
+      EXPECT_EQ(got, code) << "grid=" << grid;
+      EXPECT_EQ(mep_ll_arrival_state(v - base + mep_ll_arrival_add(0, 1, grid), &got), -1)
+          << "grid=" << grid;
+    }
+  }
+}
+
 TEST(LlLayout, OneBufferSetIsHalfTheWindowOfTwo) {
   mep_ll_dims_t one = {128, 2, 128, 7168, 8, 1, 1}, two = one;
   two.num_sets = 2;
@@ -119,7 +148,8 @@ TEST(LlLayout, StateRegionsDisjoint) {
     mep_ll_dims_t d = {16, r, 8, 128, 8, 0, 2};
     const mep_ll_state_layout_t s = mep_ll_state_layout(&d);
     const uint64_t nsig = mep_ll_set_layout(&d).num_signals;
-    EXPECT_LE(s.shadows + 2 * nsig * 8, s.puts) << "R=" << r;
+    // every receive block's copy of every signal's shadow, in both sets
+    EXPECT_LE(s.shadows + 2 * MEP_LL_SHADOW_SLOTS * nsig * 8, s.puts) << "R=" << r;
     EXPECT_LE(s.puts + 2ull * r * 4, s.tickets) << "R=" << r;
     EXPECT_LE(s.tickets + 2ull * MEP_LL_NUM_TICKETS * 4, s.abort_flag) << "R=" << r;
     EXPECT_LE(s.abort_flag + 4, s.bytes) << "R=" << r;

@@ -7,8 +7,10 @@
  *   kStaged      sources must sit in the local window (GIN puts read the
  *                window); the kernel stages caller rows there first.
  *   kRowSignals  every put adds 1 to a row signal at the receiver, so the
- *                receiver waits rows by count; without it (LSA) the sender
- *                counts its own finished rows and signals only afterwards.
+ *                receiver waits rows by count, and the send half's last
+ *                block adds the count signal once; without it (LSA) every
+ *                block of the send half releases its own stores with one
+ *                arrival on the count signal (mep_ll_arrival_add).
  *   put_warp(p, peer, dst_off, src, src_off, bytes, row_sig)   whole warp
  *   signal(p, peer, sig, add)                                   one lane
  *   read_signal(p, sig) -> u64 (acquire)                        one lane
@@ -42,14 +44,24 @@ struct MepLLParams {
   int set;
   uint32_t gin_sig_base;  /* set * lay.num_signals */
   uint64_t timeout_cycles;
-  uint64_t *shadows;      /* this set's shadows [num_signals] */
+  uint64_t *shadows;      /* this set's shadows [MEP_LL_SHADOW_SLOTS][num_signals] */
   uint32_t *puts;         /* this set's staged-dispatch puts per destination [R] */
   uint32_t *comb_puts;    /* this set's staged combine partial puts per destination [R] */
   uint32_t *tickets;      /* this set's block tickets [MEP_LL_NUM_TICKETS] */
   uint32_t *abort_flag;
   mep_ll_error_record_t *err;
   mep_ll_error_record_t *notice; /* may be NULL */
+  uint64_t *stamps;              /* diagnostics, usually NULL (mep_ll_ctx_t) */
 };
+
+/* Thread 0 writes %globaltimer for phase `point` of this block when the
+ * caller asked for stamps; otherwise one uniform branch. */
+__device__ __forceinline__ void mep_stamp(const MepLLParams &p, int point) {
+  if (p.stamps == nullptr || threadIdx.x != 0) return;
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  p.stamps[blockIdx.x * MEP_LL_STAMP_POINTS + point] = t;
+}
 
 __device__ __forceinline__ uint64_t mep_ld_acquire_sys(const uint64_t *p) {
   uint64_t v;
@@ -98,16 +110,18 @@ static __device__ __noinline__ void mep_record_bad_routing(const MepLLParams &p,
                        (uint64_t)k);
 }
 
-/* Spins until read() >= target (wrap-safe), bounded by p.timeout_cycles.
- * Returns false (after recording) on expiry or when another wait aborted. */
-template <typename Read>
-__device__ __forceinline__ bool mep_wait_ge(const MepLLParams &p, Read read, uint64_t target,
-                                            int op, int peer, int expert, uint64_t *seen) {
+/* Spins until done(read()) holds, bounded by p.timeout_cycles. Returns
+ * false (after recording `expected` and the last value) on expiry, or when
+ * another wait aborted. */
+template <typename Read, typename Done>
+__device__ __forceinline__ bool mep_wait(const MepLLParams &p, Read read, Done done,
+                                         uint64_t expected, int op, int peer, int expert,
+                                         uint64_t *seen) {
   const long long start = clock64();
   uint32_t iter = 0;
   for (;;) {
     const uint64_t v = read();
-    if ((int64_t)(v - target) >= 0) {
+    if (done(v)) {
       *seen = v;
       return true;
     }
@@ -117,12 +131,81 @@ __device__ __forceinline__ bool mep_wait_ge(const MepLLParams &p, Read read, uin
         return false;
       }
       if ((uint64_t)(clock64() - start) > p.timeout_cycles) {
-        mep_record_timeout(p, op, peer, expert, target, v);
+        mep_record_timeout(p, op, peer, expert, expected, v);
         *seen = v;
         return false;
       }
     }
   }
+}
+
+/* Spins until read() >= target (wrap-safe); see mep_wait. */
+template <typename Read>
+__device__ __forceinline__ bool mep_wait_ge(const MepLLParams &p, Read read, uint64_t target,
+                                            int op, int peer, int expert, uint64_t *seen) {
+  return mep_wait(p, read, [&](uint64_t v) { return (int64_t)(v - target) >= 0; }, target, op,
+                  peer, expert, seen);
+}
+
+/* This block's copy of signal `sig`'s shadow (see MEP_LL_SHADOW_SLOTS). */
+__device__ __forceinline__ uint64_t mep_shadow(const MepLLParams &p, uint32_t sig) {
+  return p.shadows[(uint64_t)blockIdx.x * p.lay.num_signals + sig];
+}
+
+/* Ends a receive block: writes next[j] into every copy this block owns of
+ * signal sig_of(j), j < n (slots b, b + grid, ...). Block-wide; after the
+ * block's last read of its own copies (no other block reads them). */
+template <typename SigOf>
+__device__ __forceinline__ void mep_shadows_store(const MepLLParams &p, int n, SigOf sig_of,
+                                                  const uint64_t *next) {
+  const uint32_t owned = (MEP_LL_SHADOW_SLOTS - blockIdx.x + gridDim.x - 1) / gridDim.x;
+  for (uint32_t i = threadIdx.x; i < owned * (uint32_t)n; i += blockDim.x) {
+    const uint64_t slot = blockIdx.x + (uint64_t)(i / n) * gridDim.x;
+    p.shadows[slot * p.lay.num_signals + sig_of((int)(i % n))] = next[i % n];
+  }
+}
+
+/* Waits for source `peer`'s count signal `sig` in this set: one add by the
+ * sender's last block (row-signalled transports), or every sender block's
+ * arrival (LSA, mep_ll_arrival_add). *base: the block's shadow; *increase:
+ * how far the signal moved; *code: the sender's code. False when the wait
+ * expired or aborted, or the value is one no sender makes (recorded as
+ * MEP_LL_OP_BAD_SIGNAL). One lane. */
+template <class Tp>
+__device__ __forceinline__ bool mep_wait_count(const MepLLParams &p, uint32_t sig, int op,
+                                               int peer, uint64_t *base, uint64_t *increase,
+                                               uint64_t *code) {
+  const uint64_t b = *base = mep_shadow(p, sig);
+  auto read = [&] { return Tp::read_signal(p, sig); };
+  uint64_t seen = 0;
+  if (Tp::kRowSignals) {
+    if (!mep_wait_ge(p, read, b + 1, op, peer, -1, &seen)) return false;
+    *increase = *code = seen - b;
+    return true;
+  }
+  uint64_t c = 0;
+  if (!mep_wait(p, read, [&](uint64_t v) { return mep_ll_arrival_state(v - b, &c) != 0; },
+                b + MEP_LL_ARRIVAL_ONE, op, peer, -1, &seen))
+    return false;
+  if (mep_ll_arrival_state(seen - b, &c) < 0) {
+    mep_record_timeout(p, MEP_LL_OP_BAD_SIGNAL, peer, -1, b, seen);
+    return false;
+  }
+  *increase = seen - b;
+  *code = c;
+  return true;
+}
+
+/* Ends an LSA send half: once the block's stores are done (the barrier),
+ * each destination gets this block's arrival (a release add: it carries
+ * the block's stores); block 0's also carries the grid size and
+ * code_of(destination). */
+template <class Tp, typename CodeOf>
+__device__ __forceinline__ void mep_arrive(const MepLLParams &p, uint32_t sig, CodeOf code_of) {
+  __syncthreads();
+  for (int d = threadIdx.x; d < p.dims.world; d += blockDim.x)
+    Tp::signal(p, d, sig,
+               mep_ll_arrival_add(blockIdx.x == 0 ? code_of(d) : 0u, blockIdx.x, gridDim.x));
 }
 
 /* Warp copy of `bytes` (multiple of 16, 16-byte aligned) from src to dst.
@@ -150,29 +233,19 @@ __device__ __forceinline__ void mep_copy_warp(void *dst, const void *src, uint32
   }
 }
 
-/* Ends a launch's work phase: returns true on every thread of exactly one
- * block, the last to get here. kSystem (send halves): once every block's
- * earlier stores (local and NVLink) are visible at system scope, so the
- * last block's signals release them; the barrier makes the block's stores
- * visible to its thread 0, whose system fence then orders them all
- * (cumulativity) before the ticket, and the last block acquires after
- * reading it. Receive halves pass false: their last block only updates
- * this GPU's signal shadows after every block has read them, which a GPU-
- * scope fence orders (measured ~0.5 us cheaper than the system fence at
- * the end of every receive, tools/probe). No block waits for another here
- * (a fused kernel's receive half does wait for its own send half's signal:
- * those are launched cooperatively). The ticket is reset for the next
- * launch (a kernel boundary away). */
-template <bool kSystem>
+/* Ends a staged send half's work phase: returns true on every thread of
+ * exactly one block, the last to get here, once every block's earlier
+ * stores are visible at system scope, so the last block's signals release
+ * them: the barrier makes the block's stores visible to its thread 0, whose
+ * system fence then orders them all (cumulativity) before the ticket, and
+ * the last block acquires after reading it. No block waits for another
+ * here. The ticket is reset for the next launch (a kernel boundary away). */
 __device__ __forceinline__ bool mep_last_block(uint32_t *ticket) {
   __shared__ bool last;
   __syncthreads();
   if (threadIdx.x == 0) {
     /* a release pattern: fence.acq_rel, not a full fence.sc */
-    if (kSystem)
-      asm volatile("fence.acq_rel.sys;" ::: "memory");
-    else
-      asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    asm volatile("fence.acq_rel.sys;" ::: "memory");
     if (gridDim.x == 1) {
       last = true;
     } else {

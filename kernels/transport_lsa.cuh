@@ -1,8 +1,8 @@
 /* transport_lsa.cuh: LSA transport. Stores go straight into the peer's
- * symmetric window through ncclGetLsaPointer; the count signal is a
- * system-scope atomic add issued after a system fence by the last block of
- * the launch (mep_last_block), once every block's stores are visible: no
- * per-row signals. */
+ * symmetric window through its LSA address; a count signal is the sum of
+ * every send block's arrival, each a system-scope release add issued once
+ * that block's stores are done (mep_arrive): no per-row signals, no
+ * grid-wide ticket. */
 #ifndef MEP_TRANSPORT_LSA_CUH_
 #define MEP_TRANSPORT_LSA_CUH_
 
@@ -20,9 +20,9 @@ struct MepLsa {
   }
   static __device__ __forceinline__ void signal(const MepLLParams &p, int peer, uint32_t sig,
                                                 uint64_t add) {
-    /* A release add at system scope: the rows (ordered before this thread
-     * by mep_last_block's fence, ticket and barrier) land before the
-     * count. */
+    /* A release add at system scope: the block's rows (ordered before
+     * this thread by the block barrier in mep_arrive; release is
+     * cumulative) land before the count moves. */
     unsigned long long *s =
         reinterpret_cast<unsigned long long *>(peer_ptr(p, peer, mep_sig_off(p, sig)));
     asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(s), "l"((unsigned long long)add)

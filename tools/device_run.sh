@@ -2,10 +2,11 @@
 # device_run.sh (copied to .gpu_bundle/run_device.sh): the GPU suite, run on
 # the GPU machine from the repository root, most important first; every log
 # goes to $OUT and a one-line verdict per step to $OUT/summary.txt.
-# Usage: bash .gpu_bundle/run_device.sh [full|quick|one]; quick stops after
+# Usage: bash .gpu_bundle/run_device.sh [full|quick|one|ab]; quick stops after
 # the kernel test, the weighted-dispatch API runs and the eager benchmarks;
 # one is for a 1-GPU machine (EP1 suites, sanitizers, an EP1 benchmark, and
-# an A/B against .gpu_bundle/prev/libmoe_ep.so when that exists).
+# an A/B against .gpu_bundle/prev/libmoe_ep.so when that exists); ab
+# compares 2-GPU phase stamps and bench with variants in .gpu_bundle/ab/.
 MODE=${1:-full}
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -25,6 +26,27 @@ api() {  # name ranks seconds worker-args...
   summary "api_$name" $?
   grep -hE "^(PASSED|FAILED)|^FAIL|GIN|nccl group" "$OUT/api_$name.log" | head -6
 }
+# ab: this bundle against each variant under .gpu_bundle/ab/<name>/ (a
+# libmoe_ep.so and ll_gpu_test built from another tree) on 2 GPUs, taking
+# turns so drift hits all: the fused dispatch's phase stamps, then the
+# eager bench.
+if [ "$MODE" = ab ]; then
+  for round in 1 2; do
+    for D in $B $B/ab/*; do
+      [ -f "$D/libmoe_ep.so" ] || continue
+      name=$(basename "$D"); [ "$D" = $B ] && name=cur
+      timeout 60 $D/ll_gpu_test --gtest_filter='*PhaseStamps*' > "$OUT/stamps_${name}_$round.log" 2>&1
+      summary "stamps_${name}_$round" $?
+      grep -E "^PHASES rank 0" "$OUT/stamps_${name}_$round.log" | sed "s/^/$name $round: /"
+      timeout 90 $B/moe_ep_run -n 2 --timeout_s 85 -- $B/moe_ep_bench --plugin=$D/libmoe_ep.so \
+        --dtype=fp8 --tokens=1,8,128,256 --warmup=50 > "$OUT/bench_${name}_$round.log" 2>&1
+      summary "bench_${name}_$round" $?
+      grep -E "^fp8 .*\| .*\| " "$OUT/bench_${name}_$round.log" | head -8 | cut -c1-60 | sed "s/^/$name $round: /"
+    done
+  done
+  cat "$OUT/summary.txt"
+  exit 0
+fi
 if [ "$MODE" = one ]; then
   MOE_EP_TEST_WORLD=1 timeout 90 $B/ll_gpu_test > "$OUT/ll_gpu_test_world1.log" 2>&1
   summary ll_gpu_test_world1 $?
