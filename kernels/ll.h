@@ -28,7 +28,10 @@ enum {
   /* A receive read a count signal value no sender produces (a late
    * signal piled onto a later one after a timeout, or corruption):
    * expected = the value after the last receive, seen = the value; fatal. */
-  MEP_LL_OP_BAD_SIGNAL = 6
+  MEP_LL_OP_BAD_SIGNAL = 6,
+  /* A dispatch receive waiting for a peer's slot list (head or word) to
+   * carry this call's tag: expected = the tag, seen = the tag found. */
+  MEP_LL_OP_DISPATCH_LIST = 7
 };
 
 /* Written by a kernel whose bounded wait expired, into host-mapped memory
@@ -90,14 +93,13 @@ typedef struct mep_ll_ctx {
 enum {
   MEP_LL_STAMP_ENTRY = 0,     /* first instruction */
   MEP_LL_STAMP_SENT = 1,      /* thread 0's own send units done */
-  MEP_LL_STAMP_SIGNALLED = 2, /* count signals issued (LSA: every block's
+  MEP_LL_STAMP_SIGNALLED = 2, /* count signals issued (LSA: the block's
                                  arrival; staged: the last block) */
-  MEP_LL_STAMP_SEEN = 3,      /* receive: every source's count seen */
-  MEP_LL_STAMP_LISTED = 4,    /* receive: first scan step of the first
-                                 expert done (slot-list load latency) */
-  MEP_LL_STAMP_SCANNED = 5,   /* receive: first expert's slots compacted */
+  MEP_LL_STAMP_HEADS = 3,     /* receive: every source's list head read */
+  MEP_LL_STAMP_SCANNED = 4,   /* receive: the block's experts' slots built */
+  MEP_LL_STAMP_SEEN = 5,      /* receive: every source's count seen */
   MEP_LL_STAMP_COPIED = 6,    /* receive: every row copied */
-  MEP_LL_STAMP_DONE = 7,      /* receive: shadows advanced (the block's end) */
+  MEP_LL_STAMP_DONE = 7,      /* receive: shadows and tags stored */
   MEP_LL_STAMP_POINTS = 8
 };
 

@@ -266,10 +266,10 @@ __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
     mep_combine_sum_slots<IdxT>(p, a);
 
   /* Only this block reads its shadow copies: no grid-wide ticket. */
-  mep_shadows_store(
-      p, Tp::kRowSignals ? 2 * R : R,
+  mep_slots_store(
+      p.shadows, (uint32_t)p.lay.num_signals, Tp::kRowSignals ? 2 * R : R,
       [&](int j) { return j < R ? mep_ll_sig_comb_cnt(&p.dims, j) : mep_ll_sig_comb_row(&p.dims, j - R); },
-      next);
+      [&](int j) { return next[j]; });
 }
 
 #endif /* MEP_LL_COMBINE_BODY_CUH_ */

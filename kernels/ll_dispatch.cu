@@ -1,9 +1,9 @@
 /* ll_dispatch.cu: LL dispatch in one launch (send half, then receive half,
  * in the same kernel) for calls that do not defer the receive: one launch
  * and one grid spin-up fewer than the two-kernel path. The receive half
- * waits for this rank's own count signal, which the last block of the send
- * half sends, so the grid is launched cooperatively (all blocks resident;
- * at most one block per SM). */
+ * waits for this rank's own lists and count signal, which other blocks
+ * send, so the grid is launched cooperatively (all blocks resident; at most
+ * one block per SM). */
 #include "kernels/ll_dispatch_body.cuh"
 
 extern "C" moe_ep_status_t mep_ll_dispatch_check(const char *op, const mep_ll_ctx_t *ctx,
@@ -15,8 +15,10 @@ template <class Tp, bool kFp8, typename IdxT>
 __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
     ll_dispatch_kernel(const __grid_constant__ MepLLParams p, const MepDispatchArgs a) {
   extern __shared__ int smem[];
-  mep_dispatch_send_body<Tp, kFp8, IdxT>(p, a);
-  mep_dispatch_recv_body<Tp, kFp8>(p, a, smem);
+  /* LSA: the receive half's last warp sends the send half's arrival while
+   * the other warps scan the lists. */
+  mep_dispatch_send_body<Tp, kFp8, IdxT, Tp::kStaged>(p, a);
+  mep_dispatch_recv_body<Tp, kFp8, !Tp::kStaged>(p, a, smem);
 }
 
 template <class Tp, bool kFp8, typename IdxT>

@@ -4,24 +4,28 @@
  *
  * Send: each token goes once to each rank that holds at least one of its
  * experts, into the (source rank, token) row of that rank's receive area,
- * together with the token's slot list as the destination sees it (local
- * expert per k, -1 elsewhere); the receiver builds the per-expert slots
+ * together with the token's slot-list words as the destination sees them
+ * (local expert per k, or none; the weight; the call's tag), and a list
+ * head (tokens, weighted, tag); the receiver builds the per-expert slots
  * (deterministic order) itself. LSA: work unit = (token, destination,
  * 1024-channel chunk); the warp loads its chunk, then the routing, and
  * quantises straight into the peer's row (16-byte stores); every block
- * then adds its arrival to each destination's count signal. Staged
- * transports (GIN, GIN-emulated): one warp per token quantises once into
- * the local staging row (a put's source must be in the window), puts it
- * once per destination, and the last block puts each destination's slot
- * list and sends the count signals.
+ * then adds its arrival to each destination's count signal (the fused
+ * kernel leaves that to its receive half's last warp). Staged transports
+ * (GIN, GIN-emulated): one warp per token quantises once into the local
+ * staging row (a put's source must be in the window), puts it once per
+ * destination, and the last block puts each destination's list and sends
+ * the count signals.
  *
- * Receive: every block waits for every source rank's count signal (and, for
- * staged transports, its puts), then handles local experts: for each source
- * rank in order, a block-wide stable compaction of that source's slot list
- * gives the expert's slots (source rank, then token, then k), and warps copy
- * the source's token rows into them. Writes the handle (slot sources,
- * counts, and each received slot's route for combine). Each block then
- * advances its own copies of the signal shadows. */
+ * Receive: LSA reads every source's list head and scans the lists as their
+ * tagged words arrive, before the rows are complete; staged transports wait
+ * for the counts and puts first. For each local expert, and each source
+ * rank in order, a block-wide stable compaction of that source's list gives
+ * the expert's slots (source rank, then token, then k). Then (LSA) the
+ * count signals, which cover the rows, and warps copy the rows into the
+ * slots. Writes the handle (slot sources, counts, and each received slot's
+ * route for combine). Each block then advances its own copies of the
+ * signal shadows and list tags. */
 #ifndef MEP_LL_DISPATCH_BODY_CUH_
 #define MEP_LL_DISPATCH_BODY_CUH_
 
@@ -94,11 +98,11 @@ __device__ __forceinline__ int mep_slot_dst(const MepLLParams &p, const MepDispa
   return e / a.local_experts;
 }
 
-/* Lane k's slot-list entry for destination d: its local expert there (or
- * -1) and its weight w, as one 8-byte store. */
-__device__ __forceinline__ int2 mep_list_entry(float w, int dst, int le, int d) {
+/* Lane k's slot-list word for destination d: its local expert there (or
+ * none) and its weight w, tagged (mep_ll_list_word). */
+__device__ __forceinline__ uint64_t mep_list_word(float w, int dst, int le, int d, uint32_t tag) {
   const bool here = dst == d;
-  return make_int2(here ? le : -1, here ? __float_as_int(w) : 0);
+  return mep_ll_list_word(here ? le : -1, here ? __float_as_uint(w) : 0u, tag);
 }
 
 /* Lane k < K: token t's weight k (0 without weights), loaded beside the
@@ -159,9 +163,13 @@ __device__ __forceinline__ void mep_chunk_store(const MepDispatchArgs &a, const 
   }
 }
 
-template <class Tp, bool kFp8, typename IdxT>
+/* kArrive = false (the fused LSA kernel): the block's arrival is left to
+ * the receive half, whose last warp sends it while the others scan
+ * (mep_dispatch_recv_body<.., true>). */
+template <class Tp, bool kFp8, typename IdxT, bool kArrive = true>
 __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
                                                        const MepDispatchArgs &a) {
+  static_assert(kArrive || !Tp::kStaged, "only LSA leaves its arrival to the receive half");
   const int lane = threadIdx.x & 31;
   const int nwarps = gridDim.x * (MEP_LL_THREADS / 32);
   const int gwarp = blockIdx.x * (MEP_LL_THREADS / 32) + threadIdx.x / 32;
@@ -169,9 +177,19 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
   const uint64_t list_bytes = mep_ll_list_bytes(&p.dims);
   const uint64_t my_row = (uint64_t)p.rank * M; /* this rank's rows at every destination */
   const uint64_t my_list = p.set_off + p.lay.disp_list + (uint64_t)p.rank * list_bytes;
+  /* This call's list tag: every block's copy holds the last one sent. */
+  const uint32_t tag = mep_ll_next_tag(mep_tag(p, R));
+  const uint64_t head = mep_ll_list_head(T, a.weighted, tag);
   mep_stamp(p, MEP_LL_STAMP_ENTRY);
 
   if constexpr (!Tp::kStaged) {
+    auto words_at = [&](int d) {
+      return reinterpret_cast<uint64_t *>(
+          static_cast<char *>(Tp::peer_ptr(p, d, my_list)) + MEP_LL_LIST_HEAD_BYTES);
+    };
+    if (blockIdx.x == 0)
+      for (int d = threadIdx.x; d < R; d += blockDim.x)
+        mep_st_relaxed_sys(static_cast<uint64_t *>(Tp::peer_ptr(p, d, my_list)), head);
     const int nch = (a.hidden + kMepDispatchChunk - 1) / kMepDispatchChunk;
     for (int u = gwarp; u < T * R * nch; u += nwarps) {
       const int ch = u % nch, td = u / nch, d = td % R, t = td / R;
@@ -182,34 +200,45 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
       const float w = ch == 0 ? mep_slot_weight(a, t, lane) : 0.f;
       int le;
       const int dst = mep_slot_dst<IdxT>(p, a, t, lane, &le);
-      if (ch == 0 && lane < K) {
-        int2 *list = static_cast<int2 *>(Tp::peer_ptr(p, d, my_list));
-        list[t * K + lane] = mep_list_entry(w, dst, le, d);
-      }
+      if (ch == 0 && lane < K)
+        mep_st_relaxed_sys(words_at(d) + t * K + lane, mep_list_word(w, dst, le, d, tag));
       if (__ballot_sync(0xffffffffu, dst == d) == 0) continue;
       char *drow = static_cast<char *>(
           Tp::peer_ptr(p, d, p.set_off + p.lay.disp_recv + (my_row + t) * a.row_bytes));
       mep_chunk_store<kFp8>(a, v, drow, c0, n);
     }
+    /* The words past this call's tokens get its tag too (no expert), so no
+     * word keeps a tag old enough to come round again (mep_ll_list_word). */
+    const int fill = (M - T) * K, fill_units = (fill + 31) / 32;
+    for (int u = gwarp; u < R * fill_units; u += nwarps) {
+      const int d = u % R, i = T * K + (u / R) * 32 + lane;
+      if (i < M * K) mep_st_relaxed_sys(words_at(d) + i, mep_ll_list_word(-1, 0u, tag));
+    }
     mep_stamp(p, MEP_LL_STAMP_SENT);
-    const uint64_t code = mep_ll_disp_code(T, 0, a.weighted, M);
-    mep_arrive<Tp>(p, mep_ll_sig_disp_cnt(&p.dims, p.rank), [&](int) { return code; });
-    mep_stamp(p, MEP_LL_STAMP_SIGNALLED);
+    if constexpr (kArrive) {
+      const uint64_t code = mep_ll_disp_code(T, 0, a.weighted, M);
+      mep_arrive<Tp>(p, mep_ll_sig_disp_cnt(&p.dims, p.rank), [&](int) { return code; });
+      mep_stamp(p, MEP_LL_STAMP_SIGNALLED);
+    }
   } else {
     const uint64_t stage_rows = p.set_off + p.lay.stage;
     const uint64_t stage_list = p.set_off + p.lay.stage_list;
     const uint32_t row_sig = mep_ll_sig_disp_row(&p.dims, p.rank);
+    auto staged_words = [&](int d) {
+      return reinterpret_cast<uint64_t *>(p.local + stage_list + d * list_bytes +
+                                          MEP_LL_LIST_HEAD_BYTES);
+    };
+    if (blockIdx.x == 0)
+      for (int d = threadIdx.x; d < R; d += blockDim.x)
+        *reinterpret_cast<uint64_t *>(p.local + stage_list + d * list_bytes) = head;
     for (int t = gwarp; t < T; t += nwarps) {
       const uint64_t srow = stage_rows + (uint64_t)t * a.row_bytes;
       mep_write_row_part<kFp8>(a, a.x + (size_t)t * a.hidden, p.local + srow, 0, a.hidden);
       const float w = mep_slot_weight(a, t, lane);
       int le;
       const int dst = mep_slot_dst<IdxT>(p, a, t, lane, &le);
-      if (lane < K) {
-        for (int d = 0; d < R; ++d)
-          reinterpret_cast<int2 *>(p.local + stage_list + d * list_bytes)[t * K + lane] =
-              mep_list_entry(w, dst, le, d);
-      }
+      if (lane < K)
+        for (int d = 0; d < R; ++d) staged_words(d)[t * K + lane] = mep_list_word(w, dst, le, d, tag);
       __syncwarp(); /* staging row complete before any lane's put reads it */
       for (int kk = 0; kk < K; ++kk) {
         const int d = __shfl_sync(0xffffffffu, dst, kk);
@@ -221,29 +250,34 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
       }
     }
     mep_stamp(p, MEP_LL_STAMP_SENT);
+    /* The last block puts each destination's list (head and this call's
+     * words: the receiver reads it only after the count) and its count. */
     if (mep_last_block(&p.tickets[MEP_LL_TICKET_DISPATCH_SEND])) {
       for (int d = threadIdx.x / 32; d < R; d += MEP_LL_THREADS / 32) {
         const uint32_t rows = mep_ld_volatile_u32(&p.puts[d]);
         const uint64_t src = stage_list + d * list_bytes;
-        if (T > 0)
-          Tp::put_warp(p, d, my_list, p.local + src, src,
-                       (uint32_t)mep_ll_align16((uint64_t)T * K * sizeof(int2)), row_sig);
+        Tp::put_warp(p, d, my_list, p.local + src, src,
+                     (uint32_t)mep_ll_align16(MEP_LL_LIST_HEAD_BYTES + (uint64_t)T * K * 8u),
+                     row_sig);
         if (lane == 0) {
           p.puts[d] = 0;
           Tp::signal(p, d, mep_ll_sig_disp_cnt(&p.dims, p.rank),
-                     mep_ll_disp_code(T, (int)rows + (T > 0), a.weighted, M));
+                     mep_ll_disp_code(T, (int)rows + 1, a.weighted, M));
         }
       }
       mep_stamp(p, MEP_LL_STAMP_SIGNALLED);
     }
   }
+  __syncthreads(); /* every thread has read the block's tag copy */
+  mep_slots_store(p.tags, (uint32_t)(R + 1), 1, [&](int) { return R; }, [&](int) { return tag; });
   Tp::flush_warp(p);
 }
 
 constexpr int kMepWarps = MEP_LL_THREADS / 32;
-/* Slot-list scan steps (MEP_LL_THREADS entries each) whose loads are in
- * flight together in the receive half. */
-constexpr int kMepListBatch = 4;
+/* Slot-list words per scanning thread in one scan step: consecutive
+ * words, so one block barrier orders kMepScanPer times as many words (the
+ * scan's steps are on the receive's critical path). */
+constexpr int kMepScanPer = 2;
 
 /* Scale groups (and packed UE8M0 words) per lane for the largest hidden:
  * the receive loads a row's scales into registers before its payload copy,
@@ -292,11 +326,92 @@ __device__ __forceinline__ void mep_copy_recv_row(const MepDispatchArgs &a, cons
   }
 }
 
+/* Waits for every source's count signal (and, staged, its row puts) and
+ * checks the count's code against the tokens and mode the list head gave
+ * (got_head; staged transports read the heads afterwards). Fills next[]
+ * (the signal shadows after this receive) and puts[]; sets *failed. Threads
+ * r < R. */
+template <class Tp>
+__device__ __forceinline__ void mep_dispatch_wait_counts(const MepLLParams &p, bool got_head,
+                                                         uint64_t *next, int *tokens, int *puts,
+                                                         int *weighted, int *failed) {
+  const int R = p.dims.world, M = p.dims.max_tokens;
+  for (int r = threadIdx.x; r < R; r += blockDim.x) {
+    const uint32_t cs = mep_ll_sig_disp_cnt(&p.dims, r);
+    uint64_t base = 0, increase = 0, code = 0;
+    int n = 0, q = 0, w = 0;
+    if (!mep_wait_count<Tp>(p, cs, MEP_LL_OP_DISPATCH_RECV, r, &base, &increase, &code)) {
+      *failed = 1;
+      continue;
+    }
+    next[r] = base + increase;
+    /* A code no sender makes, or one that disagrees with the list head (a
+     * corrupt or piled-up signal), fails the group like an expired wait. */
+    if (!mep_ll_disp_decode(code - 1, M, &n, &q, &w) ||
+        (got_head && (n != tokens[r] || w != weighted[r]))) {
+      mep_record_timeout(p, MEP_LL_OP_BAD_SIGNAL, r, -1, base, base + increase);
+      *failed = 1;
+      continue;
+    }
+    if (!got_head) {
+      tokens[r] = n;
+      weighted[r] = w;
+    }
+    puts[r] = q;
+    if (Tp::kRowSignals) {
+      const uint32_t rs = mep_ll_sig_disp_row(&p.dims, r);
+      next[R + r] = mep_shadow(p, rs) + (uint64_t)q;
+      uint64_t rseen;
+      if (q > 0 && !mep_wait_ge(p, [&] { return Tp::read_signal(p, rs); }, next[R + r],
+                                MEP_LL_OP_DISPATCH_RECV, r, -1, &rseen))
+        *failed = 1;
+    }
+  }
+}
+
+/* The slow path of mep_list_fresh, out of line: the scan inlines the
+ * check once per word it holds, and the wait loop would bloat each copy. */
+static __device__ __noinline__ uint64_t mep_list_wait(const MepLLParams &p, const uint64_t *w,
+                                                      uint32_t tag, int peer, int *failed) {
+  uint64_t seen = 0;
+  /* Waits on the tag alone, so an expired wait records tags, not words;
+   * once the tag is this call's the word is final, and is read again. */
+  if (mep_wait(p, [&] { return (uint64_t)mep_ll_list_tag(mep_ld_relaxed_sys(w)); },
+               [&](uint64_t v) { return v == tag; }, tag, MEP_LL_OP_DISPATCH_LIST, peer, -1,
+               &seen))
+    return mep_ld_relaxed_sys(w);
+  *failed = 1;
+  return mep_ll_list_word(-1, 0u, tag);
+}
+
+/* Word `w` of a slot list once it carries `tag` (`seen`: its value as
+ * loaded): LSA lists may still be in flight when the receive scans them.
+ * On an expired wait (recorded) sets *failed and returns a word with no
+ * expert. One lane. */
+__device__ __forceinline__ uint64_t mep_list_fresh(const MepLLParams &p, const uint64_t *w,
+                                                   uint64_t seen, uint32_t tag, int peer,
+                                                   int *failed) {
+  return mep_ll_list_tag(seen) == tag ? seen : mep_list_wait(p, w, tag, peer, failed);
+}
+
 /* smem: 2 R u64 (each source's count and row signal shadows after this
- * receive), then 3 R ints (tokens, puts and the weighted flag per source). */
-template <class Tp, bool kFp8>
+ * receive), then 4 R ints (tokens, puts, weighted flag and expected list
+ * tag per source).
+ *
+ * Order: LSA reads each source's list head and scans the lists (their
+ * words carry the call's tag, so the scan need not wait for the rows), then
+ * waits for the counts, which cover the rows; staged transports wait for
+ * counts and puts first (a list arrives in one put). kArriveAside (the
+ * fused LSA kernel, whose send half leaves its arrival to this half): the
+ * block's last warp sends the arrival, whose system fence stalls that warp
+ * for microseconds, while the other warps scan (their barriers leave it
+ * out). */
+template <class Tp, bool kFp8, bool kArriveAside = false>
 __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
                                                        const MepDispatchArgs &a, int *smem) {
+  static_assert(!kArriveAside || !Tp::kStaged, "only LSA leaves its arrival to the receive half");
+  constexpr int kScanWarps = kArriveAside ? kMepWarps - 1 : kMepWarps;
+  constexpr int kScanThreads = kScanWarps * 32;
   __shared__ int warp_hits[kMepWarps];
   __shared__ int failed;
   const int R = p.dims.world, M = p.dims.max_tokens, K = a.top_k;
@@ -304,132 +419,172 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
   int *tokens = smem + 4 * R;
   int *puts = tokens + R;
   int *weighted = puts + R;
+  int *tag = weighted + R; /* expected list tag per source */
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   const int cap = R * M; /* slots per local expert */
   const uint64_t list_bytes = mep_ll_list_bytes(&p.dims);
+  auto head_of = [&](int r) {
+    return reinterpret_cast<const uint64_t *>(p.local + p.set_off + p.lay.disp_list +
+                                              (uint64_t)r * list_bytes);
+  };
+  auto words_of = [&](int r) { return head_of(r) + MEP_LL_LIST_HEAD_BYTES / 8; };
+  /* The scanning warps' barrier (named barrier 1 when the last warp is
+   * away sending the arrival). */
+  auto scan_sync = [] {
+    if (kArriveAside)
+      asm volatile("bar.sync 1, %0;" ::"n"(kScanThreads) : "memory");
+    else
+      __syncthreads();
+  };
 
   if (threadIdx.x == 0) failed = 0;
   __syncthreads();
-  for (int r = threadIdx.x; r < R; r += blockDim.x) {
-    const uint32_t cs = mep_ll_sig_disp_cnt(&p.dims, r);
-    uint64_t base = 0, increase = 0, code = 0;
-    int n = 0, q = 0, w = 0;
-    if (mep_wait_count<Tp>(p, cs, MEP_LL_OP_DISPATCH_RECV, r, &base, &increase, &code)) {
-      next[r] = base + increase;
-      /* A code no sender makes (a corrupt or piled-up signal) reads
-       * nothing and fails the group (recorded like an expired wait). */
-      if (!mep_ll_disp_decode(code - 1, M, &n, &q, &w)) {
-        mep_record_timeout(p, MEP_LL_OP_BAD_SIGNAL, r, -1, base, base + increase);
-        failed = 1;
-      } else if (Tp::kRowSignals) {
-        const uint32_t rs = mep_ll_sig_disp_row(&p.dims, r);
-        next[R + r] = mep_shadow(p, rs) + (uint64_t)q;
-        uint64_t rseen;
-        if (q > 0 && !mep_wait_ge(p, [&] { return Tp::read_signal(p, rs); }, next[R + r],
-                                  MEP_LL_OP_DISPATCH_RECV, r, -1, &rseen))
-          failed = 1;
-      }
-    } else {
-      failed = 1;
-    }
-    tokens[r] = n;
-    puts[r] = q;
-    weighted[r] = w;
+  if (Tp::kRowSignals) {
+    mep_dispatch_wait_counts<Tp>(p, false, next, tokens, puts, weighted, &failed);
+    __syncthreads(); /* failed */
+    mep_stamp(p, MEP_LL_STAMP_SEEN);
   }
-  __syncthreads();
-  if (failed) return; /* the record says why; outputs stay as they were */
-  mep_stamp(p, MEP_LL_STAMP_SEEN);
-
-  if (blockIdx.x == 0)
-    for (int r = threadIdx.x; r < R; r += blockDim.x)
-      a.src_tokens[r] = tokens[r] | (weighted[r] ? MEP_LL_SRC_WEIGHTED : 0);
-
-  /* Slot-list batches: kMepListBatch scan steps of one source, loaded
-   * together; the next batch (this source's next, or the next source's
-   * first) is loaded while the current one is scanned. */
-  auto list_of = [&](int r) {
-    return reinterpret_cast<const int2 *>(p.local + p.set_off + p.lay.disp_list +
-                                          (uint64_t)r * list_bytes);
-  };
-  auto load_batch = [&](int r, int i0, int2 *ent) {
-#pragma unroll
-    for (int q = 0; q < kMepListBatch; ++q) {
-      const int i = i0 + q * MEP_LL_THREADS + threadIdx.x;
-      ent[q] = r < R && i < tokens[r] * K ? __ldcg(list_of(r) + i) : make_int2(-1, 0);
+  if (kArriveAside && warp == kMepWarps - 1) {
+    /* The send half ended with a block barrier after its stores, so this
+     * warp's release adds carry every thread's rows. */
+    const uint64_t code = mep_ll_disp_code(a.tokens, 0, a.weighted, M);
+    for (int d = lane; d < R; d += 32)
+      Tp::signal(p, d, mep_ll_sig_disp_cnt(&p.dims, p.rank),
+                 mep_ll_arrival_add(code, blockIdx.x, gridDim.x));
+  } else {
+    for (int r = threadIdx.x; r < R && !failed; r += kScanThreads) {
+      const uint32_t t = mep_ll_next_tag(mep_tag(p, r));
+      tag[r] = (int)t;
+      const uint64_t h =
+          mep_list_fresh(p, head_of(r), mep_ld_relaxed_sys(head_of(r)), t, r, &failed);
+      const int n = mep_ll_head_tokens(h), w = mep_ll_head_weighted(h);
+      if (n > M || (Tp::kRowSignals && (n != tokens[r] || w != weighted[r]))) {
+        mep_record_timeout(p, MEP_LL_OP_BAD_SIGNAL, r, -1, t, h);
+        failed = 1;
+      }
+      tokens[r] = n > M ? 0 : n;
+      weighted[r] = w;
     }
-  };
-  auto next_source = [&](int r) {
-    do ++r; while (r < R && tokens[r] == 0);
-    return r;
-  };
+    scan_sync();
+    if (!failed) { /* uniform over the scanning warps */
+      mep_stamp(p, MEP_LL_STAMP_HEADS);
+      if (blockIdx.x == 0)
+        for (int r = threadIdx.x; r < R; r += kScanThreads)
+          a.src_tokens[r] = tokens[r] | (weighted[r] ? MEP_LL_SRC_WEIGHTED : 0);
+
+      /* Scan steps: kScanThreads * kMepScanPer words of one source, thread
+       * j holding words j * kMepScanPer ..; the next step's words (this
+       * source's next, or the next source's first) load during the
+       * current one. */
+      constexpr int kStep = kScanThreads * kMepScanPer;
+      auto load_step = [&](int r, int i0, uint64_t *ent) {
+#pragma unroll
+        for (int e = 0; e < kMepScanPer; ++e) {
+          const int i = i0 + threadIdx.x * kMepScanPer + e;
+          ent[e] = r < R && i < tokens[r] * K ? mep_ld_relaxed_sys(words_of(r) + i) : 0u;
+        }
+      };
+      auto next_source = [&](int r) {
+        do ++r; while (r < R && tokens[r] == 0);
+        return r;
+      };
+      for (int le = blockIdx.x; le < a.local_experts; le += gridDim.x) {
+        int32_t *slots = a.slot_src + (size_t)le * cap;
+        int filled = 0; /* uniform over the scanning warps */
+        uint64_t ent[kMepScanPer];
+        load_step(next_source(-1), 0, ent);
+        for (int r = 0; r < R; ++r) {
+          const int n = tokens[r] * K;
+          int hits = 0; /* uniform: this expert's entries of source r so far */
+          for (int i0 = 0; i0 < n; i0 += kStep) {
+            const bool more = i0 + kStep < n;
+            uint64_t nxt[kMepScanPer];
+            load_step(more ? r : next_source(r), more ? i0 + kStep : 0, nxt);
+            const int ib = i0 + threadIdx.x * kMepScanPer;
+            bool hit[kMepScanPer];
+            int mine = 0;
+            unsigned below = 0; /* this warp's hits before this thread's words */
+            const unsigned lower = (1u << lane) - 1u;
+#pragma unroll
+            for (int e = 0; e < kMepScanPer; ++e) {
+              const int i = ib + e;
+              if (i < n) ent[e] = mep_list_fresh(p, words_of(r) + i, ent[e], (uint32_t)tag[r], r,
+                                                 &failed);
+              const int ex = i < n ? mep_ll_list_expert(ent[e]) : -1;
+              hit[e] = i < n && ex == le;
+              /* Block 0's first expert visits every word: it also marks
+               * the routes of slots whose expert is on another rank. */
+              if (le == 0 && i < n && (ex < 0 || ex >= a.local_experts))
+                a.route[(size_t)r * M * K + i] = {MEP_LL_ROUTE_ELSEWHERE, 0};
+              const unsigned ball = __ballot_sync(0xffffffffu, hit[e]);
+              below += __popc(ball & lower);
+              mine += __popc(ball);
+            }
+            if (lane == 0) warp_hits[warp] = mine;
+            scan_sync();
+            int before = 0, all = 0;
+#pragma unroll
+            for (int w = 0; w < kScanWarps; ++w) {
+              const int v = warp_hits[w];
+              before += w < warp ? v : 0;
+              all += v;
+            }
+            int pos = hits + before + (int)below;
+#pragma unroll
+            for (int e = 0; e < kMepScanPer; ++e) {
+              if (!hit[e]) continue;
+              const int i = ib + e;
+              /* more than max_tokens hits from one source only happens
+               * with an expert repeated within a token: the excess is
+               * dropped */
+              if (pos < M) slots[filled + pos] = MEP_LL_SLOT_PACK(r, i / K, i % K);
+              a.route[(size_t)r * M * K + i] = {pos < M ? le * cap + filled + pos
+                                                        : MEP_LL_ROUTE_DROPPED,
+                                                (int32_t)mep_ll_list_weight_bits(ent[e])};
+              ++pos;
+            }
+            hits += all;
+            scan_sync(); /* warp_hits is reused */
+#pragma unroll
+            for (int e = 0; e < kMepScanPer; ++e) ent[e] = nxt[e];
+          }
+          if (hits > M) hits = M;
+          if (threadIdx.x == 0) a.src_count[le * R + r] = hits;
+          filled += hits;
+        }
+        if (threadIdx.x == 0) a.recv_count[le] = filled;
+      }
+      mep_stamp(p, MEP_LL_STAMP_SCANNED);
+    }
+  }
+  __syncthreads(); /* failed; this block's slot sources and counts are written */
+  if (failed) return; /* the record says why; outputs stay as they were */
+  if (!Tp::kRowSignals) {
+    mep_dispatch_wait_counts<Tp>(p, true, next, tokens, puts, weighted, &failed);
+    __syncthreads();
+    if (failed) return;
+    mep_stamp(p, MEP_LL_STAMP_SEEN);
+  }
 
   for (int le = blockIdx.x; le < a.local_experts; le += gridDim.x) {
-    int32_t *slots = a.slot_src + (size_t)le * cap;
-    int filled = 0; /* block-uniform */
-    int2 ent[kMepListBatch];
-    load_batch(next_source(-1), 0, ent);
-    for (int r = 0; r < R; ++r) {
-      const int n = tokens[r] * K;
-      int hits = 0; /* block-uniform: this expert's entries of source r so far */
-      for (int i0 = 0; i0 < n; i0 += kMepListBatch * MEP_LL_THREADS) {
-        const bool more = i0 + kMepListBatch * MEP_LL_THREADS < n;
-        int2 nxt[kMepListBatch];
-        load_batch(more ? r : next_source(r), more ? i0 + kMepListBatch * MEP_LL_THREADS : 0, nxt);
-#pragma unroll
-        for (int q = 0; q < kMepListBatch; ++q) {
-          if (i0 + q * MEP_LL_THREADS >= n) break; /* block-uniform */
-          const int i = i0 + q * MEP_LL_THREADS + threadIdx.x;
-          const bool hit = ent[q].x == le;
-          /* Block 0's first expert visits every entry: it also marks the
-           * routes of slots whose expert is on another rank. */
-          if (le == 0 && i < n && (ent[q].x < 0 || ent[q].x >= a.local_experts))
-            a.route[(size_t)r * M * K + i] = {MEP_LL_ROUTE_ELSEWHERE, 0};
-          const unsigned ball = __ballot_sync(0xffffffffu, hit);
-          if (lane == 0) warp_hits[warp] = __popc(ball);
-          __syncthreads();
-          int before = 0, all = 0;
-#pragma unroll
-          for (int w = 0; w < kMepWarps; ++w) {
-            const int v = warp_hits[w];
-            before += w < warp ? v : 0;
-            all += v;
-          }
-          const int pos = hits + before + __popc(ball & ((1u << lane) - 1u));
-          /* more than max_tokens hits from one source only happens with an
-           * expert repeated within a token: the excess is dropped */
-          if (hit && pos < M) slots[filled + pos] = MEP_LL_SLOT_PACK(r, i / K, i % K);
-          if (hit)
-            a.route[(size_t)r * M * K + i] = {
-                pos < M ? le * cap + filled + pos : MEP_LL_ROUTE_DROPPED, ent[q].y};
-          hits += all;
-          __syncthreads(); /* warp_hits is reused */
-          if (le == (int)blockIdx.x && r == 0 && i0 == 0 && q == 0)
-            mep_stamp(p, MEP_LL_STAMP_LISTED);
-        }
-#pragma unroll
-        for (int q = 0; q < kMepListBatch; ++q) ent[q] = nxt[q];
-      }
-      if (hits > M) hits = M;
-      if (threadIdx.x == 0) a.src_count[le * R + r] = hits;
-      filled += hits;
-    }
-    if (threadIdx.x == 0) a.recv_count[le] = filled;
-    __syncthreads(); /* this expert's slot sources are written */
-    if (le == (int)blockIdx.x) mep_stamp(p, MEP_LL_STAMP_SCANNED);
+    const int filled = *reinterpret_cast<volatile const int32_t *>(a.recv_count + le);
+    const int32_t *slots = a.slot_src + (size_t)le * cap;
     for (int j = warp; j < filled; j += kMepWarps) {
       const int v = slots[j];
       const uint64_t src_row = (uint64_t)MEP_LL_SLOT_RANK(v) * M + MEP_LL_SLOT_TOKEN(v);
       mep_copy_recv_row<kFp8>(a, p.local + p.set_off + p.lay.disp_recv + src_row * a.row_bytes,
-                     (uint64_t)le * cap + j);
+                              (uint64_t)le * cap + j);
     }
   }
-
   mep_stamp(p, MEP_LL_STAMP_COPIED);
-  /* Only this block reads its shadow copies: no grid-wide ticket. */
-  mep_shadows_store(
-      p, Tp::kRowSignals ? 2 * R : R,
+
+  /* Only this block reads its shadow and tag copies: no grid-wide ticket. */
+  mep_slots_store(
+      p.shadows, (uint32_t)p.lay.num_signals, Tp::kRowSignals ? 2 * R : R,
       [&](int j) { return j < R ? mep_ll_sig_disp_cnt(&p.dims, j) : mep_ll_sig_disp_row(&p.dims, j - R); },
-      next);
+      [&](int j) { return next[j]; });
+  mep_slots_store(p.tags, (uint32_t)(R + 1), R, [&](int j) { return j; },
+                  [&](int j) { return (uint32_t)tag[j]; });
   mep_stamp(p, MEP_LL_STAMP_DONE);
 }
 
@@ -470,7 +625,7 @@ static inline moe_ep_status_t mep_dispatch_check_recv_ptrs(const char *op,
 
 /* Dynamic shared memory of the receive half. */
 static inline size_t mep_dispatch_recv_smem(const mep_ll_ctx_t *ctx) {
-  return (size_t)ctx->dims.world * (2 * sizeof(uint64_t) + 3 * sizeof(int));
+  return (size_t)ctx->dims.world * (2 * sizeof(uint64_t) + 4 * sizeof(int));
 }
 
 #endif /* MEP_LL_DISPATCH_BODY_CUH_ */

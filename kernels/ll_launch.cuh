@@ -99,6 +99,8 @@ static inline void mep_ll_make_params(const mep_ll_ctx_t *ctx, int set, MepLLPar
       (uint64_t *)(st + s.shadows) + (uint64_t)set * MEP_LL_SHADOW_SLOTS * p->lay.num_signals;
   p->puts = (uint32_t *)(st + s.puts) + (uint64_t)set * ctx->dims.world;
   p->comb_puts = (uint32_t *)(st + s.comb_puts) + (uint64_t)set * ctx->dims.world;
+  p->tags = (uint32_t *)(st + s.tags) +
+            (uint64_t)set * MEP_LL_SHADOW_SLOTS * (uint64_t)(ctx->dims.world + 1);
   p->tickets = (uint32_t *)(st + s.tickets) + set * MEP_LL_NUM_TICKETS;
   p->abort_flag = (uint32_t *)(st + s.abort_flag);
   p->err = ctx->error_dev;

@@ -44,18 +44,42 @@ static inline MEP_HD int mep_ll_num_sets(const mep_ll_dims_t *d) {
   return d->num_sets == 1 ? 1 : 2;
 }
 
-/* One dispatch slot-list entry as it travels: the local expert that slot k
- * of a token names on the receiving rank (-1: none there), and the slot's
- * routing weight as f32 bits (0 when the dispatch carries no weights). */
-typedef struct mep_ll_list_entry {
-  int32_t local_expert;
-  int32_t weight_bits;
-} mep_ll_list_entry_t;
+/* A source's dispatch slot list at a destination: one 8-byte head, padding
+ * to 16 bytes, then max_tokens * top_k 8-byte words, one per (token, k).
+ * Each is written with one 8-byte store and carries the call's tag, so a
+ * reader that sees the tag sees the whole word: the destination scans the
+ * lists while the rows are still in flight, before the count signal.
+ *   word: weight f32 bits << 32 | (local expert + 1, 0: none there) << 16
+ *         | tag
+ *   head: tokens << 32 | weighted << 16 | tag
+ * Tags run 1..65535 per (buffer set, source) and every LSA call rewrites
+ * every word of its list (those past its tokens with no expert), so a word
+ * never still holds a tag equal to the call's unless this call wrote it. */
+#define MEP_LL_LIST_HEAD_BYTES 16u
+static inline MEP_HD uint32_t mep_ll_next_tag(uint32_t tag) {
+  return tag >= 0xffffu ? 1u : tag + 1u;
+}
+static inline MEP_HD uint64_t mep_ll_list_word(int local_expert, uint32_t weight_bits,
+                                               uint32_t tag) {
+  return ((uint64_t)weight_bits << 32) | ((uint64_t)(uint32_t)(local_expert + 1) << 16) |
+         (uint64_t)(tag & 0xffffu);
+}
+static inline MEP_HD uint32_t mep_ll_list_tag(uint64_t w) { return (uint32_t)(w & 0xffffu); }
+static inline MEP_HD int mep_ll_list_expert(uint64_t w) {
+  return (int)((w >> 16) & 0xffffu) - 1;
+}
+static inline MEP_HD uint32_t mep_ll_list_weight_bits(uint64_t w) { return (uint32_t)(w >> 32); }
+static inline MEP_HD uint64_t mep_ll_list_head(int tokens, int weighted, uint32_t tag) {
+  return ((uint64_t)(uint32_t)tokens << 32) | ((uint64_t)(weighted ? 1u : 0u) << 16) |
+         (uint64_t)(tag & 0xffffu);
+}
+static inline MEP_HD int mep_ll_head_tokens(uint64_t h) { return (int)(uint32_t)(h >> 32); }
+static inline MEP_HD int mep_ll_head_weighted(uint64_t h) { return (int)((h >> 16) & 1u); }
 
-/* Bytes of one source's slot list (max_tokens * top_k entries). */
+/* Bytes of one source's slot list (head + max_tokens * top_k words). */
 static inline MEP_HD uint64_t mep_ll_list_bytes(const mep_ll_dims_t *d) {
-  return mep_ll_align16((uint64_t)d->max_tokens * (uint64_t)d->top_k *
-                        sizeof(mep_ll_list_entry_t));
+  return mep_ll_align16(MEP_LL_LIST_HEAD_BYTES +
+                        (uint64_t)d->max_tokens * (uint64_t)d->top_k * 8u);
 }
 
 /* One buffer set, offsets relative to the set's start. Dispatch sends each
@@ -75,7 +99,7 @@ typedef struct mep_ll_set_layout {
   uint64_t num_signals;   /* per set */
   uint64_t sig_bytes;
   uint64_t disp_recv;     /* [R][max_tokens] dispatch rows, by source rank */
-  uint64_t disp_list;     /* [R][max_tokens * top_k] mep_ll_list_entry_t */
+  uint64_t disp_list;     /* [R] slot lists (mep_ll_list_bytes each) */
   uint64_t comb_recv;     /* [max_tokens][top_k] bf16 rows */
   uint64_t stage;         /* send staging (GIN / GIN-emulated) */
   uint64_t stage_list;    /* dispatch list staging [R][max_tokens * top_k] */
@@ -184,8 +208,11 @@ static inline MEP_HD int mep_ll_arrival_state(uint64_t increase, uint64_t *code)
  * block sends the count signals). Everything advances in device memory, so
  * graph replays need no host.
  *
- * Every receive block keeps its own copy of the shadows (slot = block
- * index), so a receive ends without a grid-wide ticket: block b reads slot
+ * The list tags (mep_ll_list_word) live beside the shadows: per set, the
+ * last tag received from each source [R] and the last tag sent [1].
+ *
+ * Every block keeps its own copy of the shadows and tags (slot = block
+ * index), so a launch ends without a grid-wide ticket: block b reads slot
  * b, and at its end writes the new value into slots b, b + grid, b +
  * 2 grid, ... Between launches all slots are equal, whatever grid the next
  * launch has; launches use at most MEP_LL_SHADOW_SLOTS blocks. */
@@ -198,6 +225,7 @@ enum {
 
 typedef struct mep_ll_state_layout {
   uint64_t shadows;    /* u64 [2 sets][MEP_LL_SHADOW_SLOTS][num_signals] */
+  uint64_t tags;       /* u32 [2 sets][MEP_LL_SHADOW_SLOTS][R + 1] */
   uint64_t puts;       /* u32 [2 sets][R] staged dispatch puts per destination */
   uint64_t comb_puts;  /* u32 [2 sets][R] staged combine partial puts per destination */
   uint64_t tickets;    /* u32 [2 sets][MEP_LL_NUM_TICKETS] */
@@ -209,7 +237,8 @@ static inline MEP_HD mep_ll_state_layout_t mep_ll_state_layout(const mep_ll_dims
   mep_ll_state_layout_t s;
   const uint64_t nsig = 4u * (uint64_t)d->world;
   s.shadows = 0;
-  s.puts = mep_ll_align16(2u * MEP_LL_SHADOW_SLOTS * nsig * 8u);
+  s.tags = mep_ll_align16(2u * MEP_LL_SHADOW_SLOTS * nsig * 8u);
+  s.puts = s.tags + mep_ll_align16(2u * MEP_LL_SHADOW_SLOTS * ((uint64_t)d->world + 1u) * 4u);
   s.comb_puts = s.puts + mep_ll_align16(2u * (uint64_t)d->world * 4u);
   s.tickets = s.comb_puts + mep_ll_align16(2u * (uint64_t)d->world * 4u);
   s.abort_flag = s.tickets + 2u * MEP_LL_NUM_TICKETS * 4u;

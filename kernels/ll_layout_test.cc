@@ -133,6 +133,41 @@ TEST(LlLayout, ArrivalsCompleteOnlyWithEveryBlock) {
   }
 }
 
+// Slot-list words and heads carry their fields and tag intact at the
+// limits; tags cycle through 1..65535 and never take 0 (zeroed memory).
+TEST(LlLayout, ListWordsAndTagsRoundTrip) {
+  for (int le : {-1, 0, 1, 1023}) {
+    for (uint32_t wb : {0u, 0x3f800000u, 0xffffffffu}) {
+      for (uint32_t tag : {1u, 2u, 0x8000u, 0xffffu}) {
+        const uint64_t w = mep_ll_list_word(le, wb, tag);
+        EXPECT_EQ(mep_ll_list_expert(w), le) << "le=" << le << " tag=" << tag;
+        EXPECT_EQ(mep_ll_list_weight_bits(w), wb) << "le=" << le << " tag=" << tag;
+        EXPECT_EQ(mep_ll_list_tag(w), tag) << "le=" << le << " w=" << wb;
+      }
+    }
+  }
+  for (int tokens : {0, 1, 1024}) {
+    for (int weighted : {0, 1}) {
+      const uint64_t h = mep_ll_list_head(tokens, weighted, 77);
+      EXPECT_EQ(mep_ll_head_tokens(h), tokens);
+      EXPECT_EQ(mep_ll_head_weighted(h), weighted);
+      EXPECT_EQ(mep_ll_list_tag(h), 77u);
+    }
+  }
+  uint32_t tag = 0, prev = 0;  // zeroed state: the first call's tag is 1
+  for (int i = 0; i < 3 * 65535; ++i) {
+    tag = mep_ll_next_tag(tag);
+    ASSERT_GE(tag, 1u) << "call " << i;
+    ASSERT_LE(tag, 0xffffu) << "call " << i;
+    ASSERT_NE(tag, prev) << "call " << i;  // a word one call old never matches
+    prev = tag;
+  }
+  EXPECT_EQ(mep_ll_next_tag(0), 1u);
+  EXPECT_EQ(mep_ll_next_tag(0xffffu), 1u);
+  mep_ll_dims_t d = {8, 2, 128, 7168, 8, 1, 2};
+  EXPECT_EQ(mep_ll_list_bytes(&d), MEP_LL_LIST_HEAD_BYTES + 128u * 8u * 8u);
+}
+
 TEST(LlLayout, OneBufferSetIsHalfTheWindowOfTwo) {
   mep_ll_dims_t one = {128, 2, 128, 7168, 8, 1, 1}, two = one;
   two.num_sets = 2;
@@ -149,12 +184,14 @@ TEST(LlLayout, StateRegionsDisjoint) {
     const mep_ll_state_layout_t s = mep_ll_state_layout(&d);
     const uint64_t nsig = mep_ll_set_layout(&d).num_signals;
     // every receive block's copy of every signal's shadow, in both sets
-    EXPECT_LE(s.shadows + 2 * MEP_LL_SHADOW_SLOTS * nsig * 8, s.puts) << "R=" << r;
+    EXPECT_LE(s.shadows + 2 * MEP_LL_SHADOW_SLOTS * nsig * 8, s.tags) << "R=" << r;
+    EXPECT_LE(s.tags + 2ull * MEP_LL_SHADOW_SLOTS * (r + 1) * 4, s.puts) << "R=" << r;
     EXPECT_LE(s.puts + 2ull * r * 4, s.tickets) << "R=" << r;
     EXPECT_LE(s.tickets + 2ull * MEP_LL_NUM_TICKETS * 4, s.abort_flag) << "R=" << r;
     EXPECT_LE(s.abort_flag + 4, s.bytes) << "R=" << r;
-    // clear_abort zeroes [puts, abort_flag + 4): the shadows stay.
+    // clear_abort zeroes [puts, abort_flag + 4): the shadows and tags stay.
     EXPECT_LT(s.shadows, s.puts);
+    EXPECT_LT(s.tags, s.puts);
   }
 }
 

@@ -45,6 +45,7 @@ struct MepLLParams {
   uint32_t gin_sig_base;  /* set * lay.num_signals */
   uint64_t timeout_cycles;
   uint64_t *shadows;      /* this set's shadows [MEP_LL_SHADOW_SLOTS][num_signals] */
+  uint32_t *tags;         /* this set's list tags [MEP_LL_SHADOW_SLOTS][R + 1] */
   uint32_t *puts;         /* this set's staged-dispatch puts per destination [R] */
   uint32_t *comb_puts;    /* this set's staged combine partial puts per destination [R] */
   uint32_t *tickets;      /* this set's block tickets [MEP_LL_NUM_TICKETS] */
@@ -147,22 +148,37 @@ __device__ __forceinline__ bool mep_wait_ge(const MepLLParams &p, Read read, uin
                   peer, expert, seen);
 }
 
-/* This block's copy of signal `sig`'s shadow (see MEP_LL_SHADOW_SLOTS). */
+/* This block's copy of signal `sig`'s shadow, and of list tag i (source
+ * i < R received, R sent); see MEP_LL_SHADOW_SLOTS. */
 __device__ __forceinline__ uint64_t mep_shadow(const MepLLParams &p, uint32_t sig) {
   return p.shadows[(uint64_t)blockIdx.x * p.lay.num_signals + sig];
 }
+__device__ __forceinline__ uint32_t mep_tag(const MepLLParams &p, int i) {
+  return p.tags[(uint64_t)blockIdx.x * (p.dims.world + 1) + i];
+}
 
-/* Ends a receive block: writes next[j] into every copy this block owns of
- * signal sig_of(j), j < n (slots b, b + grid, ...). Block-wide; after the
- * block's last read of its own copies (no other block reads them). */
-template <typename SigOf>
-__device__ __forceinline__ void mep_shadows_store(const MepLLParams &p, int n, SigOf sig_of,
-                                                  const uint64_t *next) {
+/* Ends a block's use of its per-block state copies: writes value_of(j) into
+ * every copy this block owns of entry index_of(j), j < n (slots b, b +
+ * grid, ... of an array of `stride` entries per slot). Block-wide; after a
+ * barrier that follows the block's last read of its own copies (no other
+ * block reads them). */
+template <typename V, typename IndexOf, typename ValueOf>
+__device__ __forceinline__ void mep_slots_store(V *base, uint32_t stride, int n, IndexOf index_of,
+                                                ValueOf value_of) {
   const uint32_t owned = (MEP_LL_SHADOW_SLOTS - blockIdx.x + gridDim.x - 1) / gridDim.x;
   for (uint32_t i = threadIdx.x; i < owned * (uint32_t)n; i += blockDim.x) {
     const uint64_t slot = blockIdx.x + (uint64_t)(i / n) * gridDim.x;
-    p.shadows[slot * p.lay.num_signals + sig_of((int)(i % n))] = next[i % n];
+    base[slot * stride + index_of((int)(i % n))] = value_of((int)(i % n));
   }
+}
+
+__device__ __forceinline__ uint64_t mep_ld_relaxed_sys(const uint64_t *p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void mep_st_relaxed_sys(uint64_t *p, uint64_t v) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
 /* Waits for source `peer`'s count signal `sig` in this set: one add by the

@@ -237,12 +237,20 @@ static moe_ep_status_t timeout_error(const moe_ep_group_t *g, const nccl_state_t
   const mep_ll_error_record_t *r = &s->rec[0];
   if (r->op == MEP_LL_OP_BAD_SIGNAL) {
     return mep_error(MOE_EP_ERR_INTERNAL,
-                     "a receive kernel on rank %d read %llu from rank %d's count signal "
-                     "(buffer set %d), a value no sender produces (it was %llu after the "
-                     "last receive): the signal state is inconsistent, e.g. a peer's late "
+                     "a receive kernel on rank %d read %llu from rank %d's count signal or "
+                     "slot-list head (buffer set %d), a value no sender produces (expected "
+                     "from %llu): the signal state is inconsistent, e.g. a peer's late "
                      "operation after a timeout; destroy the group",
                      r->rank, (unsigned long long)r->seen, r->peer, r->buffer_set,
                      (unsigned long long)r->expected);
+  }
+  if (r->op == MEP_LL_OP_DISPATCH_LIST) {
+    return mep_error(MOE_EP_ERR_TIMEOUT,
+                     "a dispatch receive kernel on rank %d waited timeouts.kernel_ms=%d for "
+                     "rank %d's slot list (buffer set %d): expected list tag %llu, saw tag "
+                     "%llu; the peer did not take part in the operation",
+                     r->rank, g->cfg.kernel_timeout_ms, r->peer, r->buffer_set,
+                     (unsigned long long)r->expected, (unsigned long long)r->seen);
   }
   int op = r->op >= 0 && r->op <= 4 ? r->op : 0;
   return mep_error(MOE_EP_ERR_TIMEOUT,
