@@ -340,7 +340,9 @@ __device__ __forceinline__ void mep_dispatch_wait_counts(const MepLLParams &p, b
     const uint32_t cs = mep_ll_sig_disp_cnt(&p.dims, r);
     uint64_t base = 0, increase = 0, code = 0;
     int n = 0, q = 0, w = 0;
-    if (!mep_wait_count<Tp>(p, cs, MEP_LL_OP_DISPATCH_RECV, r, &base, &increase, &code)) {
+    /* got_head: next[r] holds the signal as read with the head */
+    if (!mep_wait_count<Tp>(p, cs, MEP_LL_OP_DISPATCH_RECV, r, &base, &increase, &code,
+                            got_head ? &next[r] : nullptr)) {
       *failed = 1;
       continue;
     }
@@ -453,6 +455,9 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
                  mep_ll_arrival_add(code, blockIdx.x, gridDim.x));
   } else {
     for (int r = threadIdx.x; r < R && !failed; r += kScanThreads) {
+      /* The count signal's first read goes out with the head's: when the
+       * receive runs late (a hook), the wait after the scan ends at once. */
+      if (!Tp::kRowSignals) next[r] = Tp::read_signal(p, mep_ll_sig_disp_cnt(&p.dims, r));
       const uint32_t t = mep_ll_next_tag(mep_tag(p, r));
       tag[r] = (int)t;
       const uint64_t h =
@@ -589,13 +594,15 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
 }
 
 /* Warp-sized work units of the send half: LSA units are (token,
- * destination, chunk), staged ones tokens. */
+ * destination, chunk), plus 32-word pieces of each destination's list past
+ * the call's tokens (rewritten with the call's tag); staged ones tokens. */
 static inline int64_t mep_dispatch_send_units(const mep_ll_ctx_t *ctx,
                                               const mep_ll_dispatch_args_t *a) {
-  return ctx->transport == MEP_LL_TRANSPORT_LSA
-             ? (int64_t)a->num_tokens * ctx->dims.world *
-                   ((a->hidden + kMepDispatchChunk - 1) / kMepDispatchChunk)
-             : (int64_t)a->num_tokens;
+  if (ctx->transport != MEP_LL_TRANSPORT_LSA) return (int64_t)a->num_tokens;
+  const int64_t R = ctx->dims.world;
+  const int64_t fill = ((int64_t)ctx->dims.max_tokens - a->num_tokens) * a->top_k;
+  return (int64_t)a->num_tokens * R * ((a->hidden + kMepDispatchChunk - 1) / kMepDispatchChunk) +
+         R * ((fill + 31) / 32);
 }
 
 /* The pointer rules of each half (after mep_ll_dispatch_check). */
