@@ -26,8 +26,10 @@ enum {
    * Written into the notice record; nothing is aborted. */
   MEP_LL_OP_BAD_ROUTING = 5,
   /* A receive read a count signal value no sender produces (a late
-   * signal piled onto a later one after a timeout, or corruption):
-   * expected = the value after the last receive, seen = the value; fatal. */
+   * signal piled onto a later one after a timeout, or corruption; expected
+   * = the value after the last receive, seen = the value), or a slot-list
+   * head that disagrees with the count (expected = the tag, seen = the
+   * head); fatal. */
   MEP_LL_OP_BAD_SIGNAL = 6,
   /* A dispatch receive waiting for a peer's slot list (head or word) to
    * carry this call's tag: expected = the tag, seen = the tag found. */
@@ -94,7 +96,9 @@ enum {
   MEP_LL_STAMP_ENTRY = 0,     /* first instruction */
   MEP_LL_STAMP_SENT = 1,      /* thread 0's own send units done */
   MEP_LL_STAMP_SIGNALLED = 2, /* count signals issued (LSA: the block's
-                                 arrival; staged: the last block) */
+                                 arrival; staged: the last block); not
+                                 stamped where the fused LSA kernel's last
+                                 warp sends it */
   MEP_LL_STAMP_HEADS = 3,     /* receive: every source's list head read */
   MEP_LL_STAMP_SCANNED = 4,   /* receive: the block's experts' slots built */
   MEP_LL_STAMP_SEEN = 5,      /* receive: every source's count seen */

@@ -1,7 +1,8 @@
 /* ll_combine.cu: LL combine in one launch (send half, then receive half, in
  * the same kernel) for calls that do not defer the receive. As with the
- * fused dispatch, the receive waits for this rank's own count signal, sent
- * by the last block of the send half: a cooperative launch. */
+ * fused dispatch, the receive waits for this rank's own count signal, made
+ * of the send half's blocks' arrivals (LSA) or sent by its last block
+ * (staged): a cooperative launch. */
 #include "kernels/ll_combine_body.cuh"
 
 extern "C" moe_ep_status_t mep_ll_combine_check(const char *op, const mep_ll_ctx_t *ctx,

@@ -207,12 +207,15 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
           Tp::peer_ptr(p, d, p.set_off + p.lay.disp_recv + (my_row + t) * a.row_bytes));
       mep_chunk_store<kFp8>(a, v, drow, c0, n);
     }
-    /* The words past this call's tokens get its tag too (no expert), so no
-     * word keeps a tag old enough to come round again (mep_ll_list_word). */
-    const int fill = (M - T) * K, fill_units = (fill + 31) / 32;
+    /* Every other word of the list's capacity (max_tokens * the group's
+     * top_k, whatever this call's top_k) gets this call's tag too, with no
+     * expert, so no word keeps a tag old enough to come round again
+     * (mep_ll_list_word). */
+    const int words = M * p.dims.top_k;
+    const int fill = words - T * K, fill_units = (fill + 31) / 32;
     for (int u = gwarp; u < R * fill_units; u += nwarps) {
       const int d = u % R, i = T * K + (u / R) * 32 + lane;
-      if (i < M * K) mep_st_relaxed_sys(words_at(d) + i, mep_ll_list_word(-1, 0u, tag));
+      if (i < words) mep_st_relaxed_sys(words_at(d) + i, mep_ll_list_word(-1, 0u, tag));
     }
     mep_stamp(p, MEP_LL_STAMP_SENT);
     if constexpr (kArrive) {
@@ -415,7 +418,10 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
   constexpr int kScanWarps = kArriveAside ? kMepWarps - 1 : kMepWarps;
   constexpr int kScanThreads = kScanWarps * 32;
   __shared__ int warp_hits[kMepWarps];
-  __shared__ int failed;
+  /* failed: set before the scan's barrier (all scanning warps see it);
+   * scan_failed: a word wait that expired during the scan, read only after
+   * the join, so no warp skips a barrier the others take. */
+  __shared__ int failed, scan_failed;
   const int R = p.dims.world, M = p.dims.max_tokens, K = a.top_k;
   uint64_t *next = reinterpret_cast<uint64_t *>(smem);
   int *tokens = smem + 4 * R;
@@ -439,7 +445,7 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
       __syncthreads();
   };
 
-  if (threadIdx.x == 0) failed = 0;
+  if (threadIdx.x == 0) failed = scan_failed = 0;
   __syncthreads();
   if (Tp::kRowSignals) {
     mep_dispatch_wait_counts<Tp>(p, false, next, tokens, puts, weighted, &failed);
@@ -471,7 +477,7 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
       weighted[r] = w;
     }
     scan_sync();
-    if (!failed) { /* uniform over the scanning warps */
+    if (!failed) { /* uniform: set only before the barrier above */
       mep_stamp(p, MEP_LL_STAMP_HEADS);
       if (blockIdx.x == 0)
         for (int r = threadIdx.x; r < R; r += kScanThreads)
@@ -514,7 +520,7 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
             for (int e = 0; e < kMepScanPer; ++e) {
               const int i = ib + e;
               if (i < n) ent[e] = mep_list_fresh(p, words_of(r) + i, ent[e], (uint32_t)tag[r], r,
-                                                 &failed);
+                                                 &scan_failed);
               const int ex = i < n ? mep_ll_list_expert(ent[e]) : -1;
               hit[e] = i < n && ex == le;
               /* Block 0's first expert visits every word: it also marks
@@ -563,7 +569,9 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
     }
   }
   __syncthreads(); /* failed; this block's slot sources and counts are written */
-  if (failed) return; /* the record says why; outputs stay as they were */
+  /* The record says why; the handle may be partly written (LSA scans
+   * before the counts), the rows are not copied. */
+  if (failed || scan_failed) return;
   if (!Tp::kRowSignals) {
     mep_dispatch_wait_counts<Tp>(p, true, next, tokens, puts, weighted, &failed);
     __syncthreads();
@@ -595,12 +603,13 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
 
 /* Warp-sized work units of the send half: LSA units are (token,
  * destination, chunk), plus 32-word pieces of each destination's list past
- * the call's tokens (rewritten with the call's tag); staged ones tokens. */
+ * the call's words (rewritten with the call's tag); staged ones tokens. */
 static inline int64_t mep_dispatch_send_units(const mep_ll_ctx_t *ctx,
                                               const mep_ll_dispatch_args_t *a) {
   if (ctx->transport != MEP_LL_TRANSPORT_LSA) return (int64_t)a->num_tokens;
   const int64_t R = ctx->dims.world;
-  const int64_t fill = ((int64_t)ctx->dims.max_tokens - a->num_tokens) * a->top_k;
+  const int64_t fill = (int64_t)ctx->dims.max_tokens * ctx->dims.top_k -
+                       (int64_t)a->num_tokens * a->top_k;
   return (int64_t)a->num_tokens * R * ((a->hidden + kMepDispatchChunk - 1) / kMepDispatchChunk) +
          R * ((fill + 31) / 32);
 }

@@ -37,6 +37,14 @@ static inline moe_ep_status_t mep_ll_check_ctx(const char *op, const mep_ll_ctx_
     return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
                              "%s: the context's LSA addresses are not resolved; call "
                              "mep_ll_resolve_lsa after setting dev_comm and window", op);
+  /* The slot-list words hold local expert + 1 in 16 bits and slot_src a
+   * token in 11; the count code must stay below 2^32. */
+  if (ctx->dims.max_tokens < 1 || ctx->dims.max_tokens > MEP_MAX_TOKENS_LL ||
+      ctx->dims.local_experts < 1 || ctx->dims.local_experts > MEP_MAX_LOCAL_EXPERTS)
+    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                             "%s: the context's dims hold max_tokens %d and local_experts %d; "
+                             "they must be in 1..%d and 1..%d", op, ctx->dims.max_tokens,
+                             ctx->dims.local_experts, MEP_MAX_TOKENS_LL, MEP_MAX_LOCAL_EXPERTS);
   if (ctx->num_sms <= 0)
     return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
                              "%s: num_sms is %d; it must be positive", op, ctx->num_sms);
@@ -158,8 +166,8 @@ static inline int mep_ll_grid_for(const mep_ll_ctx_t *ctx, int64_t units) {
 }
 
 /* Launches a fused (send, then receive) kernel as a cooperative grid: its
- * receive half waits for a signal that only the last block of its own send
- * half sends, so every block must be resident at once. A cooperative
+ * receive half waits for lists and signals that other blocks of the same
+ * launch send, so every block must be resident at once. A cooperative
  * launch guarantees that (or fails) instead of leaving it to whatever else
  * holds SMs. */
 template <typename... Params, typename... Args>

@@ -53,8 +53,9 @@ static inline MEP_HD int mep_ll_num_sets(const mep_ll_dims_t *d) {
  *         | tag
  *   head: tokens << 32 | weighted << 16 | tag
  * Tags run 1..65535 per (buffer set, source) and every LSA call rewrites
- * every word of its list (those past its tokens with no expert), so a word
- * never still holds a tag equal to the call's unless this call wrote it. */
+ * every word of the list's capacity (max_tokens * the group's top_k; those
+ * past its own words with no expert), so a word never still holds a tag
+ * equal to the call's unless this call wrote it. */
 #define MEP_LL_LIST_HEAD_BYTES 16u
 static inline MEP_HD uint32_t mep_ll_next_tag(uint32_t tag) {
   return tag >= 0xffffu ? 1u : tag + 1u;
@@ -191,7 +192,10 @@ static inline MEP_HD uint64_t mep_ll_arrival_add(uint64_t code, uint32_t block, 
          (block == 0 ? ((uint64_t)grid << MEP_LL_ARRIVAL_GRID_SHIFT) + code : 0u);
 }
 /* 1: complete (*code = block 0's code); 0: arrivals still missing; -1: more
- * arrivals than the grid (a piled-up or corrupt signal). */
+ * arrivals than the grid field accounts for (a partly piled-up or corrupt
+ * signal). Two whole launches piled up read as one with summed fields: the
+ * dispatch receive then catches them only if the code does not decode or
+ * disagrees with the list head. */
 static inline MEP_HD int mep_ll_arrival_state(uint64_t increase, uint64_t *code) {
   const uint64_t arrived = increase >> 48;
   const uint64_t grid = (increase >> MEP_LL_ARRIVAL_GRID_SHIFT) & 0xffffu;

@@ -106,7 +106,7 @@ TEST(LlLayout, DispatchSignalCodeDecodes) {
 
 // LSA count signals: the arrivals of every block, in any order, complete
 // exactly when the last one lands, and give back block 0's code; one more
-// arrival (a piled-up signal) is refused.
+// arrival (a partly piled-up signal) is refused.
 TEST(LlLayout, ArrivalsCompleteOnlyWithEveryBlock) {
   const uint64_t code = mep_ll_disp_code(1024, 0, 1, 1024);  // the largest LSA code
   ASSERT_LT(code, 1ull << 32);
