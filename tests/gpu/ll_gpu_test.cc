@@ -612,6 +612,35 @@ TEST_F(LlGpu, Bench) {
   }
 }
 
+// Every LSA dispatch rewrites its whole slot list at every destination
+// (max_tokens * the group's top_k words) with its tag, whatever its own
+// top_k: after a top-8 call and then a top-1 call on the same set, every
+// word this rank received carries the top-1 call's tag, so no older word
+// can come round to a later call's tag (mep_ll_list_word).
+TEST_F(LlGpu, LsaListWordsAllCarryTheLastTag) {
+  Group &g = G();
+  round_trip(kFp8Big, MEP_LL_TRANSPORT_LSA);   // top-8
+  round_trip(kBf16Odd, MEP_LL_TRANSPORT_LSA);  // top-1
+  const mep_ll_set_layout_t lay = mep_ll_set_layout(&g.ctx.dims);
+  const uint64_t list_bytes = mep_ll_list_bytes(&g.ctx.dims);
+  const int words = g.ctx.dims.max_tokens * g.ctx.dims.top_k;
+  std::vector<uint64_t> w(MEP_LL_LIST_HEAD_BYTES / 8 + words);
+  for (int r = 0; r < g_world; ++r) {
+    // set 0 starts the window; source r's list: head, padding, words
+    const char *src = (const char *)g.ctx.window_local + lay.disp_list + r * list_bytes;
+    CUDA_OK(cudaMemcpy(w.data(), src, w.size() * 8, cudaMemcpyDeviceToHost));
+    const uint32_t tag = mep_ll_list_tag(w[0]);
+    ASSERT_NE(tag, 0u) << "rank " << g_rank << " source " << r << ": no head written";
+    for (int i = 0; i < words; ++i) {
+      const uint64_t v = w[MEP_LL_LIST_HEAD_BYTES / 8 + i];
+      ASSERT_EQ(mep_ll_list_tag(v), tag)
+          << "rank " << g_rank << " source " << r << " word " << i << " of " << words
+          << " (expert " << mep_ll_list_expert(v) << "): tag " << mep_ll_list_tag(v)
+          << ", the head's " << tag;
+    }
+  }
+}
+
 // Where the fused dispatch's time goes: every block stamps %globaltimer at
 // each phase boundary (mep_ll_ctx_t.stamps); per launch, each phase's
 // min / median / max over blocks relative to the launch's first entry,
