@@ -456,9 +456,8 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
     /* The send half ended with a block barrier after its stores, so this
      * warp's release adds carry every thread's rows. */
     const uint64_t code = mep_ll_disp_code(a.tokens, 0, a.weighted, M);
-    for (int d = lane; d < R; d += 32)
-      Tp::signal(p, d, mep_ll_sig_disp_cnt(&p.dims, p.rank),
-                 mep_ll_arrival_add(code, blockIdx.x, gridDim.x));
+    mep_arrival_send<Tp>(p, mep_ll_sig_disp_cnt(&p.dims, p.rank), [&](int) { return code; },
+                         lane, 32);
   } else {
     for (int r = threadIdx.x; r < R && !failed; r += kScanThreads) {
       /* The count signal's first read goes out with the head's: when the

@@ -221,13 +221,19 @@ __device__ __forceinline__ bool mep_wait_count(const MepLLParams &p, uint32_t si
 /* Ends an LSA send half: once the block's stores are done (the barrier),
  * each destination gets this block's arrival (a release add: it carries
  * the block's stores); block 0's also carries the grid size and
- * code_of(destination). */
+ * code_of(destination). mep_arrival_send: the adds alone, from threads
+ * first, first + stride, ... (after such a barrier). */
+template <class Tp, typename CodeOf>
+__device__ __forceinline__ void mep_arrival_send(const MepLLParams &p, uint32_t sig,
+                                                 CodeOf code_of, int first, int stride) {
+  for (int d = first; d < p.dims.world; d += stride)
+    Tp::signal(p, d, sig,
+               mep_ll_arrival_add(blockIdx.x == 0 ? code_of(d) : 0u, blockIdx.x, gridDim.x));
+}
 template <class Tp, typename CodeOf>
 __device__ __forceinline__ void mep_arrive(const MepLLParams &p, uint32_t sig, CodeOf code_of) {
   __syncthreads();
-  for (int d = threadIdx.x; d < p.dims.world; d += blockDim.x)
-    Tp::signal(p, d, sig,
-               mep_ll_arrival_add(blockIdx.x == 0 ? code_of(d) : 0u, blockIdx.x, gridDim.x));
+  mep_arrival_send<Tp>(p, sig, code_of, threadIdx.x, blockDim.x);
 }
 
 /* Warp copy of `bytes` (multiple of 16, 16-byte aligned) from src to dst.

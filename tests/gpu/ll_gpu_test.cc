@@ -377,6 +377,11 @@ class LlGpu : public ::testing::Test {
     ASSERT_EQ(bad, 0);
   }
 
+  // Weights carried by dispatch: combine pre-reduced on the experts' ranks.
+  void weighted_round_trip(const Case &c, int transport) {
+    weighted_ = 1;
+    round_trip(c, transport);
+  }
   void round_trip(const Case &c, int transport) {
     Group &g = G();
     g.ctx.transport = transport;
@@ -422,34 +427,13 @@ TEST_F(LlGpu, LsaFp8PackedI64H2176Top4E64) { round_trip(kFp8PackedI64Odd, MEP_LL
 TEST_F(LlGpu, GinEmuFp8PackedI64H2176Top4E64) { round_trip(kFp8PackedI64Odd, MEP_LL_TRANSPORT_GIN_EMULATED); }
 TEST_F(LlGpu, GinEmuBf16H2056Top1OneToken) { round_trip(kBf16Odd, MEP_LL_TRANSPORT_GIN_EMULATED); }
 // Weights carried by dispatch: combine pre-reduced on the experts' ranks.
-TEST_F(LlGpu, WeightedLsaBf16H7168Top8E256) {
-  weighted_ = 1;
-  round_trip(kBf16Big, MEP_LL_TRANSPORT_LSA);
-}
-TEST_F(LlGpu, WeightedLsaFp8H7168Top8ZeroTokensOnRank1) {
-  weighted_ = 1;
-  round_trip(kFp8Big, MEP_LL_TRANSPORT_LSA);
-}
-TEST_F(LlGpu, WeightedLsaBf16H2056Top1OneToken) {
-  weighted_ = 1;
-  round_trip(kBf16Odd, MEP_LL_TRANSPORT_LSA);
-}
-TEST_F(LlGpu, WeightedLsaFp8PackedI64H2176Top4E64) {
-  weighted_ = 1;
-  round_trip(kFp8PackedI64Odd, MEP_LL_TRANSPORT_LSA);
-}
-TEST_F(LlGpu, WeightedGinEmuFp8H7168Top8ZeroTokensOnRank1) {
-  weighted_ = 1;
-  round_trip(kFp8Big, MEP_LL_TRANSPORT_GIN_EMULATED);
-}
-TEST_F(LlGpu, WeightedGinEmuFp8PackedI64H2176Top4E64) {
-  weighted_ = 1;
-  round_trip(kFp8PackedI64Odd, MEP_LL_TRANSPORT_GIN_EMULATED);
-}
-TEST_F(LlGpu, WeightedGinEmuBf16H2056Top1OneToken) {
-  weighted_ = 1;
-  round_trip(kBf16Odd, MEP_LL_TRANSPORT_GIN_EMULATED);
-}
+TEST_F(LlGpu, WeightedLsaBf16H7168Top8E256) { weighted_round_trip(kBf16Big, MEP_LL_TRANSPORT_LSA); }
+TEST_F(LlGpu, WeightedLsaFp8H7168Top8ZeroTokensOnRank1) { weighted_round_trip(kFp8Big, MEP_LL_TRANSPORT_LSA); }
+TEST_F(LlGpu, WeightedLsaBf16H2056Top1OneToken) { weighted_round_trip(kBf16Odd, MEP_LL_TRANSPORT_LSA); }
+TEST_F(LlGpu, WeightedLsaFp8PackedI64H2176Top4E64) { weighted_round_trip(kFp8PackedI64Odd, MEP_LL_TRANSPORT_LSA); }
+TEST_F(LlGpu, WeightedGinEmuFp8H7168Top8ZeroTokensOnRank1) { weighted_round_trip(kFp8Big, MEP_LL_TRANSPORT_GIN_EMULATED); }
+TEST_F(LlGpu, WeightedGinEmuFp8PackedI64H2176Top4E64) { weighted_round_trip(kFp8PackedI64Odd, MEP_LL_TRANSPORT_GIN_EMULATED); }
+TEST_F(LlGpu, WeightedGinEmuBf16H2056Top1OneToken) { weighted_round_trip(kBf16Odd, MEP_LL_TRANSPORT_GIN_EMULATED); }
 // Ranks differ: even ranks send weights, odd ranks do not; each source gets
 // what it asked for in the same combine.
 TEST_F(LlGpu, WeightedOnSomeRanksOnly) {
