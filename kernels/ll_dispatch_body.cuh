@@ -460,13 +460,15 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
                          lane, 32);
   } else {
     for (int r = threadIdx.x; r < R && !failed; r += kScanThreads) {
-      /* The count signal's first read goes out with the head's: when the
-       * receive runs late (a hook), the wait after the scan ends at once. */
-      if (!Tp::kRowSignals) next[r] = Tp::read_signal(p, mep_ll_sig_disp_cnt(&p.dims, r));
+      /* The head and tag loads go out first, then the count signal's first
+       * read: it is an acquire, which would hold back the loads issued
+       * after it. When the receive runs late (a hook), the wait after the
+       * scan then ends at once, and neither load waited on the other. */
+      const uint64_t h0 = mep_ld_relaxed_sys(head_of(r));
       const uint32_t t = mep_ll_next_tag(mep_tag(p, r));
+      if (!Tp::kRowSignals) next[r] = Tp::read_signal(p, mep_ll_sig_disp_cnt(&p.dims, r));
       tag[r] = (int)t;
-      const uint64_t h =
-          mep_list_fresh(p, head_of(r), mep_ld_relaxed_sys(head_of(r)), t, r, &failed);
+      const uint64_t h = mep_list_fresh(p, head_of(r), h0, t, r, &failed);
       const int n = mep_ll_head_tokens(h), w = mep_ll_head_weighted(h);
       if (n > M || (Tp::kRowSignals && (n != tokens[r] || w != weighted[r]))) {
         mep_record_timeout(p, MEP_LL_OP_BAD_SIGNAL, r, -1, t, h);

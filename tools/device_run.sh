@@ -41,7 +41,7 @@ if [ "$MODE" = ab ]; then
       timeout 90 $B/moe_ep_run -n 2 --timeout_s 85 -- $B/moe_ep_bench --plugin=$D/libmoe_ep.so \
         --dtype=fp8 --tokens=1,8,128,256 --warmup=50 > "$OUT/bench_${name}_$round.log" 2>&1
       summary "bench_${name}_$round" $?
-      grep -E "^fp8 .*\| .*\| " "$OUT/bench_${name}_$round.log" | head -8 | cut -c1-60 | sed "s/^/$name $round: /"
+      grep -E "^fp8 .*\| .*\| " "$OUT/bench_${name}_$round.log" | head -8 | cut -c1-98 | sed "s/^/$name $round: /"
     done
   done
   cat "$OUT/summary.txt"
