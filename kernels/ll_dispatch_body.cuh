@@ -288,13 +288,24 @@ constexpr int kMepScanPer = 2;
 constexpr int kMepScalesPerLane = MEP_MAX_HIDDEN / MEP_HIDDEN_ALIGN / 32;
 constexpr int kMepScaleWordsPerLane = (kMepScalesPerLane + 3) / 4;
 
+/* 16-byte loads per lane per step of a received row's copy: the copy
+ * follows the count wait on the receive's critical path, and 16 moves a
+ * hidden-7168 fp8 row in one load round trip instead of two. */
+constexpr uint32_t kMepRecvCopyU = 16;
+
+/* Slot sources of a block's first local expert kept in shared memory by the
+ * scan, so the copy that follows reads them (and the expert's count)
+ * without a global round trip; slots past it are read from slot_src. */
+constexpr int kMepSlotCache = 1024;
+
 /* Row `src_row` of the receive area into recv_x slot dst_slot (and its
  * scales, converted to the caller's format). Whole warp. */
 template <bool kFp8>
 __device__ __forceinline__ void mep_copy_recv_row(const MepDispatchArgs &a, const char *row, uint64_t dst_slot) {
   const int lane = threadIdx.x & 31;
   if (!kFp8) {
-    mep_copy_warp((char *)a.recv_x + dst_slot * a.hidden * 2, row, (uint32_t)a.hidden * 2);
+    mep_copy_warp<kMepRecvCopyU>((char *)a.recv_x + dst_slot * a.hidden * 2, row,
+                                 (uint32_t)a.hidden * 2);
     return;
   }
   const float *sc = reinterpret_cast<const float *>(row + a.hidden);
@@ -311,7 +322,7 @@ __device__ __forceinline__ void mep_copy_recv_row(const MepDispatchArgs &a, cons
         if (w < words && w * 4 + b < groups)
           v[i] |= ((__float_as_uint(__ldcg(sc + w * 4 + b)) >> 23) & 0xffu) << (8 * b);
     }
-    mep_copy_warp((char *)a.recv_x + dst_slot * a.hidden, row, (uint32_t)a.hidden);
+    mep_copy_warp<kMepRecvCopyU>((char *)a.recv_x + dst_slot * a.hidden, row, (uint32_t)a.hidden);
     int32_t *dst = (int32_t *)a.recv_scales + dst_slot * words;
 #pragma unroll
     for (int i = 0; i < kMepScaleWordsPerLane; ++i)
@@ -321,7 +332,7 @@ __device__ __forceinline__ void mep_copy_recv_row(const MepDispatchArgs &a, cons
 #pragma unroll
     for (int i = 0; i < kMepScalesPerLane; ++i)
       f[i] = lane + 32 * i < groups ? __ldcg(sc + lane + 32 * i) : 0.f;
-    mep_copy_warp((char *)a.recv_x + dst_slot * a.hidden, row, (uint32_t)a.hidden);
+    mep_copy_warp<kMepRecvCopyU>((char *)a.recv_x + dst_slot * a.hidden, row, (uint32_t)a.hidden);
     float *dst = (float *)a.recv_scales + dst_slot * groups;
 #pragma unroll
     for (int i = 0; i < kMepScalesPerLane; ++i)
@@ -329,32 +340,50 @@ __device__ __forceinline__ void mep_copy_recv_row(const MepDispatchArgs &a, cons
   }
 }
 
+/* Waits for source r's count signal (first: its value as read with the
+ * head, or NULL): *total = the signal after this receive, *code = the
+ * sender's code. An expired wait is recorded. */
+template <class Tp>
+__device__ __forceinline__ bool mep_dispatch_count_wait(const MepLLParams &p, int r,
+                                                        const uint64_t *first, uint64_t *total,
+                                                        uint64_t *code) {
+  uint64_t base = 0, increase = 0;
+  if (!mep_wait_count<Tp>(p, mep_ll_sig_disp_cnt(&p.dims, r), MEP_LL_OP_DISPATCH_RECV, r, &base,
+                          &increase, code, first))
+    return false;
+  *total = base + increase;
+  return true;
+}
+
 /* Waits for every source's count signal (and, staged, its row puts) and
  * checks the count's code against the tokens and mode the list head gave
  * (got_head; staged transports read the heads afterwards). Fills next[]
  * (the signal shadows after this receive) and puts[]; sets *failed. Threads
- * r < R. */
-template <class Tp>
+ * r < R. kWaited (LSA): the counts were waited for already, next[r] holds
+ * each signal and next[R + r] its code; only the checks are left. */
+template <class Tp, bool kWaited = false>
 __device__ __forceinline__ void mep_dispatch_wait_counts(const MepLLParams &p, bool got_head,
                                                          uint64_t *next, int *tokens, int *puts,
                                                          int *weighted, int *failed) {
+  static_assert(!kWaited || !Tp::kRowSignals, "next[R + r] holds codes only without row signals");
   const int R = p.dims.world, M = p.dims.max_tokens;
   for (int r = threadIdx.x; r < R; r += blockDim.x) {
-    const uint32_t cs = mep_ll_sig_disp_cnt(&p.dims, r);
-    uint64_t base = 0, increase = 0, code = 0;
+    uint64_t code = 0;
     int n = 0, q = 0, w = 0;
     /* got_head: next[r] holds the signal as read with the head */
-    if (!mep_wait_count<Tp>(p, cs, MEP_LL_OP_DISPATCH_RECV, r, &base, &increase, &code,
-                            got_head ? &next[r] : nullptr)) {
+    if (kWaited) {
+      code = next[R + r];
+    } else if (!mep_dispatch_count_wait<Tp>(p, r, got_head ? &next[r] : nullptr, &next[r],
+                                            &code)) {
       *failed = 1;
       continue;
     }
-    next[r] = base + increase;
     /* A code no sender makes, or one that disagrees with the list head (a
      * corrupt or piled-up signal), fails the group like an expired wait. */
     if (!mep_ll_disp_decode(code - 1, M, &n, &q, &w) ||
         (got_head && (n != tokens[r] || w != weighted[r]))) {
-      mep_record_timeout(p, MEP_LL_OP_BAD_SIGNAL, r, -1, base, base + increase);
+      mep_record_timeout(p, MEP_LL_OP_BAD_SIGNAL, r, -1,
+                         mep_shadow(p, mep_ll_sig_disp_cnt(&p.dims, r)), next[r]);
       *failed = 1;
       continue;
     }
@@ -409,8 +438,8 @@ __device__ __forceinline__ uint64_t mep_list_fresh(const MepLLParams &p, const u
  * counts and puts first (a list arrives in one put). kArriveAside (the
  * fused LSA kernel, whose send half leaves its arrival to this half): the
  * block's last warp sends the arrival, whose system fence stalls that warp
- * for microseconds, while the other warps scan (their barriers leave it
- * out). */
+ * for microseconds, and then waits for the counts, while the other warps
+ * scan (their barriers leave it out). */
 template <class Tp, bool kFp8, bool kArriveAside = false>
 __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
                                                        const MepDispatchArgs &a, int *smem) {
@@ -419,9 +448,12 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
   constexpr int kScanThreads = kScanWarps * 32;
   __shared__ int warp_hits[kMepWarps];
   /* failed: set before the scan's barrier (all scanning warps see it);
-   * scan_failed: a word wait that expired during the scan, read only after
-   * the join, so no warp skips a barrier the others take. */
+   * scan_failed: a word wait that expired during the scan (or the last
+   * warp's count wait), read only after the join, so no warp skips a
+   * barrier the others take. */
   __shared__ int failed, scan_failed;
+  __shared__ int32_t slot_cache[kMepSlotCache]; /* this block's first expert */
+  __shared__ int first_filled;
   const int R = p.dims.world, M = p.dims.max_tokens, K = a.top_k;
   uint64_t *next = reinterpret_cast<uint64_t *>(smem);
   int *tokens = smem + 4 * R;
@@ -458,6 +490,10 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
     const uint64_t code = mep_ll_disp_code(a.tokens, 0, a.weighted, M);
     mep_arrival_send<Tp>(p, mep_ll_sig_disp_cnt(&p.dims, p.rank), [&](int) { return code; },
                          lane, 32);
+    /* Then it waits for the counts while the scan goes on, so the scan's
+     * end finds them seen (their codes are checked after the join). */
+    for (int r = lane; r < R; r += 32)
+      if (!mep_dispatch_count_wait<Tp>(p, r, nullptr, &next[r], &next[R + r])) scan_failed = 1;
   } else {
     for (int r = threadIdx.x; r < R && !failed; r += kScanThreads) {
       /* The head and tag loads go out first, then the count signal's first
@@ -466,7 +502,8 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
        * scan then ends at once, and neither load waited on the other. */
       const uint64_t h0 = mep_ld_relaxed_sys(head_of(r));
       const uint32_t t = mep_ll_next_tag(mep_tag(p, r));
-      if (!Tp::kRowSignals) next[r] = Tp::read_signal(p, mep_ll_sig_disp_cnt(&p.dims, r));
+      if (!Tp::kRowSignals && !kArriveAside)
+        next[r] = Tp::read_signal(p, mep_ll_sig_disp_cnt(&p.dims, r));
       tag[r] = (int)t;
       const uint64_t h = mep_list_fresh(p, head_of(r), h0, t, r, &failed);
       const int n = mep_ll_head_tokens(h), w = mep_ll_head_weighted(h);
@@ -549,7 +586,12 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
               /* more than max_tokens hits from one source only happens
                * with an expert repeated within a token: the excess is
                * dropped */
-              if (pos < M) slots[filled + pos] = MEP_LL_SLOT_PACK(r, i / K, i % K);
+              if (pos < M) {
+                const int32_t v = MEP_LL_SLOT_PACK(r, i / K, i % K);
+                slots[filled + pos] = v;
+                if (le == (int)blockIdx.x && filled + pos < kMepSlotCache)
+                  slot_cache[filled + pos] = v;
+              }
               a.route[(size_t)r * M * K + i] = {pos < M ? le * cap + filled + pos
                                                         : MEP_LL_ROUTE_DROPPED,
                                                 (int32_t)mep_ll_list_weight_bits(ent[e])};
@@ -564,7 +606,10 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
           if (threadIdx.x == 0) a.src_count[le * R + r] = hits;
           filled += hits;
         }
-        if (threadIdx.x == 0) a.recv_count[le] = filled;
+        if (threadIdx.x == 0) {
+          a.recv_count[le] = filled;
+          if (le == (int)blockIdx.x) first_filled = filled;
+        }
       }
       mep_stamp(p, MEP_LL_STAMP_SCANNED);
     }
@@ -574,17 +619,19 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
    * before the counts), the rows are not copied. */
   if (failed || scan_failed) return;
   if (!Tp::kRowSignals) {
-    mep_dispatch_wait_counts<Tp>(p, true, next, tokens, puts, weighted, &failed);
+    mep_dispatch_wait_counts<Tp, kArriveAside>(p, true, next, tokens, puts, weighted, &failed);
     __syncthreads();
     if (failed) return;
     mep_stamp(p, MEP_LL_STAMP_SEEN);
   }
 
   for (int le = blockIdx.x; le < a.local_experts; le += gridDim.x) {
-    const int filled = *reinterpret_cast<volatile const int32_t *>(a.recv_count + le);
+    const bool first = le == (int)blockIdx.x;
+    const int filled =
+        first ? first_filled : *reinterpret_cast<volatile const int32_t *>(a.recv_count + le);
     const int32_t *slots = a.slot_src + (size_t)le * cap;
     for (int j = warp; j < filled; j += kMepWarps) {
-      const int v = slots[j];
+      const int v = first && j < kMepSlotCache ? slot_cache[j] : slots[j];
       const uint64_t src_row = (uint64_t)MEP_LL_SLOT_RANK(v) * M + MEP_LL_SLOT_TOKEN(v);
       mep_copy_recv_row<kFp8>(a, p.local + p.set_off + p.lay.disp_recv + src_row * a.row_bytes,
                               (uint64_t)le * cap + j);
