@@ -28,6 +28,43 @@ TEST(LlLink, LaunchersRejectNullCtx) {
   EXPECT_EQ(mep_ll_dispatch_send(nullptr, nullptr, nullptr), MOE_EP_ERR_INVALID_ARGUMENT);
 }
 
+// Layout launcher: argument rules before any GPU work; nothing asked for is
+// a no-op (no launch).
+TEST(LlLink, PrepareLayoutRejectsBadArguments) {
+  int32_t counts[4];
+  mep_prepare_layout_args_t ok = {};
+  ok.topk_idx_bytes = 8;
+  ok.num_tokens = 0;
+  ok.top_k = 2;
+  ok.num_experts = 8;
+  ok.world = 2;
+  ok.num_tokens_per_rank = counts;
+  struct Bad {
+    const char *rule;
+    void (*breaks)(mep_prepare_layout_args_t *);
+  };
+  const Bad bad[] = {
+      {"num_tokens is -1", [](mep_prepare_layout_args_t *a) { a->num_tokens = -1; }},
+      {"top_k is 33", [](mep_prepare_layout_args_t *a) { a->top_k = 33; }},
+      {"world is 0", [](mep_prepare_layout_args_t *a) { a->world = 0; }},
+      {"num_experts is 7", [](mep_prepare_layout_args_t *a) { a->num_experts = 7; }},
+      {"topk_idx_bytes is 2", [](mep_prepare_layout_args_t *a) { a->topk_idx_bytes = 2; }},
+      {"topk_idx is NULL with 3 tokens", [](mep_prepare_layout_args_t *a) { a->num_tokens = 3; }},
+  };
+  for (const Bad &b : bad) {
+    mep_prepare_layout_args_t a = ok;
+    b.breaks(&a);
+    EXPECT_EQ(mep_prepare_layout(&a, nullptr), MOE_EP_ERR_INVALID_ARGUMENT) << b.rule;
+    EXPECT_NE(std::string(mep_kernels_last_error()).find(b.rule), std::string::npos)
+        << mep_kernels_last_error();
+  }
+  EXPECT_EQ(mep_prepare_layout(nullptr, nullptr), MOE_EP_ERR_INVALID_ARGUMENT);
+  mep_prepare_layout_args_t none = ok;
+  none.num_tokens = 3;  // topk_idx NULL, but no output asked for: nothing to read
+  none.num_tokens_per_rank = nullptr;
+  EXPECT_EQ(mep_prepare_layout(&none, nullptr), MOE_EP_OK);
+}
+
 TEST(LlLink, BufferBytesExact) {
   // 1 local expert, 1 rank, 1 token, hidden 128, top-1, bf16:
   // signals 4*8 = 32; dispatch row 256; slot list 32 (16-byte head, one

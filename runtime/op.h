@@ -39,6 +39,7 @@ struct moe_ep_handle {
   int32_t *out_tokens_per_rank;   /* [R] */
   int32_t *out_tokens_per_expert; /* [E] */
   uint8_t *out_is_token_in_rank;  /* [T, R] */
+  void *prepare_stream;           /* params->stream (nccl computes them there) */
 };
 
 typedef enum mep_op_kind { MEP_OP_DISPATCH = 0, MEP_OP_COMBINE = 1 } mep_op_kind_t;

@@ -116,6 +116,7 @@ moe_ep_status_t mep_prepare(moe_ep_group_t *g,
   h->top_k = p->top_k;
   h->topk_idx = data;
   h->topk_idx_bits = dt == MEP_DT_I64 ? 64 : 32;
+  h->prepare_stream = p->stream;
   moe_ep_status_t st = MOE_EP_OK;
   MEP_CHECK_GOTO(check_layout_outputs(g, p, h), st, out_release);
   if (g->cfg.backend == MOE_EP_BACKEND_HOST) {
@@ -128,6 +129,7 @@ moe_ep_status_t mep_prepare(moe_ep_group_t *g,
   h->out_tokens_per_rank = NULL;
   h->out_tokens_per_expert = NULL;
   h->out_is_token_in_rank = NULL;
+  h->prepare_stream = NULL;
   if (st != MOE_EP_OK) goto out_release;
   if (!mep_registry_add(h, MEP_OBJ_HANDLE)) {
     st = mep_error(MOE_EP_ERR_NO_MEMORY, "prepare: out of memory");

@@ -26,6 +26,17 @@ api() {  # name ranks seconds worker-args...
   summary "api_$name" $?
   grep -hE "^(PASSED|FAILED)|^FAIL|GIN|nccl group" "$OUT/api_$name.log" | head -6
 }
+# prepare's layout outputs on the GPU against the oracle (one process, no
+# NCCL), plain and under memcheck.
+prepare_layout() {
+  timeout 120 $B/prepare_layout_gpu_test > "$OUT/prepare_layout.log" 2>&1
+  summary prepare_layout_gpu_test $?
+  grep -E "^\[  (PASSED|FAILED) |FAILED  \]|FAIL " "$OUT/prepare_layout.log" | head -6
+  timeout 180 compute-sanitizer --tool memcheck --error-exitcode 9 $B/prepare_layout_gpu_test \
+    > "$OUT/prepare_layout_memcheck.log" 2>&1
+  summary prepare_layout_memcheck $?
+  grep -hE "ERROR SUMMARY" "$OUT/prepare_layout_memcheck.log" | head -1
+}
 # ab: this bundle against each variant under .gpu_bundle/ab/<name>/ (a
 # libmoe_ep.so and ll_gpu_test built from another tree) on 2 GPUs, taking
 # turns so drift hits all: the fused dispatch's phase stamps, then the
@@ -48,6 +59,7 @@ if [ "$MODE" = ab ]; then
   exit 0
 fi
 if [ "$MODE" = one ]; then
+  prepare_layout
   MOE_EP_TEST_WORLD=1 timeout 90 $B/ll_gpu_test > "$OUT/ll_gpu_test_world1.log" 2>&1
   summary ll_gpu_test_world1 $?
   grep -E "^\[  (PASSED|FAILED) |FAILED  \]|BENCH" "$OUT/ll_gpu_test_world1.log" | head -12
@@ -84,6 +96,7 @@ fi
 timeout 120 $B/ll_gpu_test > "$OUT/ll_gpu_test.log" 2>&1
 summary ll_gpu_test $?
 grep -E "^\[  (PASSED|FAILED) |FAILED  \]|BENCH" "$OUT/ll_gpu_test.log" | head -20
+prepare_layout   # one GPU is enough; the API runs below check prepare too
 MOE_EP_TEST_WORLD=1 timeout 60 $B/ll_gpu_test --gtest_filter=-*Bench* > "$OUT/ll_gpu_test_world1.log" 2>&1
 summary ll_gpu_test_world1 $?
 api ep2_lsa_fp8 2 50 --experts=256 --max_tokens=128 --dtype=fp8 --layers=7168:8,2048:1 --seeds=1

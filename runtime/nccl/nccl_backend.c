@@ -1,8 +1,9 @@
 /* nccl_backend.c: backend "nccl": the LL data path on GPUs. NCCL setup
  * (communicator, symmetric window, device communicator) comes from
  * nccl_setup.c, the kernels from kernels/ll.h; this file turns validated
- * operations into send/receive launches, keeps the per-buffer-set handle
- * storage, and turns a kernel's timeout record into MOE_EP_ERR_TIMEOUT. */
+ * operations (and prepare's layout outputs) into kernel launches, keeps the
+ * per-buffer-set handle storage, and turns a kernel's timeout record into
+ * MOE_EP_ERR_TIMEOUT. */
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
 #include <string.h>
@@ -220,16 +221,6 @@ out_destroy:
   return st;
 }
 
-static moe_ep_status_t nccl_prepare(moe_ep_group_t *g, mep_handle_state_t *h) {
-  if (h->out_tokens_per_rank || h->out_tokens_per_expert || h->out_is_token_in_rank) {
-    return mep_error(MOE_EP_ERR_UNSUPPORTED,
-                     "prepare: the layout outputs (num_tokens_per_rank/_per_expert, "
-                     "is_token_in_rank) are not computed by the nccl backend yet; pass "
-                     "NULL");
-  }
-  return MOE_EP_OK;
-}
-
 /* A kernel's expired wait, as a sentence. */
 static moe_ep_status_t timeout_error(const moe_ep_group_t *g, const nccl_state_t *s) {
   static const char *const ops[] = {"none", "dispatch send", "dispatch receive",
@@ -312,6 +303,29 @@ static moe_ep_status_t leave_device(const nccl_state_t *s, int prev, moe_ep_stat
 static moe_ep_status_t launched(moe_ep_status_t st, const char *what) {
   if (st == MOE_EP_OK) return st;
   return mep_error(st, "%s: %s", what, mep_kernels_last_error());
+}
+
+/* prepare's optional layout outputs: one kernel on the caller's stream, no
+ * sync and no allocation, so prepare may be captured in a CUDA graph. */
+static moe_ep_status_t nccl_prepare(moe_ep_group_t *g, mep_handle_state_t *h) {
+  if (!h->out_tokens_per_rank && !h->out_tokens_per_expert && !h->out_is_token_in_rank) {
+    return MOE_EP_OK;
+  }
+  nccl_state_t *s = g->impl;
+  int prev;
+  MEP_CHECK(enter_device(g, s, &prev));
+  mep_prepare_layout_args_t a = {
+      .topk_idx = h->topk_idx,
+      .topk_idx_bytes = h->topk_idx_bits / 8,
+      .num_tokens = h->num_tokens,
+      .top_k = h->top_k,
+      .num_experts = g->cfg.num_experts,
+      .world = g->world_size,
+      .num_tokens_per_rank = h->out_tokens_per_rank,
+      .num_tokens_per_expert = h->out_tokens_per_expert,
+      .is_token_in_rank = h->out_is_token_in_rank,
+  };
+  return leave_device(s, prev, launched(mep_prepare_layout(&a, h->prepare_stream), "prepare"));
 }
 
 static void dispatch_args(moe_ep_group_t *g, nccl_state_t *s, const mep_op_t *op,

@@ -38,11 +38,11 @@ LlCall::LlCall(Ctx& c, const Problem& p, uint64_t seed)
   recv_scales_.resize(fp8(p) ? rows * srow * 4 : 4);
   recv_count_.resize(el_);
   out_.resize(static_cast<size_t>(T) * H);
+  per_rank_.resize(p.world);
+  per_expert_.resize(p.num_experts);
+  in_rank_.resize(static_cast<size_t>(T) * p.world + 1);
   poison_outputs();
   y_.assign(rows * H, 0);
-  per_rank_.assign(p.world, -1);
-  per_expert_.assign(p.num_experts, -1);
-  in_rank_.assign(static_cast<size_t>(T) * p.world + 1, 0xEE);
   topk32_.assign(mine.topk_idx.begin(), mine.topk_idx.end());
   RankInputs& m = all_[c.rank];
   if (idx32_) {
@@ -57,6 +57,9 @@ LlCall::LlCall(Ctx& c, const Problem& p, uint64_t seed)
   m_y_.init(gpu_, y_.data(), y_.size() * 2);
   m_w_.init(gpu_, m.topk_weights.data(), m.topk_weights.size() * 4);
   m_out_.init(gpu_, out_.data(), out_.size() * 2);
+  m_per_rank_.init(gpu_, per_rank_.data(), per_rank_.size() * 4);
+  m_per_expert_.init(gpu_, per_expert_.data(), per_expert_.size() * 4);
+  m_in_rank_.init(gpu_, in_rank_.data(), in_rank_.size());
   new (&t_topk_) Tensor(m_topk_.ptr(), idx32_ ? DT::kI32 : DT::kI64, {T, K}, dev(c), c.gpu);
   new (&t_x_) Tensor(m_x_.ptr(), DT::kBf16, {T, H}, dev(c), c.gpu);
   new (&t_recv_x_) Tensor(m_rx_.ptr(), fp8(p) ? DT::kFp8 : DT::kBf16, {el_, slots_, H}, dev(c), c.gpu);
@@ -66,9 +69,9 @@ LlCall::LlCall(Ctx& c, const Problem& p, uint64_t seed)
   new (&t_y_) Tensor(m_y_.ptr(), DT::kBf16, {el_, slots_, H}, dev(c), c.gpu);
   new (&t_w_) Tensor(m_w_.ptr(), DT::kF32, {T, K}, dev(c), c.gpu);
   new (&t_out_) Tensor(m_out_.ptr(), DT::kBf16, {T, H}, dev(c), c.gpu);
-  new (&t_per_rank_) Tensor(per_rank_.data(), DT::kI32, {p.world}, dev(c), c.gpu);
-  new (&t_per_expert_) Tensor(per_expert_.data(), DT::kI32, {p.num_experts}, dev(c), c.gpu);
-  new (&t_in_rank_) Tensor(in_rank_.data(), DT::kU8, {T, p.world}, dev(c), c.gpu);
+  new (&t_per_rank_) Tensor(m_per_rank_.ptr(), DT::kI32, {p.world}, dev(c), c.gpu);
+  new (&t_per_expert_) Tensor(m_per_expert_.ptr(), DT::kI32, {p.num_experts}, dev(c), c.gpu);
+  new (&t_in_rank_) Tensor(m_in_rank_.ptr(), DT::kU8, {T, p.world}, dev(c), c.gpu);
 }
 
 LlCall::~LlCall() { c_.api->handle_free(h_); }
@@ -79,6 +82,9 @@ void LlCall::poison_outputs() {
   std::fill(recv_scales_.begin(), recv_scales_.end(), 0xA5);
   std::fill(recv_count_.begin(), recv_count_.end(), -7);
   std::fill(out_.begin(), out_.end(), 0x7FC1);
+  std::fill(per_rank_.begin(), per_rank_.end(), -1);
+  std::fill(per_expert_.begin(), per_expert_.end(), -1);
+  std::fill(in_rank_.begin(), in_rank_.end(), 0xEE);
 }
 
 void LlCall::reseed(uint64_t seed) {
@@ -100,7 +106,10 @@ void LlCall::reseed(uint64_t seed) {
   seed_ = seed;
   want_ = ll_dispatch_expected(p_, all_, c_.rank);
   poison_outputs();
-  for (Mirror* mm : {&m_topk_, &m_x_, &m_w_, &m_rx_, &m_sc_, &m_cnt_, &m_out_}) mm->upload();
+  for (Mirror* mm : {&m_topk_, &m_x_, &m_w_, &m_rx_, &m_sc_, &m_cnt_, &m_out_, &m_per_rank_,
+                     &m_per_expert_, &m_in_rank_}) {
+    mm->upload();
+  }
 }
 
 bool LlCall::corrupt_first_slot(int64_t value) {
@@ -112,31 +121,54 @@ bool LlCall::corrupt_first_slot(int64_t value) {
   return true;
 }
 
-moe_ep_status_t LlCall::prepare() {
+moe_ep_status_t LlCall::prepare(bool check) {
   trace(c_, "prepare", seed_);
+  c_.api->handle_free(h_);
+  h_ = nullptr;
   moe_ep_prepare_params_t pp = MOE_EP_INIT(moe_ep_prepare_params_t);
   pp.topk_idx = t_topk_.get();
   pp.num_tokens = all_[c_.rank].num_tokens;
   pp.top_k = p_.top_k;
-  if (!gpu_) {  // the nccl backend does not compute the layout outputs yet
-    pp.num_tokens_per_rank = t_per_rank_.get();
-    pp.num_tokens_per_expert = t_per_expert_.get();
-    pp.is_token_in_rank = t_in_rank_.get();
-  }
+  pp.stream = stream_;
+  pp.num_tokens_per_rank = t_per_rank_.get();
+  pp.num_tokens_per_expert = t_per_expert_.get();
+  pp.is_token_in_rank = t_in_rank_.get();
   moe_ep_status_t st = c_.api->prepare(c_.group, &pp, &h_);
-  if (!expect_status(c_, seed_, "prepare", st, MOE_EP_OK) || gpu_) return st;
-  PrepareExpected pe = prepare_expected(p_, all_[c_.rank]);
-  expect_same(c_, seed_, "prepare num_tokens_per_rank",
+  if (!expect_status(c_, seed_, "prepare", st, MOE_EP_OK)) return st;
+  if (check) check_prepare();
+  return st;
+}
+
+void LlCall::check_prepare() {
+  trace(c_, "check_prepare", seed_);
+  m_per_rank_.download();
+  m_per_expert_.download();
+  m_in_rank_.download();
+  // The oracle on this rank's routing, where an id outside -1..E-1 (the
+  // routing scenario's corrupted slot) counts as -1: dispatch drops it, and
+  // the nccl backend's layout describes what dispatch sends.
+  RankInputs mine;
+  mine.num_tokens = all_[c_.rank].num_tokens;
+  mine.topk_idx = all_[c_.rank].topk_idx;
+  for (int64_t& e : mine.topk_idx) {
+    if (e < -1 || e >= p_.num_experts) e = -1;
+  }
+  PrepareExpected pe = prepare_expected(p_, mine);
+  const std::string tag = idx32_ ? "prepare(int32 topk) " : "prepare(int64 topk) ";
+  expect_same(c_, seed_, tag + "num_tokens_per_rank",
               compare_exact_i32("num_tokens_per_rank", per_rank_.data(),
                                 pe.num_tokens_per_rank.data(), p_.world, p_.world));
-  expect_same(c_, seed_, "prepare num_tokens_per_expert",
+  expect_same(c_, seed_, tag + "num_tokens_per_expert",
               compare_exact_i32("num_tokens_per_expert", per_expert_.data(),
                                 pe.num_tokens_per_expert.data(), p_.num_experts,
                                 p_.num_experts));
-  expect_same(c_, seed_, "prepare is_token_in_rank",
+  expect_same(c_, seed_, tag + "is_token_in_rank",
               compare_exact_u8("is_token_in_rank", in_rank_.data(), pe.is_token_in_rank.data(),
                                pe.is_token_in_rank.size(), p_.world));
-  return st;
+  if (in_rank_.back() != 0xEE) {  // the byte past [T, R]
+    fail(c_, seed_, tag + "is_token_in_rank",
+         "the byte past [T, R] was written (got " + std::to_string(in_rank_.back()) + ")");
+  }
 }
 
 moe_ep_status_t LlCall::dispatch(uint32_t flags, moe_ep_hook_t** hook) {

@@ -16,7 +16,10 @@ class LlCall {
  public:
   LlCall(Ctx& c, const moe_ep_oracle::Problem& p, uint64_t seed);
   ~LlCall();
-  moe_ep_status_t prepare();
+  // prepare with all three layout outputs; check = false leaves them to
+  // check_prepare (a prepare captured in a CUDA graph cannot wait).
+  moe_ep_status_t prepare(bool check = true);
+  void check_prepare();  // the layout outputs against the oracle
   moe_ep_status_t dispatch(uint32_t flags, moe_ep_hook_t** hook);
   void check_dispatch();
   void check_dispatch_quietly() { m_cnt_.download(); }  // only waits for the device
@@ -55,6 +58,7 @@ class LlCall {
   Tensor t_per_rank_, t_per_expert_, t_in_rank_;
   bool gpu_;
   Mirror m_topk_, m_x_, m_rx_, m_sc_, m_cnt_, m_y_, m_w_, m_out_;
+  Mirror m_per_rank_, m_per_expert_, m_in_rank_;
   moe_ep_handle_t* h_ = nullptr;
   void* stream_ = nullptr;
   bool weights_at_dispatch_;

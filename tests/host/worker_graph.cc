@@ -1,8 +1,9 @@
 // worker_graph.cc: CUDA graph capture through the public API (nccl
 // backend). Dispatch and combine are captured once each (with and without
 // hooks: the deferred receive is captured by running the hook on the
-// capture stream), then replayed on fresh inputs written into the same
-// buffers; every replay is checked against the oracle.
+// capture stream), and prepare with its layout outputs, then replayed on
+// fresh inputs written into the same buffers; every replay is checked
+// against the oracle.
 #include <cuda_runtime_api.h>
 
 #include <string>
@@ -73,6 +74,25 @@ void run_graph(Ctx& c) {
                   MOE_EP_OK);
     cudaGraphExecDestroy(g_dispatch);
     cudaGraphExecDestroy(g_combine);
+  }
+  // prepare's layout outputs captured too (no sync or allocation inside):
+  // each replay recomputes them from the reseeded topk_idx.
+  {
+    uint64_t seed = 3000;
+    LlCall call(c, p, seed);
+    call.set_stream(s);
+    cudaGraphExec_t g_prepare = nullptr;
+    if (!capture(c, seed, "graph capture prepare", s, false,
+                 [&](uint32_t, moe_ep_hook_t**) { return call.prepare(false); }, &g_prepare)) {
+      return;
+    }
+    for (int i = 0; i < c.opt.seeds && c.failures == 0; i++) {
+      call.reseed(seed + 1 + i);
+      cuda_check(cudaGraphLaunch(g_prepare, s), "cudaGraphLaunch(prepare)");
+      cuda_check(cudaStreamSynchronize(s), "replay prepare");
+      call.check_prepare();
+    }
+    cudaGraphExecDestroy(g_prepare);
   }
   cudaStreamDestroy(s);
 }
