@@ -408,6 +408,10 @@ __device__ __forceinline__ void mep_dispatch_wait_counts(const MepLLParams &p, b
 static __device__ __noinline__ uint64_t mep_list_wait(const MepLLParams &p, const uint64_t *w,
                                                       uint32_t tag, int peer, int *failed) {
   uint64_t seen = 0;
+  if (p.stamps != nullptr)
+    atomicAdd(reinterpret_cast<unsigned long long *>(
+                  &p.stamps[blockIdx.x * MEP_LL_STAMP_POINTS + MEP_LL_STAMP_WORD_WAITS]),
+              1ull);
   /* Waits on the tag alone, so an expired wait records tags, not words;
    * once the tag is this call's the word is final, and is read again. */
   if (mep_wait(p, [&] { return (uint64_t)mep_ll_list_tag(mep_ld_relaxed_sys(w)); },
@@ -569,6 +573,9 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
               below += __popc(ball & lower);
               mine += __popc(ball);
             }
+            const bool first_step = p.stamps != nullptr && le == (int)blockIdx.x && i0 == 0 &&
+                                    r == next_source(-1);
+            if (first_step) mep_stamp(p, MEP_LL_STAMP_FIRST_WORDS);
             if (lane == 0) warp_hits[warp] = mine;
             scan_sync();
             int before = 0, all = 0;
@@ -599,6 +606,7 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
             }
             hits += all;
             scan_sync(); /* warp_hits is reused */
+            if (first_step) mep_stamp(p, MEP_LL_STAMP_FIRST_STEP);
 #pragma unroll
             for (int e = 0; e < kMepScanPer; ++e) ent[e] = nxt[e];
           }

@@ -625,6 +625,62 @@ TEST_F(LlGpu, LsaListWordsAllCarryTheLastTag) {
   }
 }
 
+// An expert repeated within tokens (the public API refuses it at prepare;
+// the kernels must stay exact and in bounds anyway): every rank sends
+// max_tokens tokens naming expert 0 top_k times, so rank 0's expert 0 gets
+// max_tokens * top_k hits per source. The flat scan sees a source past
+// max_tokens and the exact scan redoes the expert: each source keeps its
+// first max_tokens slots in (token, k) order, the rest route DROPPED.
+// Both halves of the fused kernel and the split kernels.
+TEST_F(LlGpu, RepeatedExpertKeepsFirstMaxTokensPerSource) {
+  Group &g = G();
+  g.ctx.transport = MEP_LL_TRANSPORT_LSA;
+  const int M = kMaxTokens, K = kMaxTopK, R = g_world;
+  const Case c = {2048, K, kMaxExperts, 0, 0, 4, {M, M}, 21};
+  Inputs in = make_inputs(c, g_rank);
+  std::fill(in.topk.begin(), in.topk.end(), 0);
+  upload(c, g, in, g.x, g.topk, g.w);
+  // Rank 0's expert 0 after a dispatch: every source's first M slots.
+  auto check = [&](int fused, uint64_t seed) {
+    const int cap = R * M;
+    int32_t cnt = -1;
+    std::vector<int32_t> slot(cap), srcc(R);
+    std::vector<mep_ll_route_t> route((size_t)R * M * K);
+    CUDA_OK(cudaMemcpy(&cnt, g.recv_count, 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(slot.data(), g.slot_src, cap * 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(srcc.data(), g.src_count, R * 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(route.data(), g.route, route.size() * sizeof(mep_ll_route_t),
+                       cudaMemcpyDeviceToHost));
+    ASSERT_EQ(cnt, cap) << "fused " << fused << " seed " << seed;
+    for (int r = 0; r < R; ++r) {
+      ASSERT_EQ(srcc[r], M) << "fused " << fused << " source " << r;
+      for (int j = 0; j < M; ++j)
+        ASSERT_EQ(slot[r * M + j], MEP_LL_SLOT_PACK(r, j / K, j % K))
+            << "fused " << fused << " source " << r << " slot " << j << " seed " << seed;
+      for (int i = 0; i < M * K; ++i)
+        ASSERT_EQ(route[(size_t)r * M * K + i].slot, i < M ? r * M + i : MEP_LL_ROUTE_DROPPED)
+            << "fused " << fused << " source " << r << " word " << i << " seed " << seed;
+    }
+  };
+  for (int fused = 0; fused < 2; ++fused) {
+    mep_ll_dispatch_args_t d = dargs(c, g, 0, g.x, g.topk, g.w);
+    if (fused) {
+      MEP_OK(mep_ll_dispatch(&g.ctx, &d, g.stream));
+    } else {
+      MEP_OK(mep_ll_dispatch_send(&g.ctx, &d, g.stream));
+      MEP_OK(mep_ll_dispatch_recv(&g.ctx, &d, g.stream));
+    }
+    CUDA_OK(cudaStreamSynchronize(g.stream));
+    ASSERT_EQ(g.rec->flag, 0) << rec_text();
+    if (g_rank == 0) check(fused, c.seed);
+    // A combine keeps the ranks in step before the next dispatch on set 0.
+    mep_ll_combine_args_t cb = cargs(c, g, 0, g.topk, g.w);
+    MEP_OK(mep_ll_combine(&g.ctx, &cb, g.stream));
+    CUDA_OK(cudaStreamSynchronize(g.stream));
+    ASSERT_EQ(g.rec->flag, 0) << rec_text();
+  }
+}
+
 // Where the fused dispatch's time goes: every block stamps %globaltimer at
 // each phase boundary (mep_ll_ctx_t.stamps); per launch, each phase's
 // min / median / max over blocks relative to the launch's first entry,
@@ -671,8 +727,13 @@ TEST_F(LlGpu, BenchPhaseStamps) {
         if (h[b * P] != 0) t0 = std::min(t0, h[b * P]);
       for (int i = 0; i < P; ++i) {
         std::vector<double> v;
-        for (int b = 0; b < grid_max; ++b)
-          if (h[b * P + i] != 0) v.push_back((h[b * P + i] - t0) / 1000.0);
+        for (int b = 0; b < grid_max; ++b) {
+          if (i == MEP_LL_STAMP_WORD_WAITS) {
+            if (h[b * P + MEP_LL_STAMP_ENTRY] != 0) v.push_back((double)h[b * P + i]);
+          } else if (h[b * P + i] != 0) {
+            v.push_back((h[b * P + i] - t0) / 1000.0);
+          }
+        }
         if (v.empty()) continue;
         std::sort(v.begin(), v.end());
         lo[i].push_back(v.front());
@@ -680,10 +741,13 @@ TEST_F(LlGpu, BenchPhaseStamps) {
         hi[i].push_back(v.back());
       }
     }
-    static const char *names[] = {"entry", "sent", "signalled", "heads",
-                                  "scanned", "seen", "copied", "done"};
+    static const char *names[] = {"entry",  "sent",   "signalled", "heads",     "scanned",
+                                  "seen",   "copied", "done",      "word waits", "1st words",
+                                  "1st step"};
+    static_assert(sizeof(names) / sizeof(names[0]) == MEP_LL_STAMP_POINTS, "a name per point");
     printf("PHASES rank %d tokens %d fused dispatch: event median %.1f us; per phase, us after "
-           "the first block's entry (min / median / max over blocks; medians of 100 launches)\n",
+           "the first block's entry (min / median / max over blocks; medians of 100 launches; "
+           "word waits: a count per block)\n",
            g_rank, tokens, median(ev));
     for (int i = 0; i < P; ++i)
       if (!mid[i].empty())

@@ -23,9 +23,11 @@
   } while (0)
 
 struct Big { char pad[1200]; };
+struct Mid { char pad[560]; }; /* the LL kernels' parameter block */
 
 __global__ void k_empty() {}
 __global__ void k_empty_big(const __grid_constant__ Big b) { if (b.pad[0] == 7 && threadIdx.x == 9999) asm volatile("trap;"); }
+__global__ void k_empty_mid(const __grid_constant__ Mid b) { if (b.pad[0] == 7 && threadIdx.x == 9999) asm volatile("trap;"); }
 __global__ void k_fence_sys() { if (threadIdx.x == 0) __threadfence_system(); }
 __global__ void k_fence_gpu() { if (threadIdx.x == 0) __threadfence(); }
 
@@ -120,6 +122,23 @@ int main(int argc, char **argv) {
   printf("empty %dx512              %6.2f\n", sms, median_us(s, [&] { k_empty<<<sms, 512, 0, s>>>(); }));
   printf("empty 1x32 1200B param     %6.2f\n", median_us(s, [&] { k_empty_big<<<1, 32, 0, s>>>(big); }));
   printf("empty %dx512 1200B param  %6.2f\n", sms, median_us(s, [&] { k_empty_big<<<sms, 512, 0, s>>>(big); }));
+  // The fused LL kernels are cooperative launches with a 560-byte block.
+  Mid mid = {};
+  auto coop = [&](bool on, auto *kernel, auto arg) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeCooperative;
+    attr[0].val.cooperative = on ? 1 : 0;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)sms);
+    cfg.blockDim = dim3(512);
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    CK(cudaLaunchKernelEx(&cfg, kernel, arg));
+  };
+  printf("empty %dx512 560B param   %6.2f\n", sms, median_us(s, [&] { k_empty_mid<<<sms, 512, 0, s>>>(mid); }));
+  printf("empty %dx512 560B LaunchEx %6.2f\n", sms, median_us(s, [&] { coop(false, k_empty_mid, mid); }));
+  printf("empty %dx512 560B coop    %6.2f\n", sms, median_us(s, [&] { coop(true, k_empty_mid, mid); }));
   printf("fence.sc.sys 1x32          %6.2f\n", median_us(s, [&] { k_fence_sys<<<1, 32, 0, s>>>(); }));
   printf("fence.sc.gpu 1x32          %6.2f\n", median_us(s, [&] { k_fence_gpu<<<1, 32, 0, s>>>(); }));
   for (uint32_t bytes : {7392u, 14336u}) {
