@@ -80,7 +80,7 @@ static inline size_t mep_combine_send_smem(const mep_ll_ctx_t *ctx, const MepCom
   return (size_t)(k->local_experts + ctx->dims.world) * sizeof(int);
 }
 static inline size_t mep_combine_recv_smem(const mep_ll_ctx_t *ctx) {
-  return (size_t)ctx->dims.world * (2 * sizeof(uint64_t) + sizeof(int));
+  return (size_t)ctx->dims.world * 2 * sizeof(uint64_t);
 }
 
 /* Receive units: (token, 256-channel chunk), one per warp. */
@@ -227,26 +227,23 @@ __device__ __forceinline__ void mep_combine_sum_slots(const MepLLParams &p,
 }
 
 /* smem: 2 R u64 (each source's count and row signal shadows after this
- * receive), then R ints. */
+ * receive). */
 template <class Tp, typename IdxT>
 __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
                                                       const MepCombineArgs &a, int *smem) {
   __shared__ int failed;
   const int R = p.dims.world;
   uint64_t *next = reinterpret_cast<uint64_t *>(smem);
-  int *cnt = smem + 4 * R;
   if (threadIdx.x == 0) failed = 0;
   __syncthreads();
   for (int r = threadIdx.x; r < R; r += blockDim.x) {
     uint64_t base = 0, increase = 0, code = 0;
-    int c = 0;
     if (mep_wait_count<Tp>(p, mep_ll_sig_comb_cnt(&p.dims, r), MEP_LL_OP_COMBINE_RECV, r, &base,
                            &increase, &code)) {
       next[r] = base + increase;
-      c = (int)(code - 1);
-      if (Tp::kRowSignals) {
+      if (Tp::kRowSignals) { /* the code is 1 + the rows to wait for */
         const uint32_t rs = mep_ll_sig_comb_row(&p.dims, r);
-        next[R + r] = mep_shadow(p, rs) + (uint64_t)c;
+        next[R + r] = mep_shadow(p, rs) + (code - 1);
         uint64_t rseen;
         if (!mep_wait_ge(p, [&] { return Tp::read_signal(p, rs); }, next[R + r],
                          MEP_LL_OP_COMBINE_RECV, r, -1, &rseen))
@@ -255,7 +252,6 @@ __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
     } else {
       failed = 1;
     }
-    cnt[r] = c;
   }
   __syncthreads();
   if (failed) return;
@@ -266,10 +262,8 @@ __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
     mep_combine_sum_slots<IdxT>(p, a);
 
   /* Only this block reads its shadow copies: no grid-wide ticket. */
-  mep_slots_store(
-      p.shadows, (uint32_t)p.lay.num_signals, Tp::kRowSignals ? 2 * R : R,
-      [&](int j) { return j < R ? mep_ll_sig_comb_cnt(&p.dims, j) : mep_ll_sig_comb_row(&p.dims, j - R); },
-      [&](int j) { return next[j]; });
+  mep_store_shadows<Tp>(p, next, [&](int r) { return mep_ll_sig_comb_cnt(&p.dims, r); },
+                        [&](int r) { return mep_ll_sig_comb_row(&p.dims, r); });
 }
 
 #endif /* MEP_LL_COMBINE_BODY_CUH_ */

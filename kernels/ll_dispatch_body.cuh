@@ -111,17 +111,17 @@ __device__ __forceinline__ float mep_slot_weight(const MepDispatchArgs &a, int t
   return lane < a.top_k && a.weights != nullptr ? __ldg(a.weights + t * a.top_k + lane) : 0.f;
 }
 
-/* Channels [c0, c0 + n) of token row xr into dispatch row drow: fp8 bytes
- * plus their f32 scales (one per 128 channels) or bf16. Whole warp. */
+/* Token row xr into dispatch row drow: fp8 bytes plus their f32 scales
+ * (one per 128 channels), or bf16. Whole warp. */
 template <bool kFp8>
-__device__ __forceinline__ void mep_write_row_part(const MepDispatchArgs &a, const __nv_bfloat16 *xr,
-                                               char *drow, int c0, int n) {
+__device__ __forceinline__ void mep_write_row(const MepDispatchArgs &a, const __nv_bfloat16 *xr,
+                                              char *drow) {
   if (kFp8) {
-    float *sc = reinterpret_cast<float *>(drow + a.hidden) + c0 / 128;
-    mep_fp8_quantize_row_warp(xr + c0, n, reinterpret_cast<uint8_t *>(drow) + c0, a.pow2,
+    float *sc = reinterpret_cast<float *>(drow + a.hidden);
+    mep_fp8_quantize_row_warp(xr, a.hidden, reinterpret_cast<uint8_t *>(drow), a.pow2,
                               [&](int g, float s) { sc[g] = s; });
   } else {
-    mep_copy_warp(drow + 2 * (size_t)c0, xr + c0, (uint32_t)n * 2u);
+    mep_copy_warp(drow, xr, (uint32_t)a.hidden * 2u);
   }
 }
 
@@ -236,7 +236,7 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
         *reinterpret_cast<uint64_t *>(p.local + stage_list + d * list_bytes) = head;
     for (int t = gwarp; t < T; t += nwarps) {
       const uint64_t srow = stage_rows + (uint64_t)t * a.row_bytes;
-      mep_write_row_part<kFp8>(a, a.x + (size_t)t * a.hidden, p.local + srow, 0, a.hidden);
+      mep_write_row<kFp8>(a, a.x + (size_t)t * a.hidden, p.local + srow);
       const float w = mep_slot_weight(a, t, lane);
       int le;
       const int dst = mep_slot_dst<IdxT>(p, a, t, lane, &le);
@@ -648,10 +648,8 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
   mep_stamp(p, MEP_LL_STAMP_COPIED);
 
   /* Only this block reads its shadow and tag copies: no grid-wide ticket. */
-  mep_slots_store(
-      p.shadows, (uint32_t)p.lay.num_signals, Tp::kRowSignals ? 2 * R : R,
-      [&](int j) { return j < R ? mep_ll_sig_disp_cnt(&p.dims, j) : mep_ll_sig_disp_row(&p.dims, j - R); },
-      [&](int j) { return next[j]; });
+  mep_store_shadows<Tp>(p, next, [&](int r) { return mep_ll_sig_disp_cnt(&p.dims, r); },
+                        [&](int r) { return mep_ll_sig_disp_row(&p.dims, r); });
   mep_slots_store(p.tags, (uint32_t)(R + 1), R, [&](int j) { return j; },
                   [&](int j) { return (uint32_t)tag[j]; });
   mep_stamp(p, MEP_LL_STAMP_DONE);

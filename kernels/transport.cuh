@@ -172,6 +172,18 @@ __device__ __forceinline__ void mep_slots_store(V *base, uint32_t stride, int n,
   }
 }
 
+/* Ends a receive: this block's shadow copies of each source r's count
+ * signal cnt_sig(r) become next[r] and, row-signalled, of its row signal
+ * row_sig(r) next[R + r] (mep_slots_store's rules). */
+template <class Tp, typename CntSig, typename RowSig>
+__device__ __forceinline__ void mep_store_shadows(const MepLLParams &p, const uint64_t *next,
+                                                  CntSig cnt_sig, RowSig row_sig) {
+  const int R = p.dims.world;
+  mep_slots_store(p.shadows, (uint32_t)p.lay.num_signals, Tp::kRowSignals ? 2 * R : R,
+                  [&](int j) { return j < R ? cnt_sig(j) : row_sig(j - R); },
+                  [&](int j) { return next[j]; });
+}
+
 __device__ __forceinline__ uint64_t mep_ld_relaxed_sys(const uint64_t *p) {
   uint64_t v;
   asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");

@@ -102,6 +102,16 @@ out_unlock:
   return st;
 }
 
+/* topk_weights of a dispatch or combine (`what`): f32 [num_tokens, top_k]
+ * on the group's device. */
+static moe_ep_status_t check_weights(moe_ep_group_t *g, const mep_handle_state_t *h,
+                                     const char *what, const moe_ep_tensor_t *t, void **data) {
+  int dt;
+  mep_tensor_rule_t r = {what, "params->topk_weights", mep_group_device(g), MEP_BIT(MEP_DT_F32),
+                         2, {h->num_tokens, h->top_k, 0}, 1};
+  return mep_tensor_check(t, &r, data, &dt);
+}
+
 static moe_ep_status_t check_ll_dispatch_outputs(moe_ep_group_t *g,
                                                  const moe_ep_dispatch_params_t *p,
                                                  mep_op_t *op, int fp8) {
@@ -113,9 +123,7 @@ static moe_ep_status_t check_ll_dispatch_outputs(moe_ep_group_t *g,
   /* Optional in LL: weights given here travel with the tokens, so combine
    * can sum each token's experts on the expert side (fewer bytes back). */
   if (MEP_HAS_FIELD(p, topk_weights) && p->topk_weights != NULL) {
-    mep_tensor_rule_t rw = {"dispatch", "params->topk_weights", dev, MEP_BIT(MEP_DT_F32), 2,
-                            {op->handle->num_tokens, op->handle->top_k, 0}, 1};
-    MEP_CHECK(mep_tensor_check(p->topk_weights, &rw, &data, &dt));
+    MEP_CHECK(check_weights(g, op->handle, "dispatch", p->topk_weights, &data));
     op->topk_weights = data;
     op->weighted = 1;
   }
@@ -144,9 +152,7 @@ static moe_ep_status_t check_ht_dispatch_outputs(moe_ep_group_t *g,
   mep_handle_state_t *h = op->handle;
   void *data;
   int dt;
-  mep_tensor_rule_t rw = {"dispatch", "params->topk_weights", dev, MEP_BIT(MEP_DT_F32),
-                          2, {h->num_tokens, h->top_k, 0}, 1};
-  MEP_CHECK(mep_tensor_check(p->topk_weights, &rw, &data, &dt));
+  MEP_CHECK(check_weights(g, h, "dispatch", p->topk_weights, &data));
   op->topk_weights = data;
   mep_tensor_rule_t rx = {"dispatch", "params->recv_x", dev, MEP_BIT(MEP_DT_BF16), 2,
                           {-1, p->hidden, 0}, 1};
@@ -232,12 +238,8 @@ moe_ep_status_t mep_dispatch(moe_ep_group_t *g, moe_ep_handle_t *h,
 static moe_ep_status_t check_ll_combine_weights(moe_ep_group_t *g, const moe_ep_handle_t *h,
                                                 const moe_ep_combine_params_t *p, mep_op_t *op) {
   void *data = NULL;
-  int dt;
-  if (p->topk_weights != NULL || !h->weighted) {
-    mep_tensor_rule_t rw = {"combine", "params->topk_weights", mep_group_device(g),
-                            MEP_BIT(MEP_DT_F32), 2, {h->num_tokens, h->top_k, 0}, 1};
-    MEP_CHECK(mep_tensor_check(p->topk_weights, &rw, &data, &dt));
-  }
+  if (p->topk_weights != NULL || !h->weighted)
+    MEP_CHECK(check_weights(g, h, "combine", p->topk_weights, &data));
   if (h->weighted && data != NULL && data != h->dispatch_weights) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "combine: params->topk_weights data=%p is not the tensor given to "
@@ -247,7 +249,6 @@ static moe_ep_status_t check_ll_combine_weights(moe_ep_group_t *g, const moe_ep_
                      data, (const void *)h->dispatch_weights);
   }
   op->topk_weights = h->weighted ? h->dispatch_weights : data;
-  op->weighted = h->weighted;
   return MOE_EP_OK;
 }
 
