@@ -105,13 +105,19 @@ enum {
   MEP_LL_STAMP_SEEN = 5,      /* receive: every source's count seen */
   MEP_LL_STAMP_COPIED = 6,    /* receive: every row copied */
   MEP_LL_STAMP_DONE = 7,      /* receive: shadows and tags stored */
-  MEP_LL_STAMP_WORD_WAITS = 8, /* not a time: slot-list words the block's
-                                  scan found without this call's tag and
-                                  waited for */
-  MEP_LL_STAMP_FIRST_WORDS = 9,  /* receive: the first scan step's words
-                                    loaded and their tags checked */
-  MEP_LL_STAMP_FIRST_STEP = 10,  /* receive: the first scan step done */
-  MEP_LL_STAMP_POINTS = 11
+  MEP_LL_STAMP_WORD_WAITS = 8, /* not a time: list words (slot or expert
+                                  lists) the block found without this
+                                  call's tag and waited for */
+  MEP_LL_STAMP_FIRST_WORDS = 9,  /* receive: LSA, the block's first
+                                    expert's list counts read; staged, the
+                                    first scan step's words loaded */
+  MEP_LL_STAMP_FIRST_STEP = 10,  /* receive: LSA, that expert's slots
+                                    written; staged, the first scan step
+                                    done */
+  MEP_LL_STAMP_COUNTS = 11,      /* receive (LSA): every source's count
+                                    signal seen by the warp that waits
+                                    for them beside the list reads */
+  MEP_LL_STAMP_POINTS = 12
 };
 
 /* Where the expert side finds one received (source rank, token, k) slot at

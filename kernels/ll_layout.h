@@ -83,6 +83,38 @@ static inline MEP_HD uint64_t mep_ll_list_bytes(const mep_ll_dims_t *d) {
                         (uint64_t)d->max_tokens * (uint64_t)d->top_k * 8u);
 }
 
+/* LSA expert lists: the sender, which holds the routing, also lists each
+ * destination expert's entries from it, so the receiver needs no scan of
+ * whole slot lists: per (local expert, source rank), one count word, then
+ * up to max_tokens entry words in (token, k) order. Every word carries the
+ * call's tag and is written with one 8-byte store, so the receiver reads
+ * them as they land, before the rows' count signal. The receiver zeroes
+ * every word it read once it is done with it, so a word holds either zero
+ * or the current call's value (the next write to a set comes two calls
+ * later, after a combine that orders it behind this receive).
+ *   count: hits (uncapped) << 32 | source's tokens << 16 | tag
+ *   entry: k << 27 | token << 16 | tag
+ * (the slot's weight travels in the slot list, which the receiver reads for
+ * every slot anyway). */
+static inline MEP_HD uint64_t mep_ll_elist_count(uint32_t hits, int tokens, uint32_t tag) {
+  return ((uint64_t)hits << 32) | ((uint64_t)((uint32_t)tokens & 0xffffu) << 16) |
+         (uint64_t)(tag & 0xffffu);
+}
+static inline MEP_HD uint32_t mep_ll_elist_hits(uint64_t w) { return (uint32_t)(w >> 32); }
+static inline MEP_HD int mep_ll_elist_tokens(uint64_t w) { return (int)((w >> 16) & 0xffffu); }
+static inline MEP_HD uint64_t mep_ll_elist_entry(int token, int k, uint32_t tag) {
+  return ((uint64_t)((uint32_t)k & 31u) << 27) | ((uint64_t)((uint32_t)token & 2047u) << 16) |
+         (uint64_t)(tag & 0xffffu);
+}
+static inline MEP_HD int mep_ll_elist_token(uint64_t w) { return (int)((w >> 16) & 2047u); }
+static inline MEP_HD int mep_ll_elist_k(uint64_t w) { return (int)((w >> 27) & 31u); }
+
+/* Bytes of one (local expert, source) expert list: count + max_tokens
+ * entries. */
+static inline MEP_HD uint64_t mep_ll_elist_bytes(const mep_ll_dims_t *d) {
+  return mep_ll_align16(((uint64_t)d->max_tokens + 1u) * 8u);
+}
+
 /* One buffer set, offsets relative to the set's start. Dispatch sends each
  * token once per destination rank (not once per expert): the receiver gets
  * the source's rows in token order plus, per (token, k), the local expert
@@ -101,6 +133,7 @@ typedef struct mep_ll_set_layout {
   uint64_t sig_bytes;
   uint64_t disp_recv;     /* [R][max_tokens] dispatch rows, by source rank */
   uint64_t disp_list;     /* [R] slot lists (mep_ll_list_bytes each) */
+  uint64_t disp_elist;    /* [E_local][R] expert lists (LSA; mep_ll_elist_bytes each) */
   uint64_t comb_recv;     /* [max_tokens][top_k] bf16 rows */
   uint64_t stage;         /* send staging (GIN / GIN-emulated) */
   uint64_t stage_list;    /* dispatch list staging [R][max_tokens * top_k] */
@@ -119,7 +152,8 @@ static inline MEP_HD mep_ll_set_layout_t mep_ll_set_layout(const mep_ll_dims_t *
   l.sig_bytes = mep_ll_align16(l.num_signals * 8u);
   l.disp_recv = l.sig_bytes;
   l.disp_list = l.disp_recv + r * t * row_d;
-  l.comb_recv = l.disp_list + r * list;
+  l.disp_elist = l.disp_list + r * list;
+  l.comb_recv = l.disp_elist + el * r * mep_ll_elist_bytes(d);
   l.stage = l.comb_recv + t * k * row_c;
   /* Staging holds either the dispatch rows (one per token, quantised once)
    * plus one list per destination, or the combine rows: one per received

@@ -44,6 +44,7 @@ TEST(LlLayout, RegionsAlignedDisjointAndInsideTheSet) {
         {0, l.num_signals * 8},
         {l.disp_recv, l.disp_recv + R * M * row_d},
         {l.disp_list, l.disp_list + R * list},
+        {l.disp_elist, l.disp_elist + (uint64_t)d.local_experts * R * mep_ll_align16((M + 1) * 8)},
         {l.comb_recv, l.comb_recv + M * K * row_c},
         {l.stage, l.stage + M * row_d},
         {l.stage_list, l.stage_list + R * list},
@@ -166,6 +167,35 @@ TEST(LlLayout, ListWordsAndTagsRoundTrip) {
   EXPECT_EQ(mep_ll_next_tag(0xffffu), 1u);
   mep_ll_dims_t d = {8, 2, 128, 7168, 8, 1, 2};
   EXPECT_EQ(mep_ll_list_bytes(&d), MEP_LL_LIST_HEAD_BYTES + 128u * 8u * 8u);
+}
+
+// Expert-list words carry their fields and tag intact at the limits; a
+// written word is never zero (the tag is at least 1), so zero means unread.
+TEST(LlLayout, ExpertListWordsRoundTrip) {
+  for (uint32_t hits : {0u, 1u, 1024u, 32768u, 0xffffffffu}) {
+    for (int tokens : {0, 1, 1024}) {
+      for (uint32_t tag : {1u, 0x8000u, 0xffffu}) {
+        const uint64_t c = mep_ll_elist_count(hits, tokens, tag);
+        EXPECT_EQ(mep_ll_elist_hits(c), hits) << "tokens=" << tokens << " tag=" << tag;
+        EXPECT_EQ(mep_ll_elist_tokens(c), tokens) << "hits=" << hits << " tag=" << tag;
+        EXPECT_EQ(mep_ll_list_tag(c), tag) << "hits=" << hits << " tokens=" << tokens;
+        EXPECT_NE(c, 0u);
+      }
+    }
+  }
+  for (int token : {0, 1, 1023, 2047}) {
+    for (int k : {0, 7, 31}) {
+      for (uint32_t tag : {1u, 0xffffu}) {
+        const uint64_t e = mep_ll_elist_entry(token, k, tag);
+        EXPECT_EQ(mep_ll_elist_token(e), token) << "k=" << k << " tag=" << tag;
+        EXPECT_EQ(mep_ll_elist_k(e), k) << "token=" << token << " tag=" << tag;
+        EXPECT_EQ(mep_ll_list_tag(e), tag) << "token=" << token << " k=" << k;
+        EXPECT_NE(e, 0u);
+      }
+    }
+  }
+  mep_ll_dims_t d = {8, 2, 128, 7168, 8, 1, 2};
+  EXPECT_EQ(mep_ll_elist_bytes(&d), 129u * 8u + 8u);  // 16-aligned
 }
 
 TEST(LlLayout, OneBufferSetIsHalfTheWindowOfTwo) {

@@ -68,12 +68,13 @@ TEST(LlLink, PrepareLayoutRejectsBadArguments) {
 TEST(LlLink, BufferBytesExact) {
   // 1 local expert, 1 rank, 1 token, hidden 128, top-1, bf16:
   // signals 4*8 = 32; dispatch row 256; slot list 32 (16-byte head, one
-  // 8-byte word, 16-aligned); combine row 256; staging max(256 + 32, 256
-  // slot row + 256 partial) = 512. Per set 32+256+32+256+512 = 1088.
-  EXPECT_EQ(mep_ll_buffer_bytes(1, 1, 1, 128, 1, 0, 2), 2u * 1088u);
-  EXPECT_EQ(mep_ll_buffer_bytes(1, 1, 1, 128, 1, 0, 0), 2u * 1088u);  // 0 means 2
+  // 8-byte word, 16-aligned); expert list 16 (count + one entry); combine
+  // row 256; staging max(256 + 32, 256 slot row + 256 partial) = 512. Per
+  // set 32+256+32+16+256+512 = 1104.
+  EXPECT_EQ(mep_ll_buffer_bytes(1, 1, 1, 128, 1, 0, 2), 2u * 1104u);
+  EXPECT_EQ(mep_ll_buffer_bytes(1, 1, 1, 128, 1, 0, 0), 2u * 1104u);  // 0 means 2
   // double_buffer: false -> one set.
-  EXPECT_EQ(mep_ll_buffer_bytes(1, 1, 1, 128, 1, 0, 1), 1088u);
+  EXPECT_EQ(mep_ll_buffer_bytes(1, 1, 1, 128, 1, 0, 1), 1104u);
   // fp8 row: 128 + 4 scales -> 144 (16-aligned).
   EXPECT_EQ(mep_ll_dispatch_row_bytes(128, 1), 144u);
 }

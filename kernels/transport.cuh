@@ -55,13 +55,17 @@ struct MepLLParams {
   uint64_t *stamps;              /* diagnostics, usually NULL (mep_ll_ctx_t) */
 };
 
-/* Thread 0 writes %globaltimer for phase `point` of this block when the
- * caller asked for stamps; otherwise one uniform branch. */
-__device__ __forceinline__ void mep_stamp(const MepLLParams &p, int point) {
-  if (p.stamps == nullptr || threadIdx.x != 0) return;
+/* Writes %globaltimer for phase `point` of this block when the caller
+ * asked for stamps (otherwise one uniform branch): mep_stamp from thread
+ * 0, mep_stamp_here from whichever thread calls it. */
+__device__ __forceinline__ void mep_stamp_here(const MepLLParams &p, int point) {
+  if (p.stamps == nullptr) return;
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   p.stamps[blockIdx.x * MEP_LL_STAMP_POINTS + point] = t;
+}
+__device__ __forceinline__ void mep_stamp(const MepLLParams &p, int point) {
+  if (threadIdx.x == 0) mep_stamp_here(p, point);
 }
 
 __device__ __forceinline__ uint64_t mep_ld_acquire_sys(const uint64_t *p) {

@@ -238,7 +238,7 @@ static moe_ep_status_t timeout_error(const moe_ep_group_t *g, const nccl_state_t
   if (r->op == MEP_LL_OP_DISPATCH_LIST) {
     return mep_error(MOE_EP_ERR_TIMEOUT,
                      "a dispatch receive kernel on rank %d waited timeouts.kernel_ms=%d for "
-                     "rank %d's slot list (buffer set %d): expected list tag %llu, saw tag "
+                     "rank %d's slot or expert list (buffer set %d): expected list tag %llu, saw tag "
                      "%llu; the peer did not take part in the operation",
                      r->rank, g->cfg.kernel_timeout_ms, r->peer, r->buffer_set,
                      (unsigned long long)r->expected, (unsigned long long)r->seen);

@@ -377,6 +377,7 @@ class LlGpu : public ::testing::Test {
     ASSERT_EQ(bad, 0);
   }
 
+  void repeated_expert(int transport);  // RepeatedExpertKeepsFirstMaxTokensPerSource
   // Weights carried by dispatch: combine pre-reduced on the experts' ranks.
   void weighted_round_trip(const Case &c, int transport) {
     weighted_ = 1;
@@ -628,13 +629,22 @@ TEST_F(LlGpu, LsaListWordsAllCarryTheLastTag) {
 // An expert repeated within tokens (the public API refuses it at prepare;
 // the kernels must stay exact and in bounds anyway): every rank sends
 // max_tokens tokens naming expert 0 top_k times, so rank 0's expert 0 gets
-// max_tokens * top_k hits per source. The flat scan sees a source past
-// max_tokens and the exact scan redoes the expert: each source keeps its
-// first max_tokens slots in (token, k) order, the rest route DROPPED.
-// Both halves of the fused kernel and the split kernels.
+// max_tokens * top_k hits per source. LSA: the expert list holds the first
+// max_tokens and the receive marks the rest from the slot list; staged:
+// the scan caps each source. Each source keeps its first max_tokens slots
+// in (token, k) order, the rest route DROPPED. The fused kernel and the
+// split kernels, LSA and GIN-emulated.
 TEST_F(LlGpu, RepeatedExpertKeepsFirstMaxTokensPerSource) {
+  for (int transport : {MEP_LL_TRANSPORT_LSA, MEP_LL_TRANSPORT_GIN_EMULATED}) {
+    SCOPED_TRACE(transport == MEP_LL_TRANSPORT_LSA ? "lsa" : "gin_emulated");
+    repeated_expert(transport);
+    if (HasFatalFailure()) return;
+  }
+}
+
+void LlGpu::repeated_expert(int transport) {
   Group &g = G();
-  g.ctx.transport = MEP_LL_TRANSPORT_LSA;
+  g.ctx.transport = transport;
   const int M = kMaxTokens, K = kMaxTopK, R = g_world;
   const Case c = {2048, K, kMaxExperts, 0, 0, 4, {M, M}, 21};
   Inputs in = make_inputs(c, g_rank);
@@ -679,6 +689,42 @@ TEST_F(LlGpu, RepeatedExpertKeepsFirstMaxTokensPerSource) {
     CUDA_OK(cudaStreamSynchronize(g.stream));
     ASSERT_EQ(g.rec->flag, 0) << rec_text();
   }
+}
+
+// The LSA receive zeroes every expert-list word it read, so between calls
+// the lists hold nothing: a word is zero or the current call's (no tag can
+// come round). After mixed calls on set 0 (top-8 fp8, top-1 bf16, weighted;
+// split kernels, then the fused ones), every expert-list word of set 0 in
+// this rank's window is zero. A round trip on set 1 then keeps the peer
+// from starting its next test's dispatch on set 0 before this check.
+TEST_F(LlGpu, LsaExpertListsAreZeroAfterEveryReceive) {
+  Group &g = G();
+  round_trip(kFp8Big, MEP_LL_TRANSPORT_LSA);
+  round_trip(kBf16Odd, MEP_LL_TRANSPORT_LSA);
+  weighted_round_trip(kFp8Big, MEP_LL_TRANSPORT_LSA);
+  auto fused = [&](int set) {
+    const Inputs in = make_inputs(kFp8Big, g_rank);
+    upload(kFp8Big, g, in, g.x, g.topk, g.w);
+    mep_ll_dispatch_args_t d = dargs(kFp8Big, g, set, g.x, g.topk, g.w);
+    mep_ll_combine_args_t cb = cargs(kFp8Big, g, set, g.topk, g.w);
+    MEP_OK(mep_ll_dispatch(&g.ctx, &d, g.stream));
+    MEP_OK(mep_ll_combine(&g.ctx, &cb, g.stream));
+    CUDA_OK(cudaStreamSynchronize(g.stream));
+    ASSERT_EQ(g.rec->flag, 0) << rec_text();
+  };
+  fused(0);
+  const mep_ll_set_layout_t lay = mep_ll_set_layout(&g.ctx.dims);
+  const uint64_t words = mep_ll_elist_bytes(&g.ctx.dims) / 8;
+  std::vector<uint64_t> w((size_t)g.ctx.dims.local_experts * g_world * words);
+  CUDA_OK(cudaMemcpy(w.data(), (const char *)g.ctx.window_local + lay.disp_elist, w.size() * 8,
+                     cudaMemcpyDeviceToHost));
+  size_t bad = w.size();
+  for (size_t i = 0; i < w.size() && bad == w.size(); ++i)
+    if (w[i] != 0) bad = i;
+  if (mep_ll_num_sets(&g.ctx.dims) > 1) fused(1);
+  ASSERT_EQ(bad, w.size()) << "rank " << g_rank << " set 0 local expert " << bad / words / g_world
+                           << " source " << bad / words % g_world << " word " << bad % words
+                           << ": " << w[bad] << " (tag " << mep_ll_list_tag(w[bad]) << ")";
 }
 
 // Where the fused dispatch's time goes: every block stamps %globaltimer at
@@ -743,7 +789,7 @@ TEST_F(LlGpu, BenchPhaseStamps) {
     }
     static const char *names[] = {"entry",  "sent",   "signalled", "heads",     "scanned",
                                   "seen",   "copied", "done",      "word waits", "1st words",
-                                  "1st step"};
+                                  "1st step", "counts"};
     static_assert(sizeof(names) / sizeof(names[0]) == MEP_LL_STAMP_POINTS, "a name per point");
     printf("PHASES rank %d tokens %d fused dispatch: event median %.1f us; per phase, us after "
            "the first block's entry (min / median / max over blocks; medians of 100 launches; "

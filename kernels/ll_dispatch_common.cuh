@@ -1,0 +1,361 @@
+/* ll_dispatch_common.cuh: what both LL dispatch halves and all three
+ * transports share: the device argument block, the send's routing and
+ * row helpers, the receive's row copy, count-signal waits and tagged list
+ * reads. ll_dispatch_lsa.cuh (LSA expert lists) and ll_dispatch_body.cuh
+ * (the halves) build on it. */
+#ifndef MEP_LL_DISPATCH_COMMON_CUH_
+#define MEP_LL_DISPATCH_COMMON_CUH_
+
+#include "kernels/fp8.cuh"
+#include "kernels/ll_launch.cuh"
+
+/* Both halves' arguments (device copy of mep_ll_dispatch_args_t). */
+struct MepDispatchArgs {
+  const __nv_bfloat16 *x;
+  const void *topk;
+  int tokens, hidden, top_k, num_experts, local_experts, scale_mode;
+  bool pow2;
+  uint32_t row_bytes;
+  void *recv_x;
+  void *recv_scales;
+  int32_t *recv_count;
+  int32_t *slot_src;
+  int32_t *src_count;
+  const float *weights;   /* NULL: the lists carry weight 0 */
+  int weighted;
+  mep_ll_route_t *route;
+  int32_t *src_tokens;
+};
+
+static inline MepDispatchArgs mep_dispatch_args(const mep_ll_ctx_t *ctx,
+                                                const mep_ll_dispatch_args_t *a) {
+  MepDispatchArgs k;
+  k.x = (const __nv_bfloat16 *)a->x;
+  k.topk = a->topk_idx;
+  k.tokens = a->num_tokens;
+  k.hidden = a->hidden;
+  k.top_k = a->top_k;
+  k.num_experts = a->num_experts;
+  k.local_experts = a->num_experts / ctx->dims.world;
+  k.scale_mode = a->scale_mode;
+  k.pow2 = a->fp8 && a->scale_mode != MOE_EP_FP8_SCALE_F32;
+  k.row_bytes = (uint32_t)mep_ll_dispatch_row_bytes(a->hidden, a->fp8);
+  k.recv_x = a->recv_x;
+  k.recv_scales = a->recv_scales;
+  k.recv_count = a->recv_count;
+  k.slot_src = a->slot_src;
+  k.src_count = a->src_count;
+  k.weights = a->topk_weights;
+  k.weighted = a->weighted != 0;
+  k.route = a->route;
+  k.src_tokens = a->src_tokens;
+  return k;
+}
+
+/* Channels per LSA work unit: two 512-channel quantiser steps with their
+ * loads in flight together, so one token spreads over several warps (at
+ * 1 token per rank 1024 measured 14.8 us against 16.1 us for 2048, EP2
+ * fp8 dispatch on 2 x H200; equal at 128 and 256 tokens). */
+constexpr int kMepDispatchChunk = 1024;
+
+/* Lane k < K: the destination rank of token t's slot k (-1: no expert or an
+ * invalid id, which is dropped) and, through *le, its local expert there. */
+template <typename IdxT>
+__device__ __forceinline__ int mep_slot_dst(const MepLLParams &p, const MepDispatchArgs &a, int t,
+                                            int lane, int *le) {
+  *le = -1;
+  if (lane >= a.top_k) return -1;
+  const IdxT raw = reinterpret_cast<const IdxT *>(a.topk)[t * a.top_k + lane];
+  if (raw < -1 || raw >= (IdxT)a.num_experts)
+    mep_record_bad_routing(p, t, lane, raw < (IdxT)INT32_MIN ? INT32_MIN
+                                       : raw > (IdxT)INT32_MAX ? INT32_MAX : (int)raw);
+  const int e = (int)raw;
+  if (raw < 0 || raw >= (IdxT)a.num_experts) return -1;
+  *le = e % a.local_experts;
+  return e / a.local_experts;
+}
+
+/* Lane k's slot-list word for destination d: its local expert there (or
+ * none) and its weight w, tagged (mep_ll_list_word). */
+__device__ __forceinline__ uint64_t mep_list_word(float w, int dst, int le, int d, uint32_t tag) {
+  const bool here = dst == d;
+  return mep_ll_list_word(here ? le : -1, here ? __float_as_uint(w) : 0u, tag);
+}
+
+/* Lane k < K: token t's weight k (0 without weights), loaded beside the
+ * routing load rather than after it. */
+__device__ __forceinline__ float mep_slot_weight(const MepDispatchArgs &a, int t, int lane) {
+  return lane < a.top_k && a.weights != nullptr ? __ldg(a.weights + t * a.top_k + lane) : 0.f;
+}
+
+/* Token row xr into dispatch row drow: fp8 bytes plus their f32 scales
+ * (one per 128 channels), or bf16. Whole warp. */
+template <bool kFp8>
+__device__ __forceinline__ void mep_write_row(const MepDispatchArgs &a, const __nv_bfloat16 *xr,
+                                              char *drow) {
+  if (kFp8) {
+    float *sc = reinterpret_cast<float *>(drow + a.hidden);
+    mep_fp8_quantize_row_warp(xr, a.hidden, reinterpret_cast<uint8_t *>(drow), a.pow2,
+                              [&](int g, float s) { sc[g] = s; });
+  } else {
+    mep_copy_warp(drow, xr, (uint32_t)a.hidden * 2u);
+  }
+}
+
+/* An LSA work unit's channels [c0, c0 + n) of a token row (n <=
+ * kMepDispatchChunk), as four 16-byte registers per lane. Loaded before the
+ * routing load, so the two latencies overlap; stored (fp8: quantised) once
+ * the unit's destination is known to take the token. */
+static_assert(kMepDispatchChunk == 2 * 512 && kMepDispatchChunk == 4 * 32 * 8,
+              "an LSA chunk is two 512-channel quantiser steps, or four uint4 per lane");
+template <bool kFp8>
+__device__ __forceinline__ void mep_chunk_load(const __nv_bfloat16 *xc, int n, uint4 v[4]) {
+  if (kFp8) {
+    mep_fp8_load_step(xc, 0, n, v);
+    mep_fp8_load_step(xc, 512, n, v + 2);
+  } else {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int i = u * 32 + lane;
+      v[u] = i < n / 8 ? __ldg(reinterpret_cast<const uint4 *>(xc) + i) : make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+}
+template <bool kFp8>
+__device__ __forceinline__ void mep_chunk_store(const MepDispatchArgs &a, const uint4 v[4],
+                                                char *drow, int c0, int n) {
+  if (kFp8) {
+    float *sc = reinterpret_cast<float *>(drow + a.hidden) + c0 / 128;
+    uint8_t *q = reinterpret_cast<uint8_t *>(drow) + c0;
+    auto put = [&](int g, float s) { sc[g] = s; };
+    mep_fp8_quantize_step(v, 0, n, q, a.pow2, put);
+    mep_fp8_quantize_step(v + 2, 512, n, q, a.pow2, put);
+  } else {
+    const int lane = threadIdx.x & 31;
+    uint4 *dst = reinterpret_cast<uint4 *>(drow + 2 * (size_t)c0);
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      if (u * 32 + lane < n / 8) dst[u * 32 + lane] = v[u];
+  }
+}
+
+constexpr int kMepWarps = MEP_LL_THREADS / 32;
+/* Slot-list words per scanning thread in one step of the staged receive's
+ * scan: consecutive words, so one block barrier orders kMepScanPer times
+ * as many words. */
+constexpr int kMepScanPer = 2;
+
+/* Scale groups (and packed UE8M0 words) per lane for the largest hidden:
+ * the receive loads a row's scales into registers before its payload copy,
+ * so the two loads overlap instead of following each other. */
+constexpr int kMepScalesPerLane = MEP_MAX_HIDDEN / MEP_HIDDEN_ALIGN / 32;
+constexpr int kMepScaleWordsPerLane = (kMepScalesPerLane + 3) / 4;
+
+/* 16-byte loads per lane per step of a received row's copy: the copy
+ * follows the count wait on the receive's critical path, and 16 moves a
+ * hidden-7168 fp8 row in one load round trip instead of two. */
+constexpr uint32_t kMepRecvCopyU = 16;
+
+/* Slot sources of a block's first local expert kept in shared memory by the
+ * scan, so the copy that follows reads them (and the expert's count)
+ * without a global round trip; slots past it are read from slot_src. */
+constexpr int kMepSlotCache = 1024;
+
+/* Row `src_row` of the receive area into recv_x slot dst_slot (and its
+ * scales, converted to the caller's format). Whole warp. */
+template <bool kFp8>
+__device__ __forceinline__ void mep_copy_recv_row(const MepDispatchArgs &a, const char *row, uint64_t dst_slot) {
+  const int lane = threadIdx.x & 31;
+  if (!kFp8) {
+    mep_copy_warp<kMepRecvCopyU>((char *)a.recv_x + dst_slot * a.hidden * 2, row,
+                                 (uint32_t)a.hidden * 2);
+    return;
+  }
+  const float *sc = reinterpret_cast<const float *>(row + a.hidden);
+  const int groups = a.hidden / 128;
+  if (a.scale_mode == MOE_EP_FP8_SCALE_UE8M0_PACKED) {
+    const int words = (groups + 3) / 4;
+    uint32_t v[kMepScaleWordsPerLane];
+#pragma unroll
+    for (int i = 0; i < kMepScaleWordsPerLane; ++i) {
+      const int w = lane + 32 * i;
+      v[i] = 0;
+#pragma unroll
+      for (int b = 0; b < 4; ++b)
+        if (w < words && w * 4 + b < groups)
+          v[i] |= ((__float_as_uint(__ldcg(sc + w * 4 + b)) >> 23) & 0xffu) << (8 * b);
+    }
+    mep_copy_warp<kMepRecvCopyU>((char *)a.recv_x + dst_slot * a.hidden, row, (uint32_t)a.hidden);
+    int32_t *dst = (int32_t *)a.recv_scales + dst_slot * words;
+#pragma unroll
+    for (int i = 0; i < kMepScaleWordsPerLane; ++i)
+      if (lane + 32 * i < words) dst[lane + 32 * i] = (int32_t)v[i];
+  } else {
+    float f[kMepScalesPerLane];
+#pragma unroll
+    for (int i = 0; i < kMepScalesPerLane; ++i)
+      f[i] = lane + 32 * i < groups ? __ldcg(sc + lane + 32 * i) : 0.f;
+    mep_copy_warp<kMepRecvCopyU>((char *)a.recv_x + dst_slot * a.hidden, row, (uint32_t)a.hidden);
+    float *dst = (float *)a.recv_scales + dst_slot * groups;
+#pragma unroll
+    for (int i = 0; i < kMepScalesPerLane; ++i)
+      if (lane + 32 * i < groups) dst[lane + 32 * i] = f[i];
+  }
+}
+
+/* The receive's dynamic shared memory (mep_dispatch_recv_smem): 2 R u64,
+ * then 5 R ints, each indexed by source rank. */
+struct MepRecvSmem {
+  uint64_t *next; /* signal shadows after this receive: count [R], then row
+                     signals (staged) or the count codes (LSA) [R] */
+  int *tokens, *puts, *weighted;
+  int *tag; /* expected list tag */
+  int *cnt; /* LSA: the current expert's list count */
+};
+__device__ __forceinline__ MepRecvSmem mep_recv_smem(int *smem, int R) {
+  MepRecvSmem m;
+  m.next = reinterpret_cast<uint64_t *>(smem);
+  m.tokens = smem + 4 * R;
+  m.puts = m.tokens + R;
+  m.weighted = m.puts + R;
+  m.tag = m.weighted + R;
+  m.cnt = m.tag + R;
+  return m;
+}
+
+/* Source r's slot list in this set: its head, then its words. */
+__device__ __forceinline__ const uint64_t *mep_list_head(const MepLLParams &p, int r) {
+  return reinterpret_cast<const uint64_t *>(p.local + p.set_off + p.lay.disp_list +
+                                            (uint64_t)r * mep_ll_list_bytes(&p.dims));
+}
+__device__ __forceinline__ const uint64_t *mep_list_words(const MepLLParams &p, int r) {
+  return mep_list_head(p, r) + MEP_LL_LIST_HEAD_BYTES / 8;
+}
+
+/* A receive's end, once the slots are built and the counts seen: warps
+ * copy each local expert's rows into its slots (the block's first expert's
+ * slot sources from slot_cache), then the block stores its copies of the
+ * signal shadows (next) and list tags (tag). */
+template <class Tp, bool kFp8>
+__device__ __forceinline__ void mep_dispatch_recv_finish(const MepLLParams &p,
+                                                         const MepDispatchArgs &a,
+                                                         const uint64_t *next, const int *tag,
+                                                         const int32_t *slot_cache,
+                                                         int first_filled) {
+  const int R = p.dims.world, M = p.dims.max_tokens, cap = R * M;
+  const int warp = threadIdx.x / 32;
+  for (int le = blockIdx.x; le < a.local_experts; le += gridDim.x) {
+    const bool first = le == (int)blockIdx.x;
+    const int filled =
+        first ? first_filled : *reinterpret_cast<volatile const int32_t *>(a.recv_count + le);
+    const int32_t *slots = a.slot_src + (size_t)le * cap;
+    for (int j = warp; j < filled; j += kMepWarps) {
+      const int v = first && j < kMepSlotCache ? slot_cache[j] : slots[j];
+      const uint64_t src_row = (uint64_t)MEP_LL_SLOT_RANK(v) * M + MEP_LL_SLOT_TOKEN(v);
+      mep_copy_recv_row<kFp8>(a, p.local + p.set_off + p.lay.disp_recv + src_row * a.row_bytes,
+                              (uint64_t)le * cap + j);
+    }
+  }
+  mep_stamp(p, MEP_LL_STAMP_COPIED);
+  /* Only this block reads its shadow and tag copies: no grid-wide ticket. */
+  mep_store_shadows<Tp>(p, next, [&](int r) { return mep_ll_sig_disp_cnt(&p.dims, r); },
+                        [&](int r) { return mep_ll_sig_disp_row(&p.dims, r); });
+  mep_slots_store(p.tags, (uint32_t)(R + 1), R, [&](int j) { return j; },
+                  [&](int j) { return (uint32_t)tag[j]; });
+  mep_stamp(p, MEP_LL_STAMP_DONE);
+}
+
+/* Waits for source r's count signal (first: its value as read with the
+ * head, or NULL): *total = the signal after this receive, *code = the
+ * sender's code. An expired wait is recorded. */
+template <class Tp>
+__device__ __forceinline__ bool mep_dispatch_count_wait(const MepLLParams &p, int r,
+                                                        const uint64_t *first, uint64_t *total,
+                                                        uint64_t *code) {
+  uint64_t base = 0, increase = 0;
+  if (!mep_wait_count<Tp>(p, mep_ll_sig_disp_cnt(&p.dims, r), MEP_LL_OP_DISPATCH_RECV, r, &base,
+                          &increase, code, first))
+    return false;
+  *total = base + increase;
+  return true;
+}
+
+/* Waits for every source's count signal (and, staged, its row puts) and
+ * checks the count's code against the tokens and mode the list head gave
+ * (got_head; staged transports read the heads afterwards). Fills next[]
+ * (the signal shadows after this receive) and puts[]; sets *failed. Threads
+ * r < R. kWaited (LSA): the counts were waited for already, next[r] holds
+ * each signal and next[R + r] its code; only the checks are left. */
+template <class Tp, bool kWaited = false>
+__device__ __forceinline__ void mep_dispatch_wait_counts(const MepLLParams &p, bool got_head,
+                                                         uint64_t *next, int *tokens, int *puts,
+                                                         int *weighted, int *failed) {
+  static_assert(!kWaited || !Tp::kRowSignals, "next[R + r] holds codes only without row signals");
+  const int R = p.dims.world, M = p.dims.max_tokens;
+  for (int r = threadIdx.x; r < R; r += blockDim.x) {
+    uint64_t code = 0;
+    int n = 0, q = 0, w = 0;
+    /* got_head: next[r] holds the signal as read with the head */
+    if (kWaited) {
+      code = next[R + r];
+    } else if (!mep_dispatch_count_wait<Tp>(p, r, got_head ? &next[r] : nullptr, &next[r],
+                                            &code)) {
+      *failed = 1;
+      continue;
+    }
+    /* A code no sender makes, or one that disagrees with the list head (a
+     * corrupt or piled-up signal), fails the group like an expired wait. */
+    if (!mep_ll_disp_decode(code - 1, M, &n, &q, &w) ||
+        (got_head && (n != tokens[r] || w != weighted[r]))) {
+      mep_record_timeout(p, MEP_LL_OP_BAD_SIGNAL, r, -1,
+                         mep_shadow(p, mep_ll_sig_disp_cnt(&p.dims, r)), next[r]);
+      *failed = 1;
+      continue;
+    }
+    if (!got_head) {
+      tokens[r] = n;
+      weighted[r] = w;
+    }
+    puts[r] = q;
+    if (Tp::kRowSignals) {
+      const uint32_t rs = mep_ll_sig_disp_row(&p.dims, r);
+      next[R + r] = mep_shadow(p, rs) + (uint64_t)q;
+      uint64_t rseen;
+      if (q > 0 && !mep_wait_ge(p, [&] { return Tp::read_signal(p, rs); }, next[R + r],
+                                MEP_LL_OP_DISPATCH_RECV, r, -1, &rseen))
+        *failed = 1;
+    }
+  }
+}
+
+/* The slow path of mep_list_fresh, out of line: the scan inlines the
+ * check once per word it holds, and the wait loop would bloat each copy. */
+static __device__ __noinline__ uint64_t mep_list_wait(const MepLLParams &p, const uint64_t *w,
+                                                      uint32_t tag, int peer, int *failed) {
+  uint64_t seen = 0;
+  if (p.stamps != nullptr)
+    atomicAdd(reinterpret_cast<unsigned long long *>(
+                  &p.stamps[blockIdx.x * MEP_LL_STAMP_POINTS + MEP_LL_STAMP_WORD_WAITS]),
+              1ull);
+  /* Waits on the tag alone, so an expired wait records tags, not words;
+   * once the tag is this call's the word is final, and is read again. */
+  if (mep_wait(p, [&] { return (uint64_t)mep_ll_list_tag(mep_ld_relaxed_sys(w)); },
+               [&](uint64_t v) { return v == tag; }, tag, MEP_LL_OP_DISPATCH_LIST, peer, -1,
+               &seen))
+    return mep_ld_relaxed_sys(w);
+  *failed = 1;
+  return mep_ll_list_word(-1, 0u, tag);
+}
+
+/* Word `w` of a slot list once it carries `tag` (`seen`: its value as
+ * loaded): LSA lists may still be in flight when the receive scans them.
+ * On an expired wait (recorded) sets *failed and returns a word with no
+ * expert. One lane. */
+__device__ __forceinline__ uint64_t mep_list_fresh(const MepLLParams &p, const uint64_t *w,
+                                                   uint64_t seen, uint32_t tag, int peer,
+                                                   int *failed) {
+  return mep_ll_list_tag(seen) == tag ? seen : mep_list_wait(p, w, tag, peer, failed);
+}
+
+#endif /* MEP_LL_DISPATCH_COMMON_CUH_ */

@@ -1,0 +1,297 @@
+/* ll_dispatch_lsa.cuh: the LL dispatch's expert lists over LSA (NVLink
+ * stores), both ends.
+ *
+ * The sender holds its routing, so it also lists, for every expert of the
+ * group, which of its (token, k) slots name it, in (token, k) order: one
+ * warp-sized unit per expert walks the local topk_idx (ballots, no block
+ * barrier) and stores the entries and a count word straight into the
+ * expert's rank (mep_ll_elist_count / mep_ll_elist_entry). A receive block
+ * then reads, per local expert and source, one count word and that
+ * source's few entries, all loads in flight at once, instead of scanning
+ * every source's whole slot list in block-wide steps (one system-scope load
+ * round trip per 960 words). The per-token slot list still travels: the
+ * receive marks from it the routes of slots whose expert is on another
+ * rank, and its head gives each source's token count and mode.
+ *
+ * Receive block layout: warps 0..14 read the list heads, the expert lists
+ * (writing the slots: slot_src, route, counts) and then their share of the
+ * slot lists (each slot's weight, and ELSEWHERE for slots whose expert is
+ * on another rank), every first load of the three issued together; warp
+ * 15 (sending the block's arrival first in the fused kernel) waits for the
+ * count signals meanwhile, so the join finds them seen. Then every warp
+ * copies rows, as in the staged receive. */
+#ifndef MEP_LL_DISPATCH_LSA_CUH_
+#define MEP_LL_DISPATCH_LSA_CUH_
+
+#include "kernels/ll_dispatch_common.cuh"
+
+/* Routing ids per lane per load step of an expert-list unit: 512 ids in
+ * flight together. 32 (1024, one round trip at 128 tokens of top-8) spilled
+ * in the fused kernel and measured 0.3-0.5 us slower at 1 and 128 tokens
+ * (EP2 fp8 on 2 x H200). */
+constexpr int kMepElistU = 16;
+
+/* Warps of a receive block that read lists (the last one waits for the
+ * count signals). */
+constexpr int kMepListWarps = kMepWarps - 1;
+constexpr int kMepListThreads = kMepListWarps * 32;
+
+/* Window offset of expert list (local expert le, source r) in this set. */
+__device__ __forceinline__ uint64_t mep_elist_off(const MepLLParams &p, int le, int r) {
+  return p.set_off + p.lay.disp_elist +
+         ((uint64_t)le * p.dims.world + (uint64_t)r) * mep_ll_elist_bytes(&p.dims);
+}
+
+/* Send: expert e's list from this rank, at e's rank. Whole warp. Only the
+ * first max_tokens hits are listed (more only with an expert repeated
+ * within tokens); the count word carries them all, and the receiver marks
+ * the rest DROPPED from the slot list. */
+template <class Tp, typename IdxT>
+__device__ __forceinline__ void mep_send_expert_list(const MepLLParams &p,
+                                                     const MepDispatchArgs &a, int e,
+                                                     uint32_t tag) {
+  const int lane = threadIdx.x & 31;
+  const int K = a.top_k, T = a.tokens, M = p.dims.max_tokens, n = T * K;
+  const int d = e / a.local_experts, le = e % a.local_experts;
+  uint64_t *list = static_cast<uint64_t *>(Tp::peer_ptr(p, d, mep_elist_off(p, le, p.rank)));
+  const IdxT *ids = static_cast<const IdxT *>(a.topk);
+  const unsigned lower = (1u << lane) - 1u;
+  uint32_t hits = 0;
+  for (int base = 0; base < n; base += 32 * kMepElistU) {
+    bool hit[kMepElistU];
+    {
+      IdxT id[kMepElistU];
+#pragma unroll
+      for (int u = 0; u < kMepElistU; ++u) {
+        const int i = base + u * 32 + lane;
+        id[u] = i < n ? ids[i] : (IdxT)-1;
+      }
+      /* e is a valid id, so an out-of-range one never matches */
+#pragma unroll
+      for (int u = 0; u < kMepElistU; ++u) hit[u] = id[u] == (IdxT)e;
+    }
+#pragma unroll
+    for (int u = 0; u < kMepElistU; ++u) {
+      const unsigned ball = __ballot_sync(0xffffffffu, hit[u]);
+      if (ball == 0) continue;
+      const uint32_t pos = hits + __popc(ball & lower);
+      const int i = base + u * 32 + lane;
+      if (hit[u] && pos < (uint32_t)M)
+        mep_st_relaxed_sys(list + 1 + pos, mep_ll_elist_entry(i / K, i % K, tag));
+      hits += __popc(ball);
+    }
+  }
+  if (lane == 0) mep_st_relaxed_sys(list, mep_ll_elist_count(hits, T, tag));
+}
+
+/* Sum over sources r' < r of their capped list counts (cnt: shared
+ * memory). Whole warp. */
+__device__ __forceinline__ int mep_elist_offset(const int *cnt, int r, int M) {
+  int s = 0;
+  for (int q = threadIdx.x & 31; q < r; q += 32) s += cnt[q] < M ? cnt[q] : M;
+  return __reduce_add_sync(0xffffffffu, s);
+}
+
+/* Only with an expert repeated within tokens: source r listed more than
+ * max_tokens hits for local expert le; its slots past the first max_tokens
+ * in (token, k) order route DROPPED (their weights come with the marks).
+ * Walks r's slot list. Whole warp. */
+__device__ __forceinline__ void mep_mark_dropped(const MepLLParams &p, const MepDispatchArgs &a,
+                                                 const uint64_t *words, int le, int r, int tokens,
+                                                 uint32_t tag, int *failed) {
+  const int lane = threadIdx.x & 31, M = p.dims.max_tokens, n = tokens * a.top_k;
+  const unsigned lower = (1u << lane) - 1u;
+  int seen = 0;
+  for (int i0 = 0; i0 < n; i0 += 32) {
+    const int i = i0 + lane;
+    uint64_t w = 0;
+    if (i < n) w = mep_list_fresh(p, words + i, mep_ld_relaxed_sys(words + i), tag, r, failed);
+    const bool hit = i < n && mep_ll_list_expert(w) == le;
+    const unsigned ball = __ballot_sync(0xffffffffu, hit);
+    if (hit && seen + __popc(ball & lower) >= M)
+      a.route[(size_t)r * M * a.top_k + i].slot = MEP_LL_ROUTE_DROPPED;
+    seen += __popc(ball);
+  }
+}
+
+/* This block's share of the slot lists, in 32-word pieces (source, q),
+ * one per list warp per round: round 0's words are loaded once the heads
+ * are read (first) and used after the expert lists. Each slot's route gets
+ * its weight, and ELSEWHERE where its expert is not here (the expert-list
+ * readers write the others' slot fields). Whole warp. */
+struct MepMarks {
+  int per_src; /* pieces per source: its capacity, max_tokens * top_k words */
+  int first;   /* round 0's piece index */
+  int stride;  /* pieces per round over the grid */
+};
+__device__ __forceinline__ MepMarks mep_marks(const MepLLParams &p, const MepDispatchArgs &a) {
+  MepMarks m;
+  m.per_src = (p.dims.max_tokens * a.top_k + 31) / 32;
+  m.first = blockIdx.x * kMepListWarps + threadIdx.x / 32;
+  m.stride = gridDim.x * kMepListWarps;
+  return m;
+}
+template <typename WordsOf>
+__device__ __forceinline__ uint64_t mep_mark_load(const MepLLParams &p, const MepMarks &m, int s,
+                                                  const int *tokens, int top_k, WordsOf words_of) {
+  const int r = s / m.per_src, i = (s % m.per_src) * 32 + (threadIdx.x & 31);
+  return r < p.dims.world && i < tokens[r] * top_k ? mep_ld_relaxed_sys(words_of(r) + i) : 0u;
+}
+template <typename WordsOf>
+__device__ __forceinline__ void mep_mark_routes(const MepLLParams &p, const MepDispatchArgs &a,
+                                                const MepMarks &m, uint64_t first,
+                                                const int *tokens, const int *tag,
+                                                WordsOf words_of, int *failed) {
+  const int R = p.dims.world, M = p.dims.max_tokens, K = a.top_k;
+  for (int s = m.first; s < R * m.per_src; s += m.stride) {
+    const int r = s / m.per_src, i = (s % m.per_src) * 32 + (threadIdx.x & 31);
+    if (i >= tokens[r] * K) continue;
+    const uint64_t seen = s == m.first ? first : mep_ld_relaxed_sys(words_of(r) + i);
+    const uint64_t v = mep_list_fresh(p, words_of(r) + i, seen, (uint32_t)tag[r], r, failed);
+    const int ex = mep_ll_list_expert(v);
+    mep_ll_route_t *rt = a.route + (size_t)r * M * K + i;
+    rt->weight_bits = (int32_t)mep_ll_list_weight_bits(v);
+    if (ex < 0 || ex >= a.local_experts) rt->slot = MEP_LL_ROUTE_ELSEWHERE;
+  }
+}
+
+/* smem: MepRecvSmem (next: each source's count signal after this
+ * receive, then its code; puts unused). */
+template <class Tp, bool kFp8, bool kArriveAside>
+__device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
+                                                      const MepDispatchArgs &a, int *smem) {
+  static_assert(!Tp::kStaged && !Tp::kRowSignals, "expert lists are the LSA receive");
+  /* failed: a bad code after the join; scan_failed: an expired wait or a
+   * bad head before it (read only after the join). */
+  __shared__ int failed, scan_failed;
+  __shared__ int32_t slot_cache[kMepSlotCache]; /* this block's first expert */
+  __shared__ int first_filled;
+  const int R = p.dims.world, M = p.dims.max_tokens, K = a.top_k;
+  const MepRecvSmem sm = mep_recv_smem(smem, R);
+  uint64_t *next = sm.next;
+  int *tokens = sm.tokens, *puts = sm.puts, *weighted = sm.weighted, *tag = sm.tag, *cnt = sm.cnt;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  const int cap = R * M; /* slots per local expert */
+  auto head_of = [&](int r) { return mep_list_head(p, r); };
+  auto words_of = [&](int r) { return mep_list_words(p, r); };
+  auto elist_of = [&](int le, int r) {
+    return reinterpret_cast<uint64_t *>(p.local + mep_elist_off(p, le, r));
+  };
+  auto list_sync = [] { asm volatile("bar.sync 1, %0;" ::"n"(kMepListThreads) : "memory"); };
+
+  if (threadIdx.x == 0) failed = scan_failed = 0;
+  __syncthreads();
+  if (warp == kMepWarps - 1) {
+    if (kArriveAside) {
+      /* The send half ended with a block barrier after its stores, so
+       * this warp's release adds carry every thread's rows. */
+      const uint64_t code = mep_ll_disp_code(a.tokens, 0, a.weighted, M);
+      mep_arrival_send<Tp>(p, mep_ll_sig_disp_cnt(&p.dims, p.rank), [&](int) { return code; },
+                           lane, 32);
+    }
+    /* The count signals cover the rows; their codes are checked after the
+     * join. */
+    for (int r = lane; r < R; r += 32)
+      if (!mep_dispatch_count_wait<Tp>(p, r, nullptr, &next[r], &next[R + r])) scan_failed = 1;
+    __syncwarp();
+    if (lane == 0) mep_stamp_here(p, MEP_LL_STAMP_COUNTS);
+  } else {
+    /* Units (source r, 32-word piece c) of an expert's lists: r = u % R,
+     * c = u / R; word 0 of piece 0 is the count. */
+    const int pieces = (M + 1 + 31) / 32;
+    const MepMarks marks = mep_marks(p, a);
+    /* First loads, all at once: the heads, the first expert's count words
+     * and each source's first piece of its list. */
+    const int le0 = blockIdx.x;
+    const int r_own = threadIdx.x; /* the source whose head and count this thread reads first */
+    uint64_t head0 = 0, count0 = 0, spec = 0;
+    if (r_own < R) {
+      head0 = mep_ld_relaxed_sys(head_of(r_own));
+      if (le0 < a.local_experts) count0 = mep_ld_relaxed_sys(elist_of(le0, r_own));
+    }
+    /* piece 0 only: most lists end there, and a load per word of every
+     * piece would cost system-scope loads (each ~1 us) by the hundred */
+    if (le0 < a.local_experts && warp < R) spec = mep_ld_relaxed_sys(elist_of(le0, warp) + lane);
+    for (int r = threadIdx.x; r < R; r += kMepListThreads) {
+      const uint32_t t = mep_ll_next_tag(mep_tag(p, r));
+      tag[r] = (int)t;
+      const uint64_t h = mep_list_fresh(p, head_of(r), r == r_own ? head0 : mep_ld_relaxed_sys(head_of(r)),
+                                        t, r, &scan_failed);
+      const int n = mep_ll_head_tokens(h);
+      if (n > M) {
+        mep_record_timeout(p, MEP_LL_OP_BAD_SIGNAL, r, -1, t, h);
+        scan_failed = 1;
+      }
+      tokens[r] = n > M ? 0 : n;
+      weighted[r] = mep_ll_head_weighted(h);
+      if (blockIdx.x == 0) a.src_tokens[r] = tokens[r] | (weighted[r] ? MEP_LL_SRC_WEIGHTED : 0);
+    }
+    if (threadIdx.x == 0) mep_stamp_here(p, MEP_LL_STAMP_HEADS);
+    list_sync(); /* tokens and tag */
+    /* this warp's first slot-list piece, used after the expert lists */
+    const uint64_t mark0 = mep_mark_load(p, marks, marks.first, tokens, a.top_k, words_of);
+    for (int le = le0; le < a.local_experts; le += gridDim.x) {
+      const bool first_le = le == le0;
+      if (!first_le && warp < R) spec = mep_ld_relaxed_sys(elist_of(le, warp) + lane);
+      for (int r = threadIdx.x; r < R; r += kMepListThreads) {
+        const uint64_t *cw = elist_of(le, r);
+        const uint64_t c0 = first_le && r == r_own ? count0 : mep_ld_relaxed_sys(cw);
+        const uint64_t c = mep_list_fresh(p, cw, c0, mep_ll_next_tag(mep_tag(p, r)), r,
+                                          &scan_failed);
+        cnt[r] = (int)mep_ll_elist_hits(c);
+      }
+      list_sync(); /* cnt */
+      if (first_le && threadIdx.x == 0) mep_stamp_here(p, MEP_LL_STAMP_FIRST_WORDS);
+      int32_t *slots = a.slot_src + (size_t)le * cap;
+      for (int u = warp; u < R * pieces; u += kMepListWarps) {
+        const int r = u % R, c = u / R;
+        const int n = cnt[r] < M ? cnt[r] : M; /* entries are words 1..n */
+        if (c * 32 > n) continue;              /* warp-uniform */
+        uint64_t *el = elist_of(le, r);
+        const int j = c * 32 + lane;
+        const bool mine = j >= 1 && j <= n;
+        uint64_t w = u == warp && warp < R ? spec : (mine ? mep_ld_relaxed_sys(el + j) : 0u);
+        const int off = mep_elist_offset(cnt, r, M);
+        if (mine) {
+          w = mep_list_fresh(p, el + j, w, (uint32_t)tag[r], r, &scan_failed);
+          const int slot = off + j - 1;
+          const int tok = mep_ll_elist_token(w), k = mep_ll_elist_k(w);
+          const int32_t v = MEP_LL_SLOT_PACK(r, tok, k);
+          slots[slot] = v;
+          if (first_le && slot < kMepSlotCache) slot_cache[slot] = v;
+          a.route[((size_t)r * M + tok) * K + k].slot = le * cap + slot;
+          el[j] = 0; /* read: zero until the next call's entry lands */
+        }
+        if (c == 0 && cnt[r] > M)
+          mep_mark_dropped(p, a, words_of(r), le, r,
+                           mep_ll_elist_tokens(mep_ld_relaxed_sys(el)), (uint32_t)tag[r],
+                           &scan_failed);
+      }
+      if (warp == 0) {
+        const int filled = mep_elist_offset(cnt, R, M);
+        if (lane == 0) {
+          a.recv_count[le] = filled;
+          if (first_le) first_filled = filled;
+        }
+      }
+      for (int r = threadIdx.x; r < R; r += kMepListThreads)
+        a.src_count[le * R + r] = cnt[r] < M ? cnt[r] : M;
+      list_sync(); /* cnt is reused; every unit is past its count word */
+      for (int r = threadIdx.x; r < R; r += kMepListThreads) elist_of(le, r)[0] = 0;
+      if (first_le && threadIdx.x == 0) mep_stamp_here(p, MEP_LL_STAMP_FIRST_STEP);
+    }
+    if (threadIdx.x == 0) mep_stamp_here(p, MEP_LL_STAMP_SCANNED);
+    mep_mark_routes(p, a, marks, mark0, tokens, tag, words_of, &scan_failed);
+  }
+  __syncthreads(); /* the counts warp's shadows; this block's slots, counts and routes */
+  /* The record says why; the handle may be partly written, no row is
+   * copied. */
+  if (scan_failed) return;
+  mep_dispatch_wait_counts<Tp, true>(p, true, next, tokens, puts, weighted, &failed);
+  __syncthreads();
+  if (failed) return;
+  mep_stamp(p, MEP_LL_STAMP_SEEN);
+  mep_dispatch_recv_finish<Tp, kFp8>(p, a, next, tag, slot_cache, first_filled);
+}
+
+#endif /* MEP_LL_DISPATCH_LSA_CUH_ */
