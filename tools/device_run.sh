@@ -96,6 +96,10 @@ fi
 timeout 120 $B/ll_gpu_test > "$OUT/ll_gpu_test.log" 2>&1
 summary ll_gpu_test $?
 grep -E "^\[  (PASSED|FAILED) |FAILED  \]|BENCH" "$OUT/ll_gpu_test.log" | head -20
+# A small grid: every block takes many local experts (and its share of the
+# slot lists in several rounds), every send warp many units.
+MOE_EP_TEST_SMS=6 timeout 120 $B/ll_gpu_test --gtest_filter=-*Bench* > "$OUT/ll_gpu_test_sms6.log" 2>&1
+summary ll_gpu_test_sms6 $?
 prepare_layout   # one GPU is enough; the API runs below check prepare too
 MOE_EP_TEST_WORLD=1 timeout 60 $B/ll_gpu_test --gtest_filter=-*Bench* > "$OUT/ll_gpu_test_world1.log" 2>&1
 summary ll_gpu_test_world1 $?
