@@ -28,9 +28,11 @@ enum {
   MEP_LL_OP_BAD_ROUTING = 5,
   /* A receive read a count signal value no sender produces (a late
    * signal piled onto a later one after a timeout, or corruption; expected
-   * = the value after the last receive, seen = the value), or a slot-list
+   * = the value after the last receive, seen = the value), a slot-list
    * head that disagrees with the count (expected = the tag, seen = the
-   * head); fatal. */
+   * head), or an LSA expert list that disagrees with the head (expert =
+   * the local expert; a count word: expected = the head's tokens; an
+   * entry: expected = tokens * top_k; seen = the word); fatal. */
   MEP_LL_OP_BAD_SIGNAL = 6,
   /* A dispatch receive waiting for a peer's slot list (head or word) to
    * carry this call's tag: expected = the tag, seen = the tag found. */
@@ -218,8 +220,12 @@ moe_ep_status_t mep_ll_timeout_cycles(int cuda_device, int32_t kernel_ms,
 /* Fills ctx->lsa_base / lsa_stride from the window (one tiny kernel and a
  * synchronous copy; once per group, after dev_comm and window are set). */
 moe_ep_status_t mep_ll_resolve_lsa(mep_ll_ctx_t *ctx);
-/* Clears what a timed-out wait leaves behind: the abort flag, the block
- * tickets and the put counters (state must be idle). */
+/* Clears what a timed-out wait leaves behind in this rank's device state:
+ * the abort flag, the block tickets and the put counters (state must be
+ * idle). For tests that go on after a timeout they caused on purpose: the
+ * window itself (signals, slot and expert lists a receive gave up on) is
+ * not repaired, so after a real timeout the group is destroyed (the
+ * runtime reports TIMEOUT on every later call). */
 moe_ep_status_t mep_ll_clear_abort(const mep_ll_ctx_t *ctx, void *stream);
 
 /* Launchers: validate, launch on `stream` (cudaStream_t), return at once.

@@ -84,6 +84,21 @@ __device__ __forceinline__ void mep_send_expert_list(const MepLLParams &p,
   if (lane == 0) mep_st_relaxed_sys(list, mep_ll_elist_count(hits, T, tag));
 }
 
+/* Hits in source r's count word `c` for local expert le, checked against
+ * the tokens its slot-list head gave: a count word whose token count
+ * differs, or with more hits than tokens * top_k slots, comes from a
+ * corrupt or mismatched peer; it is recorded (BAD_SIGNAL), sets *failed and
+ * counts 0, so no entry is read past the list. One lane. */
+__device__ __forceinline__ int mep_elist_count_checked(const MepLLParams &p, uint64_t c, int le,
+                                                       int r, int tokens, int top_k,
+                                                       int *failed) {
+  const uint32_t hits = mep_ll_elist_hits(c);
+  if (mep_ll_elist_tokens(c) == tokens && hits <= (uint32_t)(tokens * top_k)) return (int)hits;
+  mep_record_timeout(p, MEP_LL_OP_BAD_SIGNAL, r, le, (uint64_t)tokens, c);
+  *failed = 1;
+  return 0;
+}
+
 /* Sum over sources r' < r of their capped list counts (cnt: shared
  * memory). Whole warp. */
 __device__ __forceinline__ int mep_elist_offset(const int *cnt, int r, int M) {
@@ -211,7 +226,8 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
     }
     /* piece 0 only: most lists end there, and a load per word of every
      * piece would cost system-scope loads (each ~1 us) by the hundred */
-    if (le0 < a.local_experts && warp < R) spec = mep_ld_relaxed_sys(elist_of(le0, warp) + lane);
+    if (le0 < a.local_experts && warp < R && lane <= M)
+      spec = mep_ld_relaxed_sys(elist_of(le0, warp) + lane);
     for (int r = threadIdx.x; r < R; r += kMepListThreads) {
       const uint32_t t = mep_ll_next_tag(mep_tag(p, r));
       tag[r] = (int)t;
@@ -232,13 +248,12 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
     const uint64_t mark0 = mep_mark_load(p, marks, marks.first, tokens, a.top_k, words_of);
     for (int le = le0; le < a.local_experts; le += gridDim.x) {
       const bool first_le = le == le0;
-      if (!first_le && warp < R) spec = mep_ld_relaxed_sys(elist_of(le, warp) + lane);
+      if (!first_le && warp < R && lane <= M) spec = mep_ld_relaxed_sys(elist_of(le, warp) + lane);
       for (int r = threadIdx.x; r < R; r += kMepListThreads) {
         const uint64_t *cw = elist_of(le, r);
         const uint64_t c0 = first_le && r == r_own ? count0 : mep_ld_relaxed_sys(cw);
-        const uint64_t c = mep_list_fresh(p, cw, c0, mep_ll_next_tag(mep_tag(p, r)), r,
-                                          &scan_failed);
-        cnt[r] = (int)mep_ll_elist_hits(c);
+        const uint64_t c = mep_list_fresh(p, cw, c0, (uint32_t)tag[r], r, &scan_failed);
+        cnt[r] = mep_elist_count_checked(p, c, le, r, tokens[r], K, &scan_failed);
       }
       list_sync(); /* cnt */
       if (first_le && threadIdx.x == 0) mep_stamp_here(p, MEP_LL_STAMP_FIRST_WORDS);
@@ -256,16 +271,21 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
           w = mep_list_fresh(p, el + j, w, (uint32_t)tag[r], r, &scan_failed);
           const int slot = off + j - 1;
           const int tok = mep_ll_elist_token(w), k = mep_ll_elist_k(w);
-          const int32_t v = MEP_LL_SLOT_PACK(r, tok, k);
-          slots[slot] = v;
-          if (first_le && slot < kMepSlotCache) slot_cache[slot] = v;
-          a.route[((size_t)r * M + tok) * K + k].slot = le * cap + slot;
+          /* an entry past the head's tokens would index past the source's
+           * routes: a corrupt or mismatched peer, failed like a bad count */
+          if (tok < tokens[r] && k < K) {
+            const int32_t v = MEP_LL_SLOT_PACK(r, tok, k);
+            slots[slot] = v;
+            if (first_le && slot < kMepSlotCache) slot_cache[slot] = v;
+            a.route[((size_t)r * M + tok) * K + k].slot = le * cap + slot;
+          } else {
+            mep_record_timeout(p, MEP_LL_OP_BAD_SIGNAL, r, le, (uint64_t)tokens[r] * K, w);
+            scan_failed = 1;
+          }
           el[j] = 0; /* read: zero until the next call's entry lands */
         }
         if (c == 0 && cnt[r] > M)
-          mep_mark_dropped(p, a, words_of(r), le, r,
-                           mep_ll_elist_tokens(mep_ld_relaxed_sys(el)), (uint32_t)tag[r],
-                           &scan_failed);
+          mep_mark_dropped(p, a, words_of(r), le, r, tokens[r], (uint32_t)tag[r], &scan_failed);
       }
       if (warp == 0) {
         const int filled = mep_elist_offset(cnt, R, M);

@@ -2,7 +2,7 @@
 # device_run.sh (copied to .gpu_bundle/run_device.sh): the GPU suite, run on
 # the GPU machine from the repository root, most important first; every log
 # goes to $OUT and a one-line verdict per step to $OUT/summary.txt.
-# Usage: bash .gpu_bundle/run_device.sh [full|quick|one|ab]; quick stops after
+# Usage: bash .gpu_bundle/run_device.sh [full|quick|one|ab|extra]; quick stops after
 # the kernel test, the weighted-dispatch API runs and the eager benchmarks;
 # one is for a 1-GPU machine (EP1 suites, sanitizers, an EP1 benchmark, and
 # an A/B against .gpu_bundle/prev/libmoe_ep.so when that exists); ab
@@ -54,6 +54,23 @@ if [ "$MODE" = ab ]; then
       summary "bench_${name}_$round" $?
       grep -E "^fp8 .*\| .*\| " "$OUT/bench_${name}_$round.log" | head -8 | cut -c1-98 | sed "s/^/$name $round: /"
     done
+  done
+  cat "$OUT/summary.txt"
+  exit 0
+fi
+# extra: the NVLink probe (launch floors, eager and in a graph; the
+# two-GPU row-and-flag exchange under a 1-token dispatch) and the dispatch's
+# cost against the expert count (the send lists every expert: 256, 1024 and
+# 2048 experts, i.e. up to the 1024 local experts of the limit at EP2).
+if [ "$MODE" = extra ]; then
+  timeout 120 $B/nvlink_probe 1000 > "$OUT/probe.log" 2>&1
+  summary nvlink_probe $?
+  cat "$OUT/probe.log"
+  for e in 256 1024 2048; do
+    timeout 90 $B/moe_ep_run -n 2 --timeout_s 85 -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
+      --dtype=fp8 --tokens=1,128,256 --experts=$e --warmup=50 > "$OUT/bench_e$e.log" 2>&1
+    summary "bench_experts_$e" $?
+    grep -A8 "^latency" "$OUT/bench_e$e.log" | grep -E "^fp8" | cut -c1-110 | sed "s/^/E=$e: /"
   done
   cat "$OUT/summary.txt"
   exit 0

@@ -228,11 +228,12 @@ static moe_ep_status_t timeout_error(const moe_ep_group_t *g, const nccl_state_t
   const mep_ll_error_record_t *r = &s->rec[0];
   if (r->op == MEP_LL_OP_BAD_SIGNAL) {
     return mep_error(MOE_EP_ERR_INTERNAL,
-                     "a receive kernel on rank %d read %llu from rank %d's count signal or "
-                     "slot-list head (buffer set %d), a value no sender produces (expected "
-                     "from %llu): the signal state is inconsistent, e.g. a peer's late "
-                     "operation after a timeout; destroy the group",
-                     r->rank, (unsigned long long)r->seen, r->peer, r->buffer_set,
+                     "a receive kernel on rank %d read %llu from rank %d's count signal, "
+                     "slot-list head or expert list (buffer set %d, local expert %d), a value "
+                     "no sender produces (expected from %llu): the signal state is "
+                     "inconsistent, e.g. a peer's late operation after a timeout; destroy the "
+                     "group",
+                     r->rank, (unsigned long long)r->seen, r->peer, r->buffer_set, r->expert,
                      (unsigned long long)r->expected);
   }
   if (r->op == MEP_LL_OP_DISPATCH_LIST) {

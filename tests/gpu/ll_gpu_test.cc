@@ -806,6 +806,63 @@ TEST_F(LlGpu, BenchPhaseStamps) {
   cudaFree(stamps);
 }
 
+// A corrupt or mismatched peer must not make the LSA receive index past a
+// source's routes: after the send half, this rank's own expert list for the
+// first token's expert is overwritten (keeping the call's tag), and the
+// receive must refuse it with BAD_SIGNAL naming the source and the local
+// expert, and write no slot. Set 0: a count word with more hits than the
+// head's tokens * top_k allow; set 1: an entry whose token is past the
+// head's tokens. EP1 only (the rank corrupts what it sent itself, with no
+// peer in flight); it leaves both sets' tags behind, so it runs after every
+// test that dispatches.
+TEST_F(LlGpu, ZzCorruptExpertListIsRefused) {
+  if (g_world != 1) GTEST_SKIP() << "EP1 only";
+  Group &g = G();
+  g.ctx.transport = MEP_LL_TRANSPORT_LSA;
+  const Case c = kFp8Big;
+  const int T = tokens_of(c, g_rank), K = c.top_k;
+  const Inputs in = make_inputs(c, g_rank);
+  upload(c, g, in, g.x, g.topk, g.w);
+  const int le = (int)in.topk[0];  // EP1: every expert is local
+  ASSERT_GE(le, 0);
+  const mep_ll_set_layout_t lay = mep_ll_set_layout(&g.ctx.dims);
+  for (int set = 0; set < 2 && set < mep_ll_num_sets(&g.ctx.dims); ++set) {
+    SCOPED_TRACE(set == 0 ? "count word" : "entry");
+    memset((void *)g.rec, 0, sizeof *g.rec);
+    MEP_OK(mep_ll_clear_abort(&g.ctx, g.stream));
+    mep_ll_dispatch_args_t d = dargs(c, g, set, g.x, g.topk, g.w);
+    MEP_OK(mep_ll_dispatch_send(&g.ctx, &d, g.stream));
+    CUDA_OK(cudaStreamSynchronize(g.stream));
+    // expert list (le, source 0): the count word, then the entries
+    uint64_t *list = (uint64_t *)((char *)g.ctx.window_local + set * lay.set_bytes +
+                                  lay.disp_elist + (uint64_t)le * mep_ll_elist_bytes(&g.ctx.dims));
+    uint64_t count = 0;
+    CUDA_OK(cudaMemcpy(&count, list, 8, cudaMemcpyDeviceToHost));
+    const uint32_t tag = mep_ll_list_tag(count);
+    ASSERT_NE(tag, 0u) << "set " << set << ": no count word for expert " << le;
+    ASSERT_GE(mep_ll_elist_hits(count), 1u) << "token 0 names expert " << le;
+    const uint64_t bad = set == 0 ? mep_ll_elist_count((uint32_t)(T * K + 1), T, tag)
+                                  : mep_ll_elist_entry(T, 0, tag);
+    CUDA_OK(cudaMemcpy(list + (set == 0 ? 0 : 1), &bad, 8, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(g.recv_count, 0xff, (size_t)c.experts * 4));
+    MEP_OK(mep_ll_dispatch_recv(&g.ctx, &d, g.stream));
+    CUDA_OK(cudaStreamSynchronize(g.stream));
+    ASSERT_EQ(g.rec->flag, 2) << "set " << set << ": the receive took the corrupt word " << bad;
+    EXPECT_EQ(g.rec->op, MEP_LL_OP_BAD_SIGNAL) << rec_text();
+    EXPECT_EQ(g.rec->peer, 0) << rec_text();
+    EXPECT_EQ(g.rec->expert, le) << rec_text();
+    EXPECT_EQ(g.rec->seen, bad) << rec_text();
+    int32_t cnt = 0;
+    CUDA_OK(cudaMemcpy(&cnt, g.recv_count + le, 4, cudaMemcpyDeviceToHost));
+    if (set == 0) {
+      EXPECT_EQ(cnt, 0) << "expert " << le << ": a refused count fills no slot";
+    }
+  }
+  memset((void *)g.rec, 0, sizeof *g.rec);
+  MEP_OK(mep_ll_clear_abort(&g.ctx, g.stream));
+  CUDA_OK(cudaStreamSynchronize(g.stream));
+}
+
 // Runs last (name order is declaration order): rank 1 skips the dispatch;
 // rank 0's receive must record TIMEOUT and return.
 TEST_F(LlGpu, ZzTimeoutRecordNoHang) {

@@ -56,6 +56,28 @@ __global__ void k_row_signal(char *peer, const char *src, uint32_t bytes, unsign
   }
 }
 
+// The smallest exchange a 1-token dispatch needs, run on both GPUs at once:
+// warp 0 stores a row into the peer, then a release add on the peer's flag;
+// lane 0 then waits (bounded, ~20 ms) until its own flag reaches the count
+// it keeps in *seen (one more each launch, so a graph replays it as is).
+__global__ void k_exchange(char *peer_row, const char *src, uint32_t bytes,
+                           unsigned long long *peer_flag, unsigned long long *my_flag,
+                           unsigned long long *seen) {
+  if (threadIdx.x >= 32) return;
+  copy_warp(peer_row, src, bytes);
+  __syncwarp();
+  if (threadIdx.x == 0) {
+    asm volatile("red.release.sys.global.add.u64 [%0], 1;" :: "l"(peer_flag) : "memory");
+    const unsigned long long want = *seen + 1;
+    const long long t0 = clock64();
+    unsigned long long v = 0;
+    do {
+      asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(my_flag) : "memory");
+    } while (v < want && clock64() - t0 < 40000000ll);
+    *seen = want;
+  }
+}
+
 // Every block: bar + fence.sc.sys + ticket; the last block signals the peer.
 __global__ void k_ticket(unsigned *ticket, unsigned long long *peer_sig, int fence_sys) {
   __shared__ bool last;
@@ -98,6 +120,49 @@ static float median_us(cudaStream_t s, const std::function<void()> &f) {
   std::vector<float> t(g_iters);
   for (int i = 0; i < g_iters; ++i) { CK(cudaEventElapsedTime(&t[i], ev[i], ev[i + 1])); t[i] *= 1000.f; }
   for (auto &e : ev) cudaEventDestroy(e);
+  std::sort(t.begin(), t.end());
+  return t[g_iters / 2];
+}
+
+// As median_us, but every timed launch (and its event) goes into one CUDA
+// graph per stream, as the bench's --graph does; `each(i)` enqueues
+// iteration i on every stream in `ss` (ss[0] is timed), and the graphs of
+// all streams are launched together.
+static float median_graph_us(const std::vector<cudaStream_t> &ss, const std::vector<int> &devs,
+                             const std::function<void(cudaStream_t, int)> &each) {
+  std::vector<cudaEvent_t> ev(g_iters + 1);
+  CK(cudaSetDevice(devs[0]));
+  for (auto &e : ev) CK(cudaEventCreate(&e));
+  std::vector<cudaGraphExec_t> ge(ss.size());
+  for (size_t k = 0; k < ss.size(); ++k) {
+    CK(cudaSetDevice(devs[k]));
+    cudaGraph_t g;
+    CK(cudaStreamBeginCapture(ss[k], cudaStreamCaptureModeThreadLocal));
+    if (k == 0) CK(cudaEventRecordWithFlags(ev[0], ss[0], cudaEventRecordExternal));
+    for (int i = 0; i < g_iters; ++i) {
+      each(ss[k], (int)k);
+      if (k == 0) CK(cudaEventRecordWithFlags(ev[i + 1], ss[0], cudaEventRecordExternal));
+    }
+    CK(cudaStreamEndCapture(ss[k], &g));
+    CK(cudaGraphInstantiate(&ge[k], g, 0));
+    CK(cudaGraphDestroy(g));
+  }
+  for (int rep = 0; rep < 2; ++rep) {  // a warm replay, then the timed one
+    for (size_t k = 0; k < ss.size(); ++k) {
+      CK(cudaSetDevice(devs[k]));
+      CK(cudaGraphLaunch(ge[k], ss[k]));
+    }
+    for (size_t k = 0; k < ss.size(); ++k) {
+      CK(cudaSetDevice(devs[k]));
+      CK(cudaStreamSynchronize(ss[k]));
+    }
+  }
+  std::vector<float> t(g_iters);
+  CK(cudaSetDevice(devs[0]));
+  for (int i = 0; i < g_iters; ++i) { CK(cudaEventElapsedTime(&t[i], ev[i], ev[i + 1])); t[i] *= 1000.f; }
+  for (auto &e : ev) cudaEventDestroy(e);
+  for (size_t k = 0; k < ss.size(); ++k) { CK(cudaSetDevice(devs[k])); cudaGraphExecDestroy(ge[k]); }
+  CK(cudaSetDevice(devs[0]));
   std::sort(t.begin(), t.end());
   return t[g_iters / 2];
 }
@@ -167,6 +232,41 @@ int main(int argc, char **argv) {
       float kr = median_us(s, [&] { k_rows<<<g, tpb, 0, s>>>(peer_buf, src, rows, rb); });
       printf("512 rows warp/row grid %3d x %4d: %6.2f us (%5.0f GB/s)\n", g, tpb, kr, rows * (double)rb / kr / 1e3);
     }
+  }
+  // The floor under a 1-token dispatch: launch plus one row and flag each
+  // way, both GPUs at once (eager: one host thread alternating the two
+  // launches; graph: one graph per GPU, launched together).
+  {
+    CK(cudaSetDevice(1));
+    char *row1, *src1; unsigned long long *flag1, *seen1;
+    CK(cudaMalloc(&row1, 1 << 20)); CK(cudaMalloc(&src1, 1 << 20));
+    CK(cudaMalloc(&flag1, 64)); CK(cudaMalloc(&seen1, 64));
+    CK(cudaMemset(flag1, 0, 64)); CK(cudaMemset(seen1, 0, 64)); CK(cudaMemset(src1, 1, 1 << 20));
+    cudaStream_t s1; CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+    CK(cudaSetDevice(0));
+    char *row0; unsigned long long *flag0, *seen0;
+    CK(cudaMalloc(&row0, 1 << 20)); CK(cudaMalloc(&flag0, 64)); CK(cudaMalloc(&seen0, 64));
+    CK(cudaMemset(flag0, 0, 64)); CK(cudaMemset(seen0, 0, 64));
+    CK(cudaDeviceSynchronize());
+    const uint32_t rb = 7392;  // one fp8 row of hidden 7168 with its scales
+    auto on = [&](cudaStream_t st, int k) {
+      if (k == 0) k_exchange<<<1, 32, 0, st>>>(row1, src, rb, flag1, flag0, seen0);
+      else k_exchange<<<1, 32, 0, st>>>(row0, src1, rb, flag0, flag1, seen1);
+    };
+    const float eager = median_us(s, [&] {
+      on(s, 0);
+      CK(cudaSetDevice(1)); on(s1, 1); CK(cudaSetDevice(0));
+    });
+    CK(cudaSetDevice(1)); CK(cudaStreamSynchronize(s1)); CK(cudaSetDevice(0));
+    const float empty_graph = median_graph_us({s}, {0}, [&](cudaStream_t st, int) {
+      k_empty_mid<<<sms, 512, 0, st>>>(mid);
+    });
+    const float graph = median_graph_us({s, s1}, {0, 1}, on);
+    printf("exchange %u B row + flag each way, both GPUs: eager %6.2f | one graph per GPU %6.2f\n",
+           rb, eager, graph);
+    printf("empty %dx512 560B param in a graph %6.2f\n", sms, empty_graph);
+    CK(cudaSetDevice(1)); cudaFree(row1); cudaFree(src1); cudaFree(flag1); cudaFree(seen1);
+    CK(cudaSetDevice(0)); cudaFree(row0); cudaFree(flag0); cudaFree(seen0);
   }
   CK(cudaDeviceSynchronize());
   printf("probe done\n");
