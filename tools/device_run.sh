@@ -53,6 +53,13 @@ if [ "$MODE" = ab ]; then
         --dtype=fp8 --tokens=1,8,128,256 --warmup=50 > "$OUT/bench_${name}_$round.log" 2>&1
       summary "bench_${name}_$round" $?
       grep -E "^fp8 .*\| .*\| " "$OUT/bench_${name}_$round.log" | head -8 | cut -c1-98 | sed "s/^/$name $round: /"
+      # several local experts per receive block: a 24-SM grid, and 1024 experts
+      for extra in --num_sms=24 --experts=1024; do
+        timeout 90 $B/moe_ep_run -n 2 --timeout_s 85 -- $B/moe_ep_bench --plugin=$D/libmoe_ep.so \
+          --dtype=fp8 --tokens=1,128 --warmup=50 $extra > "$OUT/bench_${name}_${extra#--}_$round.log" 2>&1
+        summary "bench_${name}_${extra#--}_$round" $?
+        grep -E "^fp8 .*\| .*\| " "$OUT/bench_${name}_${extra#--}_$round.log" | head -4 | cut -c1-98 | sed "s/^/$name $round $extra: /"
+      done
     done
   done
   cat "$OUT/summary.txt"
@@ -117,6 +124,12 @@ grep -E "^\[  (PASSED|FAILED) |FAILED  \]|BENCH" "$OUT/ll_gpu_test.log" | head -
 # slot lists in several rounds), every send warp many units.
 MOE_EP_TEST_SMS=6 timeout 120 $B/ll_gpu_test --gtest_filter=-*Bench* > "$OUT/ll_gpu_test_sms6.log" 2>&1
 summary ll_gpu_test_sms6 $?
+# One SM: every local expert in one receive block, one after another; the
+# hot-expert cases put 2048 slots into that block.
+MOE_EP_TEST_SMS=1 timeout 120 $B/ll_gpu_test \
+  --gtest_filter='*Hot*:*LsaFp8H7168*:*GinEmuFp8H7168*:*Repeated*:*LsaExpertLists*:*DoubleBuffered*' \
+  > "$OUT/ll_gpu_test_sms1.log" 2>&1
+summary ll_gpu_test_sms1 $?
 prepare_layout   # one GPU is enough; the API runs below check prepare too
 MOE_EP_TEST_WORLD=1 timeout 60 $B/ll_gpu_test --gtest_filter=-*Bench* > "$OUT/ll_gpu_test_world1.log" 2>&1
 summary ll_gpu_test_world1 $?

@@ -71,6 +71,10 @@ struct Case {
   int hidden, top_k, experts, fp8, scale_mode, idx_bytes;
   std::vector<int> tokens;  // per rank
   uint64_t seed;
+  // Hot routing: slot k of every token names expert k, so every slot lands
+  // on rank 0's first top_k experts (expert lists of many pieces; on a
+  // 1-SM grid, one receive block holds all of them).
+  bool hot = false;
 };
 
 int tokens_of(const Case &c, int r) { return c.tokens[r % c.tokens.size()]; }
@@ -101,6 +105,7 @@ Inputs make_inputs(const Case &c, int r) {
         while (std::find(chosen.begin(), chosen.end(), e) != chosen.end()) e = (e + 1) % c.experts;
         chosen.push_back(e);
       }
+      if (c.hot) e = k;
       in.topk[(size_t)t * K + k] = e;
       in.w[(size_t)t * K + k] = 0.1f + unit(h * 3);
     }
@@ -413,6 +418,7 @@ const Case kBf16Odd = {2056, 1, 256, 0, 0, 4, {1, 0}, 15};
 // not a multiple of the quantizer's 512-channel step).
 const Case kFp8PackedI64Big = {7168, 8, 256, 1, MOE_EP_FP8_SCALE_UE8M0_PACKED, 8, {128, 37}, 16};
 const Case kFp8PackedI64Odd = {2176, 4, 64, 1, MOE_EP_FP8_SCALE_UE8M0_PACKED, 8, {45, 128}, 17};
+const Case kFp8Hot = {7168, 8, 256, 1, MOE_EP_FP8_SCALE_F32, 4, {128, 128}, 18, true};
 
 TEST_F(LlGpu, LsaBf16H7168Top8E256) { round_trip(kBf16Big, MEP_LL_TRANSPORT_LSA); }
 TEST_F(LlGpu, LsaFp8H7168Top8ZeroTokensOnRank1) { round_trip(kFp8Big, MEP_LL_TRANSPORT_LSA); }
@@ -427,6 +433,11 @@ TEST_F(LlGpu, LsaFp8PackedI64H7168Top8E256) { round_trip(kFp8PackedI64Big, MEP_L
 TEST_F(LlGpu, LsaFp8PackedI64H2176Top4E64) { round_trip(kFp8PackedI64Odd, MEP_LL_TRANSPORT_LSA); }
 TEST_F(LlGpu, GinEmuFp8PackedI64H2176Top4E64) { round_trip(kFp8PackedI64Odd, MEP_LL_TRANSPORT_GIN_EMULATED); }
 TEST_F(LlGpu, GinEmuBf16H2056Top1OneToken) { round_trip(kBf16Odd, MEP_LL_TRANSPORT_GIN_EMULATED); }
+// Every slot on rank 0's experts 0..7 (run_device.sh also runs these on a
+// 1-SM grid: every local expert, and 2048 slots, in one receive block).
+TEST_F(LlGpu, LsaFp8HotExperts) { round_trip(kFp8Hot, MEP_LL_TRANSPORT_LSA); }
+TEST_F(LlGpu, GinEmuFp8HotExperts) { round_trip(kFp8Hot, MEP_LL_TRANSPORT_GIN_EMULATED); }
+TEST_F(LlGpu, WeightedLsaFp8HotExperts) { weighted_round_trip(kFp8Hot, MEP_LL_TRANSPORT_LSA); }
 // Weights carried by dispatch: combine pre-reduced on the experts' ranks.
 TEST_F(LlGpu, WeightedLsaBf16H7168Top8E256) { weighted_round_trip(kBf16Big, MEP_LL_TRANSPORT_LSA); }
 TEST_F(LlGpu, WeightedLsaFp8H7168Top8ZeroTokensOnRank1) { weighted_round_trip(kFp8Big, MEP_LL_TRANSPORT_LSA); }

@@ -64,6 +64,9 @@ ABSL_FLAG(bool, dispatch_weights, true,
           "pass topk_weights to dispatch (combine then pre-reduces on the expert side and "
           "returns one row per (token, rank)); false: weights at combine only, one row back "
           "per (token, expert)");
+ABSL_FLAG(int32_t, num_sms, 0,
+          "SMs the moe-ep kernels may use (set_num_sms; 0: the group's default, every SM): "
+          "what an engine that overlaps compute gives the communication kernels");
 ABSL_FLAG(int32_t, id_wait_s, 120, "how long ranks > 0 wait for rank 0's NCCL id file");
 
 namespace {
@@ -640,6 +643,7 @@ int main(int argc, char** argv) {
     if (absl::GetFlag(FLAGS_adopt_comm)) gp.nccl_comm = ref.comm;
     moe_ep_group_t* group = nullptr;
     EP_CHECK(g_ep->group_create(&gp, &group));
+    if (absl::GetFlag(FLAGS_num_sms) > 0) EP_CHECK(g_ep->set_num_sms(group, absl::GetFlag(FLAGS_num_sms)));
     CUDA_CHECK(cudaSetDevice(dev));
     std::vector<int32_t> peer_t(world, -1);
     moe_ep_group_info_t info = MOE_EP_INIT(moe_ep_group_info_t);
