@@ -163,10 +163,13 @@ class LlGpu : public ::testing::Test {
   Group &G() { return *g_group; }
   // Each test starts with no timeout record and no abort flag, so one
   // failure does not cascade into the next test.
-  void SetUp() override {
+  static void clear_record() {
     memset((void *)g_group->rec, 0, sizeof *g_group->rec);
     ASSERT_EQ(mep_ll_clear_abort(&g_group->ctx, g_group->stream), MOE_EP_OK);
     ASSERT_EQ(cudaStreamSynchronize(g_group->stream), cudaSuccess);
+  }
+  void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(clear_record());
     fprintf(stderr, "rank %d: start %s\n", g_rank,
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
   }
@@ -839,8 +842,7 @@ TEST_F(LlGpu, ZzCorruptExpertListIsRefused) {
   const mep_ll_set_layout_t lay = mep_ll_set_layout(&g.ctx.dims);
   for (int set = 0; set < 2 && set < mep_ll_num_sets(&g.ctx.dims); ++set) {
     SCOPED_TRACE(set == 0 ? "count word" : "entry");
-    memset((void *)g.rec, 0, sizeof *g.rec);
-    MEP_OK(mep_ll_clear_abort(&g.ctx, g.stream));
+    ASSERT_NO_FATAL_FAILURE(clear_record());
     mep_ll_dispatch_args_t d = dargs(c, g, set, g.x, g.topk, g.w);
     MEP_OK(mep_ll_dispatch_send(&g.ctx, &d, g.stream));
     CUDA_OK(cudaStreamSynchronize(g.stream));
@@ -869,9 +871,7 @@ TEST_F(LlGpu, ZzCorruptExpertListIsRefused) {
       EXPECT_EQ(cnt, 0) << "expert " << le << ": a refused count fills no slot";
     }
   }
-  memset((void *)g.rec, 0, sizeof *g.rec);
-  MEP_OK(mep_ll_clear_abort(&g.ctx, g.stream));
-  CUDA_OK(cudaStreamSynchronize(g.stream));
+  ASSERT_NO_FATAL_FAILURE(clear_record());
 }
 
 // Runs last (name order is declaration order): rank 1 skips the dispatch;

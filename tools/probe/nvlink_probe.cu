@@ -109,6 +109,15 @@ __global__ void k_rows_chunked(char *dst, const char *src, int rows, uint32_t ro
 }
 
 static int g_iters = 500;
+// Median time (us) between consecutive events of ev (g_iters + 1 of them,
+// recorded on the current device); destroys them.
+static float median_between(std::vector<cudaEvent_t> &ev) {
+  std::vector<float> t(g_iters);
+  for (int i = 0; i < g_iters; ++i) { CK(cudaEventElapsedTime(&t[i], ev[i], ev[i + 1])); t[i] *= 1000.f; }
+  for (auto &e : ev) cudaEventDestroy(e);
+  std::sort(t.begin(), t.end());
+  return t[g_iters / 2];
+}
 static float median_us(cudaStream_t s, const std::function<void()> &f) {
   std::vector<cudaEvent_t> ev(g_iters + 1);
   for (auto &e : ev) CK(cudaEventCreate(&e));
@@ -117,11 +126,7 @@ static float median_us(cudaStream_t s, const std::function<void()> &f) {
   CK(cudaEventRecord(ev[0], s));
   for (int i = 0; i < g_iters; ++i) { f(); CK(cudaEventRecord(ev[i + 1], s)); }
   CK(cudaStreamSynchronize(s));
-  std::vector<float> t(g_iters);
-  for (int i = 0; i < g_iters; ++i) { CK(cudaEventElapsedTime(&t[i], ev[i], ev[i + 1])); t[i] *= 1000.f; }
-  for (auto &e : ev) cudaEventDestroy(e);
-  std::sort(t.begin(), t.end());
-  return t[g_iters / 2];
+  return median_between(ev);
 }
 
 // As median_us, but every timed launch (and its event) goes into one CUDA
@@ -157,14 +162,9 @@ static float median_graph_us(const std::vector<cudaStream_t> &ss, const std::vec
       CK(cudaStreamSynchronize(ss[k]));
     }
   }
-  std::vector<float> t(g_iters);
-  CK(cudaSetDevice(devs[0]));
-  for (int i = 0; i < g_iters; ++i) { CK(cudaEventElapsedTime(&t[i], ev[i], ev[i + 1])); t[i] *= 1000.f; }
-  for (auto &e : ev) cudaEventDestroy(e);
   for (size_t k = 0; k < ss.size(); ++k) { CK(cudaSetDevice(devs[k])); cudaGraphExecDestroy(ge[k]); }
   CK(cudaSetDevice(devs[0]));
-  std::sort(t.begin(), t.end());
-  return t[g_iters / 2];
+  return median_between(ev);
 }
 
 int main(int argc, char **argv) {
