@@ -207,12 +207,14 @@ static moe_ep_status_t nccl_create(moe_ep_group_t *g) {
   s->ctx.dims = d;
   s->ctx.rank = g->rank;
   s->ctx.transport = ll_transport(g, s);
-  if (s->ctx.transport != MEP_LL_TRANSPORT_GIN && mep_ll_resolve_lsa(&s->ctx) != MOE_EP_OK) {
-    st = mep_error(MOE_EP_ERR_CUDA, "group_create: %s", mep_kernels_last_error());
+  if (s->ctx.transport != MEP_LL_TRANSPORT_GIN && mep_ll_resolve_lsa(&s->ctx) != MEP_KSTATUS_OK) {
+    st = mep_error(MOE_EP_ERR_CUDA, "group_create on rank %d: %s", g->rank,
+                   mep_kernels_last_error());
     goto out_destroy;
   }
-  if (mep_ll_timeout_cycles(s->device, g->cfg.kernel_timeout_ms, &s->ctx.timeout_cycles) != MOE_EP_OK) {
-    st = mep_error(MOE_EP_ERR_CUDA, "group_create: %s", mep_kernels_last_error());
+  if (mep_ll_timeout_cycles(s->device, g->cfg.kernel_timeout_ms, &s->ctx.timeout_cycles) != MEP_KSTATUS_OK) {
+    st = mep_error(MOE_EP_ERR_CUDA, "group_create on rank %d: %s", g->rank,
+                   mep_kernels_last_error());
     goto out_destroy;
   }
   g->bytes_allocated = mep_nccl_bytes_allocated(s->nccl);
@@ -302,8 +304,21 @@ static moe_ep_status_t leave_device(const nccl_state_t *s, int prev, moe_ep_stat
   return st;
 }
 
-static moe_ep_status_t launched(const moe_ep_group_t *g, moe_ep_status_t st, const char *what) {
-  if (st == MOE_EP_OK) return st;
+/* The kernels' own statuses keep kernels/ free of the public ABI; the
+ * fp8 scale formats pass through as numbers. */
+_Static_assert((int)MEP_FP8_SCALE_F32 == (int)MOE_EP_FP8_SCALE_F32 &&
+                   (int)MEP_FP8_SCALE_UE8M0 == (int)MOE_EP_FP8_SCALE_UE8M0 &&
+                   (int)MEP_FP8_SCALE_UE8M0_PACKED == (int)MOE_EP_FP8_SCALE_UE8M0_PACKED,
+               "kernels/kernels_types.h's fp8 scale formats must keep moe_ep_fp8_scale_t's numbers");
+_Static_assert((int)MEP_LL_TRANSPORT_LSA == (int)MOE_EP_TRANSPORT_LSA &&
+                   (int)MEP_LL_TRANSPORT_GIN == (int)MOE_EP_TRANSPORT_GIN &&
+                   (int)MEP_LL_TRANSPORT_GIN_EMULATED == (int)MOE_EP_TRANSPORT_GIN_EMULATED,
+               "kernels/ll.h's transports must keep moe_ep_transport_t's numbers");
+
+static moe_ep_status_t launched(const moe_ep_group_t *g, mep_kstatus_t k, const char *what) {
+  if (k == MEP_KSTATUS_OK) return MOE_EP_OK;
+  moe_ep_status_t st = k == MEP_KSTATUS_INVALID_ARGUMENT ? MOE_EP_ERR_INVALID_ARGUMENT
+                                                         : MOE_EP_ERR_CUDA;
   return mep_error(st, "%s on rank %d: %s", what, g->rank, mep_kernels_last_error());
 }
 

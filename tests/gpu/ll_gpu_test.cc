@@ -37,7 +37,7 @@ namespace {
     cudaError_t e_ = (x);                                                            \
     ASSERT_EQ(e_, cudaSuccess) << #x << ": " << cudaGetErrorString(e_);              \
   } while (0)
-#define MEP_OK(x) ASSERT_EQ((x), MOE_EP_OK) << #x << ": " << mep_kernels_last_error()
+#define MEP_OK(x) ASSERT_EQ((x), MEP_KSTATUS_OK) << #x << ": " << mep_kernels_last_error()
 
 int g_rank = 0, g_world = 1;
 const int kMaxTokens = 128, kMaxHidden = 7168, kMaxTopK = 8, kMaxExperts = 256;
@@ -165,7 +165,7 @@ class LlGpu : public ::testing::Test {
   // failure does not cascade into the next test.
   static void clear_record() {
     memset((void *)g_group->rec, 0, sizeof *g_group->rec);
-    ASSERT_EQ(mep_ll_clear_abort(&g_group->ctx, g_group->stream), MOE_EP_OK);
+    ASSERT_EQ(mep_ll_clear_abort(&g_group->ctx, g_group->stream), MEP_KSTATUS_OK);
     ASSERT_EQ(cudaStreamSynchronize(g_group->stream), cudaSuccess);
   }
   void SetUp() override {
@@ -959,7 +959,7 @@ void setup_group() {
   c.dims = dims;
   c.rank = g_rank;
   c.transport = MEP_LL_TRANSPORT_LSA;
-  if (mep_ll_resolve_lsa(&c) != MOE_EP_OK) {
+  if (mep_ll_resolve_lsa(&c) != MEP_KSTATUS_OK) {
     fprintf(stderr, "rank %d: %s\n", g_rank, mep_kernels_last_error());
     exit(4);
   }
@@ -967,7 +967,7 @@ void setup_group() {
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g_rank);
   const char *env_sms = getenv("MOE_EP_TEST_SMS");
   c.num_sms = env_sms ? atoi(env_sms) : sms;
-  if (mep_ll_timeout_cycles(g_rank, 10000, &c.timeout_cycles) != MOE_EP_OK) exit(4);
+  if (mep_ll_timeout_cycles(g_rank, 10000, &c.timeout_cycles) != MEP_KSTATUS_OK) exit(4);
   const uint64_t sb = mep_ll_state_bytes(&dims);
   bool ok = cudaMalloc(&c.state, sb) == cudaSuccess && cudaMemset(c.state, 0, sb) == cudaSuccess &&
             cudaHostAlloc((void **)&g->rec, sizeof *g->rec, cudaHostAllocMapped) == cudaSuccess;
