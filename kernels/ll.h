@@ -10,17 +10,18 @@
 #include <stdint.h>
 
 #include "kernels/kernels_types.h"
+#include "kernels/limits.h"
 #include "kernels/ll_layout.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Which wait expired (mep_ll_error_record_t.op). */
+/* Which wait expired (mep_ll_error_record_t.op; 0 in a zeroed record).
+ * 1 and 3 stay unused: send halves never wait. */
 enum {
-  MEP_LL_OP_NONE = 0,
-  /* 1 and 3 were the send halves' waits; send halves no longer wait. */
-  MEP_LL_OP_DISPATCH_RECV = 2, /* waiting for a peer's count or rows */
+  /* Receive halves waiting for a peer's count or rows. */
+  MEP_LL_OP_DISPATCH_RECV = 2,
   MEP_LL_OP_COMBINE_RECV = 4,
   /* Not a wait: a dispatch met a topk_idx value outside -1..num_experts-1
    * and dropped that slot (expert = the value, expected = token, seen = k).
@@ -272,6 +273,46 @@ const char *mep_kernels_last_error(void);
 
 #ifdef __cplusplus
 }
+#define MEP_LL_STATIC_ASSERT(cond, why) static_assert(cond, why)
+#else
+#define MEP_LL_STATIC_ASSERT(cond, why) _Static_assert(cond, why)
 #endif
+
+/* Every bit field the wire and handle encodings pack, against the limit of
+ * what it must hold (kernels/limits.h): raising a limit past a field's
+ * width fails here, not as a silently aliased token, rank or count. */
+/* slot_src: rank 16 bits, k 5 bits, token 11 bits, round trip at the maxima. */
+MEP_LL_STATIC_ASSERT(MEP_LL_SLOT_RANK(MEP_LL_SLOT_PACK(MEP_MAX_RANKS - 1, MEP_MAX_TOKENS_LL - 1,
+                                                       MEP_MAX_TOP_K - 1)) == MEP_MAX_RANKS - 1 &&
+                         MEP_LL_SLOT_K(MEP_LL_SLOT_PACK(MEP_MAX_RANKS - 1, MEP_MAX_TOKENS_LL - 1,
+                                                        MEP_MAX_TOP_K - 1)) == MEP_MAX_TOP_K - 1 &&
+                         MEP_LL_SLOT_TOKEN(MEP_LL_SLOT_PACK(MEP_MAX_RANKS - 1,
+                                                            MEP_MAX_TOKENS_LL - 1,
+                                                            MEP_MAX_TOP_K - 1)) ==
+                             MEP_MAX_TOKENS_LL - 1,
+                     "slot_src's rank, k or token field is narrower than its limit");
+/* src_tokens: the token count stays below the weighted flag bit. */
+MEP_LL_STATIC_ASSERT(MEP_MAX_TOKENS_LL < MEP_LL_SRC_WEIGHTED,
+                     "src_tokens' count reaches MEP_LL_SRC_WEIGHTED");
+/* Slot-list word: local expert + 1 in 16 bits (0 = none there). */
+MEP_LL_STATIC_ASSERT(MEP_MAX_LOCAL_EXPERTS + 1 <= 0xffff,
+                     "the slot-list word's local expert field is 16 bits");
+/* Expert-list count: the source's tokens in 16 bits; entry: token in 11
+ * bits, k in 5. */
+MEP_LL_STATIC_ASSERT(MEP_MAX_TOKENS_LL <= 0xffff && MEP_MAX_TOKENS_LL <= 2048 &&
+                         MEP_MAX_TOP_K <= 32,
+                     "an expert-list field is narrower than its limit");
+/* Arrival signals: grid size in 16 bits (bits 32..47) and arrivals in 16
+ * (bits 48..63); a launch has at most MEP_LL_SHADOW_SLOTS blocks. */
+MEP_LL_STATIC_ASSERT(MEP_LL_SHADOW_SLOTS <= 0xffff,
+                     "a grid of MEP_LL_SHADOW_SLOTS blocks overflows the arrival fields");
+/* ...and the code below them in 32 bits: the largest dispatch code
+ * (mep_ll_disp_code with tokens = max, puts = max + 1, weighted; LSA
+ * combine's code is 1). */
+MEP_LL_STATIC_ASSERT(1ull + MEP_MAX_TOKENS_LL +
+                             (MEP_MAX_TOKENS_LL + 1ull) *
+                                 ((MEP_MAX_TOKENS_LL + 1ull) + (MEP_MAX_TOKENS_LL + 2ull)) <
+                         (1ull << 32),
+                     "a dispatch count signal's code overflows its 32 bits");
 
 #endif /* MEP_LL_H_ */

@@ -13,10 +13,8 @@
  * wait on a block that cannot become resident. */
 #define MEP_LL_THREADS 512
 
-/* runtime/nccl keeps the device communicator in this many bytes. */
-#define MEP_LL_DEVCOMM_BYTES 1024
-static_assert(sizeof(ncclDevComm) <= MEP_LL_DEVCOMM_BYTES,
-              "ncclDevComm outgrew MEP_NCCL_DEVCOMM_BYTES in runtime/nccl/nccl_setup.h");
+static_assert(sizeof(ncclDevComm) <= MEP_DEVCOMM_BYTES,
+              "ncclDevComm outgrew MEP_DEVCOMM_BYTES in kernels/limits.h");
 
 static inline mep_kstatus_t mep_ll_check_ctx(const char *op, const mep_ll_ctx_t *ctx,
                                                int set) {

@@ -21,10 +21,11 @@
 /* Bounds the wire fields the handshake carries. */
 #define MEP_BS_TOKEN_MAX 256
 #define MEP_BS_REASON_MAX 512
-/* Ranks in one group; same bound as kernels/limits.h MEP_MAX_RANKS (per-peer
- * arrays are sized by it). */
-#define MEP_BS_MAX_RANKS 1024
-#define MEP_BS_MAX_TIMEOUT_MS 3600000
+/* Ranks in one group (per-peer arrays are sized by it) and the longest
+ * bounded wait: the project-wide limits, one copy. */
+#include "kernels/limits.h"
+#define MEP_BS_MAX_RANKS MEP_MAX_RANKS
+#define MEP_BS_MAX_TIMEOUT_MS MEP_MAX_TIMEOUT_MS
 
 typedef enum mep_bs_msg_type {
   MEP_BS_MSG_HELLO = 1,   /* joiner -> 0: rank, world, token */

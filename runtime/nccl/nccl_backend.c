@@ -226,8 +226,6 @@ out_destroy:
 
 /* A kernel's expired wait, as a sentence. */
 static moe_ep_status_t timeout_error(const moe_ep_group_t *g, const nccl_state_t *s) {
-  static const char *const ops[] = {"none", "dispatch send", "dispatch receive",
-                                    "combine send", "combine receive"};
   const mep_ll_error_record_t *r = &s->rec[0];
   if (r->op == MEP_LL_OP_BAD_SIGNAL) {
     return mep_error(MOE_EP_ERR_INTERNAL,
@@ -247,12 +245,14 @@ static moe_ep_status_t timeout_error(const moe_ep_group_t *g, const nccl_state_t
                      r->rank, g->cfg.kernel_timeout_ms, r->peer, r->buffer_set,
                      (unsigned long long)r->expected, (unsigned long long)r->seen);
   }
-  int op = r->op >= 0 && r->op <= 4 ? r->op : 0;
+  const char *op = r->op == MEP_LL_OP_DISPATCH_RECV  ? "dispatch receive"
+                   : r->op == MEP_LL_OP_COMBINE_RECV ? "combine receive"
+                                                     : "receive";
   return mep_error(MOE_EP_ERR_TIMEOUT,
                    "a %s kernel on rank %d waited timeouts.kernel_ms=%d for rank %d "
                    "(local expert %d, buffer set %d): expected signal %llu, saw %llu; "
                    "the peer did not take part in the operation",
-                   ops[op], r->rank, g->cfg.kernel_timeout_ms, r->peer, r->expert,
+                   op, r->rank, g->cfg.kernel_timeout_ms, r->peer, r->expert,
                    r->buffer_set, (unsigned long long)r->expected,
                    (unsigned long long)r->seen);
 }
