@@ -68,6 +68,10 @@ const Case kCases[] = {
     {"config_mismatch_r2", 2, {"--scenario=mismatch", "--max_tokens=16"}},
     {"config_mismatch_r8", 8, {"--scenario=mismatch", "--max_tokens=16"}},
     {"bad_input_r4_bf16", 4, {"--scenario=badinput", "--experts=8", "--max_tokens=16", "--layers=128:2"}},
+    // Two-batch overlap with hooks run and handles freed on a second thread,
+    // 200 rounds (also the ThreadSanitizer pass's workload).
+    {"threads_overlap_r2", 2, {"--scenario=threads", "--iterations=200", "--experts=8", "--max_tokens=8", "--layers=256:2"}},
+    {"threads_overlap_r4_fp8", 4, {"--scenario=threads", "--iterations=50", "--experts=16", "--max_tokens=4", "--dtype=fp8", "--layers=256:4", "--dispatch_weights=mixed"}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Host, Conformance, testing::ValuesIn(kCases),

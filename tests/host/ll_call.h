@@ -31,6 +31,12 @@ class LlCall {
   void set_weights_at_dispatch(bool on) { weights_at_dispatch_ = on; }
   void check_combine();
   moe_ep_handle_t* handle() { return h_; }
+  // The caller frees the handle from now on (from any thread).
+  moe_ep_handle_t* release_handle() {
+    moe_ep_handle_t* h = h_;
+    h_ = nullptr;
+    return h;
+  }
   void set_stream(void* stream) { stream_ = stream; }
   // New inputs (same token count) into the same buffers, outputs poisoned
   // again: what a replayed CUDA graph reads and must overwrite.

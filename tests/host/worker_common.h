@@ -32,6 +32,7 @@ struct Options {
   // only ("mixed"): the nccl backend then pre-reduces on the expert side
   // for the sources that sent weights.
   std::string dispatch_weights = "0";
+  int iterations = 200;  // scenario "threads": overlap rounds
 };
 
 struct Ctx {
@@ -65,6 +66,7 @@ void run_fault(Ctx& c);
 void run_skip(Ctx& c);
 void run_graph(Ctx& c);
 void run_routing(Ctx& c);
+void run_threads(Ctx& c);
 
 // One LL layer call (prepare, dispatch, check, expert, combine, check);
 // `defer` exercises the hook path run from another thread.

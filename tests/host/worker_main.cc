@@ -107,6 +107,7 @@ static bool parse(int argc, char** argv, Options* o) {
     else if (k == "kernel_ms") o->kernel_ms = std::atoi(v.c_str());
     else if (k == "transport") o->transport = v;
     else if (k == "dispatch_weights") o->dispatch_weights = v;
+    else if (k == "iterations") o->iterations = std::atoi(v.c_str());
     else if (k == "layers") {  // "7168:8,2048:1"
       o->layers.clear();
       std::stringstream ss(v);
@@ -220,6 +221,8 @@ int main(int argc, char** argv) {
     run_routing(c);
   } else if (c.opt.scenario == "graph") {
     run_graph(c);
+  } else if (c.opt.scenario == "threads") {
+    run_threads(c);
   } else if (c.opt.ht) {
     run_ht_conformance(c);
   } else {
