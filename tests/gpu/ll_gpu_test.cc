@@ -745,7 +745,7 @@ TEST_F(LlGpu, LsaExpertListsAreZeroAfterEveryReceive) {
 // each phase boundary (mep_ll_ctx_t.stamps); per launch, each phase's
 // min / median / max over blocks relative to the launch's first entry,
 // then the median of those over launches. A diagnostic print, no assert
-// on time (tools/RESULTS.md quotes it); the outputs are still checked.
+// on time (tools/bench/RESULTS.md quotes it); the outputs are still checked.
 TEST_F(LlGpu, BenchPhaseStamps) {
   Group &g = G();
   const int grid_max = 256, P = MEP_LL_STAMP_POINTS;
