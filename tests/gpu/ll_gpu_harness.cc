@@ -228,26 +228,33 @@ bool upload(const Case &c, const Inputs &in, void *x, void *topk, void *w) {
   return cudaMemcpy(w, in.w.data(), in.w.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess;
 }
 
+// The fields dispatch and combine arguments share: routing, shape, buffer
+// set and the handle's device arrays.
+template <typename Args>
+static void shared_args(const Case &c, const Group &g, int set, void *topk, Args *a) {
+  a->topk_idx = topk;
+  a->topk_idx_bytes = c.idx_bytes;
+  a->num_tokens = tokens_of(c, g_rank);
+  a->hidden = c.hidden;
+  a->top_k = c.top_k;
+  a->num_experts = c.experts;
+  a->buffer_set = set;
+  a->recv_count = g.recv_count;
+  a->slot_src = g.slot_src;
+  a->src_count = g.src_count;
+  a->route = g.route;
+  a->src_tokens = g.src_tokens;
+}
+
 mep_ll_dispatch_args_t dispatch_args(const Case &c, const Group &g, int set, void *x, void *topk,
                                      void *w, int weighted) {
   mep_ll_dispatch_args_t a = {};
+  shared_args(c, g, set, topk, &a);
   a.x = x;
-  a.topk_idx = topk;
-  a.topk_idx_bytes = c.idx_bytes;
-  a.num_tokens = tokens_of(c, g_rank);
-  a.hidden = c.hidden;
-  a.top_k = c.top_k;
-  a.num_experts = c.experts;
   a.fp8 = c.fp8;
   a.scale_mode = c.scale_mode;
-  a.buffer_set = set;
   a.recv_x = g.recv_x;
   a.recv_scales = g.scales;
-  a.recv_count = g.recv_count;
-  a.slot_src = g.slot_src;
-  a.src_count = g.src_count;
-  a.route = g.route;
-  a.src_tokens = g.src_tokens;
   a.weighted = weighted;
   a.topk_weights = weighted ? (const float *)w : nullptr;
   return a;
@@ -256,22 +263,11 @@ mep_ll_dispatch_args_t dispatch_args(const Case &c, const Group &g, int set, voi
 mep_ll_combine_args_t combine_args(const Case &c, const Group &g, int set, void *topk, void *w,
                                    int weighted) {
   mep_ll_combine_args_t a = {};
+  shared_args(c, g, set, topk, &a);
   a.y = g.y;
-  a.topk_idx = topk;
-  a.topk_idx_bytes = c.idx_bytes;
   // Weighted: the source side must not need its weights any more.
   a.topk_weights = weighted ? nullptr : (const float *)w;
   a.out = g.out;
-  a.num_tokens = tokens_of(c, g_rank);
-  a.hidden = c.hidden;
-  a.top_k = c.top_k;
-  a.num_experts = c.experts;
-  a.buffer_set = set;
-  a.recv_count = g.recv_count;
-  a.slot_src = g.slot_src;
-  a.src_count = g.src_count;
-  a.route = g.route;
-  a.src_tokens = g.src_tokens;
   a.partials = weighted;
   return a;
 }

@@ -74,25 +74,24 @@ TEST(QuantizeNonFinite, AmaxSkipsInfAndNan) {
   EXPECT_EQ(group_amax(&x[384], 128), 0.0f);
 }
 
-TEST(QuantizeNonFinite, F32Scales) {
+// quantize_row of mixed_row() in `fmt`: scales and codes as expected.
+void expect_format(ScaleFormat fmt, const std::vector<float>& want_scales, const char* name) {
   const std::vector<uint16_t> x = mixed_row();
   std::vector<uint8_t> q(kH);
   std::vector<float> s(kH / 128);
-  quantize_row(x.data(), kH, ScaleFormat::kF32, q.data(), s.data());
-  const std::vector<float> want = {1.0f, 1e-4f / 448.0f, 2.0f / 448.0f, 1e-4f / 448.0f};
-  EXPECT_EQ(s, want);
-  expect_codes(q, expected_codes(false), "f32");
+  quantize_row(x.data(), kH, fmt, q.data(), s.data());
+  EXPECT_EQ(s, want_scales) << name;
+  expect_codes(q, expected_codes(fmt != ScaleFormat::kF32), name);
+}
+
+TEST(QuantizeNonFinite, F32Scales) {
+  expect_format(ScaleFormat::kF32, {1.0f, 1e-4f / 448.0f, 2.0f / 448.0f, 1e-4f / 448.0f}, "f32");
 }
 
 TEST(QuantizeNonFinite, Ue8m0Scales) {
-  const std::vector<uint16_t> x = mixed_row();
-  std::vector<uint8_t> q(kH);
-  std::vector<float> s(kH / 128);
-  quantize_row(x.data(), kH, ScaleFormat::kUe8m0, q.data(), s.data());
-  const std::vector<float> want = {1.0f, std::ldexp(1.0f, -22), std::ldexp(1.0f, -7),
-                                   std::ldexp(1.0f, -22)};
-  EXPECT_EQ(s, want);
-  expect_codes(q, expected_codes(true), "ue8m0");
+  expect_format(ScaleFormat::kUe8m0,
+                {1.0f, std::ldexp(1.0f, -22), std::ldexp(1.0f, -7), std::ldexp(1.0f, -22)},
+                "ue8m0");
 }
 
 TEST(QuantizeNonFinite, Ue8m0PackedScales) {
