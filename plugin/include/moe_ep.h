@@ -105,6 +105,18 @@ typedef enum moe_ep_fp8_scale {
   MOE_EP_FP8_SCALE_UE8M0_PACKED = 2 /* power-of-two, 4 exponents per int32 */
 } moe_ep_fp8_scale_t;
 
+/* fp8 dispatch, per 128-channel group of a token row:
+ *   scale = max(amax, 1e-4) / 448, rounded up to a power of two for UE8M0
+ *   formats and with MOE_EP_FLAG_ROUND_SCALE; q = e4m3(x / scale), round to
+ *   nearest even, saturating at +-448.
+ * Non-finite input, the same on every backend and scale format:
+ *   - amax is taken over the group's finite values only, so an inf or NaN
+ *     never changes the scale of its 127 neighbours;
+ *   - +inf / -inf arrive as +448 / -448 (codes 0x7E / 0xFE);
+ *   - NaN of either sign arrives as NaN, code 0x7F;
+ *   - a group with no finite value (or only zeros) gets the floor's scale,
+ *     1e-4 / 448 as f32, 2^-22 (UE8M0 byte 105) as a power of two. */
+
 typedef enum moe_ep_transport {
   MOE_EP_TRANSPORT_AUTO = 0,
   MOE_EP_TRANSPORT_LSA = 1,

@@ -46,6 +46,15 @@ class LlCall {
   // routing-notice scenario uses it). False when the rank has no tokens.
   bool corrupt_first_slot(int64_t value);
   uint64_t seed() const { return seed_; }
+  // Pass prepare / dispatch / combine params with these struct_size values
+  // (0: the full size), the bytes past them garbage, as an engine built
+  // against an older header would. A prepare short of its HT outputs must
+  // leave them unwritten (check_prepare then checks exactly that).
+  void set_struct_sizes(size_t prepare, size_t dispatch, size_t combine) {
+    prepare_size_ = prepare;
+    dispatch_size_ = dispatch;
+    combine_size_ = combine;
+  }
 
  private:
   Ctx& c_;
@@ -68,7 +77,9 @@ class LlCall {
   moe_ep_handle_t* h_ = nullptr;
   void* stream_ = nullptr;
   bool weights_at_dispatch_;
+  size_t prepare_size_ = 0, dispatch_size_ = 0, combine_size_ = 0;
   void poison_outputs();
+  void check_prepare_outputs_unwritten();
   moe_ep_status_t combine_with(moe_ep_tensor_t* weights, uint32_t flags, moe_ep_hook_t** hook);
 };
 
