@@ -1,4 +1,4 @@
-// moe_ep_bench: the project's benchmark (DESIGN.md, Performance).
+// moe_ep_bench: the project's benchmark (docs/DESIGN.md, Performance method).
 //
 // One process per GPU, started by the launcher:
 //   moe_ep_run -n 2 -- moe_ep_bench --plugin=libmoe_ep.so [flags]
@@ -197,7 +197,7 @@ moe_ep_group_t* CreateGroup(const Setup& s, const Plan& p, int fp8, moe_ep_confi
 }
 
 int Main(int argc, char** argv) {
-  // NVLink multicast stays off (BUILDING.md); before any NCCL call.
+  // NVLink multicast stays off (README.md, GPUs); before any NCCL call.
   setenv("NCCL_NVLS_ENABLE", "0", 0);
   RunInfo run;
   for (int i = 0; i < argc; i++) run.cmdline += (i ? " " : "") + std::string(argv[i]);
