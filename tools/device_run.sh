@@ -244,7 +244,7 @@ sed 's/backend: host/backend: nccl/' $B/demo.yaml > "$OUT/demo_nccl.yaml"
 timeout 30 $B/moe_ep_run -n 2 -- $B/moe_ep_demo --config "$OUT/demo_nccl.yaml" \
   --plugin $B/libmoe_ep.so --steps 50 --verify > "$OUT/demo.log" 2>&1
 summary demo $? "$(awk '$1 ~ /^[0-9]+$/ && NF >= 8 { split($NF, v, "/"); ok += v[1]; all += v[2] }
-  END { printf "%d of %d steps verified", ok, all }' "$OUT/demo.log")"; tail -3 "$OUT/demo.log"
+  END { printf "%d of %d combines verified", ok, all }' "$OUT/demo.log")"; tail -3 "$OUT/demo.log"
 MOE_EP_TEST_TRACE=1 api ep2_ginemu_trace 2 25 --transport=gin_emulated --experts=256 \
   --max_tokens=128 --layers=7168:8 --seeds=1 --hooks=0 --kernel_ms=3000
 api gin_request 2 15 --transport=gin --experts=8 --max_tokens=8 --layers=128:2
