@@ -96,7 +96,7 @@ static moe_ep_status_t join_wait_formed(mep_bootstrap_t *bs,
     }
     if (peer->failed) {
       char what[MEP_BS_REASON_MAX];
-      mep_bs_peer_describe_failure(peer, peer->fail_ms, what, sizeof(what));
+      mep_bs_peer_describe_failure(peer, -1, what, sizeof(what));
       return mep_error(MOE_EP_ERR_BOOTSTRAP,
                        "rank %d: rank 0 at %s failed while this rank waited "
                        "for the group to form: %s",

@@ -484,15 +484,17 @@ void mep_bs_peer_describe_failure(const mep_bs_peer_t *peer, int64_t since_ms,
   /* UCX's status says how the transport noticed (a SIGKILLed process's
    * socket often reads as "Endpoint timeout" at once); what happened is
    * that the connection broke, so that is what the sentence says. */
-  char when[64];
-  if (peer->fail_ms >= since_ms) {
-    snprintf(when, sizeof(when), "%lld ms into it",
+  char when[64] = "";
+  if (since_ms < 0) {
+    /* No op to time it against. */
+  } else if (peer->fail_ms >= since_ms) {
+    snprintf(when, sizeof(when), " %lld ms into the op",
              (long long)(peer->fail_ms - since_ms));
   } else {
-    snprintf(when, sizeof(when), "before it began");
+    snprintf(when, sizeof(when), " before the op began");
   }
   snprintf(buf, len,
-           "its connection broke %s: the process exited, was killed or "
+           "its connection broke%s: the process exited, was killed or "
            "closed the group (UCX status: %s)",
            when, ucs_status_string(peer->fail_status));
 }

@@ -220,8 +220,9 @@ void mep_bs_peer_evict(mep_bootstrap_t *bs, mep_bs_peer_t *peer,
 /* "rank 3" for a joined peer, else "a connection from 127.0.0.1:40312". */
 const char *mep_bs_peer_label(const mep_bs_peer_t *peer, char *buf,
                               size_t len);
-/* What happened to a failed peer's connection, in words: "its connection
- * was cut 3 ms into barrier #21 (...)" style text without the rank. */
+/* What happened to a failed peer's connection, in words, without the rank:
+ * "its connection broke 3 ms into the op: ..." (since_ms: the op's start,
+ * or -1 for no timing), or why this rank cut it. */
 void mep_bs_peer_describe_failure(const mep_bs_peer_t *peer, int64_t since_ms,
                                   char *buf, size_t len);
 /* Bound on all queued message bytes (see MEP_BS_PENDING_HELLOS). */
