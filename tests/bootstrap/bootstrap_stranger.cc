@@ -18,6 +18,7 @@
 #include <ucp/api/ucp.h>
 
 #include "runtime/bootstrap_types.h"
+#include "tests/bootstrap/flag_util.h"
 
 namespace {
 
@@ -42,18 +43,8 @@ struct State {
   ucs_status_t fail_status = UCS_OK;
 };
 
-int64_t NowMs() {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-bool Flag(const char *arg, const char *name, std::string *val) {
-  size_t n = strlen(name);
-  if (strncmp(arg, name, n) != 0 || arg[n] != '=') return false;
-  *val = arg + n + 1;
-  return true;
-}
+using mep_test::Flag;
+int64_t NowMs() { return mep_test::MonoNowMs(); }
 
 Opts Parse(int argc, char **argv) {
   Opts o;

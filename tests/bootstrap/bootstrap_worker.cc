@@ -13,6 +13,7 @@
 
 #include "runtime/bootstrap.h"
 #include "runtime/error.h"
+#include "tests/bootstrap/flag_util.h"
 
 namespace {
 
@@ -32,18 +33,8 @@ struct Opts {
   int max_ms = 20000;
 };
 
-int64_t NowMs() {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-bool Flag(const char *arg, const char *name, std::string *val) {
-  size_t n = strlen(name);
-  if (strncmp(arg, name, n) != 0 || arg[n] != '=') return false;
-  *val = arg + n + 1;
-  return true;
-}
+using mep_test::Flag;
+int64_t NowMs() { return mep_test::MonoNowMs(); }
 
 int EnvInt(const char *name, int dflt) {
   const char *v = getenv(name);
