@@ -252,10 +252,16 @@ static moe_ep_status_t root_announce(mep_bootstrap_t *bs, int64_t deadline_ms) {
     }
   }
   if (bad < 0) return MOE_EP_OK;
+  char what[MEP_BS_REASON_MAX - 96];
+  if (bs->by_rank[bad]->failed) {
+    mep_bs_peer_describe_failure(bs->by_rank[bad], -1, what, sizeof(what));
+  } else {
+    snprintf(what, sizeof(what), "telling it so failed (UCX status: %s)",
+             ucs_status_string(bad_st));
+  }
   char msg[MEP_BS_REASON_MAX];
-  snprintf(msg, sizeof(msg),
-           "rank %d failed as the group formed on %s (%s)", bad, bs->address,
-           ucs_status_string(bad_st));
+  snprintf(msg, sizeof(msg), "rank %d failed as the group formed on %s: %s",
+           bad, bs->address, what);
   mep_bs_root_abort(bs, MOE_EP_ERR_BOOTSTRAP, bad, msg);
   return mep_error(MOE_EP_ERR_BOOTSTRAP, "%s", msg);
 }

@@ -226,24 +226,24 @@ int main(int argc, char **argv) {
     h.payload_len = tok.size();
     sent += Send(ep, h, tok.data(), true, &pending);
   }
+  // However loaded the machine, rank 0 gets its time to answer or cut.
+  const int patience_ms = 15000;
+  std::vector<char> payload;  // flood: UCX reads it until each send ends
   if (o.mode == "contrib") {
     // At once, before any verdict: rank 1's part of the first exchange.
-    mep_bs_hdr_t h = FirstContrib(o);
-    sent += Send(ep, h, nullptr, true, &pending);
-    Progress(worker, 1000);
+    sent += Send(ep, FirstContrib(o), nullptr, true, &pending);
   } else if (o.mode == "answer") {
     // Wait for the verdict, then keep answering as rank `label` while the
     // real ranks form and run their first exchange.
-    int64_t end = NowMs() + 5000;
+    int64_t end = NowMs() + patience_ms;
     while (!s.refused && !s.failed && NowMs() < end) Progress(worker, 5);
     end = NowMs() + o.duration_ms;
     while (!s.failed && NowMs() < end) {
-      mep_bs_hdr_t h = FirstContrib(o);
-      sent += Send(ep, h, nullptr, true, &pending);
+      sent += Send(ep, FirstContrib(o), nullptr, true, &pending);
       Progress(worker, 20);
     }
   } else if (o.mode == "flood") {
-    std::vector<char> payload(o.bytes, 'x');
+    payload.assign(o.bytes, 'x');
     mep_bs_hdr_t h = FirstContrib(o);
     h.bytes = o.bytes;
     h.payload_len = o.bytes;
@@ -252,9 +252,9 @@ int main(int argc, char **argv) {
       while (ucp_worker_progress(worker) != 0) {
       }
     }
-    int64_t end = NowMs() + 5000;
-    while (pending > 0 && !s.failed && NowMs() < end) Progress(worker, 5);
   }
+  int64_t end = NowMs() + patience_ms;
+  while (!s.failed && NowMs() < end) Progress(worker, 5);
   Progress(worker, 200);
   printf("STRANGER mode=%s hello=%s sent=%d refused=%d accepted=%d results=%d "
          "other=%d cut=%d status=%s\n",
