@@ -53,6 +53,8 @@ static void msgs_start_rndv(mep_bootstrap_t *bs) {
 /* Closes the connections the AM callback condemned (closing inside the
  * callback is not allowed); their queued messages go too. */
 static void peers_close_evicted(mep_bootstrap_t *bs) {
+  if (!bs->evict_pending) return;
+  bs->evict_pending = 0;
   for (mep_bs_peer_t *p = bs->peers; p != NULL; p = p->next) {
     if (!p->evict || p->ep == NULL) continue;
     for (mep_bs_msg_t **pp = &bs->msgs; *pp != NULL;) {
@@ -73,7 +75,9 @@ static void peers_close_evicted(mep_bootstrap_t *bs) {
 
 void mep_bs_progress(mep_bootstrap_t *bs, int *idle) {
   unsigned n = 0;
-  while (ucp_worker_progress(bs->worker) != 0) n++;
+  /* A condemned connection is closed before more is read from it: a flood
+   * would otherwise keep this loop (and UCX's reassembly buffers) busy. */
+  while (!bs->evict_pending && ucp_worker_progress(bs->worker) != 0) n++;
   msgs_start_rndv(bs);
   peers_close_evicted(bs);
   if (n != 0) {
@@ -463,6 +467,7 @@ void mep_bs_peer_evict(mep_bootstrap_t *bs, mep_bs_peer_t *peer,
   vsnprintf(peer->why, sizeof(peer->why), fmt, ap);
   va_end(ap);
   peer->evict = 1;
+  bs->evict_pending = 1;
   if (!peer->failed) {
     peer->failed = 1;
     peer->fail_status = UCS_ERR_REJECTED;

@@ -160,6 +160,7 @@ struct mep_bootstrap {
   mep_bs_msg_t *msgs;      /* received, not yet consumed */
   size_t queued_bytes;     /* payload + node bytes of msgs, all peers */
   size_t queue_cap;        /* bound on queued_bytes (mep_bs_queue_cap) */
+  int evict_pending;       /* a peer awaits its close (mep_bs_peer_evict) */
 
   ucp_conn_request_h *conn_reqs; /* rank 0: connection requests to accept */
   int num_conn_reqs;
