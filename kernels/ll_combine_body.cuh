@@ -66,8 +66,9 @@ static inline mep_kstatus_t mep_combine_check_recv_ptrs(const char *op,
   if (a->partials != 0 && a->partials != 1)
     return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT, "%s: partials is %d; it must be 0 or 1",
                              op, a->partials);
-  if (a->topk_idx == nullptr || (!a->partials && a->topk_weights == nullptr) ||
-      (a->num_tokens > 0 && a->out == nullptr))
+  /* No tokens: nothing reads them (an empty tensor may carry NULL data). */
+  if (a->num_tokens > 0 && (a->topk_idx == nullptr || a->out == nullptr ||
+                            (!a->partials && a->topk_weights == nullptr)))
     return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "%s: topk_idx, out and (without a dispatch that carried the "
                              "weights) topk_weights must not be NULL", op);

@@ -327,8 +327,11 @@ static inline int64_t mep_dispatch_send_units(const mep_ll_ctx_t *ctx,
 /* The pointer rules of each half (after mep_ll_dispatch_check). */
 static inline mep_kstatus_t mep_dispatch_check_send_ptrs(const char *op,
                                                            const mep_ll_dispatch_args_t *a) {
-  if ((a->num_tokens > 0 && a->x == nullptr) || a->topk_idx == nullptr)
-    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT, "%s: x or topk_idx is NULL", op);
+  /* A rank with no tokens is normal, and an empty tensor may carry NULL
+   * data (torch's data_ptr() of an empty tensor is 0): nothing reads them. */
+  if (a->num_tokens > 0 && (a->x == nullptr || a->topk_idx == nullptr))
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT, "%s: x or topk_idx is NULL with %d tokens",
+                             op, a->num_tokens);
   if (a->weighted != 0 && a->weighted != 1)
     return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT, "%s: weighted is %d; it must be 0 or 1",
                              op, a->weighted);

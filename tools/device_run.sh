@@ -96,13 +96,13 @@ prepare_layout() {
   grep -E "^\[  (PASSED|FAILED) |FAILED  \]|FAIL " "$OUT/prepare_layout.log" | head -6
   sanitize prepare_layout_memcheck memcheck 1 175 $B/prepare_layout_gpu_test
 }
-# A dispatch the launcher refuses leaves the older handle on its buffer set
-# combinable (public API, one rank, one GPU).
-refused_dispatch() {
-  timeout 65 $B/moe_ep_run -n 1 --timeout_s 60 -- $B/refused_dispatch_gpu_test \
-    > "$OUT/refused_dispatch.log" 2>&1
-  summary refused_dispatch_gpu_test $? "$(gtest_key "$OUT/refused_dispatch.log")"
-  grep -E "^\[  (PASSED|FAILED) |FAILED  \]|refused as expected" "$OUT/refused_dispatch.log" | head -4
+# A zero-token layer with NULL data dispatches and combines, and replaces
+# its set's layout (public API, one rank, one GPU).
+set_reuse() {
+  timeout 65 $B/moe_ep_run -n 1 --timeout_s 60 -- $B/set_reuse_gpu_test \
+    > "$OUT/set_reuse.log" 2>&1
+  summary set_reuse_gpu_test $? "$(gtest_key "$OUT/set_reuse.log")"
+  grep -E "^\[  (PASSED|FAILED) |FAILED  \]" "$OUT/set_reuse.log" | head -4
 }
 # ab: this bundle against each variant under .gpu_bundle/ab/<name>/ (a
 # libmoe_ep.so and ll_kernel_bench built from another tree) on 2 GPUs, taking
@@ -151,7 +151,7 @@ if [ "$MODE" = extra ]; then
 fi
 if [ "$MODE" = one ]; then
   prepare_layout
-  refused_dispatch
+  set_reuse
   MOE_EP_TEST_WORLD=1 timeout 90 $B/ll_gpu_test > "$OUT/ll_gpu_test_world1.log" 2>&1
   summary ll_gpu_test_world1 $? "$(gtest_key "$OUT/ll_gpu_test_world1.log")"
   grep -E "^\[  (PASSED|FAILED) |FAILED  \]" "$OUT/ll_gpu_test_world1.log" | head -12
@@ -202,7 +202,7 @@ MOE_EP_TEST_SMS=1 timeout 120 $B/ll_gpu_test \
   > "$OUT/ll_gpu_test_sms1.log" 2>&1
 summary ll_gpu_test_sms1 $? "$(gtest_key "$OUT/ll_gpu_test_sms1.log")"
 prepare_layout   # one GPU is enough; the API runs below check prepare too
-refused_dispatch
+set_reuse
 MOE_EP_TEST_WORLD=1 timeout 60 $B/ll_gpu_test > "$OUT/ll_gpu_test_world1.log" 2>&1
 summary ll_gpu_test_world1 $? "$(gtest_key "$OUT/ll_gpu_test_world1.log")"
 api ep2_lsa_fp8 2 50 --experts=256 --max_tokens=128 --dtype=fp8 --layers=7168:8,2048:1 --seeds=1

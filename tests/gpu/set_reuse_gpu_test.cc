@@ -1,11 +1,11 @@
-// refused_dispatch_gpu_test.cc: through the public API on the nccl backend
-// (one rank, one GPU, one buffer set): a dispatch that the runtime accepts
-// but the kernel launcher refuses must leave the handle dispatched before it
-// on the same buffer set combinable, with the oracle's values. The refused
-// input: a zero-token layer whose topk_idx and x tensors carry NULL data
-// (the runtime allows NULL data for empty tensors; the dispatch launcher
-// requires a topk_idx pointer). Should the launcher come to accept that
-// input, the test fails at the refusal and needs another refused input.
+// set_reuse_gpu_test.cc: through the public API on the nccl backend (one
+// rank, one GPU, one buffer set): a zero-token layer whose topk_idx and x
+// carry NULL data (an empty torch tensor's data_ptr() is 0) dispatches and
+// combines; its dispatch replaces the set's layout, so combining the older
+// handle A is refused with a sentence saying so, and the group stays usable:
+// A's inputs dispatched again combine to the oracle's values. (That a
+// dispatch the launcher refuses leaves the older layout in place is
+// tested on the CPU: tests/runtime/layout_book_test.cc.)
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -46,7 +46,7 @@ std::string config_text() {
   return y;
 }
 
-TEST(RefusedDispatch, OlderHandleOnTheSameSetStillCombines) {
+TEST(SetReuse, ZeroTokenNullDispatchReplacesTheLayout) {
   const moe_ep_plugin_v1_t *api = moe_ep_test::load_plugin(moe_ep_test::plugin_path(g_argv0));
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
   moe_ep_config_t *cfg = nullptr;
@@ -116,25 +116,22 @@ TEST(RefusedDispatch, OlderHandleOnTheSameSetStillCombines) {
     }
   }
 
-  // Handle B: zero tokens, NULL data. The runtime accepts it, the launcher
-  // refuses it, and the group stays usable.
+  // Handle B: zero tokens, NULL data, on the same (only) set.
   Tensor t_topk0(nullptr, DT::kI64, {0, kTopK}, kCuda), t_x0(nullptr, DT::kBf16, {0, kHidden}, kCuda);
+  Tensor t_w0(nullptr, DT::kF32, {0, kTopK}, kCuda), t_out0(nullptr, DT::kBf16, {0, kHidden}, kCuda);
   pp.topk_idx = t_topk0.get();
   pp.num_tokens = 0;
   moe_ep_handle_t *b = nullptr;
   ASSERT_EQ(api->prepare(g, &pp, &b), MOE_EP_OK) << "rank 0: " << api->last_error();
   dp.x = t_x0.get();
-  const moe_ep_status_t refused = api->dispatch(g, b, &dp, nullptr);
-  ASSERT_EQ(refused, MOE_EP_ERR_INVALID_ARGUMENT)
-      << "rank 0: the launcher no longer refuses this input (status " << api->status_string(refused)
-      << ": " << api->last_error() << "); pick another refused input";
-  std::printf("rank 0: refused as expected: %s\n", api->last_error());
-  EXPECT_EQ(api->group_poll_error(g), MOE_EP_OK) << "rank 0: " << api->last_error();
+  ASSERT_EQ(api->dispatch(g, b, &dp, nullptr), MOE_EP_OK) << "rank 0: " << api->last_error();
+  m_cnt.download();
+  for (int e = 0; e < kExperts; e++) EXPECT_EQ(count[e], 0) << "rank 0: expert " << e;
 
-  // Combine A on the same set: y from what A's dispatch delivered.
+  // y for A's slots, from the oracle's view of what A's dispatch delivered.
   std::vector<float> row(kHidden);
   for (int e = 0; e < kExperts; e++) {
-    for (int i = 0; i < count[e]; i++) {
+    for (int i = 0; i < want.recv_count[e]; i++) {
       oracle::ll_received_row(p, want, want.row(e, i), row.data());
       oracle::expert_fn_row(e, row.data(), kHidden, &y[want.full_row(e, i) * kHidden]);
     }
@@ -143,14 +140,32 @@ TEST(RefusedDispatch, OlderHandleOnTheSameSetStillCombines) {
   moe_ep_combine_params_t cp = moe_ep_combine_params_init();
   cp.hidden = kHidden;
   cp.y = t_y.get();
+  cp.topk_weights = t_w0.get();
+  cp.out = t_out0.get();
+  ASSERT_EQ(api->combine(g, b, &cp, nullptr), MOE_EP_OK) << "rank 0: " << api->last_error();
+
+  // A's layout was replaced by B's dispatch on the same set.
   cp.topk_weights = t_w.get();
   cp.out = t_out.get();
+  const moe_ep_status_t refused = api->combine(g, a, &cp, nullptr);
+  EXPECT_EQ(refused, MOE_EP_ERR_INVALID_ARGUMENT) << "rank 0: " << api->last_error();
+  EXPECT_NE(std::string(api->last_error()).find("overwritten"), std::string::npos)
+      << "rank 0: " << api->last_error();
+  EXPECT_EQ(api->group_poll_error(g), MOE_EP_OK) << "rank 0: " << api->last_error();
+
+  // The group is usable: A's inputs again, dispatched and combined.
+  api->handle_free(a);
+  a = nullptr;
+  pp.topk_idx = t_topk.get();
+  pp.num_tokens = T;
+  ASSERT_EQ(api->prepare(g, &pp, &a), MOE_EP_OK) << "rank 0: " << api->last_error();
+  dp.x = t_x.get();
+  ASSERT_EQ(api->dispatch(g, a, &dp, nullptr), MOE_EP_OK) << "rank 0: " << api->last_error();
   ASSERT_EQ(api->combine(g, a, &cp, nullptr), MOE_EP_OK) << "rank 0: " << api->last_error();
   m_out.download();
   const std::vector<uint16_t> want_out = oracle::ll_combine_expected(p, in);
-  // GPU kernels may order the f32 sum differently (compare.h's tolerance).
-  EXPECT_EQ(oracle::compare_bf16_close("out", out.data(), want_out.data(), want_out.size(),
-                                       kHidden), "")
+  EXPECT_EQ(oracle::compare_exact_u16("out", out.data(), want_out.data(), want_out.size(),
+                                      kHidden), "")
       << "rank 0 seed " << kSeed;
 
   api->handle_free(b);
