@@ -237,6 +237,10 @@ summary bench_adopt $? "$(bench_key "$OUT/bench_adopt.log")"
 grep -E "adopt|^fp8 .* 128 |^bf16 .* 128 " "$OUT/bench_adopt.log" | head -5
 api ep2_graph 2 40 --scenario=graph --experts=64 --max_tokens=32 --layers=2048:8 --seeds=100
 api ep2_routing 2 30 --scenario=routing --experts=64 --max_tokens=16 --layers=1024:4
+# Two-batch overlap: hooks run and handles freed on a second host thread
+# while the first dispatches and combines the other micro-batch.
+api ep2_threads 2 60 --scenario=threads --iterations=100 --experts=64 --max_tokens=32 \
+  --dtype=fp8 --layers=2048:8 --dispatch_weights=mixed
 MOE_EP_DOUBLE_BUFFER=false api ep2_single_set 2 30 --experts=64 --max_tokens=32 \
   --layers=2048:8 --seeds=1 --hooks=0
 api ep2_skip_timeout 2 20 --scenario=skip --experts=8 --max_tokens=8 --layers=128:2 --kernel_ms=2000
