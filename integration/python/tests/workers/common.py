@@ -47,6 +47,26 @@ def same(what, seed, got, want):
     return True
 
 
+def within_ulp(what, seed, got, want, ulps):
+    """bf16 bit patterns equal up to `ulps` units in the last place."""
+    def ordinal(b):
+        b = np.asarray(b, dtype=np.int32)
+        return np.where(b & 0x8000, -(b & 0x7FFF), b)
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape:
+        fail(what, seed, "shape got %s want %s" % (got.shape, want.shape))
+        return False
+    bad = np.nonzero(np.abs(ordinal(got) - ordinal(want)).reshape(-1) > ulps)[0]
+    if len(bad):
+        i = bad[0]
+        fail(what, seed, "%d of %d differ by more than %d ulp; first at flat index %d (%s): "
+             "got 0x%04x want 0x%04x" % (len(bad), got.size, ulps, i,
+                                         np.unravel_index(i, got.shape), got.reshape(-1)[i],
+                                         want.reshape(-1)[i]))
+        return False
+    return True
+
+
 def bits(t):
     """numpy bit patterns of a torch tensor (bf16 -> uint16, fp8 -> uint8)."""
     t = t.contiguous().cpu()
