@@ -1,8 +1,8 @@
 #!/bin/bash
 # setup.sh: installs the Debian packages moe-ep builds with, when missing.
-# The Python front end's tests use Debian's python3 with torch (CPU),
-# pytest and numpy. Idempotent and quiet; needs root (or sudo). CUDA 13 + NCCL come with the
-# machine image under /usr/local/cuda (see README.md).
+# The Python front end's tests use Debian's python3 with torch (CPU), pytest
+# and numpy. Idempotent and quiet; needs root (or sudo). CUDA 13 + NCCL come
+# with the machine image under /usr/local/cuda (see README.md).
 set -euo pipefail
 PACKAGES=(bazel-bootstrap bazel-platforms libucx-dev ucx-utils libabsl-dev
           libgtest-dev libgmock-dev libyaml-dev libdlpack-dev clang
