@@ -4,7 +4,9 @@
 Each call's wall time is split into the time inside the library's entry
 (measured around the ctypes call by a thin timing wrapper) and the rest:
 argument checks, descriptor binding, output allocation and result objects,
-i.e. what the package adds on top of a C engine's call. Runs one rank by
+i.e. what the package adds on top of a C engine's call. The "stub" rows
+repeat the calls with the library's dispatch and combine replaced by a stub
+that returns OK: the package's cost alone, with warm caches. Runs one rank by
 default (MOE_EP_RANK=0, MOE_EP_WORLD_SIZE=1); under tools/launcher/moe_ep_run
 it runs on every rank and rank 0 prints. Host backend on CPU; `--backend
 nccl` on a GPU (CUDA tensors, the current stream).
@@ -37,6 +39,23 @@ class TimedEntry:
         st = self.fn(*args)
         self.spent.append(time.perf_counter_ns() - t0)
         return st
+
+
+class StubLibrary:
+    """dispatch and combine return OK at once: what remains is the
+    package's own work (binding, checks, results) plus the ctypes call."""
+
+    def __init__(self, lib):
+        self._lib = lib
+
+    def dispatch(self, *args):
+        return 0
+
+    def combine(self, *args):
+        return 0
+
+    def __getattr__(self, name):
+        return getattr(self._lib, name)
 
 
 class TimedLibrary:
@@ -104,6 +123,21 @@ def main():
             t0 = time.perf_counter_ns()
             g._lib._lib.group_poll_error(g.pointer)
             poll.append(time.perf_counter_ns() - t0)
+        # The package alone, the library's entries stubbed (one handle,
+        # outputs passed in, as in a decode step replayed at a fixed shape).
+        g._lib = g._ops().lib = StubLibrary(timed._lib)
+        h = g.prepare(idx)
+        stub = {"dispatch": [], "combine": []}
+        for i in range(a.iters):
+            t0 = time.perf_counter_ns()
+            g.dispatch(h, x, out=recv)
+            t1 = time.perf_counter_ns()
+            g.combine(h, recv.recv_x, topk_weights=w, out=out)
+            t2 = time.perf_counter_ns()
+            stub["dispatch"].append(t1 - t0)
+            stub["combine"].append(t2 - t1)
+        g._lib = g._ops().lib = timed._lib
+        h.free()
         if g.rank != 0:
             return
         print("moe_ep Python overhead: backend %s, world %d, %d tokens, hidden %d, %d experts, "
@@ -118,6 +152,10 @@ def main():
             p50, p90 = quantiles(py)
             print("%-14s %10.2f %10.2f %12.2f %12.2f %13.2f" % (
                 name, tot[0], lib[0], p50, p90, statistics.mean(py) / 1000.0))
+        for name, ns in stub.items():
+            p50, p90 = quantiles(ns)
+            print("%-14s %10s %10s %12.2f %12.2f %13.2f" % (
+                name + " stub", "-", "-", p50, p90, statistics.mean(ns) / 1000.0))
         print("ctypes call floor (group_poll_error): p50 %.2f us" % quantiles(poll)[0])
 
 
