@@ -6,31 +6,19 @@ import ctypes
 import torch
 
 from . import _abi
-from ._ll import hidden_of
+from ._calls import Calls, hidden_of
 from ._results import DispatchResult
 from ._torch import TensorSlot
 from .handle import Hook
 
 
-class HighThroughputCalls:
+class HighThroughputCalls(Calls):
     def __init__(self, group):
-        self.group = group
-        self.lib = group._lib
+        super().__init__(group)
         self.capacity = group.world_size * group.config.max_tokens_per_rank
-        self.local = group.num_local_experts
-        self.device = group.device
-        self.dp = _abi.init(_abi.DispatchParams)
-        self.dp_ptr = ctypes.pointer(self.dp)
-        self.cp = _abi.init(_abi.CombineParams)
-        self.cp_ptr = ctypes.pointer(self.cp)
-        self.x = TensorSlot("x")
-        self.w = TensorSlot("topk_weights")
         self.recv_x = TensorSlot("recv_x")
         self.recv_idx = TensorSlot("recv_topk_idx")
         self.recv_w = TensorSlot("recv_topk_weights")
-        self.recv_count = TensorSlot("recv_count")
-        self.y = TensorSlot("y")
-        self.out = TensorSlot("out")
 
     def dispatch(self, handle, x, topk_weights, out, defer, round_scale, recv_capacity):
         if round_scale:
@@ -53,17 +41,14 @@ class HighThroughputCalls:
         p.flags = _abi.FLAG_DEFER_RECV if defer else 0
         p.hidden = hidden
         p.x = self.x.bind(x)
-        p.topk_weights = self.w.bind(topk_weights) if topk_weights is not None else None
+        p.topk_weights = self.dw.bind(topk_weights) if topk_weights is not None else None
         p.recv_x = self.recv_x.bind(rx)
         p.recv_topk_idx = self.recv_idx.bind(ri)
         p.recv_topk_weights = self.recv_w.bind(rw)
         p.recv_count = self.recv_count.bind(rc)
         p.num_recv_tokens = ctypes.pointer(n)
         p.stream = self.group._stream()
-        hook = ctypes.c_void_p()
-        st = self.lib.dispatch(self.group.pointer, handle.pointer, self.dp_ptr, ctypes.byref(hook))
-        if st != 0:
-            raise self.lib.error(st, "dispatch")
+        hook = self.call_dispatch(handle)
         handle.recv_count = rc
         handle.dispatch_weights = topk_weights
         handle.hidden = hidden
@@ -75,7 +60,7 @@ class HighThroughputCalls:
             res.recv_x, res.recv_topk_idx, res.recv_topk_weights = rx[:rows], ri[:rows], rw[:rows]
 
         if defer:
-            return Hook(self.group, hook.value, res, finish=finish, keep=(x, topk_weights, n))
+            return Hook(self.group, hook, res, finish=finish, keep=(x, topk_weights, n))
         finish()
         return res
 
@@ -83,20 +68,4 @@ class HighThroughputCalls:
         if topk_weights is not None:
             raise ValueError("combine: topk_weights must be None in high_throughput mode: the "
                              "partials y are already weighted and are summed over ranks")
-        hidden = hidden_of(y, "y")
-        if out is None:
-            out = torch.empty((handle.num_tokens, hidden), dtype=torch.bfloat16, device=self.device)
-        p = self.cp
-        p.flags = _abi.FLAG_DEFER_RECV if defer else 0
-        p.hidden = hidden
-        p.y = self.y.bind(y)
-        p.topk_weights = None
-        p.out = self.out.bind(out)
-        p.stream = self.group._stream()
-        hook = ctypes.c_void_p()
-        st = self.lib.combine(self.group.pointer, handle.pointer, self.cp_ptr, ctypes.byref(hook))
-        if st != 0:
-            raise self.lib.error(st, "combine")
-        if defer:
-            return Hook(self.group, hook.value, out, keep=(y,))
-        return out
+        return super().combine(handle, y, None, out, defer)

@@ -1,44 +1,23 @@
-"""Low-latency dispatch and combine: the parameter structs are built once
-per thread and group, and a call only re-points their tensors."""
-import ctypes
-
+"""Low-latency dispatch: outputs [E_local, R*max_tokens, H] (bf16, or fp8
+with scales), filled in place; combine is the shared one."""
 import torch
 
 from . import _abi
+from ._calls import Calls, hidden_of
 from ._results import DispatchResult
 from ._torch import FP8_STORAGE, TensorSlot
 from .handle import Hook
 
 
-def hidden_of(t, name):
-    """H of an [.., H] tensor; the library checks the rest of the shape."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError("%s must be a torch.Tensor, got %s" % (name, type(t).__name__))
-    return int(t.shape[-1]) if t.dim() else 0
-
-
-class LowLatencyCalls:
+class LowLatencyCalls(Calls):
     def __init__(self, group):
-        self.group = group
-        self.lib = group._lib
+        super().__init__(group)
         cfg = group.config
         self.fp8 = cfg.fp8
         self.packed = cfg.fp8_scale == "ue8m0_packed"
         self.slots = group.world_size * cfg.max_tokens_per_rank
-        self.local = group.num_local_experts
-        self.device = group.device
-        self.dp = _abi.init(_abi.DispatchParams)
-        self.dp_ptr = ctypes.pointer(self.dp)
-        self.cp = _abi.init(_abi.CombineParams)
-        self.cp_ptr = ctypes.pointer(self.cp)
-        self.x = TensorSlot("x")
         self.recv_x = TensorSlot("recv_x", as_fp8=True)
         self.recv_scales = TensorSlot("recv_scales")
-        self.recv_count = TensorSlot("recv_count")
-        self.dw = TensorSlot("topk_weights")
-        self.y = TensorSlot("y")
-        self.cw = TensorSlot("topk_weights")
-        self.out = TensorSlot("out")
 
     def new_dispatch_outputs(self, hidden):
         dev = self.device
@@ -72,33 +51,11 @@ class LowLatencyCalls:
         p.recv_count = self.recv_count.bind(res.recv_count)
         p.topk_weights = self.dw.bind(topk_weights) if topk_weights is not None else None
         p.stream = self.group._stream()
-        hook = ctypes.c_void_p()
-        st = self.lib.dispatch(self.group.pointer, handle.pointer, self.dp_ptr, ctypes.byref(hook))
-        if st != 0:
-            raise self.lib.error(st, "dispatch")
+        hook = self.call_dispatch(handle)
         # The library reads these until combine completes.
         handle.recv_count = res.recv_count
         handle.dispatch_weights = topk_weights
         handle.hidden = hidden
         if defer:
-            return Hook(self.group, hook.value, res)
+            return Hook(self.group, hook, res)
         return res
-
-    def combine(self, handle, y, topk_weights, out, defer):
-        hidden = hidden_of(y, "y")
-        if out is None:
-            out = torch.empty((handle.num_tokens, hidden), dtype=torch.bfloat16, device=self.device)
-        p = self.cp
-        p.flags = _abi.FLAG_DEFER_RECV if defer else 0
-        p.hidden = hidden
-        p.y = self.y.bind(y)
-        p.topk_weights = self.cw.bind(topk_weights) if topk_weights is not None else None
-        p.out = self.out.bind(out)
-        p.stream = self.group._stream()
-        hook = ctypes.c_void_p()
-        st = self.lib.combine(self.group.pointer, handle.pointer, self.cp_ptr, ctypes.byref(hook))
-        if st != 0:
-            raise self.lib.error(st, "combine")
-        if defer:
-            return Hook(self.group, hook.value, out, keep=(y, topk_weights))
-        return out
