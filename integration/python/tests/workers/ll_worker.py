@@ -163,6 +163,10 @@ def bad_input(g):
     h.free()
     expect_raises("freed handle", moe_ep.InvalidArgumentError, "handle was freed",
                   lambda: g.dispatch(h, torch.zeros((1, P.hidden), dtype=torch.bfloat16)))
+    expect_raises("num_sms", moe_ep.InvalidArgumentError, "num_sms=-1",
+                  lambda: g.set_num_sms(-1))
+    if g.max_sms_used() != 0 or g.poll_error() is not None:
+        fail("sms / poll_error", "-", "host backend: want 0 SMs and no recorded error")
     expect_raises("config", moe_ep.ConfigError, "dispatch_dtype",
                   lambda: moe_ep.Config({"dispatch_dtype": "fp16"}))
 
@@ -182,6 +186,8 @@ def main():
         if FULL:
             bad_input(g)
             roundtrip(g, 41)  # still usable after the errors
+    expect_raises("closed group", moe_ep.InvalidArgumentError, "this Group is closed",
+                  lambda: g.prepare(torch.zeros((1, P.top_k), dtype=torch.int64)))
     if FULL:
         for port, (scale, pow2, packed, flag) in enumerate(
                 [("f32", False, False, False), ("f32", True, False, True),
