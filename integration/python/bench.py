@@ -8,8 +8,9 @@ i.e. what the package adds on top of a C engine's call. The "stub" rows
 repeat the calls with the library's dispatch and combine replaced by a stub
 that returns OK: the package's cost alone, with warm caches. Runs one rank by
 default (MOE_EP_RANK=0, MOE_EP_WORLD_SIZE=1); under tools/launcher/moe_ep_run
-it runs on every rank and rank 0 prints. Host backend on CPU; `--backend
-nccl` on a GPU (CUDA tensors, the current stream).
+it runs on every rank and rank 0 prints. `--backend auto` (default) runs
+the nccl backend where a GPU is visible (CUDA tensors, the current stream)
+and the host backend elsewhere.
 
   /usr/bin/python3 integration/python/bench.py [--tokens 128] [--iters 2000]
 """
@@ -84,7 +85,7 @@ def main():
     ap.add_argument("--experts", type=int, default=16, help="global experts")
     ap.add_argument("--top-k", type=int, default=8)
     ap.add_argument("--iters", type=int, default=2000)
-    ap.add_argument("--backend", default="host")
+    ap.add_argument("--backend", default="auto", help="auto: nccl where a GPU is visible")
     ap.add_argument("--address", default="127.0.0.1:29650", help="bootstrap host:port")
     a = ap.parse_args()
 
