@@ -19,7 +19,8 @@ def test_alias_is_found_the_way_vllm_looks():
             "assert spec is not None, 'find_spec found nothing'; "
             "import deep_ep, moe_ep.deep_ep; "
             "assert deep_ep.Buffer is moe_ep.deep_ep.Buffer; "
-            "assert deep_ep.EventOverlap is moe_ep.deep_ep.EventOverlap; print('ok')")
+            "assert deep_ep.EventOverlap is moe_ep.deep_ep.EventOverlap; "
+            "from deep_ep.utils import EventHandle, EventOverlap; print('ok')")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ALIAS, PY_ROOT]))
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=120)

@@ -1,6 +1,6 @@
-"""EventOverlap: DeepEP's wrapper of a CUDA event. moe-ep runs every
+"""EventHandle and EventOverlap as DeepEP defines them. moe-ep runs every
 operation on the caller's current stream, so an event is only recorded
-where a caller asks for one (async_finish, capture) and only on GPUs."""
+where a caller asks for one (async_finish, capture), and only on GPUs."""
 import torch
 
 
@@ -8,17 +8,28 @@ def _cuda_live():
     return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
+class EventHandle:
+    """An event recorded on the current stream when made (no CUDA event in
+    a process that has not initialised CUDA: nothing there to wait for)."""
+
+    def __init__(self):
+        self.event = None
+        if _cuda_live():
+            self.event = torch.cuda.Event()
+            self.event.record(torch.cuda.current_stream())
+
+    def current_stream_wait(self):
+        if self.event is not None:
+            torch.cuda.current_stream().wait_event(self.event)
+
+
 def record_event(on_cuda):
-    """A torch.cuda.Event recorded on the current stream (None on CPU)."""
-    if not on_cuda:
-        return None
-    ev = torch.cuda.Event()
-    ev.record(torch.cuda.current_stream())
-    return ev
+    """An EventHandle on the current stream, or None off GPUs."""
+    return EventHandle() if on_cuda else None
 
 
 class EventOverlap:
-    """event: a torch.cuda.Event or None. current_stream_wait() makes the
+    """event: an EventHandle or None. current_stream_wait() makes the
     current stream wait for it; as a context manager it waits on exit."""
 
     def __init__(self, event=None, extra_tensors=None):
@@ -27,7 +38,7 @@ class EventOverlap:
 
     def current_stream_wait(self):
         if self.event is not None:
-            torch.cuda.current_stream().wait_event(self.event)
+            self.event.current_stream_wait()
 
     def __enter__(self):
         return self
@@ -38,7 +49,7 @@ class EventOverlap:
 
 def capture():
     """An EventOverlap on the current stream (Buffer.capture)."""
-    return EventOverlap(record_event(_cuda_live()))
+    return EventOverlap(EventHandle())
 
 
 def wait_previous(previous_event):
