@@ -1,6 +1,5 @@
 """Handles (one routing layout per layer call) and hooks (a deferred
 receive). Both own a library object and free it exactly once."""
-import ctypes
 import threading
 
 from .errors import InvalidArgumentError
@@ -99,8 +98,3 @@ class Hook:
                 self._group._lib.hook_free(ptr)
             except Exception:
                 pass
-
-
-def new_out_pointer():
-    """An output slot for a returned object pointer."""
-    return ctypes.c_void_p()
