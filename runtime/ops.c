@@ -133,7 +133,7 @@ static moe_ep_status_t check_ll_dispatch_outputs(moe_ep_group_t *g,
   MEP_CHECK(mep_tensor_check(p->recv_count, &rc, &data, &dt));
   op->recv_count = data;
   if (fp8) {
-    int packed = g->cfg.fp8_scale == MOE_EP_FP8_SCALE_UE8M0_PACKED;
+    int packed = op->scale_format == MOE_EP_FP8_SCALE_UE8M0_PACKED;
     mep_tensor_rule_t rs = {"dispatch", "params->recv_scales", dev,
                             packed ? MEP_BIT(MEP_DT_I32) : MEP_BIT(MEP_DT_F32), 3,
                             {el, slots, mep_scale_cols(p->hidden, packed)}, 0};
@@ -183,6 +183,45 @@ static moe_ep_status_t check_ht_dispatch_outputs(moe_ep_group_t *g,
   return MOE_EP_OK;
 }
 
+/* This call's row format (params->format, or the group's): fp8 or bf16 rows
+ * and the scale format. A bf16 call needs a group whose buffers hold bf16
+ * rows (dispatch_dtype: bf16); fp8 rows fit either. */
+static moe_ep_status_t resolve_format(const moe_ep_group_t *g, const moe_ep_dispatch_params_t *p,
+                                      int *fp8, int *scale_format) {
+  int32_t f = MEP_HAS_FIELD(p, format) ? p->format : MOE_EP_FORMAT_GROUP;
+  *fp8 = mep_config_fp8_dispatch(&g->cfg);
+  *scale_format = g->cfg.fp8_scale;
+  switch (f) {
+    case MOE_EP_FORMAT_GROUP: return MOE_EP_OK;
+    case MOE_EP_FORMAT_BF16: *fp8 = 0; break;
+    case MOE_EP_FORMAT_FP8_F32: *fp8 = 1; *scale_format = MOE_EP_FP8_SCALE_F32; break;
+    case MOE_EP_FORMAT_FP8_UE8M0: *fp8 = 1; *scale_format = MOE_EP_FP8_SCALE_UE8M0; break;
+    case MOE_EP_FORMAT_FP8_UE8M0_PACKED:
+      *fp8 = 1;
+      *scale_format = MOE_EP_FP8_SCALE_UE8M0_PACKED;
+      break;
+    default:
+      return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                       "dispatch: params->format=%d is not a moe_ep_dispatch_format_t value "
+                       "(0..%d)",
+                       f, MOE_EP_FORMAT_FP8_UE8M0_PACKED);
+  }
+  if (!is_ll(g) && *fp8) {
+    return mep_error(MOE_EP_ERR_UNSUPPORTED,
+                     "dispatch: params->format=%d asks for fp8 rows, but high-throughput "
+                     "dispatch sends bf16 rows (format 0 or %d)",
+                     f, MOE_EP_FORMAT_BF16);
+  }
+  if (!*fp8 && mep_config_fp8_dispatch(&g->cfg)) {
+    return mep_error(MOE_EP_ERR_UNSUPPORTED,
+                     "dispatch: params->format=%d asks for bf16 rows, but this group's "
+                     "buffers hold fp8 rows (dispatch_dtype: fp8_e4m3); configure "
+                     "dispatch_dtype: bf16 to choose the format per call",
+                     f);
+  }
+  return MOE_EP_OK;
+}
+
 static moe_ep_status_t dispatch_locked(moe_ep_group_t *g, moe_ep_handle_t *h,
                                        const moe_ep_dispatch_params_t *p,
                                        moe_ep_hook_t **hook) {
@@ -195,7 +234,8 @@ static moe_ep_status_t dispatch_locked(moe_ep_group_t *g, moe_ep_handle_t *h,
                      "the v1 minimum for this mode",
                      p ? p->struct_size : (size_t)0);
   }
-  int fp8 = mep_config_fp8_dispatch(&g->cfg);
+  int fp8, scale_format;
+  MEP_CHECK(resolve_format(g, p, &fp8, &scale_format));
   MEP_CHECK(check_flags_hidden(g, "dispatch", p->flags, p->hidden, hook, fp8));
   if (h->dispatched) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
@@ -204,7 +244,8 @@ static moe_ep_status_t dispatch_locked(moe_ep_group_t *g, moe_ep_handle_t *h,
                      (void *)h);
   }
   mep_op_t op = {.kind = MEP_OP_DISPATCH, .mode = g->cfg.mode, .flags = p->flags,
-                 .hidden = p->hidden, .handle = h, .stream = p->stream};
+                 .hidden = p->hidden, .handle = h, .stream = p->stream,
+                 .fp8 = fp8, .scale_format = scale_format};
   void *data;
   int dt;
   mep_tensor_rule_t rx = {"dispatch", "params->x", mep_group_device(g),

@@ -237,6 +237,11 @@ summary bench_adopt $? "$(bench_key "$OUT/bench_adopt.log")"
 grep -E "adopt|^fp8 .* 128 |^bf16 .* 128 " "$OUT/bench_adopt.log" | head -5
 api ep2_graph 2 40 --scenario=graph --experts=64 --max_tokens=32 --layers=2048:8 --seeds=100
 api ep2_routing 2 30 --scenario=routing --experts=64 --max_tokens=16 --layers=1024:4
+# A bf16 group whose dispatches name their own fp8 format (params->format).
+api ep2_per_call_fp8 2 40 --per_call_format=1 --experts=64 --max_tokens=32 --dtype=fp8 \
+  --scale=ue8m0_packed --layers=7168:8,2048:2 --seeds=1 --dispatch_weights=1
+api ep2_ginemu_per_call_fp8 2 40 --transport=gin_emulated --per_call_format=1 --experts=64 \
+  --max_tokens=32 --dtype=fp8 --layers=4096:8 --seeds=1
 # Two-batch overlap: hooks run and handles freed on a second host thread
 # while the first dispatches and combines the other micro-batch.
 api ep2_threads 2 60 --scenario=threads --iterations=100 --experts=64 --max_tokens=32 \

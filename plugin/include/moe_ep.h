@@ -19,7 +19,7 @@ extern "C" {
 
 #define MOE_EP_ABI_VERSION 1u
 #define MOE_EP_VERSION_MAJOR 0
-#define MOE_EP_VERSION_MINOR 1
+#define MOE_EP_VERSION_MINOR 2
 #define MOE_EP_VERSION_PATCH 0
 
 /* ---- status ------------------------------------------------------------ */
@@ -134,6 +134,19 @@ typedef enum moe_ep_log_level {
   MOE_EP_LOG_TRACE = 5
 } moe_ep_log_level_t;
 
+/* A dispatch's row format, chosen per call (moe_ep_dispatch_params_t.format,
+ * as DeepEP's use_fp8 / use_ue8m0 are). A group's buffers hold rows of its
+ * configured dispatch_dtype: fp8 rows fit a bf16 group's buffers, so a group
+ * configured bf16 takes every format; a group configured fp8 takes the fp8
+ * formats only. */
+typedef enum moe_ep_dispatch_format {
+  MOE_EP_FORMAT_GROUP = 0,          /* the group's dispatch_dtype and fp8_scale */
+  MOE_EP_FORMAT_BF16 = 1,
+  MOE_EP_FORMAT_FP8_F32 = 2,        /* fp8 e4m3, one f32 scale per 128 channels */
+  MOE_EP_FORMAT_FP8_UE8M0 = 3,      /* power-of-two scales in f32 storage */
+  MOE_EP_FORMAT_FP8_UE8M0_PACKED = 4 /* power-of-two, 4 exponents per int32 */
+} moe_ep_dispatch_format_t;
+
 #define MOE_EP_ADDRESS_MAX 256
 #define MOE_EP_ENV_NAME_MAX 64
 
@@ -238,6 +251,11 @@ typedef struct moe_ep_dispatch_params {
   moe_ep_tensor_t *recv_topk_idx;      /* [N_recv, K] int32 local id or -1 */
   moe_ep_tensor_t *recv_topk_weights;  /* [N_recv, K] f32 */
   int64_t *num_recv_tokens;            /* host out: N_recv (HT) */
+  /* Appended in 0.2 (absent in an older engine's struct = the group's
+   * format): moe_ep_dispatch_format_t of this call's rows; recv_x and
+   * recv_scales follow it. LL only (HT takes MOE_EP_FORMAT_GROUP or BF16). */
+  int32_t format;
+  int32_t reserved0;
 } moe_ep_dispatch_params_t;
 
 typedef struct moe_ep_combine_params {

@@ -125,10 +125,10 @@ static moe_ep_status_t host_prepare(moe_ep_group_t *g, mep_handle_state_t *h) {
 
 static void row_layout_for(const moe_ep_group_t *g, const mep_op_t *op,
                            mep_row_layout_t *rl) {
-  int fp8 = mep_config_fp8_dispatch(&g->cfg);
-  int pow2 = g->cfg.fp8_scale != MOE_EP_FP8_SCALE_F32 ||
+  (void)g;
+  int pow2 = op->scale_format != MOE_EP_FP8_SCALE_F32 ||
              (op->flags & MOE_EP_FLAG_ROUND_SCALE);
-  mep_row_layout_init(rl, op->hidden, op->handle->top_k, fp8, pow2);
+  mep_row_layout_init(rl, op->hidden, op->handle->top_k, op->fp8, pow2);
 }
 
 static moe_ep_status_t dispatch_send(moe_ep_group_t *g, mep_op_t *op) {
@@ -273,7 +273,7 @@ static moe_ep_status_t dispatch_recv_ll(moe_ep_group_t *g, mep_op_t *op,
   tab->expert_start[0] = 0;
   for (int e = 0; e < E_l; e++) tab->expert_start[e + 1] = tab->expert_start[e] + op->recv_count[e];
   size_t x_row = rl->fp8 ? (size_t)op->hidden : (size_t)op->hidden * 2u;
-  int packed = g->cfg.fp8_scale == MOE_EP_FP8_SCALE_UE8M0_PACKED;
+  int packed = op->scale_format == MOE_EP_FP8_SCALE_UE8M0_PACKED;
   size_t s_row = (size_t)mep_scale_cols(op->hidden, packed) * 4u;
   int32_t *cursor = calloc((size_t)E_l, sizeof(int32_t));
   if (cursor == NULL) {

@@ -68,6 +68,10 @@ const Case kCases[] = {
     {"config_mismatch_r2", 2, {"--scenario=mismatch", "--max_tokens=16"}},
     {"config_mismatch_r8", 8, {"--scenario=mismatch", "--max_tokens=16"}},
     {"bad_input_r4_bf16", 4, {"--scenario=badinput", "--experts=8", "--max_tokens=16", "--layers=128:2"}},
+    // A bf16 group whose every dispatch names its own fp8 format
+    // (params->format, as DeepEP's per-call use_fp8 / use_ue8m0).
+    {"ll_r2_per_call_fp8_ue8m0", 2, {"--per_call_format=1", "--experts=8", "--max_tokens=16", "--dtype=fp8", "--scale=ue8m0", "--seeds=1", "--layers=512:4,128:2"}},
+    {"ll_r4_per_call_fp8_packed", 4, {"--per_call_format=1", "--experts=16", "--max_tokens=8", "--dtype=fp8", "--scale=ue8m0_packed", "--seeds=1", "--layers=640:3", "--dispatch_weights=mixed"}},
     // Two-batch overlap with hooks run and handles freed on a second thread,
     // 200 rounds (also the ThreadSanitizer pass's workload).
     {"threads_overlap_r2", 2, {"--scenario=threads", "--iterations=200", "--experts=8", "--max_tokens=8", "--layers=256:2"}},

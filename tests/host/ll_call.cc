@@ -22,6 +22,15 @@ void trace(const Ctx& c, const char* step, uint64_t seed) {
 }
 bool fp8(const Problem& p) { return p.dispatch_dtype == DispatchDtype::kFp8; }
 bool packed(const Problem& p) { return p.scale_format == ScaleFormat::kUe8m0Packed; }
+// The problem's row format as a per-call moe_ep_dispatch_format_t.
+int32_t call_format(const Problem& p) {
+  if (!fp8(p)) return MOE_EP_FORMAT_BF16;
+  switch (p.scale_format) {
+    case ScaleFormat::kUe8m0: return MOE_EP_FORMAT_FP8_UE8M0;
+    case ScaleFormat::kUe8m0Packed: return MOE_EP_FORMAT_FP8_UE8M0_PACKED;
+    default: return MOE_EP_FORMAT_FP8_F32;
+  }
+}
 int dev(const Ctx& c) { return c.opt.backend == "nccl" ? MOE_EP_DEVICE_CUDA : MOE_EP_DEVICE_CPU; }
 
 // `full` as an engine built against an older header passes it: its first
@@ -249,6 +258,7 @@ moe_ep_status_t LlCall::dispatch(uint32_t flags, moe_ep_hook_t** hook) {
   dp.recv_count = t_count_.get();
   dp.stream = stream_;
   if (weights_at_dispatch_) dp.topk_weights = t_w_.get();
+  if (c_.opt.per_call_format) dp.format = call_format(p_);
   moe_ep_dispatch_params_t sent = truncated(dp, dispatch_size_);
   return c_.api->dispatch(c_.group, h_, &sent, hook);
 }

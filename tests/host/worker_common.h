@@ -33,6 +33,9 @@ struct Options {
   // for the sources that sent weights.
   std::string dispatch_weights = "0";
   int iterations = 200;  // scenario "threads": overlap rounds
+  // LL: the group is configured bf16 and every dispatch names its own
+  // format (dtype / scale above) in params->format.
+  bool per_call_format = false;
   // fp8 LL: dispatch with MOE_EP_FLAG_ROUND_SCALE (power-of-two scales
   // even with fp8_scale f32).
   bool round_scale = false;

@@ -82,8 +82,8 @@ std::string config_yaml(const Options& o) {
     << "  hidden: " << hidden << "\n"
     << "  top_k: " << top_k << "\n"
     << "  max_tokens_per_rank: " << o.max_tokens << "\n"
-    << "  dispatch_dtype: " << (o.dtype == "fp8" ? "fp8_e4m3" : "bf16") << "\n"
-    << "  fp8_scale: " << o.scale << "\n"
+    << "  dispatch_dtype: " << (o.dtype == "fp8" && !o.per_call_format ? "fp8_e4m3" : "bf16") << "\n"
+    << "  fp8_scale: " << (o.per_call_format ? "f32" : o.scale) << "\n"
     << "  transport: " << o.transport << "\n"
     << "  log_level: " << o.log_level << "\n"
     << "  timeouts:\n    kernel_ms: " << o.kernel_ms << "\n"
@@ -111,6 +111,7 @@ static bool parse(int argc, char** argv, Options* o) {
     else if (k == "transport") o->transport = v;
     else if (k == "dispatch_weights") o->dispatch_weights = v;
     else if (k == "iterations") o->iterations = std::atoi(v.c_str());
+    else if (k == "per_call_format") o->per_call_format = v == "1";
     else if (k == "round_scale") o->round_scale = v == "1";
     else if (k == "non_finite") o->non_finite = v == "1";
     else if (k == "log_level") o->log_level = v;

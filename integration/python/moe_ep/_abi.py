@@ -136,6 +136,8 @@ class DispatchParams(Structure):
         ("recv_topk_idx", POINTER(Tensor)),
         ("recv_topk_weights", POINTER(Tensor)),
         ("num_recv_tokens", POINTER(c_int64)),
+        ("format", c_int32),  # moe_ep_dispatch_format_t, appended in 0.2
+        ("reserved0", c_int32),
     ]
 
 
