@@ -302,9 +302,7 @@ static int32_t sms_used(const moe_ep_group_t *g) {
   return g->num_sms > 0 ? g->num_sms : g->max_sms;
 }
 
-moe_ep_status_t mep_group_info(const moe_ep_group_t *g,
-                               moe_ep_group_info_t *info) {
-  MEP_CHECK(mep_group_check(g, "group_info"));
+static moe_ep_status_t group_info_locked(const moe_ep_group_t *g, moe_ep_group_info_t *info) {
   if (info == NULL || !MEP_HAS_FIELD(info, config_hash)) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "group_info: info is NULL or info->struct_size is below "
@@ -315,9 +313,7 @@ moe_ep_status_t mep_group_info(const moe_ep_group_t *g,
   info->num_local_experts = g->num_local_experts;
   info->backend = g->cfg.backend;
   info->mode = g->cfg.mode;
-  pthread_mutex_lock((pthread_mutex_t *)&g->lock);
   info->num_sms = sms_used(g);
-  pthread_mutex_unlock((pthread_mutex_t *)&g->lock);
   info->bytes_allocated = g->bytes_allocated;
   info->config_hash = g->config_hash;
   if (MEP_HAS_FIELD(info, peer_transports_len) && info->peer_transports != NULL) {
@@ -332,6 +328,11 @@ moe_ep_status_t mep_group_info(const moe_ep_group_t *g,
     }
   }
   return MOE_EP_OK;
+}
+
+moe_ep_status_t mep_group_info(const moe_ep_group_t *cg, moe_ep_group_info_t *info) {
+  moe_ep_group_t *g = (moe_ep_group_t *)cg;
+  MEP_LOCKED_ENTRY(g, "group_info", group_info_locked(g, info));
 }
 
 moe_ep_status_t mep_group_break(moe_ep_group_t *g, moe_ep_status_t st) {
@@ -357,30 +358,34 @@ moe_ep_status_t mep_group_poll_error(moe_ep_group_t *g) {
   return st;
 }
 
-moe_ep_status_t mep_group_set_num_sms(moe_ep_group_t *g, int32_t num_sms) {
-  MEP_CHECK(mep_group_check(g, "set_num_sms"));
+static moe_ep_status_t set_num_sms_locked(moe_ep_group_t *g, int32_t num_sms) {
   if (num_sms < 0 || (g->max_sms > 0 && num_sms > g->max_sms)) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "set_num_sms: num_sms=%d must be in [0, %d] (0 = the "
                      "backend's default)",
                      num_sms, g->max_sms);
   }
-  pthread_mutex_lock(&g->lock);
   g->num_sms = num_sms;
-  pthread_mutex_unlock(&g->lock);
   return MOE_EP_OK;
 }
 
-moe_ep_status_t mep_group_max_sms_used(const moe_ep_group_t *g,
-                                       int32_t *num_sms) {
-  MEP_CHECK(mep_group_check(g, "max_sms_used"));
+moe_ep_status_t mep_group_set_num_sms(moe_ep_group_t *g, int32_t num_sms) {
+  MEP_LOCKED_ENTRY(g, "set_num_sms", set_num_sms_locked(g, num_sms));
+}
+
+static moe_ep_status_t max_sms_used_locked(const moe_ep_group_t *g, int32_t *num_sms) {
   if (num_sms == NULL) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "max_sms_used: num_sms is NULL");
   }
-  pthread_mutex_lock((pthread_mutex_t *)&g->lock);
   *num_sms = sms_used(g);
-  pthread_mutex_unlock((pthread_mutex_t *)&g->lock);
   return MOE_EP_OK;
+}
+
+/* const in the table (it changes nothing the engine sees), but it takes the
+ * group's lock like every entry. */
+moe_ep_status_t mep_group_max_sms_used(const moe_ep_group_t *cg, int32_t *num_sms) {
+  moe_ep_group_t *g = (moe_ep_group_t *)cg;
+  MEP_LOCKED_ENTRY(g, "max_sms_used", max_sms_used_locked(g, num_sms));
 }
 
 moe_ep_status_t mep_buffer_size_hint(const moe_ep_config_t *config,

@@ -34,6 +34,8 @@ LOG_LEVELS = ("none", "error", "warn", "info", "debug", "trace")
 
 FLAG_DEFER_RECV = 1 << 0
 FLAG_ROUND_SCALE = 1 << 1
+# moe_ep_dispatch_format_t: a dispatch's row format, per call.
+FORMATS = {None: 0, "bf16": 1, "fp8": 2, "fp8_ue8m0": 3, "fp8_ue8m0_packed": 4}
 
 ADDRESS_MAX = 256
 ENV_NAME_MAX = 64

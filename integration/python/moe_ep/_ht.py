@@ -20,10 +20,13 @@ class HighThroughputCalls(Calls):
         self.recv_idx = TensorSlot("recv_topk_idx")
         self.recv_w = TensorSlot("recv_topk_weights")
 
-    def dispatch(self, handle, x, topk_weights, out, defer, round_scale, recv_capacity):
+    def dispatch(self, handle, x, topk_weights, out, defer, round_scale, recv_capacity, fmt):
         if round_scale:
             raise NotImplementedError("dispatch: round_scale=True needs fp8 dispatch, which "
                                       "high_throughput mode does not have (bf16 rows)")
+        if fmt not in (None, "bf16"):
+            raise NotImplementedError("dispatch: format=%r: high_throughput mode sends bf16 "
+                                      "rows (format None or 'bf16')" % (fmt,))
         hidden = hidden_of(x, "x")
         k = handle.top_k
         if out is None:

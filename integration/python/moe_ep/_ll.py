@@ -19,25 +19,35 @@ class LowLatencyCalls(Calls):
         self.recv_x = TensorSlot("recv_x", as_fp8=True)
         self.recv_scales = TensorSlot("recv_scales")
 
-    def new_dispatch_outputs(self, hidden):
+    def row_format(self, fmt):
+        """(fp8, packed scales) of a call's format (None: the group's)."""
+        if fmt not in _abi.FORMATS:
+            raise ValueError("dispatch: format=%r must be one of %s"
+                             % (fmt, ", ".join(repr(f) for f in _abi.FORMATS)))
+        if fmt is None:
+            return self.fp8, self.packed
+        return fmt != "bf16", fmt == "fp8_ue8m0_packed"
+
+    def new_dispatch_outputs(self, hidden, fmt=None):
         dev = self.device
+        fp8, packed = self.row_format(fmt)
         rx = torch.empty((self.local, self.slots, hidden),
-                         dtype=FP8_STORAGE if self.fp8 else torch.bfloat16, device=dev)
+                         dtype=FP8_STORAGE if fp8 else torch.bfloat16, device=dev)
         rs = None
-        if self.fp8:
-            cols = (hidden // 128 + 3) // 4 if self.packed else hidden // 128
+        if fp8:
+            cols = (hidden // 128 + 3) // 4 if packed else hidden // 128
             rs = torch.empty((self.local, self.slots, cols),
-                             dtype=torch.int32 if self.packed else torch.float32, device=dev)
+                             dtype=torch.int32 if packed else torch.float32, device=dev)
         rc = torch.empty((self.local,), dtype=torch.int32, device=dev)
         return DispatchResult(rx, rs, rc)
 
-    def dispatch(self, handle, x, topk_weights, out, defer, round_scale, recv_capacity):
+    def dispatch(self, handle, x, topk_weights, out, defer, round_scale, recv_capacity, fmt):
         if recv_capacity is not None:
             raise ValueError("dispatch: recv_capacity=%r is a high_throughput argument; "
                              "low-latency outputs are [E_local, R*max_tokens, H]" % (recv_capacity,))
         hidden = hidden_of(x, "x")
         if out is None:
-            res = self.new_dispatch_outputs(hidden)
+            res = self.new_dispatch_outputs(hidden, fmt)
         elif isinstance(out, DispatchResult):
             res = out
         else:
@@ -45,6 +55,7 @@ class LowLatencyCalls(Calls):
         p = self.dp
         p.flags = (_abi.FLAG_DEFER_RECV if defer else 0) | (_abi.FLAG_ROUND_SCALE if round_scale else 0)
         p.hidden = hidden
+        p.format = _abi.FORMATS[fmt]
         p.x = self.x.bind(x)
         p.recv_x = self.recv_x.bind(res.recv_x)
         p.recv_scales = self.recv_scales.bind(res.recv_scales) if res.recv_scales is not None else None

@@ -212,7 +212,7 @@ class Group:
         return per_rank, per_expert, in_rank
 
     def dispatch(self, handle, x, *, topk_weights=None, out=None, defer=False,
-                 round_scale=False, recv_capacity=None):
+                 round_scale=False, recv_capacity=None, format=None):
         """Sends x [T, H] bf16 to the ranks of handle's experts.
 
         Low latency: returns a DispatchResult (recv_x [E_local, R*max_tokens,
@@ -226,9 +226,13 @@ class Group:
         receive count before dispatch).
         out: the buffers to fill (a DispatchResult, or the tuple of its
         tensors) instead of new ones. defer=True sends only and returns a
-        Hook; hook() receives and returns the result."""
+        Hook; hook() receives and returns the result.
+        format (low latency): this call's rows, "bf16", "fp8" (f32 scales),
+        "fp8_ue8m0" or "fp8_ue8m0_packed"; None keeps the group's
+        dispatch_dtype / fp8_scale. A group configured bf16 takes every
+        format, one configured fp8 the fp8 ones."""
         return self._ops().dispatch(handle, x, topk_weights, out, defer, round_scale,
-                                    recv_capacity)
+                                    recv_capacity, format)
 
     def combine(self, handle, y, *, topk_weights=None, out=None, defer=False):
         """Brings expert outputs back: returns out [T, H] bf16. Low latency:

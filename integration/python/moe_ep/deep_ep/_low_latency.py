@@ -4,10 +4,12 @@ import torch
 
 from .event import EventOverlap, record_event
 
-_FP8_SCALES = {  # (use_fp8, use_ue8m0) -> moe-ep dispatch_dtype, fp8_scale
-    (False, False): ("bf16", "f32"),
-    (True, False): ("fp8_e4m3", "f32"),
-    (True, True): ("fp8_e4m3", "ue8m0_packed"),
+# (use_fp8, use_ue8m0) -> the call's moe-ep row format. DeepEP packs UE8M0
+# scales as int32 [E_local, R*N, H/512], moe-ep's "fp8_ue8m0_packed".
+_FORMATS = {
+    (False, False): "bf16",
+    (True, False): "fp8",
+    (True, True): "fp8_ue8m0_packed",
 }
 
 
@@ -33,10 +35,12 @@ class LowLatencyMixin:
     def _ll_group(self, entry, x, topk_idx, n, num_experts, use_fp8, use_ue8m0):
         if not self.low_latency_mode:
             raise RuntimeError("%s: this Buffer was created with low_latency_mode=False" % entry)
-        dtype, scale = _FP8_SCALES[(bool(use_fp8), bool(use_ue8m0))]
+        fmt = _FORMATS[(bool(use_fp8), bool(use_ue8m0))]
+        # bf16 buffers hold every format, so use_fp8 / use_ue8m0 can change
+        # from call to call, as in DeepEP (moe_ep_config may still pin fp8).
         g = self._group_for({"num_experts": int(num_experts), "hidden": int(x.shape[-1]),
                              "top_k": int(topk_idx.shape[-1]), "max_tokens_per_rank": int(n),
-                             "dispatch_dtype": dtype, "fp8_scale": scale})
+                             "dispatch_dtype": "bf16", "fp8_scale": "f32"})
         cfg = g.config
         if n != cfg.max_tokens_per_rank:
             raise ValueError("%s: num_max_dispatch_tokens_per_rank=%d differs from the group's "
@@ -45,14 +49,10 @@ class LowLatencyMixin:
         if num_experts != cfg.num_experts:
             raise ValueError("%s: num_experts=%d differs from the group's num_experts=%d"
                              % (entry, num_experts, cfg.num_experts))
-        if dtype != cfg.dispatch_dtype:
-            _refuse(entry, "use_fp8", bool(use_fp8), "the group dispatches %s (fixed by the first "
-                    "call or moe_ep_config); per-call fp8 switching needs one Buffer per format"
-                    % cfg.dispatch_dtype)
-        if use_fp8 and scale != cfg.fp8_scale and not (scale == "f32" and cfg.fp8_scale == "ue8m0"):
-            _refuse(entry, "use_ue8m0", bool(use_ue8m0), "the group's fp8_scale is %s (fixed by "
-                    "the first call or moe_ep_config)" % cfg.fp8_scale)
-        return g
+        if not use_fp8 and cfg.dispatch_dtype != "bf16":
+            _refuse(entry, "use_fp8", False, "moe_ep_config pins dispatch_dtype %s, whose buffers "
+                    "hold fp8 rows only" % cfg.dispatch_dtype)
+        return g, fmt
 
     def low_latency_dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
                              cumulative_local_expert_recv_stats=None,
@@ -70,13 +70,11 @@ class LowLatencyMixin:
         if use_ue8m0 and not round_scale:
             raise ValueError("%s: use_ue8m0=True needs round_scale=True (UE8M0 scales are "
                              "powers of two)" % entry)
-        g = self._ll_group(entry, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
-                           use_fp8, use_ue8m0)
-        if use_fp8 and not round_scale and g.config.fp8_scale == "ue8m0":
-            _refuse(entry, "round_scale", False, "the group's fp8_scale is ue8m0 (power-of-two "
-                    "scales on every call)")
+        g, fmt = self._ll_group(entry, x, topk_idx, num_max_dispatch_tokens_per_rank,
+                                num_experts, use_fp8, use_ue8m0)
         handle = g.prepare(topk_idx)
-        res = g.dispatch(handle, x, defer=return_recv_hook, round_scale=bool(round_scale))
+        res = g.dispatch(handle, x, defer=return_recv_hook, round_scale=bool(round_scale),
+                         format=fmt)
         if return_recv_hook:
             ep_hook, res = res, res.result
         scales_cm = None

@@ -83,8 +83,11 @@ def low_latency(group):
     hook()
     same("deep_ep LL combine (hook)", 6, bits(out), oracle.ll_combine_at_combine(P, inputs[RANK]))
 
-    expect_raises("use_fp8 switch", NotImplementedError, "use_fp8=True",
-                  lambda: buf.low_latency_dispatch(x, idx, P.max_tokens, P.num_experts, use_fp8=True))
+    # use_fp8 switches per call on the same Buffer, as in DeepEP.
+    inputs, x, idx, w = inputs_for(10)
+    (q, scales), count, _, _, _ = buf.low_latency_dispatch(
+        x, idx, P.max_tokens, P.num_experts, use_fp8=True)
+    check_ll_recv(10, inputs, q, count, scales, packed=False)
     expect_raises("tokens cap", ValueError, "num_max_dispatch_tokens_per_rank=8",
                   lambda: buf.low_latency_dispatch(x[:4], idx[:4], 8, P.num_experts, use_fp8=False))
     expect_raises("logfmt", NotImplementedError, "use_logfmt",
