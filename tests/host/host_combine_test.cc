@@ -1,6 +1,6 @@
 // host_combine_test.cc: the host backend's combine reductions
 // (kernels/host/host_combine.h) against the oracle's documented order, bit
-// for bit, for both places the weights can be applied. The y rows span
+// for bit, for both places the weights can be applied. The y rows span several
 // binades and both signs, so sums cancel and another order or rounding shows.
 #include <cstdio>
 #include <vector>
