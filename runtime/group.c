@@ -162,7 +162,8 @@ moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
   MEP_CHECK_GOTO(validate_params(params, g), st, out_free_group);
   MEP_CHECK_GOTO(mep_backend_select(g->cfg.backend, g->cfg.mode, &g->ops, &g->cfg.backend), st,
                  out_free_group);
-  mep_log_set_level(g->cfg.log_level);
+  /* Bootstrap and backend setup log at this group's level. */
+  mep_log_thread_level(g->cfg.log_level);
 
   const char *token = getenv(g->cfg.bootstrap_token_env);
   mep_bootstrap_params_t bp = {
@@ -184,7 +185,7 @@ moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
   if (g->bytes_allocated == 0) {
     g->bytes_allocated = g->ops->buffer_bytes(&g->cfg, g->world_size);
   }
-  if (!mep_registry_add(g, MEP_OBJ_GROUP)) {
+  if (!mep_registry_add(g, MEP_OBJ_GROUP, NULL)) {
     st = mep_error(MOE_EP_ERR_NO_MEMORY, "group_create: out of host memory");
     goto out_destroy_backend;
   }
@@ -192,6 +193,7 @@ moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
                "buffer bytes",
                g->rank, g->world_size, g->ops->name, g->num_local_experts,
                (unsigned long long)g->bytes_allocated);
+  mep_log_thread_level(-1);
   *out = g;
   return MOE_EP_OK;
 
@@ -202,6 +204,7 @@ out_destroy_lock:
 out_destroy_bootstrap:
   mep_bootstrap_destroy(g->boot);
 out_free_group:
+  mep_log_thread_level(-1);
   free(g);
   return st;
 }
@@ -224,12 +227,14 @@ moe_ep_status_t mep_group_destroy(moe_ep_group_t *group) {
      * teardown steps that would wait for it. */
     group->broken = MOE_EP_ERR_PEER_FAILED;
   }
-  mep_registry_remove(group);
+  (void)mep_registry_take(group, MEP_OBJ_GROUP);
   /* Pending hooks stay owned by the engine; detach them so a late
    * hook_run reports the destroyed group instead of touching it. */
+  pthread_mutex_lock(&group->lock);
   for (int i = 0; i < MEP_NUM_BUFFER_SETS; i++) {
     if (group->pending[i] != NULL) group->pending[i]->group = NULL;
   }
+  pthread_mutex_unlock(&group->lock);
   group->ops->destroy(group);
   mep_bootstrap_destroy(group->boot);
   pthread_mutex_destroy(&group->lock);
@@ -251,12 +256,16 @@ moe_ep_status_t mep_group_broken_error(const moe_ep_group_t *g, const char *entr
   return mep_error(g->broken, "%s: the group failed earlier: %s", entry, g->broken_msg);
 }
 
-moe_ep_status_t mep_group_enter(moe_ep_group_t *g, const char *entry) {
+moe_ep_status_t mep_group_lock(moe_ep_group_t *g, const char *entry) {
   MEP_CHECK(mep_group_check(g, entry));
   pthread_mutex_lock(&g->lock);
-  moe_ep_status_t st = mep_group_broken_error(g, entry);
+  mep_log_thread_level(g->cfg.log_level);
+  return MOE_EP_OK;
+}
+
+void mep_group_unlock(moe_ep_group_t *g) {
+  mep_log_thread_level(-1);
   pthread_mutex_unlock(&g->lock);
-  return st;
 }
 
 moe_ep_status_t mep_handle_check(moe_ep_group_t *g, moe_ep_handle_t *h,
@@ -306,7 +315,9 @@ moe_ep_status_t mep_group_info(const moe_ep_group_t *g,
   info->num_local_experts = g->num_local_experts;
   info->backend = g->cfg.backend;
   info->mode = g->cfg.mode;
+  pthread_mutex_lock((pthread_mutex_t *)&g->lock);
   info->num_sms = sms_used(g);
+  pthread_mutex_unlock((pthread_mutex_t *)&g->lock);
   info->bytes_allocated = g->bytes_allocated;
   info->config_hash = g->config_hash;
   if (MEP_HAS_FIELD(info, peer_transports_len) && info->peer_transports != NULL) {
@@ -333,8 +344,7 @@ moe_ep_status_t mep_group_break(moe_ep_group_t *g, moe_ep_status_t st) {
 }
 
 moe_ep_status_t mep_group_poll_error(moe_ep_group_t *g) {
-  MEP_CHECK(mep_group_check(g, "group_poll_error"));
-  pthread_mutex_lock(&g->lock);
+  MEP_CHECK(mep_group_lock(g, "group_poll_error"));
   moe_ep_status_t st = g->broken;
   if (st == MOE_EP_OK) {
     st = g->ops->poll_error(g);
@@ -343,7 +353,7 @@ moe_ep_status_t mep_group_poll_error(moe_ep_group_t *g) {
   } else {
     mep_error(st, "%s", g->broken_msg);
   }
-  pthread_mutex_unlock(&g->lock);
+  mep_group_unlock(g);
   return st;
 }
 

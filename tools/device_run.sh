@@ -39,7 +39,7 @@ prepare_layout() {
   grep -hE "ERROR SUMMARY" "$OUT/prepare_layout_memcheck.log" | head -1
 }
 # ab: this bundle against each variant under .gpu_bundle/ab/<name>/ (a
-# libmoe_ep.so and ll_gpu_test built from another tree) on 2 GPUs, taking
+# libmoe_ep.so and ll_kernel_bench built from another tree) on 2 GPUs, taking
 # turns so drift hits all: the fused dispatch's phase stamps, then the
 # eager bench.
 if [ "$MODE" = ab ]; then
@@ -47,7 +47,7 @@ if [ "$MODE" = ab ]; then
     for D in $B $B/ab/*; do
       [ -f "$D/libmoe_ep.so" ] || continue
       name=$(basename "$D"); [ "$D" = $B ] && name=cur
-      timeout 60 $D/ll_gpu_test --gtest_filter='*PhaseStamps*' > "$OUT/stamps_${name}_$round.log" 2>&1
+      timeout 60 $D/ll_kernel_bench phases > "$OUT/stamps_${name}_$round.log" 2>&1
       summary "stamps_${name}_$round" $?
       grep -E "^PHASES rank 0" "$OUT/stamps_${name}_$round.log" | sed "s/^/$name $round: /"
       timeout 90 $B/moe_ep_run -n 2 --timeout_s 85 -- $B/moe_ep_bench --plugin=$D/libmoe_ep.so \
@@ -87,7 +87,10 @@ if [ "$MODE" = one ]; then
   prepare_layout
   MOE_EP_TEST_WORLD=1 timeout 90 $B/ll_gpu_test > "$OUT/ll_gpu_test_world1.log" 2>&1
   summary ll_gpu_test_world1 $?
-  grep -E "^\[  (PASSED|FAILED) |FAILED  \]|BENCH" "$OUT/ll_gpu_test_world1.log" | head -12
+  grep -E "^\[  (PASSED|FAILED) |FAILED  \]" "$OUT/ll_gpu_test_world1.log" | head -12
+  MOE_EP_TEST_WORLD=1 timeout 60 $B/ll_kernel_bench latency > "$OUT/ll_kernel_bench_world1.log" 2>&1
+  summary ll_kernel_bench_world1 $?
+  grep -E "^BENCH" "$OUT/ll_kernel_bench_world1.log" | head -4
   api ep1_bf16 1 20 --experts=8 --max_tokens=64 --layers=2048:2 --seeds=1
   api ep1_fp8_dispatch_weights 1 40 --experts=256 --max_tokens=128 --dtype=fp8 \
     --layers=7168:8,2048:1 --seeds=2 --dispatch_weights=1
@@ -122,10 +125,13 @@ if [ "$MODE" = one ]; then
 fi
 timeout 120 $B/ll_gpu_test > "$OUT/ll_gpu_test.log" 2>&1
 summary ll_gpu_test $?
-grep -E "^\[  (PASSED|FAILED) |FAILED  \]|BENCH" "$OUT/ll_gpu_test.log" | head -20
+grep -E "^\[  (PASSED|FAILED) |FAILED  \]" "$OUT/ll_gpu_test.log" | head -20
+timeout 90 $B/ll_kernel_bench > "$OUT/ll_kernel_bench.log" 2>&1
+summary ll_kernel_bench $?
+grep -E "^BENCH|^PHASES rank 0 tokens (1|128) fused" "$OUT/ll_kernel_bench.log" | head -12
 # A small grid: every block takes many local experts (and its share of the
 # slot lists in several rounds), every send warp many units.
-MOE_EP_TEST_SMS=6 timeout 120 $B/ll_gpu_test --gtest_filter=-*Bench* > "$OUT/ll_gpu_test_sms6.log" 2>&1
+MOE_EP_TEST_SMS=6 timeout 120 $B/ll_gpu_test > "$OUT/ll_gpu_test_sms6.log" 2>&1
 summary ll_gpu_test_sms6 $?
 # One SM: every local expert in one receive block, one after another; the
 # hot-expert cases put 2048 slots into that block.
@@ -134,7 +140,7 @@ MOE_EP_TEST_SMS=1 timeout 120 $B/ll_gpu_test \
   > "$OUT/ll_gpu_test_sms1.log" 2>&1
 summary ll_gpu_test_sms1 $?
 prepare_layout   # one GPU is enough; the API runs below check prepare too
-MOE_EP_TEST_WORLD=1 timeout 60 $B/ll_gpu_test --gtest_filter=-*Bench* > "$OUT/ll_gpu_test_world1.log" 2>&1
+MOE_EP_TEST_WORLD=1 timeout 60 $B/ll_gpu_test > "$OUT/ll_gpu_test_world1.log" 2>&1
 summary ll_gpu_test_world1 $?
 api ep2_lsa_fp8 2 50 --experts=256 --max_tokens=128 --dtype=fp8 --layers=7168:8,2048:1 --seeds=1
 # Weights given to dispatch: expert-side partials (all ranks; even ranks

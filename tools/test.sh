@@ -11,3 +11,9 @@ bazel test //... --test_output=errors --local_test_jobs=2
 # target builds its own ASan binary, so it is not repeated here).
 bazel test --config=asan //... --test_tag_filters=-gpu,-fuzz --test_output=errors \
   --local_test_jobs=2
+# ThreadSanitizer over the host backend and the runtime: hooks run and
+# handles freed on other threads, the logger's callbacks. UCX's memory hooks
+# (libucm) call into TSan while a thread is torn down and crash it, so the
+# TSan pass runs with them off (UCX_MEM_EVENTS=no).
+bazel test --config=tsan --test_env=UCX_MEM_EVENTS=no //tests/host/... //tests/runtime/... \
+  --test_tag_filters=-gpu,-fuzz --test_output=errors --local_test_jobs=2

@@ -105,6 +105,18 @@ typedef enum moe_ep_fp8_scale {
   MOE_EP_FP8_SCALE_UE8M0_PACKED = 2 /* power-of-two, 4 exponents per int32 */
 } moe_ep_fp8_scale_t;
 
+/* fp8 dispatch, per 128-channel group of a token row:
+ *   scale = max(amax, 1e-4) / 448, rounded up to a power of two for UE8M0
+ *   formats and with MOE_EP_FLAG_ROUND_SCALE; q = e4m3(x / scale), round to
+ *   nearest even, saturating at +-448.
+ * Non-finite input, the same on every backend and scale format:
+ *   - amax is taken over the group's finite values only, so an inf or NaN
+ *     never changes the scale of its 127 neighbours;
+ *   - +inf / -inf arrive as +448 / -448 (codes 0x7E / 0xFE);
+ *   - NaN of either sign arrives as NaN, code 0x7F;
+ *   - a group with no finite value (or only zeros) gets the floor's scale,
+ *     1e-4 / 448 as f32, 2^-22 (UE8M0 byte 105) as a power of two. */
+
 typedef enum moe_ep_transport {
   MOE_EP_TRANSPORT_AUTO = 0,
   MOE_EP_TRANSPORT_LSA = 1,
@@ -249,6 +261,34 @@ typedef struct moe_ep_combine_params {
   void *stream;
 } moe_ep_combine_params_t;
 
+/* ---- threads ----------------------------------------------------------- *
+ *
+ * Every entry may be called from any host thread.
+ * - Entries that take a group, handle or hook (prepare, dispatch, combine,
+ *   hook_run, hook_free, handle_free, group_poll_error, group_info,
+ *   set_num_sms, max_sms_used) are serialised per group by one lock, so
+ *   they may run concurrently on one group: an engine's overlap scheduler
+ *   may run micro-batch A's hook on thread B while thread A dispatches or
+ *   combines micro-batch B, and may free handles and hooks from either
+ *   thread. The lock is held while a backend launches (nccl) or moves
+ *   (host) a send or receive half, so a concurrent entry waits for it
+ *   (bounded by timeouts.kernel_ms on the host backend).
+ * - Freeing a handle or hook while another thread uses it in an entry is
+ *   safe: the entry finishes with it first, or finds it gone and returns
+ *   INVALID_ARGUMENT. Entries on different groups never wait for each other.
+ * - group_create is collective and group_destroy must not race any other
+ *   entry on the same group; handles and hooks may outlive their group
+ *   (free them after group_destroy; a hook of a destroyed group reports it).
+ * - last_error is per thread: read it on the thread whose entry failed.
+ * - set_logger returns only after every logger call already running on
+ *   other threads has returned, so after set_logger(NULL, NULL) the old
+ *   `user` may be freed. Called from inside the logger itself, it swaps
+ *   the logger without waiting (it would wait for itself).
+ * - Log levels are per group: messages emitted while an entry works for a
+ *   group (and by threads the library starts for it) use that group's
+ *   log_level; other messages use warn. MOE_EP_LOG_LEVEL overrides both.
+ */
+
 /* ---- the function table ------------------------------------------------ */
 
 typedef struct moe_ep_plugin_v1 {
@@ -261,7 +301,9 @@ typedef struct moe_ep_plugin_v1 {
    * until the next call on the same thread. Never NULL. */
   const char *(*last_error)(void);
   const char *(*status_string)(moe_ep_status_t status);
-  /* Route library log lines to the engine; fn NULL restores stderr. */
+  /* Route library log lines to the engine; fn NULL restores stderr.
+   * Returns once the previous logger's running calls are done (see
+   * "threads" above). */
   moe_ep_status_t (*set_logger)(moe_ep_logger_fn fn, void *user);
 
   /* `path_or_text` is a file path, or YAML text when it contains a newline
@@ -314,8 +356,8 @@ typedef struct moe_ep_plugin_v1 {
    * backend it is ordered after the send half even on another stream). A
    * hook runs once; it stays owned by the caller until hook_free. Freeing a
    * hook that never ran abandons its receive: the host backend stays
-   * usable, the nccl backend marks the group failed. group_destroy must not
-   * race other entries on the same group. */
+   * usable, the nccl backend marks the group failed. See "threads" above
+   * for what may run concurrently. */
   moe_ep_status_t (*hook_run)(moe_ep_hook_t *hook, void *stream);
   void (*hook_free)(moe_ep_hook_t *hook);
   void (*handle_free)(moe_ep_handle_t *handle);

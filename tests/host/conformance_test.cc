@@ -74,6 +74,21 @@ const Case kCases[] = {
     {"config_mismatch_r2", 2, {"--scenario=mismatch", "--max_tokens=16"}},
     {"config_mismatch_r8", 8, {"--scenario=mismatch", "--max_tokens=16"}},
     {"bad_input_r4_bf16", 4, {"--scenario=badinput", "--experts=8", "--max_tokens=16", "--layers=128:2"}},
+    // Two-batch overlap with hooks run and handles freed on a second thread,
+    // 200 rounds (also the ThreadSanitizer pass's workload).
+    {"threads_overlap_r2", 2, {"--scenario=threads", "--iterations=200", "--experts=8", "--max_tokens=8", "--layers=256:2"}},
+    {"threads_overlap_r4_fp8", 4, {"--scenario=threads", "--iterations=50", "--experts=16", "--max_tokens=4", "--dtype=fp8", "--layers=256:4", "--dispatch_weights=mixed"}},
+    // +-inf and NaN in the tokens (moe_ep.h's rule), every scale format.
+    {"ll_r2_fp8_non_finite", 2, {"--experts=8", "--max_tokens=16", "--dtype=fp8", "--seeds=1", "--non_finite=1", "--layers=512:4,128:2"}},
+    {"ll_r2_fp8_ue8m0_non_finite", 2, {"--experts=8", "--max_tokens=16", "--dtype=fp8", "--scale=ue8m0", "--seeds=1", "--non_finite=1", "--layers=512:4"}},
+    {"ll_r4_fp8_packed_non_finite", 4, {"--experts=16", "--max_tokens=8", "--dtype=fp8", "--scale=ue8m0_packed", "--seeds=1", "--non_finite=1", "--layers=640:3"}},
+    // MOE_EP_FLAG_ROUND_SCALE with f32 scale storage: powers of two.
+    {"ll_r2_fp8_round_scale", 2, {"--experts=8", "--max_tokens=16", "--dtype=fp8", "--seeds=1", "--round_scale=1", "--layers=512:4,128:2"}},
+    // Params structs at the v1 minimum, and one byte below it.
+    {"abi_sizes_r2_bf16", 2, {"--scenario=abi", "--experts=8", "--max_tokens=16", "--layers=256:2"}},
+    {"abi_sizes_r2_fp8", 2, {"--scenario=abi", "--experts=8", "--max_tokens=16", "--dtype=fp8", "--layers=256:2"}},
+    // set_logger: level and text delivered; NULL restores stderr.
+    {"logger_r2", 2, {"--scenario=logger", "--experts=8", "--max_tokens=8", "--layers=128:2"}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Host, Conformance, testing::ValuesIn(kCases),

@@ -32,6 +32,13 @@ struct Options {
   // only ("mixed"): the nccl backend then pre-reduces on the expert side
   // for the sources that sent weights.
   std::string dispatch_weights = "0";
+  int iterations = 200;  // scenario "threads": overlap rounds
+  // fp8 LL: dispatch with MOE_EP_FLAG_ROUND_SCALE (power-of-two scales
+  // even with fp8_scale f32).
+  bool round_scale = false;
+  // LL: +-inf and NaN written into the tokens (ll_call.cc, add_non_finite).
+  bool non_finite = false;
+  std::string log_level = "warn";
 };
 
 struct Ctx {
@@ -65,6 +72,11 @@ void run_fault(Ctx& c);
 void run_skip(Ctx& c);
 void run_graph(Ctx& c);
 void run_routing(Ctx& c);
+void run_threads(Ctx& c);
+void run_abi_sizes(Ctx& c);
+// The logger scenario: installed before group_create, checked after.
+void install_test_logger(Ctx& c);
+void run_logger(Ctx& c);
 
 // One LL layer call (prepare, dispatch, check, expert, combine, check);
 // `defer` exercises the hook path run from another thread.

@@ -59,7 +59,9 @@ moe_ep_oracle::Problem problem_for(const Ctx& c, int hidden, int top_k,
   p.generator = gen;
   p.dispatch_dtype = c.opt.dtype == "fp8" ? moe_ep_oracle::DispatchDtype::kFp8
                                           : moe_ep_oracle::DispatchDtype::kBf16;
-  p.scale_format = c.opt.scale == "ue8m0"          ? moe_ep_oracle::ScaleFormat::kUe8m0
+  // ROUND_SCALE with f32 storage: the UE8M0 scale values, stored as f32.
+  p.scale_format = c.opt.scale == "ue8m0" || c.opt.round_scale
+                       ? moe_ep_oracle::ScaleFormat::kUe8m0
                    : c.opt.scale == "ue8m0_packed" ? moe_ep_oracle::ScaleFormat::kUe8m0Packed
                                                    : moe_ep_oracle::ScaleFormat::kF32;
   return p;
@@ -83,6 +85,7 @@ std::string config_yaml(const Options& o) {
     << "  dispatch_dtype: " << (o.dtype == "fp8" ? "fp8_e4m3" : "bf16") << "\n"
     << "  fp8_scale: " << o.scale << "\n"
     << "  transport: " << o.transport << "\n"
+    << "  log_level: " << o.log_level << "\n"
     << "  timeouts:\n    kernel_ms: " << o.kernel_ms << "\n"
     << "  bootstrap:\n    timeout_ms: 30000\n";
   return y.str();
@@ -107,6 +110,10 @@ static bool parse(int argc, char** argv, Options* o) {
     else if (k == "kernel_ms") o->kernel_ms = std::atoi(v.c_str());
     else if (k == "transport") o->transport = v;
     else if (k == "dispatch_weights") o->dispatch_weights = v;
+    else if (k == "iterations") o->iterations = std::atoi(v.c_str());
+    else if (k == "round_scale") o->round_scale = v == "1";
+    else if (k == "non_finite") o->non_finite = v == "1";
+    else if (k == "log_level") o->log_level = v;
     else if (k == "layers") {  // "7168:8,2048:1"
       o->layers.clear();
       std::stringstream ss(v);
@@ -135,6 +142,12 @@ static void run_scenario(Ctx& c) {
     run_routing(c);
   } else if (c.opt.scenario == "graph") {
     run_graph(c);
+  } else if (c.opt.scenario == "threads") {
+    run_threads(c);
+  } else if (c.opt.scenario == "abi") {
+    run_abi_sizes(c);
+  } else if (c.opt.scenario == "logger") {
+    run_logger(c);
   } else if (c.opt.ht) {
     run_ht_conformance(c);
   } else {
@@ -162,6 +175,7 @@ int main(int argc, char** argv) {
   if (mismatch && env_rank && env_world && std::atoi(env_rank) == std::atoi(env_world) - 1) {
     c.opt.max_tokens += 1;
   }
+  if (c.opt.scenario == "logger") install_test_logger(c);  // before the config: it sets log_level
   moe_ep_config_t* cfg = nullptr;
   std::string yaml = config_yaml(c.opt);
   if (c.api->config_from_yaml(yaml.c_str(), &cfg) != MOE_EP_OK) {

@@ -1,4 +1,4 @@
-// ll.h: expected LL (low-latency) dispatch and combine (DESIGN.md "Modes").
+// ll.h: expected LL (low-latency) dispatch and combine (docs/DESIGN.md).
 // Valid rows only are kept, compactly; rows >= recv_count are undefined in the
 // plugin's output and tests compare only rows < recv_count.
 #ifndef MOE_EP_TESTS_ORACLE_LL_H_

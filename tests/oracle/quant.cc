@@ -12,7 +12,10 @@ namespace moe_ep_oracle {
 
 float group_amax(const uint16_t* x, int n) {
   float amax = 0.0f;
-  for (int i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(bf16_to_float(x[i])));
+  for (int i = 0; i < n; ++i) {
+    float v = bf16_to_float(x[i]);
+    if (std::isfinite(v)) amax = std::fmax(amax, std::fabs(v));
+  }
   return amax;
 }
 
@@ -51,8 +54,10 @@ void quantize_row(const uint16_t* x, int hidden, ScaleFormat fmt, uint8_t* q, fl
     const uint16_t* xg = x + g * kGroupSize;
     float scale = scale_for_amax(group_amax(xg, kGroupSize), pow2);
     scales[g] = scale;
-    for (int i = 0; i < kGroupSize; ++i)
-      q[g * kGroupSize + i] = float_to_e4m3(bf16_to_float(xg[i]) / scale);
+    for (int i = 0; i < kGroupSize; ++i) {
+      float v = bf16_to_float(xg[i]);
+      q[g * kGroupSize + i] = std::isnan(v) ? kQuantizedNan : float_to_e4m3(v / scale);
+    }
   }
 }
 

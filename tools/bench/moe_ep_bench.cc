@@ -1,4 +1,4 @@
-// moe_ep_bench: the project's benchmark (DESIGN.md, Performance).
+// moe_ep_bench: the project's benchmark (docs/DESIGN.md, Performance method).
 //
 // One process per GPU, started by the launcher:
 //   moe_ep_run -n 2 -- moe_ep_bench --plugin=libmoe_ep.so [flags]
@@ -447,7 +447,7 @@ std::string JsonEscape(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // NVLink multicast stays off (BUILDING.md); before any NCCL call.
+  // NVLink multicast stays off (README.md, GPUs); before any NCCL call.
   setenv("NCCL_NVLS_ENABLE", "0", 0);
   std::string cmdline;
   for (int i = 0; i < argc; i++) cmdline += (i ? " " : "") + std::string(argv[i]);
