@@ -2,7 +2,6 @@
 // sentence instead of reading out of bounds.
 #include "tests/oracle/problem.h"
 
-
 namespace moe_ep_oracle {
 
 std::string problem_error(const Problem& p) {
