@@ -184,7 +184,7 @@ Group *group_create(const Group *adopt) {
   c.dims = dims;
   c.rank = g_rank;
   c.transport = MEP_LL_TRANSPORT_LSA;
-  if (mep_ll_resolve_lsa(&c) != MOE_EP_OK) {
+  if (mep_ll_resolve_lsa(&c) != MEP_KSTATUS_OK) {
     fprintf(stderr, "rank %d: %s\n", g_rank, mep_kernels_last_error());
     group_free(g);
     return nullptr;
@@ -193,7 +193,7 @@ Group *group_create(const Group *adopt) {
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g_rank);
   const char *env_sms = getenv("MOE_EP_TEST_SMS");
   c.num_sms = env_sms ? atoi(env_sms) : sms;
-  if (mep_ll_timeout_cycles(g_rank, 10000, &c.timeout_cycles) != MOE_EP_OK || !group_buffers(g)) {
+  if (mep_ll_timeout_cycles(g_rank, 10000, &c.timeout_cycles) != MEP_KSTATUS_OK || !group_buffers(g)) {
     group_free(g);
     return nullptr;
   }

@@ -32,7 +32,7 @@ namespace {
     cudaError_t e_ = (x);                                                            \
     ASSERT_EQ(e_, cudaSuccess) << #x << ": " << cudaGetErrorString(e_);              \
   } while (0)
-#define MEP_OK(x) ASSERT_EQ((x), MOE_EP_OK) << #x << ": " << mep_kernels_last_error()
+#define MEP_OK(x) ASSERT_EQ((x), MEP_KSTATUS_OK) << #x << ": " << mep_kernels_last_error()
 
 using namespace mep_ll_gpu;
 
@@ -71,7 +71,7 @@ class LlGpu : public ::testing::Test {
   // failure does not cascade into the next test.
   void clear_record() {
     memset((void *)G().rec, 0, sizeof *G().rec);
-    ASSERT_EQ(mep_ll_clear_abort(&G().ctx, G().stream), MOE_EP_OK);
+    ASSERT_EQ(mep_ll_clear_abort(&G().ctx, G().stream), MEP_KSTATUS_OK);
     ASSERT_EQ(cudaStreamSynchronize(G().stream), cudaSuccess);
   }
   void SetUp() override {

@@ -38,7 +38,7 @@ namespace {
     }                                                                         \
   } while (0)
 #define BENCH_CUDA(x) BENCH_CHECK((x) == cudaSuccess, #x)
-#define BENCH_MEP(x) BENCH_CHECK((x) == MOE_EP_OK, #x)
+#define BENCH_MEP(x) BENCH_CHECK((x) == MEP_KSTATUS_OK, #x)
 
 bool no_record(const Group &g) {
   const mep_ll_error_record_t *r = g.rec;
