@@ -3,7 +3,8 @@
 # the GPU machine from the repository root, most important first; every log
 # goes to $OUT and a one-line verdict per step to $OUT/summary.txt.
 # Usage: bash .gpu_bundle/run_device.sh [full|quick|one|ab|extra]; quick stops after
-# the kernel test, the weighted-dispatch API runs and the eager benchmarks;
+# the kernel test, the weighted-dispatch and hidden-2880 API runs and the
+# eager benchmarks;
 # one is for a 1-GPU machine (EP1 suites, sanitizers, an EP1 benchmark, and
 # an A/B against .gpu_bundle/prev/libmoe_ep.so when that exists); ab
 # compares 2-GPU phase stamps and bench with variants in .gpu_bundle/ab/.
@@ -163,6 +164,8 @@ if [ "$MODE" = one ]; then
     --layers=7168:8,2048:1 --seeds=2 --dispatch_weights=1
   api ep1_graph_dispatch_weights 1 40 --scenario=graph --experts=64 --max_tokens=32 \
     --layers=2048:8 --seeds=100 --dispatch_weights=1
+  api ep1_bf16_h2880_dispatch_weights 1 40 --dtype=bf16 --experts=64 --max_tokens=64 \
+    --layers=2880:9,1032:4 --seeds=2 --dispatch_weights=1
   for tool in memcheck racecheck; do
     for w in 0 1; do
       sanitize "${tool}_dispatch_weights_$w" $tool 1 85 $B/conformance_worker \
@@ -214,6 +217,18 @@ api ep2_ginemu_dispatch_weights_mixed 2 50 --transport=gin_emulated --experts=64
   --max_tokens=64 --layers=4096:8,2048:2 --seeds=2 --dispatch_weights=mixed
 api ep2_graph_dispatch_weights 2 40 --scenario=graph --experts=64 --max_tokens=32 \
   --layers=2048:8 --seeds=100 --dispatch_weights=1
+# bf16 hidden a multiple of 8 but not of 128 (2880: gpt-oss; 1032, 2056)
+# in both combine modes, bit-exact against the oracle: LSA with weights at
+# combine and at dispatch, GIN-emulated with weights at combine and on even
+# ranks only (one rank of each mode in the same run).
+api ep2_lsa_bf16_h2880 2 50 --dtype=bf16 --experts=64 --max_tokens=128 \
+  --layers=2880:9,1032:4 --seeds=2
+api ep2_lsa_bf16_h2880_dispatch_weights 2 50 --dtype=bf16 --experts=64 --max_tokens=128 \
+  --layers=2880:9,1032:4 --seeds=2 --dispatch_weights=1
+api ep2_ginemu_bf16_h2880 2 50 --transport=gin_emulated --dtype=bf16 --experts=64 \
+  --max_tokens=64 --layers=2880:4,2056:8 --seeds=2
+api ep2_ginemu_bf16_h2880_dispatch_weights_mixed 2 50 --transport=gin_emulated --dtype=bf16 \
+  --experts=64 --max_tokens=64 --layers=2880:4,2056:8 --seeds=2 --dispatch_weights=mixed
 timeout 90 $B/moe_ep_run -n 2 --timeout_s 85 -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
   --warmup=50 --json="$OUT/bench.json" > "$OUT/bench.log" 2>&1
 summary bench $? "$(bench_key "$OUT/bench.log")"

@@ -45,7 +45,8 @@ TEST_P(Conformance, MatchesOracleOnEveryRank) {
 }
 
 // Every matrix value of the issue appears at least once: ranks {2,4,8},
-// top_k {1,2,8,9,32}, hidden {128, 384, 2048, 7168}, experts {8,64,256},
+// top_k {1,2,8,9,32}, hidden {128, 384, 2048, 7168, and 1032, 2056, 2880
+// that are not multiples of 128}, experts {8,64,256},
 // max_tokens {1,128}, all generators (inside each run), bf16 and fp8 with
 // f32 / ue8m0 / packed scales, two layers per group, hooks.
 const Case kCases[] = {
@@ -59,7 +60,12 @@ const Case kCases[] = {
     // with NULL or the same weights tensor.
     {"ll_r2_e64_fp8_dispatch_weights", 2, {"--experts=64", "--max_tokens=128", "--dtype=fp8", "--layers=2048:8,384:9", "--dispatch_weights=1"}},
     {"ll_r4_e64_bf16_dispatch_weights_mixed", 4, {"--experts=64", "--max_tokens=16", "--layers=2048:8,128:2", "--dispatch_weights=mixed"}},
-    {"ht_r2_e8", 2, {"--mode=ht", "--experts=8", "--max_tokens=128", "--layers=7168:2,128:1"}},
+    // Hidden a multiple of 8 but not of 128 (2880: gpt-oss; 1032, 2056),
+    // in both combine modes, bit-exact against the oracle.
+    {"ll_r2_e64_bf16_h2880", 2, {"--experts=64", "--max_tokens=32", "--layers=2880:9,1032:4"}},
+    {"ll_r2_e64_bf16_h2880_dispatch_weights", 2, {"--experts=64", "--max_tokens=32", "--layers=2880:9,1032:4", "--dispatch_weights=1"}},
+    {"ll_r4_e64_bf16_h2880_dispatch_weights_mixed", 4, {"--experts=64", "--max_tokens=16", "--seeds=1", "--layers=2880:4,2056:8", "--dispatch_weights=mixed"}},
+    {"ht_r2_e8", 2, {"--mode=ht", "--experts=8", "--max_tokens=128", "--layers=7168:2,2880:1"}},
     {"ht_r4_e64", 4, {"--mode=ht", "--experts=64", "--max_tokens=128", "--layers=2048:8,384:9"}},
     {"ht_r8_e256", 8, {"--mode=ht", "--experts=256", "--max_tokens=128", "--seeds=1", "--layers=7168:32,128:8"}},
     {"ht_r8_e8_m1", 8, {"--mode=ht", "--experts=8", "--max_tokens=1", "--layers=128:1,2048:2"}},

@@ -366,7 +366,8 @@ moe_ep_status_t LlCall::combine_with(moe_ep_tensor_t* weights, uint32_t flags,
 void LlCall::check_combine() {
   trace(c_, "check_combine", seed_);
   m_out_.download();
-  std::vector<uint16_t> want = ll_combine_expected(p_, all_[c_.rank]);
+  const LlWeightsAt at = weights_at_dispatch_ ? LlWeightsAt::kDispatch : LlWeightsAt::kCombine;
+  std::vector<uint16_t> want = ll_combine_expected(p_, all_[c_.rank], at);
   if (c_.opt.non_finite) {
     // Which NaN a float sum keeps depends on operand order: where the
     // oracle has a NaN, any NaN matches; both are then left out.
@@ -381,11 +382,11 @@ void LlCall::check_combine() {
       want[i] = out_[i] = 0;
     }
   }
-  // The host backend sums in the oracle's order (k ascending, in float), so
-  // it must match bit for bit; GPU kernels may order the sum differently.
-  expect_same(c_, seed_, "combine",
-              gpu_ ? compare_bf16_close("out", out_.data(), want.data(), want.size(), p_.hidden)
-                   : compare_exact_u16("out", out_.data(), want.data(), want.size(), p_.hidden));
+  // The summation order is documented for both places the weights can be
+  // applied, and every backend follows it: bit for bit, host and GPU.
+  expect_same(c_, seed_,
+              weights_at_dispatch_ ? "combine (weights at dispatch)" : "combine (weights at combine)",
+              compare_exact_bf16("out", out_.data(), want.data(), want.size(), p_.hidden));
 }
 
 }  // namespace moe_ep_test

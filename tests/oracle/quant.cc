@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 
 #include "tests/oracle/bf16.h"
 #include "tests/oracle/fp8.h"
@@ -38,8 +37,11 @@ uint8_t ue8m0_byte(float pow2_scale) {
   float m = std::frexp(pow2_scale, &e);
   int biased = (e - 1) + 127;
   if (m != 0.5f || biased < 0 || biased > 254) {
-    std::fprintf(stderr, "moe_ep_oracle: %g is not a UE8M0 power of two\n", pow2_scale);
-    std::abort();
+    char why[128];
+    std::snprintf(why, sizeof why,
+                  "ue8m0_byte: pow2_scale = %g is not a power of two in [2^-127, 2^127]",
+                  pow2_scale);
+    throw OracleError(why);
   }
   return static_cast<uint8_t>(biased);
 }

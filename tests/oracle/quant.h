@@ -23,7 +23,8 @@ float scale_for_amax(float amax, bool pow2);
 // 2^ceil(log2(s)) for a positive normal float s.
 float round_scale_pow2(float s);
 
-// UE8M0 byte of a power of two 2^e: e + 127. And back.
+// UE8M0 byte of a power of two 2^e: e + 127 (OracleError for any other
+// value). And back.
 uint8_t ue8m0_byte(float pow2_scale);
 float ue8m0_to_float(uint8_t byte);
 
