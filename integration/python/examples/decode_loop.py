@@ -188,6 +188,8 @@ def vllm_step(s, pf, dev, step, inp, checks):
 
     def ubatch(me):
         try:
+            if ON_GPU:  # the current device is per thread
+                torch.cuda.set_device(dev)
             dbo.start(me)
             for layer in range(s.layers):
                 x, idx, w = (t.to(dev) for t in inp[layer][me][RANK])

@@ -4,7 +4,6 @@ operations in flight with their hooks run on a second thread; bad input
 raising the exception that names it, the adapter still usable after.
 argv: [full|short]"""
 import sys
-import threading
 
 import numpy as np
 import torch
@@ -14,28 +13,12 @@ import moe_ep
 import moe_ep.sglang
 import moe_ep.vllm
 import oracle
-from common import RANK, WORLD, bits, bf16_tensor, expect_raises, fail, same, within_ulp
+from common import (RANK, WORLD, bits, bf16_tensor, expect_raises, fail, run_on_thread, same,
+                    within_ulp)
 from ll_worker import P, check_dispatch, expert_outputs, torch_inputs
 
 FULL = sys.argv[1:] == ["full"]
 HT = oracle.Problem(WORLD, num_experts=4 * WORLD, hidden=256, top_k=4, max_tokens=32)
-
-
-def on_thread(hook, seed):
-    """Runs hook() on a second thread (as an engine's other micro-batch does)."""
-    box = {}
-
-    def run():
-        try:
-            box["r"] = hook()
-        except Exception as e:  # noqa: BLE001 - reported
-            box["e"] = repr(e)
-    t = threading.Thread(target=run)
-    t.start()
-    t.join(120)
-    if "e" in box or t.is_alive():
-        fail("hook thread", seed, box.get("e", "still running after 120 s"))
-    return box.get("r")
 
 
 def check_combine(what, seed, out, inp, at_dispatch, p=P):
@@ -86,14 +69,14 @@ def vllm_ll_overlapped(pf, seed):
             for i in (0, 1)]
     outs = []
     for i in (0, 1):
-        on_thread(sent[i][0], seed + i)
+        run_on_thread(sent[i][0], seed + i)
         a1q, _, meta, _, _ = sent[i][1]()
         check_dispatch(seed + i, batches[i], moe_ep.DispatchResult(a1q, None, meta.expert_num_tokens),
                        P.hidden)
         outs.append(torch.empty_like(t[i][0]))
         hook, receiver = pf.finalize_async(outs[i], expert_outputs(pf.group, a1q), t[i][2], t[i][1],
                                            False, None)
-        on_thread(hook, seed + i)
+        run_on_thread(hook, seed + i)
         if receiver() is not outs[i]:
             fail("vllm finalize_async", seed + i, "receiver did not return output")
     for i in (0, 1):
@@ -178,7 +161,7 @@ def sglang_tbo(d, seed, at_dispatch):
     t = [torch_inputs(b[RANK]) for b in batches]
     for i in (0, 1):
         d.dispatch_a(t[i][0], TopKOutput(t[i][2], t[i][1]), tbo_subbatch_index=i)
-    on_thread(d.pending_hook(0), seed)
+    run_on_thread(d.pending_hook(0), seed)
     got = [d.dispatch_b(tbo_subbatch_index=i) for i in (0, 1)]
     for i in (0, 1):
         o = got[i]
@@ -191,7 +174,7 @@ def sglang_tbo(d, seed, at_dispatch):
                  "expected_m=%d wanted; got expected_m=%r" % (want_m, o.expected_m))
         d.combine_a(expert_outputs(d.group, o.hidden_states), o.topk_ids, o.topk_weights,
                     tbo_subbatch_index=i)
-    on_thread(d.pending_hook(1), seed + 1)
+    run_on_thread(d.pending_hook(1), seed + 1)
     for i in (0, 1):
         check_combine("sglang combine_b", seed + i, d.combine_b(tbo_subbatch_index=i),
                       batches[i][RANK], at_dispatch)
@@ -234,7 +217,7 @@ def vllm_ht(g, seed):
     inp = inputs[RANK]
     x, idx, w = bf16_tensor(inp["x"]), torch.from_numpy(inp["topk_idx"]), torch.from_numpy(inp["weights"])
     hook, receiver = pf.prepare_async(x, w, idx, HT.num_experts, None, False, None)
-    on_thread(hook, seed)
+    run_on_thread(hook, seed)
     rx, scale, meta, ids, wts = receiver()
     src, want_idx, want_w, counts = oracle.ht_dispatch(HT, inputs, RANK)
     want_x = np.stack([inputs[s]["x"][t] for s, t in src]) if src else np.zeros((0, HT.hidden), np.uint16)
@@ -249,7 +232,7 @@ def vllm_ht(g, seed):
     y = (rx.float() * float(oracle.ht_partial_scale(RANK))).to(torch.bfloat16)
     out = torch.empty_like(x)
     hook, receiver = pf.finalize_async(out, y, wts, ids, False, None)
-    on_thread(hook, seed)
+    run_on_thread(hook, seed)
     receiver()
     same("vllm ht finalize", seed, bits(out), oracle.ht_combine(HT, inp))
 
