@@ -21,7 +21,8 @@ def test_wheel_builds_offline_with_both_packages(tmp_path):
     assert len(wheels) == 1, os.listdir(tmp_path / "dist")
     names = zipfile.ZipFile(wheels[0]).namelist()
     for f in ("moe_ep/__init__.py", "moe_ep/group.py", "moe_ep/deep_ep/__init__.py",
-              "moe_ep/deep_ep/buffer.py"):
+              "moe_ep/deep_ep/buffer.py", "moe_ep/vllm/__init__.py",
+              "moe_ep/sglang/__init__.py"):
         assert f in names, names
 
 

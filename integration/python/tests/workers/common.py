@@ -2,6 +2,7 @@
 failure reports that carry rank, seed, first bad index, expected and got."""
 import os
 import sys
+import threading
 
 import numpy as np
 import torch
@@ -94,6 +95,25 @@ def expect_raises(what, exc_type, fragment, fn):
         return None
     fail(what, "-", "did not raise %s" % exc_type.__name__)
     return None
+
+
+def run_on_thread(hook, seed="-"):
+    """Runs hook() on a second thread (as an engine's other micro-batch
+    does) and returns its result; a failure or a thread still running
+    after 120 s is reported."""
+    box = {}
+
+    def run():
+        try:
+            box["r"] = hook()
+        except Exception as e:  # noqa: BLE001 - reported
+            box["e"] = repr(e)
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(120)
+    if "e" in box or t.is_alive():
+        fail("hook thread", seed, box.get("e", "still running after 120 s"))
+    return box.get("r")
 
 
 def finish():

@@ -2,15 +2,13 @@
 per-expert counts, num_recv_tokens) and combine (partials summed over
 ranks ascending) bit-exact against the oracle; a deferred round trip with
 its hooks on a second thread; bad input."""
-import threading
-
 import numpy as np
 import torch
 
 import common
 import moe_ep
 import oracle
-from common import RANK, WORLD, bits, bf16_tensor, same, fail, expect_raises
+from common import RANK, WORLD, bits, bf16_tensor, same, fail, expect_raises, run_on_thread
 
 P = oracle.Problem(WORLD, num_experts=4 * WORLD, hidden=256, top_k=4, max_tokens=32)
 
@@ -24,22 +22,6 @@ def check_layout(seed, inp, layout):
     same("num_tokens_per_rank", seed, bits(layout[0]), in_rank.sum(axis=0).astype(np.int32))
     same("num_tokens_per_expert", seed, bits(layout[1]), per_expert)
     same("is_token_in_rank", seed, bits(layout[2]), in_rank)
-
-
-def run_on_thread(hook):
-    box = {}
-
-    def run():
-        try:
-            box["r"] = hook()
-        except Exception as e:  # noqa: BLE001 - reported
-            box["e"] = repr(e)
-    t = threading.Thread(target=run)
-    t.start()
-    t.join(120)
-    if "e" in box or t.is_alive():
-        fail("hook thread", "-", box.get("e", "still running after 120 s"))
-    return box.get("r")
 
 
 def roundtrip(g, seed, defer):

@@ -1,0 +1,165 @@
+"""What the engine adapters (moe_ep.vllm, moe_ep.sglang) share: a receive
+hook that either the engine's other micro-batch thread or the receiver
+itself may run first, the operations in flight between an engine's
+prepare and finalize, LL receive buffers reused in turn, and the check
+that the engine places experts the way moe-ep does."""
+import threading
+
+import torch
+
+from .errors import TimeoutError as MoeEpTimeoutError
+
+
+def wait_bound_s(group):
+    """How long a thread may wait for another thread's hook: the library
+    bounds the hook itself by kernel_ms, so twice that plus slack."""
+    return 2.0 * group.config.kernel_timeout_ms / 1000.0 + 5.0
+
+
+class Once:
+    """A moe_ep.Hook that runs exactly once, from whichever thread calls
+    first (the engine's other micro-batch, or the receiver when the engine
+    ran nothing); later calls wait for that run and return its result."""
+
+    __slots__ = ("_hook", "_lock", "_done", "_bound_s", "result")
+
+    def __init__(self, hook, bound_s):
+        self._hook = hook
+        self._lock = threading.Lock()
+        self._done = False
+        self._bound_s = bound_s
+        self.result = None
+
+    def __call__(self):
+        if not self._lock.acquire(timeout=self._bound_s):
+            raise MoeEpTimeoutError("hook: another thread has run this receive for more than "
+                                    "%.0f s (twice timeouts.kernel_ms plus 5 s)" % self._bound_s)
+        try:
+            if not self._done:
+                self.result = self._hook()  # raises with the library's sentence, stays not done
+                self._done = True
+        finally:
+            self._lock.release()
+        return self.result
+
+    @property
+    def done(self):
+        return self._done
+
+
+class InFlight:
+    """Operations between prepare and finalize, found again by the topk_ids
+    tensor the engine hands to both (vLLM passes the prepare's result on,
+    so an operation may be registered under more than one tensor)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._ops = {}  # id(tensor) -> (tensor, op); the tensor pins the id
+
+    def add(self, op, *tensors):
+        with self._lock:
+            for t in tensors:
+                if t is not None:
+                    self._ops[id(t)] = (t, op)
+
+    def take(self, topk_ids, entry, arg="topk_ids"):
+        """Removes and returns the operation registered under topk_ids (the
+        same object, else a tensor with the same storage and shape)."""
+        with self._lock:
+            hit = self._ops.get(id(topk_ids))
+            if hit is None or hit[0] is not topk_ids:
+                hit = self._by_storage(topk_ids)
+            if hit is None:
+                raise ValueError(
+                    "%s: %s (shape %s) is not a tensor that a pending prepare got or returned; "
+                    "%d operation(s) are in flight" % (entry, arg, tuple(getattr(topk_ids, "shape", ())),
+                                                       len({id(o) for _, o in self._ops.values()})))
+            op = hit[1]
+            for key in [k for k, (_, o) in self._ops.items() if o is op]:
+                del self._ops[key]
+            return op
+
+    def _by_storage(self, t):
+        if not isinstance(t, torch.Tensor) or t.numel() == 0:
+            return None
+        for held, op in self._ops.values():
+            if held.data_ptr() == t.data_ptr() and held.shape == t.shape:
+                return held, op
+        return None
+
+    def __len__(self):
+        with self._lock:
+            return len({id(o) for _, o in self._ops.values()})
+
+
+class RecvRing:
+    """Two sets of LL receive buffers per hidden size, used in turn: the
+    library requires a handle's combine before the dispatch after next, and
+    the experts have read the receive by then, so the set two dispatches
+    back is free (as DeepEP's LL receive buffers are). No allocation after
+    the first two dispatches of a hidden size, so a CUDA graph can hold it."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._sets = {}  # hidden -> [DispatchResult or None, DispatchResult or None, next]
+
+    def take(self, hidden):
+        """(index, buffers or None) of the set whose turn it is; None means
+        "let dispatch allocate". The turn passes only with keep(), after a
+        dispatch succeeded, so a refused dispatch does not skip a set."""
+        with self._lock:
+            s = self._sets.setdefault(hidden, [None, None, 0])
+            return s[2], s[s[2]]
+
+    def keep(self, hidden, index, result):
+        with self._lock:
+            s = self._sets[hidden]
+            s[index] = result
+            s[2] = 1 - index
+
+
+def contiguous_expert_map(group):
+    """moe-ep's placement as an engine expert_map: rank r holds global
+    experts [r*L, (r+1)*L) as local 0..L-1, -1 elsewhere."""
+    e, local, r = group.config.num_experts, group.num_local_experts, group.rank
+    m = torch.full((e,), -1, dtype=torch.int64)
+    m[r * local:(r + 1) * local] = torch.arange(local)
+    return m
+
+
+class ExpertMapCheck:
+    """Refuses an expert_map other than moe-ep's placement. A map is read
+    once per tensor (a device-to-host copy), not per call: engines build it
+    once; a placement changed in place later (load balancing) is not seen."""
+
+    def __init__(self, group):
+        self._group = group
+        self._want = contiguous_expert_map(group)
+        self._seen = None
+
+    def __call__(self, expert_map, entry):
+        if expert_map is None:
+            return
+        if not isinstance(expert_map, torch.Tensor):
+            raise TypeError("%s: expert_map must be a torch.Tensor or None, got %s"
+                            % (entry, type(expert_map).__name__))
+        key = (id(expert_map), expert_map.data_ptr(), tuple(expert_map.shape))
+        if key == self._seen:
+            return
+        got = expert_map.detach().to("cpu", torch.int64).reshape(-1)
+        if tuple(expert_map.shape) != tuple(self._want.shape):
+            raise NotImplementedError(
+                "%s: expert_map has shape %s; moe-ep places %d experts contiguously (rank %d "
+                "holds [%d, %d)) and needs expert_map=None or that placement"
+                % (entry, tuple(expert_map.shape), self._want.numel(), self._group.rank,
+                   self._group.rank * self._group.num_local_experts,
+                   (self._group.rank + 1) * self._group.num_local_experts))
+        bad = (got != self._want).nonzero()
+        if bad.numel():
+            e = int(bad[0])
+            raise NotImplementedError(
+                "%s: expert_map maps global expert %d to %d, but moe-ep's placement maps it to "
+                "%d (rank r holds experts [r*L, (r+1)*L) as local 0..L-1, L=%d); other "
+                "placements (round robin, load balancing) are not supported"
+                % (entry, e, int(got[e]), int(self._want[e]), self._group.num_local_experts))
+        self._seen = key

@@ -1,0 +1,307 @@
+"""moe_ep.vllm.PrepareAndFinalize: vLLM's modular fused-MoE
+prepare/finalize (FusedMoEPrepareAndFinalize) over a moe_ep.Group.
+
+Low latency gives vLLM's BatchedExperts format: a1q [E_local, R*N, H]
+(bf16, or fp8 with [E_local, R*N, H/128] scales) and the tokens per local
+expert; the router weights travel with the dispatch, so finalize's combine
+sums each token's experts on the experts' rank and returns one row per
+(token, rank). High throughput gives the Standard format: the received
+rows [N_recv, H] with their top-k ids (global) and weights; finalize sums
+the per-rank partials."""
+import threading
+
+import torch
+
+from .._overlap import ExpertMapCheck, InFlight, Once, RecvRing, wait_bound_s
+from .._torch import FP8_DTYPE
+from ..group import Group
+from . import _types
+
+
+def _tensor(name, t, entry):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError("%s: %s must be a torch.Tensor, got %s" % (entry, name, type(t).__name__))
+
+
+class _Op:
+    """One layer call between prepare and finalize."""
+    __slots__ = ("handle", "recv", "combine_weights", "on_input", "keys", "finalized")
+
+    def __init__(self, handle, recv, combine_weights, on_input, keys):
+        self.handle, self.recv = handle, recv
+        self.combine_weights, self.on_input = combine_weights, on_input
+        self.keys = list(keys)
+        self.finalized = False
+
+
+class PrepareAndFinalize:
+    """vLLM's FusedMoEPrepareAndFinalize over `group` (a moe_ep.Group; its
+    mode picks the format). weights_at_dispatch (low latency; default
+    True): the router weights go with the dispatch and combine sums on the
+    experts' ranks; False sends them with the combine instead (one row
+    back per (token, expert), as DeepEP). moe_config and quant_config are
+    kept for vLLM, which reads them from its prepare/finalize objects.
+
+    Every operation between prepare and finalize is found again by the
+    topk_ids tensor vLLM passes to both, so two micro-batches may be in
+    flight at once (the group's double_buffer). The LL receive buffers
+    (a1q, its scale) are two sets used in turn, valid until the prepare
+    after next, as DeepEP's are."""
+
+    def __init__(self, group, *, weights_at_dispatch=True, moe_config=None, quant_config=None):
+        if not isinstance(group, Group):
+            raise TypeError("PrepareAndFinalize: group must be a moe_ep.Group, got %s"
+                            % type(group).__name__)
+        self.group = group
+        self.moe_config = moe_config
+        self.quant_config = quant_config
+        self._ll = group.mode == "low_latency"
+        if not self._ll and not weights_at_dispatch:
+            raise ValueError("PrepareAndFinalize: weights_at_dispatch=False is a low_latency "
+                             "choice; high_throughput dispatch always carries the weights")
+        self._weights_at_dispatch = bool(weights_at_dispatch)
+        self._inflight = InFlight()
+        self._ring = RecvRing()
+        self._expert_map = ExpertMapCheck(group)
+        self._bound_s = wait_bound_s(group)
+        self._send_lock = threading.Lock()  # buffer turn and dispatch go together
+
+    # ---- what vLLM asks of a prepare/finalize -------------------------------
+
+    @property
+    def activation_format(self):
+        fmt = _types.engine_types()[0]
+        return fmt.BatchedExperts if self._ll else fmt.Standard
+
+    def topk_indices_dtype(self):
+        return None  # the library takes int32 and int64 ids alike
+
+    def max_num_tokens_per_rank(self):
+        return self.group.config.max_tokens_per_rank if self._ll else None
+
+    def num_dispatchers(self):
+        return self.group.world_size
+
+    def output_is_reduced(self):
+        return True
+
+    def supports_async(self):
+        return True
+
+    def post_init_setup(self, fused_experts):
+        return None
+
+    # ---- prepare --------------------------------------------------------------
+
+    def prepare(self, a1, topk_weights, topk_ids, num_experts, expert_map,
+                apply_router_weight_on_input, quant_config, defer_input_quant=False):
+        """Returns (a1q, a1q_scale, expert_tokens_meta, topk_ids, topk_weights);
+        the last two are None in low latency (vLLM keeps its own)."""
+        hook, receiver = self.prepare_async(a1, topk_weights, topk_ids, num_experts, expert_map,
+                                            apply_router_weight_on_input, quant_config,
+                                            defer_input_quant)
+        hook()
+        return receiver()
+
+    def prepare_async(self, a1, topk_weights, topk_ids, num_experts, expert_map,
+                      apply_router_weight_on_input, quant_config, defer_input_quant=False):
+        """Sends, and returns (hook, receiver): hook() receives (any thread,
+        once); receiver() returns prepare's tuple, running the hook first
+        if nobody has."""
+        entry = "prepare"
+        x, w_dispatch, w_combine = self._check_prepare(
+            entry, a1, topk_weights, topk_ids, num_experts, expert_map,
+            bool(apply_router_weight_on_input), quant_config, bool(defer_input_quant))
+        g = self.group
+        if not self._send_lock.acquire(timeout=self._bound_s):
+            raise RuntimeError("prepare: another thread held this adapter's send for %.0f s"
+                               % self._bound_s)
+        try:
+            handle = g.prepare(topk_ids)
+            try:
+                hook = self._dispatch(handle, x, w_dispatch)
+            except BaseException:
+                handle.free()
+                raise
+        finally:
+            self._send_lock.release()
+        op = _Op(handle, Once(hook, self._bound_s), w_combine,
+                 bool(apply_router_weight_on_input), [topk_ids])
+        self._inflight.add(op, topk_ids)
+        receiver = self._ll_receiver(op) if self._ll else self._ht_receiver(op, topk_ids.dtype)
+        return op.recv, receiver
+
+    def _dispatch(self, handle, x, weights):
+        g = self.group
+        if not self._ll:
+            return g.dispatch(handle, x, topk_weights=weights, defer=True)
+        hidden = int(x.shape[-1])
+        index, buffers = self._ring.take(hidden)
+        hook = g.dispatch(handle, x, topk_weights=weights, out=buffers, defer=True)
+        self._ring.keep(hidden, index, hook.result)
+        return hook
+
+    def _ll_receiver(self, op):
+        meta_cls = _types.engine_types()[1]
+        on_host = not self.group._is_cuda
+
+        def receiver():
+            res = op.recv()
+            meta = meta_cls(expert_num_tokens=res.recv_count,
+                            expert_num_tokens_cpu=res.recv_count if on_host else None)
+            return res.recv_x, res.recv_scales, meta, None, None
+        return receiver
+
+    def _ht_receiver(self, op, ids_dtype):
+        meta_cls = _types.engine_types()[1]
+        on_host = not self.group._is_cuda
+        box = []
+
+        def receiver():
+            res = op.recv()
+            if not box:
+                box.append(self._global_ids(res.recv_topk_idx, ids_dtype))
+                if not op.finalized:  # vLLM hands these back to finalize
+                    op.keys += [box[0], res.recv_topk_weights]
+                    self._inflight.add(op, box[0], res.recv_topk_weights)
+            meta = meta_cls(expert_num_tokens=res.recv_count,
+                            expert_num_tokens_cpu=res.recv_count if on_host else None)
+            return res.recv_x, None, meta, box[0], res.recv_topk_weights
+        return receiver
+
+    def _global_ids(self, local_ids, dtype):
+        """The library's local ids (or -1) as global ids, as vLLM's experts
+        map them through expert_map. A slot for no local expert gets an
+        expert of another rank, which expert_map sends nowhere (-1 where
+        there is no other rank)."""
+        g = self.group
+        first = g.rank * g.num_local_experts
+        if g.world_size == 1:
+            elsewhere = -1
+        else:
+            elsewhere = g.config.num_experts - 1 if g.rank == 0 else 0
+        return (local_ids + first).masked_fill(local_ids < 0, elsewhere).to(dtype)
+
+    def _check_prepare(self, entry, a1, topk_weights, topk_ids, num_experts, expert_map,
+                       on_input, quant_config, defer_input_quant):
+        """(rows to send, weights for dispatch, weights for combine)."""
+        for name, t in (("a1", a1), ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
+            _tensor(name, t, entry)
+        cfg = self.group.config
+        if int(num_experts) != cfg.num_experts:
+            raise ValueError("%s: num_experts=%d differs from the group's num_experts=%d"
+                             % (entry, int(num_experts), cfg.num_experts))
+        if tuple(topk_weights.shape) != tuple(topk_ids.shape):
+            raise ValueError("%s: topk_weights has shape %s and topk_ids %s; they pair slot "
+                             "by slot" % (entry, tuple(topk_weights.shape), tuple(topk_ids.shape)))
+        self._expert_map(expert_map, entry)
+        self._check_quant(entry, quant_config, defer_input_quant)
+        carried = not self._ll or self._weights_at_dispatch
+        if not on_input:
+            return a1, (topk_weights if carried else None), (None if carried else topk_weights)
+        if topk_ids.dim() != 2 or topk_ids.shape[1] != 1:
+            raise ValueError("%s: apply_router_weight_on_input=True needs top_k == 1 (the weight "
+                             "scales the token's row before dispatch), got topk_ids of shape %s"
+                             % (entry, tuple(topk_ids.shape)))
+        # The weight goes into the row; the experts' sum then weighs it by one.
+        x = (a1.float() * topk_weights.float()).to(a1.dtype)
+        ones = torch.ones_like(topk_weights, dtype=torch.float32)
+        return x, (ones if carried else None), (None if carried else ones)
+
+    def _check_quant(self, entry, quant_config, defer_input_quant):
+        cfg = self.group.config
+        qd = getattr(quant_config, "quant_dtype", None) if quant_config is not None else None
+        if qd is None or defer_input_quant:
+            if self._ll and cfg.fp8:
+                raise NotImplementedError(
+                    "%s: quant_config.quant_dtype=%r with defer_input_quant=%s asks for bf16 "
+                    "rows, but the group dispatches fp8_e4m3 (dispatch_dtype in its moe_ep "
+                    "config); use a bf16 group for experts that quantise themselves"
+                    % (entry, qd, defer_input_quant))
+            return
+        if not self._ll:
+            raise NotImplementedError(
+                "%s: quant_config.quant_dtype=%r: high_throughput dispatch moves bf16 rows; "
+                "pass defer_input_quant=True (the experts quantise) or use low_latency mode"
+                % (entry, qd))
+        if FP8_DTYPE is None or qd != FP8_DTYPE:
+            raise NotImplementedError("%s: quant_config.quant_dtype=%r: moe-ep dispatches bf16 "
+                                      "or float8_e4m3fn with 128-channel group scales"
+                                      % (entry, qd))
+        if not cfg.fp8:
+            raise NotImplementedError("%s: quant_config.quant_dtype=float8_e4m3fn but the group "
+                                      "dispatches bf16; configure dispatch_dtype: fp8_e4m3" % entry)
+        if getattr(quant_config, "per_act_token_quant", False):
+            raise NotImplementedError("%s: quant_config.per_act_token_quant=True: moe-ep's fp8 "
+                                      "scales are one per 128-channel group" % entry)
+        block = getattr(quant_config, "block_shape", None)
+        if not block or int(block[-1]) != 128:
+            raise NotImplementedError("%s: quant_config.block_shape=%r: moe-ep's fp8 scales are "
+                                      "one per 128-channel group (block_shape [*, 128])"
+                                      % (entry, block))
+
+    # ---- finalize -------------------------------------------------------------
+
+    def finalize(self, output, fused_expert_output, topk_weights, topk_ids,
+                 apply_router_weight_on_input, weight_and_reduce_impl):
+        """Combines into output [T, H] bf16 (in place)."""
+        hook, receiver = self.finalize_async(output, fused_expert_output, topk_weights, topk_ids,
+                                             apply_router_weight_on_input, weight_and_reduce_impl)
+        hook()
+        receiver()
+
+    def finalize_async(self, output, fused_expert_output, topk_weights, topk_ids,
+                       apply_router_weight_on_input, weight_and_reduce_impl):
+        """Sends the expert outputs back; returns (hook, receiver): hook()
+        receives into output (any thread, once); receiver() runs the hook
+        if nobody has, frees the routing and returns output."""
+        entry = "finalize"
+        _tensor("fused_expert_output", fused_expert_output, entry)
+        op = self._inflight.take(topk_ids, entry)
+        try:
+            if bool(apply_router_weight_on_input) != op.on_input:
+                raise ValueError("%s: apply_router_weight_on_input=%s but prepare got %s"
+                                 % (entry, bool(apply_router_weight_on_input), op.on_input))
+            if self._ll:
+                if weight_and_reduce_impl is not None and not _types.is_delegate(weight_and_reduce_impl):
+                    raise NotImplementedError(
+                        "%s: weight_and_reduce_impl=%s: in low_latency mode the combine weighs "
+                        "and sums each token's experts, so it takes "
+                        "TopKWeightAndReduceDelegate or None"
+                        % (entry, type(weight_and_reduce_impl).__name__))
+                y = fused_expert_output
+            else:
+                y = self._ht_partials(op, fused_expert_output, weight_and_reduce_impl)
+            hook = self.group.combine(op.handle, y, topk_weights=op.combine_weights, out=output,
+                                      defer=True)
+        except BaseException:
+            self._inflight.add(op, *op.keys)  # bad input: the layer call stays finalizable
+            raise
+        op.finalized = True
+        done = Once(hook, self._bound_s)
+
+        def receiver():
+            out = done()
+            op.handle.free()
+            return out
+        return done, receiver
+
+    def _ht_partials(self, op, fused, impl):
+        """[N_recv, H] bf16 partials: fused as given when the experts
+        reduced it (2-D), else weighted and summed over the received top-k."""
+        res = op.recv()
+        if impl is not None and not _types.is_delegate(impl):
+            ids = self._global_ids(res.recv_topk_idx, torch.int64)
+            return impl.apply(None, fused, res.recv_topk_weights, ids, op.on_input)
+        if fused.dim() == 2:
+            return fused
+        if fused.dim() != 3 or fused.shape[1] != res.recv_topk_idx.shape[1]:
+            raise ValueError("finalize: fused_expert_output has shape %s; high_throughput takes "
+                             "[N_recv, H] partials or [N_recv, top_k=%d, H] expert outputs"
+                             % (tuple(fused.shape), res.recv_topk_idx.shape[1]))
+        valid = res.recv_topk_idx >= 0
+        w = res.recv_topk_weights  # ones when prepare applied them to the rows
+        acc = torch.zeros((fused.shape[0], fused.shape[2]), dtype=torch.float32, device=fused.device)
+        for k in range(fused.shape[1]):  # k order, f32, as the LL combine sums
+            acc += (fused[:, k].float() * w[:, k:k + 1]).masked_fill(~valid[:, k:k + 1], 0.0)
+        return acc.to(torch.bfloat16)

@@ -1,0 +1,13 @@
+"""The engine adapters (moe_ep.vllm, moe_ep.sglang) on the host backend:
+2 ranks with every case, 4 ranks with the overlapped ones."""
+from spawn import run_ranks
+
+
+def test_adapters_two_ranks():
+    ok, report = run_ranks(2, "adapters_worker.py", ["full"])
+    assert ok, report
+
+
+def test_adapters_four_ranks():
+    ok, report = run_ranks(4, "adapters_worker.py", ["short"])
+    assert ok, report

@@ -1,0 +1,257 @@
+"""Engine adapters worker: moe_ep.vllm.PrepareAndFinalize (LL and HT) and
+moe_ep.sglang.Dispatcher on real groups, values against the oracle; two
+operations in flight with their hooks run on a second thread; bad input
+raising the exception that names it, the adapter still usable after.
+argv: [full|short]"""
+import sys
+
+import numpy as np
+import torch
+
+import common
+import moe_ep
+import moe_ep.sglang
+import moe_ep.vllm
+import oracle
+from common import (RANK, WORLD, bits, bf16_tensor, expect_raises, fail, run_on_thread, same,
+                    within_ulp)
+from ll_worker import P, check_dispatch, expert_outputs, torch_inputs
+
+FULL = sys.argv[1:] == ["full"]
+HT = oracle.Problem(WORLD, num_experts=4 * WORLD, hidden=256, top_k=4, max_tokens=32)
+
+
+def check_combine(what, seed, out, inp, at_dispatch, p=P):
+    if at_dispatch:
+        within_ulp(what, seed, bits(out), oracle.ll_combine_at_dispatch(p, inp), 1)
+    else:
+        same(what, seed, bits(out), oracle.ll_combine_at_combine(p, inp))
+
+
+def contiguous_map():
+    """vLLM's expert_map for moe-ep's placement: global -> local id or -1."""
+    m = torch.full((P.num_experts,), -1, dtype=torch.int32)
+    m[RANK * P.local:(RANK + 1) * P.local] = torch.arange(P.local, dtype=torch.int32)
+    return m
+
+
+class DelegateStandIn:
+    """Named as vLLM's TopKWeightAndReduceDelegate, which the adapter
+    recognises by name."""
+
+
+DelegateStandIn.__name__ = "TopKWeightAndReduceDelegate"
+
+
+# ---- vLLM, low latency --------------------------------------------------------
+
+def vllm_ll_sync(pf, seed, at_dispatch):
+    inputs = oracle.all_inputs(P, seed)
+    x, idx, w = torch_inputs(inputs[RANK])
+    a1q, scale, meta, ids, wts = pf.prepare(x, w, idx, P.num_experts, None, False, None)
+    if scale is not None or ids is not None or wts is not None:
+        fail("vllm prepare", seed, "want (a1q, None, meta, None, None)")
+    if meta.expert_num_tokens is not meta.expert_num_tokens_cpu:
+        fail("vllm meta", seed, "host backend: expert_num_tokens_cpu is the same tensor")
+    res = moe_ep.DispatchResult(a1q, scale, meta.expert_num_tokens)
+    check_dispatch(seed, inputs, res, P.hidden)
+    out = torch.empty_like(x)
+    pf.finalize(out, expert_outputs(pf.group, a1q), w, idx, False, DelegateStandIn())
+    check_combine("vllm finalize", seed, out, inputs[RANK], at_dispatch)
+
+
+def vllm_ll_overlapped(pf, seed):
+    """Two micro-batches in flight; every hook runs on a second thread,
+    every receiver on this one (vLLM's dual-batch overlap)."""
+    batches = [oracle.all_inputs(P, seed + i) for i in (0, 1)]
+    t = [torch_inputs(b[RANK]) for b in batches]
+    sent = [pf.prepare_async(t[i][0], t[i][2], t[i][1], P.num_experts, None, False, None)
+            for i in (0, 1)]
+    outs = []
+    for i in (0, 1):
+        run_on_thread(sent[i][0], seed + i)
+        a1q, _, meta, _, _ = sent[i][1]()
+        check_dispatch(seed + i, batches[i], moe_ep.DispatchResult(a1q, None, meta.expert_num_tokens),
+                       P.hidden)
+        outs.append(torch.empty_like(t[i][0]))
+        hook, receiver = pf.finalize_async(outs[i], expert_outputs(pf.group, a1q), t[i][2], t[i][1],
+                                           False, None)
+        run_on_thread(hook, seed + i)
+        if receiver() is not outs[i]:
+            fail("vllm finalize_async", seed + i, "receiver did not return output")
+    for i in (0, 1):
+        check_combine("vllm overlapped finalize", seed + i, outs[i], batches[i][RANK], True)
+
+
+def vllm_ll_weight_on_input(pf, seed):
+    """top-1 with apply_router_weight_on_input: the row is weighed before
+    dispatch, the combine weighs by one."""
+    p1 = oracle.Problem(WORLD, P.num_experts, P.hidden, 1, P.max_tokens)
+    inp = oracle.make_inputs(p1, seed, RANK)
+    x, idx, w = torch_inputs(inp)
+    a1q, _, meta, _, _ = pf.prepare(x, w, idx, P.num_experts, contiguous_map(),
+                                    True, None)
+    out = torch.empty_like(x)
+    pf.finalize(out, expert_outputs(pf.group, a1q), w, idx, True, None)
+    weighed = oracle.bf16_bits(oracle.bf16_float(inp["x"]) * inp["weights"][:, :1])
+    want = {"x": weighed, "topk_idx": inp["topk_idx"], "weights": np.ones_like(inp["weights"])}
+    within_ulp("vllm weight on input", seed, bits(out), oracle.ll_combine_at_dispatch(p1, want), 1)
+
+
+class Fp8Quant:
+    quant_dtype = "fp8_e4m3"
+    block_shape = [128, 128]
+    per_act_token_quant = False
+
+
+def vllm_bad_input(pf, seed):
+    inputs = oracle.all_inputs(P, seed)
+    x, idx, w = torch_inputs(inputs[RANK])
+    swapped = contiguous_map().flip(0).contiguous()
+    expect_raises("expert_map", NotImplementedError, "expert_map maps global expert 0",
+                  lambda: pf.prepare(x, w, idx, P.num_experts, swapped, False, None))
+    expect_raises("num_experts", ValueError, "num_experts=%d differs" % (P.num_experts + 1),
+                  lambda: pf.prepare(x, w, idx, P.num_experts + 1, None, False, None))
+    expect_raises("weight on input top-k", ValueError, "apply_router_weight_on_input=True needs",
+                  lambda: pf.prepare(x, w, idx, P.num_experts, None, True, None))
+    expect_raises("quant", NotImplementedError, "quant_config.quant_dtype='fp8_e4m3'",
+                  lambda: pf.prepare(x, w, idx, P.num_experts, None, False, Fp8Quant()))
+    expect_raises("a1 type", TypeError, "a1 must be a torch.Tensor",
+                  lambda: pf.prepare(x.tolist(), w, idx, P.num_experts, None, False, None))
+    expect_raises("library sentence", moe_ep.InvalidArgumentError, "params->x has dtype",
+                  lambda: pf.prepare(x.float(), w, idx, P.num_experts, None, False, None))
+    a1q, _, _, _, _ = pf.prepare(x, w, idx, P.num_experts, None, False, None)
+    y = expert_outputs(pf.group, a1q)
+    out = torch.empty_like(x)
+    expect_raises("unknown topk_ids", ValueError, "not a tensor that a pending prepare",
+                  lambda: pf.finalize(out, y, w, idx.clone(), False, None))
+    expect_raises("weight_and_reduce_impl", NotImplementedError, "weight_and_reduce_impl=object",
+                  lambda: pf.finalize(out, y, w, idx, False, object()))
+    pf.finalize(out, y, w, idx, False, None)  # the layer call stayed finalizable
+    check_combine("vllm finalize after refusals", seed, out, inputs[RANK], True)
+
+
+def vllm_ll(g):
+    pf = moe_ep.vllm.PrepareAndFinalize(g)
+    fmt = moe_ep.vllm.FusedMoEActivationFormat
+    got = (pf.activation_format, pf.num_dispatchers(), pf.max_num_tokens_per_rank(),
+           pf.output_is_reduced(), pf.supports_async(), pf.topk_indices_dtype())
+    if got != (fmt.BatchedExperts, WORLD, P.max_tokens, True, True, None):
+        fail("vllm properties", "-", repr(got))
+    for seed in (101, 102) if FULL else (101,):
+        vllm_ll_sync(pf, seed, True)
+    vllm_ll_overlapped(pf, 111)
+    vllm_ll_sync(moe_ep.vllm.PrepareAndFinalize(g, weights_at_dispatch=False), 121, False)
+    if FULL:
+        vllm_ll_weight_on_input(pf, 131)
+        vllm_bad_input(pf, 141)
+
+
+# ---- SGLang -----------------------------------------------------------------------
+
+class TopKOutput:
+    def __init__(self, w, idx):
+        self.topk_weights, self.topk_ids, self.router_logits = w, idx, None
+
+
+def sglang_tbo(d, seed, at_dispatch):
+    """Two-batch overlap: both dispatches out, sub-batch 0's receive run on
+    a second thread, then each sub-batch's experts and combine."""
+    batches = [oracle.all_inputs(P, seed + i) for i in (0, 1)]
+    t = [torch_inputs(b[RANK]) for b in batches]
+    for i in (0, 1):
+        d.dispatch_a(t[i][0], TopKOutput(t[i][2], t[i][1]), tbo_subbatch_index=i)
+    run_on_thread(d.pending_hook(0), seed)
+    got = [d.dispatch_b(tbo_subbatch_index=i) for i in (0, 1)]
+    for i in (0, 1):
+        o = got[i]
+        check_dispatch(seed + i, batches[i], moe_ep.DispatchResult(o.hidden_states, None, o.masked_m),
+                       P.hidden)
+        want_m = (len(t[i][0]) * WORLD * P.top_k + P.num_experts) // P.num_experts
+        if o.hidden_states_scale is not None or o.topk_ids is not t[i][1] or \
+                o.topk_weights is not t[i][2] or o.expected_m != want_m:
+            fail("sglang output", seed + i, "scale None, the dispatch's topk tensors and "
+                 "expected_m=%d wanted; got expected_m=%r" % (want_m, o.expected_m))
+        d.combine_a(expert_outputs(d.group, o.hidden_states), o.topk_ids, o.topk_weights,
+                    tbo_subbatch_index=i)
+    run_on_thread(d.pending_hook(1), seed + 1)
+    for i in (0, 1):
+        check_combine("sglang combine_b", seed + i, d.combine_b(tbo_subbatch_index=i),
+                      batches[i][RANK], at_dispatch)
+
+
+def sglang_bad_input(d, seed):
+    x, idx, w = torch_inputs(oracle.make_inputs(P, seed, RANK))
+    expect_raises("stage", RuntimeError, "sub-batch 0 is at stage 'idle'", lambda: d.dispatch_b())
+    expect_raises("sub-batch", ValueError, "tbo_subbatch_index=2",
+                  lambda: d.dispatch_a(x, TopKOutput(w, idx), tbo_subbatch_index=2))
+    expect_raises("topk_output", TypeError, "topk_output must have topk_ids",
+                  lambda: d.dispatch_a(x, (w, idx)))
+    d.dispatch_a(x, topk_idx=idx, topk_weights=w)  # the older keywords
+    o = d.dispatch_b()
+    y = expert_outputs(d.group, o.hidden_states)
+    expect_raises("overlap_args", NotImplementedError, "overlap_args=",
+                  lambda: d.combine_a(y, idx, w, overlap_args=object()))
+    expect_raises("other weights", ValueError, "topk_weights is not the tensor dispatch_a got",
+                  lambda: d.combine_a(y, idx, w.clone()))
+    d.combine_a(y, idx, w)
+    check_combine("sglang after refusals", seed, d.combine_b(), oracle.make_inputs(P, seed, RANK),
+                  True)
+
+
+def sglang(g):
+    sglang_tbo(moe_ep.sglang.Dispatcher(g), 201, True)
+    if FULL:
+        sglang_tbo(moe_ep.sglang.Dispatcher(g, weights_at_dispatch=False), 211, False)
+        sglang_bad_input(moe_ep.sglang.Dispatcher(g), 221)
+
+
+# ---- vLLM, high throughput -----------------------------------------------------------
+
+def vllm_ht(g, seed):
+    pf = moe_ep.vllm.PrepareAndFinalize(g)
+    if (pf.activation_format, pf.max_num_tokens_per_rank()) != \
+            (moe_ep.vllm.FusedMoEActivationFormat.Standard, None):
+        fail("vllm ht properties", seed, repr(pf.activation_format))
+    inputs = oracle.all_inputs(HT, seed)
+    inp = inputs[RANK]
+    x, idx, w = bf16_tensor(inp["x"]), torch.from_numpy(inp["topk_idx"]), torch.from_numpy(inp["weights"])
+    hook, receiver = pf.prepare_async(x, w, idx, HT.num_experts, None, False, None)
+    run_on_thread(hook, seed)
+    rx, scale, meta, ids, wts = receiver()
+    src, want_idx, want_w, counts = oracle.ht_dispatch(HT, inputs, RANK)
+    want_x = np.stack([inputs[s]["x"][t] for s, t in src]) if src else np.zeros((0, HT.hidden), np.uint16)
+    elsewhere = -1 if WORLD == 1 else (HT.num_experts - 1 if RANK == 0 else 0)
+    want_ids = np.where(want_idx >= 0, want_idx + RANK * HT.local, elsewhere).astype(np.int64)
+    same("vllm ht a1q", seed, bits(rx), want_x)
+    same("vllm ht topk_ids (global)", seed, bits(ids), want_ids)
+    same("vllm ht topk_weights", seed, bits(wts), want_w)
+    same("vllm ht expert_num_tokens", seed, bits(meta.expert_num_tokens), counts)
+    if scale is not None:
+        fail("vllm ht scale", seed, "want None")
+    y = (rx.float() * float(oracle.ht_partial_scale(RANK))).to(torch.bfloat16)
+    out = torch.empty_like(x)
+    hook, receiver = pf.finalize_async(out, y, wts, ids, False, None)
+    run_on_thread(hook, seed)
+    receiver()
+    same("vllm ht finalize", seed, bits(out), oracle.ht_combine(HT, inp))
+
+
+def main():
+    with moe_ep.Group(common.config(0, num_experts=P.num_experts, hidden=P.hidden, top_k=P.top_k,
+                                    max_tokens_per_rank=P.max_tokens)) as g:
+        vllm_ll(g)
+        sglang(g)
+    if FULL:
+        with moe_ep.Group(common.config(1, mode="high_throughput", num_experts=HT.num_experts,
+                                        hidden=HT.hidden, top_k=HT.top_k,
+                                        max_tokens_per_rank=HT.max_tokens)) as g:
+            vllm_ht(g, 301)
+            expect_raises("sglang on HT", NotImplementedError, "mode is high_throughput",
+                          lambda: moe_ep.sglang.Dispatcher(g))
+            vllm_ht(g, 302)
+    common.finish()
+
+
+if __name__ == "__main__":
+    main()
