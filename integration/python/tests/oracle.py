@@ -130,9 +130,26 @@ def expert_row(x_bits, e):
     return bf16_bits(bf16_float(x_bits) * expert_scale(e))
 
 
+def fma32(a, b, c):
+    """float32 fma(a, b, c) elementwise, rounded once (the combine rule).
+    a*b is exact in float64; s = a*b + c rounds to float64, and the exact
+    error e of that sum (TwoSum) decides the one case where rounding s to
+    float32 would round twice: s exactly halfway between two float32s."""
+    prod = np.float64(a) * np.asarray(b, dtype=np.float64)
+    c64 = np.asarray(c, dtype=np.float64)
+    s = prod + c64
+    bb = s - prod
+    e = (prod - (s - bb)) + (c64 - bb)
+    halfway = (s.view(np.uint64) & np.uint64((1 << 29) - 1)) == np.uint64(1 << 28)
+    fix = halfway & (e != 0)
+    if fix.any():
+        s = np.where(fix, np.nextafter(s, np.where(e > 0, np.inf, -np.inf)), s)
+    return s.astype(np.float32)
+
+
 def ll_combine_at_combine(p, inp):
-    """out [T, H] bf16 bits: one f32 sum per token in k order from 0.0f of
-    w_k * y_k, then bf16."""
+    """out [T, H] bf16 bits: one f32 sum per token in k order from +0, one
+    fma(w_k, y_k, acc) per slot, then bf16."""
     x, idx, w = inp["x"], inp["topk_idx"], inp["weights"]
     out = np.zeros(x.shape, dtype=np.uint16)
     for t in range(len(x)):
@@ -141,13 +158,13 @@ def ll_combine_at_combine(p, inp):
             e = idx[t, k]
             if e < 0:
                 continue
-            acc = (acc + w[t, k] * bf16_float(expert_row(x[t], e))).astype(np.float32)
+            acc = fma32(w[t, k], bf16_float(expert_row(x[t], e)), acc)
         out[t] = bf16_bits(acc)
     return out
 
 
 def ll_combine_at_dispatch(p, inp):
-    """Weights given to dispatch: per rank the f32 sum in k order of that
+    """Weights given to dispatch: per rank the f32 fma sum in k order of that
     rank's w_k * y_k, rounded to bf16; then the partials summed in f32 in
     the order the token's ranks first appear in its top-k, then bf16."""
     x, idx, w = inp["x"], inp["topk_idx"], inp["weights"]
@@ -163,7 +180,7 @@ def ll_combine_at_dispatch(p, inp):
             for k in range(p.top_k):
                 e = idx[t, k]
                 if e >= 0 and p.rank_of(e) == r:
-                    part = (part + w[t, k] * bf16_float(expert_row(x[t], e))).astype(np.float32)
+                    part = fma32(w[t, k], bf16_float(expert_row(x[t], e)), part)
             acc = (acc + bf16_float(bf16_bits(part))).astype(np.float32)
         out[t] = bf16_bits(acc)
     return out

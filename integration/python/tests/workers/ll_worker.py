@@ -12,7 +12,7 @@ import torch
 import common
 import moe_ep
 import oracle
-from common import RANK, WORLD, bits, bf16_tensor, same, fail, expect_raises, within_ulp
+from common import RANK, WORLD, bits, bf16_tensor, same, fail, expect_raises
 
 FULL = sys.argv[1:] == ["full"]
 P = oracle.Problem(WORLD, num_experts=4 * WORLD, hidden=256, top_k=4, max_tokens=24)
@@ -69,10 +69,8 @@ def roundtrip(g, seed, weights_at_dispatch=False, hidden=None, top_k=None):
     out = g.combine(h, expert_outputs(g, res.recv_x), topk_weights=None if weights_at_dispatch else w)
     p = oracle.Problem(WORLD, P.num_experts, h_len, top_k or P.top_k, P.max_tokens)
     if weights_at_dispatch:
-        # Bit-exactness of this order is being brought to the host backend;
-        # until then one bf16 ulp is allowed.
-        within_ulp("combine (weights at dispatch)", seed, bits(out),
-                   oracle.ll_combine_at_dispatch(p, inputs[RANK]), 1)
+        same("combine (weights at dispatch)", seed, bits(out),
+             oracle.ll_combine_at_dispatch(p, inputs[RANK]))
     else:
         same("combine (weights at combine)", seed, bits(out), oracle.ll_combine_at_combine(p, inputs[RANK]))
     h.free()
