@@ -2,6 +2,7 @@
  * across processes. Each token goes once to each destination rank (a row
  * carrying its local expert ids); the receiver fans rows out to expert
  * slots in (source rank, token) order, so layouts are deterministic. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,11 +19,15 @@ typedef struct host_state {
   mep_host_layout_t layout;
   uint8_t *staging;  /* one destination's rows */
   uint64_t *counts;  /* [R] stable sources of the row-count puts */
+  /* Operation number of the dispatch whose layout each buffer set holds. */
+  uint64_t layout_seq[MEP_NUM_BUFFER_SETS];
 } host_state_t;
 
 /* Per-handle record of every received slot: (source rank, token, k) for
  * LL, (source rank, token, ordinal among the token's ranks) for HT. */
 typedef struct slot_table {
+  int32_t set;  /* buffer set and operation number of the dispatch */
+  uint64_t seq;
   int64_t n;
   int32_t num_experts;
   int32_t *expert_start; /* [E_l + 1], LL */
@@ -177,11 +182,13 @@ static moe_ep_status_t dispatch_send(moe_ep_group_t *g, mep_op_t *op) {
 
 static moe_ep_status_t wait_all(moe_ep_group_t *g, mep_op_t *op, int combine) {
   host_state_t *hs = g->impl;
+  char what[64];
+  snprintf(what, sizeof what, "%s (operation %llu, buffer set %d)",
+           combine ? "combine" : "dispatch", (unsigned long long)op->seq, op->buffer_set);
   for (int s = 0; s < g->world_size; s++) {
     size_t off = combine ? mep_host_off_combine_flag(&hs->layout, op->buffer_set, s)
                          : mep_host_off_dispatch_flag(&hs->layout, op->buffer_set, s);
-    MEP_CHECK(mep_host_mesh_wait(hs->mesh, off, op->seq + 1, s,
-                                 combine ? "combine" : "dispatch"));
+    MEP_CHECK(mep_host_mesh_wait(hs->mesh, off, op->seq + 1, s, what));
   }
   return MOE_EP_OK;
 }
@@ -405,9 +412,27 @@ static moe_ep_status_t combine_recv(moe_ep_group_t *g, mep_op_t *op) {
   return MOE_EP_OK;
 }
 
+/* The header's promise: a later dispatch on the handle's buffer set
+ * replaced its layout, so combine is refused before anything is sent (the
+ * group stays usable). */
+static moe_ep_status_t check_layout_current(const host_state_t *hs, const mep_op_t *op) {
+  const slot_table_t *tab = op->handle->backend;
+  if (hs->layout_seq[tab->set] == tab->seq) return MOE_EP_OK;
+  return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                   "combine: the layout of this handle's dispatch (operation %llu, buffer set "
+                   "%d) was overwritten by a later dispatch on the same set (operation %llu); "
+                   "combine each handle before the dispatch after next",
+                   (unsigned long long)tab->seq, tab->set,
+                   (unsigned long long)hs->layout_seq[tab->set]);
+}
+
 static moe_ep_status_t host_send(moe_ep_group_t *g, mep_op_t *op) {
-  mep_host_mesh_begin(((host_state_t *)g->impl)->mesh);
-  return op->kind == MEP_OP_DISPATCH ? dispatch_send(g, op) : combine_send(g, op);
+  host_state_t *hs = g->impl;
+  if (op->kind == MEP_OP_COMBINE) MEP_CHECK(check_layout_current(hs, op));
+  mep_host_mesh_begin(hs->mesh);
+  if (op->kind == MEP_OP_COMBINE) return combine_send(g, op);
+  hs->layout_seq[op->buffer_set] = op->seq;
+  return dispatch_send(g, op);
 }
 
 static moe_ep_status_t host_recv(moe_ep_group_t *g, mep_op_t *op) {
@@ -417,8 +442,12 @@ static moe_ep_status_t host_recv(moe_ep_group_t *g, mep_op_t *op) {
   row_layout_for(g, op, &rl);
   MEP_CHECK(wait_all(g, op, 0));
   MEP_CHECK(check_rows(g, op, &rl, combine_width(g, op)));
-  return op->mode == MOE_EP_MODE_LOW_LATENCY ? dispatch_recv_ll(g, op, &rl)
-                                             : dispatch_recv_ht(g, op, &rl);
+  MEP_CHECK(op->mode == MOE_EP_MODE_LOW_LATENCY ? dispatch_recv_ll(g, op, &rl)
+                                                : dispatch_recv_ht(g, op, &rl));
+  slot_table_t *tab = op->handle->backend;
+  tab->set = op->buffer_set;
+  tab->seq = op->seq;
+  return MOE_EP_OK;
 }
 
 static moe_ep_status_t host_poll_error(moe_ep_group_t *g) { return MOE_EP_OK; }

@@ -4,6 +4,8 @@
 // (its log, printed here, names rank, seed, index, expected and got).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -16,6 +18,7 @@ struct Case {
   const char* name;
   int world;
   std::vector<std::string> args;
+  int ports = 0;  // free bootstrap ports for the groups the scenario forms
 };
 
 std::string describe(const std::vector<RankExit>& exits) {
@@ -27,9 +30,32 @@ std::string describe(const std::vector<RankExit>& exits) {
   return s;
 }
 
+// A fresh folder for the workers' barriers outside moe-ep.
+std::string barrier_dir() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string pattern = std::string(tmp ? tmp : "/tmp") + "/barrier.XXXXXX";
+  std::vector<char> buf(pattern.begin(), pattern.end());
+  buf.push_back('\0');
+  const char* dir = mkdtemp(buf.data());
+  return dir ? dir : "/tmp";
+}
+
+std::string distinct_ports(int n) {
+  std::set<int> seen;
+  std::string list;
+  while (static_cast<int>(seen.size()) < n) {
+    int p = free_port();
+    if (!seen.insert(p).second) continue;
+    list += (list.empty() ? "" : ",") + std::to_string(p);
+  }
+  return list;
+}
+
 std::vector<std::string> worker_argv(const Case& c) {
   std::vector<std::string> a = {runfile("tests/host/conformance_worker"),
-                                "--plugin=" + runfile("plugin/libmoe_ep.so")};
+                                "--plugin=" + runfile("plugin/libmoe_ep.so"),
+                                "--barrier_dir=" + barrier_dir()};
+  if (c.ports > 0) a.push_back("--ports=" + distinct_ports(c.ports));
   a.insert(a.end(), c.args.begin(), c.args.end());
   return a;
 }
@@ -68,6 +94,19 @@ const Case kCases[] = {
     {"config_mismatch_r2", 2, {"--scenario=mismatch", "--max_tokens=16"}},
     {"config_mismatch_r8", 8, {"--scenario=mismatch", "--max_tokens=16"}},
     {"bad_input_r4_bf16", 4, {"--scenario=badinput", "--experts=8", "--max_tokens=16", "--layers=128:2"}},
+    // Combine on a handle whose buffer set a later dispatch reused: refused.
+    {"reuse_r2_double_buffer", 2, {"--scenario=reuse", "--experts=8", "--max_tokens=8", "--layers=384:4"}},
+    {"reuse_r2_single_buffer", 2, {"--scenario=reuse", "--double_buffer=0", "--experts=8", "--max_tokens=8", "--layers=384:4"}},
+    // Rank 0 one operation ahead: rank 1 is told so at once; rank 0 then
+    // hears that rank 1 left (destroyed its group).
+    {"ahead_r2_single_buffer", 2, {"--scenario=ahead", "--double_buffer=0", "--experts=8", "--max_tokens=8", "--layers=128:2", "--kernel_ms=10000"}},
+    // The peer busy outside moe-ep between its send half and its hook (a
+    // barrier of the engine's own), 50 fresh groups, each run's first
+    // operation; then two live groups whose deferred dispatches interleave
+    // in opposite orders on the two ranks, 50 times. kernel_ms is short
+    // enough that a backend that needs the peer to call in times out.
+    {"busy_peer_r2_50_runs", 2, {"--scenario=busypeer", "--runs=50", "--experts=8", "--max_tokens=8", "--layers=7168:8", "--kernel_ms=3000"}, 50},
+    {"two_groups_r2_50_runs", 2, {"--scenario=twogroups", "--runs=50", "--experts=8", "--max_tokens=8", "--layers=7168:8", "--kernel_ms=3000"}, 100},
 };
 
 INSTANTIATE_TEST_SUITE_P(Host, Conformance, testing::ValuesIn(kCases),

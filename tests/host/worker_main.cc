@@ -83,6 +83,7 @@ std::string config_yaml(const Options& o) {
     << "  dispatch_dtype: " << (o.dtype == "fp8" ? "fp8_e4m3" : "bf16") << "\n"
     << "  fp8_scale: " << o.scale << "\n"
     << "  transport: " << o.transport << "\n"
+    << "  double_buffer: " << (o.double_buffer ? "true" : "false") << "\n"
     << "  timeouts:\n    kernel_ms: " << o.kernel_ms << "\n"
     << "  bootstrap:\n    timeout_ms: 30000\n";
   return y.str();
@@ -107,6 +108,14 @@ static bool parse(int argc, char** argv, Options* o) {
     else if (k == "kernel_ms") o->kernel_ms = std::atoi(v.c_str());
     else if (k == "transport") o->transport = v;
     else if (k == "dispatch_weights") o->dispatch_weights = v;
+    else if (k == "double_buffer") o->double_buffer = v == "1";
+    else if (k == "runs") o->runs = std::atoi(v.c_str());
+    else if (k == "barrier_dir") o->barrier_dir = v;
+    else if (k == "ports") {  // "40001,40002"
+      std::stringstream ss(v);
+      std::string item;
+      while (std::getline(ss, item, ',')) o->ports.push_back(std::atoi(item.c_str()));
+    }
     else if (k == "layers") {  // "7168:8,2048:1"
       o->layers.clear();
       std::stringstream ss(v);
@@ -220,6 +229,14 @@ int main(int argc, char** argv) {
     run_routing(c);
   } else if (c.opt.scenario == "graph") {
     run_graph(c);
+  } else if (c.opt.scenario == "busypeer") {
+    run_busy_peer(c);
+  } else if (c.opt.scenario == "twogroups") {
+    run_two_groups(c);
+  } else if (c.opt.scenario == "ahead") {
+    run_ahead(c);
+  } else if (c.opt.scenario == "reuse") {
+    run_reuse(c);
   } else if (c.opt.ht) {
     run_ht_conformance(c);
   } else {
