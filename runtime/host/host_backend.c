@@ -435,8 +435,7 @@ static moe_ep_status_t host_send(moe_ep_group_t *g, mep_op_t *op) {
   return dispatch_send(g, op);
 }
 
-static moe_ep_status_t host_recv(moe_ep_group_t *g, mep_op_t *op) {
-  mep_host_mesh_begin(((host_state_t *)g->impl)->mesh);
+static moe_ep_status_t recv_half(moe_ep_group_t *g, mep_op_t *op) {
   if (op->kind == MEP_OP_COMBINE) return combine_recv(g, op);
   mep_row_layout_t rl;
   row_layout_for(g, op, &rl);
@@ -448,6 +447,14 @@ static moe_ep_status_t host_recv(moe_ep_group_t *g, mep_op_t *op) {
   tab->set = op->buffer_set;
   tab->seq = op->seq;
   return MOE_EP_OK;
+}
+
+static moe_ep_status_t host_recv(moe_ep_group_t *g, mep_op_t *op) {
+  mep_host_mesh_t *mesh = ((host_state_t *)g->impl)->mesh;
+  mep_host_mesh_begin(mesh);
+  moe_ep_status_t st = recv_half(g, op);
+  mep_host_mesh_reads_done(mesh);
+  return st;
 }
 
 static moe_ep_status_t host_poll_error(moe_ep_group_t *g) { return MOE_EP_OK; }

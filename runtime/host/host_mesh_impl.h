@@ -93,6 +93,11 @@ struct mep_host_mesh {
    * signals from one source arrive in order, so a waiter that sees a later
    * one knows the signal it waits for will never come. Atomic. */
   uint64_t *last_op;
+  /* Receive halves that finished reading the region (release); the
+   * progress thread acquires it before landing a put, so a peer's later
+   * put into a set is ordered after this rank's reads of it, for
+   * ThreadSanitizer too (its real order comes from the protocol). */
+  uint64_t reads_done;
 
   pthread_t thread;
   int thread_started;

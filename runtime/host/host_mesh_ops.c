@@ -7,6 +7,10 @@
 #include "runtime/error.h"
 #include "runtime/host/host_mesh_impl.h"
 
+void mep_host_mesh_reads_done(mep_host_mesh_t *m) {
+  __atomic_fetch_add(&m->reads_done, 1, __ATOMIC_RELEASE);
+}
+
 void mep_host_mesh_begin(mep_host_mesh_t *m) {
   m->deadline_ns = mep_host_now_ns() + (int64_t)m->timeout_ms * 1000000LL;
 }

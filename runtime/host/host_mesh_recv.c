@@ -121,6 +121,7 @@ static ucs_status_t on_message(void *arg, const void *header, size_t header_leng
     return UCS_OK;
   }
   mep_host_source_t *s = &m->sources[h.src];
+  if (h.kind == MEP_HOST_MSG_PUT) (void)__atomic_load_n(&m->reads_done, __ATOMIC_ACQUIRE);
   if (h.kind == MEP_HOST_MSG_SIGNAL) {
     if (s->inflight > 0) {
       queue_signal(s, h.offset, h.value);

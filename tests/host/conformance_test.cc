@@ -4,7 +4,16 @@
 // (its log, printed here, names rank, seed, index, expected and got).
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -40,12 +49,37 @@ std::string barrier_dir() {
   return dir ? dir : "/tmp";
 }
 
+// Ports below the kernel's ephemeral range: the many TCP connections the
+// groups open themselves take ephemeral local ports, and one of those (or
+// its TIME_WAIT) must not land on a port a later group listens on.
+int ephemeral_low() {
+  std::ifstream f("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 32768;
+  f >> low;
+  return low;
+}
+
+bool listenable(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  bool ok = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+            listen(fd, 1) == 0;
+  if (fd >= 0) close(fd);
+  return ok;
+}
+
 std::string distinct_ports(int n) {
+  int low = 10000, high = std::max(low + 4 * n, ephemeral_low());
+  std::mt19937 rng(static_cast<unsigned>(getpid()) ^ static_cast<unsigned>(time(nullptr)));
   std::set<int> seen;
   std::string list;
   while (static_cast<int>(seen.size()) < n) {
-    int p = free_port();
-    if (!seen.insert(p).second) continue;
+    int p = low + static_cast<int>(rng() % static_cast<unsigned>(high - low));
+    if (seen.count(p) || !listenable(p)) continue;
+    seen.insert(p);
     list += (list.empty() ? "" : ",") + std::to_string(p);
   }
   return list;
