@@ -1,5 +1,6 @@
-/* demo_verify.h: the demo's optional check of each combine against the
- * reference oracle (tests/oracle), behind a C interface. */
+/* demo_verify.h: the demo engine's expert stand-in and its check of each
+ * combine, in its own small reference arithmetic (the plugin's documented
+ * formats; no test code). */
 #ifndef MOE_EP_DEMO_VERIFY_H_
 #define MOE_EP_DEMO_VERIFY_H_
 
@@ -9,16 +10,19 @@
 extern "C" {
 #endif
 
-/* The demo's expert: y = bf16(x * gain(e)), the oracle's expert function. */
+/* The demo's expert: y = bf16(x * (1 + 0.01 * e)) in f32. */
 void demo_expert_row(int global_expert, const float *x, int hidden, uint16_t *y);
-/* Dequantized values of a received LL row (fp8 + f32 scales, or bf16). */
+/* Values of a received LL row (fp8 e4m3 times its f32 scales, or bf16). */
 void demo_received_row(const void *row, const float *scales, int hidden, int fp8,
                        float *out);
-/* 1 if `out` [T, H] matches what the oracle expects for this rank's tokens,
- * else 0 with a sentence in why. */
-int demo_verify_combine(int world, int num_experts, int hidden, int top_k,
-                        int max_tokens, int fp8, int num_tokens, const uint16_t *x,
-                        const int64_t *topk_idx, const float *weights,
+/* What a receiver sees of the bf16 row x: bf16 as is, or (fp8) e4m3 with
+ * one f32 scale per 128 channels (amax / 448), dequantized. */
+void demo_transported_row(const uint16_t *x, int hidden, int fp8, float *out);
+/* 1 if `out` [T, H] is what combine returns for this rank's tokens when
+ * every rank runs demo_expert_row on what it received, else 0 with a
+ * sentence in why (rank, first bad index, expected, got). */
+int demo_verify_combine(int rank, int hidden, int top_k, int fp8, int num_tokens,
+                        const uint16_t *x, const int64_t *topk_idx, const float *weights,
                         const uint16_t *out, char *why, int why_len);
 
 #ifdef __cplusplus

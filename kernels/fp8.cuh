@@ -3,7 +3,9 @@
  * scale = max(amax, 1e-4) / 448 (IEEE division), optionally rounded up to a
  * power of two; q = e4m3_satfinite(x / scale) (IEEE division): the same
  * operations, in the same order, as tests/oracle/quant.cc, so the bytes
- * match the oracle exactly. */
+ * match the oracle exactly. Non-finite input (moe_ep.h, "fp8 and
+ * non-finite input"): amax is over the group's finite values only, +-inf
+ * saturates to +-448 (0x7E / 0xFE) and NaN of either sign becomes 0x7F. */
 #ifndef MEP_FP8_CUH_
 #define MEP_FP8_CUH_
 
@@ -15,10 +17,9 @@
 #define MEP_FP8_AMAX_FLOOR 1e-4f
 
 /* 2^ceil(log2(s)) for a positive normal s, exactly as the oracle's
- * round_scale_pow2 (frexp, no log): s = m * 2^e, m in [0.5, 1). Non-finite
- * s (an inf in the row) is left as it is. */
+ * round_scale_pow2 (frexp, no log): s = m * 2^e, m in [0.5, 1). s is
+ * always finite: amax skips non-finite values. */
 __device__ __forceinline__ float mep_fp8_round_pow2(float s) {
-  if (!isfinite(s)) return s;
   int e;
   const float m = frexpf(s, &e);
   return m == 0.5f ? ldexpf(1.0f, e - 1) : ldexpf(1.0f, e);
@@ -90,9 +91,17 @@ __device__ __forceinline__ void mep_fp8_quantize_step(const uint4 v[2], int c0, 
   float f[16];
   mep_bf16x8_to_f32(v[0], f);
   mep_bf16x8_to_f32(v[1], f + 8);
+  /* The non-finite rule, a compare and a select or two per value, in the
+   * pass that already reads them: an inf or NaN is left out of amax (NaN
+   * fails a < inf), and a NaN is made positive so the conversion gives
+   * 0x7F whatever the input's sign. */
   float amax = 0.f;
 #pragma unroll
-  for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(f[i]));
+  for (int i = 0; i < 16; ++i) {
+    const float a = fabsf(f[i]);
+    amax = fmaxf(amax, a < INFINITY ? a : 0.f);
+    f[i] = f[i] == f[i] ? f[i] : a;
+  }
 #pragma unroll
   for (int m = 4; m >= 1; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
   if (c < hidden) {

@@ -3,16 +3,17 @@
 #ifndef MEP_KERNELS_ERROR_H_
 #define MEP_KERNELS_ERROR_H_
 
-#include "moe_ep.h"
+#include "kernels/kernels_types.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-moe_ep_status_t mep_kernels_error(moe_ep_status_t st, const char *fmt, ...)
+mep_kstatus_t mep_kernels_error(mep_kstatus_t st, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-/* MOE_EP_OK for cudaSuccess, else ERR_CUDA with the CUDA error's text. */
-moe_ep_status_t mep_kernels_cuda_check(const char *what, int cuda_error);
+/* MEP_KSTATUS_OK for cudaSuccess, else MEP_KSTATUS_CUDA with the CUDA
+ * error's text. */
+mep_kstatus_t mep_kernels_cuda_check(const char *what, int cuda_error);
 const char *mep_kernels_last_error(void);
 
 #ifdef __cplusplus

@@ -39,6 +39,12 @@
  * most an hour so that a misconfiguration cannot mean "wait forever". */
 #define MEP_MAX_TIMEOUT_MS 3600000
 
+/* Bytes the runtime keeps for NCCL's device communicator (struct
+ * ncclDevComm is C++ only: the C runtime holds it as bytes and the kernels
+ * copy it into each launch; kernels/ll_launch.cuh static_asserts that it
+ * fits). */
+#define MEP_DEVCOMM_BYTES 1024
+
 /* Two buffer sets: micro-batch B may dispatch while A's receive is pending
  * (two-batch overlap). A third pending operation is refused. */
 #define MEP_NUM_BUFFER_SETS 2

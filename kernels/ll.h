@@ -1,5 +1,5 @@
 /* ll.h: host launchers of the low-latency (LL) dispatch/combine kernels
- * (and of prepare's layout kernel and the standalone fp8 quantiser).
+ * (and of prepare's layout kernel).
  * Plain C: the runtime includes this, never the CUDA C++ behind it. Each
  * operation is a send half and a receive half (separate kernels, nothing
  * resident in between) so the receive can be deferred (hooks). */
@@ -9,18 +9,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/kernels_types.h"
+#include "kernels/limits.h"
 #include "kernels/ll_layout.h"
-#include "moe_ep.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Which wait expired (mep_ll_error_record_t.op). */
+/* Which wait expired (mep_ll_error_record_t.op; 0 in a zeroed record).
+ * 1 and 3 stay unused: send halves never wait. */
 enum {
-  MEP_LL_OP_NONE = 0,
-  /* 1 and 3 were the send halves' waits; send halves no longer wait. */
-  MEP_LL_OP_DISPATCH_RECV = 2, /* waiting for a peer's count or rows */
+  /* Receive halves waiting for a peer's count or rows. */
+  MEP_LL_OP_DISPATCH_RECV = 2,
   MEP_LL_OP_COMBINE_RECV = 4,
   /* Not a wait: a dispatch met a topk_idx value outside -1..num_experts-1
    * and dropped that slot (expert = the value, expected = token, seen = k).
@@ -54,9 +55,9 @@ typedef struct mep_ll_error_record {
 } mep_ll_error_record_t;
 
 typedef enum mep_ll_transport {
-  MEP_LL_TRANSPORT_LSA = 1,          /* = MOE_EP_TRANSPORT_LSA */
-  MEP_LL_TRANSPORT_GIN = 2,          /* = MOE_EP_TRANSPORT_GIN */
-  MEP_LL_TRANSPORT_GIN_EMULATED = 3  /* = MOE_EP_TRANSPORT_GIN_EMULATED */
+  MEP_LL_TRANSPORT_LSA = 1,          /* moe_ep_transport_t's numbers */
+  MEP_LL_TRANSPORT_GIN = 2,
+  MEP_LL_TRANSPORT_GIN_EMULATED = 3
 } mep_ll_transport_t;
 
 /* Everything the kernels need about the group; built once by the runtime,
@@ -150,7 +151,7 @@ typedef struct mep_ll_dispatch_args {
   int32_t top_k;          /* K, 1..min(dims.top_k, MEP_MAX_TOP_K) */
   int32_t num_experts;    /* global; E_local = num_experts / world */
   int32_t fp8;            /* 0: bf16 rows; 1: fp8 e4m3 + scales */
-  int32_t scale_mode;     /* moe_ep_fp8_scale_t (fp8 only) */
+  int32_t scale_mode;     /* MEP_FP8_SCALE_* (fp8 only) */
   int32_t buffer_set;     /* 0 or 1 */
   /* outputs (receive half) */
   void *recv_x;           /* [E_local, R*max_tokens, H] bf16 or fp8 */
@@ -215,43 +216,36 @@ uint64_t mep_ll_buffer_bytes(int32_t num_local_experts, int32_t world,
 /* Device state bytes (ordinary device memory, zero before first use). */
 uint64_t mep_ll_state_bytes(const mep_ll_dims_t *dims);
 /* kernel_ms -> device clocks at the device's peak SM clock. */
-moe_ep_status_t mep_ll_timeout_cycles(int cuda_device, int32_t kernel_ms,
+mep_kstatus_t mep_ll_timeout_cycles(int cuda_device, int32_t kernel_ms,
                                       uint64_t *cycles);
 /* Fills ctx->lsa_base / lsa_stride from the window (one tiny kernel and a
  * synchronous copy; once per group, after dev_comm and window are set). */
-moe_ep_status_t mep_ll_resolve_lsa(mep_ll_ctx_t *ctx);
+mep_kstatus_t mep_ll_resolve_lsa(mep_ll_ctx_t *ctx);
 /* Clears what a timed-out wait leaves behind in this rank's device state:
  * the abort flag, the block tickets and the put counters (state must be
  * idle). For tests that go on after a timeout they caused on purpose: the
  * window itself (signals, slot and expert lists a receive gave up on) is
  * not repaired, so after a real timeout the group is destroyed (the
  * runtime reports TIMEOUT on every later call). */
-moe_ep_status_t mep_ll_clear_abort(const mep_ll_ctx_t *ctx, void *stream);
+mep_kstatus_t mep_ll_clear_abort(const mep_ll_ctx_t *ctx, void *stream);
 
 /* Launchers: validate, launch on `stream` (cudaStream_t), return at once.
  * INVALID_ARGUMENT without touching the GPU when an argument breaks a rule;
  * mep_kernels_last_error() then says which. */
-moe_ep_status_t mep_ll_dispatch_send(const mep_ll_ctx_t *ctx,
+mep_kstatus_t mep_ll_dispatch_send(const mep_ll_ctx_t *ctx,
                                      const mep_ll_dispatch_args_t *args, void *stream);
-moe_ep_status_t mep_ll_dispatch_recv(const mep_ll_ctx_t *ctx,
+mep_kstatus_t mep_ll_dispatch_recv(const mep_ll_ctx_t *ctx,
                                      const mep_ll_dispatch_args_t *args, void *stream);
-moe_ep_status_t mep_ll_combine_send(const mep_ll_ctx_t *ctx,
+mep_kstatus_t mep_ll_combine_send(const mep_ll_ctx_t *ctx,
                                     const mep_ll_combine_args_t *args, void *stream);
-moe_ep_status_t mep_ll_combine_recv(const mep_ll_ctx_t *ctx,
+mep_kstatus_t mep_ll_combine_recv(const mep_ll_ctx_t *ctx,
                                     const mep_ll_combine_args_t *args, void *stream);
 /* Both halves in one launch (no deferred receive): one kernel instead of
  * two. Same arguments and results as send followed by recv. */
-moe_ep_status_t mep_ll_dispatch(const mep_ll_ctx_t *ctx, const mep_ll_dispatch_args_t *args,
+mep_kstatus_t mep_ll_dispatch(const mep_ll_ctx_t *ctx, const mep_ll_dispatch_args_t *args,
                                 void *stream);
-moe_ep_status_t mep_ll_combine(const mep_ll_ctx_t *ctx, const mep_ll_combine_args_t *args,
+mep_kstatus_t mep_ll_combine(const mep_ll_ctx_t *ctx, const mep_ll_combine_args_t *args,
                                void *stream);
-
-/* Standalone per-128-channel fp8 quantisation (same device code as the LL
- * dispatch): x [T, H] bf16 -> q [T, H] e4m3, scales f32 [T, H/128] or
- * packed UE8M0 int32 [T, ceil(H/512)]. */
-moe_ep_status_t mep_fp8_quantize(const void *x, int32_t num_tokens, int32_t hidden,
-                                 int32_t scale_mode, void *q, void *scales,
-                                 void *stream);
 
 /* prepare's optional layout outputs (kernels/prepare_layout.cu), from the
  * device topk_idx. Experts live on ranks in contiguous blocks of
@@ -272,13 +266,53 @@ typedef struct mep_prepare_layout_args {
 
 /* One single-block kernel on `stream`: no host sync, no allocation, so it
  * may be captured in a CUDA graph. Deterministic (integer counts). */
-moe_ep_status_t mep_prepare_layout(const mep_prepare_layout_args_t *args, void *stream);
+mep_kstatus_t mep_prepare_layout(const mep_prepare_layout_args_t *args, void *stream);
 
 /* Sentence about the last launcher failure on this thread (never NULL). */
 const char *mep_kernels_last_error(void);
 
 #ifdef __cplusplus
 }
+#define MEP_LL_STATIC_ASSERT(cond, why) static_assert(cond, why)
+#else
+#define MEP_LL_STATIC_ASSERT(cond, why) _Static_assert(cond, why)
 #endif
+
+/* Every bit field the wire and handle encodings pack, against the limit of
+ * what it must hold (kernels/limits.h): raising a limit past a field's
+ * width fails here, not as a silently aliased token, rank or count. */
+/* slot_src: rank 16 bits, k 5 bits, token 11 bits, round trip at the maxima. */
+MEP_LL_STATIC_ASSERT(MEP_LL_SLOT_RANK(MEP_LL_SLOT_PACK(MEP_MAX_RANKS - 1, MEP_MAX_TOKENS_LL - 1,
+                                                       MEP_MAX_TOP_K - 1)) == MEP_MAX_RANKS - 1 &&
+                         MEP_LL_SLOT_K(MEP_LL_SLOT_PACK(MEP_MAX_RANKS - 1, MEP_MAX_TOKENS_LL - 1,
+                                                        MEP_MAX_TOP_K - 1)) == MEP_MAX_TOP_K - 1 &&
+                         MEP_LL_SLOT_TOKEN(MEP_LL_SLOT_PACK(MEP_MAX_RANKS - 1,
+                                                            MEP_MAX_TOKENS_LL - 1,
+                                                            MEP_MAX_TOP_K - 1)) ==
+                             MEP_MAX_TOKENS_LL - 1,
+                     "slot_src's rank, k or token field is narrower than its limit");
+/* src_tokens: the token count stays below the weighted flag bit. */
+MEP_LL_STATIC_ASSERT(MEP_MAX_TOKENS_LL < MEP_LL_SRC_WEIGHTED,
+                     "src_tokens' count reaches MEP_LL_SRC_WEIGHTED");
+/* Slot-list word: local expert + 1 in 16 bits (0 = none there). */
+MEP_LL_STATIC_ASSERT(MEP_MAX_LOCAL_EXPERTS + 1 <= 0xffff,
+                     "the slot-list word's local expert field is 16 bits");
+/* Expert-list count: the source's tokens in 16 bits; entry: token in 11
+ * bits, k in 5. */
+MEP_LL_STATIC_ASSERT(MEP_MAX_TOKENS_LL <= 0xffff && MEP_MAX_TOKENS_LL <= 2048 &&
+                         MEP_MAX_TOP_K <= 32,
+                     "an expert-list field is narrower than its limit");
+/* Arrival signals: grid size in 16 bits (bits 32..47) and arrivals in 16
+ * (bits 48..63); a launch has at most MEP_LL_SHADOW_SLOTS blocks. */
+MEP_LL_STATIC_ASSERT(MEP_LL_SHADOW_SLOTS <= 0xffff,
+                     "a grid of MEP_LL_SHADOW_SLOTS blocks overflows the arrival fields");
+/* ...and the code below them in 32 bits: the largest dispatch code
+ * (mep_ll_disp_code with tokens = max, puts = max + 1, weighted; LSA
+ * combine's code is 1). */
+MEP_LL_STATIC_ASSERT(1ull + MEP_MAX_TOKENS_LL +
+                             (MEP_MAX_TOKENS_LL + 1ull) *
+                                 ((MEP_MAX_TOKENS_LL + 1ull) + (MEP_MAX_TOKENS_LL + 2ull)) <
+                         (1ull << 32),
+                     "a dispatch count signal's code overflows its 32 bits");
 
 #endif /* MEP_LL_H_ */

@@ -5,7 +5,7 @@
  * (staged): a cooperative launch. */
 #include "kernels/ll_combine_body.cuh"
 
-extern "C" moe_ep_status_t mep_ll_combine_check(const char *op, const mep_ll_ctx_t *ctx,
+extern "C" mep_kstatus_t mep_ll_combine_check(const char *op, const mep_ll_ctx_t *ctx,
                                                 const mep_ll_combine_args_t *a);
 
 namespace {
@@ -27,12 +27,12 @@ cudaError_t launch_tp(const MepLLParams &p, const MepCombineArgs &a, int idx_byt
 
 }  // namespace
 
-extern "C" moe_ep_status_t mep_ll_combine(const mep_ll_ctx_t *ctx, const mep_ll_combine_args_t *a,
+extern "C" mep_kstatus_t mep_ll_combine(const mep_ll_ctx_t *ctx, const mep_ll_combine_args_t *a,
                                           void *stream) {
-  moe_ep_status_t st = mep_ll_combine_check("combine", ctx, a);
-  if (st != MOE_EP_OK) return st;
-  if ((st = mep_combine_check_send_ptrs("combine", a)) != MOE_EP_OK) return st;
-  if ((st = mep_combine_check_recv_ptrs("combine", a)) != MOE_EP_OK) return st;
+  mep_kstatus_t st = mep_ll_combine_check("combine", ctx, a);
+  if (st != MEP_KSTATUS_OK) return st;
+  if ((st = mep_combine_check_send_ptrs("combine", a)) != MEP_KSTATUS_OK) return st;
+  if ((st = mep_combine_check_recv_ptrs("combine", a)) != MEP_KSTATUS_OK) return st;
   MepLLParams p;
   mep_ll_make_params(ctx, a->buffer_set, &p);
   const MepCombineArgs k = mep_combine_args(ctx, a);

@@ -53,25 +53,26 @@ static inline MepCombineArgs mep_combine_args(const mep_ll_ctx_t *ctx,
 }
 
 /* The pointer rules of each half (after mep_ll_combine_check). */
-static inline moe_ep_status_t mep_combine_check_send_ptrs(const char *op,
+static inline mep_kstatus_t mep_combine_check_send_ptrs(const char *op,
                                                           const mep_ll_combine_args_t *a) {
   if (a->y == nullptr || a->route == nullptr || a->src_tokens == nullptr)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "%s: y and the handle's route and src_tokens must not be NULL", op);
-  return MOE_EP_OK;
+  return MEP_KSTATUS_OK;
 }
-static inline moe_ep_status_t mep_combine_check_recv_ptrs(const char *op,
+static inline mep_kstatus_t mep_combine_check_recv_ptrs(const char *op,
                                                           const mep_ll_combine_args_t *a) {
   /* Pre-reduced partials need no weights on the source side. */
   if (a->partials != 0 && a->partials != 1)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT, "%s: partials is %d; it must be 0 or 1",
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT, "%s: partials is %d; it must be 0 or 1",
                              op, a->partials);
-  if (a->topk_idx == nullptr || (!a->partials && a->topk_weights == nullptr) ||
-      (a->num_tokens > 0 && a->out == nullptr))
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+  /* No tokens: nothing reads them (an empty tensor may carry NULL data). */
+  if (a->num_tokens > 0 && (a->topk_idx == nullptr || a->out == nullptr ||
+                            (!a->partials && a->topk_weights == nullptr)))
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "%s: topk_idx, out and (without a dispatch that carried the "
                              "weights) topk_weights must not be NULL", op);
-  return MOE_EP_OK;
+  return MEP_KSTATUS_OK;
 }
 
 /* Dynamic shared memory of each half (mep_combine_send_body,

@@ -3,7 +3,7 @@
  * ll_combine_body.cuh. */
 #include "kernels/ll_combine_body.cuh"
 
-extern "C" moe_ep_status_t mep_ll_combine_check(const char *op, const mep_ll_ctx_t *ctx,
+extern "C" mep_kstatus_t mep_ll_combine_check(const char *op, const mep_ll_ctx_t *ctx,
                                                 const mep_ll_combine_args_t *a);
 
 namespace {
@@ -27,11 +27,11 @@ cudaError_t launch_tp(const MepLLParams &p, const MepCombineArgs &a, int idx_byt
 
 }  // namespace
 
-extern "C" moe_ep_status_t mep_ll_combine_recv(const mep_ll_ctx_t *ctx,
+extern "C" mep_kstatus_t mep_ll_combine_recv(const mep_ll_ctx_t *ctx,
                                                const mep_ll_combine_args_t *a, void *stream) {
-  moe_ep_status_t st = mep_ll_combine_check("combine_recv", ctx, a);
-  if (st != MOE_EP_OK) return st;
-  if ((st = mep_combine_check_recv_ptrs("combine_recv", a)) != MOE_EP_OK) return st;
+  mep_kstatus_t st = mep_ll_combine_check("combine_recv", ctx, a);
+  if (st != MEP_KSTATUS_OK) return st;
+  if ((st = mep_combine_check_recv_ptrs("combine_recv", a)) != MEP_KSTATUS_OK) return st;
   MepLLParams p;
   mep_ll_make_params(ctx, a->buffer_set, &p);
   const MepCombineArgs k = mep_combine_args(ctx, a);

@@ -14,22 +14,22 @@ __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
 
 }  // namespace
 
-extern "C" moe_ep_status_t mep_ll_combine_check(const char *op, const mep_ll_ctx_t *ctx,
+extern "C" mep_kstatus_t mep_ll_combine_check(const char *op, const mep_ll_ctx_t *ctx,
                                                 const mep_ll_combine_args_t *a) {
-  moe_ep_status_t st = mep_ll_check_call(op, ctx, a);
-  if (st != MOE_EP_OK) return st;
+  mep_kstatus_t st = mep_ll_check_call(op, ctx, a);
+  if (st != MEP_KSTATUS_OK) return st;
   if (a->recv_count == nullptr || a->slot_src == nullptr || a->src_count == nullptr)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "%s: the handle arrays (recv_count, slot_src, src_count) must not "
                              "be NULL", op);
-  return MOE_EP_OK;
+  return MEP_KSTATUS_OK;
 }
 
-extern "C" moe_ep_status_t mep_ll_combine_send(const mep_ll_ctx_t *ctx,
+extern "C" mep_kstatus_t mep_ll_combine_send(const mep_ll_ctx_t *ctx,
                                                const mep_ll_combine_args_t *a, void *stream) {
-  moe_ep_status_t st = mep_ll_combine_check("combine_send", ctx, a);
-  if (st != MOE_EP_OK) return st;
-  if ((st = mep_combine_check_send_ptrs("combine_send", a)) != MOE_EP_OK) return st;
+  mep_kstatus_t st = mep_ll_combine_check("combine_send", ctx, a);
+  if (st != MEP_KSTATUS_OK) return st;
+  if ((st = mep_combine_check_send_ptrs("combine_send", a)) != MEP_KSTATUS_OK) return st;
   MepLLParams p;
   mep_ll_make_params(ctx, a->buffer_set, &p);
   const MepCombineArgs k = mep_combine_args(ctx, a);

@@ -325,28 +325,31 @@ static inline int64_t mep_dispatch_send_units(const mep_ll_ctx_t *ctx,
 }
 
 /* The pointer rules of each half (after mep_ll_dispatch_check). */
-static inline moe_ep_status_t mep_dispatch_check_send_ptrs(const char *op,
+static inline mep_kstatus_t mep_dispatch_check_send_ptrs(const char *op,
                                                            const mep_ll_dispatch_args_t *a) {
-  if ((a->num_tokens > 0 && a->x == nullptr) || a->topk_idx == nullptr)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT, "%s: x or topk_idx is NULL", op);
+  /* A rank with no tokens is normal, and an empty tensor may carry NULL
+   * data (torch's data_ptr() of an empty tensor is 0): nothing reads them. */
+  if (a->num_tokens > 0 && (a->x == nullptr || a->topk_idx == nullptr))
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT, "%s: x or topk_idx is NULL with %d tokens",
+                             op, a->num_tokens);
   if (a->weighted != 0 && a->weighted != 1)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT, "%s: weighted is %d; it must be 0 or 1",
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT, "%s: weighted is %d; it must be 0 or 1",
                              op, a->weighted);
   if (a->weighted && a->num_tokens > 0 && a->topk_weights == nullptr)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "%s: weighted is 1 but topk_weights is NULL with %d tokens", op,
                              a->num_tokens);
-  return MOE_EP_OK;
+  return MEP_KSTATUS_OK;
 }
-static inline moe_ep_status_t mep_dispatch_check_recv_ptrs(const char *op,
+static inline mep_kstatus_t mep_dispatch_check_recv_ptrs(const char *op,
                                                            const mep_ll_dispatch_args_t *a) {
   if (a->recv_x == nullptr || a->recv_count == nullptr || a->slot_src == nullptr ||
       a->src_count == nullptr || a->route == nullptr || a->src_tokens == nullptr ||
       (a->fp8 && a->recv_scales == nullptr))
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "%s: recv_x, recv_count, slot_src, src_count, route, src_tokens "
                              "(and recv_scales for fp8) must not be NULL", op);
-  return MOE_EP_OK;
+  return MEP_KSTATUS_OK;
 }
 
 /* Dynamic shared memory of the receive half (MepRecvSmem). */

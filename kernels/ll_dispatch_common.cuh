@@ -38,7 +38,7 @@ static inline MepDispatchArgs mep_dispatch_args(const mep_ll_ctx_t *ctx,
   k.num_experts = a->num_experts;
   k.local_experts = a->num_experts / ctx->dims.world;
   k.scale_mode = a->scale_mode;
-  k.pow2 = a->fp8 && a->scale_mode != MOE_EP_FP8_SCALE_F32;
+  k.pow2 = a->fp8 && a->scale_mode != MEP_FP8_SCALE_F32;
   k.row_bytes = (uint32_t)mep_ll_dispatch_row_bytes(a->hidden, a->fp8);
   k.recv_x = a->recv_x;
   k.recv_scales = a->recv_scales;
@@ -174,7 +174,7 @@ __device__ __forceinline__ void mep_copy_recv_row(const MepDispatchArgs &a, cons
   }
   const float *sc = reinterpret_cast<const float *>(row + a.hidden);
   const int groups = a.hidden / 128;
-  if (a.scale_mode == MOE_EP_FP8_SCALE_UE8M0_PACKED) {
+  if (a.scale_mode == MEP_FP8_SCALE_UE8M0_PACKED) {
     const int words = (groups + 3) / 4;
     uint32_t v[kMepScaleWordsPerLane];
 #pragma unroll

@@ -3,7 +3,7 @@
  * ll_dispatch_body.cuh. */
 #include "kernels/ll_dispatch_body.cuh"
 
-extern "C" moe_ep_status_t mep_ll_dispatch_check(const char *op, const mep_ll_ctx_t *ctx,
+extern "C" mep_kstatus_t mep_ll_dispatch_check(const char *op, const mep_ll_ctx_t *ctx,
                                                  const mep_ll_dispatch_args_t *a);
 
 namespace {
@@ -27,11 +27,11 @@ cudaError_t launch_tp(const MepLLParams &p, const MepDispatchArgs &a, bool fp8, 
 
 }  // namespace
 
-extern "C" moe_ep_status_t mep_ll_dispatch_recv(const mep_ll_ctx_t *ctx,
+extern "C" mep_kstatus_t mep_ll_dispatch_recv(const mep_ll_ctx_t *ctx,
                                                 const mep_ll_dispatch_args_t *a, void *stream) {
-  moe_ep_status_t st = mep_ll_dispatch_check("dispatch_recv", ctx, a);
-  if (st != MOE_EP_OK) return st;
-  if ((st = mep_dispatch_check_recv_ptrs("dispatch_recv", a)) != MOE_EP_OK) return st;
+  mep_kstatus_t st = mep_ll_dispatch_check("dispatch_recv", ctx, a);
+  if (st != MEP_KSTATUS_OK) return st;
+  if ((st = mep_dispatch_check_recv_ptrs("dispatch_recv", a)) != MEP_KSTATUS_OK) return st;
   MepLLParams p;
   mep_ll_make_params(ctx, a->buffer_set, &p);
   const MepDispatchArgs k = mep_dispatch_args(ctx, a);

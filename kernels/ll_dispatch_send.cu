@@ -29,32 +29,32 @@ cudaError_t launch_tp(const MepLLParams &p, const MepDispatchArgs &a, bool fp8, 
 
 }  // namespace
 
-extern "C" moe_ep_status_t mep_ll_dispatch_check(const char *op, const mep_ll_ctx_t *ctx,
+extern "C" mep_kstatus_t mep_ll_dispatch_check(const char *op, const mep_ll_ctx_t *ctx,
                                                  const mep_ll_dispatch_args_t *a) {
-  moe_ep_status_t st = mep_ll_check_call(op, ctx, a);
-  if (st != MOE_EP_OK) return st;
+  mep_kstatus_t st = mep_ll_check_call(op, ctx, a);
+  if (st != MEP_KSTATUS_OK) return st;
   if (a->fp8 && a->hidden % MEP_HIDDEN_ALIGN != 0)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "%s: hidden is %d; fp8 dispatch needs a multiple of %d", op,
                              a->hidden, MEP_HIDDEN_ALIGN);
-  if (a->fp8 && (a->scale_mode < MOE_EP_FP8_SCALE_F32 ||
-                 a->scale_mode > MOE_EP_FP8_SCALE_UE8M0_PACKED))
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+  if (a->fp8 && (a->scale_mode < MEP_FP8_SCALE_F32 ||
+                 a->scale_mode > MEP_FP8_SCALE_UE8M0_PACKED))
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "%s: scale_mode is %d; it must be 0, 1 or 2", op, a->scale_mode);
   if (mep_ll_dispatch_row_bytes(a->hidden, a->fp8) >
       mep_ll_dispatch_row_bytes(ctx->dims.hidden, ctx->dims.fp8))
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "%s: a %s row of hidden %d does not fit the buffer sized for %s "
                              "hidden %d", op, a->fp8 ? "fp8" : "bf16", a->hidden,
                              ctx->dims.fp8 ? "fp8" : "bf16", ctx->dims.hidden);
-  return MOE_EP_OK;
+  return MEP_KSTATUS_OK;
 }
 
-extern "C" moe_ep_status_t mep_ll_dispatch_send(const mep_ll_ctx_t *ctx,
+extern "C" mep_kstatus_t mep_ll_dispatch_send(const mep_ll_ctx_t *ctx,
                                                 const mep_ll_dispatch_args_t *a, void *stream) {
-  moe_ep_status_t st = mep_ll_dispatch_check("dispatch_send", ctx, a);
-  if (st != MOE_EP_OK) return st;
-  if ((st = mep_dispatch_check_send_ptrs("dispatch_send", a)) != MOE_EP_OK) return st;
+  mep_kstatus_t st = mep_ll_dispatch_check("dispatch_send", ctx, a);
+  if (st != MEP_KSTATUS_OK) return st;
+  if ((st = mep_dispatch_check_send_ptrs("dispatch_send", a)) != MEP_KSTATUS_OK) return st;
   MepLLParams p;
   mep_ll_make_params(ctx, a->buffer_set, &p);
   const MepDispatchArgs k = mep_dispatch_args(ctx, a);

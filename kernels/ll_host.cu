@@ -14,7 +14,7 @@
 
 static thread_local char g_kernels_error[512] = "";
 
-extern "C" moe_ep_status_t mep_kernels_error(moe_ep_status_t st, const char *fmt, ...) {
+extern "C" mep_kstatus_t mep_kernels_error(mep_kstatus_t st, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(g_kernels_error, sizeof g_kernels_error, fmt, ap);
@@ -22,9 +22,9 @@ extern "C" moe_ep_status_t mep_kernels_error(moe_ep_status_t st, const char *fmt
   return st;
 }
 
-extern "C" moe_ep_status_t mep_kernels_cuda_check(const char *what, int err) {
-  if (err == cudaSuccess) return MOE_EP_OK;
-  return mep_kernels_error(MOE_EP_ERR_CUDA, "%s: CUDA error %d (%s)", what, err,
+extern "C" mep_kstatus_t mep_kernels_cuda_check(const char *what, int err) {
+  if (err == cudaSuccess) return MEP_KSTATUS_OK;
+  return mep_kernels_error(MEP_KSTATUS_CUDA, "%s: CUDA error %d (%s)", what, err,
                            cudaGetErrorString((cudaError_t)err));
 }
 
@@ -41,25 +41,25 @@ extern "C" uint64_t mep_ll_state_bytes(const mep_ll_dims_t *dims) {
   return mep_ll_state_layout(dims).bytes;
 }
 
-extern "C" moe_ep_status_t mep_ll_timeout_cycles(int dev, int32_t kernel_ms, uint64_t *cycles) {
+extern "C" mep_kstatus_t mep_ll_timeout_cycles(int dev, int32_t kernel_ms, uint64_t *cycles) {
   if (kernel_ms <= 0 || kernel_ms > MEP_MAX_TIMEOUT_MS)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "timeout: kernel_ms is %d; it must be in 1..%d", kernel_ms,
                              MEP_MAX_TIMEOUT_MS);
   int khz = 0;
-  moe_ep_status_t st = mep_kernels_cuda_check(
+  mep_kstatus_t st = mep_kernels_cuda_check(
       "timeout: cudaDeviceGetAttribute(ClockRate)",
       cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev));
-  if (st != MOE_EP_OK) return st;
+  if (st != MEP_KSTATUS_OK) return st;
   /* Peak clock: the real clock is lower or equal, so a wait never ends
    * early; it can last longer than kernel_ms by the clock ratio. */
   *cycles = (uint64_t)khz * (uint64_t)kernel_ms;
-  return MOE_EP_OK;
+  return MEP_KSTATUS_OK;
 }
 
-extern "C" moe_ep_status_t mep_ll_clear_abort(const mep_ll_ctx_t *ctx, void *stream) {
+extern "C" mep_kstatus_t mep_ll_clear_abort(const mep_ll_ctx_t *ctx, void *stream) {
   if (ctx == nullptr || ctx->state == nullptr)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT, "clear_abort: ctx/state is NULL");
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT, "clear_abort: ctx/state is NULL");
   mep_ll_state_layout_t s = mep_ll_state_layout(&ctx->dims);
   /* Blocks that gave up returned without their ticket: the put counters,
    * the tickets and the abort flag (contiguous) start again from zero. */
@@ -85,24 +85,24 @@ __global__ void resolve_lsa_kernel(const ncclDevComm comm, ncclWindow_t win, uin
 
 }  // namespace
 
-extern "C" moe_ep_status_t mep_ll_resolve_lsa(mep_ll_ctx_t *ctx) {
+extern "C" mep_kstatus_t mep_ll_resolve_lsa(mep_ll_ctx_t *ctx) {
   if (ctx == nullptr || ctx->dev_comm == nullptr || ctx->window == nullptr)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "resolve_lsa: ctx, dev_comm or window is NULL");
   uint64_t *d = nullptr, h[3] = {0, 0, 0};
   ncclDevComm comm;
   memcpy(&comm, ctx->dev_comm, sizeof comm);
-  moe_ep_status_t st = mep_kernels_cuda_check("resolve_lsa: cudaMalloc", cudaMalloc(&d, sizeof h));
-  if (st != MOE_EP_OK) return st;
+  mep_kstatus_t st = mep_kernels_cuda_check("resolve_lsa: cudaMalloc", cudaMalloc(&d, sizeof h));
+  if (st != MEP_KSTATUS_OK) return st;
   resolve_lsa_kernel<<<1, 1>>>(comm, (ncclWindow_t)ctx->window, d);
   st = mep_kernels_cuda_check("resolve_lsa: launch", cudaGetLastError());
-  if (st == MOE_EP_OK)
+  if (st == MEP_KSTATUS_OK)
     st = mep_kernels_cuda_check("resolve_lsa: cudaMemcpy",
                                 cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost));
   cudaFree(d);
-  if (st != MOE_EP_OK) return st;
+  if (st != MEP_KSTATUS_OK) return st;
   ctx->lsa_base = h[0];
   ctx->lsa_stride = h[1];
   ctx->lsa_local = h[2];
-  return MOE_EP_OK;
+  return MEP_KSTATUS_OK;
 }

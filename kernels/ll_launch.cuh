@@ -13,78 +13,76 @@
  * wait on a block that cannot become resident. */
 #define MEP_LL_THREADS 512
 
-/* runtime/nccl keeps the device communicator in this many bytes. */
-#define MEP_LL_DEVCOMM_BYTES 1024
-static_assert(sizeof(ncclDevComm) <= MEP_LL_DEVCOMM_BYTES,
-              "ncclDevComm outgrew MEP_NCCL_DEVCOMM_BYTES in runtime/nccl/nccl_setup.h");
+static_assert(sizeof(ncclDevComm) <= MEP_DEVCOMM_BYTES,
+              "ncclDevComm outgrew MEP_DEVCOMM_BYTES in kernels/limits.h");
 
-static inline moe_ep_status_t mep_ll_check_ctx(const char *op, const mep_ll_ctx_t *ctx,
+static inline mep_kstatus_t mep_ll_check_ctx(const char *op, const mep_ll_ctx_t *ctx,
                                                int set) {
   if (ctx == nullptr || ctx->dev_comm == nullptr || ctx->window == nullptr ||
       ctx->window_local == nullptr || ctx->state == nullptr || ctx->error_dev == nullptr)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "%s: the LL context or one of its pointers is NULL", op);
   if (set < 0 || set >= mep_ll_num_sets(&ctx->dims))
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "%s: buffer_set is %d; the window holds %d set(s)", op, set,
                              mep_ll_num_sets(&ctx->dims));
   if (ctx->transport != MEP_LL_TRANSPORT_LSA && ctx->transport != MEP_LL_TRANSPORT_GIN &&
       ctx->transport != MEP_LL_TRANSPORT_GIN_EMULATED)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "%s: transport is %d; it must be lsa (1), gin (2) or "
                              "gin_emulated (3)", op, ctx->transport);
   if (ctx->transport != MEP_LL_TRANSPORT_GIN && ctx->lsa_base == 0)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "%s: the context's LSA addresses are not resolved; call "
                              "mep_ll_resolve_lsa after setting dev_comm and window", op);
   /* The slot-list words hold local expert + 1 in 16 bits and slot_src a
    * token in 11; the count code must stay below 2^32. */
   if (ctx->dims.max_tokens < 1 || ctx->dims.max_tokens > MEP_MAX_TOKENS_LL ||
       ctx->dims.local_experts < 1 || ctx->dims.local_experts > MEP_MAX_LOCAL_EXPERTS)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "%s: the context's dims hold max_tokens %d and local_experts %d; "
                              "they must be in 1..%d and 1..%d", op, ctx->dims.max_tokens,
                              ctx->dims.local_experts, MEP_MAX_TOKENS_LL, MEP_MAX_LOCAL_EXPERTS);
   if (ctx->num_sms <= 0)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "%s: num_sms is %d; it must be positive", op, ctx->num_sms);
   if (ctx->window_bytes < mep_ll_buffer_bytes(ctx->dims.local_experts, ctx->dims.world,
                                               ctx->dims.max_tokens, ctx->dims.hidden,
                                               ctx->dims.top_k, ctx->dims.fp8,
                                               ctx->dims.num_sets))
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "%s: window_bytes %llu is smaller than the LL buffer for its dims",
                              op, (unsigned long long)ctx->window_bytes);
-  return MOE_EP_OK;
+  return MEP_KSTATUS_OK;
 }
 
-static inline moe_ep_status_t mep_ll_check_shape(const char *op, const mep_ll_ctx_t *ctx,
+static inline mep_kstatus_t mep_ll_check_shape(const char *op, const mep_ll_ctx_t *ctx,
                                                  int tokens, int hidden, int top_k,
                                                  int num_experts, int idx_bytes) {
   const mep_ll_dims_t *d = &ctx->dims;
   if (tokens < 0 || tokens > d->max_tokens)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "%s: num_tokens is %d; it must be in 0..%d (max_tokens)", op,
                              tokens, d->max_tokens);
   if (hidden <= 0 || hidden > d->hidden || hidden > MEP_MAX_HIDDEN ||
       hidden % MEP_BF16_HIDDEN_ALIGN != 0)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "%s: hidden is %d; it must be a multiple of %d in 1..%d", op, hidden,
                              MEP_BF16_HIDDEN_ALIGN,
                              d->hidden < MEP_MAX_HIDDEN ? d->hidden : MEP_MAX_HIDDEN);
   if (top_k < 1 || top_k > d->top_k || top_k > MEP_MAX_TOP_K)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "%s: top_k is %d; it must be in 1..%d", op, top_k, d->top_k);
   if (num_experts <= 0 || num_experts % d->world != 0 ||
       num_experts / d->world > d->local_experts)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "%s: num_experts is %d; it must be a multiple of world %d with at "
                              "most %d per rank", op, num_experts, d->world, d->local_experts);
   if (idx_bytes != 4 && idx_bytes != 8)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "%s: topk_idx_bytes is %d; it must be 4 (int32) or 8 (int64)", op,
                              idx_bytes);
-  return MOE_EP_OK;
+  return MEP_KSTATUS_OK;
 }
 
 static inline void mep_ll_make_params(const mep_ll_ctx_t *ctx, int set, MepLLParams *p) {
@@ -120,12 +118,12 @@ static inline void mep_ll_make_params(const mep_ll_ctx_t *ctx, int set, MepLLPar
  * context and buffer set, and a call shape within the context's capacities.
  * Args is mep_ll_dispatch_args_t or mep_ll_combine_args_t. */
 template <typename Args>
-static inline moe_ep_status_t mep_ll_check_call(const char *op, const mep_ll_ctx_t *ctx,
+static inline mep_kstatus_t mep_ll_check_call(const char *op, const mep_ll_ctx_t *ctx,
                                                 const Args *a) {
   if (a == nullptr)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT, "%s: args is NULL", op);
-  moe_ep_status_t st = mep_ll_check_ctx(op, ctx, a->buffer_set);
-  if (st != MOE_EP_OK) return st;
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT, "%s: args is NULL", op);
+  mep_kstatus_t st = mep_ll_check_ctx(op, ctx, a->buffer_set);
+  if (st != MEP_KSTATUS_OK) return st;
   return mep_ll_check_shape(op, ctx, a->num_tokens, a->hidden, a->top_k, a->num_experts,
                             a->topk_idx_bytes);
 }

@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/limits.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -275,11 +277,12 @@ static inline MEP_HD mep_ll_state_layout_t mep_ll_state_layout(const mep_ll_dims
   mep_ll_state_layout_t s;
   const uint64_t nsig = 4u * (uint64_t)d->world;
   s.shadows = 0;
-  s.tags = mep_ll_align16(2u * MEP_LL_SHADOW_SLOTS * nsig * 8u);
-  s.puts = s.tags + mep_ll_align16(2u * MEP_LL_SHADOW_SLOTS * ((uint64_t)d->world + 1u) * 4u);
-  s.comb_puts = s.puts + mep_ll_align16(2u * (uint64_t)d->world * 4u);
-  s.tickets = s.comb_puts + mep_ll_align16(2u * (uint64_t)d->world * 4u);
-  s.abort_flag = s.tickets + 2u * MEP_LL_NUM_TICKETS * 4u;
+  const uint64_t sets = MEP_NUM_BUFFER_SETS;
+  s.tags = mep_ll_align16(sets * MEP_LL_SHADOW_SLOTS * nsig * 8u);
+  s.puts = s.tags + mep_ll_align16(sets * MEP_LL_SHADOW_SLOTS * ((uint64_t)d->world + 1u) * 4u);
+  s.comb_puts = s.puts + mep_ll_align16(sets * (uint64_t)d->world * 4u);
+  s.tickets = s.comb_puts + mep_ll_align16(sets * (uint64_t)d->world * 4u);
+  s.abort_flag = s.tickets + sets * MEP_LL_NUM_TICKETS * 4u;
   s.bytes = mep_ll_align16(s.abort_flag + 4u);
   return s;
 }

@@ -90,34 +90,34 @@ __global__ void __launch_bounds__(kThreads) prepare_layout_kernel(mep_prepare_la
 
 }  // namespace
 
-extern "C" moe_ep_status_t mep_prepare_layout(const mep_prepare_layout_args_t *a, void *stream) {
+extern "C" mep_kstatus_t mep_prepare_layout(const mep_prepare_layout_args_t *a, void *stream) {
   if (a == nullptr)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT, "prepare_layout: args is NULL");
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT, "prepare_layout: args is NULL");
   if (a->num_tokens < 0 || a->num_tokens > MEP_MAX_TOKENS_HT)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "prepare_layout: num_tokens is %d; it must be in 0..%d",
                              a->num_tokens, MEP_MAX_TOKENS_HT);
   if (a->top_k < 1 || a->top_k > MEP_MAX_TOP_K)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "prepare_layout: top_k is %d; it must be in 1..%d", a->top_k,
                              MEP_MAX_TOP_K);
   if (a->world < 1 || a->world > MEP_MAX_RANKS)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "prepare_layout: world is %d; it must be in 1..%d", a->world,
                              MEP_MAX_RANKS);
   if (a->num_experts < 1 || a->num_experts > MEP_MAX_EXPERTS || a->num_experts % a->world != 0)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "prepare_layout: num_experts is %d; it must be a multiple of world "
                              "%d in 1..%d", a->num_experts, a->world, MEP_MAX_EXPERTS);
   if (a->topk_idx_bytes != 4 && a->topk_idx_bytes != 8)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "prepare_layout: topk_idx_bytes is %d; it must be 4 (int32) or 8 "
                              "(int64)", a->topk_idx_bytes);
   if (a->num_tokens_per_rank == nullptr && a->num_tokens_per_expert == nullptr &&
       a->is_token_in_rank == nullptr)
-    return MOE_EP_OK; /* nothing asked for */
+    return MEP_KSTATUS_OK; /* nothing asked for */
   if (a->num_tokens > 0 && a->topk_idx == nullptr)
-    return mep_kernels_error(MOE_EP_ERR_INVALID_ARGUMENT,
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "prepare_layout: topk_idx is NULL with %d tokens", a->num_tokens);
   const int chunk = a->num_experts < kExpertChunk ? a->num_experts : kExpertChunk;
   const size_t smem = ((size_t)a->world + (a->num_tokens_per_expert ? (size_t)chunk : 0)) * 4u;

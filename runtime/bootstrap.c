@@ -71,6 +71,7 @@ moe_ep_status_t mep_bootstrap_create(const mep_bootstrap_params_t *params,
                    st, out_destroy);
     snprintf(bs->address, sizeof(bs->address), "%s", params->address);
   }
+  bs->queue_cap = mep_bs_queue_cap(bs);
   MEP_CHECK_GOTO(mep_bs_worker_setup(bs), st, out_destroy);
   if (bs->world_size > 1) {
     if (bs->rank == 0) {
@@ -103,9 +104,12 @@ void mep_bootstrap_destroy(mep_bootstrap_t *bs) {
       bs->listener = NULL;
     }
     /* Flush to live peers, force where the peer is gone; bounded, since a
-     * peer that stopped answering must not keep us here. */
+     * peer that stopped answering must not keep us here. A failed group
+     * flushes too: a forced close resets the socket, and a survivor's
+     * kernel may then drop the ABORT naming the culprit before its UCX
+     * reads it, leaving it to blame this rank. */
     for (mep_bs_peer_t *p = bs->peers; p != NULL; p = p->next) {
-      mep_bs_peer_close(bs, p, p->failed || bs->fail_status != MOE_EP_OK);
+      mep_bs_peer_close(bs, p, p->failed);
     }
     int64_t wait = bs->timeout_ms < 1000 ? bs->timeout_ms : 1000;
     mep_bs_close_wait(bs, mep_bs_now_ms() + wait);

@@ -35,7 +35,9 @@ void mep_bootstrap_destroy(mep_bootstrap_t *bs);
 int mep_bootstrap_rank(const mep_bootstrap_t *bs);
 int mep_bootstrap_world_size(const mep_bootstrap_t *bs);
 
-/* recv holds world_size blocks of `bytes`, block r from rank r. */
+/* recv holds world_size blocks of `bytes`, block r from rank r. bytes (and
+ * a broadcast's bytes) are at most 64 KiB: the bootstrap carries small
+ * out-of-band data, and rank 0 bounds what any connection can queue. */
 moe_ep_status_t mep_bootstrap_allgather(mep_bootstrap_t *bs, const void *send,
                                         void *recv, size_t bytes);
 moe_ep_status_t mep_bootstrap_broadcast(mep_bootstrap_t *bs, void *buf,

@@ -39,6 +39,7 @@ typedef struct coll {
   void *out;        /* where the RESULT lands */
   size_t out_len;
   uint64_t seq;
+  int64_t start_ms; /* when this rank entered the op */
 } coll_t;
 
 /* Records the sticky failure and the thread's error text. */
@@ -121,7 +122,9 @@ static moe_ep_status_t root_gather(mep_bootstrap_t *bs, const coll_t *c,
     int missing = 0;
     for (int r = 1; r < bs->world_size; r++) {
       if (got[r] != NULL) continue;
-      got[r] = mep_bs_msg_take(bs, MEP_BS_MSG_CONTRIB, r);
+      /* By connection: the header's rank was checked against the rank the
+       * connection joined as when the message arrived. */
+      got[r] = mep_bs_msg_take(bs, MEP_BS_MSG_CONTRIB, bs->by_rank[r]);
       if (got[r] == NULL) {
         missing++;
       } else if (root_check_contrib(bs, c, got[r], why, sizeof(why))) {
@@ -131,9 +134,14 @@ static moe_ep_status_t root_gather(mep_bootstrap_t *bs, const coll_t *c,
     int dead = root_first_failed(bs);
     if (dead > 0) {
       mep_bs_peer_t *p = bs->by_rank[dead];
-      snprintf(why, sizeof(why), "rank %d failed (%s) during %s #%llu", dead,
-               p != NULL ? ucs_status_string(p->fail_status) : "gone",
-               op_name(c->op), (unsigned long long)c->seq);
+      char what[MEP_BS_REASON_MAX - 64];
+      if (p != NULL) {
+        mep_bs_peer_describe_failure(p, c->start_ms, what, sizeof(what));
+      } else {
+        snprintf(what, sizeof(what), "it is no longer connected");
+      }
+      snprintf(why, sizeof(why), "rank %d failed during %s #%llu: %s", dead,
+               op_name(c->op), (unsigned long long)c->seq, what);
       return root_abort(bs, MOE_EP_ERR_PEER_FAILED, dead, why);
     }
     if (missing == 0) return MOE_EP_OK;
@@ -177,12 +185,13 @@ static void root_deliver(mep_bootstrap_t *bs, const coll_t *c,
     if (st != UCS_OK && !p->failed) {
       p->failed = 1;
       p->fail_status = st;
+      p->fail_ms = mep_bs_now_ms();
     }
   }
 }
 
 static moe_ep_status_t coll_root(mep_bootstrap_t *bs, coll_t *c) {
-  int64_t deadline = mep_bs_now_ms() + bs->timeout_ms;
+  int64_t deadline = c->start_ms + bs->timeout_ms;
   mep_bs_msg_t *got[MEP_BS_MAX_RANKS];
   memset(got, 0, sizeof(got[0]) * (size_t)bs->world_size);
   moe_ep_status_t st = root_gather(bs, c, got, deadline);
@@ -214,12 +223,13 @@ static moe_ep_status_t coll_member(mep_bootstrap_t *bs, coll_t *c) {
   h.bytes = c->bytes;
   h.payload_len = c->send_len;
   (void)mep_bs_send(bs, peer, &h, c->send, NULL);
-  int64_t deadline = mep_bs_now_ms() + bs->timeout_ms + mep_bs_slack_ms(bs);
+  int64_t deadline = c->start_ms + bs->timeout_ms + mep_bs_slack_ms(bs);
   int idle = 0;
+  int drained = 0;
   for (;;) {
     /* An abort may follow a result of this very op on the wire, so the
      * result is looked for first. */
-    mep_bs_msg_t *m = mep_bs_msg_take(bs, MEP_BS_MSG_RESULT, 0);
+    mep_bs_msg_t *m = mep_bs_msg_take(bs, MEP_BS_MSG_RESULT, peer);
     if (m != NULL) {
       int ok = m->hdr.seq == c->seq && m->hdr.op == c->op &&
                m->len == c->out_len;
@@ -241,11 +251,20 @@ static moe_ep_status_t coll_member(mep_bootstrap_t *bs, coll_t *c) {
                        bs->rank, op_name(c->op), (unsigned long long)c->seq,
                        bs->abort_msg);
     }
+    if (peer->failed && drained < 8) {
+      /* Rank 0 closes right after its ABORT: whatever it said before the
+       * connection broke is read before rank 0 is blamed. */
+      drained++;
+      mep_bs_progress(bs, &idle);
+      continue;
+    }
     if (peer->failed) {
+      char what[MEP_BS_REASON_MAX];
+      mep_bs_peer_describe_failure(peer, c->start_ms, what, sizeof(what));
       return coll_fail(bs, MOE_EP_ERR_PEER_FAILED,
-                       "rank %d: %s #%llu failed: rank 0 failed (%s)",
+                       "rank %d: %s #%llu failed: rank 0 failed: %s",
                        bs->rank, op_name(c->op), (unsigned long long)c->seq,
-                       ucs_status_string(peer->fail_status));
+                       what);
     }
     if (mep_bs_now_ms() >= deadline) {
       return coll_fail(bs, MOE_EP_ERR_TIMEOUT,
@@ -264,6 +283,7 @@ static moe_ep_status_t coll_run(mep_bootstrap_t *bs, coll_t *c) {
                      bs->fail_msg);
   }
   c->seq = ++bs->seq;
+  c->start_ms = mep_bs_now_ms();
   c->send_len = contrib_len(c, bs->rank);
   c->out_len = bs->rank == 0 ? 0 : result_len(c, bs->rank, bs->world_size);
   if (bs->rank == 0) return coll_root(bs, c);
@@ -281,10 +301,11 @@ moe_ep_status_t mep_bootstrap_allgather(mep_bootstrap_t *bs, const void *send,
                      "when bytes (%zu) > 0",
                      send, recv, bytes);
   }
-  if (bytes > (SIZE_MAX / 2) / (size_t)bs->world_size) {
+  if (bytes > MEP_BS_PAYLOAD_MAX) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                     "allgather: bytes %zu times world_size %d overflows",
-                     bytes, bs->world_size);
+                     "allgather: bytes %zu exceeds the bootstrap's per-rank "
+                     "bound of %u bytes",
+                     bytes, MEP_BS_PAYLOAD_MAX);
   }
   coll_t c = {.op = MEP_BS_OP_ALLGATHER, .root = 0, .bytes = bytes,
               .send = send, .out = recv};
@@ -304,6 +325,12 @@ moe_ep_status_t mep_bootstrap_broadcast(mep_bootstrap_t *bs, void *buf,
   if (bytes != 0 && buf == NULL) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "broadcast: buf is NULL with bytes %zu", bytes);
+  }
+  if (bytes > MEP_BS_PAYLOAD_MAX) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "broadcast: bytes %zu exceeds the bootstrap's bound of "
+                     "%u bytes",
+                     bytes, MEP_BS_PAYLOAD_MAX);
   }
   coll_t c = {.op = MEP_BS_OP_BROADCAST, .root = root, .bytes = bytes,
               .send = buf, .out = buf};

@@ -47,7 +47,7 @@ static int join_attempt(mep_bootstrap_t *bs, int64_t deadline_ms,
   int idle = 0;
   for (;;) {
     mep_bs_progress(bs, &idle);
-    mep_bs_msg_t *m = mep_bs_msg_take(bs, MEP_BS_MSG_REFUSE, 0);
+    mep_bs_msg_t *m = mep_bs_msg_take(bs, MEP_BS_MSG_REFUSE, peer);
     if (m != NULL) {
       size_t n = m->len < why_len - 1 ? m->len : why_len - 1;
       memcpy(why, m->payload, n);
@@ -57,7 +57,7 @@ static int join_attempt(mep_bootstrap_t *bs, int64_t deadline_ms,
       mep_bs_peer_close(bs, peer, 1);
       return JOIN_REFUSED;
     }
-    m = mep_bs_msg_take(bs, MEP_BS_MSG_ACCEPT, 0);
+    m = mep_bs_msg_take(bs, MEP_BS_MSG_ACCEPT, peer);
     if (m != NULL) {
       mep_bs_msg_free(m);
       peer->state = MEP_BS_PEER_JOINED;
@@ -84,7 +84,7 @@ static moe_ep_status_t join_wait_formed(mep_bootstrap_t *bs,
   int idle = 0;
   for (;;) {
     mep_bs_progress(bs, &idle);
-    mep_bs_msg_t *m = mep_bs_msg_take(bs, MEP_BS_MSG_FORMED, 0);
+    mep_bs_msg_t *m = mep_bs_msg_take(bs, MEP_BS_MSG_FORMED, peer);
     if (m != NULL) {
       mep_bs_msg_free(m);
       return MOE_EP_OK;
@@ -95,11 +95,12 @@ static moe_ep_status_t join_wait_formed(mep_bootstrap_t *bs,
                        bs->address, bs->abort_msg);
     }
     if (peer->failed) {
+      char what[MEP_BS_REASON_MAX];
+      mep_bs_peer_describe_failure(peer, -1, what, sizeof(what));
       return mep_error(MOE_EP_ERR_BOOTSTRAP,
-                       "rank %d: lost rank 0 at %s while waiting for the "
-                       "group to form (%s)",
-                       bs->rank, bs->address,
-                       ucs_status_string(peer->fail_status));
+                       "rank %d: rank 0 at %s failed while this rank waited "
+                       "for the group to form: %s",
+                       bs->rank, bs->address, what);
     }
     if (mep_bs_now_ms() >= deadline_ms) {
       return mep_error(MOE_EP_ERR_BOOTSTRAP,

@@ -2,6 +2,8 @@
  * active-message handler that queues what arrives, sends from private
  * copies with bounded waits, endpoint error callbacks and bounded closes. */
 #define _GNU_SOURCE
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -48,10 +50,36 @@ static void msgs_start_rndv(mep_bootstrap_t *bs) {
   }
 }
 
+/* Closes the connections the AM callback condemned (closing inside the
+ * callback is not allowed); their queued messages go too. */
+static void peers_close_evicted(mep_bootstrap_t *bs) {
+  if (!bs->evict_pending) return;
+  bs->evict_pending = 0;
+  for (mep_bs_peer_t *p = bs->peers; p != NULL; p = p->next) {
+    if (!p->evict || p->ep == NULL) continue;
+    for (mep_bs_msg_t **pp = &bs->msgs; *pp != NULL;) {
+      mep_bs_msg_t *m = *pp;
+      if (m->peer != p || !m->ready) {
+        pp = &m->next;
+        continue;
+      }
+      *pp = m->next;
+      p->queued_msgs--;
+      p->queued_bytes -= m->len;
+      bs->queued_bytes -= m->len + sizeof(*m);
+      mep_bs_msg_free(m);
+    }
+    mep_bs_peer_close(bs, p, 1);
+  }
+}
+
 void mep_bs_progress(mep_bootstrap_t *bs, int *idle) {
   unsigned n = 0;
-  while (ucp_worker_progress(bs->worker) != 0) n++;
+  /* A condemned connection is closed before more is read from it: a flood
+   * would otherwise keep this loop (and UCX's reassembly buffers) busy. */
+  while (!bs->evict_pending && ucp_worker_progress(bs->worker) != 0) n++;
   msgs_start_rndv(bs);
+  peers_close_evicted(bs);
   if (n != 0) {
     *idle = 0;
     return;
@@ -79,23 +107,153 @@ static void msg_note_abort(mep_bootstrap_t *bs, const mep_bs_hdr_t *h,
   bs->abort_msg[len] = '\0';
 }
 
+static const char *msg_type_name(int type) {
+  switch (type) {
+    case MEP_BS_MSG_HELLO: return "HELLO";
+    case MEP_BS_MSG_ACCEPT: return "ACCEPT";
+    case MEP_BS_MSG_REFUSE: return "REFUSE";
+    case MEP_BS_MSG_FORMED: return "FORMED";
+    case MEP_BS_MSG_ABORT: return "ABORT";
+    case MEP_BS_MSG_CONTRIB: return "CONTRIB";
+    case MEP_BS_MSG_RESULT: return "RESULT";
+    default: return "unknown message";
+  }
+}
+
+size_t mep_bs_queue_cap(const mep_bootstrap_t *bs) {
+  size_t node = sizeof(mep_bs_msg_t);
+  size_t world = (size_t)bs->world_size;
+  if (bs->rank == 0) {
+    return world * (MEP_BS_PAYLOAD_MAX + node) +
+           (size_t)MEP_BS_PENDING_HELLOS * (MEP_BS_TOKEN_MAX + node);
+  }
+  return (size_t)MEP_BS_ROOT_QUEUE_MSGS *
+         (world * MEP_BS_PAYLOAD_MAX + MEP_BS_REASON_MAX + node);
+}
+
+/* The bootstrap connection a message arrived on, or NULL: no reply
+ * endpoint (the sender did not set the reply flag), an endpoint of another
+ * subsystem on the shared worker, or a connection already being cut. */
+static mep_bs_peer_t *msg_sender(mep_bootstrap_t *bs,
+                                 const ucp_am_recv_param_t *param) {
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return NULL;
+  for (mep_bs_peer_t *p = bs->peers; p != NULL; p = p->next) {
+    if (p->ep != NULL && p->ep == param->reply_ep) return p->evict ? NULL : p;
+  }
+  return NULL;
+}
+
+/* Rank 0: what each connection may send. Returns 0, or 1 with `why`. */
+static int msg_admit_root(const mep_bootstrap_t *bs, const mep_bs_peer_t *peer,
+                          const mep_bs_hdr_t *h, size_t length, char *why,
+                          size_t n) {
+  if (peer->state == MEP_BS_PEER_REFUSED) {
+    snprintf(why, n, "sent a %s after its handshake was refused",
+             msg_type_name(h->type));
+  } else if (peer->state != MEP_BS_PEER_JOINED) {
+    if (h->type != MEP_BS_MSG_HELLO) {
+      snprintf(why, n, "sent a %s (labelled rank %d) before joining",
+               msg_type_name(h->type), h->src);
+    } else if (length >= MEP_BS_TOKEN_MAX) {
+      snprintf(why, n, "sent a %zu-byte HELLO; a job token is under %d bytes",
+               length, MEP_BS_TOKEN_MAX);
+    } else if (peer->queued_msgs >= MEP_BS_CONN_QUEUE_MSGS) {
+      snprintf(why, n, "sent a second HELLO before the verdict on its first");
+    } else {
+      return 0;
+    }
+  } else if (h->type != MEP_BS_MSG_CONTRIB) {
+    snprintf(why, n, "sent a %s after joining", msg_type_name(h->type));
+  } else if (h->src != peer->rank) {
+    snprintf(why, n, "sent a message labelled rank %d on the connection that "
+             "joined as rank %d", h->src, peer->rank);
+  } else if (length > MEP_BS_PAYLOAD_MAX) {
+    snprintf(why, n, "sent a %zu-byte contribution; the bound is %u bytes",
+             length, MEP_BS_PAYLOAD_MAX);
+  } else if (peer->queued_msgs >= MEP_BS_CONN_QUEUE_MSGS) {
+    snprintf(why, n, "sent a contribution before rank 0 took its previous "
+             "one (at most %d queued)", MEP_BS_CONN_QUEUE_MSGS);
+  } else {
+    return 0;
+  }
+  return 1;
+}
+
+/* Non-zero ranks: only rank 0's answers, bounded by what it can owe us. */
+static int msg_admit_member(const mep_bootstrap_t *bs,
+                            const mep_bs_peer_t *peer, const mep_bs_hdr_t *h,
+                            size_t length, char *why, size_t n) {
+  size_t max = MEP_BS_REASON_MAX;
+  if (h->type == MEP_BS_MSG_RESULT) {
+    max = (size_t)bs->world_size * MEP_BS_PAYLOAD_MAX;
+  }
+  if (h->type == MEP_BS_MSG_HELLO || h->type == MEP_BS_MSG_CONTRIB ||
+      h->type < MEP_BS_MSG_HELLO || h->type > MEP_BS_MSG_RESULT) {
+    snprintf(why, n, "sent a %s, which only rank 0 receives",
+             msg_type_name(h->type));
+  } else if (h->src != 0) {
+    snprintf(why, n, "sent a message labelled rank %d", h->src);
+  } else if (length > max) {
+    snprintf(why, n, "sent a %zu-byte %s; the bound is %zu bytes", length,
+             msg_type_name(h->type), max);
+  } else if (peer->queued_msgs >= MEP_BS_ROOT_QUEUE_MSGS) {
+    snprintf(why, n, "sent more than %d messages this rank had not taken",
+             MEP_BS_ROOT_QUEUE_MSGS);
+  } else {
+    return 0;
+  }
+  return 1;
+}
+
+/* Everything is checked before anything is allocated or a rendezvous is
+ * accepted; a message that fails a check is dropped and its connection
+ * cut, so a stranger can make this rank hold at most queue_cap bytes. */
 static ucs_status_t msg_am_cb(void *arg, const void *header,
                               size_t header_length, void *data, size_t length,
                               const ucp_am_recv_param_t *param) {
   mep_bootstrap_t *bs = (mep_bootstrap_t *)arg;
   int rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-  if (header_length != sizeof(mep_bs_hdr_t)) {
-    MEP_LOG_DEBUG("bootstrap", "dropped a message with a %zu-byte header",
-                  header_length);
+  mep_bs_peer_t *peer = msg_sender(bs, param);
+  if (peer == NULL) {
+    MEP_LOG_DEBUG("bootstrap",
+                  "rank %d: dropped a %zu-byte message from an endpoint that "
+                  "is not a bootstrap connection", bs->rank, length);
     return UCS_OK;
   }
   mep_bs_hdr_t h;
-  memcpy(&h, header, sizeof(h));
-  if (h.magic != MEP_BS_MAGIC || h.payload_len != length) {
-    MEP_LOG_DEBUG("bootstrap", "dropped a message with magic 0x%x", h.magic);
+  if (header_length != sizeof(mep_bs_hdr_t)) {
+    mep_bs_peer_evict(bs, peer, "sent a %zu-byte header (not %zu)",
+                      header_length, sizeof(mep_bs_hdr_t));
     return UCS_OK;
   }
-  if (h.type == MEP_BS_MSG_ABORT && !rndv && bs->rank != 0) {
+  memcpy(&h, header, sizeof(h));
+  if (h.magic != MEP_BS_MAGIC || h.payload_len != length) {
+    mep_bs_peer_evict(bs, peer,
+                      "sent a malformed message (magic 0x%x, %llu-byte "
+                      "payload announced, %zu sent)",
+                      h.magic, (unsigned long long)h.payload_len, length);
+    return UCS_OK;
+  }
+  char why[sizeof(peer->why)];
+  int bad = bs->rank == 0
+                ? msg_admit_root(bs, peer, &h, length, why, sizeof(why))
+                : msg_admit_member(bs, peer, &h, length, why, sizeof(why));
+  if (!bad && h.type == MEP_BS_MSG_ABORT && rndv) {
+    snprintf(why, sizeof(why), "sent an ABORT by rendezvous");
+    bad = 1;
+  }
+  size_t cost = length + sizeof(mep_bs_msg_t);
+  if (!bad && bs->queued_bytes + cost > bs->queue_cap) {
+    snprintf(why, sizeof(why),
+             "sent a %zu-byte %s that would take the queued messages past "
+             "%zu bytes", length, msg_type_name(h.type), bs->queue_cap);
+    bad = 1;
+  }
+  if (bad) {
+    mep_bs_peer_evict(bs, peer, "%s", why);
+    return UCS_OK;
+  }
+  if (h.type == MEP_BS_MSG_ABORT) {
     msg_note_abort(bs, &h, (const char *)data, length);
     return UCS_OK;
   }
@@ -110,10 +268,11 @@ static ucs_status_t msg_am_cb(void *arg, const void *header,
   m->hdr = h;
   m->payload = payload;
   m->len = length;
-  m->reply_ep = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)
-                    ? param->reply_ep
-                    : NULL;
+  m->peer = peer;
   m->rndv_status = UCS_OK;
+  peer->queued_msgs++;
+  peer->queued_bytes += length;
+  bs->queued_bytes += cost;
   /* Append: per-source order is the order the waits expect. */
   mep_bs_msg_t **tail = &bs->msgs;
   while (*tail != NULL) tail = &(*tail)->next;
@@ -252,13 +411,22 @@ ucs_status_t mep_bs_send_wait(mep_bootstrap_t *bs, mep_bs_send_t *s,
   return st;
 }
 
-mep_bs_msg_t *mep_bs_msg_take(mep_bootstrap_t *bs, int type, int src) {
+mep_bs_msg_t *mep_bs_msg_take(mep_bootstrap_t *bs, int type,
+                              const mep_bs_peer_t *from) {
   for (mep_bs_msg_t **pp = &bs->msgs; *pp != NULL; pp = &(*pp)->next) {
     mep_bs_msg_t *m = *pp;
     if (!m->ready || m->hdr.type != type) continue;
-    if (src >= 0 && m->hdr.src != src) continue;
+    if (from != NULL && m->peer != from) continue;
     *pp = m->next;
     m->next = NULL;
+    m->peer->queued_msgs--;
+    m->peer->queued_bytes -= m->len;
+    bs->queued_bytes -= m->len + sizeof(*m);
+    if (m->rndv_status != UCS_OK) {
+      /* Its payload never fully arrived: as good as never sent. */
+      mep_bs_msg_free(m);
+      return mep_bs_msg_take(bs, type, from);
+    }
     return m;
   }
   return NULL;
@@ -276,7 +444,64 @@ static void peer_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status) {
   if (!peer->failed) {
     peer->failed = 1;
     peer->fail_status = status;
+    peer->fail_ms = mep_bs_now_ms();
   }
+}
+
+const char *mep_bs_peer_label(const mep_bs_peer_t *peer, char *buf,
+                              size_t len) {
+  if (peer->rank >= 0) {
+    snprintf(buf, len, "rank %d", peer->rank);
+  } else {
+    snprintf(buf, len, "a connection from %s",
+             peer->name[0] != '\0' ? peer->name : "an unknown address");
+  }
+  return buf;
+}
+
+void mep_bs_peer_evict(mep_bootstrap_t *bs, mep_bs_peer_t *peer,
+                       const char *fmt, ...) {
+  if (peer->evict || peer->ep == NULL) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(peer->why, sizeof(peer->why), fmt, ap);
+  va_end(ap);
+  peer->evict = 1;
+  bs->evict_pending = 1;
+  if (!peer->failed) {
+    peer->failed = 1;
+    peer->fail_status = UCS_ERR_REJECTED;
+    peer->fail_ms = mep_bs_now_ms();
+  }
+  char who[96];
+  MEP_LOG_WARN("bootstrap", "rank %d closed %s on %s: it %s", bs->rank,
+               mep_bs_peer_label(peer, who, sizeof(who)), bs->address,
+               peer->why);
+}
+
+void mep_bs_peer_describe_failure(const mep_bs_peer_t *peer, int64_t since_ms,
+                                  char *buf, size_t len) {
+  if (peer->why[0] != '\0') {
+    snprintf(buf, len, "rank %d cut its connection because it %s",
+             peer->bs->rank, peer->why);
+    return;
+  }
+  /* UCX's status says how the transport noticed (a SIGKILLed process's
+   * socket often reads as "Endpoint timeout" at once); what happened is
+   * that the connection broke, so that is what the sentence says. */
+  char when[64] = "";
+  if (since_ms < 0) {
+    /* No op to time it against. */
+  } else if (peer->fail_ms >= since_ms) {
+    snprintf(when, sizeof(when), " %lld ms into the op",
+             (long long)(peer->fail_ms - since_ms));
+  } else {
+    snprintf(when, sizeof(when), " before the op began");
+  }
+  snprintf(buf, len,
+           "its connection broke%s: the process exited, was killed or "
+           "closed the group (UCX status: %s)",
+           when, ucs_status_string(peer->fail_status));
 }
 
 mep_bs_peer_t *mep_bs_peer_new(mep_bootstrap_t *bs) {

@@ -3,6 +3,8 @@
  * world size, token), refusing strangers while waiting for the real ranks,
  * and telling everyone the group formed (or why it did not). */
 #define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +54,33 @@ static moe_ep_status_t root_listen(mep_bootstrap_t *bs) {
   return MOE_EP_OK;
 }
 
+/* "127.0.0.1:40312": how the log names a connection before it joins. */
+static void root_name_client(ucp_conn_request_h req, char *buf, size_t len) {
+  ucp_conn_request_attr_t a;
+  memset(&a, 0, sizeof(a));
+  a.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (ucp_conn_request_query(req, &a) != UCS_OK) {
+    snprintf(buf, len, "an unknown address");
+    return;
+  }
+  int port = 0;
+  if (a.client_address.ss_family == AF_INET) {
+    const struct sockaddr_in *v4 = (const struct sockaddr_in *)&a.client_address;
+    inet_ntop(AF_INET, &v4->sin_addr, host, sizeof(host));
+    port = ntohs(v4->sin_port);
+    snprintf(buf, len, "%s:%d", host, port);
+  } else if (a.client_address.ss_family == AF_INET6) {
+    const struct sockaddr_in6 *v6 =
+        (const struct sockaddr_in6 *)&a.client_address;
+    inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof(host));
+    port = ntohs(v6->sin6_port);
+    snprintf(buf, len, "[%s]:%d", host, port);
+  } else {
+    snprintf(buf, len, "an address of family %d", a.client_address.ss_family);
+  }
+}
+
 static void root_accept_conns(mep_bootstrap_t *bs) {
   for (int i = 0; i < bs->num_conn_reqs; i++) {
     mep_bs_peer_t *peer = mep_bs_peer_new(bs);
@@ -59,6 +88,7 @@ static void root_accept_conns(mep_bootstrap_t *bs) {
       ucp_listener_reject(bs->listener, bs->conn_reqs[i]);
       continue;
     }
+    root_name_client(bs->conn_reqs[i], peer->name, sizeof(peer->name));
     ucp_ep_params_t p;
     mep_bs_peer_ep_params(peer, &p);
     p.field_mask |= UCP_EP_PARAM_FIELD_CONN_REQUEST;
@@ -125,25 +155,21 @@ static void root_reply(mep_bootstrap_t *bs, mep_bs_peer_t *peer, int type,
 
 static void root_handle_hellos(mep_bootstrap_t *bs) {
   mep_bs_msg_t *m;
-  while ((m = mep_bs_msg_take(bs, MEP_BS_MSG_HELLO, -1)) != NULL) {
-    mep_bs_peer_t *peer = NULL;
-    for (mep_bs_peer_t *p = bs->peers; p != NULL; p = p->next) {
-      if (p->ep != NULL && p->ep == m->reply_ep &&
-          p->state == MEP_BS_PEER_CONNECTING) {
-        peer = p;
-      }
-    }
-    if (peer == NULL) {
-      MEP_LOG_DEBUG("bootstrap", "rank 0: HELLO from an unknown endpoint");
+  while ((m = mep_bs_msg_take(bs, MEP_BS_MSG_HELLO, NULL)) != NULL) {
+    /* Only a connection still waiting for its verdict may send a HELLO
+     * (bootstrap_msg.c refuses the rest), and only one. */
+    mep_bs_peer_t *peer = m->peer;
+    if (peer->ep == NULL || peer->state != MEP_BS_PEER_CONNECTING) {
       mep_bs_msg_free(m);
       continue;
     }
     char why[MEP_BS_REASON_MAX];
     if (root_check_hello(bs, m, why, sizeof(why))) {
       MEP_LOG_WARN("bootstrap",
-                   "rank 0 refused a connection claiming rank %d of %d on %s: "
-                   "%s",
-                   m->hdr.src, m->hdr.world_size, bs->address, why);
+                   "rank 0 refused a connection from %s claiming rank %d of "
+                   "%d on %s: %s",
+                   peer->name, m->hdr.src, m->hdr.world_size, bs->address,
+                   why);
       /* The refused side closes; closing here could race the reply. */
       root_reply(bs, peer, MEP_BS_MSG_REFUSE, why);
       peer->state = MEP_BS_PEER_REFUSED;
@@ -226,10 +252,16 @@ static moe_ep_status_t root_announce(mep_bootstrap_t *bs, int64_t deadline_ms) {
     }
   }
   if (bad < 0) return MOE_EP_OK;
+  char what[MEP_BS_REASON_MAX - 96];
+  if (bs->by_rank[bad]->failed) {
+    mep_bs_peer_describe_failure(bs->by_rank[bad], -1, what, sizeof(what));
+  } else {
+    snprintf(what, sizeof(what), "telling it so failed (UCX status: %s)",
+             ucs_status_string(bad_st));
+  }
   char msg[MEP_BS_REASON_MAX];
-  snprintf(msg, sizeof(msg),
-           "rank %d failed as the group formed on %s (%s)", bad, bs->address,
-           ucs_status_string(bad_st));
+  snprintf(msg, sizeof(msg), "rank %d failed as the group formed on %s: %s",
+           bad, bs->address, what);
   mep_bs_root_abort(bs, MOE_EP_ERR_BOOTSTRAP, bad, msg);
   return mep_error(MOE_EP_ERR_BOOTSTRAP, "%s", msg);
 }

@@ -21,10 +21,36 @@
 /* Bounds the wire fields the handshake carries. */
 #define MEP_BS_TOKEN_MAX 256
 #define MEP_BS_REASON_MAX 512
-/* Ranks in one group; same bound as kernels/limits.h MEP_MAX_RANKS (per-peer
- * arrays are sized by it). */
-#define MEP_BS_MAX_RANKS 1024
-#define MEP_BS_MAX_TIMEOUT_MS 3600000
+/* Ranks in one group (per-peer arrays are sized by it) and the longest
+ * bounded wait: the project-wide limits, one copy. */
+#include "kernels/limits.h"
+#define MEP_BS_MAX_RANKS MEP_MAX_RANKS
+#define MEP_BS_MAX_TIMEOUT_MS MEP_MAX_TIMEOUT_MS
+
+/* Memory bounds. Rank 0 listens on a port anyone can reach, so what a
+ * connection may make it hold is bounded by what the protocol needs, and a
+ * connection that goes past it is closed before anything is allocated.
+ *
+ * MEP_BS_PAYLOAD_MAX: the largest per-rank byte count of one allgather or
+ * broadcast (the CONTRIB payload a rank sends per step). The product's
+ * largest is the host backend's 4096-byte worker-address slot (then the
+ * 1024-byte canonical config, 4 * world bytes of HT counts, NCCL's 128-byte
+ * unique id); 64 KiB leaves 16x headroom. Larger collectives are refused
+ * as bad arguments. */
+#define MEP_BS_PAYLOAD_MAX (64u * 1024u)
+/* Rank 0, per connection: a joined rank sends its next CONTRIB only after
+ * the RESULT of the previous op, which rank 0 sends after taking that
+ * CONTRIB, so one queued message is all a real rank ever has. A connection
+ * that has not joined may queue one HELLO (token only). */
+#define MEP_BS_CONN_QUEUE_MSGS 1
+/* Non-zero ranks hear only rank 0, which may have ACCEPT, FORMED and a
+ * RESULT (or REFUSE) in flight to a rank that has not looked yet. */
+#define MEP_BS_ROOT_QUEUE_MSGS 3
+/* Rank 0, all connections together: one full CONTRIB per rank plus one
+ * HELLO for each of this many connections still waiting for a verdict
+ * (bootstrap_msg.c: mep_bs_queue_cap). At 8 ranks that is about 0.6 MiB;
+ * at the 1024-rank maximum about 64 MiB. */
+#define MEP_BS_PENDING_HELLOS 64
 
 typedef enum mep_bs_msg_type {
   MEP_BS_MSG_HELLO = 1,   /* joiner -> 0: rank, world, token */
@@ -74,18 +100,27 @@ typedef struct mep_bs_peer {
   struct mep_bs_peer *next;
   struct mep_bootstrap *bs;
   ucp_ep_h ep;
-  int rank; /* -1 until the handshake names it */
+  int rank; /* -1 until the handshake names it; then fixed for life */
   int state;
   int failed;
   ucs_status_t fail_status;
+  int64_t fail_ms;     /* when the failure was seen (mep_bs_now_ms) */
+  /* Set when this side cut the connection (a protocol violation or a
+   * memory bound): what the peer did, for the log and the failure text. */
+  char why[160];
+  int evict;           /* close at the next progress pass (not in a callback) */
+  int queued_msgs;     /* messages from this peer not yet taken */
+  size_t queued_bytes; /* their payload bytes */
+  char name[64];       /* "127.0.0.1:40312" (rank 0: the client's address) */
   void *close_req; /* pending ucp_ep_close_nbx request */
 } mep_bs_peer_t;
 
-/* A received message; payload owned by the node. */
+/* A received message; payload owned by the node. Its sender is the
+ * connection it arrived on (`peer`), never the rank its header names. */
 typedef struct mep_bs_msg {
   struct mep_bs_msg *next;
   mep_bs_hdr_t hdr;
-  ucp_ep_h reply_ep;
+  struct mep_bs_peer *peer;
   void *payload;
   size_t len;
   int ready;        /* 0 while a rendezvous receive is still in flight */
@@ -124,6 +159,9 @@ struct mep_bootstrap {
   mep_bs_peer_t *peers;    /* every peer struct ever made (freed in destroy) */
   mep_bs_peer_t **by_rank; /* rank 0: joined peer per rank; others: [0] */
   mep_bs_msg_t *msgs;      /* received, not yet consumed */
+  size_t queued_bytes;     /* payload + node bytes of msgs, all peers */
+  size_t queue_cap;        /* bound on queued_bytes (mep_bs_queue_cap) */
+  int evict_pending;       /* a peer awaits its close (mep_bs_peer_evict) */
 
   ucp_conn_request_h *conn_reqs; /* rank 0: connection requests to accept */
   int num_conn_reqs;
@@ -167,12 +205,30 @@ ucs_status_t mep_bs_send(mep_bootstrap_t *bs, mep_bs_peer_t *peer,
 ucs_status_t mep_bs_send_wait(mep_bootstrap_t *bs, mep_bs_send_t *s,
                               int64_t deadline_ms);
 void mep_bs_hdr_init(const mep_bootstrap_t *bs, mep_bs_hdr_t *hdr, int type);
-/* Unlinks the first ready message matching type and src (-1 = any). */
-mep_bs_msg_t *mep_bs_msg_take(mep_bootstrap_t *bs, int type, int src);
+/* Unlinks the first ready message of `type` that arrived on `from` (NULL =
+ * any connection). */
+mep_bs_msg_t *mep_bs_msg_take(mep_bootstrap_t *bs, int type,
+                              const mep_bs_peer_t *from);
 void mep_bs_msg_free(mep_bs_msg_t *m);
 mep_bs_peer_t *mep_bs_peer_new(mep_bootstrap_t *bs);
 /* ep params shared by both sides: PEER error mode + our error callback. */
 void mep_bs_peer_ep_params(mep_bs_peer_t *peer, ucp_ep_params_t *p);
+/* Cuts a connection that broke the protocol or a bound: records `why`,
+ * marks it failed (a joined rank then fails the group naming it), logs at
+ * WARN naming it, and closes it at the next progress pass. */
+void mep_bs_peer_evict(mep_bootstrap_t *bs, mep_bs_peer_t *peer,
+                       const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* "rank 3" for a joined peer, else "a connection from 127.0.0.1:40312". */
+const char *mep_bs_peer_label(const mep_bs_peer_t *peer, char *buf,
+                              size_t len);
+/* What happened to a failed peer's connection, in words, without the rank:
+ * "its connection broke 3 ms into the op: ..." (since_ms: the op's start,
+ * or -1 for no timing), or why this rank cut it. */
+void mep_bs_peer_describe_failure(const mep_bs_peer_t *peer, int64_t since_ms,
+                                  char *buf, size_t len);
+/* Bound on all queued message bytes (see MEP_BS_PENDING_HELLOS). */
+size_t mep_bs_queue_cap(const mep_bootstrap_t *bs);
 /* Starts closing the peer's ep (force when failed); poll close_req. */
 void mep_bs_peer_close(mep_bootstrap_t *bs, mep_bs_peer_t *peer, int force);
 /* Waits for every started close, up to deadline. */

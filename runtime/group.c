@@ -162,7 +162,8 @@ moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
   MEP_CHECK_GOTO(validate_params(params, g), st, out_free_group);
   MEP_CHECK_GOTO(mep_backend_select(g->cfg.backend, g->cfg.mode, &g->ops, &g->cfg.backend), st,
                  out_free_group);
-  mep_log_set_level(g->cfg.log_level);
+  /* Bootstrap and backend setup log at this group's level. */
+  mep_log_thread_level(g->cfg.log_level);
 
   const char *token = getenv(g->cfg.bootstrap_token_env);
   mep_bootstrap_params_t bp = {
@@ -184,7 +185,7 @@ moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
   if (g->bytes_allocated == 0) {
     g->bytes_allocated = g->ops->buffer_bytes(&g->cfg, g->world_size);
   }
-  if (!mep_registry_add(g, MEP_OBJ_GROUP)) {
+  if (!mep_registry_add(g, MEP_OBJ_GROUP, NULL)) {
     st = mep_error(MOE_EP_ERR_NO_MEMORY, "group_create: out of host memory");
     goto out_destroy_backend;
   }
@@ -192,6 +193,7 @@ moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
                "buffer bytes",
                g->rank, g->world_size, g->ops->name, g->num_local_experts,
                (unsigned long long)g->bytes_allocated);
+  mep_log_thread_level(-1);
   *out = g;
   return MOE_EP_OK;
 
@@ -202,6 +204,7 @@ out_destroy_lock:
 out_destroy_bootstrap:
   mep_bootstrap_destroy(g->boot);
 out_free_group:
+  mep_log_thread_level(-1);
   free(g);
   return st;
 }
@@ -224,12 +227,14 @@ moe_ep_status_t mep_group_destroy(moe_ep_group_t *group) {
      * teardown steps that would wait for it. */
     group->broken = MOE_EP_ERR_PEER_FAILED;
   }
-  mep_registry_remove(group);
+  (void)mep_registry_take(group, MEP_OBJ_GROUP);
   /* Pending hooks stay owned by the engine; detach them so a late
    * hook_run reports the destroyed group instead of touching it. */
+  pthread_mutex_lock(&group->lock);
   for (int i = 0; i < MEP_NUM_BUFFER_SETS; i++) {
     if (group->pending[i] != NULL) group->pending[i]->group = NULL;
   }
+  pthread_mutex_unlock(&group->lock);
   group->ops->destroy(group);
   mep_bootstrap_destroy(group->boot);
   pthread_mutex_destroy(&group->lock);
@@ -251,12 +256,16 @@ moe_ep_status_t mep_group_broken_error(const moe_ep_group_t *g, const char *entr
   return mep_error(g->broken, "%s: the group failed earlier: %s", entry, g->broken_msg);
 }
 
-moe_ep_status_t mep_group_enter(moe_ep_group_t *g, const char *entry) {
+moe_ep_status_t mep_group_lock(moe_ep_group_t *g, const char *entry) {
   MEP_CHECK(mep_group_check(g, entry));
   pthread_mutex_lock(&g->lock);
-  moe_ep_status_t st = mep_group_broken_error(g, entry);
+  mep_log_thread_level(g->cfg.log_level);
+  return MOE_EP_OK;
+}
+
+void mep_group_unlock(moe_ep_group_t *g) {
+  mep_log_thread_level(-1);
   pthread_mutex_unlock(&g->lock);
-  return st;
 }
 
 moe_ep_status_t mep_handle_check(moe_ep_group_t *g, moe_ep_handle_t *h,
@@ -294,9 +303,7 @@ static int32_t sms_used(const moe_ep_group_t *g) {
   return g->num_sms > 0 ? g->num_sms : g->max_sms;
 }
 
-moe_ep_status_t mep_group_info(const moe_ep_group_t *g,
-                               moe_ep_group_info_t *info) {
-  MEP_CHECK(mep_group_check(g, "group_info"));
+static moe_ep_status_t group_info_locked(const moe_ep_group_t *g, moe_ep_group_info_t *info) {
   if (info == NULL || !MEP_HAS_FIELD(info, config_hash)) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "group_info: info is NULL or info->struct_size is below "
@@ -324,6 +331,11 @@ moe_ep_status_t mep_group_info(const moe_ep_group_t *g,
   return MOE_EP_OK;
 }
 
+moe_ep_status_t mep_group_info(const moe_ep_group_t *cg, moe_ep_group_info_t *info) {
+  moe_ep_group_t *g = (moe_ep_group_t *)cg;
+  MEP_LOCKED_ENTRY(g, "group_info", group_info_locked(g, info));
+}
+
 moe_ep_status_t mep_group_break(moe_ep_group_t *g, moe_ep_status_t st) {
   if (g->broken == MOE_EP_OK) {
     g->broken = st;
@@ -334,8 +346,7 @@ moe_ep_status_t mep_group_break(moe_ep_group_t *g, moe_ep_status_t st) {
 }
 
 moe_ep_status_t mep_group_poll_error(moe_ep_group_t *g) {
-  MEP_CHECK(mep_group_check(g, "group_poll_error"));
-  pthread_mutex_lock(&g->lock);
+  MEP_CHECK(mep_group_lock(g, "group_poll_error"));
   moe_ep_status_t st = g->broken;
   if (st == MOE_EP_OK) {
     st = g->ops->poll_error(g);
@@ -344,34 +355,38 @@ moe_ep_status_t mep_group_poll_error(moe_ep_group_t *g) {
   } else {
     mep_error(st, "%s", g->broken_msg);
   }
-  pthread_mutex_unlock(&g->lock);
+  mep_group_unlock(g);
   return st;
 }
 
-moe_ep_status_t mep_group_set_num_sms(moe_ep_group_t *g, int32_t num_sms) {
-  MEP_CHECK(mep_group_check(g, "set_num_sms"));
+static moe_ep_status_t set_num_sms_locked(moe_ep_group_t *g, int32_t num_sms) {
   if (num_sms < 0 || (g->max_sms > 0 && num_sms > g->max_sms)) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "set_num_sms: num_sms=%d must be in [0, %d] (0 = the "
                      "backend's default)",
                      num_sms, g->max_sms);
   }
-  pthread_mutex_lock(&g->lock);
   g->num_sms = num_sms;
-  pthread_mutex_unlock(&g->lock);
   return MOE_EP_OK;
 }
 
-moe_ep_status_t mep_group_max_sms_used(const moe_ep_group_t *g,
-                                       int32_t *num_sms) {
-  MEP_CHECK(mep_group_check(g, "max_sms_used"));
+moe_ep_status_t mep_group_set_num_sms(moe_ep_group_t *g, int32_t num_sms) {
+  MEP_LOCKED_ENTRY(g, "set_num_sms", set_num_sms_locked(g, num_sms));
+}
+
+static moe_ep_status_t max_sms_used_locked(const moe_ep_group_t *g, int32_t *num_sms) {
   if (num_sms == NULL) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "max_sms_used: num_sms is NULL");
   }
-  pthread_mutex_lock((pthread_mutex_t *)&g->lock);
   *num_sms = sms_used(g);
-  pthread_mutex_unlock((pthread_mutex_t *)&g->lock);
   return MOE_EP_OK;
+}
+
+/* const in the table (it changes nothing the engine sees), but it takes the
+ * group's lock like every entry. */
+moe_ep_status_t mep_group_max_sms_used(const moe_ep_group_t *cg, int32_t *num_sms) {
+  moe_ep_group_t *g = (moe_ep_group_t *)cg;
+  MEP_LOCKED_ENTRY(g, "max_sms_used", max_sms_used_locked(g, num_sms));
 }
 
 moe_ep_status_t mep_buffer_size_hint(const moe_ep_config_t *config,

@@ -37,7 +37,9 @@ struct moe_ep_group {
   mep_bootstrap_t *boot;
   const mep_backend_ops_t *ops;
   void *impl; /* backend state */
-  /* Serialises the group's entries: a hook may run on another thread. */
+  /* Serialises the group's entries: a hook may run on another thread, and
+   * handles and hooks may be freed from any thread (see moe_ep.h,
+   * "Threads"). Guards every field below and all handle and hook state. */
   pthread_mutex_t lock;
   uint64_t seq;                                   /* operations launched */
   moe_ep_hook_t *pending[MEP_NUM_BUFFER_SETS];    /* deferred receives */
@@ -63,9 +65,23 @@ moe_ep_status_t mep_buffer_size_hint(const moe_ep_config_t *config,
 moe_ep_status_t mep_group_check(const moe_ep_group_t *group, const char *entry);
 /* The recorded failure as this entry's error, or OK; call under the lock. */
 moe_ep_status_t mep_group_broken_error(const moe_ep_group_t *group, const char *entry);
-/* Entry guard: a live group that has not failed. */
-moe_ep_status_t mep_group_enter(moe_ep_group_t *group, const char *entry);
-/* A live handle prepared on this group. */
+/* Entry guard: checks the group is live, takes its lock and makes its
+ * log_level this thread's. Returns with the lock held only on OK. Every
+ * read or write of the group's or its handles' and hooks' state happens
+ * between this and mep_group_unlock. */
+moe_ep_status_t mep_group_lock(moe_ep_group_t *group, const char *entry);
+void mep_group_unlock(moe_ep_group_t *group);
+/* Returns `call`, run under the group lock; a communication failure breaks
+ * the group before the lock is released. */
+#define MEP_LOCKED_ENTRY(g, name, call)                    \
+  do {                                                     \
+    MEP_CHECK(mep_group_lock(g, name));                    \
+    moe_ep_status_t st_ = (call);                          \
+    if (mep_status_is_fatal(st_)) mep_group_break(g, st_); \
+    mep_group_unlock(g);                                   \
+    return st_;                                            \
+  } while (0)
+/* A live handle prepared on this group; call under the lock. */
 moe_ep_status_t mep_handle_check(moe_ep_group_t *group, moe_ep_handle_t *h,
                                  const char *entry);
 /* The device every tensor of this group must live on (MEP_DEVICE). */

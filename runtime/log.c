@@ -1,4 +1,7 @@
-/* log.c: one sink for every library message; engine callback or stderr. */
+/* log.c: one sink for every library message; engine callback or stderr.
+ * The level is per group: a thread working for a group (an entry holding
+ * the group's lock, group_create, a backend thread) logs at that group's
+ * log_level; MOE_EP_LOG_LEVEL overrides every group. */
 #include "runtime/log.h"
 
 #include <pthread.h>
@@ -9,10 +12,18 @@
 #include <strings.h>
 
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
-static int log_level = MOE_EP_LOG_WARN;
+static int env_level = -1; /* MOE_EP_LOG_LEVEL, or -1 when unset */
+/* The level of the group this thread works for, or -1. */
+static __thread int thread_level = -1;
+
+/* The engine's logger, and how many of its calls are running: set_logger
+ * waits for them, so the engine knows when its `user` may be freed. */
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t log_idle = PTHREAD_COND_INITIALIZER;
 static moe_ep_logger_fn log_fn;
 static void *log_user;
-static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static int log_inflight;
+static __thread int thread_in_callback;
 
 static const char *const level_names[] = {"none", "error", "warn",
                                           "info", "debug", "trace"};
@@ -23,35 +34,38 @@ static void log_init_from_env(void) {
   if (env == NULL || *env == '\0') return;
   for (int i = 0; i <= MOE_EP_LOG_TRACE; i++) {
     if (strcasecmp(env, level_names[i]) == 0) {
-      log_level = i;
+      env_level = i;
       return;
     }
   }
   char *end = NULL;
   long v = strtol(env, &end, 10);
   if (end != env && *end == '\0' && v >= 0 && v <= MOE_EP_LOG_TRACE) {
-    log_level = (int)v;
+    env_level = (int)v;
   }
 }
 
 int mep_log_level(void) {
   pthread_once(&log_once, log_init_from_env);
-  return log_level;
-}
-
-void mep_log_set_level(int level) {
-  pthread_once(&log_once, log_init_from_env);
   /* The environment wins over the config, so an operator can raise the
    * level without editing the engine's YAML. */
-  const char *env = getenv("MOE_EP_LOG_LEVEL");
-  if (env != NULL && *env != '\0') return;
-  if (level >= MOE_EP_LOG_NONE && level <= MOE_EP_LOG_TRACE) log_level = level;
+  if (env_level >= 0) return env_level;
+  return thread_level >= 0 ? thread_level : MOE_EP_LOG_WARN;
+}
+
+void mep_log_thread_level(int level) {
+  thread_level = level >= MOE_EP_LOG_NONE && level <= MOE_EP_LOG_TRACE ? level : -1;
 }
 
 void mep_log_set_logger(moe_ep_logger_fn fn, void *user) {
   pthread_mutex_lock(&log_lock);
   log_fn = fn;
   log_user = user;
+  /* A logger that replaces itself from inside its own callback would wait
+   * for itself: from a callback, the swap is all that happens. */
+  while (log_inflight > 0 && thread_in_callback == 0) {
+    pthread_cond_wait(&log_idle, &log_lock);
+  }
   pthread_mutex_unlock(&log_lock);
 }
 
@@ -67,14 +81,20 @@ void mep_log(int level, const char *subsys, const char *fmt, ...) {
   }
   va_end(ap);
   /* The engine's logger runs outside the lock: it may log back into us, or
-   * be slow, without blocking other threads. */
+   * be slow, without blocking other threads' messages. */
   pthread_mutex_lock(&log_lock);
   moe_ep_logger_fn fn = log_fn;
   void *user = log_user;
+  if (fn != NULL) log_inflight++;
   pthread_mutex_unlock(&log_lock);
-  if (fn != NULL) {
-    fn(user, level, msg);
-  } else {
+  if (fn == NULL) {
     fprintf(stderr, "%s\n", msg);
+    return;
   }
+  thread_in_callback++;
+  fn(user, level, msg);
+  thread_in_callback--;
+  pthread_mutex_lock(&log_lock);
+  if (--log_inflight == 0) pthread_cond_broadcast(&log_idle);
+  pthread_mutex_unlock(&log_lock);
 }

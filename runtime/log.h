@@ -1,6 +1,7 @@
 /* log.h: the library's only way to emit text. Level from MOE_EP_LOG_LEVEL
- * (name or number) or the config's log_level; an engine may install its own
- * logger through set_logger. Nothing else in the library prints. */
+ * (name or number), else the log_level of the group the calling thread works
+ * for, else warn; an engine may install its own logger through set_logger.
+ * Nothing else in the library prints. */
 #ifndef MEP_LOG_H_
 #define MEP_LOG_H_
 
@@ -13,7 +14,12 @@ extern "C" {
 void mep_log(int level, const char *subsys, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 int mep_log_level(void);
-void mep_log_set_level(int level);
+/* This thread now works for a group logging at `level` (-1: for none).
+ * Group entries set it while they hold the group's lock; a thread the
+ * library starts for a group sets it once. */
+void mep_log_thread_level(int level);
+/* Installs fn (NULL: stderr) and returns once every callback already
+ * running on another thread has returned. */
 void mep_log_set_logger(moe_ep_logger_fn fn, void *user);
 
 #define MEP_LOG_ERROR(sub, ...) mep_log(MOE_EP_LOG_ERROR, sub, __VA_ARGS__)

@@ -51,6 +51,9 @@ typedef struct mep_op {
   uint32_t flags;
   int32_t hidden;
   uint64_t seq;        /* per-group operation counter (epoch for signals) */
+  /* dispatch: this call's row format, resolved from params->format */
+  int32_t fp8;          /* 0: bf16 rows; 1: fp8 e4m3 + scales */
+  int32_t scale_format; /* moe_ep_fp8_scale_t (fp8 only) */
   mep_handle_state_t *handle;
   void *stream;
   /* dispatch */

@@ -57,7 +57,7 @@ static moe_ep_status_t reserve_buffer_set(moe_ep_group_t *g, const char *entry,
 }
 
 /* Sends, then either receives now or parks the op in a hook. Called with
- * validated arguments; takes the group lock. */
+ * validated arguments, under the group lock. */
 static moe_ep_status_t launch(moe_ep_group_t *g, mep_op_t *op,
                               moe_ep_hook_t **hook_out) {
   moe_ep_status_t st;
@@ -65,12 +65,11 @@ static moe_ep_status_t launch(moe_ep_group_t *g, mep_op_t *op,
   if (hook_out != NULL) *hook_out = NULL;
   if (op->flags & MOE_EP_FLAG_DEFER_RECV) {
     hook = calloc(1, sizeof(*hook));
-    if (hook == NULL || !mep_registry_add(hook, MEP_OBJ_HOOK)) {
+    if (hook == NULL || !mep_registry_add(hook, MEP_OBJ_HOOK, g)) {
       free(hook);
       return mep_error(MOE_EP_ERR_NO_MEMORY, "cannot allocate a hook");
     }
   }
-  pthread_mutex_lock(&g->lock);
   const char *entry = op->kind == MEP_OP_DISPATCH ? "dispatch" : "combine";
   st = reserve_buffer_set(g, entry, &op->buffer_set);
   if (st != MOE_EP_OK) goto out_unlock;
@@ -93,10 +92,8 @@ static moe_ep_status_t launch(moe_ep_group_t *g, mep_op_t *op,
     st = g->ops->recv(g, op);
   }
 out_unlock:
-  if (mep_status_is_fatal(st)) mep_group_break(g, st);
-  pthread_mutex_unlock(&g->lock);
   if (hook != NULL) {
-    mep_registry_remove(hook);
+    (void)mep_registry_take(hook, MEP_OBJ_HOOK);
     free(hook);
   }
   return st;
@@ -136,7 +133,7 @@ static moe_ep_status_t check_ll_dispatch_outputs(moe_ep_group_t *g,
   MEP_CHECK(mep_tensor_check(p->recv_count, &rc, &data, &dt));
   op->recv_count = data;
   if (fp8) {
-    int packed = g->cfg.fp8_scale == MOE_EP_FP8_SCALE_UE8M0_PACKED;
+    int packed = op->scale_format == MOE_EP_FP8_SCALE_UE8M0_PACKED;
     mep_tensor_rule_t rs = {"dispatch", "params->recv_scales", dev,
                             packed ? MEP_BIT(MEP_DT_I32) : MEP_BIT(MEP_DT_F32), 3,
                             {el, slots, mep_scale_cols(p->hidden, packed)}, 0};
@@ -186,11 +183,49 @@ static moe_ep_status_t check_ht_dispatch_outputs(moe_ep_group_t *g,
   return MOE_EP_OK;
 }
 
-moe_ep_status_t mep_dispatch(moe_ep_group_t *g, moe_ep_handle_t *h,
-                             const moe_ep_dispatch_params_t *p,
-                             moe_ep_hook_t **hook) {
-  if (hook != NULL) *hook = NULL;
-  MEP_CHECK(mep_group_enter(g, "dispatch"));
+/* This call's row format (params->format, or the group's): fp8 or bf16 rows
+ * and the scale format. A bf16 call needs a group whose buffers hold bf16
+ * rows (dispatch_dtype: bf16); fp8 rows fit either. */
+static moe_ep_status_t resolve_format(const moe_ep_group_t *g, const moe_ep_dispatch_params_t *p,
+                                      int *fp8, int *scale_format) {
+  int32_t f = MEP_HAS_FIELD(p, format) ? p->format : MOE_EP_FORMAT_GROUP;
+  *fp8 = mep_config_fp8_dispatch(&g->cfg);
+  *scale_format = g->cfg.fp8_scale;
+  switch (f) {
+    case MOE_EP_FORMAT_GROUP: return MOE_EP_OK;
+    case MOE_EP_FORMAT_BF16: *fp8 = 0; break;
+    case MOE_EP_FORMAT_FP8_F32: *fp8 = 1; *scale_format = MOE_EP_FP8_SCALE_F32; break;
+    case MOE_EP_FORMAT_FP8_UE8M0: *fp8 = 1; *scale_format = MOE_EP_FP8_SCALE_UE8M0; break;
+    case MOE_EP_FORMAT_FP8_UE8M0_PACKED:
+      *fp8 = 1;
+      *scale_format = MOE_EP_FP8_SCALE_UE8M0_PACKED;
+      break;
+    default:
+      return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                       "dispatch: params->format=%d is not a moe_ep_dispatch_format_t value "
+                       "(0..%d)",
+                       f, MOE_EP_FORMAT_FP8_UE8M0_PACKED);
+  }
+  if (!is_ll(g) && *fp8) {
+    return mep_error(MOE_EP_ERR_UNSUPPORTED,
+                     "dispatch: params->format=%d asks for fp8 rows, but high-throughput "
+                     "dispatch sends bf16 rows (format 0 or %d)",
+                     f, MOE_EP_FORMAT_BF16);
+  }
+  if (!*fp8 && mep_config_fp8_dispatch(&g->cfg)) {
+    return mep_error(MOE_EP_ERR_UNSUPPORTED,
+                     "dispatch: params->format=%d asks for bf16 rows, but this group's "
+                     "buffers hold fp8 rows (dispatch_dtype: fp8_e4m3); configure "
+                     "dispatch_dtype: bf16 to choose the format per call",
+                     f);
+  }
+  return MOE_EP_OK;
+}
+
+static moe_ep_status_t dispatch_locked(moe_ep_group_t *g, moe_ep_handle_t *h,
+                                       const moe_ep_dispatch_params_t *p,
+                                       moe_ep_hook_t **hook) {
+  MEP_CHECK(mep_group_broken_error(g, "dispatch"));
   MEP_CHECK(mep_handle_check(g, h, "dispatch"));
   if (p == NULL || !MEP_HAS_FIELD(p, recv_count) ||
       (!is_ll(g) && !MEP_HAS_FIELD(p, num_recv_tokens))) {
@@ -199,7 +234,8 @@ moe_ep_status_t mep_dispatch(moe_ep_group_t *g, moe_ep_handle_t *h,
                      "the v1 minimum for this mode",
                      p ? p->struct_size : (size_t)0);
   }
-  int fp8 = mep_config_fp8_dispatch(&g->cfg);
+  int fp8, scale_format;
+  MEP_CHECK(resolve_format(g, p, &fp8, &scale_format));
   MEP_CHECK(check_flags_hidden(g, "dispatch", p->flags, p->hidden, hook, fp8));
   if (h->dispatched) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
@@ -208,7 +244,8 @@ moe_ep_status_t mep_dispatch(moe_ep_group_t *g, moe_ep_handle_t *h,
                      (void *)h);
   }
   mep_op_t op = {.kind = MEP_OP_DISPATCH, .mode = g->cfg.mode, .flags = p->flags,
-                 .hidden = p->hidden, .handle = h, .stream = p->stream};
+                 .hidden = p->hidden, .handle = h, .stream = p->stream,
+                 .fp8 = fp8, .scale_format = scale_format};
   void *data;
   int dt;
   mep_tensor_rule_t rx = {"dispatch", "params->x", mep_group_device(g),
@@ -232,6 +269,13 @@ moe_ep_status_t mep_dispatch(moe_ep_group_t *g, moe_ep_handle_t *h,
   return st;
 }
 
+moe_ep_status_t mep_dispatch(moe_ep_group_t *g, moe_ep_handle_t *h,
+                             const moe_ep_dispatch_params_t *p,
+                             moe_ep_hook_t **hook) {
+  if (hook != NULL) *hook = NULL;
+  MEP_LOCKED_ENTRY(g, "dispatch", dispatch_locked(g, h, p, hook));
+}
+
 /* LL combine's weights: required, unless the dispatch carried them; then
  * NULL or that same tensor (the expert side already applied them: another
  * tensor would be silently ignored). */
@@ -252,11 +296,10 @@ static moe_ep_status_t check_ll_combine_weights(moe_ep_group_t *g, const moe_ep_
   return MOE_EP_OK;
 }
 
-moe_ep_status_t mep_combine(moe_ep_group_t *g, moe_ep_handle_t *h,
-                            const moe_ep_combine_params_t *p,
-                            moe_ep_hook_t **hook) {
-  if (hook != NULL) *hook = NULL;
-  MEP_CHECK(mep_group_enter(g, "combine"));
+static moe_ep_status_t combine_locked(moe_ep_group_t *g, moe_ep_handle_t *h,
+                                      const moe_ep_combine_params_t *p,
+                                      moe_ep_hook_t **hook) {
+  MEP_CHECK(mep_group_broken_error(g, "combine"));
   MEP_CHECK(mep_handle_check(g, h, "combine"));
   if (p == NULL || !MEP_HAS_FIELD(p, stream)) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
@@ -300,69 +343,91 @@ moe_ep_status_t mep_combine(moe_ep_group_t *g, moe_ep_handle_t *h,
   return launch(g, &op, hook);
 }
 
+moe_ep_status_t mep_combine(moe_ep_group_t *g, moe_ep_handle_t *h,
+                            const moe_ep_combine_params_t *p,
+                            moe_ep_hook_t **hook) {
+  if (hook != NULL) *hook = NULL;
+  MEP_LOCKED_ENTRY(g, "combine", combine_locked(g, h, p, hook));
+}
+
+/* The hook's checks and its receive; under the group lock. */
+static moe_ep_status_t hook_run_locked(moe_ep_group_t *g, moe_ep_hook_t *hook, void *stream) {
+  /* Looked up again under the lock: another thread may have freed it. */
+  if (!mep_registry_contains(hook, MEP_OBJ_HOOK)) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "hook_run: hook=%p was freed by another thread", (void *)hook);
+  }
+  if (hook->group != g) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "hook_run: hook=%p belongs to a destroyed group", (void *)hook);
+  }
+  MEP_CHECK(mep_group_broken_error(g, "hook_run"));
+  if (hook->ran) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "hook_run: hook=%p already ran; a hook runs exactly once",
+                     (void *)hook);
+  }
+  if (!mep_registry_contains(hook->op.handle, MEP_OBJ_HANDLE)) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "hook_run: the handle of hook=%p was freed before the "
+                     "hook ran",
+                     (void *)hook);
+  }
+  hook->ran = 1;
+  g->pending[hook->op.buffer_set] = NULL;
+  hook->op.stream = stream;
+  moe_ep_status_t st = g->ops->recv(g, &hook->op);
+  if (st == MOE_EP_OK && hook->op.kind == MEP_OP_DISPATCH) {
+    hook->op.handle->dispatched = 2;
+  }
+  return st;
+}
+
 moe_ep_status_t mep_hook_run(moe_ep_hook_t *hook, void *stream) {
-  if (hook == NULL || !mep_registry_contains(hook, MEP_OBJ_HOOK)) {
+  /* The owner comes from the registry, not from the hook: another thread
+   * may be freeing the hook, and only its group's lock orders the two. */
+  void *owner = NULL;
+  if (hook == NULL || !mep_registry_owner(hook, MEP_OBJ_HOOK, &owner)) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "hook_run: hook=%p is not a live hook (freed, or not from "
                      "dispatch/combine)",
                      (void *)hook);
   }
-  /* group_destroy must not race other entries on the same group, so the
-   * group pointer itself is stable here; everything else is checked under
-   * the lock, because two threads may try the same hook. */
-  moe_ep_group_t *g = hook->group;
-  if (g == NULL) {
+  moe_ep_group_t *g = owner;
+  if (!mep_registry_contains(g, MEP_OBJ_GROUP)) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                     "hook_run: hook=%p belongs to a destroyed group",
-                     (void *)hook);
+                     "hook_run: hook=%p belongs to a destroyed group", (void *)hook);
   }
-  MEP_CHECK(mep_group_check(g, "hook_run"));
-  pthread_mutex_lock(&g->lock);
-  moe_ep_status_t st = mep_group_broken_error(g, "hook_run");
-  if (st == MOE_EP_OK && hook->ran) {
-    st = mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                   "hook_run: hook=%p already ran; a hook runs exactly once",
-                   (void *)hook);
+  MEP_LOCKED_ENTRY(g, "hook_run", hook_run_locked(g, hook, stream));
+}
+
+/* Freeing an unrun hook abandons its receive. The host backend matches
+ * each signal to its operation exactly, so dropping the peers' data keeps
+ * the group usable; the GPU signals accumulate, so there the group's
+ * signal state is no longer consistent and the group is marked failed. */
+static void hook_abandon_locked(moe_ep_group_t *g, moe_ep_hook_t *hook) {
+  if (hook->group != g || hook->ran) return;
+  if (g->pending[hook->op.buffer_set] == hook) g->pending[hook->op.buffer_set] = NULL;
+  if (!g->ops->abandon_is_safe) {
+    mep_group_break(g, mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                                 "hook_free: hook=%p was freed before it ran; its "
+                                 "receive was abandoned and the %s backend cannot "
+                                 "resynchronise its signals: destroy the group",
+                                 (void *)hook, g->ops->name));
   }
-  if (st == MOE_EP_OK && !mep_registry_contains(hook->op.handle, MEP_OBJ_HANDLE)) {
-    st = mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                   "hook_run: the handle of hook=%p was freed before the "
-                   "hook ran",
-                   (void *)hook);
-  }
-  if (st == MOE_EP_OK) {
-    hook->ran = 1;
-    g->pending[hook->op.buffer_set] = NULL;
-    hook->op.stream = stream;
-    st = g->ops->recv(g, &hook->op);
-    if (st == MOE_EP_OK && hook->op.kind == MEP_OP_DISPATCH) {
-      hook->op.handle->dispatched = 2;
-    }
-    if (mep_status_is_fatal(st)) mep_group_break(g, st);
-  }
-  pthread_mutex_unlock(&g->lock);
-  return st;
 }
 
 void mep_hook_free(moe_ep_hook_t *hook) {
-  if (hook == NULL || !mep_registry_contains(hook, MEP_OBJ_HOOK)) return;
-  moe_ep_group_t *g = hook->group;
-  /* Freeing an unrun hook abandons its receive. The host backend matches
-   * each signal to its operation exactly, so dropping the peers' data keeps
-   * the group usable; the GPU signals accumulate, so there the group's
-   * signal state is no longer consistent and the group is marked failed. */
-  if (g != NULL && !hook->ran) {
-    pthread_mutex_lock(&g->lock);
-    if (g->pending[hook->op.buffer_set] == hook) g->pending[hook->op.buffer_set] = NULL;
-    if (!g->ops->abandon_is_safe) {
-      mep_group_break(g, mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                                   "hook_free: hook=%p was freed before it ran; its "
-                                   "receive was abandoned and the %s backend cannot "
-                                   "resynchronise its signals: destroy the group",
-                                   (void *)hook, g->ops->name));
-    }
-    pthread_mutex_unlock(&g->lock);
+  void *owner = NULL;
+  if (hook == NULL || !mep_registry_owner(hook, MEP_OBJ_HOOK, &owner)) return;
+  moe_ep_group_t *g = owner;
+  int taken;
+  if (mep_registry_contains(g, MEP_OBJ_GROUP) && mep_group_lock(g, "hook_free") == MOE_EP_OK) {
+    taken = mep_registry_take(hook, MEP_OBJ_HOOK);
+    if (taken) hook_abandon_locked(g, hook);
+    mep_group_unlock(g);
+  } else {
+    taken = mep_registry_take(hook, MEP_OBJ_HOOK); /* its group is gone */
   }
-  mep_registry_remove(hook);
-  free(hook);
+  if (taken) free(hook);
 }

@@ -79,10 +79,10 @@ static void handle_release(mep_handle_state_t *h) {
   free(h);
 }
 
-moe_ep_status_t mep_prepare(moe_ep_group_t *g,
-                            const moe_ep_prepare_params_t *p,
-                            moe_ep_handle_t **out) {
-  MEP_CHECK(mep_group_enter(g, "prepare"));
+static moe_ep_status_t prepare_locked(moe_ep_group_t *g,
+                                      const moe_ep_prepare_params_t *p,
+                                      moe_ep_handle_t **out) {
+  MEP_CHECK(mep_group_broken_error(g, "prepare"));
   if (p == NULL || out == NULL) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "prepare: %s is NULL",
                      p ? "handle" : "params");
@@ -122,16 +122,13 @@ moe_ep_status_t mep_prepare(moe_ep_group_t *g,
   if (g->cfg.backend == MOE_EP_BACKEND_HOST) {
     MEP_CHECK_GOTO(copy_topk(g, h, data, dt), st, out_release);
   }
-  pthread_mutex_lock(&g->lock);
   st = g->ops->prepare(g, h);
-  if (mep_status_is_fatal(st)) mep_group_break(g, st);
-  pthread_mutex_unlock(&g->lock);
   h->out_tokens_per_rank = NULL;
   h->out_tokens_per_expert = NULL;
   h->out_is_token_in_rank = NULL;
   h->prepare_stream = NULL;
   if (st != MOE_EP_OK) goto out_release;
-  if (!mep_registry_add(h, MEP_OBJ_HANDLE)) {
+  if (!mep_registry_add(h, MEP_OBJ_HANDLE, g)) {
     st = mep_error(MOE_EP_ERR_NO_MEMORY, "prepare: out of memory");
     goto out_release;
   }
@@ -143,8 +140,25 @@ out_release:
   return st;
 }
 
+moe_ep_status_t mep_prepare(moe_ep_group_t *g,
+                            const moe_ep_prepare_params_t *p,
+                            moe_ep_handle_t **out) {
+  MEP_LOCKED_ENTRY(g, "prepare", prepare_locked(g, p, out));
+}
+
+/* Under the group's lock, so a hook_run or combine on another thread
+ * either finishes with the handle first or finds it gone. A handle whose
+ * group was destroyed is only released. */
 void mep_handle_free(moe_ep_handle_t *h) {
-  if (h == NULL || !mep_registry_contains(h, MEP_OBJ_HANDLE)) return;
-  mep_registry_remove(h);
-  handle_release(h);
+  void *owner = NULL;
+  if (h == NULL || !mep_registry_owner(h, MEP_OBJ_HANDLE, &owner)) return;
+  moe_ep_group_t *g = owner;
+  int taken;
+  if (mep_registry_contains(g, MEP_OBJ_GROUP) && mep_group_lock(g, "handle_free") == MOE_EP_OK) {
+    taken = mep_registry_take(h, MEP_OBJ_HANDLE);
+    mep_group_unlock(g);
+  } else {
+    taken = mep_registry_take(h, MEP_OBJ_HANDLE);
+  }
+  if (taken) handle_release(h);
 }

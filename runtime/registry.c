@@ -8,13 +8,21 @@
 typedef struct entry {
   const void *obj;
   mep_obj_kind_t kind;
+  void *owner;
 } entry_t;
 
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static entry_t *reg_entries;
 static size_t reg_len, reg_cap;
 
-int mep_registry_add(const void *obj, mep_obj_kind_t kind) {
+/* Index of obj as `kind`, or reg_len; call under reg_lock. */
+static size_t find(const void *obj, mep_obj_kind_t kind) {
+  size_t i = 0;
+  while (i < reg_len && (reg_entries[i].obj != obj || reg_entries[i].kind != kind)) i++;
+  return i;
+}
+
+int mep_registry_add(const void *obj, mep_obj_kind_t kind, void *owner) {
   int ok = 1;
   pthread_mutex_lock(&reg_lock);
   if (reg_len == reg_cap) {
@@ -27,19 +35,16 @@ int mep_registry_add(const void *obj, mep_obj_kind_t kind) {
       reg_cap = cap;
     }
   }
-  if (ok) reg_entries[reg_len++] = (entry_t){obj, kind};
+  if (ok) reg_entries[reg_len++] = (entry_t){obj, kind, owner};
   pthread_mutex_unlock(&reg_lock);
   return ok;
 }
 
-void mep_registry_remove(const void *obj) {
+int mep_registry_take(const void *obj, mep_obj_kind_t kind) {
   pthread_mutex_lock(&reg_lock);
-  for (size_t i = 0; i < reg_len; i++) {
-    if (reg_entries[i].obj == obj) {
-      reg_entries[i] = reg_entries[--reg_len];
-      break;
-    }
-  }
+  size_t i = find(obj, kind);
+  int taken = i < reg_len;
+  if (taken) reg_entries[i] = reg_entries[--reg_len];
   /* Nothing live: give the storage back, so an engine that dlcloses the
    * library after its last group leaks nothing. */
   if (reg_len == 0) {
@@ -48,14 +53,18 @@ void mep_registry_remove(const void *obj) {
     reg_cap = 0;
   }
   pthread_mutex_unlock(&reg_lock);
+  return taken;
 }
 
 int mep_registry_contains(const void *obj, mep_obj_kind_t kind) {
-  int found = 0;
+  return mep_registry_owner(obj, kind, NULL);
+}
+
+int mep_registry_owner(const void *obj, mep_obj_kind_t kind, void **owner) {
   pthread_mutex_lock(&reg_lock);
-  for (size_t i = 0; i < reg_len && !found; i++) {
-    found = reg_entries[i].obj == obj && reg_entries[i].kind == kind;
-  }
+  size_t i = find(obj, kind);
+  int found = i < reg_len;
+  if (found && owner != NULL) *owner = reg_entries[i].owner;
   pthread_mutex_unlock(&reg_lock);
   return found;
 }

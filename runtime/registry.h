@@ -1,6 +1,8 @@
 /* registry.h: the set of live objects handed to the engine (groups,
  * handles, hooks), so a freed or foreign pointer is reported as an error
- * instead of being dereferenced. */
+ * instead of being dereferenced. Each entry remembers its owner (the group
+ * of a handle or hook), so an entry can find the lock that guards an object
+ * without reading the object, which another thread may be freeing. */
 #ifndef MEP_REGISTRY_H_
 #define MEP_REGISTRY_H_
 
@@ -14,9 +16,14 @@ typedef enum mep_obj_kind {
   MEP_OBJ_HOOK = 3
 } mep_obj_kind_t;
 
-int mep_registry_add(const void *obj, mep_obj_kind_t kind); /* 0 = no memory */
-void mep_registry_remove(const void *obj);
+/* 0 = no memory. `owner` is the group of a handle or hook, NULL for a group. */
+int mep_registry_add(const void *obj, mep_obj_kind_t kind, void *owner);
+/* Removes obj if live; returns 1 when this call removed it, 0 when it was
+ * not there (so of two threads freeing one object, exactly one wins). */
+int mep_registry_take(const void *obj, mep_obj_kind_t kind);
 int mep_registry_contains(const void *obj, mep_obj_kind_t kind);
+/* 1 and *owner when obj is live as `kind`; 0 otherwise. */
+int mep_registry_owner(const void *obj, mep_obj_kind_t kind, void **owner);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # device_suite.sh: everything the GPU machine runs, built here and bundled:
-# the kernel-level test (tests/gpu), the public-API conformance workers on
+# the kernel-level test (tests/gpu) and kernel bench, the public-API conformance workers on
 # the nccl backend (LSA, GIN-emulated, EP1/EP2, absent-peer timeout), the
 # demo and the benchmark. Usage:
 #   tools/device_suite.sh            # build + bundle into .gpu_bundle/
@@ -9,13 +9,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T=(//plugin:libmoe_ep.so //tests/host:conformance_worker //tools/launcher:moe_ep_run
-   //tests/gpu:ll_gpu_test //tests/gpu:prepare_layout_gpu_test //integration:moe_ep_demo)
-[ -f tools/bench/BUILD.bazel ] && T+=(//tools/bench:moe_ep_bench)
+   //tests/gpu:ll_gpu_test //tests/gpu:prepare_layout_gpu_test //tests/gpu:set_reuse_gpu_test
+   //integration:moe_ep_demo)
+[ -f tools/bench/BUILD.bazel ] && T+=(//tools/bench:moe_ep_bench //tools/bench:ll_kernel_bench)
 bazel build "${T[@]}"
 rm -rf .gpu_bundle && mkdir -p .gpu_bundle
 for f in plugin/libmoe_ep.so tests/host/conformance_worker tools/launcher/moe_ep_run \
-         tests/gpu/ll_gpu_test tests/gpu/prepare_layout_gpu_test integration/moe_ep_demo \
-         tools/bench/moe_ep_bench; do
+         tests/gpu/ll_gpu_test tests/gpu/prepare_layout_gpu_test \
+         tests/gpu/set_reuse_gpu_test integration/moe_ep_demo \
+         tools/bench/moe_ep_bench tools/bench/ll_kernel_bench; do
   [ -f "bazel-bin/$f" ] && cp -L "bazel-bin/$f" .gpu_bundle/
 done
 cp integration/configs/*.yaml .gpu_bundle/

@@ -1,11 +1,13 @@
 #!/bin/bash
 # setup.sh: installs the Debian packages moe-ep builds with, when missing.
-# Idempotent and quiet; needs root (or sudo). CUDA 13 + NCCL come with the
-# machine image under /usr/local/cuda (see README.md).
+# The Python front end's tests use Debian's python3 with torch (CPU), pytest
+# and numpy. Idempotent and quiet; needs root (or sudo). CUDA 13 + NCCL come
+# with the machine image under /usr/local/cuda (see README.md).
 set -euo pipefail
 PACKAGES=(bazel-bootstrap bazel-platforms libucx-dev ucx-utils libabsl-dev
           libgtest-dev libgmock-dev libyaml-dev libdlpack-dev clang
-          libclang-rt-14-dev binutils)
+          libclang-rt-14-dev binutils
+          python3-torch python3-pytest python3-numpy)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

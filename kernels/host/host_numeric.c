@@ -41,8 +41,8 @@ float mep_e4m3_to_f32(uint8_t v) {
 }
 
 uint8_t mep_f32_to_e4m3(float f) {
+  if (isnan(f)) return 0x7f; /* the sign of a NaN is not kept */
   uint8_t sign = signbit(f) ? 0x80 : 0x00;
-  if (isnan(f)) return (uint8_t)(sign | 0x7f);
   float a = fabsf(f);
   if (a >= 448.0f) return (uint8_t)(sign | 0x7e); /* satfinite, inf too */
   /* Quantum of the binade that holds a: subnormals (a < 2^-6) step by 2^-9,
@@ -70,9 +70,9 @@ float mep_fp8_group_scale(const uint16_t *x, int n, int pow2) {
   float amax = 0.0f;
   for (int i = 0; i < n; i++) {
     float a = fabsf(mep_bf16_to_f32(x[i]));
-    if (a > amax) amax = a;
+    if (a > amax && isfinite(a)) amax = a; /* NaN fails a > amax */
   }
-  if (!(amax >= 1e-4f)) amax = 1e-4f; /* also catches NaN */
+  if (amax < 1e-4f) amax = 1e-4f;
   float scale = amax / 448.0f;
   if (pow2) {
     int e;

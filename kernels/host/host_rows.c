@@ -1,4 +1,4 @@
-/* host_rows.c: packing, unpacking and reductions of host-backend rows. */
+/* host_rows.c: packing and unpacking of host-backend rows. */
 #include "kernels/host/host_rows.h"
 
 #include <string.h>
@@ -91,25 +91,5 @@ void mep_row_unpack_ll(const mep_row_layout_t *l, const uint8_t *row,
   for (int w = 0; w < words; w++) out[w] = 0;
   for (int g = 0; g < groups; g++) {
     out[g / 4] |= (uint32_t)mep_ue8m0_code(scales[g]) << (8 * (g % 4));
-  }
-}
-
-void mep_combine_weighted(uint16_t *out, const uint16_t *const *rows,
-                          const float *w, int top_k, int hidden) {
-  for (int h = 0; h < hidden; h++) {
-    float acc = 0.0f;
-    for (int k = 0; k < top_k; k++) {
-      if (rows[k] != NULL) acc += w[k] * mep_bf16_to_f32(rows[k][h]);
-    }
-    out[h] = mep_f32_to_bf16(acc);
-  }
-}
-
-void mep_combine_sum(uint16_t *out, const uint16_t *const *rows, int n,
-                     int hidden) {
-  for (int h = 0; h < hidden; h++) {
-    float acc = 0.0f;
-    for (int j = 0; j < n; j++) acc += mep_bf16_to_f32(rows[j][h]);
-    out[h] = mep_f32_to_bf16(acc);
   }
 }

@@ -46,14 +46,6 @@ void mep_row_unpack_ll(const mep_row_layout_t *l, const uint8_t *row,
                        void *recv_x_row, void *recv_scales_row,
                        int packed_scales);
 
-/* out[h] = bf16(sum_k w[k] * y_k[h]) in f32, k ascending; rows[k] NULL for
- * skipped slots. */
-void mep_combine_weighted(uint16_t *out, const uint16_t *const *rows,
-                          const float *w, int top_k, int hidden);
-/* out[h] = bf16(sum_j rows[j][h]) in f32, j ascending (HT reduction). */
-void mep_combine_sum(uint16_t *out, const uint16_t *const *rows, int n,
-                     int hidden);
-
 #ifdef __cplusplus
 }
 #endif

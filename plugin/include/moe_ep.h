@@ -19,7 +19,7 @@ extern "C" {
 
 #define MOE_EP_ABI_VERSION 1u
 #define MOE_EP_VERSION_MAJOR 0
-#define MOE_EP_VERSION_MINOR 1
+#define MOE_EP_VERSION_MINOR 2
 #define MOE_EP_VERSION_PATCH 0
 
 /* ---- status ------------------------------------------------------------ */
@@ -105,6 +105,18 @@ typedef enum moe_ep_fp8_scale {
   MOE_EP_FP8_SCALE_UE8M0_PACKED = 2 /* power-of-two, 4 exponents per int32 */
 } moe_ep_fp8_scale_t;
 
+/* fp8 dispatch, per 128-channel group of a token row:
+ *   scale = max(amax, 1e-4) / 448, rounded up to a power of two for UE8M0
+ *   formats and with MOE_EP_FLAG_ROUND_SCALE; q = e4m3(x / scale), round to
+ *   nearest even, saturating at +-448.
+ * Non-finite input, the same on every backend and scale format:
+ *   - amax is taken over the group's finite values only, so an inf or NaN
+ *     never changes the scale of its 127 neighbours;
+ *   - +inf / -inf arrive as +448 / -448 (codes 0x7E / 0xFE);
+ *   - NaN of either sign arrives as NaN, code 0x7F;
+ *   - a group with no finite value (or only zeros) gets the floor's scale,
+ *     1e-4 / 448 as f32, 2^-22 (UE8M0 byte 105) as a power of two. */
+
 typedef enum moe_ep_transport {
   MOE_EP_TRANSPORT_AUTO = 0,
   MOE_EP_TRANSPORT_LSA = 1,
@@ -121,6 +133,19 @@ typedef enum moe_ep_log_level {
   MOE_EP_LOG_DEBUG = 4,
   MOE_EP_LOG_TRACE = 5
 } moe_ep_log_level_t;
+
+/* A dispatch's row format, chosen per call (moe_ep_dispatch_params_t.format,
+ * as DeepEP's use_fp8 / use_ue8m0 are). A group's buffers hold rows of its
+ * configured dispatch_dtype: fp8 rows fit a bf16 group's buffers, so a group
+ * configured bf16 takes every format; a group configured fp8 takes the fp8
+ * formats only. */
+typedef enum moe_ep_dispatch_format {
+  MOE_EP_FORMAT_GROUP = 0,          /* the group's dispatch_dtype and fp8_scale */
+  MOE_EP_FORMAT_BF16 = 1,
+  MOE_EP_FORMAT_FP8_F32 = 2,        /* fp8 e4m3, one f32 scale per 128 channels */
+  MOE_EP_FORMAT_FP8_UE8M0 = 3,      /* power-of-two scales in f32 storage */
+  MOE_EP_FORMAT_FP8_UE8M0_PACKED = 4 /* power-of-two, 4 exponents per int32 */
+} moe_ep_dispatch_format_t;
 
 #define MOE_EP_ADDRESS_MAX 256
 #define MOE_EP_ENV_NAME_MAX 64
@@ -226,6 +251,11 @@ typedef struct moe_ep_dispatch_params {
   moe_ep_tensor_t *recv_topk_idx;      /* [N_recv, K] int32 local id or -1 */
   moe_ep_tensor_t *recv_topk_weights;  /* [N_recv, K] f32 */
   int64_t *num_recv_tokens;            /* host out: N_recv (HT) */
+  /* Appended in 0.2 (absent in an older engine's struct = the group's
+   * format): moe_ep_dispatch_format_t of this call's rows; recv_x and
+   * recv_scales follow it. LL only (HT takes MOE_EP_FORMAT_GROUP or BF16). */
+  int32_t format;
+  int32_t reserved0;
 } moe_ep_dispatch_params_t;
 
 typedef struct moe_ep_combine_params {
@@ -238,9 +268,44 @@ typedef struct moe_ep_combine_params {
    * topk_weights; then NULL or that same tensor (another tensor is
    * INVALID_ARGUMENT: the weights were already applied). */
   const moe_ep_tensor_t *topk_weights;
-  moe_ep_tensor_t *out;                /* [T, H] bf16 = sum_k w_k * y_k */
+  /* [T, H] bf16 = sum_k w_k * y_k, in a fixed order (bit-identical on
+   * every backend): each term fmaf(w, y, acc) into f32 from +0, -1 slots
+   * skipped, bf16 round-to-nearest-even. Weights at combine: one sum over
+   * the token's slots in k order. Weights at dispatch: per rank the sum of
+   * its slots in k order, rounded to bf16; those partials summed in f32
+   * from +0 in the order their ranks first appear in the token's top-k.
+   * (README, "Routing weights may be given to the LL dispatch".) */
+  moe_ep_tensor_t *out;
   void *stream;
 } moe_ep_combine_params_t;
+
+/* ---- threads ----------------------------------------------------------- *
+ *
+ * Every entry may be called from any host thread.
+ * - Entries that take a group, handle or hook (prepare, dispatch, combine,
+ *   hook_run, hook_free, handle_free, group_poll_error, group_info,
+ *   set_num_sms, max_sms_used) are serialised per group by one lock, so
+ *   they may run concurrently on one group: an engine's overlap scheduler
+ *   may run micro-batch A's hook on thread B while thread A dispatches or
+ *   combines micro-batch B, and may free handles and hooks from either
+ *   thread. The lock is held while a backend launches (nccl) or moves
+ *   (host) a send or receive half, so a concurrent entry waits for it
+ *   (bounded by timeouts.kernel_ms on the host backend).
+ * - Freeing a handle or hook while another thread uses it in an entry is
+ *   safe: the entry finishes with it first, or finds it gone and returns
+ *   INVALID_ARGUMENT. Entries on different groups never wait for each other.
+ * - group_create is collective and group_destroy must not race any other
+ *   entry on the same group; handles and hooks may outlive their group
+ *   (free them after group_destroy; a hook of a destroyed group reports it).
+ * - last_error is per thread: read it on the thread whose entry failed.
+ * - set_logger returns only after every logger call already running on
+ *   other threads has returned, so after set_logger(NULL, NULL) the old
+ *   `user` may be freed. Called from inside the logger itself, it swaps
+ *   the logger without waiting (it would wait for itself).
+ * - Log levels are per group: messages emitted while an entry works for a
+ *   group (and by threads the library starts for it) use that group's
+ *   log_level; other messages use warn. MOE_EP_LOG_LEVEL overrides both.
+ */
 
 /* ---- the function table ------------------------------------------------ */
 
@@ -254,7 +319,9 @@ typedef struct moe_ep_plugin_v1 {
    * until the next call on the same thread. Never NULL. */
   const char *(*last_error)(void);
   const char *(*status_string)(moe_ep_status_t status);
-  /* Route library log lines to the engine; fn NULL restores stderr. */
+  /* Route library log lines to the engine; fn NULL restores stderr.
+   * Returns once the previous logger's running calls are done (see
+   * "threads" above). */
   moe_ep_status_t (*set_logger)(moe_ep_logger_fn fn, void *user);
 
   /* `path_or_text` is a file path, or YAML text when it contains a newline
@@ -307,8 +374,8 @@ typedef struct moe_ep_plugin_v1 {
    * backend it is ordered after the send half even on another stream). A
    * hook runs once; it stays owned by the caller until hook_free. Freeing a
    * hook that never ran abandons its receive: the host backend stays
-   * usable, the nccl backend marks the group failed. group_destroy must not
-   * race other entries on the same group. */
+   * usable, the nccl backend marks the group failed. See "threads" above
+   * for what may run concurrently. */
   moe_ep_status_t (*hook_run)(moe_ep_hook_t *hook, void *stream);
   void (*hook_free)(moe_ep_hook_t *hook);
   void (*handle_free)(moe_ep_handle_t *handle);

@@ -6,12 +6,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/host/host_combine.h"
 #include "kernels/host/host_rows.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
 #include "runtime/group.h"
 #include "runtime/host/host_layout.h"
 #include "runtime/host/host_mesh.h"
+#include "runtime/nccl/layout_book.h"
 #include "runtime/validate.h"
 
 typedef struct host_state {
@@ -19,8 +21,7 @@ typedef struct host_state {
   mep_host_layout_t layout;
   uint8_t *staging;  /* one destination's rows */
   uint64_t *counts;  /* [R] stable sources of the row-count puts */
-  /* Operation number of the dispatch whose layout each buffer set holds. */
-  uint64_t layout_seq[MEP_NUM_BUFFER_SETS];
+  mep_layout_book_t book; /* which dispatch's layout each buffer set holds */
 } host_state_t;
 
 /* Per-handle record of every received slot: (source rank, token, k) for
@@ -130,10 +131,10 @@ static moe_ep_status_t host_prepare(moe_ep_group_t *g, mep_handle_state_t *h) {
 
 static void row_layout_for(const moe_ep_group_t *g, const mep_op_t *op,
                            mep_row_layout_t *rl) {
-  int fp8 = mep_config_fp8_dispatch(&g->cfg);
-  int pow2 = g->cfg.fp8_scale != MOE_EP_FP8_SCALE_F32 ||
+  (void)g;
+  int pow2 = op->scale_format != MOE_EP_FP8_SCALE_F32 ||
              (op->flags & MOE_EP_FLAG_ROUND_SCALE);
-  mep_row_layout_init(rl, op->hidden, op->handle->top_k, fp8, pow2);
+  mep_row_layout_init(rl, op->hidden, op->handle->top_k, op->fp8, pow2);
 }
 
 static moe_ep_status_t dispatch_send(moe_ep_group_t *g, mep_op_t *op) {
@@ -280,7 +281,7 @@ static moe_ep_status_t dispatch_recv_ll(moe_ep_group_t *g, mep_op_t *op,
   tab->expert_start[0] = 0;
   for (int e = 0; e < E_l; e++) tab->expert_start[e + 1] = tab->expert_start[e] + op->recv_count[e];
   size_t x_row = rl->fp8 ? (size_t)op->hidden : (size_t)op->hidden * 2u;
-  int packed = g->cfg.fp8_scale == MOE_EP_FP8_SCALE_UE8M0_PACKED;
+  int packed = op->scale_format == MOE_EP_FP8_SCALE_UE8M0_PACKED;
   size_t s_row = (size_t)mep_scale_cols(op->hidden, packed) * 4u;
   int32_t *cursor = calloc((size_t)E_l, sizeof(int32_t));
   if (cursor == NULL) {
@@ -403,7 +404,15 @@ static moe_ep_status_t combine_recv(moe_ep_group_t *g, mep_op_t *op) {
                                                                    (size_t)t * (size_t)W + (size_t)j))
                      : NULL;
     }
-    if (op->mode == MOE_EP_MODE_LOW_LATENCY) {
+    if (op->mode == MOE_EP_MODE_LOW_LATENCY && h->weighted) {
+      /* Weights given to dispatch: the GPU pre-reduces per expert rank;
+       * here every slot's row came back, and the same partials are formed
+       * on this side, in the same order, so the bits agree. */
+      int32_t ranks[MEP_MAX_TOP_K];
+      for (int k = 0; k < K; k++) ranks[k] = rank_of(g, tk[k]);
+      mep_combine_partials(out, rows, op->topk_weights + (size_t)t * (size_t)K, ranks, K,
+                           op->hidden);
+    } else if (op->mode == MOE_EP_MODE_LOW_LATENCY) {
       mep_combine_weighted(out, rows, op->topk_weights + (size_t)t * (size_t)K, K, op->hidden);
     } else {
       mep_combine_sum(out, rows, n, op->hidden);
@@ -412,27 +421,18 @@ static moe_ep_status_t combine_recv(moe_ep_group_t *g, mep_op_t *op) {
   return MOE_EP_OK;
 }
 
-/* The header's promise: a later dispatch on the handle's buffer set
- * replaced its layout, so combine is refused before anything is sent (the
- * group stays usable). */
-static moe_ep_status_t check_layout_current(const host_state_t *hs, const mep_op_t *op) {
-  const slot_table_t *tab = op->handle->backend;
-  if (hs->layout_seq[tab->set] == tab->seq) return MOE_EP_OK;
-  return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                   "combine: the layout of this handle's dispatch (operation %llu, buffer set "
-                   "%d) was overwritten by a later dispatch on the same set (operation %llu); "
-                   "combine each handle before the dispatch after next",
-                   (unsigned long long)tab->seq, tab->set,
-                   (unsigned long long)hs->layout_seq[tab->set]);
-}
-
+/* A later dispatch on the handle's buffer set replaced its layout (the
+ * header's promise, as on the nccl backend): combine is refused before
+ * anything is sent, so the group stays usable. */
 static moe_ep_status_t host_send(moe_ep_group_t *g, mep_op_t *op) {
   host_state_t *hs = g->impl;
-  if (op->kind == MEP_OP_COMBINE) MEP_CHECK(check_layout_current(hs, op));
+  if (op->kind == MEP_OP_COMBINE) {
+    const slot_table_t *tab = op->handle->backend;
+    MEP_CHECK(mep_layout_book_check(&hs->book, g->rank, tab->set, tab->seq));
+  }
   mep_host_mesh_begin(hs->mesh);
   if (op->kind == MEP_OP_COMBINE) return combine_send(g, op);
-  hs->layout_seq[op->buffer_set] = op->seq;
-  return dispatch_send(g, op);
+  return mep_layout_book_record(&hs->book, op->buffer_set, op->seq, dispatch_send(g, op));
 }
 
 static moe_ep_status_t recv_half(moe_ep_group_t *g, mep_op_t *op) {

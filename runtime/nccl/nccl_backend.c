@@ -13,6 +13,7 @@
 #include "runtime/config.h"
 #include "runtime/error.h"
 #include "runtime/group.h"
+#include "runtime/nccl/layout_book.h"
 #include "runtime/nccl/nccl_setup.h"
 
 typedef struct nccl_state {
@@ -30,8 +31,8 @@ typedef struct nccl_state {
   int32_t *src_count[MEP_NUM_BUFFER_SETS];
   mep_ll_route_t *route[MEP_NUM_BUFFER_SETS];
   int32_t *src_tokens[MEP_NUM_BUFFER_SETS];
-  /* seq of the dispatch whose layout each set's handle storage holds. */
-  uint64_t layout_seq[MEP_NUM_BUFFER_SETS];
+  /* Which dispatch's layout each set's handle storage holds. */
+  mep_layout_book_t layouts;
   /* Recorded after each send half: a hook may run its receive on another
    * stream, which must still come after the send. */
   cudaEvent_t sent[MEP_NUM_BUFFER_SETS];
@@ -206,12 +207,14 @@ static moe_ep_status_t nccl_create(moe_ep_group_t *g) {
   s->ctx.dims = d;
   s->ctx.rank = g->rank;
   s->ctx.transport = ll_transport(g, s);
-  if (s->ctx.transport != MEP_LL_TRANSPORT_GIN && mep_ll_resolve_lsa(&s->ctx) != MOE_EP_OK) {
-    st = mep_error(MOE_EP_ERR_CUDA, "group_create: %s", mep_kernels_last_error());
+  if (s->ctx.transport != MEP_LL_TRANSPORT_GIN && mep_ll_resolve_lsa(&s->ctx) != MEP_KSTATUS_OK) {
+    st = mep_error(MOE_EP_ERR_CUDA, "group_create on rank %d: %s", g->rank,
+                   mep_kernels_last_error());
     goto out_destroy;
   }
-  if (mep_ll_timeout_cycles(s->device, g->cfg.kernel_timeout_ms, &s->ctx.timeout_cycles) != MOE_EP_OK) {
-    st = mep_error(MOE_EP_ERR_CUDA, "group_create: %s", mep_kernels_last_error());
+  if (mep_ll_timeout_cycles(s->device, g->cfg.kernel_timeout_ms, &s->ctx.timeout_cycles) != MEP_KSTATUS_OK) {
+    st = mep_error(MOE_EP_ERR_CUDA, "group_create on rank %d: %s", g->rank,
+                   mep_kernels_last_error());
     goto out_destroy;
   }
   g->bytes_allocated = mep_nccl_bytes_allocated(s->nccl);
@@ -223,8 +226,6 @@ out_destroy:
 
 /* A kernel's expired wait, as a sentence. */
 static moe_ep_status_t timeout_error(const moe_ep_group_t *g, const nccl_state_t *s) {
-  static const char *const ops[] = {"none", "dispatch send", "dispatch receive",
-                                    "combine send", "combine receive"};
   const mep_ll_error_record_t *r = &s->rec[0];
   if (r->op == MEP_LL_OP_BAD_SIGNAL) {
     return mep_error(MOE_EP_ERR_INTERNAL,
@@ -244,12 +245,14 @@ static moe_ep_status_t timeout_error(const moe_ep_group_t *g, const nccl_state_t
                      r->rank, g->cfg.kernel_timeout_ms, r->peer, r->buffer_set,
                      (unsigned long long)r->expected, (unsigned long long)r->seen);
   }
-  int op = r->op >= 0 && r->op <= 4 ? r->op : 0;
+  const char *op = r->op == MEP_LL_OP_DISPATCH_RECV  ? "dispatch receive"
+                   : r->op == MEP_LL_OP_COMBINE_RECV ? "combine receive"
+                                                     : "receive";
   return mep_error(MOE_EP_ERR_TIMEOUT,
                    "a %s kernel on rank %d waited timeouts.kernel_ms=%d for rank %d "
                    "(local expert %d, buffer set %d): expected signal %llu, saw %llu; "
                    "the peer did not take part in the operation",
-                   ops[op], r->rank, g->cfg.kernel_timeout_ms, r->peer, r->expert,
+                   op, r->rank, g->cfg.kernel_timeout_ms, r->peer, r->expert,
                    r->buffer_set, (unsigned long long)r->expected,
                    (unsigned long long)r->seen);
 }
@@ -301,9 +304,22 @@ static moe_ep_status_t leave_device(const nccl_state_t *s, int prev, moe_ep_stat
   return st;
 }
 
-static moe_ep_status_t launched(moe_ep_status_t st, const char *what) {
-  if (st == MOE_EP_OK) return st;
-  return mep_error(st, "%s: %s", what, mep_kernels_last_error());
+/* The kernels' own statuses keep kernels/ free of the public ABI; the
+ * fp8 scale formats pass through as numbers. */
+_Static_assert((int)MEP_FP8_SCALE_F32 == (int)MOE_EP_FP8_SCALE_F32 &&
+                   (int)MEP_FP8_SCALE_UE8M0 == (int)MOE_EP_FP8_SCALE_UE8M0 &&
+                   (int)MEP_FP8_SCALE_UE8M0_PACKED == (int)MOE_EP_FP8_SCALE_UE8M0_PACKED,
+               "kernels/kernels_types.h's fp8 scale formats must keep moe_ep_fp8_scale_t's numbers");
+_Static_assert((int)MEP_LL_TRANSPORT_LSA == (int)MOE_EP_TRANSPORT_LSA &&
+                   (int)MEP_LL_TRANSPORT_GIN == (int)MOE_EP_TRANSPORT_GIN &&
+                   (int)MEP_LL_TRANSPORT_GIN_EMULATED == (int)MOE_EP_TRANSPORT_GIN_EMULATED,
+               "kernels/ll.h's transports must keep moe_ep_transport_t's numbers");
+
+static moe_ep_status_t launched(const moe_ep_group_t *g, mep_kstatus_t k, const char *what) {
+  if (k == MEP_KSTATUS_OK) return MOE_EP_OK;
+  moe_ep_status_t st = k == MEP_KSTATUS_INVALID_ARGUMENT ? MOE_EP_ERR_INVALID_ARGUMENT
+                                                         : MOE_EP_ERR_CUDA;
+  return mep_error(st, "%s on rank %d: %s", what, g->rank, mep_kernels_last_error());
 }
 
 /* prepare's optional layout outputs: one kernel on the caller's stream, no
@@ -326,13 +342,13 @@ static moe_ep_status_t nccl_prepare(moe_ep_group_t *g, mep_handle_state_t *h) {
       .num_tokens_per_expert = h->out_tokens_per_expert,
       .is_token_in_rank = h->out_is_token_in_rank,
   };
-  return leave_device(s, prev, launched(mep_prepare_layout(&a, h->prepare_stream), "prepare"));
+  return leave_device(s, prev, launched(g, mep_prepare_layout(&a, h->prepare_stream), "prepare"));
 }
 
 static void dispatch_args(moe_ep_group_t *g, nccl_state_t *s, const mep_op_t *op,
                           mep_ll_dispatch_args_t *a) {
   const mep_handle_state_t *h = op->handle;
-  int scale = g->cfg.fp8_scale;
+  int scale = op->scale_format;
   if (scale == MOE_EP_FP8_SCALE_F32 && (op->flags & MOE_EP_FLAG_ROUND_SCALE)) {
     scale = MOE_EP_FP8_SCALE_UE8M0;
   }
@@ -344,7 +360,7 @@ static void dispatch_args(moe_ep_group_t *g, nccl_state_t *s, const mep_op_t *op
       .hidden = op->hidden,
       .top_k = h->top_k,
       .num_experts = g->cfg.num_experts,
-      .fp8 = mep_config_fp8_dispatch(&g->cfg),
+      .fp8 = op->fp8,
       .scale_mode = scale,
       .buffer_set = op->buffer_set,
       .recv_x = op->recv_x,
@@ -383,37 +399,35 @@ static void combine_args(moe_ep_group_t *g, nccl_state_t *s, const mep_op_t *op,
   };
 }
 
-/* The send half, or with fused != 0 both halves in one kernel. */
+/* The send half, or with fused != 0 both halves in one kernel. A dispatch
+ * takes over its buffer set's handle storage only once its launch was
+ * accepted: a refused dispatch leaves the older handle on that set valid. */
 static moe_ep_status_t send_half(moe_ep_group_t *g, nccl_state_t *s, mep_op_t *op, int fused) {
   if (op->kind == MEP_OP_DISPATCH) {
     nccl_handle_t *nh = op->handle->backend;
     if (nh == NULL && (nh = calloc(1, sizeof(*nh))) == NULL) {
-      return mep_error(MOE_EP_ERR_NO_MEMORY, "dispatch: out of memory");
+      return mep_error(MOE_EP_ERR_NO_MEMORY, "dispatch on rank %d: out of memory", g->rank);
     }
     op->handle->backend = nh;
-    nh->set = op->buffer_set;
-    nh->seq = op->seq;
-    nh->recv_count = op->recv_count;
-    s->layout_seq[op->buffer_set] = op->seq;
     mep_ll_dispatch_args_t a;
     dispatch_args(g, s, op, &a);
-    return launched(fused ? mep_ll_dispatch(&s->ctx, &a, op->stream)
-                          : mep_ll_dispatch_send(&s->ctx, &a, op->stream),
-                    "dispatch");
+    moe_ep_status_t st = mep_layout_book_record(
+        &s->layouts, op->buffer_set, op->seq,
+        launched(g, fused ? mep_ll_dispatch(&s->ctx, &a, op->stream)
+                       : mep_ll_dispatch_send(&s->ctx, &a, op->stream),
+                 "dispatch"));
+    if (st == MOE_EP_OK) {
+      nh->set = op->buffer_set;
+      nh->seq = op->seq;
+      nh->recv_count = op->recv_count;
+    }
+    return st;
   }
   const nccl_handle_t *nh = op->handle->backend;
-  if (s->layout_seq[nh->set] != nh->seq) {
-    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                     "combine: the layout of this handle's dispatch (operation %llu, "
-                     "buffer set %d) was overwritten by a later dispatch on the same "
-                     "set (operation %llu); combine each handle before the dispatch "
-                     "after next",
-                     (unsigned long long)nh->seq, nh->set,
-                     (unsigned long long)s->layout_seq[nh->set]);
-  }
+  MEP_CHECK(mep_layout_book_check(&s->layouts, g->rank, nh->set, nh->seq));
   mep_ll_combine_args_t a;
   combine_args(g, s, op, &a);
-  return launched(fused ? mep_ll_combine(&s->ctx, &a, op->stream)
+  return launched(g, fused ? mep_ll_combine(&s->ctx, &a, op->stream)
                         : mep_ll_combine_send(&s->ctx, &a, op->stream),
                   "combine");
 }
@@ -445,11 +459,11 @@ static moe_ep_status_t nccl_recv(moe_ep_group_t *g, mep_op_t *op) {
   if (op->kind == MEP_OP_DISPATCH) {
     mep_ll_dispatch_args_t a;
     dispatch_args(g, s, op, &a);
-    st = launched(mep_ll_dispatch_recv(&s->ctx, &a, op->stream), "dispatch receive");
+    st = launched(g, mep_ll_dispatch_recv(&s->ctx, &a, op->stream), "dispatch receive");
   } else {
     mep_ll_combine_args_t a;
     combine_args(g, s, op, &a);
-    st = launched(mep_ll_combine_recv(&s->ctx, &a, op->stream), "combine receive");
+    st = launched(g, mep_ll_combine_recv(&s->ctx, &a, op->stream), "combine receive");
   }
   return leave_device(s, prev, st);
 }

@@ -16,6 +16,7 @@
 #define NCCL_HOST_DEVICE_INLINE
 #include <nccl_device/core.h>
 
+#include "kernels/limits.h"
 #include "runtime/error.h"
 #include "runtime/nccl/nccl_dl.h"
 
@@ -29,7 +30,7 @@ struct mep_nccl {
   int32_t world;
   int32_t lsa_size;
   int32_t *peer_transport;
-  _Alignas(16) unsigned char devcomm[MEP_NCCL_DEVCOMM_BYTES];
+  _Alignas(16) unsigned char devcomm[MEP_DEVCOMM_BYTES] /* kernels/limits.h */;
 };
 
 static moe_ep_status_t nccl_fail(ncclComm_t comm, const char *call, ncclResult_t r) {

@@ -14,10 +14,6 @@
 extern "C" {
 #endif
 
-/* Bytes reserved for the device communicator (struct ncclDevComm is C++
- * only; kernels/ll_launch.cuh static_asserts that it fits). */
-#define MEP_NCCL_DEVCOMM_BYTES 1024
-#define MEP_NCCL_UNIQUE_ID_BYTES 128 /* NCCL_UNIQUE_ID_BYTES */
 
 /* Shares rank 0's unique id: on rank 0 `uid` holds the id to publish; on
  * every other rank the callback fills it. Returns OK or an error it has

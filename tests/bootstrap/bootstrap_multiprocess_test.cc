@@ -16,13 +16,14 @@ namespace mep_test {
 namespace {
 
 constexpr int kShortTimeoutMs = 2000;
-// Non-root ranks wait timeout/8 (>= 50 ms) longer for rank 0's verdict;
-// the rest is scheduling noise with 8 UCX processes on 2 cores.
-constexpr int kSlackMs = 250 + 750;
+// Non-root ranks wait timeout/8 (>= 50 ms) longer for rank 0's verdict.
+constexpr int kSlackMs = 250;
+// Upper bounds only, and generous: the machine runs other builds, and 8 UCX
+// processes share 2 cores. Nothing asserts that a wait lasted at least
+// anything (a late-starting rank may hear rank 0's verdict early).
+constexpr int kLoadMarginMs = 5000;
 constexpr int kStatusBootstrap = 5;
 constexpr int kStatusPeerFailed = 6;
-
-std::string Worker() { return Runfile("tests/bootstrap/bootstrap_worker"); }
 
 class BootstrapGroup : public ::testing::TestWithParam<int> {
  protected:
@@ -33,15 +34,8 @@ class BootstrapGroup : public ::testing::TestWithParam<int> {
                               const std::string &token, int timeout_ms,
                               std::vector<std::string> extra = {},
                               const std::string &name = "") {
-    std::vector<std::string> argv = {
-        Worker(), "--scenario=" + scenario, "--rank=" + std::to_string(rank),
-        "--world=" + std::to_string(world), "--address=" + address_,
-        "--timeout_ms=" + std::to_string(timeout_ms)};
-    if (token.empty()) {
-      argv.push_back("--no_token");
-    } else {
-      argv.push_back("--token=" + token);
-    }
+    std::vector<std::string> argv =
+        WorkerArgv(rank, world, scenario, address_, token, timeout_ms);
     argv.insert(argv.end(), extra.begin(), extra.end());
     return std::make_unique<Proc>(
         Spawn(name.empty() ? "rank " + std::to_string(rank) : name, argv));
@@ -82,19 +76,23 @@ TEST_P(BootstrapGroup, CollectivesDeliverEveryRanksValues) {
   }
 }
 
-// `missing` never starts; everyone else must give up with BOOTSTRAP close to
-// the timeout, and say who (rank 0) or what (the others) went wrong.
+// `missing` never starts; everyone else must give up with BOOTSTRAP within
+// the timeout of the moment the last of them started, and say who (rank 0)
+// or what (the others) went wrong.
 void ExpectMissingRank(std::vector<std::unique_ptr<Proc>> &procs, int missing,
                        const std::string &address) {
+  std::vector<Proc *> all;
   for (auto &p : procs) {
-    if (!p) continue;
+    if (p) all.push_back(p.get());
+  }
+  const int64_t all_started = LatestStartMs(all);
+  ASSERT_GT(all_started, 0) << all[0]->Describe();
+  for (Proc *p : all) {
     auto res = p->Result();
-    int64_t create_ms = p->ResultInt("create_ms");
     EXPECT_TRUE(p->Exited(kStatusBootstrap)) << p->Describe();
     EXPECT_EQ(res["status"], "MOE_EP_ERR_BOOTSTRAP") << p->Describe();
-    EXPECT_GE(create_ms, kShortTimeoutMs - 50) << p->Describe();
-    EXPECT_LE(create_ms, kShortTimeoutMs + kSlackMs) << p->Describe();
-    EXPECT_LE(p->end_ms - p->start_ms, kShortTimeoutMs + kSlackMs + 1500)
+    EXPECT_LE(p->ResultInt("fail_mono_ms") - all_started,
+              kShortTimeoutMs + kSlackMs + kLoadMarginMs)
         << p->Describe();
     const std::string &msg = res["msg"];
     if (p->name == "rank 0") {
@@ -163,11 +161,23 @@ TEST_P(BootstrapGroup, KilledRankFailsSurvivorsWithPeerFailed) {
       EXPECT_NE(res["msg"].find("rank " + std::to_string(victim) + " failed"),
                 std::string::npos)
           << p->Describe();
+      // The culprit, not the messenger: rank 0 relays who failed, and says
+      // what happened (its connection broke) rather than a UCX status name.
+      if (victim != 0) {
+        EXPECT_EQ(res["msg"].find("rank 0 failed"), std::string::npos)
+            << p->Describe();
+      }
+      EXPECT_NE(res["msg"].find("connection broke"), std::string::npos)
+          << p->Describe();
       // Completed exactly the 20 barriers the victim did.
       EXPECT_EQ(p->ResultInt("iters"), 20) << p->Describe();
-      EXPECT_LE(p->ResultInt("op_ms"), kShortTimeoutMs + kSlackMs)
+      // The failing barrier's wait is bounded by the timeout (plus slack),
+      // counted from that barrier's start; destroy by its 1 s close wait.
+      EXPECT_LE(p->ResultInt("op_ms"),
+                kShortTimeoutMs + kSlackMs + kLoadMarginMs)
           << p->Describe();
-      EXPECT_LE(p->ResultInt("destroy_ms"), 1500) << p->Describe();
+      EXPECT_LE(p->ResultInt("destroy_ms"), 1000 + kLoadMarginMs)
+          << p->Describe();
     }
   }
 }

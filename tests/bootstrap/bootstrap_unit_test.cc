@@ -103,6 +103,26 @@ TEST(BootstrapSingleRank, CollectivesAreLocalCopies) {
       << mep_last_error();
   EXPECT_EQ(mep_bootstrap_allgather(bs, nullptr, recv.data(), 4),
             MOE_EP_ERR_INVALID_ARGUMENT);
+  // Rank 0 bounds what a connection may queue, so the collectives are
+  // bounded too: 64 KiB per rank passes, one byte more is refused, naming
+  // the size and the bound, and the group stays usable.
+  std::vector<unsigned char> big(64 * 1024 + 1, 3), big_out(64 * 1024 + 1, 0);
+  EXPECT_EQ(mep_bootstrap_allgather(bs, big.data(), big_out.data(), 65536),
+            MOE_EP_OK);
+  EXPECT_EQ(mep_bootstrap_allgather(bs, big.data(), big_out.data(), 65537),
+            MOE_EP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(mep_last_error()).find("bytes 65537 exceeds"),
+            std::string::npos)
+      << mep_last_error();
+  EXPECT_NE(std::string(mep_last_error()).find("65536 bytes"),
+            std::string::npos)
+      << mep_last_error();
+  EXPECT_EQ(mep_bootstrap_broadcast(bs, big.data(), 65537, 0),
+            MOE_EP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(mep_last_error()).find("broadcast: bytes 65537"),
+            std::string::npos)
+      << mep_last_error();
+  EXPECT_EQ(mep_bootstrap_barrier(bs), MOE_EP_OK);
   mep_bootstrap_destroy(bs);
   mep_bootstrap_destroy(nullptr);  // accepted
   EXPECT_EQ(mep_bootstrap_barrier(nullptr), MOE_EP_ERR_INVALID_ARGUMENT);

@@ -13,6 +13,7 @@
 
 #include "runtime/bootstrap.h"
 #include "runtime/error.h"
+#include "tests/bootstrap/flag_util.h"
 
 namespace {
 
@@ -32,18 +33,8 @@ struct Opts {
   int max_ms = 20000;
 };
 
-int64_t NowMs() {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-bool Flag(const char *arg, const char *name, std::string *val) {
-  size_t n = strlen(name);
-  if (strncmp(arg, name, n) != 0 || arg[n] != '=') return false;
-  *val = arg + n + 1;
-  return true;
-}
+using mep_test::Flag;
+int64_t NowMs() { return mep_test::MonoNowMs(); }
 
 int EnvInt(const char *name, int dflt) {
   const char *v = getenv(name);
@@ -85,15 +76,46 @@ Opts Parse(int argc, char **argv) {
   return o;
 }
 
+// A /proc/self/status field in kB ("VmRSS", "VmHWM"), or -1.
+long StatusKb(const char *field) {
+  FILE *f = fopen("/proc/self/status", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  long kb = -1;
+  size_t n = strlen(field);
+  while (fgets(line, sizeof(line), f) != nullptr) {
+    if (strncmp(line, field, n) == 0 && line[n] == ':') {
+      kb = atol(line + n + 1);
+      break;
+    }
+  }
+  fclose(f);
+  return kb;
+}
+
+// Times on CLOCK_MONOTONIC, which every process on the machine shares, so
+// the driver can bound waits from a reference common to all ranks.
+struct Stamps {
+  int64_t start_mono_ms = 0;  // main() entered
+  int64_t fail_mono_ms = 0;   // the failing call returned (0: none failed)
+  long rss_start_kb = -1;     // before the bootstrap existed
+  long hwm_kb = -1;           // peak, just before destroy
+};
+Stamps g_stamps;
+
 void Report(const Opts &o, moe_ep_status_t st, int64_t create_ms,
             int64_t op_ms, int iters, int64_t destroy_ms, const char *msg) {
+  const Stamps &t = g_stamps;
   // One write so lines from several ranks never interleave.
   char line[2048];
   snprintf(line, sizeof(line),
            "RESULT rank=%d status=%s create_ms=%lld op_ms=%lld iters=%d "
-           "destroy_ms=%lld msg=%s\n",
+           "destroy_ms=%lld start_mono_ms=%lld fail_mono_ms=%lld "
+           "rss_start_kb=%ld hwm_kb=%ld msg=%s\n",
            o.rank, mep_status_string(st), (long long)create_ms,
-           (long long)op_ms, iters, (long long)destroy_ms, msg);
+           (long long)op_ms, iters, (long long)destroy_ms,
+           (long long)t.start_mono_ms, (long long)t.fail_mono_ms,
+           t.rss_start_kb, t.hwm_kb, msg);
   fputs(line, stdout);
   fflush(stdout);
 }
@@ -159,8 +181,12 @@ int RunCollectives(const Opts &o, mep_bootstrap_t *bs, int *done,
 }  // namespace
 
 int main(int argc, char **argv) {
+  g_stamps.start_mono_ms = NowMs();
+  g_stamps.rss_start_kb = StatusKb("VmRSS");
   Opts o = Parse(argc, argv);
   if (o.scenario == "sleep") {
+    printf("SLEEPING rank=%d\n", o.rank);
+    fflush(stdout);
     sleep(60);
     return 0;
   }
@@ -192,6 +218,8 @@ int main(int argc, char **argv) {
   moe_ep_status_t st = mep_bootstrap_create(&p, &bs);
   int64_t create_ms = NowMs() - t0;
   if (st != MOE_EP_OK) {
+    g_stamps.fail_mono_ms = NowMs();
+    g_stamps.hwm_kb = StatusKb("VmHWM");
     Report(o, st, create_ms, 0, 0, 0, mep_last_error());
     return (int)st;
   }
@@ -233,6 +261,8 @@ int main(int argc, char **argv) {
     rc = 64;
   }
   std::string msg = st == MOE_EP_OK ? "" : mep_last_error();
+  if (st != MOE_EP_OK) g_stamps.fail_mono_ms = NowMs();
+  g_stamps.hwm_kb = StatusKb("VmHWM");
   int64_t t2 = NowMs();
   mep_bootstrap_destroy(bs);
   int64_t destroy_ms = NowMs() - t2;

@@ -234,4 +234,25 @@ std::string Runfile(const std::string &path) {
   return path;
 }
 
+std::vector<std::string> WorkerArgv(int rank, int world,
+                                    const std::string &scenario,
+                                    const std::string &address,
+                                    const std::string &token, int timeout_ms) {
+  std::vector<std::string> argv = {
+      Runfile("tests/bootstrap/bootstrap_worker"), "--scenario=" + scenario,
+      "--rank=" + std::to_string(rank), "--world=" + std::to_string(world),
+      "--address=" + address, "--timeout_ms=" + std::to_string(timeout_ms)};
+  argv.push_back(token.empty() ? "--no_token" : "--token=" + token);
+  return argv;
+}
+
+int64_t LatestStartMs(const std::vector<Proc *> &procs) {
+  int64_t latest = -1;
+  for (const Proc *p : procs) {
+    int64_t t = p->ResultInt("start_mono_ms");
+    if (t > latest) latest = t;
+  }
+  return latest;
+}
+
 }  // namespace mep_test

@@ -50,6 +50,15 @@ int WaitAny(std::vector<Proc *> procs, int64_t deadline_ms);
 void KillNow(Proc *p, int sig);
 // Path of a runfile: argv flag value or the test's runfiles tree.
 std::string Runfile(const std::string &path);
+// argv of one bootstrap_worker rank ("" token: --no_token).
+std::vector<std::string> WorkerArgv(int rank, int world,
+                                    const std::string &scenario,
+                                    const std::string &address,
+                                    const std::string &token, int timeout_ms);
+// The latest start_mono_ms among the workers' RESULT lines: by then every
+// rank had started, so it is a reference all of them share for bounding
+// how long a failure may take (-1 if none reported).
+int64_t LatestStartMs(const std::vector<Proc *> &procs);
 
 }  // namespace mep_test
 

@@ -153,7 +153,7 @@ void run(const Problem& p, const std::vector<int64_t>& ids, int T, int idx_bytes
   c.upload(ids);
   c.poison();
   mep_prepare_layout_args_t a = c.args();
-  ASSERT_EQ(mep_prepare_layout(&a, nullptr), MOE_EP_OK) << what << ": " << mep_kernels_last_error();
+  ASSERT_EQ(mep_prepare_layout(&a, nullptr), MEP_KSTATUS_OK) << what << ": " << mep_kernels_last_error();
   CUDA_OK(cudaDeviceSynchronize());
   expect_matches(c, ids, what);
 }
@@ -263,9 +263,9 @@ TEST_F(PrepareLayoutGpu, GraphReplayRecomputes) {
   cudaGraphExec_t exec = nullptr;
   CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   mep_prepare_layout_args_t a = c.args();
-  const moe_ep_status_t st = mep_prepare_layout(&a, s);
+  const mep_kstatus_t st = mep_prepare_layout(&a, s);
   CUDA_OK(cudaStreamEndCapture(s, &graph));
-  ASSERT_EQ(st, MOE_EP_OK) << mep_kernels_last_error();
+  ASSERT_EQ(st, MEP_KSTATUS_OK) << mep_kernels_last_error();
   CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
   for (uint64_t seed = 22; seed < 26; ++seed) {
     RankInputs in = make_inputs(p, 0, seed);  // kSkewed: same token count

@@ -105,7 +105,8 @@ TEST_P(Conformance, MatchesOracleOnEveryRank) {
 }
 
 // Every matrix value of the issue appears at least once: ranks {2,4,8},
-// top_k {1,2,8,9,32}, hidden {128, 384, 2048, 7168}, experts {8,64,256},
+// top_k {1,2,8,9,32}, hidden {128, 384, 2048, 7168, and 1032, 2056, 2880
+// that are not multiples of 128}, experts {8,64,256},
 // max_tokens {1,128}, all generators (inside each run), bf16 and fp8 with
 // f32 / ue8m0 / packed scales, two layers per group, hooks.
 const Case kCases[] = {
@@ -119,7 +120,12 @@ const Case kCases[] = {
     // with NULL or the same weights tensor.
     {"ll_r2_e64_fp8_dispatch_weights", 2, {"--experts=64", "--max_tokens=128", "--dtype=fp8", "--layers=2048:8,384:9", "--dispatch_weights=1"}},
     {"ll_r4_e64_bf16_dispatch_weights_mixed", 4, {"--experts=64", "--max_tokens=16", "--layers=2048:8,128:2", "--dispatch_weights=mixed"}},
-    {"ht_r2_e8", 2, {"--mode=ht", "--experts=8", "--max_tokens=128", "--layers=7168:2,128:1"}},
+    // Hidden a multiple of 8 but not of 128 (2880: gpt-oss; 1032, 2056),
+    // in both combine modes, bit-exact against the oracle.
+    {"ll_r2_e64_bf16_h2880", 2, {"--experts=64", "--max_tokens=32", "--layers=2880:9,1032:4"}},
+    {"ll_r2_e64_bf16_h2880_dispatch_weights", 2, {"--experts=64", "--max_tokens=32", "--layers=2880:9,1032:4", "--dispatch_weights=1"}},
+    {"ll_r4_e64_bf16_h2880_dispatch_weights_mixed", 4, {"--experts=64", "--max_tokens=16", "--seeds=1", "--layers=2880:4,2056:8", "--dispatch_weights=mixed"}},
+    {"ht_r2_e8", 2, {"--mode=ht", "--experts=8", "--max_tokens=128", "--layers=7168:2,2880:1"}},
     {"ht_r4_e64", 4, {"--mode=ht", "--experts=64", "--max_tokens=128", "--layers=2048:8,384:9"}},
     {"ht_r8_e256", 8, {"--mode=ht", "--experts=256", "--max_tokens=128", "--seeds=1", "--layers=7168:32,128:8"}},
     {"ht_r8_e8_m1", 8, {"--mode=ht", "--experts=8", "--max_tokens=1", "--layers=128:1,2048:2"}},
@@ -128,6 +134,25 @@ const Case kCases[] = {
     {"config_mismatch_r2", 2, {"--scenario=mismatch", "--max_tokens=16"}},
     {"config_mismatch_r8", 8, {"--scenario=mismatch", "--max_tokens=16"}},
     {"bad_input_r4_bf16", 4, {"--scenario=badinput", "--experts=8", "--max_tokens=16", "--layers=128:2"}},
+    // A bf16 group whose every dispatch names its own fp8 format
+    // (params->format, as DeepEP's per-call use_fp8 / use_ue8m0).
+    {"ll_r2_per_call_fp8_ue8m0", 2, {"--per_call_format=1", "--experts=8", "--max_tokens=16", "--dtype=fp8", "--scale=ue8m0", "--seeds=1", "--layers=512:4,128:2"}},
+    {"ll_r4_per_call_fp8_packed", 4, {"--per_call_format=1", "--experts=16", "--max_tokens=8", "--dtype=fp8", "--scale=ue8m0_packed", "--seeds=1", "--layers=640:3", "--dispatch_weights=mixed"}},
+    // Two-batch overlap with hooks run and handles freed on a second thread,
+    // 200 rounds (also the ThreadSanitizer pass's workload).
+    {"threads_overlap_r2", 2, {"--scenario=threads", "--iterations=200", "--experts=8", "--max_tokens=8", "--layers=256:2"}},
+    {"threads_overlap_r4_fp8", 4, {"--scenario=threads", "--iterations=50", "--experts=16", "--max_tokens=4", "--dtype=fp8", "--layers=256:4", "--dispatch_weights=mixed"}},
+    // +-inf and NaN in the tokens (moe_ep.h's rule), every scale format.
+    {"ll_r2_fp8_non_finite", 2, {"--experts=8", "--max_tokens=16", "--dtype=fp8", "--seeds=1", "--non_finite=1", "--layers=512:4,128:2"}},
+    {"ll_r2_fp8_ue8m0_non_finite", 2, {"--experts=8", "--max_tokens=16", "--dtype=fp8", "--scale=ue8m0", "--seeds=1", "--non_finite=1", "--layers=512:4"}},
+    {"ll_r4_fp8_packed_non_finite", 4, {"--experts=16", "--max_tokens=8", "--dtype=fp8", "--scale=ue8m0_packed", "--seeds=1", "--non_finite=1", "--layers=640:3"}},
+    // MOE_EP_FLAG_ROUND_SCALE with f32 scale storage: powers of two.
+    {"ll_r2_fp8_round_scale", 2, {"--experts=8", "--max_tokens=16", "--dtype=fp8", "--seeds=1", "--round_scale=1", "--layers=512:4,128:2"}},
+    // Params structs at the v1 minimum, and one byte below it.
+    {"abi_sizes_r2_bf16", 2, {"--scenario=abi", "--experts=8", "--max_tokens=16", "--layers=256:2"}},
+    {"abi_sizes_r2_fp8", 2, {"--scenario=abi", "--experts=8", "--max_tokens=16", "--dtype=fp8", "--layers=256:2"}},
+    // set_logger: level and text delivered; NULL restores stderr.
+    {"logger_r2", 2, {"--scenario=logger", "--experts=8", "--max_tokens=8", "--layers=128:2"}},
     // Combine on a handle whose buffer set a later dispatch reused: refused.
     {"reuse_r2_double_buffer", 2, {"--scenario=reuse", "--experts=8", "--max_tokens=8", "--layers=384:4"}},
     {"reuse_r2_single_buffer", 2, {"--scenario=reuse", "--double_buffer=0", "--experts=8", "--max_tokens=8", "--layers=384:4"}},

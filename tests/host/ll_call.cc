@@ -5,7 +5,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <algorithm>
+#include <cmath>
 #include <new>
+#include <string>
 
 namespace moe_ep_test {
 
@@ -20,7 +22,55 @@ void trace(const Ctx& c, const char* step, uint64_t seed) {
 }
 bool fp8(const Problem& p) { return p.dispatch_dtype == DispatchDtype::kFp8; }
 bool packed(const Problem& p) { return p.scale_format == ScaleFormat::kUe8m0Packed; }
+// The problem's row format as a per-call moe_ep_dispatch_format_t.
+int32_t call_format(const Problem& p) {
+  if (!fp8(p)) return MOE_EP_FORMAT_BF16;
+  switch (p.scale_format) {
+    case ScaleFormat::kUe8m0: return MOE_EP_FORMAT_FP8_UE8M0;
+    case ScaleFormat::kUe8m0Packed: return MOE_EP_FORMAT_FP8_UE8M0_PACKED;
+    default: return MOE_EP_FORMAT_FP8_F32;
+  }
+}
 int dev(const Ctx& c) { return c.opt.backend == "nccl" ? MOE_EP_DEVICE_CUDA : MOE_EP_DEVICE_CPU; }
+
+// `full` as an engine built against an older header passes it: its first
+// `size` bytes, then garbage the library must not read (0 = all of it).
+template <typename P>
+P truncated(const P& full, size_t size) {
+  if (size == 0) return full;
+  P t;
+  std::memset(static_cast<void*>(&t), 0xA5, sizeof t);
+  std::memcpy(static_cast<void*>(&t), &full, size);
+  t.struct_size = size;
+  return t;
+}
+
+// bf16 +inf, -inf, NaN and -NaN (payload 1).
+const uint16_t kNonFinite[] = {0x7F80, 0xFF80, 0x7FC0, 0xFFC1};
+
+// The non-finite scenario's inputs, reproducible on every rank: in every
+// third token of each rank, four channels of one group become +inf, -inf,
+// NaN, -NaN; in every seventh, a whole group holds nothing finite.
+void add_non_finite(const Problem& p, uint64_t seed, std::vector<RankInputs>* all) {
+  const int H = p.hidden, groups = H / 128;
+  for (int r = 0; r < p.world; r++) {
+    RankInputs& in = (*all)[r];
+    for (int t = 0; t < in.num_tokens; t++) {
+      uint16_t* row = in.x.data() + static_cast<size_t>(t) * H;
+      const uint64_t h = seed * 31 + static_cast<uint64_t>(r) * 1009 + static_cast<uint64_t>(t);
+      if ((t + r) % 3 == 0) {
+        const int g = static_cast<int>(h % groups);
+        for (int j = 0; j < 4; j++) row[g * 128 + (h / 7 + 37 * j) % 128] = kNonFinite[j];
+      }
+      if ((t + r) % 7 == 1) {
+        const int g = static_cast<int>((h / 3) % groups);
+        for (int i = 0; i < 128; i++) row[g * 128 + i] = kNonFinite[(h + i) % 4];
+      }
+    }
+  }
+}
+
+bool bf16_is_nan(uint16_t v) { return (v & 0x7F80) == 0x7F80 && (v & 0x7F) != 0; }
 }  // namespace
 
 LlCall::LlCall(Ctx& c, const Problem& p, uint64_t seed)
@@ -30,6 +80,10 @@ LlCall::LlCall(Ctx& c, const Problem& p, uint64_t seed)
       gpu_(c.opt.backend == "nccl"),
       weights_at_dispatch_(c.opt.dispatch_weights == "1" ||
                            (c.opt.dispatch_weights == "mixed" && c.rank % 2 == 0)) {
+  if (c.opt.non_finite) {
+    add_non_finite(p, seed, &all_);
+    want_ = ll_dispatch_expected(p, all_, c.rank);
+  }
   const RankInputs& mine = all_[c.rank];
   int T = mine.num_tokens, K = p.top_k, H = p.hidden;
   size_t rows = static_cast<size_t>(el_) * slots_;
@@ -90,6 +144,7 @@ void LlCall::poison_outputs() {
 void LlCall::reseed(uint64_t seed) {
   trace(c_, "reseed", seed);
   std::vector<RankInputs> fresh = make_all_inputs(p_, seed);
+  if (c_.opt.non_finite) add_non_finite(p_, seed, &fresh);
   RankInputs& m = all_[c_.rank];
   const RankInputs& f = fresh[c_.rank];
   if (f.num_tokens != m.num_tokens) {
@@ -133,14 +188,35 @@ moe_ep_status_t LlCall::prepare(bool check) {
   pp.num_tokens_per_rank = t_per_rank_.get();
   pp.num_tokens_per_expert = t_per_expert_.get();
   pp.is_token_in_rank = t_in_rank_.get();
-  moe_ep_status_t st = c_.api->prepare(c_.group, &pp, &h_);
+  moe_ep_prepare_params_t sent = truncated(pp, prepare_size_);
+  moe_ep_status_t st = c_.api->prepare(c_.group, &sent, &h_);
   if (!expect_status(c_, seed_, "prepare", st, MOE_EP_OK)) return st;
   if (check) check_prepare();
   return st;
 }
 
+// The HT layout outputs lie past a v1-minimum prepare's struct_size: absent
+// means NULL, so they keep their poison.
+void LlCall::check_prepare_outputs_unwritten() {
+  m_per_rank_.download();
+  m_per_expert_.download();
+  m_in_rank_.download();
+  const std::string tag = "prepare(struct_size " + std::to_string(prepare_size_) + ") ";
+  c_.checks++;
+  if (std::any_of(per_rank_.begin(), per_rank_.end(), [](int32_t v) { return v != -1; }) ||
+      std::any_of(per_expert_.begin(), per_expert_.end(), [](int32_t v) { return v != -1; }) ||
+      std::any_of(in_rank_.begin(), in_rank_.end(), [](uint8_t v) { return v != 0xEE; })) {
+    fail(c_, seed_, tag + "layout outputs",
+         "written although they lie past struct_size (absent fields must default to NULL)");
+  }
+}
+
 void LlCall::check_prepare() {
   trace(c_, "check_prepare", seed_);
+  if (prepare_size_ != 0 && prepare_size_ < sizeof(moe_ep_prepare_params_t)) {
+    check_prepare_outputs_unwritten();
+    return;
+  }
   m_per_rank_.download();
   m_per_expert_.download();
   m_in_rank_.download();
@@ -174,7 +250,7 @@ void LlCall::check_prepare() {
 moe_ep_status_t LlCall::dispatch(uint32_t flags, moe_ep_hook_t** hook) {
   trace(c_, "dispatch", seed_);
   moe_ep_dispatch_params_t dp = MOE_EP_INIT(moe_ep_dispatch_params_t);
-  dp.flags = flags;
+  dp.flags = flags | (c_.opt.round_scale ? MOE_EP_FLAG_ROUND_SCALE : 0u);
   dp.hidden = p_.hidden;
   dp.x = t_x_.get();
   dp.recv_x = t_recv_x_.get();
@@ -182,7 +258,9 @@ moe_ep_status_t LlCall::dispatch(uint32_t flags, moe_ep_hook_t** hook) {
   dp.recv_count = t_count_.get();
   dp.stream = stream_;
   if (weights_at_dispatch_) dp.topk_weights = t_w_.get();
-  return c_.api->dispatch(c_.group, h_, &dp, hook);
+  if (c_.opt.per_call_format) dp.format = call_format(p_);
+  moe_ep_dispatch_params_t sent = truncated(dp, dispatch_size_);
+  return c_.api->dispatch(c_.group, h_, &sent, hook);
 }
 
 void LlCall::check_dispatch() {
@@ -214,9 +292,14 @@ void LlCall::check_dispatch() {
                                 reinterpret_cast<int32_t*>(recv_scales_.data()) + full * srow,
                                 want_.scales_packed.data() + row * srow, srow, srow);
         } else if (d.empty()) {
-          d = compare_exact_f32("recv_scales",
-                                reinterpret_cast<float*>(recv_scales_.data()) + full * srow,
-                                want_.scales.data() + row * srow, srow, srow);
+          const float* got = reinterpret_cast<float*>(recv_scales_.data()) + full * srow;
+          d = compare_exact_f32("recv_scales", got, want_.scales.data() + row * srow, srow, srow);
+          for (size_t g = 0; d.empty() && c_.opt.round_scale && g < srow; g++) {
+            int e;
+            if (std::frexp(got[g], &e) != 0.5f)
+              d = "recv_scales[" + std::to_string(g) + "] = " + std::to_string(got[g]) +
+                  " is not a power of two under MOE_EP_FLAG_ROUND_SCALE";
+          }
         }
       }
       expect_same(c_, seed_, where, d);
@@ -276,18 +359,34 @@ moe_ep_status_t LlCall::combine_with(moe_ep_tensor_t* weights, uint32_t flags,
   cp.topk_weights = weights;
   cp.out = t_out_.get();
   cp.stream = stream_;
-  return c_.api->combine(c_.group, h_, &cp, hook);
+  moe_ep_combine_params_t sent = truncated(cp, combine_size_);
+  return c_.api->combine(c_.group, h_, &sent, hook);
 }
 
 void LlCall::check_combine() {
   trace(c_, "check_combine", seed_);
   m_out_.download();
-  std::vector<uint16_t> want = ll_combine_expected(p_, all_[c_.rank]);
-  // The host backend sums in the oracle's order (k ascending, in float), so
-  // it must match bit for bit; GPU kernels may order the sum differently.
-  expect_same(c_, seed_, "combine",
-              gpu_ ? compare_bf16_close("out", out_.data(), want.data(), want.size(), p_.hidden)
-                   : compare_exact_u16("out", out_.data(), want.data(), want.size(), p_.hidden));
+  const LlWeightsAt at = weights_at_dispatch_ ? LlWeightsAt::kDispatch : LlWeightsAt::kCombine;
+  std::vector<uint16_t> want = ll_combine_expected(p_, all_[c_.rank], at);
+  if (c_.opt.non_finite) {
+    // Which NaN a float sum keeps depends on operand order: where the
+    // oracle has a NaN, any NaN matches; both are then left out.
+    for (size_t i = 0; i < want.size(); i++) {
+      if (!bf16_is_nan(want[i])) continue;
+      c_.checks++;
+      if (!bf16_is_nan(out_[i])) {
+        fail(c_, seed_, "combine", "out flat index " + std::to_string(i) + ": got bf16 bits " +
+                                       std::to_string(out_[i]) + ", expected a NaN");
+        return;
+      }
+      want[i] = out_[i] = 0;
+    }
+  }
+  // The summation order is documented for both places the weights can be
+  // applied, and every backend follows it: bit for bit, host and GPU.
+  expect_same(c_, seed_,
+              weights_at_dispatch_ ? "combine (weights at dispatch)" : "combine (weights at combine)",
+              compare_exact_bf16("out", out_.data(), want.data(), want.size(), p_.hidden));
 }
 
 }  // namespace moe_ep_test

@@ -31,6 +31,12 @@ class LlCall {
   void set_weights_at_dispatch(bool on) { weights_at_dispatch_ = on; }
   void check_combine();
   moe_ep_handle_t* handle() { return h_; }
+  // The caller frees the handle from now on (from any thread).
+  moe_ep_handle_t* release_handle() {
+    moe_ep_handle_t* h = h_;
+    h_ = nullptr;
+    return h;
+  }
   void set_stream(void* stream) { stream_ = stream; }
   // New inputs (same token count) into the same buffers, outputs poisoned
   // again: what a replayed CUDA graph reads and must overwrite.
@@ -40,6 +46,15 @@ class LlCall {
   // routing-notice scenario uses it). False when the rank has no tokens.
   bool corrupt_first_slot(int64_t value);
   uint64_t seed() const { return seed_; }
+  // Pass prepare / dispatch / combine params with these struct_size values
+  // (0: the full size), the bytes past them garbage, as an engine built
+  // against an older header would. A prepare short of its HT outputs must
+  // leave them unwritten (check_prepare then checks exactly that).
+  void set_struct_sizes(size_t prepare, size_t dispatch, size_t combine) {
+    prepare_size_ = prepare;
+    dispatch_size_ = dispatch;
+    combine_size_ = combine;
+  }
 
  private:
   Ctx& c_;
@@ -62,7 +77,9 @@ class LlCall {
   moe_ep_handle_t* h_ = nullptr;
   void* stream_ = nullptr;
   bool weights_at_dispatch_;
+  size_t prepare_size_ = 0, dispatch_size_ = 0, combine_size_ = 0;
   void poison_outputs();
+  void check_prepare_outputs_unwritten();
   moe_ep_status_t combine_with(moe_ep_tensor_t* weights, uint32_t flags, moe_ep_hook_t** hook);
 };
 

@@ -122,6 +122,14 @@ void run_bad_input(Ctx& c) {
     d.dp.flags = 0x80;
     d.expect_refused("unknown flag", MOE_EP_ERR_INVALID_ARGUMENT, "unknown bits");
     d.dp.flags = 0;
+    d.dp.format = 9;
+    d.expect_refused("format out of range", MOE_EP_ERR_INVALID_ARGUMENT,
+                     "moe_ep_dispatch_format_t");
+    if (c.opt.dtype == "fp8") {  // bf16 rows do not fit an fp8 group's buffers
+      d.dp.format = MOE_EP_FORMAT_BF16;
+      d.expect_refused("bf16 call on an fp8 group", MOE_EP_ERR_UNSUPPORTED, "dispatch_dtype: bf16");
+    }
+    d.dp.format = MOE_EP_FORMAT_GROUP;
   }
   still_usable(c, 13);
   {

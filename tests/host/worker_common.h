@@ -41,6 +41,16 @@ struct Options {
   // Where ranks meet in a barrier outside moe-ep (files), as an engine's
   // own collectives would make them wait.
   std::string barrier_dir;
+  int iterations = 200;  // scenario "threads": overlap rounds
+  // LL: the group is configured bf16 and every dispatch names its own
+  // format (dtype / scale above) in params->format.
+  bool per_call_format = false;
+  // fp8 LL: dispatch with MOE_EP_FLAG_ROUND_SCALE (power-of-two scales
+  // even with fp8_scale f32).
+  bool round_scale = false;
+  // LL: +-inf and NaN written into the tokens (ll_call.cc, add_non_finite).
+  bool non_finite = false;
+  std::string log_level = "warn";
 };
 
 struct Ctx {
@@ -86,6 +96,11 @@ bool outside_barrier(Ctx& c, const std::string& name);
 // Forms a group of the same config on 127.0.0.1:port (nullptr and a FAIL
 // line on error); the caller destroys it.
 moe_ep_group_t* create_group_on_port(Ctx& c, int port);
+void run_threads(Ctx& c);
+void run_abi_sizes(Ctx& c);
+// The logger scenario: installed before group_create, checked after.
+void install_test_logger(Ctx& c);
+void run_logger(Ctx& c);
 
 // One LL layer call (prepare, dispatch, check, expert, combine, check);
 // `defer` exercises the hook path run from another thread.

@@ -2,7 +2,7 @@
 // describe the first one.
 #include "tests/oracle/compare.h"
 
-#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <sstream>
 
@@ -31,17 +31,6 @@ bool bits_equal(T a, T b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
 }  // namespace
 
-bool bf16_sum_close(float got, float want, float tol) {
-  return std::fabs(got - want) <= tol * std::fmax(1.0f, std::fabs(want));
-}
-
-std::string compare_bf16_close(const char* what, const uint16_t* got, const uint16_t* want,
-                               size_t n, size_t row_len, float tol) {
-  return compare(what, got, want, n, row_len,
-                 [&](uint16_t a, uint16_t b) { return bf16_sum_close(bf16_to_float(a), bf16_to_float(b), tol); },
-                 [](uint16_t v) { return bf16_to_float(v); });
-}
-
 bool e4m3_adjacent(uint8_t got, uint8_t want) {
   if (got == want) return true;
   int gm = got & 0x7F, wm = want & 0x7F;
@@ -63,6 +52,15 @@ std::string compare_exact_u8(const char* what, const uint8_t* got, const uint8_t
 std::string compare_exact_u16(const char* what, const uint16_t* got, const uint16_t* want,
                               size_t n, size_t row_len) {
   return compare(what, got, want, n, row_len, bits_equal<uint16_t>, [](uint16_t v) { return int(v); });
+}
+
+std::string compare_exact_bf16(const char* what, const uint16_t* got, const uint16_t* want,
+                               size_t n, size_t row_len) {
+  return compare(what, got, want, n, row_len, bits_equal<uint16_t>, [](uint16_t v) {
+    char s[48];
+    std::snprintf(s, sizeof s, "0x%04x (%.9g)", v, static_cast<double>(bf16_to_float(v)));
+    return std::string(s);
+  });
 }
 
 std::string compare_exact_i32(const char* what, const int32_t* got, const int32_t* want,

@@ -6,7 +6,7 @@
 #define MOE_EP_TESTS_ORACLE_ORACLE_H_
 
 #include "tests/oracle/bf16.h"     // float_to_bf16, bf16_to_float
-#include "tests/oracle/compare.h"  // bf16_sum_close, compare_*
+#include "tests/oracle/compare.h"  // compare_*
 #include "tests/oracle/expert.h"   // expert_fn_row, transported_row, ht_partial_row
 #include "tests/oracle/fp8.h"      // float_to_e4m3, e4m3_to_float
 #include "tests/oracle/ht.h"       // ht_dispatch_expected, ht_combine_*

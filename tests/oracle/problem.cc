@@ -2,9 +2,6 @@
 // sentence instead of reading out of bounds.
 #include "tests/oracle/problem.h"
 
-#include <cstdio>
-#include <cstdlib>
-
 namespace moe_ep_oracle {
 
 std::string problem_error(const Problem& p) {
@@ -12,8 +9,12 @@ std::string problem_error(const Problem& p) {
   if (p.world < 1) return s("world must be >= 1, got world", p.world);
   if (p.num_experts < p.world || p.num_experts % p.world != 0)
     return s("num_experts must be a positive multiple of world, got num_experts", p.num_experts);
-  if (p.hidden < kGroupSize || p.hidden % kGroupSize != 0)
-    return s("hidden must be a positive multiple of 128, got hidden", p.hidden);
+  const bool fp8 = p.dispatch_dtype == DispatchDtype::kFp8;
+  if (fp8 && (p.hidden < kGroupSize || p.hidden % kGroupSize != 0))
+    return s("hidden must be a positive multiple of 128 with fp8 dispatch (one scale per 128 "
+             "channels), got hidden", p.hidden);
+  if (p.hidden < kBf16HiddenAlign || p.hidden % kBf16HiddenAlign != 0)
+    return s("hidden must be a positive multiple of 8, got hidden", p.hidden);
   if (p.top_k < 1 || p.top_k > kMaxTopK) return s("top_k must be in [1, 32], got top_k", p.top_k);
   // Distinct experts per token need at least top_k experts to choose from.
   if (p.top_k > p.num_experts) return s("top_k must be <= num_experts, got top_k", p.top_k);
@@ -24,10 +25,7 @@ std::string problem_error(const Problem& p) {
 
 void check_problem(const Problem& p) {
   std::string e = problem_error(p);
-  if (!e.empty()) {
-    std::fprintf(stderr, "moe_ep_oracle: bad Problem: %s\n", e.c_str());
-    std::abort();
-  }
+  if (!e.empty()) throw OracleError("bad Problem: " + e);
 }
 
 const char* generator_name(Generator g) {

@@ -4,11 +4,15 @@
 #define MOE_EP_TESTS_ORACLE_PROBLEM_H_
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 
 namespace moe_ep_oracle {
 
 constexpr int kGroupSize = 128;   // channels per fp8 scale
+// bf16 rows move in 16-byte vectors: any hidden that is a multiple of 8 is
+// a valid bf16 layer (the plugin's rule, restated); fp8 needs kGroupSize.
+constexpr int kBf16HiddenAlign = 8;
 constexpr int kMaxTopK = 32;      // same number as the plugin's limit, restated
 
 // How topk_idx (and the token count) are drawn; see inputs.h for each rule.
@@ -39,10 +43,21 @@ struct Problem {
   int packed_scale_words() const { return (scale_groups() + 3) / 4; }
 };
 
+// An input the oracle cannot serve: a bug in the test, not in the plugin.
+// Thrown (never an abort), so GoogleTest reports the sentence as the test's
+// failure and a conformance worker as its rank's FAIL line, and the other
+// checks of the process still run.
+class OracleError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
 // "" when the oracle can serve `p`, else a sentence naming the broken rule.
+// It serves every shape the plugin accepts: hidden any positive multiple of
+// 8 with bf16 dispatch, of 128 with fp8 dispatch.
 std::string problem_error(const Problem& p);
 
-// Aborts with problem_error's sentence: a bad Problem is a bug in the test.
+// Throws OracleError("bad Problem: " + problem_error(p)) when p is bad.
 void check_problem(const Problem& p);
 
 const char* generator_name(Generator g);

@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 
 #include "tests/oracle/bf16.h"
 #include "tests/oracle/fp8.h"
@@ -13,7 +12,10 @@ namespace moe_ep_oracle {
 
 float group_amax(const uint16_t* x, int n) {
   float amax = 0.0f;
-  for (int i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(bf16_to_float(x[i])));
+  for (int i = 0; i < n; ++i) {
+    float v = bf16_to_float(x[i]);
+    if (std::isfinite(v)) amax = std::fmax(amax, std::fabs(v));
+  }
   return amax;
 }
 
@@ -35,8 +37,11 @@ uint8_t ue8m0_byte(float pow2_scale) {
   float m = std::frexp(pow2_scale, &e);
   int biased = (e - 1) + 127;
   if (m != 0.5f || biased < 0 || biased > 254) {
-    std::fprintf(stderr, "moe_ep_oracle: %g is not a UE8M0 power of two\n", pow2_scale);
-    std::abort();
+    char why[128];
+    std::snprintf(why, sizeof why,
+                  "ue8m0_byte: pow2_scale = %g is not a power of two in [2^-127, 2^127]",
+                  pow2_scale);
+    throw OracleError(why);
   }
   return static_cast<uint8_t>(biased);
 }
@@ -49,8 +54,10 @@ void quantize_row(const uint16_t* x, int hidden, ScaleFormat fmt, uint8_t* q, fl
     const uint16_t* xg = x + g * kGroupSize;
     float scale = scale_for_amax(group_amax(xg, kGroupSize), pow2);
     scales[g] = scale;
-    for (int i = 0; i < kGroupSize; ++i)
-      q[g * kGroupSize + i] = float_to_e4m3(bf16_to_float(xg[i]) / scale);
+    for (int i = 0; i < kGroupSize; ++i) {
+      float v = bf16_to_float(xg[i]);
+      q[g * kGroupSize + i] = std::isnan(v) ? kQuantizedNan : float_to_e4m3(v / scale);
+    }
   }
 }
 

@@ -88,7 +88,7 @@ TEST(AbiLayout, OperationParams) {
   PIN(moe_ep_prepare_params_t, num_tokens_per_rank, 32);
   PIN(moe_ep_prepare_params_t, num_tokens_per_expert, 40);
   PIN(moe_ep_prepare_params_t, is_token_in_rank, 48);
-  EXPECT_EQ(sizeof(moe_ep_dispatch_params_t), 88u);
+  EXPECT_EQ(sizeof(moe_ep_dispatch_params_t), 96u);
   PIN(moe_ep_dispatch_params_t, flags, 8);
   PIN(moe_ep_dispatch_params_t, hidden, 12);
   PIN(moe_ep_dispatch_params_t, x, 16);
@@ -100,6 +100,8 @@ TEST(AbiLayout, OperationParams) {
   PIN(moe_ep_dispatch_params_t, recv_topk_idx, 64);
   PIN(moe_ep_dispatch_params_t, recv_topk_weights, 72);
   PIN(moe_ep_dispatch_params_t, num_recv_tokens, 80);
+  PIN(moe_ep_dispatch_params_t, format, 88);  // appended in 0.2
+  PIN(moe_ep_dispatch_params_t, reserved0, 92);
   EXPECT_EQ(sizeof(moe_ep_combine_params_t), 48u);
   PIN(moe_ep_combine_params_t, flags, 8);
   PIN(moe_ep_combine_params_t, hidden, 12);

@@ -17,7 +17,6 @@ NVCC_FLAGS = [
     "-Xcompiler -fPIC,-Wall,-Werror,-fvisibility=hidden",
     "--Werror all-warnings",
     "-I.",
-    "-Iplugin/include",
 ]
 
 def cuda_library(name, srcs, hdrs = [], hdrs_in = [], deps = [], nvcc_flags = [], **kwargs):

@@ -1,0 +1,110 @@
+"""The torch side of the bridge: tensor descriptors built from data_ptr(),
+shape and strides (no DLPack round trip), fp8 dtypes, current streams."""
+import ctypes
+
+import torch
+
+from . import _abi
+
+# torch.float8_e4m3fn exists from torch 2.1; before that fp8 lives in
+# uint8 storage and the descriptor's dtype code says what it is.
+FP8_DTYPE = getattr(torch, "float8_e4m3fn", None)
+FP8_STORAGE = FP8_DTYPE if FP8_DTYPE is not None else torch.uint8
+
+_DTYPES = {
+    torch.bfloat16: (_abi.DTYPE_BFLOAT, 16),
+    torch.float32: (_abi.DTYPE_FLOAT, 32),
+    torch.float16: (_abi.DTYPE_FLOAT, 16),
+    torch.float64: (_abi.DTYPE_FLOAT, 64),
+    torch.int32: (_abi.DTYPE_INT, 32),
+    torch.int64: (_abi.DTYPE_INT, 64),
+    torch.int16: (_abi.DTYPE_INT, 16),
+    torch.int8: (_abi.DTYPE_INT, 8),
+    torch.uint8: (_abi.DTYPE_UINT, 8),
+    torch.bool: (_abi.DTYPE_UINT, 8),  # the ABI's uint8 flags
+}
+if FP8_DTYPE is not None:
+    _DTYPES[FP8_DTYPE] = (_abi.DTYPE_FLOAT8_E4M3FN, 8)
+
+MAX_NDIM = 8
+_NULL_STRIDES = ctypes.POINTER(ctypes.c_int64)()
+
+
+def dtype_code(dtype, as_fp8=False):
+    """(code, bits) of a torch dtype. Unknown dtypes get a code the library
+    rejects with its own sentence, rather than a second rule here."""
+    if as_fp8 and dtype == torch.uint8:
+        return _abi.DTYPE_FLOAT8_E4M3FN, 8
+    got = _DTYPES.get(dtype)
+    if got is not None:
+        return got
+    return 255, torch.empty((), dtype=dtype).element_size() * 8
+
+
+class TensorSlot:
+    """One reusable moe_ep_tensor_t. bind() re-fills shape, dtype and
+    device only when they differ from the previous tensor bound here, so at
+    a fixed shape a call only writes the data pointer."""
+
+    __slots__ = ("desc", "ptr", "_shape", "_strides", "_key", "_as_fp8", "name")
+
+    def __init__(self, name, as_fp8=False):
+        self.name = name
+        self.desc = _abi.Tensor()
+        self.ptr = ctypes.pointer(self.desc)
+        self._shape = (ctypes.c_int64 * MAX_NDIM)()
+        self._strides = (ctypes.c_int64 * MAX_NDIM)()
+        self._key = None
+        self._as_fp8 = as_fp8
+        self.desc.shape = self._shape
+        self.desc.dtype.lanes = 1
+
+    def bind(self, t):
+        """Points the descriptor at tensor t; returns the descriptor pointer."""
+        try:
+            key = (t.shape, t.dtype, t.device, t.is_contiguous())
+        except AttributeError:
+            raise TypeError("%s must be a torch.Tensor, got %s"
+                            % (self.name, type(t).__name__)) from None
+        if key != self._key or not key[3]:  # strides may differ
+            self._refill(t, key)
+        self.desc.data = t.data_ptr()
+        return self.ptr
+
+    def _refill(self, t, key):
+        d = self.desc
+        shape = key[0]
+        if len(shape) > MAX_NDIM:
+            raise ValueError("%s has %d dimensions; moe_ep tensors have at most %d"
+                             % (self.name, len(shape), MAX_NDIM))
+        d.ndim = len(shape)
+        for i, n in enumerate(shape):
+            self._shape[i] = n
+        if key[3]:
+            d.strides = _NULL_STRIDES  # compact row-major
+        else:  # the library names the offending stride in its sentence
+            for i, s in enumerate(t.stride()):
+                self._strides[i] = s
+            d.strides = self._strides
+        d.dtype.code, d.dtype.bits = dtype_code(key[1], self._as_fp8)
+        if key[2].type == "cuda":
+            d.device.device_type = _abi.DEVICE_CUDA
+            d.device.device_id = key[2].index
+        else:
+            d.device.device_type = _abi.DEVICE_CPU
+            d.device.device_id = 0
+        self._key = key
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def current_stream(device):
+    """cudaStream_t of the current stream on a CUDA device (an int), or
+    None for host tensors."""
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if _raw_stream is not None:
+        return _raw_stream(index)
+    return torch.cuda.current_stream(index).cuda_stream

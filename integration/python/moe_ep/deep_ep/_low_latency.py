@@ -1,0 +1,166 @@
+"""Buffer's low-latency entries (DeepEP's low_latency_dispatch/combine) on
+a moe-ep LL group, with DeepEP's shapes, dtypes and layouts."""
+import torch
+
+from .event import EventOverlap, record_event
+
+# (use_fp8, use_ue8m0) -> the call's moe-ep row format. DeepEP packs UE8M0
+# scales as int32 [E_local, R*N, H/512], moe-ep's "fp8_ue8m0_packed".
+_FORMATS = {
+    (False, False): "bf16",
+    (True, False): "fp8",
+    (True, True): "fp8_ue8m0_packed",
+}
+
+
+class LowLatencyHandle(tuple):
+    """DeepEP's LL handle tuple (src_info, layout_range, N, H, E); the moe-ep
+    handle that routes the combine rides along as `.moe_ep`."""
+
+    def __new__(cls, ep_handle, n, hidden, num_experts):
+        from .buffer import Unavailable
+        self = super().__new__(cls, (Unavailable("src_info (handle[0])"),
+                                     Unavailable("layout_range (handle[1])"),
+                                     n, hidden, num_experts))
+        self.moe_ep = ep_handle
+        return self
+
+
+def _refuse(entry, arg, value, why):
+    raise NotImplementedError("%s: %s=%r is not supported by moe-ep: %s" % (entry, arg, value, why))
+
+
+class LowLatencyMixin:
+
+    def _ll_group(self, entry, x, topk_idx, n, num_experts, use_fp8, use_ue8m0):
+        if not self.low_latency_mode:
+            raise RuntimeError("%s: this Buffer was created with low_latency_mode=False" % entry)
+        fmt = _FORMATS[(bool(use_fp8), bool(use_ue8m0))]
+        # bf16 buffers hold every format, so use_fp8 / use_ue8m0 can change
+        # from call to call, as in DeepEP (moe_ep_config may still pin fp8).
+        g = self._group_for({"num_experts": int(num_experts), "hidden": int(x.shape[-1]),
+                             "top_k": int(topk_idx.shape[-1]), "max_tokens_per_rank": int(n),
+                             "dispatch_dtype": "bf16", "fp8_scale": "f32"})
+        cfg = g.config
+        if n != cfg.max_tokens_per_rank:
+            raise ValueError("%s: num_max_dispatch_tokens_per_rank=%d differs from the group's "
+                             "max_tokens_per_rank=%d (fixed by the first call or moe_ep_config)"
+                             % (entry, n, cfg.max_tokens_per_rank))
+        if num_experts != cfg.num_experts:
+            raise ValueError("%s: num_experts=%d differs from the group's num_experts=%d"
+                             % (entry, num_experts, cfg.num_experts))
+        if not use_fp8 and cfg.dispatch_dtype != "bf16":
+            _refuse(entry, "use_fp8", False, "moe_ep_config pins dispatch_dtype %s, whose buffers "
+                    "hold fp8 rows only" % cfg.dispatch_dtype)
+        return g, fmt
+
+    def low_latency_dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
+                             cumulative_local_expert_recv_stats=None,
+                             dispatch_wait_recv_cost_stats=None, use_fp8=True, round_scale=False,
+                             use_ue8m0=False, async_finish=False, return_recv_hook=False):
+        """Returns (recv_x or (recv_x_fp8, scales), recv_count, handle, event,
+        hook). scales are the column-major view DeepEP returns (a copy of
+        the library's row-major scales, made when the receive completes)."""
+        entry = "low_latency_dispatch"
+        if dispatch_wait_recv_cost_stats is not None:
+            _refuse(entry, "dispatch_wait_recv_cost_stats", "<tensor>",
+                    "per-rank wait-time statistics are not collected")
+        if async_finish and return_recv_hook:
+            raise ValueError("%s: async_finish and return_recv_hook cannot both be True" % entry)
+        if use_ue8m0 and not round_scale:
+            raise ValueError("%s: use_ue8m0=True needs round_scale=True (UE8M0 scales are "
+                             "powers of two)" % entry)
+        g, fmt = self._ll_group(entry, x, topk_idx, num_max_dispatch_tokens_per_rank,
+                                num_experts, use_fp8, use_ue8m0)
+        handle = g.prepare(topk_idx)
+        res = g.dispatch(handle, x, defer=return_recv_hook, round_scale=bool(round_scale),
+                         format=fmt)
+        if return_recv_hook:
+            ep_hook, res = res, res.result
+        scales_cm = None
+        if res.recv_scales is not None:
+            e, s, c = res.recv_scales.shape
+            scales_cm = torch.empty((e, c, s), dtype=res.recv_scales.dtype,
+                                    device=res.recv_scales.device).transpose(1, 2)
+        stats = cumulative_local_expert_recv_stats
+
+        def finish():
+            if scales_cm is not None:
+                scales_cm.copy_(res.recv_scales)
+            if stats is not None:
+                stats.add_(res.recv_count)
+
+        hook = None
+        if return_recv_hook:
+            def hook():
+                ep_hook()
+                finish()
+        else:
+            finish()
+        recv_x = (res.recv_x, scales_cm) if scales_cm is not None else res.recv_x
+        ll_handle = LowLatencyHandle(handle, num_max_dispatch_tokens_per_rank, int(x.shape[-1]),
+                                     num_experts)
+        event = EventOverlap(record_event(async_finish and g._is_cuda))
+        return recv_x, res.recv_count, ll_handle, event, hook
+
+    def low_latency_combine(self, x, topk_idx, topk_weights, handle, use_logfmt=False,
+                            zero_copy=False, async_finish=False, return_recv_hook=False,
+                            out=None, combine_wait_recv_cost_stats=None):
+        """Returns (combined_x [T, H] bf16, event, hook); the weights are
+        applied inside combine (one f32 sum per token in k order)."""
+        entry = "low_latency_combine"
+        if use_logfmt:
+            _refuse(entry, "use_logfmt", True, "combine sends bf16 rows")
+        if zero_copy:
+            _refuse(entry, "zero_copy", True, "the combine buffer is not exposed "
+                    "(get_next_low_latency_combine_buffer)")
+        if combine_wait_recv_cost_stats is not None:
+            _refuse(entry, "combine_wait_recv_cost_stats", "<tensor>",
+                    "per-rank wait-time statistics are not collected")
+        if async_finish and return_recv_hook:
+            raise ValueError("%s: async_finish and return_recv_hook cannot both be True" % entry)
+        if not isinstance(handle, LowLatencyHandle):
+            raise TypeError("%s: handle must be the handle low_latency_dispatch returned, got %s"
+                            % (entry, type(handle).__name__))
+        ep_handle = handle.moe_ep
+        if topk_idx is not ep_handle.topk_idx and topk_idx.data_ptr() != ep_handle.topk_idx.data_ptr():
+            raise ValueError("%s: topk_idx is not the tensor given to the dispatch of this handle; "
+                             "moe-ep routes the combine with the dispatch's topk_idx" % entry)
+        g = self._ep
+        result = g.combine(ep_handle, x, topk_weights=topk_weights, out=out,
+                           defer=return_recv_hook)
+        hook = None
+        if return_recv_hook:
+            hook, result = result, result.result
+        event = EventOverlap(record_event(async_finish and g._is_cuda))
+        return result, event, hook
+
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank, hidden, num_experts):
+        """moe-ep's signals carry a per-operation epoch, so its buffers need
+        no cleaning between layouts: this checks the sizes only."""
+        g = self._ep
+        if g is None:
+            return
+        if num_max_dispatch_tokens_per_rank != g.config.max_tokens_per_rank or \
+                num_experts != g.config.num_experts or hidden > g.config.hidden:
+            raise ValueError(
+                "clean_low_latency_buffer: (num_max_dispatch_tokens_per_rank=%d, hidden=%d, "
+                "num_experts=%d) do not fit the group (max_tokens_per_rank=%d, hidden<=%d, "
+                "num_experts=%d)" % (num_max_dispatch_tokens_per_rank, hidden, num_experts,
+                                     g.config.max_tokens_per_rank, g.config.hidden,
+                                     g.config.num_experts))
+
+    def get_next_low_latency_combine_buffer(self, handle):
+        _refuse("get_next_low_latency_combine_buffer", "handle", "<handle>",
+                "zero-copy combine is not available: the combine buffer is not exposed")
+
+    def low_latency_update_mask_buffer(self, rank_to_mask, mask=False):
+        _refuse("low_latency_update_mask_buffer", "rank_to_mask", rank_to_mask,
+                "rank masking is not available")
+
+    def low_latency_query_mask_buffer(self, mask_status):
+        _refuse("low_latency_query_mask_buffer", "mask_status", "<tensor>",
+                "rank masking is not available")
+
+    def low_latency_clean_mask_buffer(self):
+        _refuse("low_latency_clean_mask_buffer", "mask", None, "rank masking is not available")

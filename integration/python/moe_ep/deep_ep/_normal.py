@@ -1,0 +1,146 @@
+"""Buffer's normal-mode entries (DeepEP's get_dispatch_layout / dispatch /
+combine) on a moe-ep high-throughput group."""
+import torch
+
+from .event import EventOverlap, record_event, wait_previous
+
+
+def _refuse(entry, arg, value, why):
+    raise NotImplementedError("%s: %s=%r is not supported by moe-ep: %s" % (entry, arg, value, why))
+
+
+class NormalHandle:
+    """The handle of a normal-mode dispatch: what its combine (or a cached
+    dispatch) needs. DeepEP's own handle holds its kernels' prefix
+    matrices, which moe-ep does not have."""
+
+    __slots__ = ("moe_ep", "topk_idx", "topk_weights", "recv_topk_weights")
+
+    def __init__(self, ep_handle, topk_idx, topk_weights, recv_topk_weights):
+        self.moe_ep = ep_handle
+        self.topk_idx = topk_idx
+        self.topk_weights = topk_weights
+        self.recv_topk_weights = recv_topk_weights
+
+
+def _max_tokens(t):
+    n = 1024
+    while n < t:
+        n *= 2
+    return n
+
+
+class NormalMixin:
+
+    def _ht_group(self, entry, num_experts, hidden, topk_idx):
+        if self.low_latency_mode:
+            raise RuntimeError("%s: this Buffer was created with low_latency_mode=True" % entry)
+        return self._group_for({"num_experts": int(num_experts), "hidden": int(hidden),
+                                "top_k": int(topk_idx.shape[-1]),
+                                "max_tokens_per_rank": _max_tokens(int(topk_idx.shape[0]))})
+
+    def _ht_prepare(self, g, topk_idx):
+        """The handle prepared by get_dispatch_layout for this very topk_idx,
+        else a new one (prepare exchanges counts: every rank must take the
+        same branch, as engines call both entries symmetrically)."""
+        cached = getattr(self, "_layout_cache", None)
+        self._layout_cache = None
+        if cached is not None and cached[0] is topk_idx:
+            return cached[1]
+        return g.prepare(topk_idx)
+
+    def get_dispatch_layout(self, topk_idx, num_experts, previous_event=None, async_finish=False,
+                            allocate_on_comm_stream=False):
+        """Returns (num_tokens_per_rank [R] int32, None, num_tokens_per_expert
+        [E] int32, is_token_in_rank [T, R] bool, event). The group's hidden
+        is moe_ep_config's, else the library default (7168), as no x is
+        seen here before the first dispatch."""
+        entry = "get_dispatch_layout"
+        wait_previous(previous_event)
+        g = self._ep
+        if g is None:
+            g = self._ht_group(entry, num_experts, self._user_config.get("hidden", 7168), topk_idx)
+        if num_experts != g.config.num_experts:
+            raise ValueError("%s: num_experts=%d differs from the group's num_experts=%d"
+                             % (entry, num_experts, g.config.num_experts))
+        handle = g.prepare(topk_idx, layout=True)
+        self._layout_cache = (topk_idx, handle)
+        per_rank, per_expert, in_rank = handle.layout
+        event = EventOverlap(record_event(async_finish and g._is_cuda))
+        return per_rank, None, per_expert, in_rank, event
+
+    def dispatch(self, x, handle=None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
+                 is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None,
+                 topk_weights=None, expert_alignment=1, num_worst_tokens=0, config=None,
+                 previous_event=None, async_finish=False, allocate_on_comm_stream=False):
+        """Returns (recv_x, recv_topk_idx, recv_topk_weights,
+        num_recv_tokens_per_expert_list, handle, event). moe-ep derives the
+        layout from topk_idx; the layout tensors get_dispatch_layout
+        returned are accepted as DeepEP callers pass them. config tunes
+        DeepEP's chunking, which moe-ep does not have. moe-ep runs on the
+        current stream, which is what allocate_on_comm_stream protects."""
+        entry = "dispatch"
+        if isinstance(x, tuple):
+            _refuse(entry, "x", "(x_fp8, scales)", "high-throughput dispatch moves bf16 rows; "
+                    "quantise after dispatch")
+        if num_worst_tokens:
+            _refuse(entry, "num_worst_tokens", num_worst_tokens, "worst-case sized "
+                    "high-throughput outputs are not available yet")
+        if expert_alignment < 1:
+            raise ValueError("%s: expert_alignment=%d must be >= 1" % (entry, expert_alignment))
+        wait_previous(previous_event)
+        cached = handle is not None
+        if cached:
+            if not isinstance(handle, NormalHandle):
+                raise TypeError("%s: handle must be one dispatch returned, got %s"
+                                % (entry, type(handle).__name__))
+            topk_idx, topk_weights = handle.topk_idx, handle.topk_weights
+        elif topk_idx is None or topk_weights is None:
+            _refuse(entry, "topk_idx" if topk_idx is None else "topk_weights", None,
+                    "high-throughput dispatch routes with topk_idx and carries topk_weights")
+        g = self._ep
+        if g is None:
+            if num_tokens_per_expert is not None:
+                num_experts = int(num_tokens_per_expert.shape[0])
+            elif "num_experts" in self._user_config:
+                num_experts = self._user_config["num_experts"]
+            else:
+                raise ValueError("%s: the Buffer's first normal-mode call must show num_experts: "
+                                 "call get_dispatch_layout first, pass num_tokens_per_expert, or "
+                                 "give moe_ep_config={'num_experts': ...}" % entry)
+            g = self._ht_group(entry, num_experts, x.shape[-1], topk_idx)
+        ep_handle = self._ht_prepare(g, topk_idx)
+        res = g.dispatch(ep_handle, x, topk_weights=topk_weights)
+        recv_idx = res.recv_topk_idx.to(topk_idx.dtype)
+        counts = res.recv_count.tolist()  # DeepEP returns this list on the host too
+        a = expert_alignment
+        per_expert_list = [(c + a - 1) // a * a for c in counts]
+        new_handle = NormalHandle(ep_handle, topk_idx, topk_weights, res.recv_topk_weights)
+        event = EventOverlap(record_event(async_finish and g._is_cuda))
+        if cached:
+            return res.recv_x, None, None, None, new_handle, event
+        return res.recv_x, recv_idx, res.recv_topk_weights, per_expert_list, new_handle, event
+
+    def combine(self, x, handle, topk_weights=None, bias=None, config=None, previous_event=None,
+                async_finish=False, allocate_on_comm_stream=False):
+        """Returns (combined_x [T, H] bf16, combined_topk_weights, event):
+        the partials x summed over ranks ascending in f32, then bf16."""
+        entry = "combine"
+        if bias is not None:
+            _refuse(entry, "bias", "<tensor>", "combine adds no bias")
+        if not isinstance(handle, NormalHandle):
+            raise TypeError("%s: handle must be the one dispatch returned, got %s"
+                            % (entry, type(handle).__name__))
+        combined_w = None
+        if topk_weights is not None:
+            if topk_weights is not handle.recv_topk_weights:
+                _refuse(entry, "topk_weights", "<tensor>", "only the recv_topk_weights this "
+                        "handle's dispatch returned can be combined (they come back as the "
+                        "dispatch's weights); moe-ep's combine carries no weights")
+            w = handle.topk_weights
+            combined_w = torch.where(handle.topk_idx >= 0, w, torch.zeros_like(w))
+        wait_previous(previous_event)
+        g = self._ep
+        out = g.combine(handle.moe_ep, x)
+        event = EventOverlap(record_event(async_finish and g._is_cuda))
+        return out, combined_w, event

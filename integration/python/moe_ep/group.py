@@ -1,0 +1,243 @@
+"""moe_ep.Group: one expert-parallel group (group_create .. group_destroy)
+and its entries on torch tensors."""
+import collections
+import ctypes
+import os
+import threading
+
+import torch
+
+from . import _abi, _ht, _ll
+from ._library import Library, load
+from ._torch import TensorSlot, current_stream
+from .config import Config
+from .errors import InvalidArgumentError
+from .handle import Handle
+
+_MAX_RANKS = 1024  # kernels/limits.h MEP_MAX_RANKS: sizes the first info()'s array
+
+GroupInfo = collections.namedtuple(
+    "GroupInfo", "rank world_size num_local_experts backend mode num_sms "
+    "bytes_allocated config_hash peer_transports")
+
+
+def _rank_world(rank, world_size):
+    """Explicit values, else torch.distributed when initialised, else -1
+    (the library reads MOE_EP_RANK / MOE_EP_WORLD_SIZE)."""
+    dist = getattr(torch, "distributed", None)
+    live = dist is not None and dist.is_available() and dist.is_initialized()
+    if rank is None:
+        rank = dist.get_rank() if live else -1
+    if world_size is None:
+        world_size = dist.get_world_size() if live else -1
+    return int(rank), int(world_size)
+
+
+class _PerThread(threading.local):
+    """Each thread builds its own parameter structs once and reuses them:
+    two threads may call into one group at the same time."""
+
+    def __init__(self):
+        self.prepare = _abi.init(_abi.PrepareParams)
+        self.prepare_ptr = ctypes.pointer(self.prepare)
+        self.topk = TensorSlot("topk_idx")
+        self.layout = (TensorSlot("num_tokens_per_rank"), TensorSlot("num_tokens_per_expert"),
+                       TensorSlot("is_token_in_rank"))
+
+
+class Group:
+    """An expert-parallel group over `world_size` ranks (collective to
+    create and to close).
+
+    config: an engine YAML path, YAML text, a dict for the `moe_ep:`
+    section, or a moe_ep.Config. rank / world_size: default from
+    torch.distributed when initialised, else MOE_EP_RANK /
+    MOE_EP_WORLD_SIZE. device: the CUDA device of an nccl group (default
+    the current one). nccl_comm: an ncclComm_t (int) for the EP group.
+    library: a path or moe_ep Library (default: see moe_ep.load)."""
+
+    def __init__(self, config, rank=None, world_size=None, device=None, nccl_comm=None,
+                 library=None):
+        self._g = None
+        if isinstance(library, Library):
+            self._lib = library
+        else:
+            self._lib = load(os.fspath(library) if library is not None else None)
+        self.config = config if isinstance(config, Config) else Config(config, self._lib)
+        rank, world_size = _rank_world(rank, world_size)
+        if device is not None and not isinstance(device, int):
+            device = torch.device(device)
+            if device.type != "cuda":
+                raise ValueError("Group: device=%s must be a CUDA device (tensors of a host "
+                                 "group are CPU tensors and need no device)" % device)
+            device = device.index if device.index is not None else -1
+        gp = _abi.init(_abi.GroupParams)
+        gp.config = self.config._ptr
+        gp.rank = rank
+        gp.world_size = world_size
+        gp.cuda_device = -1 if device is None else int(device)
+        gp.nccl_comm = nccl_comm
+        out = ctypes.c_void_p()
+        st = self._lib.group_create(ctypes.byref(gp), ctypes.byref(out))
+        self._lib.check(st, "group_create")
+        self._g = out.value
+        info = self.info()
+        self.rank = info.rank
+        self.world_size = info.world_size
+        self.num_local_experts = info.num_local_experts
+        self.backend = info.backend
+        self.mode = info.mode
+        if self.backend == "nccl":
+            index = gp.cuda_device if gp.cuda_device >= 0 else torch.cuda.current_device()
+            self.device = torch.device("cuda", index)
+        else:
+            self.device = torch.device("cpu")
+        self._is_cuda = self.device.type == "cuda"
+        self._ops_class = _ll.LowLatencyCalls if self.mode == "low_latency" else _ht.HighThroughputCalls
+        self._tls = _PerThread()
+        self._ops_by_thread = {}
+
+    # ---- lifecycle ---------------------------------------------------------
+
+    @property
+    def pointer(self):
+        """The moe_ep_group_t* (an int), for calls through the C table."""
+        g = self._g
+        if g is None:
+            raise InvalidArgumentError("moe_ep: this Group is closed")
+        return g
+
+    def close(self):
+        """group_destroy (collective). Handles and hooks may be freed later."""
+        g, self._g = self._g, None
+        if g is not None:
+            self._lib.check(self._lib.group_destroy(g), "group_destroy")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # ---- queries -----------------------------------------------------------
+
+    def info(self):
+        gi = _abi.init(_abi.GroupInfo)
+        world = getattr(self, "world_size", _MAX_RANKS)
+        peers = (ctypes.c_int32 * world)()
+        gi.peer_transports = peers
+        gi.peer_transports_len = world
+        self._lib.check(self._lib.group_info(self.pointer, ctypes.byref(gi)), "group_info")
+        return GroupInfo(gi.rank, gi.world_size, gi.num_local_experts, _abi.BACKENDS[gi.backend],
+                         _abi.MODES[gi.mode], gi.num_sms, gi.bytes_allocated, gi.config_hash,
+                         [_abi.TRANSPORTS[peers[i]] for i in range(gi.world_size)])
+
+    def set_num_sms(self, num_sms):
+        self._lib.check(self._lib.set_num_sms(self.pointer, int(num_sms)), "set_num_sms")
+
+    def max_sms_used(self):
+        n = ctypes.c_int32()
+        self._lib.check(self._lib.max_sms_used(self.pointer, ctypes.byref(n)), "max_sms_used")
+        return n.value
+
+    def poll_error(self):
+        """Raises the asynchronous error a kernel recorded (TIMEOUT, or a bad
+        device-resident topk_idx); returns None when there is none."""
+        self._lib.check(self._lib.group_poll_error(self.pointer), "group_poll_error")
+
+    # ---- operations --------------------------------------------------------
+
+    def _stream(self):
+        return current_stream(self.device) if self._is_cuda else None
+
+    def _ops(self):
+        # A dict by thread id: cheaper than a threading.local on this path.
+        ops = self._ops_by_thread.get(threading.get_ident())
+        if ops is None:
+            ops = self._ops_by_thread[threading.get_ident()] = self._ops_class(self)
+        return ops
+
+    def prepare(self, topk_idx, *, num_tokens_per_rank=None, num_tokens_per_expert=None,
+                is_token_in_rank=None, layout=None):
+        """The routing layout of one layer call: topk_idx [T, K] int32/int64
+        (-1 = no expert). layout=True (default in high_throughput mode)
+        also returns the layout in handle.layout: num_tokens_per_rank [R],
+        num_tokens_per_expert [E] int32 and is_token_in_rank [T, R] bool;
+        pass tensors to fill instead of new ones (uint8 or bool)."""
+        tls = self._tls
+        p = tls.prepare
+        p.topk_idx = tls.topk.bind(topk_idx)
+        shape = topk_idx.shape
+        if len(shape) == 2:
+            p.num_tokens, p.top_k = shape
+        else:
+            p.num_tokens, p.top_k = -1, -1  # the library names the rule
+        p.stream = self._stream()
+        if layout is None:
+            layout = (self.mode == "high_throughput" or num_tokens_per_rank is not None
+                      or num_tokens_per_expert is not None or is_token_in_rank is not None)
+        out_layout = None
+        if layout:
+            out_layout = self._layout_outputs(topk_idx, num_tokens_per_rank,
+                                              num_tokens_per_expert, is_token_in_rank)
+            slots = tls.layout
+            p.num_tokens_per_rank = slots[0].bind(out_layout[0])
+            p.num_tokens_per_expert = slots[1].bind(out_layout[1])
+            p.is_token_in_rank = slots[2].bind(out_layout[2].view(torch.uint8)
+                                               if out_layout[2].dtype == torch.bool
+                                               else out_layout[2])
+        else:
+            p.num_tokens_per_rank = p.num_tokens_per_expert = p.is_token_in_rank = None
+        out = ctypes.c_void_p()
+        st = self._lib.prepare(self.pointer, tls.prepare_ptr, ctypes.byref(out))
+        if st != 0:
+            raise self._lib.error(st, "prepare")
+        return Handle(self, out.value, topk_idx, out_layout)
+
+    def _layout_outputs(self, topk_idx, per_rank, per_expert, in_rank):
+        dev = self.device
+        t = topk_idx.shape[0] if topk_idx.dim() >= 1 else 0
+        if per_rank is None:
+            per_rank = torch.empty((self.world_size,), dtype=torch.int32, device=dev)
+        if per_expert is None:
+            per_expert = torch.empty((self.config.num_experts,), dtype=torch.int32, device=dev)
+        if in_rank is None:
+            in_rank = torch.empty((t, self.world_size), dtype=torch.bool, device=dev)
+        return per_rank, per_expert, in_rank
+
+    def dispatch(self, handle, x, *, topk_weights=None, out=None, defer=False,
+                 round_scale=False, recv_capacity=None, format=None):
+        """Sends x [T, H] bf16 to the ranks of handle's experts.
+
+        Low latency: returns a DispatchResult (recv_x [E_local, R*max_tokens,
+        H] bf16 or fp8, recv_scales or None, recv_count [E_local] int32).
+        topk_weights [T, K] f32 is optional: given here, the weights travel
+        with the tokens and combine takes none (or the same tensor).
+        High throughput: topk_weights is required; the result also has
+        recv_topk_idx, recv_topk_weights and num_recv_tokens, and recv_x
+        has num_recv_tokens rows (buffers hold recv_capacity rows, default
+        world_size * max_tokens_per_rank: the ABI does not report the
+        receive count before dispatch).
+        out: the buffers to fill (a DispatchResult, or the tuple of its
+        tensors) instead of new ones. defer=True sends only and returns a
+        Hook; hook() receives and returns the result.
+        format (low latency): this call's rows, "bf16", "fp8" (f32 scales),
+        "fp8_ue8m0" or "fp8_ue8m0_packed"; None keeps the group's
+        dispatch_dtype / fp8_scale. A group configured bf16 takes every
+        format, one configured fp8 the fp8 ones."""
+        return self._ops().dispatch(handle, x, topk_weights, out, defer, round_scale,
+                                    recv_capacity, format)
+
+    def combine(self, handle, y, *, topk_weights=None, out=None, defer=False):
+        """Brings expert outputs back: returns out [T, H] bf16. Low latency:
+        y [E_local, R*max_tokens, H] bf16, out = sum_k w_k * y_k with
+        topk_weights [T, K] f32 unless dispatch carried them. High
+        throughput: y [num_recv_tokens, H] bf16 partials, summed over ranks.
+        defer=True returns a Hook whose hook() returns out."""
+        return self._ops().combine(handle, y, topk_weights, out, defer)

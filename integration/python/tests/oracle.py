@@ -1,0 +1,213 @@
+"""The tests' own reference: expected dispatch and combine results computed
+with numpy from every rank's inputs, written from the documented semantics
+(README "weights", docs/DESIGN.md LL and HT), not from the library's code.
+
+Numbers follow the library's documented rounding: bf16 round-to-nearest-
+even, f32 accumulation from 0.0f in the stated order, e4m3fn with
+satfinite, fp8 group scale = max(amax, 1e-4) / 448 over 128 channels
+(power of two rounded up when asked)."""
+import numpy as np
+
+FP8_GROUP = 128
+
+
+# ---- numbers ----------------------------------------------------------------
+
+def bf16_bits(f):
+    """float32 array -> bf16 bit patterns (uint16), round to nearest even."""
+    u = np.asarray(f, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
+    r = np.where(nan, (u >> 16) | 0x40, r)
+    return r.astype(np.uint16)
+
+
+def bf16_float(bits):
+    """bf16 bit patterns -> float32."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def e4m3_bits(a):
+    """float32 array (finite) -> e4m3fn codes, ties to even, satfinite."""
+    a = np.asarray(a, dtype=np.float32)
+    sign = np.signbit(a).astype(np.uint8) << 7
+    mag = np.abs(a)
+    _, e = np.frexp(mag)
+    unb = np.maximum(e.astype(np.int32) - 1, -6)
+    quantum = np.ldexp(np.ones_like(mag), unb - 3).astype(np.float32)
+    q = (np.rint(mag / quantum) * quantum).astype(np.float32)
+    qm, qe = np.frexp(q)
+    exp_field = qe.astype(np.int32) - 1 + 7
+    sub = exp_field <= 0
+    man_sub = np.ldexp(q, 9).astype(np.int32)
+    man_norm = ((qm * 2 - 1) * 8).astype(np.int32)
+    code = np.where(sub, man_sub, (exp_field << 3) | man_norm)
+    code = np.where(q == 0, 0, code)
+    code = np.where((mag >= 448) | (q >= 448), 0x7E, code)
+    return (code.astype(np.uint8) | sign).astype(np.uint8)
+
+
+def fp8_group_scales(row_f32, pow2):
+    """[H] float32 -> per-128-channel scales [H/128] float32."""
+    g = np.abs(row_f32.reshape(-1, FP8_GROUP)).max(axis=1).astype(np.float32)
+    g = np.where(g >= np.float32(1e-4), g, np.float32(1e-4)).astype(np.float32)
+    s = (g / np.float32(448.0)).astype(np.float32)
+    if pow2:
+        m, e = np.frexp(s)
+        s = np.where(m == 0.5, np.ldexp(np.float32(1), e - 1),
+                     np.ldexp(np.float32(1), e)).astype(np.float32)
+    return s
+
+
+def fp8_quantize(x_bits, pow2):
+    """bf16 row -> (e4m3 codes [H], scales [H/128])."""
+    f = bf16_float(x_bits)
+    s = fp8_group_scales(f, pow2)
+    q = e4m3_bits((f.reshape(-1, FP8_GROUP) / s[:, None]).astype(np.float32).reshape(-1))
+    return q, s
+
+
+def ue8m0_pack(scales):
+    """[G] power-of-two float32 scales -> [ceil(G/4)] int32, exponent byte
+    of group g in byte g % 4 of word g / 4."""
+    _, e = np.frexp(scales)
+    codes = (e.astype(np.int64) - 1 + 127).astype(np.uint32)
+    words = np.zeros((len(codes) + 3) // 4, dtype=np.uint32)
+    for g, c in enumerate(codes):
+        words[g // 4] |= np.uint32(c) << np.uint32(8 * (g % 4))
+    return words.view(np.int32)
+
+
+# ---- inputs -----------------------------------------------------------------
+
+class Problem:
+    def __init__(self, world, num_experts, hidden, top_k, max_tokens):
+        self.world, self.num_experts, self.hidden = world, num_experts, hidden
+        self.top_k, self.max_tokens = top_k, max_tokens
+        self.local = num_experts // world
+
+    def rank_of(self, e):
+        return e // self.local
+
+
+def make_inputs(p, seed, rank, num_tokens=None, masked=0.1):
+    """Rank `rank`'s inputs: x bf16 bits [T, H], topk_idx int64 [T, K]
+    (distinct experts, some -1), weights float32 [T, K]."""
+    rng = np.random.default_rng(seed * 7919 + rank)
+    t = int(rng.integers(0, p.max_tokens + 1)) if num_tokens is None else num_tokens
+    x = bf16_bits(rng.standard_normal((t, p.hidden)).astype(np.float32) * np.float32(2.0))
+    idx = np.argsort(rng.random((t, p.num_experts)), axis=1)[:, :p.top_k].astype(np.int64)
+    idx[rng.random((t, p.top_k)) < masked] = -1
+    w = rng.random((t, p.top_k)).astype(np.float32)
+    return {"x": x, "topk_idx": idx, "weights": w}
+
+
+def all_inputs(p, seed, **kw):
+    return [make_inputs(p, seed, r, **kw) for r in range(p.world)]
+
+
+# ---- LL -----------------------------------------------------------------------
+
+def ll_dispatch(p, inputs, rank):
+    """Expected LL receive of `rank`: per local expert the (source rank,
+    token) list in receive order (source rank, then token ascending)."""
+    rows = []
+    for l in range(p.local):
+        e = rank * p.local + l
+        rows.append([(s, t) for s in range(p.world)
+                     for t in range(len(inputs[s]["topk_idx"]))
+                     if e in inputs[s]["topk_idx"][t]])
+    return rows
+
+
+def expert_scale(e):
+    """The tests' expert function: y = bf16(x * (1 + (e % 8) / 8)); the
+    product is exact in f32, so the only rounding is to bf16."""
+    return np.float32(1.0 + (e % 8) / 8.0)
+
+
+def expert_row(x_bits, e):
+    return bf16_bits(bf16_float(x_bits) * expert_scale(e))
+
+
+def ll_combine_at_combine(p, inp):
+    """out [T, H] bf16 bits: one f32 sum per token in k order from 0.0f of
+    w_k * y_k, then bf16."""
+    x, idx, w = inp["x"], inp["topk_idx"], inp["weights"]
+    out = np.zeros(x.shape, dtype=np.uint16)
+    for t in range(len(x)):
+        acc = np.zeros(p.hidden, dtype=np.float32)
+        for k in range(p.top_k):
+            e = idx[t, k]
+            if e < 0:
+                continue
+            acc = (acc + w[t, k] * bf16_float(expert_row(x[t], e))).astype(np.float32)
+        out[t] = bf16_bits(acc)
+    return out
+
+
+def ll_combine_at_dispatch(p, inp):
+    """Weights given to dispatch: per rank the f32 sum in k order of that
+    rank's w_k * y_k, rounded to bf16; then the partials summed in f32 in
+    the order the token's ranks first appear in its top-k, then bf16."""
+    x, idx, w = inp["x"], inp["topk_idx"], inp["weights"]
+    out = np.zeros(x.shape, dtype=np.uint16)
+    for t in range(len(x)):
+        order = []
+        for e in idx[t]:
+            if e >= 0 and p.rank_of(e) not in order:
+                order.append(p.rank_of(e))
+        acc = np.zeros(p.hidden, dtype=np.float32)
+        for r in order:
+            part = np.zeros(p.hidden, dtype=np.float32)
+            for k in range(p.top_k):
+                e = idx[t, k]
+                if e >= 0 and p.rank_of(e) == r:
+                    part = (part + w[t, k] * bf16_float(expert_row(x[t], e))).astype(np.float32)
+            acc = (acc + bf16_float(bf16_bits(part))).astype(np.float32)
+        out[t] = bf16_bits(acc)
+    return out
+
+
+# ---- HT -----------------------------------------------------------------------
+
+def ht_dispatch(p, inputs, rank):
+    """Expected HT receive: one row per (source rank, token) with an expert
+    on `rank`, source rank then token ascending; local ids (or -1) and the
+    weights there (0 elsewhere); per-local-expert counts."""
+    src, idx_rows, w_rows = [], [], []
+    counts = np.zeros(p.local, dtype=np.int32)
+    for s in range(p.world):
+        idx, w = inputs[s]["topk_idx"], inputs[s]["weights"]
+        for t in range(len(idx)):
+            mine = (idx[t] >= 0) & (idx[t] // p.local == rank)
+            if not mine.any():
+                continue
+            lids = np.where(mine, idx[t] - rank * p.local, -1).astype(np.int32)
+            src.append((s, t))
+            idx_rows.append(lids)
+            w_rows.append(np.where(mine, w[t], np.float32(0)).astype(np.float32))
+            for l in lids[lids >= 0]:
+                counts[l] += 1
+    k = p.top_k
+    return (src, np.array(idx_rows, dtype=np.int32).reshape(-1, k),
+            np.array(w_rows, dtype=np.float32).reshape(-1, k), counts)
+
+
+def ht_partial_scale(r):
+    """The tests' HT expert side on rank r: y = bf16(x * (1 + r / 8))."""
+    return np.float32(1.0 + (r % 8) / 8.0)
+
+
+def ht_combine(p, inp):
+    """out [T, H]: per token, the receiving ranks' partials summed in f32
+    over ranks ascending, then bf16; +0 for a token no rank received."""
+    x, idx = inp["x"], inp["topk_idx"]
+    out = np.zeros(x.shape, dtype=np.uint16)
+    for t in range(len(x)):
+        ranks = sorted({int(e) // p.local for e in idx[t] if e >= 0})
+        acc = np.zeros(p.hidden, dtype=np.float32)
+        for r in ranks:
+            acc = (acc + bf16_float(bf16_bits(bf16_float(x[t]) * ht_partial_scale(r)))).astype(np.float32)
+        out[t] = bf16_bits(acc)
+    return out

@@ -1,0 +1,64 @@
+"""Starts one real process per rank running a worker script, with the
+launcher's environment (MOE_EP_RANK, MOE_EP_WORLD_SIZE) and fresh loopback
+ports, and waits for all of them within a deadline."""
+import os
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PY_ROOT = os.path.dirname(HERE)                 # integration/python
+REPO = os.path.dirname(os.path.dirname(PY_ROOT))
+
+
+def free_ports(n):
+    """n distinct loopback ports the kernel reports free now (one per
+    group: a destroyed group's port may stay in TIME_WAIT)."""
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+def library_path():
+    return os.environ.get("MOE_EP_LIBRARY") or os.path.join(REPO, "bazel-bin", "plugin",
+                                                            "libmoe_ep.so")
+
+
+def run_ranks(world, worker, args=(), ports=4, timeout=120, extra_path=()):
+    """Runs workers/<worker> on `world` ranks; returns (ok, report) where
+    report holds every rank's exit code and output."""
+    port_list = ",".join(str(p) for p in free_ports(ports))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(list(extra_path) + [PY_ROOT, HERE])
+    env["MOE_EP_LIBRARY"] = library_path()
+    env["MOE_EP_TEST_PORTS"] = port_list
+    env["MOE_EP_WORLD_SIZE"] = str(world)
+    env.pop("MOE_EP_BOOTSTRAP_ADDRESS", None)
+    script = os.path.join(HERE, "workers", worker)
+    procs = []
+    for r in range(world):
+        env_r = dict(env, MOE_EP_RANK=str(r))
+        procs.append(subprocess.Popen([sys.executable, script] + [str(a) for a in args],
+                                      env=env_r, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    deadline = time.monotonic() + timeout
+    outputs = []
+    for r, proc in enumerate(procs):
+        try:
+            out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+            out += "\n[rank %d killed after the %d s deadline]" % (r, timeout)
+        outputs.append(out)
+    codes = [p.returncode for p in procs]
+    report = "\n".join("---- rank %d exit %s ----\n%s" % (r, codes[r], outputs[r])
+                       for r in range(world))
+    return all(c == 0 for c in codes), report

@@ -1,0 +1,79 @@
+"""Loading the library through its table (the loader header's checks) and
+configurations parsed by the library, in this process (no group)."""
+import ctypes.util
+import os
+
+import pytest
+
+import moe_ep
+from moe_ep import _abi
+from moe_ep.config import dict_to_yaml
+from spawn import library_path
+
+
+def test_loads_the_table_and_reports_the_version():
+    lib = moe_ep.Library(library_path())
+    assert lib.table.abi_version == _abi.ABI_VERSION
+    assert lib.table.struct_size >= _abi.MIN_V1_SIZE
+    assert lib.table.name == b"moe_ep"
+    assert lib.version[0] >= 0
+
+
+def test_missing_file_names_the_path():
+    with pytest.raises(moe_ep.LoadError, match="cannot open '/nonexistent/libmoe_ep.so'"):
+        moe_ep.Library("/nonexistent/libmoe_ep.so")
+
+
+def test_a_library_without_the_table_is_refused():
+    libc = ctypes.util.find_library("c")
+    with pytest.raises(moe_ep.LoadError, match="exports no moe_ep_plugin_v1 table"):
+        moe_ep.Library(libc)
+
+
+def test_search_order_starts_with_the_argument_then_the_environment(monkeypatch):
+    assert moe_ep.candidate_paths("/x/lib.so") == ["/x/lib.so"]
+    monkeypatch.setenv("MOE_EP_LIBRARY", "/y/lib.so")
+    assert moe_ep.candidate_paths() == ["/y/lib.so"]
+    monkeypatch.delenv("MOE_EP_LIBRARY")
+    found = moe_ep.candidate_paths()
+    assert found[0].endswith(os.path.join("moe_ep", "libmoe_ep.so"))
+    assert found[1].endswith(os.path.join("bazel-bin", "plugin", "libmoe_ep.so"))
+
+
+def test_config_from_dict_reads_back_effective_values():
+    lib = moe_ep.Library(library_path())
+    cfg = moe_ep.Config({"backend": "host", "num_experts": 64, "double_buffer": False,
+                         "bootstrap": {"address": "10.0.0.1:1234"}}, lib)
+    assert (cfg.backend, cfg.num_experts, cfg.double_buffer) == ("host", 64, False)
+    assert cfg.bootstrap_address == "10.0.0.1:1234"
+    assert cfg.hidden == 7168 and cfg.top_k == 8  # defaults
+    assert cfg.buffer_size_hint(2) > 0
+
+
+def test_config_from_yaml_text_and_file(tmp_path):
+    lib = moe_ep.Library(library_path())
+    text = "model: x\nmoe_ep:\n  mode: high_throughput\n  hidden: 1024\n"
+    assert moe_ep.Config(text, lib).mode == "high_throughput"
+    path = tmp_path / "engine.yaml"
+    path.write_text(text)
+    assert moe_ep.Config(str(path), lib).hidden == 1024
+
+
+def test_config_errors_carry_the_library_sentence():
+    lib = moe_ep.Library(library_path())
+    with pytest.raises(moe_ep.ConfigError, match="num_experts") as e:
+        moe_ep.Config({"num_experts": 0}, lib)
+    assert e.value.entry == "config_from_yaml"
+    with pytest.raises(moe_ep.ConfigError, match="colour"):
+        moe_ep.Config({"colour": "blue"}, lib)
+    with pytest.raises(TypeError, match="hidden"):
+        dict_to_yaml({"hidden": 1.5})
+
+
+def test_every_status_has_its_exception_class():
+    for status in range(1, 14):
+        err = moe_ep.errors.error_for(status, "sentence", "entry")
+        assert isinstance(err, moe_ep.Error) and err.status == status
+        assert str(err) == "sentence"
+    assert issubclass(moe_ep.InvalidArgumentError, ValueError)
+    assert issubclass(moe_ep.UnsupportedError, NotImplementedError)

@@ -1,0 +1,36 @@
+/* host_combine.h: the host backend's combine reductions, in plain C, in
+ * the summation order README documents ("Routing weights may be given to
+ * the LL dispatch"): bit for bit what the GPU kernels compute (one fmaf per
+ * term, f32 sums from +0, bf16 rounded to nearest even). */
+#ifndef MEP_HOST_COMBINE_H_
+#define MEP_HOST_COMBINE_H_
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* LL, weights at combine: out[h] = bf16(acc), acc = fmaf(w[k], y_k[h], acc)
+ * for k ascending; rows[k] NULL for skipped (-1) slots. */
+void mep_combine_weighted(uint16_t *out, const uint16_t *const *rows,
+                          const float *w, int top_k, int hidden);
+
+/* LL, weights at dispatch: per rank a bf16 partial of its slots (fmaf in k
+ * order, from +0), the partials added in f32 from +0 in the order their
+ * ranks first appear among the token's slots (k ascending), bf16 once.
+ * rows[k] NULL for skipped slots; rank[k] is slot k's rank (read only where
+ * rows[k] is set). top_k <= MEP_MAX_TOP_K. */
+void mep_combine_partials(uint16_t *out, const uint16_t *const *rows,
+                          const float *w, const int32_t *rank, int top_k,
+                          int hidden);
+
+/* HT: out[h] = bf16(sum_j rows[j][h]) in f32 from +0, j ascending. */
+void mep_combine_sum(uint16_t *out, const uint16_t *const *rows, int n,
+                     int hidden);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MEP_HOST_COMBINE_H_ */

@@ -1,0 +1,129 @@
+// worker_logger.cc: set_logger delivers the library's messages. Installed
+// before group_create with log_level: debug in the config, the logger must
+// receive the group's INFO line ("formed") and, for a refused call, the
+// DEBUG line carrying last_error's sentence, each with its level; after
+// set_logger(NULL) messages go to stderr again and the logger gets none.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "tests/host/worker_common.h"
+
+namespace moe_ep_test {
+namespace {
+
+struct Message {
+  int level;
+  std::string text;
+};
+
+// The library may log from its own threads: every access under the lock.
+std::mutex g_lock;
+std::vector<Message> g_messages;
+int g_user_tag = 0;  // the `user` pointer the logger must get back
+
+void test_logger(void* user, int level, const char* message) {
+  std::lock_guard<std::mutex> l(g_lock);
+  if (user != &g_user_tag) {
+    g_messages.push_back({-1, "logger called with user pointer not the one installed"});
+    return;
+  }
+  g_messages.push_back({level, message ? message : "(null)"});
+}
+
+// The first message containing `needle` (level -2 when there is none).
+Message find_message(const std::string& needle) {
+  std::lock_guard<std::mutex> l(g_lock);
+  for (const Message& m : g_messages)
+    if (m.text.find(needle) != std::string::npos) return m;
+  return {-2, ""};
+}
+
+size_t message_count() {
+  std::lock_guard<std::mutex> l(g_lock);
+  return g_messages.size();
+}
+
+void expect_delivered(Ctx& c, const std::string& what, const std::string& needle, int level) {
+  c.checks++;
+  Message m = find_message(needle);
+  if (m.level == -2) {
+    fail(c, 0, what, "the logger got no message containing \"" + needle + "\" (" +
+                         std::to_string(message_count()) + " messages in all)");
+  } else if (m.level != level) {
+    fail(c, 0, what, "message \"" + m.text + "\" came with level " + std::to_string(m.level) +
+                         ", expected " + std::to_string(level));
+  }
+}
+
+// Runs `call` with stderr sent to a temporary file; returns what it wrote.
+template <typename F>
+std::string capture_stderr(F call) {
+  char path[] = "/tmp/moe_ep_logger_XXXXXX";
+  int fd = mkstemp(path);
+  if (fd < 0) return "(mkstemp failed)";
+  std::fflush(stderr);
+  int saved = dup(2);
+  dup2(fd, 2);
+  call();
+  std::fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  std::string text;
+  char buf[512];
+  ssize_t n;
+  lseek(fd, 0, SEEK_SET);
+  while ((n = read(fd, buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
+  close(fd);
+  unlink(path);
+  return text;
+}
+
+}  // namespace
+
+void install_test_logger(Ctx& c) {
+  c.opt.log_level = "debug";  // config_yaml is built after this
+  expect_status(c, 0, "set_logger", c.api->set_logger(test_logger, &g_user_tag), MOE_EP_OK);
+}
+
+void run_logger(Ctx& c) {
+  const std::string me = "rank " + std::to_string(c.rank);
+  expect_delivered(c, me + ": group_create's INFO line",
+                   me + "/" + std::to_string(c.world) + " formed", MOE_EP_LOG_INFO);
+  // A refused call: last_error's sentence reaches the logger at DEBUG.
+  expect_status(c, 0, "set_num_sms(-3)", c.api->set_num_sms(c.group, -3),
+                MOE_EP_ERR_INVALID_ARGUMENT);
+  const std::string sentence = c.api->last_error();
+  expect_delivered(c, "a refused call's DEBUG line", sentence, MOE_EP_LOG_DEBUG);
+  {
+    std::lock_guard<std::mutex> l(g_lock);
+    for (const Message& m : g_messages) {
+      c.checks++;
+      if (m.level < MOE_EP_LOG_ERROR || m.level > MOE_EP_LOG_TRACE || m.text.empty())
+        fail(c, 0, "logger message", "level " + std::to_string(m.level) + " text \"" + m.text + "\"");
+    }
+  }
+  // NULL restores stderr: the next refusal is written there, not to us.
+  expect_status(c, 0, "set_logger(NULL)", c.api->set_logger(nullptr, nullptr), MOE_EP_OK);
+  const size_t before = message_count();
+  const std::string err = capture_stderr([&] { c.api->set_num_sms(c.group, -4); });
+  c.checks++;
+  if (message_count() != before)
+    fail(c, 0, "after set_logger(NULL)", "the removed logger still got a message");
+  c.checks++;
+  if (err.find(c.api->last_error()) == std::string::npos)
+    fail(c, 0, "after set_logger(NULL)",
+         "stderr did not get the refusal \"" + std::string(c.api->last_error()) + "\"; it got \"" +
+             err + "\"");
+  // The group is still fine after all that.
+  auto p = problem_for(c, c.opt.layers[0].first, c.opt.layers[0].second,
+                       moe_ep_oracle::Generator::kUniform);
+  ll_roundtrip(c, p, 71, false);
+}
+
+}  // namespace moe_ep_test

@@ -1,0 +1,96 @@
+// bench_case.cc: see bench_case.h.
+#include "tools/bench/bench_case.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+namespace mep_bench {
+
+const char* const kTimeNames[kTimes] = {"dispatch", "combine", "dispatch_send", "dispatch_recv",
+                                        "combine_send", "combine_recv", "nccl_a2a_dispatch",
+                                        "nccl_a2a_combine", "peer_copy",
+                                        "nccl_a2a_dispatch_dedup"};
+
+uint64_t Rng::Next() {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+double Rng::Uniform() { return static_cast<double>(Next() >> 11) / 9007199254740992.0; }
+uint32_t Rng::Below(uint32_t n) { return static_cast<uint32_t>(Uniform() * n); }
+
+uint64_t Mix(uint64_t a, uint64_t b, uint64_t c) {
+  Rng r(a * 0x2545F4914F6CDD1Dull ^ b * 0x9E3779B97F4A7C15ull ^ c * 0xD1B54A32D192ED03ull);
+  r.Next();
+  return r.Next();
+}
+
+uint16_t ToBf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+std::vector<int64_t> Routing(uint64_t seed, int rank, int tokens, int top_k, int experts) {
+  Rng r(Mix(seed, 1000003ull + rank, tokens));
+  std::vector<int64_t> idx(static_cast<size_t>(tokens) * top_k);
+  for (int t = 0; t < tokens; t++) {
+    int64_t* row = &idx[static_cast<size_t>(t) * top_k];
+    for (int k = 0; k < top_k; k++) {
+      int64_t e;
+      do {
+        e = r.Below(static_cast<uint32_t>(experts));
+      } while (std::find(row, row + k, e) != row + k);
+      row[k] = e;
+    }
+  }
+  return idx;
+}
+
+Traffic MakeTraffic(uint64_t seed, int rank, int world, int T, int H, int top_k, int experts,
+                    int fp8) {
+  const int R = world, el = experts / world;
+  Traffic tr;
+  tr.row_disp = fp8 ? static_cast<size_t>(H) + H / 128 * 4 : static_cast<size_t>(H) * 2;
+  tr.row_comb = static_cast<size_t>(H) * 2;
+  // Routing of every rank (deterministic from the seed), so each rank
+  // knows what it receives from each peer.
+  tr.routes.resize(R);
+  for (int q = 0; q < R; q++) tr.routes[q] = Routing(seed, q, T, top_k, experts);
+  tr.pairs.assign(R, std::vector<int64_t>(R, 0));
+  tr.toks = tr.pairs;
+  for (int q = 0; q < R; q++) {
+    for (int t = 0; t < T; t++) {
+      std::set<int> dst;
+      for (int k = 0; k < top_k; k++) {
+        int p = static_cast<int>(tr.routes[q][static_cast<size_t>(t) * top_k + k] / el);
+        tr.pairs[q][p]++;
+        dst.insert(p);
+      }
+      for (int p : dst) tr.toks[q][p]++;
+    }
+  }
+  tr.want_count.assign(el, 0);
+  for (int q = 0; q < R; q++) {
+    for (int64_t e : tr.routes[q]) {
+      if (e / el == rank) tr.want_count[e % el]++;
+    }
+  }
+  return tr;
+}
+
+void AddByteStats(const Traffic& tr, int rank, std::vector<double>* st) {
+  std::vector<double>& s = *st;
+  for (int p = 0; p < static_cast<int>(tr.pairs.size()); p++) {
+    if (p == rank) continue;
+    s[kBytesDisp] += tr.pairs[rank][p] * static_cast<double>(tr.row_disp);
+    s[kBytesDispDedup] += tr.toks[rank][p] * static_cast<double>(tr.row_disp);
+    s[kBytesComb] += tr.pairs[rank][p] * static_cast<double>(tr.row_comb);
+    s[kBytesCombDedup] += tr.toks[rank][p] * static_cast<double>(tr.row_comb);
+  }
+  s[kBytesPeer] = s[kBytesDisp];
+}
+
+}  // namespace mep_bench

@@ -1,0 +1,59 @@
+// bench_case.h: one measured (dispatch dtype, hidden, tokens) case: the
+// deterministic routing of every rank, the bytes it moves between ranks,
+// the rows each local expert must receive, and the per-rank numbers
+// gathered to rank 0 (laid out by Stat).
+#ifndef MOE_EP_TOOLS_BENCH_BENCH_CASE_H_
+#define MOE_EP_TOOLS_BENCH_BENCH_CASE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace mep_bench {
+
+// Per-rank numbers of one case: kTimes (p50, p99) pairs, then bytes, then
+// host microseconds per iteration.
+enum Stat {
+  kDisp, kComb, kDSend, kDRecv, kCSend, kCRecv, kA2aD, kA2aC, kPeer, kA2aDedup,  // p50, p99
+  kTimes = 10,
+  kBytesDisp = 2 * kTimes, kBytesDispDedup, kBytesComb, kBytesCombDedup, kBytesPeer,
+  kHostUsFull, kHostUsHalves,
+  kNumStats
+};
+extern const char* const kTimeNames[kTimes];
+
+struct Case {
+  int fp8, hidden, tokens;
+  std::vector<double> all;  // [world][kNumStats]
+};
+
+// Deterministic random numbers (splitmix64: the same on every machine).
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed) : s(seed) {}
+  uint64_t Next();
+  double Uniform();
+  uint32_t Below(uint32_t n);
+};
+uint64_t Mix(uint64_t a, uint64_t b, uint64_t c);
+uint16_t ToBf16(float f);
+
+// Uniform top-k distinct experts per token, for rank `rank`.
+std::vector<int64_t> Routing(uint64_t seed, int rank, int tokens, int top_k, int experts);
+
+// What one case moves, known to every rank from the seed.
+struct Traffic {
+  size_t row_disp = 0, row_comb = 0;         // bytes of one dispatch / combine row
+  std::vector<std::vector<int64_t>> routes;  // [rank][tokens * top_k]
+  // pairs[q][p]: (token, k) pairs rank q sends to rank p; toks: tokens.
+  std::vector<std::vector<int64_t>> pairs, toks;
+  std::vector<int32_t> want_count;  // [local experts]: rows this rank receives
+};
+Traffic MakeTraffic(uint64_t seed, int rank, int world, int tokens, int hidden, int top_k,
+                    int experts, int fp8);
+// The byte counts of `rank` into st (kBytes*).
+void AddByteStats(const Traffic& tr, int rank, std::vector<double>* st);
+
+}  // namespace mep_bench
+
+#endif  // MOE_EP_TOOLS_BENCH_BENCH_CASE_H_
