@@ -37,7 +37,7 @@ struct GroupCtx {
   }
 };
 
-bool run_hook(Ctx& c, uint64_t seed, const char* what, moe_ep_hook_t* hook) {
+bool run_hook(Ctx& c, uint64_t seed, const std::string& what, moe_ep_hook_t* hook) {
   bool ok = expect_status(c, seed, what, c.api->hook_run(hook, nullptr), MOE_EP_OK);
   c.api->hook_free(hook);
   return ok;
@@ -112,6 +112,24 @@ bool busy_peer_run(Ctx& parent, int run) {
   return c.failures == 0;
 }
 
+// Both groups' send halves in this rank's order, then both hooks.
+bool deferred_pair(Ctx* ctx[2], LlCall* call[2], uint64_t seed, bool combine) {
+  std::string op = combine ? "combine" : "dispatch";
+  moe_ep_hook_t* hook[2] = {nullptr, nullptr};
+  for (int i = 0; i < 2; i++) {
+    moe_ep_status_t st = combine ? call[i]->combine(MOE_EP_FLAG_DEFER_RECV, &hook[i])
+                                 : call[i]->dispatch(MOE_EP_FLAG_DEFER_RECV, &hook[i]);
+    if (!expect_status(*ctx[i], seed, (i ? "second group's " : "first group's ") + op, st,
+                       MOE_EP_OK)) {
+      return false;
+    }
+  }
+  for (int i = 0; i < 2; i++) {
+    if (!run_hook(*ctx[i], seed, op + " hook", hook[i])) return false;
+  }
+  return true;
+}
+
 // One run of pattern (b): two live groups; rank 0 issues A then B, the
 // other ranks B then A, every half deferred.
 bool two_groups_run(Ctx& parent, int run) {
@@ -123,7 +141,7 @@ bool two_groups_run(Ctx& parent, int run) {
   GroupCtx b(parent, gb);
   auto& layer = parent.opt.layers[0];
   uint64_t seed = 900 + 2 * static_cast<uint64_t>(run);
-  // Destroyed before the groups (members declared after them).
+  // Declared after the groups, so destroyed before them.
   LlCall call_a(a.ctx, problem_for(a.ctx, layer.first, layer.second, Generator::kUniform), seed);
   LlCall call_b(b.ctx, problem_for(b.ctx, layer.first, layer.second, Generator::kSkewed),
                 seed + 1);
@@ -131,28 +149,13 @@ bool two_groups_run(Ctx& parent, int run) {
   bool a_first = parent.rank == 0;
   Ctx* ctx[2] = {a_first ? &a.ctx : &b.ctx, a_first ? &b.ctx : &a.ctx};
   LlCall* call[2] = {a_first ? &call_a : &call_b, a_first ? &call_b : &call_a};
-  moe_ep_hook_t* hook[2] = {nullptr, nullptr};
+  if (!deferred_pair(ctx, call, seed, false)) return false;
   for (int i = 0; i < 2; i++) {
-    if (!expect_status(*ctx[i], seed, i ? "second group's dispatch" : "first group's dispatch",
-                       call[i]->dispatch(MOE_EP_FLAG_DEFER_RECV, &hook[i]), MOE_EP_OK)) {
-      return false;
-    }
-  }
-  for (int i = 0; i < 2; i++) {
-    if (!run_hook(*ctx[i], seed, "dispatch hook", hook[i])) return false;
     call[i]->check_dispatch();
     call[i]->make_y();
   }
-  for (int i = 0; i < 2; i++) {
-    if (!expect_status(*ctx[i], seed, i ? "second group's combine" : "first group's combine",
-                       call[i]->combine(MOE_EP_FLAG_DEFER_RECV, &hook[i]), MOE_EP_OK)) {
-      return false;
-    }
-  }
-  for (int i = 0; i < 2; i++) {
-    if (!run_hook(*ctx[i], seed, "combine hook", hook[i])) return false;
-    call[i]->check_combine();
-  }
+  if (!deferred_pair(ctx, call, seed, true)) return false;
+  for (int i = 0; i < 2; i++) call[i]->check_combine();
   return a.ctx.failures == 0 && b.ctx.failures == 0;
 }
 
