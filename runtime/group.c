@@ -290,7 +290,8 @@ int mep_group_device(const moe_ep_group_t *g) {
 }
 
 int mep_status_is_fatal(moe_ep_status_t st) {
-  return st == MOE_EP_ERR_PEER_FAILED || st == MOE_EP_ERR_TIMEOUT ||
+  /* MISMATCH from an operation: the ranks are out of step (host backend). */
+  return st == MOE_EP_ERR_PEER_FAILED || st == MOE_EP_ERR_TIMEOUT || st == MOE_EP_ERR_MISMATCH ||
          st == MOE_EP_ERR_UCX || st == MOE_EP_ERR_CUDA ||
          st == MOE_EP_ERR_NCCL || st == MOE_EP_ERR_INTERNAL;
 }

@@ -2,6 +2,7 @@
  * across processes. Each token goes once to each destination rank (a row
  * carrying its local expert ids); the receiver fans rows out to expert
  * slots in (source rank, token) order, so layouts are deterministic. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,6 +13,7 @@
 #include "runtime/group.h"
 #include "runtime/host/host_layout.h"
 #include "runtime/host/host_mesh.h"
+#include "runtime/nccl/layout_book.h"
 #include "runtime/validate.h"
 
 typedef struct host_state {
@@ -19,11 +21,14 @@ typedef struct host_state {
   mep_host_layout_t layout;
   uint8_t *staging;  /* one destination's rows */
   uint64_t *counts;  /* [R] stable sources of the row-count puts */
+  mep_layout_book_t book; /* which dispatch's layout each buffer set holds */
 } host_state_t;
 
 /* Per-handle record of every received slot: (source rank, token, k) for
  * LL, (source rank, token, ordinal among the token's ranks) for HT. */
 typedef struct slot_table {
+  int32_t set;  /* buffer set and operation number of the dispatch */
+  uint64_t seq;
   int64_t n;
   int32_t num_experts;
   int32_t *expert_start; /* [E_l + 1], LL */
@@ -178,11 +183,13 @@ static moe_ep_status_t dispatch_send(moe_ep_group_t *g, mep_op_t *op) {
 
 static moe_ep_status_t wait_all(moe_ep_group_t *g, mep_op_t *op, int combine) {
   host_state_t *hs = g->impl;
+  char what[64];
+  snprintf(what, sizeof what, "%s (operation %llu, buffer set %d)",
+           combine ? "combine" : "dispatch", (unsigned long long)op->seq, op->buffer_set);
   for (int s = 0; s < g->world_size; s++) {
     size_t off = combine ? mep_host_off_combine_flag(&hs->layout, op->buffer_set, s)
                          : mep_host_off_dispatch_flag(&hs->layout, op->buffer_set, s);
-    MEP_CHECK(mep_host_mesh_wait(hs->mesh, off, op->seq + 1, s,
-                                 combine ? "combine" : "dispatch"));
+    MEP_CHECK(mep_host_mesh_wait(hs->mesh, off, op->seq + 1, s, what));
   }
   return MOE_EP_OK;
 }
@@ -414,20 +421,40 @@ static moe_ep_status_t combine_recv(moe_ep_group_t *g, mep_op_t *op) {
   return MOE_EP_OK;
 }
 
+/* A later dispatch on the handle's buffer set replaced its layout (the
+ * header's promise, as on the nccl backend): combine is refused before
+ * anything is sent, so the group stays usable. */
 static moe_ep_status_t host_send(moe_ep_group_t *g, mep_op_t *op) {
-  mep_host_mesh_begin(((host_state_t *)g->impl)->mesh);
-  return op->kind == MEP_OP_DISPATCH ? dispatch_send(g, op) : combine_send(g, op);
+  host_state_t *hs = g->impl;
+  if (op->kind == MEP_OP_COMBINE) {
+    const slot_table_t *tab = op->handle->backend;
+    MEP_CHECK(mep_layout_book_check(&hs->book, g->rank, tab->set, tab->seq));
+  }
+  mep_host_mesh_begin(hs->mesh);
+  if (op->kind == MEP_OP_COMBINE) return combine_send(g, op);
+  return mep_layout_book_record(&hs->book, op->buffer_set, op->seq, dispatch_send(g, op));
 }
 
-static moe_ep_status_t host_recv(moe_ep_group_t *g, mep_op_t *op) {
-  mep_host_mesh_begin(((host_state_t *)g->impl)->mesh);
+static moe_ep_status_t recv_half(moe_ep_group_t *g, mep_op_t *op) {
   if (op->kind == MEP_OP_COMBINE) return combine_recv(g, op);
   mep_row_layout_t rl;
   row_layout_for(g, op, &rl);
   MEP_CHECK(wait_all(g, op, 0));
   MEP_CHECK(check_rows(g, op, &rl, combine_width(g, op)));
-  return op->mode == MOE_EP_MODE_LOW_LATENCY ? dispatch_recv_ll(g, op, &rl)
-                                             : dispatch_recv_ht(g, op, &rl);
+  MEP_CHECK(op->mode == MOE_EP_MODE_LOW_LATENCY ? dispatch_recv_ll(g, op, &rl)
+                                                : dispatch_recv_ht(g, op, &rl));
+  slot_table_t *tab = op->handle->backend;
+  tab->set = op->buffer_set;
+  tab->seq = op->seq;
+  return MOE_EP_OK;
+}
+
+static moe_ep_status_t host_recv(moe_ep_group_t *g, mep_op_t *op) {
+  mep_host_mesh_t *mesh = ((host_state_t *)g->impl)->mesh;
+  mep_host_mesh_begin(mesh);
+  moe_ep_status_t st = recv_half(g, op);
+  mep_host_mesh_reads_done(mesh);
+  return st;
 }
 
 static moe_ep_status_t host_poll_error(moe_ep_group_t *g) { return MOE_EP_OK; }

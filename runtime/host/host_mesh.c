@@ -1,53 +1,48 @@
-/* host_mesh.c: the sending side of the host mesh: a full mesh of UCX
- * endpoints, puts and signals as active messages (see host_mesh_recv.c for
- * the receiver), local completion, and bounded waits on local signals.
+/* host_mesh.c: the host mesh's lifecycle: its own UCX context and worker
+ * (the data path never depends on the bootstrap's worker being
+ * progressed), endpoints to every rank wired up eagerly with a round trip
+ * in group_create, the progress thread, and an orderly goodbye at destroy
+ * so peers can tell a rank that left from one that died.
  * Active messages rather than RMA: UCX 1.13 emulates RMA over TCP with
  * acknowledgements, and an acknowledgement to a peer that just died aborts
  * the process inside UCX; a failed active message is only a failed request. */
-#define _GNU_SOURCE /* clock_gettime, posix_memalign under -std=c11 */
-#include "runtime/host/host_mesh_impl.h"
-
-#include <sched.h>
+#define _GNU_SOURCE /* posix_memalign under -std=c11 */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <ucp/api/ucp.h>
 
 #include "runtime/error.h"
+#include "runtime/host/host_mesh_impl.h"
 #include "runtime/log.h"
 
 #define BLOB_MAX 4096 /* worker address exchange slot */
-
-static int64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
+/* Bound on destroy's goodbye: peers that do not answer are gone or stuck. */
+#define GOODBYE_MAX_MS 2000
 
 static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status) {
   mep_host_peer_t *p = arg;
-  p->failed = 1;
-  p->fail_status = status;
-  if (p->mesh->first_failed < 0) p->mesh->first_failed = (int)(p - p->mesh->peers);
-}
-
-static moe_ep_status_t peer_failed_error(mep_host_mesh_t *m, int peer,
-                                         const char *what) {
-  return mep_error(MOE_EP_ERR_PEER_FAILED,
-                   "%s: rank %d lost its connection to rank %d (%s); the peer "
-                   "process died or closed the group",
-                   what, m->rank, peer, ucs_status_string(m->peers[peer].fail_status));
+  struct mep_host_mesh *m = p->mesh;
+  pthread_mutex_lock(&m->lock);
+  if (!p->failed) {
+    p->failed = 1;
+    p->fail_status = status;
+    if (m->first_failed < 0) m->first_failed = (int)(p - m->peers);
+  }
+  pthread_cond_broadcast(&m->cond);
+  pthread_mutex_unlock(&m->lock);
+  MEP_LOG_DEBUG("host", "rank %d: endpoint to rank %d failed: %s", m->rank,
+                (int)(p - m->peers), ucs_status_string(status));
 }
 
 /* Allgathers a variable-size blob (a worker address) in fixed slots. */
-static moe_ep_status_t allgather_blob(mep_host_mesh_t *m, const void *blob,
+static moe_ep_status_t allgather_blob(mep_bootstrap_t *bs, int world, const void *blob,
                                       size_t len, uint8_t **all) {
   if (len + sizeof(uint64_t) > BLOB_MAX) {
     return mep_error(MOE_EP_ERR_UCX, "host mesh: UCX blob of %zu bytes exceeds %d",
                      len, BLOB_MAX);
   }
   uint8_t *mine = calloc(1, BLOB_MAX);
-  *all = calloc((size_t)m->world, BLOB_MAX);
+  *all = calloc((size_t)world, BLOB_MAX);
   if (mine == NULL || *all == NULL) {
     free(mine);
     free(*all);
@@ -57,7 +52,7 @@ static moe_ep_status_t allgather_blob(mep_host_mesh_t *m, const void *blob,
   uint64_t l = len;
   memcpy(mine, &l, sizeof(l));
   memcpy(mine + sizeof(l), blob, len);
-  moe_ep_status_t st = mep_bootstrap_allgather(m->bs, mine, *all, BLOB_MAX);
+  moe_ep_status_t st = mep_bootstrap_allgather(bs, mine, *all, BLOB_MAX);
   free(mine);
   if (st != MOE_EP_OK) {
     free(*all);
@@ -66,7 +61,30 @@ static moe_ep_status_t allgather_blob(mep_host_mesh_t *m, const void *blob,
   return st;
 }
 
-static moe_ep_status_t connect_peers(mep_host_mesh_t *m) {
+/* A context of the mesh's own: WAKEUP lets the progress thread sleep on
+ * the worker's event fd. The worker is SERIALIZED: the API thread uses it
+ * before the progress thread starts and after it joined, never at once. */
+static moe_ep_status_t open_worker(struct mep_host_mesh *m) {
+  ucp_params_t cp = {.field_mask = UCP_PARAM_FIELD_FEATURES,
+                     .features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP};
+  ucs_status_t us = ucp_init(&cp, NULL, &m->context);
+  if (us != UCS_OK) {
+    m->context = NULL;
+    return mep_error(MOE_EP_ERR_UCX, "host mesh: rank %d: ucp_init failed: %s", m->rank,
+                     ucs_status_string(us));
+  }
+  ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                            .thread_mode = UCS_THREAD_MODE_SERIALIZED};
+  us = ucp_worker_create(m->context, &wp, &m->worker);
+  if (us != UCS_OK) {
+    m->worker = NULL;
+    return mep_error(MOE_EP_ERR_UCX, "host mesh: rank %d: ucp_worker_create failed: %s",
+                     m->rank, ucs_status_string(us));
+  }
+  return MOE_EP_OK;
+}
+
+static moe_ep_status_t connect_peers(struct mep_host_mesh *m, mep_bootstrap_t *bs) {
   ucp_address_t *addr;
   size_t addr_len;
   ucs_status_t us = ucp_worker_get_address(m->worker, &addr, &addr_len);
@@ -75,7 +93,7 @@ static moe_ep_status_t connect_peers(mep_host_mesh_t *m) {
                      ucs_status_string(us));
   }
   uint8_t *all;
-  moe_ep_status_t st = allgather_blob(m, addr, addr_len, &all);
+  moe_ep_status_t st = allgather_blob(bs, m->world, addr, addr_len, &all);
   ucp_worker_release_address(m->worker, addr);
   if (st != MOE_EP_OK) return st;
   for (int p = 0; p < m->world && st == MOE_EP_OK; p++) {
@@ -97,8 +115,53 @@ static moe_ep_status_t connect_peers(mep_host_mesh_t *m) {
   return st;
 }
 
-static moe_ep_status_t alloc_region(mep_host_mesh_t *m) {
+/* Waits (lock held) until `done(peer)` holds for every rank or the
+ * deadline passes; returns the first rank it does not hold for, or -1. */
+static int wait_every_peer(struct mep_host_mesh *m, int (*done)(const mep_host_peer_t *),
+                           int64_t deadline) {
+  for (;;) {
+    int missing = -1;
+    for (int p = 0; p < m->world && missing < 0; p++) {
+      if (!done(&m->peers[p])) missing = p;
+    }
+    if (missing < 0 || mep_host_now_ns() > deadline) return missing;
+    struct timespec ts = {deadline / 1000000000LL, deadline % 1000000000LL};
+    pthread_cond_timedwait(&m->cond, &m->lock, &ts);
+  }
+}
+
+static int acked_or_lost(const mep_host_peer_t *p) { return p->acked || p->failed; }
+
+/* A round trip with every rank (self included) before group_create
+ * returns: each endpoint is connected both ways before the first
+ * operation, and a rank that cannot be reached fails group_create. */
+static moe_ep_status_t wire_up(struct mep_host_mesh *m) {
+  for (int p = 0; p < m->world; p++) {
+    MEP_CHECK(mep_host_mesh_enqueue(m, p, MEP_HOST_MSG_HELLO, 0, 0, NULL, 0, 1));
+  }
+  int64_t deadline = mep_host_now_ns() + (int64_t)m->timeout_ms * 1000000LL;
+  moe_ep_status_t st = MOE_EP_OK;
+  pthread_mutex_lock(&m->lock);
+  int missing = wait_every_peer(m, acked_or_lost, deadline);
+  if (missing >= 0) {
+    st = mep_error(MOE_EP_ERR_BOOTSTRAP,
+                   "group_create: rank %d could not reach rank %d over the host data path: "
+                   "rank %d did not answer the wire-up message within timeouts.kernel_ms=%d",
+                   m->rank, missing, missing, m->timeout_ms);
+  } else if (m->first_failed >= 0) {
+    st = mep_error(MOE_EP_ERR_BOOTSTRAP,
+                   "group_create: rank %d could not connect to rank %d over the host data "
+                   "path: %s",
+                   m->rank, m->first_failed,
+                   ucs_status_string(m->peers[m->first_failed].fail_status));
+  }
+  pthread_mutex_unlock(&m->lock);
+  return st;
+}
+
+static moe_ep_status_t alloc_region(struct mep_host_mesh *m) {
   if (posix_memalign((void **)&m->region, 4096, m->region_bytes) != 0) {
+    m->region = NULL;
     return mep_error(MOE_EP_ERR_NO_MEMORY,
                      "host mesh: cannot allocate %zu bytes of buffers", m->region_bytes);
   }
@@ -106,29 +169,49 @@ static moe_ep_status_t alloc_region(mep_host_mesh_t *m) {
   return MOE_EP_OK;
 }
 
+static moe_ep_status_t init_sync(struct mep_host_mesh *m) {
+  pthread_condattr_t ca;
+  if (pthread_condattr_init(&ca) != 0) goto out_fail;
+  int ok = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
+           pthread_cond_init(&m->cond, &ca) == 0;
+  pthread_condattr_destroy(&ca);
+  if (!ok) goto out_fail;
+  if (pthread_mutex_init(&m->lock, NULL) != 0) {
+    pthread_cond_destroy(&m->cond);
+    goto out_fail;
+  }
+  m->lock_ready = 1;
+  return MOE_EP_OK;
+out_fail:
+  return mep_error(MOE_EP_ERR_INTERNAL, "host mesh: rank %d cannot create its lock", m->rank);
+}
+
 moe_ep_status_t mep_host_mesh_create(mep_bootstrap_t *bs, size_t region_bytes,
                                      int timeout_ms, mep_host_mesh_t **out) {
   mep_host_mesh_t *m = calloc(1, sizeof(*m));
   if (m == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "host mesh: out of memory");
-  m->bs = bs;
-  m->worker = mep_bootstrap_ucp_worker(bs);
   m->rank = mep_bootstrap_rank(bs);
   m->world = mep_bootstrap_world_size(bs);
   m->timeout_ms = timeout_ms;
   m->region_bytes = region_bytes;
   m->first_failed = -1;
+  m->epoll_fd = m->wake_fd = m->worker_fd = -1;
   m->peers = calloc((size_t)m->world, sizeof(mep_host_peer_t));
+  m->last_op = calloc((size_t)m->world, sizeof(uint64_t));
   for (int p = 0; m->peers != NULL && p < m->world; p++) m->peers[p].mesh = m;
   moe_ep_status_t st;
-  if (m->peers == NULL) {
+  if (m->peers == NULL || m->last_op == NULL) {
     st = mep_error(MOE_EP_ERR_NO_MEMORY, "host mesh: out of memory");
     goto out_destroy;
   }
+  MEP_CHECK_GOTO(init_sync(m), st, out_destroy);
   MEP_CHECK_GOTO(alloc_region(m), st, out_destroy);
+  MEP_CHECK_GOTO(open_worker(m), st, out_destroy);
+  /* The handler is in place before any peer learns this worker's address. */
   MEP_CHECK_GOTO(mep_host_mesh_recv_start(m), st, out_destroy);
-  MEP_CHECK_GOTO(connect_peers(m), st, out_destroy);
-  /* Nobody may put into a peer before its region is registered. */
-  MEP_CHECK_GOTO(mep_bootstrap_barrier(bs), st, out_destroy);
+  MEP_CHECK_GOTO(connect_peers(m, bs), st, out_destroy);
+  MEP_CHECK_GOTO(mep_host_mesh_thread_start(m), st, out_destroy);
+  MEP_CHECK_GOTO(wire_up(m), st, out_destroy);
   *out = m;
   return MOE_EP_OK;
 out_destroy:
@@ -136,20 +219,33 @@ out_destroy:
   return st;
 }
 
-static void release_request(mep_host_mesh_t *m, size_t i) {
-  ucp_request_free(m->reqs[i]);
-  free(m->req_hdr[i]);
-  m->nreqs--;
-  m->reqs[i] = m->reqs[m->nreqs];
-  m->req_hdr[i] = m->req_hdr[m->nreqs];
-  m->req_peer[i] = m->req_peer[m->nreqs];
+static int goodbye_done(const mep_host_peer_t *p) {
+  return p->bye_acked || p->said_bye || p->failed || p->ep == NULL;
 }
 
-/* Teardown order matters: endpoints first (UCX may still read the headers
- * of unfinished sends), then those sends, then any rendezvous data still
- * landing in the region, and only then the region itself. */
-void mep_host_mesh_destroy(mep_host_mesh_t *m) {
-  if (m == NULL) return;
+/* Tells every peer this rank is leaving, and waits (bounded) until each
+ * one has seen it or is leaving too, so a peer still in an operation
+ * reports "left", not "died". */
+static void say_goodbye(struct mep_host_mesh *m) {
+  for (int p = 0; p < m->world; p++) {
+    if (p == m->rank) continue;
+    if (mep_host_mesh_enqueue(m, p, MEP_HOST_MSG_BYE, 0, 0, NULL, 0, 0) != MOE_EP_OK) return;
+  }
+  int64_t ms = m->timeout_ms < GOODBYE_MAX_MS ? m->timeout_ms : GOODBYE_MAX_MS;
+  pthread_mutex_lock(&m->lock);
+  m->peers[m->rank].bye_acked = 1; /* nobody to tell */
+  int missing = wait_every_peer(m, goodbye_done, mep_host_now_ns() + ms * 1000000LL);
+  pthread_mutex_unlock(&m->lock);
+  if (missing >= 0) {
+    MEP_LOG_DEBUG("host", "rank %d: rank %d did not answer the goodbye within %lld ms",
+                  m->rank, missing, (long long)ms);
+  }
+}
+
+/* Runs on the API thread once the progress thread has joined: endpoints
+ * first (UCX completes or cancels their sends, which frees the queued
+ * commands), then rendezvous data still landing in the region. */
+static void close_endpoints(struct mep_host_mesh *m) {
   for (int p = 0; m->peers != NULL && p < m->world; p++) {
     if (m->peers[p].ep == NULL) continue;
     /* Force close: a peer may already be gone, so never wait on it. */
@@ -157,149 +253,44 @@ void mep_host_mesh_destroy(mep_host_mesh_t *m) {
                                .flags = UCP_EP_CLOSE_FLAG_FORCE};
     void *req = ucp_ep_close_nbx(m->peers[p].ep, &prm);
     if (UCS_PTR_IS_PTR(req)) {
-      int64_t deadline = now_ns() + 1000000000LL;
-      while (ucp_request_check_status(req) == UCS_INPROGRESS && now_ns() < deadline) {
+      int64_t deadline = mep_host_now_ns() + 1000000000LL;
+      while (ucp_request_check_status(req) == UCS_INPROGRESS && mep_host_now_ns() < deadline) {
         ucp_worker_progress(m->worker);
       }
       ucp_request_free(req);
     }
+    m->peers[p].ep = NULL;
   }
-  while (m->nreqs > 0) {
-    ucp_request_cancel(m->worker, m->reqs[0]);
-    release_request(m, 0);
-  }
-  free(m->reqs);
-  free(m->req_hdr);
-  free(m->req_peer);
-  int64_t deadline = now_ns() + 1000000000LL;
+  int64_t deadline = mep_host_now_ns() + 1000000000LL;
   for (int r = 0; m->sources != NULL && r < m->world; r++) {
-    while (m->sources[r].inflight > 0 && now_ns() < deadline) ucp_worker_progress(m->worker);
+    while (m->sources[r].inflight > 0 && mep_host_now_ns() < deadline) {
+      ucp_worker_progress(m->worker);
+    }
+  }
+}
+
+void mep_host_mesh_destroy(mep_host_mesh_t *m) {
+  if (m == NULL) return;
+  if (m->thread_started) say_goodbye(m);
+  mep_host_mesh_thread_stop(m);
+  if (m->worker != NULL) close_endpoints(m);
+  /* Sends queued but never issued (the thread stopped first). */
+  while (m->queue_head != NULL) {
+    mep_host_cmd_t *next = m->queue_head->next;
+    free(m->queue_head);
+    m->queue_head = next;
   }
   mep_host_mesh_recv_stop(m);
+  if (m->worker != NULL) ucp_worker_destroy(m->worker);
+  if (m->context != NULL) ucp_cleanup(m->context);
+  if (m->lock_ready) {
+    pthread_cond_destroy(&m->cond);
+    pthread_mutex_destroy(&m->lock);
+  }
   free(m->region);
   free(m->peers);
+  free(m->last_op);
   free(m);
 }
 
 uint8_t *mep_host_mesh_local(mep_host_mesh_t *m) { return m->region; }
-
-void mep_host_mesh_begin(mep_host_mesh_t *m) {
-  m->deadline_ns = now_ns() + (int64_t)m->timeout_ms * 1000000LL;
-}
-
-/* Keeps a send (and its header, which UCX reads until the send completes). */
-static moe_ep_status_t track(mep_host_mesh_t *m, void *req, mep_host_msg_t *hdr, int peer,
-                             const char *what) {
-  if (req == NULL) {
-    free(hdr);
-    return MOE_EP_OK;
-  }
-  if (UCS_PTR_IS_ERR(req)) {
-    free(hdr);
-    if (m->peers[peer].failed) return peer_failed_error(m, peer, what);
-    return mep_error(MOE_EP_ERR_UCX, "%s to rank %d: %s", what, peer,
-                     ucs_status_string(UCS_PTR_STATUS(req)));
-  }
-  if (m->nreqs == m->reqcap) {
-    size_t cap = m->reqcap ? m->reqcap * 2 : 256;
-    void **grown = realloc(m->reqs, cap * sizeof(void *));
-    if (grown != NULL) m->reqs = grown;
-    mep_host_msg_t **grown_hdr = realloc(m->req_hdr, cap * sizeof(*grown_hdr));
-    if (grown_hdr != NULL) m->req_hdr = grown_hdr;
-    int *grown_peer = realloc(m->req_peer, cap * sizeof(int));
-    if (grown_peer != NULL) m->req_peer = grown_peer;
-    if (grown == NULL || grown_hdr == NULL || grown_peer == NULL) {
-      /* The send is in flight: wait for it rather than leak its header. */
-      while (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_worker_progress(m->worker);
-      ucp_request_free(req);
-      free(hdr);
-      return mep_error(MOE_EP_ERR_NO_MEMORY, "host mesh: out of memory");
-    }
-    m->reqcap = cap;
-  }
-  m->req_peer[m->nreqs] = peer;
-  m->req_hdr[m->nreqs] = hdr;
-  m->reqs[m->nreqs++] = req;
-  return MOE_EP_OK;
-}
-
-static moe_ep_status_t send_msg(mep_host_mesh_t *m, int peer, int kind, uint64_t offset,
-                                uint64_t value, const void *data, size_t bytes,
-                                const char *what) {
-  if (m->peers[peer].failed) return peer_failed_error(m, peer, what);
-  mep_host_msg_t *hdr = malloc(sizeof(*hdr));
-  if (hdr == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "host mesh: out of memory");
-  *hdr = (mep_host_msg_t){.offset = offset, .value = value, .src = m->rank, .kind = kind};
-  ucp_request_param_t prm = {.op_attr_mask = 0};
-  void *req = ucp_am_send_nbx(m->peers[peer].ep, MEP_HOST_AM_ID, hdr, sizeof(*hdr), data,
-                              bytes, &prm);
-  return track(m, req, hdr, peer, what);
-}
-
-moe_ep_status_t mep_host_mesh_put(mep_host_mesh_t *m, int peer, const void *src,
-                                  size_t bytes, size_t remote_off) {
-  if (bytes == 0) return MOE_EP_OK;
-  return send_msg(m, peer, MEP_HOST_MSG_PUT, remote_off, 0, src, bytes, "put");
-}
-
-moe_ep_status_t mep_host_mesh_signal(mep_host_mesh_t *m, int peer,
-                                     size_t remote_off, uint64_t value) {
-  return send_msg(m, peer, MEP_HOST_MSG_SIGNAL, remote_off, value, NULL, 0, "signal");
-}
-
-static moe_ep_status_t recv_error(mep_host_mesh_t *m, const char *what) {
-  return mep_error(MOE_EP_ERR_UCX, "%s: rank %d: %s", what, m->rank, m->recv_error_msg);
-}
-
-moe_ep_status_t mep_host_mesh_complete(mep_host_mesh_t *m, const char *what) {
-  int64_t deadline = m->deadline_ns;
-  moe_ep_status_t st = MOE_EP_OK;
-  size_t i = 0;
-  while (i < m->nreqs) {
-    ucs_status_t us = ucp_request_check_status(m->reqs[i]);
-    if (us == UCS_INPROGRESS) {
-      if (m->first_failed >= 0) return peer_failed_error(m, m->first_failed, what);
-      if (now_ns() > deadline) {
-        return mep_error(MOE_EP_ERR_TIMEOUT,
-                         "%s: rank %d's puts to rank %d did not complete within "
-                         "timeouts.kernel_ms=%d; rank %d is not receiving (it did not "
-                         "take part in the operation)",
-                         what, m->rank, m->req_peer[i], m->timeout_ms, m->req_peer[i]);
-      }
-      ucp_worker_progress(m->worker);
-      continue;
-    }
-    if (us != UCS_OK && st == MOE_EP_OK) {
-      int p = m->peers[m->req_peer[i]].failed ? m->req_peer[i] : m->first_failed;
-      st = p >= 0 ? peer_failed_error(m, p, what)
-                  : mep_error(MOE_EP_ERR_PEER_FAILED,
-                              "%s: rank %d's send to rank %d failed: %s (the peer died or "
-                              "closed the group)",
-                              what, m->rank, m->req_peer[i], ucs_status_string(us));
-    }
-    release_request(m, i);
-  }
-  return st;
-}
-
-moe_ep_status_t mep_host_mesh_wait(mep_host_mesh_t *m, size_t local_off,
-                                   uint64_t value, int peer, const char *what) {
-  const uint64_t *flag = (const uint64_t *)(m->region + local_off);
-  int64_t deadline = m->deadline_ns;
-  while (__atomic_load_n(flag, __ATOMIC_ACQUIRE) != value) {
-    /* Any lost peer dooms the collective operation, whoever we wait on. */
-    if (m->first_failed >= 0) return peer_failed_error(m, m->first_failed, what);
-    if (m->recv_error) return recv_error(m, what);
-    if (now_ns() > deadline) {
-      return mep_error(MOE_EP_ERR_TIMEOUT,
-                       "%s: rank %d waited timeouts.kernel_ms=%d for rank %d's "
-                       "signal (expected %llu, saw %llu); the peer did not "
-                       "take part in the operation",
-                       what, m->rank, m->timeout_ms, peer,
-                       (unsigned long long)value,
-                       (unsigned long long)__atomic_load_n(flag, __ATOMIC_ACQUIRE));
-    }
-    if (ucp_worker_progress(m->worker) == 0) sched_yield();
-  }
-  return m->recv_error ? recv_error(m, what) : MOE_EP_OK;
-}

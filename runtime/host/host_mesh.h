@@ -1,7 +1,9 @@
 /* host_mesh.h: the host backend's put/signal/wait transport over UCX: a
- * full mesh of endpoints on the bootstrap's worker, one region per rank,
- * puts and 64-bit signals to (peer, offset) carried as active messages, and
- * bounded waits on local signals. It mirrors the GPU transports' put +
+ * full mesh of endpoints on a UCX worker of the mesh's own, one region per
+ * rank, puts and 64-bit signals to (peer, offset) carried as active
+ * messages, and bounded waits on local signals. A progress thread of the
+ * mesh lands peers' data, so a rank's operation completes even while its
+ * peers are busy outside moe-ep. It mirrors the GPU transports' put +
  * signal design: a signal is seen only after the puts sent before it. */
 #ifndef MEP_HOST_MESH_H_
 #define MEP_HOST_MESH_H_
@@ -18,11 +20,14 @@ extern "C" {
 
 typedef struct mep_host_mesh mep_host_mesh_t;
 
-/* Collective: allocates `region_bytes` on every rank and connects to every
- * peer (self included). */
+/* Collective: allocates `region_bytes` on every rank, connects to every
+ * peer (self included) with a round trip each, and starts the progress
+ * thread; the worker's address is exchanged over the bootstrap. */
 moe_ep_status_t mep_host_mesh_create(mep_bootstrap_t *bs, size_t region_bytes,
                                      int timeout_ms, mep_host_mesh_t **out);
-void mep_host_mesh_destroy(mep_host_mesh_t *m); /* accepts NULL */
+/* Tells the peers this rank leaves, stops and joins the progress thread,
+ * frees everything. Accepts NULL. */
+void mep_host_mesh_destroy(mep_host_mesh_t *m);
 
 uint8_t *mep_host_mesh_local(mep_host_mesh_t *m);
 
@@ -42,9 +47,15 @@ moe_ep_status_t mep_host_mesh_signal(mep_host_mesh_t *m, int peer,
  * source buffers may be reused); bounded by the half's deadline. */
 moe_ep_status_t mep_host_mesh_complete(mep_host_mesh_t *m, const char *what);
 /* Waits until the local u64 at local_off equals value; `peer` is who
- * writes it (named in the error). Bounded by the half's deadline. */
+ * writes it (named in the error). Bounded by the half's deadline; fails at
+ * once (MOE_EP_ERR_MISMATCH) when `peer` has already signalled this
+ * operation elsewhere or a later one, since this signal cannot come. */
 moe_ep_status_t mep_host_mesh_wait(mep_host_mesh_t *m, size_t local_off,
                                    uint64_t value, int peer, const char *what);
+
+/* A receive half has finished reading the region: peers' later puts land
+ * after it. */
+void mep_host_mesh_reads_done(mep_host_mesh_t *m);
 
 #ifdef __cplusplus
 }

@@ -1,17 +1,32 @@
-/* host_mesh_impl.h: the host mesh's internal state, shared by the sending
- * side (host_mesh.c) and the active-message receiver (host_mesh_recv.c). */
+/* host_mesh_impl.h: the host mesh's internal state, shared by the API side
+ * (host_mesh.c), the progress thread (host_mesh_thread.c), the receiver it
+ * runs (host_mesh_recv.c) and the failure sentences (host_mesh_blame.c).
+ *
+ * Threading: while the progress thread runs, it alone calls into UCX (the
+ * worker, endpoints, requests) and writes the region; the API thread only
+ * queues commands and waits. Everything both threads touch is either under
+ * `lock` or an atomic (the region's signal words, `last_op`). */
 #ifndef MEP_HOST_MESH_IMPL_H_
 #define MEP_HOST_MESH_IMPL_H_
 
+#include <pthread.h>
 #include <stdint.h>
 #include <ucp/api/ucp.h>
 
 #include "runtime/host/host_mesh.h"
 
-/* The bootstrap owns active-message id 63 on the same worker. */
-#define MEP_HOST_AM_ID 62u
+/* The mesh has a UCX context and worker of its own, so the id only has to
+ * be unique within it. */
+#define MEP_HOST_AM_ID 1u
 
-enum { MEP_HOST_MSG_PUT = 1, MEP_HOST_MSG_SIGNAL = 2 };
+enum {
+  MEP_HOST_MSG_PUT = 1,
+  MEP_HOST_MSG_SIGNAL = 2,
+  MEP_HOST_MSG_HELLO = 3, /* wire-up probe; answered with HELLO_ACK */
+  MEP_HOST_MSG_HELLO_ACK = 4,
+  MEP_HOST_MSG_BYE = 5, /* the sender is destroying its group */
+  MEP_HOST_MSG_BYE_ACK = 6
+};
 
 /* Header of every data-path message: "write these bytes (or this 64-bit
  * value) at this offset of my region", from rank src. */
@@ -26,7 +41,7 @@ typedef struct mep_host_signal {
   uint64_t offset, value;
 } mep_host_signal_t;
 
-/* Per source rank on the receiving side: rendezvous receives still landing,
+/* Per source rank, progress thread only: rendezvous receives still landing,
  * and the signals that arrived behind them (applied once they land, so a
  * signal never overtakes the data it announces). */
 typedef struct mep_host_source {
@@ -37,35 +52,93 @@ typedef struct mep_host_source {
   size_t nqueued, capqueued;
 } mep_host_source_t;
 
+/* One queued send: the API thread fills it, the progress thread issues it;
+ * UCX reads `hdr` and `data` until the send completes. */
+typedef struct mep_host_cmd {
+  struct mep_host_mesh *mesh;
+  mep_host_msg_t hdr;
+  int peer;
+  const void *data;
+  size_t bytes;
+  int counted; /* completes one of the API thread's sends (not a HELLO_ACK) */
+  struct mep_host_cmd *next;
+} mep_host_cmd_t;
+
+/* What is known about a peer's connection; under the mesh lock. */
 typedef struct mep_host_peer {
   struct mep_host_mesh *mesh;
-  ucp_ep_h ep;
-  int failed; /* set by the endpoint error callback */
+  ucp_ep_h ep;             /* progress thread (or API thread when stopped) */
+  int failed;              /* the endpoint reported an error */
   ucs_status_t fail_status;
+  int said_bye;            /* it destroyed its group (BYE before the error) */
+  int acked;               /* it answered this rank's HELLO */
+  int bye_acked;           /* it saw this rank's BYE */
+  int send_failed;         /* a send to it completed with an error */
+  ucs_status_t send_status;
+  int64_t unsent;          /* counted sends to it not yet complete */
 } mep_host_peer_t;
 
 struct mep_host_mesh {
-  mep_bootstrap_t *bs;
-  ucp_worker_h worker;
   int rank, world;
   int timeout_ms;
-  int64_t deadline_ns; /* of the current send or receive half */
+  int64_t deadline_ns; /* of the current send or receive half; API thread */
   uint8_t *region;
   size_t region_bytes;
+  ucp_context_h context;
+  ucp_worker_h worker;
   int handler_set;
+  mep_host_source_t *sources; /* progress thread */
+  int landed;                 /* progress thread: a signal landed this round */
+  /* The highest operation number (signal value) applied from each source:
+   * signals from one source arrive in order, so a waiter that sees a later
+   * one knows the signal it waits for will never come. Atomic. */
+  uint64_t *last_op;
+  /* Receive halves that finished reading the region (release); the
+   * progress thread acquires it before landing a put, so a peer's later
+   * put into a set is ordered after this rank's reads of it, for
+   * ThreadSanitizer too (its real order comes from the protocol). */
+  uint64_t reads_done;
+
+  pthread_t thread;
+  int thread_started;
+  int epoll_fd, wake_fd, worker_fd;
+
+  pthread_mutex_t lock; /* guards everything below, and peers[] state */
+  pthread_cond_t cond;  /* broadcast when a signal lands or state changes */
+  int lock_ready;
+  mep_host_cmd_t *queue_head, *queue_tail;
+  int stop;
+  uint64_t issued, completed; /* counted sends */
   mep_host_peer_t *peers;
-  mep_host_source_t *sources;
-  int first_failed;        /* first peer whose endpoint failed, or -1 */
-  int recv_error;          /* a malformed message or failed receive */
+  int first_failed; /* first peer whose endpoint failed, or -1 */
+  int recv_error;   /* a malformed message or failed receive */
   char recv_error_msg[256];
-  void **reqs;             /* outstanding sends */
-  mep_host_msg_t **req_hdr; /* their headers (UCX reads them until done) */
-  int *req_peer;
-  size_t nreqs, reqcap;
 };
 
-/* host_mesh_recv.c */
+/* host_mesh_recv.c (progress thread) */
 moe_ep_status_t mep_host_mesh_recv_start(struct mep_host_mesh *m);
 void mep_host_mesh_recv_stop(struct mep_host_mesh *m);
+
+/* host_mesh_thread.c */
+moe_ep_status_t mep_host_mesh_thread_start(struct mep_host_mesh *m);
+void mep_host_mesh_thread_stop(struct mep_host_mesh *m); /* joins; accepts never started */
+/* Queues a send; `counted` sends are what mep_host_mesh_complete waits
+ * for. Takes the lock itself; the progress thread may call it too. */
+moe_ep_status_t mep_host_mesh_enqueue(struct mep_host_mesh *m, int peer, int kind,
+                                      uint64_t offset, uint64_t value, const void *data,
+                                      size_t bytes, int counted);
+/* Wakes waiters after the progress thread changed shared state. */
+void mep_host_mesh_notify(struct mep_host_mesh *m);
+int64_t mep_host_now_ns(void);
+
+/* host_mesh_blame.c: the failure sentences, each naming the reporting rank
+ * and the rank that failed. Called with the lock held. */
+moe_ep_status_t mep_host_blame_lost(struct mep_host_mesh *m, int peer, const char *what);
+moe_ep_status_t mep_host_blame_ahead(struct mep_host_mesh *m, int peer, uint64_t want,
+                                      uint64_t last, const char *what);
+moe_ep_status_t mep_host_blame_absent(struct mep_host_mesh *m, int peer, uint64_t want,
+                                      uint64_t last, const char *what);
+moe_ep_status_t mep_host_blame_not_receiving(struct mep_host_mesh *m, const char *what);
+moe_ep_status_t mep_host_blame_recv_error(struct mep_host_mesh *m, const char *what);
 
 #endif /* MEP_HOST_MESH_IMPL_H_ */

@@ -1,7 +1,8 @@
-/* host_mesh_recv.c: the receiving side of the host mesh: one active-message
- * handler writes incoming puts into the local region (eager data copied at
- * once, rendezvous data pulled straight into place) and applies signals
- * only after every earlier put from the same source has landed. */
+/* host_mesh_recv.c: the receiving side of the host mesh, run by the
+ * progress thread: one active-message handler writes incoming puts into
+ * the local region (eager data copied at once, rendezvous data pulled
+ * straight into place), applies signals only after every earlier put from
+ * the same source has landed, and notes wire-up and goodbye messages. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,21 +12,39 @@
 
 static void recv_fail(struct mep_host_mesh *m, const char *fmt, int src, uint64_t off,
                       uint64_t len) {
-  if (m->recv_error) return;
-  m->recv_error = 1;
-  snprintf(m->recv_error_msg, sizeof m->recv_error_msg, fmt, src, (unsigned long long)off,
-           (unsigned long long)len);
+  pthread_mutex_lock(&m->lock);
+  if (!m->recv_error) {
+    m->recv_error = 1;
+    snprintf(m->recv_error_msg, sizeof m->recv_error_msg, fmt, src, (unsigned long long)off,
+             (unsigned long long)len);
+    pthread_cond_broadcast(&m->cond);
+  }
+  pthread_mutex_unlock(&m->lock);
 }
 
-static void store_signal(struct mep_host_mesh *m, uint64_t off, uint64_t value) {
+/* The release store publishes the data the signal announces; last_op is
+ * stored after it, so a waiter that sees last_op reach its value and then
+ * re-reads the signal word sees the signal if it was ever sent. */
+static void store_signal(struct mep_host_mesh *m, int src, uint64_t off, uint64_t value) {
   __atomic_store_n((uint64_t *)(m->region + off), value, __ATOMIC_RELEASE);
+  if (value > __atomic_load_n(&m->last_op[src], __ATOMIC_RELAXED)) {
+    __atomic_store_n(&m->last_op[src], value, __ATOMIC_RELEASE);
+  }
+  m->landed = 1;
 }
 
 static void apply_queued(mep_host_source_t *s) {
   for (size_t i = 0; i < s->nqueued; i++) {
-    store_signal(s->mesh, s->queued[i].offset, s->queued[i].value);
+    store_signal(s->mesh, s->rank, s->queued[i].offset, s->queued[i].value);
   }
   s->nqueued = 0;
+}
+
+static int has_recv_error(struct mep_host_mesh *m) {
+  pthread_mutex_lock(&m->lock);
+  int e = m->recv_error;
+  pthread_mutex_unlock(&m->lock);
+  return e;
 }
 
 static void on_rndv_done(void *request, ucs_status_t status, size_t length,
@@ -37,7 +56,7 @@ static void on_rndv_done(void *request, ucs_status_t status, size_t length,
     recv_fail(s->mesh, "receiving rank %d's data at offset %llu (%llu bytes) failed", s->rank,
               0, length);
   }
-  if (--s->inflight == 0 && !s->mesh->recv_error) apply_queued(s);
+  if (--s->inflight == 0 && !has_recv_error(s->mesh)) apply_queued(s);
   ucp_request_free(request);
 }
 
@@ -56,6 +75,26 @@ static void queue_signal(mep_host_source_t *s, uint64_t off, uint64_t value) {
   s->queued[s->nqueued++] = (mep_host_signal_t){off, value};
 }
 
+/* HELLO, HELLO_ACK, BYE, BYE_ACK: connection state, no region access. */
+static void on_control(struct mep_host_mesh *m, const mep_host_msg_t *h) {
+  if (h->kind == MEP_HOST_MSG_HELLO || h->kind == MEP_HOST_MSG_BYE) {
+    int ack = h->kind == MEP_HOST_MSG_HELLO ? MEP_HOST_MSG_HELLO_ACK : MEP_HOST_MSG_BYE_ACK;
+    /* Queued, not sent from inside the handler; an out-of-memory failure
+     * leaves the peer to its bounded wait. */
+    (void)mep_host_mesh_enqueue(m, h->src, ack, 0, 0, NULL, 0, 0);
+  }
+  pthread_mutex_lock(&m->lock);
+  mep_host_peer_t *p = &m->peers[h->src];
+  if (h->kind == MEP_HOST_MSG_HELLO_ACK) p->acked = 1;
+  if (h->kind == MEP_HOST_MSG_BYE_ACK) p->bye_acked = 1;
+  if (h->kind == MEP_HOST_MSG_BYE) {
+    p->said_bye = 1;
+    if (m->first_failed < 0 && h->src != m->rank) m->first_failed = h->src;
+  }
+  pthread_cond_broadcast(&m->cond);
+  pthread_mutex_unlock(&m->lock);
+}
+
 static ucs_status_t on_message(void *arg, const void *header, size_t header_length,
                                void *data, size_t length, const ucp_am_recv_param_t *param) {
   struct mep_host_mesh *m = arg;
@@ -66,19 +105,28 @@ static ucs_status_t on_message(void *arg, const void *header, size_t header_leng
     return UCS_OK;
   }
   memcpy(&h, header, sizeof(h));
+  if (h.src < 0 || h.src >= m->world) {
+    recv_fail(m, "a message claimed to come from rank %d (offset %llu, %llu bytes)", h.src,
+              h.offset, length);
+    return UCS_OK;
+  }
+  if (h.kind != MEP_HOST_MSG_PUT && h.kind != MEP_HOST_MSG_SIGNAL) {
+    on_control(m, &h);
+    return UCS_OK;
+  }
   size_t span = h.kind == MEP_HOST_MSG_SIGNAL ? sizeof(uint64_t) : length;
-  if (h.src < 0 || h.src >= m->world || h.offset > m->region_bytes ||
-      span > m->region_bytes - h.offset) {
+  if (h.offset > m->region_bytes || span > m->region_bytes - h.offset) {
     recv_fail(m, "rank %d sent a put outside the region (offset %llu, %llu bytes)", h.src,
               h.offset, span);
     return UCS_OK;
   }
   mep_host_source_t *s = &m->sources[h.src];
+  if (h.kind == MEP_HOST_MSG_PUT) (void)__atomic_load_n(&m->reads_done, __ATOMIC_ACQUIRE);
   if (h.kind == MEP_HOST_MSG_SIGNAL) {
     if (s->inflight > 0) {
       queue_signal(s, h.offset, h.value);
     } else {
-      store_signal(m, h.offset, h.value);
+      store_signal(m, h.src, h.offset, h.value);
     }
     return UCS_OK;
   }
@@ -126,16 +174,9 @@ moe_ep_status_t mep_host_mesh_recv_start(struct mep_host_mesh *m) {
   return MOE_EP_OK;
 }
 
+/* After the progress thread stopped; the worker is destroyed next. */
 void mep_host_mesh_recv_stop(struct mep_host_mesh *m) {
-  if (m->handler_set) {
-    ucp_am_handler_param_t hp = {
-        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB,
-        .id = MEP_HOST_AM_ID,
-        .cb = NULL,
-    };
-    ucp_worker_set_am_recv_handler(m->worker, &hp);
-    m->handler_set = 0;
-  }
+  m->handler_set = 0;
   for (int r = 0; m->sources != NULL && r < m->world; r++) free(m->sources[r].queued);
   free(m->sources);
   m->sources = NULL;

@@ -4,6 +4,17 @@
 // (its log, printed here, names rank, seed, index, expected and got).
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -16,6 +27,7 @@ struct Case {
   const char* name;
   int world;
   std::vector<std::string> args;
+  int ports = 0;  // free bootstrap ports for the groups the scenario forms
 };
 
 std::string describe(const std::vector<RankExit>& exits) {
@@ -27,9 +39,57 @@ std::string describe(const std::vector<RankExit>& exits) {
   return s;
 }
 
+// A fresh folder for the workers' barriers outside moe-ep.
+std::string barrier_dir() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string pattern = std::string(tmp ? tmp : "/tmp") + "/barrier.XXXXXX";
+  std::vector<char> buf(pattern.begin(), pattern.end());
+  buf.push_back('\0');
+  const char* dir = mkdtemp(buf.data());
+  return dir ? dir : "/tmp";
+}
+
+// Ports below the kernel's ephemeral range: the many TCP connections the
+// groups open themselves take ephemeral local ports, and one of those (or
+// its TIME_WAIT) must not land on a port a later group listens on.
+int ephemeral_low() {
+  std::ifstream f("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 32768;
+  f >> low;
+  return low;
+}
+
+bool listenable(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  bool ok = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+            listen(fd, 1) == 0;
+  if (fd >= 0) close(fd);
+  return ok;
+}
+
+std::string distinct_ports(int n) {
+  int low = 10000, high = std::max(low + 4 * n, ephemeral_low());
+  std::mt19937 rng(static_cast<unsigned>(getpid()) ^ static_cast<unsigned>(time(nullptr)));
+  std::set<int> seen;
+  std::string list;
+  while (static_cast<int>(seen.size()) < n) {
+    int p = low + static_cast<int>(rng() % static_cast<unsigned>(high - low));
+    if (seen.count(p) || !listenable(p)) continue;
+    seen.insert(p);
+    list += (list.empty() ? "" : ",") + std::to_string(p);
+  }
+  return list;
+}
+
 std::vector<std::string> worker_argv(const Case& c) {
   std::vector<std::string> a = {runfile("tests/host/conformance_worker"),
-                                "--plugin=" + runfile("plugin/libmoe_ep.so")};
+                                "--plugin=" + runfile("plugin/libmoe_ep.so"),
+                                "--barrier_dir=" + barrier_dir()};
+  if (c.ports > 0) a.push_back("--ports=" + distinct_ports(c.ports));
   a.insert(a.end(), c.args.begin(), c.args.end());
   return a;
 }
@@ -93,6 +153,19 @@ const Case kCases[] = {
     {"abi_sizes_r2_fp8", 2, {"--scenario=abi", "--experts=8", "--max_tokens=16", "--dtype=fp8", "--layers=256:2"}},
     // set_logger: level and text delivered; NULL restores stderr.
     {"logger_r2", 2, {"--scenario=logger", "--experts=8", "--max_tokens=8", "--layers=128:2"}},
+    // Combine on a handle whose buffer set a later dispatch reused: refused.
+    {"reuse_r2_double_buffer", 2, {"--scenario=reuse", "--experts=8", "--max_tokens=8", "--layers=384:4"}},
+    {"reuse_r2_single_buffer", 2, {"--scenario=reuse", "--double_buffer=0", "--experts=8", "--max_tokens=8", "--layers=384:4"}},
+    // Rank 0 one operation ahead: rank 1 is told so at once; rank 0 then
+    // hears that rank 1 left (destroyed its group).
+    {"ahead_r2_single_buffer", 2, {"--scenario=ahead", "--double_buffer=0", "--experts=8", "--max_tokens=8", "--layers=128:2", "--kernel_ms=10000"}},
+    // The peer busy outside moe-ep between its send half and its hook (a
+    // barrier of the engine's own), 50 fresh groups, each run's first
+    // operation; then two live groups whose deferred dispatches interleave
+    // in opposite orders on the two ranks, 50 times. kernel_ms is short
+    // enough that a backend that needs the peer to call in times out.
+    {"busy_peer_r2_50_runs", 2, {"--scenario=busypeer", "--runs=50", "--experts=8", "--max_tokens=8", "--layers=7168:8", "--kernel_ms=3000"}, 50},
+    {"two_groups_r2_50_runs", 2, {"--scenario=twogroups", "--runs=50", "--experts=8", "--max_tokens=8", "--layers=7168:8", "--kernel_ms=3000"}, 100},
 };
 
 INSTANTIATE_TEST_SUITE_P(Host, Conformance, testing::ValuesIn(kCases),

@@ -32,6 +32,15 @@ struct Options {
   // only ("mixed"): the nccl backend then pre-reduces on the expert side
   // for the sources that sent weights.
   std::string dispatch_weights = "0";
+  bool double_buffer = true;
+  // Scenarios that form groups of their own: how many rounds, and a free
+  // bootstrap port for each group (a port cannot be reused at once: TCP
+  // TIME_WAIT).
+  int runs = 1;
+  std::vector<int> ports;
+  // Where ranks meet in a barrier outside moe-ep (files), as an engine's
+  // own collectives would make them wait.
+  std::string barrier_dir;
   int iterations = 200;  // scenario "threads": overlap rounds
   // LL: the group is configured bf16 and every dispatch names its own
   // format (dtype / scale above) in params->format.
@@ -75,6 +84,18 @@ void run_fault(Ctx& c);
 void run_skip(Ctx& c);
 void run_graph(Ctx& c);
 void run_routing(Ctx& c);
+void run_busy_peer(Ctx& c);    // worker_busy.cc
+void run_two_groups(Ctx& c);   // worker_busy.cc
+void run_ahead(Ctx& c);        // worker_blame.cc
+void run_reuse(Ctx& c);        // worker_reuse.cc
+
+// worker_outside.cc: what an engine does outside moe-ep.
+// All ranks meet at `name` (files under barrier_dir; polls with sleeps, so
+// it never calls into moe-ep). False (and a FAIL line) after 120 s.
+bool outside_barrier(Ctx& c, const std::string& name);
+// Forms a group of the same config on 127.0.0.1:port (nullptr and a FAIL
+// line on error); the caller destroys it.
+moe_ep_group_t* create_group_on_port(Ctx& c, int port);
 void run_threads(Ctx& c);
 void run_abi_sizes(Ctx& c);
 // The logger scenario: installed before group_create, checked after.

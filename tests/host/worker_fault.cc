@@ -1,6 +1,7 @@
 // worker_fault.cc: the last rank dies (SIGKILL) in the middle of a layer
 // call; every survivor must report MOE_EP_ERR_PEER_FAILED naming it within
-// the timeout, keep reporting it, and destroy the group cleanly.
+// the timeout, say that it died, keep reporting it, and destroy the group
+// cleanly.
 #include <chrono>
 #include <csignal>
 #include <string>
@@ -22,8 +23,11 @@ void run_fault(Ctx& c) {
   auto t0 = std::chrono::steady_clock::now();
   moe_ep_status_t st = call.dispatch(0, nullptr);
   double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  // Named as dead (its connection closed without a goodbye), by this rank.
   std::string want_rank = "rank " + std::to_string(victim);
-  expect_status(c, 22, "dispatch with a dead peer", st, MOE_EP_ERR_PEER_FAILED, want_rank.c_str());
+  std::string want_died = "rank " + std::to_string(c.rank) + " lost " + want_rank + ": " +
+                          want_rank + " died";
+  expect_status(c, 22, "dispatch with a dead peer", st, MOE_EP_ERR_PEER_FAILED, want_died.c_str());
   if (ms > c.opt.kernel_ms + 2000) {
     fail(c, 22, "dead peer detection", "took " + std::to_string(ms) + " ms, timeout is " +
                                            std::to_string(c.opt.kernel_ms) + " ms");

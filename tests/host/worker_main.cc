@@ -85,6 +85,7 @@ std::string config_yaml(const Options& o) {
     << "  dispatch_dtype: " << (o.dtype == "fp8" && !o.per_call_format ? "fp8_e4m3" : "bf16") << "\n"
     << "  fp8_scale: " << (o.per_call_format ? "f32" : o.scale) << "\n"
     << "  transport: " << o.transport << "\n"
+    << "  double_buffer: " << (o.double_buffer ? "true" : "false") << "\n"
     << "  log_level: " << o.log_level << "\n"
     << "  timeouts:\n    kernel_ms: " << o.kernel_ms << "\n"
     << "  bootstrap:\n    timeout_ms: 30000\n";
@@ -110,6 +111,14 @@ static bool parse(int argc, char** argv, Options* o) {
     else if (k == "kernel_ms") o->kernel_ms = std::atoi(v.c_str());
     else if (k == "transport") o->transport = v;
     else if (k == "dispatch_weights") o->dispatch_weights = v;
+    else if (k == "double_buffer") o->double_buffer = v == "1";
+    else if (k == "runs") o->runs = std::atoi(v.c_str());
+    else if (k == "barrier_dir") o->barrier_dir = v;
+    else if (k == "ports") {  // "40001,40002"
+      std::stringstream ss(v);
+      std::string item;
+      while (std::getline(ss, item, ',')) o->ports.push_back(std::atoi(item.c_str()));
+    }
     else if (k == "iterations") o->iterations = std::atoi(v.c_str());
     else if (k == "per_call_format") o->per_call_format = v == "1";
     else if (k == "round_scale") o->round_scale = v == "1";
@@ -149,6 +158,14 @@ static void run_scenario(Ctx& c) {
     run_abi_sizes(c);
   } else if (c.opt.scenario == "logger") {
     run_logger(c);
+  } else if (c.opt.scenario == "busypeer") {
+    run_busy_peer(c);
+  } else if (c.opt.scenario == "twogroups") {
+    run_two_groups(c);
+  } else if (c.opt.scenario == "ahead") {
+    run_ahead(c);
+  } else if (c.opt.scenario == "reuse") {
+    run_reuse(c);
   } else if (c.opt.ht) {
     run_ht_conformance(c);
   } else {

@@ -1,0 +1,116 @@
+/* host_mesh_ops.c: the API thread's side of the host mesh: puts and
+ * signals handed to the progress thread, and bounded waits (on a condition
+ * variable, never a spin) for their completion and for peers' signals. */
+#define _GNU_SOURCE /* clock_gettime under -std=c11 */
+#include <time.h>
+
+#include "runtime/error.h"
+#include "runtime/host/host_mesh_impl.h"
+
+void mep_host_mesh_reads_done(mep_host_mesh_t *m) {
+  __atomic_fetch_add(&m->reads_done, 1, __ATOMIC_RELEASE);
+}
+
+void mep_host_mesh_begin(mep_host_mesh_t *m) {
+  m->deadline_ns = mep_host_now_ns() + (int64_t)m->timeout_ms * 1000000LL;
+}
+
+/* Lock held. Sleeps until the progress thread reports something or the
+ * deadline passes; callers re-check their condition either way. */
+static void wait_for_news(mep_host_mesh_t *m, int64_t deadline) {
+  struct timespec ts = {deadline / 1000000000LL, deadline % 1000000000LL};
+  pthread_cond_timedwait(&m->cond, &m->lock, &ts);
+}
+
+static int lost(const mep_host_peer_t *p) { return p->failed || p->said_bye; }
+
+static moe_ep_status_t queue_send(mep_host_mesh_t *m, int peer, int kind, uint64_t offset,
+                                  uint64_t value, const void *data, size_t bytes,
+                                  const char *what) {
+  pthread_mutex_lock(&m->lock);
+  moe_ep_status_t st = lost(&m->peers[peer]) ? mep_host_blame_lost(m, peer, what) : MOE_EP_OK;
+  pthread_mutex_unlock(&m->lock);
+  if (st != MOE_EP_OK) return st;
+  return mep_host_mesh_enqueue(m, peer, kind, offset, value, data, bytes, 1);
+}
+
+moe_ep_status_t mep_host_mesh_put(mep_host_mesh_t *m, int peer, const void *src,
+                                  size_t bytes, size_t remote_off) {
+  if (bytes == 0) return MOE_EP_OK;
+  return queue_send(m, peer, MEP_HOST_MSG_PUT, remote_off, 0, src, bytes, "put");
+}
+
+moe_ep_status_t mep_host_mesh_signal(mep_host_mesh_t *m, int peer,
+                                     size_t remote_off, uint64_t value) {
+  return queue_send(m, peer, MEP_HOST_MSG_SIGNAL, remote_off, value, NULL, 0, "signal");
+}
+
+/* Lock held: the first send that failed, blamed on its peer. */
+static moe_ep_status_t send_failure(mep_host_mesh_t *m, const char *what) {
+  for (int p = 0; p < m->world; p++) {
+    if (!m->peers[p].send_failed) continue;
+    if (lost(&m->peers[p])) return mep_host_blame_lost(m, p, what);
+    return mep_error(MOE_EP_ERR_PEER_FAILED,
+                     "%s: rank %d's send to rank %d failed: %s (rank %d's connection "
+                     "is still up)",
+                     what, m->rank, p, ucs_status_string(m->peers[p].send_status), p);
+  }
+  return MOE_EP_OK;
+}
+
+moe_ep_status_t mep_host_mesh_complete(mep_host_mesh_t *m, const char *what) {
+  pthread_mutex_lock(&m->lock);
+  moe_ep_status_t st = MOE_EP_OK;
+  while (m->completed != m->issued) {
+    if (m->first_failed >= 0) {
+      st = mep_host_blame_lost(m, m->first_failed, what);
+      break;
+    }
+    if (mep_host_now_ns() > m->deadline_ns) {
+      st = mep_host_blame_not_receiving(m, what);
+      break;
+    }
+    wait_for_news(m, m->deadline_ns);
+  }
+  if (st == MOE_EP_OK) st = send_failure(m, what);
+  pthread_mutex_unlock(&m->lock);
+  return st;
+}
+
+moe_ep_status_t mep_host_mesh_wait(mep_host_mesh_t *m, size_t local_off,
+                                   uint64_t value, int peer, const char *what) {
+  const uint64_t *flag = (const uint64_t *)(m->region + local_off);
+  moe_ep_status_t st = MOE_EP_OK;
+  pthread_mutex_lock(&m->lock);
+  for (;;) {
+    uint64_t seen = __atomic_load_n(flag, __ATOMIC_ACQUIRE);
+    if (seen == value) break;
+    /* Signals from one rank land in order: once it has signalled this
+     * operation or a later one elsewhere, this one is never coming. */
+    uint64_t last = __atomic_load_n(&m->last_op[peer], __ATOMIC_ACQUIRE);
+    if (last >= value) {
+      seen = __atomic_load_n(flag, __ATOMIC_ACQUIRE);
+      if (seen == value) break;
+      st = mep_host_blame_ahead(m, peer, value, last, what);
+      break;
+    }
+    /* Any lost peer dooms the collective operation, whoever we wait on. */
+    if (lost(&m->peers[peer])) {
+      st = mep_host_blame_lost(m, peer, what);
+      break;
+    }
+    if (m->first_failed >= 0) {
+      st = mep_host_blame_lost(m, m->first_failed, what);
+      break;
+    }
+    if (m->recv_error) break;
+    if (mep_host_now_ns() > m->deadline_ns) {
+      st = mep_host_blame_absent(m, peer, value, last, what);
+      break;
+    }
+    wait_for_news(m, m->deadline_ns);
+  }
+  if (st == MOE_EP_OK && m->recv_error) st = mep_host_blame_recv_error(m, what);
+  pthread_mutex_unlock(&m->lock);
+  return st;
+}
