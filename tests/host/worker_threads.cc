@@ -131,17 +131,28 @@ bool overlap_round(Ctx& c, SecondThread& t2, const moe_ep_oracle::Problem& p, ui
   return true;
 }
 
-// A handle freed on this thread while the second thread runs its hook: the
-// hook either ran first (OK) or finds the handle gone (INVALID_ARGUMENT,
-// its receive abandoned, which the host backend survives). Either way
-// nothing crashes and the next rounds still match the oracle.
+// A handle freed on this thread while the second thread runs its combine
+// hook: the hook either ran first (OK, checked) or finds the handle gone
+// (INVALID_ARGUMENT, its receive abandoned, which the host backend
+// survives). Either way nothing crashes and the next rounds still match the
+// oracle. The round keeps the protocol's order: each handle's combine runs
+// on its dispatch's buffer set, before the next dispatch there (the raced
+// combine's peers still send it; only this rank may skip its receive).
 bool free_while_hook_runs(Ctx& c, SecondThread& t2, const moe_ep_oracle::Problem& p,
                           uint64_t seed) {
-  LlCall a(c, p, seed);
-  if (a.prepare() != MOE_EP_OK) return false;
+  LlCall a(c, p, seed), b(c, p, seed + 1);
+  if (a.prepare() != MOE_EP_OK || b.prepare() != MOE_EP_OK) return false;
+  if (!expect_status(c, seed, "dispatch A (raced round)", a.dispatch(0, nullptr), MOE_EP_OK) ||
+      !expect_status(c, seed, "dispatch B (raced round)", b.dispatch(0, nullptr), MOE_EP_OK)) {
+    return false;
+  }
+  a.check_dispatch();
+  b.check_dispatch();
+  a.make_y();
+  b.make_y();
   moe_ep_hook_t* ha = nullptr;
-  if (!expect_status(c, seed, "dispatch (handle freed under its hook)",
-                     a.dispatch(MOE_EP_FLAG_DEFER_RECV, &ha), MOE_EP_OK)) {
+  if (!expect_status(c, seed, "combine A (its handle freed under its hook)",
+                     a.combine(MOE_EP_FLAG_DEFER_RECV, &ha), MOE_EP_OK)) {
     return false;
   }
   Outcome r;
@@ -149,12 +160,17 @@ bool free_while_hook_runs(Ctx& c, SecondThread& t2, const moe_ep_oracle::Problem
   c.api->handle_free(a.release_handle());
   t2.drain();
   c.checks++;
-  if (r.st != MOE_EP_OK && !(r.st == MOE_EP_ERR_INVALID_ARGUMENT &&
-                             r.msg.find("freed") != std::string::npos)) {
+  if (r.st == MOE_EP_OK) {
+    a.check_combine();
+  } else if (!(r.st == MOE_EP_ERR_INVALID_ARGUMENT && r.msg.find("freed") != std::string::npos)) {
     fail(c, seed, "hook_run racing handle_free",
          std::string("status ") + c.api->status_string(r.st) + ": " + r.msg);
     return false;
   }
+  if (!expect_status(c, seed, "combine B (raced round)", b.combine(0, nullptr), MOE_EP_OK)) {
+    return false;
+  }
+  b.check_combine();
   return true;
 }
 
