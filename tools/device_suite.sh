@@ -24,4 +24,5 @@ cp integration/configs/*.yaml .gpu_bundle/
 # The NVLink micro-probe (launch, fence, signal and copy costs; no NCCL).
 nvcc -O3 -arch=sm_90 -o .gpu_bundle/nvlink_probe tools/probe/nvlink_probe.cu
 cp tools/device_run.sh .gpu_bundle/run_device.sh
+cp tools/device_python.sh .gpu_bundle/run_python.sh
 echo "bundle: $(du -sh .gpu_bundle | cut -f1) in .gpu_bundle/"
