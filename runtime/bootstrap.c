@@ -1,5 +1,5 @@
 /* bootstrap.c: the bootstrap object's lifecycle: argument checks, the UCX
- * context and worker it owns (and lends to the host backend), forming the
+ * context and worker it owns, forming the
  * group (rank 0 listens, the others join), and a destroy that never hangs. */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -145,12 +145,4 @@ int mep_bootstrap_rank(const mep_bootstrap_t *bs) {
 
 int mep_bootstrap_world_size(const mep_bootstrap_t *bs) {
   return bs != NULL ? bs->world_size : -1;
-}
-
-void *mep_bootstrap_ucp_context(mep_bootstrap_t *bs) {
-  return bs != NULL ? (void *)bs->context : NULL;
-}
-
-void *mep_bootstrap_ucp_worker(mep_bootstrap_t *bs) {
-  return bs != NULL ? (void *)bs->worker : NULL;
 }

@@ -44,10 +44,6 @@ moe_ep_status_t mep_bootstrap_broadcast(mep_bootstrap_t *bs, void *buf,
                                         size_t bytes, int root);
 moe_ep_status_t mep_bootstrap_barrier(mep_bootstrap_t *bs);
 
-/* The UCX context and worker, so the host backend can build its data-path
- * endpoints (full mesh) on the same worker. Owned by the bootstrap. */
-void *mep_bootstrap_ucp_context(mep_bootstrap_t *bs); /* ucp_context_h */
-void *mep_bootstrap_ucp_worker(mep_bootstrap_t *bs);  /* ucp_worker_h */
 
 #ifdef __cplusplus
 }

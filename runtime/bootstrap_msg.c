@@ -290,9 +290,9 @@ moe_ep_status_t mep_bs_worker_setup(mep_bootstrap_t *bs) {
   ucp_params_t cp;
   memset(&cp, 0, sizeof(cp));
   cp.field_mask = UCP_PARAM_FIELD_FEATURES;
-  /* The host backend reuses this context for its data path. */
-  cp.features = UCP_FEATURE_TAG | UCP_FEATURE_RMA | UCP_FEATURE_AM |
-                UCP_FEATURE_AMO64;
+  /* Active messages only: the host backend's data path has a context and
+   * worker of its own (runtime/host/host_mesh.c). */
+  cp.features = UCP_FEATURE_AM;
   ucs_status_t st = ucp_init(&cp, NULL, &bs->context);
   if (st != UCS_OK) {
     bs->context = NULL;

@@ -13,8 +13,7 @@
 #include "runtime/bootstrap.h"
 #include "runtime/error.h"
 
-/* The one active-message id the bootstrap registers on the shared worker.
- * The host backend must pick other ids. */
+/* The one active-message id the bootstrap registers on its worker. */
 #define MEP_BS_AM_ID 63u
 #define MEP_BS_MAGIC 0x4d455042u /* "MEPB" */
 #define MEP_BS_VERSION 1u

@@ -12,7 +12,7 @@ MODE=${1:-full}
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # Logs are written under a scratch folder and handed back as one archive
-# ($OUT/logs.tgz): the device tool returns only a few files per call.
+# ($OUT/logs.tgz): one file is easier to carry back than many.
 FINAL_OUT=${OUT:-/tmp/mep_out}
 OUT=/tmp/mep_logs
 B=.gpu_bundle

@@ -4,7 +4,7 @@
 # the nccl backend (LSA, GIN-emulated, EP1/EP2, absent-peer timeout), the
 # demo and the benchmark. Usage:
 #   tools/device_suite.sh            # build + bundle into .gpu_bundle/
-# then run on nvidia-h200-x2 with carry [".gpu_bundle"]:
+# then, on the 2-GPU machine with .gpu_bundle copied beside the checkout:
 #   bash .gpu_bundle/run_device.sh [quick|full]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -87,8 +87,6 @@ TEST(BootstrapSingleRank, CollectivesAreLocalCopies) {
   ASSERT_EQ(mep_bootstrap_create(&p, &bs), MOE_EP_OK) << mep_last_error();
   EXPECT_EQ(mep_bootstrap_rank(bs), 0);
   EXPECT_EQ(mep_bootstrap_world_size(bs), 1);
-  EXPECT_NE(mep_bootstrap_ucp_context(bs), nullptr);
-  EXPECT_NE(mep_bootstrap_ucp_worker(bs), nullptr);
   std::vector<unsigned char> send(100), recv(100, 0);
   for (size_t i = 0; i < send.size(); i++) send[i] = (unsigned char)(i * 7);
   ASSERT_EQ(mep_bootstrap_allgather(bs, send.data(), recv.data(), 100),

@@ -109,8 +109,16 @@ def fp8_values(q):
     return torch.tensor(table, device=q.device)[q.long()]
 
 
+_expert_scales = {}
+
+
 def experts(recv_x):
-    s = torch.tensor([scale_of(RANK * EL + l) for l in range(EL)], device=recv_x.device)
+    # The scales are made once per device, before any CUDA-graph capture:
+    # a host-to-device copy may not be captured.
+    s = _expert_scales.get(recv_x.device)
+    if s is None:
+        s = torch.tensor([scale_of(RANK * EL + l) for l in range(EL)], device=recv_x.device)
+        _expert_scales[recv_x.device] = s
     return (recv_x.float() * s[:, None, None]).to(torch.bfloat16)
 
 
