@@ -111,9 +111,9 @@ class LowLatencyMixin:
         entry = "low_latency_combine"
         if use_logfmt:
             _refuse(entry, "use_logfmt", True, "combine sends bf16 rows")
-        if zero_copy:
-            _refuse(entry, "zero_copy", True, "the combine buffer is not exposed "
-                    "(get_next_low_latency_combine_buffer)")
+        if zero_copy and not any(x.data_ptr() == b.data_ptr() for b in self._combine_buffers()):
+            raise ValueError("%s: zero_copy=True needs x to be the tensor "
+                             "get_next_low_latency_combine_buffer returned" % entry)
         if combine_wait_recv_cost_stats is not None:
             _refuse(entry, "combine_wait_recv_cost_stats", "<tensor>",
                     "per-rank wait-time statistics are not collected")
@@ -150,9 +150,30 @@ class LowLatencyMixin:
                                      g.config.max_tokens_per_rank, g.config.hidden,
                                      g.config.num_experts))
 
+    def _combine_buffers(self):
+        return getattr(self, "_zero_copy_y", None) or ()
+
     def get_next_low_latency_combine_buffer(self, handle):
-        _refuse("get_next_low_latency_combine_buffer", "handle", "<handle>",
-                "zero-copy combine is not available: the combine buffer is not exposed")
+        """[E_local, R*N, H] bf16: where the experts may write their outputs
+        for the next low_latency_combine(..., zero_copy=True). moe-ep's
+        combine reads its input in place (the send half stores straight from
+        it into the peers' windows), so the experts' output is never copied
+        on the way; two buffers alternate, so two micro-batches' combines
+        may be in flight."""
+        if not isinstance(handle, LowLatencyHandle):
+            raise TypeError("get_next_low_latency_combine_buffer: handle must be the handle "
+                            "low_latency_dispatch returned, got %s" % type(handle).__name__)
+        g = self._ep
+        shape = (g.num_local_experts, g.world_size * g.config.max_tokens_per_rank, handle[3])
+        bufs = self._combine_buffers()
+        if not bufs or tuple(bufs[0].shape) != shape:
+            bufs = tuple(torch.empty(shape, dtype=torch.bfloat16, device=g.device)
+                         for _ in range(2))
+            self._zero_copy_y = bufs
+            self._zero_copy_next = 0
+        i = self._zero_copy_next
+        self._zero_copy_next = 1 - i
+        return bufs[i]
 
     def low_latency_update_mask_buffer(self, rank_to_mask, mask=False):
         _refuse("low_latency_update_mask_buffer", "rank_to_mask", rank_to_mask,

@@ -83,6 +83,19 @@ def low_latency(group):
     hook()
     same("deep_ep LL combine (hook)", 6, bits(out), oracle.ll_combine_at_combine(P, inputs[RANK]))
 
+    # Zero-copy combine: the experts write into the buffer the combine reads.
+    inputs, x, idx, w = inputs_for(11)
+    recv_x, count, handle, _, _ = buf.low_latency_dispatch(
+        x, idx, P.max_tokens, P.num_experts, use_fp8=False)
+    y = buf.get_next_low_latency_combine_buffer(handle)
+    if y.shape != recv_x.shape or y.dtype != torch.bfloat16:
+        fail("deep_ep zero-copy buffer", 11, "%s %s" % (tuple(y.shape), y.dtype))
+    y.copy_(expert_outputs(recv_x))
+    out, _, _ = buf.low_latency_combine(y, idx, w, handle, zero_copy=True)
+    same("deep_ep LL combine (zero copy)", 11, bits(out), oracle.ll_combine_at_combine(P, inputs[RANK]))
+    expect_raises("zero_copy on another tensor", ValueError, "get_next_low_latency_combine_buffer",
+                  lambda: buf.low_latency_combine(y.clone(), idx, w, handle, zero_copy=True))
+
     # use_fp8 switches per call on the same Buffer, as in DeepEP.
     inputs, x, idx, w = inputs_for(10)
     (q, scales), count, _, _, _ = buf.low_latency_dispatch(
