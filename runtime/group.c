@@ -268,6 +268,20 @@ void mep_group_unlock(moe_ep_group_t *g) {
   pthread_mutex_unlock(&g->lock);
 }
 
+int mep_group_take(void *obj, mep_obj_kind_t kind, const char *entry,
+                   void (*then)(moe_ep_group_t *g, void *obj)) {
+  void *owner = NULL;
+  if (obj == NULL || !mep_registry_owner(obj, kind, &owner)) return 0;
+  moe_ep_group_t *g = owner;
+  if (!mep_registry_contains(g, MEP_OBJ_GROUP) || mep_group_lock(g, entry) != MOE_EP_OK) {
+    return mep_registry_take(obj, kind); /* its group is gone */
+  }
+  int taken = mep_registry_take(obj, kind);
+  if (taken && then != NULL) then(g, obj);
+  mep_group_unlock(g);
+  return taken;
+}
+
 moe_ep_status_t mep_handle_check(moe_ep_group_t *g, moe_ep_handle_t *h,
                                     const char *entry) {
   if (h == NULL || !mep_registry_contains(h, MEP_OBJ_HANDLE)) {

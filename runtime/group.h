@@ -11,6 +11,7 @@
 #include "runtime/backend.h"
 #include "runtime/bootstrap.h"
 #include "runtime/op.h"
+#include "runtime/registry.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -81,6 +82,13 @@ void mep_group_unlock(moe_ep_group_t *group);
     mep_group_unlock(g);                                   \
     return st_;                                            \
   } while (0)
+/* Takes a handle or hook out of the registry under its group's lock, so an
+ * entry on another thread finishes with it first or finds it gone; `then`
+ * (may be NULL) runs under that lock when this call took it. A destroyed
+ * group's object is only taken. Returns 1 when this call took it: of two
+ * threads freeing one object, exactly one does. */
+int mep_group_take(void *obj, mep_obj_kind_t kind, const char *entry,
+                   void (*then)(moe_ep_group_t *group, void *obj));
 /* A live handle prepared on this group; call under the lock. */
 moe_ep_status_t mep_handle_check(moe_ep_group_t *group, moe_ep_handle_t *h,
                                  const char *entry);

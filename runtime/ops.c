@@ -405,7 +405,8 @@ moe_ep_status_t mep_hook_run(moe_ep_hook_t *hook, void *stream) {
  * each signal to its operation exactly, so dropping the peers' data keeps
  * the group usable; the GPU signals accumulate, so there the group's
  * signal state is no longer consistent and the group is marked failed. */
-static void hook_abandon_locked(moe_ep_group_t *g, moe_ep_hook_t *hook) {
+static void hook_abandon_locked(moe_ep_group_t *g, void *obj) {
+  moe_ep_hook_t *hook = obj;
   if (hook->group != g || hook->ran) return;
   if (g->pending[hook->op.buffer_set] == hook) g->pending[hook->op.buffer_set] = NULL;
   if (!g->ops->abandon_is_safe) {
@@ -418,16 +419,5 @@ static void hook_abandon_locked(moe_ep_group_t *g, moe_ep_hook_t *hook) {
 }
 
 void mep_hook_free(moe_ep_hook_t *hook) {
-  void *owner = NULL;
-  if (hook == NULL || !mep_registry_owner(hook, MEP_OBJ_HOOK, &owner)) return;
-  moe_ep_group_t *g = owner;
-  int taken;
-  if (mep_registry_contains(g, MEP_OBJ_GROUP) && mep_group_lock(g, "hook_free") == MOE_EP_OK) {
-    taken = mep_registry_take(hook, MEP_OBJ_HOOK);
-    if (taken) hook_abandon_locked(g, hook);
-    mep_group_unlock(g);
-  } else {
-    taken = mep_registry_take(hook, MEP_OBJ_HOOK); /* its group is gone */
-  }
-  if (taken) free(hook);
+  if (mep_group_take(hook, MEP_OBJ_HOOK, "hook_free", hook_abandon_locked)) free(hook);
 }

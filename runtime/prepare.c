@@ -147,18 +147,7 @@ moe_ep_status_t mep_prepare(moe_ep_group_t *g,
 }
 
 /* Under the group's lock, so a hook_run or combine on another thread
- * either finishes with the handle first or finds it gone. A handle whose
- * group was destroyed is only released. */
+ * either finishes with the handle first or finds it gone. */
 void mep_handle_free(moe_ep_handle_t *h) {
-  void *owner = NULL;
-  if (h == NULL || !mep_registry_owner(h, MEP_OBJ_HANDLE, &owner)) return;
-  moe_ep_group_t *g = owner;
-  int taken;
-  if (mep_registry_contains(g, MEP_OBJ_GROUP) && mep_group_lock(g, "handle_free") == MOE_EP_OK) {
-    taken = mep_registry_take(h, MEP_OBJ_HANDLE);
-    mep_group_unlock(g);
-  } else {
-    taken = mep_registry_take(h, MEP_OBJ_HANDLE);
-  }
-  if (taken) handle_release(h);
+  if (mep_group_take(h, MEP_OBJ_HANDLE, "handle_free", NULL)) handle_release(h);
 }
