@@ -250,6 +250,14 @@ timeout 90 $B/moe_ep_run -n 2 --timeout_s 85 -- $B/moe_ep_bench --plugin=$B/libm
   --adopt_comm --tokens=8,128 --iters=50 --warmup=5 > "$OUT/bench_adopt.log" 2>&1
 summary bench_adopt $? "$(bench_key "$OUT/bench_adopt.log")"
 grep -E "adopt|^fp8 .* 128 |^bf16 .* 128 " "$OUT/bench_adopt.log" | head -5
+# HT (prefill) mode: whole dispatch and combine of 512..8192 tokens per
+# rank on 24 SMs, against NCCL's all-to-all and the peer copy of the same
+# bytes (rows checked against the routing after every warm-up).
+timeout 240 $B/moe_ep_run -n 2 --timeout_s 235 -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
+  --mode=ht --dtype=bf16 --tokens=512,1024,2048,4096,8192 --num_sms=24 \
+  --json="$OUT/bench_ht.json" > "$OUT/bench_ht.log" 2>&1
+summary bench_ht $? "$(bench_key "$OUT/bench_ht.log")"
+grep -A12 "^high-throughput" "$OUT/bench_ht.log"
 api ep2_graph 2 40 --scenario=graph --experts=64 --max_tokens=32 --layers=2048:8 --seeds=100
 api ep2_routing 2 30 --scenario=routing --experts=64 --max_tokens=16 --layers=1024:4
 # A bf16 group whose dispatches name their own fp8 format (params->format).

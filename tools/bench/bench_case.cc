@@ -10,7 +10,7 @@ namespace mep_bench {
 const char* const kTimeNames[kTimes] = {"dispatch", "combine", "dispatch_send", "dispatch_recv",
                                         "combine_send", "combine_recv", "nccl_a2a_dispatch",
                                         "nccl_a2a_combine", "peer_copy",
-                                        "nccl_a2a_dispatch_dedup"};
+                                        "nccl_a2a_dispatch_dedup", "prepare"};
 
 uint64_t Rng::Next() {
   uint64_t z = (s += 0x9E3779B97F4A7C15ull);
@@ -89,6 +89,18 @@ void AddByteStats(const Traffic& tr, int rank, std::vector<double>* st) {
     s[kBytesDispDedup] += tr.toks[rank][p] * static_cast<double>(tr.row_disp);
     s[kBytesComb] += tr.pairs[rank][p] * static_cast<double>(tr.row_comb);
     s[kBytesCombDedup] += tr.toks[rank][p] * static_cast<double>(tr.row_comb);
+  }
+  s[kBytesPeer] = s[kBytesDisp];
+}
+
+void AddHtByteStats(const Traffic& tr, int rank, int top_k, std::vector<double>* st) {
+  std::vector<double>& s = *st;
+  for (int p = 0; p < static_cast<int>(tr.toks.size()); p++) {
+    s[kRowsRecv] += static_cast<double>(tr.toks[p][rank]);
+    if (p == rank) continue;
+    s[kBytesDisp] += tr.toks[rank][p] * static_cast<double>(tr.row_disp);
+    s[kBytesMeta] += tr.toks[rank][p] * 8.0 * top_k;  // int32 ids, f32 weights
+    s[kBytesComb] += tr.toks[p][rank] * static_cast<double>(tr.row_comb);
   }
   s[kBytesPeer] = s[kBytesDisp];
 }

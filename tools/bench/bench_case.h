@@ -12,12 +12,16 @@
 namespace mep_bench {
 
 // Per-rank numbers of one case: kTimes (p50, p99) pairs, then bytes, then
-// host microseconds per iteration.
+// host microseconds per iteration, then the HT counts. Both modes share the
+// layout (one gather size); each fills the entries it measures.
 enum Stat {
   kDisp, kComb, kDSend, kDRecv, kCSend, kCRecv, kA2aD, kA2aC, kPeer, kA2aDedup,  // p50, p99
-  kTimes = 10,
+  kPrep,  // HT: prepare alone (kDisp includes it)
+  kTimes = 11,
   kBytesDisp = 2 * kTimes, kBytesDispDedup, kBytesComb, kBytesCombDedup, kBytesPeer,
   kHostUsFull, kHostUsHalves,
+  kBytesMeta,  // HT: the dispatch rows' K ids and K weights to other ranks
+  kRowsRecv,   // HT: rows this rank receives (N_recv), its own included
   kNumStats
 };
 extern const char* const kTimeNames[kTimes];
@@ -53,6 +57,10 @@ Traffic MakeTraffic(uint64_t seed, int rank, int world, int tokens, int hidden, 
                     int experts, int fp8);
 // The byte counts of `rank` into st (kBytes*).
 void AddByteStats(const Traffic& tr, int rank, std::vector<double>* st);
+// The same for an HT case, whose rows travel once per (token, rank): the
+// dispatch rows this rank sends to other ranks, the combine rows it returns
+// to them (those it received), their ids and weights, and N_recv.
+void AddHtByteStats(const Traffic& tr, int rank, int top_k, std::vector<double>* st);
 
 }  // namespace mep_bench
 

@@ -5,6 +5,7 @@
 
 #include "absl/flags/flag.h"
 #include "tools/bench/bench_flags.h"
+#include "tools/bench/bench_references.h"
 #include "tools/bench/bench_util.h"
 
 namespace mep_bench {
@@ -26,6 +27,20 @@ void UploadInputs(const Setup& s, const Buffers& b, const Traffic& tr, int T, in
   CUDA_CHECK(cudaMemcpy(b.topk, topk.data(), topk.size() * 8, cudaMemcpyHostToDevice));
   // Pageable copies may still be in flight; the bench stream does not wait for them.
   CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void CheckRecvCount(const Setup& s, const Buffers& b, moe_ep_group_t* group, const Traffic& tr,
+                    const char* dtype, int H, int T) {
+  std::vector<int32_t> got(s.el);
+  CUDA_CHECK(cudaMemcpy(got.data(), b.recv_count, s.el * 4, cudaMemcpyDeviceToHost));
+  for (int e = 0; e < s.el; e++) {
+    if (got[e] != tr.want_count[e]) {
+      Die("%s H=%d T=%d: recv_count[%d]=%d after dispatch, the routing sends %d rows: the "
+          "benchmark would time a wrong result",
+          dtype, H, T, e, got[e], tr.want_count[e]);
+    }
+  }
+  EP_CHECK(g_ep->group_poll_error(group));
 }
 
 void MeasureMoeEp(const Setup& s, const Buffers& b, moe_ep_group_t* group, const Traffic& tr,
@@ -80,24 +95,12 @@ void MeasureMoeEp(const Setup& s, const Buffers& b, moe_ep_group_t* group, const
     rec(2);
     g_ep->handle_free(h);
   };
-  auto check_counts = [&] {
-    std::vector<int32_t> got(el);
-    CUDA_CHECK(cudaMemcpy(got.data(), b.recv_count, el * 4, cudaMemcpyDeviceToHost));
-    for (int e = 0; e < el; e++) {
-      if (got[e] != tr.want_count[e]) {
-        Die("%s H=%d T=%d: recv_count[%d]=%d after dispatch, the routing sends %d rows: the "
-            "benchmark would time a wrong result",
-            fp8 ? "fp8" : "bf16", H, T, e, got[e], tr.want_count[e]);
-      }
-    }
-    EP_CHECK(g_ep->group_poll_error(group));
-  };
+  auto check_counts = [&] { CheckRecvCount(s, b, group, tr, fp8 ? "fp8" : "bf16", H, T); };
   double host_s = 0;
   auto seg = timer.Run(3, full, check_counts, &host_s);
   st[kHostUsFull] = host_s / iters * 1e6;
-  Pct p;
-  p = Percentiles(seg[0]); st[2 * kDisp] = p.p50; st[2 * kDisp + 1] = p.p99;
-  p = Percentiles(seg[1]); st[2 * kComb] = p.p50; st[2 * kComb + 1] = p.p99;
+  SetTime(stats, kDisp, Percentiles(seg[0]));
+  SetTime(stats, kComb, Percentiles(seg[1]));
 
   // (c) send and receive halves through hooks.
   auto halves = [&](int, const std::function<void(int)>& rec) {
@@ -124,12 +127,17 @@ void MeasureMoeEp(const Setup& s, const Buffers& b, moe_ep_group_t* group, const
   };
   seg = timer.Run(5, halves, check_counts, &host_s);
   st[kHostUsHalves] = host_s / iters * 1e6;
-  for (int j = 0; j < 4; j++) {
-    p = Percentiles(seg[j]);
-    st[2 * (kDSend + j)] = p.p50;
-    st[2 * (kDSend + j) + 1] = p.p99;
-  }
+  for (int j = 0; j < 4; j++) SetTime(stats, kDSend + j, Percentiles(seg[j]));
   EP_CHECK(g_ep->group_poll_error(group));
+}
+
+void MeasureLlCase(const Setup& s, const Buffers& b, moe_ep_group_t* group, const Traffic& tr,
+                   int fp8, int H, int T, std::vector<double>* st) {
+  AddByteStats(tr, s.rank, st);
+  UploadInputs(s, b, tr, T, H);
+  MeasureMoeEp(s, b, group, tr, fp8, H, T, st);
+  MeasureNcclAllToAll(s, b, tr, st);
+  MeasurePeerCopy(s, b, st);
 }
 
 }  // namespace mep_bench

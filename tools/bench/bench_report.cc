@@ -12,14 +12,25 @@
 
 namespace mep_bench {
 
+namespace {
+
+double Gbs(double bytes, double us) { return us > 0 ? bytes / us / 1e3 : 0.0; }
+// a / b as "1.23x" (or "45.6%" when pct), "n/a" when either is missing.
+std::string Ratio(double a, double b, bool pct) {
+  if (a <= 0 || b <= 0) return "n/a";
+  return pct ? Fmt("%.1f%%", 100 * a / b) : Fmt("%.2fx", a / b);
+}
+
+}  // namespace
+
 void PrintPreamble(const RunInfo& run) {
   printf("moe_ep_bench: moe_ep_run -n %d -- %s\n", run.world, run.cmdline.c_str());
   for (const std::string& d : run.devices) printf("  %s\n", d.c_str());
   printf("  plugin %s (moe_ep %d.%d.%d), NCCL %d (reference communicator), NCCL_NVLS_ENABLE=%s\n",
          run.plugin.c_str(), run.vmaj, run.vmin, run.vpat, run.nccl_version, getenv("NCCL_NVLS_ENABLE"));
-  printf("  experts %d (%d per rank), top_k %d, tokens %s, hidden %s, transport %s, seed %llu, "
-         "%d timed iterations after %d warmup, CUDA events on one stream; times in us\n",
-         run.experts, run.el, run.top_k, [&] {
+  printf("  mode %s, experts %d (%d per rank), top_k %d, tokens %s, hidden %s, transport %s, "
+         "seed %llu, %d timed iterations after %d warmup, CUDA events on one stream; times in us\n",
+         run.ht ? "ht (high_throughput)" : "ll (low_latency)", run.experts, run.el, run.top_k, [&] {
            std::string s;
            for (int t : run.tokens) s += (s.empty() ? "" : ",") + std::to_string(t);
            return s;
@@ -30,6 +41,7 @@ void PrintPreamble(const RunInfo& run) {
            return s;
          }().c_str(),
          run.transport.c_str(), static_cast<unsigned long long>(run.seed), run.iters, run.warmup);
+  if (run.ht) printf("  %s\n", run.ht_dispatch.c_str());
   if (run.iters < 1000) printf("  note: fewer than 1000 timed iterations, p99 is rough\n");
   if (absl::GetFlag(FLAGS_adopt_comm))
     printf("  moe-ep groups adopt the reference communicator (--adopt_comm)\n");
@@ -95,17 +107,16 @@ void PrintBandwidth(const std::vector<Case>& cases, int world) {
   for (const Case& c : cases) {
     for (int r = 0; r < world; r++) {
       const double* v = &c.all[static_cast<size_t>(r) * kNumStats];
-      auto gbs = [](double bytes, double us) { return us > 0 ? bytes / us / 1e3 : 0.0; };
-      double disp_bw = gbs(v[kBytesDisp], v[2 * kDisp]);
-      double comb_bw = gbs(v[kBytesComb], v[2 * kComb]);
-      double ceil_bw = gbs(v[kBytesPeer], v[2 * kPeer]);
+      double disp_bw = Gbs(v[kBytesDisp], v[2 * kDisp]);
+      double comb_bw = Gbs(v[kBytesComb], v[2 * kComb]);
+      double ceil_bw = Gbs(v[kBytesPeer], v[2 * kPeer]);
       std::string ceil_cols = ceil_bw > 0 ? Fmt("%9.1f %8.1f | %6.1f%% %6.1f%%", v[2 * kPeer], ceil_bw,
                                                 100 * disp_bw / ceil_bw, 100 * comb_bw / ceil_bw)
                                           : Fmt("%9s %8s | %7s %7s", "n/a", "n/a", "n/a", "n/a");
       printf("%-5s %6d %6d %4d | %9.1f %9.1f %5.2fx | %9.1f %8.1f | %9.1f %9.1f %8.1f | %s | %7.2fx\n",
              c.fp8 ? "fp8" : "bf16", c.hidden, c.tokens, r, v[kBytesDisp] / 1e3,
              v[kBytesDispDedup] / 1e3, v[kBytesDispDedup] > 0 ? v[kBytesDisp] / v[kBytesDispDedup] : 0.0,
-             disp_bw, gbs(v[kBytesDisp], v[2 * kA2aD]), v[kBytesComb] / 1e3, v[kBytesCombDedup] / 1e3,
+             disp_bw, Gbs(v[kBytesDisp], v[2 * kA2aD]), v[kBytesComb] / 1e3, v[kBytesCombDedup] / 1e3,
              comb_bw, ceil_cols.c_str(), v[kBytesDisp] > 0 && v[2 * kDisp] > 0 ? v[2 * kA2aD] / v[2 * kDisp] : 0.0);
     }
   }
@@ -121,13 +132,63 @@ void PrintBandwidth(const std::vector<Case>& cases, int world) {
   fflush(stdout);
 }
 
+void PrintHtHeader(const RunInfo& run) {
+  printf("\nhigh-throughput (us, per rank; %s; dispatch = prepare + dispatch, %s; MB = bytes "
+         "leaving this rank over NVLink per call; GB/s = MB / p50)\n",
+         absl::GetFlag(FLAGS_graph) ? "all iterations in one CUDA graph; the peer-copy ceiling eager"
+                                    : "eager launches",
+         run.ht_worst_case ? "worst-case outputs, no host sync" : "one host sync each");
+  printf("%-5s %6s %6s %4s | %8s %19s %7s %8s | %8s %19s %7s | %9s %9s %9s | %8s %8s | %7s %7s\n",
+         "dtype", "hidden", "tokens", "rank", "disp MB", "dispatch p50/p99", "GB/s", "prep p50",
+         "comb MB", "combine p50/p99", "GB/s", "a2a d p50", "a2a c p50", "copy p50", "d vs a2a",
+         "c vs a2a", "d %ceil", "c %ceil");
+  fflush(stdout);
+}
+
+void PrintHtRows(const Case& c, int world) {
+  for (int r = 0; r < world; r++) {
+    const double* v = &c.all[static_cast<size_t>(r) * kNumStats];
+    const double disp_bw = Gbs(v[kBytesDisp], v[2 * kDisp]);
+    const double comb_bw = Gbs(v[kBytesComb], v[2 * kComb]);
+    const double ceil_bw = Gbs(v[kBytesPeer], v[2 * kPeer]);
+    printf("%-5s %6d %6d %4d | %8.2f %9.1f/%9.1f %7.1f %8.1f | %8.2f %9.1f/%9.1f %7.1f | %9.1f "
+           "%9.1f %9s | %8s %8s | %7s %7s\n",
+           c.fp8 ? "fp8" : "bf16", c.hidden, c.tokens, r, v[kBytesDisp] / 1e6, v[2 * kDisp],
+           v[2 * kDisp + 1], disp_bw, v[2 * kPrep], v[kBytesComb] / 1e6, v[2 * kComb],
+           v[2 * kComb + 1], comb_bw, v[2 * kA2aD], v[2 * kA2aC],
+           v[2 * kPeer] > 0 ? Fmt("%.1f", v[2 * kPeer]).c_str() : "n/a",
+           Ratio(v[kBytesDisp] > 0 ? v[2 * kA2aD] : 0, v[2 * kDisp], false).c_str(),
+           Ratio(v[kBytesComb] > 0 ? v[2 * kA2aC] : 0, v[2 * kComb], false).c_str(),
+           Ratio(disp_bw, ceil_bw, true).c_str(), Ratio(comb_bw, ceil_bw, true).c_str());
+  }
+  fflush(stdout);
+}
+
+void PrintHtLegend() {
+  printf("\n'disp MB' = rows this rank sends to other ranks (each token once per rank it "
+         "reaches) x row bytes (bf16: 2*hidden; fp8: hidden + 4*hidden/128 of scales), without "
+         "the rows' K ids and K weights (8*K bytes a row; dispatch_meta_bytes in the JSON); "
+         "'comb MB' = rows this rank returns to other ranks (those it received from them) x "
+         "2*hidden; 'prep p50' = prepare alone (part of dispatch); 'a2a d' / 'a2a c' = NCCL "
+         "all-to-all (ncclSend/ncclRecv) of the same bytes per peer in each direction; 'copy' = "
+         "cudaMemcpyPeerAsync of the dispatch bytes to the next GPU, all ranks at once; "
+         "'vs a2a' = NCCL p50 / moe-ep p50 (>1: moe-ep faster); '%%ceil' = moe-ep GB/s as a "
+         "share of the copy's.\n");
+  fflush(stdout);
+}
+
 void WriteJson(const std::string& path, const RunInfo& run, const std::vector<Case>& cases) {
   const int world = run.world;
   FILE* f = fopen(path.c_str(), "w");
   if (f == nullptr) Die("cannot write --json=%s: %s", path.c_str(), strerror(errno));
-  fprintf(f, "{\n  \"command\": \"%s\",\n  \"world\": %d,\n  \"nccl_version\": %d,\n",
-          JsonEscape("moe_ep_run -n " + std::to_string(world) + " -- " + run.cmdline).c_str(), world,
-          run.nccl_version);
+  fprintf(f, "{\n  \"command\": \"%s\",\n  \"mode\": \"%s\",\n  \"world\": %d,\n"
+             "  \"nccl_version\": %d,\n",
+          JsonEscape("moe_ep_run -n " + std::to_string(world) + " -- " + run.cmdline).c_str(),
+          run.ht ? "ht" : "ll", world, run.nccl_version);
+  if (run.ht) {
+    fprintf(f, "  \"ht_worst_case\": %s,\n  \"ht_dispatch\": \"%s\",\n",
+            run.ht_worst_case ? "true" : "false", JsonEscape(run.ht_dispatch).c_str());
+  }
   fprintf(f, "  \"plugin_version\": \"%d.%d.%d\",\n  \"devices\": [", run.vmaj, run.vmin, run.vpat);
   for (int r = 0; r < world; r++) fprintf(f, "%s\"%s\"", r ? ", " : "", JsonEscape(run.devices[r]).c_str());
   fprintf(f, "],\n  \"groups_rank0\": [");
@@ -147,9 +208,21 @@ void WriteJson(const std::string& path, const RunInfo& run, const std::vector<Ca
       fprintf(f, "%s    {\"dtype\": \"%s\", \"hidden\": %d, \"tokens\": %d, \"rank\": %d", first ? "" : ",\n",
               c.fp8 ? "fp8" : "bf16", c.hidden, c.tokens, r);
       first = false;
-      for (int s2 = 0; s2 < kTimes; s2++) {
+      // The times each mode measures (HT: dispatch includes prepare).
+      static const std::vector<int> kLl = {kDisp, kComb, kDSend, kDRecv, kCSend,
+                                           kCRecv, kA2aD, kA2aC, kPeer, kA2aDedup};
+      static const std::vector<int> kHt = {kDisp, kPrep, kComb, kA2aD, kA2aC, kPeer};
+      for (int s2 : run.ht ? kHt : kLl) {
         fprintf(f, ", \"%s_us_p50\": %.3f, \"%s_us_p99\": %.3f", kTimeNames[s2], v[2 * s2],
                 kTimeNames[s2], v[2 * s2 + 1]);
+      }
+      if (run.ht) {
+        fprintf(f, ", \"dispatch_bytes\": %.0f, \"dispatch_meta_bytes\": %.0f, "
+                   "\"combine_bytes\": %.0f, \"peer_copy_bytes\": %.0f, \"recv_rows\": %.0f, "
+                   "\"host_us_per_iter\": %.3f}",
+                v[kBytesDisp], v[kBytesMeta], v[kBytesComb], v[kBytesPeer], v[kRowsRecv],
+                v[kHostUsFull]);
+        continue;
       }
       fprintf(f, ", \"dispatch_bytes\": %.0f, \"dispatch_bytes_dedup\": %.0f, \"combine_bytes\": %.0f, "
                  "\"combine_bytes_dedup\": %.0f, \"peer_copy_bytes\": %.0f, \"host_us_per_iter_full\": %.3f, "

@@ -1,6 +1,7 @@
 // bench_report.h: what rank 0 prints (the run's description, the latency
-// table row by row as cases finish, the bandwidth table at the end) and the
-// --json file. The device scripts grep these rows: keep their format.
+// table row by row as cases finish, the bandwidth table at the end; in HT
+// mode one table of both) and the --json file. The device scripts grep
+// these rows: keep their format.
 #ifndef MOE_EP_TOOLS_BENCH_BENCH_REPORT_H_
 #define MOE_EP_TOOLS_BENCH_BENCH_REPORT_H_
 
@@ -14,6 +15,9 @@ namespace mep_bench {
 
 // What the report says about the run besides the cases.
 struct RunInfo {
+  bool ht = false;                       // --mode=ht
+  bool ht_worst_case = false;            // HT: dispatch took MOE_EP_FLAG_WORST_CASE
+  std::string ht_dispatch;               // HT: the sentence saying so
   std::string cmdline;
   int world = 1;
   std::vector<std::string> devices;      // one line per rank
@@ -34,6 +38,11 @@ void PrintGroupLine(const std::string& line);
 void PrintLatencyHeader();
 void PrintLatencyRows(const Case& c, int world);
 void PrintBandwidth(const std::vector<Case>& cases, int world);
+// HT mode's one table (a row per case and rank, printed as cases finish;
+// rows start with the dtype as the LL rows do) and its legend.
+void PrintHtHeader(const RunInfo& run);
+void PrintHtRows(const Case& c, int world);
+void PrintHtLegend();
 void WriteJson(const std::string& path, const RunInfo& run, const std::vector<Case>& cases);
 
 }  // namespace mep_bench

@@ -17,6 +17,11 @@ struct Pct {
   double p50 = 0, p99 = 0;
 };
 Pct Percentiles(std::vector<float> v);  // nearest rank, ms in, us out
+// p as time stat k's (p50, p99) pair of st (bench_case.h's Stat layout).
+inline void SetTime(std::vector<double>* st, int k, const Pct& p) {
+  (*st)[2 * k] = p.p50;
+  (*st)[2 * k + 1] = p.p99;
+}
 
 // One iteration's body: body(i, rec), where rec(j) records event j.
 using TimedBody = std::function<void(int, const std::function<void(int)>&)>;

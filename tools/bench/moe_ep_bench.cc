@@ -3,35 +3,38 @@
 // One process per GPU, started by the launcher:
 //   moe_ep_run -n 2 -- moe_ep_bench --plugin=libmoe_ep.so [flags]
 // For every (dispatch dtype, hidden, tokens) it times, with CUDA events on
-// one stream, LL dispatch and combine of libmoe_ep.so (backend nccl, loaded
-// through moe_ep_loader.h): whole operations, and send / receive halves
-// (MOE_EP_FLAG_DEFER_RECV + hook_run). In the same run, on the same routing
-// and byte counts, two references: NCCL's host-initiated all-to-all
-// (ncclGroupStart + ncclSend/ncclRecv on a communicator of its own) and the
-// peer-copy ceiling (cudaMemcpyPeerAsync to the next GPU, all ranks at once).
-// Per-rank medians / p99s are gathered to rank 0 over that NCCL
-// communicator; rank 0 prints the tables (and writes --json).
+// one stream, dispatch and combine of libmoe_ep.so (backend nccl, loaded
+// through moe_ep_loader.h) in one mode (--mode): low-latency, whole
+// operations and send / receive halves (MOE_EP_FLAG_DEFER_RECV +
+// hook_run); or high-throughput (prefill), whole operations. In the same
+// run, on the same routing and byte counts, two references: NCCL's
+// host-initiated all-to-all (ncclGroupStart + ncclSend/ncclRecv on a
+// communicator of its own) and the peer-copy ceiling (cudaMemcpyPeerAsync
+// to the next GPU, all ranks at once). Per-rank medians / p99s are gathered
+// to rank 0 over that NCCL communicator; rank 0 prints the tables (and
+// writes --json).
 //
 // This file sets the run up and walks the cases; the measurement of moe-ep
-// is in bench_measure.cc, the references in bench_references.cc, the tables
-// and JSON in bench_report.cc.
+// is in bench_measure.cc (LL) and bench_ht.cc (HT), the references in
+// bench_references.cc, the tables and JSON in bench_report.cc.
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "moe_ep.h"
 #include "moe_ep_loader.h"
 #include "tools/bench/bench_case.h"
 #include "tools/bench/bench_flags.h"
+#include "tools/bench/bench_ht.h"
 #include "tools/bench/bench_measure.h"
 #include "tools/bench/bench_references.h"
 #include "tools/bench/bench_report.h"
@@ -40,107 +43,6 @@
 
 namespace mep_bench {
 namespace {
-
-// The flags, checked; the run's constants.
-struct Plan {
-  std::vector<int> tokens, hidden, dtypes;  // dtypes: 1 = fp8
-  int top_k, experts, iters, warmup, max_tokens, max_hidden;
-  uint64_t seed;
-  std::string transport;
-};
-
-Plan ParseFlags(int world) {
-  Plan p;
-  p.tokens = IntList(absl::GetFlag(FLAGS_tokens), "tokens", 1, 1024);
-  p.hidden = IntList(absl::GetFlag(FLAGS_hidden), "hidden", 128, 65536);
-  p.top_k = absl::GetFlag(FLAGS_top_k);
-  p.experts = absl::GetFlag(FLAGS_experts);
-  p.iters = absl::GetFlag(FLAGS_iters);
-  p.warmup = absl::GetFlag(FLAGS_warmup);
-  p.seed = absl::GetFlag(FLAGS_seed);
-  p.transport = absl::GetFlag(FLAGS_transport);
-  const std::string dtype = absl::GetFlag(FLAGS_dtype);
-  if (p.top_k < 1 || p.top_k > 32) Die("--top_k=%d must be in [1, 32]", p.top_k);
-  if (p.experts < p.top_k || p.experts % world != 0) {
-    Die("--experts=%d must be >= top_k=%d and a multiple of the rank count %d", p.experts, p.top_k,
-        world);
-  }
-  if (p.iters < 1 || p.iters > 1000000) Die("--iters=%d must be in [1, 1000000]", p.iters);
-  // >= 1: recv_count is checked against the routing after the warmup.
-  if (p.warmup < 1) Die("--warmup=%d must be >= 1", p.warmup);
-  if (p.transport != "auto" && p.transport != "lsa" && p.transport != "gin_emulated") {
-    Die("--transport=%s: allowed auto, lsa, gin_emulated", p.transport.c_str());
-  }
-  if (dtype == "fp8" || dtype == "all") p.dtypes.push_back(1);
-  if (dtype == "bf16" || dtype == "all") p.dtypes.push_back(0);
-  if (p.dtypes.empty()) Die("--dtype=%s: allowed fp8, bf16, all", dtype.c_str());
-  for (int h : p.hidden) {
-    if (h % 128 != 0) Die("--hidden=%d must be a multiple of 128 (fp8 scales cover 128 channels)", h);
-  }
-  p.max_tokens = *std::max_element(p.tokens.begin(), p.tokens.end());
-  p.max_hidden = *std::max_element(p.hidden.begin(), p.hidden.end());
-  return p;
-}
-
-// The peer-copy ceiling's buffers: a source here, a target on peer_dev
-// (peer access enabled where the GPUs allow it). Returns a note for this
-// rank's device line.
-std::string PeerCopyTarget(const Setup& s, size_t bytes, Buffers* b) {
-  b->copy_src = DevAlloc<uint8_t>(bytes);
-  b->copy_dst = nullptr;
-  if (s.peer_dev < 0) return "";
-  std::string note;
-  int can = 0;
-  CUDA_CHECK(cudaDeviceCanAccessPeer(&can, s.dev, s.peer_dev));
-  if (can) {
-    cudaError_t e = cudaDeviceEnablePeerAccess(s.peer_dev, 0);
-    if (e == cudaErrorPeerAccessAlreadyEnabled) {
-      (void)cudaGetLastError();
-    } else {
-      CUDA_CHECK(e);
-    }
-  } else {
-    note = " (no peer access: staged copies, not a ceiling)";
-  }
-  CUDA_CHECK(cudaSetDevice(s.peer_dev));
-  CUDA_CHECK(cudaMalloc(&b->copy_dst, bytes));
-  CUDA_CHECK(cudaSetDevice(s.dev));
-  return note;
-}
-
-// moe-ep's tensors and the all-to-all reference's buffers, for the maxima.
-void AllocBuffers(const Setup& s, const Plan& p, Buffers* b) {
-  const size_t T = p.max_tokens, H = p.max_hidden, K = p.top_k, el = s.el;
-  const size_t slots = static_cast<size_t>(s.slots);
-  b->topk = DevAlloc<int64_t>(T * K);
-  b->x = DevAlloc<uint16_t>(T * H);
-  b->w = DevAlloc<float>(T * K);
-  b->out = DevAlloc<uint16_t>(T * H);
-  b->recv_x = DevAlloc<uint8_t>(el * slots * H * 2);
-  b->recv_scales = DevAlloc<float>(el * slots * (H / 128));
-  b->recv_count = DevAlloc<int32_t>(el);
-  b->y = DevAlloc<uint16_t>(el * slots * H);
-  // y: bf16 0x3F3F (about 0.75) everywhere; its value does not change the timing.
-  CUDA_CHECK(cudaMemset(b->y, 0x3F, el * slots * H * 2));
-  b->a2a_max = static_cast<size_t>(s.world) * T * K * H * 2;
-  b->a2a_send = DevAlloc<int8_t>(b->a2a_max);
-  b->a2a_recv = DevAlloc<int8_t>(b->a2a_max);
-}
-
-void FreeBuffers(const Setup& s, const Buffers& b) {
-  for (void* ptr : {static_cast<void*>(b.topk), static_cast<void*>(b.x), static_cast<void*>(b.w),
-                    static_cast<void*>(b.out), static_cast<void*>(b.recv_x),
-                    static_cast<void*>(b.recv_scales), static_cast<void*>(b.recv_count),
-                    static_cast<void*>(b.y), static_cast<void*>(b.a2a_send),
-                    static_cast<void*>(b.a2a_recv), static_cast<void*>(b.copy_src)}) {
-    CUDA_CHECK(cudaFree(ptr));
-  }
-  if (b.copy_dst != nullptr) {
-    CUDA_CHECK(cudaSetDevice(s.peer_dev));
-    CUDA_CHECK(cudaFree(b.copy_dst));
-    CUDA_CHECK(cudaSetDevice(s.dev));
-  }
-}
 
 // Each group gets its own bootstrap port (the launcher's, then +1, ...):
 // a port a destroyed group just used can sit in TCP TIME_WAIT for a
@@ -152,14 +54,15 @@ void UseGroupPort(const std::string& base_address, int group_index) {
   setenv("MOE_EP_BOOTSTRAP_ADDRESS", Fmt("%s:%d", base_address.substr(0, colon).c_str(), port).c_str(), 1);
 }
 
-// One group per dispatch dtype (a group-level config key), created for the
-// maxima; every (tokens, hidden) runs on it. Returns rank 0's description.
+// One group per dispatch dtype (a group-level config key) in the plan's
+// mode, created for the maxima; every (tokens, hidden) runs on it. Returns
+// rank 0's description.
 moe_ep_group_t* CreateGroup(const Setup& s, const Plan& p, int fp8, moe_ep_config_t** cfg_out,
                             std::string* line) {
   std::string yaml = Fmt(
       "moe_ep:\n"
       "  backend: nccl\n"
-      "  mode: low_latency\n"
+      "  mode: %s\n"
       "  num_experts: %d\n"
       "  hidden: %d\n"
       "  top_k: %d\n"
@@ -168,7 +71,8 @@ moe_ep_group_t* CreateGroup(const Setup& s, const Plan& p, int fp8, moe_ep_confi
       "  transport: %s\n"
       "  timeouts:\n"
       "    kernel_ms: 10000\n",
-      p.experts, p.max_hidden, p.top_k, p.max_tokens, fp8 ? "fp8_e4m3" : "bf16",
+      p.ht ? "high_throughput" : "low_latency", p.experts, p.max_hidden, p.top_k, p.max_tokens,
+      fp8 ? "fp8_e4m3" : "bf16",
       p.transport.c_str());
   moe_ep_config_t* cfg = nullptr;
   EP_CHECK(g_ep->config_from_yaml(yaml.c_str(), &cfg));
@@ -190,8 +94,8 @@ moe_ep_group_t* CreateGroup(const Setup& s, const Plan& p, int fp8, moe_ep_confi
   if (info.num_local_experts != s.el) Die("group reports %d local experts, expected %d", info.num_local_experts, s.el);
   std::string pt;
   for (int q = 0; q < s.world; q++) pt += (q ? "," : "") + std::string(TransportName(peer_t[q]));
-  *line = Fmt("%s group: %d SMs, %.1f MiB of buffers, peer transports [%s]", fp8 ? "fp8 " : "bf16",
-              info.num_sms, info.bytes_allocated / 1048576.0, pt.c_str());
+  *line = Fmt("%s %s group: %d SMs, %.1f MiB of buffers, peer transports [%s]", fp8 ? "fp8 " : "bf16",
+              p.ht ? "HT" : "LL", info.num_sms, info.bytes_allocated / 1048576.0, pt.c_str());
   *cfg_out = cfg;
   return group;
 }
@@ -201,7 +105,19 @@ int Main(int argc, char** argv) {
   setenv("NCCL_NVLS_ENABLE", "0", 0);
   RunInfo run;
   for (int i = 0; i < argc; i++) run.cmdline += (i ? " " : "") + std::string(argv[i]);
-  absl::SetProgramUsageMessage("moe_ep_run -n N -- moe_ep_bench --plugin=PATH [flags]");
+  absl::SetProgramUsageMessage(
+      "moe_ep_run -n N -- moe_ep_bench --plugin=PATH [flags]\n"
+      "  LL (decode):  moe_ep_run -n 2 -- moe_ep_bench --plugin=libmoe_ep.so --json=bench.json\n"
+      "  HT (prefill): moe_ep_run -n 2 -- moe_ep_bench --plugin=libmoe_ep.so --mode=ht "
+      "--dtype=bf16 --tokens=512,1024,2048,4096,8192 --num_sms=24");
+  // --help lists the flags of the bench's own files (they live in
+  // bench_flags.cc, not next to main, where Abseil looks by default).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view path) {
+    return path.find("tools/bench/") != absl::string_view::npos;
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() > 1) Die("unexpected argument '%s'", rest[1]);
 
@@ -219,6 +135,16 @@ int Main(int argc, char** argv) {
   s.iters = p.iters;
   s.slots = static_cast<int64_t>(world) * p.max_tokens;
 
+  // ---- plugin (before any GPU call: a plan it cannot run stops here) -----
+  char err[512];
+  run.plugin = absl::GetFlag(FLAGS_plugin);
+  void* lib = moe_ep_load(run.plugin.c_str(), &g_ep, err, sizeof err);
+  if (lib == nullptr) Die("%s", err);
+  EP_CHECK(g_ep->get_version(&run.vmaj, &run.vmin, &run.vpat));
+  run.ht = p.ht;
+  s.worst_case = p.ht && HtWorstCase(p, run.vmaj, run.vmin, &run.ht_dispatch);
+  run.ht_worst_case = s.worst_case;
+
   // ---- devices -----------------------------------------------------------
   int ndev = 0;
   CUDA_CHECK(cudaGetDeviceCount(&ndev));
@@ -230,13 +156,6 @@ int Main(int argc, char** argv) {
   cudaDeviceProp prop;
   CUDA_CHECK(cudaGetDeviceProperties(&prop, s.dev));
   CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
-
-  // ---- plugin ------------------------------------------------------------
-  char err[512];
-  run.plugin = absl::GetFlag(FLAGS_plugin);
-  void* lib = moe_ep_load(run.plugin.c_str(), &g_ep, err, sizeof err);
-  if (lib == nullptr) Die("%s", err);
-  EP_CHECK(g_ep->get_version(&run.vmaj, &run.vmin, &run.vpat));
 
   // ---- reference communicator -------------------------------------------
   Ref ref;
@@ -255,9 +174,8 @@ int Main(int argc, char** argv) {
                        prop.totalGlobalMem / 1073741824.0,
                        s.peer_dev >= 0 ? std::to_string(s.peer_dev).c_str() : "none (1 rank)");
   Buffers b;
-  me += PeerCopyTarget(s, static_cast<size_t>(p.max_tokens) * p.top_k * p.max_hidden * 2, &b);
+  me += AllocBuffers(s, p, &b);
   run.devices = ref.GatherText(me);
-  AllocBuffers(s, p, &b);
 
   Timer timer;
   timer.Init(s.stream, p.iters, p.warmup, &ref);
@@ -294,19 +212,27 @@ int Main(int argc, char** argv) {
       for (int T : p.tokens) {
         const Traffic tr = MakeTraffic(p.seed, rank, world, T, H, p.top_k, p.experts, fp8);
         std::vector<double> st(kNumStats, 0.0);
-        AddByteStats(tr, rank, &st);
-        UploadInputs(s, b, tr, T, H);
-        MeasureMoeEp(s, b, group, tr, fp8, H, T, &st);
-        MeasureNcclAllToAll(s, b, tr, &st);
-        MeasurePeerCopy(s, b, &st);
+        if (p.ht) {
+          MeasureHtCase(s, b, group, tr, fp8, H, T, &st);
+        } else {
+          MeasureLlCase(s, b, group, tr, fp8, H, T, &st);
+        }
         Case c{fp8, H, T, ref.Gather(st)};
         cases.push_back(c);
         if (rank == 0) {
           if (!header_printed) {
-            PrintLatencyHeader();
+            if (p.ht) {
+              PrintHtHeader(run);
+            } else {
+              PrintLatencyHeader();
+            }
             header_printed = true;
           }
-          PrintLatencyRows(c, world);
+          if (p.ht) {
+            PrintHtRows(c, world);
+          } else {
+            PrintLatencyRows(c, world);
+          }
         } else {
           fprintf(stderr, "rank %d: done %s hidden %d tokens %d\n", rank, fp8 ? "fp8" : "bf16", H, T);
         }
@@ -319,7 +245,11 @@ int Main(int argc, char** argv) {
   }
 
   if (rank == 0) {
-    PrintBandwidth(cases, world);
+    if (p.ht) {
+      PrintHtLegend();
+    } else {
+      PrintBandwidth(cases, world);
+    }
     const std::string json = absl::GetFlag(FLAGS_json);
     if (!json.empty()) WriteJson(json, run, cases);
   }
