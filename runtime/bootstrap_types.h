@@ -22,7 +22,7 @@
 #define MEP_BS_REASON_MAX 512
 /* Ranks in one group (per-peer arrays are sized by it) and the longest
  * bounded wait: the project-wide limits, one copy. */
-#include "kernels/limits.h"
+#include "kernels/common/limits.h"
 #define MEP_BS_MAX_RANKS MEP_MAX_RANKS
 #define MEP_BS_MAX_TIMEOUT_MS MEP_MAX_TIMEOUT_MS
 

@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "kernels/limits.h"
+#include "kernels/common/limits.h"
 #include "runtime/config.h"
 #include "runtime/config_keys.h"
 #include "runtime/error.h"

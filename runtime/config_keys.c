@@ -9,7 +9,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "kernels/limits.h"
+#include "kernels/common/limits.h"
 #include "runtime/error.h"
 
 static const char *const backend_names[] = {"auto", "host", "nccl", NULL};

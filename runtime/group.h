@@ -6,7 +6,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include "kernels/limits.h"
+#include "kernels/common/limits.h"
 #include "moe_ep.h"
 #include "runtime/backend.h"
 #include "runtime/bootstrap.h"

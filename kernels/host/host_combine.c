@@ -6,8 +6,8 @@
 #include <math.h>
 #include <stddef.h>
 
+#include "kernels/common/limits.h"
 #include "kernels/host/host_numeric.h"
-#include "kernels/limits.h"
 
 void mep_combine_weighted(uint16_t *out, const uint16_t *const *rows,
                           const float *w, int top_k, int hidden) {

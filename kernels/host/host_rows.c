@@ -3,8 +3,8 @@
 
 #include <string.h>
 
+#include "kernels/common/limits.h"
 #include "kernels/host/host_numeric.h"
-#include "kernels/limits.h"
 
 #define ROUND16(x) (((x) + 15u) & ~(size_t)15u)
 #define META_HEAD 2 /* int32 token, int32 ordinal */

@@ -8,7 +8,7 @@
 
 #include <stdint.h>
 
-#include "kernels/limits.h"
+#include "kernels/common/limits.h"
 #include "moe_ep.h"
 
 #ifdef __cplusplus

@@ -1,6 +1,6 @@
 /* nccl_backend.c: backend "nccl": the LL data path on GPUs. NCCL setup
  * (communicator, symmetric window, device communicator) comes from
- * nccl_setup.c, the kernels from kernels/ll.h; this file turns validated
+ * nccl_setup.c, the kernels from kernels/ll/ll.h; this file turns validated
  * operations (and prepare's layout outputs) into kernel launches, keeps the
  * per-buffer-set handle storage, and turns a kernel's timeout record into
  * MOE_EP_ERR_TIMEOUT. */
@@ -8,7 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/ll.h"
+#include "kernels/common/prepare_layout.h"
+#include "kernels/ll/ll.h"
 #include "runtime/bootstrap.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
@@ -309,11 +310,11 @@ static moe_ep_status_t leave_device(const nccl_state_t *s, int prev, moe_ep_stat
 _Static_assert((int)MEP_FP8_SCALE_F32 == (int)MOE_EP_FP8_SCALE_F32 &&
                    (int)MEP_FP8_SCALE_UE8M0 == (int)MOE_EP_FP8_SCALE_UE8M0 &&
                    (int)MEP_FP8_SCALE_UE8M0_PACKED == (int)MOE_EP_FP8_SCALE_UE8M0_PACKED,
-               "kernels/kernels_types.h's fp8 scale formats must keep moe_ep_fp8_scale_t's numbers");
+               "kernels/common/kernels_types.h's fp8 scale formats must keep moe_ep_fp8_scale_t's numbers");
 _Static_assert((int)MEP_LL_TRANSPORT_LSA == (int)MOE_EP_TRANSPORT_LSA &&
                    (int)MEP_LL_TRANSPORT_GIN == (int)MOE_EP_TRANSPORT_GIN &&
                    (int)MEP_LL_TRANSPORT_GIN_EMULATED == (int)MOE_EP_TRANSPORT_GIN_EMULATED,
-               "kernels/ll.h's transports must keep moe_ep_transport_t's numbers");
+               "kernels/ll/ll.h's transports must keep moe_ep_transport_t's numbers");
 
 static moe_ep_status_t launched(const moe_ep_group_t *g, mep_kstatus_t k, const char *what) {
   if (k == MEP_KSTATUS_OK) return MOE_EP_OK;

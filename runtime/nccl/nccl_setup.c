@@ -16,7 +16,7 @@
 #define NCCL_HOST_DEVICE_INLINE
 #include <nccl_device/core.h>
 
-#include "kernels/limits.h"
+#include "kernels/common/limits.h"
 #include "runtime/error.h"
 #include "runtime/nccl/nccl_dl.h"
 
@@ -30,7 +30,7 @@ struct mep_nccl {
   int32_t world;
   int32_t lsa_size;
   int32_t *peer_transport;
-  _Alignas(16) unsigned char devcomm[MEP_DEVCOMM_BYTES] /* kernels/limits.h */;
+  _Alignas(16) unsigned char devcomm[MEP_DEVCOMM_BYTES] /* kernels/common/limits.h */;
 };
 
 static moe_ep_status_t nccl_fail(ncclComm_t comm, const char *call, ncclResult_t r) {

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/ll.h"
+#include "kernels/ll/ll.h"
 #include "runtime/nccl/nccl_setup.h"
 
 namespace mep_ll_gpu {

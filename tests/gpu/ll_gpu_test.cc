@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/ll.h"
+#include "kernels/ll/ll.h"
 #include "runtime/error.h"
 #include "runtime/nccl/nccl_setup.h"
 #include "tests/gpu/ll_gpu_harness.h"

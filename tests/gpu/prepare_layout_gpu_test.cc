@@ -12,7 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/ll.h"
+#include "kernels/common/kernels_error.h"
+#include "kernels/common/prepare_layout.h"
 #include "tests/oracle/compare.h"
 #include "tests/oracle/inputs.h"
 #include "tests/oracle/prepare.h"

@@ -66,7 +66,7 @@ Plan ParseFlags(int world) {
     tokens = p.ht ? std::vector<std::string>{"512", "1024", "2048", "4096", "8192"}
                   : std::vector<std::string>{"1", "8", "32", "128", "256"};
   }
-  // The library's max_tokens_per_rank bounds (kernels/limits.h).
+  // The library's max_tokens_per_rank bounds (kernels/common/limits.h).
   p.tokens = IntList(tokens, "tokens", 1, p.ht ? 65536 : 1024);
   p.hidden = IntList(absl::GetFlag(FLAGS_hidden), "hidden", 128, 65536);
   p.top_k = absl::GetFlag(FLAGS_top_k);

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/ll.h"
+#include "kernels/ll/ll.h"
 #include "tests/gpu/ll_gpu_harness.h"
 
 using namespace mep_ll_gpu;

@@ -14,7 +14,7 @@ from .config import Config
 from .errors import InvalidArgumentError
 from .handle import Handle
 
-_MAX_RANKS = 1024  # kernels/limits.h MEP_MAX_RANKS: sizes the first info()'s array
+_MAX_RANKS = 1024  # kernels/common/limits.h MEP_MAX_RANKS: sizes the first info()'s array
 
 GroupInfo = collections.namedtuple(
     "GroupInfo", "rank world_size num_local_experts backend mode num_sms "

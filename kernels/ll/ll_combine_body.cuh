@@ -14,7 +14,7 @@
 #ifndef MEP_LL_COMBINE_BODY_CUH_
 #define MEP_LL_COMBINE_BODY_CUH_
 
-#include "kernels/ll_launch.cuh"
+#include "kernels/ll/ll_launch.cuh"
 
 /* Both halves' arguments (device copy of mep_ll_combine_args_t). */
 struct MepCombineArgs {
@@ -29,7 +29,7 @@ struct MepCombineArgs {
   int partials;              /* this rank's dispatch was weighted */
 };
 
-#include "kernels/ll_combine_partial.cuh"
+#include "kernels/ll/ll_combine_partial.cuh"
 
 static inline MepCombineArgs mep_combine_args(const mep_ll_ctx_t *ctx,
                                               const mep_ll_combine_args_t *a) {

@@ -23,7 +23,7 @@
 #ifndef MEP_LL_DISPATCH_LSA_CUH_
 #define MEP_LL_DISPATCH_LSA_CUH_
 
-#include "kernels/ll_dispatch_common.cuh"
+#include "kernels/ll/ll_dispatch_common.cuh"
 
 /* Routing ids per lane per load step of an expert-list unit: 512 ids in
  * flight together. 32 (1024, one round trip at 128 tokens of top-8) spilled

@@ -1,7 +1,7 @@
 /* ll_dispatch_recv.cu: LL dispatch, receive half as its own kernel (run
  * from a hook, or right after the send half). The body is in
  * ll_dispatch_body.cuh. */
-#include "kernels/ll_dispatch_body.cuh"
+#include "kernels/ll/ll_dispatch_body.cuh"
 
 extern "C" mep_kstatus_t mep_ll_dispatch_check(const char *op, const mep_ll_ctx_t *ctx,
                                                  const mep_ll_dispatch_args_t *a);

@@ -1,5 +1,4 @@
-/* ll.h: host launchers of the low-latency (LL) dispatch/combine kernels
- * (and of prepare's layout kernel).
+/* ll.h: host launchers of the low-latency (LL) dispatch/combine kernels.
  * Plain C: the runtime includes this, never the CUDA C++ behind it. Each
  * operation is a send half and a receive half (separate kernels, nothing
  * resident in between) so the receive can be deferred (hooks). */
@@ -9,9 +8,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/kernels_types.h"
-#include "kernels/limits.h"
-#include "kernels/ll_layout.h"
+#include "kernels/common/kernels_types.h"
+#include "kernels/common/limits.h"
+#include "kernels/ll/ll_layout.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -247,27 +246,6 @@ mep_kstatus_t mep_ll_dispatch(const mep_ll_ctx_t *ctx, const mep_ll_dispatch_arg
 mep_kstatus_t mep_ll_combine(const mep_ll_ctx_t *ctx, const mep_ll_combine_args_t *args,
                                void *stream);
 
-/* prepare's optional layout outputs (kernels/prepare_layout.cu), from the
- * device topk_idx. Experts live on ranks in contiguous blocks of
- * num_experts / world; a topk_idx value outside -1..num_experts-1 counts
- * as -1 (dispatch drops such a slot). Any output may be NULL (skipped). */
-typedef struct mep_prepare_layout_args {
-  const void *topk_idx;   /* [T, K] int32 or int64, -1 = no expert */
-  int32_t topk_idx_bytes; /* 4 or 8 */
-  int32_t num_tokens;     /* T, may be 0 (the counts are then zeroed) */
-  int32_t top_k;          /* K */
-  int32_t num_experts;    /* E */
-  int32_t world;          /* R */
-  int32_t reserved0;
-  int32_t *num_tokens_per_rank;   /* [R]: tokens with >= 1 expert on rank r */
-  int32_t *num_tokens_per_expert; /* [E]: (token, k) slots naming expert e */
-  uint8_t *is_token_in_rank;      /* [T, R]: 1 when token t has an expert on r */
-} mep_prepare_layout_args_t;
-
-/* One single-block kernel on `stream`: no host sync, no allocation, so it
- * may be captured in a CUDA graph. Deterministic (integer counts). */
-mep_kstatus_t mep_prepare_layout(const mep_prepare_layout_args_t *args, void *stream);
-
 /* Sentence about the last launcher failure on this thread (never NULL). */
 const char *mep_kernels_last_error(void);
 
@@ -279,7 +257,7 @@ const char *mep_kernels_last_error(void);
 #endif
 
 /* Every bit field the wire and handle encodings pack, against the limit of
- * what it must hold (kernels/limits.h): raising a limit past a field's
+ * what it must hold (kernels/common/limits.h): raising a limit past a field's
  * width fails here, not as a silently aliased token, rank or count. */
 /* slot_src: rank 16 bits, k 5 bits, token 11 bits, round trip at the maxima. */
 MEP_LL_STATIC_ASSERT(MEP_LL_SLOT_RANK(MEP_LL_SLOT_PACK(MEP_MAX_RANKS - 1, MEP_MAX_TOKENS_LL - 1,

@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/limits.h"
+#include "kernels/common/limits.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -2,7 +2,8 @@
 // launchers reject invalid arguments without a GPU; sizing is exact.
 #include <gtest/gtest.h>
 
-#include "kernels/ll.h"
+#include "kernels/common/prepare_layout.h"
+#include "kernels/ll/ll.h"
 
 namespace {
 

@@ -31,8 +31,8 @@
 #ifndef MEP_LL_DISPATCH_BODY_CUH_
 #define MEP_LL_DISPATCH_BODY_CUH_
 
-#include "kernels/ll_dispatch_common.cuh"
-#include "kernels/ll_dispatch_lsa.cuh"
+#include "kernels/ll/ll_dispatch_common.cuh"
+#include "kernels/ll/ll_dispatch_lsa.cuh"
 
 /* kArrive = false (the fused LSA kernel): the block's arrival is left to
  * the receive half, whose last warp sends it while the others read the

@@ -3,7 +3,7 @@
  * fused dispatch, the receive waits for this rank's own count signal, made
  * of the send half's blocks' arrivals (LSA) or sent by its last block
  * (staged): a cooperative launch. */
-#include "kernels/ll_combine_body.cuh"
+#include "kernels/ll/ll_combine_body.cuh"
 
 extern "C" mep_kstatus_t mep_ll_combine_check(const char *op, const mep_ll_ctx_t *ctx,
                                                 const mep_ll_combine_args_t *a);

@@ -16,8 +16,8 @@
 #ifndef MEP_LL_COMBINE_PARTIAL_CUH_
 #define MEP_LL_COMBINE_PARTIAL_CUH_
 
-#include "kernels/bf16_vec.cuh"
-#include "kernels/ll_launch.cuh"
+#include "kernels/common/bf16_vec.cuh"
+#include "kernels/ll/ll_launch.cuh"
 
 /* Channels of one step: a lane's 8 bf16 channels, 256 per warp. */
 constexpr int kMepPartialStep = 256;

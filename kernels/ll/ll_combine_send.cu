@@ -1,7 +1,7 @@
 /* ll_combine_send.cu: LL combine, send half as its own kernel (the receive
  * is deferred to a hook). The body is in ll_combine_body.cuh. Also the
  * argument check shared by every combine launcher. */
-#include "kernels/ll_combine_body.cuh"
+#include "kernels/ll/ll_combine_body.cuh"
 
 namespace {
 

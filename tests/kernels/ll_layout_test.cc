@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/ll_layout.h"
+#include "kernels/ll/ll_layout.h"
 
 namespace {
 

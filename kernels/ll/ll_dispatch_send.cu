@@ -2,7 +2,7 @@
  * receive is deferred to a hook). The body, and what it sends, is in
  * ll_dispatch_body.cuh. Also the argument check shared by every dispatch
  * launcher. */
-#include "kernels/ll_dispatch_body.cuh"
+#include "kernels/ll/ll_dispatch_body.cuh"
 
 namespace {
 

@@ -41,7 +41,7 @@
 
 /* Bytes the runtime keeps for NCCL's device communicator (struct
  * ncclDevComm is C++ only: the C runtime holds it as bytes and the kernels
- * copy it into each launch; kernels/ll_launch.cuh static_asserts that it
+ * copy it into each launch; kernels/common/launch.cuh static_asserts that it
  * fits). */
 #define MEP_DEVCOMM_BYTES 1024
 

@@ -1,34 +1,14 @@
 /* ll_host.cu: host-side helpers of the LL path: buffer/state sizing, timeout
- * conversion, the launchers' error text. No kernels here except the abort
- * reset. */
+ * conversion, the abort reset and LSA address resolution (one tiny
+ * kernel). */
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <nccl_device.h>
 #include <string.h>
-#include <stdarg.h>
-#include <stdio.h>
 
-#include "kernels/kernels_error.h"
-#include "kernels/ll.h"
-#include "kernels/limits.h"
-
-static thread_local char g_kernels_error[512] = "";
-
-extern "C" mep_kstatus_t mep_kernels_error(mep_kstatus_t st, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(g_kernels_error, sizeof g_kernels_error, fmt, ap);
-  va_end(ap);
-  return st;
-}
-
-extern "C" mep_kstatus_t mep_kernels_cuda_check(const char *what, int err) {
-  if (err == cudaSuccess) return MEP_KSTATUS_OK;
-  return mep_kernels_error(MEP_KSTATUS_CUDA, "%s: CUDA error %d (%s)", what, err,
-                           cudaGetErrorString((cudaError_t)err));
-}
-
-extern "C" const char *mep_kernels_last_error(void) { return g_kernels_error; }
+#include "kernels/common/kernels_error.h"
+#include "kernels/common/limits.h"
+#include "kernels/ll/ll.h"
 
 extern "C" uint64_t mep_ll_buffer_bytes(int32_t num_local_experts, int32_t world,
                                         int32_t max_tokens, int32_t hidden, int32_t top_k,

@@ -1,7 +1,7 @@
 /* ll_combine_recv.cu: LL combine, receive half as its own kernel (run from
  * a hook, or right after the send half). The body is in
  * ll_combine_body.cuh. */
-#include "kernels/ll_combine_body.cuh"
+#include "kernels/ll/ll_combine_body.cuh"
 
 extern "C" mep_kstatus_t mep_ll_combine_check(const char *op, const mep_ll_ctx_t *ctx,
                                                 const mep_ll_combine_args_t *a);

@@ -4,9 +4,9 @@
  * prepare and the test oracle (tests/oracle/prepare.cc). */
 #include <cuda_runtime.h>
 
-#include "kernels/kernels_error.h"
-#include "kernels/ll.h"
-#include "kernels/limits.h"
+#include "kernels/common/kernels_error.h"
+#include "kernels/common/limits.h"
+#include "kernels/common/prepare_layout.h"
 
 namespace {
 

@@ -6,8 +6,8 @@
 #ifndef MEP_LL_DISPATCH_COMMON_CUH_
 #define MEP_LL_DISPATCH_COMMON_CUH_
 
-#include "kernels/fp8.cuh"
-#include "kernels/ll_launch.cuh"
+#include "kernels/common/fp8.cuh"
+#include "kernels/ll/ll_launch.cuh"
 
 /* Both halves' arguments (device copy of mep_ll_dispatch_args_t). */
 struct MepDispatchArgs {
@@ -57,6 +57,16 @@ static inline MepDispatchArgs mep_dispatch_args(const mep_ll_ctx_t *ctx,
  * 1 token per rank 1024 measured 14.8 us against 16.1 us for 2048, EP2
  * fp8 dispatch on 2 x H200; equal at 128 and 256 tokens). */
 constexpr int kMepDispatchChunk = 1024;
+
+/* Notes the first out-of-range routing entry of a launch (the slot is
+ * dropped, as -1 would be); the runtime reports it once through
+ * group_poll_error. Never aborts anything. */
+static __device__ __noinline__ void mep_record_bad_routing(const MepLLParams &p, int token, int k,
+                                                           int value) {
+  if (p.notice != nullptr)
+    mep_publish_record(p.notice, p, MEP_LL_OP_BAD_ROUTING, -1, value, (uint64_t)token,
+                       (uint64_t)k);
+}
 
 /* Lane k < K: the destination rank of token t's slot k (-1: no expert or an
  * invalid id, which is dropped) and, through *le, its local expert there. */

@@ -3,7 +3,7 @@
 #ifndef MEP_KERNELS_ERROR_H_
 #define MEP_KERNELS_ERROR_H_
 
-#include "kernels/kernels_types.h"
+#include "kernels/common/kernels_types.h"
 
 #ifdef __cplusplus
 extern "C" {

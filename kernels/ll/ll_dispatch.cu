@@ -4,7 +4,7 @@
  * waits for this rank's own lists and count signal, which other blocks
  * send, so the grid is launched cooperatively (all blocks resident; at most
  * one block per SM). */
-#include "kernels/ll_dispatch_body.cuh"
+#include "kernels/ll/ll_dispatch_body.cuh"
 
 extern "C" mep_kstatus_t mep_ll_dispatch_check(const char *op, const mep_ll_ctx_t *ctx,
                                                  const mep_ll_dispatch_args_t *a);

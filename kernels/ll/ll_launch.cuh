@@ -5,16 +5,14 @@
 
 #include <string.h>
 
-#include "kernels/kernels_error.h"
-#include "kernels/limits.h"
-#include "kernels/transport.cuh"
+#include "kernels/common/kernels_error.h"
+#include "kernels/common/launch.cuh"
+#include "kernels/common/limits.h"
+#include "kernels/ll/ll_signals.cuh"
 
 /* Threads per LL block: 16 warps; one block per SM so spinning warps never
  * wait on a block that cannot become resident. */
 #define MEP_LL_THREADS 512
-
-static_assert(sizeof(ncclDevComm) <= MEP_DEVCOMM_BYTES,
-              "ncclDevComm outgrew MEP_DEVCOMM_BYTES in kernels/limits.h");
 
 static inline mep_kstatus_t mep_ll_check_ctx(const char *op, const mep_ll_ctx_t *ctx,
                                                int set) {
@@ -130,10 +128,6 @@ static inline mep_kstatus_t mep_ll_check_call(const char *op, const mep_ll_ctx_t
 
 /* Calls fn(MepType<Tp>{}) with the transport type the context names, so a
  * launcher instantiates its kernel for it in one place. */
-template <typename T>
-struct MepType {
-  using type = T;
-};
 template <typename Fn>
 static inline cudaError_t mep_ll_with_transport(int transport, Fn &&fn) {
   switch (transport) {
@@ -147,9 +141,7 @@ static inline cudaError_t mep_ll_with_transport(int transport, Fn &&fn) {
  * SM count (co-residency of spinning blocks) or the receive blocks' shadow
  * copies (MEP_LL_SHADOW_SLOTS). */
 static inline int mep_ll_grid(const mep_ll_ctx_t *ctx) {
-  int dev = 0, sms = 1;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  int sms = mep_device_sms();
   if (sms > MEP_LL_SHADOW_SLOTS) sms = MEP_LL_SHADOW_SLOTS;
   return ctx->num_sms < sms ? ctx->num_sms : sms;
 }
@@ -171,17 +163,8 @@ static inline int mep_ll_grid_for(const mep_ll_ctx_t *ctx, int64_t units) {
 template <typename... Params, typename... Args>
 static cudaError_t mep_ll_launch_fused(void (*kernel)(Params...), int grid, size_t smem,
                                        cudaStream_t s, Args &&...args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)grid);
-  cfg.blockDim = dim3(MEP_LL_THREADS);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...);
+  return mep_launch_cooperative(kernel, grid, MEP_LL_THREADS, smem, s,
+                                static_cast<Args &&>(args)...);
 }
 
 #endif /* MEP_LL_LAUNCH_CUH_ */

@@ -1,0 +1,77 @@
+/* ll_params.cuh: the LL kernels' parameter block, the per-block state copies
+ * it points to (signal shadows, list tags: MEP_LL_SHADOW_SLOTS) and the
+ * diagnostic phase stamps. */
+#ifndef MEP_LL_PARAMS_CUH_
+#define MEP_LL_PARAMS_CUH_
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <nccl_device.h>
+#include <stdint.h>
+
+#include "kernels/ll/ll.h"
+#include "kernels/ll/ll_layout.h"
+
+/* Kernel parameter block (passed by value). Offsets are window offsets. */
+struct MepLLParams {
+  ncclDevComm comm;
+  ncclWindow_t win;
+  char *local;            /* this rank's window base */
+  char *lsa_base;         /* the window at LSA rank 0 (mep_ll_resolve_lsa) */
+  uint64_t lsa_stride;    /* bytes between LSA ranks' windows */
+  uint64_t set_off;       /* offset of this call's buffer set */
+  mep_ll_dims_t dims;     /* capacities */
+  mep_ll_set_layout_t lay;
+  int rank;
+  int set;
+  uint32_t gin_sig_base;  /* set * lay.num_signals */
+  uint64_t timeout_cycles;
+  uint64_t *shadows;      /* this set's shadows [MEP_LL_SHADOW_SLOTS][num_signals] */
+  uint32_t *tags;         /* this set's list tags [MEP_LL_SHADOW_SLOTS][R + 1] */
+  uint32_t *puts;         /* this set's staged-dispatch puts per destination [R] */
+  uint32_t *comb_puts;    /* this set's staged combine partial puts per destination [R] */
+  uint32_t *tickets;      /* this set's block tickets [MEP_LL_NUM_TICKETS] */
+  uint32_t *abort_flag;
+  mep_ll_error_record_t *err;
+  mep_ll_error_record_t *notice; /* may be NULL */
+  uint64_t *stamps;              /* diagnostics, usually NULL (mep_ll_ctx_t) */
+};
+
+/* Writes %globaltimer for phase `point` of this block when the caller
+ * asked for stamps (otherwise one uniform branch): mep_stamp from thread
+ * 0, mep_stamp_here from whichever thread calls it. */
+__device__ __forceinline__ void mep_stamp_here(const MepLLParams &p, int point) {
+  if (p.stamps == nullptr) return;
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  p.stamps[blockIdx.x * MEP_LL_STAMP_POINTS + point] = t;
+}
+__device__ __forceinline__ void mep_stamp(const MepLLParams &p, int point) {
+  if (threadIdx.x == 0) mep_stamp_here(p, point);
+}
+
+/* This block's copy of signal `sig`'s shadow, and of list tag i (source
+ * i < R received, R sent); see MEP_LL_SHADOW_SLOTS. */
+__device__ __forceinline__ uint64_t mep_shadow(const MepLLParams &p, uint32_t sig) {
+  return p.shadows[(uint64_t)blockIdx.x * p.lay.num_signals + sig];
+}
+__device__ __forceinline__ uint32_t mep_tag(const MepLLParams &p, int i) {
+  return p.tags[(uint64_t)blockIdx.x * (p.dims.world + 1) + i];
+}
+
+/* Ends a block's use of its per-block state copies: writes value_of(j) into
+ * every copy this block owns of entry index_of(j), j < n (slots b, b +
+ * grid, ... of an array of `stride` entries per slot). Block-wide; after a
+ * barrier that follows the block's last read of its own copies (no other
+ * block reads them). */
+template <typename V, typename IndexOf, typename ValueOf>
+__device__ __forceinline__ void mep_slots_store(V *base, uint32_t stride, int n, IndexOf index_of,
+                                                ValueOf value_of) {
+  const uint32_t owned = (MEP_LL_SHADOW_SLOTS - blockIdx.x + gridDim.x - 1) / gridDim.x;
+  for (uint32_t i = threadIdx.x; i < owned * (uint32_t)n; i += blockDim.x) {
+    const uint64_t slot = blockIdx.x + (uint64_t)(i / n) * gridDim.x;
+    base[slot * stride + index_of((int)(i % n))] = value_of((int)(i % n));
+  }
+}
+
+#endif /* MEP_LL_PARAMS_CUH_ */

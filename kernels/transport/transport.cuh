@@ -1,0 +1,72 @@
+/* transport.cuh: the device-side transport interface, peer addressing and
+ * the system-scope loads and stores that order the kernels' data. The three
+ * implementations (transport_lsa.cuh, transport_gin.cuh,
+ * transport_gin_emu.cuh) are selected by template parameter, so one kernel
+ * body serves all; bounded waits are in wait.cuh, the warp copy in
+ * copy_warp.cuh, the staged send's ticket in last_block.cuh.
+ * Interface of a transport Tp:
+ *
+ *   kStaged      sources must sit in the local window (GIN puts read the
+ *                window); the kernel stages caller rows there first.
+ *   kRowSignals  every put adds 1 to a row signal at the receiver, so the
+ *                receiver waits rows by count, and the send half's last
+ *                block adds the count signal once; without it (LSA) every
+ *                block of the send half releases its own stores with one
+ *                arrival on the count signal (mep_ll_arrival_add).
+ *   put_warp(p, peer, dst_off, src, src_off, bytes, row_sig)   whole warp
+ *   signal(p, peer, sig, add)                                   one lane
+ *   read_signal(p, sig) -> u64 (acquire)                        one lane
+ *   flush_warp(p)        sources reusable when the kernel ends  whole warp
+ *
+ * Signals only ever grow (SignalAdd semantics for all three): the receiver
+ * keeps the value seen after its last receive in device memory (shadows),
+ * so back-to-back calls and graph replays need no reset and no host. */
+#ifndef MEP_TRANSPORT_CUH_
+#define MEP_TRANSPORT_CUH_
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <nccl_device.h>
+#include <stdint.h>
+
+#include "kernels/ll/ll_params.cuh"
+
+__device__ __forceinline__ uint64_t mep_ld_acquire_sys(const uint64_t *p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ uint64_t mep_ld_relaxed_sys(const uint64_t *p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void mep_st_relaxed_sys(uint64_t *p, uint64_t v) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ int mep_lsa_peer(const MepLLParams &p, int peer) {
+  return ncclTeamRankToLsa(p.comm, ncclTeamWorld(p.comm), peer);
+}
+
+/* A peer's window address: arithmetic only (ncclGetLsaPointer would load
+ * the window descriptor, a dependent global load at the head of every
+ * kernel's critical path). */
+__device__ __forceinline__ void *mep_lsa_ptr(const MepLLParams &p, int peer, uint64_t off) {
+  return p.lsa_base + (uint64_t)mep_lsa_peer(p, peer) * p.lsa_stride + off;
+}
+
+__device__ __forceinline__ uint64_t mep_sig_off(const MepLLParams &p, uint32_t sig) {
+  return p.set_off + (uint64_t)sig * 8u;
+}
+
+#include "kernels/transport/copy_warp.cuh"
+#include "kernels/transport/last_block.cuh"
+#include "kernels/transport/wait.cuh"
+
+#include "kernels/transport/transport_gin.cuh"
+#include "kernels/transport/transport_gin_emu.cuh"
+#include "kernels/transport/transport_lsa.cuh"
+
+#endif /* MEP_TRANSPORT_CUH_ */
