@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/common/error_record.h"
 #include "kernels/common/kernels_types.h"
 #include "kernels/common/limits.h"
 #include "kernels/ll/ll_layout.h"
@@ -39,19 +40,8 @@ enum {
   MEP_LL_OP_DISPATCH_LIST = 7
 };
 
-/* Written by a kernel whose bounded wait expired, into host-mapped memory
- * (cudaHostAlloc mapped). flag: 0 = none, 1 = being written, 2 = complete.
- * The first expiring wait wins; the kernel then exits (no trap). */
-typedef struct mep_ll_error_record {
-  volatile int32_t flag;
-  int32_t op;       /* MEP_LL_OP_* */
-  int32_t rank;     /* the rank that waited */
-  int32_t peer;     /* the rank it waited for (-1: itself) */
-  int32_t expert;   /* local expert (dispatch) or -1 */
-  int32_t buffer_set;
-  uint64_t expected;
-  uint64_t seen;
-} mep_ll_error_record_t;
+/* The LL kernels' records (kernels/common/error_record.h), op MEP_LL_OP_*. */
+typedef mep_error_record_t mep_ll_error_record_t;
 
 typedef enum mep_ll_transport {
   MEP_LL_TRANSPORT_LSA = 1,          /* moe_ep_transport_t's numbers */

@@ -101,7 +101,7 @@ __device__ __forceinline__ void mep_combine_send_body(const MepLLParams &p,
   const int R = p.dims.world, cap = R * p.dims.max_tokens;
   const int EL = a.local_experts;
   const uint32_t row_bytes = (uint32_t)a.hidden * 2u;
-  const uint32_t row_sig = mep_ll_sig_comb_row(&p.dims, p.rank);
+  const uint32_t row_sig = mep_ll_sig_comb_row(&p.dims, p.xp.rank);
   int *count_s = smem, *src_s = smem + EL;
 
   /* Every block keeps the counts in shared memory and stops at the longest
@@ -143,17 +143,17 @@ __device__ __forceinline__ void mep_combine_send_body(const MepLLParams &p,
     const uint64_t stage_off = p.set_off + p.lay.stage + (uint64_t)j * row_bytes;
     if (Tp::kStaged) {
       /* GIN reads its source from the window */
-      mep_copy_warp(p.local + stage_off, yrow, row_bytes);
+      mep_copy_warp(p.xp.local + stage_off, yrow, row_bytes);
       __syncwarp();
     }
-    Tp::put_warp(p, r, p.set_off + p.lay.comb_recv + (uint64_t)(t * a.top_k + k) * row_bytes,
+    Tp::put_warp(p.xp, r, p.set_off + p.lay.comb_recv + (uint64_t)(t * a.top_k + k) * row_bytes,
                  yrow, stage_off, row_bytes, row_sig);
   }
 
   /* LSA: every block's arrival releases its rows; the receiver needs no
    * row count. */
   if constexpr (!Tp::kRowSignals) {
-    mep_arrive<Tp>(p, mep_ll_sig_comb_cnt(&p.dims, p.rank), [](int) { return (uint64_t)1; });
+    mep_arrive<Tp>(p, mep_ll_sig_comb_cnt(&p.dims, p.xp.rank), [](int) { return (uint64_t)1; });
     return;
   }
   /* Staged: one count signal per source, 1 + the rows it must wait for
@@ -171,10 +171,11 @@ __device__ __forceinline__ void mep_combine_send_body(const MepLLParams &p,
 #pragma unroll
         for (int m = 16; m >= 1; m >>= 1) count += __shfl_xor_sync(0xffffffffu, count, m);
       }
-      if (lane == 0) Tp::signal(p, r, mep_ll_sig_comb_cnt(&p.dims, p.rank), (uint64_t)count + 1);
+      if (lane == 0)
+        Tp::signal(p.xp, r, mep_ll_sig_comb_cnt(&p.dims, p.xp.rank), (uint64_t)count + 1);
     }
   }
-  Tp::flush_warp(p);
+  Tp::flush_warp(p.xp);
 }
 
 /* The per-slot reduction of the receive half (the dispatch carried no
@@ -194,7 +195,7 @@ __device__ __forceinline__ void mep_combine_sum_slots(const MepLLParams &p,
   const uint32_t row_elems = (uint32_t)a.hidden;
   const int nchunks = (a.hidden + 255) / 256;
   const __nv_bfloat16 *region =
-      reinterpret_cast<const __nv_bfloat16 *>(p.local + p.set_off + p.lay.comb_recv);
+      reinterpret_cast<const __nv_bfloat16 *>(p.xp.local + p.set_off + p.lay.comb_recv);
   const IdxT *topk = reinterpret_cast<const IdxT *>(a.topk);
   for (int u = gwarp; u < a.tokens * nchunks; u += nwarps) {
     const int t = u / nchunks;
@@ -246,7 +247,7 @@ __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
         const uint32_t rs = mep_ll_sig_comb_row(&p.dims, r);
         next[R + r] = mep_shadow(p, rs) + (code - 1);
         uint64_t rseen;
-        if (!mep_wait_ge(p, [&] { return Tp::read_signal(p, rs); }, next[R + r],
+        if (!mep_wait_ge(p.wc, [&] { return Tp::read_signal(p.xp, rs); }, next[R + r],
                          MEP_LL_OP_COMBINE_RECV, r, -1, &rseen))
           failed = 1;
       }

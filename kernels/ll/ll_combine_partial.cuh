@@ -70,7 +70,7 @@ __device__ __forceinline__ void mep_combine_send_partials(const MepLLParams &p,
   const int gwarp = blockIdx.x * (MEP_LL_THREADS / 32) + threadIdx.x / 32;
   const int R = p.dims.world, M = p.dims.max_tokens, K = a.top_k;
   const uint32_t row_bytes = (uint32_t)a.hidden * 2u;
-  const uint32_t row_sig = mep_ll_sig_comb_row(&p.dims, p.rank);
+  const uint32_t row_sig = mep_ll_sig_comb_row(&p.dims, p.xp.rank);
   const int piece = Tp::kStaged ? kMepPartialPiece : kMepPartialStep;
   const int npieces = (a.hidden + piece - 1) / piece;
   /* token-major, so the first pass of the grid covers every source's first
@@ -93,7 +93,8 @@ __device__ __forceinline__ void mep_combine_send_partials(const MepLLParams &p,
       const int c = c0 + lane * 8;
       const uint4 o = mep_partial_chunk(a.y, a.hidden, entry, live, c);
       if (c < a.hidden)
-        *reinterpret_cast<uint4 *>(static_cast<char *>(Tp::peer_ptr(p, s, dst_off)) + 16 * lane) = o;
+        *reinterpret_cast<uint4 *>(static_cast<char *>(Tp::peer_ptr(p.xp, s, dst_off)) +
+                                   16 * lane) = o;
     } else {
       /* GIN reads its source from the window: stage the piece. */
       const uint64_t stage_off = p.set_off + p.lay.stage_partial +
@@ -101,10 +102,11 @@ __device__ __forceinline__ void mep_combine_send_partials(const MepLLParams &p,
       for (int cs = c0; cs < c1; cs += kMepPartialStep) {
         const int c = cs + lane * 8;
         const uint4 o = mep_partial_chunk(a.y, a.hidden, entry, live, c);
-        if (c < c1) *reinterpret_cast<uint4 *>(p.local + stage_off + 2u * (uint64_t)(c - c0)) = o;
+        if (c < c1)
+          *reinterpret_cast<uint4 *>(p.xp.local + stage_off + 2u * (uint64_t)(c - c0)) = o;
       }
       __syncwarp();
-      Tp::put_warp(p, s, dst_off, nullptr, stage_off, 2u * (uint32_t)(c1 - c0), row_sig);
+      Tp::put_warp(p.xp, s, dst_off, nullptr, stage_off, 2u * (uint32_t)(c1 - c0), row_sig);
       if (lane == 0) atomicAdd(&p.comb_puts[s], 1u);
     }
   }
@@ -122,7 +124,7 @@ __device__ __forceinline__ void mep_combine_sum_partials(const MepLLParams &p,
   const int K = a.top_k;
   const int nsteps = (a.hidden + kMepPartialStep - 1) / kMepPartialStep;
   const __nv_bfloat16 *region =
-      reinterpret_cast<const __nv_bfloat16 *>(p.local + p.set_off + p.lay.comb_recv);
+      reinterpret_cast<const __nv_bfloat16 *>(p.xp.local + p.set_off + p.lay.comb_recv);
   const IdxT *topk = reinterpret_cast<const IdxT *>(a.topk);
   for (int u = gwarp; u < a.tokens * nsteps; u += nwarps) {
     const int t = u / nsteps;

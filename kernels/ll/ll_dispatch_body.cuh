@@ -46,8 +46,8 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
   const int gwarp = blockIdx.x * (MEP_LL_THREADS / 32) + threadIdx.x / 32;
   const int K = a.top_k, R = p.dims.world, T = a.tokens, M = p.dims.max_tokens;
   const uint64_t list_bytes = mep_ll_list_bytes(&p.dims);
-  const uint64_t my_row = (uint64_t)p.rank * M; /* this rank's rows at every destination */
-  const uint64_t my_list = p.set_off + p.lay.disp_list + (uint64_t)p.rank * list_bytes;
+  const uint64_t my_row = (uint64_t)p.xp.rank * M; /* this rank's rows at every destination */
+  const uint64_t my_list = p.set_off + p.lay.disp_list + (uint64_t)p.xp.rank * list_bytes;
   /* This call's list tag: every block's copy holds the last one sent. */
   const uint32_t tag = mep_ll_next_tag(mep_tag(p, R));
   const uint64_t head = mep_ll_list_head(T, a.weighted, tag);
@@ -56,11 +56,11 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
   if constexpr (!Tp::kStaged) {
     auto words_at = [&](int d) {
       return reinterpret_cast<uint64_t *>(
-          static_cast<char *>(Tp::peer_ptr(p, d, my_list)) + MEP_LL_LIST_HEAD_BYTES);
+          static_cast<char *>(Tp::peer_ptr(p.xp, d, my_list)) + MEP_LL_LIST_HEAD_BYTES);
     };
     if (blockIdx.x == 0)
       for (int d = threadIdx.x; d < R; d += blockDim.x)
-        mep_st_relaxed_sys(static_cast<uint64_t *>(Tp::peer_ptr(p, d, my_list)), head);
+        mep_st_relaxed_sys(static_cast<uint64_t *>(Tp::peer_ptr(p.xp, d, my_list)), head);
     /* One index space over the warps, so no warp takes two units while
      * others idle: every expert's list first (the receivers' slot building
      * waits on them), then (token, destination, chunk) rows, then 32-word
@@ -95,29 +95,29 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
         mep_st_relaxed_sys(words_at(d) + t * K + lane, mep_list_word(w, dst, le, d, tag));
       if (__ballot_sync(0xffffffffu, dst == d) == 0) continue;
       char *drow = static_cast<char *>(
-          Tp::peer_ptr(p, d, p.set_off + p.lay.disp_recv + (my_row + t) * a.row_bytes));
+          Tp::peer_ptr(p.xp, d, p.set_off + p.lay.disp_recv + (my_row + t) * a.row_bytes));
       mep_chunk_store<kFp8>(a, v, drow, c0, n);
     }
     mep_stamp(p, MEP_LL_STAMP_SENT);
     if constexpr (kArrive) {
       const uint64_t code = mep_ll_disp_code(T, 0, a.weighted, M);
-      mep_arrive<Tp>(p, mep_ll_sig_disp_cnt(&p.dims, p.rank), [&](int) { return code; });
+      mep_arrive<Tp>(p, mep_ll_sig_disp_cnt(&p.dims, p.xp.rank), [&](int) { return code; });
       mep_stamp(p, MEP_LL_STAMP_SIGNALLED);
     }
   } else {
     const uint64_t stage_rows = p.set_off + p.lay.stage;
     const uint64_t stage_list = p.set_off + p.lay.stage_list;
-    const uint32_t row_sig = mep_ll_sig_disp_row(&p.dims, p.rank);
+    const uint32_t row_sig = mep_ll_sig_disp_row(&p.dims, p.xp.rank);
     auto staged_words = [&](int d) {
-      return reinterpret_cast<uint64_t *>(p.local + stage_list + d * list_bytes +
+      return reinterpret_cast<uint64_t *>(p.xp.local + stage_list + d * list_bytes +
                                           MEP_LL_LIST_HEAD_BYTES);
     };
     if (blockIdx.x == 0)
       for (int d = threadIdx.x; d < R; d += blockDim.x)
-        *reinterpret_cast<uint64_t *>(p.local + stage_list + d * list_bytes) = head;
+        *reinterpret_cast<uint64_t *>(p.xp.local + stage_list + d * list_bytes) = head;
     for (int t = gwarp; t < T; t += nwarps) {
       const uint64_t srow = stage_rows + (uint64_t)t * a.row_bytes;
-      mep_write_row<kFp8>(a, a.x + (size_t)t * a.hidden, p.local + srow);
+      mep_write_row<kFp8>(a, a.x + (size_t)t * a.hidden, p.xp.local + srow);
       const float w = mep_slot_weight(a, t, lane);
       int le;
       const int dst = mep_slot_dst<IdxT>(p, a, t, lane, &le);
@@ -128,8 +128,8 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
         const int d = __shfl_sync(0xffffffffu, dst, kk);
         /* once per destination: only at its first slot */
         if (d < 0 || __ballot_sync(0xffffffffu, lane < kk && dst == d) != 0) continue;
-        Tp::put_warp(p, d, p.set_off + p.lay.disp_recv + (my_row + t) * a.row_bytes,
-                     p.local + srow, srow, a.row_bytes, row_sig);
+        Tp::put_warp(p.xp, d, p.set_off + p.lay.disp_recv + (my_row + t) * a.row_bytes,
+                     p.xp.local + srow, srow, a.row_bytes, row_sig);
         if (lane == 0) atomicAdd(&p.puts[d], 1u);
       }
     }
@@ -140,12 +140,12 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
       for (int d = threadIdx.x / 32; d < R; d += MEP_LL_THREADS / 32) {
         const uint32_t rows = mep_ld_volatile_u32(&p.puts[d]);
         const uint64_t src = stage_list + d * list_bytes;
-        Tp::put_warp(p, d, my_list, p.local + src, src,
+        Tp::put_warp(p.xp, d, my_list, p.xp.local + src, src,
                      (uint32_t)mep_ll_align16(MEP_LL_LIST_HEAD_BYTES + (uint64_t)T * K * 8u),
                      row_sig);
         if (lane == 0) {
           p.puts[d] = 0;
-          Tp::signal(p, d, mep_ll_sig_disp_cnt(&p.dims, p.rank),
+          Tp::signal(p.xp, d, mep_ll_sig_disp_cnt(&p.dims, p.xp.rank),
                      mep_ll_disp_code(T, (int)rows + 1, a.weighted, M));
         }
       }
@@ -154,7 +154,7 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
   }
   __syncthreads(); /* every thread has read the block's tag copy */
   mep_slots_store(p.tags, (uint32_t)(R + 1), 1, [&](int) { return R; }, [&](int) { return tag; });
-  Tp::flush_warp(p);
+  Tp::flush_warp(p.xp);
 }
 
 /* Staged transports (GIN, GIN-emulated): the counts and row puts first (a
@@ -193,7 +193,7 @@ __device__ __forceinline__ void mep_dispatch_recv_staged(const MepLLParams &p,
     tag[r] = (int)t;
     const uint64_t h = mep_list_fresh(p, head_of(r), mep_ld_relaxed_sys(head_of(r)), t, r, &failed);
     if (mep_ll_head_tokens(h) != tokens[r] || mep_ll_head_weighted(h) != weighted[r]) {
-      mep_record_timeout(p, MEP_LL_OP_BAD_SIGNAL, r, -1, t, h);
+      mep_record_timeout(p.wc, MEP_LL_OP_BAD_SIGNAL, r, -1, t, h);
       failed = 1;
     }
   }

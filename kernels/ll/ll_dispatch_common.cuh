@@ -63,8 +63,8 @@ constexpr int kMepDispatchChunk = 1024;
  * group_poll_error. Never aborts anything. */
 static __device__ __noinline__ void mep_record_bad_routing(const MepLLParams &p, int token, int k,
                                                            int value) {
-  if (p.notice != nullptr)
-    mep_publish_record(p.notice, p, MEP_LL_OP_BAD_ROUTING, -1, value, (uint64_t)token,
+  if (p.wc.notice != nullptr)
+    mep_publish_record(p.wc.notice, p.wc, MEP_LL_OP_BAD_ROUTING, -1, value, (uint64_t)token,
                        (uint64_t)k);
 }
 
@@ -236,7 +236,7 @@ __device__ __forceinline__ MepRecvSmem mep_recv_smem(int *smem, int R) {
 
 /* Source r's slot list in this set: its head, then its words. */
 __device__ __forceinline__ const uint64_t *mep_list_head(const MepLLParams &p, int r) {
-  return reinterpret_cast<const uint64_t *>(p.local + p.set_off + p.lay.disp_list +
+  return reinterpret_cast<const uint64_t *>(p.xp.local + p.set_off + p.lay.disp_list +
                                             (uint64_t)r * mep_ll_list_bytes(&p.dims));
 }
 __device__ __forceinline__ const uint64_t *mep_list_words(const MepLLParams &p, int r) {
@@ -263,7 +263,7 @@ __device__ __forceinline__ void mep_dispatch_recv_finish(const MepLLParams &p,
     for (int j = warp; j < filled; j += kMepWarps) {
       const int v = first && j < kMepSlotCache ? slot_cache[j] : slots[j];
       const uint64_t src_row = (uint64_t)MEP_LL_SLOT_RANK(v) * M + MEP_LL_SLOT_TOKEN(v);
-      mep_copy_recv_row<kFp8>(a, p.local + p.set_off + p.lay.disp_recv + src_row * a.row_bytes,
+      mep_copy_recv_row<kFp8>(a, p.xp.local + p.set_off + p.lay.disp_recv + src_row * a.row_bytes,
                               (uint64_t)le * cap + j);
     }
   }
@@ -318,7 +318,7 @@ __device__ __forceinline__ void mep_dispatch_wait_counts(const MepLLParams &p, b
      * corrupt or piled-up signal), fails the group like an expired wait. */
     if (!mep_ll_disp_decode(code - 1, M, &n, &q, &w) ||
         (got_head && (n != tokens[r] || w != weighted[r]))) {
-      mep_record_timeout(p, MEP_LL_OP_BAD_SIGNAL, r, -1,
+      mep_record_timeout(p.wc, MEP_LL_OP_BAD_SIGNAL, r, -1,
                          mep_shadow(p, mep_ll_sig_disp_cnt(&p.dims, r)), next[r]);
       *failed = 1;
       continue;
@@ -332,7 +332,7 @@ __device__ __forceinline__ void mep_dispatch_wait_counts(const MepLLParams &p, b
       const uint32_t rs = mep_ll_sig_disp_row(&p.dims, r);
       next[R + r] = mep_shadow(p, rs) + (uint64_t)q;
       uint64_t rseen;
-      if (q > 0 && !mep_wait_ge(p, [&] { return Tp::read_signal(p, rs); }, next[R + r],
+      if (q > 0 && !mep_wait_ge(p.wc, [&] { return Tp::read_signal(p.xp, rs); }, next[R + r],
                                 MEP_LL_OP_DISPATCH_RECV, r, -1, &rseen))
         *failed = 1;
     }
@@ -350,7 +350,7 @@ static __device__ __noinline__ uint64_t mep_list_wait(const MepLLParams &p, cons
               1ull);
   /* Waits on the tag alone, so an expired wait records tags, not words;
    * once the tag is this call's the word is final, and is read again. */
-  if (mep_wait(p, [&] { return (uint64_t)mep_ll_list_tag(mep_ld_relaxed_sys(w)); },
+  if (mep_wait(p.wc, [&] { return (uint64_t)mep_ll_list_tag(mep_ld_relaxed_sys(w)); },
                [&](uint64_t v) { return v == tag; }, tag, MEP_LL_OP_DISPATCH_LIST, peer, -1,
                &seen))
     return mep_ld_relaxed_sys(w);

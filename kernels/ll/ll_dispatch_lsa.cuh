@@ -53,7 +53,7 @@ __device__ __forceinline__ void mep_send_expert_list(const MepLLParams &p,
   const int lane = threadIdx.x & 31;
   const int K = a.top_k, T = a.tokens, M = p.dims.max_tokens, n = T * K;
   const int d = e / a.local_experts, le = e % a.local_experts;
-  uint64_t *list = static_cast<uint64_t *>(Tp::peer_ptr(p, d, mep_elist_off(p, le, p.rank)));
+  uint64_t *list = static_cast<uint64_t *>(Tp::peer_ptr(p.xp, d, mep_elist_off(p, le, p.xp.rank)));
   const IdxT *ids = static_cast<const IdxT *>(a.topk);
   const unsigned lower = (1u << lane) - 1u;
   uint32_t hits = 0;
@@ -94,7 +94,7 @@ __device__ __forceinline__ int mep_elist_count_checked(const MepLLParams &p, uin
                                                        int *failed) {
   const uint32_t hits = mep_ll_elist_hits(c);
   if (mep_ll_elist_tokens(c) == tokens && hits <= (uint32_t)(tokens * top_k)) return (int)hits;
-  mep_record_timeout(p, MEP_LL_OP_BAD_SIGNAL, r, le, (uint64_t)tokens, c);
+  mep_record_timeout(p.wc, MEP_LL_OP_BAD_SIGNAL, r, le, (uint64_t)tokens, c);
   *failed = 1;
   return 0;
 }
@@ -190,7 +190,7 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
   auto head_of = [&](int r) { return mep_list_head(p, r); };
   auto words_of = [&](int r) { return mep_list_words(p, r); };
   auto elist_of = [&](int le, int r) {
-    return reinterpret_cast<uint64_t *>(p.local + mep_elist_off(p, le, r));
+    return reinterpret_cast<uint64_t *>(p.xp.local + mep_elist_off(p, le, r));
   };
   auto list_sync = [] { asm volatile("bar.sync 1, %0;" ::"n"(kMepListThreads) : "memory"); };
 
@@ -201,7 +201,7 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
       /* The send half ended with a block barrier after its stores, so
        * this warp's release adds carry every thread's rows. */
       const uint64_t code = mep_ll_disp_code(a.tokens, 0, a.weighted, M);
-      mep_arrival_send<Tp>(p, mep_ll_sig_disp_cnt(&p.dims, p.rank), [&](int) { return code; },
+      mep_arrival_send<Tp>(p, mep_ll_sig_disp_cnt(&p.dims, p.xp.rank), [&](int) { return code; },
                            lane, 32);
     }
     /* The count signals cover the rows; their codes are checked after the
@@ -235,7 +235,7 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
                                         t, r, &scan_failed);
       const int n = mep_ll_head_tokens(h);
       if (n > M) {
-        mep_record_timeout(p, MEP_LL_OP_BAD_SIGNAL, r, -1, t, h);
+        mep_record_timeout(p.wc, MEP_LL_OP_BAD_SIGNAL, r, -1, t, h);
         scan_failed = 1;
       }
       tokens[r] = n > M ? 0 : n;
@@ -279,7 +279,7 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
             if (first_le && slot < kMepSlotCache) slot_cache[slot] = v;
             a.route[((size_t)r * M + tok) * K + k].slot = le * cap + slot;
           } else {
-            mep_record_timeout(p, MEP_LL_OP_BAD_SIGNAL, r, le, (uint64_t)tokens[r] * K, w);
+            mep_record_timeout(p.wc, MEP_LL_OP_BAD_SIGNAL, r, le, (uint64_t)tokens[r] * K, w);
             scan_failed = 1;
           }
           el[j] = 0; /* read: zero until the next call's entry lands */

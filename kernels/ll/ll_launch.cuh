@@ -85,20 +85,28 @@ static inline mep_kstatus_t mep_ll_check_shape(const char *op, const mep_ll_ctx_
 
 static inline void mep_ll_make_params(const mep_ll_ctx_t *ctx, int set, MepLLParams *p) {
   memset(p, 0, sizeof *p);
-  memcpy(&p->comm, ctx->dev_comm, sizeof(ncclDevComm));
-  p->win = (ncclWindow_t)ctx->window;
-  p->local = ctx->lsa_local != 0 ? (char *)(uintptr_t)ctx->lsa_local : (char *)ctx->window_local;
-  p->lsa_base = (char *)(uintptr_t)ctx->lsa_base;
-  p->lsa_stride = ctx->lsa_stride;
   p->dims = ctx->dims;
   p->lay = mep_ll_set_layout(&ctx->dims);
   p->set_off = (uint64_t)set * p->lay.set_bytes;
-  p->rank = ctx->rank;
-  p->set = set;
-  p->gin_sig_base = (uint32_t)(set * p->lay.num_signals);
-  p->timeout_cycles = ctx->timeout_cycles;
+  MepXport *x = &p->xp;
+  memcpy(&x->comm, ctx->dev_comm, sizeof(ncclDevComm));
+  x->win = (ncclWindow_t)ctx->window;
+  x->local = ctx->lsa_local != 0 ? (char *)(uintptr_t)ctx->lsa_local : (char *)ctx->window_local;
+  x->lsa_base = (char *)(uintptr_t)ctx->lsa_base;
+  x->lsa_stride = ctx->lsa_stride;
+  x->sig_off = p->set_off; /* the set's signals come first (mep_ll_set_layout) */
+  x->gin_sig_base = (uint32_t)(set * p->lay.num_signals);
+  x->rank = ctx->rank;
+  x->world = ctx->dims.world;
   const mep_ll_state_layout_t s = mep_ll_state_layout(&ctx->dims);
   char *st = (char *)ctx->state;
+  MepWaitCtx *w = &p->wc;
+  w->timeout_cycles = ctx->timeout_cycles;
+  w->abort_flag = (uint32_t *)(st + s.abort_flag);
+  w->err = ctx->error_dev;
+  w->notice = ctx->notice_dev;
+  w->rank = ctx->rank;
+  w->set = set;
   p->shadows =
       (uint64_t *)(st + s.shadows) + (uint64_t)set * MEP_LL_SHADOW_SLOTS * p->lay.num_signals;
   p->puts = (uint32_t *)(st + s.puts) + (uint64_t)set * ctx->dims.world;
@@ -106,9 +114,6 @@ static inline void mep_ll_make_params(const mep_ll_ctx_t *ctx, int set, MepLLPar
   p->tags = (uint32_t *)(st + s.tags) +
             (uint64_t)set * MEP_LL_SHADOW_SLOTS * (uint64_t)(ctx->dims.world + 1);
   p->tickets = (uint32_t *)(st + s.tickets) + set * MEP_LL_NUM_TICKETS;
-  p->abort_flag = (uint32_t *)(st + s.abort_flag);
-  p->err = ctx->error_dev;
-  p->notice = ctx->notice_dev;
   p->stamps = ctx->stamps;
 }
 

@@ -4,37 +4,26 @@
 #ifndef MEP_LL_PARAMS_CUH_
 #define MEP_LL_PARAMS_CUH_
 
-#include <cuda_runtime.h>
-#include <nccl.h>
-#include <nccl_device.h>
 #include <stdint.h>
 
 #include "kernels/ll/ll.h"
 #include "kernels/ll/ll_layout.h"
+#include "kernels/transport/transport.cuh"
 
-/* Kernel parameter block (passed by value). Offsets are window offsets. */
+/* Kernel parameter block (passed by value). Offsets are window offsets. The
+ * transports and bounded waits get xp and wc, never the whole block. */
 struct MepLLParams {
-  ncclDevComm comm;
-  ncclWindow_t win;
-  char *local;            /* this rank's window base */
-  char *lsa_base;         /* the window at LSA rank 0 (mep_ll_resolve_lsa) */
-  uint64_t lsa_stride;    /* bytes between LSA ranks' windows */
+  MepXport xp;            /* xp.sig_off = set_off: signals open each set */
+  MepWaitCtx wc;
   uint64_t set_off;       /* offset of this call's buffer set */
   mep_ll_dims_t dims;     /* capacities */
   mep_ll_set_layout_t lay;
-  int rank;
-  int set;
-  uint32_t gin_sig_base;  /* set * lay.num_signals */
-  uint64_t timeout_cycles;
   uint64_t *shadows;      /* this set's shadows [MEP_LL_SHADOW_SLOTS][num_signals] */
   uint32_t *tags;         /* this set's list tags [MEP_LL_SHADOW_SLOTS][R + 1] */
   uint32_t *puts;         /* this set's staged-dispatch puts per destination [R] */
   uint32_t *comb_puts;    /* this set's staged combine partial puts per destination [R] */
   uint32_t *tickets;      /* this set's block tickets [MEP_LL_NUM_TICKETS] */
-  uint32_t *abort_flag;
-  mep_ll_error_record_t *err;
-  mep_ll_error_record_t *notice; /* may be NULL */
-  uint64_t *stamps;              /* diagnostics, usually NULL (mep_ll_ctx_t) */
+  uint64_t *stamps;       /* diagnostics, usually NULL (mep_ll_ctx_t) */
 };
 
 /* Writes %globaltimer for phase `point` of this block when the caller

@@ -33,22 +33,22 @@ __device__ __forceinline__ bool mep_wait_count(const MepLLParams &p, uint32_t si
   const uint64_t b = *base = mep_shadow(p, sig);
   bool fresh = first == nullptr;
   auto read = [&] {
-    if (fresh) return Tp::read_signal(p, sig);
+    if (fresh) return Tp::read_signal(p.xp, sig);
     fresh = true;
     return *first;
   };
   uint64_t seen = 0;
   if (Tp::kRowSignals) {
-    if (!mep_wait_ge(p, read, b + 1, op, peer, -1, &seen)) return false;
+    if (!mep_wait_ge(p.wc, read, b + 1, op, peer, -1, &seen)) return false;
     *increase = *code = seen - b;
     return true;
   }
   uint64_t c = 0;
-  if (!mep_wait(p, read, [&](uint64_t v) { return mep_ll_arrival_state(v - b, &c) != 0; },
+  if (!mep_wait(p.wc, read, [&](uint64_t v) { return mep_ll_arrival_state(v - b, &c) != 0; },
                 b + MEP_LL_ARRIVAL_ONE, op, peer, -1, &seen))
     return false;
   if (mep_ll_arrival_state(seen - b, &c) < 0) {
-    mep_record_timeout(p, MEP_LL_OP_BAD_SIGNAL, peer, -1, b, seen);
+    mep_record_timeout(p.wc, MEP_LL_OP_BAD_SIGNAL, peer, -1, b, seen);
     return false;
   }
   *increase = seen - b;
@@ -65,7 +65,7 @@ template <class Tp, typename CodeOf>
 __device__ __forceinline__ void mep_arrival_send(const MepLLParams &p, uint32_t sig,
                                                  CodeOf code_of, int first, int stride) {
   for (int d = first; d < p.dims.world; d += stride)
-    Tp::signal(p, d, sig,
+    Tp::signal(p.xp, d, sig,
                mep_ll_arrival_add(blockIdx.x == 0 ? code_of(d) : 0u, blockIdx.x, gridDim.x));
 }
 template <class Tp, typename CodeOf>

@@ -4,19 +4,25 @@
  * transport_gin_emu.cuh) are selected by template parameter, so one kernel
  * body serves all; bounded waits are in wait.cuh, the warp copy in
  * copy_warp.cuh, the staged send's ticket in last_block.cuh.
+ * Everything takes a MepXport (below), never a mode's parameter block.
  * Interface of a transport Tp:
  *
  *   kStaged      sources must sit in the local window (GIN puts read the
  *                window); the kernel stages caller rows there first.
  *   kRowSignals  every put adds 1 to a row signal at the receiver, so the
- *                receiver waits rows by count, and the send half's last
- *                block adds the count signal once; without it (LSA) every
- *                block of the send half releases its own stores with one
- *                arrival on the count signal (mep_ll_arrival_add).
- *   put_warp(p, peer, dst_off, src, src_off, bytes, row_sig)   whole warp
- *   signal(p, peer, sig, add)                                   one lane
- *   read_signal(p, sig) -> u64 (acquire)                        one lane
- *   flush_warp(p)        sources reusable when the kernel ends  whole warp
+ *                receiver waits rows by count, and the sender adds the
+ *                count signal once, after its last put; without it (LSA)
+ *                every sending block releases its own stores with one add
+ *                on the count signal (LL: mep_ll_arrival_add).
+ *   put_warp(x, peer, dst_off, src, src_off, bytes, row_sig)   whole warp
+ *   signal(x, peer, sig, add)                                   one lane
+ *   read_signal(x, sig) -> u64 (acquire)                        one lane
+ *   peer_ptr(x, peer, off) -> void *   LSA and GIN-emulated only (GIN has
+ *                                      no load/store path to a peer)
+ *   flush_warp(x)        sources reusable when the kernel ends  whole warp
+ *
+ * Offsets are window offsets; signal `sig` is the u64 at x.sig_off + 8 sig
+ * (GIN: signal id x.gin_sig_base + sig).
  *
  * Signals only ever grow (SignalAdd semantics for all three): the receiver
  * keeps the value seen after its last receive in device memory (shadows),
@@ -29,7 +35,18 @@
 #include <nccl_device.h>
 #include <stdint.h>
 
-#include "kernels/ll/ll_params.cuh"
+/* What a transport needs to reach peers; nothing mode-specific. */
+struct MepXport {
+  ncclDevComm comm;
+  ncclWindow_t win;
+  char *local;           /* this rank's window base */
+  char *lsa_base;        /* the window at LSA rank 0 */
+  uint64_t lsa_stride;   /* bytes between LSA ranks' windows */
+  uint64_t sig_off;      /* window offset of signal 0 for this call (LL: the set's offset) */
+  uint32_t gin_sig_base; /* GIN signal id of signal 0 for this call */
+  int rank;
+  int world;
+};
 
 __device__ __forceinline__ uint64_t mep_ld_acquire_sys(const uint64_t *p) {
   uint64_t v;
@@ -46,19 +63,19 @@ __device__ __forceinline__ void mep_st_relaxed_sys(uint64_t *p, uint64_t v) {
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-__device__ __forceinline__ int mep_lsa_peer(const MepLLParams &p, int peer) {
-  return ncclTeamRankToLsa(p.comm, ncclTeamWorld(p.comm), peer);
+__device__ __forceinline__ int mep_lsa_peer(const MepXport &x, int peer) {
+  return ncclTeamRankToLsa(x.comm, ncclTeamWorld(x.comm), peer);
 }
 
 /* A peer's window address: arithmetic only (ncclGetLsaPointer would load
  * the window descriptor, a dependent global load at the head of every
  * kernel's critical path). */
-__device__ __forceinline__ void *mep_lsa_ptr(const MepLLParams &p, int peer, uint64_t off) {
-  return p.lsa_base + (uint64_t)mep_lsa_peer(p, peer) * p.lsa_stride + off;
+__device__ __forceinline__ void *mep_lsa_ptr(const MepXport &x, int peer, uint64_t off) {
+  return x.lsa_base + (uint64_t)mep_lsa_peer(x, peer) * x.lsa_stride + off;
 }
 
-__device__ __forceinline__ uint64_t mep_sig_off(const MepLLParams &p, uint32_t sig) {
-  return p.set_off + (uint64_t)sig * 8u;
+__device__ __forceinline__ uint64_t mep_sig_off(const MepXport &x, uint32_t sig) {
+  return x.sig_off + (uint64_t)sig * 8u;
 }
 
 #include "kernels/transport/copy_warp.cuh"

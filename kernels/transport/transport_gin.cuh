@@ -10,24 +10,24 @@ struct MepGin {
   static constexpr bool kStaged = true;
   static constexpr bool kRowSignals = true;
 
-  static __device__ __forceinline__ void put_warp(const MepLLParams &p, int peer, uint64_t dst_off,
+  static __device__ __forceinline__ void put_warp(const MepXport &x, int peer, uint64_t dst_off,
                                                   const void *, uint64_t src_off, uint32_t bytes,
                                                   uint32_t row_sig) {
-    ncclGin gin(p.comm, 0);
-    gin.put(ncclTeamWorld(p.comm), peer, p.win, dst_off, p.win, src_off, bytes,
-            ncclGin_SignalAdd{p.gin_sig_base + row_sig, 1}, ncclGin_None{}, ncclCoopWarp());
+    ncclGin gin(x.comm, 0);
+    gin.put(ncclTeamWorld(x.comm), peer, x.win, dst_off, x.win, src_off, bytes,
+            ncclGin_SignalAdd{x.gin_sig_base + row_sig, 1}, ncclGin_None{}, ncclCoopWarp());
   }
-  static __device__ __forceinline__ void signal(const MepLLParams &p, int peer, uint32_t sig,
+  static __device__ __forceinline__ void signal(const MepXport &x, int peer, uint32_t sig,
                                                 uint64_t add) {
-    ncclGin gin(p.comm, 0);
-    gin.signal(ncclTeamWorld(p.comm), peer, ncclGin_SignalAdd{p.gin_sig_base + sig, add});
+    ncclGin gin(x.comm, 0);
+    gin.signal(ncclTeamWorld(x.comm), peer, ncclGin_SignalAdd{x.gin_sig_base + sig, add});
   }
-  static __device__ __forceinline__ uint64_t read_signal(const MepLLParams &p, uint32_t sig) {
-    ncclGin gin(p.comm, 0);
-    return gin.readSignal(p.gin_sig_base + sig);
+  static __device__ __forceinline__ uint64_t read_signal(const MepXport &x, uint32_t sig) {
+    ncclGin gin(x.comm, 0);
+    return gin.readSignal(x.gin_sig_base + sig);
   }
-  static __device__ __forceinline__ void flush_warp(const MepLLParams &p) {
-    ncclGin gin(p.comm, 0);
+  static __device__ __forceinline__ void flush_warp(const MepXport &x) {
+    ncclGin gin(x.comm, 0);
     gin.flush(ncclCoopWarp());
   }
 };

@@ -10,28 +10,28 @@ struct MepLsa {
   static constexpr bool kStaged = false;
   static constexpr bool kRowSignals = false;
 
-  static __device__ __forceinline__ void *peer_ptr(const MepLLParams &p, int peer, uint64_t off) {
-    return mep_lsa_ptr(p, peer, off);
+  static __device__ __forceinline__ void *peer_ptr(const MepXport &x, int peer, uint64_t off) {
+    return mep_lsa_ptr(x, peer, off);
   }
-  static __device__ __forceinline__ void put_warp(const MepLLParams &p, int peer, uint64_t dst_off,
+  static __device__ __forceinline__ void put_warp(const MepXport &x, int peer, uint64_t dst_off,
                                                   const void *src, uint64_t, uint32_t bytes,
                                                   uint32_t) {
-    mep_copy_warp(peer_ptr(p, peer, dst_off), src, bytes);
+    mep_copy_warp(peer_ptr(x, peer, dst_off), src, bytes);
   }
-  static __device__ __forceinline__ void signal(const MepLLParams &p, int peer, uint32_t sig,
+  static __device__ __forceinline__ void signal(const MepXport &x, int peer, uint32_t sig,
                                                 uint64_t add) {
     /* A release add at system scope: the block's rows (ordered before
-     * this thread by the block barrier in mep_arrive; release is
-     * cumulative) land before the count moves. */
+     * this thread by the caller's block barrier, LL: mep_arrive; release
+     * is cumulative) land before the count moves. */
     unsigned long long *s =
-        reinterpret_cast<unsigned long long *>(peer_ptr(p, peer, mep_sig_off(p, sig)));
+        reinterpret_cast<unsigned long long *>(peer_ptr(x, peer, mep_sig_off(x, sig)));
     asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(s), "l"((unsigned long long)add)
                  : "memory");
   }
-  static __device__ __forceinline__ uint64_t read_signal(const MepLLParams &p, uint32_t sig) {
-    return mep_ld_acquire_sys(reinterpret_cast<const uint64_t *>(p.local + mep_sig_off(p, sig)));
+  static __device__ __forceinline__ uint64_t read_signal(const MepXport &x, uint32_t sig) {
+    return mep_ld_acquire_sys(reinterpret_cast<const uint64_t *>(x.local + mep_sig_off(x, sig)));
   }
-  static __device__ __forceinline__ void flush_warp(const MepLLParams &) {}
+  static __device__ __forceinline__ void flush_warp(const MepXport &) {}
 };
 
 #endif /* MEP_TRANSPORT_LSA_CUH_ */
