@@ -89,13 +89,19 @@ sanitize() {
   summary "$name" "$rc" "$key"
   grep -hE "(ERROR|RACECHECK) SUMMARY|^(PASSED|FAILED)|^FAIL|\[  (PASSED|FAILED) " "$log" | head -6
 }
-# prepare's layout outputs on the GPU against the oracle (one process, no
-# NCCL), plain and under memcheck.
+# prepare's layout outputs on the GPU against the oracle, then the LL
+# handle's layout export (one process each, no NCCL), plain and under
+# memcheck.
 prepare_layout() {
   timeout 120 $B/prepare_layout_gpu_test > "$OUT/prepare_layout.log" 2>&1
   summary prepare_layout_gpu_test $? "$(gtest_key "$OUT/prepare_layout.log")"
   grep -E "^\[  (PASSED|FAILED) |FAILED  \]|FAIL " "$OUT/prepare_layout.log" | head -6
   sanitize prepare_layout_memcheck memcheck 1 175 $B/prepare_layout_gpu_test
+  # The LL handle's layout in DeepEP's form, the same way.
+  timeout 60 $B/export_layout_gpu_test > "$OUT/export_layout.log" 2>&1
+  summary export_layout_gpu_test $? "$(gtest_key "$OUT/export_layout.log")"
+  grep -E "^\[  (PASSED|FAILED) |FAILED  \]|FAIL " "$OUT/export_layout.log" | head -6
+  sanitize export_layout_memcheck memcheck 1 115 $B/export_layout_gpu_test
 }
 # A zero-token layer with NULL data dispatches and combines, and replaces
 # its set's layout (public API, one rank, one GPU).

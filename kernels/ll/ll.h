@@ -236,6 +236,22 @@ mep_kstatus_t mep_ll_dispatch(const mep_ll_ctx_t *ctx, const mep_ll_dispatch_arg
 mep_kstatus_t mep_ll_combine(const mep_ll_ctx_t *ctx, const mep_ll_combine_args_t *args,
                                void *stream);
 
+/* The layout a dispatch receive left in its handle (slot_src [e_local,
+ * world * max_tokens] and src_count [e_local, world], max_tokens the
+ * context's capacity) in DeepEP's low-latency form, for engines that read
+ * DeepEP's handle:
+ *   src_info [e_local, world * max_tokens] int32: slot s's source token
+ *     (MEP_LL_SLOT_TOKEN), -1 for slots past the expert's received count;
+ *   layout_range [e_local, world] int64: begin << 32 | count of source r's
+ *     slots, begin = the counts of sources 0..r-1 summed (slots are in
+ *     source rank order).
+ * Either output may be NULL (not written); with both NULL nothing is
+ * launched. One kernel on `stream`, no host sync: capturable. Outputs are
+ * the caller's (device memory); slot_src may be NULL when src_info is. */
+mep_kstatus_t mep_ll_export_layout(const int32_t *slot_src, const int32_t *src_count,
+                                     int32_t e_local, int32_t world, int32_t max_tokens,
+                                     int32_t *src_info, int64_t *layout_range, void *stream);
+
 /* Sentence about the last launcher failure on this thread (never NULL). */
 const char *mep_kernels_last_error(void);
 

@@ -22,16 +22,12 @@
 #include "kernels/ll/ll.h"
 #include "runtime/error.h"
 #include "runtime/nccl/nccl_setup.h"
+#include "tests/gpu/cuda_ok.h"
 #include "tests/gpu/ll_gpu_harness.h"
 #include "tests/oracle/quant.h"
 
 namespace {
 
-#define CUDA_OK(x)                                                                   \
-  do {                                                                               \
-    cudaError_t e_ = (x);                                                            \
-    ASSERT_EQ(e_, cudaSuccess) << #x << ": " << cudaGetErrorString(e_);              \
-  } while (0)
 #define MEP_OK(x) ASSERT_EQ((x), MEP_KSTATUS_OK) << #x << ": " << mep_kernels_last_error()
 
 using namespace mep_ll_gpu;

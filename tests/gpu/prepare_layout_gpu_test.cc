@@ -14,6 +14,7 @@
 
 #include "kernels/common/kernels_error.h"
 #include "kernels/common/prepare_layout.h"
+#include "tests/gpu/cuda_ok.h"
 #include "tests/oracle/compare.h"
 #include "tests/oracle/inputs.h"
 #include "tests/oracle/prepare.h"
@@ -21,12 +22,6 @@
 namespace {
 
 using namespace moe_ep_oracle;
-
-#define CUDA_OK(x)                                                      \
-  do {                                                                  \
-    cudaError_t e_ = (x);                                               \
-    ASSERT_EQ(e_, cudaSuccess) << #x << ": " << cudaGetErrorString(e_); \
-  } while (0)
 
 enum : unsigned { kPerRank = 1, kPerExpert = 2, kInRank = 4, kAll = 7 };
 constexpr size_t kGuard = 64;  // poisoned bytes after each output: an overrun lands there

@@ -2,6 +2,8 @@
 // launchers reject invalid arguments without a GPU; sizing is exact.
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "kernels/common/prepare_layout.h"
 #include "kernels/ll/ll.h"
 
@@ -52,6 +54,44 @@ TEST(LlLink, PrepareLayoutRejectsBadArguments) {
   none.num_tokens = 3;  // topk_idx NULL, but no output asked for: nothing to read
   none.num_tokens_per_rank = nullptr;
   EXPECT_EQ(mep_prepare_layout(&none, nullptr), MEP_KSTATUS_OK);
+}
+
+// DeepEP-form layout export: argument rules before any GPU work; no output
+// asked for is a no-op (no launch, so it succeeds without a GPU).
+TEST(LlLink, ExportLayoutRejectsBadArguments) {
+  int32_t slot_src[8] = {}, src_count[2] = {}, src_info[8];
+  int64_t layout_range[2];
+  struct Bad {
+    const char *rule;
+    const int32_t *slot_src, *src_count;
+    int32_t e_local, world, max_tokens;
+    int32_t *src_info;
+    int64_t *layout_range;
+  };
+  const Bad bad[] = {
+      {"e_local is 0", slot_src, src_count, 0, 2, 4, src_info, layout_range},
+      {"e_local is 1025", slot_src, src_count, 1025, 2, 4, src_info, layout_range},
+      {"world is 0", slot_src, src_count, 1, 0, 4, src_info, layout_range},
+      {"world is 1025", slot_src, src_count, 1, 1025, 4, src_info, layout_range},
+      {"max_tokens is 0", slot_src, src_count, 1, 2, 0, src_info, layout_range},
+      {"max_tokens is 1025", slot_src, src_count, 1, 2, 1025, src_info, layout_range},
+      {"src_count is NULL", slot_src, nullptr, 1, 2, 4, nullptr, layout_range},
+      {"src_count is NULL", slot_src, nullptr, 1, 2, 4, src_info, nullptr},
+      {"slot_src is NULL with src_info asked for", nullptr, src_count, 1, 2, 4, src_info,
+       nullptr},
+      // Dims are checked even when nothing is asked for.
+      {"world is 0", slot_src, src_count, 1, 0, 4, nullptr, nullptr},
+  };
+  for (const Bad &b : bad) {
+    EXPECT_EQ(mep_ll_export_layout(b.slot_src, b.src_count, b.e_local, b.world, b.max_tokens,
+                                   b.src_info, b.layout_range, nullptr),
+              MEP_KSTATUS_INVALID_ARGUMENT)
+        << b.rule;
+    EXPECT_NE(std::string(mep_kernels_last_error()).find(b.rule), std::string::npos)
+        << mep_kernels_last_error();
+  }
+  EXPECT_EQ(mep_ll_export_layout(nullptr, nullptr, 1, 2, 4, nullptr, nullptr, nullptr),
+            MEP_KSTATUS_OK);
 }
 
 TEST(LlLink, BufferBytesExact) {
