@@ -56,4 +56,5 @@ MEP_EXPORT const moe_ep_plugin_v1_t moe_ep_plugin_v1 = {
     .hook_run = mep_hook_run,
     .hook_free = mep_hook_free,
     .handle_free = mep_handle_free,
+    .handle_layout = mep_handle_layout,
 };

@@ -36,6 +36,13 @@ typedef struct mep_backend_ops {
   moe_ep_status_t (*poll_error)(moe_ep_group_t *group);
   /* Transport used to reach each peer (moe_ep_transport_t). */
   int (*peer_transport)(const moe_ep_group_t *group, int peer);
+  /* Optional (NULL: the entry returns UNSUPPORTED): an LL handle's slot
+   * layout (moe_ep.h, handle_layout). Called under the group lock with
+   * validated outputs (either may be NULL) for a handle whose dispatch
+   * receive completed; the backend refuses, through its layout book, a
+   * handle whose buffer set a later dispatch reused. */
+  moe_ep_status_t (*handle_layout)(moe_ep_group_t *group, mep_handle_state_t *h,
+                                   int32_t *src_info, int64_t *layout_range, void *stream);
 } mep_backend_ops_t;
 
 extern const mep_backend_ops_t mep_host_backend;

@@ -282,6 +282,25 @@ int mep_group_take(void *obj, mep_obj_kind_t kind, const char *entry,
   return taken;
 }
 
+moe_ep_status_t mep_owner_group(const void *obj, mep_obj_kind_t kind, const char *entry,
+                                moe_ep_group_t **group) {
+  /* The owner comes from the registry, not from the object: another thread
+   * may be freeing it, and only its group's lock orders the two. */
+  void *owner = NULL;
+  const char *what = kind == MEP_OBJ_HOOK ? "hook" : "handle";
+  if (obj == NULL || !mep_registry_owner(obj, kind, &owner)) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "%s: %s=%p is not a live %s (freed, or not from %s)",
+                     entry, what, obj, what,
+                     kind == MEP_OBJ_HOOK ? "dispatch/combine" : "prepare");
+  }
+  if (!mep_registry_contains(owner, MEP_OBJ_GROUP)) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "%s: %s=%p belongs to a destroyed group",
+                     entry, what, obj);
+  }
+  *group = owner;
+  return MOE_EP_OK;
+}
+
 moe_ep_status_t mep_handle_check(moe_ep_group_t *g, moe_ep_handle_t *h,
                                     const char *entry) {
   if (h == NULL || !mep_registry_contains(h, MEP_OBJ_HANDLE)) {

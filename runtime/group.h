@@ -89,6 +89,11 @@ void mep_group_unlock(moe_ep_group_t *group);
  * threads freeing one object, exactly one does. */
 int mep_group_take(void *obj, mep_obj_kind_t kind, const char *entry,
                    void (*then)(moe_ep_group_t *group, void *obj));
+/* The live group owning a live handle or hook, for the entries that take
+ * no group (hook_run, handle_layout); INVALID_ARGUMENT naming `entry` and
+ * the object otherwise. Call before taking the lock. */
+moe_ep_status_t mep_owner_group(const void *obj, mep_obj_kind_t kind, const char *entry,
+                                moe_ep_group_t **group);
 /* A live handle prepared on this group; call under the lock. */
 moe_ep_status_t mep_handle_check(moe_ep_group_t *group, moe_ep_handle_t *h,
                                  const char *entry);
@@ -111,6 +116,9 @@ moe_ep_status_t mep_combine(moe_ep_group_t *group, moe_ep_handle_t *handle,
                             const moe_ep_combine_params_t *params,
                             moe_ep_hook_t **hook);
 moe_ep_status_t mep_hook_run(moe_ep_hook_t *hook, void *stream);
+/* handle_layout.c */
+moe_ep_status_t mep_handle_layout(moe_ep_handle_t *handle,
+                                  const moe_ep_handle_layout_params_t *params);
 void mep_hook_free(moe_ep_hook_t *hook);
 void mep_handle_free(moe_ep_handle_t *handle);
 

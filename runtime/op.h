@@ -33,6 +33,8 @@ struct moe_ep_handle {
   int32_t weighted;
   const float *dispatch_weights;
   int64_t num_recv;      /* HT: rows received by dispatch */
+  int32_t worst_case;    /* HT: the latest dispatch had MOE_EP_FLAG_WORST_CASE
+                            (combine then takes y with N_recv rows or more) */
   void *backend;         /* backend's per-handle state (slot sources); one
                             malloc block, freed with the handle */
   /* prepare's optional outputs, valid during prepare only (NULL = skip) */
@@ -51,22 +53,24 @@ typedef struct mep_op {
   uint32_t flags;
   int32_t hidden;
   uint64_t seq;        /* per-group operation counter (epoch for signals) */
-  /* dispatch: this call's row format, resolved from params->format */
+  /* dispatch: this call's row format, resolved from params->format (LL)
+   * or from x's dtype (HT, where fp8 rows come pre-quantised) */
   int32_t fp8;          /* 0: bf16 rows; 1: fp8 e4m3 + scales */
   int32_t scale_format; /* moe_ep_fp8_scale_t (fp8 only) */
   mep_handle_state_t *handle;
   void *stream;
   /* dispatch */
-  const void *x;              /* [T, H] bf16 */
+  const void *x;              /* [T, H] bf16; HT fp8: e4m3 */
+  const void *x_scales;       /* HT fp8: [T, scale columns] f32 or int32 */
   void *recv_x;               /* LL [E_l, R*M, H]; HT [cap, H] */
-  void *recv_scales;          /* LL fp8 only */
+  void *recv_scales;          /* fp8 only: LL [E_l, R*M, cols]; HT [cap, cols] */
   int32_t *recv_count;        /* LL [E_l]; HT per-local-expert counts */
   const float *topk_weights;  /* HT dispatch input; LL dispatch (optional)
                                  and combine input */
   int32_t weighted;           /* LL dispatch: topk_weights was given */
   int32_t *recv_topk_idx;     /* HT [cap, K] */
   float *recv_topk_weights;   /* HT [cap, K] */
-  int64_t *num_recv_tokens;   /* HT host out */
+  int64_t *num_recv_tokens;   /* HT host out; NULL allowed with WORST_CASE */
   int64_t recv_capacity;      /* HT rows recv_x can hold */
   /* combine */
   const void *y;              /* LL [E_l, R*M, H]; HT [N_recv, H] */

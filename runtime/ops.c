@@ -5,39 +5,14 @@
 #include <string.h>
 
 #include "runtime/config.h"
+#include "runtime/dispatch_check.h"
 #include "runtime/error.h"
 #include "runtime/group.h"
 #include "runtime/registry.h"
 #include "runtime/validate.h"
 
-#define KNOWN_FLAGS (MOE_EP_FLAG_DEFER_RECV | MOE_EP_FLAG_ROUND_SCALE)
-
 static int is_ll(const moe_ep_group_t *g) {
   return g->cfg.mode == MOE_EP_MODE_LOW_LATENCY;
-}
-
-static moe_ep_status_t check_flags_hidden(moe_ep_group_t *g, const char *entry,
-                                          uint32_t flags, int32_t hidden,
-                                          moe_ep_hook_t **hook, int fp8) {
-  if (flags & ~KNOWN_FLAGS) {
-    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                     "%s: params->flags=0x%x has unknown bits 0x%x", entry,
-                     flags, flags & ~KNOWN_FLAGS);
-  }
-  if ((flags & MOE_EP_FLAG_DEFER_RECV) && hook == NULL) {
-    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                     "%s: MOE_EP_FLAG_DEFER_RECV needs a non-NULL hook output",
-                     entry);
-  }
-  int align = fp8 ? MEP_HIDDEN_ALIGN : MEP_BF16_HIDDEN_ALIGN;
-  if (hidden < align || hidden > g->cfg.hidden || hidden % align != 0) {
-    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                     "%s: params->hidden=%d must be a multiple of %d%s in [%d, "
-                     "config hidden=%d]",
-                     entry, hidden, align, fp8 ? " (fp8 scales cover 128 channels)" : "",
-                     align, g->cfg.hidden);
-  }
-  return MOE_EP_OK;
 }
 
 static moe_ep_status_t reserve_buffer_set(moe_ep_group_t *g, const char *entry,
@@ -99,125 +74,21 @@ out_unlock:
   return st;
 }
 
-/* topk_weights of a dispatch or combine (`what`): f32 [num_tokens, top_k]
- * on the group's device. */
-static moe_ep_status_t check_weights(moe_ep_group_t *g, const mep_handle_state_t *h,
-                                     const char *what, const moe_ep_tensor_t *t, void **data) {
-  int dt;
-  mep_tensor_rule_t r = {what, "params->topk_weights", mep_group_device(g), MEP_BIT(MEP_DT_F32),
-                         2, {h->num_tokens, h->top_k, 0}, 1};
-  return mep_tensor_check(t, &r, data, &dt);
-}
-
-static moe_ep_status_t check_ll_dispatch_outputs(moe_ep_group_t *g,
-                                                 const moe_ep_dispatch_params_t *p,
-                                                 mep_op_t *op, int fp8) {
-  int dev = mep_group_device(g);
-  int64_t el = g->num_local_experts;
-  int64_t slots = (int64_t)g->world_size * g->cfg.max_tokens_per_rank;
-  void *data;
-  int dt;
-  /* Optional in LL: weights given here travel with the tokens, so combine
-   * can sum each token's experts on the expert side (fewer bytes back). */
-  if (MEP_HAS_FIELD(p, topk_weights) && p->topk_weights != NULL) {
-    MEP_CHECK(check_weights(g, op->handle, "dispatch", p->topk_weights, &data));
-    op->topk_weights = data;
-    op->weighted = 1;
-  }
-  mep_tensor_rule_t rx = {"dispatch", "params->recv_x", dev,
-                          fp8 ? MEP_BIT(MEP_DT_FP8) : MEP_BIT(MEP_DT_BF16), 3,
-                          {el, slots, p->hidden}, 0};
-  MEP_CHECK(mep_tensor_check(p->recv_x, &rx, &op->recv_x, &dt));
-  mep_tensor_rule_t rc = {"dispatch", "params->recv_count", dev, MEP_BIT(MEP_DT_I32),
-                          1, {el, 0, 0}, 0};
-  MEP_CHECK(mep_tensor_check(p->recv_count, &rc, &data, &dt));
-  op->recv_count = data;
-  if (fp8) {
-    int packed = op->scale_format == MOE_EP_FP8_SCALE_UE8M0_PACKED;
-    mep_tensor_rule_t rs = {"dispatch", "params->recv_scales", dev,
-                            packed ? MEP_BIT(MEP_DT_I32) : MEP_BIT(MEP_DT_F32), 3,
-                            {el, slots, mep_scale_cols(p->hidden, packed)}, 0};
-    MEP_CHECK(mep_tensor_check(p->recv_scales, &rs, &op->recv_scales, &dt));
-  }
-  return MOE_EP_OK;
-}
-
-static moe_ep_status_t check_ht_dispatch_outputs(moe_ep_group_t *g,
-                                                 const moe_ep_dispatch_params_t *p,
-                                                 mep_op_t *op) {
-  int dev = mep_group_device(g);
-  mep_handle_state_t *h = op->handle;
-  void *data;
-  int dt;
-  MEP_CHECK(check_weights(g, h, "dispatch", p->topk_weights, &data));
-  op->topk_weights = data;
-  mep_tensor_rule_t rx = {"dispatch", "params->recv_x", dev, MEP_BIT(MEP_DT_BF16), 2,
-                          {-1, p->hidden, 0}, 1};
-  MEP_CHECK(mep_tensor_check(p->recv_x, &rx, &op->recv_x, &dt));
-  op->recv_capacity = p->recv_x->shape[0];
-  if (op->recv_capacity < h->num_recv) {
+/* An HT handle is dispatched again for "the same layout as before"
+ * (DeepEP's cached dispatch) once its previous dispatch completed; the
+ * combine then follows the latest. An LL handle takes one dispatch. */
+static moe_ep_status_t check_dispatchable(const moe_ep_group_t *g, const moe_ep_handle_t *h) {
+  if (h->dispatched == 1 && !is_ll(g)) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                     "dispatch: params->recv_x has %lld rows but this rank "
-                     "receives %lld tokens (see prepare's layout)",
-                     (long long)op->recv_capacity, (long long)h->num_recv);
+                     "dispatch: handle=%p has a dispatch whose hook has not run yet; run "
+                     "it before dispatching on the handle again",
+                     (const void *)h);
   }
-  int64_t cap = op->recv_capacity;
-  mep_tensor_rule_t ri = {"dispatch", "params->recv_topk_idx", dev, MEP_BIT(MEP_DT_I32),
-                          2, {cap, h->top_k, 0}, 1};
-  MEP_CHECK(mep_tensor_check(p->recv_topk_idx, &ri, &data, &dt));
-  op->recv_topk_idx = data;
-  mep_tensor_rule_t rtw = {"dispatch", "params->recv_topk_weights", dev,
-                           MEP_BIT(MEP_DT_F32), 2, {cap, h->top_k, 0}, 1};
-  MEP_CHECK(mep_tensor_check(p->recv_topk_weights, &rtw, &data, &dt));
-  op->recv_topk_weights = data;
-  mep_tensor_rule_t rc = {"dispatch", "params->recv_count", dev, MEP_BIT(MEP_DT_I32),
-                          1, {g->num_local_experts, 0, 0}, 0};
-  MEP_CHECK(mep_tensor_check(p->recv_count, &rc, &data, &dt));
-  op->recv_count = data;
-  if (p->num_recv_tokens == NULL) {
+  if (h->dispatched && is_ll(g)) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                     "dispatch: params->num_recv_tokens is NULL; high-throughput "
-                     "dispatch reports the received row count there");
-  }
-  op->num_recv_tokens = p->num_recv_tokens;
-  return MOE_EP_OK;
-}
-
-/* This call's row format (params->format, or the group's): fp8 or bf16 rows
- * and the scale format. A bf16 call needs a group whose buffers hold bf16
- * rows (dispatch_dtype: bf16); fp8 rows fit either. */
-static moe_ep_status_t resolve_format(const moe_ep_group_t *g, const moe_ep_dispatch_params_t *p,
-                                      int *fp8, int *scale_format) {
-  int32_t f = MEP_HAS_FIELD(p, format) ? p->format : MOE_EP_FORMAT_GROUP;
-  *fp8 = mep_config_fp8_dispatch(&g->cfg);
-  *scale_format = g->cfg.fp8_scale;
-  switch (f) {
-    case MOE_EP_FORMAT_GROUP: return MOE_EP_OK;
-    case MOE_EP_FORMAT_BF16: *fp8 = 0; break;
-    case MOE_EP_FORMAT_FP8_F32: *fp8 = 1; *scale_format = MOE_EP_FP8_SCALE_F32; break;
-    case MOE_EP_FORMAT_FP8_UE8M0: *fp8 = 1; *scale_format = MOE_EP_FP8_SCALE_UE8M0; break;
-    case MOE_EP_FORMAT_FP8_UE8M0_PACKED:
-      *fp8 = 1;
-      *scale_format = MOE_EP_FP8_SCALE_UE8M0_PACKED;
-      break;
-    default:
-      return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                       "dispatch: params->format=%d is not a moe_ep_dispatch_format_t value "
-                       "(0..%d)",
-                       f, MOE_EP_FORMAT_FP8_UE8M0_PACKED);
-  }
-  if (!is_ll(g) && *fp8) {
-    return mep_error(MOE_EP_ERR_UNSUPPORTED,
-                     "dispatch: params->format=%d asks for fp8 rows, but high-throughput "
-                     "dispatch sends bf16 rows (format 0 or %d)",
-                     f, MOE_EP_FORMAT_BF16);
-  }
-  if (!*fp8 && mep_config_fp8_dispatch(&g->cfg)) {
-    return mep_error(MOE_EP_ERR_UNSUPPORTED,
-                     "dispatch: params->format=%d asks for bf16 rows, but this group's "
-                     "buffers hold fp8 rows (dispatch_dtype: fp8_e4m3); configure "
-                     "dispatch_dtype: bf16 to choose the format per call",
-                     f);
+                     "dispatch: handle=%p was already dispatched; a low-latency handle takes "
+                     "one dispatch: prepare a new handle for each layer call",
+                     (const void *)h);
   }
   return MOE_EP_OK;
 }
@@ -234,28 +105,13 @@ static moe_ep_status_t dispatch_locked(moe_ep_group_t *g, moe_ep_handle_t *h,
                      "the v1 minimum for this mode",
                      p ? p->struct_size : (size_t)0);
   }
-  int fp8, scale_format;
-  MEP_CHECK(resolve_format(g, p, &fp8, &scale_format));
-  MEP_CHECK(check_flags_hidden(g, "dispatch", p->flags, p->hidden, hook, fp8));
-  if (h->dispatched) {
-    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                     "dispatch: handle=%p was already dispatched; prepare a new "
-                     "handle for each layer call",
-                     (void *)h);
-  }
+  MEP_CHECK(check_dispatchable(g, h));
   mep_op_t op = {.kind = MEP_OP_DISPATCH, .mode = g->cfg.mode, .flags = p->flags,
-                 .hidden = p->hidden, .handle = h, .stream = p->stream,
-                 .fp8 = fp8, .scale_format = scale_format};
-  void *data;
-  int dt;
-  mep_tensor_rule_t rx = {"dispatch", "params->x", mep_group_device(g),
-                          MEP_BIT(MEP_DT_BF16), 2, {h->num_tokens, p->hidden, 0}, 1};
-  MEP_CHECK(mep_tensor_check(p->x, &rx, &data, &dt));
-  op.x = data;
+                 .hidden = p->hidden, .handle = h, .stream = p->stream};
   if (is_ll(g)) {
-    MEP_CHECK(check_ll_dispatch_outputs(g, p, &op, fp8));
+    MEP_CHECK(mep_check_ll_dispatch(g, p, hook, &op));
   } else {
-    MEP_CHECK(check_ht_dispatch_outputs(g, p, &op));
+    MEP_CHECK(mep_check_ht_dispatch(g, p, hook, &op));
   }
   moe_ep_status_t st = launch(g, &op, hook);
   if (st == MOE_EP_OK) {
@@ -264,6 +120,8 @@ static moe_ep_status_t dispatch_locked(moe_ep_group_t *g, moe_ep_handle_t *h,
     if (is_ll(g)) {
       h->weighted = op.weighted;
       h->dispatch_weights = op.topk_weights;
+    } else {
+      h->worst_case = (p->flags & MOE_EP_FLAG_WORST_CASE) != 0;
     }
   }
   return st;
@@ -283,7 +141,7 @@ static moe_ep_status_t check_ll_combine_weights(moe_ep_group_t *g, const moe_ep_
                                                 const moe_ep_combine_params_t *p, mep_op_t *op) {
   void *data = NULL;
   if (p->topk_weights != NULL || !h->weighted)
-    MEP_CHECK(check_weights(g, h, "combine", p->topk_weights, &data));
+    MEP_CHECK(mep_check_weights(g, h, "combine", p->topk_weights, &data));
   if (h->weighted && data != NULL && data != h->dispatch_weights) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "combine: params->topk_weights data=%p is not the tensor given to "
@@ -307,7 +165,7 @@ static moe_ep_status_t combine_locked(moe_ep_group_t *g, moe_ep_handle_t *h,
                      "the v1 minimum",
                      p ? p->struct_size : (size_t)0);
   }
-  MEP_CHECK(check_flags_hidden(g, "combine", p->flags, p->hidden, hook, 0));
+  MEP_CHECK(mep_check_flags_hidden(g, "combine", p->flags, MEP_COMBINE_FLAGS, p->hidden, hook, 0));
   if (h->dispatched != 2) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "combine: handle=%p has %s; combine needs a completed "
@@ -329,12 +187,21 @@ static moe_ep_status_t combine_locked(moe_ep_group_t *g, moe_ep_handle_t *h,
   int dt;
   int64_t rows = is_ll(g) ? (int64_t)g->world_size * g->cfg.max_tokens_per_rank
                           : h->num_recv;
+  /* After a worst-case dispatch y may be that dispatch's fixed-size rows. */
+  int64_t y_rows = !is_ll(g) && h->worst_case ? -1 : rows;
   mep_tensor_rule_t ry = {"combine", "params->y", dev, MEP_BIT(MEP_DT_BF16),
                           is_ll(g) ? 3 : 2,
-                          {is_ll(g) ? g->num_local_experts : rows,
+                          {is_ll(g) ? g->num_local_experts : y_rows,
                            is_ll(g) ? rows : p->hidden, p->hidden},
                           1};
   MEP_CHECK(mep_tensor_check(p->y, &ry, &data, &dt));
+  if (y_rows < 0 && p->y->shape[0] < rows) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "combine: params->y has %lld rows but this handle's dispatch received "
+                     "%lld; after a worst-case dispatch y may have more rows (ignored), never "
+                     "fewer",
+                     (long long)p->y->shape[0], (long long)rows);
+  }
   op.y = data;
   if (is_ll(g)) MEP_CHECK(check_ll_combine_weights(g, h, p, &op));
   mep_tensor_rule_t ro = {"combine", "params->out", dev, MEP_BIT(MEP_DT_BF16), 2,
@@ -384,20 +251,8 @@ static moe_ep_status_t hook_run_locked(moe_ep_group_t *g, moe_ep_hook_t *hook, v
 }
 
 moe_ep_status_t mep_hook_run(moe_ep_hook_t *hook, void *stream) {
-  /* The owner comes from the registry, not from the hook: another thread
-   * may be freeing the hook, and only its group's lock orders the two. */
-  void *owner = NULL;
-  if (hook == NULL || !mep_registry_owner(hook, MEP_OBJ_HOOK, &owner)) {
-    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                     "hook_run: hook=%p is not a live hook (freed, or not from "
-                     "dispatch/combine)",
-                     (void *)hook);
-  }
-  moe_ep_group_t *g = owner;
-  if (!mep_registry_contains(g, MEP_OBJ_GROUP)) {
-    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                     "hook_run: hook=%p belongs to a destroyed group", (void *)hook);
-  }
+  moe_ep_group_t *g;
+  MEP_CHECK(mep_owner_group(hook, MEP_OBJ_HOOK, "hook_run", &g));
   MEP_LOCKED_ENTRY(g, "hook_run", hook_run_locked(g, hook, stream));
 }
 

@@ -28,10 +28,18 @@ void mep_row_layout_init(mep_row_layout_t *l, int hidden, int top_k, int fp8,
 size_t mep_row_bytes_max(int hidden, int top_k, int fp8);
 
 /* Writes one row. lids[k] = local expert id on the destination or -1;
- * weights may be NULL (LL). x is the token's bf16 row of `hidden`. */
+ * weights may be NULL (LL). x is the token's bf16 row of `hidden`; with
+ * l->fp8 it is quantised here (LL). */
 void mep_row_pack(const mep_row_layout_t *l, uint8_t *row, int32_t token,
                   int32_t ordinal, const int32_t *lids, const float *weights,
                   const uint16_t *x);
+/* Writes one row of an fp8 layout from an already quantised token (HT):
+ * `hidden` e4m3 bytes and `scale_bytes` bytes of scales (f32 per group, or
+ * packed UE8M0 words), both copied verbatim. scale_bytes <= hidden/128 * 4,
+ * so the row fits l->row_bytes. */
+void mep_row_pack_fp8(const mep_row_layout_t *l, uint8_t *row, int32_t token,
+                      int32_t ordinal, const int32_t *lids, const float *weights,
+                      const uint8_t *x_fp8, const void *scales, size_t scale_bytes);
 
 int32_t mep_row_token(const uint8_t *row);
 int32_t mep_row_ordinal(const uint8_t *row);
@@ -45,6 +53,12 @@ const uint8_t *mep_row_payload(const mep_row_layout_t *l, const uint8_t *row);
 void mep_row_unpack_ll(const mep_row_layout_t *l, const uint8_t *row,
                        void *recv_x_row, void *recv_scales_row,
                        int packed_scales);
+/* Copies a row's payload into an HT receive row, verbatim: bf16 -> recv_x
+ * row; fp8 -> `hidden` bytes to recv_x and the first scale_bytes bytes of
+ * the scale area (as mep_row_pack_fp8 wrote them) to recv_scales. */
+void mep_row_unpack_ht(const mep_row_layout_t *l, const uint8_t *row,
+                       void *recv_x_row, void *recv_scales_row,
+                       size_t scale_bytes);
 
 #ifdef __cplusplus
 }

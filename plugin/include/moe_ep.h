@@ -19,7 +19,7 @@ extern "C" {
 
 #define MOE_EP_ABI_VERSION 1u
 #define MOE_EP_VERSION_MAJOR 0
-#define MOE_EP_VERSION_MINOR 2
+#define MOE_EP_VERSION_MINOR 3
 #define MOE_EP_VERSION_PATCH 0
 
 /* ---- status ------------------------------------------------------------ */
@@ -216,6 +216,18 @@ typedef struct moe_ep_group_info {
 
 #define MOE_EP_FLAG_DEFER_RECV (1u << 0) /* launch send half, return a hook */
 #define MOE_EP_FLAG_ROUND_SCALE (1u << 1) /* fp8: power-of-two scales */
+/* 0.3, HT dispatch only (DeepEP's num_worst_tokens > 0): outputs sized for
+ * the worst case, so the call needs no receive count on the host and can be
+ * captured in a CUDA graph. The receive tensors (recv_x, recv_scales,
+ * recv_topk_idx, recv_topk_weights) must have at least
+ * world_size * max_tokens_per_rank rows, so no receive can overflow them;
+ * num_recv_tokens may be NULL (filled when given). Rows at and past N_recv
+ * get recv_topk_idx -1 and recv_topk_weights 0 (their recv_x and
+ * recv_scales are unspecified); recv_count is as usual. The combine on that
+ * handle then takes y with N_recv rows or more (rows past N_recv are
+ * ignored), e.g. the dispatch's fixed-size output. Low-latency dispatch
+ * (always fixed-size) refuses it. */
+#define MOE_EP_FLAG_WORST_CASE (1u << 2)
 
 typedef struct moe_ep_prepare_params {
   size_t struct_size;
@@ -229,16 +241,27 @@ typedef struct moe_ep_prepare_params {
   moe_ep_tensor_t *is_token_in_rank;      /* [T, R] uint8 */
 } moe_ep_prepare_params_t;
 
+/* HT dispatch is called again on the same handle for "the same layout as
+ * before" (DeepEP's dispatch(handle=...), e.g. a second tensor of the same
+ * tokens): each dispatch on an HT handle whose previous dispatch completed
+ * sends its own x along the handle's layout, and the combine that follows
+ * uses the latest dispatch. An LL handle takes one dispatch. */
 typedef struct moe_ep_dispatch_params {
   size_t struct_size;
   uint32_t flags;              /* MOE_EP_FLAG_* */
   int32_t hidden;              /* this layer's hidden (<= config hidden) */
-  const moe_ep_tensor_t *x;    /* [T, H] bf16 */
+  /* [T, H]. LL: bf16 (dispatch quantises it when the format is fp8). HT:
+   * bf16, or fp8 e4m3 (dtype code MOE_EP_DTYPE_FLOAT8_E4M3FN, 8 bits)
+   * quantised by the engine, with x_scales (see x_scales below). */
+  const moe_ep_tensor_t *x;
   void *stream;
   /* LL outputs: */
-  moe_ep_tensor_t *recv_x;      /* [E_local, R*max_tokens, H] bf16 or fp8 */
+  moe_ep_tensor_t *recv_x;      /* [E_local, R*max_tokens, H] bf16 or fp8;
+                                   HT: [cap, H], x's dtype */
   moe_ep_tensor_t *recv_scales; /* [E_local, R*max_tokens, H/128] f32, or
-                                   [E_local, R*max_tokens, H/512] int32 */
+                                   [E_local, R*max_tokens, H/512] int32;
+                                   HT with fp8 x: [cap, H/128] f32 or
+                                   [cap, H/512] int32, as x_scales */
   moe_ep_tensor_t *recv_count;  /* [E_local] int32 */
   /* [T, K] f32. HT: required input. LL: optional; when given, the weights
    * travel with the tokens and combine sums each token's experts on the
@@ -253,9 +276,23 @@ typedef struct moe_ep_dispatch_params {
   int64_t *num_recv_tokens;            /* host out: N_recv (HT) */
   /* Appended in 0.2 (absent in an older engine's struct = the group's
    * format): moe_ep_dispatch_format_t of this call's rows; recv_x and
-   * recv_scales follow it. LL only (HT takes MOE_EP_FORMAT_GROUP or BF16). */
+   * recv_scales follow it. HT: see x_scales. */
   int32_t format;
   int32_t reserved0;
+  /* Appended in 0.3 (absent = NULL). HT only: the scales of a pre-quantised
+   * fp8 x (vLLM and SGLang quantise block-fp8 before an HT dispatch). HT
+   * rows follow x's dtype and are never quantised by moe-ep: a bf16 x gives
+   * bf16 rows (x_scales NULL, format GROUP or BF16); an fp8 x gives fp8
+   * rows whose bytes and scales arrive exactly as sent (bit-exact, never
+   * interpreted), with x_scales [T, H/128] f32 for format FP8_F32 or
+   * FP8_UE8M0 (or GROUP when the group's fp8_scale is f32 or ue8m0) and
+   * [T, H/512] int32 (four UE8M0 bytes per word, H/512 rounded up) for
+   * FP8_UE8M0_PACKED (or GROUP with fp8_scale ue8m0_packed); format BF16
+   * with an fp8 x, or an fp8 format with a bf16 x, is INVALID_ARGUMENT.
+   * recv_x and recv_scales then have x's and x_scales' dtype and columns.
+   * fp8 needs H a multiple of 128. Low-latency dispatch quantises bf16 x
+   * itself and refuses x_scales. */
+  const moe_ep_tensor_t *x_scales;
 } moe_ep_dispatch_params_t;
 
 typedef struct moe_ep_combine_params {
@@ -279,12 +316,30 @@ typedef struct moe_ep_combine_params {
   void *stream;
 } moe_ep_combine_params_t;
 
+/* Appended in 0.3: the slot layout of an LL handle's dispatch, as DeepEP's
+ * LL handle (src_info, layout_range, ...) exposes it (DeepEP's own tests
+ * read it). Slot order is the same on every backend: per local expert,
+ * source rank ascending, then token ascending (kernels/PROTOCOL.md, "Slot
+ * order"), so each source's slots are one contiguous range. Either output
+ * may be NULL. */
+typedef struct moe_ep_handle_layout_params {
+  size_t struct_size;
+  moe_ep_tensor_t *src_info;     /* [E_local, R*max_tokens] int32: the source
+                                    token (its row in the source rank's x) of
+                                    each received slot; -1 past recv_count */
+  moe_ep_tensor_t *layout_range; /* [E_local, R] int64: begin << 32 | count of
+                                    each source rank's slots; begin = the
+                                    counts of the lower sources summed */
+  void *stream;                  /* nccl: the stream the copy runs on */
+} moe_ep_handle_layout_params_t;
+
 /* ---- threads ----------------------------------------------------------- *
  *
  * Every entry may be called from any host thread.
  * - Entries that take a group, handle or hook (prepare, dispatch, combine,
- *   hook_run, hook_free, handle_free, group_poll_error, group_info,
- *   set_num_sms, max_sms_used) are serialised per group by one lock, so
+ *   hook_run, hook_free, handle_free, handle_layout, group_poll_error,
+ *   group_info, set_num_sms, max_sms_used) are serialised per group by one
+ *   lock, so
  *   they may run concurrently on one group: an engine's overlap scheduler
  *   may run micro-batch A's hook on thread B while thread A dispatches or
  *   combines micro-batch B, and may free handles and hooks from either
@@ -379,6 +434,17 @@ typedef struct moe_ep_plugin_v1 {
   moe_ep_status_t (*hook_run)(moe_ep_hook_t *hook, void *stream);
   void (*hook_free)(moe_ep_hook_t *hook);
   void (*handle_free)(moe_ep_handle_t *handle);
+
+  /* ---- appended in 0.3 (check with MOE_EP_HAS_ENTRY before calling) ---- */
+
+  /* Writes an LL handle's slot layout (moe_ep_handle_layout_params_t).
+   * Valid once the handle's dispatch receive has completed (its hook ran,
+   * or the dispatch was not deferred) and until a later dispatch reuses its
+   * buffer set (then INVALID_ARGUMENT with the sentence combine gives);
+   * before that receive: INVALID_ARGUMENT; an HT handle: UNSUPPORTED (LL
+   * only); a backend without it: UNSUPPORTED. */
+  moe_ep_status_t (*handle_layout)(moe_ep_handle_t *handle,
+                                   const moe_ep_handle_layout_params_t *params);
 } moe_ep_plugin_v1_t;
 
 #define MOE_EP_PLUGIN_V1_SYMBOL "moe_ep_plugin_v1"
@@ -401,6 +467,7 @@ MOE_EP_DEFINE_INIT_(moe_ep_group_info_t, moe_ep_group_info_init)
 MOE_EP_DEFINE_INIT_(moe_ep_prepare_params_t, moe_ep_prepare_params_init)
 MOE_EP_DEFINE_INIT_(moe_ep_dispatch_params_t, moe_ep_dispatch_params_init)
 MOE_EP_DEFINE_INIT_(moe_ep_combine_params_t, moe_ep_combine_params_init)
+MOE_EP_DEFINE_INIT_(moe_ep_handle_layout_params_t, moe_ep_handle_layout_params_init)
 #undef MOE_EP_DEFINE_INIT_
 
 #ifdef __cplusplus

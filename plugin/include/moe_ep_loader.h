@@ -24,7 +24,9 @@
 extern "C" {
 #endif
 
-/* The smallest v1 table this header can use: everything up to handle_free. */
+/* The smallest v1 table this header can use: everything up to handle_free
+ * (0.2). Entries appended later are optional: MOE_EP_HAS_ENTRY says whether
+ * the loaded library has one. */
 #define MOE_EP_LOADER_MIN_V1_SIZE \
   (offsetof(moe_ep_plugin_v1_t, handle_free) + sizeof(void (*)(void)))
 
@@ -34,6 +36,19 @@ extern "C" {
   ((table)->struct_size >= offsetof(moe_ep_plugin_v1_t, field) +       \
                                sizeof((table)->field) &&               \
    (table)->field != NULL)
+
+/* handle_layout (0.3) through a table of any size: a library older than
+ * the entry (its table ends at handle_free) is still loaded, and this
+ * returns MOE_EP_ERR_UNSUPPORTED for it without calling into the library
+ * (its last_error then says nothing about this call). */
+static inline moe_ep_status_t moe_ep_call_handle_layout(
+    const moe_ep_plugin_v1_t *table, moe_ep_handle_t *handle,
+    const moe_ep_handle_layout_params_t *params) {
+  if (table == NULL || !MOE_EP_HAS_ENTRY(table, handle_layout)) {
+    return MOE_EP_ERR_UNSUPPORTED;
+  }
+  return table->handle_layout(handle, params);
+}
 
 /* Returns the dlopen handle (pass to moe_ep_unload) and sets *table, or
  * returns NULL with a sentence in err (if err_len > 0). */

@@ -13,6 +13,7 @@
 #include "runtime/group.h"
 #include "runtime/host/host_layout.h"
 #include "runtime/host/host_mesh.h"
+#include "runtime/host/host_slots.h"
 #include "runtime/nccl/layout_book.h"
 #include "runtime/validate.h"
 
@@ -23,17 +24,6 @@ typedef struct host_state {
   uint64_t *counts;  /* [R] stable sources of the row-count puts */
   mep_layout_book_t book; /* which dispatch's layout each buffer set holds */
 } host_state_t;
-
-/* Per-handle record of every received slot: (source rank, token, k) for
- * LL, (source rank, token, ordinal among the token's ranks) for HT. */
-typedef struct slot_table {
-  int32_t set;  /* buffer set and operation number of the dispatch */
-  uint64_t seq;
-  int64_t n;
-  int32_t num_experts;
-  int32_t *expert_start; /* [E_l + 1], LL */
-  int32_t (*rec)[3];
-} slot_table_t;
 
 static uint64_t host_buffer_bytes(const moe_ep_config_t *cfg, int world) {
   mep_host_layout_t l;
@@ -129,6 +119,13 @@ static moe_ep_status_t host_prepare(moe_ep_group_t *g, mep_handle_state_t *h) {
   return st;
 }
 
+/* Bytes of one token's fp8 scales: f32 per 128 channels, or packed UE8M0
+ * words (LL receive and HT rows alike). */
+static size_t scale_row_bytes(const mep_op_t *op) {
+  int packed = op->scale_format == MOE_EP_FP8_SCALE_UE8M0_PACKED;
+  return (size_t)mep_scale_cols(op->hidden, packed) * 4u;
+}
+
 static void row_layout_for(const moe_ep_group_t *g, const mep_op_t *op,
                            mep_row_layout_t *rl) {
   (void)g;
@@ -145,6 +142,9 @@ static moe_ep_status_t dispatch_send(moe_ep_group_t *g, mep_op_t *op) {
   mep_row_layout_t rl;
   row_layout_for(g, op, &rl);
   const uint16_t *x = op->x;
+  /* HT fp8: the engine's quantised rows and scales travel verbatim. */
+  int ht = op->mode == MOE_EP_MODE_HIGH_THROUGHPUT;
+  size_t s_row = scale_row_bytes(op);
   for (int d = 0; d < R; d++) {
     int n = 0;
     for (int t = 0; t < h->num_tokens; t++) {
@@ -155,12 +155,16 @@ static moe_ep_status_t dispatch_send(moe_ep_group_t *g, mep_op_t *op) {
         any |= lids[k] >= 0;
       }
       if (!any) continue;
-      const float *w = op->mode == MOE_EP_MODE_HIGH_THROUGHPUT
-                           ? op->topk_weights + (size_t)t * (size_t)K
-                           : NULL;
-      mep_row_pack(&rl, hs->staging + (size_t)n * rl.row_bytes, t,
-                   ordinal_below(g, tk, K, d), lids, w,
-                   x + (size_t)t * (size_t)op->hidden);
+      const float *w = ht ? op->topk_weights + (size_t)t * (size_t)K : NULL;
+      uint8_t *row = hs->staging + (size_t)n * rl.row_bytes;
+      int ord = ordinal_below(g, tk, K, d);
+      if (ht && op->fp8) {
+        mep_row_pack_fp8(&rl, row, t, ord, lids, w,
+                         (const uint8_t *)op->x + (size_t)t * (size_t)op->hidden,
+                         (const uint8_t *)op->x_scales + (size_t)t * s_row, s_row);
+      } else {
+        mep_row_pack(&rl, row, t, ord, lids, w, x + (size_t)t * (size_t)op->hidden);
+      }
       n++;
     }
     hs->counts[d] = (uint64_t)n;
@@ -241,18 +245,6 @@ static moe_ep_status_t check_rows(moe_ep_group_t *g, const mep_op_t *op,
   return MOE_EP_OK;
 }
 
-static slot_table_t *slot_table_new(int64_t n, int experts) {
-  size_t bytes = sizeof(slot_table_t) + (size_t)(experts + 1) * 4u + (size_t)n * 12u + 16u;
-  slot_table_t *st = malloc(bytes);
-  if (st == NULL) return NULL;
-  st->n = n;
-  st->num_experts = experts;
-  st->expert_start = (int32_t *)(st + 1);
-  uintptr_t rec = (uintptr_t)(st->expert_start + experts + 1);
-  st->rec = (int32_t(*)[3])((rec + 15u) & ~(uintptr_t)15u);
-  return st;
-}
-
 static moe_ep_status_t dispatch_recv_ll(moe_ep_group_t *g, mep_op_t *op,
                                         const mep_row_layout_t *rl) {
   host_state_t *hs = g->impl;
@@ -276,13 +268,13 @@ static moe_ep_status_t dispatch_recv_ll(moe_ep_group_t *g, mep_op_t *op,
                        e, op->recv_count[e], (long long)slots);
     }
   }
-  slot_table_t *tab = slot_table_new(total, E_l);
+  slot_table_t *tab = mep_slot_table_new(total, E_l);
   if (tab == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "dispatch: out of memory");
   tab->expert_start[0] = 0;
   for (int e = 0; e < E_l; e++) tab->expert_start[e + 1] = tab->expert_start[e] + op->recv_count[e];
   size_t x_row = rl->fp8 ? (size_t)op->hidden : (size_t)op->hidden * 2u;
   int packed = op->scale_format == MOE_EP_FP8_SCALE_UE8M0_PACKED;
-  size_t s_row = (size_t)mep_scale_cols(op->hidden, packed) * 4u;
+  size_t s_row = scale_row_bytes(op);
   int32_t *cursor = calloc((size_t)E_l, sizeof(int32_t));
   if (cursor == NULL) {
     free(tab);
@@ -324,17 +316,20 @@ static moe_ep_status_t dispatch_recv_ht(moe_ep_group_t *g, mep_op_t *op,
                      "dispatch: received %lld rows but prepare announced %lld",
                      (long long)total, (long long)op->handle->num_recv);
   }
-  slot_table_t *tab = slot_table_new(total, E_l);
+  slot_table_t *tab = mep_slot_table_new(total, E_l);
   if (tab == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "dispatch: out of memory");
   memset(op->recv_count, 0, (size_t)E_l * 4u);
+  size_t x_row = rl->fp8 ? (size_t)op->hidden : (size_t)op->hidden * 2u;
+  size_t s_row = rl->fp8 ? scale_row_bytes(op) : 0;
   int64_t n = 0;
   for (int s = 0; s < R; s++) {
     for (int64_t i = 0; i < source_count(hs, op, s); i++, n++) {
       const uint8_t *row = source_row(hs, g, op, rl, s, (int)i);
       const int32_t *lids = mep_row_lids(row);
       const float *w = mep_row_weights(rl, row);
-      memcpy((uint16_t *)op->recv_x + n * op->hidden, mep_row_payload(rl, row),
-             (size_t)op->hidden * 2u);
+      mep_row_unpack_ht(rl, row, (uint8_t *)op->recv_x + (size_t)n * x_row,
+                        rl->fp8 ? (uint8_t *)op->recv_scales + (size_t)n * s_row : NULL,
+                        s_row);
       for (int k = 0; k < K; k++) {
         op->recv_topk_idx[n * K + k] = lids[k];
         op->recv_topk_weights[n * K + k] = lids[k] >= 0 ? w[k] : 0.0f;
@@ -345,7 +340,15 @@ static moe_ep_status_t dispatch_recv_ht(moe_ep_group_t *g, mep_op_t *op,
       tab->rec[n][2] = mep_row_ordinal(row);
     }
   }
-  *op->num_recv_tokens = n;
+  /* Worst-case sizing: the rows past the receive name no expert, so a
+   * fixed-size consumer (a captured graph) can run over every row. */
+  for (int64_t r = n; (op->flags & MOE_EP_FLAG_WORST_CASE) && r < op->recv_capacity; r++) {
+    for (int k = 0; k < K; k++) {
+      op->recv_topk_idx[r * K + k] = -1;
+      op->recv_topk_weights[r * K + k] = 0.0f;
+    }
+  }
+  if (op->num_recv_tokens != NULL) *op->num_recv_tokens = n;
   op->handle->num_recv = n;
   free(op->handle->backend);
   op->handle->backend = tab;
@@ -457,6 +460,24 @@ static moe_ep_status_t host_recv(moe_ep_group_t *g, mep_op_t *op) {
   return st;
 }
 
+/* The layout is the handle's own slot table here; the book still refuses
+ * it once the dispatch's buffer set was reused, as on the GPU (whose layout
+ * lives in the set). */
+static moe_ep_status_t host_handle_layout(moe_ep_group_t *g, mep_handle_state_t *h,
+                                          int32_t *src_info, int64_t *layout_range,
+                                          void *stream) {
+  host_state_t *hs = g->impl;
+  const slot_table_t *tab = h->backend;
+  moe_ep_status_t st = mep_layout_book_check(&hs->book, g->rank, tab->set, tab->seq);
+  if (st != MOE_EP_OK) {
+    mep_error_prefix("handle_layout");
+    return st;
+  }
+  mep_slot_table_layout(tab, g->world_size, (int64_t)g->world_size * g->cfg.max_tokens_per_rank,
+                        src_info, layout_range);
+  return MOE_EP_OK;
+}
+
 static moe_ep_status_t host_poll_error(moe_ep_group_t *g) { return MOE_EP_OK; }
 
 static int host_peer_transport(const moe_ep_group_t *g, int peer) {
@@ -474,4 +495,5 @@ const mep_backend_ops_t mep_host_backend = {
     .recv = host_recv,
     .poll_error = host_poll_error,
     .peer_transport = host_peer_transport,
+    .handle_layout = host_handle_layout,
 };

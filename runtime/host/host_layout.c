@@ -14,6 +14,10 @@ void mep_host_layout_init(mep_host_layout_t *l, const moe_ep_config_t *cfg,
   size_t w = (size_t)world;
   l->world = world;
   l->nsets = cfg->double_buffer ? 2 : 1;
+  /* A slot holds the largest row of any call: HT groups size it for bf16
+   * rows (fp8 is 0 there), which also holds a pre-quantised fp8 HT row of
+   * the same hidden, its scales and metadata (hidden + hidden/32 bytes of
+   * payload against 2 * hidden; tests/host/host_rows_test.cc checks it). */
   l->row_max = mep_row_bytes_max(cfg->hidden, cfg->top_k, fp8);
   /* LL combine returns one row per (token, k); HT one per (token, distinct
    * destination rank), at most min(top_k, world). */

@@ -140,6 +140,23 @@ const Case kCases[] = {
     {"ht_r4_e64", 4, {"--mode=ht", "--experts=64", "--max_tokens=128", "--layers=2048:8,384:9"}},
     {"ht_r8_e256", 8, {"--mode=ht", "--experts=256", "--max_tokens=128", "--seeds=1", "--layers=7168:32,128:8"}},
     {"ht_r8_e8_m1", 8, {"--mode=ht", "--experts=8", "--max_tokens=1", "--layers=128:1,2048:2"}},
+    // Pre-quantised fp8 HT input (0.3): rows and scales carried verbatim,
+    // the group's scale format or the call's, then combine; every HT case
+    // also dispatches twice on one handle (cached layout) before combining.
+    {"ht_r2_fp8_f32", 2, {"--mode=ht", "--experts=8", "--max_tokens=32", "--dtype=fp8", "--scale=f32", "--layers=7168:4,384:2"}},
+    {"ht_r2_fp8_ue8m0_per_call", 2, {"--mode=ht", "--per_call_format=1", "--experts=8", "--max_tokens=32", "--dtype=fp8", "--scale=ue8m0", "--layers=2048:8,640:3"}},
+    {"ht_r4_fp8_packed", 4, {"--mode=ht", "--experts=16", "--max_tokens=16", "--dtype=fp8", "--scale=ue8m0_packed", "--seeds=1", "--layers=2048:8,640:3"}},
+    {"ht_r4_fp8_packed_per_call", 4, {"--mode=ht", "--per_call_format=1", "--experts=16", "--max_tokens=16", "--dtype=fp8", "--scale=ue8m0_packed", "--seeds=1", "--layers=1152:4"}},
+    // Worst-case sized HT outputs (MOE_EP_FLAG_WORST_CASE): rows past
+    // N_recv name no expert; combine takes the fixed-size y.
+    {"ht_r2_worst_case", 2, {"--mode=ht", "--worst_case=1", "--experts=8", "--max_tokens=32", "--layers=2048:4,2880:2"}},
+    {"ht_r4_worst_case_fp8", 4, {"--mode=ht", "--worst_case=1", "--experts=16", "--max_tokens=16", "--dtype=fp8", "--scale=ue8m0", "--seeds=1", "--layers=1024:8"}},
+    {"ht_bad_input_r2", 2, {"--scenario=htbad", "--mode=ht", "--experts=8", "--max_tokens=16", "--layers=256:2"}},
+    {"ht_bad_input_r4_ue8m0_packed", 4, {"--scenario=htbad", "--mode=ht", "--experts=16", "--max_tokens=8", "--scale=ue8m0_packed", "--layers=640:4"}},
+    // handle_layout (0.3): DeepEP's src_info / layout_range of LL handles
+    // against the oracle, and its refusals.
+    {"layout_r2", 2, {"--scenario=layout", "--experts=8", "--max_tokens=16", "--layers=256:2,128:1"}},
+    {"layout_r4_fp8", 4, {"--scenario=layout", "--experts=16", "--max_tokens=8", "--dtype=fp8", "--layers=512:4"}},
     {"bad_input_r2_fp8", 2, {"--scenario=badinput", "--experts=8", "--max_tokens=16", "--dtype=fp8", "--layers=256:2"}},
     {"absent_peer_timeout_r2", 2, {"--scenario=skip", "--experts=8", "--max_tokens=8", "--layers=128:2", "--kernel_ms=1500"}},
     {"config_mismatch_r2", 2, {"--scenario=mismatch", "--max_tokens=16"}},

@@ -31,6 +31,8 @@ class LlCall {
   void set_weights_at_dispatch(bool on) { weights_at_dispatch_ = on; }
   void check_combine();
   moe_ep_handle_t* handle() { return h_; }
+  // The oracle's receive of this rank (slot order, counts).
+  const moe_ep_oracle::LlDispatchExpected& expected() const { return want_; }
   // The caller frees the handle from now on (from any thread).
   moe_ep_handle_t* release_handle() {
     moe_ep_handle_t* h = h_;

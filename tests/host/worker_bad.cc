@@ -130,6 +130,17 @@ void run_bad_input(Ctx& c) {
       d.expect_refused("bf16 call on an fp8 group", MOE_EP_ERR_UNSUPPORTED, "dispatch_dtype: bf16");
     }
     d.dp.format = MOE_EP_FORMAT_GROUP;
+    // What only high-throughput dispatch takes (0.3).
+    d.dp.flags = MOE_EP_FLAG_WORST_CASE;
+    d.expect_refused("worst-case flag in LL", MOE_EP_ERR_INVALID_ARGUMENT,
+                     "MOE_EP_FLAG_WORST_CASE, which is for high_throughput dispatch");
+    d.dp.flags = 0;
+    d.dp.x_scales = d.t_sc.get();
+    d.expect_refused("x_scales in LL", MOE_EP_ERR_INVALID_ARGUMENT,
+                     "x_scales is for high_throughput dispatch; low-latency dispatch quantises "
+                     "bf16 x itself");
+    d.dp.x_scales = nullptr;
+    d.dp.flags = 0;
   }
   still_usable(c, 13);
   {

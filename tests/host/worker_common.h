@@ -50,6 +50,9 @@ struct Options {
   bool round_scale = false;
   // LL: +-inf and NaN written into the tokens (ll_call.cc, add_non_finite).
   bool non_finite = false;
+  // HT: dispatch with MOE_EP_FLAG_WORST_CASE (outputs of world *
+  // max_tokens rows).
+  bool worst_case = false;
   std::string log_level = "warn";
 };
 
@@ -88,6 +91,8 @@ void run_busy_peer(Ctx& c);    // worker_busy.cc
 void run_two_groups(Ctx& c);   // worker_busy.cc
 void run_ahead(Ctx& c);        // worker_blame.cc
 void run_reuse(Ctx& c);        // worker_reuse.cc
+void run_ht_bad_input(Ctx& c); // worker_ht_bad.cc
+void run_layout(Ctx& c);       // worker_layout.cc
 
 // worker_outside.cc: what an engine does outside moe-ep.
 // All ranks meet at `name` (files under barrier_dir; polls with sleeps, so

@@ -123,6 +123,7 @@ static bool parse(int argc, char** argv, Options* o) {
     else if (k == "per_call_format") o->per_call_format = v == "1";
     else if (k == "round_scale") o->round_scale = v == "1";
     else if (k == "non_finite") o->non_finite = v == "1";
+    else if (k == "worst_case") o->worst_case = v == "1";
     else if (k == "log_level") o->log_level = v;
     else if (k == "layers") {  // "7168:8,2048:1"
       o->layers.clear();
@@ -166,6 +167,10 @@ static void run_scenario(Ctx& c) {
     run_ahead(c);
   } else if (c.opt.scenario == "reuse") {
     run_reuse(c);
+  } else if (c.opt.scenario == "htbad") {
+    run_ht_bad_input(c);
+  } else if (c.opt.scenario == "layout") {
+    run_layout(c);
   } else if (c.opt.ht) {
     run_ht_conformance(c);
   } else {

@@ -31,7 +31,7 @@ void ht_partial_row(const Problem& p, int rank, const uint16_t* x, const int32_t
   const int H = p.hidden;
   std::vector<float> xf(H), acc(H, 0.0f);
   std::vector<uint16_t> ye(H);
-  for (int i = 0; i < H; ++i) xf[i] = bf16_to_float(x[i]);
+  transported_row(p, x, xf.data());  // fp8: as the engine quantised it
   for (int k = 0; k < p.top_k; ++k) {
     if (idx[k] == -1) continue;
     expert_fn_row(rank * p.local_experts() + idx[k], xf.data(), H, ye.data());

@@ -22,7 +22,9 @@ void expert_fn_row(int global_expert, const float* x, int hidden, uint16_t* y);
 // p.scale_format.
 void transported_row(const Problem& p, const uint16_t* x, float* out);
 
-// One HT partial row on `rank` (its local experts): 
+// One HT partial row on `rank` (its local experts), x as the rank received
+// it (transported_row: bf16 exact, or the pre-quantised fp8 row
+// dequantised):
 //   y = bf16( sum over k ascending with idx[k] != -1 of
 //             w[k] * bf16_to_float(expert_fn(rank * L + idx[k], x)) )
 // with float accumulation from 0.0f. idx are local ids (int32), K = p.top_k.

@@ -1,5 +1,8 @@
-// ht.h: expected HT (high-throughput) dispatch and combine. HT moves bf16
-// rows once per destination rank (not per expert); p.dispatch_dtype is ignored.
+// ht.h: expected HT (high-throughput) dispatch and combine. HT moves each
+// token's row once per destination rank (not per expert), never quantising:
+// bf16 rows, or with p.dispatch_dtype kFp8 the rows the source engine
+// quantised before dispatch (ht_fp8_input), carried verbatim with their
+// scales.
 #ifndef MOE_EP_TESTS_ORACLE_HT_H_
 #define MOE_EP_TESTS_ORACLE_HT_H_
 
@@ -20,7 +23,22 @@ struct HtDispatchExpected {
   std::vector<int32_t> recv_topk_idx;       // [N_recv, K] local id on `rank`, or -1
   std::vector<float> recv_topk_weights;     // [N_recv, K] weight, or 0 where idx is -1
   std::vector<int32_t> num_recv_tokens_per_expert;  // [E_local]
+  // kFp8 only: the source's pre-quantised row and scales exactly.
+  std::vector<uint8_t> recv_x_fp8;          // [N_recv, H] e4m3
+  std::vector<float> recv_scales;           // [N_recv, H/128] (kF32, kUe8m0)
+  std::vector<int32_t> recv_scales_packed;  // [N_recv, ceil(H/512)] (kUe8m0Packed)
 };
+
+// What an engine that quantises before an HT dispatch passes: x quantised
+// per 128 channels with p.scale_format (quantize_row), its scales as f32
+// [T, H/128], or packed [T, ceil(H/512)] for kUe8m0Packed (then `scales`
+// holds the powers of two the words encode).
+struct HtFp8Input {
+  std::vector<uint8_t> x;        // [T, H] e4m3
+  std::vector<float> scales;     // [T, H/128]
+  std::vector<int32_t> packed;   // [T, ceil(H/512)], kUe8m0Packed only
+};
+HtFp8Input ht_fp8_input(const Problem& p, const RankInputs& in);
 
 // One row per (source rank s, token t of s) with >= 1 expert on `rank`,
 // ordered by s ascending then t ascending. all[s] are rank s's inputs.
@@ -28,7 +46,8 @@ HtDispatchExpected ht_dispatch_expected(const Problem& p, const std::vector<Rank
                                         int rank);
 
 // Destination rank r's partials y_r for every row it received:
-// ht_partial_row (expert.h) applied to each row of d. [N_recv, H] bf16.
+// ht_partial_row (expert.h) applied to each row of d, so of the row as the
+// rank sees it (fp8 rows dequantised). [N_recv, H] bf16.
 std::vector<uint16_t> ht_partials(const Problem& p, const HtDispatchExpected& d);
 
 // out [T_s, H] bf16 of source rank s from arbitrary partials:

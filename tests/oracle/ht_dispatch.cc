@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "tests/oracle/expert.h"
+#include "tests/oracle/quant.h"
 
 namespace moe_ep_oracle {
 
@@ -41,7 +42,40 @@ HtDispatchExpected ht_dispatch_expected(const Problem& p, const std::vector<Rank
     }
   }
   d.num_recv = static_cast<int64_t>(d.src_rank.size());
+  if (p.dispatch_dtype == DispatchDtype::kFp8) {
+    // Each source quantised its whole x once; rows arrive as it sent them.
+    std::vector<HtFp8Input> q;
+    for (const RankInputs& in : all) q.push_back(ht_fp8_input(p, in));
+    const int G = p.scale_groups(), W = p.packed_scale_words();
+    const bool packed = p.scale_format == ScaleFormat::kUe8m0Packed;
+    for (int64_t n = 0; n < d.num_recv; ++n) {
+      const HtFp8Input& src = q[d.src_rank[n]];
+      const size_t t = static_cast<size_t>(d.src_token[n]);
+      d.recv_x_fp8.insert(d.recv_x_fp8.end(), &src.x[t * H], &src.x[t * H] + H);
+      if (packed) {
+        d.recv_scales_packed.insert(d.recv_scales_packed.end(), &src.packed[t * W],
+                                    &src.packed[t * W] + W);
+      } else {
+        d.recv_scales.insert(d.recv_scales.end(), &src.scales[t * G], &src.scales[t * G] + G);
+      }
+    }
+  }
   return d;
+}
+
+HtFp8Input ht_fp8_input(const Problem& p, const RankInputs& in) {
+  check_problem(p);
+  const int H = p.hidden, G = p.scale_groups(), W = p.packed_scale_words();
+  const size_t T = static_cast<size_t>(in.num_tokens);
+  HtFp8Input q;
+  q.x.resize(T * H);
+  q.scales.resize(T * G);
+  if (p.scale_format == ScaleFormat::kUe8m0Packed) q.packed.resize(T * W);
+  for (size_t t = 0; t < T; ++t) {
+    quantize_row(&in.x[t * H], H, p.scale_format, &q.x[t * H], &q.scales[t * G]);
+    if (!q.packed.empty()) pack_ue8m0(&q.scales[t * G], G, &q.packed[t * W]);
+  }
+  return q;
 }
 
 std::vector<uint16_t> ht_partials(const Problem& p, const HtDispatchExpected& d) {

@@ -2,6 +2,7 @@
 // prepare, the partial and reduction by hand, and combine end to end.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <tuple>
 
 #include <gtest/gtest.h>
@@ -120,6 +121,61 @@ INSTANTIATE_TEST_SUITE_P(All, HtGenerated,
                                                               Generator::kEmptyRanks,
                                                               Generator::kMasked),
                                             ::testing::Values(384, 2880)));
+
+// Pre-quantised fp8 HT rows (every scale format): each received row is its
+// source's quantised row and scales byte for byte, the partials see it
+// dequantised, and combine end to end agrees with the per-token reference.
+class HtFp8 : public ::testing::TestWithParam<ScaleFormat> {};
+
+TEST_P(HtFp8, RowsVerbatimAndCombine) {
+  Problem p;
+  p.world = 3; p.num_experts = 12; p.hidden = 640; p.top_k = 4; p.max_tokens_per_rank = 20;
+  p.generator = Generator::kMasked;
+  p.dispatch_dtype = DispatchDtype::kFp8;
+  p.scale_format = GetParam();
+  const int H = p.hidden, G = p.scale_groups(), W = p.packed_scale_words();
+  const bool packed = p.scale_format == ScaleFormat::kUe8m0Packed;
+  std::vector<RankInputs> all = make_all_inputs(p, 23);
+  std::vector<HtFp8Input> q;
+  for (const RankInputs& in : all) q.push_back(ht_fp8_input(p, in));
+  std::vector<std::vector<uint16_t>> y(p.world);
+  std::vector<const uint16_t*> yp(p.world);
+  for (int r = 0; r < p.world; ++r) {
+    HtDispatchExpected d = ht_dispatch_expected(p, all, r);
+    ASSERT_EQ(d.recv_x_fp8.size(), static_cast<size_t>(d.num_recv) * H);
+    ASSERT_EQ(packed ? d.recv_scales_packed.size() : d.recv_scales.size(),
+              static_cast<size_t>(d.num_recv) * (packed ? W : G));
+    for (int64_t n = 0; n < d.num_recv; ++n) {
+      const HtFp8Input& src = q[d.src_rank[n]];
+      const size_t t = static_cast<size_t>(d.src_token[n]);
+      ASSERT_EQ(compare_exact_u8("row", &d.recv_x_fp8[n * H], &src.x[t * H], H, H), "");
+      for (int i = 0; i < (packed ? W : G); ++i) {
+        if (packed) {
+          ASSERT_EQ(d.recv_scales_packed[n * W + i], src.packed[t * W + i]);
+        } else {
+          ASSERT_EQ(d.recv_scales[n * G + i], src.scales[t * G + i]);
+        }
+      }
+      // The partial is of the dequantised row, not of the bf16 source.
+      std::vector<float> deq(H), want(H);
+      dequantize_row(&src.x[t * H], &src.scales[t * G], H, deq.data());
+      transported_row(p, &d.recv_x[n * H], want.data());
+      ASSERT_EQ(std::memcmp(deq.data(), want.data(), H * sizeof(float)), 0) << "row " << n;
+    }
+    y[r] = ht_partials(p, d);
+    yp[r] = y[r].data();
+  }
+  for (int s = 0; s < p.world; ++s) {
+    std::vector<uint16_t> got = ht_combine_reduce(p, all, s, yp);
+    std::vector<uint16_t> want = ht_combine_expected(p, all, s);
+    EXPECT_EQ(compare_exact_u16("ht fp8 combine", got.data(), want.data(), want.size(), H), "")
+        << "rank " << s;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, HtFp8,
+                         ::testing::Values(ScaleFormat::kF32, ScaleFormat::kUe8m0,
+                                           ScaleFormat::kUe8m0Packed));
 
 TEST(Compare, ExactMessages) {
   std::vector<uint16_t> a = {float_to_bf16(1.0f), float_to_bf16(2.0f), float_to_bf16(3.0f)};

@@ -45,6 +45,18 @@ struct LlDispatchExpected {
 LlDispatchExpected ll_dispatch_expected(const Problem& p, const std::vector<RankInputs>& all,
                                         int rank);
 
+// DeepEP's view of d.rank's receive (its LL handle's src_info and
+// layout_range), from the slot order above:
+//   src_info [E_local, slots_per_expert]: the source token of each slot, -1
+//     from recv_count on;
+//   layout_range [E_local, world]: (begin << 32) | count of each source
+//     rank's slots, begin = the counts of the lower source ranks summed.
+struct LlHandleLayout {
+  std::vector<int32_t> src_info;
+  std::vector<int64_t> layout_range;
+};
+LlHandleLayout ll_handle_layout(const Problem& p, const LlDispatchExpected& d);
+
 // The float values of compact row `row` as received (bf16 exact, or fp8
 // dequantized with its scales): the input of the expert function.
 void ll_received_row(const Problem& p, const LlDispatchExpected& d, int64_t row, float* out);

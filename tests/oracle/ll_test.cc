@@ -49,6 +49,51 @@ TEST(LlDispatch, HandCaseSlotTable) {
                   float_to_bf16(hand_x(d->slots[r].src_rank, d->slots[r].src_token, i)));
 }
 
+// DeepEP's (src_info, layout_range) of the hand case, worked out by hand.
+TEST(LlDispatch, HandCaseHandleLayout) {
+  Problem p = hand_problem();
+  std::vector<RankInputs> all = hand_inputs();
+  const int64_t one = int64_t{1} << 32;
+  LlHandleLayout l0 = ll_handle_layout(p, ll_dispatch_expected(p, all, 0));
+  EXPECT_EQ(l0.src_info, (std::vector<int32_t>{2, 0, -1, -1, -1, -1, 0, 2, 2, -1, -1, -1}));
+  EXPECT_EQ(l0.layout_range, (std::vector<int64_t>{1, one | 1, 2, 2 * one | 1}));
+  LlHandleLayout l1 = ll_handle_layout(p, ll_dispatch_expected(p, all, 1));
+  EXPECT_EQ(l1.src_info, (std::vector<int32_t>{0, 0, -1, -1, -1, -1, 1, 2, -1, -1, -1, -1}));
+  EXPECT_EQ(l1.layout_range, (std::vector<int64_t>{1, one | 1, 1, one | 1}));
+}
+
+// On generated routings: the ranges tile [0, recv_count) in source order and
+// src_info names, in each range, that source's tokens ascending.
+TEST(LlDispatch, HandleLayoutRangesTileTheSlots) {
+  Problem p;
+  p.world = 4; p.num_experts = 16; p.hidden = 128; p.top_k = 3; p.max_tokens_per_rank = 20;
+  p.generator = Generator::kSkewed;
+  std::vector<RankInputs> all = make_all_inputs(p, 17);
+  for (int r = 0; r < p.world; ++r) {
+    LlDispatchExpected d = ll_dispatch_expected(p, all, r);
+    LlHandleLayout l = ll_handle_layout(p, d);
+    for (int e = 0; e < p.local_experts(); ++e) {
+      int64_t next = 0;
+      for (int s = 0; s < p.world; ++s) {
+        int64_t v = l.layout_range[e * p.world + s], begin = v >> 32, count = v & 0xffffffff;
+        ASSERT_EQ(begin, next) << "rank " << r << " expert " << e << " source " << s;
+        const int32_t* info = &l.src_info[static_cast<size_t>(e) * d.slots_per_expert];
+        for (int64_t i = begin; i < begin + count; ++i) {
+          const LlSlot& sl = d.slots[d.row(e, static_cast<int>(i))];
+          ASSERT_EQ(sl.src_rank, s);
+          ASSERT_EQ(info[i], sl.src_token);
+          if (i > begin) {
+            ASSERT_LT(info[i - 1], info[i]);
+          }
+        }
+        next = begin + count;
+      }
+      ASSERT_EQ(next, d.recv_count[e]);
+      for (int64_t i = next; i < d.slots_per_expert; ++i) ASSERT_EQ(l.src_info[e * d.slots_per_expert + i], -1);
+    }
+  }
+}
+
 TEST(LlCombine, IdentityExpertGivesWeightedSumOfX) {
   Problem p;
   p.world = 2; p.num_experts = 8; p.hidden = 256; p.top_k = 4; p.max_tokens_per_rank = 16;

@@ -32,7 +32,9 @@ struct Problem {
   int top_k = 1;             // this layer's top_k
   int max_tokens_per_rank = 1;
   Generator generator = Generator::kUniform;
-  DispatchDtype dispatch_dtype = DispatchDtype::kBf16;  // LL only; HT moves bf16
+  // LL: the rows dispatch quantises; HT: kFp8 = x quantised by the engine
+  // before dispatch (ht_fp8_input), rows carried verbatim.
+  DispatchDtype dispatch_dtype = DispatchDtype::kBf16;
   ScaleFormat scale_format = ScaleFormat::kF32;
 
   // Experts live on ranks in contiguous blocks of local_experts().

@@ -88,7 +88,7 @@ TEST(AbiLayout, OperationParams) {
   PIN(moe_ep_prepare_params_t, num_tokens_per_rank, 32);
   PIN(moe_ep_prepare_params_t, num_tokens_per_expert, 40);
   PIN(moe_ep_prepare_params_t, is_token_in_rank, 48);
-  EXPECT_EQ(sizeof(moe_ep_dispatch_params_t), 96u);
+  EXPECT_EQ(sizeof(moe_ep_dispatch_params_t), 104u);
   PIN(moe_ep_dispatch_params_t, flags, 8);
   PIN(moe_ep_dispatch_params_t, hidden, 12);
   PIN(moe_ep_dispatch_params_t, x, 16);
@@ -102,6 +102,7 @@ TEST(AbiLayout, OperationParams) {
   PIN(moe_ep_dispatch_params_t, num_recv_tokens, 80);
   PIN(moe_ep_dispatch_params_t, format, 88);  // appended in 0.2
   PIN(moe_ep_dispatch_params_t, reserved0, 92);
+  PIN(moe_ep_dispatch_params_t, x_scales, 96);  // appended in 0.3
   EXPECT_EQ(sizeof(moe_ep_combine_params_t), 48u);
   PIN(moe_ep_combine_params_t, flags, 8);
   PIN(moe_ep_combine_params_t, hidden, 12);
@@ -109,6 +110,18 @@ TEST(AbiLayout, OperationParams) {
   PIN(moe_ep_combine_params_t, topk_weights, 24);
   PIN(moe_ep_combine_params_t, out, 32);
   PIN(moe_ep_combine_params_t, stream, 40);
+  EXPECT_EQ(sizeof(moe_ep_handle_layout_params_t), 32u);  // 0.3
+  PIN(moe_ep_handle_layout_params_t, struct_size, 0);
+  PIN(moe_ep_handle_layout_params_t, src_info, 8);
+  PIN(moe_ep_handle_layout_params_t, layout_range, 16);
+  PIN(moe_ep_handle_layout_params_t, stream, 24);
+}
+
+// 0.3's flag takes the next bit; the older ones keep theirs.
+TEST(AbiLayout, Flags) {
+  EXPECT_EQ(MOE_EP_FLAG_DEFER_RECV, 1u);
+  EXPECT_EQ(MOE_EP_FLAG_ROUND_SCALE, 2u);
+  EXPECT_EQ(MOE_EP_FLAG_WORST_CASE, 4u);
 }
 
 // The inline initializers (usable from C++) zero the struct and set its size.
@@ -121,11 +134,15 @@ TEST(AbiLayout, InitializersFromCxx) {
   EXPECT_EQ(moe_ep_group_info_init().struct_size, sizeof(moe_ep_group_info_t));
   EXPECT_EQ(moe_ep_prepare_params_init().struct_size, sizeof(moe_ep_prepare_params_t));
   EXPECT_EQ(moe_ep_combine_params_init().stream, nullptr);
+  moe_ep_handle_layout_params_t l = moe_ep_handle_layout_params_init();
+  EXPECT_EQ(l.struct_size, sizeof(l));
+  EXPECT_EQ(l.src_info, nullptr);
+  EXPECT_EQ(d.x_scales, nullptr);
 }
 
 TEST(AbiLayout, PluginTableV1) {
   EXPECT_EQ(MOE_EP_ABI_VERSION, 1u);
-  EXPECT_EQ(sizeof(moe_ep_plugin_v1_t), 176u);
+  EXPECT_EQ(sizeof(moe_ep_plugin_v1_t), 184u);
   PIN(moe_ep_plugin_v1_t, struct_size, 0);
   PIN(moe_ep_plugin_v1_t, abi_version, 8);
   PIN(moe_ep_plugin_v1_t, name, 16);
@@ -148,4 +165,5 @@ TEST(AbiLayout, PluginTableV1) {
   PIN(moe_ep_plugin_v1_t, hook_run, 152);
   PIN(moe_ep_plugin_v1_t, hook_free, 160);
   PIN(moe_ep_plugin_v1_t, handle_free, 168);
+  PIN(moe_ep_plugin_v1_t, handle_layout, 176);  // appended in 0.3
 }

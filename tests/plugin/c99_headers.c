@@ -10,7 +10,9 @@ int moe_ep_c99_probe(void) {
   moe_ep_dispatch_params_t dispatch = MOE_EP_INIT(moe_ep_dispatch_params_t);
   const moe_ep_plugin_v1_t *table = NULL;
   char err[64];
+  moe_ep_handle_layout_params_t layout = MOE_EP_INIT(moe_ep_handle_layout_params_t);
   void *lib = moe_ep_load("/nonexistent/libmoe_ep.so", &table, err, sizeof err);
+  moe_ep_status_t st = moe_ep_call_handle_layout(table, NULL, &layout);
   moe_ep_unload(lib);
-  return (int)(params.struct_size + dispatch.struct_size) + (table != NULL);
+  return (int)(params.struct_size + dispatch.struct_size) + (table != NULL) + (int)st;
 }

@@ -130,6 +130,29 @@ TEST(Loader, LibraryWithoutTable) {
   EXPECT_NE(std::strstr(err, "exports no moe_ep_plugin_v1"), nullptr) << err;
 }
 
+// A 0.2 library (table up to handle_free) loads; handle_layout, appended in
+// 0.3, is reported absent and the loader's wrapper answers UNSUPPORTED.
+TEST(Loader, TableWithoutLaterEntries) {
+  const moe_ep_plugin_v1_t* t = nullptr;
+  char err[512] = "";
+  std::string v02 = moe_ep_test::runfile("tests/plugin/libfake_v02_plugin.so");
+  void* h = moe_ep_load(v02.c_str(), &t, err, sizeof err);
+  ASSERT_NE(h, nullptr) << err;
+  EXPECT_EQ(t->struct_size, offsetof(moe_ep_plugin_v1_t, handle_layout));
+  EXPECT_FALSE(MOE_EP_HAS_ENTRY(t, handle_layout));
+  moe_ep_handle_layout_params_t p = moe_ep_handle_layout_params_init();
+  EXPECT_EQ(moe_ep_call_handle_layout(t, nullptr, &p), MOE_EP_ERR_UNSUPPORTED);
+  moe_ep_unload(h);
+}
+
+TEST_F(Loaded, HandleLayoutThroughTheLoader) {
+  EXPECT_TRUE(MOE_EP_HAS_ENTRY(t, handle_layout));
+  moe_ep_handle_layout_params_t p = moe_ep_handle_layout_params_init();
+  // The real entry runs: a bogus handle is refused with a sentence.
+  EXPECT_EQ(moe_ep_call_handle_layout(t, nullptr, &p), MOE_EP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(t->last_error(), "handle_layout: handle="), nullptr) << t->last_error();
+}
+
 TEST(Loader, TooOldTable) {
   const moe_ep_plugin_v1_t* t = nullptr;
   char err[512];

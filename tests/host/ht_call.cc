@@ -1,0 +1,214 @@
+// ht_call.cc: an HT layer call against the oracle (see ht_call.h).
+#include "tests/host/ht_call.h"
+
+#include <algorithm>
+#include <string>
+
+namespace moe_ep_test {
+
+using namespace moe_ep_oracle;
+
+namespace {
+bool fp8(const Problem& p) { return p.dispatch_dtype == DispatchDtype::kFp8; }
+bool packed(const Problem& p) { return p.scale_format == ScaleFormat::kUe8m0Packed; }
+int scale_cols(const Problem& p) { return packed(p) ? p.packed_scale_words() : p.scale_groups(); }
+// The problem's fp8 rows as a per-call moe_ep_dispatch_format_t.
+int32_t call_format(const Problem& p) {
+  switch (p.scale_format) {
+    case ScaleFormat::kUe8m0: return MOE_EP_FORMAT_FP8_UE8M0;
+    case ScaleFormat::kUe8m0Packed: return MOE_EP_FORMAT_FP8_UE8M0_PACKED;
+    default: return MOE_EP_FORMAT_FP8_F32;
+  }
+}
+constexpr uint8_t kPoison = 0xA5;
+}  // namespace
+
+HtCall::HtCall(Ctx& c, const Problem& p, uint64_t seed)
+    : c_(c), p_(p), seed_(seed), all_(make_all_inputs(p, seed)),
+      want_(ht_dispatch_expected(p, all_, c.rank)) {
+  if (fp8(p)) q_ = ht_fp8_input(p, all_[c.rank]);
+  topk_ = all_[c.rank].topk_idx;
+  out_.assign(static_cast<size_t>(all_[c.rank].num_tokens) * p.hidden, 0x7FC1);
+}
+
+HtCall::~HtCall() { c_.api->handle_free(h_); }
+
+moe_ep_status_t HtCall::prepare() {
+  const RankInputs& mine = all_[c_.rank];
+  Tensor topk(topk_.data(), DT::kI64, {mine.num_tokens, p_.top_k});
+  std::vector<int32_t> per_rank(p_.world, -1);
+  Tensor t_per_rank(per_rank.data(), DT::kI32, {p_.world});
+  moe_ep_prepare_params_t pp = MOE_EP_INIT(moe_ep_prepare_params_t);
+  pp.topk_idx = topk.get();
+  pp.num_tokens = mine.num_tokens;
+  pp.top_k = p_.top_k;
+  pp.num_tokens_per_rank = t_per_rank.get();
+  moe_ep_status_t st = c_.api->prepare(c_.group, &pp, &h_);
+  if (!expect_status(c_, seed_, "ht prepare", st, MOE_EP_OK)) return st;
+  PrepareExpected pe = prepare_expected(p_, mine);
+  expect_same(c_, seed_, "ht prepare num_tokens_per_rank",
+              compare_exact_i32("num_tokens_per_rank", per_rank.data(),
+                                pe.num_tokens_per_rank.data(), p_.world, p_.world));
+  return st;
+}
+
+void HtCall::set_x_variant(int hidden) {
+  p_.hidden = hidden;
+  all_ = make_all_inputs(p_, seed_);  // the routing does not depend on hidden
+  if (all_[c_.rank].topk_idx != topk_) {
+    fail(c_, seed_, "set_x_variant", "the oracle's routing changed with hidden");
+  }
+  for (RankInputs& in : all_) {
+    for (uint16_t& v : in.x) v = float_to_bf16(-0.5f * bf16_to_float(v) + 0.25f);
+  }
+  want_ = ht_dispatch_expected(p_, all_, c_.rank);
+  if (fp8(p_)) q_ = ht_fp8_input(p_, all_[c_.rank]);
+  out_.assign(static_cast<size_t>(all_[c_.rank].num_tokens) * hidden, 0x7FC1);
+}
+
+moe_ep_status_t HtCall::run(moe_ep_status_t st, moe_ep_hook_t* hook, uint32_t flags,
+                            const char* what) {
+  if (st != MOE_EP_OK && hook != nullptr) fail(c_, seed_, what, "a refused call returned a hook");
+  if (st != MOE_EP_OK || !(flags & MOE_EP_FLAG_DEFER_RECV)) return st;
+  st = c_.api->hook_run(hook, nullptr);
+  expect_status(c_, seed_, what, st, MOE_EP_OK);
+  c_.api->hook_free(hook);
+  return st;
+}
+
+moe_ep_status_t HtCall::dispatch(uint32_t flags, int64_t rows, bool count_out,
+                                 const std::function<void(moe_ep_dispatch_params_t&)>& tweak,
+                                 moe_ep_hook_t** hook_out) {
+  const RankInputs& mine = all_[c_.rank];
+  const int T = mine.num_tokens, K = p_.top_k, H = p_.hidden, el = p_.local_experts();
+  const bool f8 = fp8(p_);
+  const int cols = scale_cols(p_);
+  flags_ = flags;
+  rows_ = rows;
+  count_out_ = count_out;
+  n_recv_ = -1;
+  const size_t spare = static_cast<size_t>(rows) + 1;
+  recv_x_.assign(spare * H * (f8 ? 1 : 2), kPoison);
+  recv_scales_.assign(f8 ? spare * cols * 4 : 4, kPoison);
+  recv_idx_.assign(spare * K, -9);
+  recv_w_.assign(spare * K, -9.0f);
+  recv_count_.assign(el, -9);
+  Tensor x(f8 ? static_cast<const void*>(q_.x.data()) : mine.x.data(), f8 ? DT::kFp8 : DT::kBf16,
+           {T, H});
+  Tensor xs(packed(p_) ? static_cast<const void*>(q_.packed.data()) : q_.scales.data(),
+            packed(p_) ? DT::kI32 : DT::kF32, {T, cols});
+  Tensor w(mine.topk_weights.data(), DT::kF32, {T, K});
+  Tensor rx(recv_x_.data(), f8 ? DT::kFp8 : DT::kBf16, {rows, H});
+  Tensor rs(recv_scales_.data(), packed(p_) ? DT::kI32 : DT::kF32, {rows, cols});
+  Tensor ri(recv_idx_.data(), DT::kI32, {rows, K}), rw(recv_w_.data(), DT::kF32, {rows, K});
+  Tensor rc(recv_count_.data(), DT::kI32, {el});
+  moe_ep_dispatch_params_t dp = MOE_EP_INIT(moe_ep_dispatch_params_t);
+  dp.flags = flags;
+  dp.hidden = H;
+  dp.x = x.get();
+  dp.x_scales = f8 ? xs.get() : nullptr;
+  dp.format = f8 && c_.opt.per_call_format ? call_format(p_) : MOE_EP_FORMAT_GROUP;
+  dp.topk_weights = w.get();
+  dp.recv_x = rx.get();
+  dp.recv_scales = f8 ? rs.get() : nullptr;
+  dp.recv_topk_idx = ri.get();
+  dp.recv_topk_weights = rw.get();
+  dp.recv_count = rc.get();
+  dp.num_recv_tokens = count_out ? &n_recv_ : nullptr;
+  if (tweak) tweak(dp);
+  moe_ep_hook_t* hook = nullptr;
+  moe_ep_status_t st = c_.api->dispatch(c_.group, h_, &dp, &hook);
+  if (hook_out != nullptr) {
+    *hook_out = hook;
+    return st;
+  }
+  return run(st, hook, flags, "ht dispatch hook");
+}
+
+void HtCall::check_dispatch() {
+  const int K = p_.top_k, H = p_.hidden, el = p_.local_experts(), cols = scale_cols(p_);
+  const bool worst = (flags_ & MOE_EP_FLAG_WORST_CASE) != 0;
+  const int64_t N = want_.num_recv;
+  const std::string tag = std::string("ht dispatch") + (fp8(p_) ? " fp8" : "") +
+                          (worst ? " worst-case" : "");
+  if (count_out_ && n_recv_ != N) {
+    fail(c_, seed_, tag + " num_recv_tokens", "got " + std::to_string(n_recv_) + " want " +
+                                                  std::to_string(N));
+    return;
+  }
+  const size_t n = static_cast<size_t>(N);
+  if (fp8(p_)) {
+    expect_same(c_, seed_, tag + " recv_x",
+                compare_exact_u8("recv_x", recv_x_.data(), want_.recv_x_fp8.data(), n * H, H));
+    const int32_t* got_s = reinterpret_cast<const int32_t*>(recv_scales_.data());
+    // Scales are compared as bits: they are carried, never computed.
+    const int32_t* want_s = packed(p_) ? want_.recv_scales_packed.data()
+                                       : reinterpret_cast<const int32_t*>(want_.recv_scales.data());
+    expect_same(c_, seed_, tag + " recv_scales",
+                compare_exact_i32("recv_scales", got_s, want_s, n * cols, cols));
+  } else {
+    expect_same(c_, seed_, tag + " recv_x",
+                compare_exact_u16("recv_x", reinterpret_cast<const uint16_t*>(recv_x_.data()),
+                                  want_.recv_x.data(), n * H, H));
+  }
+  expect_same(c_, seed_, tag + " recv_topk_idx",
+              compare_exact_i32("recv_topk_idx", recv_idx_.data(), want_.recv_topk_idx.data(),
+                                n * K, K));
+  expect_same(c_, seed_, tag + " recv_topk_weights",
+              compare_exact_f32("recv_topk_weights", recv_w_.data(),
+                                want_.recv_topk_weights.data(), n * K, K));
+  expect_same(c_, seed_, tag + " recv_count",
+              compare_exact_i32("recv_count", recv_count_.data(),
+                                want_.num_recv_tokens_per_expert.data(), el, el));
+  // Worst case: the rows past N_recv name no expert. Every case: rows past
+  // what the call may write stay untouched.
+  const int64_t untouched = worst ? rows_ : N;
+  for (int64_t r = N; r <= rows_; r++) {
+    for (int k = 0; k < K; k++) {
+      const int32_t want_i = r < untouched ? -1 : -9;
+      const float want_w = r < untouched ? 0.0f : -9.0f;
+      if (recv_idx_[r * K + k] != want_i || recv_w_[r * K + k] != want_w) {
+        fail(c_, seed_, tag + " rows past N_recv",
+             "row " + std::to_string(r) + " k " + std::to_string(k) + " (N_recv " +
+                 std::to_string(N) + ", rows " + std::to_string(rows_) + "): got idx " +
+                 std::to_string(recv_idx_[r * K + k]) + " weight " +
+                 std::to_string(recv_w_[r * K + k]) + ", want " + std::to_string(want_i) + " / " +
+                 std::to_string(want_w));
+        return;
+      }
+    }
+  }
+  const size_t row_bytes = static_cast<size_t>(H) * (fp8(p_) ? 1 : 2);
+  for (size_t b = static_cast<size_t>(untouched) * row_bytes; b < recv_x_.size(); b += 61) {
+    if (recv_x_[b] != kPoison) {
+      fail(c_, seed_, tag + " recv_x", "byte " + std::to_string(b) + " past row " +
+                                           std::to_string(untouched) + " was written");
+      return;
+    }
+  }
+}
+
+moe_ep_status_t HtCall::combine(uint32_t flags, int64_t rows) {
+  const int T = all_[c_.rank].num_tokens, H = p_.hidden;
+  std::vector<uint16_t> y = ht_partials(p_, want_);
+  y.resize(static_cast<size_t>(rows) * H, 0x7FC1);  // NaN: a row read by mistake shows
+  std::fill(out_.begin(), out_.end(), 0x7FC1);
+  Tensor ty(y.data(), DT::kBf16, {rows, H}), to(out_.data(), DT::kBf16, {T, H});
+  moe_ep_combine_params_t cp = MOE_EP_INIT(moe_ep_combine_params_t);
+  cp.flags = flags;
+  cp.hidden = H;
+  cp.y = ty.get();
+  cp.out = to.get();
+  moe_ep_hook_t* hook = nullptr;
+  moe_ep_status_t st = c_.api->combine(c_.group, h_, &cp, &hook);
+  return run(st, hook, flags, "ht combine hook");
+}
+
+void HtCall::check_combine() {
+  std::vector<uint16_t> want = ht_combine_expected(p_, all_, c_.rank);
+  // Ranks are summed in ascending order, as the oracle does: bit-exact.
+  expect_same(c_, seed_, fp8(p_) ? "ht combine (fp8 dispatch)" : "ht combine",
+              compare_exact_bf16("out", out_.data(), want.data(), want.size(), p_.hidden));
+}
+
+}  // namespace moe_ep_test

@@ -1,0 +1,69 @@
+// ht_call.h: one HT layer call's buffers and steps, checked against the
+// oracle: bf16 or pre-quantised fp8 rows (p.dispatch_dtype), exact or
+// worst-case sized receive tensors, and repeated dispatches on one handle
+// (DeepEP's cached layout). Host memory (the host backend).
+#ifndef MOE_EP_TESTS_HOST_HT_CALL_H_
+#define MOE_EP_TESTS_HOST_HT_CALL_H_
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "tests/common/plugin_api.h"
+#include "tests/host/worker_common.h"
+
+namespace moe_ep_test {
+
+class HtCall {
+ public:
+  HtCall(Ctx& c, const moe_ep_oracle::Problem& p, uint64_t seed);
+  ~HtCall();
+  HtCall(const HtCall&) = delete;
+  HtCall& operator=(const HtCall&) = delete;
+  // prepare, checking num_tokens_per_rank against the oracle.
+  moe_ep_status_t prepare();
+  // Another x of `hidden` channels for the same routing (the next dispatch
+  // on this handle, as DeepEP's cached dispatch sends a second tensor of the
+  // same tokens): the seed's inputs at that hidden, each value negated,
+  // halved and shifted, so no row repeats the previous dispatch's.
+  void set_x_variant(int hidden);
+  // Receive tensors of `rows` rows (+1 poisoned spare row the library must
+  // not touch); num_recv_tokens is passed only when `count_out`. A deferred
+  // dispatch runs its hook at once, unless `hook_out` takes it. `tweak` may
+  // break the params first (bad input: then no hook may come back).
+  moe_ep_status_t dispatch(uint32_t flags, int64_t rows, bool count_out = true,
+                           const std::function<void(moe_ep_dispatch_params_t&)>& tweak = nullptr,
+                           moe_ep_hook_t** hook_out = nullptr);
+  void check_dispatch();
+  // y: the oracle's partials of this rank's rows, in `rows` rows (rows past
+  // N_recv are garbage the library must ignore).
+  moe_ep_status_t combine(uint32_t flags, int64_t rows);
+  void check_combine();
+  int64_t num_recv() const { return want_.num_recv; }
+  moe_ep_handle_t* handle() { return h_; }
+  uint64_t seed() const { return seed_; }
+
+ private:
+  Ctx& c_;
+  moe_ep_oracle::Problem p_;
+  uint64_t seed_;
+  std::vector<moe_ep_oracle::RankInputs> all_;
+  moe_ep_oracle::HtDispatchExpected want_;
+  moe_ep_oracle::HtFp8Input q_;  // this rank's pre-quantised x (fp8)
+  std::vector<int64_t> topk_;    // what prepare was given: unchanged until combine
+  moe_ep_handle_t* h_ = nullptr;
+  // The last dispatch's receive buffers and what it was asked for.
+  uint32_t flags_ = 0;
+  int64_t rows_ = 0;
+  bool count_out_ = true;
+  int64_t n_recv_ = -1;
+  std::vector<uint8_t> recv_x_, recv_scales_;
+  std::vector<int32_t> recv_idx_, recv_count_;
+  std::vector<float> recv_w_;
+  std::vector<uint16_t> out_;
+  moe_ep_status_t run(moe_ep_status_t st, moe_ep_hook_t* hook, uint32_t flags, const char* what);
+};
+
+}  // namespace moe_ep_test
+
+#endif  // MOE_EP_TESTS_HOST_HT_CALL_H_

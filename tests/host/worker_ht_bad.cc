@@ -1,0 +1,137 @@
+// worker_ht_bad.cc: bad input to HT dispatch on a live multi-rank group:
+// row format against x's dtype (bf16 and pre-quantised fp8), the scales'
+// shape and dtype, worst-case capacity, a second dispatch while the first's
+// hook is pending, handle_layout on an HT handle. Each is refused with the
+// right status and a sentence naming the argument, returns no hook, and the
+// group still works (verified round trips follow).
+#include <vector>
+
+#include "tests/common/plugin_api.h"
+#include "tests/host/ht_call.h"
+#include "tests/host/worker_common.h"
+
+namespace moe_ep_test {
+
+using namespace moe_ep_oracle;
+
+namespace {
+
+using Tweak = std::function<void(moe_ep_dispatch_params_t&)>;
+
+Problem problem_of(const Ctx& c, DispatchDtype dtype) {
+  Problem p = problem_for(c, c.opt.layers[0].first, c.opt.layers[0].second, Generator::kUniform);
+  p.dispatch_dtype = dtype;
+  return p;
+}
+
+void refused(Ctx& c, HtCall& call, const char* what, uint32_t flags, int64_t rows, bool count_out,
+             const Tweak& tweak, moe_ep_status_t want, const char* must) {
+  expect_status(c, call.seed(), what,
+                call.dispatch(flags | MOE_EP_FLAG_DEFER_RECV, rows, count_out, tweak), want, must);
+}
+
+// A verified dispatch and combine on `call`'s handle.
+void roundtrip(Ctx& c, HtCall& call, const char* what) {
+  if (!expect_status(c, call.seed(), what, call.dispatch(0, call.num_recv()), MOE_EP_OK)) return;
+  call.check_dispatch();
+  if (expect_status(c, call.seed(), what, call.combine(0, call.num_recv()), MOE_EP_OK))
+    call.check_combine();
+}
+
+moe_ep_tensor_t* mutable_tensor(const moe_ep_tensor_t* t) { return const_cast<moe_ep_tensor_t*>(t); }
+
+void bf16_x(Ctx& c) {
+  Problem p = problem_of(c, DispatchDtype::kBf16);
+  HtCall call(c, p, 71);
+  if (call.prepare() != MOE_EP_OK) return;
+  const int64_t n = call.num_recv(), worst = static_cast<int64_t>(p.world) * p.max_tokens_per_rank;
+  std::vector<float> scales(static_cast<size_t>(p.max_tokens_per_rank) * p.scale_groups() + 1);
+  Tensor xs(scales.data(), DT::kF32, {num_tokens_for_rank(p, c.rank, 71), p.scale_groups()});
+  refused(c, call, "fp8 format with a bf16 x", 0, n, true,
+          [](moe_ep_dispatch_params_t& dp) { dp.format = MOE_EP_FORMAT_FP8_F32; },
+          MOE_EP_ERR_INVALID_ARGUMENT, "asks for fp8 rows but params->x is bf16");
+  refused(c, call, "x_scales with a bf16 x", 0, n, true,
+          [&](moe_ep_dispatch_params_t& dp) { dp.x_scales = xs.get(); },
+          MOE_EP_ERR_INVALID_ARGUMENT, "bf16 rows carry no scales");
+  refused(c, call, "num_recv_tokens NULL without worst-case sizing", 0, n, false, nullptr,
+          MOE_EP_ERR_INVALID_ARGUMENT, "only with MOE_EP_FLAG_WORST_CASE");
+  refused(c, call, "worst-case dispatch one row short", MOE_EP_FLAG_WORST_CASE, worst - 1, true,
+          nullptr, MOE_EP_ERR_INVALID_ARGUMENT,
+          ("has " + std::to_string(worst - 1) + " rows; with MOE_EP_FLAG_WORST_CASE the receive "
+           "tensors need at least world_size * max_tokens_per_rank").c_str());
+  refused(c, call, "fp8 recv_x for bf16 rows", 0, n, true,
+          [](moe_ep_dispatch_params_t& dp) { mutable_tensor(dp.recv_x)->dtype = dtype_of(DT::kFp8); },
+          MOE_EP_ERR_INVALID_ARGUMENT, "params->recv_x has dtype");
+  roundtrip(c, call, "bf16 round trip after refusals");
+}
+
+void fp8_x(Ctx& c) {
+  Problem p = problem_of(c, DispatchDtype::kFp8);
+  HtCall call(c, p, 73);
+  if (call.prepare() != MOE_EP_OK) return;
+  const int64_t n = call.num_recv();
+  const int H = p.hidden;
+  refused(c, call, "fp8 x without x_scales", 0, n, true,
+          [](moe_ep_dispatch_params_t& dp) { dp.x_scales = nullptr; }, MOE_EP_ERR_INVALID_ARGUMENT,
+          "params->x_scales is NULL but params->x is fp8_e4m3fn");
+  refused(c, call, "bf16 format with an fp8 x", 0, n, true,
+          [](moe_ep_dispatch_params_t& dp) { dp.format = MOE_EP_FORMAT_BF16; },
+          MOE_EP_ERR_INVALID_ARGUMENT, "(bf16) but params->x is fp8_e4m3fn");
+  refused(c, call, "x_scales one column too many", 0, n, true,
+          [](moe_ep_dispatch_params_t& dp) { mutable_tensor(dp.x_scales)->shape[1] += 1; },
+          MOE_EP_ERR_INVALID_ARGUMENT, "params->x_scales has shape");
+  refused(c, call, "int32 x_scales for f32 scales", 0, n, true,
+          [](moe_ep_dispatch_params_t& dp) {
+            dp.format = MOE_EP_FORMAT_FP8_F32;
+            mutable_tensor(dp.x_scales)->dtype = dtype_of(DT::kI32);
+          },
+          MOE_EP_ERR_INVALID_ARGUMENT, "params->x_scales has dtype");
+  refused(c, call, "f32 x_scales for packed scales", 0, n, true,
+          [](moe_ep_dispatch_params_t& dp) {
+            dp.format = MOE_EP_FORMAT_FP8_UE8M0_PACKED;
+            mutable_tensor(dp.x_scales)->dtype = dtype_of(DT::kF32);
+          },
+          MOE_EP_ERR_INVALID_ARGUMENT, "params->x_scales has dtype");
+  refused(c, call, "fp8 rows without recv_scales", 0, n, true,
+          [](moe_ep_dispatch_params_t& dp) { dp.recv_scales = nullptr; },
+          MOE_EP_ERR_INVALID_ARGUMENT, "params->recv_scales is NULL");
+  refused(c, call, "fp8 hidden not a multiple of 128", 0, n, true,
+          [H](moe_ep_dispatch_params_t& dp) {
+            dp.hidden = H - 8;
+            mutable_tensor(dp.x)->shape[1] = H - 8;
+          },
+          MOE_EP_ERR_INVALID_ARGUMENT, "multiple of 128");
+  // The first dispatch's hook pending: neither another dispatch nor a
+  // combine on the handle; handle_layout is LL only.
+  moe_ep_hook_t* hook = nullptr;
+  if (!expect_status(c, call.seed(), "deferred fp8 dispatch",
+                     call.dispatch(MOE_EP_FLAG_DEFER_RECV, n, true, nullptr, &hook), MOE_EP_OK)) {
+    return;
+  }
+  expect_status(c, call.seed(), "dispatch while the handle's hook is pending", call.dispatch(0, n),
+                MOE_EP_ERR_INVALID_ARGUMENT, "a dispatch whose hook has not run yet");
+  expect_status(c, call.seed(), "combine while the handle's hook is pending", call.combine(0, n),
+                MOE_EP_ERR_INVALID_ARGUMENT, "a dispatch whose hook has not run yet");
+  expect_status(c, call.seed(), "hook_run", c.api->hook_run(hook, nullptr), MOE_EP_OK);
+  c.api->hook_free(hook);
+  call.check_dispatch();
+  moe_ep_handle_layout_params_t lp = moe_ep_handle_layout_params_init();
+  expect_status(c, call.seed(), "handle_layout on an HT handle",
+                c.api->handle_layout(call.handle(), &lp), MOE_EP_ERR_UNSUPPORTED, "LL only");
+  if (expect_status(c, call.seed(), "fp8 combine", call.combine(0, n), MOE_EP_OK))
+    call.check_combine();
+  roundtrip(c, call, "fp8 round trip on the same handle after refusals");
+}
+
+}  // namespace
+
+void run_ht_bad_input(Ctx& c) {
+  bf16_x(c);
+  fp8_x(c);
+  moe_ep_group_info_t info = MOE_EP_INIT(moe_ep_group_info_t);
+  expect_status(c, 0, "group_info", c.api->group_info(c.group, &info), MOE_EP_OK);
+  HtCall last(c, problem_of(c, DispatchDtype::kBf16), 79);
+  if (last.prepare() == MOE_EP_OK) roundtrip(c, last, "still usable");
+}
+
+}  // namespace moe_ep_test
