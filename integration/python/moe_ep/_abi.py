@@ -1,7 +1,9 @@
-"""ctypes mirror of plugin/include/moe_ep.h (ABI v1).
+"""ctypes mirror of plugin/include/moe_ep.h (ABI v1, version 0.3).
 
 Field order and types follow the header exactly; tests/abi_layout_test.cc
-pins the C side, and test_abi.py checks these sizes against it.
+pins the C side, and test_abi.py checks these sizes against it. Entries
+appended after 0.2 (handle_layout) may be missing from an older library's
+table: _library.Library reads only what the table's struct_size covers.
 """
 import ctypes
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_int,
@@ -34,6 +36,7 @@ LOG_LEVELS = ("none", "error", "warn", "info", "debug", "trace")
 
 FLAG_DEFER_RECV = 1 << 0
 FLAG_ROUND_SCALE = 1 << 1
+FLAG_WORST_CASE = 1 << 2  # 0.3: HT outputs sized world_size * max_tokens_per_rank
 # moe_ep_dispatch_format_t: a dispatch's row format, per call.
 FORMATS = {None: 0, "bf16": 1, "fp8": 2, "fp8_ue8m0": 3, "fp8_ue8m0_packed": 4}
 
@@ -140,6 +143,7 @@ class DispatchParams(Structure):
         ("num_recv_tokens", POINTER(c_int64)),
         ("format", c_int32),  # moe_ep_dispatch_format_t, appended in 0.2
         ("reserved0", c_int32),
+        ("x_scales", POINTER(Tensor)),  # appended in 0.3 (HT pre-quantised fp8)
     ]
 
 
@@ -151,6 +155,15 @@ class CombineParams(Structure):
         ("y", POINTER(Tensor)),
         ("topk_weights", POINTER(Tensor)),
         ("out", POINTER(Tensor)),
+        ("stream", c_void_p),
+    ]
+
+
+class HandleLayoutParams(Structure):  # 0.3
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("src_info", POINTER(Tensor)),
+        ("layout_range", POINTER(Tensor)),
         ("stream", c_void_p),
     ]
 
@@ -190,9 +203,18 @@ class PluginV1(Structure):
         ("hook_run", CFUNCTYPE(_status, _G, c_void_p)),
         ("hook_free", CFUNCTYPE(None, _G)),
         ("handle_free", CFUNCTYPE(None, _G)),
+        # appended in 0.3
+        ("handle_layout", CFUNCTYPE(_status, _G, POINTER(HandleLayoutParams))),
     ]
 
 
 # The smallest v1 table usable here: everything up to handle_free
-# (MOE_EP_LOADER_MIN_V1_SIZE).
+# (MOE_EP_LOADER_MIN_V1_SIZE, a 0.2 library); later entries are optional.
 MIN_V1_SIZE = PluginV1.handle_free.offset + ctypes.sizeof(c_void_p)
+
+
+def table_has(table, name):
+    """Whether a loaded table (of the size it reports) holds entry `name`
+    (MOE_EP_HAS_ENTRY)."""
+    field = getattr(PluginV1, name)
+    return table.struct_size >= field.offset + field.size

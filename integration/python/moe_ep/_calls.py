@@ -17,6 +17,17 @@ def hidden_of(t, name):
     return int(t.shape[-1]) if t.dim() else 0
 
 
+def split_x(x, x_scales):
+    """(x, x_scales) from dispatch's x, which may be the pair (x_fp8,
+    scales) DeepEP callers pass."""
+    if isinstance(x, tuple):
+        if len(x) != 2 or x_scales is not None:
+            raise ValueError("dispatch: x must be a tensor or the pair (x_fp8, scales), and "
+                             "x_scales is given only with a tensor x")
+        return x
+    return x, x_scales
+
+
 class Calls:
     def __init__(self, group):
         self.group = group
@@ -27,7 +38,8 @@ class Calls:
         self.dp_ptr = ctypes.pointer(self.dp)
         self.cp = _abi.init(_abi.CombineParams)
         self.cp_ptr = ctypes.pointer(self.cp)
-        self.x = TensorSlot("x")
+        self.x = TensorSlot("x", as_fp8=True)  # uint8 storage is fp8 (HT; LL refuses it)
+        self.x_scales = TensorSlot("x_scales")
         self.dw = TensorSlot("topk_weights")
         self.recv_count = TensorSlot("recv_count")
         self.y = TensorSlot("y")

@@ -1,55 +1,86 @@
 """High-throughput dispatch and combine. The receive count reaches the host
 only with the receive (num_recv_tokens), so outputs are sized by capacity
-and returned as views of the valid rows."""
+and returned as views of the valid rows; with worst_case they are returned
+whole (fixed size, no count needed). Rows are bf16, or fp8 the caller
+quantised (x_scales), carried verbatim."""
 import ctypes
 
 import torch
 
 from . import _abi
-from ._calls import Calls, hidden_of
+from ._calls import Calls, hidden_of, split_x
 from ._results import DispatchResult
-from ._torch import TensorSlot
+from ._torch import FP8_STORAGE, TensorSlot
 from .handle import Hook
+
+
+def scale_format(x, x_scales, fmt):
+    """The call's format: the caller's, else for an fp8 x the scales'
+    dtype's (f32 and UE8M0 scales travel alike: as f32). Anything else is
+    left to the library, whose sentence names the rule."""
+    if fmt is not None:
+        if fmt not in _abi.FORMATS:
+            raise ValueError("dispatch: format=%r must be one of %s"
+                             % (fmt, ", ".join(repr(f) for f in _abi.FORMATS)))
+        return fmt
+    if x_scales is None or getattr(x, "dtype", None) not in (torch.uint8, FP8_STORAGE):
+        return None
+    return "fp8_ue8m0_packed" if x_scales.dtype == torch.int32 else "fp8"
 
 
 class HighThroughputCalls(Calls):
     def __init__(self, group):
         super().__init__(group)
         self.capacity = group.world_size * group.config.max_tokens_per_rank
-        self.recv_x = TensorSlot("recv_x")
+        self.recv_x = TensorSlot("recv_x", as_fp8=True)
+        self.recv_scales = TensorSlot("recv_scales")
         self.recv_idx = TensorSlot("recv_topk_idx")
         self.recv_w = TensorSlot("recv_topk_weights")
 
-    def dispatch(self, handle, x, topk_weights, out, defer, round_scale, recv_capacity, fmt):
+    def new_outputs(self, hidden, k, cap, x_scales):
+        dev = self.device
+        rs = None
+        if x_scales is not None:
+            cols = x_scales.shape[-1] if x_scales.dim() else 0
+            rs = torch.empty((cap, cols), dtype=x_scales.dtype, device=dev)
+        rx = torch.empty((cap, hidden), dtype=FP8_STORAGE if x_scales is not None else torch.bfloat16,
+                         device=dev)
+        return (rx, torch.empty((cap, k), dtype=torch.int32, device=dev),
+                torch.empty((cap, k), dtype=torch.float32, device=dev),
+                torch.empty((self.local,), dtype=torch.int32, device=dev), rs)
+
+    def dispatch(self, handle, x, topk_weights, out, defer, round_scale, recv_capacity, fmt,
+                 x_scales=None, worst_case=False):
         if round_scale:
-            raise NotImplementedError("dispatch: round_scale=True needs fp8 dispatch, which "
-                                      "high_throughput mode does not have (bf16 rows)")
-        if fmt not in (None, "bf16"):
-            raise NotImplementedError("dispatch: format=%r: high_throughput mode sends bf16 "
-                                      "rows (format None or 'bf16')" % (fmt,))
+            raise NotImplementedError("dispatch: round_scale=True: high_throughput dispatch never "
+                                      "quantises (pass x already quantised, with x_scales)")
+        x, x_scales = split_x(x, x_scales)
+        fmt = scale_format(x, x_scales, fmt)
         hidden = hidden_of(x, "x")
-        k = handle.top_k
         if out is None:
             cap = self.capacity if recv_capacity is None else int(recv_capacity)
-            dev = self.device
-            out = (torch.empty((cap, hidden), dtype=torch.bfloat16, device=dev),
-                   torch.empty((cap, k), dtype=torch.int32, device=dev),
-                   torch.empty((cap, k), dtype=torch.float32, device=dev),
-                   torch.empty((self.local,), dtype=torch.int32, device=dev))
+            out = self.new_outputs(hidden, handle.top_k, cap, x_scales)
         elif isinstance(out, DispatchResult):
             out = out.buffers
-        rx, ri, rw, rc = out
+        if len(out) == 4:
+            out = tuple(out) + (None,)
+        rx, ri, rw, rc, rs = out
+        # A CUDA group's worst-case dispatch reports no count: no host sync.
+        count = not (worst_case and self.group._is_cuda)
         n = ctypes.c_int64(-1)
         p = self.dp
-        p.flags = _abi.FLAG_DEFER_RECV if defer else 0
+        p.flags = (_abi.FLAG_DEFER_RECV if defer else 0) | (_abi.FLAG_WORST_CASE if worst_case else 0)
         p.hidden = hidden
+        p.format = _abi.FORMATS[fmt]
         p.x = self.x.bind(x)
+        p.x_scales = self.x_scales.bind(x_scales) if x_scales is not None else None
         p.topk_weights = self.dw.bind(topk_weights) if topk_weights is not None else None
         p.recv_x = self.recv_x.bind(rx)
+        p.recv_scales = self.recv_scales.bind(rs) if rs is not None else None
         p.recv_topk_idx = self.recv_idx.bind(ri)
         p.recv_topk_weights = self.recv_w.bind(rw)
         p.recv_count = self.recv_count.bind(rc)
-        p.num_recv_tokens = ctypes.pointer(n)
+        p.num_recv_tokens = ctypes.pointer(n) if count else None
         p.stream = self.group._stream()
         hook = self.call_dispatch(handle)
         handle.recv_count = rc
@@ -58,12 +89,13 @@ class HighThroughputCalls(Calls):
         res = DispatchResult(None, None, rc, buffers=out)
 
         def finish():
-            rows = n.value
-            res.num_recv_tokens = rows
+            res.num_recv_tokens = n.value if count else None
+            rows = None if worst_case else n.value
             res.recv_x, res.recv_topk_idx, res.recv_topk_weights = rx[:rows], ri[:rows], rw[:rows]
+            res.recv_scales = rs[:rows] if rs is not None else None
 
         if defer:
-            return Hook(self.group, hook, res, finish=finish, keep=(x, topk_weights, n))
+            return Hook(self.group, hook, res, finish=finish, keep=(x, x_scales, topk_weights, n))
         finish()
         return res
 

@@ -8,7 +8,7 @@ import os
 import threading
 
 from . import _abi
-from .errors import LoadError, error_for
+from .errors import LoadError, UnsupportedError, error_for
 
 LIBRARY_NAME = "libmoe_ep.so"
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -69,11 +69,24 @@ class Library:
         self.path = path
         self._dll = dll  # keeps the library mapped while any object uses it
         self.table = head
+        # An entry past the table's size (a library older than the entry)
+        # is None: the method using it raises UnsupportedError.
         for name, _ in _abi.PluginV1._fields_[3:]:
-            setattr(self, name, getattr(head, name))
+            present = _abi.table_has(head, name) and bool(getattr(head, name))
+            setattr(self, name, getattr(head, name) if present else None)
         major, minor, patch = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
         self.get_version(ctypes.byref(major), ctypes.byref(minor), ctypes.byref(patch))
         self.version = (major.value, minor.value, patch.value)
+
+    def entry(self, name):
+        """The table entry `name`, or UnsupportedError naming the library's
+        version when its table predates it."""
+        fn = getattr(self, name)
+        if fn is None:
+            raise UnsupportedError(
+                "moe_ep: %s: the library '%s' (version %d.%d.%d) predates this entry; it "
+                "needs moe-ep 0.3 or later" % ((name, self.path) + tuple(self.version)), name)
+        return fn
 
     def error(self, status, entry):
         """The exception for a failed entry. Call it on the thread that made

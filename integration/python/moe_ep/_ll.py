@@ -3,7 +3,7 @@ with scales), filled in place; combine is the shared one."""
 import torch
 
 from . import _abi
-from ._calls import Calls, hidden_of
+from ._calls import Calls, hidden_of, split_x
 from ._results import DispatchResult
 from ._torch import FP8_STORAGE, TensorSlot
 from .handle import Hook
@@ -41,7 +41,11 @@ class LowLatencyCalls(Calls):
         rc = torch.empty((self.local,), dtype=torch.int32, device=dev)
         return DispatchResult(rx, rs, rc)
 
-    def dispatch(self, handle, x, topk_weights, out, defer, round_scale, recv_capacity, fmt):
+    def dispatch(self, handle, x, topk_weights, out, defer, round_scale, recv_capacity, fmt,
+                 x_scales=None, worst_case=False):
+        # x_scales and worst_case go to the library, which refuses them in
+        # LL with its own sentence.
+        x, x_scales = split_x(x, x_scales)
         if recv_capacity is not None:
             raise ValueError("dispatch: recv_capacity=%r is a high_throughput argument; "
                              "low-latency outputs are [E_local, R*max_tokens, H]" % (recv_capacity,))
@@ -53,10 +57,12 @@ class LowLatencyCalls(Calls):
         else:
             res = DispatchResult(*out)
         p = self.dp
-        p.flags = (_abi.FLAG_DEFER_RECV if defer else 0) | (_abi.FLAG_ROUND_SCALE if round_scale else 0)
+        p.flags = (_abi.FLAG_DEFER_RECV if defer else 0) | (_abi.FLAG_ROUND_SCALE if round_scale else 0) \
+            | (_abi.FLAG_WORST_CASE if worst_case else 0)
         p.hidden = hidden
         p.format = _abi.FORMATS[fmt]
         p.x = self.x.bind(x)
+        p.x_scales = self.x_scales.bind(x_scales) if x_scales is not None else None
         p.recv_x = self.recv_x.bind(res.recv_x)
         p.recv_scales = self.recv_scales.bind(res.recv_scales) if res.recv_scales is not None else None
         p.recv_count = self.recv_count.bind(res.recv_count)

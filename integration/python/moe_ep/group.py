@@ -43,6 +43,10 @@ class _PerThread(threading.local):
         self.topk = TensorSlot("topk_idx")
         self.layout = (TensorSlot("num_tokens_per_rank"), TensorSlot("num_tokens_per_expert"),
                        TensorSlot("is_token_in_rank"))
+        self.slots = _abi.init(_abi.HandleLayoutParams)
+        self.slots_ptr = ctypes.pointer(self.slots)
+        self.src_info = TensorSlot("src_info")
+        self.layout_range = TensorSlot("layout_range")
 
 
 class Group:
@@ -212,7 +216,8 @@ class Group:
         return per_rank, per_expert, in_rank
 
     def dispatch(self, handle, x, *, topk_weights=None, out=None, defer=False,
-                 round_scale=False, recv_capacity=None, format=None):
+                 round_scale=False, recv_capacity=None, format=None, x_scales=None,
+                 worst_case=False):
         """Sends x [T, H] bf16 to the ranks of handle's experts.
 
         Low latency: returns a DispatchResult (recv_x [E_local, R*max_tokens,
@@ -230,14 +235,53 @@ class Group:
         format (low latency): this call's rows, "bf16", "fp8" (f32 scales),
         "fp8_ue8m0" or "fp8_ue8m0_packed"; None keeps the group's
         dispatch_dtype / fp8_scale. A group configured bf16 takes every
-        format, one configured fp8 the fp8 ones."""
+        format, one configured fp8 the fp8 ones.
+        High throughput, pre-quantised fp8 (as vLLM and SGLang quantise
+        before an HT dispatch): x=(x_fp8, scales), or x_fp8 with
+        x_scales=scales; x_fp8 [T, H] float8_e4m3fn (uint8 storage before
+        torch 2.1), scales [T, H/128] float32 or [T, H/512] int32 (UE8M0
+        packed). The rows and scales arrive verbatim: recv_x is fp8 and
+        recv_scales [rows, cols] of the scales' dtype. format defaults to
+        the scales' ("fp8" for float32, "fp8_ue8m0_packed" for int32).
+        worst_case=True (high throughput): outputs of recv_capacity rows
+        (default and minimum world_size * max_tokens_per_rank), returned
+        whole: rows from num_recv_tokens on have recv_topk_idx -1 and
+        weight 0; no host sync (num_recv_tokens is None on CUDA groups),
+        so the call can be captured in a CUDA graph; combine then takes y
+        of those rows."""
         return self._ops().dispatch(handle, x, topk_weights, out, defer, round_scale,
-                                    recv_capacity, format)
+                                    recv_capacity, format, x_scales, worst_case)
+
+    def handle_layout(self, handle, src_info=None, layout_range=None):
+        """An LL handle's slot layout as DeepEP's LL handle has it: returns
+        (src_info [E_local, R*max_tokens] int32: the source token of each
+        received slot, -1 past recv_count; layout_range [E_local, R] int64:
+        begin << 32 | count of each source rank's slots). Slots are ordered
+        by source rank, then token. Valid after the dispatch's receive
+        (its hook ran) until the dispatch after next reuses its buffer set.
+        Pass tensors to fill instead of new ones. UnsupportedError for an
+        HT handle, or a library older than 0.3."""
+        fn = self._lib.entry("handle_layout")
+        dev = self.device
+        slots = self.world_size * self.config.max_tokens_per_rank
+        if src_info is None:
+            src_info = torch.empty((self.num_local_experts, slots), dtype=torch.int32, device=dev)
+        if layout_range is None:
+            layout_range = torch.empty((self.num_local_experts, self.world_size),
+                                       dtype=torch.int64, device=dev)
+        tls = self._tls
+        p = tls.slots
+        p.src_info = tls.src_info.bind(src_info)
+        p.layout_range = tls.layout_range.bind(layout_range)
+        p.stream = self._stream()
+        self._lib.check(fn(handle.pointer, tls.slots_ptr), "handle_layout")
+        return src_info, layout_range
 
     def combine(self, handle, y, *, topk_weights=None, out=None, defer=False):
         """Brings expert outputs back: returns out [T, H] bf16. Low latency:
         y [E_local, R*max_tokens, H] bf16, out = sum_k w_k * y_k with
         topk_weights [T, K] f32 unless dispatch carried them. High
-        throughput: y [num_recv_tokens, H] bf16 partials, summed over ranks.
+        throughput: y [num_recv_tokens, H] bf16 partials, summed over ranks
+        (after a worst_case dispatch, y may have that dispatch's rows).
         defer=True returns a Hook whose hook() returns out."""
         return self._ops().combine(handle, y, topk_weights, out, defer)

@@ -67,6 +67,27 @@ def fp8_quantize(x_bits, pow2):
     return q, s
 
 
+def e4m3_float(codes):
+    """e4m3fn codes -> float32, exactly (0x7F / 0xFF are NaN)."""
+    c = np.asarray(codes, dtype=np.uint8).astype(np.int64)
+    e, m = (c >> 3) & 0xF, (c & 7).astype(np.float64)
+    mag = np.where(e == 0, m / 8.0 * 2.0 ** -6, (1.0 + m / 8.0) * np.exp2(e - 7.0))
+    mag = np.where((c & 0x7F) == 0x7F, np.nan, mag)
+    return np.where(c & 0x80, -mag, mag).astype(np.float32)
+
+
+def ue8m0_unpack(words, groups):
+    """[ceil(G/4)] int32 -> the [G] power-of-two float32 scales they encode."""
+    b = np.asarray(words, dtype=np.int32).view(np.uint8)[:groups].astype(np.int64)
+    return np.exp2(b - 127.0).astype(np.float32)
+
+
+def fp8_dequantize(q, scales):
+    """e4m3 codes [H] and f32 scales [H/128] -> the float32 row they encode."""
+    return (e4m3_float(q).reshape(-1, FP8_GROUP) * np.asarray(scales, np.float32)[:, None]) \
+        .astype(np.float32).reshape(-1)
+
+
 def ue8m0_pack(scales):
     """[G] power-of-two float32 scales -> [ceil(G/4)] int32, exponent byte
     of group g in byte g % 4 of word g / 4."""
@@ -118,6 +139,25 @@ def ll_dispatch(p, inputs, rank):
                      for t in range(len(inputs[s]["topk_idx"]))
                      if e in inputs[s]["topk_idx"][t]])
     return rows
+
+
+def ll_layout(p, inputs, rank):
+    """DeepEP's view of `rank`'s LL receive (its handle's first two
+    elements): src_info [E_local, R*N] int32, the source token of each slot
+    (-1 past the expert's count), and layout_range [E_local, R] int64,
+    begin << 32 | count of each source rank's slots (begin = the counts of
+    the lower source ranks)."""
+    src = np.full((p.local, p.world * p.max_tokens), -1, dtype=np.int32)
+    ranges = np.zeros((p.local, p.world), dtype=np.int64)
+    for l, lrows in enumerate(ll_dispatch(p, inputs, rank)):
+        begin = 0
+        for s in range(p.world):
+            n = sum(1 for src_rank, _ in lrows if src_rank == s)
+            ranges[l, s] = (begin << 32) | n
+            begin += n
+        for i, (_, t) in enumerate(lrows):
+            src[l, i] = t
+    return src, ranges
 
 
 def expert_scale(e):
@@ -216,15 +256,42 @@ def ht_partial_scale(r):
     return np.float32(1.0 + (r % 8) / 8.0)
 
 
-def ht_combine(p, inp):
+def ht_combine(p, inp, seen=None):
     """out [T, H]: per token, the receiving ranks' partials summed in f32
-    over ranks ascending, then bf16; +0 for a token no rank received."""
+    over ranks ascending, then bf16; +0 for a token no rank received. Rank
+    r's partial is bf16(row * ht_partial_scale(r)) of the row its experts
+    saw: `seen[t]` (float32, e.g. a pre-quantised fp8 row dequantised),
+    by default the bf16 x."""
     x, idx = inp["x"], inp["topk_idx"]
     out = np.zeros(x.shape, dtype=np.uint16)
     for t in range(len(x)):
         ranks = sorted({int(e) // p.local for e in idx[t] if e >= 0})
+        row = bf16_float(x[t]) if seen is None else seen[t]
         acc = np.zeros(p.hidden, dtype=np.float32)
         for r in ranks:
-            acc = (acc + bf16_float(bf16_bits(bf16_float(x[t]) * ht_partial_scale(r)))).astype(np.float32)
+            acc = (acc + bf16_float(bf16_bits(row * ht_partial_scale(r)))).astype(np.float32)
         out[t] = bf16_bits(acc)
     return out
+
+
+def ht_fp8_inputs(p, inp, fmt):
+    """What an engine that quantises before an HT dispatch passes for rank
+    inputs `inp`, with fmt "fp8" (f32 scales), "fp8_ue8m0" (power-of-two
+    scales as f32) or "fp8_ue8m0_packed": (e4m3 codes [T, H] uint8, scales
+    [T, H/128] float32 or [T, H/512] int32), and the rows as its experts
+    will see them (dequantised, [T, H] float32)."""
+    packed = fmt == "fp8_ue8m0_packed"
+    pow2 = fmt != "fp8"
+    t = len(inp["x"])
+    q = np.zeros((t, p.hidden), dtype=np.uint8)
+    groups = p.hidden // FP8_GROUP
+    scales = np.zeros((t, groups), dtype=np.float32)
+    for i in range(t):
+        q[i], scales[i] = fp8_quantize(inp["x"][i], pow2)
+    seen = np.stack([fp8_dequantize(q[i], scales[i]) for i in range(t)]) if t else \
+        np.zeros((0, p.hidden), np.float32)
+    if packed:
+        words = np.stack([ue8m0_pack(scales[i]) for i in range(t)]) if t else \
+            np.zeros((0, (groups + 3) // 4), np.int32)
+        return q, words, seen
+    return q, scales, seen

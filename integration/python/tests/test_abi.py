@@ -14,6 +14,7 @@ MIRROR = {
     "moe_ep_prepare_params_t": _abi.PrepareParams, "moe_ep_dispatch_params_t": _abi.DispatchParams,
     "moe_ep_combine_params_t": _abi.CombineParams, "moe_ep_plugin_v1_t": _abi.PluginV1,
     "moe_ep_device_t": _abi.Device, "moe_ep_data_type_t": _abi.DataType,
+    "moe_ep_handle_layout_params_t": _abi.HandleLayoutParams,
 }
 
 
@@ -38,3 +39,11 @@ def test_every_pinned_size_matches():
     bad = ["%s: C %s, ctypes %d" % (t, n, ctypes.sizeof(MIRROR[t]))
            for t, n in sizes if ctypes.sizeof(MIRROR[t]) != int(n)]
     assert not bad, bad
+
+
+def test_flags_match_the_header():
+    text = open(os.path.join(REPO, "plugin", "include", "moe_ep.h")).read()
+    for name, value in (("DEFER_RECV", _abi.FLAG_DEFER_RECV), ("ROUND_SCALE", _abi.FLAG_ROUND_SCALE),
+                        ("WORST_CASE", _abi.FLAG_WORST_CASE)):
+        m = re.search(r"#define MOE_EP_FLAG_%s \(1u << (\d+)\)" % name, text)
+        assert m and 1 << int(m.group(1)) == value, name

@@ -14,6 +14,11 @@ def test_deep_ep_buffer_two_ranks():
     assert ok, report
 
 
+def test_deep_ep_buffer_four_ranks():
+    ok, report = run_ranks(4, "deep_ep_worker.py", extra_path=[ALIAS], timeout=240)
+    assert ok, report
+
+
 def test_alias_is_found_the_way_vllm_looks():
     code = ("import importlib.util, sys; spec = importlib.util.find_spec('deep_ep'); "
             "assert spec is not None, 'find_spec found nothing'; "

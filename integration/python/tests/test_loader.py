@@ -19,6 +19,26 @@ def test_loads_the_table_and_reports_the_version():
     assert lib.version[0] >= 0
 
 
+def test_the_table_has_the_entries_of_0_3():
+    lib = moe_ep.Library(library_path())
+    assert lib.version[:2] >= (0, 3)
+    assert lib.handle_layout is not None
+    assert lib.entry("handle_layout") is lib.handle_layout
+
+
+def test_a_0_2_library_loads_without_the_later_entries():
+    """A library whose table ends at handle_free (built against 0.2) loads;
+    handle_layout is absent and asking for it says which library predates it."""
+    old = os.path.join(os.path.dirname(os.path.dirname(library_path())), "tests", "plugin",
+                       "libfake_v02_plugin.so")
+    lib = moe_ep.Library(old)
+    assert lib.version == (0, 2, 0)
+    assert lib.table.struct_size == _abi.PluginV1.handle_layout.offset
+    assert lib.handle_layout is None and lib.handle_free is None  # the fake fills only get_version
+    with pytest.raises(moe_ep.UnsupportedError, match="predates this entry; it needs moe-ep 0.3"):
+        lib.entry("handle_layout")
+
+
 def test_missing_file_names_the_path():
     with pytest.raises(moe_ep.LoadError, match="cannot open '/nonexistent/libmoe_ep.so'"):
         moe_ep.Library("/nonexistent/libmoe_ep.so")

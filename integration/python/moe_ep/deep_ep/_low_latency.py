@@ -1,5 +1,7 @@
 """Buffer's low-latency entries (DeepEP's low_latency_dispatch/combine) on
 a moe-ep LL group, with DeepEP's shapes, dtypes and layouts."""
+import operator
+
 import torch
 
 from .event import EventOverlap, record_event
@@ -15,15 +17,43 @@ _FORMATS = {
 
 class LowLatencyHandle(tuple):
     """DeepEP's LL handle tuple (src_info, layout_range, N, H, E); the moe-ep
-    handle that routes the combine rides along as `.moe_ep`."""
+    handle that routes the combine rides along as `.moe_ep`.
 
-    def __new__(cls, ep_handle, n, hidden, num_experts):
-        from .buffer import Unavailable
-        self = super().__new__(cls, (Unavailable("src_info (handle[0])"),
-                                     Unavailable("layout_range (handle[1])"),
-                                     n, hidden, num_experts))
+    src_info [E_local, R*N] int32 and layout_range [E_local, R] int64 come
+    from the library (Group.handle_layout) on first access, by index or by
+    unpacking, and are kept: a dispatch whose handle nobody reads pays
+    nothing for them. Read them after the receive (the hook, when
+    return_recv_hook=True) and before the dispatch after next reuses the
+    dispatch's buffers, as DeepEP's own tests do right after dispatch."""
+
+    def __new__(cls, group, ep_handle, n, hidden, num_experts):
+        self = super().__new__(cls, (None, None, n, hidden, num_experts))
         self.moe_ep = ep_handle
+        self._group = group
+        self._layout = None
         return self
+
+    def _slot_layout(self):
+        if self._layout is None:
+            self._layout = self._group.handle_layout(self.moe_ep)
+        return self._layout
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(*i.indices(len(self))))
+        j = operator.index(i)
+        if j < 0:
+            j += len(self)
+        if j in (0, 1):
+            return self._slot_layout()[j]
+        return tuple.__getitem__(self, i)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __repr__(self):
+        return "LowLatencyHandle(src_info, layout_range, %d, %d, %d)" % tuple.__getitem__(
+            self, slice(2, 5))
 
 
 def _refuse(entry, arg, value, why):
@@ -98,8 +128,8 @@ class LowLatencyMixin:
         else:
             finish()
         recv_x = (res.recv_x, scales_cm) if scales_cm is not None else res.recv_x
-        ll_handle = LowLatencyHandle(handle, num_max_dispatch_tokens_per_rank, int(x.shape[-1]),
-                                     num_experts)
+        ll_handle = LowLatencyHandle(g, handle, num_max_dispatch_tokens_per_rank,
+                                     int(x.shape[-1]), num_experts)
         event = EventOverlap(record_event(async_finish and g._is_cuda))
         return recv_x, res.recv_count, ll_handle, event, hook
 

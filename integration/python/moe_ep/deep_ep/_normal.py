@@ -23,6 +23,42 @@ class NormalHandle:
         self.recv_topk_weights = recv_topk_weights
 
 
+def _split_x(entry, x):
+    """(x, scales or None) of DeepEP's x or (x_fp8, scales); the library
+    takes row-major scales, so DeepGEMM's column-major view is copied."""
+    if not isinstance(x, tuple):
+        return x, None
+    if len(x) != 2:
+        raise ValueError("%s: x must be a tensor or (x_fp8, scales), got a tuple of %d"
+                         % (entry, len(x)))
+    x_fp8, scales = x
+    return x_fp8, scales if scales.is_contiguous() else scales.contiguous()
+
+
+def _worst_case(g, ep_handle, x, x_scales, topk_weights, num_worst_tokens):
+    """(recv_x, recv_scales, recv_topk_idx, recv_topk_weights) of
+    num_worst_tokens rows: the library's worst-case dispatch fills
+    world_size * max_tokens_per_rank rows (or more), of which these are
+    the first; the rows past the receive name no expert."""
+    rows = max(num_worst_tokens, g.world_size * g.config.max_tokens_per_rank)
+    res = g.dispatch(ep_handle, x, x_scales=x_scales, topk_weights=topk_weights, worst_case=True,
+                     recv_capacity=rows)
+    if num_worst_tokens < rows:
+        n = res.num_recv_tokens
+        if n is None:  # a CUDA group reports no count: a received row names an expert
+            past = bool((res.recv_topk_idx[num_worst_tokens:] >= 0).any())
+        else:
+            past = n > num_worst_tokens
+        if past:
+            raise ValueError("dispatch: this rank received %s tokens, more than "
+                             "num_worst_tokens=%d; num_worst_tokens >= %d (world_size * "
+                             "max_tokens_per_rank) bounds every receive"
+                             % ("more" if n is None else n, num_worst_tokens, rows))
+    k = slice(0, num_worst_tokens)
+    scales = res.recv_scales[k] if res.recv_scales is not None else None
+    return res.recv_x[k], scales, res.recv_topk_idx[k], res.recv_topk_weights[k]
+
+
 def _max_tokens(t):
     n = 1024
     while n < t:
@@ -78,14 +114,23 @@ class NormalMixin:
         layout from topk_idx; the layout tensors get_dispatch_layout
         returned are accepted as DeepEP callers pass them. config tunes
         DeepEP's chunking, which moe-ep does not have. moe-ep runs on the
-        current stream, which is what allocate_on_comm_stream protects."""
+        current stream, which is what allocate_on_comm_stream protects.
+
+        x may be (x_fp8, scales), pre-quantised as vLLM and SGLang do:
+        scales [T, H/128] float32 or [T, H/512] int32 (a column-major view
+        is copied to row-major); recv_x is then (recv_x_fp8, recv_scales),
+        rows and scales exactly as sent. num_worst_tokens > 0: outputs of
+        num_worst_tokens rows, padding rows with recv_topk_idx -1 and
+        weight 0, and an empty per-expert list, as DeepEP's; the library
+        fills world_size * max_tokens_per_rank rows (a smaller
+        num_worst_tokens gets views of them, and a receive past it raises
+        ValueError). handle= repeats the handle's dispatch layout (DeepEP's
+        cached dispatch) with this x and returns (recv_x, None, None, None,
+        handle, event)."""
         entry = "dispatch"
-        if isinstance(x, tuple):
-            _refuse(entry, "x", "(x_fp8, scales)", "high-throughput dispatch moves bf16 rows; "
-                    "quantise after dispatch")
-        if num_worst_tokens:
-            _refuse(entry, "num_worst_tokens", num_worst_tokens, "worst-case sized "
-                    "high-throughput outputs are not available yet")
+        x, x_scales = _split_x(entry, x)
+        if num_worst_tokens < 0:
+            raise ValueError("%s: num_worst_tokens=%d must be >= 0" % (entry, num_worst_tokens))
         if expert_alignment < 1:
             raise ValueError("%s: expert_alignment=%d must be >= 1" % (entry, expert_alignment))
         wait_previous(previous_event)
@@ -109,17 +154,25 @@ class NormalMixin:
                                  "call get_dispatch_layout first, pass num_tokens_per_expert, or "
                                  "give moe_ep_config={'num_experts': ...}" % entry)
             g = self._ht_group(entry, num_experts, x.shape[-1], topk_idx)
-        ep_handle = self._ht_prepare(g, topk_idx)
-        res = g.dispatch(ep_handle, x, topk_weights=topk_weights)
-        recv_idx = res.recv_topk_idx.to(topk_idx.dtype)
-        counts = res.recv_count.tolist()  # DeepEP returns this list on the host too
-        a = expert_alignment
-        per_expert_list = [(c + a - 1) // a * a for c in counts]
-        new_handle = NormalHandle(ep_handle, topk_idx, topk_weights, res.recv_topk_weights)
+        ep_handle = handle.moe_ep if cached else self._ht_prepare(g, topk_idx)
+        if num_worst_tokens:
+            recv_x, recv_scales, recv_idx, recv_w = _worst_case(g, ep_handle, x, x_scales,
+                                                                topk_weights, num_worst_tokens)
+            per_expert_list = []
+        else:
+            res = g.dispatch(ep_handle, x, x_scales=x_scales, topk_weights=topk_weights)
+            recv_x, recv_scales, recv_idx, recv_w = (res.recv_x, res.recv_scales,
+                                                     res.recv_topk_idx, res.recv_topk_weights)
+            counts = res.recv_count.tolist()  # DeepEP returns this list on the host too
+            a = expert_alignment
+            per_expert_list = [(c + a - 1) // a * a for c in counts]
+        if x_scales is not None:
+            recv_x = (recv_x, recv_scales)
         event = EventOverlap(record_event(async_finish and g._is_cuda))
         if cached:
-            return res.recv_x, None, None, None, new_handle, event
-        return res.recv_x, recv_idx, res.recv_topk_weights, per_expert_list, new_handle, event
+            return recv_x, None, None, None, handle, event
+        new_handle = NormalHandle(ep_handle, topk_idx, topk_weights, recv_w)
+        return recv_x, recv_idx.to(topk_idx.dtype), recv_w, per_expert_list, new_handle, event
 
     def combine(self, x, handle, topk_weights=None, bias=None, config=None, previous_event=None,
                 async_finish=False, allocate_on_comm_stream=False):

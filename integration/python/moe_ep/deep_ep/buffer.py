@@ -23,9 +23,6 @@ from . import _low_latency, _normal
 from .config import Config
 from .event import capture
 
-_NOT_EXPOSED = ("moe-ep's C ABI v1 keeps each slot's source inside the library (the handle "
-                "routes combine); DeepEP's per-slot src_info and layout_range are not exposed")
-
 
 def _refuse(entry, arg, value, why):
     raise NotImplementedError("%s: %s=%r is not supported by moe-ep: %s" % (entry, arg, value, why))
@@ -193,25 +190,3 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         _refuse("get_local_buffer_tensor", "buffer", "local", "the communication buffers "
                 "belong to the library and are not exposed as tensors")
 
-
-class Unavailable:
-    """Stands in a DeepEP handle for what moe-ep does not expose; any use
-    raises NotImplementedError saying so."""
-
-    __slots__ = ("_name",)
-
-    def __init__(self, name):
-        self._name = name
-
-    def _raise(self, *args, **kwargs):
-        raise NotImplementedError("handle %s: %s" % (self._name, _NOT_EXPOSED))
-
-    __getattr__ = _raise
-    __getitem__ = _raise
-    __iter__ = _raise
-    __len__ = _raise
-    __array__ = _raise
-    __index__ = _raise
-
-    def __repr__(self):
-        return "<%s: not exposed by moe-ep>" % self._name

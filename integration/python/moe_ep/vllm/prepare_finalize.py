@@ -221,8 +221,9 @@ class PrepareAndFinalize:
             return
         if not self._ll:
             raise NotImplementedError(
-                "%s: quant_config.quant_dtype=%r: high_throughput dispatch moves bf16 rows; "
-                "pass defer_input_quant=True (the experts quantise) or use low_latency mode"
+                "%s: quant_config.quant_dtype=%r: this adapter's high_throughput prepare "
+                "sends a1 as given and does not quantise it; pass defer_input_quant=True (the "
+                "experts quantise) or use low_latency mode"
                 % (entry, qd))
         if FP8_DTYPE is None or qd != FP8_DTYPE:
             raise NotImplementedError("%s: quant_config.quant_dtype=%r: moe-ep dispatches bf16 "

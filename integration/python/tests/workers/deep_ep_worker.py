@@ -1,8 +1,9 @@
 """DeepEP-compatible Buffer through the opt-in `deep_ep` alias, on a
 torch.distributed (gloo) group: LL bf16 and fp8 (DeepEP's shapes, dtypes,
-column-major scales, handle tuple), combine bit-exact, the receive hook on
-a second thread, arguments moe-ep refuses; normal mode (HT) layout,
-dispatch and combine bit-exact."""
+column-major scales, handle tuple with src_info and layout_range), combine
+bit-exact, the receive hook on a second thread, arguments moe-ep refuses;
+normal mode (HT) layout, dispatch and combine bit-exact, pre-quantised
+(x_fp8, scales) input, num_worst_tokens, cached dispatch (handle=)."""
 import threading
 
 import numpy as np
@@ -12,6 +13,7 @@ import torch.distributed as dist
 import common
 import deep_ep
 import deep_ep.utils
+import moe_ep
 import moe_ep.deep_ep
 import oracle
 from common import RANK, WORLD, bits, bf16_tensor, same, fail, expect_raises
@@ -44,6 +46,25 @@ def check_ll_recv(seed, inputs, recv_x, recv_count, scales=None, packed=False):
         same("deep_ep fp8 scales expert %d" % l, seed, scales[l, :len(lrows)].numpy(), want_s)
 
 
+def check_ll_handle(seed, inputs, handle):
+    """handle[0] / handle[1] (and unpacking) give DeepEP's src_info and
+    layout_range of this rank's receive."""
+    want_src, want_range = oracle.ll_layout(P, inputs, RANK)
+    src_info, layout_range, n, hidden, experts = handle
+    if src_info.dtype != torch.int32 or layout_range.dtype != torch.int64:
+        fail("deep_ep LL handle dtypes", seed, "%s %s" % (src_info.dtype, layout_range.dtype))
+    same("deep_ep LL handle[0] src_info", seed, bits(src_info), want_src)
+    same("deep_ep LL handle[1] layout_range", seed, bits(handle[1]), want_range)
+    if handle[-5] is not src_info or (n, hidden, experts) != (P.max_tokens, P.hidden, P.num_experts):
+        fail("deep_ep LL handle", seed, "handle[-5] is not handle[0], or %r" % ((n, hidden, experts),))
+    # DeepEP's tests read each expert's ranges like this.
+    for l in range(P.local):
+        for s in range(WORLD):
+            begin, count = int(layout_range[l, s] >> 32), int(layout_range[l, s] & 0xFFFFFFFF)
+            if (src_info[l, begin:begin + count] < 0).any():
+                fail("deep_ep LL layout_range", seed, "expert %d source %d: a -1 in its range" % (l, s))
+
+
 def expert_outputs(recv_x):
     scale = torch.tensor([float(oracle.expert_scale(RANK * P.local + l)) for l in range(P.local)])
     return (recv_x.float() * scale[:, None, None]).to(torch.bfloat16)
@@ -65,7 +86,7 @@ def low_latency(group):
     same("cumulative_local_expert_recv_stats", 5, bits(stats), bits(count))
     if len(handle) != 5 or tuple(handle[2:]) != (P.max_tokens, P.hidden, P.num_experts):
         fail("deep_ep LL handle", 5, repr(handle))
-    expect_raises("src_info", NotImplementedError, "src_info", lambda: handle[0].shape)
+    check_ll_handle(5, inputs, handle)
     event.current_stream_wait()
     out, event, hook = buf.low_latency_combine(expert_outputs(recv_x), idx, w, handle)
     same("deep_ep LL combine", 5, bits(out), oracle.ll_combine_at_combine(P, inputs[RANK]))
@@ -74,10 +95,13 @@ def low_latency(group):
     inputs, x, idx, w = inputs_for(6)
     recv_x, count, handle, _, hook = buf.low_latency_dispatch(
         x, idx, P.max_tokens, P.num_experts, use_fp8=False, return_recv_hook=True)
+    expect_raises("handle[0] before the hook", moe_ep.InvalidArgumentError,
+                  "a dispatch whose hook has not run yet", lambda: handle[0])
     t = threading.Thread(target=hook)
     t.start()
     t.join(120)
     check_ll_recv(6, inputs, recv_x, count)
+    check_ll_handle(6, inputs, handle)
     out, _, hook = buf.low_latency_combine(expert_outputs(recv_x), idx, w, handle,
                                            return_recv_hook=True)
     hook()
@@ -152,10 +176,94 @@ def normal(group):
     same("deep_ep HT combine", 9, bits(out), oracle.ht_combine(P, inputs[RANK]))
     same("deep_ep HT combined weights", 9, combined_w.numpy(),
          np.where(inputs[RANK]["topk_idx"] >= 0, inputs[RANK]["weights"], 0).astype(np.float32))
-    expect_raises("HT fp8 x", NotImplementedError, "x=",
-                  lambda: buf.dispatch((x, x), topk_idx=idx, topk_weights=w))
     expect_raises("HT bias", NotImplementedError, "bias", lambda: buf.combine(y, handle, bias=y))
+    normal_fp8(buf, 12, "fp8")
+    normal_fp8(buf, 13, "fp8_ue8m0_packed")
+    normal_worst(buf, 14)
+    normal_cached(buf, 15)
     buf.destroy()
+
+
+def received(inputs, src, key, width, dtype):
+    """The rows `src` names of every rank's `key` array, stacked."""
+    return np.stack([inputs[s][key][t] for s, t in src]) if src else np.zeros((0, width), dtype)
+
+
+def normal_fp8(buf, seed, fmt):
+    """(x_fp8, scales) in, (recv_x_fp8, recv_scales) out, verbatim; the f32
+    scales as DeepGEMM's column-major view (the Buffer copies them)."""
+    inputs, x, idx, w = inputs_for(seed)
+    for i in inputs:
+        i["q"], i["s"], i["seen"] = oracle.ht_fp8_inputs(P, i, fmt)
+    scales = torch.from_numpy(inputs[RANK]["s"])
+    if scales.dtype == torch.float32:
+        scales = scales.t().contiguous().t()
+    (rq, rs), recv_idx, recv_w, per_expert, handle, _ = buf.dispatch(
+        (torch.from_numpy(inputs[RANK]["q"]).view(moe_ep.FP8_STORAGE), scales), topk_idx=idx,
+        topk_weights=w)
+    src, want_idx, want_w, counts = oracle.ht_dispatch(P, inputs, RANK)
+    cols = inputs[RANK]["s"].shape[1]
+    same("deep_ep HT %s recv_x" % fmt, seed, bits(rq), received(inputs, src, "q", P.hidden, np.uint8))
+    same("deep_ep HT %s recv_scales" % fmt, seed, bits(rs),
+         received(inputs, src, "s", cols, inputs[RANK]["s"].dtype))
+    same("deep_ep HT %s recv_topk_idx" % fmt, seed, recv_idx.numpy(), want_idx.astype(np.int64))
+    if per_expert != [int(c) for c in counts]:
+        fail("deep_ep HT %s per-expert list" % fmt, seed, "%s vs %s" % (per_expert, counts))
+    seen = received(inputs, src, "seen", P.hidden, np.float32)
+    y = bf16_tensor(oracle.bf16_bits(seen * oracle.ht_partial_scale(RANK)))
+    out, _, _ = buf.combine(y, handle)
+    same("deep_ep HT %s combine" % fmt, seed, bits(out),
+         oracle.ht_combine(P, inputs[RANK], inputs[RANK]["seen"]))
+
+
+def normal_worst(buf, seed):
+    """num_worst_tokens: fixed-size outputs (beyond and below the library's
+    world * max_tokens rows), padding rows -1 / 0, an empty per-expert list;
+    a receive larger than num_worst_tokens raises on that rank."""
+    inputs, x, idx, w = inputs_for(seed)
+    g = buf.moe_ep_group
+    src, want_idx, want_w, _ = oracle.ht_dispatch(P, inputs, RANK)
+    n = len(src)
+    for nw in (WORLD * g.config.max_tokens_per_rank + 8, WORLD * P.max_tokens):
+        recv_x, recv_idx, recv_w, per_expert, handle, _ = buf.dispatch(
+            x, topk_idx=idx, topk_weights=w, num_worst_tokens=nw)
+        if recv_x.shape != (nw, P.hidden) or recv_idx.shape != (nw, P.top_k) or per_expert != []:
+            fail("deep_ep HT num_worst_tokens=%d" % nw, seed, "%s %s %r" % (
+                tuple(recv_x.shape), tuple(recv_idx.shape), per_expert))
+            continue
+        same("deep_ep HT worst recv_x", seed, bits(recv_x[:n]), received(inputs, src, "x", P.hidden, np.uint16))
+        same("deep_ep HT worst recv_topk_idx", seed, recv_idx.numpy(),
+             np.concatenate([want_idx, np.full((nw - n, P.top_k), -1, np.int32)]).astype(np.int64))
+        same("deep_ep HT worst recv_topk_weights", seed, recv_w.numpy(),
+             np.concatenate([want_w, np.zeros((nw - n, P.top_k), np.float32)]))
+        y = (recv_x.float() * float(oracle.ht_partial_scale(RANK))).to(torch.bfloat16)
+        out, _, _ = buf.combine(y, handle, topk_weights=recv_w)
+        same("deep_ep HT worst combine (%d rows)" % nw, seed, bits(out), oracle.ht_combine(P, inputs[RANK]))
+    # Every rank dispatches; a rank that received more than one row raises.
+    try:
+        buf.dispatch(x, topk_idx=idx, topk_weights=w, num_worst_tokens=1)
+        if n > 1:
+            fail("deep_ep HT num_worst_tokens=1", seed, "received %d rows without an error" % n)
+    except ValueError as e:
+        if n <= 1 or "more than num_worst_tokens=1" not in str(e):
+            fail("deep_ep HT num_worst_tokens=1", seed, "%d rows, raised %r" % (n, str(e)))
+
+
+def normal_cached(buf, seed):
+    """handle=: the same layout with another x; combine after it."""
+    inputs, x, idx, w = inputs_for(seed)
+    recv_x, recv_idx, recv_w, _, handle, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+    for i in inputs:
+        i["x"] = oracle.bf16_bits(-0.5 * oracle.bf16_float(i["x"]))
+    src = oracle.ht_dispatch(P, inputs, RANK)[0]
+    recv_x2, none_idx, none_w, none_list, handle2, _ = buf.dispatch(bf16_tensor(inputs[RANK]["x"]),
+                                                                    handle=handle)
+    if (none_idx, none_w, none_list) != (None, None, None) or handle2 is not handle:
+        fail("deep_ep HT cached returns", seed, "%r %r %r" % (none_idx, none_w, none_list))
+    same("deep_ep HT cached recv_x", seed, bits(recv_x2), received(inputs, src, "x", P.hidden, np.uint16))
+    y = (recv_x2.float() * float(oracle.ht_partial_scale(RANK))).to(torch.bfloat16)
+    out, _, _ = buf.combine(y, handle, topk_weights=recv_w)
+    same("deep_ep HT cached combine", seed, bits(out), oracle.ht_combine(P, inputs[RANK]))
 
 
 def main():

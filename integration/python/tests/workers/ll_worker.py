@@ -1,7 +1,9 @@
 """LL worker: dispatch rows, counts and fp8 scales bit-exact against the
 oracle; combine bit-exact (weights at combine) and weights at dispatch;
 hooks run on a second thread with two micro-batches in flight; out=;
-bad input raising the library's sentence with the group still usable.
+handle_layout (DeepEP's src_info, layout_range) against the oracle and its
+refusals; bad input raising the library's sentence with the group still
+usable.
 argv: [full|short]"""
 import sys
 import threading
@@ -136,6 +138,35 @@ def with_out_buffers(g, seed):
     same("combine into out=", seed, bits(out), oracle.ll_combine_at_combine(P, inputs[RANK]))
 
 
+def slot_layout(g, seed):
+    """handle_layout after the receive, against the oracle's slot order;
+    refused before it; outputs filled in place when passed."""
+    inputs = oracle.all_inputs(P, seed)
+    x, idx, w = torch_inputs(inputs[RANK])
+    h = g.prepare(idx)
+    expect_raises("handle_layout before dispatch", moe_ep.InvalidArgumentError,
+                  "not been dispatched", lambda: g.handle_layout(h))
+    hook = g.dispatch(h, x, defer=True)
+    expect_raises("handle_layout before the hook", moe_ep.InvalidArgumentError,
+                  "a dispatch whose hook has not run yet", lambda: g.handle_layout(h))
+    res = hook()
+    want_src, want_range = oracle.ll_layout(P, inputs, RANK)
+    src, ranges = g.handle_layout(h)
+    same("handle_layout src_info", seed, bits(src), want_src)
+    same("handle_layout layout_range", seed, bits(ranges), want_range)
+    mine = (torch.full_like(src, 7), torch.full_like(ranges, 7))
+    got = g.handle_layout(h, *mine)
+    if got[0] is not mine[0] or got[1] is not mine[1]:
+        fail("handle_layout out tensors", seed, "did not fill the tensors passed")
+    same("handle_layout src_info (passed in)", seed, bits(mine[0]), want_src)
+    expect_raises("handle_layout of the wrong shape", moe_ep.InvalidArgumentError,
+                  "params->layout_range has shape",
+                  lambda: g.handle_layout(h, layout_range=torch.zeros((1, 1), dtype=torch.int64)))
+    out = g.combine(h, expert_outputs(g, res.recv_x), topk_weights=w)
+    same("combine after handle_layout", seed, bits(out), oracle.ll_combine_at_combine(P, inputs[RANK]))
+    h.free()
+
+
 def bad_input(g):
     """Each error is local to this rank and leaves nothing queued."""
     idx = torch.tensor([[0, 1, 2, 3]], dtype=torch.int64)
@@ -158,6 +189,13 @@ def bad_input(g):
     expect_raises("combine first", moe_ep.InvalidArgumentError, "not been dispatched",
                   lambda: g.combine(h, torch.zeros((1, 1, P.hidden), dtype=torch.bfloat16),
                                     topk_weights=torch.zeros((1, 4))))
+    expect_raises("x_scales in LL", moe_ep.InvalidArgumentError,
+                  "x_scales is for high_throughput dispatch; low-latency dispatch quantises bf16 x",
+                  lambda: g.dispatch(h, torch.zeros((1, P.hidden), dtype=torch.bfloat16),
+                                     x_scales=torch.ones((1, P.hidden // 128))))
+    expect_raises("worst_case in LL", moe_ep.InvalidArgumentError, "MOE_EP_FLAG_WORST_CASE",
+                  lambda: g.dispatch(h, torch.zeros((1, P.hidden), dtype=torch.bfloat16),
+                                     worst_case=True))
     h.free()
     expect_raises("freed handle", moe_ep.InvalidArgumentError, "handle was freed",
                   lambda: g.dispatch(h, torch.zeros((1, P.hidden), dtype=torch.bfloat16)))
@@ -181,6 +219,7 @@ def main():
         roundtrip(g, 12, hidden=128, top_k=2)
         overlapped(g, 21)
         with_out_buffers(g, 31)
+        slot_layout(g, 32)
         if FULL:
             bad_input(g)
             roundtrip(g, 41)  # still usable after the errors
