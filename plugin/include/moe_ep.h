@@ -319,7 +319,7 @@ typedef struct moe_ep_combine_params {
 /* Appended in 0.3: the slot layout of an LL handle's dispatch, as DeepEP's
  * LL handle (src_info, layout_range, ...) exposes it (DeepEP's own tests
  * read it). Slot order is the same on every backend: per local expert,
- * source rank ascending, then token ascending (kernels/PROTOCOL.md, "Slot
+ * source rank ascending, then token ascending (kernels/ll/PROTOCOL.md, "Slot
  * order"), so each source's slots are one contiguous range. Either output
  * may be NULL. */
 typedef struct moe_ep_handle_layout_params {

@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/host/host_rows.h"
-#include "kernels/limits.h"
+#include "kernels/common/limits.h"
 
 namespace moe_ep_test {
 namespace {
