@@ -215,7 +215,8 @@ typedef struct moe_ep_group_info {
 /* ---- operations -------------------------------------------------------- */
 
 #define MOE_EP_FLAG_DEFER_RECV (1u << 0) /* launch send half, return a hook */
-#define MOE_EP_FLAG_ROUND_SCALE (1u << 1) /* fp8: power-of-two scales */
+#define MOE_EP_FLAG_ROUND_SCALE (1u << 1) /* fp8: power-of-two scales (LL:
+                                             HT never quantises) */
 /* 0.3, HT dispatch only (DeepEP's num_worst_tokens > 0): outputs sized for
  * the worst case, so the call needs no receive count on the host and can be
  * captured in a CUDA graph. The receive tensors (recv_x, recv_scales,
@@ -339,11 +340,10 @@ typedef struct moe_ep_handle_layout_params {
  * - Entries that take a group, handle or hook (prepare, dispatch, combine,
  *   hook_run, hook_free, handle_free, handle_layout, group_poll_error,
  *   group_info, set_num_sms, max_sms_used) are serialised per group by one
- *   lock, so
- *   they may run concurrently on one group: an engine's overlap scheduler
- *   may run micro-batch A's hook on thread B while thread A dispatches or
- *   combines micro-batch B, and may free handles and hooks from either
- *   thread. The lock is held while a backend launches (nccl) or moves
+ *   lock, so they may run concurrently on one group: an engine's overlap
+ *   scheduler may run micro-batch A's hook on thread B while thread A
+ *   dispatches or combines micro-batch B, and may free handles and hooks
+ *   from either thread. The lock is held while a backend launches (nccl) or moves
  *   (host) a send or receive half, so a concurrent entry waits for it
  *   (bounded by timeouts.kernel_ms on the host backend).
  * - Freeing a handle or hook while another thread uses it in an entry is
