@@ -46,10 +46,11 @@ typedef struct mep_backend_ops {
 } mep_backend_ops_t;
 
 extern const mep_backend_ops_t mep_host_backend;
-extern const mep_backend_ops_t mep_nccl_backend;
+extern const mep_backend_ops_t mep_nccl_backend;    /* low_latency */
+extern const mep_backend_ops_t mep_nccl_ht_backend; /* high_throughput */
 
-/* The backend a config asks for; `auto` is nccl for low_latency when this
- * process sees a CUDA device, else host. Sets *resolved to the concrete
+/* The backend a config asks for; `auto` is nccl when this process sees a
+ * CUDA device, else host. Sets *resolved to the concrete
  * moe_ep_backend_t. */
 moe_ep_status_t mep_backend_select(int requested, int mode, const mep_backend_ops_t **ops,
                                    int *resolved);

@@ -42,10 +42,7 @@ moe_ep_status_t mep_backend_select(int requested, int mode, const mep_backend_op
   int devices = 0;
   switch (requested) {
     case MOE_EP_BACKEND_AUTO:
-      /* high_throughput runs on the host backend until the GPU has it. */
-      if (mode != MOE_EP_MODE_LOW_LATENCY || cudaGetDeviceCount(&devices) != cudaSuccess) {
-        devices = 0;
-      }
+      if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
       *resolved = devices > 0 ? MOE_EP_BACKEND_NCCL : MOE_EP_BACKEND_HOST;
       break;
     case MOE_EP_BACKEND_HOST:
@@ -56,7 +53,11 @@ moe_ep_status_t mep_backend_select(int requested, int mode, const mep_backend_op
       return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                        "config backend=%d is not a moe_ep_backend_t value", requested);
   }
-  *ops = *resolved == MOE_EP_BACKEND_NCCL ? &mep_nccl_backend : &mep_host_backend;
+  if (*resolved == MOE_EP_BACKEND_HOST) {
+    *ops = &mep_host_backend;
+  } else {
+    *ops = mode == MOE_EP_MODE_LOW_LATENCY ? &mep_nccl_backend : &mep_nccl_ht_backend;
+  }
   return MOE_EP_OK;
 }
 

@@ -2,7 +2,7 @@
 # device_run.sh (copied to .gpu_bundle/run_device.sh): the GPU suite, run on
 # the GPU machine from the repository root, most important first; every log
 # goes to $OUT and a one-line verdict per step to $OUT/summary.txt.
-# Usage: bash .gpu_bundle/run_device.sh [full|quick|one|ab|extra]; quick stops after
+# Usage: bash .gpu_bundle/run_device.sh [full|quick|one|ab|extra|ht]; quick stops after
 # the kernel test, the weighted-dispatch and hidden-2880 API runs and the
 # eager benchmarks;
 # one is for a 1-GPU machine (EP1 suites, sanitizers, an EP1 benchmark, and
@@ -156,6 +156,47 @@ if [ "$MODE" = extra ]; then
   cat "$OUT/summary.txt"
   exit 0
 fi
+# HT (prefill) on the nccl backend, public API against the oracle: bf16 and
+# pre-quantised fp8 (f32, UE8M0, packed scales), top-k 1..32, hidden 2048
+# to 7168 and 2880, 1 to 4096 tokens per rank, uniform / skewed / all to
+# one rank / empty ranks / masked routing, hooks, a second dispatch on one
+# handle, worst-case sizing; bad input; EP1; the LL handle's DeepEP layout;
+# memcheck and racecheck; the HT bench. Also run by `full`.
+ht_suite() {
+  api ht_ep2_bf16 2 90 --mode=ht --experts=64 --max_tokens=64 --layers=2048:8,2880:6,4096:1 --seeds=2
+  api ht_ep2_fp8_f32 2 90 --mode=ht --dtype=fp8 --scale=f32 --experts=256 --max_tokens=512 \
+    --layers=7168:8,4096:32 --seeds=1
+  api ht_ep2_fp8_packed_per_call 2 90 --mode=ht --per_call_format=1 --dtype=fp8 \
+    --scale=ue8m0_packed --experts=32 --max_tokens=7 --layers=2048:6,640:3 --seeds=2
+  api ht_ep2_worst_case 2 90 --mode=ht --worst_case=1 --experts=64 --max_tokens=128 \
+    --layers=7168:8,2880:2 --seeds=2
+  api ht_ep2_big 2 240 --mode=ht --experts=256 --max_tokens=4096 --layers=7168:8 --seeds=1
+  api ht_ep2_one_token 2 60 --mode=ht --experts=8 --max_tokens=1 --layers=2048:1,128:8 --seeds=2
+  api ht_ep2_bad 2 60 --scenario=htbad --mode=ht --experts=8 --max_tokens=16 --layers=256:2
+  api ht_ep1 1 60 --mode=ht --experts=16 --max_tokens=256 --layers=7168:8,2880:4 --seeds=1
+  api ll_ep2_layout 2 60 --scenario=layout --experts=8 --max_tokens=16 --layers=256:2,128:1
+  api ll_ep2_layout_fp8 2 60 --scenario=layout --experts=64 --max_tokens=64 --dtype=fp8 \
+    --layers=7168:8
+  for tool in memcheck racecheck; do
+    sanitize "ht_$tool" $tool 2 120 $B/conformance_worker --plugin=$B/libmoe_ep.so \
+      --backend=nccl --mode=ht --experts=8 --max_tokens=40 --layers=256:2 --seeds=1 --hooks=0
+  done
+  timeout 240 $B/moe_ep_run -n 2 --timeout_s 235 -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
+    --mode=ht --dtype=bf16 --tokens=512,1024,2048,4096,8192 --num_sms=24 \
+    --json="$OUT/bench_ht.json" > "$OUT/bench_ht.log" 2>&1
+  summary bench_ht $? "$(bench_key "$OUT/bench_ht.log")"
+  grep -A14 "^high-throughput" "$OUT/bench_ht.log"
+  # 32 SMs (16 channels, the most the window has rings for)
+  timeout 120 $B/moe_ep_run -n 2 --timeout_s 115 -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
+    --mode=ht --dtype=bf16 --tokens=4096 --num_sms=32 > "$OUT/bench_ht_sms32.log" 2>&1
+  summary bench_ht_sms32 $? "$(bench_key "$OUT/bench_ht_sms32.log")"
+  grep -E "^bf16 " "$OUT/bench_ht_sms32.log"
+}
+if [ "$MODE" = ht ]; then
+  ht_suite
+  cat "$OUT/summary.txt"
+  exit 0
+fi
 if [ "$MODE" = one ]; then
   prepare_layout
   set_reuse
@@ -256,14 +297,7 @@ timeout 90 $B/moe_ep_run -n 2 --timeout_s 85 -- $B/moe_ep_bench --plugin=$B/libm
   --adopt_comm --tokens=8,128 --iters=50 --warmup=5 > "$OUT/bench_adopt.log" 2>&1
 summary bench_adopt $? "$(bench_key "$OUT/bench_adopt.log")"
 grep -E "adopt|^fp8 .* 128 |^bf16 .* 128 " "$OUT/bench_adopt.log" | head -5
-# HT (prefill) mode: whole dispatch and combine of 512..8192 tokens per
-# rank on 24 SMs, against NCCL's all-to-all and the peer copy of the same
-# bytes (rows checked against the routing after every warm-up).
-timeout 240 $B/moe_ep_run -n 2 --timeout_s 235 -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
-  --mode=ht --dtype=bf16 --tokens=512,1024,2048,4096,8192 --num_sms=24 \
-  --json="$OUT/bench_ht.json" > "$OUT/bench_ht.log" 2>&1
-summary bench_ht $? "$(bench_key "$OUT/bench_ht.log")"
-grep -A12 "^high-throughput" "$OUT/bench_ht.log"
+ht_suite
 api ep2_graph 2 40 --scenario=graph --experts=64 --max_tokens=32 --layers=2048:8 --seeds=100
 api ep2_routing 2 30 --scenario=routing --experts=64 --max_tokens=16 --layers=1024:4
 # A bf16 group whose dispatches name their own fp8 format (params->format).

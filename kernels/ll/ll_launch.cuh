@@ -58,29 +58,8 @@ static inline mep_kstatus_t mep_ll_check_shape(const char *op, const mep_ll_ctx_
                                                  int tokens, int hidden, int top_k,
                                                  int num_experts, int idx_bytes) {
   const mep_ll_dims_t *d = &ctx->dims;
-  if (tokens < 0 || tokens > d->max_tokens)
-    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
-                             "%s: num_tokens is %d; it must be in 0..%d (max_tokens)", op,
-                             tokens, d->max_tokens);
-  if (hidden <= 0 || hidden > d->hidden || hidden > MEP_MAX_HIDDEN ||
-      hidden % MEP_BF16_HIDDEN_ALIGN != 0)
-    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
-                             "%s: hidden is %d; it must be a multiple of %d in 1..%d", op, hidden,
-                             MEP_BF16_HIDDEN_ALIGN,
-                             d->hidden < MEP_MAX_HIDDEN ? d->hidden : MEP_MAX_HIDDEN);
-  if (top_k < 1 || top_k > d->top_k || top_k > MEP_MAX_TOP_K)
-    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
-                             "%s: top_k is %d; it must be in 1..%d", op, top_k, d->top_k);
-  if (num_experts <= 0 || num_experts % d->world != 0 ||
-      num_experts / d->world > d->local_experts)
-    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
-                             "%s: num_experts is %d; it must be a multiple of world %d with at "
-                             "most %d per rank", op, num_experts, d->world, d->local_experts);
-  if (idx_bytes != 4 && idx_bytes != 8)
-    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
-                             "%s: topk_idx_bytes is %d; it must be 4 (int32) or 8 (int64)", op,
-                             idx_bytes);
-  return MEP_KSTATUS_OK;
+  return mep_check_shape(op, tokens, d->max_tokens, hidden, d->hidden, top_k, d->top_k,
+                         num_experts, d->world, d->local_experts, idx_bytes);
 }
 
 static inline void mep_ll_make_params(const mep_ll_ctx_t *ctx, int set, MepLLParams *p) {

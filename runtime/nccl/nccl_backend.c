@@ -15,6 +15,7 @@
 #include "runtime/error.h"
 #include "runtime/group.h"
 #include "runtime/nccl/layout_book.h"
+#include "runtime/nccl/nccl_common.h"
 #include "runtime/nccl/nccl_setup.h"
 
 typedef struct nccl_state {
@@ -47,11 +48,6 @@ typedef struct nccl_handle {
   int32_t *recv_count; /* the engine's recv_count tensor of that dispatch */
 } nccl_handle_t;
 
-static moe_ep_status_t cuda_error(const char *what, cudaError_t e) {
-  return mep_error(MOE_EP_ERR_CUDA, "backend nccl: %s failed: %s", what,
-                   cudaGetErrorString(e));
-}
-
 static void dims_for(const moe_ep_config_t *cfg, int world, mep_ll_dims_t *d) {
   d->local_experts = cfg->num_experts / world;
   d->world = world;
@@ -69,12 +65,6 @@ static uint64_t nccl_buffer_bytes(const moe_ep_config_t *cfg, int world) {
                              d.num_sets);
 }
 
-/* NCCL's unique id travels over the UCX bootstrap. */
-static moe_ep_status_t share_uid(void *user, int32_t rank, int32_t world, void *uid,
-                                 size_t bytes) {
-  return mep_bootstrap_broadcast((mep_bootstrap_t *)user, uid, bytes, 0);
-}
-
 static void nccl_destroy(moe_ep_group_t *g) {
   nccl_state_t *s = g->impl;
   if (s == NULL) return;
@@ -90,7 +80,7 @@ static void nccl_destroy(moe_ep_group_t *g) {
     if (s->sent[i] != NULL) cudaEventDestroy(s->sent[i]);
   }
   cudaFree(s->ctx.state);
-  if (s->rec != NULL) cudaFreeHost(s->rec);
+  mep_nccl_free_records(s->rec);
   mep_nccl_destroy(s->nccl, g->broken != MOE_EP_OK);
   free(s->peer_transport);
   free(s);
@@ -106,48 +96,14 @@ static int ll_transport(const moe_ep_group_t *g, const nccl_state_t *s) {
   return MEP_LL_TRANSPORT_LSA;
 }
 
-static moe_ep_status_t pick_device(moe_ep_group_t *g, nccl_state_t *s) {
-  int count = 0;
-  cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
-    return mep_error(MOE_EP_ERR_CUDA,
-                     "group_create: backend 'nccl' needs a CUDA device, but this "
-                     "process sees none (%s); use backend: host",
-                     e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-  }
-  int dev = g->cuda_device;
-  if (dev < 0 && (e = cudaGetDevice(&dev)) != cudaSuccess) return cuda_error("cudaGetDevice", e);
-  if (dev >= count) {
-    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                     "group_create: params->cuda_device=%d but only %d CUDA devices are "
-                     "visible",
-                     dev, count);
-  }
-  if ((e = cudaSetDevice(dev)) != cudaSuccess) return cuda_error("cudaSetDevice", e);
-  s->device = dev;
-  g->cuda_device = dev; /* tensors are checked against it */
-  if ((e = cudaDeviceGetAttribute(&s->device_sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) {
-    return cuda_error("cudaDeviceGetAttribute(MultiProcessorCount)", e);
-  }
-  g->max_sms = s->device_sms;
-  return MOE_EP_OK;
-}
-
 static moe_ep_status_t alloc_device(nccl_state_t *s, const mep_ll_dims_t *d) {
   cudaError_t e;
   uint64_t state = mep_ll_state_bytes(d);
   if ((e = cudaMalloc(&s->ctx.state, state)) != cudaSuccess ||
       (e = cudaMemset(s->ctx.state, 0, state)) != cudaSuccess) {
-    return cuda_error("allocating the LL device state", e);
+    return mep_nccl_cuda_error("allocating the LL device state", e);
   }
-  if ((e = cudaHostAlloc((void **)&s->rec, 2 * sizeof(*s->rec), cudaHostAllocMapped)) !=
-      cudaSuccess) {
-    return cuda_error("cudaHostAlloc(error records)", e);
-  }
-  memset((void *)s->rec, 0, 2 * sizeof(*s->rec));
-  if ((e = cudaHostGetDevicePointer((void **)&s->ctx.error_dev, s->rec, 0)) != cudaSuccess) {
-    return cuda_error("cudaHostGetDevicePointer(error records)", e);
-  }
+  MEP_CHECK(mep_nccl_alloc_records(&s->rec, &s->ctx.error_dev));
   s->ctx.notice_dev = s->ctx.error_dev + 1;
   size_t slots = (size_t)d->local_experts * (size_t)d->world * (size_t)d->max_tokens;
   size_t routes = (size_t)d->world * (size_t)d->max_tokens * (size_t)d->top_k;
@@ -158,14 +114,14 @@ static moe_ep_status_t alloc_device(nccl_state_t *s, const mep_ll_dims_t *d) {
         (e = cudaMalloc((void **)&s->route[i], routes * sizeof(mep_ll_route_t))) !=
             cudaSuccess ||
         (e = cudaMalloc((void **)&s->src_tokens[i], (size_t)d->world * 4u)) != cudaSuccess) {
-      return cuda_error("allocating handle storage", e);
+      return mep_nccl_cuda_error("allocating handle storage", e);
     }
     if ((e = cudaEventCreateWithFlags(&s->sent[i], cudaEventDisableTiming)) != cudaSuccess) {
-      return cuda_error("cudaEventCreate", e);
+      return mep_nccl_cuda_error("cudaEventCreate", e);
     }
   }
   return cudaDeviceSynchronize() == cudaSuccess ? MOE_EP_OK
-                                                : cuda_error("cudaDeviceSynchronize", cudaGetLastError());
+                                                : mep_nccl_cuda_error("cudaDeviceSynchronize", cudaGetLastError());
 }
 
 static moe_ep_status_t nccl_create(moe_ep_group_t *g) {
@@ -184,7 +140,7 @@ static moe_ep_status_t nccl_create(moe_ep_group_t *g) {
     st = mep_error(MOE_EP_ERR_NO_MEMORY, "group_create: out of memory");
     goto out_destroy;
   }
-  MEP_CHECK_GOTO(pick_device(g, s), st, out_destroy);
+  MEP_CHECK_GOTO(mep_nccl_pick_device(g, &s->device, &s->device_sms), st, out_destroy);
   mep_ll_dims_t d;
   dims_for(&g->cfg, g->world_size, &d);
   mep_nccl_params_t np = {
@@ -195,7 +151,7 @@ static moe_ep_status_t nccl_create(moe_ep_group_t *g) {
       .window_bytes = nccl_buffer_bytes(&g->cfg, g->world_size),
       .gin_signal_count = (int32_t)(mep_ll_num_sets(&d) * mep_ll_set_layout(&d).num_signals),
       .adopt_comm = g->nccl_comm,
-      .exchange = share_uid,
+      .exchange = mep_nccl_share_uid,
       .exchange_user = g->boot,
   };
   MEP_CHECK_GOTO(mep_nccl_create(&np, &s->nccl), st, out_destroy);
@@ -261,15 +217,14 @@ static moe_ep_status_t timeout_error(const moe_ep_group_t *g, const nccl_state_t
 /* The timeout record (fatal): written by the GPU into host-mapped memory,
  * so read fresh every time. */
 static moe_ep_status_t timeout_status(moe_ep_group_t *g, nccl_state_t *s) {
-  return __atomic_load_n(&s->rec[0].flag, __ATOMIC_ACQUIRE) == 2 ? timeout_error(g, s)
-                                                                   : MOE_EP_OK;
+  return mep_nccl_record_ready(&s->rec[0]) ? timeout_error(g, s) : MOE_EP_OK;
 }
 
 /* A routing notice, reported once (the record is cleared): the dispatch ran
  * with the slot dropped, and the group stays usable. */
 static moe_ep_status_t routing_notice(moe_ep_group_t *g, nccl_state_t *s) {
   mep_ll_error_record_t *r = &s->rec[1];
-  if (__atomic_load_n(&r->flag, __ATOMIC_ACQUIRE) != 2) return MOE_EP_OK;
+  if (!mep_nccl_record_ready(r)) return MOE_EP_OK;
   moe_ep_status_t st = mep_error(
       MOE_EP_ERR_INVALID_ARGUMENT,
       "dispatch on rank %d: topk_idx[%llu][%llu] = %d is outside -1..%d (num_experts - 1); "
@@ -291,18 +246,13 @@ static moe_ep_status_t nccl_poll_error(moe_ep_group_t *g) {
  * restored by leave_device so moe_ep never changes the caller's device. */
 static moe_ep_status_t enter_device(moe_ep_group_t *g, nccl_state_t *s, int *prev) {
   MEP_CHECK(timeout_status(g, s));
-  *prev = -1;
-  if (cudaGetDevice(prev) != cudaSuccess || *prev != s->device) {
-    cudaError_t e = cudaSetDevice(s->device);
-    if (e != cudaSuccess) return cuda_error("cudaSetDevice", e);
-  }
+  MEP_CHECK(mep_nccl_enter(s->device, prev));
   s->ctx.num_sms = g->num_sms > 0 ? g->num_sms : s->device_sms;
   return MOE_EP_OK;
 }
 
 static moe_ep_status_t leave_device(const nccl_state_t *s, int prev, moe_ep_status_t st) {
-  if (prev >= 0 && prev != s->device) cudaSetDevice(prev);
-  return st;
+  return mep_nccl_leave(s->device, prev, st);
 }
 
 /* The kernels' own statuses keep kernels/ free of the public ABI; the
@@ -316,34 +266,10 @@ _Static_assert((int)MEP_LL_TRANSPORT_LSA == (int)MOE_EP_TRANSPORT_LSA &&
                    (int)MEP_LL_TRANSPORT_GIN_EMULATED == (int)MOE_EP_TRANSPORT_GIN_EMULATED,
                "kernels/ll/ll.h's transports must keep moe_ep_transport_t's numbers");
 
-static moe_ep_status_t launched(const moe_ep_group_t *g, mep_kstatus_t k, const char *what) {
-  if (k == MEP_KSTATUS_OK) return MOE_EP_OK;
-  moe_ep_status_t st = k == MEP_KSTATUS_INVALID_ARGUMENT ? MOE_EP_ERR_INVALID_ARGUMENT
-                                                         : MOE_EP_ERR_CUDA;
-  return mep_error(st, "%s on rank %d: %s", what, g->rank, mep_kernels_last_error());
-}
-
-/* prepare's optional layout outputs: one kernel on the caller's stream, no
- * sync and no allocation, so prepare may be captured in a CUDA graph. */
 static moe_ep_status_t nccl_prepare(moe_ep_group_t *g, mep_handle_state_t *h) {
-  if (!h->out_tokens_per_rank && !h->out_tokens_per_expert && !h->out_is_token_in_rank) {
-    return MOE_EP_OK;
-  }
   nccl_state_t *s = g->impl;
-  int prev;
-  MEP_CHECK(enter_device(g, s, &prev));
-  mep_prepare_layout_args_t a = {
-      .topk_idx = h->topk_idx,
-      .topk_idx_bytes = h->topk_idx_bits / 8,
-      .num_tokens = h->num_tokens,
-      .top_k = h->top_k,
-      .num_experts = g->cfg.num_experts,
-      .world = g->world_size,
-      .num_tokens_per_rank = h->out_tokens_per_rank,
-      .num_tokens_per_expert = h->out_tokens_per_expert,
-      .is_token_in_rank = h->out_is_token_in_rank,
-  };
-  return leave_device(s, prev, launched(g, mep_prepare_layout(&a, h->prepare_stream), "prepare"));
+  MEP_CHECK(timeout_status(g, s));
+  return mep_nccl_prepare_layout(g, s->device, h);
 }
 
 static void dispatch_args(moe_ep_group_t *g, nccl_state_t *s, const mep_op_t *op,
@@ -414,7 +340,7 @@ static moe_ep_status_t send_half(moe_ep_group_t *g, nccl_state_t *s, mep_op_t *o
     dispatch_args(g, s, op, &a);
     moe_ep_status_t st = mep_layout_book_record(
         &s->layouts, op->buffer_set, op->seq,
-        launched(g, fused ? mep_ll_dispatch(&s->ctx, &a, op->stream)
+        mep_nccl_launched(g, fused ? mep_ll_dispatch(&s->ctx, &a, op->stream)
                        : mep_ll_dispatch_send(&s->ctx, &a, op->stream),
                  "dispatch"));
     if (st == MOE_EP_OK) {
@@ -428,7 +354,7 @@ static moe_ep_status_t send_half(moe_ep_group_t *g, nccl_state_t *s, mep_op_t *o
   MEP_CHECK(mep_layout_book_check(&s->layouts, g->rank, nh->set, nh->seq));
   mep_ll_combine_args_t a;
   combine_args(g, s, op, &a);
-  return launched(g, fused ? mep_ll_combine(&s->ctx, &a, op->stream)
+  return mep_nccl_launched(g, fused ? mep_ll_combine(&s->ctx, &a, op->stream)
                         : mep_ll_combine_send(&s->ctx, &a, op->stream),
                   "combine");
 }
@@ -440,7 +366,7 @@ static moe_ep_status_t nccl_send(moe_ep_group_t *g, mep_op_t *op) {
   moe_ep_status_t st = send_half(g, s, op, 0);
   if (st == MOE_EP_OK) {
     cudaError_t e = cudaEventRecord(s->sent[op->buffer_set], (cudaStream_t)op->stream);
-    if (e != cudaSuccess) st = cuda_error("cudaEventRecord", e);
+    if (e != cudaSuccess) st = mep_nccl_cuda_error("cudaEventRecord", e);
     s->sent_stream[op->buffer_set] = op->stream;
   }
   return leave_device(s, prev, st);
@@ -454,17 +380,17 @@ static moe_ep_status_t nccl_recv(moe_ep_group_t *g, mep_op_t *op) {
    * must not be waited on). Another stream: order it after the send. */
   if (op->stream != s->sent_stream[op->buffer_set]) {
     cudaError_t e = cudaStreamWaitEvent((cudaStream_t)op->stream, s->sent[op->buffer_set], 0);
-    if (e != cudaSuccess) return leave_device(s, prev, cuda_error("cudaStreamWaitEvent", e));
+    if (e != cudaSuccess) return leave_device(s, prev, mep_nccl_cuda_error("cudaStreamWaitEvent", e));
   }
   moe_ep_status_t st;
   if (op->kind == MEP_OP_DISPATCH) {
     mep_ll_dispatch_args_t a;
     dispatch_args(g, s, op, &a);
-    st = launched(g, mep_ll_dispatch_recv(&s->ctx, &a, op->stream), "dispatch receive");
+    st = mep_nccl_launched(g, mep_ll_dispatch_recv(&s->ctx, &a, op->stream), "dispatch receive");
   } else {
     mep_ll_combine_args_t a;
     combine_args(g, s, op, &a);
-    st = launched(g, mep_ll_combine_recv(&s->ctx, &a, op->stream), "combine receive");
+    st = mep_nccl_launched(g, mep_ll_combine_recv(&s->ctx, &a, op->stream), "combine receive");
   }
   return leave_device(s, prev, st);
 }
@@ -474,6 +400,31 @@ static moe_ep_status_t nccl_send_recv(moe_ep_group_t *g, mep_op_t *op) {
   int prev;
   MEP_CHECK(enter_device(g, s, &prev));
   return leave_device(s, prev, send_half(g, s, op, 1));
+}
+
+/* DeepEP's view of an LL handle's slots, from this set's handle storage
+ * (one small kernel on `stream`); refused once a later dispatch took the
+ * set over, as combine is. */
+static moe_ep_status_t nccl_handle_layout(moe_ep_group_t *g, mep_handle_state_t *h,
+                                          int32_t *src_info, int64_t *layout_range,
+                                          void *stream) {
+  nccl_state_t *s = g->impl;
+  const nccl_handle_t *nh = h->backend;
+  moe_ep_status_t st = mep_layout_book_check(&s->layouts, g->rank, nh->set, nh->seq);
+  if (st != MOE_EP_OK) {
+    mep_error_prefix("handle_layout");
+    return st;
+  }
+  int prev;
+  MEP_CHECK(enter_device(g, s, &prev));
+  const mep_ll_dims_t *d = &s->ctx.dims;
+  return leave_device(
+      s, prev,
+      mep_nccl_launched(g,
+                        mep_ll_export_layout(s->slot_src[nh->set], s->src_count[nh->set],
+                                             g->num_local_experts, d->world, d->max_tokens,
+                                             src_info, layout_range, stream),
+                        "handle_layout"));
 }
 
 static int nccl_peer_transport(const moe_ep_group_t *g, int peer) {
@@ -496,4 +447,5 @@ const mep_backend_ops_t mep_nccl_backend = {
     .send_recv = nccl_send_recv,
     .poll_error = nccl_poll_error,
     .peer_transport = nccl_peer_transport,
+    .handle_layout = nccl_handle_layout,
 };

@@ -25,7 +25,7 @@ constexpr uint8_t kPoison = 0xA5;
 
 HtCall::HtCall(Ctx& c, const Problem& p, uint64_t seed)
     : c_(c), p_(p), seed_(seed), all_(make_all_inputs(p, seed)),
-      want_(ht_dispatch_expected(p, all_, c.rank)) {
+      want_(ht_dispatch_expected(p, all_, c.rank)), gpu_(c.opt.backend == "nccl") {
   if (fp8(p)) q_ = ht_fp8_input(p, all_[c.rank]);
   topk_ = all_[c.rank].topk_idx;
   out_.assign(static_cast<size_t>(all_[c.rank].num_tokens) * p.hidden, 0x7FC1);
@@ -33,11 +33,19 @@ HtCall::HtCall(Ctx& c, const Problem& p, uint64_t seed)
 
 HtCall::~HtCall() { c_.api->handle_free(h_); }
 
+void* HtCall::place(std::unique_ptr<Mirror>& m, const void* host, size_t bytes) {
+  m.reset(new Mirror);
+  m->init(gpu_, const_cast<void*>(host), bytes);
+  return m->ptr();
+}
+
 moe_ep_status_t HtCall::prepare() {
   const RankInputs& mine = all_[c_.rank];
-  Tensor topk(topk_.data(), DT::kI64, {mine.num_tokens, p_.top_k});
+  Tensor topk(place(m_topk_, topk_.data(), topk_.size() * 8), DT::kI64,
+              {mine.num_tokens, p_.top_k}, dev(), c_.gpu);
   std::vector<int32_t> per_rank(p_.world, -1);
-  Tensor t_per_rank(per_rank.data(), DT::kI32, {p_.world});
+  Tensor t_per_rank(place(m_per_rank_, per_rank.data(), per_rank.size() * 4), DT::kI32,
+                    {p_.world}, dev(), c_.gpu);
   moe_ep_prepare_params_t pp = MOE_EP_INIT(moe_ep_prepare_params_t);
   pp.topk_idx = topk.get();
   pp.num_tokens = mine.num_tokens;
@@ -45,6 +53,7 @@ moe_ep_status_t HtCall::prepare() {
   pp.num_tokens_per_rank = t_per_rank.get();
   moe_ep_status_t st = c_.api->prepare(c_.group, &pp, &h_);
   if (!expect_status(c_, seed_, "ht prepare", st, MOE_EP_OK)) return st;
+  m_per_rank_->download();
   PrepareExpected pe = prepare_expected(p_, mine);
   expect_same(c_, seed_, "ht prepare num_tokens_per_rank",
               compare_exact_i32("num_tokens_per_rank", per_rank.data(),
@@ -83,25 +92,33 @@ moe_ep_status_t HtCall::dispatch(uint32_t flags, int64_t rows, bool count_out,
   const int T = mine.num_tokens, K = p_.top_k, H = p_.hidden, el = p_.local_experts();
   const bool f8 = fp8(p_);
   const int cols = scale_cols(p_);
-  flags_ = flags;
-  rows_ = rows;
-  count_out_ = count_out;
+  const int64_t n_before = n_recv_;
   n_recv_ = -1;
   const size_t spare = static_cast<size_t>(rows) + 1;
-  recv_x_.assign(spare * H * (f8 ? 1 : 2), kPoison);
-  recv_scales_.assign(f8 ? spare * cols * 4 : 4, kPoison);
-  recv_idx_.assign(spare * K, -9);
-  recv_w_.assign(spare * K, -9.0f);
-  recv_count_.assign(el, -9);
-  Tensor x(f8 ? static_cast<const void*>(q_.x.data()) : mine.x.data(), f8 ? DT::kFp8 : DT::kBf16,
-           {T, H});
-  Tensor xs(packed(p_) ? static_cast<const void*>(q_.packed.data()) : q_.scales.data(),
-            packed(p_) ? DT::kI32 : DT::kF32, {T, cols});
-  Tensor w(mine.topk_weights.data(), DT::kF32, {T, K});
-  Tensor rx(recv_x_.data(), f8 ? DT::kFp8 : DT::kBf16, {rows, H});
-  Tensor rs(recv_scales_.data(), packed(p_) ? DT::kI32 : DT::kF32, {rows, cols});
-  Tensor ri(recv_idx_.data(), DT::kI32, {rows, K}), rw(recv_w_.data(), DT::kF32, {rows, K});
-  Tensor rc(recv_count_.data(), DT::kI32, {el});
+  std::unique_ptr<Buffers> b(new Buffers);
+  b->recv_x.assign(spare * H * (f8 ? 1 : 2), kPoison);
+  b->recv_scales.assign(f8 ? spare * cols * 4 : 4, kPoison);
+  b->recv_idx.assign(spare * K, -9);
+  b->recv_w.assign(spare * K, -9.0f);
+  b->recv_count.assign(el, -9);
+  const size_t xs_bytes = f8 ? static_cast<size_t>(T) * cols * 4 : 0;
+  void* x_dev = f8 ? place(b->x, q_.x.data(), static_cast<size_t>(T) * H)
+                   : place(b->x, mine.x.data(), mine.x.size() * 2);
+  void* xs_dev = place(b->xs, packed(p_) ? static_cast<const void*>(q_.packed.data())
+                                         : static_cast<const void*>(q_.scales.data()),
+                       xs_bytes);
+  const int d = dev(), g = c_.gpu;
+  Tensor x(x_dev, f8 ? DT::kFp8 : DT::kBf16, {T, H}, d, g);
+  Tensor xs(xs_dev, packed(p_) ? DT::kI32 : DT::kF32, {T, cols}, d, g);
+  Tensor w(place(b->w, mine.topk_weights.data(), mine.topk_weights.size() * 4), DT::kF32, {T, K},
+           d, g);
+  Tensor rx(place(b->rx, b->recv_x.data(), b->recv_x.size()), f8 ? DT::kFp8 : DT::kBf16,
+            {rows, H}, d, g);
+  Tensor rs(place(b->rs, b->recv_scales.data(), b->recv_scales.size()),
+            packed(p_) ? DT::kI32 : DT::kF32, {rows, cols}, d, g);
+  Tensor ri(place(b->ri, b->recv_idx.data(), b->recv_idx.size() * 4), DT::kI32, {rows, K}, d, g);
+  Tensor rw(place(b->rw, b->recv_w.data(), b->recv_w.size() * 4), DT::kF32, {rows, K}, d, g);
+  Tensor rc(place(b->rc, b->recv_count.data(), b->recv_count.size() * 4), DT::kI32, {el}, d, g);
   moe_ep_dispatch_params_t dp = MOE_EP_INIT(moe_ep_dispatch_params_t);
   dp.flags = flags;
   dp.hidden = H;
@@ -118,6 +135,14 @@ moe_ep_status_t HtCall::dispatch(uint32_t flags, int64_t rows, bool count_out,
   if (tweak) tweak(dp);
   moe_ep_hook_t* hook = nullptr;
   moe_ep_status_t st = c_.api->dispatch(c_.group, h_, &dp, &hook);
+  if (st != MOE_EP_OK) {
+    n_recv_ = n_before;
+  } else {
+    buf_ = std::move(b);
+    flags_ = flags;
+    rows_ = rows;
+    count_out_ = count_out;
+  }
   if (hook_out != nullptr) {
     *hook_out = hook;
     return st;
@@ -131,16 +156,24 @@ void HtCall::check_dispatch() {
   const int64_t N = want_.num_recv;
   const std::string tag = std::string("ht dispatch") + (fp8(p_) ? " fp8" : "") +
                           (worst ? " worst-case" : "");
-  if (count_out_ && n_recv_ != N) {
+  if (!buf_) {
+    fail(c_, seed_, tag, "no dispatch was accepted");
+    return;
+  }
+  Buffers& b = *buf_;
+  for (Mirror* m : {b.rx.get(), b.rs.get(), b.ri.get(), b.rw.get(), b.rc.get()}) m->download();
+  // A worst-case dispatch on the GPU does not wait to learn N_recv: -1.
+  const int64_t want_n = worst && gpu_ ? -1 : N;
+  if (count_out_ && n_recv_ != want_n) {
     fail(c_, seed_, tag + " num_recv_tokens", "got " + std::to_string(n_recv_) + " want " +
-                                                  std::to_string(N));
+                                                  std::to_string(want_n));
     return;
   }
   const size_t n = static_cast<size_t>(N);
   if (fp8(p_)) {
     expect_same(c_, seed_, tag + " recv_x",
-                compare_exact_u8("recv_x", recv_x_.data(), want_.recv_x_fp8.data(), n * H, H));
-    const int32_t* got_s = reinterpret_cast<const int32_t*>(recv_scales_.data());
+                compare_exact_u8("recv_x", b.recv_x.data(), want_.recv_x_fp8.data(), n * H, H));
+    const int32_t* got_s = reinterpret_cast<const int32_t*>(b.recv_scales.data());
     // Scales are compared as bits: they are carried, never computed.
     const int32_t* want_s = packed(p_) ? want_.recv_scales_packed.data()
                                        : reinterpret_cast<const int32_t*>(want_.recv_scales.data());
@@ -148,17 +181,17 @@ void HtCall::check_dispatch() {
                 compare_exact_i32("recv_scales", got_s, want_s, n * cols, cols));
   } else {
     expect_same(c_, seed_, tag + " recv_x",
-                compare_exact_u16("recv_x", reinterpret_cast<const uint16_t*>(recv_x_.data()),
+                compare_exact_u16("recv_x", reinterpret_cast<const uint16_t*>(b.recv_x.data()),
                                   want_.recv_x.data(), n * H, H));
   }
   expect_same(c_, seed_, tag + " recv_topk_idx",
-              compare_exact_i32("recv_topk_idx", recv_idx_.data(), want_.recv_topk_idx.data(),
+              compare_exact_i32("recv_topk_idx", b.recv_idx.data(), want_.recv_topk_idx.data(),
                                 n * K, K));
   expect_same(c_, seed_, tag + " recv_topk_weights",
-              compare_exact_f32("recv_topk_weights", recv_w_.data(),
+              compare_exact_f32("recv_topk_weights", b.recv_w.data(),
                                 want_.recv_topk_weights.data(), n * K, K));
   expect_same(c_, seed_, tag + " recv_count",
-              compare_exact_i32("recv_count", recv_count_.data(),
+              compare_exact_i32("recv_count", b.recv_count.data(),
                                 want_.num_recv_tokens_per_expert.data(), el, el));
   // Worst case: the rows past N_recv name no expert. Every case: rows past
   // what the call may write stay untouched.
@@ -167,21 +200,21 @@ void HtCall::check_dispatch() {
     for (int k = 0; k < K; k++) {
       const int32_t want_i = r < untouched ? -1 : -9;
       const float want_w = r < untouched ? 0.0f : -9.0f;
-      if (recv_idx_[r * K + k] != want_i || recv_w_[r * K + k] != want_w) {
+      if (b.recv_idx[r * K + k] != want_i || b.recv_w[r * K + k] != want_w) {
         fail(c_, seed_, tag + " rows past N_recv",
              "row " + std::to_string(r) + " k " + std::to_string(k) + " (N_recv " +
                  std::to_string(N) + ", rows " + std::to_string(rows_) + "): got idx " +
-                 std::to_string(recv_idx_[r * K + k]) + " weight " +
-                 std::to_string(recv_w_[r * K + k]) + ", want " + std::to_string(want_i) + " / " +
+                 std::to_string(b.recv_idx[r * K + k]) + " weight " +
+                 std::to_string(b.recv_w[r * K + k]) + ", want " + std::to_string(want_i) + " / " +
                  std::to_string(want_w));
         return;
       }
     }
   }
   const size_t row_bytes = static_cast<size_t>(H) * (fp8(p_) ? 1 : 2);
-  for (size_t b = static_cast<size_t>(untouched) * row_bytes; b < recv_x_.size(); b += 61) {
-    if (recv_x_[b] != kPoison) {
-      fail(c_, seed_, tag + " recv_x", "byte " + std::to_string(b) + " past row " +
+  for (size_t i = static_cast<size_t>(untouched) * row_bytes; i < b.recv_x.size(); i += 61) {
+    if (b.recv_x[i] != kPoison) {
+      fail(c_, seed_, tag + " recv_x", "byte " + std::to_string(i) + " past row " +
                                            std::to_string(untouched) + " was written");
       return;
     }
@@ -193,7 +226,8 @@ moe_ep_status_t HtCall::combine(uint32_t flags, int64_t rows) {
   std::vector<uint16_t> y = ht_partials(p_, want_);
   y.resize(static_cast<size_t>(rows) * H, 0x7FC1);  // NaN: a row read by mistake shows
   std::fill(out_.begin(), out_.end(), 0x7FC1);
-  Tensor ty(y.data(), DT::kBf16, {rows, H}), to(out_.data(), DT::kBf16, {T, H});
+  Tensor ty(place(m_y_, y.data(), y.size() * 2), DT::kBf16, {rows, H}, dev(), c_.gpu);
+  Tensor to(place(m_out_, out_.data(), out_.size() * 2), DT::kBf16, {T, H}, dev(), c_.gpu);
   moe_ep_combine_params_t cp = MOE_EP_INIT(moe_ep_combine_params_t);
   cp.flags = flags;
   cp.hidden = H;
@@ -205,6 +239,7 @@ moe_ep_status_t HtCall::combine(uint32_t flags, int64_t rows) {
 }
 
 void HtCall::check_combine() {
+  m_out_->download();
   std::vector<uint16_t> want = ht_combine_expected(p_, all_, c_.rank);
   // Ranks are summed in ascending order, as the oracle does: bit-exact.
   expect_same(c_, seed_, fp8(p_) ? "ht combine (fp8 dispatch)" : "ht combine",

@@ -1,7 +1,8 @@
 // ht_call.h: one HT layer call's buffers and steps, checked against the
 // oracle: bf16 or pre-quantised fp8 rows (p.dispatch_dtype), exact or
 // worst-case sized receive tensors, and repeated dispatches on one handle
-// (DeepEP's cached layout). Host memory (the host backend).
+// (DeepEP's cached layout). Host memory on the host backend, device
+// twins of the same buffers (Mirror) on the nccl backend.
 #ifndef MOE_EP_TESTS_HOST_HT_CALL_H_
 #define MOE_EP_TESTS_HOST_HT_CALL_H_
 
@@ -9,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "tests/common/mirror.h"
 #include "tests/common/plugin_api.h"
 #include "tests/host/worker_common.h"
 
@@ -57,10 +59,24 @@ class HtCall {
   int64_t rows_ = 0;
   bool count_out_ = true;
   int64_t n_recv_ = -1;
-  std::vector<uint8_t> recv_x_, recv_scales_;
-  std::vector<int32_t> recv_idx_, recv_count_;
-  std::vector<float> recv_w_;
+  // What one dispatch reads and writes: host buffers and, on the nccl
+  // backend, their device twins. Replaced only when a dispatch is accepted,
+  // so a refused call cannot disturb the buffers of one still pending.
+  struct Buffers {
+    std::vector<uint8_t> recv_x, recv_scales;
+    std::vector<int32_t> recv_idx, recv_count;
+    std::vector<float> recv_w;
+    std::unique_ptr<Mirror> x, xs, w, rx, rs, ri, rw, rc;
+  };
+  std::unique_ptr<Buffers> buf_;
   std::vector<uint16_t> out_;
+  // Device twins (nccl backend) of what the library reads and writes; a
+  // hook may still use them after dispatch returns.
+  bool gpu_;
+  std::unique_ptr<Mirror> m_topk_, m_per_rank_, m_y_, m_out_;
+  // A fresh twin of `bytes` host bytes at `host` (uploaded); its address.
+  void* place(std::unique_ptr<Mirror>& m, const void* host, size_t bytes);
+  int dev() const { return gpu_ ? MOE_EP_DEVICE_CUDA : MOE_EP_DEVICE_CPU; }
   moe_ep_status_t run(moe_ep_status_t st, moe_ep_hook_t* hook, uint32_t flags, const char* what);
 };
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/common/mirror.h"
 #include "tests/common/plugin_api.h"
 #include "tests/host/ll_call.h"
 #include "tests/host/worker_common.h"
@@ -21,19 +22,30 @@ namespace {
 constexpr int32_t kSrcPoison = 0x5A5A5A5A;
 constexpr int64_t kRangePoison = -77;
 
-// The layout's outputs with one poisoned element past their end each.
+// The layout's outputs with one poisoned element past their end each, in
+// device memory on the nccl backend (download() brings them back).
 struct LayoutOut {
   std::vector<int32_t> src;
   std::vector<int64_t> range;
+  Mirror m_src, m_range;
   Tensor t_src, t_range;
   moe_ep_handle_layout_params_t lp = moe_ep_handle_layout_params_init();
-  LayoutOut(const Problem& p, bool with_src, bool with_range)
+  LayoutOut(const Ctx& c, const Problem& p, bool with_src, bool with_range)
       : src(static_cast<size_t>(p.local_experts()) * p.world * p.max_tokens_per_rank + 1, kSrcPoison),
-        range(static_cast<size_t>(p.local_experts()) * p.world + 1, kRangePoison),
-        t_src(src.data(), DT::kI32, {p.local_experts(), p.world * p.max_tokens_per_rank}),
-        t_range(range.data(), DT::kI64, {p.local_experts(), p.world}) {
+        range(static_cast<size_t>(p.local_experts()) * p.world + 1, kRangePoison) {
+    const bool gpu = c.opt.backend == "nccl";
+    const int dev = gpu ? MOE_EP_DEVICE_CUDA : MOE_EP_DEVICE_CPU;
+    m_src.init(gpu, src.data(), src.size() * 4);
+    m_range.init(gpu, range.data(), range.size() * 8);
+    new (&t_src) Tensor(m_src.ptr(), DT::kI32, {p.local_experts(), p.world * p.max_tokens_per_rank},
+                        dev, c.gpu);
+    new (&t_range) Tensor(m_range.ptr(), DT::kI64, {p.local_experts(), p.world}, dev, c.gpu);
     lp.src_info = with_src ? t_src.get() : nullptr;
     lp.layout_range = with_range ? t_range.get() : nullptr;
+  }
+  void download() {
+    m_src.download();
+    m_range.download();
   }
 };
 
@@ -44,9 +56,10 @@ std::string range_text(int64_t v) {
 
 void check_layout(Ctx& c, LlCall& call, const Problem& p, const std::string& what, bool with_src,
                   bool with_range) {
-  LayoutOut o(p, with_src, with_range);
+  LayoutOut o(c, p, with_src, with_range);
   if (!expect_status(c, call.seed(), what, c.api->handle_layout(call.handle(), &o.lp), MOE_EP_OK))
     return;
+  o.download();
   LlHandleLayout want = ll_handle_layout(p, call.expected());
   const size_t n_src = want.src_info.size(), n_range = want.layout_range.size();
   if (with_src) {
@@ -83,7 +96,7 @@ void refused(Ctx& c, uint64_t seed, const std::string& what, moe_ep_handle_t* h,
 void layout_call(Ctx& c, const Problem& p, uint64_t seed) {
   LlCall call(c, p, seed);
   if (call.prepare() != MOE_EP_OK) return;
-  LayoutOut o(p, true, true);
+  LayoutOut o(c, p, true, true);
   refused(c, seed, "handle_layout before dispatch", call.handle(), &o.lp,
           MOE_EP_ERR_INVALID_ARGUMENT, "not been dispatched");
   moe_ep_hook_t* hook = nullptr;
@@ -99,7 +112,7 @@ void layout_call(Ctx& c, const Problem& p, uint64_t seed) {
   check_layout(c, call, p, "handle_layout", true, true);
   check_layout(c, call, p, "handle_layout (src_info only)", true, false);
   check_layout(c, call, p, "handle_layout (layout_range only)", false, true);
-  LayoutOut bad(p, true, true);
+  LayoutOut bad(c, p, true, true);
   bad.t_src.shape[1] += 1;
   refused(c, seed, "src_info one column too many", call.handle(), &bad.lp,
           MOE_EP_ERR_INVALID_ARGUMENT, "params->src_info has shape");
@@ -132,7 +145,7 @@ void layout_after_reuse(Ctx& c, const Problem& p) {
     call->check_dispatch();
     call->make_y();
   }
-  LayoutOut o(p, true, true);
+  LayoutOut o(c, p, true, true);
   refused(c, calls[0]->seed(), "handle_layout after its buffer set was reused", calls[0]->handle(),
           &o.lp, MOE_EP_ERR_INVALID_ARGUMENT, "overwritten by a later dispatch on the same set");
   for (size_t i = 1; i < calls.size(); i++) {

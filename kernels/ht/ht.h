@@ -1,0 +1,137 @@
+/* ht.h: host launchers of the high-throughput (HT, prefill) dispatch and
+ * combine kernels, their context and the window/state sizing. Plain C: the
+ * runtime includes this, never the CUDA C++ behind it. Protocol:
+ * kernels/ht/PROTOCOL.md. */
+#ifndef MEP_HT_H_
+#define MEP_HT_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/common/kernels_types.h"
+#include "kernels/common/limits.h"
+#include "kernels/common/error_record.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Ranks an HT group may have: a block's 16 warps give every peer a warp
+ * group of its own on both ends of its ring, so no ring ever waits for
+ * progress on another (larger groups need hierarchical forwarding). */
+#define MEP_HT_MAX_RANKS 16
+/* Channels (sender/receiver block pairs) the window has rings for: 16
+ * pairs are 32 SMs, more than an engine gives communication in prefill
+ * (20-24); a larger SM budget still launches 16 pairs. */
+#define MEP_HT_MAX_CHANNELS 16
+/* Rows per ring, per (source, destination, channel). Two 32-token chunks:
+ * the sender writes one while the receiver drains the other. */
+#define MEP_HT_RING_ROWS 64
+/* Tokens per chunk: one warp ballot. */
+#define MEP_HT_CHUNK 32
+/* Threads per HT block (16 warps). */
+#define MEP_HT_THREADS 512
+
+/* Which wait expired or which rule broke (mep_error_record_t.op); HT
+ * groups have records of their own, so the numbers only avoid the LL ones
+ * for readers of both. */
+enum {
+  MEP_HT_OP_DISPATCH_COUNTS = 16, /* receive: a source's count word for this call */
+  MEP_HT_OP_DISPATCH_SPACE = 17,  /* send: ring space at a destination */
+  MEP_HT_OP_DISPATCH_RECV = 18,   /* receive: a source's rows */
+  MEP_HT_OP_COMBINE_SPACE = 19,   /* send: ring space at a source */
+  MEP_HT_OP_COMBINE_RECV = 20,    /* receive: an expert rank's partial rows */
+  /* A count word from a source that split its tokens into a different
+   * number of channels (ranks called set_num_sms differently): expected =
+   * this rank's channels, seen = the word; fatal. */
+  MEP_HT_OP_CHANNELS = 21,
+  /* Notice, not fatal: a dispatch received more rows than recv_x holds
+   * (expected = capacity, seen = rows); the rows were drained unwritten. */
+  MEP_HT_OP_CAPACITY = 22
+};
+
+/* Capacities the window and state are sized for. */
+typedef struct mep_ht_dims {
+  int32_t world;
+  int32_t local_experts;
+  int32_t max_tokens; /* per rank */
+  int32_t hidden;
+  int32_t top_k;
+  int32_t reserved0;
+} mep_ht_dims_t;
+
+typedef struct mep_ht_ctx {
+  const void *dev_comm;  /* struct ncclDevComm, host copy (borrowed) */
+  void *window;          /* ncclWindow_t */
+  void *window_local;
+  uint64_t window_bytes; /* >= mep_ht_buffer_bytes(dims) */
+  mep_ht_dims_t dims;
+  int32_t rank;
+  int32_t num_sms;       /* blocks per launch: 2 per channel */
+  uint64_t timeout_cycles;
+  void *state;           /* device, mep_ht_state_bytes(dims), zeroed */
+  mep_error_record_t *error_dev;  /* fatal record (host-mapped alias) */
+  mep_error_record_t *notice_dev; /* notices (may be NULL) */
+  uint64_t lsa_base;     /* from mep_ll_resolve_lsa */
+  uint64_t lsa_stride;
+  uint64_t lsa_local;
+} mep_ht_ctx_t;
+
+typedef struct mep_ht_dispatch_args {
+  const void *x;          /* [T, H] bf16, or [T, H] fp8 e4m3 bytes */
+  const void *x_scales;   /* fp8: [T, scale_words] 4-byte words; NULL for bf16 */
+  int32_t fp8;
+  int32_t scale_words;    /* H/128 (f32) or ceil(H/512) (packed UE8M0); 0 for bf16 */
+  const void *topk_idx;   /* [T, K] int32 or int64 */
+  int32_t topk_idx_bytes;
+  int32_t num_tokens;
+  int32_t hidden;
+  int32_t top_k;
+  int32_t num_experts;
+  int32_t buffer_set;     /* where combine finds this dispatch's layout */
+  const float *topk_weights; /* [T, K] */
+  /* outputs, rows packed by source rank then token */
+  void *recv_x;           /* [cap, H] bf16 or fp8 */
+  void *recv_scales;      /* fp8: [cap, scale_words] */
+  int32_t *recv_topk_idx; /* [cap, K] local expert or -1 */
+  float *recv_topk_weights; /* [cap, K] */
+  int32_t *recv_count;    /* [E_local], zeroed by the launcher */
+  int64_t recv_capacity;
+  int32_t pad;            /* rows from N_recv to cap get idx -1, weight 0 */
+  int32_t reserved0;
+  int64_t *num_recv;      /* device-visible; N_recv (may be NULL) */
+} mep_ht_dispatch_args_t;
+
+typedef struct mep_ht_combine_args {
+  const void *y;          /* [N_recv, H] bf16, the dispatch's row order */
+  const void *topk_idx;   /* [T, K] as in the dispatch */
+  int32_t topk_idx_bytes;
+  int32_t num_tokens;
+  int32_t hidden;
+  int32_t top_k;
+  int32_t num_experts;
+ int32_t layout_set;     /* the dispatch's buffer_set */
+  int32_t channels;       /* the dispatch's mep_ht_channels */
+  int32_t reserved0;
+  void *out;              /* [T, H] bf16: per token, its ranks' rows summed
+                             in f32 from +0 in ascending rank order */
+} mep_ht_combine_args_t;
+
+/* Exact symmetric-window bytes and device-state bytes. */
+uint64_t mep_ht_buffer_bytes(const mep_ht_dims_t *dims);
+uint64_t mep_ht_state_bytes(const mep_ht_dims_t *dims);
+/* Channels a launch with ctx->num_sms uses (what every rank must agree on). */
+int32_t mep_ht_channels(const mep_ht_ctx_t *ctx);
+
+/* Fused kernels (send and receive in one cooperative launch); validate,
+ * launch on `stream`, return at once. */
+mep_kstatus_t mep_ht_dispatch(const mep_ht_ctx_t *ctx, const mep_ht_dispatch_args_t *args,
+                              void *stream);
+mep_kstatus_t mep_ht_combine(const mep_ht_ctx_t *ctx, const mep_ht_combine_args_t *args,
+                             void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MEP_HT_H_ */

@@ -1,0 +1,224 @@
+/* ht_combine.cu: the HT combine kernel. The reverse of dispatch along the
+ * same channels: even blocks (experts' side) send each received row's
+ * partial result back in the order it arrived, odd blocks (tokens' side)
+ * walk their channel's tokens in order and sum each token's rows from its
+ * ranks in ascending rank order, in f32 from +0, rounded to bf16 once. */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/ht/ht_device.cuh"
+#include "kernels/ht/ht_launch.cuh"
+
+namespace {
+
+__device__ void mep_ht_combine_send(const MepHtParams &p, const mep_ht_combine_args_t &a, int c) {
+  __shared__ int64_t base_sh[MEP_HT_MAX_RANKS];
+  __shared__ int32_t n_sh[MEP_HT_MAX_RANKS];
+  __shared__ volatile uint64_t wait_slot[MEP_HT_THREADS / 32][2];
+  const int R = p.dims.world, C = p.chan, lane = threadIdx.x & 31;
+  __shared__ int mismatch;
+  const int32_t *layout = mep_ht_layout_n(p, a.layout_set);
+  if (threadIdx.x == 0) {
+    /* The layout the dispatch left for this set must be split as we are. */
+    const int32_t chan = reinterpret_cast<const int32_t *>(p.state + p.st.layout_chan)[a.layout_set];
+    mismatch = chan != C;
+    if (mismatch) mep_record_timeout(p.wc, MEP_HT_OP_CHANNELS, -1, -1, (uint64_t)C, (uint64_t)chan);
+    int64_t total = 0;
+    for (int s = 0; s < R; ++s) {
+      int64_t before = 0, all = 0;
+      for (int cc = 0; cc < C; ++cc) {
+        const int32_t n = layout[s * MEP_HT_MAX_CHANNELS + cc];
+        if (cc < c) before += n;
+        all += n;
+      }
+      base_sh[s] = total + before;
+      n_sh[s] = layout[s * MEP_HT_MAX_CHANNELS + c];
+      total += all;
+    }
+  }
+  __syncthreads();
+  if (mismatch) return;
+  const MepHtGroups g = mep_ht_groups(R);
+  if (g.group >= g.count) return;
+  const uint32_t row_bytes = 2u * (uint32_t)a.hidden;
+  for (int s = g.group; s < R; s += g.count) {
+    const int n = n_sh[s];
+    uint64_t tail = *mep_ht_state_u64(p, p.st.send_tail_c, s, c);
+    bool ok = true;
+    for (int sent = 0; sent < n;) {
+      const int m = min(MEP_HT_CHUNK, n - sent);
+      const uint64_t need = tail + m > MEP_HT_RING_ROWS ? tail + m - MEP_HT_RING_ROWS : 0;
+      mep_ht_leader_wait(p, g, wait_slot[g.group], mep_ht_word(p, p.win.comb_head, s, c), need,
+                         MEP_HT_OP_COMBINE_SPACE, s, &ok);
+      if (!ok) break;
+      for (int o = g.index; o < m; o += g.size) {
+        const char *src = static_cast<const char *>(a.y) +
+                          (uint64_t)(base_sh[s] + sent + o) * row_bytes;
+        void *dst = MepLsa::peer_ptr(
+            p.xp, s,
+            mep_ht_ring_off(p.win.comb_ring, p.win.comb_row, p.xp.rank, c,
+                            (tail + (uint64_t)o) % MEP_HT_RING_ROWS));
+        mep_copy_warp<kMepHtCopyU>(dst, src, row_bytes);
+      }
+      mep_ht_group_sync(g);
+      tail += (uint64_t)m;
+      sent += m;
+      if (g.index == 0 && lane == 0)
+        mep_ht_st_release(mep_ht_peer_word(p, s, p.win.comb_tail, p.xp.rank, c), tail);
+    }
+    if (!ok) break;
+    if (g.index == 0 && lane == 0) *mep_ht_state_u64(p, p.st.send_tail_c, s, c) = tail;
+  }
+}
+
+/* acc[0..7] += the 8 bf16 of v, in order. */
+__device__ __forceinline__ void mep_ht_add8(float *acc, const uint4 v) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    acc[2 * i] += __uint_as_float(w[i] << 16);
+    acc[2 * i + 1] += __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+__device__ __forceinline__ uint32_t mep_ht_pack2(float lo, float hi) {
+  const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t *>(&b);
+}
+
+/* Vectors per lane per step of the sum: kMepHtSumU loads of each rank's
+ * row in flight before any is used (one load latency per step). */
+constexpr int kMepHtSumU = 8;
+
+/* out (token j of the chunk) = its rows from the ranks in mask m, summed in
+ * ascending rank order in f32 from +0, rounded to bf16 once. Whole warp. */
+__device__ __forceinline__ void mep_ht_sum_rows(const MepHtParams &p, int c, uint32_t m, int j,
+                                                const uint64_t *cons, const uint32_t *bal, int H,
+                                                uint4 *out) {
+  const int lane = threadIdx.x & 31, nv = H / 8;
+  for (int v0 = 0; v0 < nv; v0 += 32 * kMepHtSumU) {
+    float acc[kMepHtSumU][8];
+#pragma unroll
+    for (int u = 0; u < kMepHtSumU; ++u)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[u][e] = 0.0f;
+    for (uint32_t left = m; left != 0; left &= left - 1) {
+      const int d = __ffs(left) - 1;
+      const uint64_t pos = cons[d] + __popc(bal[d] & ((1u << j) - 1u));
+      const uint4 *row = reinterpret_cast<const uint4 *>(
+          p.xp.local + mep_ht_ring_off(p.win.comb_ring, p.win.comb_row, d, c,
+                                       pos % MEP_HT_RING_ROWS));
+      uint4 v[kMepHtSumU];
+#pragma unroll
+      for (int u = 0; u < kMepHtSumU; ++u) {
+        const int i = v0 + u * 32 + lane;
+        v[u] = i < nv ? __ldcg(row + i) : make_uint4(0u, 0u, 0u, 0u);
+      }
+#pragma unroll
+      for (int u = 0; u < kMepHtSumU; ++u) mep_ht_add8(acc[u], v[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kMepHtSumU; ++u) {
+      const int i = v0 + u * 32 + lane;
+      if (i < nv)
+        out[i] = make_uint4(mep_ht_pack2(acc[u][0], acc[u][1]), mep_ht_pack2(acc[u][2], acc[u][3]),
+                            mep_ht_pack2(acc[u][4], acc[u][5]), mep_ht_pack2(acc[u][6], acc[u][7]));
+    }
+  }
+}
+
+__device__ void mep_ht_combine_recv(const MepHtParams &p, const mep_ht_combine_args_t &a, int c) {
+  __shared__ uint64_t cons[MEP_HT_MAX_RANKS];
+  __shared__ uint32_t bal[MEP_HT_MAX_RANKS];
+  __shared__ uint32_t masks[MEP_HT_CHUNK];
+  __shared__ uint64_t seen[MEP_HT_THREADS / 32][MEP_HT_MAX_RANKS]; /* lane 0 of each warp */
+  __shared__ int failed;
+  const int R = p.dims.world, e_local = a.num_experts / R, lane = threadIdx.x & 31;
+  const int warp = threadIdx.x / 32, warps = blockDim.x / 32, H = a.hidden;
+  int t0, t1;
+  mep_ht_channel_tokens(a.num_tokens, a.channels, c, &t0, &t1);
+  for (int d = threadIdx.x; d < R; d += blockDim.x)
+    cons[d] = *mep_ht_state_u64(p, p.st.recv_head_c, d, c);
+  if (lane == 0)
+    for (int d = 0; d < R; ++d) seen[warp][d] = 0;
+  if (threadIdx.x == 0) failed = 0;
+  for (int base = t0; base < t1; base += MEP_HT_CHUNK) {
+    __syncthreads(); /* cons, bal and masks of the previous chunk are done with */
+    if (failed) break;
+    if (warp == 0) {
+      const int t = base + lane;
+      const uint32_t m = t < t1 ? (uint32_t)mep_ht_dest_mask(a.topk_idx, a.topk_idx_bytes, t,
+                                                             a.top_k, a.num_experts, e_local)
+                                : 0u;
+      masks[lane] = m;
+      for (int d = 0; d < R; ++d) {
+        const uint32_t b = __ballot_sync(~0u, (m >> d) & 1u);
+        if (lane == 0) bal[d] = b;
+      }
+    }
+    __syncthreads();
+    const int n_tok = min(MEP_HT_CHUNK, t1 - base);
+    for (int j = warp; j < n_tok; j += warps) {
+      const uint32_t m = masks[j];
+      bool ok = true;
+      /* The token's row from each of its ranks is there once that ring's
+       * tail passed it; lane 0 remembers the tails it saw. */
+      if (lane == 0) {
+        for (uint32_t left = m; left != 0 && ok; left &= left - 1) {
+          const int d = __ffs(left) - 1;
+          const uint64_t pos = cons[d] + __popc(bal[d] & ((1u << j) - 1u));
+          if (pos < seen[warp][d]) continue;
+          uint64_t v = 0;
+          ok = mep_wait_ge(
+              p.wc, [&] { return mep_ld_acquire_sys(mep_ht_word(p, p.win.comb_tail, d, c)); },
+              pos + 1, MEP_HT_OP_COMBINE_RECV, d, -1, &v);
+          seen[warp][d] = v;
+        }
+      }
+      if (__shfl_sync(~0u, ok ? 1 : 0, 0) == 0) {
+        if (lane == 0) failed = 1;
+        continue;
+      }
+      mep_ht_sum_rows(p, c, m, j, cons, bal, H,
+                      reinterpret_cast<uint4 *>(static_cast<uint16_t *>(a.out) +
+                                                (uint64_t)(base + j) * H));
+    }
+    /* Every warp's reads of this chunk's rows are done: free them. */
+    __syncthreads();
+    for (int d = threadIdx.x; d < R; d += blockDim.x) {
+      const int n = __popc(bal[d]);
+      if (n == 0) continue;
+      cons[d] += (uint64_t)n;
+      mep_ht_st_release(mep_ht_peer_word(p, d, p.win.comb_head, p.xp.rank, c), cons[d]);
+    }
+  }
+  __syncthreads();
+  if (!failed)
+    for (int d = threadIdx.x; d < R; d += blockDim.x)
+      *mep_ht_state_u64(p, p.st.recv_head_c, d, c) = cons[d];
+}
+
+template <int kUnused>
+__global__ void __launch_bounds__(MEP_HT_THREADS, 1)
+    mep_ht_combine_kernel(const MepHtParams p, const mep_ht_combine_args_t a) {
+  const int c = blockIdx.x / 2;
+  if (blockIdx.x % 2 == 0) {
+    mep_ht_combine_send(p, a, c);
+  } else {
+    mep_ht_combine_recv(p, a, c);
+  }
+}
+
+}  // namespace
+
+extern "C" mep_kstatus_t mep_ht_combine(const mep_ht_ctx_t *ctx, const mep_ht_combine_args_t *a,
+                                        void *stream) {
+  mep_kstatus_t st = mep_ht_check_combine(ctx, a);
+  if (st != MEP_KSTATUS_OK) return st;
+  MepHtParams p;
+  mep_ht_make_params(ctx, a->layout_set, a->channels, &p);
+  return mep_kernels_cuda_check(
+      "ht combine: launch",
+      mep_ht_launch(mep_ht_combine_kernel<0>, 2 * p.chan, static_cast<cudaStream_t>(stream), p,
+                    *a));
+}

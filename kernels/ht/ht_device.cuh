@@ -1,0 +1,157 @@
+/* ht_device.cuh: what the HT dispatch and combine kernels share: their
+ * parameter block, routing decode (a token's destination ranks as a mask),
+ * the channel split, warp-group barriers, and the ring leader's bounded
+ * waits. Rings and counters: kernels/ht/PROTOCOL.md. */
+#ifndef MEP_HT_DEVICE_CUH_
+#define MEP_HT_DEVICE_CUH_
+
+#include <stdint.h>
+
+#include "kernels/ht/ht.h"
+#include "kernels/ht/ht_layout.h"
+#include "kernels/transport/transport.cuh"
+
+/* 16-byte vectors per lane in flight in a row copy: a 14 KB bf16 row in
+ * two steps, one load latency each. */
+constexpr uint32_t kMepHtCopyU = 16;
+
+struct MepHtParams {
+  MepXport xp;
+  MepWaitCtx wc;
+  mep_ht_dims_t dims;
+  mep_ht_window_t win;
+  char *state;       /* device state base (mep_ht_state_layout) */
+  mep_ht_state_t st;
+  int chan;          /* channels of this launch */
+};
+
+/* Warps per peer group: blocks split their warps into groups, one peer
+ * per group at a time; with more peers than warps each warp is a group. */
+struct MepHtGroups {
+  int size;   /* warps per group */
+  int count;  /* groups */
+  int group;  /* this warp's group (>= count: idle) */
+  int index;  /* this warp's index in its group */
+};
+
+__device__ __forceinline__ MepHtGroups mep_ht_groups(int peers) {
+  const int warps = blockDim.x / 32, warp = threadIdx.x / 32;
+  MepHtGroups g;
+  g.size = peers >= warps ? 1 : warps / peers;
+  g.count = warps / g.size;
+  g.group = warp / g.size;
+  g.index = warp % g.size;
+  return g;
+}
+
+/* Synchronises the warps of one group (named barrier 1 + group; barrier 0
+ * is __syncthreads). A one-warp group needs only __syncwarp. */
+__device__ __forceinline__ void mep_ht_group_sync(const MepHtGroups &g) {
+  if (g.size == 1) {
+    __syncwarp();
+  } else {
+    asm volatile("bar.sync %0, %1;" ::"r"(1 + g.group), "r"(g.size * 32) : "memory");
+  }
+}
+
+/* Token range [t0, t1) of channel c: contiguous, so rows stay in token
+ * order per (source, channel) and so per source. */
+__device__ __forceinline__ void mep_ht_channel_tokens(int tokens, int chan, int c, int *t0,
+                                                      int *t1) {
+  *t0 = (int)((int64_t)tokens * c / chan);
+  *t1 = (int)((int64_t)tokens * (c + 1) / chan);
+}
+
+__device__ __forceinline__ int64_t mep_ht_topk(const void *idx, int bytes, int64_t i) {
+  return bytes == 8 ? static_cast<const int64_t *>(idx)[i]
+                    : (int64_t) static_cast<const int32_t *>(idx)[i];
+}
+
+/* The ranks token t has an expert on (bit r). Out-of-range ids are
+ * dropped like -1 (the LL kernels note them; HT's prepare reports the
+ * same counts, so the notice is left to LL and to prepare's checks). */
+__device__ __forceinline__ uint64_t mep_ht_dest_mask(const void *idx, int bytes, int t, int K,
+                                                     int num_experts, int e_local) {
+  uint64_t m = 0;
+  for (int k = 0; k < K; ++k) {
+    const int64_t e = mep_ht_topk(idx, bytes, (int64_t)t * K + k);
+    if (e >= 0 && e < num_experts) m |= 1ull << (int)(e / e_local);
+  }
+  return m;
+}
+
+__device__ __forceinline__ void mep_ht_st_release(uint64_t *p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+/* Counter (peer, c) of array `off` in our own window, or in peer's. */
+__device__ __forceinline__ uint64_t *mep_ht_word(const MepHtParams &p, uint64_t off, int peer,
+                                                 int c) {
+  return reinterpret_cast<uint64_t *>(p.xp.local + off +
+                                      ((uint64_t)peer * MEP_HT_MAX_CHANNELS + c) * 8u);
+}
+__device__ __forceinline__ uint64_t *mep_ht_peer_word(const MepHtParams &p, int dst, uint64_t off,
+                                                      int peer, int c) {
+  return reinterpret_cast<uint64_t *>(MepLsa::peer_ptr(
+      p.xp, dst, off + ((uint64_t)peer * MEP_HT_MAX_CHANNELS + c) * 8u));
+}
+/* Row `slot` of ring (peer, c) of a ring array at window offset `off`. */
+__device__ __forceinline__ uint64_t mep_ht_ring_off(uint64_t off, uint64_t row, int peer, int c,
+                                                    uint64_t slot) {
+  return off + (((uint64_t)peer * MEP_HT_MAX_CHANNELS + c) * MEP_HT_RING_ROWS + slot) * row;
+}
+
+/* Device state words: per-(peer, channel) u64 arrays and scalars. */
+__device__ __forceinline__ uint64_t *mep_ht_state_u64(const MepHtParams &p, uint64_t off,
+                                                      int peer, int c) {
+  return reinterpret_cast<uint64_t *>(p.state + off) + (uint64_t)peer * MEP_HT_MAX_CHANNELS + c;
+}
+__device__ __forceinline__ uint32_t *mep_ht_state_u32(const MepHtParams &p, uint64_t off) {
+  return reinterpret_cast<uint32_t *>(p.state + off);
+}
+__device__ __forceinline__ int32_t *mep_ht_layout_n(const MepHtParams &p, int set) {
+  return reinterpret_cast<int32_t *>(p.state + p.st.layout_n) +
+         (uint64_t)set * p.dims.world * MEP_HT_MAX_CHANNELS;
+}
+
+/* The group leader (lane 0 of the group's first warp) waits until the
+ * u64 at `word` reaches `target`, then the group learns the value it saw,
+ * or 0 with *ok = false when the wait expired or another wait aborted. */
+__device__ __forceinline__ uint64_t mep_ht_leader_wait(const MepHtParams &p,
+                                                       const MepHtGroups &g,
+                                                       volatile uint64_t *slot,
+                                                       const uint64_t *word, uint64_t target,
+                                                       int op, int peer, bool *ok) {
+  if (g.index == 0 && (threadIdx.x & 31) == 0) {
+    uint64_t seen = 0;
+    const bool got = mep_wait_ge(
+        p.wc, [&] { return mep_ld_acquire_sys(word); }, target, op, peer, -1, &seen);
+    *slot = got ? seen : 0;
+    slot[1] = got ? 1u : 0u;
+  }
+  mep_ht_group_sync(g);
+  const uint64_t v = *slot;
+  *ok = slot[1] != 0;
+  mep_ht_group_sync(g); /* the slot is reused by the next wait */
+  return v;
+}
+
+/* Ends a dispatch launch: the last block to arrive sets the epoch to e + 1
+ * and resets the ticket for the next launch (a kernel boundary away). Only
+ * thread 0 of each block takes part, after its block's barrier. */
+__device__ __forceinline__ void mep_ht_advance_epoch(uint32_t *ticket, uint32_t *epoch,
+                                                     uint32_t e) {
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  if (atomicAdd(ticket, 1u) == gridDim.x - 1) {
+    *ticket = 0;
+    *epoch = e + 1u;
+  }
+}
+
+/* Warp copy of `words` 4-byte words (any alignment of 4). */
+__device__ __forceinline__ void mep_ht_copy_words(uint32_t *dst, const uint32_t *src, int words) {
+  for (int i = threadIdx.x & 31; i < words; i += 32) dst[i] = __ldcg(src + i);
+}
+
+#endif /* MEP_HT_DEVICE_CUH_ */

@@ -1,0 +1,267 @@
+/* ht_dispatch.cu: the HT dispatch kernel. One cooperative launch of 2C
+ * blocks: even blocks send channel c (a contiguous range of this rank's
+ * tokens), odd blocks receive channel c from every source. Each token
+ * crosses once per destination rank, through a bounded ring per (source,
+ * destination, channel); rows land packed by source rank, then token. */
+#include <cuda_runtime.h>
+
+#include "kernels/ht/ht_device.cuh"
+#include "kernels/ht/ht_launch.cuh"
+
+namespace {
+
+/* Index of the o-th set bit of `bits` (o < popc(bits)). */
+__device__ __forceinline__ int mep_ht_nth_bit(uint32_t bits, int o) {
+  for (int i = 0; i < o; ++i) bits &= bits - 1;
+  return __ffs(bits) - 1;
+}
+
+/* The rows of token t for destination d: payload, then its K slots as d's
+ * local experts (-1 elsewhere) and their weights (0 elsewhere). */
+__device__ __forceinline__ void mep_ht_write_row(const mep_ht_dispatch_args_t &a, uint64_t payload,
+                                                 int t, int d, int e_local, char *dst) {
+  const int H = a.hidden, K = a.top_k, lane = threadIdx.x & 31;
+  if (a.fp8) {
+    mep_copy_warp<kMepHtCopyU>(dst, static_cast<const uint8_t *>(a.x) + (uint64_t)t * H, (uint32_t)H);
+    mep_ht_copy_words(reinterpret_cast<uint32_t *>(dst + H),
+                      static_cast<const uint32_t *>(a.x_scales) + (uint64_t)t * a.scale_words,
+                      a.scale_words);
+  } else {
+    mep_copy_warp<kMepHtCopyU>(dst, static_cast<const uint16_t *>(a.x) + (uint64_t)t * H, 2u * (uint32_t)H);
+  }
+  if (lane < K) {
+    const int64_t e = mep_ht_topk(a.topk_idx, a.topk_idx_bytes, (int64_t)t * K + lane);
+    const bool here = e >= 0 && e < a.num_experts && (int)(e / e_local) == d;
+    reinterpret_cast<int32_t *>(dst + payload)[lane] = here ? (int32_t)(e % e_local) : -1;
+    reinterpret_cast<float *>(dst + payload + 4u * K)[lane] =
+        here ? a.topk_weights[(int64_t)t * K + lane] : 0.0f;
+  }
+}
+
+__device__ void mep_ht_dispatch_send(const MepHtParams &p, const mep_ht_dispatch_args_t &a, int c,
+                                     uint32_t tag, int parity) {
+  __shared__ uint32_t cnt[MEP_HT_MAX_RANKS];
+  __shared__ volatile uint64_t wait_slot[MEP_HT_THREADS / 32][2];
+  const int R = p.dims.world, e_local = a.num_experts / R, lane = threadIdx.x & 31;
+  int t0, t1;
+  mep_ht_channel_tokens(a.num_tokens, p.chan, c, &t0, &t1);
+
+  /* This channel's rows for each destination, announced first so every
+   * receiver learns where its rows go before any arrive. */
+  for (int d = threadIdx.x; d < R; d += blockDim.x) cnt[d] = 0;
+  __syncthreads();
+  for (int t = t0 + threadIdx.x; t < t1; t += blockDim.x) {
+    uint64_t m = mep_ht_dest_mask(a.topk_idx, a.topk_idx_bytes, t, a.top_k, a.num_experts,
+                                  e_local);
+    while (m != 0) {
+      atomicAdd(&cnt[__ffsll((long long)m) - 1], 1u);
+      m &= m - 1;
+    }
+  }
+  __syncthreads();
+  const uint64_t cnt_off = p.win.cnt + (uint64_t)parity * R * MEP_HT_MAX_CHANNELS * 8u;
+  for (int d = threadIdx.x; d < R; d += blockDim.x)
+    mep_st_relaxed_sys(mep_ht_peer_word(p, d, cnt_off, p.xp.rank, c),
+                       MEP_HT_CNT_WORD(tag, p.chan, cnt[d]));
+
+  /* One destination per warp group (R <= MEP_HT_MAX_RANKS warps); every
+   * warp of the group tracks the ring's tail itself. */
+  const MepHtGroups g = mep_ht_groups(R);
+  const int d = g.group;
+  if (d >= R) return;
+  uint64_t tail = *mep_ht_state_u64(p, p.st.send_tail_d, d, c);
+  const uint64_t payload = mep_ht_payload_bytes(a.hidden, a.fp8, a.scale_words);
+  bool ok = true;
+  for (int base = t0; base < t1 && ok; base += MEP_HT_CHUNK) {
+    const int t = base + lane;
+    const uint64_t m = t < t1 ? mep_ht_dest_mask(a.topk_idx, a.topk_idx_bytes, t, a.top_k,
+                                                 a.num_experts, e_local)
+                              : 0;
+    const uint32_t bal = __ballot_sync(~0u, (m >> d) & 1u);
+    const int n = __popc(bal);
+    if (n == 0) continue;
+    /* Room for n rows: the destination has drained up to tail + n - Q. */
+    const uint64_t need = tail + n > MEP_HT_RING_ROWS ? tail + n - MEP_HT_RING_ROWS : 0;
+    mep_ht_leader_wait(p, g, wait_slot[g.group], mep_ht_word(p, p.win.disp_head, d, c), need,
+                       MEP_HT_OP_DISPATCH_SPACE, d, &ok);
+    if (!ok) break;
+    for (int o = g.index; o < n; o += g.size) {
+      const uint64_t slot = (tail + (uint64_t)o) % MEP_HT_RING_ROWS;
+      char *dst = static_cast<char *>(MepLsa::peer_ptr(
+          p.xp, d, mep_ht_ring_off(p.win.disp_ring, p.win.disp_row, p.xp.rank, c, slot)));
+      mep_ht_write_row(a, payload, base + mep_ht_nth_bit(bal, o), d, e_local, dst);
+    }
+    /* Every warp's rows, then one release store of the tail carries them. */
+    mep_ht_group_sync(g);
+    tail += (uint64_t)n;
+    if (g.index == 0 && lane == 0)
+      mep_ht_st_release(mep_ht_peer_word(p, d, p.win.disp_tail, p.xp.rank, c), tail);
+  }
+  if (g.index == 0 && lane == 0) *mep_ht_state_u64(p, p.st.send_tail_d, d, c) = tail;
+}
+
+/* Copies one ring row into output row `out` (skipped when draining). */
+__device__ __forceinline__ void mep_ht_read_row(const mep_ht_dispatch_args_t &a, uint64_t payload,
+                                                const char *src, int64_t out, int32_t *hist) {
+  const int H = a.hidden, K = a.top_k, lane = threadIdx.x & 31;
+  if (a.fp8) {
+    mep_copy_warp<kMepHtCopyU>(static_cast<uint8_t *>(a.recv_x) + out * H, src, (uint32_t)H);
+    mep_ht_copy_words(static_cast<uint32_t *>(a.recv_scales) + out * a.scale_words,
+                      reinterpret_cast<const uint32_t *>(src + H), a.scale_words);
+  } else {
+    mep_copy_warp<kMepHtCopyU>(static_cast<uint16_t *>(a.recv_x) + out * H, src, 2u * (uint32_t)H);
+  }
+  if (lane < K) {
+    const int32_t lid = __ldcg(reinterpret_cast<const int32_t *>(src + payload) + lane);
+    a.recv_topk_idx[out * K + lane] = lid;
+    a.recv_topk_weights[out * K + lane] =
+        __ldcg(reinterpret_cast<const float *>(src + payload + 4u * K) + lane);
+    if (lid >= 0) atomicAdd(&hist[lid], 1);
+  }
+}
+
+__device__ void mep_ht_dispatch_recv(const MepHtParams &p, const mep_ht_dispatch_args_t &a, int c,
+                                     uint32_t tag, int parity) {
+  __shared__ int32_t n_sh[MEP_HT_MAX_RANKS * MEP_HT_MAX_CHANNELS];
+  __shared__ int64_t base_sh[MEP_HT_MAX_RANKS];
+  __shared__ int64_t total_sh;
+  __shared__ int32_t hist[MEP_MAX_LOCAL_EXPERTS];
+  __shared__ volatile uint64_t wait_slot[MEP_HT_THREADS / 32][2];
+  __shared__ int failed;
+  const int R = p.dims.world, C = p.chan, e_local = a.num_experts / R;
+  const int lane = threadIdx.x & 31;
+  for (int i = threadIdx.x; i < e_local; i += blockDim.x) hist[i] = 0;
+  if (threadIdx.x == 0) failed = 0;
+  __syncthreads();
+
+  /* Every source's count word of every channel, for this call's tag. */
+  const uint64_t cnt_off = p.win.cnt + (uint64_t)parity * R * MEP_HT_MAX_CHANNELS * 8u;
+  for (int i = threadIdx.x; i < R * C; i += blockDim.x) {
+    const int s = i / C, cc = i % C;
+    const uint64_t *w = mep_ht_word(p, cnt_off, s, cc);
+    uint64_t seen = 0;
+    n_sh[i] = 0;
+    if (!mep_wait(
+            p.wc, [&] { return mep_ld_acquire_sys(w); },
+            [&](uint64_t v) { return MEP_HT_CNT_TAG(v) == tag; }, tag,
+            MEP_HT_OP_DISPATCH_COUNTS, s, -1, &seen)) {
+      failed = 1;
+    } else if (MEP_HT_CNT_CHAN(seen) != C) {
+      mep_record_timeout(p.wc, MEP_HT_OP_CHANNELS, s, -1, (uint64_t)C, seen);
+      failed = 1;
+    } else {
+      n_sh[i] = MEP_HT_CNT_ROWS(seen);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int64_t total = 0;
+    for (int s = 0; s < R; ++s) {
+      int64_t before = 0, all = 0;
+      for (int cc = 0; cc < C; ++cc) {
+        if (cc < c) before += n_sh[s * C + cc];
+        all += n_sh[s * C + cc];
+      }
+      base_sh[s] = total + before;
+      total += all;
+    }
+    total_sh = total;
+  }
+  __syncthreads();
+  if (failed) return;
+  const int64_t total = total_sh;
+  const bool drain = total > a.recv_capacity;
+  if (c == 0) {
+    /* The layout this set's combine sends back along, and N_recv. */
+    int32_t *layout = mep_ht_layout_n(p, a.buffer_set);
+    for (int i = threadIdx.x; i < R * C; i += blockDim.x)
+      layout[(i / C) * MEP_HT_MAX_CHANNELS + i % C] = n_sh[i];
+    if (threadIdx.x == 0) {
+      reinterpret_cast<int32_t *>(p.state + p.st.layout_chan)[a.buffer_set] = C;
+      if (a.num_recv != nullptr) *a.num_recv = total;
+      if (drain && p.wc.notice != nullptr)
+        mep_publish_record(p.wc.notice, p.wc, MEP_HT_OP_CAPACITY, -1, -1,
+                           (uint64_t)a.recv_capacity, (uint64_t)total);
+    }
+  }
+  if (a.pad && !drain) {
+    const int K = a.top_k;
+    for (int64_t i = total * K + (int64_t)c * blockDim.x + threadIdx.x; i < a.recv_capacity * K;
+         i += (int64_t)C * blockDim.x) {
+      a.recv_topk_idx[i] = -1;
+      a.recv_topk_weights[i] = 0.0f;
+    }
+  }
+
+  const MepHtGroups g = mep_ht_groups(R);
+  const uint64_t payload = mep_ht_payload_bytes(a.hidden, a.fp8, a.scale_words);
+  if (g.group < g.count) {
+    bool ok = true;
+    for (int s = g.group; s < R && ok; s += g.count) {
+      const int expect = n_sh[s * C + c];
+      uint64_t head = *mep_ht_state_u64(p, p.st.recv_head_d, s, c);
+      int got = 0;
+      while (got < expect) {
+        const uint64_t tail =
+            mep_ht_leader_wait(p, g, wait_slot[g.group], mep_ht_word(p, p.win.disp_tail, s, c),
+                               head + 1, MEP_HT_OP_DISPATCH_RECV, s, &ok);
+        if (!ok) break;
+        const int avail = (int)min(tail - head, (uint64_t)(expect - got));
+        if (!drain) {
+          for (int o = g.index; o < avail; o += g.size) {
+            const char *src =
+                p.xp.local + mep_ht_ring_off(p.win.disp_ring, p.win.disp_row, s, c,
+                                             (head + (uint64_t)o) % MEP_HT_RING_ROWS);
+            mep_ht_read_row(a, payload, src, base_sh[s] + got + o, hist);
+          }
+        }
+        /* The group's reads are done before the release store frees the slots. */
+        mep_ht_group_sync(g);
+        head += (uint64_t)avail;
+        got += avail;
+        if (g.index == 0 && lane == 0)
+          mep_ht_st_release(mep_ht_peer_word(p, s, p.win.disp_head, p.xp.rank, c), head);
+      }
+      if (g.index == 0 && lane == 0) *mep_ht_state_u64(p, p.st.recv_head_d, s, c) = head;
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < e_local; i += blockDim.x)
+    if (hist[i] != 0) atomicAdd(&a.recv_count[i], hist[i]);
+}
+
+template <int kUnused>
+__global__ void __launch_bounds__(MEP_HT_THREADS, 1)
+    mep_ht_dispatch_kernel(const MepHtParams p, const mep_ht_dispatch_args_t a) {
+  uint32_t *epoch = mep_ht_state_u32(p, p.st.epoch);
+  const uint32_t e = *reinterpret_cast<volatile uint32_t *>(epoch);
+  const int c = blockIdx.x / 2;
+  if (blockIdx.x % 2 == 0) {
+    mep_ht_dispatch_send(p, a, c, e + 1u, (int)(e & 1u));
+  } else {
+    mep_ht_dispatch_recv(p, a, c, e + 1u, (int)(e & 1u));
+  }
+  /* Every block read e before any arrives here, so the next call (stream
+   * ordered after this one) reads e + 1 everywhere. */
+  mep_ht_advance_epoch(mep_ht_state_u32(p, p.st.ticket_dispatch), epoch, e);
+}
+
+}  // namespace
+
+extern "C" mep_kstatus_t mep_ht_dispatch(const mep_ht_ctx_t *ctx,
+                                         const mep_ht_dispatch_args_t *a, void *stream) {
+  mep_kstatus_t st = mep_ht_check_dispatch(ctx, a);
+  if (st != MEP_KSTATUS_OK) return st;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  MepHtParams p;
+  mep_ht_make_params(ctx, a->buffer_set, mep_ht_channels_for(ctx->num_sms), &p);
+  if (a->recv_count != nullptr) {
+    st = mep_kernels_cuda_check(
+        "ht dispatch: cudaMemsetAsync(recv_count)",
+        cudaMemsetAsync(a->recv_count, 0, (size_t)(a->num_experts / ctx->dims.world) * 4u, s));
+    if (st != MEP_KSTATUS_OK) return st;
+  }
+  return mep_kernels_cuda_check(
+      "ht dispatch: launch",
+      mep_ht_launch(mep_ht_dispatch_kernel<0>, 2 * p.chan, s, p, *a));
+}

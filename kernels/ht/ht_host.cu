@@ -1,0 +1,17 @@
+/* ht_host.cu: host-side helpers of the HT path: window and state sizing,
+ * the channel count a launch uses. No kernels. */
+#include <cuda_runtime.h>
+
+#include "kernels/ht/ht_launch.cuh"
+
+extern "C" uint64_t mep_ht_buffer_bytes(const mep_ht_dims_t *dims) {
+  return mep_ht_window_layout(dims).bytes;
+}
+
+extern "C" uint64_t mep_ht_state_bytes(const mep_ht_dims_t *dims) {
+  return mep_ht_state_layout(dims).bytes;
+}
+
+extern "C" int32_t mep_ht_channels(const mep_ht_ctx_t *ctx) {
+  return mep_ht_channels_for(ctx->num_sms);
+}

@@ -1,0 +1,118 @@
+/* ht_layout.h: where the HT protocol's words and rings live in the
+ * symmetric window, and its per-rank device state. Plain C, computed alike
+ * by every rank from the same dims (the runtime sizes the window with it). */
+#ifndef MEP_HT_LAYOUT_H_
+#define MEP_HT_LAYOUT_H_
+
+#include <stdint.h>
+
+#include "kernels/ht/ht.h"
+
+/* Device code computes the same offsets. */
+#ifdef __CUDACC__
+#define MEP_HT_HD __host__ __device__
+#else
+#define MEP_HT_HD
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+static inline MEP_HT_HD uint64_t mep_ht_align(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+/* A dispatch ring row: the payload (bf16 [2H], or fp8 [H] then the scales'
+ * words, 16-aligned), then K local expert ids (int32) and K weights (f32). */
+static inline MEP_HT_HD uint64_t mep_ht_payload_bytes(int32_t hidden, int32_t fp8, int32_t scale_words) {
+  return fp8 ? mep_ht_align((uint64_t)hidden + 4u * (uint64_t)scale_words, 16)
+             : 2u * (uint64_t)hidden;
+}
+/* The largest row the dims allow: bf16 (an fp8 row with its scales is
+ * never larger: H + H/32 < 2H). */
+static inline MEP_HT_HD uint64_t mep_ht_disp_row_bytes(const mep_ht_dims_t *d) {
+  return mep_ht_align(2u * (uint64_t)d->hidden + 8u * (uint64_t)d->top_k, 16);
+}
+static inline MEP_HT_HD uint64_t mep_ht_comb_row_bytes(const mep_ht_dims_t *d) {
+  return mep_ht_align(2u * (uint64_t)d->hidden, 16);
+}
+
+/* Window offsets. Every counter is a u64 indexed [peer][channel]:
+ *   cnt       [2][R][C]  count words from each source, by call parity
+ *   disp_tail [R][C]     rows source r has written into our ring (r, c)
+ *   disp_head [R][C]     rows destination r has drained from its ring (us, c)
+ *   comb_tail, comb_head the same for combine's rings
+ * then the rings, [R][C][MEP_HT_RING_ROWS] rows each. */
+typedef struct mep_ht_window {
+  uint64_t cnt, disp_tail, disp_head, comb_tail, comb_head;
+  uint64_t disp_ring, comb_ring;
+  uint64_t disp_row, comb_row;
+  uint64_t bytes;
+} mep_ht_window_t;
+
+static inline MEP_HT_HD mep_ht_window_t mep_ht_window_layout(const mep_ht_dims_t *d) {
+  mep_ht_window_t w;
+  const uint64_t words = (uint64_t)d->world * MEP_HT_MAX_CHANNELS * 8u;
+  w.cnt = 0;
+  w.disp_tail = w.cnt + 2u * words;
+  w.disp_head = w.disp_tail + words;
+  w.comb_tail = w.disp_head + words;
+  w.comb_head = w.comb_tail + words;
+  w.disp_row = mep_ht_disp_row_bytes(d);
+  w.comb_row = mep_ht_comb_row_bytes(d);
+  const uint64_t rings = (uint64_t)d->world * MEP_HT_MAX_CHANNELS * MEP_HT_RING_ROWS;
+  w.disp_ring = mep_ht_align(w.comb_head + words, 128);
+  w.comb_ring = w.disp_ring + rings * w.disp_row;
+  w.bytes = w.comb_ring + rings * w.comb_row;
+  return w;
+}
+
+/* Device state (ordinary memory, zeroed once). The ring positions each
+ * side keeps for itself, [R][C] u64 each; per buffer set, the layout a
+ * dispatch received (rows from each (source, channel) and its channel
+ * count), which that set's combine sends back along; the call counter
+ * (epoch) and the block ticket that advances it; the abort flag. */
+typedef struct mep_ht_state {
+  uint64_t epoch, ticket_dispatch, ticket_combine, abort_flag; /* u32 each */
+  uint64_t send_tail_d, recv_head_d, send_tail_c, recv_head_c;
+  uint64_t layout_n;    /* int32 [MEP_NUM_BUFFER_SETS][R][C] */
+  uint64_t layout_chan; /* int32 [MEP_NUM_BUFFER_SETS] */
+  uint64_t bytes;
+} mep_ht_state_t;
+
+static inline MEP_HT_HD mep_ht_state_t mep_ht_state_layout(const mep_ht_dims_t *d) {
+  mep_ht_state_t s;
+  const uint64_t words = (uint64_t)d->world * MEP_HT_MAX_CHANNELS * 8u;
+  s.epoch = 0;
+  s.ticket_dispatch = 4;
+  s.ticket_combine = 8;
+  s.abort_flag = 12;
+  s.send_tail_d = 64;
+  s.recv_head_d = s.send_tail_d + words;
+  s.send_tail_c = s.recv_head_d + words;
+  s.recv_head_c = s.send_tail_c + words;
+  s.layout_n = s.recv_head_c + words;
+  s.layout_chan = s.layout_n + (uint64_t)MEP_NUM_BUFFER_SETS * d->world * MEP_HT_MAX_CHANNELS * 4u;
+  s.bytes = mep_ht_align(s.layout_chan + MEP_NUM_BUFFER_SETS * 4u, 64);
+  return s;
+}
+
+/* Count word: epoch tag (32) | channels (8) | rows (24). */
+#define MEP_HT_CNT_WORD(tag, chan, rows) \
+  (((uint64_t)(uint32_t)(tag) << 32) | ((uint64_t)(chan) << 24) | (uint64_t)(rows))
+#define MEP_HT_CNT_TAG(w) ((uint32_t)((w) >> 32))
+#define MEP_HT_CNT_CHAN(w) ((int32_t)(((w) >> 24) & 0xffu))
+#define MEP_HT_CNT_ROWS(w) ((int32_t)((w) & 0xffffffu))
+
+#ifdef __cplusplus
+}
+#define MEP_HT_STATIC_ASSERT(cond, why) static_assert(cond, why)
+#else
+#define MEP_HT_STATIC_ASSERT(cond, why) _Static_assert(cond, why)
+#endif
+
+MEP_HT_STATIC_ASSERT(MEP_MAX_TOKENS_HT < (1 << 24), "an HT count word's rows field is 24 bits");
+MEP_HT_STATIC_ASSERT(MEP_HT_MAX_CHANNELS < 256, "an HT count word's channel field is 8 bits");
+MEP_HT_STATIC_ASSERT(MEP_HT_RING_ROWS >= 2 * MEP_HT_CHUNK,
+                     "an HT ring holds two chunks (one written while one drains)");
+
+#endif /* MEP_HT_LAYOUT_H_ */

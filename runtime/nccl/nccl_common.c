@@ -1,0 +1,117 @@
+/* nccl_common.c: helpers both modes of the nccl backend share (see
+ * nccl_common.h). */
+#include "runtime/nccl/nccl_common.h"
+
+#include <cuda_runtime_api.h>
+#include <string.h>
+
+#include "kernels/common/prepare_layout.h"
+#include "runtime/bootstrap.h"
+#include "runtime/error.h"
+#include "runtime/group.h"
+
+moe_ep_status_t mep_nccl_cuda_error(const char *what, int e) {
+  return mep_error(MOE_EP_ERR_CUDA, "backend nccl: %s failed: %s", what,
+                   cudaGetErrorString((cudaError_t)e));
+}
+
+moe_ep_status_t mep_nccl_pick_device(moe_ep_group_t *g, int *device, int *sms) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    return mep_error(MOE_EP_ERR_CUDA,
+                     "group_create: backend 'nccl' needs a CUDA device, but this "
+                     "process sees none (%s); use backend: host",
+                     e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+  }
+  int dev = g->cuda_device;
+  if (dev < 0 && (e = cudaGetDevice(&dev)) != cudaSuccess) {
+    return mep_nccl_cuda_error("cudaGetDevice", e);
+  }
+  if (dev >= count) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "group_create: params->cuda_device=%d but only %d CUDA devices are "
+                     "visible",
+                     dev, count);
+  }
+  if ((e = cudaSetDevice(dev)) != cudaSuccess) return mep_nccl_cuda_error("cudaSetDevice", e);
+  *device = dev;
+  g->cuda_device = dev; /* tensors are checked against it */
+  if ((e = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) {
+    return mep_nccl_cuda_error("cudaDeviceGetAttribute(MultiProcessorCount)", e);
+  }
+  g->max_sms = *sms;
+  return MOE_EP_OK;
+}
+
+moe_ep_status_t mep_nccl_alloc_records(mep_error_record_t **host,
+                                       mep_error_record_t **dev) {
+  cudaError_t e;
+  if ((e = cudaHostAlloc((void **)host, 2 * sizeof(**host), cudaHostAllocMapped)) !=
+      cudaSuccess) {
+    *host = NULL;
+    return mep_nccl_cuda_error("cudaHostAlloc(error records)", e);
+  }
+  memset((void *)*host, 0, 2 * sizeof(**host));
+  if ((e = cudaHostGetDevicePointer((void **)dev, *host, 0)) != cudaSuccess) {
+    return mep_nccl_cuda_error("cudaHostGetDevicePointer(error records)", e);
+  }
+  return MOE_EP_OK;
+}
+
+void mep_nccl_free_records(mep_error_record_t *host) {
+  if (host != NULL) cudaFreeHost(host);
+}
+
+int mep_nccl_record_ready(const mep_error_record_t *r) {
+  return __atomic_load_n(&r->flag, __ATOMIC_ACQUIRE) == 2;
+}
+
+moe_ep_status_t mep_nccl_enter(int device, int *prev) {
+  *prev = -1;
+  if (cudaGetDevice(prev) != cudaSuccess || *prev != device) {
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) return mep_nccl_cuda_error("cudaSetDevice", e);
+  }
+  return MOE_EP_OK;
+}
+
+moe_ep_status_t mep_nccl_leave(int device, int prev, moe_ep_status_t st) {
+  if (prev >= 0 && prev != device) cudaSetDevice(prev);
+  return st;
+}
+
+moe_ep_status_t mep_nccl_launched(const moe_ep_group_t *g, mep_kstatus_t k, const char *what) {
+  if (k == MEP_KSTATUS_OK) return MOE_EP_OK;
+  moe_ep_status_t st = k == MEP_KSTATUS_INVALID_ARGUMENT ? MOE_EP_ERR_INVALID_ARGUMENT
+                                                         : MOE_EP_ERR_CUDA;
+  return mep_error(st, "%s on rank %d: %s", what, g->rank, mep_kernels_last_error());
+}
+
+moe_ep_status_t mep_nccl_share_uid(void *user, int32_t rank, int32_t world, void *uid,
+                                   size_t bytes) {
+  (void)rank;
+  (void)world;
+  return mep_bootstrap_broadcast((mep_bootstrap_t *)user, uid, bytes, 0);
+}
+
+moe_ep_status_t mep_nccl_prepare_layout(moe_ep_group_t *g, int device, mep_handle_state_t *h) {
+  if (!h->out_tokens_per_rank && !h->out_tokens_per_expert && !h->out_is_token_in_rank) {
+    return MOE_EP_OK;
+  }
+  int prev;
+  MEP_CHECK(mep_nccl_enter(device, &prev));
+  mep_prepare_layout_args_t a = {
+      .topk_idx = h->topk_idx,
+      .topk_idx_bytes = h->topk_idx_bits / 8,
+      .num_tokens = h->num_tokens,
+      .top_k = h->top_k,
+      .num_experts = g->cfg.num_experts,
+      .world = g->world_size,
+      .num_tokens_per_rank = h->out_tokens_per_rank,
+      .num_tokens_per_expert = h->out_tokens_per_expert,
+      .is_token_in_rank = h->out_is_token_in_rank,
+  };
+  return mep_nccl_leave(device, prev,
+                        mep_nccl_launched(g, mep_prepare_layout(&a, h->prepare_stream), "prepare"));
+}

@@ -1,0 +1,55 @@
+/* nccl_common.h: what the nccl backend's two modes (LL: nccl_backend.c,
+ * HT: nccl_ht.c) share: the group's GPU, the host-mapped records kernels
+ * write when a wait expires, entering and leaving the GPU around a launch,
+ * the launchers' statuses, and NCCL's unique id over the bootstrap. */
+#ifndef MEP_NCCL_COMMON_H_
+#define MEP_NCCL_COMMON_H_
+
+#include <stdint.h>
+
+#include "kernels/common/kernels_error.h"
+#include "kernels/common/kernels_types.h"
+#include "kernels/common/error_record.h"
+#include "moe_ep.h"
+#include "runtime/op.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+moe_ep_status_t mep_nccl_cuda_error(const char *what, int cuda_error);
+
+/* Makes the group's GPU (params->cuda_device, or the current one) current
+ * and reports its SM count; sets g->cuda_device and g->max_sms. */
+moe_ep_status_t mep_nccl_pick_device(moe_ep_group_t *g, int *device, int *sms);
+
+/* Two host-mapped records, zeroed: [0] a timed-out wait (fatal), [1] a
+ * notice. *host is freed with mep_nccl_free_records; *dev is its alias. */
+moe_ep_status_t mep_nccl_alloc_records(mep_error_record_t **host,
+                                       mep_error_record_t **dev);
+void mep_nccl_free_records(mep_error_record_t *host);
+/* A record the GPU finished writing (read fresh: host-mapped memory). */
+int mep_nccl_record_ready(const mep_error_record_t *r);
+
+/* Makes `device` current for a launch; *prev is the caller's device, which
+ * mep_nccl_leave restores (moe-ep never changes the engine's device). */
+moe_ep_status_t mep_nccl_enter(int device, int *prev);
+moe_ep_status_t mep_nccl_leave(int device, int prev, moe_ep_status_t st);
+
+/* A launcher's status as moe-ep's, with its sentence and this rank. */
+moe_ep_status_t mep_nccl_launched(const moe_ep_group_t *g, mep_kstatus_t k, const char *what);
+
+/* prepare's optional layout outputs (h->out_*): one kernel on the
+ * caller's stream, no sync and no allocation, so prepare may be captured
+ * in a CUDA graph. Both modes compute them alike. */
+moe_ep_status_t mep_nccl_prepare_layout(moe_ep_group_t *g, int device, mep_handle_state_t *h);
+
+/* NCCL's unique id travels over the UCX bootstrap (user: mep_bootstrap_t). */
+moe_ep_status_t mep_nccl_share_uid(void *user, int32_t rank, int32_t world, void *uid,
+                                   size_t bytes);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MEP_NCCL_COMMON_H_ */

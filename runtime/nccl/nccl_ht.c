@@ -1,0 +1,386 @@
+/* nccl_ht.c: backend "nccl" in high-throughput mode: prefill dispatch and
+ * combine on GPUs over LSA (NVLink stores) through bounded rings
+ * (kernels/ht/). Each operation is one fused kernel; a deferred receive
+ * only orders the caller's stream after it, and, without
+ * MOE_EP_FLAG_WORST_CASE, a dispatch's receive waits for the kernel to
+ * learn N_recv (the one documented host sync). */
+#include <cuda_runtime_api.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/ht/ht.h"
+#include "kernels/ll/ll.h" /* the LSA resolver and the timeout conversion */
+#include "runtime/config.h"
+#include "runtime/error.h"
+#include "runtime/group.h"
+#include "runtime/nccl/layout_book.h"
+#include "runtime/nccl/nccl_common.h"
+#include "runtime/nccl/nccl_setup.h"
+
+/* SMs an HT group uses until set_num_sms says otherwise: engines give
+ * communication about 24 SMs while experts compute. */
+#define MEP_HT_DEFAULT_SMS 24
+
+typedef struct ht_state {
+  mep_nccl_t *nccl;
+  mep_ht_ctx_t ctx;
+  mep_error_record_t *rec; /* [0] fatal, [1] notice (host-mapped) */
+  int device;
+  int device_sms;
+  int64_t *num_recv;          /* host-mapped [MEP_NUM_BUFFER_SETS] */
+  int64_t *num_recv_dev;
+  mep_layout_book_t layouts;
+  cudaEvent_t sent[MEP_NUM_BUFFER_SETS];
+  void *sent_stream[MEP_NUM_BUFFER_SETS];
+} ht_state_t;
+
+/* What a handle remembers of its dispatch (h->backend). */
+typedef struct ht_handle {
+  int32_t set;
+  int32_t channels; /* the dispatch's token split, which combine repeats */
+  uint64_t seq;
+} ht_handle_t;
+
+static void ht_dims(const moe_ep_config_t *cfg, int world, mep_ht_dims_t *d) {
+  memset(d, 0, sizeof(*d));
+  d->world = world;
+  d->local_experts = cfg->num_experts / world;
+  d->max_tokens = cfg->max_tokens_per_rank;
+  d->hidden = cfg->hidden;
+  d->top_k = cfg->top_k;
+}
+
+static uint64_t ht_buffer_bytes(const moe_ep_config_t *cfg, int world) {
+  mep_ht_dims_t d;
+  ht_dims(cfg, world, &d);
+  return mep_ht_buffer_bytes(&d);
+}
+
+static void ht_destroy(moe_ep_group_t *g) {
+  ht_state_t *s = g->impl;
+  if (s == NULL) return;
+  if (s->device >= 0) {
+    cudaSetDevice(s->device);
+    cudaDeviceSynchronize(); /* no kernel may still use the buffers */
+  }
+  for (int i = 0; i < MEP_NUM_BUFFER_SETS; i++) {
+    if (s->sent[i] != NULL) cudaEventDestroy(s->sent[i]);
+  }
+  cudaFree(s->ctx.state);
+  if (s->num_recv != NULL) cudaFreeHost(s->num_recv);
+  mep_nccl_free_records(s->rec);
+  mep_nccl_destroy(s->nccl, g->broken != MOE_EP_OK);
+  free(s);
+  g->impl = NULL;
+}
+
+static moe_ep_status_t alloc_device(ht_state_t *s) {
+  cudaError_t e;
+  uint64_t bytes = mep_ht_state_bytes(&s->ctx.dims);
+  if ((e = cudaMalloc(&s->ctx.state, bytes)) != cudaSuccess ||
+      (e = cudaMemset(s->ctx.state, 0, bytes)) != cudaSuccess) {
+    return mep_nccl_cuda_error("allocating the HT device state", e);
+  }
+  MEP_CHECK(mep_nccl_alloc_records(&s->rec, &s->ctx.error_dev));
+  s->ctx.notice_dev = s->ctx.error_dev + 1;
+  if ((e = cudaHostAlloc((void **)&s->num_recv, MEP_NUM_BUFFER_SETS * sizeof(int64_t),
+                         cudaHostAllocMapped)) != cudaSuccess) {
+    s->num_recv = NULL;
+    return mep_nccl_cuda_error("cudaHostAlloc(received row counts)", e);
+  }
+  if ((e = cudaHostGetDevicePointer((void **)&s->num_recv_dev, s->num_recv, 0)) != cudaSuccess) {
+    return mep_nccl_cuda_error("cudaHostGetDevicePointer(received row counts)", e);
+  }
+  for (int i = 0; i < MEP_NUM_BUFFER_SETS; i++) {
+    if ((e = cudaEventCreateWithFlags(&s->sent[i], cudaEventDisableTiming)) != cudaSuccess) {
+      return mep_nccl_cuda_error("cudaEventCreate", e);
+    }
+  }
+  return MOE_EP_OK;
+}
+
+/* HT crosses NVLink only: every peer must be an LSA peer, and the network
+ * transports' hierarchical forwarding is not built yet. */
+static moe_ep_status_t check_transport(const moe_ep_group_t *g, const ht_state_t *s) {
+  if (g->cfg.transport == MOE_EP_TRANSPORT_GIN ||
+      g->cfg.transport == MOE_EP_TRANSPORT_GIN_EMULATED) {
+    return mep_error(MOE_EP_ERR_UNSUPPORTED,
+                     "group_create on rank %d: mode 'high_throughput' on the nccl backend "
+                     "runs over NVLink (transport lsa or auto); transport '%s' "
+                     "(hierarchical forwarding across nodes) is not implemented",
+                     g->rank, g->cfg.transport == MOE_EP_TRANSPORT_GIN ? "gin" : "gin_emulated");
+  }
+  int32_t *t = calloc((size_t)g->world_size, sizeof(int32_t));
+  if (t == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "group_create: out of memory");
+  mep_nccl_peer_transports(s->nccl, t, g->world_size);
+  int far = -1;
+  for (int p = 0; p < g->world_size && far < 0; p++) {
+    if (t[p] != MOE_EP_TRANSPORT_LSA) far = p;
+  }
+  free(t);
+  if (far >= 0) {
+    return mep_error(MOE_EP_ERR_UNSUPPORTED,
+                     "group_create on rank %d: rank %d is not reachable over NVLink (LSA); "
+                     "mode 'high_throughput' on the nccl backend does not cross nodes yet",
+                     g->rank, far);
+  }
+  return MOE_EP_OK;
+}
+
+static moe_ep_status_t ht_create(moe_ep_group_t *g) {
+  if (g->world_size > MEP_HT_MAX_RANKS) {
+    return mep_error(MOE_EP_ERR_UNSUPPORTED,
+                     "group_create: world_size=%d; mode 'high_throughput' on the nccl backend "
+                     "takes at most %d ranks (one warp group per peer in each block)",
+                     g->world_size, MEP_HT_MAX_RANKS);
+  }
+  ht_state_t *s = calloc(1, sizeof(*s));
+  if (s == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "group_create: out of memory");
+  g->impl = s;
+  s->device = -1;
+  moe_ep_status_t st;
+  MEP_CHECK_GOTO(mep_nccl_pick_device(g, &s->device, &s->device_sms), st, out_destroy);
+  ht_dims(&g->cfg, g->world_size, &s->ctx.dims);
+  mep_nccl_params_t np = {
+      .rank = g->rank,
+      .world = g->world_size,
+      .cuda_device = s->device,
+      .transport = g->cfg.transport,
+      .window_bytes = ht_buffer_bytes(&g->cfg, g->world_size),
+      .gin_signal_count = 0,
+      .adopt_comm = g->nccl_comm,
+      .exchange = mep_nccl_share_uid,
+      .exchange_user = g->boot,
+  };
+  MEP_CHECK_GOTO(mep_nccl_create(&np, &s->nccl), st, out_destroy);
+  MEP_CHECK_GOTO(check_transport(g, s), st, out_destroy);
+  MEP_CHECK_GOTO(alloc_device(s), st, out_destroy);
+  s->ctx.dev_comm = mep_nccl_dev_comm(s->nccl);
+  s->ctx.window = mep_nccl_window(s->nccl);
+  s->ctx.window_local = mep_nccl_window_local(s->nccl);
+  s->ctx.window_bytes = mep_nccl_bytes_allocated(s->nccl);
+  s->ctx.rank = g->rank;
+  /* The LL resolver reads only the device communicator and the window. */
+  mep_ll_ctx_t lsa;
+  memset(&lsa, 0, sizeof(lsa));
+  lsa.dev_comm = s->ctx.dev_comm;
+  lsa.window = s->ctx.window;
+  if (mep_ll_resolve_lsa(&lsa) != MEP_KSTATUS_OK ||
+      mep_ll_timeout_cycles(s->device, g->cfg.kernel_timeout_ms, &s->ctx.timeout_cycles) !=
+          MEP_KSTATUS_OK) {
+    st = mep_error(MOE_EP_ERR_CUDA, "group_create on rank %d: %s", g->rank,
+                   mep_kernels_last_error());
+    goto out_destroy;
+  }
+  s->ctx.lsa_base = lsa.lsa_base;
+  s->ctx.lsa_stride = lsa.lsa_stride;
+  s->ctx.lsa_local = lsa.lsa_local;
+  if (g->num_sms == 0) {
+    g->num_sms = s->device_sms < MEP_HT_DEFAULT_SMS ? s->device_sms : MEP_HT_DEFAULT_SMS;
+  }
+  g->bytes_allocated = mep_nccl_bytes_allocated(s->nccl);
+  return MOE_EP_OK;
+out_destroy:
+  ht_destroy(g);
+  return st;
+}
+
+static const char *ht_op_name(int op) {
+  switch (op) {
+    case MEP_HT_OP_DISPATCH_COUNTS: return "HT dispatch kernel, waiting for a count word from";
+    case MEP_HT_OP_DISPATCH_SPACE: return "HT dispatch kernel, waiting for ring space at";
+    case MEP_HT_OP_DISPATCH_RECV: return "HT dispatch kernel, waiting for rows from";
+    case MEP_HT_OP_COMBINE_SPACE: return "HT combine kernel, waiting for ring space at";
+    case MEP_HT_OP_COMBINE_RECV: return "HT combine kernel, waiting for rows from";
+    default: return "HT kernel, waiting for";
+  }
+}
+
+/* A kernel's fatal record, as a sentence. */
+static moe_ep_status_t record_error(const moe_ep_group_t *g, const mep_error_record_t *r) {
+  if (r->op == MEP_HT_OP_CHANNELS) {
+    return mep_error(MOE_EP_ERR_MISMATCH,
+                     "an HT kernel on rank %d split its tokens into %llu channels but rank %d "
+                     "used %llu (count word %#llx): every rank of a high-throughput group must "
+                     "call set_num_sms with the same value; destroy the group",
+                     r->rank, (unsigned long long)r->expected, r->peer,
+                     (unsigned long long)((r->seen >> 24) & 0xffu),
+                     (unsigned long long)r->seen);
+  }
+  return mep_error(MOE_EP_ERR_TIMEOUT,
+                   "the %s rank %d, on rank %d, waited timeouts.kernel_ms=%d (expected %llu, "
+                   "saw %llu): the peer did not take part in the operation",
+                   ht_op_name(r->op), r->peer, r->rank, g->cfg.kernel_timeout_ms,
+                   (unsigned long long)r->expected, (unsigned long long)r->seen);
+}
+
+static moe_ep_status_t fatal_status(const moe_ep_group_t *g, const ht_state_t *s) {
+  return mep_nccl_record_ready(&s->rec[0]) ? record_error(g, &s->rec[0]) : MOE_EP_OK;
+}
+
+/* A dispatch that received more rows than recv_x holds, reported once. */
+static moe_ep_status_t capacity_notice(const moe_ep_group_t *g, ht_state_t *s) {
+  mep_error_record_t *r = &s->rec[1];
+  if (!mep_nccl_record_ready(r)) return MOE_EP_OK;
+  moe_ep_status_t st = mep_error(
+      MOE_EP_ERR_INVALID_ARGUMENT,
+      "dispatch on rank %d received %llu rows but params->recv_x holds %llu; the rows were "
+      "dropped (size recv_x by world_size * max_tokens_per_rank, or by prepare's "
+      "num_tokens_per_rank summed over the sources)",
+      r->rank, (unsigned long long)r->seen, (unsigned long long)r->expected);
+  __atomic_store_n(&r->flag, 0, __ATOMIC_RELEASE);
+  return st;
+}
+
+static moe_ep_status_t ht_poll_error(moe_ep_group_t *g) {
+  ht_state_t *s = g->impl;
+  MEP_CHECK(fatal_status(g, s));
+  return capacity_notice(g, s);
+}
+
+static moe_ep_status_t enter(moe_ep_group_t *g, ht_state_t *s, int *prev) {
+  MEP_CHECK(fatal_status(g, s));
+  MEP_CHECK(mep_nccl_enter(s->device, prev));
+  s->ctx.num_sms = g->num_sms > 0 ? g->num_sms : s->device_sms;
+  return MOE_EP_OK;
+}
+
+static moe_ep_status_t ht_prepare(moe_ep_group_t *g, mep_handle_state_t *h) {
+  ht_state_t *s = g->impl;
+  MEP_CHECK(fatal_status(g, s));
+  h->num_recv = -1; /* learnt by the dispatch kernel's count exchange */
+  return mep_nccl_prepare_layout(g, s->device, h);
+}
+
+static int scale_words(const mep_op_t *op) {
+  if (!op->fp8) return 0;
+  return op->scale_format == MOE_EP_FP8_SCALE_UE8M0_PACKED ? (op->hidden + 511) / 512
+                                                           : op->hidden / 128;
+}
+
+static moe_ep_status_t launch_dispatch(moe_ep_group_t *g, ht_state_t *s, mep_op_t *op) {
+  mep_handle_state_t *h = op->handle;
+  ht_handle_t *hh = h->backend;
+  if (hh == NULL && (hh = calloc(1, sizeof(*hh))) == NULL) {
+    return mep_error(MOE_EP_ERR_NO_MEMORY, "dispatch on rank %d: out of memory", g->rank);
+  }
+  h->backend = hh;
+  mep_ht_dispatch_args_t a = {
+      .x = op->x,
+      .x_scales = op->x_scales,
+      .fp8 = op->fp8,
+      .scale_words = scale_words(op),
+      .topk_idx = h->topk_idx,
+      .topk_idx_bytes = h->topk_idx_bits / 8,
+      .num_tokens = h->num_tokens,
+      .hidden = op->hidden,
+      .top_k = h->top_k,
+      .num_experts = g->cfg.num_experts,
+      .buffer_set = op->buffer_set,
+      .topk_weights = op->topk_weights,
+      .recv_x = op->recv_x,
+      .recv_scales = op->recv_scales,
+      .recv_topk_idx = op->recv_topk_idx,
+      .recv_topk_weights = op->recv_topk_weights,
+      .recv_count = op->recv_count,
+      .recv_capacity = op->recv_capacity,
+      .pad = (op->flags & MOE_EP_FLAG_WORST_CASE) != 0,
+      .num_recv = s->num_recv_dev + op->buffer_set,
+  };
+  s->num_recv[op->buffer_set] = -1;
+  moe_ep_status_t st = mep_layout_book_record(
+      &s->layouts, op->buffer_set, op->seq,
+      mep_nccl_launched(g, mep_ht_dispatch(&s->ctx, &a, op->stream), "dispatch"));
+  if (st == MOE_EP_OK) {
+    hh->set = op->buffer_set;
+    hh->seq = op->seq;
+    hh->channels = mep_ht_channels(&s->ctx);
+  }
+  return st;
+}
+
+static moe_ep_status_t launch_combine(moe_ep_group_t *g, ht_state_t *s, mep_op_t *op) {
+  const mep_handle_state_t *h = op->handle;
+  const ht_handle_t *hh = h->backend;
+  MEP_CHECK(mep_layout_book_check(&s->layouts, g->rank, hh->set, hh->seq));
+  mep_ht_combine_args_t a = {
+      .y = op->y,
+      .topk_idx = h->topk_idx,
+      .topk_idx_bytes = h->topk_idx_bits / 8,
+      .num_tokens = h->num_tokens,
+      .hidden = op->hidden,
+      .top_k = h->top_k,
+      .num_experts = g->cfg.num_experts,
+      .layout_set = hh->set,
+      .channels = hh->channels,
+      .out = op->out,
+  };
+  return mep_nccl_launched(g, mep_ht_combine(&s->ctx, &a, op->stream), "combine");
+}
+
+static moe_ep_status_t ht_send(moe_ep_group_t *g, mep_op_t *op) {
+  ht_state_t *s = g->impl;
+  int prev;
+  MEP_CHECK(enter(g, s, &prev));
+  moe_ep_status_t st =
+      op->kind == MEP_OP_DISPATCH ? launch_dispatch(g, s, op) : launch_combine(g, s, op);
+  if (st == MOE_EP_OK) {
+    cudaError_t e = cudaEventRecord(s->sent[op->buffer_set], (cudaStream_t)op->stream);
+    if (e != cudaSuccess) st = mep_nccl_cuda_error("cudaEventRecord", e);
+    s->sent_stream[op->buffer_set] = op->stream;
+  }
+  return mep_nccl_leave(s->device, prev, st);
+}
+
+/* N_recv reaches the host: wait for the dispatch kernel (the documented
+ * sync of a dispatch without MOE_EP_FLAG_WORST_CASE). */
+static moe_ep_status_t learn_num_recv(moe_ep_group_t *g, ht_state_t *s, mep_op_t *op) {
+  cudaError_t e = cudaStreamSynchronize((cudaStream_t)op->stream);
+  if (e != cudaSuccess) return mep_nccl_cuda_error("cudaStreamSynchronize", e);
+  MEP_CHECK(fatal_status(g, s));
+  MEP_CHECK(capacity_notice(g, s));
+  const int64_t n = __atomic_load_n(&s->num_recv[op->buffer_set], __ATOMIC_ACQUIRE);
+  op->handle->num_recv = n;
+  if (op->num_recv_tokens != NULL) *op->num_recv_tokens = n;
+  return MOE_EP_OK;
+}
+
+static moe_ep_status_t ht_recv(moe_ep_group_t *g, mep_op_t *op) {
+  ht_state_t *s = g->impl;
+  int prev;
+  MEP_CHECK(enter(g, s, &prev));
+  moe_ep_status_t st = MOE_EP_OK;
+  if (op->stream != s->sent_stream[op->buffer_set]) {
+    cudaError_t e = cudaStreamWaitEvent((cudaStream_t)op->stream, s->sent[op->buffer_set], 0);
+    if (e != cudaSuccess) st = mep_nccl_cuda_error("cudaStreamWaitEvent", e);
+  }
+  if (st == MOE_EP_OK && op->kind == MEP_OP_DISPATCH) {
+    if (op->flags & MOE_EP_FLAG_WORST_CASE) {
+      /* No sync: combine's y then has recv_x's rows. */
+      op->handle->num_recv = op->recv_capacity;
+      if (op->num_recv_tokens != NULL) *op->num_recv_tokens = -1;
+    } else {
+      st = learn_num_recv(g, s, op);
+    }
+  }
+  return mep_nccl_leave(s->device, prev, st);
+}
+
+static int ht_peer_transport(const moe_ep_group_t *g, int peer) {
+  (void)g;
+  (void)peer;
+  return MOE_EP_TRANSPORT_LSA; /* create refused every other peer */
+}
+
+const mep_backend_ops_t mep_nccl_ht_backend = {
+    .name = "nccl",
+    .abandon_is_safe = 1, /* the receive half moves no data */
+    .buffer_bytes = ht_buffer_bytes,
+    .create = ht_create,
+    .destroy = ht_destroy,
+    .prepare = ht_prepare,
+    .send = ht_send,
+    .recv = ht_recv,
+    .poll_error = ht_poll_error,
+    .peer_transport = ht_peer_transport,
+};

@@ -1,0 +1,153 @@
+// ht_link_test.cc: the HT kernel library links into a host binary, its
+// launchers reject invalid arguments without a GPU, and its window does not
+// grow with the token count.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "kernels/common/kernels_error.h"
+#include "kernels/ht/ht.h"
+#include "kernels/ht/ht_layout.h"
+
+namespace {
+
+mep_ht_dims_t Dims(int world, int max_tokens) {
+  mep_ht_dims_t d = {};
+  d.world = world;
+  d.local_experts = 128;
+  d.max_tokens = max_tokens;
+  d.hidden = 7168;
+  d.top_k = 8;
+  return d;
+}
+
+// A context the checks accept up to the launch (pointers never followed).
+mep_ht_ctx_t Ctx(const mep_ht_dims_t &d) {
+  static char dummy[64];
+  mep_ht_ctx_t c = {};
+  c.dev_comm = dummy;
+  c.window = dummy;
+  c.window_local = dummy;
+  c.state = dummy;
+  c.error_dev = reinterpret_cast<mep_error_record_t *>(dummy);
+  c.lsa_base = 4096;
+  c.dims = d;
+  c.num_sms = 24;
+  c.window_bytes = mep_ht_buffer_bytes(&d);
+  return c;
+}
+
+mep_ht_dispatch_args_t Dispatch() {
+  mep_ht_dispatch_args_t a = {};
+  a.topk_idx_bytes = 8;
+  a.hidden = 7168;
+  a.top_k = 8;
+  a.num_experts = 256;
+  return a;
+}
+
+std::string Refusal(mep_kstatus_t st) {
+  return st == MEP_KSTATUS_INVALID_ARGUMENT ? mep_kernels_last_error() : "(accepted)";
+}
+
+TEST(HtLink, LaunchersRejectNullArguments) {
+  mep_ht_dispatch_args_t a = Dispatch();
+  mep_ht_combine_args_t c = {};
+  EXPECT_EQ(mep_ht_dispatch(nullptr, &a, nullptr), MEP_KSTATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(mep_ht_combine(nullptr, &c, nullptr), MEP_KSTATUS_INVALID_ARGUMENT);
+  const mep_ht_ctx_t ctx = Ctx(Dims(2, 4096));
+  EXPECT_EQ(mep_ht_dispatch(&ctx, nullptr, nullptr), MEP_KSTATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(mep_kernels_last_error()).find("args is NULL"), std::string::npos);
+}
+
+TEST(HtLink, DispatchRejectsEachBrokenRule) {
+  const mep_ht_ctx_t ctx = Ctx(Dims(2, 4096));
+  struct Bad {
+    const char *rule;
+    void (*breaks)(mep_ht_dispatch_args_t *);
+  };
+  const Bad bad[] = {
+      {"num_tokens is 4097", [](mep_ht_dispatch_args_t *a) { a->num_tokens = 4097; }},
+      {"hidden is 7176", [](mep_ht_dispatch_args_t *a) { a->hidden = 7176; }},
+      {"top_k is 9", [](mep_ht_dispatch_args_t *a) { a->top_k = 9; }},
+      {"num_experts is 257", [](mep_ht_dispatch_args_t *a) { a->num_experts = 257; }},
+      {"topk_idx_bytes is 2", [](mep_ht_dispatch_args_t *a) { a->topk_idx_bytes = 2; }},
+      {"buffer_set is 2", [](mep_ht_dispatch_args_t *a) { a->buffer_set = 2; }},
+      {"scale words per row (got 0)", [](mep_ht_dispatch_args_t *a) { a->fp8 = 1; }},
+      {"is NULL with 3 tokens", [](mep_ht_dispatch_args_t *a) { a->num_tokens = 3; }},
+      {"recv_count) is NULL", [](mep_ht_dispatch_args_t *a) { a->recv_capacity = 0; }},
+  };
+  for (const Bad &b : bad) {
+    mep_ht_dispatch_args_t a = Dispatch();
+    b.breaks(&a);
+    const std::string why = Refusal(mep_ht_dispatch(&ctx, &a, nullptr));
+    EXPECT_NE(why.find(b.rule), std::string::npos) << "rule '" << b.rule << "', got: " << why;
+  }
+}
+
+TEST(HtLink, ContextRules) {
+  mep_ht_dispatch_args_t a = Dispatch();
+  mep_ht_ctx_t ctx = Ctx(Dims(MEP_HT_MAX_RANKS + 1, 64));
+  EXPECT_NE(Refusal(mep_ht_dispatch(&ctx, &a, nullptr)).find("takes 1..16 ranks"),
+            std::string::npos);
+  ctx = Ctx(Dims(2, 64));
+  ctx.window_bytes -= 1;
+  EXPECT_NE(Refusal(mep_ht_dispatch(&ctx, &a, nullptr)).find("smaller than the HT buffer"),
+            std::string::npos);
+  ctx = Ctx(Dims(2, 64));
+  ctx.num_sms = 0;
+  EXPECT_NE(Refusal(mep_ht_dispatch(&ctx, &a, nullptr)).find("num_sms is 0"), std::string::npos);
+}
+
+TEST(HtLink, CombineNeedsTheDispatchsChannels) {
+  const mep_ht_ctx_t ctx = Ctx(Dims(2, 64));
+  mep_ht_combine_args_t c = {};
+  c.topk_idx_bytes = 4;
+  c.hidden = 7168;
+  c.top_k = 8;
+  c.num_experts = 256;
+  c.channels = 0;
+  EXPECT_NE(Refusal(mep_ht_combine(&ctx, &c, nullptr)).find("channels is 0"), std::string::npos);
+  c.channels = MEP_HT_MAX_CHANNELS + 1;
+  EXPECT_NE(Refusal(mep_ht_combine(&ctx, &c, nullptr)).find("channels is 17"), std::string::npos);
+}
+
+// The rings are sized by channels and rows, never by tokens: 8192 tokens
+// per rank cost what 64 do.
+TEST(HtLayout, WindowIsIndependentOfTokens) {
+  const mep_ht_dims_t small = Dims(2, 64), big = Dims(2, 65536);
+  EXPECT_EQ(mep_ht_buffer_bytes(&small), mep_ht_buffer_bytes(&big));
+  const mep_ht_window_t w = mep_ht_window_layout(&big);
+  const uint64_t rings = 2ull * MEP_HT_MAX_CHANNELS * MEP_HT_RING_ROWS;
+  EXPECT_EQ(w.disp_row, 2u * 7168 + 8u * 8);
+  EXPECT_EQ(w.comb_row, 2u * 7168);
+  EXPECT_EQ(w.bytes, w.disp_ring + rings * (w.disp_row + w.comb_row));
+  EXPECT_LT(w.bytes, 64ull << 20);  // EP2, hidden 7168: under 64 MiB
+}
+
+TEST(HtLayout, RegionsDoNotOverlap) {
+  for (int world : {1, 2, 7, 16}) {
+    const mep_ht_dims_t d = Dims(world, 128);
+    const mep_ht_window_t w = mep_ht_window_layout(&d);
+    const uint64_t words = (uint64_t)world * MEP_HT_MAX_CHANNELS * 8u;
+    EXPECT_EQ(w.disp_tail, w.cnt + 2 * words);
+    EXPECT_EQ(w.disp_head, w.disp_tail + words);
+    EXPECT_EQ(w.comb_tail, w.disp_head + words);
+    EXPECT_EQ(w.comb_head, w.comb_tail + words);
+    EXPECT_GE(w.disp_ring, w.comb_head + words);
+    EXPECT_EQ(w.disp_ring % 128, 0u);
+    const mep_ht_state_t s = mep_ht_state_layout(&d);
+    EXPECT_GE(s.send_tail_d, s.abort_flag + 4);
+    EXPECT_EQ(s.layout_chan, s.layout_n + 4ull * MEP_NUM_BUFFER_SETS * world * MEP_HT_MAX_CHANNELS);
+    EXPECT_EQ(s.bytes, mep_ht_state_bytes(&d));
+  }
+}
+
+TEST(HtLayout, CountWordRoundTrips) {
+  const uint64_t w = MEP_HT_CNT_WORD(0xfffffffeu, MEP_HT_MAX_CHANNELS, MEP_MAX_TOKENS_HT);
+  EXPECT_EQ(MEP_HT_CNT_TAG(w), 0xfffffffeu);
+  EXPECT_EQ(MEP_HT_CNT_CHAN(w), MEP_HT_MAX_CHANNELS);
+  EXPECT_EQ(MEP_HT_CNT_ROWS(w), MEP_MAX_TOKENS_HT);
+}
+
+}  // namespace
