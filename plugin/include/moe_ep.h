@@ -222,7 +222,9 @@ typedef struct moe_ep_group_info {
  * captured in a CUDA graph. The receive tensors (recv_x, recv_scales,
  * recv_topk_idx, recv_topk_weights) must have at least
  * world_size * max_tokens_per_rank rows, so no receive can overflow them;
- * num_recv_tokens may be NULL (filled when given). Rows at and past N_recv
+ * num_recv_tokens may be NULL; when given, the host backend fills N_recv
+ * and the nccl backend -1 (learning N_recv on the host would take the sync
+ * the flag exists to avoid). Rows at and past N_recv
  * get recv_topk_idx -1 and recv_topk_weights 0 (their recv_x and
  * recv_scales are unspecified); recv_count is as usual. The combine on that
  * handle then takes y with N_recv rows or more (rows past N_recv are
