@@ -42,7 +42,8 @@ __device__ void mep_ht_combine_send(const MepHtParams &p, const mep_ht_combine_a
   if (g.group >= g.count) return;
   const uint32_t row_bytes = 2u * (uint32_t)a.hidden;
   for (int s = g.group; s < R; s += g.count) {
-    const int n = n_sh[s];
+    /* This rank's own rows stay: its receive blocks read them from y. */
+    const int n = s == p.xp.rank ? 0 : n_sh[s];
     uint64_t tail = *mep_ht_state_u64(p, p.st.send_tail_c, s, c);
     bool ok = true;
     for (int sent = 0; sent < n;) {
@@ -94,7 +95,7 @@ constexpr int kMepHtSumU = 8;
  * ascending rank order in f32 from +0, rounded to bf16 once. Whole warp. */
 __device__ __forceinline__ void mep_ht_sum_rows(const MepHtParams &p, int c, uint32_t m, int j,
                                                 const uint64_t *cons, const uint32_t *bal, int H,
-                                                uint4 *out) {
+                                                const uint16_t *own, uint4 *out) {
   const int lane = threadIdx.x & 31, nv = H / 8;
   for (int v0 = 0; v0 < nv; v0 += 32 * kMepHtSumU) {
     float acc[kMepHtSumU][8];
@@ -105,9 +106,12 @@ __device__ __forceinline__ void mep_ht_sum_rows(const MepHtParams &p, int c, uin
     for (uint32_t left = m; left != 0; left &= left - 1) {
       const int d = __ffs(left) - 1;
       const uint64_t pos = cons[d] + __popc(bal[d] & ((1u << j) - 1u));
-      const uint4 *row = reinterpret_cast<const uint4 *>(
-          p.xp.local + mep_ht_ring_off(p.win.comb_ring, p.win.comb_row, d, c,
-                                       pos % MEP_HT_RING_ROWS));
+      const uint4 *row =
+          d == p.xp.rank
+              ? reinterpret_cast<const uint4 *>(own + pos * (uint64_t)H)
+              : reinterpret_cast<const uint4 *>(
+                    p.xp.local + mep_ht_ring_off(p.win.comb_ring, p.win.comb_row, d, c,
+                                                 pos % MEP_HT_RING_ROWS));
       uint4 v[kMepHtSumU];
 #pragma unroll
       for (int u = 0; u < kMepHtSumU; ++u) {
@@ -137,8 +141,19 @@ __device__ void mep_ht_combine_recv(const MepHtParams &p, const mep_ht_combine_a
   const int warp = threadIdx.x / 32, warps = blockDim.x / 32, H = a.hidden;
   int t0, t1;
   mep_ht_channel_tokens(a.num_tokens, a.channels, c, &t0, &t1);
+  /* Own rows are read in place from y, at the row where this channel's
+   * own rows were received (their position counts from 0 in cons). */
+  __shared__ int64_t own_base;
   for (int d = threadIdx.x; d < R; d += blockDim.x)
-    cons[d] = *mep_ht_state_u64(p, p.st.recv_head_c, d, c);
+    cons[d] = d == p.xp.rank ? 0 : *mep_ht_state_u64(p, p.st.recv_head_c, d, c);
+  if (threadIdx.x == 0) {
+    const int32_t *layout = mep_ht_layout_n(p, a.layout_set);
+    int64_t b = 0;
+    for (int s = 0; s < R; ++s)
+      for (int cc = 0; cc < a.channels; ++cc)
+        if (s < p.xp.rank || (s == p.xp.rank && cc < c)) b += layout[s * MEP_HT_MAX_CHANNELS + cc];
+    own_base = b;
+  }
   if (lane == 0)
     for (int d = 0; d < R; ++d) seen[warp][d] = 0;
   if (threadIdx.x == 0) failed = 0;
@@ -167,7 +182,7 @@ __device__ void mep_ht_combine_recv(const MepHtParams &p, const mep_ht_combine_a
         for (uint32_t left = m; left != 0 && ok; left &= left - 1) {
           const int d = __ffs(left) - 1;
           const uint64_t pos = cons[d] + __popc(bal[d] & ((1u << j) - 1u));
-          if (pos < seen[warp][d]) continue;
+          if (d == p.xp.rank || pos < seen[warp][d]) continue;
           uint64_t v = 0;
           ok = mep_wait_ge(
               p.wc, [&] { return mep_ld_acquire_sys(mep_ht_word(p, p.win.comb_tail, d, c)); },
@@ -180,6 +195,7 @@ __device__ void mep_ht_combine_recv(const MepHtParams &p, const mep_ht_combine_a
         continue;
       }
       mep_ht_sum_rows(p, c, m, j, cons, bal, H,
+                      static_cast<const uint16_t *>(a.y) + own_base * (int64_t)H,
                       reinterpret_cast<uint4 *>(static_cast<uint16_t *>(a.out) +
                                                 (uint64_t)(base + j) * H));
     }
@@ -189,13 +205,14 @@ __device__ void mep_ht_combine_recv(const MepHtParams &p, const mep_ht_combine_a
       const int n = __popc(bal[d]);
       if (n == 0) continue;
       cons[d] += (uint64_t)n;
+      if (d == p.xp.rank) continue;
       mep_ht_st_release(mep_ht_peer_word(p, d, p.win.comb_head, p.xp.rank, c), cons[d]);
     }
   }
   __syncthreads();
   if (!failed)
     for (int d = threadIdx.x; d < R; d += blockDim.x)
-      *mep_ht_state_u64(p, p.st.recv_head_c, d, c) = cons[d];
+      if (d != p.xp.rank) *mep_ht_state_u64(p, p.st.recv_head_c, d, c) = cons[d];
 }
 
 template <int kUnused>

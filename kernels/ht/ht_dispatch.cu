@@ -16,6 +16,16 @@ __device__ __forceinline__ int mep_ht_nth_bit(uint32_t bits, int o) {
   return __ffs(bits) - 1;
 }
 
+/* Slot k of token t as destination d sees it: d's local expert (-1 when
+ * the expert lives elsewhere) and its weight (0 elsewhere). */
+__device__ __forceinline__ int32_t mep_ht_slot(const mep_ht_dispatch_args_t &a, int t, int k,
+                                               int d, int e_local, float *w) {
+  const int64_t e = mep_ht_topk(a.topk_idx, a.topk_idx_bytes, (int64_t)t * a.top_k + k);
+  const bool here = e >= 0 && e < a.num_experts && (int)(e / e_local) == d;
+  *w = here ? a.topk_weights[(int64_t)t * a.top_k + k] : 0.0f;
+  return here ? (int32_t)(e % e_local) : -1;
+}
+
 /* The rows of token t for destination d: payload, then its K slots as d's
  * local experts (-1 elsewhere) and their weights (0 elsewhere). */
 __device__ __forceinline__ void mep_ht_write_row(const mep_ht_dispatch_args_t &a, uint64_t payload,
@@ -30,18 +40,130 @@ __device__ __forceinline__ void mep_ht_write_row(const mep_ht_dispatch_args_t &a
     mep_copy_warp<kMepHtCopyU>(dst, static_cast<const uint16_t *>(a.x) + (uint64_t)t * H, 2u * (uint32_t)H);
   }
   if (lane < K) {
-    const int64_t e = mep_ht_topk(a.topk_idx, a.topk_idx_bytes, (int64_t)t * K + lane);
-    const bool here = e >= 0 && e < a.num_experts && (int)(e / e_local) == d;
-    reinterpret_cast<int32_t *>(dst + payload)[lane] = here ? (int32_t)(e % e_local) : -1;
-    reinterpret_cast<float *>(dst + payload + 4u * K)[lane] =
-        here ? a.topk_weights[(int64_t)t * K + lane] : 0.0f;
+    float w;
+    reinterpret_cast<int32_t *>(dst + payload)[lane] = mep_ht_slot(a, t, lane, d, e_local, &w);
+    reinterpret_cast<float *>(dst + payload + 4u * K)[lane] = w;
   }
+}
+
+/* Token t of this rank's own rows, straight into output row `out` (no
+ * ring: the receiver would only copy it again). */
+__device__ __forceinline__ void mep_ht_place_own(const mep_ht_dispatch_args_t &a, int t, int me,
+                                                 int e_local, int64_t out, int32_t *hist) {
+  const int H = a.hidden, K = a.top_k, lane = threadIdx.x & 31;
+  if (a.fp8) {
+    mep_copy_warp<kMepHtCopyU>(static_cast<uint8_t *>(a.recv_x) + out * H,
+                               static_cast<const uint8_t *>(a.x) + (int64_t)t * H, (uint32_t)H);
+    mep_ht_copy_words(static_cast<uint32_t *>(a.recv_scales) + out * a.scale_words,
+                      static_cast<const uint32_t *>(a.x_scales) + (int64_t)t * a.scale_words,
+                      a.scale_words);
+  } else {
+    mep_copy_warp<kMepHtCopyU>(static_cast<uint16_t *>(a.recv_x) + out * H,
+                               static_cast<const uint16_t *>(a.x) + (int64_t)t * H,
+                               2u * (uint32_t)H);
+  }
+  if (lane < K) {
+    float w;
+    const int32_t lid = mep_ht_slot(a, t, lane, me, e_local, &w);
+    a.recv_topk_idx[out * K + lane] = lid;
+    a.recv_topk_weights[out * K + lane] = w;
+    if (lid >= 0) atomicAdd(&hist[lid], 1);
+  }
+}
+
+/* Every source's count word of every channel for this call's tag: rows
+ * per (source, channel) into n[R * C], where channel c's rows from each
+ * source land (base[R]: rows packed by source, then channel) and N_recv.
+ * False on every thread when a wait expired or a source split its tokens
+ * into another number of channels (recorded). Block-wide. */
+__device__ bool mep_ht_read_counts(const MepHtParams &p, uint32_t tag, int parity, int c,
+                                   int32_t *n, int64_t *base, int64_t *total) {
+  __shared__ int failed;
+  const int R = p.dims.world, C = p.chan;
+  if (threadIdx.x == 0) failed = 0;
+  __syncthreads();
+  const uint64_t cnt_off = p.win.cnt + (uint64_t)parity * R * MEP_HT_MAX_CHANNELS * 8u;
+  for (int i = threadIdx.x; i < R * C; i += blockDim.x) {
+    const int s = i / C, cc = i % C;
+    const uint64_t *w = mep_ht_word(p, cnt_off, s, cc);
+    uint64_t seen = 0;
+    n[i] = 0;
+    if (!mep_wait(
+            p.wc, [&] { return mep_ld_acquire_sys(w); },
+            [&](uint64_t v) { return MEP_HT_CNT_TAG(v) == tag; }, tag,
+            MEP_HT_OP_DISPATCH_COUNTS, s, -1, &seen)) {
+      failed = 1;
+    } else if (MEP_HT_CNT_CHAN(seen) != C) {
+      mep_record_timeout(p.wc, MEP_HT_OP_CHANNELS, s, -1, (uint64_t)C, seen);
+      failed = 1;
+    } else {
+      n[i] = MEP_HT_CNT_ROWS(seen);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int64_t sum = 0;
+    for (int s = 0; s < R; ++s) {
+      int64_t before = 0, all = 0;
+      for (int cc = 0; cc < C; ++cc) {
+        if (cc < c) before += n[s * C + cc];
+        all += n[s * C + cc];
+      }
+      base[s] = sum + before;
+      sum += all;
+    }
+    *total = sum;
+  }
+  __syncthreads();
+  return failed == 0;
+}
+
+/* Destination d = g.group's rows of channel c through its ring: chunks of
+ * up to 32 rows, each written once room is there, then published with one
+ * release store of the tail. Whole warp group. */
+__device__ void mep_ht_send_ring(const MepHtParams &p, const mep_ht_dispatch_args_t &a,
+                                 const MepHtGroups &g, int c, int t0, int t1,
+                                 volatile uint64_t *wait_slot) {
+  const int d = g.group, e_local = a.num_experts / p.dims.world, lane = threadIdx.x & 31;
+  uint64_t tail = *mep_ht_state_u64(p, p.st.send_tail_d, d, c);
+  const uint64_t payload = mep_ht_payload_bytes(a.hidden, a.fp8, a.scale_words);
+  bool ok = true;
+  for (int base = t0; base < t1 && ok; base += MEP_HT_CHUNK) {
+    const int t = base + lane;
+    const uint64_t m = t < t1 ? mep_ht_dest_mask(a.topk_idx, a.topk_idx_bytes, t, a.top_k,
+                                                 a.num_experts, e_local)
+                              : 0;
+    const uint32_t bal = __ballot_sync(~0u, (m >> d) & 1u);
+    const int n = __popc(bal);
+    if (n == 0) continue;
+    /* Room for n rows: the destination has drained up to tail + n - Q. */
+    const uint64_t need = tail + n > MEP_HT_RING_ROWS ? tail + n - MEP_HT_RING_ROWS : 0;
+    mep_ht_leader_wait(p, g, wait_slot, mep_ht_word(p, p.win.disp_head, d, c), need,
+                       MEP_HT_OP_DISPATCH_SPACE, d, &ok);
+    if (!ok) break;
+    for (int o = g.index; o < n; o += g.size) {
+      const uint64_t slot = (tail + (uint64_t)o) % MEP_HT_RING_ROWS;
+      char *dst = static_cast<char *>(MepLsa::peer_ptr(
+          p.xp, d, mep_ht_ring_off(p.win.disp_ring, p.win.disp_row, p.xp.rank, c, slot)));
+      mep_ht_write_row(a, payload, base + mep_ht_nth_bit(bal, o), d, e_local, dst);
+    }
+    /* Every warp's rows, then one release store of the tail carries them. */
+    mep_ht_group_sync(g);
+    tail += (uint64_t)n;
+    if (g.index == 0 && lane == 0)
+      mep_ht_st_release(mep_ht_peer_word(p, d, p.win.disp_tail, p.xp.rank, c), tail);
+  }
+  if (g.index == 0 && lane == 0) *mep_ht_state_u64(p, p.st.send_tail_d, d, c) = tail;
 }
 
 __device__ void mep_ht_dispatch_send(const MepHtParams &p, const mep_ht_dispatch_args_t &a, int c,
                                      uint32_t tag, int parity) {
   __shared__ uint32_t cnt[MEP_HT_MAX_RANKS];
   __shared__ volatile uint64_t wait_slot[MEP_HT_THREADS / 32][2];
+  __shared__ int32_t n_sh[MEP_HT_MAX_RANKS * MEP_HT_MAX_CHANNELS];
+  __shared__ int64_t base_sh[MEP_HT_MAX_RANKS];
+  __shared__ int64_t total_sh;
+  __shared__ int32_t hist[MEP_MAX_LOCAL_EXPERTS];
   const int R = p.dims.world, e_local = a.num_experts / R, lane = threadIdx.x & 31;
   int t0, t1;
   mep_ht_channel_tokens(a.num_tokens, p.chan, c, &t0, &t1);
@@ -64,40 +186,35 @@ __device__ void mep_ht_dispatch_send(const MepHtParams &p, const mep_ht_dispatch
     mep_st_relaxed_sys(mep_ht_peer_word(p, d, cnt_off, p.xp.rank, c),
                        MEP_HT_CNT_WORD(tag, p.chan, cnt[d]));
 
+  /* Where this channel's own rows land needs every source's counts. */
+  if (!mep_ht_read_counts(p, tag, parity, c, n_sh, base_sh, &total_sh)) return;
+  const bool drain = total_sh > a.recv_capacity;
+  for (int i = threadIdx.x; i < e_local; i += blockDim.x) hist[i] = 0;
+  __syncthreads();
+
   /* One destination per warp group (R <= MEP_HT_MAX_RANKS warps); every
    * warp of the group tracks the ring's tail itself. */
   const MepHtGroups g = mep_ht_groups(R);
   const int d = g.group;
-  if (d >= R) return;
-  uint64_t tail = *mep_ht_state_u64(p, p.st.send_tail_d, d, c);
-  const uint64_t payload = mep_ht_payload_bytes(a.hidden, a.fp8, a.scale_words);
-  bool ok = true;
-  for (int base = t0; base < t1 && ok; base += MEP_HT_CHUNK) {
-    const int t = base + lane;
-    const uint64_t m = t < t1 ? mep_ht_dest_mask(a.topk_idx, a.topk_idx_bytes, t, a.top_k,
-                                                 a.num_experts, e_local)
-                              : 0;
-    const uint32_t bal = __ballot_sync(~0u, (m >> d) & 1u);
-    const int n = __popc(bal);
-    if (n == 0) continue;
-    /* Room for n rows: the destination has drained up to tail + n - Q. */
-    const uint64_t need = tail + n > MEP_HT_RING_ROWS ? tail + n - MEP_HT_RING_ROWS : 0;
-    mep_ht_leader_wait(p, g, wait_slot[g.group], mep_ht_word(p, p.win.disp_head, d, c), need,
-                       MEP_HT_OP_DISPATCH_SPACE, d, &ok);
-    if (!ok) break;
-    for (int o = g.index; o < n; o += g.size) {
-      const uint64_t slot = (tail + (uint64_t)o) % MEP_HT_RING_ROWS;
-      char *dst = static_cast<char *>(MepLsa::peer_ptr(
-          p.xp, d, mep_ht_ring_off(p.win.disp_ring, p.win.disp_row, p.xp.rank, c, slot)));
-      mep_ht_write_row(a, payload, base + mep_ht_nth_bit(bal, o), d, e_local, dst);
+  if (d == p.xp.rank) {
+    int64_t out = base_sh[d];
+    for (int base = t0; base < t1; base += MEP_HT_CHUNK) {
+      const int t = base + lane;
+      const uint64_t m = t < t1 ? mep_ht_dest_mask(a.topk_idx, a.topk_idx_bytes, t, a.top_k,
+                                                   a.num_experts, e_local)
+                                : 0;
+      const uint32_t bal = __ballot_sync(~0u, (m >> d) & 1u);
+      const int n = __popc(bal);
+      for (int o = g.index; o < n && !drain; o += g.size)
+        mep_ht_place_own(a, base + mep_ht_nth_bit(bal, o), d, e_local, out + o, hist);
+      out += n;
     }
-    /* Every warp's rows, then one release store of the tail carries them. */
-    mep_ht_group_sync(g);
-    tail += (uint64_t)n;
-    if (g.index == 0 && lane == 0)
-      mep_ht_st_release(mep_ht_peer_word(p, d, p.win.disp_tail, p.xp.rank, c), tail);
+  } else if (d < R) {
+    mep_ht_send_ring(p, a, g, c, t0, t1, wait_slot[g.group]);
   }
-  if (g.index == 0 && lane == 0) *mep_ht_state_u64(p, p.st.send_tail_d, d, c) = tail;
+  __syncthreads();
+  for (int i = threadIdx.x; i < e_local; i += blockDim.x)
+    if (hist[i] != 0) atomicAdd(&a.recv_count[i], hist[i]);
 }
 
 /* Copies one ring row into output row `out` (skipped when draining). */
@@ -127,48 +244,11 @@ __device__ void mep_ht_dispatch_recv(const MepHtParams &p, const mep_ht_dispatch
   __shared__ int64_t total_sh;
   __shared__ int32_t hist[MEP_MAX_LOCAL_EXPERTS];
   __shared__ volatile uint64_t wait_slot[MEP_HT_THREADS / 32][2];
-  __shared__ int failed;
   const int R = p.dims.world, C = p.chan, e_local = a.num_experts / R;
   const int lane = threadIdx.x & 31;
   for (int i = threadIdx.x; i < e_local; i += blockDim.x) hist[i] = 0;
-  if (threadIdx.x == 0) failed = 0;
-  __syncthreads();
 
-  /* Every source's count word of every channel, for this call's tag. */
-  const uint64_t cnt_off = p.win.cnt + (uint64_t)parity * R * MEP_HT_MAX_CHANNELS * 8u;
-  for (int i = threadIdx.x; i < R * C; i += blockDim.x) {
-    const int s = i / C, cc = i % C;
-    const uint64_t *w = mep_ht_word(p, cnt_off, s, cc);
-    uint64_t seen = 0;
-    n_sh[i] = 0;
-    if (!mep_wait(
-            p.wc, [&] { return mep_ld_acquire_sys(w); },
-            [&](uint64_t v) { return MEP_HT_CNT_TAG(v) == tag; }, tag,
-            MEP_HT_OP_DISPATCH_COUNTS, s, -1, &seen)) {
-      failed = 1;
-    } else if (MEP_HT_CNT_CHAN(seen) != C) {
-      mep_record_timeout(p.wc, MEP_HT_OP_CHANNELS, s, -1, (uint64_t)C, seen);
-      failed = 1;
-    } else {
-      n_sh[i] = MEP_HT_CNT_ROWS(seen);
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int64_t total = 0;
-    for (int s = 0; s < R; ++s) {
-      int64_t before = 0, all = 0;
-      for (int cc = 0; cc < C; ++cc) {
-        if (cc < c) before += n_sh[s * C + cc];
-        all += n_sh[s * C + cc];
-      }
-      base_sh[s] = total + before;
-      total += all;
-    }
-    total_sh = total;
-  }
-  __syncthreads();
-  if (failed) return;
+  if (!mep_ht_read_counts(p, tag, parity, c, n_sh, base_sh, &total_sh)) return;
   const int64_t total = total_sh;
   const bool drain = total > a.recv_capacity;
   if (c == 0) {
@@ -198,7 +278,8 @@ __device__ void mep_ht_dispatch_recv(const MepHtParams &p, const mep_ht_dispatch
   if (g.group < g.count) {
     bool ok = true;
     for (int s = g.group; s < R && ok; s += g.count) {
-      const int expect = n_sh[s * C + c];
+      /* This rank's own rows were placed by its sender blocks. */
+      const int expect = s == p.xp.rank ? 0 : n_sh[s * C + c];
       uint64_t head = *mep_ht_state_u64(p, p.st.recv_head_d, s, c);
       int got = 0;
       while (got < expect) {
