@@ -207,8 +207,11 @@ uint64_t mep_ll_state_bytes(const mep_ll_dims_t *dims);
 /* kernel_ms -> device clocks at the device's peak SM clock. */
 mep_kstatus_t mep_ll_timeout_cycles(int cuda_device, int32_t kernel_ms,
                                       uint64_t *cycles);
-/* Fills ctx->lsa_base / lsa_stride from the window (one tiny kernel and a
- * synchronous copy; once per group, after dev_comm and window are set). */
+/* Fills ctx->lsa_base / lsa_stride / lsa_local from the window (one tiny
+ * kernel and a synchronous copy; once per group, after dev_comm and window
+ * are set). Fails (MEP_KSTATUS_CUDA, naming the rank) when some LSA rank's
+ * window is not at base + rank * stride: the kernels of both modes address
+ * peers by that rule, which two ranks alone cannot exercise. */
 mep_kstatus_t mep_ll_resolve_lsa(mep_ll_ctx_t *ctx);
 /* Clears what a timed-out wait leaves behind in this rank's device state:
  * the abort flag, the block tickets and the put counters (state must be

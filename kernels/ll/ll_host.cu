@@ -51,16 +51,27 @@ extern "C" mep_kstatus_t mep_ll_clear_abort(const mep_ll_ctx_t *ctx, void *strea
 
 namespace {
 
-/* The window's LSA addresses of ranks 0 and 1 (ncclGetLsaPointer is linear
- * in the LSA rank). */
+/* The window's LSA address of rank 0, the distance between consecutive
+ * LSA ranks and this rank's own. The kernels compute every peer's address
+ * as base + rank * stride, so every LSA rank's address is checked against
+ * that (out[3]: the first LSA rank where it fails, or -1). */
 __global__ void resolve_lsa_kernel(const ncclDevComm comm, ncclWindow_t win, uint64_t *out) {
   const ncclTeam lsa = ncclTeamLsa(comm);
   const char *r0 = static_cast<const char *>(ncclGetLsaPointer(win, 0, 0));
+  const uint64_t stride =
+      lsa.nRanks > 1
+          ? (uint64_t)(static_cast<const char *>(ncclGetLsaPointer(win, 0, 1)) - r0)
+          : 0;
   out[0] = (uint64_t)(uintptr_t)r0;
-  out[1] = lsa.nRanks > 1
-               ? (uint64_t)(static_cast<const char *>(ncclGetLsaPointer(win, 0, 1)) - r0)
-               : 0;
+  out[1] = stride;
   out[2] = (uint64_t)(uintptr_t)ncclGetLsaPointer(win, 0, lsa.rank);
+  out[3] = (uint64_t)(int64_t)-1;
+  for (int i = 2; i < lsa.nRanks; ++i) {
+    if (static_cast<const char *>(ncclGetLsaPointer(win, 0, i)) != r0 + (uint64_t)i * stride) {
+      out[3] = (uint64_t)i;
+      break;
+    }
+  }
 }
 
 }  // namespace
@@ -69,7 +80,7 @@ extern "C" mep_kstatus_t mep_ll_resolve_lsa(mep_ll_ctx_t *ctx) {
   if (ctx == nullptr || ctx->dev_comm == nullptr || ctx->window == nullptr)
     return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "resolve_lsa: ctx, dev_comm or window is NULL");
-  uint64_t *d = nullptr, h[3] = {0, 0, 0};
+  uint64_t *d = nullptr, h[4] = {0, 0, 0, 0};
   ncclDevComm comm;
   memcpy(&comm, ctx->dev_comm, sizeof comm);
   mep_kstatus_t st = mep_kernels_cuda_check("resolve_lsa: cudaMalloc", cudaMalloc(&d, sizeof h));
@@ -81,6 +92,13 @@ extern "C" mep_kstatus_t mep_ll_resolve_lsa(mep_ll_ctx_t *ctx) {
                                 cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost));
   cudaFree(d);
   if (st != MEP_KSTATUS_OK) return st;
+  if (h[3] != (uint64_t)(int64_t)-1)
+    return mep_kernels_error(MEP_KSTATUS_CUDA,
+                             "resolve_lsa: the window's LSA addresses are not evenly spaced "
+                             "(LSA rank %llu is not at rank 0's address + %llu * %llu bytes); "
+                             "the kernels address peers by that rule",
+                             (unsigned long long)h[3], (unsigned long long)h[3],
+                             (unsigned long long)h[1]);
   ctx->lsa_base = h[0];
   ctx->lsa_stride = h[1];
   ctx->lsa_local = h[2];
