@@ -2,15 +2,18 @@
 # device_python.sh (copied to .gpu_bundle/run_python.sh): the Python front
 # end on the GPU machine, from the repository root: the package's checks
 # (CUDA tensors, hooks on a second thread, CUDA-graph capture, the DeepEP
-# Buffer), the adapters' decode loop and the per-call overhead bench.
+# Buffer in LL and normal mode, high-throughput groups), the adapters'
+# decode loop and the per-call overhead bench.
 B=.gpu_bundle
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export MOE_EP_LIBRARY=$PWD/$B/libmoe_ep.so PYTHONPATH=$PWD/integration/python PYTHONUNBUFFERED=1
 O=${OUT:-/tmp}
-for part in group deep_ep deep_ep_fp8; do
+for part in group deep_ep deep_ep_fp8 ht; do
   timeout 200 $B/moe_ep_run -n 2 --timeout_s 190 -- python3 integration/python/gpu/gpu_check.py $part > $O/py_$part.log 2>&1
-  echo "py_$part: exit $?"; grep -E "ok|FAIL|bit-exact|ulp|Error" $O/py_$part.log | head -8
+  # The per-check "ok" lines (ht prints one per check) stay in the log.
+  echo "py_$part: exit $?"; grep -E "ok|FAIL|bit-exact|ulp|Error|skipped|failures" $O/py_$part.log \
+    | grep -vE "^rank [0-9]+ .*: ok$" | head -12
 done
 timeout 200 $B/moe_ep_run -n 2 --timeout_s 190 -- python3 integration/python/examples/decode_loop.py --steps 20 --hidden 2048 > $O/py_decode.log 2>&1
 echo "py_decode_loop: exit $?"; tail -4 $O/py_decode.log

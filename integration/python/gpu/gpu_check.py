@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """GPU check of the Python front end on the nccl backend (not run by CI).
 One process per GPU, started by the launcher, which also sets the
-bootstrap address (one group per run: run each part separately):
+bootstrap address (one group per run: run each part separately; `ht`,
+which makes three groups, has rank 0 pick a port for each):
 
   tools/launcher/moe_ep_run -n 2 --timeout_s 300 -- python3 integration/python/gpu/gpu_check.py group
   tools/launcher/moe_ep_run -n 2 --timeout_s 300 -- python3 integration/python/gpu/gpu_check.py deep_ep
   tools/launcher/moe_ep_run -n 2 --timeout_s 300 -- python3 integration/python/gpu/gpu_check.py deep_ep_fp8
+  tools/launcher/moe_ep_run -n 2 --timeout_s 300 -- python3 integration/python/gpu/gpu_check.py ht
 
 `group`: CUDA tensors on the current stream; eager dispatch rows
 bit-exact against a torch reference built from every rank's seeded inputs;
@@ -16,10 +18,21 @@ and compared with eager results bit for bit. `deep_ep`: the
 DeepEP-compatible Buffer's LL dispatch (receive hook) and combine
 (async_finish event) against the same reference; `deep_ep_fp8`: fp8
 dispatch with DeepEP's column-major scales, dequantised rows within e4m3's
-precision. Each rank prints
-"rank R: ok" or its failures, and exits non-zero on any failure.
+precision. `ht`: high-throughput groups (256 and 64 experts) through the
+Group API, then the Buffer's normal mode: bf16 dispatch of 0 to 4096
+tokens per rank, hidden 7168 and 2880, top-k 8 and 1 (recv_x rows, local
+expert ids, weights, per-expert counts, num_recv_tokens; the Buffer's
+get_dispatch_layout), pre-quantised fp8 with f32, UE8M0 and packed UE8M0
+scales (bytes and scales verbatim), worst-case outputs (num_worst_tokens),
+a cached layout (a second tensor on one handle), and combine, all
+bit-exact against an expectation built from every rank's seeded inputs;
+a worst-case dispatch + combine captured in a CUDA graph and replayed on
+new inputs. `ht` prints one line per check. Each rank prints "rank R: ok"
+or its failures, and exits non-zero on any failure.
 """
+import contextlib
 import os
+import socket
 import sys
 import threading
 
@@ -59,13 +72,16 @@ def fail(what, text):
     print(failures[-1], flush=True)
 
 
-def inputs(seed, rank, tokens=None):
+def inputs(seed, rank, tokens=None, hidden=H, experts=E, top_k=K):
+    """Rank `rank`'s x bf16 [T, hidden], topk_idx int64 [T, top_k] (distinct
+    experts, about 10% -1) and weights f32 [T, top_k], from the seed alone,
+    so every rank can build every rank's inputs."""
     g = torch.Generator().manual_seed(seed * 1000 + rank)
     t = int(torch.randint(1, N + 1, (1,), generator=g)) if tokens is None else tokens
-    x = (torch.randn(t, H, generator=g) * 2).to(torch.bfloat16)
-    idx = torch.argsort(torch.rand(t, E, generator=g), dim=1)[:, :K].contiguous()
-    idx[torch.rand(t, K, generator=g) < 0.1] = -1
-    w = torch.rand(t, K, generator=g)
+    x = (torch.randn(t, hidden, generator=g) * 2).to(torch.bfloat16)
+    idx = torch.argsort(torch.rand(t, experts, generator=g), dim=1)[:, :top_k].contiguous()
+    idx[torch.rand(t, top_k, generator=g) < 0.1] = -1
+    w = torch.rand(t, top_k, generator=g)
     return x, idx, w
 
 
@@ -260,10 +276,474 @@ def part_deep_ep(use_fp8=False):
     buf.destroy()
 
 
+# ---- high throughput: the Group API (mode high_throughput) and the Buffer's normal mode
+
+HT_HIDDEN, HT_TOP_K, HT_TOKENS = 7168, 8, 4096  # the HT groups' maxima
+# (seed, tokens by rank (rank r has tokens[r % len]), hidden, top_k) per expert count.
+HT_CASES = {
+    256: [(11, (1, 7), 7168, 8), (12, (512, 7), 2880, 8), (13, (4096, 4096), 7168, 8),
+          (14, (4096, 1), 2880, 1), (15, (7, 512), 7168, 1)],
+    # The rank without tokens comes last: should it break the group, the
+    # other cases have already run.
+    64: [(21, (7, 1), 7168, 8), (22, (512, 4096), 2880, 8), (23, (1, 512), 7168, 1),
+         (24, (0, 512), 7168, 8)],
+}
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_store = None  # rank 0's TCPStore serves until the process ends
+
+
+def group_addresses(n):
+    """One bootstrap address per group: a group's listener holds its port
+    for the group's life, and a destroyed group's port may sit in TCP
+    TIME_WAIT. Rank 0 picks n free ports and publishes them in a TCPStore
+    on the launcher's address, which no group uses then; the launcher's
+    variable is dropped so that it does not override the configs' address."""
+    global _store
+    from torch.distributed import TCPStore
+    host, port = os.environ.pop("MOE_EP_BOOTSTRAP_ADDRESS").rsplit(":", 1)
+    _store = TCPStore(host, int(port), WORLD, RANK == 0)
+    if RANK == 0:
+        socks = [socket.socket() for _ in range(n)]
+        for s in socks:
+            s.bind((host, 0))
+        _store.set("ports", ",".join(str(s.getsockname()[1]) for s in socks))
+        for s in socks:
+            s.close()
+    return ["%s:%s" % (host, p) for p in _store.get("ports").decode().split(",")]
+
+
+def ht_config(address, **keys):
+    cfg = {"backend": BACKEND, "mode": "high_throughput", "hidden": HT_HIDDEN,
+           "top_k": HT_TOP_K, "max_tokens_per_rank": HT_TOKENS,
+           "bootstrap": {"address": address, "timeout_ms": 60000},
+           # A rank may still be building a 4096-token expectation while its
+           # peer's dispatch waits for it.
+           "timeouts": {"kernel_ms": 60000}}
+    cfg.update(keys)
+    return cfg
+
+
+@contextlib.contextmanager
+def case(what):
+    """One line per check: ok, or FAIL after the lines of what differed.
+    An exception fails the check and the part goes on to the next one."""
+    before = len(failures)
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 (reported, then the next check runs)
+        fail(what, "raised %s: %s" % (type(e).__name__, e))
+    print("rank %d %s: %s" % (RANK, what, "ok" if len(failures) == before else "FAIL"), flush=True)
+
+
+def same(what, got, want):
+    """Bit-exact: the same shape, element size and bytes."""
+    got = got.cpu()
+    if got.shape != want.shape or got.element_size() != want.element_size():
+        fail(what, "got %s %s, want %s %s" % (tuple(got.shape), got.dtype, tuple(want.shape),
+                                              want.dtype))
+        return
+    a, b = (t.contiguous().view(_BITS[t.element_size()]) for t in (got, want))
+    bad = (a != b).nonzero()
+    if len(bad):
+        i, mask = tuple(bad[0].tolist()), (1 << 8 * a.element_size()) - 1
+        fail(what, "%d of %d differ; first at %s: bits got 0x%x want 0x%x"
+             % (len(bad), a.numel(), i, a[i].item() & mask, b[i].item() & mask))
+
+
+def on_device(tensors):
+    dev = device()
+    return tuple(t.to(dev) for t in tensors)
+
+
+def ht_inputs(seed, tokens, hidden, experts, top_k=HT_TOP_K):
+    return [inputs(seed, r, tokens[r % len(tokens)], hidden, experts, top_k)
+            for r in range(WORLD)]
+
+
+def fp8_inputs(seed, tokens, fmt):
+    """Every rank's pre-quantised x as an engine passes it: e4m3 codes
+    [T, H] (any finite code: HT carries the bytes unread) and scales,
+    [T, H/128] f32 (arbitrary for fp8, powers of two for fp8_ue8m0) or
+    [T, H/512] int32 (fp8_ue8m0_packed: four UE8M0 exponent bytes each)."""
+    out = []
+    for r in range(WORLD):
+        g = torch.Generator().manual_seed(seed * 1000 + r)
+        t, groups = tokens[r % len(tokens)], HT_HIDDEN // 128
+        q = torch.randint(0, 256, (t, HT_HIDDEN), generator=g, dtype=torch.uint8)
+        q[(q & 0x7F) == 0x7F] = 0  # no NaN codes: the combine reads the codes' values
+        if fmt == "fp8":
+            s = torch.rand(t, groups, generator=g) * 4 + 1e-3
+        elif fmt == "fp8_ue8m0":
+            s = torch.pow(2.0, torch.randint(-20, 5, (t, groups), generator=g).float())
+        else:
+            s = torch.randint(107, 135, (t, groups), generator=g, dtype=torch.uint8)
+            s = s.view(torch.int32)
+        out.append((q, s))
+    return out
+
+
+def to_rank(idx, experts, r):
+    """[T, K] bool: the slots whose expert lives on rank r."""
+    return (idx >= 0) & (idx // (experts // WORLD) == r)
+
+
+def routed(mine, tensors):
+    """The rows of every rank's tensor that this rank receives, in the
+    documented HT order: source rank, then token."""
+    return torch.cat([t[m.any(1)] for m, t in zip(mine, tensors)])
+
+
+def ht_expected(all_in, experts):
+    """This rank's HT receive: x rows, local expert ids (-1 elsewhere),
+    weights (0 elsewhere), counts per local expert, and per source the
+    slots routed here (for other tensors sent along the same layout)."""
+    el = experts // WORLD
+    mine = [to_rank(idx, experts, RANK) for _, idx, _ in all_in]
+    ids = routed(mine, [torch.where(m, i - RANK * el, torch.full_like(i, -1))
+                        for m, (_, i, _) in zip(mine, all_in)]).int()
+    w = routed(mine, [torch.where(m, v, torch.zeros_like(v)) for m, (_, _, v) in zip(mine, all_in)])
+    return {"mine": mine, "x": routed(mine, [x for x, _, _ in all_in]), "idx": ids, "w": w,
+            "count": torch.bincount(ids[ids >= 0].long(), minlength=el).int()}
+
+
+def partial(rows, r):
+    """Rank r's expert output for rows it received (bf16, or fp8 codes read
+    unscaled): bf16(value * scale_of(r)). The product is exact in f32 (8 or 4
+    significant bits times 4), so the only rounding is to bf16, alike on
+    CPU and GPU."""
+    v = fp8_values(rows) if rows.element_size() == 1 else rows.float()
+    return (v * scale_of(r)).to(torch.bfloat16)
+
+
+def ht_combined(rows, idx, experts):
+    """Combine's out for this rank's tokens (README): every rank r holding
+    one of token t's experts sends back partial(row t, r); out is their sum
+    over r ascending in f32 from +0, rounded to bf16 once (+0 for a token
+    sent nowhere)."""
+    acc = torch.zeros(rows.shape, dtype=torch.float32)
+    for r in range(WORLD):
+        sent = to_rank(idx, experts, r).any(1, keepdim=True)
+        # Adding +0 where rank r has none of the token's experts adds
+        # nothing: a sum from +0 is never -0 (only -0 + -0 is).
+        acc += torch.where(sent, partial(rows, r).float(), torch.zeros(()))
+    return acc.to(torch.bfloat16)
+
+
+def check_rows(what, want, recv_x, recv_idx, recv_w, recv_scales=None, rows=None,
+               idx_dtype=torch.int32):
+    """A receive against `want`. rows (worst case): the outputs have that
+    many rows; past the receive, recv_topk_idx is -1, the weight 0 and
+    recv_x (and recv_scales) unspecified."""
+    n = len(want["idx"])
+    want_idx, want_w = want["idx"].to(idx_dtype), want["w"]
+    if rows is not None:
+        recv_x = recv_x[:n]
+        recv_scales = recv_scales[:n] if recv_scales is not None else None
+        k = want_idx.shape[1]
+        want_idx = torch.cat([want_idx, torch.full((rows - n, k), -1, dtype=idx_dtype)])
+        want_w = torch.cat([want_w, torch.zeros(rows - n, k)])
+    same(what + " recv_x", recv_x, want["x"])
+    if "scales" in want:
+        same(what + " recv_scales", recv_scales, want["scales"])
+    same(what + " recv_topk_idx", recv_idx, want_idx)
+    same(what + " recv_topk_weights", recv_w, want_w)
+
+
+def check_counts(what, res, want, reported):
+    if res.num_recv_tokens != reported:
+        fail(what + " num_recv_tokens", "got %s want %s" % (res.num_recv_tokens, reported))
+    same(what + " recv_count", res.recv_count, want["count"])
+
+
+def ht_bf16(g, experts, seed, tokens, hidden, top_k):
+    what = "ht E%d bf16 T=%s H=%d K=%d" % (experts, tokens, hidden, top_k)
+    with case(what):
+        all_in = ht_inputs(seed, tokens, hidden, experts, top_k)
+        x, idx, w = on_device(all_in[RANK])
+        h = g.prepare(idx)
+        res = g.dispatch(h, x, topk_weights=w)
+        want = ht_expected(all_in, experts)
+        check_counts(what, res, want, len(want["idx"]))
+        check_rows(what, want, res.recv_x, res.recv_topk_idx, res.recv_topk_weights)
+        out = g.combine(h, partial(res.recv_x, RANK))
+        same(what + " combine", out, ht_combined(*all_in[RANK][:2], experts))
+        h.free()
+
+
+def ht_fp8(g, experts, seed, tokens, fmt):
+    """(x_fp8, scales) in; codes and scales out bit for bit."""
+    what = "ht E%d %s T=%s" % (experts, fmt, tokens)
+    with case(what):
+        all_in = ht_inputs(seed, tokens, HT_HIDDEN, experts)
+        quant = fp8_inputs(seed, tokens, fmt)
+        q, s = on_device(quant[RANK])
+        _, idx, w = on_device(all_in[RANK])
+        h = g.prepare(idx)
+        # The format follows the scales' dtype (f32: fp8, int32: packed);
+        # power-of-two scales in f32 are named.
+        kw = {"format": fmt} if fmt == "fp8_ue8m0" else {}
+        res = g.dispatch(h, (q.view(moe_ep.FP8_STORAGE), s), topk_weights=w, **kw)
+        want = ht_expected(all_in, experts)
+        want["x"] = routed(want["mine"], [c for c, _ in quant])
+        want["scales"] = routed(want["mine"], [c for _, c in quant])
+        check_counts(what, res, want, len(want["idx"]))
+        check_rows(what, want, res.recv_x, res.recv_topk_idx, res.recv_topk_weights,
+                   res.recv_scales)
+        out = g.combine(h, partial(res.recv_x, RANK))
+        same(what + " combine", out, ht_combined(quant[RANK][0], all_in[RANK][1], experts))
+        h.free()
+
+
+def ht_worst(g, experts, seed, tokens):
+    what = "ht E%d worst case T=%s" % (experts, tokens)
+    with case(what):
+        all_in = ht_inputs(seed, tokens, HT_HIDDEN, experts)
+        x, idx, w = on_device(all_in[RANK])
+        h = g.prepare(idx)
+        res = g.dispatch(h, x, topk_weights=w, worst_case=True)
+        want = ht_expected(all_in, experts)
+        # A GPU group keeps the count on the device (no host sync): None.
+        check_counts(what, res, want, None if ON_GPU else len(want["idx"]))
+        check_rows(what, want, res.recv_x, res.recv_topk_idx, res.recv_topk_weights,
+                   rows=WORLD * HT_TOKENS)
+        out = g.combine(h, partial(res.recv_x, RANK))  # y: all the fixed-size rows
+        same(what + " combine", out, ht_combined(*all_in[RANK][:2], experts))
+        h.free()
+
+
+def ht_cached(g, experts, seed, tokens):
+    """A second dispatch on the same handle sends another tensor along its
+    layout (DeepEP's cached dispatch); the combine follows that one."""
+    what = "ht E%d cached layout T=%s" % (experts, tokens)
+    with case(what):
+        all_in = ht_inputs(seed, tokens, HT_HIDDEN, experts)
+        second = [x for x, _, _ in ht_inputs(seed + 50, tokens, HT_HIDDEN, experts)]
+        x, idx, w = on_device(all_in[RANK])
+        h = g.prepare(idx)
+        want = ht_expected(all_in, experts)
+        res = g.dispatch(h, x, topk_weights=w)
+        check_rows(what + " first", want, res.recv_x, res.recv_topk_idx, res.recv_topk_weights)
+        res = g.dispatch(h, second[RANK].to(x.device), topk_weights=w)
+        want["x"] = routed(want["mine"], second)
+        check_counts(what + " second", res, want, len(want["idx"]))
+        check_rows(what + " second", want, res.recv_x, res.recv_topk_idx, res.recv_topk_weights)
+        out = g.combine(h, partial(res.recv_x, RANK))
+        same(what + " combine", out, ht_combined(second[RANK], all_in[RANK][1], experts))
+        h.free()
+
+
+def graph_check(what, experts, tokens, seed, step, check):
+    """step(x, idx, w) runs once eagerly, then is captured in one CUDA graph
+    on the same input tensors; each replay on the inputs of seeds seed + 1
+    to seed + 3 (copied into those tensors, same shapes) is checked by
+    check(label, all_in, want, outs) with outs what the capture returned."""
+    if not ON_GPU:
+        print("rank %d %s: skipped (CUDA graphs need a GPU)" % (RANK, what), flush=True)
+        return
+    static = on_device(ht_inputs(seed, tokens, HT_HIDDEN, experts)[RANK])
+    graph = None
+    with case(what + " capture"):
+        step(*static)  # eagerly first, as before any capture
+        sync()
+        captured = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(captured):
+            outs = step(*static)  # their handle is kept while the graph is replayed
+        graph = captured
+    if graph is None:
+        return
+    for seed in range(seed + 1, seed + 4):
+        label = "%s replay seed %d" % (what, seed)
+        with case(label):
+            all_in = ht_inputs(seed, tokens, HT_HIDDEN, experts)
+            for s, t in zip(static, on_device(all_in[RANK])):
+                s.copy_(t)
+            graph.replay()
+            sync()
+            check(label, all_in, ht_expected(all_in, experts), outs)
+
+
+def ht_graph(g, experts, tokens):
+    """prepare + worst-case dispatch + combine in one CUDA graph."""
+    def step(x, idx, w):
+        h = g.prepare(idx)
+        res = g.dispatch(h, x, topk_weights=w, worst_case=True)
+        return res, g.combine(h, partial(res.recv_x, RANK)), h
+
+    def check(what, all_in, want, outs):
+        res, out, _ = outs
+        same(what + " recv_count", res.recv_count, want["count"])
+        check_rows(what, want, res.recv_x, res.recv_topk_idx, res.recv_topk_weights,
+                   rows=WORLD * HT_TOKENS)
+        same(what + " combine", out, ht_combined(*all_in[RANK][:2], experts))
+    graph_check("ht E%d graph T=%s" % (experts, tokens), experts, tokens, 40, step, check)
+
+
+# ---- the Buffer's normal mode ------------------------------------------------
+
+# (seed, tokens by rank, hidden, top_k, expert_alignment). The first
+# get_dispatch_layout creates the group (256 experts; hidden, top_k and
+# max_tokens_per_rank from ht_config).
+BUFFER_CASES = [(31, (512, 7), 7168, 8, 1), (32, (4096, 1), 2880, 1, 128),
+                (33, (1, 4096), 7168, 8, 4)]
+
+
+def buffer_bf16(buf, experts, seed, tokens, hidden, top_k, align):
+    """get_dispatch_layout, dispatch given its layout as DeepEP callers
+    pass it, combine with the dispatch's weights."""
+    what = "deep_ep E%d bf16 T=%s H=%d K=%d alignment %d" % (experts, tokens, hidden, top_k, align)
+    with case(what):
+        all_in = ht_inputs(seed, tokens, hidden, experts, top_k)
+        x, idx, w = on_device(all_in[RANK])
+        per_rank, per_rdma, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, experts)
+        cidx, cw = all_in[RANK][1:]
+        want_in = torch.stack([to_rank(cidx, experts, r).any(1) for r in range(WORLD)], 1)
+        same(what + " is_token_in_rank", in_rank, want_in)
+        same(what + " num_tokens_per_rank", per_rank, want_in.sum(0).int())
+        same(what + " num_tokens_per_expert", per_expert,
+             torch.bincount(cidx[cidx >= 0], minlength=experts).int())
+        if per_rdma is not None:
+            fail(what + " num_tokens_per_rdma_rank", "got %r want None" % (per_rdma,))
+        recv_x, recv_idx, recv_w, counts, handle, _ = buf.dispatch(
+            x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w, expert_alignment=align)
+        want = ht_expected(all_in, experts)
+        check_rows(what, want, recv_x, recv_idx, recv_w, idx_dtype=idx.dtype)
+        check_list(what, counts, [(c + align - 1) // align * align for c in want["count"].tolist()])
+        out, combined_w, _ = buf.combine(partial(recv_x, RANK), handle, topk_weights=recv_w)
+        same(what + " combine", out, ht_combined(*all_in[RANK][:2], experts))
+        same(what + " combined weights", combined_w,
+             torch.where(cidx >= 0, cw, torch.zeros_like(cw)))
+
+
+def check_list(what, got, want):
+    if got != want:
+        fail(what + " num_recv_tokens_per_expert_list", "got %s want %s" % (got, want))
+
+
+def buffer_fp8(buf, experts, seed, tokens, fmt):
+    """(x_fp8, scales) in, (recv_x_fp8, recv_scales) out bit for bit; f32
+    scales as DeepGEMM's column-major view, as engines pass them."""
+    what = "deep_ep E%d %s T=%s" % (experts, fmt, tokens)
+    with case(what):
+        all_in = ht_inputs(seed, tokens, HT_HIDDEN, experts)
+        quant = fp8_inputs(seed, tokens, fmt)
+        q, s = on_device(quant[RANK])
+        if s.dtype == torch.float32:
+            s = s.t().contiguous().t()
+        _, idx, w = on_device(all_in[RANK])
+        (rq, rs), recv_idx, recv_w, counts, handle, _ = buf.dispatch(
+            (q.view(moe_ep.FP8_STORAGE), s), topk_idx=idx, topk_weights=w)
+        want = ht_expected(all_in, experts)
+        want["x"] = routed(want["mine"], [c for c, _ in quant])
+        want["scales"] = routed(want["mine"], [c for _, c in quant])
+        check_rows(what, want, rq, recv_idx, recv_w, rs, idx_dtype=idx.dtype)
+        check_list(what, counts, want["count"].tolist())
+        out, _, _ = buf.combine(partial(rq, RANK), handle)
+        same(what + " combine", out, ht_combined(quant[RANK][0], all_in[RANK][1], experts))
+
+
+def buffer_worst(buf, experts, seed, tokens):
+    """num_worst_tokens: outputs of that many rows and an empty per-expert
+    list. At world_size * max_tokens_per_rank rows the dispatch takes no
+    host sync; fewer rows are views of those (checked, with a sync, to hold
+    the receive)."""
+    all_in = ht_inputs(seed, tokens, HT_HIDDEN, experts)
+    x, idx, w = on_device(all_in[RANK])
+    want = ht_expected(all_in, experts)
+    # The largest receive of any rank: every rank must pick the same size.
+    most = max(sum(int(to_rank(i, experts, r).any(1).sum()) for _, i, _ in all_in)
+               for r in range(WORLD))
+    for nw in (WORLD * HT_TOKENS, most + 3):
+        what = "deep_ep E%d num_worst_tokens=%d T=%s" % (experts, nw, tokens)
+        with case(what):
+            recv_x, recv_idx, recv_w, counts, handle, _ = buf.dispatch(
+                x, topk_idx=idx, topk_weights=w, num_worst_tokens=nw)
+            check_rows(what, want, recv_x, recv_idx, recv_w, rows=nw, idx_dtype=idx.dtype)
+            check_list(what, counts, [])
+            out, _, _ = buf.combine(partial(recv_x, RANK), handle, topk_weights=recv_w)
+            same(what + " combine", out, ht_combined(*all_in[RANK][:2], experts))
+
+
+def buffer_cached(buf, experts, seed, tokens):
+    """dispatch(handle=) sends a second tensor along the first dispatch's
+    layout; combine follows it."""
+    what = "deep_ep E%d cached dispatch T=%s" % (experts, tokens)
+    with case(what):
+        all_in = ht_inputs(seed, tokens, HT_HIDDEN, experts)
+        second = [x for x, _, _ in ht_inputs(seed + 50, tokens, HT_HIDDEN, experts)]
+        x, idx, w = on_device(all_in[RANK])
+        recv_x, recv_idx, recv_w, _, handle, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+        want = ht_expected(all_in, experts)
+        check_rows(what + " first", want, recv_x, recv_idx, recv_w, idx_dtype=idx.dtype)
+        recv_x2, idx2, w2, counts2, handle2, _ = buf.dispatch(second[RANK].to(x.device),
+                                                              handle=handle)
+        if (idx2, w2, counts2) != (None, None, None) or handle2 is not handle:
+            fail(what + " returns", "want (recv_x, None, None, None, the same handle, event)")
+        same(what + " second recv_x", recv_x2, routed(want["mine"], second))
+        out, _, _ = buf.combine(partial(recv_x2, RANK), handle, topk_weights=recv_w)
+        same(what + " combine", out, ht_combined(second[RANK], all_in[RANK][1], experts))
+
+
+def buffer_graph(buf, experts, tokens):
+    """dispatch(num_worst_tokens = world_size * max_tokens_per_rank, which
+    takes no host sync) + combine in one CUDA graph."""
+    nw = WORLD * HT_TOKENS
+
+    def step(x, idx, w):
+        recv_x, recv_idx, recv_w, _, handle, _ = buf.dispatch(
+            x, topk_idx=idx, topk_weights=w, num_worst_tokens=nw)
+        out, _, _ = buf.combine(partial(recv_x, RANK), handle, topk_weights=recv_w)
+        return recv_x, recv_idx, recv_w, out, handle
+
+    def check(what, all_in, want, outs):
+        recv_x, recv_idx, recv_w, out, _ = outs
+        check_rows(what, want, recv_x, recv_idx, recv_w, rows=nw, idx_dtype=all_in[RANK][1].dtype)
+        same(what + " combine", out, ht_combined(*all_in[RANK][:2], experts))
+    graph_check("deep_ep E%d graph num_worst_tokens=%d T=%s" % (experts, nw, tokens), experts,
+                tokens, 45, step, check)
+
+
+def part_buffer_normal(address):
+    import moe_ep.deep_ep as deep_ep
+    experts = 256
+    buf = deep_ep.Buffer(None, low_latency_mode=False, explicitly_destroy=True,
+                         moe_ep_config=ht_config(address))
+    for c in BUFFER_CASES:
+        buffer_bf16(buf, experts, *c)
+    buffer_fp8(buf, experts, 34, (512, 7), "fp8")
+    buffer_fp8(buf, experts, 35, (7, 4096), "fp8_ue8m0_packed")
+    buffer_worst(buf, experts, 36, (512, 4096))
+    buffer_cached(buf, experts, 37, (4096, 512))
+    buffer_graph(buf, experts, (300, 512))
+    buf.destroy()
+
+
+def part_ht():
+    """The Group API on two expert counts, then the Buffer's normal mode,
+    each a group of its own."""
+    device()
+    addresses = group_addresses(3)
+    for experts, address in zip((256, 64), addresses):
+        with moe_ep.Group(ht_config(address, num_experts=experts),
+                          device=LOCAL if ON_GPU else None) as g:
+            for c in HT_CASES[experts]:
+                ht_bf16(g, experts, *c)
+            if experts == 256:
+                for seed, fmt, tokens in ((16, "fp8", (512, 4096)), (17, "fp8_ue8m0", (7, 512)),
+                                          (18, "fp8_ue8m0_packed", (4096, 1))):
+                    ht_fp8(g, experts, seed, tokens, fmt)
+                ht_worst(g, experts, 19, (512, 4096))
+                ht_cached(g, experts, 20, (4096, 7))
+                ht_graph(g, experts, (512, 300))
+            with case("ht E%d poll_error" % experts):
+                g.poll_error()
+    part_buffer_normal(addresses[2])
+
+
 def main():
     part = sys.argv[1] if len(sys.argv) > 1 else "group"
     {"group": part_group, "deep_ep": part_deep_ep,
-     "deep_ep_fp8": lambda: part_deep_ep(use_fp8=True)}[part]()
+     "deep_ep_fp8": lambda: part_deep_ep(use_fp8=True), "ht": part_ht}[part]()
     print("rank %d: %s" % (RANK, "ok" if not failures else "%d failures" % len(failures)),
           flush=True)
     sys.exit(1 if failures else 0)

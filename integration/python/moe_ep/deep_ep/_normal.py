@@ -14,13 +14,14 @@ class NormalHandle:
     dispatch) needs. DeepEP's own handle holds its kernels' prefix
     matrices, which moe-ep does not have."""
 
-    __slots__ = ("moe_ep", "topk_idx", "topk_weights", "recv_topk_weights")
+    __slots__ = ("moe_ep", "topk_idx", "topk_weights", "recv_topk_weights", "worst_rows")
 
-    def __init__(self, ep_handle, topk_idx, topk_weights, recv_topk_weights):
+    def __init__(self, ep_handle, topk_idx, topk_weights, recv_topk_weights, worst_rows):
         self.moe_ep = ep_handle
         self.topk_idx = topk_idx
         self.topk_weights = topk_weights
         self.recv_topk_weights = recv_topk_weights
+        self.worst_rows = worst_rows  # rows of the latest dispatch's worst-case outputs, or 0
 
 
 def _split_x(entry, x):
@@ -37,8 +38,8 @@ def _split_x(entry, x):
 
 def _worst_case(g, ep_handle, x, x_scales, topk_weights, num_worst_tokens):
     """(recv_x, recv_scales, recv_topk_idx, recv_topk_weights) of
-    num_worst_tokens rows: the library's worst-case dispatch fills
-    world_size * max_tokens_per_rank rows (or more), of which these are
+    num_worst_tokens rows, and the rows the library's worst-case dispatch
+    filled: world_size * max_tokens_per_rank (or more), of which these are
     the first; the rows past the receive name no expert."""
     rows = max(num_worst_tokens, g.world_size * g.config.max_tokens_per_rank)
     res = g.dispatch(ep_handle, x, x_scales=x_scales, topk_weights=topk_weights, worst_case=True,
@@ -56,7 +57,19 @@ def _worst_case(g, ep_handle, x, x_scales, topk_weights, num_worst_tokens):
                              % ("more" if n is None else n, num_worst_tokens, rows))
     k = slice(0, num_worst_tokens)
     scales = res.recv_scales[k] if res.recv_scales is not None else None
-    return res.recv_x[k], scales, res.recv_topk_idx[k], res.recv_topk_weights[k]
+    return res.recv_x[k], scales, res.recv_topk_idx[k], res.recv_topk_weights[k], rows
+
+
+def _library_rows(y, rows):
+    """y as combine hands it to the library after a worst-case dispatch of
+    `rows` rows: a GPU group never learns the receive count on the host, so
+    it takes y of all those rows. A y of num_worst_tokens rows holds the
+    receive (dispatch checked it); the rows added past it are never read."""
+    if y.shape[0] >= rows:
+        return y
+    full = y.new_empty((rows,) + tuple(y.shape[1:]))
+    full[:y.shape[0]] = y
+    return full
 
 
 def _max_tokens(t):
@@ -121,12 +134,15 @@ class NormalMixin:
         is copied to row-major); recv_x is then (recv_x_fp8, recv_scales),
         rows and scales exactly as sent. num_worst_tokens > 0: outputs of
         num_worst_tokens rows, padding rows with recv_topk_idx -1 and
-        weight 0, and an empty per-expert list, as DeepEP's; the library
-        fills world_size * max_tokens_per_rank rows (a smaller
-        num_worst_tokens gets views of them, and a receive past it raises
-        ValueError). handle= repeats the handle's dispatch layout (DeepEP's
-        cached dispatch) with this x and returns (recv_x, None, None, None,
-        handle, event)."""
+        weight 0, and an empty per-expert list, as DeepEP's. At
+        world_size * max_tokens_per_rank or more it takes no host sync (a
+        CUDA graph can capture the dispatch and its combine). A smaller
+        num_worst_tokens gets views of the library's world_size *
+        max_tokens_per_rank rows: checking that the receive fits takes a
+        host sync on GPUs (a receive past it raises ValueError), and combine
+        copies its x into rows of the library's size. handle= repeats the
+        handle's dispatch layout (DeepEP's cached dispatch) with this x and
+        returns (recv_x, None, None, None, handle, event)."""
         entry = "dispatch"
         x, x_scales = _split_x(entry, x)
         if num_worst_tokens < 0:
@@ -155,9 +171,10 @@ class NormalMixin:
                                  "give moe_ep_config={'num_experts': ...}" % entry)
             g = self._ht_group(entry, num_experts, x.shape[-1], topk_idx)
         ep_handle = handle.moe_ep if cached else self._ht_prepare(g, topk_idx)
+        worst_rows = 0
         if num_worst_tokens:
-            recv_x, recv_scales, recv_idx, recv_w = _worst_case(g, ep_handle, x, x_scales,
-                                                                topk_weights, num_worst_tokens)
+            recv_x, recv_scales, recv_idx, recv_w, worst_rows = _worst_case(
+                g, ep_handle, x, x_scales, topk_weights, num_worst_tokens)
             per_expert_list = []
         else:
             res = g.dispatch(ep_handle, x, x_scales=x_scales, topk_weights=topk_weights)
@@ -170,8 +187,9 @@ class NormalMixin:
             recv_x = (recv_x, recv_scales)
         event = EventOverlap(record_event(async_finish and g._is_cuda))
         if cached:
+            handle.worst_rows = worst_rows  # combine follows the latest dispatch
             return recv_x, None, None, None, handle, event
-        new_handle = NormalHandle(ep_handle, topk_idx, topk_weights, recv_w)
+        new_handle = NormalHandle(ep_handle, topk_idx, topk_weights, recv_w, worst_rows)
         return recv_x, recv_idx.to(topk_idx.dtype), recv_w, per_expert_list, new_handle, event
 
     def combine(self, x, handle, topk_weights=None, bias=None, config=None, previous_event=None,
@@ -194,6 +212,6 @@ class NormalMixin:
             combined_w = torch.where(handle.topk_idx >= 0, w, torch.zeros_like(w))
         wait_previous(previous_event)
         g = self._ep
-        out = g.combine(handle.moe_ep, x)
+        out = g.combine(handle.moe_ep, _library_rows(x, handle.worst_rows))
         event = EventOverlap(record_event(async_finish and g._is_cuda))
         return out, combined_w, event

@@ -224,6 +224,12 @@ def normal_worst(buf, seed):
     g = buf.moe_ep_group
     src, want_idx, want_w, _ = oracle.ht_dispatch(P, inputs, RANK)
     n = len(src)
+    # What combine hands the library: a GPU group never learns the receive
+    # count on the host, so it takes y of every row the worst-case dispatch
+    # filled (world_size * max_tokens_per_rank or more), not num_worst_tokens.
+    y_rows = []
+    library_combine = g.combine
+    g.combine = lambda h, y, **kw: y_rows.append(y.shape[0]) or library_combine(h, y, **kw)
     for nw in (WORLD * g.config.max_tokens_per_rank + 8, WORLD * P.max_tokens):
         recv_x, recv_idx, recv_w, per_expert, handle, _ = buf.dispatch(
             x, topk_idx=idx, topk_weights=w, num_worst_tokens=nw)
@@ -239,6 +245,11 @@ def normal_worst(buf, seed):
         y = (recv_x.float() * float(oracle.ht_partial_scale(RANK))).to(torch.bfloat16)
         out, _, _ = buf.combine(y, handle, topk_weights=recv_w)
         same("deep_ep HT worst combine (%d rows)" % nw, seed, bits(out), oracle.ht_combine(P, inputs[RANK]))
+        filled = max(nw, WORLD * g.config.max_tokens_per_rank)
+        if y_rows[-1] < filled:
+            fail("deep_ep HT worst combine y", seed, "%d rows reached the library after a "
+                 "dispatch of %d rows" % (y_rows[-1], filled))
+    del g.combine
     # Every rank dispatches; a rank that received more than one row raises.
     try:
         buf.dispatch(x, topk_idx=idx, topk_weights=w, num_worst_tokens=1)
