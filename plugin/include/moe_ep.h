@@ -228,8 +228,9 @@ typedef struct moe_ep_group_info {
  * get recv_topk_idx -1 and recv_topk_weights 0 (their recv_x and
  * recv_scales are unspecified); recv_count is as usual. The combine on that
  * handle then takes y with N_recv rows or more (rows past N_recv are
- * ignored), e.g. the dispatch's fixed-size output. Low-latency dispatch
- * (always fixed-size) refuses it. */
+ * ignored), e.g. the dispatch's fixed-size output; on the nccl backend,
+ * where N_recv stays on the GPU, y needs the dispatch's full row count.
+ * Low-latency dispatch (always fixed-size) refuses it. */
 #define MOE_EP_FLAG_WORST_CASE (1u << 2)
 
 typedef struct moe_ep_prepare_params {
