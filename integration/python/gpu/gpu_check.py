@@ -99,6 +99,29 @@ def expected_recv(all_in):
     return rows
 
 
+def check_handle_layout(what, handle, all_in):
+    """DeepEP's LL handle: src_info[l][slot] = the source token of each
+    received slot (slots by source rank, then token), layout_range[l][r] =
+    begin << 32 | count of source r's slots; read lazily from the library."""
+    src_info, layout_range = handle[0].cpu(), handle[1].cpu()
+    for l in range(EL):
+        e, begin = RANK * EL + l, 0
+        for r in range(WORLD):
+            toks = [t for t in range(all_in[r][1].shape[0]) if (all_in[r][1][t] == e).any()]
+            want = (begin << 32) | len(toks)
+            got = int(layout_range[l, r])
+            if got != want:
+                fail(what, "layout_range[%d][%d] = %#x, want %#x" % (l, r, got, want))
+                return
+            got_src = src_info[l, begin:begin + len(toks)].tolist()
+            if got_src != toks:
+                fail(what, "src_info[%d][%d:%d] = %s, want %s"
+                     % (l, begin, begin + len(toks), got_src[:8], toks[:8]))
+                return
+            begin += len(toks)
+    print("rank %d %s: src_info and layout_range bit-exact" % (RANK, what))
+
+
 def expected_combine(x, idx, w):
     """One f32 sum per token in k order from 0, then bf16 (README)."""
     out = torch.zeros(x.shape, dtype=torch.bfloat16)
@@ -252,6 +275,7 @@ def part_deep_ep(use_fp8=False):
     recv_x, count, handle, event, hook = buf.low_latency_dispatch(
         x, idx, N, E, use_fp8=use_fp8, return_recv_hook=True)
     hook()
+    check_handle_layout("deep_ep handle", handle, all_in)
     if use_fp8:
         q, scales = recv_x
         if scales.shape != (EL, WORLD * N, H // 128) or scales.stride(1) != 1:
