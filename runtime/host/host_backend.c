@@ -126,9 +126,7 @@ static size_t scale_row_bytes(const mep_op_t *op) {
   return (size_t)mep_scale_cols(op->hidden, packed) * 4u;
 }
 
-static void row_layout_for(const moe_ep_group_t *g, const mep_op_t *op,
-                           mep_row_layout_t *rl) {
-  (void)g;
+static void row_layout_for(const mep_op_t *op, mep_row_layout_t *rl) {
   int pow2 = op->scale_format != MOE_EP_FP8_SCALE_F32 ||
              (op->flags & MOE_EP_FLAG_ROUND_SCALE);
   mep_row_layout_init(rl, op->hidden, op->handle->top_k, op->fp8, pow2);
@@ -140,7 +138,7 @@ static moe_ep_status_t dispatch_send(moe_ep_group_t *g, mep_op_t *op) {
   int R = g->world_size, K = h->top_k, E_l = g->num_local_experts;
   int32_t lids[MEP_MAX_TOP_K];
   mep_row_layout_t rl;
-  row_layout_for(g, op, &rl);
+  row_layout_for(op, &rl);
   const uint16_t *x = op->x;
   /* HT fp8: the engine's quantised rows and scales travel verbatim. */
   int ht = op->mode == MOE_EP_MODE_HIGH_THROUGHPUT;
@@ -441,7 +439,7 @@ static moe_ep_status_t host_send(moe_ep_group_t *g, mep_op_t *op) {
 static moe_ep_status_t recv_half(moe_ep_group_t *g, mep_op_t *op) {
   if (op->kind == MEP_OP_COMBINE) return combine_recv(g, op);
   mep_row_layout_t rl;
-  row_layout_for(g, op, &rl);
+  row_layout_for(op, &rl);
   MEP_CHECK(wait_all(g, op, 0));
   MEP_CHECK(check_rows(g, op, &rl, combine_width(g, op)));
   MEP_CHECK(op->mode == MOE_EP_MODE_LOW_LATENCY ? dispatch_recv_ll(g, op, &rl)
