@@ -173,6 +173,8 @@ ht_suite() {
   api ht_ep2_big 2 240 --mode=ht --experts=256 --max_tokens=4096 --layers=7168:8 --seeds=1
   api ht_ep2_one_token 2 60 --mode=ht --experts=8 --max_tokens=1 --layers=2048:1,128:8 --seeds=2
   api ht_ep2_bad 2 60 --scenario=htbad --mode=ht --experts=8 --max_tokens=16 --layers=256:2
+  api ht_ep2_skip_timeout 2 20 --scenario=skip --mode=ht --experts=8 --max_tokens=8 \
+    --layers=128:2 --kernel_ms=2000
   api ht_ep1 1 60 --mode=ht --experts=16 --max_tokens=256 --layers=7168:8,2880:4 --seeds=1
   api ll_ep2_layout 2 60 --scenario=layout --experts=8 --max_tokens=16 --layers=256:2,128:1
   api ll_ep2_layout_fp8 2 60 --scenario=layout --experts=64 --max_tokens=64 --dtype=fp8 \

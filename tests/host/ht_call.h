@@ -22,8 +22,9 @@ class HtCall {
   ~HtCall();
   HtCall(const HtCall&) = delete;
   HtCall& operator=(const HtCall&) = delete;
-  // prepare, checking num_tokens_per_rank against the oracle.
-  moe_ep_status_t prepare();
+  // prepare, checking num_tokens_per_rank against the oracle; a failure is
+  // reported unless expect_ok is false (the caller checks the status).
+  moe_ep_status_t prepare(bool expect_ok = true);
   // Another x of `hidden` channels for the same routing (the next dispatch
   // on this handle, as DeepEP's cached dispatch sends a second tensor of the
   // same tokens): the seed's inputs at that hidden, each value negated,
