@@ -190,7 +190,11 @@ __device__ void mep_ht_combine_recv(const MepHtParams &p, const mep_ht_combine_a
           seen[warp][d] = v;
         }
       }
-      if (__shfl_sync(~0u, ok ? 1 : 0, 0) == 0) {
+      const bool all_there = __shfl_sync(~0u, ok ? 1 : 0, 0) != 0;
+      /* A shuffle orders no memory: the barrier puts every lane's row loads
+       * after lane 0's acquire of the tails. */
+      __syncwarp();
+      if (!all_there) {
         if (lane == 0) failed = 1;
         continue;
       }

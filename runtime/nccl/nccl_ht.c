@@ -198,6 +198,13 @@ static const char *ht_op_name(int op) {
 
 /* A kernel's fatal record, as a sentence. */
 static moe_ep_status_t record_error(const moe_ep_group_t *g, const mep_error_record_t *r) {
+  if (r->op == MEP_HT_OP_CHANNELS && r->peer < 0) {
+    /* Combine's own check of the layout its dispatch left (no peer). */
+    return mep_error(MOE_EP_ERR_INTERNAL,
+                     "an HT combine kernel on rank %d was launched with %llu channels but its "
+                     "dispatch's layout has %llu; destroy the group",
+                     r->rank, (unsigned long long)r->expected, (unsigned long long)r->seen);
+  }
   if (r->op == MEP_HT_OP_CHANNELS) {
     return mep_error(MOE_EP_ERR_MISMATCH,
                      "an HT kernel on rank %d split its tokens into %llu channels but rank %d "
