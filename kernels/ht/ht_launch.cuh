@@ -61,14 +61,23 @@ static inline mep_kstatus_t mep_ht_check_shape(const char *op, const mep_ht_ctx_
   return MEP_KSTATUS_OK;
 }
 
+/* What every HT launcher checks first: non-NULL arguments, a usable
+ * context, a call shape within its capacities and a buffer set `set`. Args
+ * is mep_ht_dispatch_args_t or mep_ht_combine_args_t. */
+template <typename Args>
+static inline mep_kstatus_t mep_ht_check_call(const char *op, const mep_ht_ctx_t *ctx,
+                                              const Args *a, int set) {
+  if (a == nullptr) return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT, "%s: args is NULL", op);
+  mep_kstatus_t st = mep_ht_check_ctx(op, ctx);
+  if (st != MEP_KSTATUS_OK) return st;
+  return mep_ht_check_shape(op, ctx, a->num_tokens, a->hidden, a->top_k, a->num_experts,
+                            a->topk_idx_bytes, set);
+}
+
 static inline mep_kstatus_t mep_ht_check_dispatch(const mep_ht_ctx_t *ctx,
                                                   const mep_ht_dispatch_args_t *a) {
   const char *op = "ht dispatch";
-  if (a == nullptr) return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT, "%s: args is NULL", op);
-  mep_kstatus_t st = mep_ht_check_ctx(op, ctx);
-  if (st == MEP_KSTATUS_OK)
-    st = mep_ht_check_shape(op, ctx, a->num_tokens, a->hidden, a->top_k, a->num_experts,
-                            a->topk_idx_bytes, a->buffer_set);
+  mep_kstatus_t st = mep_ht_check_call(op, ctx, a, a != nullptr ? a->buffer_set : 0);
   if (st != MEP_KSTATUS_OK) return st;
   if (a->fp8 && (a->hidden % MEP_HIDDEN_ALIGN != 0 || a->scale_words < 1 ||
                  a->scale_words > a->hidden / 32))
@@ -96,11 +105,7 @@ static inline mep_kstatus_t mep_ht_check_dispatch(const mep_ht_ctx_t *ctx,
 static inline mep_kstatus_t mep_ht_check_combine(const mep_ht_ctx_t *ctx,
                                                  const mep_ht_combine_args_t *a) {
   const char *op = "ht combine";
-  if (a == nullptr) return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT, "%s: args is NULL", op);
-  mep_kstatus_t st = mep_ht_check_ctx(op, ctx);
-  if (st == MEP_KSTATUS_OK)
-    st = mep_ht_check_shape(op, ctx, a->num_tokens, a->hidden, a->top_k, a->num_experts,
-                            a->topk_idx_bytes, a->layout_set);
+  mep_kstatus_t st = mep_ht_check_call(op, ctx, a, a != nullptr ? a->layout_set : 0);
   if (st != MEP_KSTATUS_OK) return st;
   if (a->channels < 1 || a->channels > MEP_HT_MAX_CHANNELS)
     return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,

@@ -37,8 +37,7 @@ typedef struct nccl_state {
   mep_layout_book_t layouts;
   /* Recorded after each send half: a hook may run its receive on another
    * stream, which must still come after the send. */
-  cudaEvent_t sent[MEP_NUM_BUFFER_SETS];
-  void *sent_stream[MEP_NUM_BUFFER_SETS];
+  mep_nccl_sent_t sent;
 } nccl_state_t;
 
 /* What a handle remembers of its dispatch (h->backend). */
@@ -77,8 +76,8 @@ static void nccl_destroy(moe_ep_group_t *g) {
     cudaFree(s->src_count[i]);
     cudaFree(s->route[i]);
     cudaFree(s->src_tokens[i]);
-    if (s->sent[i] != NULL) cudaEventDestroy(s->sent[i]);
   }
+  mep_nccl_sent_destroy(&s->sent);
   cudaFree(s->ctx.state);
   mep_nccl_free_records(s->rec);
   mep_nccl_destroy(s->nccl, g->broken != MOE_EP_OK);
@@ -116,10 +115,8 @@ static moe_ep_status_t alloc_device(nccl_state_t *s, const mep_ll_dims_t *d) {
         (e = cudaMalloc((void **)&s->src_tokens[i], (size_t)d->world * 4u)) != cudaSuccess) {
       return mep_nccl_cuda_error("allocating handle storage", e);
     }
-    if ((e = cudaEventCreateWithFlags(&s->sent[i], cudaEventDisableTiming)) != cudaSuccess) {
-      return mep_nccl_cuda_error("cudaEventCreate", e);
-    }
   }
+  MEP_CHECK(mep_nccl_sent_create(&s->sent));
   return cudaDeviceSynchronize() == cudaSuccess ? MOE_EP_OK
                                                 : mep_nccl_cuda_error("cudaDeviceSynchronize", cudaGetLastError());
 }
@@ -364,11 +361,7 @@ static moe_ep_status_t nccl_send(moe_ep_group_t *g, mep_op_t *op) {
   int prev;
   MEP_CHECK(enter_device(g, s, &prev));
   moe_ep_status_t st = send_half(g, s, op, 0);
-  if (st == MOE_EP_OK) {
-    cudaError_t e = cudaEventRecord(s->sent[op->buffer_set], (cudaStream_t)op->stream);
-    if (e != cudaSuccess) st = mep_nccl_cuda_error("cudaEventRecord", e);
-    s->sent_stream[op->buffer_set] = op->stream;
-  }
+  if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->sent, op->buffer_set, op->stream);
   return leave_device(s, prev, st);
 }
 
@@ -376,13 +369,8 @@ static moe_ep_status_t nccl_recv(moe_ep_group_t *g, mep_op_t *op) {
   nccl_state_t *s = g->impl;
   int prev;
   MEP_CHECK(enter_device(g, s, &prev));
-  /* Same stream: already ordered (and an event from another graph capture
-   * must not be waited on). Another stream: order it after the send. */
-  if (op->stream != s->sent_stream[op->buffer_set]) {
-    cudaError_t e = cudaStreamWaitEvent((cudaStream_t)op->stream, s->sent[op->buffer_set], 0);
-    if (e != cudaSuccess) return leave_device(s, prev, mep_nccl_cuda_error("cudaStreamWaitEvent", e));
-  }
-  moe_ep_status_t st;
+  moe_ep_status_t st = mep_nccl_sent_order(&s->sent, op->buffer_set, op->stream);
+  if (st != MOE_EP_OK) return leave_device(s, prev, st);
   if (op->kind == MEP_OP_DISPATCH) {
     mep_ll_dispatch_args_t a;
     dispatch_args(g, s, op, &a);

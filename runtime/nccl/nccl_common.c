@@ -115,3 +115,31 @@ moe_ep_status_t mep_nccl_prepare_layout(moe_ep_group_t *g, int device, mep_handl
   return mep_nccl_leave(device, prev,
                         mep_nccl_launched(g, mep_prepare_layout(&a, h->prepare_stream), "prepare"));
 }
+
+moe_ep_status_t mep_nccl_sent_create(mep_nccl_sent_t *sent) {
+  for (int i = 0; i < MEP_NUM_BUFFER_SETS; i++) {
+    cudaError_t e = cudaEventCreateWithFlags((cudaEvent_t *)&sent->event[i],
+                                             cudaEventDisableTiming);
+    if (e != cudaSuccess) return mep_nccl_cuda_error("cudaEventCreate", e);
+  }
+  return MOE_EP_OK;
+}
+
+void mep_nccl_sent_destroy(mep_nccl_sent_t *sent) {
+  for (int i = 0; i < MEP_NUM_BUFFER_SETS; i++) {
+    if (sent->event[i] != NULL) cudaEventDestroy((cudaEvent_t)sent->event[i]);
+    sent->event[i] = NULL;
+  }
+}
+
+moe_ep_status_t mep_nccl_sent_record(mep_nccl_sent_t *sent, int set, void *stream) {
+  cudaError_t e = cudaEventRecord((cudaEvent_t)sent->event[set], (cudaStream_t)stream);
+  sent->stream[set] = stream;
+  return e == cudaSuccess ? MOE_EP_OK : mep_nccl_cuda_error("cudaEventRecord", e);
+}
+
+moe_ep_status_t mep_nccl_sent_order(const mep_nccl_sent_t *sent, int set, void *stream) {
+  if (stream == sent->stream[set]) return MOE_EP_OK;
+  cudaError_t e = cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)sent->event[set], 0);
+  return e == cudaSuccess ? MOE_EP_OK : mep_nccl_cuda_error("cudaStreamWaitEvent", e);
+}

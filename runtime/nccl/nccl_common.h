@@ -10,6 +10,7 @@
 #include "kernels/common/kernels_error.h"
 #include "kernels/common/kernels_types.h"
 #include "kernels/common/error_record.h"
+#include "kernels/common/limits.h"
 #include "moe_ep.h"
 #include "runtime/op.h"
 
@@ -38,6 +39,22 @@ moe_ep_status_t mep_nccl_leave(int device, int prev, moe_ep_status_t st);
 
 /* A launcher's status as moe-ep's, with its sentence and this rank. */
 moe_ep_status_t mep_nccl_launched(const moe_ep_group_t *g, mep_kstatus_t k, const char *what);
+
+/* What orders a buffer set's receive half after its send half: an event
+ * per set recorded after the send, and the stream it was recorded on. */
+typedef struct mep_nccl_sent {
+  void *event[MEP_NUM_BUFFER_SETS];  /* cudaEvent_t */
+  void *stream[MEP_NUM_BUFFER_SETS]; /* the send half's stream */
+} mep_nccl_sent_t;
+
+moe_ep_status_t mep_nccl_sent_create(mep_nccl_sent_t *sent);
+void mep_nccl_sent_destroy(mep_nccl_sent_t *sent); /* accepts a zeroed one */
+/* After a send half on `stream` into buffer set `set`. */
+moe_ep_status_t mep_nccl_sent_record(mep_nccl_sent_t *sent, int set, void *stream);
+/* Before a receive half on `stream`: the same stream is already ordered (and
+ * an event from another graph capture must not be waited on); another
+ * stream waits for the send. */
+moe_ep_status_t mep_nccl_sent_order(const mep_nccl_sent_t *sent, int set, void *stream);
 
 /* prepare's optional layout outputs (h->out_*): one kernel on the
  * caller's stream, no sync and no allocation, so prepare may be captured

@@ -30,8 +30,7 @@ typedef struct ht_state {
   int64_t *num_recv;          /* host-mapped [MEP_NUM_BUFFER_SETS] */
   int64_t *num_recv_dev;
   mep_layout_book_t layouts;
-  cudaEvent_t sent[MEP_NUM_BUFFER_SETS];
-  void *sent_stream[MEP_NUM_BUFFER_SETS];
+  mep_nccl_sent_t sent;
 } ht_state_t;
 
 /* What a handle remembers of its dispatch (h->backend). */
@@ -63,9 +62,7 @@ static void ht_destroy(moe_ep_group_t *g) {
     cudaSetDevice(s->device);
     cudaDeviceSynchronize(); /* no kernel may still use the buffers */
   }
-  for (int i = 0; i < MEP_NUM_BUFFER_SETS; i++) {
-    if (s->sent[i] != NULL) cudaEventDestroy(s->sent[i]);
-  }
+  mep_nccl_sent_destroy(&s->sent);
   cudaFree(s->ctx.state);
   if (s->num_recv != NULL) cudaFreeHost(s->num_recv);
   mep_nccl_free_records(s->rec);
@@ -91,12 +88,7 @@ static moe_ep_status_t alloc_device(ht_state_t *s) {
   if ((e = cudaHostGetDevicePointer((void **)&s->num_recv_dev, s->num_recv, 0)) != cudaSuccess) {
     return mep_nccl_cuda_error("cudaHostGetDevicePointer(received row counts)", e);
   }
-  for (int i = 0; i < MEP_NUM_BUFFER_SETS; i++) {
-    if ((e = cudaEventCreateWithFlags(&s->sent[i], cudaEventDisableTiming)) != cudaSuccess) {
-      return mep_nccl_cuda_error("cudaEventCreate", e);
-    }
-  }
-  return MOE_EP_OK;
+  return mep_nccl_sent_create(&s->sent);
 }
 
 /* HT crosses NVLink only: every peer must be an LSA peer, and the network
@@ -331,11 +323,7 @@ static moe_ep_status_t ht_send(moe_ep_group_t *g, mep_op_t *op) {
   MEP_CHECK(enter(g, s, &prev));
   moe_ep_status_t st =
       op->kind == MEP_OP_DISPATCH ? launch_dispatch(g, s, op) : launch_combine(g, s, op);
-  if (st == MOE_EP_OK) {
-    cudaError_t e = cudaEventRecord(s->sent[op->buffer_set], (cudaStream_t)op->stream);
-    if (e != cudaSuccess) st = mep_nccl_cuda_error("cudaEventRecord", e);
-    s->sent_stream[op->buffer_set] = op->stream;
-  }
+  if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->sent, op->buffer_set, op->stream);
   return mep_nccl_leave(s->device, prev, st);
 }
 
@@ -356,11 +344,7 @@ static moe_ep_status_t ht_recv(moe_ep_group_t *g, mep_op_t *op) {
   ht_state_t *s = g->impl;
   int prev;
   MEP_CHECK(enter(g, s, &prev));
-  moe_ep_status_t st = MOE_EP_OK;
-  if (op->stream != s->sent_stream[op->buffer_set]) {
-    cudaError_t e = cudaStreamWaitEvent((cudaStream_t)op->stream, s->sent[op->buffer_set], 0);
-    if (e != cudaSuccess) st = mep_nccl_cuda_error("cudaStreamWaitEvent", e);
-  }
+  moe_ep_status_t st = mep_nccl_sent_order(&s->sent, op->buffer_set, op->stream);
   if (st == MOE_EP_OK && op->kind == MEP_OP_DISPATCH) {
     if (op->flags & MOE_EP_FLAG_WORST_CASE) {
       /* No sync: combine's y then has recv_x's rows. */
