@@ -24,6 +24,8 @@ done
 cp integration/configs/*.yaml .gpu_bundle/
 # The NVLink micro-probe (launch, fence, signal and copy costs; no NCCL).
 nvcc -O3 -arch=sm_90 -o .gpu_bundle/nvlink_probe tools/probe/nvlink_probe.cu
+# The HT copy floors (peer stores by warps and by TMA, both ways; local copies).
+nvcc -O3 -arch=sm_90 -o .gpu_bundle/ht_probe tools/probe/ht_probe.cu
 cp tools/device_run.sh .gpu_bundle/run_device.sh
 cp tools/device_python.sh .gpu_bundle/run_python.sh
 echo "bundle: $(du -sh .gpu_bundle | cut -f1) in .gpu_bundle/"

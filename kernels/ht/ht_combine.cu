@@ -91,12 +91,65 @@ __device__ __forceinline__ uint32_t mep_ht_pack2(float lo, float hi) {
  * row in flight before any is used (one load latency per step). */
 constexpr int kMepHtSumU = 8;
 
+/* Row of token j of the chunk from rank d: in place in y for this rank,
+ * else in d's combine ring. */
+__device__ __forceinline__ const uint4 *mep_ht_sum_row(const MepHtParams &p, int c, int d, int j,
+                                                       const uint64_t *cons, const uint32_t *bal,
+                                                       int H, const uint16_t *own) {
+  const uint64_t pos = cons[d] + __popc(bal[d] & ((1u << j) - 1u));
+  return d == p.xp.rank ? reinterpret_cast<const uint4 *>(own + pos * (uint64_t)H)
+                        : reinterpret_cast<const uint4 *>(
+                              p.xp.local + mep_ht_ring_off(p.win.comb_ring, p.win.comb_row, d, c,
+                                                           pos % MEP_HT_RING_ROWS));
+}
+
+/* A token with rows from at most two ranks (every token at EP2): both
+ * rows' vectors of a step are loaded before any is added, so a step costs
+ * one load latency for twice the bytes of the general loop. Same order
+ * and rounding: (+0 + row a) + row b in f32, a the lower rank; a missing
+ * b adds +0, which leaves any sum of +0 + a unchanged. */
+constexpr int kMepHtSum2U = 8;
+__device__ __forceinline__ void mep_ht_sum_two(const uint4 *ra, const uint4 *rb, int nv,
+                                               uint4 *out) {
+  const int lane = threadIdx.x & 31;
+  for (int v0 = 0; v0 < nv; v0 += 32 * kMepHtSum2U) {
+    uint4 va[kMepHtSum2U], vb[kMepHtSum2U];
+#pragma unroll
+    for (int u = 0; u < kMepHtSum2U; ++u) {
+      const int i = v0 + u * 32 + lane;
+      const bool in = i < nv;
+      va[u] = in && ra != nullptr ? __ldcg(ra + i) : make_uint4(0u, 0u, 0u, 0u);
+      vb[u] = in && rb != nullptr ? __ldcg(rb + i) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int u = 0; u < kMepHtSum2U; ++u) {
+      const int i = v0 + u * 32 + lane;
+      float acc[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
+      mep_ht_add8(acc, va[u]);
+      mep_ht_add8(acc, vb[u]);
+      if (i < nv)
+        out[i] = make_uint4(mep_ht_pack2(acc[0], acc[1]), mep_ht_pack2(acc[2], acc[3]),
+                            mep_ht_pack2(acc[4], acc[5]), mep_ht_pack2(acc[6], acc[7]));
+    }
+  }
+}
+
 /* out (token j of the chunk) = its rows from the ranks in mask m, summed in
  * ascending rank order in f32 from +0, rounded to bf16 once. Whole warp. */
 __device__ __forceinline__ void mep_ht_sum_rows(const MepHtParams &p, int c, uint32_t m, int j,
                                                 const uint64_t *cons, const uint32_t *bal, int H,
                                                 const uint16_t *own, uint4 *out) {
   const int lane = threadIdx.x & 31, nv = H / 8;
+  if (__popc(m) <= 2) {
+    const int da = m != 0 ? __ffs(m) - 1 : -1;
+    const uint32_t rest = m != 0 ? m & (m - 1) : 0u;
+    const int db = rest != 0 ? __ffs(rest) - 1 : -1;
+    mep_ht_sum_two(da >= 0 ? mep_ht_sum_row(p, c, da, j, cons, bal, H, own) : nullptr,
+                   db >= 0 ? mep_ht_sum_row(p, c, db, j, cons, bal, H, own) : nullptr, nv, out);
+    return;
+  }
   for (int v0 = 0; v0 < nv; v0 += 32 * kMepHtSumU) {
     float acc[kMepHtSumU][8];
 #pragma unroll
@@ -104,14 +157,7 @@ __device__ __forceinline__ void mep_ht_sum_rows(const MepHtParams &p, int c, uin
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[u][e] = 0.0f;
     for (uint32_t left = m; left != 0; left &= left - 1) {
-      const int d = __ffs(left) - 1;
-      const uint64_t pos = cons[d] + __popc(bal[d] & ((1u << j) - 1u));
-      const uint4 *row =
-          d == p.xp.rank
-              ? reinterpret_cast<const uint4 *>(own + pos * (uint64_t)H)
-              : reinterpret_cast<const uint4 *>(
-                    p.xp.local + mep_ht_ring_off(p.win.comb_ring, p.win.comb_row, d, c,
-                                                 pos % MEP_HT_RING_ROWS));
+      const uint4 *row = mep_ht_sum_row(p, c, __ffs(left) - 1, j, cons, bal, H, own);
       uint4 v[kMepHtSumU];
 #pragma unroll
       for (int u = 0; u < kMepHtSumU; ++u) {

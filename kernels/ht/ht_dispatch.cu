@@ -16,14 +16,29 @@ __device__ __forceinline__ int mep_ht_nth_bit(uint32_t bits, int o) {
   return __ffs(bits) - 1;
 }
 
-/* Slot k of token t as destination d sees it: d's local expert (-1 when
- * the expert lives elsewhere) and its weight (0 elsewhere). */
-__device__ __forceinline__ int32_t mep_ht_slot(const mep_ht_dispatch_args_t &a, int t, int k,
-                                               int d, int e_local, float *w) {
-  const int64_t e = mep_ht_topk(a.topk_idx, a.topk_idx_bytes, (int64_t)t * a.top_k + k);
-  const bool here = e >= 0 && e < a.num_experts && (int)(e / e_local) == d;
-  *w = here ? a.topk_weights[(int64_t)t * a.top_k + k] : 0.0f;
-  return here ? (int32_t)(e % e_local) : -1;
+/* Slot k of a token's routing as destination d sees it: d's local expert
+ * (-1 when the expert lives elsewhere) and its weight (0 elsewhere). The
+ * raw id and weight are loaded by mep_ht_slot_load before the row's copy,
+ * so their load latency overlaps the copy's instead of following it. */
+struct MepHtSlot {
+  int64_t e;
+  float w;
+};
+__device__ __forceinline__ MepHtSlot mep_ht_slot_load(const mep_ht_dispatch_args_t &a, int t) {
+  const int lane = threadIdx.x & 31;
+  MepHtSlot s = {-1, 0.0f};
+  if (lane < a.top_k) {
+    const int64_t i = (int64_t)t * a.top_k + lane;
+    s.e = mep_ht_topk(a.topk_idx, a.topk_idx_bytes, i);
+    s.w = a.topk_weights[i];
+  }
+  return s;
+}
+__device__ __forceinline__ int32_t mep_ht_slot(const mep_ht_dispatch_args_t &a, MepHtSlot s, int d,
+                                               int e_local, float *w) {
+  const bool here = s.e >= 0 && s.e < a.num_experts && (int)(s.e / e_local) == d;
+  *w = here ? s.w : 0.0f;
+  return here ? (int32_t)(s.e % e_local) : -1;
 }
 
 /* The rows of token t for destination d: payload, then its K slots as d's
@@ -31,6 +46,7 @@ __device__ __forceinline__ int32_t mep_ht_slot(const mep_ht_dispatch_args_t &a, 
 __device__ __forceinline__ void mep_ht_write_row(const mep_ht_dispatch_args_t &a, uint64_t payload,
                                                  int t, int d, int e_local, char *dst) {
   const int H = a.hidden, K = a.top_k, lane = threadIdx.x & 31;
+  const MepHtSlot slot = mep_ht_slot_load(a, t);
   if (a.fp8) {
     mep_copy_warp<kMepHtCopyU>(dst, static_cast<const uint8_t *>(a.x) + (uint64_t)t * H, (uint32_t)H);
     mep_ht_copy_words(reinterpret_cast<uint32_t *>(dst + H),
@@ -41,7 +57,7 @@ __device__ __forceinline__ void mep_ht_write_row(const mep_ht_dispatch_args_t &a
   }
   if (lane < K) {
     float w;
-    reinterpret_cast<int32_t *>(dst + payload)[lane] = mep_ht_slot(a, t, lane, d, e_local, &w);
+    reinterpret_cast<int32_t *>(dst + payload)[lane] = mep_ht_slot(a, slot, d, e_local, &w);
     reinterpret_cast<float *>(dst + payload + 4u * K)[lane] = w;
   }
 }
@@ -51,6 +67,7 @@ __device__ __forceinline__ void mep_ht_write_row(const mep_ht_dispatch_args_t &a
 __device__ __forceinline__ void mep_ht_place_own(const mep_ht_dispatch_args_t &a, int t, int me,
                                                  int e_local, int64_t out, int32_t *hist) {
   const int H = a.hidden, K = a.top_k, lane = threadIdx.x & 31;
+  const MepHtSlot slot = mep_ht_slot_load(a, t);
   if (a.fp8) {
     mep_copy_warp<kMepHtCopyU>(static_cast<uint8_t *>(a.recv_x) + out * H,
                                static_cast<const uint8_t *>(a.x) + (int64_t)t * H, (uint32_t)H);
@@ -64,10 +81,40 @@ __device__ __forceinline__ void mep_ht_place_own(const mep_ht_dispatch_args_t &a
   }
   if (lane < K) {
     float w;
-    const int32_t lid = mep_ht_slot(a, t, lane, me, e_local, &w);
+    const int32_t lid = mep_ht_slot(a, slot, me, e_local, &w);
     a.recv_topk_idx[out * K + lane] = lid;
     a.recv_topk_weights[out * K + lane] = w;
     if (lid >= 0) atomicAdd(&hist[lid], 1);
+  }
+}
+
+/* Which of the chunk's tokens [base, min(base + 32, t1)) go to rank d
+ * (bit i: token base + i). Whole warp. */
+__device__ __forceinline__ uint32_t mep_ht_chunk_ballot(const mep_ht_dispatch_args_t &a, int base,
+                                                        int t1, int d, int e_local) {
+  const int t = base + (int)(threadIdx.x & 31);
+  const uint64_t m = t < t1 ? mep_ht_dest_mask(a.topk_idx, a.topk_idx_bytes, t, a.top_k,
+                                               a.num_experts, e_local)
+                            : 0;
+  return __ballot_sync(~0u, (m >> d) & 1u);
+}
+
+/* This rank's own rows of channel [t0, t1), output rows from `out`: the
+ * group places the rows of every other chunk of 32 tokens, starting at
+ * chunk `half`. The channel's sender block (half 0) and receiver block
+ * (half 1) each take half: the receiver's group for this rank has no ring
+ * to drain, and a block's copy rate is bounded per SM, so the channel's
+ * two SMs then copy about the same bytes. Whole warp group. */
+__device__ void mep_ht_place_own_half(const mep_ht_dispatch_args_t &a, const MepHtGroups &g,
+                                      int t0, int t1, int me, int e_local, int64_t out, int half,
+                                      int32_t *hist) {
+  for (int base = t0, k = 0; base < t1; base += MEP_HT_CHUNK, ++k) {
+    const uint32_t bal = mep_ht_chunk_ballot(a, base, t1, me, e_local);
+    const int n = __popc(bal);
+    if ((k & 1) == half)
+      for (int o = g.index; o < n; o += g.size)
+        mep_ht_place_own(a, base + mep_ht_nth_bit(bal, o), me, e_local, out + o, hist);
+    out += n;
   }
 }
 
@@ -129,11 +176,7 @@ __device__ void mep_ht_send_ring(const MepHtParams &p, const mep_ht_dispatch_arg
   const uint64_t payload = mep_ht_payload_bytes(a.hidden, a.fp8, a.scale_words);
   bool ok = true;
   for (int base = t0; base < t1 && ok; base += MEP_HT_CHUNK) {
-    const int t = base + lane;
-    const uint64_t m = t < t1 ? mep_ht_dest_mask(a.topk_idx, a.topk_idx_bytes, t, a.top_k,
-                                                 a.num_experts, e_local)
-                              : 0;
-    const uint32_t bal = __ballot_sync(~0u, (m >> d) & 1u);
+    const uint32_t bal = mep_ht_chunk_ballot(a, base, t1, d, e_local);
     const int n = __popc(bal);
     if (n == 0) continue;
     /* Room for n rows: the destination has drained up to tail + n - Q. */
@@ -164,7 +207,7 @@ __device__ void mep_ht_dispatch_send(const MepHtParams &p, const mep_ht_dispatch
   __shared__ int64_t base_sh[MEP_HT_MAX_RANKS];
   __shared__ int64_t total_sh;
   __shared__ int32_t hist[MEP_MAX_LOCAL_EXPERTS];
-  const int R = p.dims.world, e_local = a.num_experts / R, lane = threadIdx.x & 31;
+  const int R = p.dims.world, e_local = a.num_experts / R;
   int t0, t1;
   mep_ht_channel_tokens(a.num_tokens, p.chan, c, &t0, &t1);
 
@@ -197,18 +240,7 @@ __device__ void mep_ht_dispatch_send(const MepHtParams &p, const mep_ht_dispatch
   const MepHtGroups g = mep_ht_groups(R);
   const int d = g.group;
   if (d == p.xp.rank) {
-    int64_t out = base_sh[d];
-    for (int base = t0; base < t1; base += MEP_HT_CHUNK) {
-      const int t = base + lane;
-      const uint64_t m = t < t1 ? mep_ht_dest_mask(a.topk_idx, a.topk_idx_bytes, t, a.top_k,
-                                                   a.num_experts, e_local)
-                                : 0;
-      const uint32_t bal = __ballot_sync(~0u, (m >> d) & 1u);
-      const int n = __popc(bal);
-      for (int o = g.index; o < n && !drain; o += g.size)
-        mep_ht_place_own(a, base + mep_ht_nth_bit(bal, o), d, e_local, out + o, hist);
-      out += n;
-    }
+    if (!drain) mep_ht_place_own_half(a, g, t0, t1, d, e_local, base_sh[d], 0, hist);
   } else if (d < R) {
     mep_ht_send_ring(p, a, g, c, t0, t1, wait_slot[g.group]);
   }
@@ -221,6 +253,13 @@ __device__ void mep_ht_dispatch_send(const MepHtParams &p, const mep_ht_dispatch
 __device__ __forceinline__ void mep_ht_read_row(const mep_ht_dispatch_args_t &a, uint64_t payload,
                                                 const char *src, int64_t out, int32_t *hist) {
   const int H = a.hidden, K = a.top_k, lane = threadIdx.x & 31;
+  /* The slots first: their loads overlap the payload's. */
+  int32_t lid = -1;
+  float w = 0.0f;
+  if (lane < K) {
+    lid = __ldcg(reinterpret_cast<const int32_t *>(src + payload) + lane);
+    w = __ldcg(reinterpret_cast<const float *>(src + payload + 4u * K) + lane);
+  }
   if (a.fp8) {
     mep_copy_warp<kMepHtCopyU>(static_cast<uint8_t *>(a.recv_x) + out * H, src, (uint32_t)H);
     mep_ht_copy_words(static_cast<uint32_t *>(a.recv_scales) + out * a.scale_words,
@@ -229,10 +268,8 @@ __device__ __forceinline__ void mep_ht_read_row(const mep_ht_dispatch_args_t &a,
     mep_copy_warp<kMepHtCopyU>(static_cast<uint16_t *>(a.recv_x) + out * H, src, 2u * (uint32_t)H);
   }
   if (lane < K) {
-    const int32_t lid = __ldcg(reinterpret_cast<const int32_t *>(src + payload) + lane);
     a.recv_topk_idx[out * K + lane] = lid;
-    a.recv_topk_weights[out * K + lane] =
-        __ldcg(reinterpret_cast<const float *>(src + payload + 4u * K) + lane);
+    a.recv_topk_weights[out * K + lane] = w;
     if (lid >= 0) atomicAdd(&hist[lid], 1);
   }
 }
@@ -278,8 +315,15 @@ __device__ void mep_ht_dispatch_recv(const MepHtParams &p, const mep_ht_dispatch
   if (g.group < g.count) {
     bool ok = true;
     for (int s = g.group; s < R && ok; s += g.count) {
-      /* This rank's own rows were placed by its sender blocks. */
-      const int expect = s == p.xp.rank ? 0 : n_sh[s * C + c];
+      if (s == p.xp.rank) {
+        if (!drain) {
+          int t0, t1;
+          mep_ht_channel_tokens(a.num_tokens, C, c, &t0, &t1);
+          mep_ht_place_own_half(a, g, t0, t1, s, e_local, base_sh[s], 1, hist);
+        }
+        continue;
+      }
+      const int expect = n_sh[s * C + c];
       uint64_t head = *mep_ht_state_u64(p, p.st.recv_head_d, s, c);
       int got = 0;
       while (got < expect) {

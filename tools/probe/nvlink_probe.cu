@@ -13,14 +13,7 @@
 #include <functional>
 #include <vector>
 
-#define CK(x)                                                                     \
-  do {                                                                            \
-    cudaError_t e_ = (x);                                                         \
-    if (e_ != cudaSuccess) {                                                      \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                    \
-    }                                                                             \
-  } while (0)
+#include "check.h"
 
 struct Big { char pad[1200]; };
 struct Mid { char pad[560]; }; /* the LL kernels' parameter block */
