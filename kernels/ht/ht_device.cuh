@@ -44,6 +44,37 @@ __device__ __forceinline__ MepHtGroups mep_ht_groups(int peers) {
   return g;
 }
 
+/* The dispatch sender's groups: group d (d = destination rank) pushes
+ * d's rows, and the group of this rank (`me`) places its own rows, a
+ * third of them (mep_ht_place_own_part). Pushing a row costs a warp more
+ * than copying one locally, so the own group gets W / (R + 2) warps (4 of
+ * 16 at R = 2) and the peers share the rest evenly; leftover warps idle
+ * (group >= R). Groups of more than one warp use named barrier 1 + d, so
+ * their d must stay below 15: with 16 warps only R <= 8 has such groups. */
+__device__ __forceinline__ MepHtGroups mep_ht_send_groups(int R, int me) {
+  const int warps = blockDim.x / 32, warp = threadIdx.x / 32;
+  MepHtGroups g;
+  g.count = R;
+  if (R == 1) {
+    g.size = warps;
+    g.group = 0;
+    g.index = warp;
+    return g;
+  }
+  const int own = max(1, warps / (R + 2)), peer = max(1, (warps - own) / (R - 1));
+  if (warp < own) {
+    g.size = own;
+    g.group = me;
+    g.index = warp;
+    return g;
+  }
+  const int j = (warp - own) / peer;
+  g.size = peer;
+  g.group = j >= R - 1 ? R : (j < me ? j : j + 1);
+  g.index = (warp - own) % peer;
+  return g;
+}
+
 /* Synchronises the warps of one group (named barrier 1 + group; barrier 0
  * is __syncthreads). A one-warp group needs only __syncwarp. */
 __device__ __forceinline__ void mep_ht_group_sync(const MepHtGroups &g) {

@@ -100,18 +100,19 @@ __device__ __forceinline__ uint32_t mep_ht_chunk_ballot(const mep_ht_dispatch_ar
 }
 
 /* This rank's own rows of channel [t0, t1), output rows from `out`: the
- * group places the rows of every other chunk of 32 tokens, starting at
- * chunk `half`. The channel's sender block (half 0) and receiver block
- * (half 1) each take half: the receiver's group for this rank has no ring
- * to drain, and a block's copy rate is bounded per SM, so the channel's
- * two SMs then copy about the same bytes. Whole warp group. */
-__device__ void mep_ht_place_own_half(const mep_ht_dispatch_args_t &a, const MepHtGroups &g,
-                                      int t0, int t1, int me, int e_local, int64_t out, int half,
+ * group places the rows of chunks k (of 32 tokens) with k % 3 == 0 when
+ * `sender`, the others otherwise. The sender block's pushes into the
+ * peers' rings are the launch's slowest work, so its own-rows group is
+ * small (mep_ht_send_groups) and takes a third; the receiver block's group
+ * for this rank, which has no ring to drain, takes the rest. Whole warp
+ * group. */
+__device__ void mep_ht_place_own_part(const mep_ht_dispatch_args_t &a, const MepHtGroups &g,
+                                      int t0, int t1, int me, int e_local, int64_t out, bool sender,
                                       int32_t *hist) {
   for (int base = t0, k = 0; base < t1; base += MEP_HT_CHUNK, ++k) {
     const uint32_t bal = mep_ht_chunk_ballot(a, base, t1, me, e_local);
     const int n = __popc(bal);
-    if ((k & 1) == half)
+    if ((k % 3 == 0) == sender)
       for (int o = g.index; o < n; o += g.size)
         mep_ht_place_own(a, base + mep_ht_nth_bit(bal, o), me, e_local, out + o, hist);
     out += n;
@@ -237,10 +238,10 @@ __device__ void mep_ht_dispatch_send(const MepHtParams &p, const mep_ht_dispatch
 
   /* One destination per warp group (R <= MEP_HT_MAX_RANKS warps); every
    * warp of the group tracks the ring's tail itself. */
-  const MepHtGroups g = mep_ht_groups(R);
+  const MepHtGroups g = mep_ht_send_groups(R, p.xp.rank);
   const int d = g.group;
   if (d == p.xp.rank) {
-    if (!drain) mep_ht_place_own_half(a, g, t0, t1, d, e_local, base_sh[d], 0, hist);
+    if (!drain) mep_ht_place_own_part(a, g, t0, t1, d, e_local, base_sh[d], true, hist);
   } else if (d < R) {
     mep_ht_send_ring(p, a, g, c, t0, t1, wait_slot[g.group]);
   }
@@ -319,7 +320,7 @@ __device__ void mep_ht_dispatch_recv(const MepHtParams &p, const mep_ht_dispatch
         if (!drain) {
           int t0, t1;
           mep_ht_channel_tokens(a.num_tokens, C, c, &t0, &t1);
-          mep_ht_place_own_half(a, g, t0, t1, s, e_local, base_sh[s], 1, hist);
+          mep_ht_place_own_part(a, g, t0, t1, s, e_local, base_sh[s], false, hist);
         }
         continue;
       }
