@@ -4,8 +4,8 @@ with numpy from every rank's inputs, written from the documented semantics
 
 Numbers follow the library's documented rounding: bf16 round-to-nearest-
 even, f32 accumulation from 0.0f in the stated order, e4m3fn with
-satfinite, fp8 group scale = max(amax, 1e-4) / 448 over 128 channels
-(power of two rounded up when asked)."""
+satfinite (NaN -> 0x7F), fp8 group scale = max(amax of the finite values,
+1e-4) / 448 over 128 channels (power of two rounded up when asked)."""
 import numpy as np
 
 FP8_GROUP = 128
@@ -28,10 +28,13 @@ def bf16_float(bits):
 
 
 def e4m3_bits(a):
-    """float32 array (finite) -> e4m3fn codes, ties to even, satfinite."""
+    """float32 array -> e4m3fn codes, ties to even, satfinite (+-inf ->
+    +-448); NaN of either sign -> 0x7F (moe_ep.h, "fp8 and non-finite
+    input")."""
     a = np.asarray(a, dtype=np.float32)
     sign = np.signbit(a).astype(np.uint8) << 7
-    mag = np.abs(a)
+    nan = np.isnan(a)
+    mag = np.where(nan | np.isinf(a), np.float32(0), np.abs(a))  # decided below
     _, e = np.frexp(mag)
     unb = np.maximum(e.astype(np.int32) - 1, -6)
     quantum = np.ldexp(np.ones_like(mag), unb - 3).astype(np.float32)
@@ -43,13 +46,16 @@ def e4m3_bits(a):
     man_norm = ((qm * 2 - 1) * 8).astype(np.int32)
     code = np.where(sub, man_sub, (exp_field << 3) | man_norm)
     code = np.where(q == 0, 0, code)
-    code = np.where((mag >= 448) | (q >= 448), 0x7E, code)
-    return (code.astype(np.uint8) | sign).astype(np.uint8)
+    code = np.where(np.isinf(a) | (mag >= 448) | (q >= 448), 0x7E, code)
+    code = code.astype(np.uint8) | sign
+    return np.where(nan, np.uint8(0x7F), code).astype(np.uint8)
 
 
 def fp8_group_scales(row_f32, pow2):
-    """[H] float32 -> per-128-channel scales [H/128] float32."""
-    g = np.abs(row_f32.reshape(-1, FP8_GROUP)).max(axis=1).astype(np.float32)
+    """[H] float32 -> per-128-channel scales [H/128] float32; a group's
+    amax is over its finite values only."""
+    a = np.abs(row_f32.reshape(-1, FP8_GROUP))
+    g = np.where(np.isfinite(a), a, np.float32(0)).max(axis=1).astype(np.float32)
     g = np.where(g >= np.float32(1e-4), g, np.float32(1e-4)).astype(np.float32)
     s = (g / np.float32(448.0)).astype(np.float32)
     if pow2:
@@ -63,7 +69,8 @@ def fp8_quantize(x_bits, pow2):
     """bf16 row -> (e4m3 codes [H], scales [H/128])."""
     f = bf16_float(x_bits)
     s = fp8_group_scales(f, pow2)
-    q = e4m3_bits((f.reshape(-1, FP8_GROUP) / s[:, None]).astype(np.float32).reshape(-1))
+    with np.errstate(invalid="ignore", over="ignore"):  # inf / s, NaN / s
+        q = e4m3_bits((f.reshape(-1, FP8_GROUP) / s[:, None]).astype(np.float32).reshape(-1))
     return q, s
 
 

@@ -6,16 +6,17 @@ Low latency gives vLLM's BatchedExperts format: a1q [E_local, R*N, H]
 expert; the router weights travel with the dispatch, so finalize's combine
 sums each token's experts on the experts' rank and returns one row per
 (token, rank). High throughput gives the Standard format: the received
-rows [N_recv, H] with their top-k ids (global) and weights; finalize sums
+rows [N_recv, H] (bf16, or fp8 quantised here before the dispatch, with
+their scales) with their top-k ids (global) and weights; finalize sums
 the per-rank partials."""
 import threading
 
 import torch
 
+from .. import _fp8
 from .._overlap import ExpertMapCheck, InFlight, Once, RecvRing, wait_bound_s
-from .._torch import FP8_DTYPE
 from ..group import Group
-from . import _types
+from . import _quant, _types
 
 
 def _tensor(name, t, entry):
@@ -39,8 +40,12 @@ class PrepareAndFinalize:
     mode picks the format). weights_at_dispatch (low latency; default
     True): the router weights go with the dispatch and combine sums on the
     experts' ranks; False sends them with the combine instead (one row
-    back per (token, expert), as DeepEP). moe_config and quant_config are
-    kept for vLLM, which reads them from its prepare/finalize objects.
+    back per (token, expert), as DeepEP). scale_format (high throughput):
+    the scales of rows an fp8 quant_config has quantised before the
+    dispatch, "f32", "ue8m0" (powers of two in f32, for UE8M0 experts) or
+    "ue8m0_packed" (four exponents per int32); default the group's
+    fp8_scale. moe_config and quant_config are kept for vLLM, which reads
+    them from its prepare/finalize objects.
 
     Every operation between prepare and finalize is found again by the
     topk_ids tensor vLLM passes to both, so two micro-batches may be in
@@ -48,10 +53,17 @@ class PrepareAndFinalize:
     (a1q, its scale) are two sets used in turn, valid until the prepare
     after next, as DeepEP's are."""
 
-    def __init__(self, group, *, weights_at_dispatch=True, moe_config=None, quant_config=None):
+    def __init__(self, group, *, weights_at_dispatch=True, scale_format=None, moe_config=None,
+                 quant_config=None):
         if not isinstance(group, Group):
             raise TypeError("PrepareAndFinalize: group must be a moe_ep.Group, got %s"
                             % type(group).__name__)
+        if scale_format is None:
+            scale_format = group.config.fp8_scale
+        if scale_format not in _fp8.SCALE_FORMATS:
+            raise ValueError("PrepareAndFinalize: scale_format=%r must be one of %s"
+                             % (scale_format, ", ".join(repr(f) for f in _fp8.SCALE_FORMATS)))
+        self._scale_format = scale_format
         self.group = group
         self.moe_config = moe_config
         self.quant_config = quant_config
@@ -109,9 +121,13 @@ class PrepareAndFinalize:
         once); receiver() returns prepare's tuple, running the hook first
         if nobody has."""
         entry = "prepare"
-        x, w_dispatch, w_combine = self._check_prepare(
+        x, w_dispatch, w_combine, scale_format = self._check_prepare(
             entry, a1, topk_weights, topk_ids, num_experts, expert_map,
             bool(apply_router_weight_on_input), quant_config, bool(defer_input_quant))
+        fmt = None
+        if scale_format is not None:  # HT: quantise, then send (x_fp8, scales) verbatim
+            x = _fp8.quantize(x, scale_format, name="a1")
+            fmt = _fp8.ROW_FORMATS[scale_format]
         g = self.group
         if not self._send_lock.acquire(timeout=self._bound_s):
             raise RuntimeError("prepare: another thread held this adapter's send for %.0f s"
@@ -119,7 +135,7 @@ class PrepareAndFinalize:
         try:
             handle = g.prepare(topk_ids)
             try:
-                hook = self._dispatch(handle, x, w_dispatch)
+                hook = self._dispatch(handle, x, w_dispatch, fmt)
             except BaseException:
                 handle.free()
                 raise
@@ -131,10 +147,10 @@ class PrepareAndFinalize:
         receiver = self._ll_receiver(op) if self._ll else self._ht_receiver(op, topk_ids.dtype)
         return op.recv, receiver
 
-    def _dispatch(self, handle, x, weights):
+    def _dispatch(self, handle, x, weights, fmt):
         g = self.group
         if not self._ll:
-            return g.dispatch(handle, x, topk_weights=weights, defer=True)
+            return g.dispatch(handle, x, topk_weights=weights, defer=True, format=fmt)
         hidden = int(x.shape[-1])
         index, buffers = self._ring.take(hidden)
         hook = g.dispatch(handle, x, topk_weights=weights, out=buffers, defer=True)
@@ -166,7 +182,7 @@ class PrepareAndFinalize:
                     self._inflight.add(op, box[0], res.recv_topk_weights)
             meta = meta_cls(expert_num_tokens=res.recv_count,
                             expert_num_tokens_cpu=res.recv_count if on_host else None)
-            return res.recv_x, None, meta, box[0], res.recv_topk_weights
+            return res.recv_x, res.recv_scales, meta, box[0], res.recv_topk_weights
         return receiver
 
     def _global_ids(self, local_ids, dtype):
@@ -184,7 +200,8 @@ class PrepareAndFinalize:
 
     def _check_prepare(self, entry, a1, topk_weights, topk_ids, num_experts, expert_map,
                        on_input, quant_config, defer_input_quant):
-        """(rows to send, weights for dispatch, weights for combine)."""
+        """(rows to send, weights for dispatch, weights for combine, scale
+        format to quantise the rows to or None)."""
         for name, t in (("a1", a1), ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
             _tensor(name, t, entry)
         cfg = self.group.config
@@ -195,10 +212,12 @@ class PrepareAndFinalize:
             raise ValueError("%s: topk_weights has shape %s and topk_ids %s; they pair slot "
                              "by slot" % (entry, tuple(topk_weights.shape), tuple(topk_ids.shape)))
         self._expert_map(expert_map, entry)
-        self._check_quant(entry, quant_config, defer_input_quant)
+        scale_format = _quant.check(entry, quant_config, defer_input_quant, self._ll, cfg.fp8,
+                                    self._scale_format)
         carried = not self._ll or self._weights_at_dispatch
         if not on_input:
-            return a1, (topk_weights if carried else None), (None if carried else topk_weights)
+            return (a1, (topk_weights if carried else None), (None if carried else topk_weights),
+                    scale_format)
         if topk_ids.dim() != 2 or topk_ids.shape[1] != 1:
             raise ValueError("%s: apply_router_weight_on_input=True needs top_k == 1 (the weight "
                              "scales the token's row before dispatch), got topk_ids of shape %s"
@@ -206,40 +225,7 @@ class PrepareAndFinalize:
         # The weight goes into the row; the experts' sum then weighs it by one.
         x = (a1.float() * topk_weights.float()).to(a1.dtype)
         ones = torch.ones_like(topk_weights, dtype=torch.float32)
-        return x, (ones if carried else None), (None if carried else ones)
-
-    def _check_quant(self, entry, quant_config, defer_input_quant):
-        cfg = self.group.config
-        qd = getattr(quant_config, "quant_dtype", None) if quant_config is not None else None
-        if qd is None or defer_input_quant:
-            if self._ll and cfg.fp8:
-                raise NotImplementedError(
-                    "%s: quant_config.quant_dtype=%r with defer_input_quant=%s asks for bf16 "
-                    "rows, but the group dispatches fp8_e4m3 (dispatch_dtype in its moe_ep "
-                    "config); use a bf16 group for experts that quantise themselves"
-                    % (entry, qd, defer_input_quant))
-            return
-        if not self._ll:
-            raise NotImplementedError(
-                "%s: quant_config.quant_dtype=%r: this adapter's high_throughput prepare "
-                "sends a1 as given and does not quantise it; pass defer_input_quant=True (the "
-                "experts quantise) or use low_latency mode"
-                % (entry, qd))
-        if FP8_DTYPE is None or qd != FP8_DTYPE:
-            raise NotImplementedError("%s: quant_config.quant_dtype=%r: moe-ep dispatches bf16 "
-                                      "or float8_e4m3fn with 128-channel group scales"
-                                      % (entry, qd))
-        if not cfg.fp8:
-            raise NotImplementedError("%s: quant_config.quant_dtype=float8_e4m3fn but the group "
-                                      "dispatches bf16; configure dispatch_dtype: fp8_e4m3" % entry)
-        if getattr(quant_config, "per_act_token_quant", False):
-            raise NotImplementedError("%s: quant_config.per_act_token_quant=True: moe-ep's fp8 "
-                                      "scales are one per 128-channel group" % entry)
-        block = getattr(quant_config, "block_shape", None)
-        if not block or int(block[-1]) != 128:
-            raise NotImplementedError("%s: quant_config.block_shape=%r: moe-ep's fp8 scales are "
-                                      "one per 128-channel group (block_shape [*, 128])"
-                                      % (entry, block))
+        return x, (ones if carried else None), (None if carried else ones), scale_format
 
     # ---- finalize -------------------------------------------------------------
 

@@ -1,7 +1,8 @@
-"""Engine adapters worker: moe_ep.vllm.PrepareAndFinalize (LL and HT) and
-moe_ep.sglang.Dispatcher on real groups, values against the oracle; two
-operations in flight with their hooks run on a second thread; bad input
-raising the exception that names it, the adapter still usable after.
+"""Engine adapters worker: moe_ep.vllm.PrepareAndFinalize (LL and HT, the
+latter also with a block-fp8 quant_config, quantised before the dispatch)
+and moe_ep.sglang.Dispatcher on real groups, values against the oracle;
+two operations in flight with their hooks run on a second thread; bad
+input raising the exception that names it, the adapter still usable after.
 argv: [full|short]"""
 import sys
 
@@ -15,6 +16,7 @@ import moe_ep.vllm
 import oracle
 from common import (RANK, WORLD, bits, bf16_tensor, expect_raises, fail, run_on_thread, same,
                     within_ulp)
+from ht_worker import seen_rows
 from ll_worker import P, check_dispatch, expert_outputs, torch_inputs
 
 FULL = sys.argv[1:] == ["full"]
@@ -208,7 +210,28 @@ def sglang(g):
 
 # ---- vLLM, high throughput -----------------------------------------------------------
 
-def vllm_ht(g, seed):
+class BlockFp8:
+    """vLLM's quant_config for block-fp8 models (DeepSeek's): dynamic
+    activation scales per 128 channels."""
+    quant_dtype = moe_ep.FP8_STORAGE  # float8_e4m3fn (uint8 storage before torch 2.1)
+    block_shape = [128, 128]
+    per_act_token_quant = False
+    a1_scale = None
+
+    def __init__(self, **override):
+        self.__dict__.update(override)
+
+
+def ht_expected_ids(want_idx):
+    """vLLM's view of the received ids: global, and for a slot with no
+    local expert an expert of another rank."""
+    elsewhere = -1 if WORLD == 1 else (HT.num_experts - 1 if RANK == 0 else 0)
+    return np.where(want_idx >= 0, want_idx + RANK * HT.local, elsewhere).astype(np.int64)
+
+
+def vllm_ht(g, seed, quant_config=None, defer_input_quant=False):
+    """bf16 rows: no quant_config, or one whose quantisation the experts do
+    (defer_input_quant)."""
     pf = moe_ep.vllm.PrepareAndFinalize(g)
     if (pf.activation_format, pf.max_num_tokens_per_rank()) != \
             (moe_ep.vllm.FusedMoEActivationFormat.Standard, None):
@@ -216,15 +239,14 @@ def vllm_ht(g, seed):
     inputs = oracle.all_inputs(HT, seed)
     inp = inputs[RANK]
     x, idx, w = bf16_tensor(inp["x"]), torch.from_numpy(inp["topk_idx"]), torch.from_numpy(inp["weights"])
-    hook, receiver = pf.prepare_async(x, w, idx, HT.num_experts, None, False, None)
+    hook, receiver = pf.prepare_async(x, w, idx, HT.num_experts, None, False, quant_config,
+                                      defer_input_quant)
     run_on_thread(hook, seed)
     rx, scale, meta, ids, wts = receiver()
     src, want_idx, want_w, counts = oracle.ht_dispatch(HT, inputs, RANK)
     want_x = np.stack([inputs[s]["x"][t] for s, t in src]) if src else np.zeros((0, HT.hidden), np.uint16)
-    elsewhere = -1 if WORLD == 1 else (HT.num_experts - 1 if RANK == 0 else 0)
-    want_ids = np.where(want_idx >= 0, want_idx + RANK * HT.local, elsewhere).astype(np.int64)
     same("vllm ht a1q", seed, bits(rx), want_x)
-    same("vllm ht topk_ids (global)", seed, bits(ids), want_ids)
+    same("vllm ht topk_ids (global)", seed, bits(ids), ht_expected_ids(want_idx))
     same("vllm ht topk_weights", seed, bits(wts), want_w)
     same("vllm ht expert_num_tokens", seed, bits(meta.expert_num_tokens), counts)
     if scale is not None:
@@ -235,6 +257,65 @@ def vllm_ht(g, seed):
     run_on_thread(hook, seed)
     receiver()
     same("vllm ht finalize", seed, bits(out), oracle.ht_combine(HT, inp))
+
+
+ORACLE_FORMAT = {"f32": "fp8", "ue8m0": "fp8_ue8m0", "ue8m0_packed": "fp8_ue8m0_packed"}
+
+
+def vllm_ht_fp8(g, seed, scale_format):
+    """A block-fp8 quant_config: prepare quantises a1 before the dispatch
+    and the experts get the codes and scales the oracle's quantisation
+    gives, the combine sums partials of the dequantised rows."""
+    pf = moe_ep.vllm.PrepareAndFinalize(g, scale_format=scale_format)
+    what = "vllm ht fp8 %s" % (scale_format or "(group's fp8_scale)")
+    inputs = oracle.all_inputs(HT, seed)
+    quant = [oracle.ht_fp8_inputs(HT, i, ORACLE_FORMAT[scale_format or "f32"]) for i in inputs]
+    inp = inputs[RANK]
+    x, idx, w = bf16_tensor(inp["x"]), torch.from_numpy(inp["topk_idx"]), torch.from_numpy(inp["weights"])
+    hook, receiver = pf.prepare_async(x, w, idx, HT.num_experts, None, False, BlockFp8())
+    run_on_thread(hook, seed)
+    rx, scale, meta, ids, wts = receiver()
+    src, want_idx, want_w, counts = oracle.ht_dispatch(HT, inputs, RANK)
+    cols = quant[RANK][1].shape[1]
+    want_q = np.stack([quant[s][0][t] for s, t in src]) if src else np.zeros((0, HT.hidden), np.uint8)
+    want_s = np.stack([quant[s][1][t] for s, t in src]) if src else \
+        np.zeros((0, cols), quant[RANK][1].dtype)
+    if rx.dtype != moe_ep.FP8_STORAGE or scale is None or \
+            scale.dtype != torch.from_numpy(want_s).dtype:
+        fail(what, seed, "a1q %s and scale %s, want %s and %s" % (
+            rx.dtype, None if scale is None else scale.dtype, moe_ep.FP8_STORAGE, want_s.dtype))
+        return
+    same(what + " a1q", seed, bits(rx), want_q)
+    same(what + " a1q_scale", seed, bits(scale), want_s)
+    same(what + " topk_ids (global)", seed, bits(ids), ht_expected_ids(want_idx))
+    same(what + " topk_weights", seed, bits(wts), want_w)
+    same(what + " expert_num_tokens", seed, bits(meta.expert_num_tokens), counts)
+    y = (seen_rows(rx, scale) * float(oracle.ht_partial_scale(RANK))).to(torch.bfloat16)
+    out = torch.empty_like(x)
+    pf.finalize(out, y, wts, ids, False, None)
+    same(what + " finalize", seed, bits(out), oracle.ht_combine(HT, inp, quant[RANK][2]))
+
+
+def vllm_ht_quant_refusals(g, seed):
+    """quant_configs the adapter cannot honour raise naming the attribute;
+    nothing was sent, so the adapter stays usable."""
+    pf = moe_ep.vllm.PrepareAndFinalize(g)
+    x, idx, w = torch_inputs(oracle.make_inputs(HT, seed, RANK))
+    for what, cfg, fragment in (
+            ("per-token", BlockFp8(per_act_token_quant=True), "per_act_token_quant=True"),
+            ("block 64", BlockFp8(block_shape=[64, 64]), "block_shape=[64, 64]"),
+            ("static scale", BlockFp8(a1_scale=torch.ones(1)), "a1_scale is set"),
+            ("int8", BlockFp8(quant_dtype=torch.int8), "quant_dtype=torch.int8")):
+        expect_raises("vllm ht quant " + what, NotImplementedError, fragment,
+                      lambda: pf.prepare(x, w, idx, HT.num_experts, None, False, cfg))
+    expect_raises("vllm ht fp8 a1 dtype", ValueError, "a1 has dtype torch.int32",
+                  lambda: pf.prepare(x.to(torch.int32), w, idx, HT.num_experts, None, False,
+                                     BlockFp8()))
+    expect_raises("vllm scale_format", ValueError, "scale_format='e8m0' must be one of",
+                  lambda: moe_ep.vllm.PrepareAndFinalize(g, scale_format="e8m0"))
+    if len(pf._inflight):
+        fail("vllm ht quant refusals", seed, "a refused prepare left %d operation(s) in flight"
+             % len(pf._inflight))
 
 
 def main():
@@ -249,7 +330,11 @@ def main():
             vllm_ht(g, 301)
             expect_raises("sglang on HT", NotImplementedError, "mode is high_throughput",
                           lambda: moe_ep.sglang.Dispatcher(g))
-            vllm_ht(g, 302)
+            vllm_ht_fp8(g, 311, None)  # the group's fp8_scale: f32
+            vllm_ht_fp8(g, 312, "ue8m0")
+            vllm_ht_fp8(g, 313, "ue8m0_packed")
+            vllm_ht_quant_refusals(g, 321)
+            vllm_ht(g, 302, BlockFp8(), defer_input_quant=True)
     common.finish()
 
 
