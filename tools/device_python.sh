@@ -15,6 +15,10 @@ for part in group deep_ep deep_ep_fp8 ht; do
   echo "py_$part: exit $?"; grep -E "ok|FAIL|bit-exact|ulp|Error|skipped|failures" $O/py_$part.log \
     | grep -vE "^rank [0-9]+ .*: ok$" | head -12
 done
+# The package's fp8 quantiser (the vLLM adapter's, before an HT dispatch)
+# against the library's kernel, bit for bit, one rank.
+MOE_EP_RANK=0 MOE_EP_WORLD_SIZE=1 timeout 120 python3 integration/python/gpu/fp8_check.py > $O/py_fp8.log 2>&1
+echo "py_fp8: exit $?"; grep -E "FAIL|ok$|Error" $O/py_fp8.log | tail -4
 timeout 200 $B/moe_ep_run -n 2 --timeout_s 190 -- python3 integration/python/examples/decode_loop.py --steps 20 --hidden 2048 > $O/py_decode.log 2>&1
 echo "py_decode_loop: exit $?"; tail -4 $O/py_decode.log
 MOE_EP_RANK=0 MOE_EP_WORLD_SIZE=1 timeout 120 python3 integration/python/bench.py --hidden 7168 --experts 256 > $O/py_bench.log 2>&1
