@@ -24,7 +24,8 @@ tokens per rank, hidden 7168 and 2880, top-k 8 and 1 (recv_x rows, local
 expert ids, weights, per-expert counts, num_recv_tokens; the Buffer's
 get_dispatch_layout), pre-quantised fp8 with f32, UE8M0 and packed UE8M0
 scales (bytes and scales verbatim), worst-case outputs (num_worst_tokens),
-a cached layout (a second tensor on one handle), and combine, all
+a cached layout (a second tensor on one handle), and combine (with
+DeepEP's bias pair after the cached dispatch), all
 bit-exact against an expectation built from every rank's seeded inputs;
 a worst-case dispatch + combine captured in a CUDA graph and replayed on
 new inputs. `ht` prints one line per check. Each rank prints "rank R: ok"
@@ -690,7 +691,7 @@ def buffer_worst(buf, experts, seed, tokens):
 
 def buffer_cached(buf, experts, seed, tokens):
     """dispatch(handle=) sends a second tensor along the first dispatch's
-    layout; combine follows it."""
+    layout; combine follows it, with DeepEP's bias pair added."""
     what = "deep_ep E%d cached dispatch T=%s" % (experts, tokens)
     with case(what):
         all_in = ht_inputs(seed, tokens, HT_HIDDEN, experts)
@@ -704,8 +705,14 @@ def buffer_cached(buf, experts, seed, tokens):
         if (idx2, w2, counts2) != (None, None, None) or handle2 is not handle:
             fail(what + " returns", "want (recv_x, None, None, None, the same handle, event)")
         same(what + " second recv_x", recv_x2, routed(want["mine"], second))
-        out, _, _ = buf.combine(partial(recv_x2, RANK), handle, topk_weights=recv_w)
-        same(what + " combine", out, ht_combined(second[RANK], all_in[RANK][1], experts))
+        gen = torch.Generator().manual_seed(seed * 1000 + RANK)
+        bias = [torch.randn(tuple(x.shape), generator=gen).to(torch.bfloat16) for _ in (0, 1)]
+        out, _, _ = buf.combine(partial(recv_x2, RANK), handle, topk_weights=recv_w,
+                                bias=tuple(b.to(x.device) for b in bias))
+        # bf16((bias_0 + bias_1) + combined) in f32 (README, normal mode)
+        combined = ht_combined(second[RANK], all_in[RANK][1], experts).float()
+        same(what + " combine with a bias", out,
+             ((bias[0].float() + bias[1].float()) + combined).to(torch.bfloat16))
 
 
 def buffer_graph(buf, experts, tokens):

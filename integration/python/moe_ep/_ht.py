@@ -32,22 +32,17 @@ class HighThroughputCalls(Calls):
     def __init__(self, group):
         super().__init__(group)
         self.capacity = group.world_size * group.config.max_tokens_per_rank
-        self.recv_x = TensorSlot("recv_x", as_fp8=True)
-        self.recv_scales = TensorSlot("recv_scales")
-        self.recv_idx = TensorSlot("recv_topk_idx")
-        self.recv_w = TensorSlot("recv_topk_weights")
+        self.recv_idx = TensorSlot("recv_topk_idx", False, self.dp, "recv_topk_idx")
+        self.recv_w = TensorSlot("recv_topk_weights", False, self.dp, "recv_topk_weights")
 
     def new_outputs(self, hidden, k, cap, x_scales):
-        dev = self.device
         rs = None
         if x_scales is not None:
             cols = x_scales.shape[-1] if x_scales.dim() else 0
-            rs = torch.empty((cap, cols), dtype=x_scales.dtype, device=dev)
-        rx = torch.empty((cap, hidden), dtype=FP8_STORAGE if x_scales is not None else torch.bfloat16,
-                         device=dev)
-        return (rx, torch.empty((cap, k), dtype=torch.int32, device=dev),
-                torch.empty((cap, k), dtype=torch.float32, device=dev),
-                torch.empty((self.local,), dtype=torch.int32, device=dev), rs)
+            rs = torch.empty((cap, cols), dtype=x_scales.dtype, device=self.device)
+        rx = (self.empty_fp8 if x_scales is not None else self.empty_bf16).new_empty((cap, hidden))
+        return (rx, self.empty_i32.new_empty((cap, k)), self.empty_f32.new_empty((cap, k)),
+                self.empty_i32.new_empty(self.local_shape), rs)
 
     def dispatch(self, handle, x, topk_weights, out, defer, round_scale, recv_capacity, fmt,
                  x_scales=None, worst_case=False):
@@ -72,16 +67,16 @@ class HighThroughputCalls(Calls):
         p.flags = (_abi.FLAG_DEFER_RECV if defer else 0) | (_abi.FLAG_WORST_CASE if worst_case else 0)
         p.hidden = hidden
         p.format = _abi.FORMATS[fmt]
-        p.x = self.x.bind(x)
-        p.x_scales = self.x_scales.bind(x_scales) if x_scales is not None else None
-        p.topk_weights = self.dw.bind(topk_weights) if topk_weights is not None else None
-        p.recv_x = self.recv_x.bind(rx)
-        p.recv_scales = self.recv_scales.bind(rs) if rs is not None else None
-        p.recv_topk_idx = self.recv_idx.bind(ri)
-        p.recv_topk_weights = self.recv_w.bind(rw)
-        p.recv_count = self.recv_count.bind(rc)
+        self.x.attach(x)
+        self.x_scales.attach(x_scales)
+        self.dw.attach(topk_weights)
+        self.recv_x.attach(rx)
+        self.recv_scales.attach(rs)
+        self.recv_idx.attach(ri)
+        self.recv_w.attach(rw)
+        self.recv_count.attach(rc)
         p.num_recv_tokens = ctypes.pointer(n) if count else None
-        p.stream = self.group._stream()
+        p.stream = self.stream()
         hook = self.call_dispatch(handle)
         handle.recv_count = rc
         handle.dispatch_weights = topk_weights
@@ -90,7 +85,11 @@ class HighThroughputCalls(Calls):
 
         def finish():
             res.num_recv_tokens = n.value if count else None
-            rows = None if worst_case else n.value
+            if worst_case or n.value == rx.shape[0]:  # whole: no views to make
+                res.recv_x, res.recv_topk_idx, res.recv_topk_weights, res.recv_scales = \
+                    rx, ri, rw, rs
+                return
+            rows = n.value
             res.recv_x, res.recv_topk_idx, res.recv_topk_weights = rx[:rows], ri[:rows], rw[:rows]
             res.recv_scales = rs[:rows] if rs is not None else None
 

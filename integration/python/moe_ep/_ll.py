@@ -1,11 +1,8 @@
 """Low-latency dispatch: outputs [E_local, R*max_tokens, H] (bf16, or fp8
 with scales), filled in place; combine is the shared one."""
-import torch
-
 from . import _abi
 from ._calls import Calls, hidden_of, split_x
 from ._results import DispatchResult
-from ._torch import FP8_STORAGE, TensorSlot
 from .handle import Hook
 
 
@@ -16,8 +13,7 @@ class LowLatencyCalls(Calls):
         self.fp8 = cfg.fp8
         self.packed = cfg.fp8_scale == "ue8m0_packed"
         self.slots = group.world_size * cfg.max_tokens_per_rank
-        self.recv_x = TensorSlot("recv_x", as_fp8=True)
-        self.recv_scales = TensorSlot("recv_scales")
+        self.out_specs = {}  # (hidden, format) -> what new_dispatch_outputs allocates
 
     def row_format(self, fmt):
         """(fp8, packed scales) of a call's format (None: the group's)."""
@@ -28,18 +24,23 @@ class LowLatencyCalls(Calls):
             return self.fp8, self.packed
         return fmt != "bf16", fmt == "fp8_ue8m0_packed"
 
-    def new_dispatch_outputs(self, hidden, fmt=None):
-        dev = self.device
+    def out_spec(self, hidden, fmt):
+        """(recv_x template, shape, recv_scales template or None, shape)."""
         fp8, packed = self.row_format(fmt)
-        rx = torch.empty((self.local, self.slots, hidden),
-                         dtype=FP8_STORAGE if fp8 else torch.bfloat16, device=dev)
-        rs = None
-        if fp8:
-            cols = (hidden // 128 + 3) // 4 if packed else hidden // 128
-            rs = torch.empty((self.local, self.slots, cols),
-                             dtype=torch.int32 if packed else torch.float32, device=dev)
-        rc = torch.empty((self.local,), dtype=torch.int32, device=dev)
-        return DispatchResult(rx, rs, rc)
+        rx = (self.empty_fp8 if fp8 else self.empty_bf16, (self.local, self.slots, hidden))
+        if not fp8:
+            return rx + (None, None)
+        cols = (hidden // 128 + 3) // 4 if packed else hidden // 128
+        return rx + (self.empty_i32 if packed else self.empty_f32, (self.local, self.slots, cols))
+
+    def new_dispatch_outputs(self, hidden, fmt=None):
+        spec = self.out_specs.get((hidden, fmt))
+        if spec is None:
+            spec = self.out_specs[(hidden, fmt)] = self.out_spec(hidden, fmt)
+        rx, rx_shape, rs, rs_shape = spec
+        return DispatchResult(rx.new_empty(rx_shape),
+                              rs.new_empty(rs_shape) if rs is not None else None,
+                              self.empty_i32.new_empty(self.local_shape))
 
     def dispatch(self, handle, x, topk_weights, out, defer, round_scale, recv_capacity, fmt,
                  x_scales=None, worst_case=False):
@@ -61,13 +62,13 @@ class LowLatencyCalls(Calls):
             | (_abi.FLAG_WORST_CASE if worst_case else 0)
         p.hidden = hidden
         p.format = _abi.FORMATS[fmt]
-        p.x = self.x.bind(x)
-        p.x_scales = self.x_scales.bind(x_scales) if x_scales is not None else None
-        p.recv_x = self.recv_x.bind(res.recv_x)
-        p.recv_scales = self.recv_scales.bind(res.recv_scales) if res.recv_scales is not None else None
-        p.recv_count = self.recv_count.bind(res.recv_count)
-        p.topk_weights = self.dw.bind(topk_weights) if topk_weights is not None else None
-        p.stream = self.group._stream()
+        self.x.attach(x)
+        self.x_scales.attach(x_scales)
+        self.recv_x.attach(res.recv_x)
+        self.recv_scales.attach(res.recv_scales)
+        self.recv_count.attach(res.recv_count)
+        self.dw.attach(topk_weights)
+        p.stream = self.stream()
         hook = self.call_dispatch(handle)
         # The library reads these until combine completes.
         handle.recv_count = res.recv_count

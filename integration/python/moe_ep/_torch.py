@@ -1,6 +1,7 @@
 """The torch side of the bridge: tensor descriptors built from data_ptr(),
 shape and strides (no DLPack round trip), fp8 dtypes, current streams."""
 import ctypes
+import functools
 
 import torch
 
@@ -42,13 +43,17 @@ def dtype_code(dtype, as_fp8=False):
 
 
 class TensorSlot:
-    """One reusable moe_ep_tensor_t. bind() re-fills shape, dtype and
-    device only when they differ from the previous tensor bound here, so at
-    a fixed shape a call only writes the data pointer."""
+    """One reusable moe_ep_tensor_t for one pointer field of a params
+    struct. attach() re-fills shape, dtype and device only when they differ
+    from the previous tensor's, so at a fixed shape a call only writes the
+    data pointer, and writes the struct's field only when it changes
+    between NULL and this descriptor (a ctypes pointer store costs about as
+    much as the rest)."""
 
-    __slots__ = ("desc", "ptr", "_shape", "_strides", "_key", "_as_fp8", "name")
+    __slots__ = ("desc", "ptr", "_shape", "_strides", "_key", "_as_fp8", "name", "_params",
+                 "_field", "_attached")
 
-    def __init__(self, name, as_fp8=False):
+    def __init__(self, name, as_fp8, params, field):
         self.name = name
         self.desc = _abi.Tensor()
         self.ptr = ctypes.pointer(self.desc)
@@ -58,18 +63,28 @@ class TensorSlot:
         self._as_fp8 = as_fp8
         self.desc.shape = self._shape
         self.desc.dtype.lanes = 1
+        self._params, self._field = params, field
+        self._attached = False
 
-    def bind(self, t):
-        """Points the descriptor at tensor t; returns the descriptor pointer."""
+    def attach(self, t):
+        """Points the params field at this descriptor describing tensor t,
+        or sets it NULL when t is None."""
+        if t is None:
+            if self._attached:
+                setattr(self._params, self._field, None)
+                self._attached = False
+            return
         try:
             key = (t.shape, t.dtype, t.device, t.is_contiguous())
         except AttributeError:
             raise TypeError("%s must be a torch.Tensor, got %s"
                             % (self.name, type(t).__name__)) from None
-        if key != self._key or not key[3]:  # strides may differ
+        if key != self._key or not key[3]:
             self._refill(t, key)
         self.desc.data = t.data_ptr()
-        return self.ptr
+        if not self._attached:
+            setattr(self._params, self._field, self.ptr)
+            self._attached = True
 
     def _refill(self, t, key):
         d = self.desc
@@ -99,12 +114,17 @@ class TensorSlot:
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def current_stream(device):
-    """cudaStream_t of the current stream on a CUDA device (an int), or
-    None for host tensors."""
+def _no_stream():
+    return None
+
+
+def stream_reader(device):
+    """A function of no arguments returning the cudaStream_t (an int) of
+    the current stream on CUDA device `device`, or None for host tensors;
+    built once per group, so a call does not inspect the device again."""
     if device.type != "cuda":
-        return None
+        return _no_stream
     index = device.index if device.index is not None else torch.cuda.current_device()
     if _raw_stream is not None:
-        return _raw_stream(index)
-    return torch.cuda.current_stream(index).cuda_stream
+        return functools.partial(_raw_stream, index)
+    return lambda: torch.cuda.current_stream(index).cuda_stream

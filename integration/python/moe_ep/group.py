@@ -9,7 +9,7 @@ import torch
 
 from . import _abi, _ht, _ll
 from ._library import Library, load
-from ._torch import TensorSlot, current_stream
+from ._torch import TensorSlot, stream_reader
 from .config import Config
 from .errors import InvalidArgumentError
 from .handle import Handle
@@ -38,15 +38,15 @@ class _PerThread(threading.local):
     two threads may call into one group at the same time."""
 
     def __init__(self):
-        self.prepare = _abi.init(_abi.PrepareParams)
-        self.prepare_ptr = ctypes.pointer(self.prepare)
-        self.topk = TensorSlot("topk_idx")
-        self.layout = (TensorSlot("num_tokens_per_rank"), TensorSlot("num_tokens_per_expert"),
-                       TensorSlot("is_token_in_rank"))
-        self.slots = _abi.init(_abi.HandleLayoutParams)
-        self.slots_ptr = ctypes.pointer(self.slots)
-        self.src_info = TensorSlot("src_info")
-        self.layout_range = TensorSlot("layout_range")
+        p = self.prepare = _abi.init(_abi.PrepareParams)
+        self.prepare_ptr = ctypes.pointer(p)
+        self.topk = TensorSlot("topk_idx", False, p, "topk_idx")
+        self.layout = tuple(TensorSlot(f, False, p, f) for f in (
+            "num_tokens_per_rank", "num_tokens_per_expert", "is_token_in_rank"))
+        s = self.slots = _abi.init(_abi.HandleLayoutParams)
+        self.slots_ptr = ctypes.pointer(s)
+        self.src_info = TensorSlot("src_info", False, s, "src_info")
+        self.layout_range = TensorSlot("layout_range", False, s, "layout_range")
 
 
 class Group:
@@ -97,6 +97,7 @@ class Group:
         else:
             self.device = torch.device("cpu")
         self._is_cuda = self.device.type == "cuda"
+        self._stream = stream_reader(self.device)  # cudaStream_t of the current stream, or None
         self._ops_class = _ll.LowLatencyCalls if self.mode == "low_latency" else _ht.HighThroughputCalls
         self._tls = _PerThread()
         self._ops_by_thread = {}
@@ -157,9 +158,6 @@ class Group:
 
     # ---- operations --------------------------------------------------------
 
-    def _stream(self):
-        return current_stream(self.device) if self._is_cuda else None
-
     def _ops(self):
         # A dict by thread id: cheaper than a threading.local on this path.
         ops = self._ops_by_thread.get(threading.get_ident())
@@ -176,7 +174,7 @@ class Group:
         pass tensors to fill instead of new ones (uint8 or bool)."""
         tls = self._tls
         p = tls.prepare
-        p.topk_idx = tls.topk.bind(topk_idx)
+        tls.topk.attach(topk_idx)
         shape = topk_idx.shape
         if len(shape) == 2:
             p.num_tokens, p.top_k = shape
@@ -191,13 +189,13 @@ class Group:
             out_layout = self._layout_outputs(topk_idx, num_tokens_per_rank,
                                               num_tokens_per_expert, is_token_in_rank)
             slots = tls.layout
-            p.num_tokens_per_rank = slots[0].bind(out_layout[0])
-            p.num_tokens_per_expert = slots[1].bind(out_layout[1])
-            p.is_token_in_rank = slots[2].bind(out_layout[2].view(torch.uint8)
-                                               if out_layout[2].dtype == torch.bool
-                                               else out_layout[2])
+            slots[0].attach(out_layout[0])
+            slots[1].attach(out_layout[1])
+            slots[2].attach(out_layout[2].view(torch.uint8) if out_layout[2].dtype == torch.bool
+                            else out_layout[2])
         else:
-            p.num_tokens_per_rank = p.num_tokens_per_expert = p.is_token_in_rank = None
+            for s in tls.layout:
+                s.attach(None)
         out = ctypes.c_void_p()
         st = self._lib.prepare(self.pointer, tls.prepare_ptr, ctypes.byref(out))
         if st != 0:
@@ -271,8 +269,8 @@ class Group:
                                        dtype=torch.int64, device=dev)
         tls = self._tls
         p = tls.slots
-        p.src_info = tls.src_info.bind(src_info)
-        p.layout_range = tls.layout_range.bind(layout_range)
+        tls.src_info.attach(src_info)
+        tls.layout_range.attach(layout_range)
         p.stream = self._stream()
         self._lib.check(fn(handle.pointer, tls.slots_ptr), "handle_layout")
         return src_info, layout_range

@@ -5,6 +5,7 @@ import operator
 import torch
 
 from .event import EventOverlap, record_event
+from ._refuse import refuse as _refuse
 
 # (use_fp8, use_ue8m0) -> the call's moe-ep row format. DeepEP packs UE8M0
 # scales as int32 [E_local, R*N, H/512], moe-ep's "fp8_ue8m0_packed".
@@ -54,10 +55,6 @@ class LowLatencyHandle(tuple):
     def __repr__(self):
         return "LowLatencyHandle(src_info, layout_range, %d, %d, %d)" % tuple.__getitem__(
             self, slice(2, 5))
-
-
-def _refuse(entry, arg, value, why):
-    raise NotImplementedError("%s: %s=%r is not supported by moe-ep: %s" % (entry, arg, value, why))
 
 
 class LowLatencyMixin:

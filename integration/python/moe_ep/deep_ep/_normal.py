@@ -3,10 +3,7 @@ combine) on a moe-ep high-throughput group."""
 import torch
 
 from .event import EventOverlap, record_event, wait_previous
-
-
-def _refuse(entry, arg, value, why):
-    raise NotImplementedError("%s: %s=%r is not supported by moe-ep: %s" % (entry, arg, value, why))
+from ._refuse import refuse as _refuse
 
 
 class NormalHandle:
@@ -70,6 +67,30 @@ def _library_rows(y, rows):
     full = y.new_empty((rows,) + tuple(y.shape[1:]))
     full[:y.shape[0]] = y
     return full
+
+
+def _bias_parts(entry, bias, shape, device):
+    """The tensors of DeepEP's bias: a tensor, or the pair (bias_0, bias_1)
+    where either may be None; each must be [T, H] bf16 like the combined x."""
+    if isinstance(bias, tuple):
+        if len(bias) != 2:
+            raise ValueError("%s: bias is a tuple of %d; DeepEP's bias is a tensor or the pair "
+                             "(bias_0, bias_1)" % (entry, len(bias)))
+        named = (("bias[0]", bias[0]), ("bias[1]", bias[1]))
+    else:
+        named = (("bias", bias),)
+    parts = []
+    for name, b in named:
+        if b is None:
+            continue
+        if not isinstance(b, torch.Tensor):
+            raise TypeError("%s: %s must be a torch.Tensor, got %s" % (entry, name, type(b).__name__))
+        if b.dtype != torch.bfloat16 or tuple(b.shape) != shape or b.device != device:
+            raise ValueError("%s: %s is %s %s on %s; a bias is [num_tokens, hidden] = %s bfloat16 "
+                             "on %s, like the combined x" % (entry, name, tuple(b.shape), b.dtype,
+                                                              b.device, shape, device))
+        parts.append(b)
+    return parts
 
 
 def _max_tokens(t):
@@ -156,9 +177,16 @@ class NormalMixin:
                 raise TypeError("%s: handle must be one dispatch returned, got %s"
                                 % (entry, type(handle).__name__))
             topk_idx, topk_weights = handle.topk_idx, handle.topk_weights
-        elif topk_idx is None or topk_weights is None:
-            _refuse(entry, "topk_idx" if topk_idx is None else "topk_weights", None,
-                    "high-throughput dispatch routes with topk_idx and carries topk_weights")
+        elif topk_idx is None:
+            # is_token_in_rank alone would route the rows, but DeepEP then
+            # returns the per-expert list from every rank's
+            # num_tokens_per_expert, which moe-ep never exchanges.
+            _refuse(entry, "topk_idx", None, "high-throughput dispatch routes by expert ids "
+                    "(topk_idx), from which it counts the received tokens per expert; it cannot "
+                    "route by is_token_in_rank and num_tokens_per_expert alone")
+        elif topk_weights is None:
+            _refuse(entry, "topk_weights", None, "high-throughput dispatch carries the weights "
+                    "with topk_idx (zeros where the caller has none)")
         g = self._ep
         if g is None:
             if num_tokens_per_expert is not None:
@@ -195,13 +223,19 @@ class NormalMixin:
     def combine(self, x, handle, topk_weights=None, bias=None, config=None, previous_event=None,
                 async_finish=False, allocate_on_comm_stream=False):
         """Returns (combined_x [T, H] bf16, combined_topk_weights, event):
-        the partials x summed over ranks ascending in f32, then bf16."""
+        the partials x summed over ranks ascending in f32, then bf16.
+        bias (a [T, H] bf16 tensor, or DeepEP's pair (bias_0, bias_1)) is
+        then added: bf16((bias_0 + bias_1) + combined) in f32. DeepEP adds
+        the bias inside its f32 sum and rounds once; here the sum of the
+        partials was rounded to bf16 first, so a value can differ from
+        DeepEP's by that rounding (half a bf16 ulp of the unbiased sum,
+        more than an ulp of the result where the bias cancels the sum)."""
         entry = "combine"
-        if bias is not None:
-            _refuse(entry, "bias", "<tensor>", "combine adds no bias")
         if not isinstance(handle, NormalHandle):
             raise TypeError("%s: handle must be the one dispatch returned, got %s"
                             % (entry, type(handle).__name__))
+        bias = () if bias is None else _bias_parts(  # checked before the collective combine
+            entry, bias, (handle.topk_idx.shape[0], x.shape[-1]), x.device)
         combined_w = None
         if topk_weights is not None:
             if topk_weights is not handle.recv_topk_weights:
@@ -213,5 +247,10 @@ class NormalMixin:
         wait_previous(previous_event)
         g = self._ep
         out = g.combine(handle.moe_ep, _library_rows(x, handle.worst_rows))
+        if bias:
+            acc = bias[0].float()
+            for b in bias[1:]:
+                acc = acc + b.float()
+            out = (acc + out.float()).to(torch.bfloat16)
         event = EventOverlap(record_event(async_finish and g._is_cuda))
         return out, combined_w, event

@@ -22,10 +22,7 @@ from ..group import Group
 from . import _low_latency, _normal
 from .config import Config
 from .event import capture
-
-
-def _refuse(entry, arg, value, why):
-    raise NotImplementedError("%s: %s=%r is not supported by moe-ep: %s" % (entry, arg, value, why))
+from ._refuse import refuse as _refuse
 
 
 class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):

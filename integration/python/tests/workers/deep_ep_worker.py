@@ -3,7 +3,8 @@ torch.distributed (gloo) group: LL bf16 and fp8 (DeepEP's shapes, dtypes,
 column-major scales, handle tuple with src_info and layout_range), combine
 bit-exact, the receive hook on a second thread, arguments moe-ep refuses;
 normal mode (HT) layout, dispatch and combine bit-exact, pre-quantised
-(x_fp8, scales) input, num_worst_tokens, cached dispatch (handle=)."""
+(x_fp8, scales) input, num_worst_tokens, cached dispatch (handle=),
+combine with a bias (one tensor or DeepEP's pair)."""
 import threading
 
 import numpy as np
@@ -161,6 +162,11 @@ def normal(group):
     same("deep_ep is_token_in_rank", 9, bits(in_rank), want_in)
     if per_rdma is not None or in_rank.dtype != torch.bool:
         fail("deep_ep layout", 9, "%r %s" % (per_rdma, in_rank.dtype))
+    expect_raises("HT dispatch by is_token_in_rank", NotImplementedError, "topk_idx=None",
+                  lambda: buf.dispatch(x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                                       num_tokens_per_expert=per_expert))
+    expect_raises("HT dispatch without weights", NotImplementedError, "topk_weights=None",
+                  lambda: buf.dispatch(x, is_token_in_rank=in_rank, topk_idx=idx))
     recv_x, recv_idx, recv_w, per_expert_list, handle, event = buf.dispatch(
         x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
         num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w, expert_alignment=4)
@@ -176,12 +182,35 @@ def normal(group):
     same("deep_ep HT combine", 9, bits(out), oracle.ht_combine(P, inputs[RANK]))
     same("deep_ep HT combined weights", 9, combined_w.numpy(),
          np.where(inputs[RANK]["topk_idx"] >= 0, inputs[RANK]["weights"], 0).astype(np.float32))
-    expect_raises("HT bias", NotImplementedError, "bias", lambda: buf.combine(y, handle, bias=y))
+    expect_raises("HT bias shape", ValueError, "bias[1] is (%d, 8)" % len(x),
+                  lambda: buf.combine(y, handle, bias=(None, torch.zeros((len(x), 8),
+                                                                         dtype=torch.bfloat16))))
+    expect_raises("HT bias dtype", ValueError, "bias is (%d, %d) torch.float32" % (len(x), P.hidden),
+                  lambda: buf.combine(y, handle, bias=torch.zeros((len(x), P.hidden))))
+    expect_raises("HT bias tuple", ValueError, "bias is a tuple of 3",
+                  lambda: buf.combine(y, handle, bias=(None, None, None)))
     normal_fp8(buf, 12, "fp8")
     normal_fp8(buf, 13, "fp8_ue8m0_packed")
     normal_worst(buf, 14)
     normal_cached(buf, 15)
     buf.destroy()
+
+
+def biases(seed, count):
+    """`count` bf16 bias tensors [T, H] for this rank (bit patterns and
+    tensors), T this rank's tokens under `seed`."""
+    t = len(oracle.make_inputs(P, seed, RANK)["x"])
+    rng = np.random.default_rng(seed * 31 + RANK)
+    b = [oracle.bf16_bits(rng.standard_normal((t, P.hidden)).astype(np.float32)) for _ in range(count)]
+    return b, [bf16_tensor(v) for v in b]
+
+
+def biased(combined_bits, bias_bits):
+    """The combine with a bias: bf16((bias_0 + bias_1) + combined), f32."""
+    acc = oracle.bf16_float(bias_bits[0])
+    for b in bias_bits[1:]:
+        acc = (acc + oracle.bf16_float(b)).astype(np.float32)
+    return oracle.bf16_bits((acc + oracle.bf16_float(combined_bits)).astype(np.float32))
 
 
 def received(inputs, src, key, width, dtype):
@@ -211,9 +240,10 @@ def normal_fp8(buf, seed, fmt):
         fail("deep_ep HT %s per-expert list" % fmt, seed, "%s vs %s" % (per_expert, counts))
     seen = received(inputs, src, "seen", P.hidden, np.float32)
     y = bf16_tensor(oracle.bf16_bits(seen * oracle.ht_partial_scale(RANK)))
-    out, _, _ = buf.combine(y, handle)
-    same("deep_ep HT %s combine" % fmt, seed, bits(out),
-         oracle.ht_combine(P, inputs[RANK], inputs[RANK]["seen"]))
+    bias_bits, bias = biases(seed, 1)  # one tensor
+    out, _, _ = buf.combine(y, handle, bias=bias[0])
+    same("deep_ep HT %s combine with a bias" % fmt, seed, bits(out),
+         biased(oracle.ht_combine(P, inputs[RANK], inputs[RANK]["seen"]), bias_bits))
 
 
 def normal_worst(buf, seed):
@@ -273,8 +303,10 @@ def normal_cached(buf, seed):
         fail("deep_ep HT cached returns", seed, "%r %r %r" % (none_idx, none_w, none_list))
     same("deep_ep HT cached recv_x", seed, bits(recv_x2), received(inputs, src, "x", P.hidden, np.uint16))
     y = (recv_x2.float() * float(oracle.ht_partial_scale(RANK))).to(torch.bfloat16)
-    out, _, _ = buf.combine(y, handle, topk_weights=recv_w)
-    same("deep_ep HT cached combine", seed, bits(out), oracle.ht_combine(P, inputs[RANK]))
+    bias_bits, bias = biases(seed, 2)  # DeepEP's pair
+    out, _, _ = buf.combine(y, handle, topk_weights=recv_w, bias=tuple(bias))
+    same("deep_ep HT cached combine with bias (bias_0, bias_1)", seed, bits(out),
+         biased(oracle.ht_combine(P, inputs[RANK]), bias_bits))
 
 
 def main():
