@@ -176,12 +176,32 @@ ht_suite() {
   api ht_ep2_skip_timeout 2 20 --scenario=skip --mode=ht --experts=8 --max_tokens=8 \
     --layers=128:2 --kernel_ms=2000
   api ht_ep1 1 60 --mode=ht --experts=16 --max_tokens=256 --layers=7168:8,2880:4 --seeds=1
+  # The network protocol (staged puts, signals as ring counters) over
+  # NVLink: 2 GPUs as 2 nodes of one GPU, and as one node of 2 (every peer
+  # on this node: the stores of the LSA path in the same kernel).
+  api ht_ep2_ginemu_bf16 2 90 --mode=ht --transport=gin_emulated --experts=64 --max_tokens=64 \
+    --layers=2048:8,2880:6,4096:1 --seeds=2
+  api ht_ep2_ginemu_fp8_packed 2 90 --mode=ht --transport=gin_emulated --dtype=fp8 \
+    --scale=ue8m0_packed --experts=256 --max_tokens=512 --layers=7168:8,4096:32 --seeds=1
+  api ht_ep2_ginemu_worst_case 2 90 --mode=ht --transport=gin_emulated --worst_case=1 \
+    --experts=64 --max_tokens=128 --layers=7168:8,2880:2 --seeds=2
+  api ht_ep2_ginemu_big 2 240 --mode=ht --transport=gin_emulated --experts=256 \
+    --max_tokens=4096 --layers=7168:8 --seeds=1
+  api ht_ep2_ginemu_one_node 2 90 --mode=ht --transport=gin_emulated --ranks_per_node=2 \
+    --experts=64 --max_tokens=64 --layers=2048:8,2880:6 --seeds=2
+  api ht_ep2_ginemu_skip_timeout 2 20 --scenario=skip --mode=ht --transport=gin_emulated \
+    --experts=8 --max_tokens=8 --layers=128:2 --kernel_ms=2000
+  api ht_ep1_ginemu 1 60 --mode=ht --transport=gin_emulated --experts=16 --max_tokens=256 \
+    --layers=7168:8 --seeds=1
   api ll_ep2_layout 2 60 --scenario=layout --experts=8 --max_tokens=16 --layers=256:2,128:1
   api ll_ep2_layout_fp8 2 60 --scenario=layout --experts=64 --max_tokens=64 --dtype=fp8 \
     --layers=7168:8
   for tool in memcheck racecheck; do
     sanitize "ht_$tool" $tool 2 120 $B/conformance_worker --plugin=$B/libmoe_ep.so \
       --backend=nccl --mode=ht --experts=8 --max_tokens=40 --layers=256:2 --seeds=1 --hooks=0
+    sanitize "ht_ginemu_$tool" $tool 2 120 $B/conformance_worker --plugin=$B/libmoe_ep.so \
+      --backend=nccl --mode=ht --transport=gin_emulated --experts=8 --max_tokens=40 \
+      --layers=256:2 --seeds=1 --hooks=0
   done
   timeout 240 $B/moe_ep_run -n 2 --timeout_s 235 -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
     --mode=ht --dtype=bf16 --tokens=512,1024,2048,4096,8192 --num_sms=24 \
@@ -193,6 +213,12 @@ ht_suite() {
     --mode=ht --dtype=bf16 --tokens=4096 --num_sms=32 > "$OUT/bench_ht_sms32.log" 2>&1
   summary bench_ht_sms32 $? "$(bench_key "$OUT/bench_ht_sms32.log")"
   grep -E "^bf16 " "$OUT/bench_ht_sms32.log"
+  # The network protocol over NVLink (every row staged, then put)
+  timeout 120 $B/moe_ep_run -n 2 --timeout_s 115 -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
+    --mode=ht --transport=gin_emulated --dtype=bf16 --tokens=4096 --num_sms=24 \
+    > "$OUT/bench_ht_ginemu.log" 2>&1
+  summary bench_ht_ginemu $? "$(bench_key "$OUT/bench_ht_ginemu.log")"
+  grep -E "^bf16 " "$OUT/bench_ht_ginemu.log"
 }
 if [ "$MODE" = ht ]; then
   ht_suite

@@ -59,8 +59,19 @@ typedef struct mep_ht_dims {
   int32_t max_tokens; /* per rank */
   int32_t hidden;
   int32_t top_k;
-  int32_t reserved0;
+  /* Consecutive ranks per node: peers on this rank's node are reached by
+   * NVLink stores, the others through the network protocol (GIN puts and
+   * signals, PROTOCOL.md "Network peers"), which needs staging rings and
+   * signal words in the window. 0: every peer is on this node (LSA only). */
+  int32_t node_ranks;
 } mep_ht_dims_t;
+
+/* The transport of a group's network peers (values of moe_ep_transport_t). */
+enum {
+  MEP_HT_TRANSPORT_LSA = 1,
+  MEP_HT_TRANSPORT_GIN = 2,
+  MEP_HT_TRANSPORT_GIN_EMULATED = 3
+};
 
 typedef struct mep_ht_ctx {
   const void *dev_comm;  /* struct ncclDevComm, host copy (borrowed) */
@@ -70,6 +81,8 @@ typedef struct mep_ht_ctx {
   mep_ht_dims_t dims;
   int32_t rank;
   int32_t num_sms;       /* blocks per launch: 2 per channel */
+  int32_t transport;     /* MEP_HT_TRANSPORT_*: how network peers are reached */
+  int32_t reserved0;
   uint64_t timeout_cycles;
   void *state;           /* device, mep_ht_state_bytes(dims), zeroed */
   mep_error_record_t *error_dev;  /* fatal record (host-mapped alias) */
@@ -121,6 +134,9 @@ typedef struct mep_ht_combine_args {
 
 /* Exact symmetric-window bytes and device-state bytes. */
 uint64_t mep_ht_buffer_bytes(const mep_ht_dims_t *dims);
+/* GIN signals a group with network peers uses (ncclDevComm's
+ * ginSignalCount); 0 when dims->node_ranks is 0. */
+int32_t mep_ht_gin_signals(const mep_ht_dims_t *dims);
 uint64_t mep_ht_state_bytes(const mep_ht_dims_t *dims);
 /* Channels a launch with ctx->num_sms uses (what every rank must agree on). */
 int32_t mep_ht_channels(const mep_ht_ctx_t *ctx);

@@ -11,6 +11,7 @@
 
 namespace {
 
+template <class Tp>
 __device__ void mep_ht_combine_send(const MepHtParams &p, const mep_ht_combine_args_t &a, int c) {
   __shared__ int64_t base_sh[MEP_HT_MAX_RANKS];
   __shared__ int32_t n_sh[MEP_HT_MAX_RANKS];
@@ -44,29 +45,39 @@ __device__ void mep_ht_combine_send(const MepHtParams &p, const mep_ht_combine_a
   for (int s = g.group; s < R; s += g.count) {
     /* This rank's own rows stay: its receive blocks read them from y. */
     const int n = s == p.xp.rank ? 0 : n_sh[s];
+    const bool net = mep_ht_net<Tp>(p, s);
     uint64_t tail = *mep_ht_state_u64(p, p.st.send_tail_c, s, c);
     bool ok = true;
     for (int sent = 0; sent < n;) {
       const int m = min(MEP_HT_CHUNK, n - sent);
       const uint64_t need = tail + m > MEP_HT_RING_ROWS ? tail + m - MEP_HT_RING_ROWS : 0;
-      mep_ht_leader_wait(p, g, wait_slot[g.group], mep_ht_word(p, p.win.comb_head, s, c), need,
-                         MEP_HT_OP_COMBINE_SPACE, s, &ok);
+      mep_ht_leader_wait(
+          p, g, wait_slot[g.group],
+          [&] { return mep_ht_counter<Tp>(p, p.win.comb_head, MEP_HT_SIG_COMB_HEAD, s, c); },
+          need, MEP_HT_OP_COMBINE_SPACE, s, &ok);
       if (!ok) break;
       for (int o = g.index; o < m; o += g.size) {
         const char *src = static_cast<const char *>(a.y) +
                           (uint64_t)(base_sh[s] + sent + o) * row_bytes;
-        void *dst = MepLsa::peer_ptr(
-            p.xp, s,
-            mep_ht_ring_off(p.win.comb_ring, p.win.comb_row, p.xp.rank, c,
-                            (tail + (uint64_t)o) % MEP_HT_RING_ROWS));
-        mep_copy_warp<kMepHtCopyU>(dst, src, row_bytes);
+        const uint64_t slot = (tail + (uint64_t)o) % MEP_HT_RING_ROWS;
+        const uint64_t ring = mep_ht_ring_off(p.win.comb_ring, p.win.comb_row, p.xp.rank, c, slot);
+        if (net) {
+          /* A network put reads the window: the row goes through staging. */
+          const uint64_t stage = mep_ht_ring_off(p.win.comb_stage, p.win.comb_row, s, c, slot);
+          mep_copy_warp<kMepHtCopyU>(p.xp.local + stage, src, row_bytes);
+          __syncwarp();
+          Tp::put_warp_unsignalled(p.xp, s, ring, stage, row_bytes);
+        } else {
+          mep_copy_warp<kMepHtCopyU>(MepLsa::peer_ptr(p.xp, s, ring), src, row_bytes);
+        }
       }
       mep_ht_group_sync(g);
       tail += (uint64_t)m;
       sent += m;
       if (g.index == 0 && lane == 0)
-        mep_ht_st_release(mep_ht_peer_word(p, s, p.win.comb_tail, p.xp.rank, c), tail);
+        mep_ht_publish<Tp>(p, s, p.win.comb_tail, MEP_HT_SIG_COMB_TAIL, c, tail, (uint64_t)m);
     }
+    if (net) Tp::flush_warp(p.xp);
     if (!ok) break;
     if (g.index == 0 && lane == 0) *mep_ht_state_u64(p, p.st.send_tail_c, s, c) = tail;
   }
@@ -177,6 +188,7 @@ __device__ __forceinline__ void mep_ht_sum_rows(const MepHtParams &p, int c, uin
   }
 }
 
+template <class Tp>
 __device__ void mep_ht_combine_recv(const MepHtParams &p, const mep_ht_combine_args_t &a, int c) {
   __shared__ uint64_t cons[MEP_HT_MAX_RANKS];
   __shared__ uint32_t bal[MEP_HT_MAX_RANKS];
@@ -231,7 +243,8 @@ __device__ void mep_ht_combine_recv(const MepHtParams &p, const mep_ht_combine_a
           if (d == p.xp.rank || pos < seen[warp][d]) continue;
           uint64_t v = 0;
           ok = mep_wait_ge(
-              p.wc, [&] { return mep_ld_acquire_sys(mep_ht_word(p, p.win.comb_tail, d, c)); },
+              p.wc,
+              [&] { return mep_ht_counter<Tp>(p, p.win.comb_tail, MEP_HT_SIG_COMB_TAIL, d, c); },
               pos + 1, MEP_HT_OP_COMBINE_RECV, d, -1, &v);
           seen[warp][d] = v;
         }
@@ -256,7 +269,7 @@ __device__ void mep_ht_combine_recv(const MepHtParams &p, const mep_ht_combine_a
       if (n == 0) continue;
       cons[d] += (uint64_t)n;
       if (d == p.xp.rank) continue;
-      mep_ht_st_release(mep_ht_peer_word(p, d, p.win.comb_head, p.xp.rank, c), cons[d]);
+      mep_ht_publish<Tp>(p, d, p.win.comb_head, MEP_HT_SIG_COMB_HEAD, c, cons[d], (uint64_t)n);
     }
   }
   __syncthreads();
@@ -265,14 +278,14 @@ __device__ void mep_ht_combine_recv(const MepHtParams &p, const mep_ht_combine_a
       if (d != p.xp.rank) *mep_ht_state_u64(p, p.st.recv_head_c, d, c) = cons[d];
 }
 
-template <int kUnused>
+template <class Tp>
 __global__ void __launch_bounds__(MEP_HT_THREADS, 1)
     mep_ht_combine_kernel(const MepHtParams p, const mep_ht_combine_args_t a) {
   const int c = blockIdx.x / 2;
   if (blockIdx.x % 2 == 0) {
-    mep_ht_combine_send(p, a, c);
+    mep_ht_combine_send<Tp>(p, a, c);
   } else {
-    mep_ht_combine_recv(p, a, c);
+    mep_ht_combine_recv<Tp>(p, a, c);
   }
 }
 
@@ -284,8 +297,18 @@ extern "C" mep_kstatus_t mep_ht_combine(const mep_ht_ctx_t *ctx, const mep_ht_co
   if (st != MEP_KSTATUS_OK) return st;
   MepHtParams p;
   mep_ht_make_params(ctx, a->layout_set, a->channels, &p);
-  return mep_kernels_cuda_check(
-      "ht combine: launch",
-      mep_ht_launch(mep_ht_combine_kernel<0>, 2 * p.chan, static_cast<cudaStream_t>(stream), p,
-                    *a));
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  cudaError_t e;
+  switch (ctx->transport) {
+    case MEP_HT_TRANSPORT_GIN:
+      e = mep_ht_launch(mep_ht_combine_kernel<MepGin>, 2 * p.chan, s, p, *a);
+      break;
+    case MEP_HT_TRANSPORT_GIN_EMULATED:
+      e = mep_ht_launch(mep_ht_combine_kernel<MepGinEmu>, 2 * p.chan, s, p, *a);
+      break;
+    default:
+      e = mep_ht_launch(mep_ht_combine_kernel<MepLsa>, 2 * p.chan, s, p, *a);
+      break;
+  }
+  return mep_kernels_cuda_check("ht combine: launch", e);
 }

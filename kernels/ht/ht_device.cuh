@@ -132,6 +132,20 @@ __device__ __forceinline__ uint64_t mep_ht_ring_off(uint64_t off, uint64_t row, 
   return off + (((uint64_t)peer * MEP_HT_MAX_CHANNELS + c) * MEP_HT_RING_ROWS + slot) * row;
 }
 
+/* A network peer's count word (16-byte entries [2][R][C]): the one source
+ * s sent us for (parity, c), or our staged copy of the one for destination
+ * s. */
+__device__ __forceinline__ uint64_t mep_ht_cnt_net_off(const MepHtParams &p, int parity, int s,
+                                                       int c) {
+  return p.win.cnt_net +
+         (((uint64_t)parity * p.dims.world + (uint64_t)s) * MEP_HT_MAX_CHANNELS + c) * 16u;
+}
+__device__ __forceinline__ uint64_t mep_ht_cnt_stage_off(const MepHtParams &p, int parity, int d,
+                                                         int c) {
+  return p.win.cnt_stage +
+         (((uint64_t)parity * p.dims.world + (uint64_t)d) * MEP_HT_MAX_CHANNELS + c) * 16u;
+}
+
 /* Device state words: per-(peer, channel) u64 arrays and scalars. */
 __device__ __forceinline__ uint64_t *mep_ht_state_u64(const MepHtParams &p, uint64_t off,
                                                       int peer, int c) {
@@ -145,18 +159,18 @@ __device__ __forceinline__ int32_t *mep_ht_layout_n(const MepHtParams &p, int se
          (uint64_t)set * p.dims.world * MEP_HT_MAX_CHANNELS;
 }
 
-/* The group leader (lane 0 of the group's first warp) waits until the
- * u64 at `word` reaches `target`, then the group learns the value it saw,
- * or 0 with *ok = false when the wait expired or another wait aborted. */
+/* The group leader (lane 0 of the group's first warp) waits until
+ * load() reaches `target`, then the group learns the value it saw, or 0
+ * with *ok = false when the wait expired or another wait aborted. */
+template <class Load>
 __device__ __forceinline__ uint64_t mep_ht_leader_wait(const MepHtParams &p,
                                                        const MepHtGroups &g,
-                                                       volatile uint64_t *slot,
-                                                       const uint64_t *word, uint64_t target,
-                                                       int op, int peer, bool *ok) {
+                                                       volatile uint64_t *slot, Load load,
+                                                       uint64_t target, int op, int peer,
+                                                       bool *ok) {
   if (g.index == 0 && (threadIdx.x & 31) == 0) {
     uint64_t seen = 0;
-    const bool got = mep_wait_ge(
-        p.wc, [&] { return mep_ld_acquire_sys(word); }, target, op, peer, -1, &seen);
+    const bool got = mep_wait_ge(p.wc, load, target, op, peer, -1, &seen);
     *slot = got ? seen : 0;
     slot[1] = got ? 1u : 0u;
   }
@@ -165,6 +179,51 @@ __device__ __forceinline__ uint64_t mep_ht_leader_wait(const MepHtParams &p,
   *ok = slot[1] != 0;
   mep_ht_group_sync(g); /* the slot is reused by the next wait */
   return v;
+}
+
+/* Whether peer d is reached through the network protocol: on another node
+ * of a group with network peers (never for the LSA-only kernels, where Tp
+ * is MepLsa and this folds to false). */
+template <class Tp>
+__device__ __forceinline__ bool mep_ht_net(const MepHtParams &p, int d) {
+  if constexpr (!Tp::kStaged) {
+    return false;
+  } else {
+    const int n = p.dims.node_ranks;
+    return d / n != p.xp.rank / n;
+  }
+}
+
+/* Signal (kind, peer, c) of this rank, as GIN or its emulation keeps it. */
+template <class Tp>
+__device__ __forceinline__ uint64_t mep_ht_sig_read(const MepHtParams &p, int kind, int peer,
+                                                    int c) {
+  return Tp::read_signal(p.xp, mep_ht_sig(p.dims.world, kind, peer, c));
+}
+
+/* A ring's counter `pos` at the counter array `off`, for its other end:
+ * a release store of the position into an NVLink peer's window, or for a
+ * network peer an add of `delta` (the rows since the last) to its signal
+ * (kind, this rank, c), after a fence that puts every earlier access of
+ * the caller's group (ordered by its barrier) first. One thread. */
+template <class Tp>
+__device__ __forceinline__ void mep_ht_publish(const MepHtParams &p, int peer, uint64_t off,
+                                               int kind, int c, uint64_t pos, uint64_t delta) {
+  if (mep_ht_net<Tp>(p, peer)) {
+    __threadfence_system();
+    Tp::signal(p.xp, peer, mep_ht_sig(p.dims.world, kind, p.xp.rank, c), delta);
+  } else {
+    mep_ht_st_release(mep_ht_peer_word(p, peer, off, p.xp.rank, c), pos);
+  }
+}
+
+/* The counter `off` (peer, c) of this rank's window, or for a network peer
+ * its signal (kind, peer, c): a ring's far end's position. */
+template <class Tp>
+__device__ __forceinline__ uint64_t mep_ht_counter(const MepHtParams &p, uint64_t off, int kind,
+                                                   int peer, int c) {
+  return mep_ht_net<Tp>(p, peer) ? mep_ht_sig_read<Tp>(p, kind, peer, c)
+                                 : mep_ld_acquire_sys(mep_ht_word(p, off, peer, c));
 }
 
 /* Ends a dispatch launch: the last block to arrive sets the epoch to e + 1

@@ -122,8 +122,11 @@ __device__ void mep_ht_place_own_part(const mep_ht_dispatch_args_t &a, const Mep
 /* Every source's count word of every channel for this call's tag: rows
  * per (source, channel) into n[R * C], where channel c's rows from each
  * source land (base[R]: rows packed by source, then channel) and N_recv.
- * False on every thread when a wait expired or a source split its tokens
- * into another number of channels (recorded). Block-wide. */
+ * A network source's word is there once its count signal has counted
+ * this call (its put carries the signal after the word). False on every
+ * thread when a wait expired or a source split its tokens into another
+ * number of channels (recorded). Block-wide. */
+template <class Tp>
 __device__ bool mep_ht_read_counts(const MepHtParams &p, uint32_t tag, int parity, int c,
                                    int32_t *n, int64_t *base, int64_t *total) {
   __shared__ int failed;
@@ -133,13 +136,30 @@ __device__ bool mep_ht_read_counts(const MepHtParams &p, uint32_t tag, int parit
   const uint64_t cnt_off = p.win.cnt + (uint64_t)parity * R * MEP_HT_MAX_CHANNELS * 8u;
   for (int i = threadIdx.x; i < R * C; i += blockDim.x) {
     const int s = i / C, cc = i % C;
-    const uint64_t *w = mep_ht_word(p, cnt_off, s, cc);
+    const bool net = mep_ht_net<Tp>(p, s);
+    const uint64_t *w = net ? reinterpret_cast<const uint64_t *>(
+                                  p.xp.local + mep_ht_cnt_net_off(p, parity, s, cc))
+                            : mep_ht_word(p, cnt_off, s, cc);
     uint64_t seen = 0;
     n[i] = 0;
-    if (!mep_wait(
-            p.wc, [&] { return mep_ld_acquire_sys(w); },
-            [&](uint64_t v) { return MEP_HT_CNT_TAG(v) == tag; }, tag,
-            MEP_HT_OP_DISPATCH_COUNTS, s, -1, &seen)) {
+    bool got;
+    if (net) {
+      got = mep_wait_ge(
+          p.wc, [&] { return mep_ht_sig_read<Tp>(p, MEP_HT_SIG_CNT, s, cc); }, (uint64_t)tag,
+          MEP_HT_OP_DISPATCH_COUNTS, s, -1, &seen);
+      seen = got ? mep_ld_acquire_sys(w) : seen;
+      if (got && MEP_HT_CNT_TAG(seen) != tag) {
+        /* The signal counted this call but the word is another's. */
+        mep_record_timeout(p.wc, MEP_HT_OP_DISPATCH_COUNTS, s, -1, (uint64_t)tag, seen);
+        got = false;
+      }
+    } else {
+      got = mep_wait(
+          p.wc, [&] { return mep_ld_acquire_sys(w); },
+          [&](uint64_t v) { return MEP_HT_CNT_TAG(v) == tag; }, tag, MEP_HT_OP_DISPATCH_COUNTS, s,
+          -1, &seen);
+    }
+    if (!got) {
       failed = 1;
     } else if (MEP_HT_CNT_CHAN(seen) != C) {
       mep_record_timeout(p.wc, MEP_HT_OP_CHANNELS, s, -1, (uint64_t)C, seen);
@@ -168,13 +188,19 @@ __device__ bool mep_ht_read_counts(const MepHtParams &p, uint32_t tag, int parit
 
 /* Destination d = g.group's rows of channel c through its ring: chunks of
  * up to 32 rows, each written once room is there, then published with one
- * release store of the tail. Whole warp group. */
+ * release store of the tail. A network destination's rows are written
+ * into this rank's staging ring and put from there; the chunk's signal add
+ * on d's tail signal for (this rank, c) follows every warp's puts. Whole
+ * warp group. */
+template <class Tp>
 __device__ void mep_ht_send_ring(const MepHtParams &p, const mep_ht_dispatch_args_t &a,
                                  const MepHtGroups &g, int c, int t0, int t1,
                                  volatile uint64_t *wait_slot) {
   const int d = g.group, e_local = a.num_experts / p.dims.world, lane = threadIdx.x & 31;
   uint64_t tail = *mep_ht_state_u64(p, p.st.send_tail_d, d, c);
   const uint64_t payload = mep_ht_payload_bytes(a.hidden, a.fp8, a.scale_words);
+  const bool net = mep_ht_net<Tp>(p, d);
+  const uint32_t put_bytes = (uint32_t)mep_ht_align(payload + 8u * (uint64_t)a.top_k, 16);
   bool ok = true;
   for (int base = t0; base < t1 && ok; base += MEP_HT_CHUNK) {
     const uint32_t bal = mep_ht_chunk_ballot(a, base, t1, d, e_local);
@@ -182,24 +208,36 @@ __device__ void mep_ht_send_ring(const MepHtParams &p, const mep_ht_dispatch_arg
     if (n == 0) continue;
     /* Room for n rows: the destination has drained up to tail + n - Q. */
     const uint64_t need = tail + n > MEP_HT_RING_ROWS ? tail + n - MEP_HT_RING_ROWS : 0;
-    mep_ht_leader_wait(p, g, wait_slot, mep_ht_word(p, p.win.disp_head, d, c), need,
-                       MEP_HT_OP_DISPATCH_SPACE, d, &ok);
+    mep_ht_leader_wait(
+        p, g, wait_slot,
+        [&] { return mep_ht_counter<Tp>(p, p.win.disp_head, MEP_HT_SIG_DISP_HEAD, d, c); }, need,
+        MEP_HT_OP_DISPATCH_SPACE, d, &ok);
     if (!ok) break;
     for (int o = g.index; o < n; o += g.size) {
       const uint64_t slot = (tail + (uint64_t)o) % MEP_HT_RING_ROWS;
-      char *dst = static_cast<char *>(MepLsa::peer_ptr(
-          p.xp, d, mep_ht_ring_off(p.win.disp_ring, p.win.disp_row, p.xp.rank, c, slot)));
-      mep_ht_write_row(a, payload, base + mep_ht_nth_bit(bal, o), d, e_local, dst);
+      const uint64_t ring = mep_ht_ring_off(p.win.disp_ring, p.win.disp_row, p.xp.rank, c, slot);
+      const int t = base + mep_ht_nth_bit(bal, o);
+      if (net) {
+        const uint64_t stage = mep_ht_ring_off(p.win.disp_stage, p.win.disp_row, d, c, slot);
+        mep_ht_write_row(a, payload, t, d, e_local, p.xp.local + stage);
+        __syncwarp(); /* the put reads what every lane wrote */
+        Tp::put_warp_unsignalled(p.xp, d, ring, stage, put_bytes);
+      } else {
+        mep_ht_write_row(a, payload, t, d, e_local,
+                         static_cast<char *>(MepLsa::peer_ptr(p.xp, d, ring)));
+      }
     }
-    /* Every warp's rows, then one release store of the tail carries them. */
+    /* Every warp's rows, then one publication of the tail carries them. */
     mep_ht_group_sync(g);
     tail += (uint64_t)n;
     if (g.index == 0 && lane == 0)
-      mep_ht_st_release(mep_ht_peer_word(p, d, p.win.disp_tail, p.xp.rank, c), tail);
+      mep_ht_publish<Tp>(p, d, p.win.disp_tail, MEP_HT_SIG_DISP_TAIL, c, tail, (uint64_t)n);
   }
+  if (net) Tp::flush_warp(p.xp);
   if (g.index == 0 && lane == 0) *mep_ht_state_u64(p, p.st.send_tail_d, d, c) = tail;
 }
 
+template <class Tp>
 __device__ void mep_ht_dispatch_send(const MepHtParams &p, const mep_ht_dispatch_args_t &a, int c,
                                      uint32_t tag, int parity) {
   __shared__ uint32_t cnt[MEP_HT_MAX_RANKS];
@@ -226,12 +264,27 @@ __device__ void mep_ht_dispatch_send(const MepHtParams &p, const mep_ht_dispatch
   }
   __syncthreads();
   const uint64_t cnt_off = p.win.cnt + (uint64_t)parity * R * MEP_HT_MAX_CHANNELS * 8u;
-  for (int d = threadIdx.x; d < R; d += blockDim.x)
-    mep_st_relaxed_sys(mep_ht_peer_word(p, d, cnt_off, p.xp.rank, c),
-                       MEP_HT_CNT_WORD(tag, p.chan, cnt[d]));
+  for (int d = threadIdx.x / 32; d < R; d += blockDim.x / 32) {
+    const uint64_t word = MEP_HT_CNT_WORD(tag, p.chan, cnt[d]);
+    if (mep_ht_net<Tp>(p, d)) {
+      /* Staged per (parity, destination): the next call's word goes to
+       * the other slot, so an unfinished put never reads a newer one. */
+      const uint64_t stage = mep_ht_cnt_stage_off(p, parity, d, c);
+      if ((threadIdx.x & 31) == 0)
+        *reinterpret_cast<uint4 *>(p.xp.local + stage) =
+            make_uint4((uint32_t)word, (uint32_t)(word >> 32), 0u, 0u);
+      __syncwarp();
+      Tp::put_warp(p.xp, d, mep_ht_cnt_net_off(p, parity, p.xp.rank, c), nullptr, stage, 16u,
+                   mep_ht_sig(R, MEP_HT_SIG_CNT, p.xp.rank, c));
+      /* No flush: this slot is staged again two calls later, after d has
+       * used the word (its call finished before its next one fed ours). */
+    } else if ((threadIdx.x & 31) == 0) {
+      mep_st_relaxed_sys(mep_ht_peer_word(p, d, cnt_off, p.xp.rank, c), word);
+    }
+  }
 
   /* Where this channel's own rows land needs every source's counts. */
-  if (!mep_ht_read_counts(p, tag, parity, c, n_sh, base_sh, &total_sh)) return;
+  if (!mep_ht_read_counts<Tp>(p, tag, parity, c, n_sh, base_sh, &total_sh)) return;
   const bool drain = total_sh > a.recv_capacity;
   for (int i = threadIdx.x; i < e_local; i += blockDim.x) hist[i] = 0;
   __syncthreads();
@@ -243,7 +296,7 @@ __device__ void mep_ht_dispatch_send(const MepHtParams &p, const mep_ht_dispatch
   if (d == p.xp.rank) {
     if (!drain) mep_ht_place_own_part(a, g, t0, t1, d, e_local, base_sh[d], true, hist);
   } else if (d < R) {
-    mep_ht_send_ring(p, a, g, c, t0, t1, wait_slot[g.group]);
+    mep_ht_send_ring<Tp>(p, a, g, c, t0, t1, wait_slot[g.group]);
   }
   __syncthreads();
   for (int i = threadIdx.x; i < e_local; i += blockDim.x)
@@ -275,6 +328,7 @@ __device__ __forceinline__ void mep_ht_read_row(const mep_ht_dispatch_args_t &a,
   }
 }
 
+template <class Tp>
 __device__ void mep_ht_dispatch_recv(const MepHtParams &p, const mep_ht_dispatch_args_t &a, int c,
                                      uint32_t tag, int parity) {
   __shared__ int32_t n_sh[MEP_HT_MAX_RANKS * MEP_HT_MAX_CHANNELS];
@@ -286,7 +340,7 @@ __device__ void mep_ht_dispatch_recv(const MepHtParams &p, const mep_ht_dispatch
   const int lane = threadIdx.x & 31;
   for (int i = threadIdx.x; i < e_local; i += blockDim.x) hist[i] = 0;
 
-  if (!mep_ht_read_counts(p, tag, parity, c, n_sh, base_sh, &total_sh)) return;
+  if (!mep_ht_read_counts<Tp>(p, tag, parity, c, n_sh, base_sh, &total_sh)) return;
   const int64_t total = total_sh;
   const bool drain = total > a.recv_capacity;
   if (c == 0) {
@@ -328,9 +382,10 @@ __device__ void mep_ht_dispatch_recv(const MepHtParams &p, const mep_ht_dispatch
       uint64_t head = *mep_ht_state_u64(p, p.st.recv_head_d, s, c);
       int got = 0;
       while (got < expect) {
-        const uint64_t tail =
-            mep_ht_leader_wait(p, g, wait_slot[g.group], mep_ht_word(p, p.win.disp_tail, s, c),
-                               head + 1, MEP_HT_OP_DISPATCH_RECV, s, &ok);
+        const uint64_t tail = mep_ht_leader_wait(
+            p, g, wait_slot[g.group],
+            [&] { return mep_ht_counter<Tp>(p, p.win.disp_tail, MEP_HT_SIG_DISP_TAIL, s, c); },
+            head + 1, MEP_HT_OP_DISPATCH_RECV, s, &ok);
         if (!ok) break;
         const int avail = (int)min(tail - head, (uint64_t)(expect - got));
         if (!drain) {
@@ -346,7 +401,8 @@ __device__ void mep_ht_dispatch_recv(const MepHtParams &p, const mep_ht_dispatch
         head += (uint64_t)avail;
         got += avail;
         if (g.index == 0 && lane == 0)
-          mep_ht_st_release(mep_ht_peer_word(p, s, p.win.disp_head, p.xp.rank, c), head);
+          mep_ht_publish<Tp>(p, s, p.win.disp_head, MEP_HT_SIG_DISP_HEAD, c, head,
+                             (uint64_t)avail);
       }
       if (g.index == 0 && lane == 0) *mep_ht_state_u64(p, p.st.recv_head_d, s, c) = head;
     }
@@ -356,16 +412,16 @@ __device__ void mep_ht_dispatch_recv(const MepHtParams &p, const mep_ht_dispatch
     if (hist[i] != 0) atomicAdd(&a.recv_count[i], hist[i]);
 }
 
-template <int kUnused>
+template <class Tp>
 __global__ void __launch_bounds__(MEP_HT_THREADS, 1)
     mep_ht_dispatch_kernel(const MepHtParams p, const mep_ht_dispatch_args_t a) {
   uint32_t *epoch = mep_ht_state_u32(p, p.st.epoch);
   const uint32_t e = *reinterpret_cast<volatile uint32_t *>(epoch);
   const int c = blockIdx.x / 2;
   if (blockIdx.x % 2 == 0) {
-    mep_ht_dispatch_send(p, a, c, e + 1u, (int)(e & 1u));
+    mep_ht_dispatch_send<Tp>(p, a, c, e + 1u, (int)(e & 1u));
   } else {
-    mep_ht_dispatch_recv(p, a, c, e + 1u, (int)(e & 1u));
+    mep_ht_dispatch_recv<Tp>(p, a, c, e + 1u, (int)(e & 1u));
   }
   /* Every block read e before any arrives here, so the next call (stream
    * ordered after this one) reads e + 1 everywhere. */
@@ -387,7 +443,17 @@ extern "C" mep_kstatus_t mep_ht_dispatch(const mep_ht_ctx_t *ctx,
         cudaMemsetAsync(a->recv_count, 0, (size_t)(a->num_experts / ctx->dims.world) * 4u, s));
     if (st != MEP_KSTATUS_OK) return st;
   }
-  return mep_kernels_cuda_check(
-      "ht dispatch: launch",
-      mep_ht_launch(mep_ht_dispatch_kernel<0>, 2 * p.chan, s, p, *a));
+  cudaError_t e;
+  switch (ctx->transport) {
+    case MEP_HT_TRANSPORT_GIN:
+      e = mep_ht_launch(mep_ht_dispatch_kernel<MepGin>, 2 * p.chan, s, p, *a);
+      break;
+    case MEP_HT_TRANSPORT_GIN_EMULATED:
+      e = mep_ht_launch(mep_ht_dispatch_kernel<MepGinEmu>, 2 * p.chan, s, p, *a);
+      break;
+    default:
+      e = mep_ht_launch(mep_ht_dispatch_kernel<MepLsa>, 2 * p.chan, s, p, *a);
+      break;
+  }
+  return mep_kernels_cuda_check("ht dispatch: launch", e);
 }

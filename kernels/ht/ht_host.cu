@@ -8,6 +8,10 @@ extern "C" uint64_t mep_ht_buffer_bytes(const mep_ht_dims_t *dims) {
   return mep_ht_window_layout(dims).bytes;
 }
 
+extern "C" int32_t mep_ht_gin_signals(const mep_ht_dims_t *dims) {
+  return dims->node_ranks > 0 ? MEP_HT_SIG_KINDS * dims->world * MEP_HT_MAX_CHANNELS : 0;
+}
+
 extern "C" uint64_t mep_ht_state_bytes(const mep_ht_dims_t *dims) {
   return mep_ht_state_layout(dims).bytes;
 }

@@ -36,6 +36,13 @@ static inline mep_kstatus_t mep_ht_check_ctx(const char *op, const mep_ht_ctx_t 
                              "%s: the context's dims hold local_experts %d and max_tokens %d; "
                              "they must be in 1..%d and 0..%d", op, d->local_experts,
                              d->max_tokens, MEP_MAX_LOCAL_EXPERTS, MEP_MAX_TOKENS_HT);
+  const bool net = ctx->transport == MEP_HT_TRANSPORT_GIN ||
+                   ctx->transport == MEP_HT_TRANSPORT_GIN_EMULATED;
+  if (net ? d->node_ranks < 1 || d->world % d->node_ranks != 0 : d->node_ranks != 0)
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
+                             "%s: transport %d with node_ranks %d (world %d): the network "
+                             "transports need node_ranks dividing world, LSA needs 0", op,
+                             ctx->transport, d->node_ranks, d->world);
   if (ctx->num_sms <= 0)
     return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "%s: num_sms is %d; it must be positive", op, ctx->num_sms);
@@ -129,6 +136,9 @@ static inline void mep_ht_make_params(const mep_ht_ctx_t *ctx, int set, int chan
   p->xp.world = ctx->dims.world;
   p->dims = ctx->dims;
   p->win = mep_ht_window_layout(&ctx->dims);
+  /* GIN-emulated keeps its signals in the window; GIN's ids start at 0. */
+  p->xp.sig_off = p->win.sig;
+  p->xp.gin_sig_base = 0;
   p->st = mep_ht_state_layout(&ctx->dims);
   p->state = (char *)ctx->state;
   p->chan = chan;

@@ -41,28 +41,56 @@ static inline MEP_HT_HD uint64_t mep_ht_comb_row_bytes(const mep_ht_dims_t *d) {
  *   disp_tail [R][C]     rows source r has written into our ring (r, c)
  *   disp_head [R][C]     rows destination r has drained from its ring (us, c)
  *   comb_tail, comb_head the same for combine's rings
- * then the rings, [R][C][MEP_HT_RING_ROWS] rows each. */
+ * then the rings, [R][C][MEP_HT_RING_ROWS] rows each. A group with network
+ * peers (node_ranks > 0) also has, for those peers (PROTOCOL.md "Network
+ * peers"): their count words, 16 bytes apart (a put moves whole 16-byte
+ * vectors) [2][R][C], the staged copies of ours [2][R][C], the signal
+ * words GIN-emulated keeps in the window [MEP_HT_SIG_KINDS][R][C], and
+ * staging rings as large as the rings, where a row is written before the
+ * put that reads it (a NIC reads only registered memory). */
 typedef struct mep_ht_window {
   uint64_t cnt, disp_tail, disp_head, comb_tail, comb_head;
-  uint64_t disp_ring, comb_ring;
+  uint64_t cnt_net, cnt_stage, sig;
+  uint64_t disp_ring, comb_ring, disp_stage, comb_stage;
   uint64_t disp_row, comb_row;
   uint64_t bytes;
 } mep_ht_window_t;
 
+/* Signal kinds of network peers, each [R][C]: the count puts a source has
+ * made (one per call), the rows it has put into our ring, the rows a
+ * destination has drained from its ring of ours, and combine's pair. */
+enum {
+  MEP_HT_SIG_CNT = 0,
+  MEP_HT_SIG_DISP_TAIL = 1,
+  MEP_HT_SIG_DISP_HEAD = 2,
+  MEP_HT_SIG_COMB_TAIL = 3,
+  MEP_HT_SIG_COMB_HEAD = 4,
+  MEP_HT_SIG_KINDS = 5
+};
+static inline MEP_HT_HD uint32_t mep_ht_sig(int32_t world, int kind, int peer, int c) {
+  return ((uint32_t)kind * (uint32_t)world + (uint32_t)peer) * MEP_HT_MAX_CHANNELS + (uint32_t)c;
+}
+
 static inline MEP_HT_HD mep_ht_window_t mep_ht_window_layout(const mep_ht_dims_t *d) {
   mep_ht_window_t w;
   const uint64_t words = (uint64_t)d->world * MEP_HT_MAX_CHANNELS * 8u;
+  const int net = d->node_ranks > 0;
   w.cnt = 0;
   w.disp_tail = w.cnt + 2u * words;
   w.disp_head = w.disp_tail + words;
   w.comb_tail = w.disp_head + words;
   w.comb_head = w.comb_tail + words;
+  w.cnt_net = w.comb_head + words;
+  w.cnt_stage = w.cnt_net + (net ? 4u * words : 0u);
+  w.sig = w.cnt_stage + (net ? 4u * words : 0u);
   w.disp_row = mep_ht_disp_row_bytes(d);
   w.comb_row = mep_ht_comb_row_bytes(d);
   const uint64_t rings = (uint64_t)d->world * MEP_HT_MAX_CHANNELS * MEP_HT_RING_ROWS;
-  w.disp_ring = mep_ht_align(w.comb_head + words, 128);
+  w.disp_ring = mep_ht_align(w.sig + (net ? MEP_HT_SIG_KINDS * words : 0u), 128);
   w.comb_ring = w.disp_ring + rings * w.disp_row;
-  w.bytes = w.comb_ring + rings * w.comb_row;
+  w.disp_stage = w.comb_ring + rings * w.comb_row;
+  w.comb_stage = w.disp_stage + (net ? rings * w.disp_row : 0u);
+  w.bytes = w.comb_stage + (net ? rings * w.comb_row : 0u);
   return w;
 }
 

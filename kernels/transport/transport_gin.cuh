@@ -17,6 +17,16 @@ struct MepGin {
     gin.put(ncclTeamWorld(x.comm), peer, x.win, dst_off, x.win, src_off, bytes,
             ncclGin_SignalAdd{x.gin_sig_base + row_sig, 1}, ncclGin_None{}, ncclCoopWarp());
   }
+  /* A put with no remote action: a later signal to the same peer on this
+   * context becomes visible only after it has landed (GIN's ordering of a
+   * signal after every preceding put on the context to that peer). */
+  static __device__ __forceinline__ void put_warp_unsignalled(const MepXport &x, int peer,
+                                                              uint64_t dst_off, uint64_t src_off,
+                                                              uint32_t bytes) {
+    ncclGin gin(x.comm, 0);
+    gin.put(ncclTeamWorld(x.comm), peer, x.win, dst_off, x.win, src_off, bytes, ncclGin_None{},
+            ncclGin_None{}, ncclCoopWarp());
+  }
   static __device__ __forceinline__ void signal(const MepXport &x, int peer, uint32_t sig,
                                                 uint64_t add) {
     ncclGin gin(x.comm, 0);

@@ -29,6 +29,14 @@ struct MepGinEmu {
       add_sig(x, peer, row_sig, 1);
     }
   }
+  /* Payload only; the caller's later signal, after a barrier over every
+   * warp that put and a system fence, is what publishes it (as GIN orders
+   * a signal after the context's earlier puts to that peer). */
+  static __device__ __forceinline__ void put_warp_unsignalled(const MepXport &x, int peer,
+                                                              uint64_t dst_off, uint64_t src_off,
+                                                              uint32_t bytes) {
+    mep_copy_warp(peer_ptr(x, peer, dst_off), x.local + src_off, bytes);
+  }
   static __device__ __forceinline__ void signal(const MepXport &x, int peer, uint32_t sig,
                                                 uint64_t add) {
     add_sig(x, peer, sig, add); /* no ordering promise, as with GIN */

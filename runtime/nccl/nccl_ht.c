@@ -40,18 +40,37 @@ typedef struct ht_handle {
   uint64_t seq;
 } ht_handle_t;
 
-static void ht_dims(const moe_ep_config_t *cfg, int world, mep_ht_dims_t *d) {
+/* Ranks per node for the kernels (mep_ht_dims_t.node_ranks): 0 for an
+ * NVLink-only group; with a network transport the config's ranks_per_node,
+ * else for gin_emulated 1 (every rank a node of its own: every peer takes
+ * the network protocol) and for gin the NVLink (LSA) team's size, which
+ * create checks against the peers NCCL reaches by NVLink. */
+static int32_t ht_node_ranks(const moe_ep_config_t *cfg, int world, int32_t lsa_size) {
+  if (cfg->transport == MOE_EP_TRANSPORT_GIN_EMULATED) {
+    return cfg->ranks_per_node > 0 ? cfg->ranks_per_node : 1;
+  }
+  if (cfg->transport == MOE_EP_TRANSPORT_GIN) {
+    if (cfg->ranks_per_node > 0) return cfg->ranks_per_node;
+    return lsa_size > 0 && world % lsa_size == 0 ? lsa_size : 1;
+  }
+  return 0;
+}
+
+/* lsa_size: the LSA team's size where known (create), else 0; sizing with
+ * 0 gives a gin group's window for one rank per node, the largest. */
+static void ht_dims(const moe_ep_config_t *cfg, int world, int32_t lsa_size, mep_ht_dims_t *d) {
   memset(d, 0, sizeof(*d));
   d->world = world;
   d->local_experts = cfg->num_experts / world;
   d->max_tokens = cfg->max_tokens_per_rank;
   d->hidden = cfg->hidden;
   d->top_k = cfg->top_k;
+  d->node_ranks = ht_node_ranks(cfg, world, lsa_size);
 }
 
 static uint64_t ht_buffer_bytes(const moe_ep_config_t *cfg, int world) {
   mep_ht_dims_t d;
-  ht_dims(cfg, world, &d);
+  ht_dims(cfg, world, 0, &d);
   return mep_ht_buffer_bytes(&d);
 }
 
@@ -91,32 +110,35 @@ static moe_ep_status_t alloc_device(ht_state_t *s) {
   return mep_nccl_sent_create(&s->sent);
 }
 
-/* HT crosses NVLink only: every peer must be an LSA peer, and the network
- * transports' hierarchical forwarding is not built yet. */
+/* The node split must match NVLink: every peer on this rank's node must
+ * be in its NVLink (LSA) team, since the kernels store into those; with
+ * gin, every peer off the node must be outside it (those get puts, and a
+ * split that puts NVLink peers on other nodes is a configuration mistake).
+ * An NVLink-only group (node_ranks 0) needs every peer in the team. */
 static moe_ep_status_t check_transport(const moe_ep_group_t *g, const ht_state_t *s) {
-  if (g->cfg.transport == MOE_EP_TRANSPORT_GIN ||
-      g->cfg.transport == MOE_EP_TRANSPORT_GIN_EMULATED) {
-    return mep_error(MOE_EP_ERR_UNSUPPORTED,
-                     "group_create on rank %d: mode 'high_throughput' on the nccl backend "
-                     "runs over NVLink (transport lsa or auto); transport '%s' "
-                     "(hierarchical forwarding across nodes) is not implemented",
-                     g->rank, g->cfg.transport == MOE_EP_TRANSPORT_GIN ? "gin" : "gin_emulated");
+  const int32_t n = s->ctx.dims.node_ranks;
+  int32_t *nv = calloc((size_t)g->world_size, sizeof(int32_t));
+  if (nv == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "group_create: out of memory");
+  mep_nccl_peer_nvlink(s->nccl, nv, g->world_size);
+  int bad = -1;
+  for (int p = 0; p < g->world_size && bad < 0; p++) {
+    const int near = n == 0 || p / n == g->rank / n;
+    if (near ? !nv[p] : (g->cfg.transport == MOE_EP_TRANSPORT_GIN && nv[p])) bad = p;
   }
-  int32_t *t = calloc((size_t)g->world_size, sizeof(int32_t));
-  if (t == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "group_create: out of memory");
-  mep_nccl_peer_transports(s->nccl, t, g->world_size);
-  int far = -1;
-  for (int p = 0; p < g->world_size && far < 0; p++) {
-    if (t[p] != MOE_EP_TRANSPORT_LSA) far = p;
-  }
-  free(t);
-  if (far >= 0) {
+  free(nv);
+  if (bad < 0) return MOE_EP_OK;
+  if (n == 0) {
     return mep_error(MOE_EP_ERR_UNSUPPORTED,
                      "group_create on rank %d: rank %d is not reachable over NVLink (LSA); "
-                     "mode 'high_throughput' on the nccl backend does not cross nodes yet",
-                     g->rank, far);
+                     "mode 'high_throughput' crosses nodes with transport 'gin', not '%s'",
+                     g->rank, bad, g->cfg.transport == MOE_EP_TRANSPORT_LSA ? "lsa" : "auto");
   }
-  return MOE_EP_OK;
+  const int on = bad / n == g->rank / n;
+  return mep_error(MOE_EP_ERR_UNSUPPORTED,
+                   "group_create on rank %d: ranks_per_node %d puts rank %d %s this rank's "
+                   "node, but it is %s this rank's NVLink (LSA) team; set ranks_per_node to "
+                   "the ranks that share an NVLink domain", g->rank, n, bad, on ? "on" : "off",
+                   on ? "outside" : "inside");
 }
 
 static moe_ep_status_t ht_create(moe_ep_group_t *g) {
@@ -132,20 +154,26 @@ static moe_ep_status_t ht_create(moe_ep_group_t *g) {
   s->device = -1;
   moe_ep_status_t st;
   MEP_CHECK_GOTO(mep_nccl_pick_device(g, &s->device, &s->device_sms), st, out_destroy);
-  ht_dims(&g->cfg, g->world_size, &s->ctx.dims);
+  /* Sized before NCCL reports the LSA team: one rank per node at most. */
+  ht_dims(&g->cfg, g->world_size, 0, &s->ctx.dims);
   mep_nccl_params_t np = {
       .rank = g->rank,
       .world = g->world_size,
       .cuda_device = s->device,
       .transport = g->cfg.transport,
-      .window_bytes = ht_buffer_bytes(&g->cfg, g->world_size),
-      .gin_signal_count = 0,
+      .window_bytes = mep_ht_buffer_bytes(&s->ctx.dims),
+      .gin_signal_count = mep_ht_gin_signals(&s->ctx.dims),
       .adopt_comm = g->nccl_comm,
       .exchange = mep_nccl_share_uid,
       .exchange_user = g->boot,
   };
   MEP_CHECK_GOTO(mep_nccl_create(&np, &s->nccl), st, out_destroy);
+  ht_dims(&g->cfg, g->world_size, mep_nccl_lsa_size(s->nccl), &s->ctx.dims);
   MEP_CHECK_GOTO(check_transport(g, s), st, out_destroy);
+  s->ctx.transport = g->cfg.transport == MOE_EP_TRANSPORT_GIN ? MEP_HT_TRANSPORT_GIN
+                     : g->cfg.transport == MOE_EP_TRANSPORT_GIN_EMULATED
+                         ? MEP_HT_TRANSPORT_GIN_EMULATED
+                         : MEP_HT_TRANSPORT_LSA;
   MEP_CHECK_GOTO(alloc_device(s), st, out_destroy);
   s->ctx.dev_comm = mep_nccl_dev_comm(s->nccl);
   s->ctx.window = mep_nccl_window(s->nccl);
@@ -358,9 +386,10 @@ static moe_ep_status_t ht_recv(moe_ep_group_t *g, mep_op_t *op) {
 }
 
 static int ht_peer_transport(const moe_ep_group_t *g, int peer) {
-  (void)g;
-  (void)peer;
-  return MOE_EP_TRANSPORT_LSA; /* create refused every other peer */
+  const ht_state_t *s = g->impl;
+  const int32_t n = s->ctx.dims.node_ranks;
+  if (n == 0 || peer / n == g->rank / n) return MOE_EP_TRANSPORT_LSA;
+  return g->cfg.transport; /* gin or gin_emulated */
 }
 
 const mep_backend_ops_t mep_nccl_ht_backend = {

@@ -30,6 +30,7 @@ struct mep_nccl {
   int32_t world;
   int32_t lsa_size;
   int32_t *peer_transport;
+  int32_t *peer_nvlink; /* 1 where the peer is in this rank's LSA team (in peer_transport's block) */
   _Alignas(16) unsigned char devcomm[MEP_DEVCOMM_BYTES] /* kernels/common/limits.h */;
 };
 
@@ -85,6 +86,7 @@ static moe_ep_status_t choose_transports(mep_nccl_t *n, const mep_nccl_params_t 
   *need_gin = 0;
   for (int q = 0; q < p->world; ++q) {
     const int near = in_lsa_team(lsa, p->rank, q);
+    n->peer_nvlink[q] = near;
     int t;
     switch (p->transport) {
       case MOE_EP_TRANSPORT_LSA:
@@ -147,11 +149,13 @@ moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *p, mep_nccl_t **out) {
   mep_nccl_t *n = calloc(1, sizeof *n);
   if (n == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "nccl_create: out of host memory");
   n->world = p->world;
-  n->peer_transport = calloc((size_t)p->world, sizeof(int32_t));
+  /* One allocation: peer_nvlink is its second half (freed with it). */
+  n->peer_transport = calloc(2u * (size_t)p->world, sizeof(int32_t));
   if (n->peer_transport == NULL) {
     st = mep_error(MOE_EP_ERR_NO_MEMORY, "nccl_create: out of host memory");
     goto out_free;
   }
+  n->peer_nvlink = n->peer_transport + p->world;
   if (p->adopt_comm != NULL) {
     int count = 0, rank = 0;
     n->comm = (ncclComm_t)p->adopt_comm;
@@ -252,4 +256,8 @@ int32_t mep_nccl_lsa_size(const mep_nccl_t *n) { return n->lsa_size; }
 
 void mep_nccl_peer_transports(const mep_nccl_t *n, int32_t *out, int32_t len) {
   for (int32_t i = 0; i < len && i < n->world; ++i) out[i] = n->peer_transport[i];
+}
+
+void mep_nccl_peer_nvlink(const mep_nccl_t *n, int32_t *out, int32_t len) {
+  for (int32_t i = 0; i < len && i < n->world; ++i) out[i] = n->peer_nvlink[i];
 }

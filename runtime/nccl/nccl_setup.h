@@ -56,6 +56,8 @@ uint64_t mep_nccl_bytes_allocated(const mep_nccl_t *nccl);
 int32_t mep_nccl_lsa_size(const mep_nccl_t *nccl);
 /* moe_ep_transport_t for each of `len` world ranks (self included). */
 void mep_nccl_peer_transports(const mep_nccl_t *nccl, int32_t *out, int32_t len);
+/* 1 for each of `len` world ranks in this rank's NVLink (LSA) team. */
+void mep_nccl_peer_nvlink(const mep_nccl_t *nccl, int32_t *out, int32_t len);
 
 #ifdef __cplusplus
 }

@@ -99,6 +99,37 @@ TEST(HtLink, ContextRules) {
   EXPECT_NE(Refusal(mep_ht_dispatch(&ctx, &a, nullptr)).find("num_sms is 0"), std::string::npos);
 }
 
+// A network transport needs a node split that divides the world; NVLink
+// alone needs none.
+TEST(HtLink, NodeSplitRules) {
+  mep_ht_dispatch_args_t a = Dispatch();
+  struct Case {
+    int transport, node_ranks;
+    const char *rule; /* nullptr: accepted up to the arguments */
+  };
+  const Case cases[] = {
+      {MEP_HT_TRANSPORT_GIN_EMULATED, 0, "transport 3 with node_ranks 0 (world 2)"},
+      {MEP_HT_TRANSPORT_GIN, 3, "transport 2 with node_ranks 3 (world 2)"},
+      {MEP_HT_TRANSPORT_LSA, 1, "transport 1 with node_ranks 1 (world 2)"},
+      {MEP_HT_TRANSPORT_GIN_EMULATED, 1, nullptr},
+      {MEP_HT_TRANSPORT_GIN, 2, nullptr},
+  };
+  for (const Case &k : cases) {
+    mep_ht_dims_t d = Dims(2, 64);
+    d.node_ranks = k.node_ranks;
+    mep_ht_ctx_t ctx = Ctx(d);
+    ctx.transport = k.transport;
+    a.num_tokens = 3; /* past the context checks, refused for its NULL x */
+    const std::string why = Refusal(mep_ht_dispatch(&ctx, &a, nullptr));
+    if (k.rule != nullptr) {
+      EXPECT_NE(why.find(k.rule), std::string::npos) << "rule '" << k.rule << "', got: " << why;
+    } else {
+      EXPECT_NE(why.find("is NULL with 3 tokens"), std::string::npos)
+          << "transport " << k.transport << " node_ranks " << k.node_ranks << ": " << why;
+    }
+  }
+}
+
 TEST(HtLink, CombineNeedsTheDispatchsChannels) {
   const mep_ht_ctx_t ctx = Ctx(Dims(2, 64));
   mep_ht_combine_args_t c = {};
@@ -140,6 +171,37 @@ TEST(HtLayout, RegionsDoNotOverlap) {
     EXPECT_GE(s.send_tail_d, s.abort_flag + 4);
     EXPECT_EQ(s.layout_chan, s.layout_n + 4ull * MEP_NUM_BUFFER_SETS * world * MEP_HT_MAX_CHANNELS);
     EXPECT_EQ(s.bytes, mep_ht_state_bytes(&d));
+  }
+}
+
+// Network peers add their count words, staged copies, signal words and
+// staging rings as large as the rings; an NVLink-only group has none.
+TEST(HtLayout, NetworkRegions) {
+  for (int world : {1, 2, 16}) {
+    mep_ht_dims_t d = Dims(world, 128);
+    const mep_ht_window_t lsa = mep_ht_window_layout(&d);
+    EXPECT_EQ(lsa.disp_stage, lsa.bytes);
+    EXPECT_EQ(lsa.comb_stage, lsa.bytes);
+    EXPECT_EQ(mep_ht_gin_signals(&d), 0);
+    d.node_ranks = 1;
+    const mep_ht_window_t w = mep_ht_window_layout(&d);
+    const uint64_t words = (uint64_t)world * MEP_HT_MAX_CHANNELS * 8u;
+    const uint64_t rings = (uint64_t)world * MEP_HT_MAX_CHANNELS * MEP_HT_RING_ROWS;
+    EXPECT_EQ(w.cnt_net, w.comb_head + words);
+    EXPECT_EQ(w.cnt_stage, w.cnt_net + 4 * words);  /* [2][R][C] 16-byte entries */
+    EXPECT_EQ(w.sig, w.cnt_stage + 4 * words);
+    EXPECT_GE(w.disp_ring, w.sig + MEP_HT_SIG_KINDS * words);
+    EXPECT_EQ(w.disp_ring % 128, 0u);
+    EXPECT_EQ(w.disp_stage, w.comb_ring + rings * w.comb_row);
+    EXPECT_EQ(w.comb_stage, w.disp_stage + rings * w.disp_row);
+    EXPECT_EQ(w.bytes, w.comb_stage + rings * w.comb_row);
+    EXPECT_EQ(mep_ht_gin_signals(&d), MEP_HT_SIG_KINDS * world * MEP_HT_MAX_CHANNELS);
+    /* The last signal id is the last word of the signal area. */
+    EXPECT_EQ(mep_ht_sig(world, MEP_HT_SIG_KINDS - 1, world - 1, MEP_HT_MAX_CHANNELS - 1) + 1u,
+              (uint32_t)mep_ht_gin_signals(&d));
+    /* Only whether there are network peers shapes the window. */
+    d.node_ranks = world;
+    EXPECT_EQ(mep_ht_window_layout(&d).bytes, w.bytes);
   }
 }
 
