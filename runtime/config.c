@@ -31,6 +31,7 @@ void mep_config_defaults(moe_ep_config_t *cfg) {
   cfg->fp8_scale = MOE_EP_FP8_SCALE_F32;
   cfg->double_buffer = 1;
   cfg->transport = MOE_EP_TRANSPORT_AUTO;
+  cfg->ranks_per_node = 0; /* unset */
   cfg->bootstrap_timeout_ms = 30000;
   cfg->kernel_timeout_ms = 10000;
   cfg->log_level = MOE_EP_LOG_WARN;

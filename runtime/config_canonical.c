@@ -12,7 +12,7 @@ static int key_cmp(int a, int b) {
 }
 
 /* Agreed keys sorted by path, so the text (and hash) does not depend on the
- * table's order. Insertion sort: eleven entries. */
+ * table's order. Insertion sort: twelve entries. */
 static int sorted_agreed(int *idx) {
   int n = 0;
   for (int k = 0; k < MEP_CONFIG_NUM_KEYS; k++) {

@@ -189,6 +189,7 @@ moe_ep_status_t mep_config_check(const moe_ep_config_t *cfg,
   MEP_CHECK(check_enum(cfg, origin, MEP_KEY_FP8_SCALE));
   MEP_CHECK(check_range(cfg, origin, MEP_KEY_DOUBLE_BUFFER, 0, 1));
   MEP_CHECK(check_enum(cfg, origin, MEP_KEY_TRANSPORT));
+  MEP_CHECK(check_range(cfg, origin, MEP_KEY_RANKS_PER_NODE, 0, MEP_MAX_RANKS));
   MEP_CHECK(check_range(cfg, origin, MEP_KEY_BOOT_TIMEOUT, 1,
                         MEP_MAX_TIMEOUT_MS));
   MEP_CHECK(check_range(cfg, origin, MEP_KEY_KERNEL_TIMEOUT, 1,

@@ -47,6 +47,8 @@ const mep_config_key_t mep_config_keys[MEP_CONFIG_NUM_KEYS] = {
                                MEP_KEY_BOOL, FIELD(double_buffer), NULL, 1},
     [MEP_KEY_TRANSPORT] = {"transport", "MOE_EP_TRANSPORT", MEP_KEY_ENUM,
                            FIELD(transport), transport_names, 1},
+    [MEP_KEY_RANKS_PER_NODE] = {"ranks_per_node", "MOE_EP_RANKS_PER_NODE",
+                                MEP_KEY_INT, FIELD(ranks_per_node), NULL, 1},
     [MEP_KEY_BOOT_ADDRESS] = {"bootstrap.address", "MOE_EP_BOOTSTRAP_ADDRESS",
                               MEP_KEY_STRING, FIELD(bootstrap_address), NULL,
                               0},
@@ -211,6 +213,12 @@ void mep_config_key_allowed(const mep_config_key_t *key, char *buf,
                "integer 1..%d in mode low_latency, 1..%d in mode "
                "high_throughput",
                MEP_MAX_TOKENS_LL, MEP_MAX_TOKENS_HT);
+      return;
+    case MEP_KEY_RANKS_PER_NODE:
+      snprintf(buf, cap,
+               "integer 0..%d (0 = unset; otherwise a divisor of the world "
+               "size)",
+               MEP_MAX_RANKS);
       return;
     case MEP_KEY_BOOT_TIMEOUT:
     case MEP_KEY_KERNEL_TIMEOUT:

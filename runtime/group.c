@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -101,6 +102,36 @@ static moe_ep_status_t check_configs_agree(moe_ep_group_t *g) {
   return st;
 }
 
+/* ranks_per_node against the world, on every backend (the host backend
+ * refuses what the nccl backend would): nodes are whole, and HT over lsa /
+ * auto, which have no network leg, is one node. LL otherwise ignores the
+ * key. `who` starts the sentence ("group_create on rank 3"). */
+static moe_ep_status_t check_ranks_per_node(const moe_ep_config_t *cfg,
+                                            int32_t world_size,
+                                            const char *who) {
+  int32_t n = cfg->ranks_per_node;
+  if (n == 0) return MOE_EP_OK;
+  if (world_size % n != 0) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "%s: ranks_per_node=%d does not divide world_size=%d; "
+                     "ranks_per_node is the number of consecutive ranks on "
+                     "one node, so the group must be whole nodes (0 = unset)",
+                     who, n, world_size);
+  }
+  int one_node = cfg->transport == MOE_EP_TRANSPORT_LSA ||
+                 cfg->transport == MOE_EP_TRANSPORT_AUTO;
+  if (cfg->mode == MOE_EP_MODE_HIGH_THROUGHPUT && one_node && n != world_size) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "%s: ranks_per_node=%d with transport '%s' in mode "
+                     "'high_throughput' must be 0 or world_size=%d; over "
+                     "transport lsa or auto, HT has no network leg, so the "
+                     "group is one node (transport gin or gin_emulated "
+                     "splits it into nodes)",
+                     who, n, mep_transport_name(cfg->transport), world_size);
+  }
+  return MOE_EP_OK;
+}
+
 static moe_ep_status_t validate_params(const moe_ep_group_params_t *p,
                                        moe_ep_group_t *g) {
   if (!MEP_HAS_FIELD(p, world_size)) {
@@ -137,6 +168,9 @@ static moe_ep_status_t validate_params(const moe_ep_group_params_t *p,
                      "experts",
                      g->cfg.num_experts, g->world_size);
   }
+  char who[48];
+  snprintf(who, sizeof(who), "group_create on rank %d", g->rank);
+  MEP_CHECK(check_ranks_per_node(&g->cfg, g->world_size, who));
   g->num_local_experts = g->cfg.num_experts / g->world_size;
   g->cuda_device = MEP_HAS_FIELD(p, cuda_device) ? p->cuda_device : -1;
   g->nccl_comm = MEP_HAS_FIELD(p, nccl_comm) ? p->nccl_comm : NULL;
@@ -438,6 +472,7 @@ moe_ep_status_t mep_buffer_size_hint(const moe_ep_config_t *config,
                      "divide num_experts=%d",
                      world_size, MEP_MAX_RANKS, cfg.num_experts);
   }
+  MEP_CHECK(check_ranks_per_node(&cfg, world_size, "buffer_size_hint"));
   const mep_backend_ops_t *ops;
   int resolved;
   MEP_CHECK(mep_backend_select(cfg.backend, cfg.mode, &ops, &resolved));

@@ -171,6 +171,26 @@ typedef struct moe_ep_config {
   int32_t log_level;        /* moe_ep_log_level_t */
   char bootstrap_address[MOE_EP_ADDRESS_MAX]; /* "host:port" of rank 0 */
   char bootstrap_token_env[MOE_EP_ENV_NAME_MAX]; /* env var holding the job token */
+  /* ---- appended in 0.3 ---- */
+  /* The struct used to end above with 4 bytes of tail padding (sizeof
+   * 384), which an engine built against that header covers with its
+   * struct_size without writing them: nothing is kept there, so every later
+   * field lies past 384 and such an engine gets its default. */
+  int32_t reserved0;        /* never read */
+  /* Consecutive ranks that share one node (NVLink domain): ranks r and q
+   * are on the same node when r / ranks_per_node == q / ranks_per_node.
+   * 0 (default) = unset; > 0 must divide world_size. Read by HT on the nccl
+   * backend with transport gin / gin_emulated: peers on other nodes through
+   * the network protocol, peers on the same node by NVLink stores; unset
+   * there means every rank is its own node (gin_emulated) or NCCL's LSA
+   * team decides (gin); HT over the network is not available yet
+   * (README, "Not yet"). With transport lsa / auto the group is one node,
+   * so HT takes only 0 or world_size. LL ignores it (one transport to
+   * every peer). group_create refuses a value breaking these rules with
+   * INVALID_ARGUMENT. */
+  int32_t ranks_per_node;
+  int32_t reserved1;        /* never read; names the tail padding (8-byte
+                               alignment), so the next field goes after it */
 } moe_ep_config_t;
 
 /* ---- group ------------------------------------------------------------- */

@@ -22,6 +22,7 @@ TEST_F(ConfigEnv, OverridesYaml) {
   setenv("MOE_EP_FP8_SCALE", "ue8m0", 1);
   setenv("MOE_EP_DOUBLE_BUFFER", "off", 1);
   setenv("MOE_EP_TRANSPORT", "lsa", 1);
+  setenv("MOE_EP_RANKS_PER_NODE", "4", 1);
   setenv("MOE_EP_BOOTSTRAP_ADDRESS", "node0:4000", 1);
   setenv("MOE_EP_BOOTSTRAP_TIMEOUT_MS", "1234", 1);
   setenv("MOE_EP_BOOTSTRAP_TOKEN_ENV", "JOB_SECRET", 1);
@@ -29,8 +30,8 @@ TEST_F(ConfigEnv, OverridesYaml) {
   setenv("MOE_EP_LOG_LEVEL", "info", 1);
   setenv("MOE_EP_RANK", "3", 1);  // launcher's, not a key: ignored
   setenv("MOE_EP_WORLD_SIZE", "not-a-number", 1);
-  ASSERT_EQ(Parse("moe_ep:\n  top_k: 6\n  backend: nccl\n  bootstrap:\n"
-                  "    address: 'a:1'\n"),
+  ASSERT_EQ(Parse("moe_ep:\n  top_k: 6\n  backend: nccl\n  ranks_per_node: 8\n"
+                  "  bootstrap:\n    address: 'a:1'\n"),
             MOE_EP_OK)
       << mep_last_error();
   unsetenv("MOE_EP_RANK");
@@ -45,6 +46,7 @@ TEST_F(ConfigEnv, OverridesYaml) {
   EXPECT_EQ(cfg_->fp8_scale, MOE_EP_FP8_SCALE_UE8M0);
   EXPECT_EQ(cfg_->double_buffer, 0);
   EXPECT_EQ(cfg_->transport, MOE_EP_TRANSPORT_LSA);
+  EXPECT_EQ(cfg_->ranks_per_node, 4);
   EXPECT_STREQ(cfg_->bootstrap_address, "node0:4000");
   EXPECT_EQ(cfg_->bootstrap_timeout_ms, 1234);
   EXPECT_STREQ(cfg_->bootstrap_token_env, "JOB_SECRET");
@@ -81,6 +83,17 @@ TEST_F(ConfigEnv, BadValueNamesVariableValueAndRule) {
   setenv("MOE_EP_TRANSPORT", "ib", 1);
   ExpectError("moe_ep: {}", {"MOE_EP_TRANSPORT", "'ib'",
                              "one of auto, lsa, gin, gin_emulated"});
+  ClearEnv();
+  setenv("MOE_EP_RANKS_PER_NODE", "-1", 1);
+  ExpectError("moe_ep: {}",
+              {"config key 'ranks_per_node' = -1 (environment variable "
+               "MOE_EP_RANKS_PER_NODE) is out of range; allowed: integer "
+               "0..1024"});
+  ClearEnv();
+  setenv("MOE_EP_RANKS_PER_NODE", "eight", 1);
+  ExpectError("moe_ep: {}",
+              {"config key 'ranks_per_node' (environment variable "
+               "MOE_EP_RANKS_PER_NODE): 'eight' is not an integer"});
   ClearEnv();
   setenv("MOE_EP_BOOTSTRAP_ADDRESS", "nohost", 1);
   ExpectError("moe_ep: {}", {"MOE_EP_BOOTSTRAP_ADDRESS", "'nohost'",

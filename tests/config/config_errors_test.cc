@@ -14,7 +14,8 @@ TEST_F(ConfigErrors, UnknownKeySuggestsClosest) {
               {"unknown key 'topk'", "line 3", "did you mean 'top_k'?",
                "allowed keys under moe_ep: backend, mode, num_experts, hidden, "
                "top_k, max_tokens_per_rank, dispatch_dtype, fp8_scale, "
-               "double_buffer, transport, bootstrap, timeouts, log_level"});
+               "double_buffer, transport, ranks_per_node, bootstrap, timeouts, "
+               "log_level"});
   ExpectError("moe_ep:\n  bootstrap:\n    adress: 'h:1'\n",
               {"unknown key 'bootstrap.adress'", "line 3",
                "did you mean 'bootstrap.address'?",
@@ -64,6 +65,14 @@ TEST_F(ConfigErrors, WrongTypes) {
               {"'transport'", "one of auto, lsa, gin, gin_emulated"});
   ExpectError("moe_ep:\n  log_level: loud\n",
               {"'log_level'", "one of none, error, warn, info, debug, trace"});
+  ExpectError("moe_ep:\n  ranks_per_node: two\n",
+              {"config key 'ranks_per_node' (line 2): 'two' is not an "
+               "integer; allowed: integer 0..1024 (0 = unset; otherwise a "
+               "divisor of the world size)"});
+  ExpectError("moe_ep:\n  ranks_per_node: 2.5\n",
+              {"'ranks_per_node'", "line 2", "'2.5' is not an integer"});
+  ExpectError("moe_ep:\n  ranks_per_node: [8]\n",
+              {"'ranks_per_node'", "line 2", "a sequence", "integer 0..1024"});
   ExpectError("moe_ep:\n  double_buffer: maybe\n",
               {"'double_buffer'", "line 2", "'maybe' is not a boolean",
                "true/false/yes/no/on/off/1/0"});
@@ -88,6 +97,13 @@ TEST_F(ConfigErrors, OutOfRange) {
               {"'bootstrap.timeout_ms' = 0", "line 4", "integer 1..3600000"});
   ExpectError("moe_ep:\n  timeouts:\n    kernel_ms: 3600001\n",
               {"'timeouts.kernel_ms' = 3600001", "line 3", "1..3600000"});
+  ExpectError("moe_ep:\n  ranks_per_node: -1\n",
+              {"config key 'ranks_per_node' = -1 (line 2) is out of range; "
+               "allowed: integer 0..1024 (0 = unset; otherwise a divisor of "
+               "the world size)"});
+  ExpectError(
+      "moe_ep:\n  ranks_per_node: 1025\n",
+      {"'ranks_per_node' = 1025", "line 2", "out of range", "integer 0..1024"});
   ExpectError("moe_ep:\n  hidden: 4\n",
               {"'hidden' = 4", "line 2", "out of range", "8..32768"});
   ExpectError("moe_ep:\n  hidden: 32776\n", {"'hidden' = 32776", "8..32768"});

@@ -37,6 +37,7 @@ const char kDefaultCanonical[] =
     "max_tokens_per_rank=128\n"
     "mode=low_latency\n"
     "num_experts=256\n"
+    "ranks_per_node=0\n"
     "timeouts.kernel_ms=10000\n"
     "top_k=8\n"
     "transport=auto\n";
@@ -110,6 +111,8 @@ TEST(ConfigHash, EveryAgreedKeyChangesHashAndIsNamed) {
       {"transport",
        [](moe_ep_config_t *c) { c->transport = MOE_EP_TRANSPORT_GIN; },
        "transport: auto vs gin"},
+      {"ranks_per_node", [](moe_ep_config_t *c) { c->ranks_per_node = 8; },
+       "ranks_per_node: 0 vs 8"},
       {"timeouts.kernel_ms",
        [](moe_ep_config_t *c) { c->kernel_timeout_ms = 10001; },
        "timeouts.kernel_ms: 10000 vs 10001"},

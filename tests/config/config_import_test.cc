@@ -52,6 +52,27 @@ TEST(ConfigImport, ShortStructTakesDefaultsPastStructSize) {
   EXPECT_STREQ(out.bootstrap_address, "engine:7000");
   EXPECT_STREQ(out.bootstrap_token_env, "MOE_EP_JOB_TOKEN");
 
+  // A 0.3 engine built before ranks_per_node: its struct_size (384) covers
+  // reserved0, the old tail padding, but not ranks_per_node, so junk in
+  // either is never read.
+  user = Filled();
+  user.struct_size = offsetof(moe_ep_config_t, ranks_per_node);
+  EXPECT_EQ(user.struct_size, 384u);
+  memset(&user.reserved0, 0xA5, sizeof(user.reserved0));
+  memset(&user.ranks_per_node, 0xA5, sizeof(user.ranks_per_node));
+  ASSERT_EQ(mep_config_import(&user, &out), MOE_EP_OK) << mep_last_error();
+  EXPECT_STREQ(out.bootstrap_token_env, "ENG_TOKEN");
+  EXPECT_EQ(out.ranks_per_node, 0);
+  EXPECT_EQ(out.reserved0, 0);
+  // One that has it.
+  user = Filled();
+  user.ranks_per_node = 8;
+  user.reserved0 = user.reserved1 = -1;  // never read
+  ASSERT_EQ(mep_config_import(&user, &out), MOE_EP_OK) << mep_last_error();
+  EXPECT_EQ(out.ranks_per_node, 8);
+  EXPECT_EQ(out.reserved0, 0);
+  EXPECT_EQ(out.reserved1, 0);
+
   // A newer engine's larger struct: known fields read, the rest ignored.
   user = Filled();
   user.struct_size = sizeof(moe_ep_config_t) + 64;
@@ -106,6 +127,10 @@ TEST(ConfigImport, ValuesValidated) {
        "'timeouts.kernel_ms' = 0", "1..3600000"},
       {[](moe_ep_config_t *c) { c->log_level = 6; }, "'log_level' = 6",
        "one of none, error, warn, info, debug, trace"},
+      {[](moe_ep_config_t *c) { c->ranks_per_node = -1; },
+       "'ranks_per_node' = -1", "integer 0..1024"},
+      {[](moe_ep_config_t *c) { c->ranks_per_node = 1025; },
+       "'ranks_per_node' = 1025", "integer 0..1024"},
   };
   for (const Case &k : cases) {
     moe_ep_config_t user = Filled(), out;

@@ -23,6 +23,9 @@ void ExpectDefaults(const moe_ep_config_t &c) {
   EXPECT_EQ(c.fp8_scale, MOE_EP_FP8_SCALE_F32);
   EXPECT_EQ(c.double_buffer, 1);
   EXPECT_EQ(c.transport, MOE_EP_TRANSPORT_AUTO);
+  EXPECT_EQ(c.ranks_per_node, 0);
+  EXPECT_EQ(c.reserved0, 0);
+  EXPECT_EQ(c.reserved1, 0);
   EXPECT_STREQ(c.bootstrap_address, "127.0.0.1:29500");
   EXPECT_EQ(c.bootstrap_timeout_ms, 30000);
   EXPECT_STREQ(c.bootstrap_token_env, "MOE_EP_JOB_TOKEN");
@@ -61,6 +64,7 @@ const char kAllKeys[] =
     "  fp8_scale: ue8m0_packed\n"
     "  double_buffer: false\n"
     "  transport: gin_emulated\n"
+    "  ranks_per_node: 2\n"
     "  bootstrap:\n"
     "    address: \"10.0.0.1:1234\"\n"
     "    timeout_ms: 5000\n"
@@ -80,6 +84,7 @@ void ExpectAllKeys(const moe_ep_config_t &c) {
   EXPECT_EQ(c.fp8_scale, MOE_EP_FP8_SCALE_UE8M0_PACKED);
   EXPECT_EQ(c.double_buffer, 0);
   EXPECT_EQ(c.transport, MOE_EP_TRANSPORT_GIN_EMULATED);
+  EXPECT_EQ(c.ranks_per_node, 2);
   EXPECT_STREQ(c.bootstrap_address, "10.0.0.1:1234");
   EXPECT_EQ(c.bootstrap_timeout_ms, 5000);
   EXPECT_STREQ(c.bootstrap_token_env, "MY_TOKEN");
@@ -117,6 +122,14 @@ TEST_F(ConfigParse, FlowStyleAndLimits) {
             MOE_EP_OK)
       << mep_last_error();
   EXPECT_EQ(cfg_->max_tokens_per_rank, 65536);
+  // ranks_per_node: 0 (unset) up to the rank limit; whether it divides the
+  // world is group_create's rule, not the config's.
+  for (int v : {0, 1, 3, 8, 1024}) {
+    ASSERT_EQ(Parse("moe_ep: {ranks_per_node: " + std::to_string(v) + "}"),
+              MOE_EP_OK)
+        << mep_last_error();
+    EXPECT_EQ(cfg_->ranks_per_node, v);
+  }
 }
 
 TEST_F(ConfigParse, EveryEnumSpelling) {

@@ -161,6 +161,18 @@ const Case kCases[] = {
     {"absent_peer_timeout_r2", 2, {"--scenario=skip", "--experts=8", "--max_tokens=8", "--layers=128:2", "--kernel_ms=1500"}},
     {"config_mismatch_r2", 2, {"--scenario=mismatch", "--max_tokens=16"}},
     {"config_mismatch_r8", 8, {"--scenario=mismatch", "--max_tokens=16"}},
+    // ranks_per_node: disagreeing ranks are refused like any agreed key;
+    // create-time rules against the world size refuse on every rank before
+    // any bootstrap; values the rules allow form the group (HT over
+    // gin / gin_emulated may split it into nodes; LL ignores the key).
+    {"ranks_per_node_mismatch_r2", 2, {"--scenario=mismatch", "--differ=ranks_per_node", "--ranks_per_node=1", "--max_tokens=16"}},
+    {"ranks_per_node_not_dividing_r2", 2, {"--scenario=refused", "--ranks_per_node=3", "--expect_status=MOE_EP_ERR_INVALID_ARGUMENT", "--expect_error=group_create on rank {rank}: ranks_per_node=3 does not divide world_size=2; ranks_per_node is the number of consecutive ranks on one node, so the group must be whole nodes (0 = unset)"}},
+    {"ranks_per_node_not_dividing_ht_gin_r4", 4, {"--scenario=refused", "--mode=ht", "--transport=gin", "--ranks_per_node=3", "--expect_status=MOE_EP_ERR_INVALID_ARGUMENT", "--expect_error=group_create on rank {rank}: ranks_per_node=3 does not divide world_size=4"}},
+    {"ranks_per_node_ht_lsa_r2", 2, {"--scenario=refused", "--mode=ht", "--transport=lsa", "--ranks_per_node=1", "--expect_status=MOE_EP_ERR_INVALID_ARGUMENT", "--expect_error=group_create on rank {rank}: ranks_per_node=1 with transport 'lsa' in mode 'high_throughput' must be 0 or world_size=2; over transport lsa or auto, HT has no network leg, so the group is one node (transport gin or gin_emulated splits it into nodes)"}},
+    {"ranks_per_node_ht_auto_r4", 4, {"--scenario=refused", "--mode=ht", "--ranks_per_node=2", "--expect_status=MOE_EP_ERR_INVALID_ARGUMENT", "--expect_error=ranks_per_node=2 with transport 'auto' in mode 'high_throughput' must be 0 or world_size=4"}},
+    {"ranks_per_node_ht_gin_emulated_r4", 4, {"--mode=ht", "--transport=gin_emulated", "--ranks_per_node=2", "--experts=8", "--max_tokens=16", "--seeds=1", "--layers=256:2"}},
+    {"ranks_per_node_ht_auto_whole_group_r2", 2, {"--mode=ht", "--ranks_per_node=2", "--experts=8", "--max_tokens=16", "--seeds=1", "--layers=256:2"}},
+    {"ranks_per_node_ll_lsa_r2", 2, {"--transport=lsa", "--ranks_per_node=1", "--experts=8", "--max_tokens=16", "--seeds=1", "--layers=256:2"}},
     {"bad_input_r4_bf16", 4, {"--scenario=badinput", "--experts=8", "--max_tokens=16", "--layers=128:2"}},
     // A bf16 group whose every dispatch names its own fp8 format
     // (params->format, as DeepEP's per-call use_fp8 / use_ue8m0).

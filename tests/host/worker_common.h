@@ -28,6 +28,14 @@ struct Options {
   bool hooks = true;
   int kernel_ms = 20000;
   std::string transport = "auto";
+  int ranks_per_node = 0;  // the config key; 0 = unset
+  // Scenario "mismatch": the agreed key the last rank changes
+  // (max_tokens_per_rank or ranks_per_node, each one higher there).
+  std::string differ = "max_tokens_per_rank";
+  // Scenario "refused": the status group_create must return and a piece of
+  // its sentence ("{rank}" stands for this rank's number).
+  std::string expect_status;
+  std::string expect_error;
   // LL: pass topk_weights to dispatch ("1"), never ("0"), or on even ranks
   // only ("mixed"): the nccl backend then pre-reduces on the expert side
   // for the sources that sent weights.

@@ -85,6 +85,7 @@ std::string config_yaml(const Options& o) {
     << "  dispatch_dtype: " << (o.dtype == "fp8" && !o.per_call_format ? "fp8_e4m3" : "bf16") << "\n"
     << "  fp8_scale: " << (o.per_call_format ? "f32" : o.scale) << "\n"
     << "  transport: " << o.transport << "\n"
+    << "  ranks_per_node: " << o.ranks_per_node << "\n"
     << "  double_buffer: " << (o.double_buffer ? "true" : "false") << "\n"
     << "  log_level: " << o.log_level << "\n"
     << "  timeouts:\n    kernel_ms: " << o.kernel_ms << "\n"
@@ -110,6 +111,10 @@ static bool parse(int argc, char** argv, Options* o) {
     else if (k == "hooks") o->hooks = v == "1";
     else if (k == "kernel_ms") o->kernel_ms = std::atoi(v.c_str());
     else if (k == "transport") o->transport = v;
+    else if (k == "ranks_per_node") o->ranks_per_node = std::atoi(v.c_str());
+    else if (k == "differ") o->differ = v;
+    else if (k == "expect_status") o->expect_status = v;
+    else if (k == "expect_error") o->expect_error = v;
     else if (k == "dispatch_weights") o->dispatch_weights = v;
     else if (k == "double_buffer") o->double_buffer = v == "1";
     else if (k == "runs") o->runs = std::atoi(v.c_str());
@@ -178,6 +183,23 @@ static void run_scenario(Ctx& c) {
   }
 }
 
+// Scenarios "mismatch" and "refused": group_create must have failed with
+// `want` (a status name), returned no group and said `must` in `msg`.
+static int expect_refused(Ctx& c, moe_ep_status_t st, const std::string& msg,
+                          const std::string& want, const std::string& must) {
+  bool ok = want == c.api->status_string(st) && c.group == nullptr &&
+            msg.find(must) != std::string::npos;
+  const char* rank = std::getenv("MOE_EP_RANK");
+  std::fprintf(stderr, "%s rank=%s %s: %s: %s\n", ok ? "PASSED" : "FAIL", rank ? rank : "?",
+               c.opt.scenario.c_str(), c.api->status_string(st), msg.c_str());
+  if (c.group != nullptr) c.api->group_destroy(c.group);
+  if (!ok) {
+    std::fprintf(stderr, "  expected %s, no group, and a sentence holding \"%s\"\n", want.c_str(),
+                 must.c_str());
+  }
+  return ok ? 0 : 1;
+}
+
 }  // namespace moe_ep_test
 
 int main(int argc, char** argv) {
@@ -190,14 +212,23 @@ int main(int argc, char** argv) {
   }
   if (c.opt.plugin.empty()) c.opt.plugin = plugin_path(argv[0]);
   c.api = load_plugin(c.opt.plugin);
-  // "mismatch": the last rank differs in max_tokens_per_rank; every rank's
-  // group_create must fail naming that key and both values (no hang).
+  // "mismatch": the last rank differs in one agreed key (--differ); every
+  // rank's group_create must fail naming that key and both values (no
+  // hang). "refused": group_create must fail as --expect_status /
+  // --expect_error say (rules between the config and the world size).
   bool mismatch = c.opt.scenario == "mismatch";
+  bool refused = mismatch || c.opt.scenario == "refused";
   const char* env_rank = std::getenv("MOE_EP_RANK");
   const char* env_world = std::getenv("MOE_EP_WORLD_SIZE");
-  if (mismatch && env_rank && env_world && std::atoi(env_rank) == std::atoi(env_world) - 1) {
-    c.opt.max_tokens += 1;
+  std::string want_status = c.opt.expect_status, want_error = c.opt.expect_error;
+  if (mismatch) {
+    int& key = c.opt.differ == "ranks_per_node" ? c.opt.ranks_per_node : c.opt.max_tokens;
+    want_status = "MOE_EP_ERR_MISMATCH";
+    want_error = c.opt.differ + ": " + std::to_string(key) + " vs " + std::to_string(key + 1);
+    if (env_rank && env_world && std::atoi(env_rank) == std::atoi(env_world) - 1) key += 1;
   }
+  size_t at = want_error.find("{rank}");
+  if (at != std::string::npos) want_error.replace(at, 6, env_rank ? env_rank : "?");
   if (c.opt.scenario == "logger") install_test_logger(c);  // before the config: it sets log_level
   moe_ep_config_t* cfg = nullptr;
   std::string yaml = config_yaml(c.opt);
@@ -219,18 +250,12 @@ int main(int argc, char** argv) {
   if (std::getenv("MOE_EP_TEST_TRACE")) std::fprintf(stderr, "trace group_create\n");
   moe_ep_status_t st = c.api->group_create(&gp, &c.group);
   if (std::getenv("MOE_EP_TEST_TRACE")) std::fprintf(stderr, "trace group_create done\n");
+  std::string create_error = c.api->last_error();
   uint64_t hint = 0;
   const char* ws = std::getenv("MOE_EP_WORLD_SIZE");
   moe_ep_status_t hint_st = c.api->buffer_size_hint(cfg, ws ? std::atoi(ws) : 1, &hint);
   c.api->config_free(cfg);
-  if (mismatch) {
-    const char* msg = c.api->last_error();
-    bool ok = st == MOE_EP_ERR_MISMATCH && c.group == nullptr &&
-              std::strstr(msg, "max_tokens_per_rank") != nullptr;
-    std::fprintf(stderr, "%s config mismatch: %s: %s\n", ok ? "PASSED" : "FAIL",
-                 c.api->status_string(st), msg);
-    return ok ? 0 : 1;
-  }
+  if (refused) return expect_refused(c, st, create_error, want_status, want_error);
   if (st != MOE_EP_OK) {
     std::fprintf(stderr, "FAIL group_create: %s: %s\n", c.api->status_string(st),
                  c.api->last_error());

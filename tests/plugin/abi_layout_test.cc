@@ -39,7 +39,7 @@ TEST(AbiLayout, Tensor) {
 }
 
 TEST(AbiLayout, Config) {
-  EXPECT_EQ(sizeof(moe_ep_config_t), 384u);
+  EXPECT_EQ(sizeof(moe_ep_config_t), 392u);  // 384 before 0.3's ranks_per_node
   PIN(moe_ep_config_t, struct_size, 0);
   PIN(moe_ep_config_t, backend, 8);
   PIN(moe_ep_config_t, mode, 12);
@@ -56,6 +56,11 @@ TEST(AbiLayout, Config) {
   PIN(moe_ep_config_t, log_level, 56);
   PIN(moe_ep_config_t, bootstrap_address, 60);
   PIN(moe_ep_config_t, bootstrap_token_env, 316);
+  // Appended in 0.3, past 384: an older struct_size covers reserved0 (its
+  // unwritten tail padding) but never ranks_per_node.
+  PIN(moe_ep_config_t, reserved0, 380);
+  PIN(moe_ep_config_t, ranks_per_node, 384);
+  PIN(moe_ep_config_t, reserved1, 388);
 }
 
 TEST(AbiLayout, GroupParamsAndInfo) {

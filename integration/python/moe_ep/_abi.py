@@ -82,6 +82,10 @@ class Config(Structure):
         ("log_level", c_int32),
         ("bootstrap_address", c_char * ADDRESS_MAX),
         ("bootstrap_token_env", c_char * ENV_NAME_MAX),
+        # appended in 0.3: reserved0 is the older struct's tail padding
+        ("reserved0", c_int32),
+        ("ranks_per_node", c_int32),
+        ("reserved1", c_int32),
     ]
 
 
@@ -213,8 +217,9 @@ class PluginV1(Structure):
 MIN_V1_SIZE = PluginV1.handle_free.offset + ctypes.sizeof(c_void_p)
 
 
-def table_has(table, name):
-    """Whether a loaded table (of the size it reports) holds entry `name`
-    (MOE_EP_HAS_ENTRY)."""
-    field = getattr(PluginV1, name)
-    return table.struct_size >= field.offset + field.size
+def has_field(s, name):
+    """Whether a struct the library filled or owns (of the struct_size it
+    reports) holds field `name`: a table entry (MOE_EP_HAS_ENTRY) or a
+    config field appended after that library was built."""
+    field = getattr(type(s), name)
+    return s.struct_size >= field.offset + field.size

@@ -72,7 +72,7 @@ class Library:
         # An entry past the table's size (a library older than the entry)
         # is None: the method using it raises UnsupportedError.
         for name, _ in _abi.PluginV1._fields_[3:]:
-            present = _abi.table_has(head, name) and bool(getattr(head, name))
+            present = _abi.has_field(head, name) and bool(getattr(head, name))
             setattr(self, name, getattr(head, name) if present else None)
         major, minor, patch = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
         self.get_version(ctypes.byref(major), ctypes.byref(minor), ctypes.byref(patch))

@@ -70,6 +70,8 @@ class Config:
         self.fp8_scale = _abi.FP8_SCALES[c.fp8_scale]
         self.double_buffer = bool(c.double_buffer)
         self.transport = _abi.TRANSPORTS[c.transport]
+        # A library older than the field returns a smaller struct: unset.
+        self.ranks_per_node = c.ranks_per_node if _abi.has_field(c, "ranks_per_node") else 0
         self.bootstrap_address = c.bootstrap_address.decode()
         self.bootstrap_timeout_ms = c.bootstrap_timeout_ms
         self.kernel_timeout_ms = c.kernel_timeout_ms
@@ -95,5 +97,5 @@ class Config:
     def __repr__(self):
         keys = ("backend", "mode", "num_experts", "hidden", "top_k", "max_tokens_per_rank",
                 "dispatch_dtype", "fp8_scale", "double_buffer", "transport",
-                "bootstrap_address")
+                "ranks_per_node", "bootstrap_address")
         return "moe_ep.Config(%s)" % ", ".join("%s=%r" % (k, getattr(self, k)) for k in keys)

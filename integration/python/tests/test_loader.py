@@ -70,6 +70,30 @@ def test_config_from_dict_reads_back_effective_values():
     assert cfg.buffer_size_hint(2) > 0
 
 
+def test_config_ranks_per_node_from_a_dict_and_its_rules():
+    lib = moe_ep.Library(library_path())
+    assert moe_ep.Config(None, lib).ranks_per_node == 0  # unset
+    cfg = moe_ep.Config({"backend": "host", "mode": "high_throughput", "transport": "gin_emulated",
+                         "num_experts": 8, "ranks_per_node": 2}, lib)
+    assert cfg.ranks_per_node == 2 and "ranks_per_node=2" in repr(cfg)
+    assert cfg.buffer_size_hint(4) > 0
+    # The world-size rules group_create applies, checked here without a group.
+    with pytest.raises(moe_ep.InvalidArgumentError,
+                       match=r"buffer_size_hint: ranks_per_node=2 does not divide world_size=1"):
+        cfg.buffer_size_hint(1)
+    lsa = moe_ep.Config({"backend": "host", "mode": "high_throughput", "transport": "lsa",
+                         "num_experts": 8, "ranks_per_node": 2}, lib)
+    assert lsa.buffer_size_hint(2) > 0  # the whole group: one node
+    with pytest.raises(moe_ep.InvalidArgumentError, match=r"must be 0 or world_size=4"):
+        lsa.buffer_size_hint(4)
+    with pytest.raises(moe_ep.ConfigError,
+                       match=r"config key 'ranks_per_node' = -1 \(line 2\) is out of range; "
+                             r"allowed: integer 0\.\.1024"):
+        moe_ep.Config({"ranks_per_node": -1}, lib)
+    with pytest.raises(moe_ep.ConfigError, match=r"'two' is not an integer"):
+        moe_ep.Config({"ranks_per_node": "two"}, lib)
+
+
 def test_config_from_yaml_text_and_file(tmp_path):
     lib = moe_ep.Library(library_path())
     text = "model: x\nmoe_ep:\n  mode: high_throughput\n  hidden: 1024\n"
