@@ -15,10 +15,10 @@
  *                every sending block releases its own stores with one add
  *                on the count signal (LL: mep_ll_arrival_add).
  *   put_warp(x, peer, dst_off, src, src_off, bytes, row_sig)   whole warp
- *   put_warp_unsignalled(x, peer, dst_off, src_off, bytes)     whole warp,
- *                        staged transports only: a later signal to the
- *                        peer (after a barrier over the putting warps)
- *                        is ordered after it
+ *   put_warp_unsignalled(x, peer, dst_off, src_off, bytes)     whole warp:
+ *                        from the local window, no signal; a later signal
+ *                        to the peer (after a barrier over the putting
+ *                        warps) is ordered after it
  *   signal(x, peer, sig, add)                                   one lane
  *   read_signal(x, sig) -> u64 (acquire)                        one lane
  *   peer_ptr(x, peer, off) -> void *   LSA and GIN-emulated only (GIN has

@@ -18,6 +18,13 @@ struct MepLsa {
                                                   uint32_t) {
     mep_copy_warp(peer_ptr(x, peer, dst_off), src, bytes);
   }
+  /* The window's bytes at src_off into the peer's (interface symmetry with
+   * the staged transports; LSA kernels store straight from the source). */
+  static __device__ __forceinline__ void put_warp_unsignalled(const MepXport &x, int peer,
+                                                              uint64_t dst_off, uint64_t src_off,
+                                                              uint32_t bytes) {
+    mep_copy_warp(peer_ptr(x, peer, dst_off), x.local + src_off, bytes);
+  }
   static __device__ __forceinline__ void signal(const MepXport &x, int peer, uint32_t sig,
                                                 uint64_t add) {
     /* A release add at system scope: the block's rows (ordered before

@@ -183,8 +183,7 @@ typedef struct moe_ep_config {
    * backend with transport gin / gin_emulated: peers on other nodes through
    * the network protocol, peers on the same node by NVLink stores; unset
    * there means every rank is its own node (gin_emulated) or NCCL's LSA
-   * team decides (gin); HT over the network is not available yet
-   * (README, "Not yet"). With transport lsa / auto the group is one node,
+   * team decides (gin). With transport lsa / auto the group is one node,
    * so HT takes only 0 or world_size. LL ignores it (one transport to
    * every peer). group_create refuses a value breaking these rules with
    * INVALID_ARGUMENT. */

@@ -278,8 +278,13 @@ int main(int argc, char** argv) {
     ti.peer_transports = tr.data();
     ti.peer_transports_len = info.world_size;
     c.api->group_info(c.group, &ti);
-    int want = c.opt.transport == "gin_emulated" ? MOE_EP_TRANSPORT_GIN_EMULATED : MOE_EP_TRANSPORT_LSA;
+    // LL's gin_emulated takes every peer through the emulated network; HT's
+    // only the peers on other nodes (every rank a node when unset).
+    const int node = c.opt.ranks_per_node > 0 ? c.opt.ranks_per_node : 1;
     for (int p = 0; p < info.world_size; p++) {
+      const bool far = !c.opt.ht || p / node != info.rank / node;
+      const int want = c.opt.transport == "gin_emulated" && far ? MOE_EP_TRANSPORT_GIN_EMULATED
+                                                               : MOE_EP_TRANSPORT_LSA;
       c.checks++;
       if (p != info.rank && tr[p] != want) {
         fail(c, 0, "group_info peer_transports",
@@ -287,8 +292,9 @@ int main(int argc, char** argv) {
                  std::to_string(want));
       }
     }
-    std::fprintf(stderr, "rank %d: nccl group, %llu buffer bytes, transport %d\n", info.rank,
-                 static_cast<unsigned long long>(info.bytes_allocated), want);
+    std::fprintf(stderr, "rank %d: nccl group, %llu buffer bytes, transport %s, ranks_per_node %d\n",
+                 info.rank, static_cast<unsigned long long>(info.bytes_allocated),
+                 c.opt.transport.c_str(), c.opt.ranks_per_node);
   }
   // A shape the oracle refuses is this rank's FAIL line, not an abort: the
   // group is still destroyed and the verdict still printed.
