@@ -193,6 +193,9 @@ ht_suite() {
     --experts=8 --max_tokens=8 --layers=128:2 --kernel_ms=2000
   api ht_ep1_ginemu 1 60 --mode=ht --transport=gin_emulated --experts=16 --max_tokens=256 \
     --layers=7168:8 --seeds=1
+  # Real GIN where no RDMA NIC exists: refused with NCCL's reason, no hang.
+  api_refused ht_gin_request 2 15 'GIN not supported' --mode=ht --transport=gin --experts=8 \
+    --max_tokens=8 --layers=128:2
   api ll_ep2_layout 2 60 --scenario=layout --experts=8 --max_tokens=16 --layers=256:2,128:1
   api ll_ep2_layout_fp8 2 60 --scenario=layout --experts=64 --max_tokens=64 --dtype=fp8 \
     --layers=7168:8

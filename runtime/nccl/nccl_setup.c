@@ -223,6 +223,8 @@ out_destroy_comm:
 out_free:
   free(n->peer_transport);
   free(n);
+  /* NCCL's sentences name no rank; the engine's log needs it. */
+  mep_error_prefix("NCCL setup on rank %d", p->rank);
   return st;
 }
 
