@@ -298,17 +298,8 @@ extern "C" mep_kstatus_t mep_ht_combine(const mep_ht_ctx_t *ctx, const mep_ht_co
   MepHtParams p;
   mep_ht_make_params(ctx, a->layout_set, a->channels, &p);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  cudaError_t e;
-  switch (ctx->transport) {
-    case MEP_HT_TRANSPORT_GIN:
-      e = mep_ht_launch(mep_ht_combine_kernel<MepGin>, 2 * p.chan, s, p, *a);
-      break;
-    case MEP_HT_TRANSPORT_GIN_EMULATED:
-      e = mep_ht_launch(mep_ht_combine_kernel<MepGinEmu>, 2 * p.chan, s, p, *a);
-      break;
-    default:
-      e = mep_ht_launch(mep_ht_combine_kernel<MepLsa>, 2 * p.chan, s, p, *a);
-      break;
-  }
-  return mep_kernels_cuda_check("ht combine: launch", e);
+  return mep_kernels_cuda_check(
+      "ht combine: launch", mep_ht_for_transport(ctx->transport, [&](auto tp) {
+        return mep_ht_launch(mep_ht_combine_kernel<decltype(tp)>, 2 * p.chan, s, p, *a);
+      }));
 }

@@ -132,18 +132,13 @@ __device__ __forceinline__ uint64_t mep_ht_ring_off(uint64_t off, uint64_t row, 
   return off + (((uint64_t)peer * MEP_HT_MAX_CHANNELS + c) * MEP_HT_RING_ROWS + slot) * row;
 }
 
-/* A network peer's count word (16-byte entries [2][R][C]): the one source
- * s sent us for (parity, c), or our staged copy of the one for destination
- * s. */
-__device__ __forceinline__ uint64_t mep_ht_cnt_net_off(const MepHtParams &p, int parity, int s,
-                                                       int c) {
-  return p.win.cnt_net +
-         (((uint64_t)parity * p.dims.world + (uint64_t)s) * MEP_HT_MAX_CHANNELS + c) * 16u;
-}
-__device__ __forceinline__ uint64_t mep_ht_cnt_stage_off(const MepHtParams &p, int parity, int d,
-                                                         int c) {
-  return p.win.cnt_stage +
-         (((uint64_t)parity * p.dims.world + (uint64_t)d) * MEP_HT_MAX_CHANNELS + c) * 16u;
+/* Entry (parity, peer, c) of a network count-word array (16-byte entries
+ * [2][R][C]) at window offset `off`: win.cnt_net holds the word source
+ * `peer` sent us, win.cnt_stage our staged copy of the one for
+ * destination `peer`. */
+__device__ __forceinline__ uint64_t mep_ht_cnt16_off(const MepHtParams &p, uint64_t off,
+                                                     int parity, int peer, int c) {
+  return off + (((uint64_t)parity * p.dims.world + (uint64_t)peer) * MEP_HT_MAX_CHANNELS + c) * 16u;
 }
 
 /* Device state words: per-(peer, channel) u64 arrays and scalars. */

@@ -138,7 +138,7 @@ __device__ bool mep_ht_read_counts(const MepHtParams &p, uint32_t tag, int parit
     const int s = i / C, cc = i % C;
     const bool net = mep_ht_net<Tp>(p, s);
     const uint64_t *w = net ? reinterpret_cast<const uint64_t *>(
-                                  p.xp.local + mep_ht_cnt_net_off(p, parity, s, cc))
+                                  p.xp.local + mep_ht_cnt16_off(p, p.win.cnt_net, parity, s, cc))
                             : mep_ht_word(p, cnt_off, s, cc);
     uint64_t seen = 0;
     n[i] = 0;
@@ -269,12 +269,13 @@ __device__ void mep_ht_dispatch_send(const MepHtParams &p, const mep_ht_dispatch
     if (mep_ht_net<Tp>(p, d)) {
       /* Staged per (parity, destination): the next call's word goes to
        * the other slot, so an unfinished put never reads a newer one. */
-      const uint64_t stage = mep_ht_cnt_stage_off(p, parity, d, c);
+      const uint64_t stage = mep_ht_cnt16_off(p, p.win.cnt_stage, parity, d, c);
       if ((threadIdx.x & 31) == 0)
         *reinterpret_cast<uint4 *>(p.xp.local + stage) =
             make_uint4((uint32_t)word, (uint32_t)(word >> 32), 0u, 0u);
       __syncwarp();
-      Tp::put_warp(p.xp, d, mep_ht_cnt_net_off(p, parity, p.xp.rank, c), nullptr, stage, 16u,
+      Tp::put_warp(p.xp, d, mep_ht_cnt16_off(p, p.win.cnt_net, parity, p.xp.rank, c), nullptr,
+                   stage, 16u,
                    mep_ht_sig(R, MEP_HT_SIG_CNT, p.xp.rank, c));
       /* No flush: this slot is staged again two calls later, after d has
        * used the word (its call finished before its next one fed ours). */
@@ -443,17 +444,8 @@ extern "C" mep_kstatus_t mep_ht_dispatch(const mep_ht_ctx_t *ctx,
         cudaMemsetAsync(a->recv_count, 0, (size_t)(a->num_experts / ctx->dims.world) * 4u, s));
     if (st != MEP_KSTATUS_OK) return st;
   }
-  cudaError_t e;
-  switch (ctx->transport) {
-    case MEP_HT_TRANSPORT_GIN:
-      e = mep_ht_launch(mep_ht_dispatch_kernel<MepGin>, 2 * p.chan, s, p, *a);
-      break;
-    case MEP_HT_TRANSPORT_GIN_EMULATED:
-      e = mep_ht_launch(mep_ht_dispatch_kernel<MepGinEmu>, 2 * p.chan, s, p, *a);
-      break;
-    default:
-      e = mep_ht_launch(mep_ht_dispatch_kernel<MepLsa>, 2 * p.chan, s, p, *a);
-      break;
-  }
-  return mep_kernels_cuda_check("ht dispatch: launch", e);
+  return mep_kernels_cuda_check(
+      "ht dispatch: launch", mep_ht_for_transport(ctx->transport, [&](auto tp) {
+        return mep_ht_launch(mep_ht_dispatch_kernel<decltype(tp)>, 2 * p.chan, s, p, *a);
+      }));
 }

@@ -157,4 +157,15 @@ static cudaError_t mep_ht_launch(Kernel kernel, int grid, cudaStream_t s, Args &
   return mep_launch_cooperative(kernel, grid, MEP_HT_THREADS, 0, s, static_cast<Args &&>(args)...);
 }
 
+/* launch(Tp{}) with the transport type of `transport` (MEP_HT_TRANSPORT_*):
+ * one kernel instance per transport, picked once here for both kernels. */
+template <typename Launch>
+static cudaError_t mep_ht_for_transport(int transport, Launch launch) {
+  switch (transport) {
+    case MEP_HT_TRANSPORT_GIN: return launch(MepGin{});
+    case MEP_HT_TRANSPORT_GIN_EMULATED: return launch(MepGinEmu{});
+    default: return launch(MepLsa{});
+  }
+}
+
 #endif /* MEP_HT_LAUNCH_CUH_ */
