@@ -34,6 +34,7 @@ os.environ.setdefault("MOE_EP_WORLD_SIZE", "1")
 import torch  # noqa: E402
 
 import moe_ep  # noqa: E402
+from moe_ep._torch import OutputSpec  # noqa: E402
 
 
 class TimedEntry:
@@ -81,9 +82,11 @@ class TimedLibrary:
 
 
 def alloc_compare(g, hidden, fmt, iters):
-    """Two ways to allocate one LL dispatch's outputs on the group's
-    device: one new_empty per output (what the package does) and one block
-    per call carved into views at 256-byte aligned offsets. Each is timed
+    """Three ways to allocate one LL dispatch's outputs on the group's
+    device: empty_like of a zero-dim tensor expanded to each output's shape
+    (what the package does, moe_ep._torch.OutputSpec), one new_empty per
+    output, and one block per call carved into views at 256-byte aligned
+    offsets. Each is timed
     over blocks of calls, the outputs freed within the block as a caller
     that drops them does; prints the best block's mean per call (us)."""
     dev = g.device
@@ -106,6 +109,11 @@ def alloc_compare(g, hidden, fmt, iters):
     cut = [(o, o + e.element_size() * torch.Size(sh).numel(), e.dtype, sh)
            for o, e, (sh, _) in zip(offsets, empty, pieces)]
 
+    specs = [OutputSpec(sh, dt, dev) for sh, dt in pieces]
+
+    def from_specs():
+        return [spec.new() for spec in specs]
+
     def separate():
         return [e.new_empty(sh) for e, (sh, _) in zip(empty, pieces)]
 
@@ -115,7 +123,8 @@ def alloc_compare(g, hidden, fmt, iters):
 
     print("allocating one LL dispatch's outputs (%s, %d tensors) on %s, us per call:"
           % (fmt, len(pieces), dev))
-    for name, fn in (("one new_empty each", separate), ("one block, carved", carved)):
+    for name, fn in (("OutputSpec.new each", from_specs), ("one new_empty each", separate),
+                     ("one block, carved", carved)):
         best = None
         for _ in range(5):
             t0 = time.perf_counter_ns()

@@ -6,8 +6,13 @@ import ctypes
 import torch
 
 from . import _abi
-from ._torch import FP8_STORAGE, TensorSlot
+from ._torch import FP8_STORAGE, OutputSpec, TensorSlot
 from .handle import Hook
+
+# Combine's output specs are cached per (tokens, hidden); a caller whose
+# token count keeps changing gets a cache cleared at this size, not one
+# that grows.
+_MAX_COMBINE_SPECS = 64
 
 
 def hidden_of(t, name):
@@ -15,6 +20,16 @@ def hidden_of(t, name):
     if not isinstance(t, torch.Tensor):
         raise TypeError("%s must be a torch.Tensor, got %s" % (name, type(t).__name__))
     return int(t.shape[-1]) if t.dim() else 0
+
+
+def attach_input(slot, t):
+    """Attaches a required input tensor and returns its H (the last
+    dimension; the library checks the rest of the shape)."""
+    key = slot.attach(t)
+    if key is None:
+        raise TypeError("%s must be a torch.Tensor, got NoneType" % slot.name)
+    shape = key[0]
+    return int(shape[-1]) if shape else 0
 
 
 def split_x(x, x_scales):
@@ -34,9 +49,10 @@ class Calls:
         self.lib = group._lib
         self.local = group.num_local_experts
         self.device = group.device
-        # Outputs are allocated as new_empty of an empty tensor of their
-        # dtype on the group's device: the same allocation as torch.empty
-        # with dtype= and device=, with less argument parsing per call.
+        # High-throughput outputs are allocated as new_empty of an empty
+        # tensor of their dtype on the group's device (the same allocation
+        # as torch.empty with dtype= and device=, with less argument
+        # parsing); fixed-shape ones through OutputSpec.
         dev = self.device
         self.empty_bf16, self.empty_fp8, self.empty_f32, self.empty_i32 = (
             torch.empty(0, dtype=dt, device=dev)
@@ -51,6 +67,7 @@ class Calls:
         self.dp_ptr = ctypes.pointer(self.dp)
         self.cp = _abi.init(_abi.CombineParams)
         self.cp_ptr = ctypes.pointer(self.cp)
+        self.out_specs_combine = {}  # (tokens, hidden) -> combine's OutputSpec
         dp, cp = self.dp, self.cp
         self.x = TensorSlot("x", True, dp, "x")  # uint8 storage is fp8 (HT; LL refuses it)
         self.x_scales = TensorSlot("x_scales", False, dp, "x_scales")
@@ -72,15 +89,23 @@ class Calls:
         return self.hook.value
 
     def combine(self, handle, y, topk_weights, out, defer):
-        hidden = hidden_of(y, "y")
+        hidden = attach_input(self.y, y)
         if out is None:
-            out = self.empty_bf16.new_empty((handle.num_tokens, hidden))
+            shape = (handle.num_tokens, hidden)
+            spec = self.out_specs_combine.get(shape)
+            if spec is None:
+                if len(self.out_specs_combine) >= _MAX_COMBINE_SPECS:
+                    self.out_specs_combine.clear()
+                spec = self.out_specs_combine[shape] = OutputSpec(shape, torch.bfloat16,
+                                                                  self.device)
+            out = spec.new()
+            self.out.attach_new(out, spec.key)
+        else:
+            self.out.attach(out)
         p = self.cp
         p.flags = _abi.FLAG_DEFER_RECV if defer else 0
         p.hidden = hidden
-        self.y.attach(y)
         self.cw.attach(topk_weights)
-        self.out.attach(out)
         p.stream = self.stream()
         self.hook.value = None
         st = self.lib.combine(self.group.pointer, handle.pointer, self.cp_ptr, self.hook_ref)

@@ -1,8 +1,11 @@
 """Low-latency dispatch: outputs [E_local, R*max_tokens, H] (bf16, or fp8
 with scales), filled in place; combine is the shared one."""
+import torch
+
 from . import _abi
-from ._calls import Calls, hidden_of, split_x
+from ._calls import Calls, attach_input, split_x
 from ._results import DispatchResult
+from ._torch import FP8_STORAGE, OutputSpec
 from .handle import Hook
 
 
@@ -13,7 +16,8 @@ class LowLatencyCalls(Calls):
         self.fp8 = cfg.fp8
         self.packed = cfg.fp8_scale == "ue8m0_packed"
         self.slots = group.world_size * cfg.max_tokens_per_rank
-        self.out_specs = {}  # (hidden, format) -> what new_dispatch_outputs allocates
+        self.out_specs = {}  # (hidden, format) -> (recv_x's OutputSpec, recv_scales')
+        self.count_spec = OutputSpec((self.local,), torch.int32, self.device)
 
     def row_format(self, fmt):
         """(fp8, packed scales) of a call's format (None: the group's)."""
@@ -25,22 +29,34 @@ class LowLatencyCalls(Calls):
         return fmt != "bf16", fmt == "fp8_ue8m0_packed"
 
     def out_spec(self, hidden, fmt):
-        """(recv_x template, shape, recv_scales template or None, shape)."""
+        """(recv_x's OutputSpec, recv_scales' or None) of a call's format."""
         fp8, packed = self.row_format(fmt)
-        rx = (self.empty_fp8 if fp8 else self.empty_bf16, (self.local, self.slots, hidden))
+        dev = self.device
+        rx = OutputSpec((self.local, self.slots, hidden), FP8_STORAGE if fp8 else torch.bfloat16,
+                        dev)
         if not fp8:
-            return rx + (None, None)
+            return rx, None
         cols = (hidden // 128 + 3) // 4 if packed else hidden // 128
-        return rx + (self.empty_i32 if packed else self.empty_f32, (self.local, self.slots, cols))
+        return rx, OutputSpec((self.local, self.slots, cols),
+                              torch.int32 if packed else torch.float32, dev)
 
     def new_dispatch_outputs(self, hidden, fmt=None):
+        """Outputs allocated and attached to the call's descriptors."""
         spec = self.out_specs.get((hidden, fmt))
         if spec is None:
             spec = self.out_specs[(hidden, fmt)] = self.out_spec(hidden, fmt)
-        rx, rx_shape, rs, rs_shape = spec
-        return DispatchResult(rx.new_empty(rx_shape),
-                              rs.new_empty(rs_shape) if rs is not None else None,
-                              self.empty_i32.new_empty(self.local_shape))
+        rx_spec, rs_spec = spec
+        rx = rx_spec.new()
+        self.recv_x.attach_new(rx, rx_spec.key)
+        if rs_spec is None:
+            rs = None
+            self.recv_scales.attach(None)
+        else:
+            rs = rs_spec.new()
+            self.recv_scales.attach_new(rs, rs_spec.key)
+        rc = self.count_spec.new()
+        self.recv_count.attach_new(rc, self.count_spec.key)
+        return DispatchResult(rx, rs, rc)
 
     def dispatch(self, handle, x, topk_weights, out, defer, round_scale, recv_capacity, fmt,
                  x_scales=None, worst_case=False):
@@ -50,23 +66,20 @@ class LowLatencyCalls(Calls):
         if recv_capacity is not None:
             raise ValueError("dispatch: recv_capacity=%r is a high_throughput argument; "
                              "low-latency outputs are [E_local, R*max_tokens, H]" % (recv_capacity,))
-        hidden = hidden_of(x, "x")
+        hidden = attach_input(self.x, x)
         if out is None:
             res = self.new_dispatch_outputs(hidden, fmt)
-        elif isinstance(out, DispatchResult):
-            res = out
         else:
-            res = DispatchResult(*out)
+            res = out if isinstance(out, DispatchResult) else DispatchResult(*out)
+            self.recv_x.attach(res.recv_x)
+            self.recv_scales.attach(res.recv_scales)
+            self.recv_count.attach(res.recv_count)
         p = self.dp
         p.flags = (_abi.FLAG_DEFER_RECV if defer else 0) | (_abi.FLAG_ROUND_SCALE if round_scale else 0) \
             | (_abi.FLAG_WORST_CASE if worst_case else 0)
         p.hidden = hidden
         p.format = _abi.FORMATS[fmt]
-        self.x.attach(x)
         self.x_scales.attach(x_scales)
-        self.recv_x.attach(res.recv_x)
-        self.recv_scales.attach(res.recv_scales)
-        self.recv_count.attach(res.recv_count)
         self.dw.attach(topk_weights)
         p.stream = self.stream()
         hook = self.call_dispatch(handle)

@@ -68,18 +68,31 @@ class TensorSlot:
 
     def attach(self, t):
         """Points the params field at this descriptor describing tensor t,
-        or sets it NULL when t is None."""
+        or sets it NULL when t is None. Returns t's (shape, dtype, device,
+        contiguous), None for None."""
         if t is None:
             if self._attached:
                 setattr(self._params, self._field, None)
                 self._attached = False
-            return
+            return None
         try:
             key = (t.shape, t.dtype, t.device, t.is_contiguous())
         except AttributeError:
             raise TypeError("%s must be a torch.Tensor, got %s"
                             % (self.name, type(t).__name__)) from None
         if key != self._key or not key[3]:
+            self._refill(t, key)
+        self.desc.data = t.data_ptr()
+        if not self._attached:
+            setattr(self._params, self._field, self.ptr)
+            self._attached = True
+        return key
+
+    def attach_new(self, t, key):
+        """attach() for a tensor an OutputSpec just allocated, whose key is
+        the spec's: reading shape, dtype, device and contiguity back from
+        the tensor would cost more than the rest of the call's binding."""
+        if key is not self._key and key != self._key:
             self._refill(t, key)
         self.desc.data = t.data_ptr()
         if not self._attached:
@@ -109,6 +122,25 @@ class TensorSlot:
             d.device.device_type = _abi.DEVICE_CPU
             d.device.device_id = 0
         self._key = key
+
+
+class OutputSpec:
+    """One output's shape and dtype on a device. new() allocates it as
+    torch.empty_like of a zero-dim tensor expanded to the shape: the same
+    allocation as torch.empty(shape, dtype=, device=) on the current
+    stream, without a size list to parse per call. key is what
+    TensorSlot.attach() would read back from the new tensor."""
+
+    __slots__ = ("template", "key")
+
+    def __init__(self, shape, dtype, device):
+        self.template = torch.empty((), dtype=dtype, device=device).expand(shape)
+        self.key = (torch.Size(shape), dtype, self.template.device, True)
+
+    def new(self):
+        # contiguous_format, not the default preserve_format: for a shape
+        # with a zero dimension the latter gives all-zero strides.
+        return torch.empty_like(self.template, memory_format=torch.contiguous_format)
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
