@@ -48,7 +48,8 @@ bench_key() { echo "$(grep -cE "^(fp8|bf16) .*\| .*\| " "$1") latency rows"; }
 api() {  # name ranks seconds worker-args...
   local name=$1 n=$2 secs=$3; shift 3
   timeout $((secs + 5)) $B/moe_ep_run -n "$n" --timeout_s "$secs" -- $B/conformance_worker \
-    --plugin=$B/libmoe_ep.so --backend=nccl "$@" > "$OUT/api_$name.log" 2>&1
+    --plugin=$B/libmoe_ep.so --backend=nccl --barrier_dir="$(mktemp -d)" "$@" \
+    > "$OUT/api_$name.log" 2>&1
   summary "api_$name" $? "$(worker_key "$OUT/api_$name.log")"
   grep -hE "^(PASSED|FAILED)|^FAIL|GIN|nccl group" "$OUT/api_$name.log" | head -6
 }

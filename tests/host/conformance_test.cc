@@ -131,6 +131,7 @@ const Case kCases[] = {
     // with NULL or the same weights tensor.
     {"ll_r2_e64_fp8_dispatch_weights", 2, {"--experts=64", "--max_tokens=128", "--dtype=fp8", "--layers=2048:8,384:9", "--dispatch_weights=1"}},
     {"ll_r4_e64_bf16_dispatch_weights_mixed", 4, {"--experts=64", "--max_tokens=16", "--layers=2048:8,128:2", "--dispatch_weights=mixed"}},
+    {"ll_r8_e64_fp8_dispatch_weights", 8, {"--experts=64", "--max_tokens=16", "--dtype=fp8", "--seeds=1", "--layers=2048:8,384:3", "--dispatch_weights=1"}},
     // Hidden a multiple of 8 but not of 128 (2880: gpt-oss; 1032, 2056),
     // in both combine modes, bit-exact against the oracle.
     {"ll_r2_e64_bf16_h2880", 2, {"--experts=64", "--max_tokens=32", "--layers=2880:9,1032:4"}},
@@ -157,8 +158,11 @@ const Case kCases[] = {
     // against the oracle, and its refusals.
     {"layout_r2", 2, {"--scenario=layout", "--experts=8", "--max_tokens=16", "--layers=256:2,128:1"}},
     {"layout_r4_fp8", 4, {"--scenario=layout", "--experts=16", "--max_tokens=8", "--dtype=fp8", "--layers=512:4"}},
+    {"layout_r8", 8, {"--scenario=layout", "--experts=32", "--max_tokens=8", "--layers=256:8"}},
     {"bad_input_r2_fp8", 2, {"--scenario=badinput", "--experts=8", "--max_tokens=16", "--dtype=fp8", "--layers=256:2"}},
     {"absent_peer_timeout_r2", 2, {"--scenario=skip", "--experts=8", "--max_tokens=8", "--layers=128:2", "--kernel_ms=1500"}},
+    // At 4 ranks three wait on the absent last one: each names it.
+    {"absent_peer_timeout_r4", 4, {"--scenario=skip", "--experts=16", "--max_tokens=8", "--layers=128:2", "--kernel_ms=1500"}},
     {"config_mismatch_r2", 2, {"--scenario=mismatch", "--max_tokens=16"}},
     {"config_mismatch_r8", 8, {"--scenario=mismatch", "--max_tokens=16"}},
     // ranks_per_node: disagreeing ranks are refused like any agreed key;
@@ -171,9 +175,13 @@ const Case kCases[] = {
     {"ranks_per_node_ht_lsa_r2", 2, {"--scenario=refused", "--mode=ht", "--transport=lsa", "--ranks_per_node=1", "--expect_status=MOE_EP_ERR_INVALID_ARGUMENT", "--expect_error=group_create on rank {rank}: ranks_per_node=1 with transport 'lsa' in mode 'high_throughput' must be 0 or world_size=2; over transport lsa or auto, HT has no network leg, so the group is one node (transport gin or gin_emulated splits it into nodes)"}},
     {"ranks_per_node_ht_auto_r4", 4, {"--scenario=refused", "--mode=ht", "--ranks_per_node=2", "--expect_status=MOE_EP_ERR_INVALID_ARGUMENT", "--expect_error=ranks_per_node=2 with transport 'auto' in mode 'high_throughput' must be 0 or world_size=4"}},
     {"ranks_per_node_ht_gin_emulated_r4", 4, {"--mode=ht", "--transport=gin_emulated", "--ranks_per_node=2", "--experts=8", "--max_tokens=16", "--seeds=1", "--layers=256:2"}},
+    // Eight ranks as 2 nodes of 4 and as 4 nodes of 2.
+    {"ranks_per_node_ht_gin_emulated_r8_n4", 8, {"--mode=ht", "--transport=gin_emulated", "--ranks_per_node=4", "--experts=32", "--max_tokens=16", "--seeds=1", "--layers=512:8"}},
+    {"ranks_per_node_ht_gin_emulated_r8_n2", 8, {"--mode=ht", "--transport=gin_emulated", "--ranks_per_node=2", "--experts=16", "--max_tokens=8", "--seeds=1", "--layers=256:3"}},
     {"ranks_per_node_ht_auto_whole_group_r2", 2, {"--mode=ht", "--ranks_per_node=2", "--experts=8", "--max_tokens=16", "--seeds=1", "--layers=256:2"}},
     {"ranks_per_node_ll_lsa_r2", 2, {"--transport=lsa", "--ranks_per_node=1", "--experts=8", "--max_tokens=16", "--seeds=1", "--layers=256:2"}},
     {"bad_input_r4_bf16", 4, {"--scenario=badinput", "--experts=8", "--max_tokens=16", "--layers=128:2"}},
+    {"bad_input_r8_fp8", 8, {"--scenario=badinput", "--experts=16", "--max_tokens=8", "--dtype=fp8", "--layers=256:2"}},
     // A bf16 group whose every dispatch names its own fp8 format
     // (params->format, as DeepEP's per-call use_fp8 / use_ue8m0).
     {"ll_r2_per_call_fp8_ue8m0", 2, {"--per_call_format=1", "--experts=8", "--max_tokens=16", "--dtype=fp8", "--scale=ue8m0", "--seeds=1", "--layers=512:4,128:2"}},
@@ -196,9 +204,11 @@ const Case kCases[] = {
     // Combine on a handle whose buffer set a later dispatch reused: refused.
     {"reuse_r2_double_buffer", 2, {"--scenario=reuse", "--experts=8", "--max_tokens=8", "--layers=384:4"}},
     {"reuse_r2_single_buffer", 2, {"--scenario=reuse", "--double_buffer=0", "--experts=8", "--max_tokens=8", "--layers=384:4"}},
+    {"reuse_r4_single_buffer", 4, {"--scenario=reuse", "--double_buffer=0", "--experts=16", "--max_tokens=8", "--layers=384:4"}},
     // Rank 0 one operation ahead: rank 1 is told so at once; rank 0 then
     // hears that rank 1 left (destroyed its group).
     {"ahead_r2_single_buffer", 2, {"--scenario=ahead", "--double_buffer=0", "--experts=8", "--max_tokens=8", "--layers=128:2", "--kernel_ms=10000"}},
+    {"ahead_r4_single_buffer", 4, {"--scenario=ahead", "--double_buffer=0", "--experts=16", "--max_tokens=8", "--layers=128:2", "--kernel_ms=10000"}},
     // The peer busy outside moe-ep between its send half and its hook (a
     // barrier of the engine's own), 50 fresh groups, each run's first
     // operation; then two live groups whose deferred dispatches interleave
@@ -225,7 +235,7 @@ TEST_P(Fault, SurvivorsReportPeerFailed) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Host, Fault, testing::Values(2, 4));
+INSTANTIATE_TEST_SUITE_P(Host, Fault, testing::Values(2, 4, 8));
 
 }  // namespace
 }  // namespace moe_ep_test

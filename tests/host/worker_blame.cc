@@ -1,10 +1,12 @@
 // worker_blame.cc: failure sentences name the rank that really failed and
 // what happened to it. With double_buffer: false, rank 0 runs one operation
-// more than rank 1 (a combine whose hook it abandons): rank 1 must hear that
-// rank 0 is ahead, at once, not that it "did not take part"; rank 1 then
-// destroys its group, and rank 0, waiting on it, must hear that rank 1 left.
-// Barriers outside moe-ep order the steps, so no assertion depends on timing
-// beyond a generous bound (timeouts.kernel_ms).
+// more than the others (a combine whose hook it abandons): every other rank
+// r must hear "rank 0 is ahead of rank r", at once, not that rank 0 "did not
+// take part". The last rank then destroys its group, and rank 0, waiting on
+// it, must hear that that rank left; the ranks between stay in their broken
+// groups until rank 0 has heard it, so the rank it names is the one that
+// left at any world size. Barriers outside moe-ep order the steps, so no
+// assertion depends on timing beyond a generous bound (timeouts.kernel_ms).
 #include <string>
 
 #include "tests/host/ll_call.h"
@@ -35,19 +37,24 @@ void run_ahead(Ctx& c) {
                   MOE_EP_OK);
   }
   if (!outside_barrier(c, "ahead2")) return;
+  const int leaver = c.world - 1;
+  const std::string leaver_s = "rank " + std::to_string(leaver);
   if (ahead) {
-    expect_status(c, 72, "dispatch B while rank 1 leaves", b.dispatch(0, nullptr),
-                  MOE_EP_ERR_PEER_FAILED, "rank 1 left the group");
+    expect_status(c, 72, "dispatch B while " + leaver_s + " leaves", b.dispatch(0, nullptr),
+                  MOE_EP_ERR_PEER_FAILED, (leaver_s + " left the group").c_str());
+    outside_wait_for(c, "ahead_heard", 0);  // lets the ranks between go
     return;
   }
+  const std::string behind = "rank 0 is ahead of rank " + std::to_string(c.rank);
   expect_status(c, 72, "dispatch B hook behind rank 0", c.api->hook_run(hook, nullptr),
-                MOE_EP_ERR_MISMATCH, "rank 0 is ahead of rank 1");
+                MOE_EP_ERR_MISMATCH, behind.c_str());
   c.api->hook_free(hook);
   // The group is broken for good; destroying it (main) tells rank 0.
   moe_ep_handle_t* h = nullptr;
   moe_ep_prepare_params_t pp = MOE_EP_INIT(moe_ep_prepare_params_t);
   expect_status(c, 73, "the next call after the mismatch", c.api->prepare(c.group, &pp, &h),
-                MOE_EP_ERR_MISMATCH, "rank 0 is ahead of rank 1");
+                MOE_EP_ERR_MISMATCH, behind.c_str());
+  if (c.rank != leaver) outside_wait_for(c, "ahead_heard", 0);
 }
 
 }  // namespace moe_ep_test

@@ -106,6 +106,8 @@ void run_layout(Ctx& c);       // worker_layout.cc
 // All ranks meet at `name` (files under barrier_dir; polls with sleeps, so
 // it never calls into moe-ep). False (and a FAIL line) after 120 s.
 bool outside_barrier(Ctx& c, const std::string& name);
+// Arrives at `name` and waits for `rank` alone to arrive there (same bound).
+bool outside_wait_for(Ctx& c, const std::string& name, int rank);
 // Forms a group of the same config on 127.0.0.1:port (nullptr and a FAIL
 // line on error); the caller destroys it.
 moe_ep_group_t* create_group_on_port(Ctx& c, int port);

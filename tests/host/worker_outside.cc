@@ -19,11 +19,16 @@ static bool exists(const std::string& path) {
   return stat(path.c_str(), &st) == 0;
 }
 
-bool outside_barrier(Ctx& c, const std::string& name) {
+// Marks this rank's arrival at `name`, then waits for ranks [from, to).
+static bool arrive_and_wait(Ctx& c, const std::string& name, int from, int to) {
+  if (c.opt.barrier_dir.empty()) {
+    fail(c, 0, "outside barrier " + name, "--barrier_dir is not set");
+    return false;
+  }
   std::string base = c.opt.barrier_dir + "/" + name + ".";
   std::ofstream(base + std::to_string(c.rank)).put('x');
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  for (int r = 0; r < c.world; r++) {
+  for (int r = from; r < to; r++) {
     while (!exists(base + std::to_string(r))) {
       if (std::chrono::steady_clock::now() > deadline) {
         fail(c, 0, "outside barrier " + name, "rank " + std::to_string(r) +
@@ -34,6 +39,14 @@ bool outside_barrier(Ctx& c, const std::string& name) {
     }
   }
   return true;
+}
+
+bool outside_barrier(Ctx& c, const std::string& name) {
+  return arrive_and_wait(c, name, 0, c.world);
+}
+
+bool outside_wait_for(Ctx& c, const std::string& name, int rank) {
+  return arrive_and_wait(c, name, rank, rank + 1);
 }
 
 moe_ep_group_t* create_group_on_port(Ctx& c, int port) {
