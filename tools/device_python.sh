@@ -9,8 +9,11 @@ export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export MOE_EP_LIBRARY=$PWD/$B/libmoe_ep.so PYTHONPATH=$PWD/integration/python PYTHONUNBUFFERED=1
 O=${OUT:-/tmp}
+# Ranks of the multi-GPU checks: MEP_RANKS, else every GPU nvidia-smi lists.
+N=${MEP_RANKS:-$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")}
+[ "$N" -ge 1 ] 2>/dev/null || N=1
 for part in group deep_ep deep_ep_fp8 ht; do
-  timeout 200 $B/moe_ep_run -n 2 --timeout_s 190 -- python3 integration/python/gpu/gpu_check.py $part > $O/py_$part.log 2>&1
+  timeout 200 $B/moe_ep_run -n $N --timeout_s 190 -- python3 integration/python/gpu/gpu_check.py $part > $O/py_$part.log 2>&1
   # The per-check "ok" lines (ht prints one per check) stay in the log.
   echo "py_$part: exit $?"; grep -E "ok|FAIL|bit-exact|ulp|Error|skipped|failures" $O/py_$part.log \
     | grep -vE "^rank [0-9]+ .*: ok$" | head -12
@@ -19,7 +22,7 @@ done
 # against the library's kernel, bit for bit, one rank.
 MOE_EP_RANK=0 MOE_EP_WORLD_SIZE=1 timeout 120 python3 integration/python/gpu/fp8_check.py > $O/py_fp8.log 2>&1
 echo "py_fp8: exit $?"; grep -E "FAIL|ok$|Error" $O/py_fp8.log | tail -4
-timeout 200 $B/moe_ep_run -n 2 --timeout_s 190 -- python3 integration/python/examples/decode_loop.py --steps 20 --hidden 2048 > $O/py_decode.log 2>&1
+timeout 200 $B/moe_ep_run -n $N --timeout_s 190 -- python3 integration/python/examples/decode_loop.py --steps 20 --hidden 2048 > $O/py_decode.log 2>&1
 echo "py_decode_loop: exit $?"; tail -4 $O/py_decode.log
 MOE_EP_RANK=0 MOE_EP_WORLD_SIZE=1 timeout 120 python3 integration/python/bench.py --hidden 7168 --experts 256 > $O/py_bench.log 2>&1
 echo "py_bench: exit $?"; cat $O/py_bench.log | tail -15

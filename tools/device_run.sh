@@ -2,13 +2,22 @@
 # device_run.sh (copied to .gpu_bundle/run_device.sh): the GPU suite, run on
 # the GPU machine from the repository root, most important first; every log
 # goes to $OUT and a one-line verdict per step to $OUT/summary.txt.
-# Usage: bash .gpu_bundle/run_device.sh [full|quick|one|ab|extra|ht]; quick stops after
+# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|one|ab|extra|ht]; quick stops after
 # the kernel test, the weighted-dispatch and hidden-2880 API runs and the
 # eager benchmarks;
 # one is for a 1-GPU machine (EP1 suites, sanitizers, an EP1 benchmark, and
 # an A/B against .gpu_bundle/prev/libmoe_ep.so when that exists); ab
 # compares 2-GPU phase stamps and bench with variants in .gpu_bundle/ab/.
+# MEP_RANKS sets the group size of the multi-GPU steps (default: every GPU
+# nvidia-smi lists; 2 on the 2-GPU machine, 4 and 8 on the larger ones);
+# their names carry it (ep2_*, ep4_*, ep8_*) and their time limits grow
+# with it (more processes start NCCL and the sanitizers at once).
 MODE=${1:-full}
+N=${MEP_RANKS:-$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")}
+[ "$N" -ge 1 ] 2>/dev/null || N=1
+E=ep$N
+S=$(( N <= 2 ? 1 : (N <= 4 ? 2 : 3) ))
+export MOE_EP_TEST_WORLD=${MOE_EP_TEST_WORLD:-$N}  # ll_gpu_test, ll_kernel_bench
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # Logs are written under a scratch folder and handed back as one archive
@@ -121,16 +130,16 @@ if [ "$MODE" = ab ]; then
     for D in $B $B/ab/*; do
       [ -f "$D/libmoe_ep.so" ] || continue
       name=$(basename "$D"); [ "$D" = $B ] && name=cur
-      timeout 60 $D/ll_kernel_bench phases > "$OUT/stamps_${name}_$round.log" 2>&1
+      timeout $((60 * S)) $D/ll_kernel_bench phases > "$OUT/stamps_${name}_$round.log" 2>&1
       summary "stamps_${name}_$round" $?
       grep -E "^PHASES rank 0" "$OUT/stamps_${name}_$round.log" | sed "s/^/$name $round: /"
-      timeout 90 $B/moe_ep_run -n 2 --timeout_s 85 -- $B/moe_ep_bench --plugin=$D/libmoe_ep.so \
+      timeout $((90 * S)) $B/moe_ep_run -n $N --timeout_s $((85 * S)) -- $B/moe_ep_bench --plugin=$D/libmoe_ep.so \
         --dtype=fp8 --tokens=1,8,128,256 --warmup=50 > "$OUT/bench_${name}_$round.log" 2>&1
       summary "bench_${name}_$round" $?
       grep -E "^fp8 .*\| .*\| " "$OUT/bench_${name}_$round.log" | head -8 | cut -c1-98 | sed "s/^/$name $round: /"
       # several local experts per receive block: a 24-SM grid, and 1024 experts
       for extra in --num_sms=24 --experts=1024; do
-        timeout 90 $B/moe_ep_run -n 2 --timeout_s 85 -- $B/moe_ep_bench --plugin=$D/libmoe_ep.so \
+        timeout $((90 * S)) $B/moe_ep_run -n $N --timeout_s $((85 * S)) -- $B/moe_ep_bench --plugin=$D/libmoe_ep.so \
           --dtype=fp8 --tokens=1,128 --warmup=50 $extra > "$OUT/bench_${name}_${extra#--}_$round.log" 2>&1
         summary "bench_${name}_${extra#--}_$round" $?
         grep -E "^fp8 .*\| .*\| " "$OUT/bench_${name}_${extra#--}_$round.log" | head -4 | cut -c1-98 | sed "s/^/$name $round $extra: /"
@@ -143,13 +152,13 @@ fi
 # extra: the NVLink probe (launch floors, eager and in a graph; the
 # two-GPU row-and-flag exchange under a 1-token dispatch) and the dispatch's
 # cost against the expert count (the send lists every expert: 256, 1024 and
-# 2048 experts, i.e. up to the 1024 local experts of the limit at EP2).
+# 1024 * N experts, i.e. up to the 1024 local experts of the limit).
 if [ "$MODE" = extra ]; then
   timeout 120 $B/nvlink_probe 1000 > "$OUT/probe.log" 2>&1
   summary nvlink_probe $?
   cat "$OUT/probe.log"
-  for e in 256 1024 2048; do
-    timeout 90 $B/moe_ep_run -n 2 --timeout_s 85 -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
+  for e in 256 1024 $((1024 * N)); do
+    timeout $((90 * S)) $B/moe_ep_run -n $N --timeout_s $((85 * S)) -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
       --dtype=fp8 --tokens=1,128,256 --experts=$e --warmup=50 > "$OUT/bench_e$e.log" 2>&1
     summary "bench_experts_$e" $?
     grep -A8 "^latency" "$OUT/bench_e$e.log" | grep -E "^fp8" | cut -c1-110 | sed "s/^/E=$e: /"
@@ -164,61 +173,68 @@ fi
 # handle, worst-case sizing; bad input; EP1; the LL handle's DeepEP layout;
 # memcheck and racecheck; the HT bench. Also run by `full`.
 ht_suite() {
-  api ht_ep2_bf16 2 90 --mode=ht --experts=64 --max_tokens=64 --layers=2048:8,2880:6,4096:1 --seeds=2
-  api ht_ep2_fp8_f32 2 90 --mode=ht --dtype=fp8 --scale=f32 --experts=256 --max_tokens=512 \
+  api ht_${E}_bf16 $N $((90 * S)) --mode=ht --experts=64 --max_tokens=64 --layers=2048:8,2880:6,4096:1 --seeds=2
+  api ht_${E}_fp8_f32 $N $((90 * S)) --mode=ht --dtype=fp8 --scale=f32 --experts=256 --max_tokens=512 \
     --layers=7168:8,4096:32 --seeds=1
-  api ht_ep2_fp8_packed_per_call 2 90 --mode=ht --per_call_format=1 --dtype=fp8 \
+  api ht_${E}_fp8_packed_per_call $N $((90 * S)) --mode=ht --per_call_format=1 --dtype=fp8 \
     --scale=ue8m0_packed --experts=32 --max_tokens=7 --layers=2048:6,640:3 --seeds=2
-  api ht_ep2_worst_case 2 90 --mode=ht --worst_case=1 --experts=64 --max_tokens=128 \
+  api ht_${E}_worst_case $N $((90 * S)) --mode=ht --worst_case=1 --experts=64 --max_tokens=128 \
     --layers=7168:8,2880:2 --seeds=2
-  api ht_ep2_big 2 240 --mode=ht --experts=256 --max_tokens=4096 --layers=7168:8 --seeds=1
-  api ht_ep2_one_token 2 60 --mode=ht --experts=8 --max_tokens=1 --layers=2048:1,128:8 --seeds=2
-  api ht_ep2_bad 2 60 --scenario=htbad --mode=ht --experts=8 --max_tokens=16 --layers=256:2
-  api ht_ep2_skip_timeout 2 20 --scenario=skip --mode=ht --experts=8 --max_tokens=8 \
+  api ht_${E}_big $N $((240 * S)) --mode=ht --experts=256 --max_tokens=4096 --layers=7168:8 --seeds=1
+  api ht_${E}_one_token $N $((60 * S)) --mode=ht --experts=8 --max_tokens=1 --layers=2048:1,128:8 --seeds=2
+  api ht_${E}_bad $N $((60 * S)) --scenario=htbad --mode=ht --experts=8 --max_tokens=16 --layers=256:2
+  api ht_${E}_skip_timeout $N $((20 * S)) --scenario=skip --mode=ht --experts=8 --max_tokens=8 \
     --layers=128:2 --kernel_ms=2000
   api ht_ep1 1 60 --mode=ht --experts=16 --max_tokens=256 --layers=7168:8,2880:4 --seeds=1
   # The network protocol (staged puts, signals as ring counters) over
   # NVLink: 2 GPUs as 2 nodes of one GPU, and as one node of 2 (every peer
   # on this node: the stores of the LSA path in the same kernel).
-  api ht_ep2_ginemu_bf16 2 90 --mode=ht --transport=gin_emulated --experts=64 --max_tokens=64 \
+  api ht_${E}_ginemu_bf16 $N $((90 * S)) --mode=ht --transport=gin_emulated --experts=64 --max_tokens=64 \
     --layers=2048:8,2880:6,4096:1 --seeds=2
-  api ht_ep2_ginemu_fp8_packed 2 90 --mode=ht --transport=gin_emulated --dtype=fp8 \
+  api ht_${E}_ginemu_fp8_packed $N $((90 * S)) --mode=ht --transport=gin_emulated --dtype=fp8 \
     --scale=ue8m0_packed --experts=256 --max_tokens=512 --layers=7168:8,4096:32 --seeds=1
-  api ht_ep2_ginemu_worst_case 2 90 --mode=ht --transport=gin_emulated --worst_case=1 \
+  api ht_${E}_ginemu_worst_case $N $((90 * S)) --mode=ht --transport=gin_emulated --worst_case=1 \
     --experts=64 --max_tokens=128 --layers=7168:8,2880:2 --seeds=2
-  api ht_ep2_ginemu_big 2 240 --mode=ht --transport=gin_emulated --experts=256 \
+  api ht_${E}_ginemu_big $N $((240 * S)) --mode=ht --transport=gin_emulated --experts=256 \
     --max_tokens=4096 --layers=7168:8 --seeds=1
-  api ht_ep2_ginemu_one_node 2 90 --mode=ht --transport=gin_emulated --ranks_per_node=2 \
+  api ht_${E}_ginemu_one_node $N $((90 * S)) --mode=ht --transport=gin_emulated --ranks_per_node=$N \
     --experts=64 --max_tokens=64 --layers=2048:8,2880:6 --seeds=2
-  api ht_ep2_ginemu_skip_timeout 2 20 --scenario=skip --mode=ht --transport=gin_emulated \
+  # From 4 ranks on, nodes of 2 (and of 4 at 8): LSA peers and network
+  # peers in one kernel.
+  for rpn in 2 4; do
+    [ "$N" -gt "$rpn" ] && [ $((N % rpn)) = 0 ] || continue
+    api ht_${E}_ginemu_nodes_of_$rpn $N $((90 * S)) --mode=ht --transport=gin_emulated \
+      --ranks_per_node=$rpn --experts=64 --max_tokens=64 --layers=2048:8,2880:6 --seeds=2
+  done
+  api ht_${E}_ginemu_skip_timeout $N $((20 * S)) --scenario=skip --mode=ht --transport=gin_emulated \
     --experts=8 --max_tokens=8 --layers=128:2 --kernel_ms=2000
   api ht_ep1_ginemu 1 60 --mode=ht --transport=gin_emulated --experts=16 --max_tokens=256 \
     --layers=7168:8 --seeds=1
   # Real GIN where no RDMA NIC exists: refused with NCCL's reason, no hang.
-  api_refused ht_gin_request 2 15 'GIN not supported' --mode=ht --transport=gin --experts=8 \
+  api_refused ht_gin_request $N $((15 * S)) 'GIN not supported' --mode=ht --transport=gin --experts=8 \
     --max_tokens=8 --layers=128:2
-  api ll_ep2_layout 2 60 --scenario=layout --experts=8 --max_tokens=16 --layers=256:2,128:1
-  api ll_ep2_layout_fp8 2 60 --scenario=layout --experts=64 --max_tokens=64 --dtype=fp8 \
+  api ll_${E}_layout $N $((60 * S)) --scenario=layout --experts=8 --max_tokens=16 --layers=256:2,128:1
+  api ll_${E}_layout_fp8 $N $((60 * S)) --scenario=layout --experts=64 --max_tokens=64 --dtype=fp8 \
     --layers=7168:8
   for tool in memcheck racecheck; do
-    sanitize "ht_$tool" $tool 2 120 $B/conformance_worker --plugin=$B/libmoe_ep.so \
+    sanitize "ht_$tool" $tool $N $((120 * S)) $B/conformance_worker --plugin=$B/libmoe_ep.so \
       --backend=nccl --mode=ht --experts=8 --max_tokens=40 --layers=256:2 --seeds=1 --hooks=0
-    sanitize "ht_ginemu_$tool" $tool 2 120 $B/conformance_worker --plugin=$B/libmoe_ep.so \
+    sanitize "ht_ginemu_$tool" $tool $N $((120 * S)) $B/conformance_worker --plugin=$B/libmoe_ep.so \
       --backend=nccl --mode=ht --transport=gin_emulated --experts=8 --max_tokens=40 \
       --layers=256:2 --seeds=1 --hooks=0
   done
-  timeout 240 $B/moe_ep_run -n 2 --timeout_s 235 -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
+  timeout $((240 * S)) $B/moe_ep_run -n $N --timeout_s $((235 * S)) -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
     --mode=ht --dtype=bf16 --tokens=512,1024,2048,4096,8192 --num_sms=24 \
     --json="$OUT/bench_ht.json" > "$OUT/bench_ht.log" 2>&1
   summary bench_ht $? "$(bench_key "$OUT/bench_ht.log")"
   grep -A14 "^high-throughput" "$OUT/bench_ht.log"
   # 32 SMs (16 channels, the most the window has rings for)
-  timeout 120 $B/moe_ep_run -n 2 --timeout_s 115 -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
+  timeout $((120 * S)) $B/moe_ep_run -n $N --timeout_s $((115 * S)) -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
     --mode=ht --dtype=bf16 --tokens=4096 --num_sms=32 > "$OUT/bench_ht_sms32.log" 2>&1
   summary bench_ht_sms32 $? "$(bench_key "$OUT/bench_ht_sms32.log")"
   grep -E "^bf16 " "$OUT/bench_ht_sms32.log"
   # The network protocol over NVLink (every row staged, then put)
-  timeout 120 $B/moe_ep_run -n 2 --timeout_s 115 -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
+  timeout $((120 * S)) $B/moe_ep_run -n $N --timeout_s $((115 * S)) -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
     --mode=ht --transport=gin_emulated --dtype=bf16 --tokens=4096 --num_sms=24 \
     > "$OUT/bench_ht_ginemu.log" 2>&1
   summary bench_ht_ginemu $? "$(bench_key "$OUT/bench_ht_ginemu.log")"
@@ -267,19 +283,19 @@ if [ "$MODE" = one ]; then
   cat "$OUT/summary.txt"
   exit 0
 fi
-timeout 120 $B/ll_gpu_test > "$OUT/ll_gpu_test.log" 2>&1
+timeout $((120 * S)) $B/ll_gpu_test > "$OUT/ll_gpu_test.log" 2>&1
 summary ll_gpu_test $? "$(gtest_key "$OUT/ll_gpu_test.log")"
 grep -E "^\[  (PASSED|FAILED) |FAILED  \]" "$OUT/ll_gpu_test.log" | head -20
-timeout 90 $B/ll_kernel_bench > "$OUT/ll_kernel_bench.log" 2>&1
+timeout $((90 * S)) $B/ll_kernel_bench > "$OUT/ll_kernel_bench.log" 2>&1
 summary ll_kernel_bench $? "$(grep -c "^BENCH" "$OUT/ll_kernel_bench.log") BENCH lines"
 grep -E "^BENCH|^PHASES rank 0 tokens (1|128) fused" "$OUT/ll_kernel_bench.log" | head -12
 # A small grid: every block takes many local experts (and its share of the
 # slot lists in several rounds), every send warp many units.
-MOE_EP_TEST_SMS=6 timeout 120 $B/ll_gpu_test > "$OUT/ll_gpu_test_sms6.log" 2>&1
+MOE_EP_TEST_SMS=6 timeout $((120 * S)) $B/ll_gpu_test > "$OUT/ll_gpu_test_sms6.log" 2>&1
 summary ll_gpu_test_sms6 $? "$(gtest_key "$OUT/ll_gpu_test_sms6.log")"
 # One SM: every local expert in one receive block, one after another; the
 # hot-expert cases put 2048 slots into that block.
-MOE_EP_TEST_SMS=1 timeout 120 $B/ll_gpu_test \
+MOE_EP_TEST_SMS=1 timeout $((120 * S)) $B/ll_gpu_test \
   --gtest_filter='*Hot*:*LsaFp8H7168*:*GinEmuFp8H7168*:*Repeated*:*LsaExpertLists*:*DoubleBuffered*' \
   > "$OUT/ll_gpu_test_sms1.log" 2>&1
 summary ll_gpu_test_sms1 $? "$(gtest_key "$OUT/ll_gpu_test_sms1.log")"
@@ -287,80 +303,80 @@ prepare_layout   # one GPU is enough; the API runs below check prepare too
 set_reuse
 MOE_EP_TEST_WORLD=1 timeout 60 $B/ll_gpu_test > "$OUT/ll_gpu_test_world1.log" 2>&1
 summary ll_gpu_test_world1 $? "$(gtest_key "$OUT/ll_gpu_test_world1.log")"
-api ep2_lsa_fp8 2 50 --experts=256 --max_tokens=128 --dtype=fp8 --layers=7168:8,2048:1 --seeds=1
+api ${E}_lsa_fp8 $N $((50 * S)) --experts=256 --max_tokens=128 --dtype=fp8 --layers=7168:8,2048:1 --seeds=1
 # Weights given to dispatch: expert-side partials (all ranks; even ranks
 # only over GIN-emulated; CUDA-graph replays).
-api ep2_lsa_fp8_dispatch_weights 2 50 --experts=256 --max_tokens=128 --dtype=fp8 \
+api ${E}_lsa_fp8_dispatch_weights $N $((50 * S)) --experts=256 --max_tokens=128 --dtype=fp8 \
   --layers=7168:8,2048:1 --seeds=2 --dispatch_weights=1
-api ep2_ginemu_dispatch_weights_mixed 2 50 --transport=gin_emulated --experts=64 \
+api ${E}_ginemu_dispatch_weights_mixed $N $((50 * S)) --transport=gin_emulated --experts=64 \
   --max_tokens=64 --layers=4096:8,2048:2 --seeds=2 --dispatch_weights=mixed
-api ep2_graph_dispatch_weights 2 40 --scenario=graph --experts=64 --max_tokens=32 \
+api ${E}_graph_dispatch_weights $N $((40 * S)) --scenario=graph --experts=64 --max_tokens=32 \
   --layers=2048:8 --seeds=100 --dispatch_weights=1
 # bf16 hidden a multiple of 8 but not of 128 (2880: gpt-oss; 1032, 2056)
 # in both combine modes, bit-exact against the oracle: LSA with weights at
 # combine and at dispatch, GIN-emulated with weights at combine and on even
 # ranks only (one rank of each mode in the same run).
-api ep2_lsa_bf16_h2880 2 50 --dtype=bf16 --experts=64 --max_tokens=128 \
+api ${E}_lsa_bf16_h2880 $N $((50 * S)) --dtype=bf16 --experts=64 --max_tokens=128 \
   --layers=2880:9,1032:4 --seeds=2
-api ep2_lsa_bf16_h2880_dispatch_weights 2 50 --dtype=bf16 --experts=64 --max_tokens=128 \
+api ${E}_lsa_bf16_h2880_dispatch_weights $N $((50 * S)) --dtype=bf16 --experts=64 --max_tokens=128 \
   --layers=2880:9,1032:4 --seeds=2 --dispatch_weights=1
-api ep2_ginemu_bf16_h2880 2 50 --transport=gin_emulated --dtype=bf16 --experts=64 \
+api ${E}_ginemu_bf16_h2880 $N $((50 * S)) --transport=gin_emulated --dtype=bf16 --experts=64 \
   --max_tokens=64 --layers=2880:4,2056:8 --seeds=2
-api ep2_ginemu_bf16_h2880_dispatch_weights_mixed 2 50 --transport=gin_emulated --dtype=bf16 \
+api ${E}_ginemu_bf16_h2880_dispatch_weights_mixed $N $((50 * S)) --transport=gin_emulated --dtype=bf16 \
   --experts=64 --max_tokens=64 --layers=2880:4,2056:8 --seeds=2 --dispatch_weights=mixed
-timeout 90 $B/moe_ep_run -n 2 --timeout_s 85 -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
+timeout $((90 * S)) $B/moe_ep_run -n $N --timeout_s $((85 * S)) -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
   --warmup=50 --json="$OUT/bench.json" > "$OUT/bench.log" 2>&1
 summary bench $? "$(bench_key "$OUT/bench.log")"
 grep -A22 "^latency" "$OUT/bench.log"
 # The same with the weights at combine only (one row back per (token, expert)).
-timeout 90 $B/moe_ep_run -n 2 --timeout_s 85 -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
+timeout $((90 * S)) $B/moe_ep_run -n $N --timeout_s $((85 * S)) -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
   --warmup=50 --dispatch_weights=false --json="$OUT/bench_slots.json" > "$OUT/bench_slots.log" 2>&1
 summary bench_slots $? "$(bench_key "$OUT/bench_slots.log")"
 grep -A22 "^latency" "$OUT/bench_slots.log" | grep -E "^(fp8|bf16) .* (1|128|256) "
 if [ "$MODE" = quick ]; then cat "$OUT/summary.txt"; exit 0; fi
-timeout 150 $B/moe_ep_run -n 2 --timeout_s 140 -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
+timeout $((150 * S)) $B/moe_ep_run -n $N --timeout_s $((140 * S)) -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
   --warmup=50 --graph --json="$OUT/bench_graph.json" > "$OUT/bench_graph.log" 2>&1
 summary bench_graph $? "$(bench_key "$OUT/bench_graph.log")"
 grep -A24 "^latency" "$OUT/bench_graph.log"
 # The engine-provided communicator path: the groups adopt the bench's own
 # ncclComm (recv_count checked against the routing after every warm-up),
 # and the bench keeps using that communicator after each group is gone.
-timeout 90 $B/moe_ep_run -n 2 --timeout_s 85 -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
+timeout $((90 * S)) $B/moe_ep_run -n $N --timeout_s $((85 * S)) -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
   --adopt_comm --tokens=8,128 --iters=50 --warmup=5 > "$OUT/bench_adopt.log" 2>&1
 summary bench_adopt $? "$(bench_key "$OUT/bench_adopt.log")"
 grep -E "adopt|^fp8 .* 128 |^bf16 .* 128 " "$OUT/bench_adopt.log" | head -5
 ht_suite
-api ep2_graph 2 40 --scenario=graph --experts=64 --max_tokens=32 --layers=2048:8 --seeds=100
-api ep2_routing 2 30 --scenario=routing --experts=64 --max_tokens=16 --layers=1024:4
+api ${E}_graph $N $((40 * S)) --scenario=graph --experts=64 --max_tokens=32 --layers=2048:8 --seeds=100
+api ${E}_routing $N $((30 * S)) --scenario=routing --experts=64 --max_tokens=16 --layers=1024:4
 # A bf16 group whose dispatches name their own fp8 format (params->format).
-api ep2_per_call_fp8 2 40 --per_call_format=1 --experts=64 --max_tokens=32 --dtype=fp8 \
+api ${E}_per_call_fp8 $N $((40 * S)) --per_call_format=1 --experts=64 --max_tokens=32 --dtype=fp8 \
   --scale=ue8m0_packed --layers=7168:8,2048:2 --seeds=1 --dispatch_weights=1
-api ep2_ginemu_per_call_fp8 2 40 --transport=gin_emulated --per_call_format=1 --experts=64 \
+api ${E}_ginemu_per_call_fp8 $N $((40 * S)) --transport=gin_emulated --per_call_format=1 --experts=64 \
   --max_tokens=32 --dtype=fp8 --layers=4096:8 --seeds=1
 # Two-batch overlap: hooks run and handles freed on a second host thread
 # while the first dispatches and combines the other micro-batch.
-api ep2_threads 2 60 --scenario=threads --iterations=100 --experts=64 --max_tokens=32 \
+api ${E}_threads $N $((60 * S)) --scenario=threads --iterations=100 --experts=64 --max_tokens=32 \
   --dtype=fp8 --layers=2048:8 --dispatch_weights=mixed
-MOE_EP_DOUBLE_BUFFER=false api ep2_single_set 2 30 --experts=64 --max_tokens=32 \
+MOE_EP_DOUBLE_BUFFER=false api ${E}_single_set $N $((30 * S)) --experts=64 --max_tokens=32 \
   --layers=2048:8 --seeds=1 --hooks=0
-api ep2_skip_timeout 2 20 --scenario=skip --experts=8 --max_tokens=8 --layers=128:2 --kernel_ms=2000
+api ${E}_skip_timeout $N $((20 * S)) --scenario=skip --experts=8 --max_tokens=8 --layers=128:2 --kernel_ms=2000
 sed 's/backend: host/backend: nccl/' $B/demo.yaml > "$OUT/demo_nccl.yaml"
-timeout 30 $B/moe_ep_run -n 2 -- $B/moe_ep_demo --config "$OUT/demo_nccl.yaml" \
+timeout $((30 * S)) $B/moe_ep_run -n $N -- $B/moe_ep_demo --config "$OUT/demo_nccl.yaml" \
   --plugin $B/libmoe_ep.so --steps 50 --verify > "$OUT/demo.log" 2>&1
 summary demo $? "$(awk '$1 ~ /^[0-9]+$/ && NF >= 8 { split($NF, v, "/"); ok += v[1]; all += v[2] }
   END { printf "%d of %d combines verified", ok, all }' "$OUT/demo.log")"; tail -3 "$OUT/demo.log"
-MOE_EP_TEST_TRACE=1 api ep2_ginemu_trace 2 25 --transport=gin_emulated --experts=256 \
+MOE_EP_TEST_TRACE=1 api ${E}_ginemu_trace $N $((25 * S)) --transport=gin_emulated --experts=256 \
   --max_tokens=128 --layers=7168:8 --seeds=1 --hooks=0 --kernel_ms=3000
 # GIN requested where no RDMA NIC exists: group_create refuses with NCCL's
 # reason, no hang.
-api_refused gin_request 2 15 'GIN not supported' --transport=gin --experts=8 --max_tokens=8 --layers=128:2
+api_refused gin_request $N $((15 * S)) 'GIN not supported' --transport=gin --experts=8 --max_tokens=8 --layers=128:2
 # A runtime NCCL other than the headers' (the system's copy): group_create
 # must refuse, naming both versions.
-MOE_EP_NCCL_LIBRARY=/usr/lib/x86_64-linux-gnu/libnccl.so.2 api_refused nccl_version_refused 2 15 \
+MOE_EP_NCCL_LIBRARY=/usr/lib/x86_64-linux-gnu/libnccl.so.2 api_refused nccl_version_refused $N $((15 * S)) \
   version --experts=8 --max_tokens=8 --layers=128:2
 api ep1_bf16 1 20 --experts=8 --max_tokens=64 --layers=2048:2 --seeds=1
 for tool in memcheck racecheck; do
-  sanitize $tool $tool 2 85 $B/conformance_worker --plugin=$B/libmoe_ep.so --backend=nccl \
+  sanitize $tool $tool $N $((85 * S)) $B/conformance_worker --plugin=$B/libmoe_ep.so --backend=nccl \
     --experts=8 --max_tokens=4 --layers=256:2 --seeds=1 --hooks=0
 done
 cat "$OUT/summary.txt"

@@ -277,6 +277,12 @@ const Case kBf16Odd = {2056, 1, 256, 0, 0, 4, {1, 0}, 15};
 const Case kFp8PackedI64Big = {7168, 8, 256, 1, MOE_EP_FP8_SCALE_UE8M0_PACKED, 8, {128, 37}, 16};
 const Case kFp8PackedI64Odd = {2176, 4, 64, 1, MOE_EP_FP8_SCALE_UE8M0_PACKED, 8, {45, 128}, 17};
 const Case kFp8Hot = {7168, 8, 256, 1, MOE_EP_FP8_SCALE_F32, 4, {128, 128}, 18, true};
+// Token counts cycling 128, 0, 37 over the ranks: from 3 ranks on, a rank
+// with nothing to send sits between ranks that send (its count words and
+// list slots must still arrive), and combine sums partials from several
+// ranks; at 2 ranks the second sends nothing.
+const Case kFp8SomeRanksIdle = {7168, 8, 256, 1, MOE_EP_FP8_SCALE_F32, 8, {128, 0, 37}, 22};
+const Case kBf16SomeRanksIdle = {2048, 6, 64, 0, 0, 4, {128, 0, 37}, 23};
 // +-inf and NaN in the tokens (make_inputs): codes and scales exactly the
 // oracle's under moe_ep.h's rule, for each scale format; 2176 channels put
 // groups past the quantiser's 512-channel step.
@@ -298,6 +304,8 @@ TEST_F(LlGpu, GinEmuFp8Ue8m0H2048Top8E8) { round_trip(kFp8Ue8m0, MEP_LL_TRANSPOR
 TEST_F(LlGpu, LsaFp8PackedI64H7168Top8E256) { round_trip(kFp8PackedI64Big, MEP_LL_TRANSPORT_LSA); }
 TEST_F(LlGpu, LsaFp8PackedI64H2176Top4E64) { round_trip(kFp8PackedI64Odd, MEP_LL_TRANSPORT_LSA); }
 TEST_F(LlGpu, GinEmuFp8PackedI64H2176Top4E64) { round_trip(kFp8PackedI64Odd, MEP_LL_TRANSPORT_GIN_EMULATED); }
+TEST_F(LlGpu, LsaFp8H7168TokensOnSomeRanks) { round_trip(kFp8SomeRanksIdle, MEP_LL_TRANSPORT_LSA); }
+TEST_F(LlGpu, GinEmuBf16H2048TokensOnSomeRanks) { round_trip(kBf16SomeRanksIdle, MEP_LL_TRANSPORT_GIN_EMULATED); }
 TEST_F(LlGpu, GinEmuBf16H2056Top1OneToken) { round_trip(kBf16Odd, MEP_LL_TRANSPORT_GIN_EMULATED); }
 // Every slot on rank 0's experts 0..7 (run_device.sh also runs these on a
 // 1-SM grid: every local expert, and 2048 slots, in one receive block).

@@ -130,6 +130,30 @@ TEST(HtLink, NodeSplitRules) {
   }
 }
 
+// The same rules at the sizes of one 4- and 8-GPU node: any divisor of the
+// world is a node size (nodes of 1, 2, 4 GPUs), nothing else is.
+TEST(HtLink, NodeSplitRulesAtFourAndEightRanks) {
+  mep_ht_dispatch_args_t a = Dispatch();
+  a.num_tokens = 3;
+  for (int world : {4, 8}) {
+    for (int node_ranks = 1; node_ranks <= world + 1; node_ranks++) {
+      mep_ht_dims_t d = Dims(world, 64);
+      d.node_ranks = node_ranks;
+      mep_ht_ctx_t ctx = Ctx(d);
+      ctx.transport = MEP_HT_TRANSPORT_GIN_EMULATED;
+      const std::string why = Refusal(mep_ht_dispatch(&ctx, &a, nullptr));
+      if (world % node_ranks == 0) {
+        EXPECT_NE(why.find("is NULL with 3 tokens"), std::string::npos)
+            << "world " << world << " node_ranks " << node_ranks << ": " << why;
+      } else {
+        const std::string rule = "transport 3 with node_ranks " + std::to_string(node_ranks) +
+                                 " (world " + std::to_string(world) + ")";
+        EXPECT_NE(why.find(rule), std::string::npos) << "rule '" << rule << "', got: " << why;
+      }
+    }
+  }
+}
+
 TEST(HtLink, CombineNeedsTheDispatchsChannels) {
   const mep_ht_ctx_t ctx = Ctx(Dims(2, 64));
   mep_ht_combine_args_t c = {};
@@ -156,8 +180,26 @@ TEST(HtLayout, WindowIsIndependentOfTokens) {
   EXPECT_LT(w.bytes, 128ull << 20);  // EP2, hidden 7168: under 128 MiB
 }
 
+// The window grows with the ranks (one ring set per peer and channel) and
+// stays modest on one 8-GPU node at hidden 7168: under 512 MiB over NVLink,
+// under 1 GiB with the network's staging rings.
+TEST(HtLayout, WindowAtFourAndEightRanks) {
+  uint64_t prev = 0;
+  for (int world : {2, 4, 8}) {
+    mep_ht_dims_t d = Dims(world, 8192);
+    const uint64_t lsa = mep_ht_buffer_bytes(&d);
+    d.node_ranks = world / 2;
+    const uint64_t net = mep_ht_buffer_bytes(&d);
+    EXPECT_GT(lsa, prev) << "world " << world;
+    EXPECT_GT(net, lsa) << "world " << world;
+    EXPECT_LT(lsa, 512ull << 20) << "world " << world;
+    EXPECT_LT(net, 1ull << 30) << "world " << world;
+    prev = lsa;
+  }
+}
+
 TEST(HtLayout, RegionsDoNotOverlap) {
-  for (int world : {1, 2, 7, 16}) {
+  for (int world : {1, 2, 4, 7, 8, 16}) {
     const mep_ht_dims_t d = Dims(world, 128);
     const mep_ht_window_t w = mep_ht_window_layout(&d);
     const uint64_t words = (uint64_t)world * MEP_HT_MAX_CHANNELS * 8u;
@@ -177,7 +219,7 @@ TEST(HtLayout, RegionsDoNotOverlap) {
 // Network peers add their count words, staged copies, signal words and
 // staging rings as large as the rings; an NVLink-only group has none.
 TEST(HtLayout, NetworkRegions) {
-  for (int world : {1, 2, 16}) {
+  for (int world : {1, 2, 4, 8, 16}) {
     mep_ht_dims_t d = Dims(world, 128);
     const mep_ht_window_t lsa = mep_ht_window_layout(&d);
     EXPECT_EQ(lsa.disp_stage, lsa.bytes);

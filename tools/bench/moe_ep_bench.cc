@@ -150,7 +150,11 @@ int Main(int argc, char** argv) {
   CUDA_CHECK(cudaGetDeviceCount(&ndev));
   if (local_rank >= ndev) Die("MOE_EP_LOCAL_RANK=%d but only %d CUDA devices are visible", local_rank, ndev);
   s.dev = local_rank;
-  s.peer_dev = world > 1 ? (local_rank + 1) % world : -1;
+  // The peer-copy ceiling copies to the next GPU of this node's ranks (one
+  // GPU per local rank): never a GPU of another node, never one outside
+  // the group when the node shows more GPUs than the group uses.
+  const int node_gpus = world < ndev ? world : ndev;
+  s.peer_dev = node_gpus > 1 ? (local_rank + 1) % node_gpus : -1;
   if (s.peer_dev >= ndev) Die("peer GPU %d (for the peer-copy ceiling) is not visible: %d devices", s.peer_dev, ndev);
   CUDA_CHECK(cudaSetDevice(s.dev));
   cudaDeviceProp prop;
