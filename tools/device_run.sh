@@ -122,27 +122,35 @@ set_reuse() {
   grep -E "^\[  (PASSED|FAILED) |FAILED  \]" "$OUT/set_reuse.log" | head -4
 }
 # ab: this bundle against each variant under .gpu_bundle/ab/<name>/ (a
-# libmoe_ep.so and ll_kernel_bench built from another tree) on 2 GPUs, taking
-# turns so drift hits all: the fused dispatch's phase stamps, then the
-# eager bench.
+# libmoe_ep.so, and ll_kernel_bench where dispatch changed, built from
+# another tree) on the group's
+# GPUs (EP1 on a 1-GPU machine), taking turns so drift hits all: the fused
+# dispatch's phase stamps, then the eager bench (both combine modes).
 if [ "$MODE" = ab ]; then
+  # Variants may travel packed (a bundle has a size limit): ab.tar.xz holds ab/.
+  [ -f $B/ab.tar.xz ] && tar xJf $B/ab.tar.xz -C $B
   for round in 1 2; do
     for D in $B $B/ab/*; do
       [ -f "$D/libmoe_ep.so" ] || continue
       name=$(basename "$D"); [ "$D" = $B ] && name=cur
-      timeout $((60 * S)) $D/ll_kernel_bench phases > "$OUT/stamps_${name}_$round.log" 2>&1
-      summary "stamps_${name}_$round" $?
-      grep -E "^PHASES rank 0" "$OUT/stamps_${name}_$round.log" | sed "s/^/$name $round: /"
+      # (a variant without its own ll_kernel_bench changed no dispatch code)
+      if [ -f "$D/ll_kernel_bench" ]; then
+        timeout $((60 * S)) $D/ll_kernel_bench phases > "$OUT/stamps_${name}_$round.log" 2>&1
+        summary "stamps_${name}_$round" $?
+        grep -E "^PHASES rank 0" "$OUT/stamps_${name}_$round.log" | sed "s/^/$name $round: /"
+      fi
       timeout $((90 * S)) $B/moe_ep_run -n $N --timeout_s $((85 * S)) -- $B/moe_ep_bench --plugin=$D/libmoe_ep.so \
-        --dtype=fp8 --tokens=1,8,128,256 --warmup=50 > "$OUT/bench_${name}_$round.log" 2>&1
+        --dtype=fp8 --tokens=1,8,32,128,256 --warmup=50 > "$OUT/bench_${name}_$round.log" 2>&1
       summary "bench_${name}_$round" $?
-      grep -E "^fp8 .*\| .*\| " "$OUT/bench_${name}_$round.log" | head -8 | cut -c1-98 | sed "s/^/$name $round: /"
-      # several local experts per receive block: a 24-SM grid, and 1024 experts
-      for extra in --num_sms=24 --experts=1024; do
+      grep -E "^fp8 .*\| .*\| " "$OUT/bench_${name}_$round.log" | head -10 | cut -c1-116 | sed "s/^/$name $round: /"
+      # several local experts per receive block (a 24-SM grid, and 1024
+      # experts); the per-slot combine (weights at combine only)
+      for extra in --num_sms=24 --experts=1024 --dispatch_weights=false; do
+        tok=1,128; [ $extra = --dispatch_weights=false ] && tok=1,32,128,256
         timeout $((90 * S)) $B/moe_ep_run -n $N --timeout_s $((85 * S)) -- $B/moe_ep_bench --plugin=$D/libmoe_ep.so \
-          --dtype=fp8 --tokens=1,128 --warmup=50 $extra > "$OUT/bench_${name}_${extra#--}_$round.log" 2>&1
+          --dtype=fp8 --tokens=$tok --warmup=50 $extra > "$OUT/bench_${name}_${extra#--}_$round.log" 2>&1
         summary "bench_${name}_${extra#--}_$round" $?
-        grep -E "^fp8 .*\| .*\| " "$OUT/bench_${name}_${extra#--}_$round.log" | head -4 | cut -c1-98 | sed "s/^/$name $round $extra: /"
+        grep -E "^fp8 .*\| .*\| " "$OUT/bench_${name}_${extra#--}_$round.log" | head -8 | cut -c1-116 | sed "s/^/$name $round $extra: /"
       done
     done
   done

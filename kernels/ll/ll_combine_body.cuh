@@ -27,9 +27,27 @@ struct MepCombineArgs {
   const mep_ll_route_t *route;
   const int32_t *src_tokens; /* per source: tokens | MEP_LL_SRC_WEIGHTED */
   int partials;              /* this rank's dispatch was weighted */
+  int recv_steps;            /* 256-channel steps per receive unit */
 };
 
 #include "kernels/ll/ll_combine_partial.cuh"
+
+/* Steps (256 channels) of one per-slot receive unit: a lane loads that
+ * many vectors of each of a batch of 8 slots before the first FMA (EP1,
+ * H200, hidden 7168: the receive half at 128 / 256 tokens 10.3 / 14.4 ->
+ * 9.5 / 12.8 us against one step; no change at 1-32 tokens). */
+constexpr int kMepSlotRecvSteps = 2;
+
+/* Steps per receive unit: per-slot sums kMepSlotRecvSteps; partial sums
+ * one while a unit per warp of the whole grid covers the call, else
+ * kMepPartialWideSteps (EP1, H200, hidden 7168: 128 / 256 tokens 7.8 /
+ * 10.5 -> 6.8 / 7.3 us; at 8-32 tokens 0.2-0.5 us slower than one step). */
+static inline int mep_combine_recv_steps(const mep_ll_ctx_t *ctx,
+                                         const mep_ll_combine_args_t *a) {
+  if (!a->partials) return kMepSlotRecvSteps;
+  const int64_t units = (int64_t)a->num_tokens * ((a->hidden + 255) / 256);
+  return units <= (int64_t)mep_ll_grid(ctx) * (MEP_LL_THREADS / 32) ? 1 : kMepPartialWideSteps;
+}
 
 static inline MepCombineArgs mep_combine_args(const mep_ll_ctx_t *ctx,
                                               const mep_ll_combine_args_t *a) {
@@ -49,6 +67,7 @@ static inline MepCombineArgs mep_combine_args(const mep_ll_ctx_t *ctx,
   k.route = a->route;
   k.src_tokens = a->src_tokens;
   k.partials = a->partials != 0;
+  k.recv_steps = mep_combine_recv_steps(ctx, a);
   return k;
 }
 
@@ -84,9 +103,10 @@ static inline size_t mep_combine_recv_smem(const mep_ll_ctx_t *ctx) {
   return (size_t)ctx->dims.world * 2 * sizeof(uint64_t);
 }
 
-/* Receive units: (token, 256-channel chunk), one per warp. */
-static inline int64_t mep_combine_recv_units(const mep_ll_combine_args_t *a) {
-  return (int64_t)a->num_tokens * ((a->hidden + 255) / 256);
+/* Receive units, one per warp: (token, k->recv_steps 256-channel steps). */
+static inline int64_t mep_combine_recv_units(const MepCombineArgs *k) {
+  const int step = 256 * k->recv_steps;
+  return (int64_t)k->tokens * ((k->hidden + step - 1) / step);
 }
 
 /* smem: E_local + R ints of dynamic shared memory (rows per local expert,
@@ -97,7 +117,7 @@ __device__ __forceinline__ void mep_combine_send_body(const MepLLParams &p,
                                                       const MepCombineArgs &a, int *smem) {
   const int lane = threadIdx.x & 31;
   const int nwarps = gridDim.x * (MEP_LL_THREADS / 32);
-  const int gwarp = blockIdx.x * (MEP_LL_THREADS / 32) + threadIdx.x / 32;
+  const int gwarp = mep_ll_spread_warp();
   const int R = p.dims.world, cap = R * p.dims.max_tokens;
   const int EL = a.local_experts;
   const uint32_t row_bytes = (uint32_t)a.hidden * 2u;
@@ -183,27 +203,31 @@ __device__ __forceinline__ void mep_combine_send_body(const MepLLParams &p,
 template <typename IdxT>
 __device__ __forceinline__ void mep_combine_sum_slots(const MepLLParams &p,
                                                       const MepCombineArgs &a) {
+  constexpr int S = kMepSlotRecvSteps;
   const int lane = threadIdx.x & 31;
-  /* Work unit = (token, 256-channel chunk): T * ceil(H / 256) units spread
-   * over every warp of the grid (not one warp per token), and each unit
-   * issues the loads of up to 8 slots' rows before the first FMA. No
+  /* Work unit = (token, S 256-channel steps): T * ceil(H / 256 S) units
+   * spread over every warp of the grid (not one warp per token), and each
+   * unit issues the loads of up to 8 slots' rows before the first FMA. No
    * shuffles: every branch below may diverge safely (a hidden that is not a
-   * multiple of 256 leaves some lanes of the last chunk idle). */
+   * multiple of 256 leaves some lanes of the last step idle). */
   const int nwarps = gridDim.x * (MEP_LL_THREADS / 32);
-  const int gwarp = blockIdx.x * (MEP_LL_THREADS / 32) + threadIdx.x / 32;
+  const int gwarp = mep_ll_spread_warp();
   const int K = a.top_k;
   const uint32_t row_elems = (uint32_t)a.hidden;
-  const int nchunks = (a.hidden + 255) / 256;
+  const int nunits = (a.hidden + S * 256 - 1) / (S * 256);
   const __nv_bfloat16 *region =
       reinterpret_cast<const __nv_bfloat16 *>(p.xp.local + p.set_off + p.lay.comb_recv);
   const IdxT *topk = reinterpret_cast<const IdxT *>(a.topk);
-  for (int u = gwarp; u < a.tokens * nchunks; u += nwarps) {
-    const int t = u / nchunks;
-    const int c = (u - t * nchunks) * 256 + lane * 8;
-    const bool valid = c < a.hidden;
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  for (int u = gwarp; u < a.tokens * nunits; u += nwarps) {
+    const int t = u / nunits;
+    const int c = (u - t * nunits) * S * 256 + lane * 8;
+    float acc[S][8];
+#pragma unroll
+    for (int j = 0; j < S; ++j)
+#pragma unroll
+      for (int q = 0; q < 8; ++q) acc[j][q] = 0.f;
     for (int k0 = 0; k0 < K; k0 += 8) {
-      uint4 v[8];
+      uint4 v[8][S];
       float w[8];
       bool use[8];
 #pragma unroll
@@ -213,18 +237,29 @@ __device__ __forceinline__ void mep_combine_sum_slots(const MepLLParams &p,
          * 2^31 must not wrap into a valid expert) */
         const IdxT e = k < K ? topk[t * K + k] : (IdxT)-1;
         w[i] = k < K ? a.weights[t * K + k] : 0.f;
-        use[i] = valid && e >= 0 && e < (IdxT)a.num_experts;
-        v[i] = use[i] ? __ldcg(reinterpret_cast<const uint4 *>(
-                            region + (size_t)(t * K + k) * row_elems + c))
-                      : make_uint4(0u, 0u, 0u, 0u);
+        use[i] = e >= 0 && e < (IdxT)a.num_experts;
+        const __nv_bfloat16 *row = region + (size_t)(t * K + k) * row_elems;
+#pragma unroll
+        for (int j = 0; j < S; ++j) {
+          const int cj = c + j * 256;
+          v[i][j] = use[i] && cj < a.hidden ? __ldcg(reinterpret_cast<const uint4 *>(row + cj))
+                                           : make_uint4(0u, 0u, 0u, 0u);
+        }
       }
       /* k ascending, one fmaf per slot: the documented (deterministic)
        * order, unchanged. */
 #pragma unroll
       for (int i = 0; i < 8; ++i)
-        if (use[i]) mep_bf16x8_fma(acc, v[i], w[i]);
+        if (use[i])
+#pragma unroll
+          for (int j = 0; j < S; ++j) mep_bf16x8_fma(acc[j], v[i][j], w[i]);
     }
-    if (valid) *reinterpret_cast<uint4 *>(a.out + (size_t)t * a.hidden + c) = mep_bf16x8_pack(acc);
+#pragma unroll
+    for (int j = 0; j < S; ++j) {
+      const int cj = c + j * 256;
+      if (cj < a.hidden)
+        *reinterpret_cast<uint4 *>(a.out + (size_t)t * a.hidden + cj) = mep_bf16x8_pack(acc[j]);
+    }
   }
 }
 

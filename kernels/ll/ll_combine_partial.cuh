@@ -19,40 +19,68 @@
 #include "kernels/common/bf16_vec.cuh"
 #include "kernels/ll/ll_launch.cuh"
 
-/* Channels of one step: a lane's 8 bf16 channels, 256 per warp. */
+/* Channels of one warp step: a lane's 8 bf16 channels (one uint4), 256
+ * per warp. */
 constexpr int kMepPartialStep = 256;
+/* Steps of one work unit when the units would take more than a pass or two
+ * of the grid's warps (large batches, small grids): a lane then keeps every
+ * step of a batch of slots in flight at once (steps x batch = 16 uint4
+ * loads), so a warp has 8 KB outstanding instead of one 512-byte step per
+ * slot; the reductions are bound by load latency (one block of 16 warps
+ * per SM), and fewer, longer units leave no partial last pass. Small
+ * batches keep one step per unit: more warps, each on its own SM
+ * (mep_ll_spread_warp), finish sooner. EP1, H200, hidden 7168, 256
+ * experts: the send half at 256 tokens 19.6 -> 17.2 us, at 128 tokens
+ * with 24 SMs 24.5 -> 19.7 us; at 1-8 tokens 1.1-1.5 us slower with 4
+ * steps than with 1. */
+constexpr int kMepPartialWideSteps = 4;
 /* Channels of one staged put (GIN, GIN-emulated): a row goes in pieces, so
  * a row's steps spread over several warps instead of one warp walking the
  * whole row (7168 channels: 7 warps of 4 steps, not 1 warp of 28). */
 constexpr int kMepPartialPiece = 1024;
 
-/* Lane `lane` (< 32) of a warp computes channels [c, c + 8) of the partial
- * from the slots whose bits are set in `live` (k order); entries holds lane
- * k's route. Every lane runs every shuffle (live is warp-uniform). */
-__device__ __forceinline__ uint4 mep_partial_chunk(const __nv_bfloat16 *y, int hidden,
-                                                   mep_ll_route_t entry, unsigned live, int c) {
-  const bool valid = c < hidden;
-  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  while (live != 0) {
-    uint4 v[8];
-    float w[8];
-    bool use[8];
+/* Lane `lane` (< 32) of a warp computes channels [c + 256 j, c + 256 j + 8)
+ * for j < S (those below `limit`; rows are `hidden` channels) of the partial from the slots whose bits are set in `live` (k
+ * order, batches of 16 / S slots); entries holds lane k's route. Every
+ * lane runs every shuffle (live is warp-uniform). Per channel the sum is
+ * the same fmaf chain in k order whatever S is. */
+template <int S>
+__device__ __forceinline__ void mep_partial_chunks(const __nv_bfloat16 *y, int hidden, int limit,
+                                                   mep_ll_route_t entry, unsigned live, int c,
+                                                   uint4 out[S]) {
+  constexpr int B = S >= 2 ? 16 / S : 8;
+  float acc[S][8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+  for (int j = 0; j < S; ++j)
+#pragma unroll
+    for (int q = 0; q < 8; ++q) acc[j][q] = 0.f;
+  while (live != 0) {
+    uint4 v[B][S];
+    float w[B];
+    bool use[B];
+#pragma unroll
+    for (int i = 0; i < B; ++i) {
       use[i] = live != 0;
       const int k = use[i] ? __ffs(live) - 1 : 0;
       live &= live - 1u;
       const int slot = __shfl_sync(0xffffffffu, entry.slot, k);
       w[i] = __int_as_float(__shfl_sync(0xffffffffu, entry.weight_bits, k));
-      v[i] = use[i] && valid
-                 ? __ldg(reinterpret_cast<const uint4 *>(y + (size_t)slot * hidden + c))
-                 : make_uint4(0u, 0u, 0u, 0u);
+      const __nv_bfloat16 *row = y + (size_t)slot * hidden;
+#pragma unroll
+      for (int j = 0; j < S; ++j) {
+        const int cj = c + j * kMepPartialStep;
+        v[i][j] = use[i] && cj < limit ? __ldg(reinterpret_cast<const uint4 *>(row + cj))
+                                        : make_uint4(0u, 0u, 0u, 0u);
+      }
     }
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
-      if (use[i]) mep_bf16x8_fma(acc, v[i], w[i]);
+    for (int i = 0; i < B; ++i)
+      if (use[i])
+#pragma unroll
+        for (int j = 0; j < S; ++j) mep_bf16x8_fma(acc[j], v[i][j], w[i]);
   }
-  return mep_bf16x8_pack(acc);
+#pragma unroll
+  for (int j = 0; j < S; ++j) out[j] = mep_bf16x8_pack(acc[j]);
 }
 
 /* The send half's partial rows for the weighted sources (src_s: their
@@ -61,17 +89,17 @@ __device__ __forceinline__ uint4 mep_partial_chunk(const __nv_bfloat16 *y, int h
  * transports compute a kMepPartialPiece-channel piece into the staging row,
  * then put it with a row signal, counted in comb_puts for the count signal
  * the caller sends. */
-template <class Tp>
-__device__ __forceinline__ void mep_combine_send_partials(const MepLLParams &p,
-                                                          const MepCombineArgs &a,
-                                                          const int *src_s, int longest) {
+template <class Tp, int S>
+__device__ __forceinline__ void mep_combine_send_partials_at(const MepLLParams &p,
+                                                             const MepCombineArgs &a,
+                                                             const int *src_s, int longest) {
   const int lane = threadIdx.x & 31;
   const int nwarps = gridDim.x * (MEP_LL_THREADS / 32);
-  const int gwarp = blockIdx.x * (MEP_LL_THREADS / 32) + threadIdx.x / 32;
+  const int gwarp = mep_ll_spread_warp();
   const int R = p.dims.world, M = p.dims.max_tokens, K = a.top_k;
   const uint32_t row_bytes = (uint32_t)a.hidden * 2u;
   const uint32_t row_sig = mep_ll_sig_comb_row(&p.dims, p.xp.rank);
-  const int piece = Tp::kStaged ? kMepPartialPiece : kMepPartialStep;
+  const int piece = Tp::kStaged ? kMepPartialPiece : kMepPartialStep * S;
   const int npieces = (a.hidden + piece - 1) / piece;
   /* token-major, so the first pass of the grid covers every source's first
    * tokens */
@@ -91,19 +119,27 @@ __device__ __forceinline__ void mep_combine_send_partials(const MepLLParams &p,
         p.set_off + p.lay.comb_recv + (uint64_t)(t * K + kf) * row_bytes + 2u * (uint64_t)c0;
     if constexpr (!Tp::kStaged) {
       const int c = c0 + lane * 8;
-      const uint4 o = mep_partial_chunk(a.y, a.hidden, entry, live, c);
-      if (c < a.hidden)
-        *reinterpret_cast<uint4 *>(static_cast<char *>(Tp::peer_ptr(p.xp, s, dst_off)) +
-                                   16 * lane) = o;
+      uint4 o[S];
+      mep_partial_chunks<S>(a.y, a.hidden, a.hidden, entry, live, c, o);
+      char *dst = static_cast<char *>(Tp::peer_ptr(p.xp, s, dst_off)) + 16 * lane;
+#pragma unroll
+      for (int j = 0; j < S; ++j)
+        if (c + j * kMepPartialStep < a.hidden)
+          *reinterpret_cast<uint4 *>(dst + 2 * j * kMepPartialStep) = o[j];
     } else {
       /* GIN reads its source from the window: stage the piece. */
       const uint64_t stage_off = p.set_off + p.lay.stage_partial +
                                  ((uint64_t)s * M + t) * row_bytes + 2u * (uint64_t)c0;
-      for (int cs = c0; cs < c1; cs += kMepPartialStep) {
+      for (int cs = c0; cs < c1; cs += S * kMepPartialStep) {
         const int c = cs + lane * 8;
-        const uint4 o = mep_partial_chunk(a.y, a.hidden, entry, live, c);
-        if (c < c1)
-          *reinterpret_cast<uint4 *>(p.xp.local + stage_off + 2u * (uint64_t)(c - c0)) = o;
+        uint4 o[S];
+        mep_partial_chunks<S>(a.y, a.hidden, c1, entry, live, c, o);
+#pragma unroll
+        for (int j = 0; j < S; ++j) {
+          const int cj = c + j * kMepPartialStep;
+          if (cj < c1)
+            *reinterpret_cast<uint4 *>(p.xp.local + stage_off + 2u * (uint64_t)(cj - c0)) = o[j];
+        }
       }
       __syncwarp();
       Tp::put_warp(p.xp, s, dst_off, nullptr, stage_off, 2u * (uint32_t)(c1 - c0), row_sig);
@@ -112,23 +148,42 @@ __device__ __forceinline__ void mep_combine_send_partials(const MepLLParams &p,
   }
 }
 
+/* The send partials with the unit width the work calls for (see
+ * kMepPartialWideSteps): one step per unit while the units fit in two
+ * passes of the grid's warps. Staged transports keep their
+ * kMepPartialPiece units, one step at a time. */
+template <class Tp>
+__device__ __forceinline__ void mep_combine_send_partials(const MepLLParams &p,
+                                                          const MepCombineArgs &a,
+                                                          const int *src_s, int longest) {
+  const int64_t units = (int64_t)longest * p.dims.world *
+                        ((a.hidden + kMepPartialStep - 1) / kMepPartialStep);
+  const int64_t nwarps = (int64_t)gridDim.x * (MEP_LL_THREADS / 32);
+  if (Tp::kStaged || units <= 2 * nwarps)
+    mep_combine_send_partials_at<Tp, 1>(p, a, src_s, longest);
+  else
+    mep_combine_send_partials_at<Tp, kMepPartialWideSteps>(p, a, src_s, longest);
+}
+
 /* Receive half's reduction (after the count/row waits): units (token,
- * 256-channel step) over the grid; out = sum of the token's partials in the
- * order its ranks first appear in top-k (f32, from 0), bf16 once. */
-template <typename IdxT>
-__device__ __forceinline__ void mep_combine_sum_partials(const MepLLParams &p,
-                                                         const MepCombineArgs &a) {
+ * S steps) over the grid; out = sum of the token's
+ * partials in the order its ranks first appear in top-k (f32, from 0),
+ * bf16 once. */
+template <typename IdxT, int S>
+__device__ __forceinline__ void mep_combine_sum_partials_at(const MepLLParams &p,
+                                                            const MepCombineArgs &a) {
+  constexpr int B = S >= 2 ? 16 / S : 8;
   const int lane = threadIdx.x & 31;
   const int nwarps = gridDim.x * (MEP_LL_THREADS / 32);
-  const int gwarp = blockIdx.x * (MEP_LL_THREADS / 32) + threadIdx.x / 32;
+  const int gwarp = mep_ll_spread_warp();
   const int K = a.top_k;
-  const int nsteps = (a.hidden + kMepPartialStep - 1) / kMepPartialStep;
+  const int nunits = (a.hidden + S * kMepPartialStep - 1) / (S * kMepPartialStep);
   const __nv_bfloat16 *region =
       reinterpret_cast<const __nv_bfloat16 *>(p.xp.local + p.set_off + p.lay.comb_recv);
   const IdxT *topk = reinterpret_cast<const IdxT *>(a.topk);
-  for (int u = gwarp; u < a.tokens * nsteps; u += nwarps) {
-    const int t = u / nsteps;
-    const int c = (u - t * nsteps) * kMepPartialStep + lane * 8;
+  for (int u = gwarp; u < a.tokens * nunits; u += nwarps) {
+    const int t = u / nunits;
+    const int c = (u - t * nunits) * S * kMepPartialStep + lane * 8;
     /* lane k: slot k's rank, in the index's own width as dispatch decides
      * (an int64 id past 2^31 must not wrap into a valid expert) */
     const IdxT e = lane < K ? topk[t * K + lane] : (IdxT)-1;
@@ -136,27 +191,52 @@ __device__ __forceinline__ void mep_combine_sum_partials(const MepLLParams &p,
     const unsigned same = __match_any_sync(0xffffffffu, rank);
     unsigned first =
         __ballot_sync(0xffffffffu, rank >= 0 && (same & ((1u << lane) - 1u)) == 0);
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    const bool valid = c < a.hidden;
-    while (first != 0) {
-      uint4 v[8];
-      bool use[8];
+    float acc[S][8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        use[i] = first != 0 && valid;
-        const int k = first != 0 ? __ffs(first) - 1 : 0;
+    for (int j = 0; j < S; ++j)
+#pragma unroll
+      for (int q = 0; q < 8; ++q) acc[j][q] = 0.f;
+    while (first != 0) {
+      uint4 v[B][S];
+      bool use[B];
+#pragma unroll
+      for (int i = 0; i < B; ++i) {
+        use[i] = first != 0;
+        const int k = use[i] ? __ffs(first) - 1 : 0;
         first &= first - 1u;
-        v[i] = use[i] ? __ldcg(reinterpret_cast<const uint4 *>(
-                            region + (size_t)(t * K + k) * a.hidden + c))
-                      : make_uint4(0u, 0u, 0u, 0u);
+        const __nv_bfloat16 *row = region + (size_t)(t * K + k) * a.hidden;
+#pragma unroll
+        for (int j = 0; j < S; ++j) {
+          const int cj = c + j * kMepPartialStep;
+          v[i][j] = use[i] && cj < a.hidden ? __ldcg(reinterpret_cast<const uint4 *>(row + cj))
+                                           : make_uint4(0u, 0u, 0u, 0u);
+        }
       }
       /* w = 1: exactly acc + partial */
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
-        if (use[i]) mep_bf16x8_fma(acc, v[i], 1.0f);
+      for (int i = 0; i < B; ++i)
+        if (use[i])
+#pragma unroll
+          for (int j = 0; j < S; ++j) mep_bf16x8_fma(acc[j], v[i][j], 1.0f);
     }
-    if (valid) *reinterpret_cast<uint4 *>(a.out + (size_t)t * a.hidden + c) = mep_bf16x8_pack(acc);
+#pragma unroll
+    for (int j = 0; j < S; ++j) {
+      const int cj = c + j * kMepPartialStep;
+      if (cj < a.hidden)
+        *reinterpret_cast<uint4 *>(a.out + (size_t)t * a.hidden + cj) = mep_bf16x8_pack(acc[j]);
+    }
   }
+}
+
+/* The sum with the unit width the host picked (MepCombineArgs.recv_steps,
+ * mep_combine_recv_steps). */
+template <typename IdxT>
+__device__ __forceinline__ void mep_combine_sum_partials(const MepLLParams &p,
+                                                         const MepCombineArgs &a) {
+  if (a.recv_steps == 1)
+    mep_combine_sum_partials_at<IdxT, 1>(p, a);
+  else
+    mep_combine_sum_partials_at<IdxT, kMepPartialWideSteps>(p, a);
 }
 
 #endif /* MEP_LL_COMBINE_PARTIAL_CUH_ */
