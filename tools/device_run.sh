@@ -269,6 +269,11 @@ if [ "$MODE" = one ]; then
     --layers=2048:8 --seeds=100 --dispatch_weights=1
   api ep1_bf16_h2880_dispatch_weights 1 40 --dtype=bf16 --experts=64 --max_tokens=64 \
     --layers=2880:9,1032:4 --seeds=2 --dispatch_weights=1
+  # The staged layout (transport auto above is LSA: a window without staging)
+  api ep1_ginemu_fp8_dispatch_weights 1 40 --transport=gin_emulated --experts=64 \
+    --max_tokens=64 --dtype=fp8 --layers=7168:8,2048:1 --seeds=2 --dispatch_weights=1
+  api ep1_ginemu_bf16 1 40 --transport=gin_emulated --experts=64 --max_tokens=64 \
+    --layers=7168:8,2880:4 --seeds=1
   for tool in memcheck racecheck; do
     for w in 0 1; do
       sanitize "${tool}_dispatch_weights_$w" $tool 1 85 $B/conformance_worker \

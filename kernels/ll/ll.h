@@ -197,11 +197,9 @@ typedef struct mep_ll_combine_args {
 #define MEP_LL_SLOT_K(v) ((int32_t)(((uint32_t)(v) >> 11) & 31u))
 #define MEP_LL_SLOT_TOKEN(v) ((int32_t)((uint32_t)(v) & 2047u))
 
-/* Exact symmetric-buffer bytes for num_sets (1 or 2; 0 means 2) buffer
- * sets. */
-uint64_t mep_ll_buffer_bytes(int32_t num_local_experts, int32_t world,
-                             int32_t max_tokens, int32_t hidden, int32_t top_k,
-                             int32_t fp8, int32_t num_sets);
+/* Exact symmetric-buffer bytes for dims (its num_sets buffer sets, with or
+ * without staging: lsa_only). */
+uint64_t mep_ll_buffer_bytes(const mep_ll_dims_t *dims);
 /* Device state bytes (ordinary device memory, zero before first use). */
 uint64_t mep_ll_state_bytes(const mep_ll_dims_t *dims);
 /* kernel_ms -> device clocks at the device's peak SM clock. */

@@ -10,11 +10,8 @@
 #include "kernels/common/limits.h"
 #include "kernels/ll/ll.h"
 
-extern "C" uint64_t mep_ll_buffer_bytes(int32_t num_local_experts, int32_t world,
-                                        int32_t max_tokens, int32_t hidden, int32_t top_k,
-                                        int32_t fp8, int32_t num_sets) {
-  mep_ll_dims_t d = {num_local_experts, world, max_tokens, hidden, top_k, fp8 ? 1 : 0, num_sets};
-  return (uint64_t)mep_ll_num_sets(&d) * mep_ll_set_layout(&d).set_bytes;
+extern "C" uint64_t mep_ll_buffer_bytes(const mep_ll_dims_t *dims) {
+  return (uint64_t)mep_ll_num_sets(dims) * mep_ll_set_layout(dims).set_bytes;
 }
 
 extern "C" uint64_t mep_ll_state_bytes(const mep_ll_dims_t *dims) {

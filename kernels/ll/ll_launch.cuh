@@ -54,13 +54,15 @@ static inline mep_kstatus_t mep_ll_check_ctx(const char *op, const mep_ll_ctx_t 
   if (ctx->num_sms <= 0)
     return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "%s: num_sms is %d; it must be positive", op, ctx->num_sms);
-  if (ctx->window_bytes < mep_ll_buffer_bytes(ctx->dims.local_experts, ctx->dims.world,
-                                              ctx->dims.max_tokens, ctx->dims.hidden,
-                                              ctx->dims.top_k, ctx->dims.fp8,
-                                              ctx->dims.num_sets))
+  if (ctx->window_bytes < mep_ll_buffer_bytes(&ctx->dims))
     return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "%s: window_bytes %llu is smaller than the LL buffer for its dims",
                              op, (unsigned long long)ctx->window_bytes);
+  if (ctx->dims.lsa_only && ctx->transport != MEP_LL_TRANSPORT_LSA)
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
+                             "%s: the window was laid out without staging (dims.lsa_only), but "
+                             "the transport is %s, which stages its sends", op,
+                             ctx->transport == MEP_LL_TRANSPORT_GIN ? "gin" : "gin_emulated");
   return MEP_KSTATUS_OK;
 }
 

@@ -39,6 +39,10 @@ typedef struct mep_ll_dims {
   int32_t top_k;         /* max top_k */
   int32_t fp8;           /* 1: sized for fp8 dispatch rows only */
   int32_t num_sets;      /* buffer sets in the window: 1 or 2 (0 means 2) */
+  /* 1: the window serves LSA only and has no staging (its largest part:
+   * one bf16 row per received slot, E_local * R * max_tokens rows per
+   * set); 0: sized for every transport. */
+  int32_t lsa_only;
 } mep_ll_dims_t;
 
 /* Buffer sets a window holds (double_buffer: false needs one). */
@@ -137,7 +141,7 @@ typedef struct mep_ll_set_layout {
   uint64_t disp_list;     /* [R] slot lists (mep_ll_list_bytes each) */
   uint64_t disp_elist;    /* [E_local][R] expert lists (LSA; mep_ll_elist_bytes each) */
   uint64_t comb_recv;     /* [max_tokens][top_k] bf16 rows */
-  uint64_t stage;         /* send staging (GIN / GIN-emulated) */
+  uint64_t stage;         /* send staging (GIN / GIN-emulated; empty when lsa_only) */
   uint64_t stage_list;    /* dispatch list staging [R][max_tokens * top_k] */
   uint64_t stage_partial; /* combine partial staging [R][max_tokens] bf16 rows */
   uint64_t set_bytes;
@@ -157,6 +161,11 @@ static inline MEP_HD mep_ll_set_layout_t mep_ll_set_layout(const mep_ll_dims_t *
   l.disp_elist = l.disp_list + r * list;
   l.comb_recv = l.disp_elist + el * r * mep_ll_elist_bytes(d);
   l.stage = l.comb_recv + t * k * row_c;
+  if (d->lsa_only) { /* LSA stores from the caller's tensors: no staging */
+    l.stage_list = l.stage_partial = l.stage;
+    l.set_bytes = mep_ll_align16(l.stage);
+    return l;
+  }
   /* Staging holds either the dispatch rows (one per token, quantised once)
    * plus one list per destination, or the combine rows: one per received
    * slot for sources that want rows, then one partial per received token

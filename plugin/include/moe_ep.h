@@ -407,6 +407,10 @@ typedef struct moe_ep_plugin_v1 {
   moe_ep_status_t (*config_from_yaml)(const char *path_or_text,
                                       moe_ep_config_t **out);
   void (*config_free)(moe_ep_config_t *config);
+  /* The communication buffer bytes group_create allocates per rank for
+   * this config at world_size ranks (what group_info reports). nccl LL with
+   * transport auto: the size for one NVLink domain; a group that spans
+   * domains uses GIN and allocates what transport gin would. */
   moe_ep_status_t (*buffer_size_hint)(const moe_ep_config_t *config,
                                       int32_t world_size, uint64_t *bytes);
 

@@ -47,7 +47,10 @@ typedef struct nccl_handle {
   int32_t *recv_count; /* the engine's recv_count tensor of that dispatch */
 } nccl_handle_t;
 
-static void dims_for(const moe_ep_config_t *cfg, int world, mep_ll_dims_t *d) {
+/* lsa_only: the window carries no staging (the group's transport is LSA;
+ * with transport auto, as long as every peer is in this rank's NVLink
+ * domain). */
+static void dims_for(const moe_ep_config_t *cfg, int world, int lsa_only, mep_ll_dims_t *d) {
   d->local_experts = cfg->num_experts / world;
   d->world = world;
   d->max_tokens = cfg->max_tokens_per_rank;
@@ -55,13 +58,27 @@ static void dims_for(const moe_ep_config_t *cfg, int world, mep_ll_dims_t *d) {
   d->top_k = cfg->top_k;
   d->fp8 = mep_config_fp8_dispatch(cfg);
   d->num_sets = cfg->double_buffer ? 2 : 1; /* one set: half the window */
+  d->lsa_only = lsa_only;
 }
 
-static uint64_t nccl_buffer_bytes(const moe_ep_config_t *cfg, int world) {
+/* Window bytes without staging (lsa and auto) or with it (gin,
+ * gin_emulated); the LSA form leaves out one bf16 row per received slot
+ * (E_local * R * max_tokens rows per set). */
+static uint64_t ll_window_bytes(const moe_ep_config_t *cfg, int world, int lsa_only) {
   mep_ll_dims_t d;
-  dims_for(cfg, world, &d);
-  return mep_ll_buffer_bytes(d.local_experts, d.world, d.max_tokens, d.hidden, d.top_k, d.fp8,
-                             d.num_sets);
+  dims_for(cfg, world, lsa_only, &d);
+  return mep_ll_buffer_bytes(&d);
+}
+
+static int lsa_capable(const moe_ep_config_t *cfg) {
+  return cfg->transport == MOE_EP_TRANSPORT_LSA || cfg->transport == MOE_EP_TRANSPORT_AUTO;
+}
+
+/* buffer_size_hint: with transport auto, the bytes of one NVLink domain (a
+ * group that spans domains falls back to GIN and allocates the staged
+ * size, which group_info reports and the hint gives for transport gin). */
+static uint64_t nccl_buffer_bytes(const moe_ep_config_t *cfg, int world) {
+  return ll_window_bytes(cfg, world, lsa_capable(cfg));
 }
 
 static void nccl_destroy(moe_ep_group_t *g) {
@@ -139,13 +156,16 @@ static moe_ep_status_t nccl_create(moe_ep_group_t *g) {
   }
   MEP_CHECK_GOTO(mep_nccl_pick_device(g, &s->device, &s->device_sms), st, out_destroy);
   mep_ll_dims_t d;
-  dims_for(&g->cfg, g->world_size, &d);
+  dims_for(&g->cfg, g->world_size, 0, &d);
   mep_nccl_params_t np = {
       .rank = g->rank,
       .world = g->world_size,
       .cuda_device = s->device,
       .transport = g->cfg.transport,
       .window_bytes = nccl_buffer_bytes(&g->cfg, g->world_size),
+      .window_bytes_gin = g->cfg.transport == MOE_EP_TRANSPORT_AUTO
+                              ? ll_window_bytes(&g->cfg, g->world_size, 0)
+                              : 0,
       .gin_signal_count = (int32_t)(mep_ll_num_sets(&d) * mep_ll_set_layout(&d).num_signals),
       .adopt_comm = g->nccl_comm,
       .exchange = mep_nccl_share_uid,
@@ -158,9 +178,12 @@ static moe_ep_status_t nccl_create(moe_ep_group_t *g) {
   s->ctx.window = mep_nccl_window(s->nccl);
   s->ctx.window_local = mep_nccl_window_local(s->nccl);
   s->ctx.window_bytes = mep_nccl_bytes_allocated(s->nccl);
-  s->ctx.dims = d;
   s->ctx.rank = g->rank;
   s->ctx.transport = ll_transport(g, s);
+  /* the layout the window was sized for (mep_nccl_create picked the size
+   * by the same peers) */
+  d.lsa_only = s->ctx.transport == MEP_LL_TRANSPORT_LSA;
+  s->ctx.dims = d;
   if (s->ctx.transport != MEP_LL_TRANSPORT_GIN && mep_ll_resolve_lsa(&s->ctx) != MEP_KSTATUS_OK) {
     st = mep_error(MOE_EP_ERR_CUDA, "group_create on rank %d: %s", g->rank,
                    mep_kernels_last_error());

@@ -176,17 +176,19 @@ moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *p, mep_nccl_t **out) {
   }
   MEP_CHECK_GOTO(choose_transports(n, p, &need_gin), st, out_destroy_comm);
 
-  if ((r = ncclMemAlloc(&n->buf, p->window_bytes)) != ncclSuccess) {
+  /* LSA teams partition the world, so every rank of a group draws the same
+   * need_gin and allocates the same size (a symmetric window). */
+  n->bytes = need_gin && p->window_bytes_gin != 0 ? p->window_bytes_gin : p->window_bytes;
+  if ((r = ncclMemAlloc(&n->buf, n->bytes)) != ncclSuccess) {
     st = nccl_fail(n->comm, "ncclMemAlloc", r);
     goto out_destroy_comm;
   }
-  n->bytes = p->window_bytes;
-  if ((e = cudaMemset(n->buf, 0, p->window_bytes)) != cudaSuccess ||
+  if ((e = cudaMemset(n->buf, 0, n->bytes)) != cudaSuccess ||
       (e = cudaDeviceSynchronize()) != cudaSuccess) {
     st = cuda_fail("cudaMemset (window)", e);
     goto out_free_buf;
   }
-  r = ncclCommWindowRegister(n->comm, n->buf, p->window_bytes, &n->win, NCCL_WIN_COLL_SYMMETRIC);
+  r = ncclCommWindowRegister(n->comm, n->buf, n->bytes, &n->win, NCCL_WIN_COLL_SYMMETRIC);
   if (r != ncclSuccess) {
     st = nccl_fail(n->comm, "ncclCommWindowRegister(NCCL_WIN_COLL_SYMMETRIC)", r);
     goto out_free_buf;

@@ -27,6 +27,10 @@ typedef struct mep_nccl_params {
   int32_t cuda_device;       /* < 0: current device */
   int32_t transport;         /* moe_ep_transport_t */
   uint64_t window_bytes;     /* symmetric buffer (e.g. mep_ll_buffer_bytes) */
+  /* Bytes instead of window_bytes when a peer turns out to need GIN
+   * (transport auto across NVLink domains), for a layout whose LSA form
+   * is smaller; 0: window_bytes whatever the peers. */
+  uint64_t window_bytes_gin;
   int32_t gin_signal_count;  /* GIN signals the kernels use (both sets) */
   int32_t reserved0;
   void *adopt_comm;          /* engine's ncclComm_t, borrowed; NULL: create */

@@ -154,9 +154,10 @@ Group *group_create(const Group *adopt) {
   p.world = g_world;
   p.cuda_device = g_rank;
   p.transport = MOE_EP_TRANSPORT_LSA;
-  mep_ll_dims_t dims = {kMaxExperts / g_world, g_world, kMaxTokens, kMaxHidden, kMaxTopK, 0, 2};
-  p.window_bytes = mep_ll_buffer_bytes(dims.local_experts, dims.world, dims.max_tokens,
-                                       dims.hidden, dims.top_k, dims.fp8, dims.num_sets);
+  mep_ll_dims_t dims = {kMaxExperts / g_world, g_world, kMaxTokens, kMaxHidden, kMaxTopK, 0, 2, 0};
+  // Sized for every transport (lsa_only 0): the tests switch the
+  // context's transport on one window.
+  p.window_bytes = mep_ll_buffer_bytes(&dims);
   p.gin_signal_count = (int32_t)(2 * mep_ll_set_layout(&dims).num_signals);
   if (adopt != nullptr) {
     p.adopt_comm = mep_nccl_comm(adopt->nccl);

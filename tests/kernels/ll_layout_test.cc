@@ -28,7 +28,7 @@ std::vector<mep_ll_dims_t> Shapes() {
       for (int m : {1, 7, 128, 1024})
         for (int h : {128, 384, 7168, 32768})
           for (int k : {1, 8, 9, 32})
-            for (int fp8 : {0, 1}) out.push_back({el, r, m, h, k, fp8, 2});
+            for (int fp8 : {0, 1}) out.push_back({el, r, m, h, k, fp8, 2, 0});
   return out;
 }
 
@@ -64,9 +64,39 @@ TEST(LlLayout, RegionsAlignedDisjointAndInsideTheSet) {
   }
 }
 
+// lsa_only drops the staging and nothing else: every other region keeps its
+// offset, the set ends where staging began, and the saving is at least the
+// per-slot combine staging (E_local * R * max_tokens bf16 rows).
+TEST(LlLayout, LsaOnlyLeavesOutStagingAndKeepsEveryOtherOffset) {
+  for (const mep_ll_dims_t& full : Shapes()) {
+    mep_ll_dims_t lsa = full;
+    lsa.lsa_only = 1;
+    const mep_ll_set_layout_t a = mep_ll_set_layout(&full), b = mep_ll_set_layout(&lsa);
+    ASSERT_EQ(a.num_signals, b.num_signals) << Dims(full);
+    ASSERT_EQ(a.disp_recv, b.disp_recv) << Dims(full);
+    ASSERT_EQ(a.disp_list, b.disp_list) << Dims(full);
+    ASSERT_EQ(a.disp_elist, b.disp_elist) << Dims(full);
+    ASSERT_EQ(a.comb_recv, b.comb_recv) << Dims(full);
+    ASSERT_EQ(a.stage, b.stage) << Dims(full);
+    ASSERT_EQ(b.set_bytes, b.stage) << Dims(full) << ": the LSA set ends where staging began";
+    ASSERT_EQ(b.set_bytes % 16, 0u) << Dims(full);
+    const uint64_t slot_rows = (uint64_t)full.local_experts * full.world * full.max_tokens *
+                               2ull * full.hidden;
+    ASSERT_GE(a.set_bytes - b.set_bytes, slot_rows) << Dims(full);
+  }
+  // A DeepSeek-style decode group (EP8, 32 local experts, 128 tokens,
+  // hidden 7168, top-8, fp8): the staging is 96% of the full set.
+  mep_ll_dims_t d = {32, 8, 128, 7168, 8, 1, 2, 0};
+  const uint64_t full = mep_ll_set_layout(&d).set_bytes;
+  d.lsa_only = 1;
+  const uint64_t lsa = mep_ll_set_layout(&d).set_bytes;
+  EXPECT_LT(lsa * 20, full) << "full " << full << " lsa " << lsa;
+  EXPECT_LT(lsa, 32ull << 20) << "lsa " << lsa;
+}
+
 TEST(LlLayout, SignalIdsUniqueAndInRange) {
   for (int r : {1, 2, 8, 1024}) {
-    mep_ll_dims_t d = {4, r, 8, 128, 8, 0, 2};
+    mep_ll_dims_t d = {4, r, 8, 128, 8, 0, 2, 0};
     const uint64_t n = mep_ll_set_layout(&d).num_signals;
     std::set<uint32_t> seen;
     for (int src = 0; src < r; ++src) {
@@ -165,7 +195,7 @@ TEST(LlLayout, ListWordsAndTagsRoundTrip) {
   }
   EXPECT_EQ(mep_ll_next_tag(0), 1u);
   EXPECT_EQ(mep_ll_next_tag(0xffffu), 1u);
-  mep_ll_dims_t d = {8, 2, 128, 7168, 8, 1, 2};
+  mep_ll_dims_t d = {8, 2, 128, 7168, 8, 1, 2, 0};
   EXPECT_EQ(mep_ll_list_bytes(&d), MEP_LL_LIST_HEAD_BYTES + 128u * 8u * 8u);
 }
 
@@ -194,12 +224,12 @@ TEST(LlLayout, ExpertListWordsRoundTrip) {
       }
     }
   }
-  mep_ll_dims_t d = {8, 2, 128, 7168, 8, 1, 2};
+  mep_ll_dims_t d = {8, 2, 128, 7168, 8, 1, 2, 0};
   EXPECT_EQ(mep_ll_elist_bytes(&d), 129u * 8u + 8u);  // 16-aligned
 }
 
 TEST(LlLayout, OneBufferSetIsHalfTheWindowOfTwo) {
-  mep_ll_dims_t one = {128, 2, 128, 7168, 8, 1, 1}, two = one;
+  mep_ll_dims_t one = {128, 2, 128, 7168, 8, 1, 1, 0}, two = one;
   two.num_sets = 2;
   EXPECT_EQ(mep_ll_num_sets(&one), 1);
   EXPECT_EQ(mep_ll_num_sets(&two), 2);
@@ -210,7 +240,7 @@ TEST(LlLayout, OneBufferSetIsHalfTheWindowOfTwo) {
 
 TEST(LlLayout, StateRegionsDisjoint) {
   for (int r : {1, 2, 8, 1024}) {
-    mep_ll_dims_t d = {16, r, 8, 128, 8, 0, 2};
+    mep_ll_dims_t d = {16, r, 8, 128, 8, 0, 2, 0};
     const mep_ll_state_layout_t s = mep_ll_state_layout(&d);
     const uint64_t nsig = mep_ll_set_layout(&d).num_signals;
     // every receive block's copy of every signal's shadow, in both sets

@@ -94,16 +94,57 @@ TEST(LlLink, ExportLayoutRejectsBadArguments) {
             MEP_KSTATUS_OK);
 }
 
+// A window laid out for LSA only has no staging: a staged transport on it
+// is refused before any launch, naming both.
+TEST(LlLink, LsaOnlyWindowRefusesStagedTransports) {
+  static char fake[16];
+  mep_ll_ctx_t ctx = {};
+  ctx.dev_comm = fake;
+  ctx.window = fake;
+  ctx.window_local = fake;
+  ctx.state = fake;
+  ctx.error_dev = reinterpret_cast<mep_ll_error_record_t *>(fake);
+  ctx.lsa_base = 1;
+  ctx.num_sms = 1;
+  ctx.dims = {1, 1, 1, 128, 1, 0, 2, 1};
+  ctx.window_bytes = mep_ll_buffer_bytes(&ctx.dims);
+  mep_ll_dispatch_args_t d = {};
+  mep_ll_combine_args_t c = {};
+  for (int t : {MEP_LL_TRANSPORT_GIN_EMULATED, MEP_LL_TRANSPORT_GIN}) {
+    ctx.transport = t;
+    EXPECT_EQ(mep_ll_dispatch_send(&ctx, &d, nullptr), MEP_KSTATUS_INVALID_ARGUMENT) << t;
+    const std::string e = mep_kernels_last_error();
+    EXPECT_NE(e.find("without staging (dims.lsa_only)"), std::string::npos) << e;
+    EXPECT_NE(e.find(t == MEP_LL_TRANSPORT_GIN ? "transport is gin," : "transport is gin_emulated"),
+              std::string::npos)
+        << e;
+    EXPECT_EQ(mep_ll_combine_recv(&ctx, &c, nullptr), MEP_KSTATUS_INVALID_ARGUMENT) << t;
+  }
+  // A window one byte short of its dims is refused too.
+  ctx.transport = MEP_LL_TRANSPORT_LSA;
+  ctx.window_bytes -= 1;
+  EXPECT_EQ(mep_ll_dispatch_send(&ctx, &d, nullptr), MEP_KSTATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(mep_kernels_last_error()).find("smaller than the LL buffer"),
+            std::string::npos)
+      << mep_kernels_last_error();
+}
+
 TEST(LlLink, BufferBytesExact) {
   // 1 local expert, 1 rank, 1 token, hidden 128, top-1, bf16:
   // signals 4*8 = 32; dispatch row 256; slot list 32 (16-byte head, one
   // 8-byte word, 16-aligned); expert list 16 (count + one entry); combine
   // row 256; staging max(256 + 32, 256 slot row + 256 partial) = 512. Per
   // set 32+256+32+16+256+512 = 1104.
-  EXPECT_EQ(mep_ll_buffer_bytes(1, 1, 1, 128, 1, 0, 2), 2u * 1104u);
-  EXPECT_EQ(mep_ll_buffer_bytes(1, 1, 1, 128, 1, 0, 0), 2u * 1104u);  // 0 means 2
+  mep_ll_dims_t d = {1, 1, 1, 128, 1, 0, 2, 0};
+  EXPECT_EQ(mep_ll_buffer_bytes(&d), 2u * 1104u);
+  d.num_sets = 0;  // 0 means 2
+  EXPECT_EQ(mep_ll_buffer_bytes(&d), 2u * 1104u);
   // double_buffer: false -> one set.
-  EXPECT_EQ(mep_ll_buffer_bytes(1, 1, 1, 128, 1, 0, 1), 1104u);
+  d.num_sets = 1;
+  EXPECT_EQ(mep_ll_buffer_bytes(&d), 1104u);
+  // LSA only: no staging, 1104 - 512.
+  d.lsa_only = 1;
+  EXPECT_EQ(mep_ll_buffer_bytes(&d), 592u);
   // fp8 row: 128 + 4 scales -> 144 (16-aligned).
   EXPECT_EQ(mep_ll_dispatch_row_bytes(128, 1), 144u);
 }
