@@ -5,7 +5,7 @@
 # Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|one|ab|extra|ht]; quick stops after
 # the kernel test, the weighted-dispatch and hidden-2880 API runs and the
 # eager benchmarks;
-# one is for a 1-GPU machine (EP1 suites, sanitizers, an EP1 benchmark, and
+# one is for a 1-GPU machine (EP1 suites, LL and HT, sanitizers, an EP1 benchmark, and
 # an A/B against .gpu_bundle/prev/libmoe_ep.so when that exists); ab
 # compares 2-GPU phase stamps and bench with variants in .gpu_bundle/ab/.
 # MEP_RANKS sets the group size of the multi-GPU steps (default: every GPU
@@ -274,6 +274,12 @@ if [ "$MODE" = one ]; then
     --max_tokens=64 --dtype=fp8 --layers=7168:8,2048:1 --seeds=2 --dispatch_weights=1
   api ep1_ginemu_bf16 1 40 --transport=gin_emulated --experts=64 --max_tokens=64 \
     --layers=7168:8,2880:4 --seeds=1
+  # HT at EP1, both transports
+  api ht_ep1 1 60 --mode=ht --experts=16 --max_tokens=256 --layers=7168:8,2880:4 --seeds=1
+  api ht_ep1_fp8_packed 1 60 --mode=ht --dtype=fp8 --scale=ue8m0_packed --experts=256 \
+    --max_tokens=512 --layers=7168:8,4096:32 --seeds=1
+  api ht_ep1_ginemu 1 60 --mode=ht --transport=gin_emulated --experts=16 --max_tokens=256 \
+    --layers=7168:8 --seeds=1
   for tool in memcheck racecheck; do
     for w in 0 1; do
       sanitize "${tool}_dispatch_weights_$w" $tool 1 85 $B/conformance_worker \
