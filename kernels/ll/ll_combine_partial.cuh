@@ -40,10 +40,11 @@ constexpr int kMepPartialWideSteps = 4;
 constexpr int kMepPartialPiece = 1024;
 
 /* Lane `lane` (< 32) of a warp computes channels [c + 256 j, c + 256 j + 8)
- * for j < S (those below `limit`; rows are `hidden` channels) of the partial from the slots whose bits are set in `live` (k
- * order, batches of 16 / S slots); entries holds lane k's route. Every
- * lane runs every shuffle (live is warp-uniform). Per channel the sum is
- * the same fmaf chain in k order whatever S is. */
+ * for j < S (those below `limit`; rows are `hidden` channels) of the
+ * partial from the slots whose bits are set in `live` (k order, in batches
+ * of 16 / S slots, 8 for S = 1); entries holds lane k's route. Every lane
+ * runs every shuffle (live is warp-uniform). Per channel the sum is the
+ * same fmaf chain in k order whatever S is. */
 template <int S>
 __device__ __forceinline__ void mep_partial_chunks(const __nv_bfloat16 *y, int hidden, int limit,
                                                    mep_ll_route_t entry, unsigned live, int c,

@@ -8,6 +8,7 @@
 #include "kernels/common/kernels_error.h"
 #include "kernels/ht/ht.h"
 #include "kernels/ht/ht_layout.h"
+#include "tests/kernels/fake_ctx.h"
 
 namespace {
 
@@ -23,14 +24,8 @@ mep_ht_dims_t Dims(int world, int max_tokens) {
 
 // A context the checks accept up to the launch (pointers never followed).
 mep_ht_ctx_t Ctx(const mep_ht_dims_t &d) {
-  static char dummy[64];
   mep_ht_ctx_t c = {};
-  c.dev_comm = dummy;
-  c.window = dummy;
-  c.window_local = dummy;
-  c.state = dummy;
-  c.error_dev = reinterpret_cast<mep_error_record_t *>(dummy);
-  c.lsa_base = 4096;
+  FillFakePointers(&c);
   c.dims = d;
   c.num_sms = 24;
   c.window_bytes = mep_ht_buffer_bytes(&d);

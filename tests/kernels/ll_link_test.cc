@@ -6,6 +6,7 @@
 
 #include "kernels/common/prepare_layout.h"
 #include "kernels/ll/ll.h"
+#include "tests/kernels/fake_ctx.h"
 
 namespace {
 
@@ -97,14 +98,8 @@ TEST(LlLink, ExportLayoutRejectsBadArguments) {
 // A window laid out for LSA only has no staging: a staged transport on it
 // is refused before any launch, naming both.
 TEST(LlLink, LsaOnlyWindowRefusesStagedTransports) {
-  static char fake[16];
   mep_ll_ctx_t ctx = {};
-  ctx.dev_comm = fake;
-  ctx.window = fake;
-  ctx.window_local = fake;
-  ctx.state = fake;
-  ctx.error_dev = reinterpret_cast<mep_ll_error_record_t *>(fake);
-  ctx.lsa_base = 1;
+  FillFakePointers(&ctx);
   ctx.num_sms = 1;
   ctx.dims = {1, 1, 1, 128, 1, 0, 2, 1};
   ctx.window_bytes = mep_ll_buffer_bytes(&ctx.dims);
