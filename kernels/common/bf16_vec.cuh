@@ -1,5 +1,6 @@
 /* bf16_vec.cuh: the 8-channel bf16 vector (one uint4, a lane's share of a
- * 256-channel warp step) that the combine reductions accumulate in f32. */
+ * 256-channel warp step) that the combine reductions accumulate in f32,
+ * and the S-step units they walk a row in. */
 #ifndef MEP_BF16_VEC_CUH_
 #define MEP_BF16_VEC_CUH_
 
@@ -24,6 +25,47 @@ __device__ __forceinline__ uint4 mep_bf16x8_pack(const float acc[8]) {
 #pragma unroll
   for (int j = 0; j < 4; ++j) ob[j] = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
   return o;
+}
+
+/* The combine reductions' units: S vectors per lane, 256 channels apart
+ * (a lane's channels c + 256 j for j < S), accumulated in acc[S][8]. */
+template <int S>
+__device__ __forceinline__ void mep_steps_zero(float acc[S][8]) {
+#pragma unroll
+  for (int j = 0; j < S; ++j)
+#pragma unroll
+    for (int q = 0; q < 8; ++q) acc[j][q] = 0.f;
+}
+
+/* v[j] = row's vector at c + 256 j when use and that channel is below
+ * limit, else zero. kCg: an L2-only load (rows peers wrote into this
+ * GPU's window), else a read-only cached load. */
+template <int S, bool kCg>
+__device__ __forceinline__ void mep_steps_load(uint4 v[S], const __nv_bfloat16 *row, int c,
+                                               int limit, bool use) {
+#pragma unroll
+  for (int j = 0; j < S; ++j) {
+    const int cj = c + j * 256;
+    const uint4 *src = reinterpret_cast<const uint4 *>(row + cj);
+    v[j] = use && cj < limit ? (kCg ? __ldcg(src) : __ldg(src)) : make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+template <int S>
+__device__ __forceinline__ void mep_steps_fma(float acc[S][8], const uint4 v[S], float w) {
+#pragma unroll
+  for (int j = 0; j < S; ++j) mep_bf16x8_fma(acc[j], v[j], w);
+}
+
+/* dst_row's vectors at c + 256 j below limit = acc rounded to bf16. */
+template <int S>
+__device__ __forceinline__ void mep_steps_store(__nv_bfloat16 *dst_row, const float acc[S][8],
+                                                int c, int limit) {
+#pragma unroll
+  for (int j = 0; j < S; ++j) {
+    const int cj = c + j * 256;
+    if (cj < limit) *reinterpret_cast<uint4 *>(dst_row + cj) = mep_bf16x8_pack(acc[j]);
+  }
 }
 
 #endif /* MEP_BF16_VEC_CUH_ */

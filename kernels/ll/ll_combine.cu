@@ -35,9 +35,9 @@ extern "C" mep_kstatus_t mep_ll_combine(const mep_ll_ctx_t *ctx, const mep_ll_co
   if ((st = mep_combine_check_recv_ptrs("combine", a)) != MEP_KSTATUS_OK) return st;
   MepLLParams p;
   mep_ll_make_params(ctx, a->buffer_set, &p);
-  const MepCombineArgs k = mep_combine_args(ctx, a);
   /* The send half walks every expert's slots: the whole grid. */
   const int grid = mep_ll_grid(ctx);
+  const MepCombineArgs k = mep_combine_args(ctx, a, grid);
   const size_t smem = mep_combine_send_smem(ctx, &k) > mep_combine_recv_smem(ctx)
                          ? mep_combine_send_smem(ctx, &k)
                          : mep_combine_recv_smem(ctx);

@@ -42,15 +42,15 @@ constexpr int kMepSlotRecvSteps = 2;
  * one while a unit per warp of the whole grid covers the call, else
  * kMepPartialWideSteps (EP1, H200, hidden 7168: 128 / 256 tokens 7.8 /
  * 10.5 -> 6.8 / 7.3 us; at 8-32 tokens 0.2-0.5 us slower than one step). */
-static inline int mep_combine_recv_steps(const mep_ll_ctx_t *ctx,
-                                         const mep_ll_combine_args_t *a) {
+static inline int mep_combine_recv_steps(int grid_max, const mep_ll_combine_args_t *a) {
   if (!a->partials) return kMepSlotRecvSteps;
   const int64_t units = (int64_t)a->num_tokens * ((a->hidden + 255) / 256);
-  return units <= (int64_t)mep_ll_grid(ctx) * (MEP_LL_THREADS / 32) ? 1 : kMepPartialWideSteps;
+  return units <= (int64_t)grid_max * (MEP_LL_THREADS / 32) ? 1 : kMepPartialWideSteps;
 }
 
+/* grid_max: mep_ll_grid(ctx), which the launcher reads once per launch. */
 static inline MepCombineArgs mep_combine_args(const mep_ll_ctx_t *ctx,
-                                              const mep_ll_combine_args_t *a) {
+                                              const mep_ll_combine_args_t *a, int grid_max) {
   MepCombineArgs k;
   k.y = (const __nv_bfloat16 *)a->y;
   k.recv_count = a->recv_count;
@@ -67,7 +67,7 @@ static inline MepCombineArgs mep_combine_args(const mep_ll_ctx_t *ctx,
   k.route = a->route;
   k.src_tokens = a->src_tokens;
   k.partials = a->partials != 0;
-  k.recv_steps = mep_combine_recv_steps(ctx, a);
+  k.recv_steps = mep_combine_recv_steps(grid_max, a);
   return k;
 }
 
@@ -222,10 +222,7 @@ __device__ __forceinline__ void mep_combine_sum_slots(const MepLLParams &p,
     const int t = u / nunits;
     const int c = (u - t * nunits) * S * 256 + lane * 8;
     float acc[S][8];
-#pragma unroll
-    for (int j = 0; j < S; ++j)
-#pragma unroll
-      for (int q = 0; q < 8; ++q) acc[j][q] = 0.f;
+    mep_steps_zero<S>(acc);
     for (int k0 = 0; k0 < K; k0 += 8) {
       uint4 v[8][S];
       float w[8];
@@ -238,28 +235,16 @@ __device__ __forceinline__ void mep_combine_sum_slots(const MepLLParams &p,
         const IdxT e = k < K ? topk[t * K + k] : (IdxT)-1;
         w[i] = k < K ? a.weights[t * K + k] : 0.f;
         use[i] = e >= 0 && e < (IdxT)a.num_experts;
-        const __nv_bfloat16 *row = region + (size_t)(t * K + k) * row_elems;
-#pragma unroll
-        for (int j = 0; j < S; ++j) {
-          const int cj = c + j * 256;
-          v[i][j] = use[i] && cj < a.hidden ? __ldcg(reinterpret_cast<const uint4 *>(row + cj))
-                                           : make_uint4(0u, 0u, 0u, 0u);
-        }
+        mep_steps_load<S, true>(v[i], region + (size_t)(t * K + k) * row_elems, c, a.hidden,
+                                use[i]);
       }
       /* k ascending, one fmaf per slot: the documented (deterministic)
        * order, unchanged. */
 #pragma unroll
       for (int i = 0; i < 8; ++i)
-        if (use[i])
-#pragma unroll
-          for (int j = 0; j < S; ++j) mep_bf16x8_fma(acc[j], v[i][j], w[i]);
+        if (use[i]) mep_steps_fma<S>(acc, v[i], w[i]);
     }
-#pragma unroll
-    for (int j = 0; j < S; ++j) {
-      const int cj = c + j * 256;
-      if (cj < a.hidden)
-        *reinterpret_cast<uint4 *>(a.out + (size_t)t * a.hidden + cj) = mep_bf16x8_pack(acc[j]);
-    }
+    mep_steps_store<S>(a.out + (size_t)t * a.hidden, acc, c, a.hidden);
   }
 }
 

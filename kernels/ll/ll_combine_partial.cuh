@@ -51,10 +51,7 @@ __device__ __forceinline__ void mep_partial_chunks(const __nv_bfloat16 *y, int h
                                                    uint4 out[S]) {
   constexpr int B = S >= 2 ? 16 / S : 8;
   float acc[S][8];
-#pragma unroll
-  for (int j = 0; j < S; ++j)
-#pragma unroll
-    for (int q = 0; q < 8; ++q) acc[j][q] = 0.f;
+  mep_steps_zero<S>(acc);
   while (live != 0) {
     uint4 v[B][S];
     float w[B];
@@ -66,19 +63,11 @@ __device__ __forceinline__ void mep_partial_chunks(const __nv_bfloat16 *y, int h
       live &= live - 1u;
       const int slot = __shfl_sync(0xffffffffu, entry.slot, k);
       w[i] = __int_as_float(__shfl_sync(0xffffffffu, entry.weight_bits, k));
-      const __nv_bfloat16 *row = y + (size_t)slot * hidden;
-#pragma unroll
-      for (int j = 0; j < S; ++j) {
-        const int cj = c + j * kMepPartialStep;
-        v[i][j] = use[i] && cj < limit ? __ldg(reinterpret_cast<const uint4 *>(row + cj))
-                                        : make_uint4(0u, 0u, 0u, 0u);
-      }
+      mep_steps_load<S, false>(v[i], y + (size_t)slot * hidden, c, limit, use[i]);
     }
 #pragma unroll
     for (int i = 0; i < B; ++i)
-      if (use[i])
-#pragma unroll
-        for (int j = 0; j < S; ++j) mep_bf16x8_fma(acc[j], v[i][j], w[i]);
+      if (use[i]) mep_steps_fma<S>(acc, v[i], w[i]);
   }
 #pragma unroll
   for (int j = 0; j < S; ++j) out[j] = mep_bf16x8_pack(acc[j]);
@@ -193,10 +182,7 @@ __device__ __forceinline__ void mep_combine_sum_partials_at(const MepLLParams &p
     unsigned first =
         __ballot_sync(0xffffffffu, rank >= 0 && (same & ((1u << lane) - 1u)) == 0);
     float acc[S][8];
-#pragma unroll
-    for (int j = 0; j < S; ++j)
-#pragma unroll
-      for (int q = 0; q < 8; ++q) acc[j][q] = 0.f;
+    mep_steps_zero<S>(acc);
     while (first != 0) {
       uint4 v[B][S];
       bool use[B];
@@ -205,27 +191,15 @@ __device__ __forceinline__ void mep_combine_sum_partials_at(const MepLLParams &p
         use[i] = first != 0;
         const int k = use[i] ? __ffs(first) - 1 : 0;
         first &= first - 1u;
-        const __nv_bfloat16 *row = region + (size_t)(t * K + k) * a.hidden;
-#pragma unroll
-        for (int j = 0; j < S; ++j) {
-          const int cj = c + j * kMepPartialStep;
-          v[i][j] = use[i] && cj < a.hidden ? __ldcg(reinterpret_cast<const uint4 *>(row + cj))
-                                           : make_uint4(0u, 0u, 0u, 0u);
-        }
+        mep_steps_load<S, true>(v[i], region + (size_t)(t * K + k) * a.hidden, c, a.hidden,
+                                use[i]);
       }
       /* w = 1: exactly acc + partial */
 #pragma unroll
       for (int i = 0; i < B; ++i)
-        if (use[i])
-#pragma unroll
-          for (int j = 0; j < S; ++j) mep_bf16x8_fma(acc[j], v[i][j], 1.0f);
+        if (use[i]) mep_steps_fma<S>(acc, v[i], 1.0f);
     }
-#pragma unroll
-    for (int j = 0; j < S; ++j) {
-      const int cj = c + j * kMepPartialStep;
-      if (cj < a.hidden)
-        *reinterpret_cast<uint4 *>(a.out + (size_t)t * a.hidden + cj) = mep_bf16x8_pack(acc[j]);
-    }
+    mep_steps_store<S>(a.out + (size_t)t * a.hidden, acc, c, a.hidden);
   }
 }
 

@@ -34,8 +34,9 @@ extern "C" mep_kstatus_t mep_ll_combine_recv(const mep_ll_ctx_t *ctx,
   if ((st = mep_combine_check_recv_ptrs("combine_recv", a)) != MEP_KSTATUS_OK) return st;
   MepLLParams p;
   mep_ll_make_params(ctx, a->buffer_set, &p);
-  const MepCombineArgs k = mep_combine_args(ctx, a);
-  const int grid = mep_ll_grid_spread(ctx, mep_combine_recv_units(&k));
+  const int most = mep_ll_grid(ctx);
+  const MepCombineArgs k = mep_combine_args(ctx, a, most);
+  const int grid = mep_ll_grid_spread(most, mep_combine_recv_units(&k));
   const size_t smem = mep_combine_recv_smem(ctx);
   cudaStream_t s = (cudaStream_t)stream;
   const cudaError_t e = mep_ll_with_transport(ctx->transport, [&](auto tp) {

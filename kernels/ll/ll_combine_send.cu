@@ -32,8 +32,8 @@ extern "C" mep_kstatus_t mep_ll_combine_send(const mep_ll_ctx_t *ctx,
   if ((st = mep_combine_check_send_ptrs("combine_send", a)) != MEP_KSTATUS_OK) return st;
   MepLLParams p;
   mep_ll_make_params(ctx, a->buffer_set, &p);
-  const MepCombineArgs k = mep_combine_args(ctx, a);
   const int grid = mep_ll_grid(ctx);
+  const MepCombineArgs k = mep_combine_args(ctx, a, grid);
   const size_t smem = mep_combine_send_smem(ctx, &k);
   cudaStream_t s = (cudaStream_t)stream;
   const cudaError_t e = mep_ll_with_transport(ctx->transport, [&](auto tp) {

@@ -153,11 +153,10 @@ static inline int mep_ll_grid_for(const mep_ll_ctx_t *ctx, int64_t units) {
 
 /* Blocks for `units` work units taken in mep_ll_spread_warp order: one
  * block per unit (each unit on its own SM), at least one block, at most
- * mep_ll_grid (EP1, H200, hidden 7168: the per-slot combine's receive half
+ * `most` (mep_ll_grid) (EP1, H200, hidden 7168: the per-slot combine's receive half
  * at 1 / 32 tokens 7.6 / 8.4 us with mep_ll_grid_for's 16 units per block,
  * 6.7 / 7.4 us with one). */
-static inline int mep_ll_grid_spread(const mep_ll_ctx_t *ctx, int64_t units) {
-  const int most = mep_ll_grid(ctx);
+static inline int mep_ll_grid_spread(int most, int64_t units) {
   return units < 1 ? 1 : (units < most ? (int)units : most);
 }
 
