@@ -121,6 +121,18 @@ set_reuse() {
   summary set_reuse_gpu_test $? "$(gtest_key "$OUT/set_reuse.log")"
   grep -E "^\[  (PASSED|FAILED) |FAILED  \]" "$OUT/set_reuse.log" | head -4
 }
+# The LL and HT kernels at 3, 4 and 8 ranks on one GPU
+# (tests/gpu/one_gpu_world.h): LSA, GIN-emulated (HT: node splits) against
+# the oracle. Not under the sanitizers: they run kernels one at a time, and
+# a group's ranks need theirs side by side.
+world_tests() {
+  timeout 300 $B/ll_world_test > "$OUT/ll_world_test.log" 2>&1
+  summary ll_world_test $? "$(gtest_key "$OUT/ll_world_test.log")"
+  grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure|rank [0-9]+" "$OUT/ll_world_test.log" | head -12
+  timeout 300 $B/ht_world_test > "$OUT/ht_world_test.log" 2>&1
+  summary ht_world_test $? "$(gtest_key "$OUT/ht_world_test.log")"
+  grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure|rank [0-9]+" "$OUT/ht_world_test.log" | head -12
+}
 # ab: this bundle against each variant under .gpu_bundle/ab/<name>/ (a
 # libmoe_ep.so, and ll_kernel_bench where dispatch changed, built from
 # another tree) on the group's
@@ -256,6 +268,7 @@ fi
 if [ "$MODE" = one ]; then
   prepare_layout
   set_reuse
+  world_tests
   MOE_EP_TEST_WORLD=1 timeout 90 $B/ll_gpu_test > "$OUT/ll_gpu_test_world1.log" 2>&1
   summary ll_gpu_test_world1 $? "$(gtest_key "$OUT/ll_gpu_test_world1.log")"
   grep -E "^\[  (PASSED|FAILED) |FAILED  \]" "$OUT/ll_gpu_test_world1.log" | head -12
@@ -320,6 +333,7 @@ MOE_EP_TEST_SMS=1 timeout $((120 * S)) $B/ll_gpu_test \
 summary ll_gpu_test_sms1 $? "$(gtest_key "$OUT/ll_gpu_test_sms1.log")"
 prepare_layout   # one GPU is enough; the API runs below check prepare too
 set_reuse
+world_tests
 MOE_EP_TEST_WORLD=1 timeout 60 $B/ll_gpu_test > "$OUT/ll_gpu_test_world1.log" 2>&1
 summary ll_gpu_test_world1 $? "$(gtest_key "$OUT/ll_gpu_test_world1.log")"
 api ${E}_lsa_fp8 $N $((50 * S)) --experts=256 --max_tokens=128 --dtype=fp8 --layers=7168:8,2048:1 --seeds=1

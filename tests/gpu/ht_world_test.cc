@@ -1,0 +1,306 @@
+// ht_world_test.cc: the HT kernels at 2..8 ranks on one GPU (one_gpu_world.h),
+// against the oracle: LSA, and GIN-emulated with nodes of 1, 2 and 4 ranks,
+// bf16 and pre-quantised fp8, several calls per group (ring positions and
+// the count words' epochs carry across calls), worst-case padding. Every
+// rank's dispatch outputs and combined rows are compared bit for bit.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/common/kernels_error.h"
+#include "kernels/ht/ht.h"
+#include "kernels/ll/ll.h"
+#include "tests/gpu/cuda_ok.h"
+#include "tests/gpu/one_gpu_world.h"
+#include "tests/oracle/oracle.h"
+
+namespace {
+
+namespace o = moe_ep_oracle;
+using mep_world::Dev;
+using mep_world::Download;
+
+struct Case {
+  const char *name;
+  int world, node_ranks, transport;  // node_ranks 0: LSA
+  int experts, hidden, top_k, max_tokens;
+  o::Generator gen;
+  bool fp8;
+  o::ScaleFormat scales;
+  int num_sms;  // per rank
+  bool pad;     // worst-case rows past N_recv
+};
+
+std::ostream &operator<<(std::ostream &os, const Case &c) {
+  return os << c.name;
+}
+
+constexpr int kLsa = MEP_HT_TRANSPORT_LSA, kEmu = MEP_HT_TRANSPORT_GIN_EMULATED;
+constexpr int kCalls = 3;  // per group: epochs 0..2 (both count-word parities)
+constexpr int kTimeoutMs = 20000;
+
+// One rank's device side of one call.
+struct RankIo {
+  mep_ht_ctx_t ctx = {};
+  void *x = nullptr, *scales = nullptr, *topk = nullptr, *w = nullptr;
+  void *recv_x = nullptr, *recv_scales = nullptr, *recv_idx = nullptr,
+       *recv_w = nullptr;
+  int32_t *recv_count = nullptr;
+  int64_t *num_recv = nullptr;
+  void *out = nullptr;
+};
+
+class HtWorld : public ::testing::TestWithParam<Case> {};
+
+TEST_P(HtWorld, MatchesOracle) {
+  const Case &c = GetParam();
+  o::Problem p;
+  p.world = c.world;
+  p.num_experts = c.experts;
+  p.hidden = c.hidden;
+  p.top_k = c.top_k;
+  p.max_tokens_per_rank = c.max_tokens;
+  p.generator = c.gen;
+  p.dispatch_dtype = c.fp8 ? o::DispatchDtype::kFp8 : o::DispatchDtype::kBf16;
+  p.scale_format = c.scales;
+  const bool packed = c.scales == o::ScaleFormat::kUe8m0Packed;
+  const int H = c.hidden, K = c.top_k, R = c.world;
+  const int words = !c.fp8   ? 0
+                    : packed ? p.packed_scale_words()
+                             : p.scale_groups();
+  const size_t row_bytes = c.fp8 ? H : 2 * H;
+  const int64_t cap = static_cast<int64_t>(R) * c.max_tokens;
+
+  mep_ht_dims_t dims = {};
+  dims.world = R;
+  dims.local_experts = c.experts / R;
+  dims.max_tokens = c.max_tokens;
+  dims.hidden = H;
+  dims.top_k = K;
+  dims.node_ranks = c.node_ranks;
+  std::string err;
+  auto world = mep_world::World::Create(R, mep_ht_buffer_bytes(&dims), &err);
+  ASSERT_NE(world, nullptr) << err;
+  int device = 0;
+  CUDA_OK(cudaGetDevice(&device));
+  uint64_t cycles = 0;
+  ASSERT_EQ(mep_ll_timeout_cycles(device, kTimeoutMs, &cycles), MEP_KSTATUS_OK);
+
+  Dev dev;
+  std::vector<RankIo> io(R);
+  for (int r = 0; r < R; ++r) {
+    mep_ht_ctx_t &x = io[r].ctx;
+    x.dims = dims;
+    x.num_sms = c.num_sms;
+    x.transport = c.transport;
+    x.timeout_cycles = cycles;
+    ASSERT_EQ(
+        mep_world::PointAtRank(*world, r, mep_ht_state_bytes(&dims), &dev, &x),
+        "");
+    io[r].recv_x = dev.alloc<uint8_t>(cap * row_bytes);
+    io[r].recv_scales = dev.alloc<int32_t>(cap * (words > 0 ? words : 1));
+    io[r].recv_idx = dev.alloc<int32_t>(cap * K);
+    io[r].recv_w = dev.alloc<float>(cap * K);
+    io[r].recv_count = dev.alloc<int32_t>(dims.local_experts);
+    io[r].num_recv = dev.alloc<int64_t>(1);
+    io[r].out = dev.alloc<uint16_t>(static_cast<size_t>(c.max_tokens) * H);
+    ASSERT_TRUE(io[r].recv_x && io[r].recv_scales && io[r].recv_idx &&
+                io[r].recv_w && io[r].recv_count && io[r].num_recv &&
+                io[r].out);
+  }
+
+  for (int call = 0; call < kCalls; ++call) {
+    const uint64_t seed = 1000 * (call + 1) + R;
+    const int set = call % MEP_NUM_BUFFER_SETS;
+    const std::vector<o::RankInputs> all = o::make_all_inputs(p, seed);
+    std::vector<o::HtDispatchExpected> want(R);
+    Dev call_dev;
+    std::vector<mep_ht_dispatch_args_t> da(R);
+    for (int r = 0; r < R; ++r) {
+      const o::RankInputs &in = all[r];
+      want[r] = o::ht_dispatch_expected(p, all, r);
+      mep_ht_dispatch_args_t &a = da[r];
+      a = {};
+      if (c.fp8) {
+        const o::HtFp8Input q = o::ht_fp8_input(p, in);
+        a.x = call_dev.upload(q.x);
+        a.x_scales = packed
+                         ? static_cast<const void *>(call_dev.upload(q.packed))
+                         : static_cast<const void *>(call_dev.upload(q.scales));
+      } else {
+        a.x = call_dev.upload(in.x);
+      }
+      a.fp8 = c.fp8;
+      a.scale_words = words;
+      a.topk_idx = call_dev.upload(in.topk_idx);
+      a.topk_idx_bytes = 8;
+      a.num_tokens = in.num_tokens;
+      a.hidden = H;
+      a.top_k = K;
+      a.num_experts = c.experts;
+      a.buffer_set = set;
+      a.topk_weights = call_dev.upload(in.topk_weights);
+      a.recv_x = io[r].recv_x;
+      a.recv_scales = io[r].recv_scales;
+      a.recv_topk_idx = static_cast<int32_t *>(io[r].recv_idx);
+      a.recv_topk_weights = static_cast<float *>(io[r].recv_w);
+      a.recv_count = io[r].recv_count;
+      a.recv_capacity = cap;
+      a.pad = c.pad;
+      a.num_recv = io[r].num_recv;
+    }
+    // Uploads from pageable memory may still be in flight when cudaMemcpy
+    // returns, and the ranks' streams do not wait for the legacy stream.
+    CUDA_OK(cudaDeviceSynchronize());
+    for (int r = 0; r < R; ++r)
+      ASSERT_EQ(mep_ht_dispatch(&io[r].ctx, &da[r], world->stream(r)),
+                MEP_KSTATUS_OK)
+          << "rank " << r << " call " << call << ": "
+          << mep_kernels_last_error();
+    ASSERT_EQ(world->Sync(), "") << "dispatch, call " << call;
+    ASSERT_EQ(world->Records(), "")
+        << "dispatch, call " << call << ", seed " << seed;
+
+    for (int r = 0; r < R; ++r) {
+      const o::HtDispatchExpected &d = want[r];
+      const std::string where = "rank " + std::to_string(r) + ", call " +
+                                std::to_string(call) + ", seed " +
+                                std::to_string(seed) + ": ";
+      const int64_t n = Download<int64_t>(io[r].num_recv, 1)[0];
+      ASSERT_EQ(n, d.num_recv) << where << "N_recv";
+      const int64_t rows = c.pad ? cap : n;
+      const auto idx = Download<int32_t>(io[r].recv_idx, rows * K);
+      const auto w = Download<float>(io[r].recv_w, rows * K);
+      EXPECT_EQ(o::compare_exact_i32("recv_topk_idx", idx.data(),
+                                     d.recv_topk_idx.data(), n * K, K),
+                "")
+          << where;
+      EXPECT_EQ(o::compare_exact_f32("recv_topk_weights", w.data(),
+                                     d.recv_topk_weights.data(), n * K, K),
+                "")
+          << where;
+      for (int64_t i = n * K; i < rows * K; ++i) {
+        ASSERT_EQ(idx[i], -1) << where << "padded row " << i / K << " idx";
+        ASSERT_EQ(w[i], 0.0f) << where << "padded row " << i / K << " weight";
+      }
+      const auto cnt = Download<int32_t>(io[r].recv_count, dims.local_experts);
+      EXPECT_EQ(o::compare_exact_i32("recv_count", cnt.data(),
+                                     d.num_recv_tokens_per_expert.data(),
+                                     cnt.size(), 0),
+                "")
+          << where;
+      if (c.fp8) {
+        const auto xs = Download<uint8_t>(io[r].recv_x, n * H);
+        EXPECT_EQ(o::compare_exact_u8("recv_x", xs.data(), d.recv_x_fp8.data(),
+                                      n * H, H),
+                  "")
+            << where;
+        if (packed) {
+          const auto sc = Download<int32_t>(io[r].recv_scales, n * words);
+          EXPECT_EQ(o::compare_exact_i32("recv_scales", sc.data(),
+                                         d.recv_scales_packed.data(), n * words,
+                                         words),
+                    "")
+              << where;
+        } else {
+          const auto sc = Download<float>(io[r].recv_scales, n * words);
+          EXPECT_EQ(
+              o::compare_exact_f32("recv_scales", sc.data(),
+                                   d.recv_scales.data(), n * words, words),
+              "")
+              << where;
+        }
+      } else {
+        const auto xs = Download<uint16_t>(io[r].recv_x, n * H);
+        EXPECT_EQ(o::compare_exact_u16("recv_x", xs.data(), d.recv_x.data(),
+                                       n * H, H),
+                  "")
+            << where;
+      }
+    }
+    if (HasFailure()) return;
+
+    // Combine: each rank's partials of the rows it received (the rows'
+    // count without padding; padded rows are never read back).
+    std::vector<mep_ht_combine_args_t> ca(R);
+    for (int r = 0; r < R; ++r) {
+      std::vector<uint16_t> y = o::ht_partials(p, want[r]);
+      if (c.pad)
+        y.resize(static_cast<size_t>(cap) * H,
+                 0x7fc0);  // NaN: must not be read
+      mep_ht_combine_args_t &a = ca[r];
+      a = {};
+      a.y = call_dev.upload(y);
+      a.topk_idx = da[r].topk_idx;
+      a.topk_idx_bytes = 8;
+      a.num_tokens = all[r].num_tokens;
+      a.hidden = H;
+      a.top_k = K;
+      a.num_experts = c.experts;
+      a.layout_set = set;
+      a.channels = mep_ht_channels(&io[r].ctx);
+      a.out = io[r].out;
+    }
+    CUDA_OK(cudaDeviceSynchronize());
+    for (int r = 0; r < R; ++r)
+      ASSERT_EQ(mep_ht_combine(&io[r].ctx, &ca[r], world->stream(r)),
+                MEP_KSTATUS_OK)
+          << "rank " << r << " call " << call << ": "
+          << mep_kernels_last_error();
+    ASSERT_EQ(world->Sync(), "") << "combine, call " << call;
+    ASSERT_EQ(world->Records(), "")
+        << "combine, call " << call << ", seed " << seed;
+    for (int r = 0; r < R; ++r) {
+      const std::vector<uint16_t> expect = o::ht_combine_expected(p, all, r);
+      const auto got = Download<uint16_t>(io[r].out, expect.size());
+      EXPECT_EQ(o::compare_exact_bf16("combine out", got.data(), expect.data(),
+                                      expect.size(), H),
+                "")
+          << "rank " << r << ", call " << call << ", seed " << seed;
+    }
+    if (HasFailure()) return;
+  }
+}
+
+using G = o::Generator;
+using S = o::ScaleFormat;
+const Case kCases[] = {
+    // name, world, node_ranks, transport, experts, hidden, top_k, tokens,
+    // generator,
+    // fp8, scales, num_sms, pad
+    {"ep4_lsa_bf16_t512", 4, 0, kLsa, 256, 2048, 8, 512, G::kUniform, false,
+     S::kF32, 16, false},
+    {"ep4_lsa_fp8_t512_skewed", 4, 0, kLsa, 256, 7168, 8, 512, G::kSkewed, true,
+     S::kF32, 16, false},
+    {"ep4_lsa_bf16_h2880_k32_empty", 4, 0, kLsa, 128, 2880, 32, 300,
+     G::kEmptyRanks, false, S::kF32, 8, true},
+    {"ep4_lsa_bf16_t1_k1", 4, 0, kLsa, 64, 2048, 1, 1, G::kUniform, false,
+     S::kF32, 16, false},
+    {"ep4_emu_nodes1_fp8packed_t512", 4, 1, kEmu, 256, 7168, 8, 512,
+     G::kUniform, true, S::kUe8m0Packed, 16, false},
+    {"ep4_emu_nodes2_bf16_t7_hot", 4, 2, kEmu, 256, 2048, 6, 7,
+     G::kAllToOneRank, false, S::kF32, 16, false},
+    {"ep4_emu_nodes2_bf16_t700_masked", 4, 2, kEmu, 256, 4096, 8, 700,
+     G::kMasked, false, S::kF32, 12, true},
+    {"ep8_lsa_bf16_t512", 8, 0, kLsa, 256, 2048, 8, 512, G::kUniform, false,
+     S::kF32, 8, false},
+    {"ep8_lsa_fp8ue8m0_t256_empty", 8, 0, kLsa, 256, 7168, 8, 256,
+     G::kEmptyRanks, true, S::kUe8m0, 8, false},
+    {"ep8_emu_nodes4_bf16_t300", 8, 4, kEmu, 256, 2048, 8, 300, G::kUniform,
+     false, S::kF32, 8, false},
+    {"ep8_emu_nodes2_fp8_t64_skewed", 8, 2, kEmu, 256, 7168, 8, 64, G::kSkewed,
+     true, S::kF32, 8, false},
+    {"ep8_emu_nodes1_bf16_t33_k1", 8, 1, kEmu, 64, 2048, 1, 33, G::kUniform,
+     false, S::kF32, 4, false},
+    {"ep3_lsa_bf16_t100", 3, 0, kLsa, 48, 2048, 8, 100, G::kUniform, false,
+     S::kF32, 16, false},
+};
+
+INSTANTIATE_TEST_SUITE_P(Cases, HtWorld, ::testing::ValuesIn(kCases),
+                         [](const ::testing::TestParamInfo<Case> &i) {
+                           return std::string(i.param.name);
+                         });
+
+}  // namespace

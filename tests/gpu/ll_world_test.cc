@@ -1,0 +1,343 @@
+// ll_world_test.cc: the LL kernels at 3, 4 and 8 ranks on one GPU
+// (one_gpu_world.h), against the oracle: LSA and GIN-emulated, bf16 and fp8
+// (f32, UE8M0 and packed UE8M0 scales), weights at combine and at dispatch,
+// fused kernels and split send/receive halves, both buffer sets, several
+// calls per group. Each rank's received rows, scales, counts and slot
+// sources are checked; y is computed from the rows each rank actually
+// received, and every combined row must equal the oracle's sum bit for bit.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/common/kernels_error.h"
+#include "kernels/ll/ll.h"
+#include "tests/gpu/cuda_ok.h"
+#include "tests/gpu/one_gpu_world.h"
+#include "tests/oracle/oracle.h"
+
+namespace {
+
+namespace o = moe_ep_oracle;
+using mep_world::Dev;
+using mep_world::Download;
+
+struct Case {
+  const char *name;
+  int world, transport;
+  int experts, hidden, top_k, max_tokens;
+  o::Generator gen;
+  bool fp8;
+  o::ScaleFormat scales;
+  bool weighted;  // weights at dispatch (partials), else at combine
+  bool split;     // send and receive halves as separate launches
+  int idx_bytes;
+};
+
+std::ostream &operator<<(std::ostream &os, const Case &c) {
+  return os << c.name;
+}
+
+constexpr int kLsa = MEP_LL_TRANSPORT_LSA, kEmu = MEP_LL_TRANSPORT_GIN_EMULATED;
+constexpr int kCalls = 3;
+constexpr int kTimeoutMs = 20000;
+
+int ScaleMode(o::ScaleFormat f) {
+  return f == o::ScaleFormat::kF32     ? MEP_FP8_SCALE_F32
+         : f == o::ScaleFormat::kUe8m0 ? MEP_FP8_SCALE_UE8M0
+                                       : MEP_FP8_SCALE_UE8M0_PACKED;
+}
+
+struct RankBufs {
+  mep_ll_ctx_t ctx = {};
+  void *recv_x = nullptr, *recv_scales = nullptr, *y = nullptr, *out = nullptr;
+  int32_t *recv_count = nullptr, *slot_src = nullptr, *src_count = nullptr;
+  int32_t *src_tokens = nullptr;
+  mep_ll_route_t *route = nullptr;
+};
+
+class LlWorld : public ::testing::TestWithParam<Case> {};
+
+TEST_P(LlWorld, MatchesOracle) {
+  const Case &c = GetParam();
+  o::Problem p;
+  p.world = c.world;
+  p.num_experts = c.experts;
+  p.hidden = c.hidden;
+  p.top_k = c.top_k;
+  p.max_tokens_per_rank = c.max_tokens;
+  p.generator = c.gen;
+  p.dispatch_dtype = c.fp8 ? o::DispatchDtype::kFp8 : o::DispatchDtype::kBf16;
+  p.scale_format = c.scales;
+  const int R = c.world, H = c.hidden, K = c.top_k, EL = c.experts / R;
+  const bool packed = c.fp8 && c.scales == o::ScaleFormat::kUe8m0Packed;
+  const int G = H / 128, words = packed ? (G + 3) / 4 : G;
+  const size_t row_bytes = c.fp8 ? H : 2 * H;
+  const int64_t slots_per_expert = static_cast<int64_t>(R) * c.max_tokens;
+  const int64_t slots = EL * slots_per_expert;
+
+  mep_ll_dims_t dims = {};
+  dims.local_experts = EL;
+  dims.world = R;
+  dims.max_tokens = c.max_tokens;
+  dims.hidden = H;
+  dims.top_k = K;
+  dims.num_sets = 2;
+  dims.lsa_only = c.transport == kLsa;
+  std::string err;
+  auto world = mep_world::World::Create(R, mep_ll_buffer_bytes(&dims), &err);
+  ASSERT_NE(world, nullptr) << err;
+  int device = 0, sms = 0;
+  CUDA_OK(cudaGetDevice(&device));
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  uint64_t cycles = 0;
+  ASSERT_EQ(mep_ll_timeout_cycles(device, kTimeoutMs, &cycles), MEP_KSTATUS_OK);
+
+  Dev dev;
+  std::vector<RankBufs> rb(R);
+  for (int r = 0; r < R; ++r) {
+    mep_ll_ctx_t &x = rb[r].ctx;
+    x.dims = dims;
+    x.transport = c.transport;
+    // Every rank's grid resident at once: the fused kernels wait for peers.
+    x.num_sms = std::max(1, std::min(32, sms / R));
+    x.timeout_cycles = cycles;
+    ASSERT_EQ(
+        mep_world::PointAtRank(*world, r, mep_ll_state_bytes(&dims), &dev, &x),
+        "");
+    rb[r].recv_x = dev.alloc<uint8_t>(slots * row_bytes);
+    rb[r].recv_scales = dev.alloc<int32_t>(slots * std::max(words, 1));
+    rb[r].y = dev.alloc<uint16_t>(slots * H);
+    rb[r].out = dev.alloc<uint16_t>(static_cast<size_t>(c.max_tokens) * H);
+    rb[r].recv_count = dev.alloc<int32_t>(EL);
+    rb[r].slot_src = dev.alloc<int32_t>(slots);
+    rb[r].src_count = dev.alloc<int32_t>(static_cast<size_t>(EL) * R);
+    rb[r].src_tokens = dev.alloc<int32_t>(R);
+    rb[r].route =
+        dev.alloc<mep_ll_route_t>(static_cast<size_t>(R) * c.max_tokens * K);
+    ASSERT_TRUE(rb[r].recv_x && rb[r].recv_scales && rb[r].y && rb[r].out &&
+                rb[r].recv_count && rb[r].slot_src && rb[r].src_count &&
+                rb[r].src_tokens && rb[r].route);
+  }
+
+  for (int call = 0; call < kCalls; ++call) {
+    const uint64_t seed = 100 * (call + 1) + R;
+    const int set = call % 2;
+    const std::vector<o::RankInputs> all = o::make_all_inputs(p, seed);
+    Dev call_dev;
+    std::vector<mep_ll_dispatch_args_t> da(R);
+    std::vector<mep_ll_combine_args_t> ca(R);
+    for (int r = 0; r < R; ++r) {
+      const o::RankInputs &in = all[r];
+      const void *topk = nullptr;
+      if (c.idx_bytes == 8) {
+        topk = call_dev.upload(in.topk_idx);
+      } else {
+        topk = call_dev.upload(
+            std::vector<int32_t>(in.topk_idx.begin(), in.topk_idx.end()));
+      }
+      const float *w = call_dev.upload(in.topk_weights);
+      mep_ll_dispatch_args_t &a = da[r];
+      a = {};
+      a.x = call_dev.upload(in.x);
+      a.topk_idx = topk;
+      a.topk_idx_bytes = c.idx_bytes;
+      a.num_tokens = in.num_tokens;
+      a.hidden = H;
+      a.top_k = K;
+      a.num_experts = c.experts;
+      a.fp8 = c.fp8;
+      a.scale_mode = c.fp8 ? ScaleMode(c.scales) : 0;
+      a.buffer_set = set;
+      a.recv_x = rb[r].recv_x;
+      a.recv_scales = rb[r].recv_scales;
+      a.recv_count = rb[r].recv_count;
+      a.slot_src = rb[r].slot_src;
+      a.src_count = rb[r].src_count;
+      a.route = rb[r].route;
+      a.src_tokens = rb[r].src_tokens;
+      a.weighted = c.weighted;
+      a.topk_weights = c.weighted ? w : nullptr;
+      mep_ll_combine_args_t &b = ca[r];
+      b = {};
+      b.y = rb[r].y;
+      b.topk_idx = topk;
+      b.topk_idx_bytes = c.idx_bytes;
+      b.topk_weights = c.weighted ? nullptr : w;
+      b.out = rb[r].out;
+      b.num_tokens = in.num_tokens;
+      b.hidden = H;
+      b.top_k = K;
+      b.num_experts = c.experts;
+      b.buffer_set = set;
+      b.recv_count = rb[r].recv_count;
+      b.slot_src = rb[r].slot_src;
+      b.src_count = rb[r].src_count;
+      b.route = rb[r].route;
+      b.src_tokens = rb[r].src_tokens;
+      b.partials = c.weighted;
+    }
+    // Uploads from pageable memory may still be in flight when cudaMemcpy
+    // returns, and the ranks' streams do not wait for the legacy stream.
+    CUDA_OK(cudaDeviceSynchronize());
+    for (int r = 0; r < R; ++r) {
+      const mep_kstatus_t st =
+          c.split ? mep_ll_dispatch_send(&rb[r].ctx, &da[r], world->stream(r))
+                  : mep_ll_dispatch(&rb[r].ctx, &da[r], world->stream(r));
+      ASSERT_EQ(st, MEP_KSTATUS_OK)
+          << "rank " << r << ": " << mep_kernels_last_error();
+    }
+    if (c.split) {
+      for (int r = 0; r < R; ++r)
+        ASSERT_EQ(mep_ll_dispatch_recv(&rb[r].ctx, &da[r], world->stream(r)),
+                  MEP_KSTATUS_OK)
+            << "rank " << r << ": " << mep_kernels_last_error();
+    }
+    ASSERT_EQ(world->Sync(), "") << "dispatch, call " << call;
+    ASSERT_EQ(world->Records(), "")
+        << "dispatch, call " << call << ", seed " << seed;
+
+    // Per rank: the receive against the oracle, then y from the rows as
+    // received, indexed for the combine oracle by (source, token, k).
+    std::vector<std::vector<uint16_t>> y(R);
+    std::vector<std::vector<const uint16_t *>> y_of_slot(
+        R);  // [source][t * K + k]
+    for (int s = 0; s < R; ++s)
+      y_of_slot[s].assign(static_cast<size_t>(all[s].num_tokens) * K, nullptr);
+    for (int r = 0; r < R; ++r) {
+      const o::LlDispatchExpected d = o::ll_dispatch_expected(p, all, r);
+      const std::string where = "rank " + std::to_string(r) + ", call " +
+                                std::to_string(call) + ", seed " +
+                                std::to_string(seed) + ": ";
+      const auto cnt = Download<int32_t>(rb[r].recv_count, EL);
+      ASSERT_EQ(o::compare_exact_i32("recv_count", cnt.data(),
+                                     d.recv_count.data(), EL, 0),
+                "")
+          << where;
+      const auto src = Download<int32_t>(rb[r].slot_src, slots);
+      const auto rx = Download<uint8_t>(rb[r].recv_x, slots * row_bytes);
+      const auto rs =
+          Download<int32_t>(rb[r].recv_scales, c.fp8 ? slots * words : 0);
+      y[r].assign(static_cast<size_t>(slots) * H, 0);
+      std::vector<float> f(H), sc(G);
+      for (int e = 0; e < EL; ++e) {
+        for (int i = 0; i < cnt[e]; ++i) {
+          const o::LlSlot &sl = d.slots[d.row(e, i)];
+          const int64_t full = d.full_row(e, i), row = d.row(e, i);
+          ASSERT_EQ(src[full],
+                    MEP_LL_SLOT_PACK(sl.src_rank, sl.src_token, sl.k))
+              << where << "slot_src of expert " << e << " slot " << i;
+          const uint8_t *got = &rx[full * row_bytes];
+          if (c.fp8) {
+            const uint8_t *want = &d.x_fp8[row * H];
+            // f32 scales: x * (1 / scale) may round one code away
+            // (compare.h); power-of-two scales are exact.
+            const std::string m =
+                c.scales == o::ScaleFormat::kF32
+                    ? o::compare_e4m3_adjacent("recv_x", got, want, H, H)
+                    : o::compare_exact_u8("recv_x", got, want, H, H);
+            ASSERT_EQ(m, "") << where << "expert " << e << " slot " << i;
+            const int32_t *gs = &rs[full * words];
+            if (packed) {
+              ASSERT_EQ(o::compare_exact_i32("recv_scales", gs,
+                                             &d.scales_packed[row * words],
+                                             words, words),
+                        "")
+                  << where << "expert " << e;
+              o::unpack_ue8m0(gs, G, sc.data());
+            } else {
+              const float *gf = reinterpret_cast<const float *>(gs);
+              ASSERT_EQ(o::compare_exact_f32("recv_scales", gf,
+                                             &d.scales[row * G], G, G),
+                        "")
+                  << where << "expert " << e;
+              sc.assign(gf, gf + G);
+            }
+            o::dequantize_row(got, sc.data(), H, f.data());
+          } else {
+            const uint16_t *g16 = reinterpret_cast<const uint16_t *>(got);
+            ASSERT_EQ(
+                o::compare_exact_u16("recv_x", g16, &d.x_bf16[row * H], H, H),
+                "")
+                << where << "expert " << e << " slot " << i;
+            for (int h = 0; h < H; ++h) f[h] = o::bf16_to_float(g16[h]);
+          }
+          uint16_t *yr = &y[r][full * H];
+          o::expert_fn_row(r * EL + e, f.data(), H, yr);
+          y_of_slot[sl.src_rank][static_cast<size_t>(sl.src_token) * K + sl.k] =
+              yr;
+        }
+      }
+      CUDA_OK(cudaMemcpy(rb[r].y, y[r].data(), y[r].size() * 2,
+                         cudaMemcpyHostToDevice));
+    }
+
+    CUDA_OK(cudaDeviceSynchronize());
+    for (int r = 0; r < R; ++r) {
+      const mep_kstatus_t st =
+          c.split ? mep_ll_combine_send(&rb[r].ctx, &ca[r], world->stream(r))
+                  : mep_ll_combine(&rb[r].ctx, &ca[r], world->stream(r));
+      ASSERT_EQ(st, MEP_KSTATUS_OK)
+          << "rank " << r << ": " << mep_kernels_last_error();
+    }
+    if (c.split) {
+      for (int r = 0; r < R; ++r)
+        ASSERT_EQ(mep_ll_combine_recv(&rb[r].ctx, &ca[r], world->stream(r)),
+                  MEP_KSTATUS_OK)
+            << "rank " << r << ": " << mep_kernels_last_error();
+    }
+    ASSERT_EQ(world->Sync(), "") << "combine, call " << call;
+    ASSERT_EQ(world->Records(), "")
+        << "combine, call " << call << ", seed " << seed;
+    for (int s = 0; s < R; ++s) {
+      const auto &slot_y = y_of_slot[s];
+      const std::vector<uint16_t> want = o::ll_combine_reduce(
+          p, all[s],
+          [&](int t, int k) { return slot_y[static_cast<size_t>(t) * K + k]; },
+          c.weighted ? o::LlWeightsAt::kDispatch : o::LlWeightsAt::kCombine);
+      const auto got = Download<uint16_t>(rb[s].out, want.size());
+      EXPECT_EQ(o::compare_exact_bf16("combine out", got.data(), want.data(),
+                                      want.size(), H),
+                "")
+          << "rank " << s << ", call " << call << ", seed " << seed;
+    }
+    if (HasFailure()) return;
+  }
+}
+
+using G = o::Generator;
+using S = o::ScaleFormat;
+const Case kCases[] = {
+    // name, world, transport, experts, hidden, top_k, max_tokens, generator,
+    // fp8, scales,
+    // weighted, split, idx_bytes
+    {"ep4_lsa_fp8_t128", 4, kLsa, 256, 7168, 8, 128, G::kUniform, true, S::kF32,
+     false, false, 8},
+    {"ep4_lsa_fp8_t128_weighted", 4, kLsa, 256, 7168, 8, 128, G::kUniform, true,
+     S::kF32, true, false, 8},
+    {"ep4_lsa_bf16_t33_split_masked", 4, kLsa, 64, 2048, 6, 33, G::kMasked,
+     false, S::kF32, false, true, 4},
+    {"ep4_emu_fp8packed_t64_split_weighted", 4, kEmu, 256, 2048, 8, 64,
+     G::kSkewed, true, S::kUe8m0Packed, true, true, 8},
+    {"ep4_emu_bf16_t1", 4, kEmu, 32, 2880, 4, 1, G::kUniform, false, S::kF32,
+     false, false, 8},
+    {"ep8_lsa_fp8ue8m0_t128_empty", 8, kLsa, 256, 7168, 8, 128, G::kEmptyRanks,
+     true, S::kUe8m0, false, false, 8},
+    {"ep8_lsa_bf16_t64_hot_weighted", 8, kLsa, 256, 4096, 8, 64,
+     G::kAllToOneRank, false, S::kF32, true, false, 8},
+    {"ep8_emu_fp8_t32_split", 8, kEmu, 256, 7168, 8, 32, G::kUniform, true,
+     S::kF32, false, true, 8},
+    {"ep8_emu_bf16_t16_k32_weighted", 8, kEmu, 256, 2048, 32, 16, G::kMasked,
+     false, S::kF32, true, false, 4},
+    {"ep3_lsa_bf16_t17", 3, kLsa, 48, 2048, 8, 17, G::kUniform, false, S::kF32,
+     false, false, 8},
+};
+
+INSTANTIATE_TEST_SUITE_P(Cases, LlWorld, ::testing::ValuesIn(kCases),
+                         [](const ::testing::TestParamInfo<Case> &i) {
+                           return std::string(i.param.name);
+                         });
+
+}  // namespace
