@@ -1,4 +1,4 @@
-// ht_world_test.cc: the HT kernels at 2..8 ranks on one GPU (one_gpu_world.h),
+// ht_world_test.cc: the HT kernels at 3..16 ranks on one GPU (one_gpu_world.h),
 // against the oracle: LSA, and GIN-emulated with nodes of 1, 2 and 4 ranks,
 // bf16 and pre-quantised fp8, several calls per group (ring positions and
 // the count words' epochs carry across calls), worst-case padding. Every
@@ -52,6 +52,61 @@ struct RankIo {
   void *out = nullptr;
 };
 
+// A group of c.world ranks on this GPU with every rank's outputs allocated
+// for c's capacities.
+struct HtGroup {
+  std::unique_ptr<mep_world::World> world;
+  Dev dev;
+  std::vector<RankIo> io;
+};
+
+void MakeGroup(const Case &c, int timeout_ms, HtGroup *g) {
+  const int H = c.hidden, K = c.top_k, R = c.world;
+  const int words = !c.fp8 ? 0
+                    : c.scales == o::ScaleFormat::kUe8m0Packed
+                        ? (H / 128 + 3) / 4
+                        : H / 128;
+  const size_t row_bytes = c.fp8 ? H : 2 * H;
+  const int64_t cap = static_cast<int64_t>(R) * c.max_tokens;
+  mep_ht_dims_t dims = {};
+  dims.world = R;
+  dims.local_experts = c.experts / R;
+  dims.max_tokens = c.max_tokens;
+  dims.hidden = H;
+  dims.top_k = K;
+  dims.node_ranks = c.node_ranks;
+  std::string err;
+  g->world = mep_world::World::Create(R, mep_ht_buffer_bytes(&dims), &err);
+  ASSERT_NE(g->world, nullptr) << err;
+  int device = 0;
+  CUDA_OK(cudaGetDevice(&device));
+  uint64_t cycles = 0;
+  ASSERT_EQ(mep_ll_timeout_cycles(device, timeout_ms, &cycles), MEP_KSTATUS_OK);
+
+  g->io.resize(R);
+  std::vector<RankIo> &io = g->io;
+  for (int r = 0; r < R; ++r) {
+    mep_ht_ctx_t &x = io[r].ctx;
+    x.dims = dims;
+    x.num_sms = c.num_sms;
+    x.transport = c.transport;
+    x.timeout_cycles = cycles;
+    ASSERT_EQ(mep_world::PointAtRank(*g->world, r, mep_ht_state_bytes(&dims),
+                                     &g->dev, &x),
+              "");
+    io[r].recv_x = g->dev.alloc<uint8_t>(cap * row_bytes);
+    io[r].recv_scales = g->dev.alloc<int32_t>(cap * (words > 0 ? words : 1));
+    io[r].recv_idx = g->dev.alloc<int32_t>(cap * K);
+    io[r].recv_w = g->dev.alloc<float>(cap * K);
+    io[r].recv_count = g->dev.alloc<int32_t>(dims.local_experts);
+    io[r].num_recv = g->dev.alloc<int64_t>(1);
+    io[r].out = g->dev.alloc<uint16_t>(static_cast<size_t>(c.max_tokens) * H);
+    ASSERT_TRUE(io[r].recv_x && io[r].recv_scales && io[r].recv_idx &&
+                io[r].recv_w && io[r].recv_count && io[r].num_recv &&
+                io[r].out);
+  }
+}
+
 class HtWorld : public ::testing::TestWithParam<Case> {};
 
 TEST_P(HtWorld, MatchesOracle) {
@@ -70,46 +125,13 @@ TEST_P(HtWorld, MatchesOracle) {
   const int words = !c.fp8   ? 0
                     : packed ? p.packed_scale_words()
                              : p.scale_groups();
-  const size_t row_bytes = c.fp8 ? H : 2 * H;
   const int64_t cap = static_cast<int64_t>(R) * c.max_tokens;
 
-  mep_ht_dims_t dims = {};
-  dims.world = R;
-  dims.local_experts = c.experts / R;
-  dims.max_tokens = c.max_tokens;
-  dims.hidden = H;
-  dims.top_k = K;
-  dims.node_ranks = c.node_ranks;
-  std::string err;
-  auto world = mep_world::World::Create(R, mep_ht_buffer_bytes(&dims), &err);
-  ASSERT_NE(world, nullptr) << err;
-  int device = 0;
-  CUDA_OK(cudaGetDevice(&device));
-  uint64_t cycles = 0;
-  ASSERT_EQ(mep_ll_timeout_cycles(device, kTimeoutMs, &cycles), MEP_KSTATUS_OK);
-
-  Dev dev;
-  std::vector<RankIo> io(R);
-  for (int r = 0; r < R; ++r) {
-    mep_ht_ctx_t &x = io[r].ctx;
-    x.dims = dims;
-    x.num_sms = c.num_sms;
-    x.transport = c.transport;
-    x.timeout_cycles = cycles;
-    ASSERT_EQ(
-        mep_world::PointAtRank(*world, r, mep_ht_state_bytes(&dims), &dev, &x),
-        "");
-    io[r].recv_x = dev.alloc<uint8_t>(cap * row_bytes);
-    io[r].recv_scales = dev.alloc<int32_t>(cap * (words > 0 ? words : 1));
-    io[r].recv_idx = dev.alloc<int32_t>(cap * K);
-    io[r].recv_w = dev.alloc<float>(cap * K);
-    io[r].recv_count = dev.alloc<int32_t>(dims.local_experts);
-    io[r].num_recv = dev.alloc<int64_t>(1);
-    io[r].out = dev.alloc<uint16_t>(static_cast<size_t>(c.max_tokens) * H);
-    ASSERT_TRUE(io[r].recv_x && io[r].recv_scales && io[r].recv_idx &&
-                io[r].recv_w && io[r].recv_count && io[r].num_recv &&
-                io[r].out);
-  }
+  HtGroup grp;
+  ASSERT_NO_FATAL_FAILURE(MakeGroup(c, kTimeoutMs, &grp));
+  const auto &world = grp.world;
+  std::vector<RankIo> &io = grp.io;
+  const mep_ht_dims_t &dims = io[0].ctx.dims;
 
   for (int call = 0; call < kCalls; ++call) {
     const uint64_t seed = 1000 * (call + 1) + R;
@@ -264,6 +286,77 @@ TEST_P(HtWorld, MatchesOracle) {
   }
 }
 
+// A rank that never launches: every other rank's dispatch gives up within
+// the timeout with a fatal record naming that rank (and itself), instead
+// of hanging; the kernels end and the streams drain.
+TEST(HtWorldFailure, AbsentRankIsNamedByEveryWaitingRank) {
+  const Case c = {"ep4_absent",
+                  4,
+                  0,
+                  kLsa,
+                  64,
+                  2048,
+                  8,
+                  16,
+                  o::Generator::kUniform,
+                  false,
+                  o::ScaleFormat::kF32,
+                  8,
+                  false};
+  constexpr int kAbsent = 2;
+  HtGroup grp;
+  ASSERT_NO_FATAL_FAILURE(MakeGroup(c, 300, &grp));
+  o::Problem p;
+  p.world = c.world;
+  p.num_experts = c.experts;
+  p.hidden = c.hidden;
+  p.top_k = c.top_k;
+  p.max_tokens_per_rank = c.max_tokens;
+  const std::vector<o::RankInputs> all = o::make_all_inputs(p, 7);
+  Dev call_dev;
+  std::vector<mep_ht_dispatch_args_t> da(c.world);
+  for (int r = 0; r < c.world; ++r) {
+    mep_ht_dispatch_args_t &a = da[r];
+    a = {};
+    a.x = call_dev.upload(all[r].x);
+    a.topk_idx = call_dev.upload(all[r].topk_idx);
+    a.topk_idx_bytes = 8;
+    a.num_tokens = all[r].num_tokens;
+    a.hidden = c.hidden;
+    a.top_k = c.top_k;
+    a.num_experts = c.experts;
+    a.topk_weights = call_dev.upload(all[r].topk_weights);
+    a.recv_x = grp.io[r].recv_x;
+    a.recv_topk_idx = static_cast<int32_t *>(grp.io[r].recv_idx);
+    a.recv_topk_weights = static_cast<float *>(grp.io[r].recv_w);
+    a.recv_count = grp.io[r].recv_count;
+    a.recv_capacity = static_cast<int64_t>(c.world) * c.max_tokens;
+    a.num_recv = grp.io[r].num_recv;
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  for (int r = 0; r < c.world; ++r) {
+    if (r == kAbsent) continue;
+    ASSERT_EQ(mep_ht_dispatch(&grp.io[r].ctx, &da[r], grp.world->stream(r)),
+              MEP_KSTATUS_OK)
+        << "rank " << r << ": " << mep_kernels_last_error();
+  }
+  ASSERT_EQ(grp.world->Sync(), "");
+  for (int r = 0; r < c.world; ++r) {
+    const mep_error_record_t &rec = grp.world->records(r)[0];
+    if (r == kAbsent) {
+      EXPECT_EQ(rec.flag, 0) << "rank " << r << " never ran but has a record";
+      continue;
+    }
+    ASSERT_EQ(rec.flag, 2) << "rank " << r << " has no timeout record: "
+                           << grp.world->Records();
+    EXPECT_EQ(rec.rank, r) << grp.world->Records();
+    EXPECT_EQ(rec.peer, kAbsent)
+        << "rank " << r << ": " << grp.world->Records();
+    EXPECT_EQ(rec.op, MEP_HT_OP_DISPATCH_COUNTS)
+        << "rank " << r << ": " << grp.world->Records();
+  }
+}
+
 using G = o::Generator;
 using S = o::ScaleFormat;
 const Case kCases[] = {
@@ -294,6 +387,11 @@ const Case kCases[] = {
      true, S::kF32, 8, false},
     {"ep8_emu_nodes1_bf16_t33_k1", 8, 1, kEmu, 64, 2048, 1, 33, G::kUniform,
      false, S::kF32, 4, false},
+    // MEP_HT_MAX_RANKS: one warp per peer at both ends of every ring.
+    {"ep16_lsa_bf16_t64", 16, 0, kLsa, 256, 2048, 8, 64, G::kUniform, false,
+     S::kF32, 4, false},
+    {"ep16_emu_nodes4_fp8_t40_empty", 16, 4, kEmu, 256, 2048, 8, 40,
+     G::kEmptyRanks, true, S::kF32, 4, true},
     {"ep3_lsa_bf16_t100", 3, 0, kLsa, 48, 2048, 8, 100, G::kUniform, false,
      S::kF32, 16, false},
 };

@@ -1,4 +1,4 @@
-// ll_world_test.cc: the LL kernels at 3, 4 and 8 ranks on one GPU
+// ll_world_test.cc: the LL kernels at 3, 4, 8 and 16 ranks on one GPU
 // (one_gpu_world.h), against the oracle: LSA and GIN-emulated, bf16 and fp8
 // (f32, UE8M0 and packed UE8M0 scales), weights at combine and at dispatch,
 // fused kernels and split send/receive halves, both buffer sets, several
@@ -331,6 +331,10 @@ const Case kCases[] = {
      S::kF32, false, true, 8},
     {"ep8_emu_bf16_t16_k32_weighted", 8, kEmu, 256, 2048, 32, 16, G::kMasked,
      false, S::kF32, true, false, 4},
+    {"ep16_lsa_fp8_t32", 16, kLsa, 256, 7168, 8, 32, G::kUniform, true, S::kF32,
+     false, false, 8},
+    {"ep16_emu_bf16_t8_split_weighted", 16, kEmu, 128, 2048, 8, 8, G::kSkewed,
+     false, S::kF32, true, true, 8},
     {"ep3_lsa_bf16_t17", 3, kLsa, 48, 2048, 8, 17, G::kUniform, false, S::kF32,
      false, false, 8},
 };
