@@ -52,6 +52,20 @@ struct RankIo {
   void *out = nullptr;
 };
 
+// The oracle's description of case c's layer call.
+o::Problem ProblemOf(const Case &c) {
+  o::Problem p;
+  p.world = c.world;
+  p.num_experts = c.experts;
+  p.hidden = c.hidden;
+  p.top_k = c.top_k;
+  p.max_tokens_per_rank = c.max_tokens;
+  p.generator = c.gen;
+  p.dispatch_dtype = c.fp8 ? o::DispatchDtype::kFp8 : o::DispatchDtype::kBf16;
+  p.scale_format = c.scales;
+  return p;
+}
+
 // A group of c.world ranks on this GPU with every rank's outputs allocated
 // for c's capacities.
 struct HtGroup {
@@ -111,15 +125,7 @@ class HtWorld : public ::testing::TestWithParam<Case> {};
 
 TEST_P(HtWorld, MatchesOracle) {
   const Case &c = GetParam();
-  o::Problem p;
-  p.world = c.world;
-  p.num_experts = c.experts;
-  p.hidden = c.hidden;
-  p.top_k = c.top_k;
-  p.max_tokens_per_rank = c.max_tokens;
-  p.generator = c.gen;
-  p.dispatch_dtype = c.fp8 ? o::DispatchDtype::kFp8 : o::DispatchDtype::kBf16;
-  p.scale_format = c.scales;
+  const o::Problem p = ProblemOf(c);
   const bool packed = c.scales == o::ScaleFormat::kUe8m0Packed;
   const int H = c.hidden, K = c.top_k, R = c.world;
   const int words = !c.fp8   ? 0
@@ -306,12 +312,7 @@ TEST(HtWorldFailure, AbsentRankIsNamedByEveryWaitingRank) {
   constexpr int kAbsent = 2;
   HtGroup grp;
   ASSERT_NO_FATAL_FAILURE(MakeGroup(c, 300, &grp));
-  o::Problem p;
-  p.world = c.world;
-  p.num_experts = c.experts;
-  p.hidden = c.hidden;
-  p.top_k = c.top_k;
-  p.max_tokens_per_rank = c.max_tokens;
+  const o::Problem p = ProblemOf(c);
   const std::vector<o::RankInputs> all = o::make_all_inputs(p, 7);
   Dev call_dev;
   std::vector<mep_ht_dispatch_args_t> da(c.world);
