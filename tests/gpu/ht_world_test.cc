@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "kernels/common/kernels_error.h"
 #include "kernels/ht/ht.h"
 #include "kernels/ll/ll.h"
 #include "tests/gpu/cuda_ok.h"
@@ -179,14 +178,12 @@ TEST_P(HtWorld, MatchesOracle) {
       a.pad = c.pad;
       a.num_recv = io[r].num_recv;
     }
-    // Uploads from pageable memory may still be in flight when cudaMemcpy
-    // returns, and the ranks' streams do not wait for the legacy stream.
-    CUDA_OK(cudaDeviceSynchronize());
-    for (int r = 0; r < R; ++r)
-      ASSERT_EQ(mep_ht_dispatch(&io[r].ctx, &da[r], world->stream(r)),
-                MEP_KSTATUS_OK)
-          << "rank " << r << " call " << call << ": "
-          << mep_kernels_last_error();
+    ASSERT_EQ(world->Settle(), "");
+    ASSERT_EQ(world->LaunchAll([&](int r, cudaStream_t s) {
+      return mep_ht_dispatch(&io[r].ctx, &da[r], s);
+    }),
+              "")
+        << "call " << call;
     ASSERT_EQ(world->Sync(), "") << "dispatch, call " << call;
     ASSERT_EQ(world->Records(), "")
         << "dispatch, call " << call << ", seed " << seed;
@@ -271,12 +268,12 @@ TEST_P(HtWorld, MatchesOracle) {
       a.channels = mep_ht_channels(&io[r].ctx);
       a.out = io[r].out;
     }
-    CUDA_OK(cudaDeviceSynchronize());
-    for (int r = 0; r < R; ++r)
-      ASSERT_EQ(mep_ht_combine(&io[r].ctx, &ca[r], world->stream(r)),
-                MEP_KSTATUS_OK)
-          << "rank " << r << " call " << call << ": "
-          << mep_kernels_last_error();
+    ASSERT_EQ(world->Settle(), "");
+    ASSERT_EQ(world->LaunchAll([&](int r, cudaStream_t s) {
+      return mep_ht_combine(&io[r].ctx, &ca[r], s);
+    }),
+              "")
+        << "call " << call;
     ASSERT_EQ(world->Sync(), "") << "combine, call " << call;
     ASSERT_EQ(world->Records(), "")
         << "combine, call " << call << ", seed " << seed;
@@ -334,13 +331,13 @@ TEST(HtWorldFailure, AbsentRankIsNamedByEveryWaitingRank) {
     a.recv_capacity = static_cast<int64_t>(c.world) * c.max_tokens;
     a.num_recv = grp.io[r].num_recv;
   }
-  CUDA_OK(cudaDeviceSynchronize());
-  for (int r = 0; r < c.world; ++r) {
-    if (r == kAbsent) continue;
-    ASSERT_EQ(mep_ht_dispatch(&grp.io[r].ctx, &da[r], grp.world->stream(r)),
-              MEP_KSTATUS_OK)
-        << "rank " << r << ": " << mep_kernels_last_error();
-  }
+  ASSERT_EQ(grp.world->Settle(), "");
+  ASSERT_EQ(grp.world->LaunchAll(
+                [&](int r, cudaStream_t s) {
+                  return mep_ht_dispatch(&grp.io[r].ctx, &da[r], s);
+                },
+                kAbsent),
+            "");
   ASSERT_EQ(grp.world->Sync(), "");
   for (int r = 0; r < c.world; ++r) {
     const mep_error_record_t &rec = grp.world->records(r)[0];

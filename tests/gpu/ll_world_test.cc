@@ -12,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "kernels/common/kernels_error.h"
 #include "kernels/ll/ll.h"
 #include "tests/gpu/cuda_ok.h"
 #include "tests/gpu/one_gpu_world.h"
@@ -179,21 +178,17 @@ TEST_P(LlWorld, MatchesOracle) {
       b.src_tokens = rb[r].src_tokens;
       b.partials = c.weighted;
     }
-    // Uploads from pageable memory may still be in flight when cudaMemcpy
-    // returns, and the ranks' streams do not wait for the legacy stream.
-    CUDA_OK(cudaDeviceSynchronize());
-    for (int r = 0; r < R; ++r) {
-      const mep_kstatus_t st =
-          c.split ? mep_ll_dispatch_send(&rb[r].ctx, &da[r], world->stream(r))
-                  : mep_ll_dispatch(&rb[r].ctx, &da[r], world->stream(r));
-      ASSERT_EQ(st, MEP_KSTATUS_OK)
-          << "rank " << r << ": " << mep_kernels_last_error();
-    }
+    ASSERT_EQ(world->Settle(), "");
+    ASSERT_EQ(world->LaunchAll([&](int r, cudaStream_t s) {
+      return c.split ? mep_ll_dispatch_send(&rb[r].ctx, &da[r], s)
+                     : mep_ll_dispatch(&rb[r].ctx, &da[r], s);
+    }),
+              "");
     if (c.split) {
-      for (int r = 0; r < R; ++r)
-        ASSERT_EQ(mep_ll_dispatch_recv(&rb[r].ctx, &da[r], world->stream(r)),
-                  MEP_KSTATUS_OK)
-            << "rank " << r << ": " << mep_kernels_last_error();
+      ASSERT_EQ(world->LaunchAll([&](int r, cudaStream_t s) {
+        return mep_ll_dispatch_recv(&rb[r].ctx, &da[r], s);
+      }),
+                "");
     }
     ASSERT_EQ(world->Sync(), "") << "dispatch, call " << call;
     ASSERT_EQ(world->Records(), "")
@@ -274,19 +269,17 @@ TEST_P(LlWorld, MatchesOracle) {
                          cudaMemcpyHostToDevice));
     }
 
-    CUDA_OK(cudaDeviceSynchronize());
-    for (int r = 0; r < R; ++r) {
-      const mep_kstatus_t st =
-          c.split ? mep_ll_combine_send(&rb[r].ctx, &ca[r], world->stream(r))
-                  : mep_ll_combine(&rb[r].ctx, &ca[r], world->stream(r));
-      ASSERT_EQ(st, MEP_KSTATUS_OK)
-          << "rank " << r << ": " << mep_kernels_last_error();
-    }
+    ASSERT_EQ(world->Settle(), "");
+    ASSERT_EQ(world->LaunchAll([&](int r, cudaStream_t s) {
+      return c.split ? mep_ll_combine_send(&rb[r].ctx, &ca[r], s)
+                     : mep_ll_combine(&rb[r].ctx, &ca[r], s);
+    }),
+              "");
     if (c.split) {
-      for (int r = 0; r < R; ++r)
-        ASSERT_EQ(mep_ll_combine_recv(&rb[r].ctx, &ca[r], world->stream(r)),
-                  MEP_KSTATUS_OK)
-            << "rank " << r << ": " << mep_kernels_last_error();
+      ASSERT_EQ(world->LaunchAll([&](int r, cudaStream_t s) {
+        return mep_ll_combine_recv(&rb[r].ctx, &ca[r], s);
+      }),
+                "");
     }
     ASSERT_EQ(world->Sync(), "") << "combine, call " << call;
     ASSERT_EQ(world->Records(), "")

@@ -70,6 +70,11 @@ World::~World() {
   cudaFree(base_);
 }
 
+std::string World::Settle() const {
+  const cudaError_t e = cudaDeviceSynchronize();
+  return e == cudaSuccess ? "" : CudaSentence("cudaDeviceSynchronize", e);
+}
+
 std::string World::Sync() const {
   for (int r = 0; r < world_; ++r) {
     cudaError_t e = cudaStreamSynchronize(streams_[r]);

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kernels/common/error_record.h"
+#include "kernels/common/kernels_error.h"
 
 namespace mep_world {
 
@@ -47,6 +48,22 @@ class World {
   // Two host-mapped records per rank: [0] fatal, [1] notice.
   mep_error_record_t *records(int r) const { return records_ + 2 * r; }
   mep_error_record_t *records_dev(int r) const { return records_dev_ + 2 * r; }
+  // Waits until the device is idle, before the ranks' launches: uploads
+  // from pageable memory may still be in flight when cudaMemcpy returns,
+  // and the ranks' non-blocking streams do not wait for them. "" or CUDA's
+  // sentence.
+  std::string Settle() const;
+  // launch(r, stream(r)) -> mep_kstatus_t for every rank but `skip`, in rank
+  // order; "" or "rank r: <the launcher's sentence>" for the first refusal.
+  template <typename Launch>
+  std::string LaunchAll(Launch launch, int skip = -1) const {
+    for (int r = 0; r < world_; ++r) {
+      if (r == skip) continue;
+      if (launch(r, streams_[r]) != MEP_KSTATUS_OK)
+        return "rank " + std::to_string(r) + ": " + mep_kernels_last_error();
+    }
+    return "";
+  }
   // Waits for every rank's stream; "" or CUDA's sentence.
   std::string Sync() const;
   // "" when no rank left a record, else each record as a sentence.
