@@ -189,6 +189,28 @@ __device__ __forceinline__ bool mep_ht_net(const MepHtParams &p, int d) {
   }
 }
 
+/* How dispatch rows travel between this rank and rank y (PROTOCOL.md
+ * "Relays"): directly over NVLink when y is on this node (always, for the
+ * LSA-only kernels); over the network when y is on another node at this
+ * rank's index in its node (y relays this rank's rows for its whole node,
+ * and this rank relays y's for this node); otherwise through the relay of
+ * the receiving node (y's relay here, or this rank's there), whose
+ * NVLink stores fill the receiver's ring. Combine's rows still go
+ * directly to each rank (mep_ht_net). */
+enum MepHtRoute { kMepHtDirect, kMepHtNetwork, kMepHtRelayed };
+template <class Tp>
+__device__ __forceinline__ MepHtRoute mep_ht_route(const MepHtParams &p, int y) {
+  if (!mep_ht_net<Tp>(p, y)) return kMepHtDirect;
+  const int n = p.dims.node_ranks;
+  return y % n == p.xp.rank % n ? kMepHtNetwork : kMepHtRelayed;
+}
+
+/* Index of ring (origin s, destination d, channel c) in the relay's
+ * forwarding arrays (window fwd_head, state fwd_tail), [R][R][C]. */
+__device__ __forceinline__ uint64_t mep_ht_fwd_index(const MepHtParams &p, int s, int d, int c) {
+  return ((uint64_t)s * p.dims.world + (uint64_t)d) * MEP_HT_MAX_CHANNELS + (uint64_t)c;
+}
+
 /* Signal (kind, peer, c) of this rank, as GIN or its emulation keeps it. */
 template <class Tp>
 __device__ __forceinline__ uint64_t mep_ht_sig_read(const MepHtParams &p, int kind, int peer,

@@ -1,103 +1,18 @@
 /* ht_dispatch.cu: the HT dispatch kernel. One cooperative launch of 2C
  * blocks: even blocks send channel c (a contiguous range of this rank's
  * tokens), odd blocks receive channel c from every source. Each token
- * crosses once per destination rank, through a bounded ring per (source,
- * destination, channel); rows land packed by source rank, then token. */
+ * crosses once per destination rank on its node and once per remote node
+ * (to the relay there, which fans it out: ht_relay.cuh), through a
+ * bounded ring per (source, destination, channel); rows land packed by
+ * source rank, then token. */
 #include <cuda_runtime.h>
 
 #include "kernels/ht/ht_device.cuh"
 #include "kernels/ht/ht_launch.cuh"
+#include "kernels/ht/ht_relay.cuh"
+#include "kernels/ht/ht_rows.cuh"
 
 namespace {
-
-/* Index of the o-th set bit of `bits` (o < popc(bits)). */
-__device__ __forceinline__ int mep_ht_nth_bit(uint32_t bits, int o) {
-  for (int i = 0; i < o; ++i) bits &= bits - 1;
-  return __ffs(bits) - 1;
-}
-
-/* Slot k of a token's routing as destination d sees it: d's local expert
- * (-1 when the expert lives elsewhere) and its weight (0 elsewhere). The
- * raw id and weight are loaded by mep_ht_slot_load before the row's copy,
- * so their load latency overlaps the copy's instead of following it. */
-struct MepHtSlot {
-  int64_t e;
-  float w;
-};
-__device__ __forceinline__ MepHtSlot mep_ht_slot_load(const mep_ht_dispatch_args_t &a, int t) {
-  const int lane = threadIdx.x & 31;
-  MepHtSlot s = {-1, 0.0f};
-  if (lane < a.top_k) {
-    const int64_t i = (int64_t)t * a.top_k + lane;
-    s.e = mep_ht_topk(a.topk_idx, a.topk_idx_bytes, i);
-    s.w = a.topk_weights[i];
-  }
-  return s;
-}
-__device__ __forceinline__ int32_t mep_ht_slot(const mep_ht_dispatch_args_t &a, MepHtSlot s, int d,
-                                               int e_local, float *w) {
-  const bool here = s.e >= 0 && s.e < a.num_experts && (int)(s.e / e_local) == d;
-  *w = here ? s.w : 0.0f;
-  return here ? (int32_t)(s.e % e_local) : -1;
-}
-
-/* The rows of token t for destination d: payload, then its K slots as d's
- * local experts (-1 elsewhere) and their weights (0 elsewhere). */
-__device__ __forceinline__ void mep_ht_write_row(const mep_ht_dispatch_args_t &a, uint64_t payload,
-                                                 int t, int d, int e_local, char *dst) {
-  const int H = a.hidden, K = a.top_k, lane = threadIdx.x & 31;
-  const MepHtSlot slot = mep_ht_slot_load(a, t);
-  if (a.fp8) {
-    mep_copy_warp<kMepHtCopyU>(dst, static_cast<const uint8_t *>(a.x) + (uint64_t)t * H, (uint32_t)H);
-    mep_ht_copy_words(reinterpret_cast<uint32_t *>(dst + H),
-                      static_cast<const uint32_t *>(a.x_scales) + (uint64_t)t * a.scale_words,
-                      a.scale_words);
-  } else {
-    mep_copy_warp<kMepHtCopyU>(dst, static_cast<const uint16_t *>(a.x) + (uint64_t)t * H, 2u * (uint32_t)H);
-  }
-  if (lane < K) {
-    float w;
-    reinterpret_cast<int32_t *>(dst + payload)[lane] = mep_ht_slot(a, slot, d, e_local, &w);
-    reinterpret_cast<float *>(dst + payload + 4u * K)[lane] = w;
-  }
-}
-
-/* Token t of this rank's own rows, straight into output row `out` (no
- * ring: the receiver would only copy it again). */
-__device__ __forceinline__ void mep_ht_place_own(const mep_ht_dispatch_args_t &a, int t, int me,
-                                                 int e_local, int64_t out, int32_t *hist) {
-  const int H = a.hidden, K = a.top_k, lane = threadIdx.x & 31;
-  const MepHtSlot slot = mep_ht_slot_load(a, t);
-  if (a.fp8) {
-    mep_copy_warp<kMepHtCopyU>(static_cast<uint8_t *>(a.recv_x) + out * H,
-                               static_cast<const uint8_t *>(a.x) + (int64_t)t * H, (uint32_t)H);
-    mep_ht_copy_words(static_cast<uint32_t *>(a.recv_scales) + out * a.scale_words,
-                      static_cast<const uint32_t *>(a.x_scales) + (int64_t)t * a.scale_words,
-                      a.scale_words);
-  } else {
-    mep_copy_warp<kMepHtCopyU>(static_cast<uint16_t *>(a.recv_x) + out * H,
-                               static_cast<const uint16_t *>(a.x) + (int64_t)t * H,
-                               2u * (uint32_t)H);
-  }
-  if (lane < K) {
-    float w;
-    const int32_t lid = mep_ht_slot(a, slot, me, e_local, &w);
-    a.recv_topk_idx[out * K + lane] = lid;
-    a.recv_topk_weights[out * K + lane] = w;
-    if (lid >= 0) atomicAdd(&hist[lid], 1);
-  }
-}
-
-/* Which of the chunk's tokens [base, min(base + 32, t1)) go to rank d
- * (bit i: token base + i). Whole warp. */
-__device__ __forceinline__ uint32_t mep_ht_chunk_ballot(const mep_ht_dispatch_args_t &a, int base,
-                                                        int t1, int d, int e_local) {
-  const int t = base + (int)(threadIdx.x & 31);
-  const uint64_t m = t < t1 ? mep_ht_dest_mask(a.topk_idx, a.topk_idx_bytes, t, a.top_k,
-                                               a.num_experts, e_local)
-                            : 0;
-  return __ballot_sync(~0u, (m >> d) & 1u);
-}
 
 /* This rank's own rows of channel [t0, t1), output rows from `out`: the
  * group places the rows of chunks k (of 32 tokens) with k % 3 == 0 when
@@ -110,7 +25,7 @@ __device__ void mep_ht_place_own_part(const mep_ht_dispatch_args_t &a, const Mep
                                       int t0, int t1, int me, int e_local, int64_t out, bool sender,
                                       int32_t *hist) {
   for (int base = t0, k = 0; base < t1; base += MEP_HT_CHUNK, ++k) {
-    const uint32_t bal = mep_ht_chunk_ballot(a, base, t1, me, e_local);
+    const uint32_t bal = mep_ht_chunk_ballot(a, base, t1, MepHtSpan{me, 1}, e_local);
     const int n = __popc(bal);
     if ((k % 3 == 0) == sender)
       for (int o = g.index; o < n; o += g.size)
@@ -188,10 +103,11 @@ __device__ bool mep_ht_read_counts(const MepHtParams &p, uint32_t tag, int parit
 
 /* Destination d = g.group's rows of channel c through its ring: chunks of
  * up to 32 rows, each written once room is there, then published with one
- * release store of the tail. A network destination's rows are written
- * into this rank's staging ring and put from there; the chunk's signal add
- * on d's tail signal for (this rank, c) follows every warp's puts. Whole
- * warp group. */
+ * release store of the tail. A network destination is a relay: its ring
+ * carries the rows of every token with an expert on d's node, numbered
+ * for that node (ht_rows.cuh). They are written into this rank's staging
+ * ring and put from there; the chunk's signal add on d's tail signal for
+ * (this rank, c) follows every warp's puts. Whole warp group. */
 template <class Tp>
 __device__ void mep_ht_send_ring(const MepHtParams &p, const mep_ht_dispatch_args_t &a,
                                  const MepHtGroups &g, int c, int t0, int t1,
@@ -200,10 +116,12 @@ __device__ void mep_ht_send_ring(const MepHtParams &p, const mep_ht_dispatch_arg
   uint64_t tail = *mep_ht_state_u64(p, p.st.send_tail_d, d, c);
   const uint64_t payload = mep_ht_payload_bytes(a.hidden, a.fp8, a.scale_words);
   const bool net = mep_ht_net<Tp>(p, d);
+  const MepHtSpan sp =
+      net ? MepHtSpan{d - d % p.dims.node_ranks, p.dims.node_ranks} : MepHtSpan{d, 1};
   const uint32_t put_bytes = (uint32_t)mep_ht_align(payload + 8u * (uint64_t)a.top_k, 16);
   bool ok = true;
   for (int base = t0; base < t1 && ok; base += MEP_HT_CHUNK) {
-    const uint32_t bal = mep_ht_chunk_ballot(a, base, t1, d, e_local);
+    const uint32_t bal = mep_ht_chunk_ballot(a, base, t1, sp, e_local);
     const int n = __popc(bal);
     if (n == 0) continue;
     /* Room for n rows: the destination has drained up to tail + n - Q. */
@@ -219,11 +137,11 @@ __device__ void mep_ht_send_ring(const MepHtParams &p, const mep_ht_dispatch_arg
       const int t = base + mep_ht_nth_bit(bal, o);
       if (net) {
         const uint64_t stage = mep_ht_ring_off(p.win.disp_stage, p.win.disp_row, d, c, slot);
-        mep_ht_write_row(a, payload, t, d, e_local, p.xp.local + stage);
+        mep_ht_write_row(a, payload, t, sp, e_local, p.xp.local + stage);
         __syncwarp(); /* the put reads what every lane wrote */
         Tp::put_warp_unsignalled(p.xp, d, ring, stage, put_bytes);
       } else {
-        mep_ht_write_row(a, payload, t, d, e_local,
+        mep_ht_write_row(a, payload, t, sp, e_local,
                          static_cast<char *>(MepLsa::peer_ptr(p.xp, d, ring)));
       }
     }
@@ -241,22 +159,30 @@ template <class Tp>
 __device__ void mep_ht_dispatch_send(const MepHtParams &p, const mep_ht_dispatch_args_t &a, int c,
                                      uint32_t tag, int parity) {
   __shared__ uint32_t cnt[MEP_HT_MAX_RANKS];
+  __shared__ uint32_t cnt_node[MEP_HT_MAX_RANKS];
   __shared__ volatile uint64_t wait_slot[MEP_HT_THREADS / 32][2];
   __shared__ int32_t n_sh[MEP_HT_MAX_RANKS * MEP_HT_MAX_CHANNELS];
   __shared__ int64_t base_sh[MEP_HT_MAX_RANKS];
   __shared__ int64_t total_sh;
   __shared__ int32_t hist[MEP_MAX_LOCAL_EXPERTS];
   const int R = p.dims.world, e_local = a.num_experts / R;
+  /* Ranks per node for the relays' counts (the whole group without
+   * network peers, where no relay exists). */
+  const int nr = Tp::kStaged ? p.dims.node_ranks : R;
   int t0, t1;
   mep_ht_channel_tokens(a.num_tokens, p.chan, c, &t0, &t1);
 
-  /* This channel's rows for each destination, announced first so every
-   * receiver learns where its rows go before any arrive. */
-  for (int d = threadIdx.x; d < R; d += blockDim.x) cnt[d] = 0;
+  /* This channel's rows for each destination and for each node's relay,
+   * announced first so every receiver learns where its rows go before any
+   * arrive. */
+  for (int d = threadIdx.x; d < R; d += blockDim.x) cnt[d] = cnt_node[d] = 0;
   __syncthreads();
   for (int t = t0 + threadIdx.x; t < t1; t += blockDim.x) {
     uint64_t m = mep_ht_dest_mask(a.topk_idx, a.topk_idx_bytes, t, a.top_k, a.num_experts,
                                   e_local);
+    if (Tp::kStaged)
+      for (int b = 0; b < R / nr; ++b)
+        if (mep_ht_in_span(m, MepHtSpan{b * nr, nr})) atomicAdd(&cnt_node[b], 1u);
     while (m != 0) {
       atomicAdd(&cnt[__ffsll((long long)m) - 1], 1u);
       m &= m - 1;
@@ -268,11 +194,17 @@ __device__ void mep_ht_dispatch_send(const MepHtParams &p, const mep_ht_dispatch
     const uint64_t word = MEP_HT_CNT_WORD(tag, p.chan, cnt[d]);
     if (mep_ht_net<Tp>(p, d)) {
       /* Staged per (parity, destination): the next call's word goes to
-       * the other slot, so an unfinished put never reads a newer one. */
+       * the other slot, so an unfinished put never reads a newer one. A
+       * relay's second word counts the rows of its network ring (every
+       * token with an expert on its node); other ranks' is 0. */
       const uint64_t stage = mep_ht_cnt16_off(p, p.win.cnt_stage, parity, d, c);
+      const uint64_t node_word =
+          mep_ht_route<Tp>(p, d) == kMepHtNetwork ? MEP_HT_CNT_WORD(tag, p.chan, cnt_node[d / nr])
+                                                  : 0u;
       if ((threadIdx.x & 31) == 0)
         *reinterpret_cast<uint4 *>(p.xp.local + stage) =
-            make_uint4((uint32_t)word, (uint32_t)(word >> 32), 0u, 0u);
+            make_uint4((uint32_t)word, (uint32_t)(word >> 32), (uint32_t)node_word,
+                       (uint32_t)(node_word >> 32));
       __syncwarp();
       Tp::put_warp(p.xp, d, mep_ht_cnt16_off(p, p.win.cnt_net, parity, p.xp.rank, c), nullptr,
                    stage, 16u,
@@ -291,42 +223,19 @@ __device__ void mep_ht_dispatch_send(const MepHtParams &p, const mep_ht_dispatch
   __syncthreads();
 
   /* One destination per warp group (R <= MEP_HT_MAX_RANKS warps); every
-   * warp of the group tracks the ring's tail itself. */
+   * warp of the group tracks the ring's tail itself. A rank on another
+   * node that is not this rank's relay there gets its rows from that
+   * relay: its group has nothing to send. */
   const MepHtGroups g = mep_ht_send_groups(R, p.xp.rank);
   const int d = g.group;
   if (d == p.xp.rank) {
     if (!drain) mep_ht_place_own_part(a, g, t0, t1, d, e_local, base_sh[d], true, hist);
-  } else if (d < R) {
+  } else if (d < R && mep_ht_route<Tp>(p, d) != kMepHtRelayed) {
     mep_ht_send_ring<Tp>(p, a, g, c, t0, t1, wait_slot[g.group]);
   }
   __syncthreads();
   for (int i = threadIdx.x; i < e_local; i += blockDim.x)
     if (hist[i] != 0) atomicAdd(&a.recv_count[i], hist[i]);
-}
-
-/* Copies one ring row into output row `out` (skipped when draining). */
-__device__ __forceinline__ void mep_ht_read_row(const mep_ht_dispatch_args_t &a, uint64_t payload,
-                                                const char *src, int64_t out, int32_t *hist) {
-  const int H = a.hidden, K = a.top_k, lane = threadIdx.x & 31;
-  /* The slots first: their loads overlap the payload's. */
-  int32_t lid = -1;
-  float w = 0.0f;
-  if (lane < K) {
-    lid = __ldcg(reinterpret_cast<const int32_t *>(src + payload) + lane);
-    w = __ldcg(reinterpret_cast<const float *>(src + payload + 4u * K) + lane);
-  }
-  if (a.fp8) {
-    mep_copy_warp<kMepHtCopyU>(static_cast<uint8_t *>(a.recv_x) + out * H, src, (uint32_t)H);
-    mep_ht_copy_words(static_cast<uint32_t *>(a.recv_scales) + out * a.scale_words,
-                      reinterpret_cast<const uint32_t *>(src + H), a.scale_words);
-  } else {
-    mep_copy_warp<kMepHtCopyU>(static_cast<uint16_t *>(a.recv_x) + out * H, src, 2u * (uint32_t)H);
-  }
-  if (lane < K) {
-    a.recv_topk_idx[out * K + lane] = lid;
-    a.recv_topk_weights[out * K + lane] = w;
-    if (lid >= 0) atomicAdd(&hist[lid], 1);
-  }
 }
 
 template <class Tp>
@@ -379,14 +288,29 @@ __device__ void mep_ht_dispatch_recv(const MepHtParams &p, const mep_ht_dispatch
         }
         continue;
       }
+      const MepHtRoute route = mep_ht_route<Tp>(p, s);
+      if (route == kMepHtNetwork) {
+        ok = mep_ht_relay_ring<Tp>(p, a, g, c, s, tag, parity, base_sh[s], drain, hist,
+                                   wait_slot[g.group]);
+        continue;
+      }
+      /* s's own ring, or the one s's relay on this node fills: both have
+       * their tail in this window; the head goes to whichever wrote. */
+      const int n = p.dims.node_ranks;
+      uint64_t *head_at =
+          route == kMepHtRelayed
+              ? reinterpret_cast<uint64_t *>(MepLsa::peer_ptr(
+                    p.xp, p.xp.rank - p.xp.rank % n + s % n,
+                    p.win.fwd_head + 8u * mep_ht_fwd_index(p, s, p.xp.rank, c)))
+              : mep_ht_peer_word(p, s, p.win.disp_head, p.xp.rank, c);
       const int expect = n_sh[s * C + c];
       uint64_t head = *mep_ht_state_u64(p, p.st.recv_head_d, s, c);
       int got = 0;
       while (got < expect) {
         const uint64_t tail = mep_ht_leader_wait(
             p, g, wait_slot[g.group],
-            [&] { return mep_ht_counter<Tp>(p, p.win.disp_tail, MEP_HT_SIG_DISP_TAIL, s, c); },
-            head + 1, MEP_HT_OP_DISPATCH_RECV, s, &ok);
+            [&] { return mep_ld_acquire_sys(mep_ht_word(p, p.win.disp_tail, s, c)); }, head + 1,
+            MEP_HT_OP_DISPATCH_RECV, s, &ok);
         if (!ok) break;
         const int avail = (int)min(tail - head, (uint64_t)(expect - got));
         if (!drain) {
@@ -394,16 +318,14 @@ __device__ void mep_ht_dispatch_recv(const MepHtParams &p, const mep_ht_dispatch
             const char *src =
                 p.xp.local + mep_ht_ring_off(p.win.disp_ring, p.win.disp_row, s, c,
                                              (head + (uint64_t)o) % MEP_HT_RING_ROWS);
-            mep_ht_read_row(a, payload, src, base_sh[s] + got + o, hist);
+            mep_ht_read_row(a, payload, src, base_sh[s] + got + o, 0, e_local, hist);
           }
         }
         /* The group's reads are done before the release store frees the slots. */
         mep_ht_group_sync(g);
         head += (uint64_t)avail;
         got += avail;
-        if (g.index == 0 && lane == 0)
-          mep_ht_publish<Tp>(p, s, p.win.disp_head, MEP_HT_SIG_DISP_HEAD, c, head,
-                             (uint64_t)avail);
+        if (g.index == 0 && lane == 0) mep_ht_st_release(head_at, head);
       }
       if (g.index == 0 && lane == 0) *mep_ht_state_u64(p, p.st.recv_head_d, s, c) = head;
     }

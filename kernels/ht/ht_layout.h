@@ -45,12 +45,14 @@ static inline MEP_HT_HD uint64_t mep_ht_comb_row_bytes(const mep_ht_dims_t *d) {
  * peers (node_ranks > 0) also has, for those peers (PROTOCOL.md "Network
  * peers"): their count words, 16 bytes apart (a put moves whole 16-byte
  * vectors) [2][R][C], the staged copies of ours [2][R][C], the signal
- * words GIN-emulated keeps in the window [MEP_HT_SIG_KINDS][R][C], and
- * staging rings as large as the rings, where a row is written before the
- * put that reads it (a NIC reads only registered memory). */
+ * words GIN-emulated keeps in the window [MEP_HT_SIG_KINDS][R][C], the
+ * heads of the rings this rank fills as a relay [R origin][R dest][C]
+ * (PROTOCOL.md "Relays"), and staging rings as large as the rings, where
+ * a row is written before the put that reads it (a NIC reads only
+ * registered memory). */
 typedef struct mep_ht_window {
   uint64_t cnt, disp_tail, disp_head, comb_tail, comb_head;
-  uint64_t cnt_net, cnt_stage, sig;
+  uint64_t cnt_net, cnt_stage, sig, fwd_head;
   uint64_t disp_ring, comb_ring, disp_stage, comb_stage;
   uint64_t disp_row, comb_row;
   uint64_t bytes;
@@ -83,10 +85,11 @@ static inline MEP_HT_HD mep_ht_window_t mep_ht_window_layout(const mep_ht_dims_t
   w.cnt_net = w.comb_head + words;
   w.cnt_stage = w.cnt_net + (net ? 4u * words : 0u);
   w.sig = w.cnt_stage + (net ? 4u * words : 0u);
+  w.fwd_head = w.sig + (net ? MEP_HT_SIG_KINDS * words : 0u);
   w.disp_row = mep_ht_disp_row_bytes(d);
   w.comb_row = mep_ht_comb_row_bytes(d);
   const uint64_t rings = (uint64_t)d->world * MEP_HT_MAX_CHANNELS * MEP_HT_RING_ROWS;
-  w.disp_ring = mep_ht_align(w.sig + (net ? MEP_HT_SIG_KINDS * words : 0u), 128);
+  w.disp_ring = mep_ht_align(w.fwd_head + (net ? (uint64_t)d->world * words : 0u), 128);
   w.comb_ring = w.disp_ring + rings * w.disp_row;
   w.disp_stage = w.comb_ring + rings * w.comb_row;
   w.comb_stage = w.disp_stage + (net ? rings * w.disp_row : 0u);
@@ -95,13 +98,15 @@ static inline MEP_HT_HD mep_ht_window_t mep_ht_window_layout(const mep_ht_dims_t
 }
 
 /* Device state (ordinary memory, zeroed once). The ring positions each
- * side keeps for itself, [R][C] u64 each; per buffer set, the layout a
+ * side keeps for itself, [R][C] u64 each, and with network peers the
+ * tails of the rings this rank fills as a relay, [R origin][R dest][C];
+ * per buffer set, the layout a
  * dispatch received (rows from each (source, channel) and its channel
  * count), which that set's combine sends back along; the call counter
  * (epoch) and the block ticket that advances it; the abort flag. */
 typedef struct mep_ht_state {
   uint64_t epoch, ticket_dispatch, ticket_combine, abort_flag; /* u32 each */
-  uint64_t send_tail_d, recv_head_d, send_tail_c, recv_head_c;
+  uint64_t send_tail_d, recv_head_d, send_tail_c, recv_head_c, fwd_tail;
   uint64_t layout_n;    /* int32 [MEP_NUM_BUFFER_SETS][R][C] */
   uint64_t layout_chan; /* int32 [MEP_NUM_BUFFER_SETS] */
   uint64_t bytes;
@@ -118,7 +123,8 @@ static inline MEP_HT_HD mep_ht_state_t mep_ht_state_layout(const mep_ht_dims_t *
   s.recv_head_d = s.send_tail_d + words;
   s.send_tail_c = s.recv_head_d + words;
   s.recv_head_c = s.send_tail_c + words;
-  s.layout_n = s.recv_head_c + words;
+  s.fwd_tail = s.recv_head_c + words;
+  s.layout_n = s.fwd_tail + (d->node_ranks > 0 ? (uint64_t)d->world * words : 0u);
   s.layout_chan = s.layout_n + (uint64_t)MEP_NUM_BUFFER_SETS * d->world * MEP_HT_MAX_CHANNELS * 4u;
   s.bytes = mep_ht_align(s.layout_chan + MEP_NUM_BUFFER_SETS * 4u, 64);
   return s;

@@ -1,8 +1,10 @@
 // ht_world_test.cc: the HT kernels at 3..16 ranks on one GPU (one_gpu_world.h),
-// against the oracle: LSA, and GIN-emulated with nodes of 1, 2 and 4 ranks,
-// bf16 and pre-quantised fp8, several calls per group (ring positions and
-// the count words' epochs carry across calls), worst-case padding. Every
-// rank's dispatch outputs and combined rows are compared bit for bit.
+// against the oracle: LSA, and GIN-emulated with nodes of 1, 2, 4 and 8
+// ranks (relays forward each token to the ranks of their node; the rows put
+// over the network are counted), bf16 and pre-quantised fp8, several calls
+// per group (ring positions and the count words' epochs carry across
+// calls), worst-case padding. Every rank's dispatch outputs and combined
+// rows are compared bit for bit.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include "kernels/ht/ht.h"
+#include "kernels/ht/ht_layout.h"
 #include "kernels/ll/ll.h"
 #include "tests/gpu/cuda_ok.h"
 #include "tests/gpu/one_gpu_world.h"
@@ -120,6 +123,56 @@ void MakeGroup(const Case &c, int timeout_ms, HtGroup *g) {
   }
 }
 
+// Over a network transport, the rows each rank has put into its ring at
+// every rank of another node (the sender's ring positions, summed over
+// channels) must be what hierarchical forwarding promises: to the rank at
+// its own index there (its relay), one row per token with an expert
+// anywhere on that node; to every other rank there, none. `want` holds the
+// running totals [source * R + destination] of all calls so far.
+void AddNetworkRows(const Case &c, const o::Problem &p,
+                    const std::vector<o::RankInputs> &all,
+                    std::vector<int64_t> *want) {
+  const int R = c.world, n = c.node_ranks, e_local = c.experts / R;
+  for (int s = 0; s < R; ++s) {
+    const o::RankInputs &in = all[s];
+    for (int t = 0; t < in.num_tokens; ++t) {
+      uint64_t nodes = 0;
+      for (int k = 0; k < p.top_k; ++k) {
+        const int64_t e = in.topk_idx[static_cast<size_t>(t) * p.top_k + k];
+        if (e >= 0 && e < c.experts) nodes |= 1ull << (e / e_local / n);
+      }
+      for (int b = 0; b < R / n; ++b)
+        if (b != s / n && ((nodes >> b) & 1u))
+          ++(*want)[static_cast<size_t>(s) * R + b * n + s % n];
+    }
+  }
+}
+
+std::string CheckNetworkRows(const Case &c, const HtGroup &g,
+                             const std::vector<int64_t> &want) {
+  const int R = c.world, n = c.node_ranks;
+  const mep_ht_state_t st = mep_ht_state_layout(&g.io[0].ctx.dims);
+  for (int s = 0; s < R; ++s) {
+    const auto tails = Download<uint64_t>(
+        static_cast<const char *>(g.io[s].ctx.state) + st.send_tail_d,
+        static_cast<size_t>(R) * MEP_HT_MAX_CHANNELS);
+    for (int d = 0; d < R; ++d) {
+      if (d / n == s / n) continue;
+      int64_t got = 0;
+      for (int ch = 0; ch < MEP_HT_MAX_CHANNELS; ++ch)
+        got += static_cast<int64_t>(tails[d * MEP_HT_MAX_CHANNELS + ch]);
+      const int64_t expect = want[static_cast<size_t>(s) * R + d];
+      if (got != expect)
+        return "rank " + std::to_string(s) + " put " + std::to_string(got) +
+               " rows into its network ring at rank " + std::to_string(d) +
+               "; expected " + std::to_string(expect) +
+               (d % n == s % n ? " (one per token with an expert on its node)"
+                               : " (that rank's rows come through its relay)");
+    }
+  }
+  return "";
+}
+
 class HtWorld : public ::testing::TestWithParam<Case> {};
 
 TEST_P(HtWorld, MatchesOracle) {
@@ -137,6 +190,7 @@ TEST_P(HtWorld, MatchesOracle) {
   const auto &world = grp.world;
   std::vector<RankIo> &io = grp.io;
   const mep_ht_dims_t &dims = io[0].ctx.dims;
+  std::vector<int64_t> network_rows(static_cast<size_t>(R) * R, 0);
 
   for (int call = 0; call < kCalls; ++call) {
     const uint64_t seed = 1000 * (call + 1) + R;
@@ -246,6 +300,11 @@ TEST_P(HtWorld, MatchesOracle) {
       }
     }
     if (HasFailure()) return;
+    if (c.transport == kEmu) {
+      AddNetworkRows(c, p, all, &network_rows);
+      ASSERT_EQ(CheckNetworkRows(c, grp, network_rows), "")
+          << "call " << call << ", seed " << seed;
+    }
 
     // Combine: each rank's partials of the rows it received (the rows'
     // count without padding; padded rows are never read back).
@@ -390,6 +449,12 @@ const Case kCases[] = {
      S::kF32, 4, false},
     {"ep16_emu_nodes4_fp8_t40_empty", 16, 4, kEmu, 256, 2048, 8, 40,
      G::kEmptyRanks, true, S::kF32, 4, true},
+    // Two nodes of 8: each relay fans a token out to up to 7 other ranks.
+    {"ep16_emu_nodes8_bf16_t200", 16, 8, kEmu, 256, 2048, 8, 200, G::kUniform,
+     false, S::kF32, 4, false},
+    // Every token to one rank: one relay forwards everything to it.
+    {"ep8_emu_nodes4_fp8_t600_hot", 8, 4, kEmu, 256, 2048, 8, 600,
+     G::kAllToOneRank, true, S::kUe8m0, 8, false},
     {"ep3_lsa_bf16_t100", 3, 0, kLsa, 48, 2048, 8, 100, G::kUniform, false,
      S::kF32, 16, false},
 };

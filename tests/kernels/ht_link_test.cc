@@ -211,8 +211,10 @@ TEST(HtLayout, RegionsDoNotOverlap) {
   }
 }
 
-// Network peers add their count words, staged copies, signal words and
-// staging rings as large as the rings; an NVLink-only group has none.
+// Network peers add their count words, staged copies, signal words, the
+// heads of the rings a relay fills [R][R][C] (with their tails in the
+// state) and staging rings as large as the rings; an NVLink-only group has
+// none.
 TEST(HtLayout, NetworkRegions) {
   for (int world : {1, 2, 4, 8, 16}) {
     mep_ht_dims_t d = Dims(world, 128);
@@ -220,6 +222,8 @@ TEST(HtLayout, NetworkRegions) {
     EXPECT_EQ(lsa.disp_stage, lsa.bytes);
     EXPECT_EQ(lsa.comb_stage, lsa.bytes);
     EXPECT_EQ(mep_ht_gin_signals(&d), 0);
+    const mep_ht_state_t lsa_state = mep_ht_state_layout(&d);
+    EXPECT_EQ(lsa_state.layout_n, lsa_state.fwd_tail);
     d.node_ranks = 1;
     const mep_ht_window_t w = mep_ht_window_layout(&d);
     const uint64_t words = (uint64_t)world * MEP_HT_MAX_CHANNELS * 8u;
@@ -227,7 +231,11 @@ TEST(HtLayout, NetworkRegions) {
     EXPECT_EQ(w.cnt_net, w.comb_head + words);
     EXPECT_EQ(w.cnt_stage, w.cnt_net + 4 * words);  /* [2][R][C] 16-byte entries */
     EXPECT_EQ(w.sig, w.cnt_stage + 4 * words);
-    EXPECT_GE(w.disp_ring, w.sig + MEP_HT_SIG_KINDS * words);
+    EXPECT_EQ(w.fwd_head, w.sig + MEP_HT_SIG_KINDS * words);
+    EXPECT_GE(w.disp_ring, w.fwd_head + world * words);
+    const mep_ht_state_t st = mep_ht_state_layout(&d);
+    EXPECT_EQ(st.fwd_tail, st.recv_head_c + words);
+    EXPECT_EQ(st.layout_n, st.fwd_tail + world * words);
     EXPECT_EQ(w.disp_ring % 128, 0u);
     EXPECT_EQ(w.disp_stage, w.comb_ring + rings * w.comb_row);
     EXPECT_EQ(w.comb_stage, w.disp_stage + rings * w.disp_row);
