@@ -295,13 +295,15 @@ __device__ void mep_ht_dispatch_recv(const MepHtParams &p, const mep_ht_dispatch
         continue;
       }
       /* s's own ring, or the one s's relay on this node fills: both have
-       * their tail in this window; the head goes to whichever wrote. */
-      const int n = p.dims.node_ranks;
+       * their tail in this window; the head goes to whichever writes it,
+       * and an expired wait names that rank. */
+      const int writer =
+          route == kMepHtRelayed ? p.xp.rank - p.xp.rank % p.dims.node_ranks + s % p.dims.node_ranks
+                                 : s;
       uint64_t *head_at =
           route == kMepHtRelayed
               ? reinterpret_cast<uint64_t *>(MepLsa::peer_ptr(
-                    p.xp, p.xp.rank - p.xp.rank % n + s % n,
-                    p.win.fwd_head + 8u * mep_ht_fwd_index(p, s, p.xp.rank, c)))
+                    p.xp, writer, p.win.fwd_head + 8u * mep_ht_fwd_index(p, s, p.xp.rank, c)))
               : mep_ht_peer_word(p, s, p.win.disp_head, p.xp.rank, c);
       const int expect = n_sh[s * C + c];
       uint64_t head = *mep_ht_state_u64(p, p.st.recv_head_d, s, c);
@@ -310,7 +312,7 @@ __device__ void mep_ht_dispatch_recv(const MepHtParams &p, const mep_ht_dispatch
         const uint64_t tail = mep_ht_leader_wait(
             p, g, wait_slot[g.group],
             [&] { return mep_ld_acquire_sys(mep_ht_word(p, p.win.disp_tail, s, c)); }, head + 1,
-            MEP_HT_OP_DISPATCH_RECV, s, &ok);
+            MEP_HT_OP_DISPATCH_RECV, writer, &ok);
         if (!ok) break;
         const int avail = (int)min(tail - head, (uint64_t)(expect - got));
         if (!drain) {

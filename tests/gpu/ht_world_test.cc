@@ -350,12 +350,17 @@ TEST_P(HtWorld, MatchesOracle) {
 
 // A rank that never launches: every other rank's dispatch gives up within
 // the timeout with a fatal record naming that rank (and itself), instead
-// of hanging; the kernels end and the streams drain.
-TEST(HtWorldFailure, AbsentRankIsNamedByEveryWaitingRank) {
+// of hanging; the kernels end and the streams drain. Over NVLink, and over
+// GIN-emulated as two nodes of two, where the absent rank is the relay of
+// rank 0 and a direct peer of rank 3.
+class HtWorldFailure : public ::testing::TestWithParam<int> {};
+
+TEST_P(HtWorldFailure, AbsentRankIsNamedByEveryWaitingRank) {
+  const int node_ranks = GetParam();
   const Case c = {"ep4_absent",
                   4,
-                  0,
-                  kLsa,
+                  node_ranks,
+                  node_ranks == 0 ? kLsa : kEmu,
                   64,
                   2048,
                   8,
@@ -413,6 +418,13 @@ TEST(HtWorldFailure, AbsentRankIsNamedByEveryWaitingRank) {
         << "rank " << r << ": " << grp.world->Records();
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(LsaAndNodesOfTwo, HtWorldFailure,
+                         ::testing::Values(0, 2),
+                         [](const ::testing::TestParamInfo<int> &i) {
+                           return i.param == 0 ? std::string("lsa")
+                                               : std::string("emu_nodes2");
+                         });
 
 using G = o::Generator;
 using S = o::ScaleFormat;
