@@ -50,11 +50,17 @@ void mep_combine_partials(uint16_t *out, const uint16_t *const *rows,
   }
 }
 
-void mep_combine_sum(uint16_t *out, const uint16_t *const *rows, int n,
-                     int hidden) {
+void mep_combine_sum(uint16_t *out, const uint16_t *const *rows,
+                     const int32_t *rank, int n, int node_ranks, int hidden) {
   for (int h = 0; h < hidden; h++) {
     float acc = 0.0f;
-    for (int j = 0; j < n; j++) acc += mep_bf16_to_f32(rows[j][h]);
+    for (int j = 0; j < n;) {
+      const int32_t node = node_ranks > 0 ? rank[j] / node_ranks : 0;
+      float part = 0.0f;
+      for (; j < n && (node_ranks > 0 ? rank[j] / node_ranks : 0) == node; j++)
+        part += mep_bf16_to_f32(rows[j][h]);
+      acc += part;
+    }
     out[h] = mep_f32_to_bf16(acc);
   }
 }

@@ -25,9 +25,13 @@ void mep_combine_partials(uint16_t *out, const uint16_t *const *rows,
                           const float *w, const int32_t *rank, int top_k,
                           int hidden);
 
-/* HT: out[h] = bf16(sum_j rows[j][h]) in f32 from +0, j ascending. */
-void mep_combine_sum(uint16_t *out, const uint16_t *const *rows, int n,
-                     int hidden);
+/* HT: rows[j] from rank rank[j], ranks ascending. out[h] = bf16(acc):
+ * per node of node_ranks consecutive ranks (0: one node), the node's rows
+ * summed in f32 from +0, and acc the nodes' sums added in f32 from +0,
+ * nodes ascending. With one node, or nodes of one rank, that is the plain
+ * ascending sum. */
+void mep_combine_sum(uint16_t *out, const uint16_t *const *rows,
+                     const int32_t *rank, int n, int node_ranks, int hidden);
 
 #ifdef __cplusplus
 }

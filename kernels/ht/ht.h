@@ -64,6 +64,11 @@ typedef struct mep_ht_dims {
    * signals, PROTOCOL.md "Network peers"), which needs staging rings and
    * signal words in the window. 0: every peer is on this node (LSA only). */
   int32_t node_ranks;
+  /* Nonzero: combine sums each token's rows per node first, then across
+   * nodes (the config set ranks_per_node), and with nodes of 2 or more
+   * ranks among several nodes the relays do the node sums (PROTOCOL.md
+   * "Relays"). 0: one ascending sum, rows crossing per rank. */
+  int32_t sum_by_node;
 } mep_ht_dims_t;
 
 /* The transport of a group's network peers (values of moe_ep_transport_t). */
@@ -129,7 +134,9 @@ typedef struct mep_ht_combine_args {
   int32_t channels;       /* the dispatch's mep_ht_channels */
   int32_t reserved0;
   void *out;              /* [T, H] bf16: per token, its ranks' rows summed
-                             in f32 from +0 in ascending rank order */
+                             in f32 from +0 in ascending rank order (with
+                             dims.sum_by_node: per node, then the node
+                             sums, nodes ascending) */
 } mep_ht_combine_args_t;
 
 /* Exact symmetric-window bytes and device-state bytes. */

@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "kernels/ht/ht_combine_nodes.cuh"
 #include "kernels/ht/ht_device.cuh"
 #include "kernels/ht/ht_launch.cuh"
 
@@ -42,10 +43,20 @@ __device__ void mep_ht_combine_send(const MepHtParams &p, const mep_ht_combine_a
   const MepHtGroups g = mep_ht_groups(R);
   if (g.group >= g.count) return;
   const uint32_t row_bytes = 2u * (uint32_t)a.hidden;
+  const bool nodes = mep_ht_sum_nodes<Tp>(p);
   for (int s = g.group; s < R; s += g.count) {
     /* This rank's own rows stay: its receive blocks read them from y. */
     const int n = s == p.xp.rank ? 0 : n_sh[s];
-    const bool net = mep_ht_net<Tp>(p, s);
+    const MepHtRoute route = nodes ? mep_ht_route<Tp>(p, s) : kMepHtDirect;
+    if (route == kMepHtNetwork) {
+      /* s's relay here: its node's rows of s's tokens, summed, go back. */
+      if (!mep_ht_relay_reduce<Tp>(p, a, g, c, s, base_sh[s], wait_slot[g.group])) break;
+      continue;
+    }
+    /* Rows go to s, or with node sums to s's relay on this node, into the
+     * ring it keeps for this rank's rows of s's node (mep_ht_comb_fwd). */
+    const MepHtCombTarget tg = mep_ht_comb_target<Tp>(p, s, route);
+    const bool net = mep_ht_net<Tp>(p, tg.dst);
     uint64_t tail = *mep_ht_state_u64(p, p.st.send_tail_c, s, c);
     bool ok = true;
     for (int sent = 0; sent < n;) {
@@ -53,14 +64,18 @@ __device__ void mep_ht_combine_send(const MepHtParams &p, const mep_ht_combine_a
       const uint64_t need = tail + m > MEP_HT_RING_ROWS ? tail + m - MEP_HT_RING_ROWS : 0;
       mep_ht_leader_wait(
           p, g, wait_slot[g.group],
-          [&] { return mep_ht_counter<Tp>(p, p.win.comb_head, MEP_HT_SIG_COMB_HEAD, s, c); },
-          need, MEP_HT_OP_COMBINE_SPACE, s, &ok);
+          [&] {
+            return route == kMepHtRelayed
+                       ? mep_ld_acquire_sys(mep_ht_word(p, p.win.comb_head, s, c))
+                       : mep_ht_counter<Tp>(p, p.win.comb_head, MEP_HT_SIG_COMB_HEAD, s, c);
+          },
+          need, MEP_HT_OP_COMBINE_SPACE, tg.dst, &ok);
       if (!ok) break;
       for (int o = g.index; o < m; o += g.size) {
         const char *src = static_cast<const char *>(a.y) +
                           (uint64_t)(base_sh[s] + sent + o) * row_bytes;
         const uint64_t slot = (tail + (uint64_t)o) % MEP_HT_RING_ROWS;
-        const uint64_t ring = mep_ht_ring_off(p.win.comb_ring, p.win.comb_row, p.xp.rank, c, slot);
+        const uint64_t ring = mep_ht_ring_off(p.win.comb_ring, p.win.comb_row, tg.ring, c, slot);
         if (net) {
           /* A network put reads the window: the row goes through staging. */
           const uint64_t stage = mep_ht_ring_off(p.win.comb_stage, p.win.comb_row, s, c, slot);
@@ -68,14 +83,18 @@ __device__ void mep_ht_combine_send(const MepHtParams &p, const mep_ht_combine_a
           __syncwarp();
           Tp::put_warp_unsignalled(p.xp, s, ring, stage, row_bytes);
         } else {
-          mep_copy_warp<kMepHtCopyU>(MepLsa::peer_ptr(p.xp, s, ring), src, row_bytes);
+          mep_copy_warp<kMepHtCopyU>(MepLsa::peer_ptr(p.xp, tg.dst, ring), src, row_bytes);
         }
       }
       mep_ht_group_sync(g);
       tail += (uint64_t)m;
       sent += m;
-      if (g.index == 0 && lane == 0)
-        mep_ht_publish<Tp>(p, s, p.win.comb_tail, MEP_HT_SIG_COMB_TAIL, c, tail, (uint64_t)m);
+      if (g.index == 0 && lane == 0) {
+        if (route == kMepHtRelayed)
+          mep_ht_st_release(mep_ht_peer_word(p, tg.dst, p.win.comb_tail, tg.ring, c), tail);
+        else
+          mep_ht_publish<Tp>(p, s, p.win.comb_tail, MEP_HT_SIG_COMB_TAIL, c, tail, (uint64_t)m);
+      }
     }
     if (net) Tp::flush_warp(p.xp);
     if (!ok) break;
@@ -83,36 +102,9 @@ __device__ void mep_ht_combine_send(const MepHtParams &p, const mep_ht_combine_a
   }
 }
 
-/* acc[0..7] += the 8 bf16 of v, in order. */
-__device__ __forceinline__ void mep_ht_add8(float *acc, const uint4 v) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    acc[2 * i] += __uint_as_float(w[i] << 16);
-    acc[2 * i + 1] += __uint_as_float(w[i] & 0xffff0000u);
-  }
-}
-
-__device__ __forceinline__ uint32_t mep_ht_pack2(float lo, float hi) {
-  const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t *>(&b);
-}
-
 /* Vectors per lane per step of the sum: kMepHtSumU loads of each rank's
  * row in flight before any is used (one load latency per step). */
 constexpr int kMepHtSumU = 8;
-
-/* Row of token j of the chunk from rank d: in place in y for this rank,
- * else in d's combine ring. */
-__device__ __forceinline__ const uint4 *mep_ht_sum_row(const MepHtParams &p, int c, int d, int j,
-                                                       const uint64_t *cons, const uint32_t *bal,
-                                                       int H, const uint16_t *own) {
-  const uint64_t pos = cons[d] + __popc(bal[d] & ((1u << j) - 1u));
-  return d == p.xp.rank ? reinterpret_cast<const uint4 *>(own + pos * (uint64_t)H)
-                        : reinterpret_cast<const uint4 *>(
-                              p.xp.local + mep_ht_ring_off(p.win.comb_ring, p.win.comb_row, d, c,
-                                                           pos % MEP_HT_RING_ROWS));
-}
 
 /* A token with rows from at most two ranks (every token at EP2): both
  * rows' vectors of a step are loaded before any is added, so a step costs
@@ -204,14 +196,7 @@ __device__ void mep_ht_combine_recv(const MepHtParams &p, const mep_ht_combine_a
   __shared__ int64_t own_base;
   for (int d = threadIdx.x; d < R; d += blockDim.x)
     cons[d] = d == p.xp.rank ? 0 : *mep_ht_state_u64(p, p.st.recv_head_c, d, c);
-  if (threadIdx.x == 0) {
-    const int32_t *layout = mep_ht_layout_n(p, a.layout_set);
-    int64_t b = 0;
-    for (int s = 0; s < R; ++s)
-      for (int cc = 0; cc < a.channels; ++cc)
-        if (s < p.xp.rank || (s == p.xp.rank && cc < c)) b += layout[s * MEP_HT_MAX_CHANNELS + cc];
-    own_base = b;
-  }
+  if (threadIdx.x == 0) own_base = mep_ht_own_base(p, a.layout_set, a.channels, c);
   if (lane == 0)
     for (int d = 0; d < R; ++d) seen[warp][d] = 0;
   if (threadIdx.x == 0) failed = 0;
@@ -219,10 +204,8 @@ __device__ void mep_ht_combine_recv(const MepHtParams &p, const mep_ht_combine_a
     __syncthreads(); /* cons, bal and masks of the previous chunk are done with */
     if (failed) break;
     if (warp == 0) {
-      const int t = base + lane;
-      const uint32_t m = t < t1 ? (uint32_t)mep_ht_dest_mask(a.topk_idx, a.topk_idx_bytes, t,
-                                                             a.top_k, a.num_experts, e_local)
-                                : 0u;
+      const uint32_t m = mep_ht_lane_mask(a.topk_idx, a.topk_idx_bytes, base, t1, a.top_k,
+                                          a.num_experts, e_local);
       masks[lane] = m;
       for (int d = 0; d < R; ++d) {
         const uint32_t b = __ballot_sync(~0u, (m >> d) & 1u);
@@ -287,6 +270,8 @@ __global__ void __launch_bounds__(MEP_HT_THREADS, 1)
   const int c = blockIdx.x / 2;
   if (blockIdx.x % 2 == 0) {
     mep_ht_combine_send<Tp>(p, a, c);
+  } else if (mep_ht_sum_nodes<Tp>(p)) {
+    mep_ht_combine_recv_nodes<Tp>(p, a, c);
   } else {
     mep_ht_combine_recv<Tp>(p, a, c);
   }

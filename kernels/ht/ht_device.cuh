@@ -154,6 +154,27 @@ __device__ __forceinline__ int32_t *mep_ht_layout_n(const MepHtParams &p, int se
          (uint64_t)set * p.dims.world * MEP_HT_MAX_CHANNELS;
 }
 
+/* Combine's token side: the row of y where this rank's own rows of
+ * channel c start (rows packed by source, then channel, in the layout of
+ * buffer set `set`). */
+__device__ __forceinline__ int64_t mep_ht_own_base(const MepHtParams &p, int set, int channels,
+                                                   int c) {
+  const int32_t *layout = mep_ht_layout_n(p, set);
+  int64_t b = 0;
+  for (int s = 0; s <= p.xp.rank; ++s)
+    for (int cc = 0; cc < (s < p.xp.rank ? channels : c); ++cc)
+      b += layout[s * MEP_HT_MAX_CHANNELS + cc];
+  return b;
+}
+
+/* The destination ranks of token base + lane (0 past t1): one chunk's
+ * masks, one per lane. */
+__device__ __forceinline__ uint32_t mep_ht_lane_mask(const void *idx, int bytes, int base, int t1,
+                                                     int K, int num_experts, int e_local) {
+  const int t = base + (int)(threadIdx.x & 31);
+  return t < t1 ? (uint32_t)mep_ht_dest_mask(idx, bytes, t, K, num_experts, e_local) : 0u;
+}
+
 /* The group leader (lane 0 of the group's first warp) waits until
  * load() reaches `target`, then the group learns the value it saw, or 0
  * with *ok = false when the wait expired or another wait aborted. */

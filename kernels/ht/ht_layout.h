@@ -109,6 +109,11 @@ typedef struct mep_ht_state {
   uint64_t send_tail_d, recv_head_d, send_tail_c, recv_head_c, fwd_tail;
   uint64_t layout_n;    /* int32 [MEP_NUM_BUFFER_SETS][R][C] */
   uint64_t layout_chan; /* int32 [MEP_NUM_BUFFER_SETS] */
+  /* A relay's record of its network rings, per buffer set, for the
+   * combine that reduces along them (network groups only): rows per
+   * (source, channel), int32 [sets][R][C], and each row's local ranks,
+   * u16 [sets][R][max_tokens] (channels in order). */
+  uint64_t relay_n, relay_mask;
   uint64_t bytes;
 } mep_ht_state_t;
 
@@ -126,7 +131,13 @@ static inline MEP_HT_HD mep_ht_state_t mep_ht_state_layout(const mep_ht_dims_t *
   s.fwd_tail = s.recv_head_c + words;
   s.layout_n = s.fwd_tail + (d->node_ranks > 0 ? (uint64_t)d->world * words : 0u);
   s.layout_chan = s.layout_n + (uint64_t)MEP_NUM_BUFFER_SETS * d->world * MEP_HT_MAX_CHANNELS * 4u;
-  s.bytes = mep_ht_align(s.layout_chan + MEP_NUM_BUFFER_SETS * 4u, 64);
+  const int net = d->node_ranks > 0;
+  s.relay_n = mep_ht_align(s.layout_chan + MEP_NUM_BUFFER_SETS * 4u, 64);
+  s.relay_mask = s.relay_n +
+                 (net ? (uint64_t)MEP_NUM_BUFFER_SETS * d->world * MEP_HT_MAX_CHANNELS * 4u : 0u);
+  s.bytes = mep_ht_align(
+      s.relay_mask + (net ? (uint64_t)MEP_NUM_BUFFER_SETS * d->world * d->max_tokens * 2u : 0u),
+      64);
   return s;
 }
 

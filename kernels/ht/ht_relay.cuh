@@ -21,6 +21,23 @@ __device__ __forceinline__ uint64_t *mep_ht_fwd_head(const MepHtParams &p, int s
   return reinterpret_cast<uint64_t *>(p.xp.local + p.win.fwd_head) + mep_ht_fwd_index(p, s, d, c);
 }
 
+/* The relay record of buffer set `set` (mep_ht_state_t.relay_n/mask): the
+ * rows of network ring (s, c), and the local-rank masks of s's rows. */
+__device__ __forceinline__ int32_t *mep_ht_relay_n(const MepHtParams &p, int set, int s, int c) {
+  return reinterpret_cast<int32_t *>(p.state + p.st.relay_n) +
+         ((uint64_t)set * p.dims.world + (uint64_t)s) * MEP_HT_MAX_CHANNELS + (uint64_t)c;
+}
+__device__ __forceinline__ uint16_t *mep_ht_relay_mask(const MepHtParams &p, int set, int s) {
+  return reinterpret_cast<uint16_t *>(p.state + p.st.relay_mask) +
+         ((uint64_t)set * p.dims.world + (uint64_t)s) * (uint64_t)p.dims.max_tokens;
+}
+/* Rows of s's network rings of the channels before c, from the record. */
+__device__ __forceinline__ int mep_ht_relay_base(const MepHtParams &p, int set, int s, int c) {
+  int b = 0;
+  for (int cc = 0; cc < c; ++cc) b += *mep_ht_relay_n(p, set, s, cc);
+  return b;
+}
+
 /* Drains network source s's ring of channel c: rows this rank keeps go to
  * output rows from `own_out` (unless draining), the others into their
  * rank's ring (s, c), each published with one release store of its tail
@@ -48,6 +65,17 @@ __device__ bool mep_ht_relay_ring(const MepHtParams &p, const mep_ht_dispatch_ar
     return false;
   }
   const int expect = MEP_HT_CNT_ROWS(w);
+  /* The record combine reduces along: this ring's rows, and each row's
+   * local ranks after those of the earlier channels (their count words
+   * are in: mep_ht_read_counts waited for every channel's). */
+  int rec_base = 0;
+  for (int cc = 0; cc < c; ++cc)
+    rec_base += MEP_HT_CNT_ROWS(mep_ld_acquire_sys(
+        reinterpret_cast<const uint64_t *>(p.xp.local +
+                                           mep_ht_cnt16_off(p, p.win.cnt_net, parity, s, cc)) +
+        1));
+  uint16_t *rec = mep_ht_relay_mask(p, a.buffer_set, s) + rec_base;
+  if (g.index == 0 && lane == 0) *mep_ht_relay_n(p, a.buffer_set, s, c) = expect;
   /* Lane l < n keeps the tail of the ring to local rank l; every warp of
    * the group keeps the same copy. */
   const bool fwd_lane = lane < n && lane != me_l;
@@ -74,6 +102,7 @@ __device__ bool mep_ht_relay_ring(const MepHtParams &p, const mep_ht_dispatch_ar
         if (e >= 0) ranks |= 1u << (e / e_local);
       }
     }
+    if (g.index == 0 && lane < avail) rec[got + lane] = (uint16_t)ranks;
     uint32_t rows_of = 0;
     for (int l = 0; l < n; ++l) {
       const uint32_t b = __ballot_sync(~0u, (ranks >> l) & 1u);

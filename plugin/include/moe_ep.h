@@ -184,8 +184,10 @@ typedef struct moe_ep_config {
    * the network protocol, peers on the same node by NVLink stores; unset
    * there means every rank is its own node (gin_emulated) or NCCL's LSA
    * team decides (gin). With transport lsa / auto the group is one node,
-   * so HT takes only 0 or world_size. LL ignores it (one transport to
-   * every peer). group_create refuses a value breaking these rules with
+   * so HT takes only 0 or world_size. Set, it also fixes HT combine's sum
+   * order on every backend (per node, then across nodes: see
+   * moe_ep_combine_params_t.out). LL ignores it (one transport to every
+   * peer). group_create refuses a value breaking these rules with
    * INVALID_ARGUMENT. */
   int32_t ranks_per_node;
   int32_t reserved1;        /* never read; names the tail padding (8-byte
@@ -334,7 +336,13 @@ typedef struct moe_ep_combine_params {
    * the token's slots in k order. Weights at dispatch: per rank the sum of
    * its slots in k order, rounded to bf16; those partials summed in f32
    * from +0 in the order their ranks first appear in the token's top-k.
-   * (README, "Routing weights may be given to the LL dispatch".) */
+   * (README, "Routing weights may be given to the LL dispatch".)
+   * HT: the token's rows, one per rank it reached, summed in f32 from +0
+   * in ascending rank order, rounded to bf16 once. When ranks_per_node is
+   * set, each node's rows are summed first (ranks ascending, from +0), and
+   * then the node sums (nodes ascending, from +0): the nccl backend forms
+   * a remote node's sum there, on one GPU, and sends it once. With nodes
+   * of one rank, or one node, that is the plain ascending sum. */
   moe_ep_tensor_t *out;
   void *stream;
 } moe_ep_combine_params_t;

@@ -77,6 +77,26 @@ static int ordinal_below(const moe_ep_group_t *g, const int64_t *topk, int k_n,
   return n;
 }
 
+/* The distinct ranks token t's experts live on, ascending (the order of
+ * its HT combine rows); returns how many. */
+static int token_ranks(const moe_ep_group_t *g, const int64_t *topk, int k_n, int32_t *ranks) {
+  int n = 0;
+  for (int k = 0; k < k_n; k++) {
+    int r = rank_of(g, topk[k]), at = n;
+    if (r < 0 || r >= g->world_size) continue;
+    int seen = 0;
+    for (int j = 0; j < n && !seen; j++) seen = ranks[j] == r;
+    if (seen) continue;
+    while (at > 0 && ranks[at - 1] > r) {
+      ranks[at] = ranks[at - 1];
+      at--;
+    }
+    ranks[at] = r;
+    n++;
+  }
+  return n;
+}
+
 static moe_ep_status_t host_prepare(moe_ep_group_t *g, mep_handle_state_t *h) {
   int R = g->world_size, K = h->top_k;
   int32_t *per_rank = calloc((size_t)R, sizeof(int32_t));
@@ -416,7 +436,11 @@ static moe_ep_status_t combine_recv(moe_ep_group_t *g, mep_op_t *op) {
     } else if (op->mode == MOE_EP_MODE_LOW_LATENCY) {
       mep_combine_weighted(out, rows, op->topk_weights + (size_t)t * (size_t)K, K, op->hidden);
     } else {
-      mep_combine_sum(out, rows, n, op->hidden);
+      /* HT: per node of ranks_per_node first when it is set (the nccl
+       * backend's relays reduce their node's rows), then across nodes. */
+      int32_t ranks[MEP_MAX_TOP_K];
+      (void)token_ranks(g, tk, K, ranks); /* n of them: ordinal_below's count */
+      mep_combine_sum(out, rows, ranks, n, g->cfg.ranks_per_node, op->hidden);
     }
   }
   return MOE_EP_OK;

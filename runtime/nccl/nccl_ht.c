@@ -66,6 +66,9 @@ static void ht_dims(const moe_ep_config_t *cfg, int world, int32_t lsa_size, mep
   d->hidden = cfg->hidden;
   d->top_k = cfg->top_k;
   d->node_ranks = ht_node_ranks(cfg, world, lsa_size);
+  /* The combine's sum order follows the config alone, so that the host
+   * backend (which has no NVLink team to ask) sums alike. */
+  d->sum_by_node = d->node_ranks > 0 && cfg->ranks_per_node > 0;
 }
 
 static uint64_t ht_buffer_bytes(const moe_ep_config_t *cfg, int world) {

@@ -33,6 +33,9 @@ struct Case {
   o::ScaleFormat scales;
   int num_sms;  // per rank
   bool pad;     // worst-case rows past N_recv
+  // GIN-emulated with ranks_per_node set: combine sums per node (on the
+  // relays when nodes have 2 or more ranks), then across nodes.
+  bool sum_nodes = false;
 };
 
 std::ostream &operator<<(std::ostream &os, const Case &c) {
@@ -65,6 +68,7 @@ o::Problem ProblemOf(const Case &c) {
   p.generator = c.gen;
   p.dispatch_dtype = c.fp8 ? o::DispatchDtype::kFp8 : o::DispatchDtype::kBf16;
   p.scale_format = c.scales;
+  p.node_ranks = c.sum_nodes ? c.node_ranks : 0;
   return p;
 }
 
@@ -91,6 +95,7 @@ void MakeGroup(const Case &c, int timeout_ms, HtGroup *g) {
   dims.hidden = H;
   dims.top_k = K;
   dims.node_ranks = c.node_ranks;
+  dims.sum_by_node = c.sum_nodes;
   std::string err;
   g->world = mep_world::World::Create(R, mep_ht_buffer_bytes(&dims), &err);
   ASSERT_NE(g->world, nullptr) << err;
@@ -148,6 +153,33 @@ void AddNetworkRows(const Case &c, const o::Problem &p,
   }
 }
 
+// After a combine summed on the relays, each relay has put back one f32 row
+// (two ring slots) per row its network ring brought in from that source.
+std::string CheckRelayedCombineRows(const Case &c, const HtGroup &g,
+                                    const std::vector<int64_t> &want) {
+  const int R = c.world, n = c.node_ranks;
+  const mep_ht_state_t st = mep_ht_state_layout(&g.io[0].ctx.dims);
+  for (int x = 0; x < R; ++x) {
+    const auto tails = Download<uint64_t>(
+        static_cast<const char *>(g.io[x].ctx.state) + st.send_tail_c,
+        static_cast<size_t>(R) * MEP_HT_MAX_CHANNELS);
+    for (int s = x % n; s < R; s += n) {
+      if (s / n == x / n) continue;
+      int64_t got = 0;
+      for (int ch = 0; ch < MEP_HT_MAX_CHANNELS; ++ch)
+        got += static_cast<int64_t>(tails[s * MEP_HT_MAX_CHANNELS + ch]);
+      const int64_t expect = 2 * want[static_cast<size_t>(s) * R + x];
+      if (got != expect)
+        return "relay " + std::to_string(x) + " put " + std::to_string(got) +
+               " combine slots back to rank " + std::to_string(s) +
+               "; expected " + std::to_string(expect) +
+               " (one f32 row, two slots, per token with an expert on its "
+               "node)";
+    }
+  }
+  return "";
+}
+
 std::string CheckNetworkRows(const Case &c, const HtGroup &g,
                              const std::vector<int64_t> &want) {
   const int R = c.world, n = c.node_ranks;
@@ -191,6 +223,9 @@ TEST_P(HtWorld, MatchesOracle) {
   std::vector<RankIo> &io = grp.io;
   const mep_ht_dims_t &dims = io[0].ctx.dims;
   std::vector<int64_t> network_rows(static_cast<size_t>(R) * R, 0);
+  // Combined values where the per-node order differs from one ascending
+  // sum: the check can only tell the orders apart where there are some.
+  int64_t order_matters = 0;
 
   for (int call = 0; call < kCalls; ++call) {
     const uint64_t seed = 1000 * (call + 1) + R;
@@ -307,10 +342,18 @@ TEST_P(HtWorld, MatchesOracle) {
     }
 
     // Combine: each rank's partials of the rows it received (the rows'
-    // count without padding; padded rows are never read back).
+    // count without padding; padded rows are never read back), of random
+    // sign and wide magnitude, so that a sum in another order than the
+    // documented one shows.
     std::vector<mep_ht_combine_args_t> ca(R);
+    std::vector<std::vector<uint16_t>> ys(R);
+    std::vector<const uint16_t *> y_by_rank(R);
     for (int r = 0; r < R; ++r) {
-      std::vector<uint16_t> y = o::ht_partials(p, want[r]);
+      ys[r] = o::ht_wide_partials(want[r].num_recv, H, seed * 31 + r);
+      y_by_rank[r] = ys[r].data();
+    }
+    for (int r = 0; r < R; ++r) {
+      std::vector<uint16_t> y = ys[r];
       if (c.pad)
         y.resize(static_cast<size_t>(cap) * H,
                  0x7fc0);  // NaN: must not be read
@@ -337,7 +380,16 @@ TEST_P(HtWorld, MatchesOracle) {
     ASSERT_EQ(world->Records(), "")
         << "combine, call " << call << ", seed " << seed;
     for (int r = 0; r < R; ++r) {
-      const std::vector<uint16_t> expect = o::ht_combine_expected(p, all, r);
+      const std::vector<uint16_t> expect =
+          o::ht_combine_reduce(p, all, r, y_by_rank);
+      if (p.node_ranks > 1 && p.node_ranks < R) {
+        o::Problem flat = p;
+        flat.node_ranks = 0;
+        const std::vector<uint16_t> one_sum =
+            o::ht_combine_reduce(flat, all, r, y_by_rank);
+        for (size_t i = 0; i < expect.size(); ++i)
+          order_matters += expect[i] != one_sum[i];
+      }
       const auto got = Download<uint16_t>(io[r].out, expect.size());
       EXPECT_EQ(o::compare_exact_bf16("combine out", got.data(), expect.data(),
                                       expect.size(), H),
@@ -345,6 +397,16 @@ TEST_P(HtWorld, MatchesOracle) {
           << "rank " << r << ", call " << call << ", seed " << seed;
     }
     if (HasFailure()) return;
+    if (p.node_ranks > 1 && p.node_ranks < R) {
+      ASSERT_EQ(CheckRelayedCombineRows(c, grp, network_rows), "")
+          << "call " << call << ", seed " << seed;
+    }
+  }
+  // (Routing every token to one rank leaves one row per token: no order.)
+  if (p.node_ranks > 1 && p.node_ranks < R && c.gen != o::Generator::kAllToOneRank) {
+    EXPECT_GT(order_matters, 0)
+        << "no combined value depends on summing per node: the case cannot "
+           "tell the orders apart";
   }
 }
 
@@ -431,7 +493,7 @@ using S = o::ScaleFormat;
 const Case kCases[] = {
     // name, world, node_ranks, transport, experts, hidden, top_k, tokens,
     // generator,
-    // fp8, scales, num_sms, pad
+    // fp8, scales, num_sms, pad[, sum_nodes]
     {"ep4_lsa_bf16_t512", 4, 0, kLsa, 256, 2048, 8, 512, G::kUniform, false,
      S::kF32, 16, false},
     {"ep4_lsa_fp8_t512_skewed", 4, 0, kLsa, 256, 7168, 8, 512, G::kSkewed, true,
@@ -445,28 +507,28 @@ const Case kCases[] = {
     {"ep4_emu_nodes2_bf16_t7_hot", 4, 2, kEmu, 256, 2048, 6, 7,
      G::kAllToOneRank, false, S::kF32, 16, false},
     {"ep4_emu_nodes2_bf16_t700_masked", 4, 2, kEmu, 256, 4096, 8, 700,
-     G::kMasked, false, S::kF32, 12, true},
+     G::kMasked, false, S::kF32, 12, true, true},
     {"ep8_lsa_bf16_t512", 8, 0, kLsa, 256, 2048, 8, 512, G::kUniform, false,
      S::kF32, 8, false},
     {"ep8_lsa_fp8ue8m0_t256_empty", 8, 0, kLsa, 256, 7168, 8, 256,
      G::kEmptyRanks, true, S::kUe8m0, 8, false},
     {"ep8_emu_nodes4_bf16_t300", 8, 4, kEmu, 256, 2048, 8, 300, G::kUniform,
-     false, S::kF32, 8, false},
+     false, S::kF32, 8, false, true},
     {"ep8_emu_nodes2_fp8_t64_skewed", 8, 2, kEmu, 256, 7168, 8, 64, G::kSkewed,
-     true, S::kF32, 8, false},
+     true, S::kF32, 8, false, true},
     {"ep8_emu_nodes1_bf16_t33_k1", 8, 1, kEmu, 64, 2048, 1, 33, G::kUniform,
-     false, S::kF32, 4, false},
+     false, S::kF32, 4, false, true},
     // MEP_HT_MAX_RANKS: one warp per peer at both ends of every ring.
     {"ep16_lsa_bf16_t64", 16, 0, kLsa, 256, 2048, 8, 64, G::kUniform, false,
      S::kF32, 4, false},
     {"ep16_emu_nodes4_fp8_t40_empty", 16, 4, kEmu, 256, 2048, 8, 40,
-     G::kEmptyRanks, true, S::kF32, 4, true},
+     G::kEmptyRanks, true, S::kF32, 4, true, true},
     // Two nodes of 8: each relay fans a token out to up to 7 other ranks.
     {"ep16_emu_nodes8_bf16_t200", 16, 8, kEmu, 256, 2048, 8, 200, G::kUniform,
-     false, S::kF32, 4, false},
+     false, S::kF32, 4, false, true},
     // Every token to one rank: one relay forwards everything to it.
     {"ep8_emu_nodes4_fp8_t600_hot", 8, 4, kEmu, 256, 2048, 8, 600,
-     G::kAllToOneRank, true, S::kUe8m0, 8, false},
+     G::kAllToOneRank, true, S::kUe8m0, 8, false, true},
     {"ep3_lsa_bf16_t100", 3, 0, kLsa, 48, 2048, 8, 100, G::kUniform, false,
      S::kF32, 16, false},
 };

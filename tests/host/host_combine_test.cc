@@ -68,6 +68,29 @@ TEST_P(HostCombine, MatchesOracleBitForBit) {
   }
 }
 
+// HT, summed per node: rows 2^24, 2^16, 1, 1 from ranks 0..3. As one
+// ascending sum each 1 is lost to rounding (2^24 + 2^16 + 1 ties to even)
+// and the bf16 result is the tie 2^24 + 2^16, rounded down to 2^24; as
+// nodes of two the second node's 2 survives and the result rounds up.
+TEST(HostCombineHt, NodeSumsThenAcrossNodes) {
+  const uint16_t r0 = 0x4B80, r1 = 0x4780, one = 0x3F80;  // 2^24, 2^16, 1
+  const uint16_t *rows[4] = {&r0, &r1, &one, &one};
+  const int32_t ranks[4] = {0, 1, 2, 3};
+  uint16_t out = 0;
+  for (int n : {0, 1, 4}) {
+    mep_combine_sum(&out, rows, ranks, 4, n, 1);
+    EXPECT_EQ(out, 0x4B80) << "nodes of " << n;
+  }
+  mep_combine_sum(&out, rows, ranks, 4, 2, 1);
+  EXPECT_EQ(out, 0x4B81) << "nodes of 2";
+  // Missing ranks: rows from ranks 1 and 2 only, nodes of 2: 2^16 and 1
+  // each sit alone in their node.
+  const uint16_t *two[2] = {&r1, &one};
+  const int32_t two_ranks[2] = {1, 2};
+  mep_combine_sum(&out, two, two_ranks, 2, 2, 1);
+  EXPECT_EQ(out, 0x4780);  // 65537 rounds to 2^16 in bf16
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Shapes, HostCombine,
     testing::Values(Shape{2, 8, 2880, 4, Generator::kUniform},

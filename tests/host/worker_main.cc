@@ -64,6 +64,8 @@ moe_ep_oracle::Problem problem_for(const Ctx& c, int hidden, int top_k,
                        ? moe_ep_oracle::ScaleFormat::kUe8m0
                    : c.opt.scale == "ue8m0_packed" ? moe_ep_oracle::ScaleFormat::kUe8m0Packed
                                                    : moe_ep_oracle::ScaleFormat::kF32;
+  // HT combine sums per node of ranks_per_node first when it is set.
+  p.node_ranks = c.opt.ranks_per_node;
   return p;
 }
 

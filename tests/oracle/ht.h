@@ -53,10 +53,17 @@ std::vector<uint16_t> ht_partials(const Problem& p, const HtDispatchExpected& d)
 // out [T_s, H] bf16 of source rank s from arbitrary partials:
 // out[t] = bf16(sum over r ascending that received (s, t) of
 // bf16_to_float(y_by_rank[r][row of (s, t) on r])), float accumulation from
-// 0.0f; tokens no rank received give +0. y_by_rank[r] is [N_recv_r, H] in
-// r's dispatch order (may be null for a rank that received nothing).
+// 0.0f; tokens no rank received give +0. With p.node_ranks set, the sum is
+// per node first, then across nodes (ht_combine.cc). y_by_rank[r] is
+// [N_recv_r, H] in r's dispatch order (may be null for a rank that
+// received nothing).
 std::vector<uint16_t> ht_combine_reduce(const Problem& p, const std::vector<RankInputs>& all,
                                         int s, const std::vector<const uint16_t*>& y_by_rank);
+
+// rows x hidden bf16 partials of random sign and magnitude 2^-12..2^13:
+// sums of them lose different bits in another order, so a combine summed
+// in the wrong order shows (ht_partials' rows are too alike for that).
+std::vector<uint16_t> ht_wide_partials(int64_t rows, int hidden, uint64_t seed);
 
 // ht_combine_reduce with every rank's partials from ht_partials, computed
 // only for s's tokens (O(T_s * K * H)).

@@ -1,10 +1,13 @@
 // ht_combine.cc: expected HT combine: per source token, the sum of the
-// partials of the ranks that received it, in ascending rank order.
+// partials of the ranks that received it, in ascending rank order; with
+// p.node_ranks set, per node first (ranks ascending), then the nodes' sums
+// (nodes ascending), each in f32 from +0, rounded to bf16 once.
 #include <algorithm>
 
 #include "tests/oracle/bf16.h"
 #include "tests/oracle/expert.h"
 #include "tests/oracle/ht.h"
+#include "tests/oracle/rng.h"
 
 namespace moe_ep_oracle {
 namespace {
@@ -32,18 +35,26 @@ void partial_of(const Problem& p, const RankInputs& in, int t, int r, uint16_t* 
   ht_partial_row(p, r, &in.x[static_cast<size_t>(t) * p.hidden], idx.data(), w.data(), y);
 }
 
-// Sums, over r ascending with token_on_rank, the rows row_of(r) gives.
+// Sums, over r ascending with token_on_rank, the rows row_of(r) gives: per
+// node of p.node_ranks ranks (one node when unset), then across nodes.
+// With one node, +0 + the node's sum is that sum; with nodes of one rank,
+// +0 + a row is the row's value (a -0 row only meets a nonzero or +0
+// running sum), so both are the plain ascending sum.
 template <typename RowOf>
 std::vector<uint16_t> reduce(const Problem& p, const RankInputs& in, RowOf row_of) {
-  const int H = p.hidden;
+  const int H = p.hidden, n = p.node_ranks > 0 ? p.node_ranks : p.world;
   std::vector<uint16_t> out(static_cast<size_t>(in.num_tokens) * H);
-  std::vector<float> acc(H);
+  std::vector<float> acc(H), node(H);
   for (int t = 0; t < in.num_tokens; ++t) {
     std::fill(acc.begin(), acc.end(), 0.0f);
-    for (int r = 0; r < p.world; ++r) {
-      if (!token_on_rank(p, in, t, r)) continue;
-      const uint16_t* y = row_of(t, r);
-      for (int i = 0; i < H; ++i) acc[i] += bf16_to_float(y[i]);
+    for (int b = 0; b < p.world / n; ++b) {
+      std::fill(node.begin(), node.end(), 0.0f);
+      for (int r = b * n; r < (b + 1) * n; ++r) {
+        if (!token_on_rank(p, in, t, r)) continue;
+        const uint16_t* y = row_of(t, r);
+        for (int i = 0; i < H; ++i) node[i] += bf16_to_float(y[i]);
+      }
+      for (int i = 0; i < H; ++i) acc[i] += node[i];
     }
     for (int i = 0; i < H; ++i) out[static_cast<size_t>(t) * H + i] = float_to_bf16(acc[i]);
   }
@@ -66,6 +77,15 @@ std::vector<uint16_t> ht_combine_reduce(const Problem& p, const std::vector<Rank
   return reduce(p, all[s], [&](int, int r) {
     return y_by_rank[r] + static_cast<size_t>(next_row[r]++) * p.hidden;
   });
+}
+
+std::vector<uint16_t> ht_wide_partials(int64_t rows, int hidden, uint64_t seed) {
+  SplitMix64 rng(seed);
+  std::vector<uint16_t> y(static_cast<size_t>(rows) * hidden);
+  for (uint16_t& v : y)
+    v = static_cast<uint16_t>((rng.below(2) << 15) | ((127 - 12 + rng.below(26)) << 7) |
+                              rng.below(128));
+  return y;
 }
 
 std::vector<uint16_t> ht_combine_expected(const Problem& p, const std::vector<RankInputs>& all,

@@ -122,6 +122,43 @@ INSTANTIATE_TEST_SUITE_P(All, HtGenerated,
                                                               Generator::kMasked),
                                             ::testing::Values(384, 2880)));
 
+// Summing per node first: nodes of one rank and one node of every rank are
+// the plain ascending sum, bit for bit; nodes of two give another order,
+// which these inputs (y spanning several binades) show.
+TEST(HtCombine, NodeSumsOnlyChangeMultiRankNodesAmongSeveral) {
+  Problem p;
+  p.world = 4; p.num_experts = 32; p.hidden = 384; p.top_k = 8;
+  p.max_tokens_per_rank = 64;
+  const std::vector<RankInputs> all = make_all_inputs(p, 5);
+  std::vector<std::vector<uint16_t>> y(p.world);
+  std::vector<const uint16_t*> yp(p.world);
+  for (int r = 0; r < p.world; ++r) {
+    y[r] = ht_wide_partials(ht_dispatch_expected(p, all, r).num_recv, p.hidden, 10 + r);
+    yp[r] = y[r].data();
+  }
+  for (int s = 0; s < p.world; ++s) {
+    const std::vector<uint16_t> flat = ht_combine_reduce(p, all, s, yp);
+    for (int n : {1, 4}) {
+      Problem q = p;
+      q.node_ranks = n;
+      const std::vector<uint16_t> got = ht_combine_reduce(q, all, s, yp);
+      EXPECT_EQ(compare_exact_u16("ht combine", got.data(), flat.data(), flat.size(), p.hidden), "")
+          << "rank " << s << ", nodes of " << n;
+    }
+  }
+  Problem q = p;
+  q.node_ranks = 2;
+  int differ = 0;
+  for (int s = 0; s < p.world; ++s) {
+    const std::vector<uint16_t> flat = ht_combine_reduce(p, all, s, yp);
+    const std::vector<uint16_t> nodes = ht_combine_reduce(q, all, s, yp);
+    for (size_t i = 0; i < flat.size(); ++i) differ += flat[i] != nodes[i];
+  }
+  EXPECT_GT(differ, 0) << "nodes of 2 summed like one ascending sum: the test cannot tell them apart";
+  q.node_ranks = 3;
+  EXPECT_NE(problem_error(q).find("node_ranks must be 0 or divide world"), std::string::npos);
+}
+
 // Pre-quantised fp8 HT rows (every scale format): each received row is its
 // source's quantised row and scales byte for byte, the partials see it
 // dequantised, and combine end to end agrees with the per-token reference.

@@ -20,6 +20,8 @@ std::string problem_error(const Problem& p) {
   if (p.top_k > p.num_experts) return s("top_k must be <= num_experts, got top_k", p.top_k);
   if (p.max_tokens_per_rank < 0)
     return s("max_tokens_per_rank must be >= 0, got", p.max_tokens_per_rank);
+  if (p.node_ranks < 0 || (p.node_ranks > 0 && p.world % p.node_ranks != 0))
+    return s("node_ranks must be 0 or divide world, got node_ranks", p.node_ranks);
   return "";
 }
 

@@ -36,6 +36,10 @@ struct Problem {
   // before dispatch (ht_fp8_input), rows carried verbatim.
   DispatchDtype dispatch_dtype = DispatchDtype::kBf16;
   ScaleFormat scale_format = ScaleFormat::kF32;
+  // HT combine: the config's ranks_per_node (0 = unset). Set, each node's
+  // rows (nodes of this many consecutive ranks) are summed first, then the
+  // nodes' sums (ht_combine_expected).
+  int node_ranks = 0;
 
   // Experts live on ranks in contiguous blocks of local_experts().
   int local_experts() const { return num_experts / world; }

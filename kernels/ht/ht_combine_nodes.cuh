@@ -1,0 +1,295 @@
+/* ht_combine_nodes.cuh: HT combine summed per node (the config set
+ * ranks_per_node) with the node sums formed on the relays (PROTOCOL.md
+ * "Relays"). The ranks of a node send their rows of a remote token to the
+ * token's relay there over NVLink; the relay sums them in f32 and puts one
+ * f32 row per (token, node) to the token's rank, which adds its own node's
+ * sum and the relays' in ascending node order. Also the bf16 helpers both
+ * combine paths share. */
+#ifndef MEP_HT_COMBINE_NODES_CUH_
+#define MEP_HT_COMBINE_NODES_CUH_
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "kernels/ht/ht_device.cuh"
+#include "kernels/ht/ht_relay.cuh"
+
+/* acc[0..7] += the 8 bf16 of v, in order. */
+__device__ __forceinline__ void mep_ht_add8(float *acc, const uint4 v) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    acc[2 * i] += __uint_as_float(w[i] << 16);
+    acc[2 * i + 1] += __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+__device__ __forceinline__ uint32_t mep_ht_pack2(float lo, float hi) {
+  const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t *>(&b);
+}
+
+/* Row of token j of the chunk from rank d: in place in y for this rank,
+ * else in d's combine ring. */
+__device__ __forceinline__ const uint4 *mep_ht_sum_row(const MepHtParams &p, int c, int d, int j,
+                                                       const uint64_t *cons, const uint32_t *bal,
+                                                       int H, const uint16_t *own) {
+  const uint64_t pos = cons[d] + __popc(bal[d] & ((1u << j) - 1u));
+  return d == p.xp.rank ? reinterpret_cast<const uint4 *>(own + pos * (uint64_t)H)
+                        : reinterpret_cast<const uint4 *>(
+                              p.xp.local + mep_ht_ring_off(p.win.comb_ring, p.win.comb_row, d, c,
+                                                           pos % MEP_HT_RING_ROWS));
+}
+
+/* Whether this combine sums per node through relays: a network group
+ * whose config set ranks_per_node, with several nodes of 2 or more ranks
+ * (with nodes of one rank, or one node, the node sums change nothing and
+ * the rows cross per rank as bf16). */
+template <class Tp>
+__device__ __forceinline__ bool mep_ht_sum_nodes(const MepHtParams &p) {
+  if constexpr (!Tp::kStaged) {
+    return false;
+  } else {
+    const int n = p.dims.node_ranks;
+    return p.dims.sum_by_node != 0 && n > 1 && n < p.dims.world;
+  }
+}
+
+/* Where the expert side's rows of source s's tokens go: to s (its ring for
+ * this rank), or when s is relayed, to s's relay on this node, into the
+ * ring that relay keeps for this rank's rows of s: index (node of s) n +
+ * (this rank's index), an index whose own ring (a remote rank's rows for
+ * the relay's tokens) node sums leave unused. */
+struct MepHtCombTarget {
+  int dst, ring;
+};
+template <class Tp>
+__device__ __forceinline__ MepHtCombTarget mep_ht_comb_target(const MepHtParams &p, int s,
+                                                              MepHtRoute route) {
+  if (route != kMepHtRelayed) return MepHtCombTarget{s, p.xp.rank};
+  const int n = p.dims.node_ranks, me_l = p.xp.rank % n;
+  return MepHtCombTarget{p.xp.rank - me_l + s % n, (s / n) * n + me_l};
+}
+
+/* The relay's part of combine for network source s, channel c: along the
+ * rows dispatch put into its network ring (the relay record), each row's
+ * node sum (its local ranks' rows ascending, this rank's own from y at
+ * `own`, in f32 from +0), staged and put as one f32 row (two ring slots)
+ * into s's ring for this rank, a chunk of up to 32 rows at a time, then
+ * the local ranks' rings freed and s's tail signal raised. False when a
+ * wait expired (recorded). Whole warp group. */
+template <class Tp>
+__device__ bool mep_ht_relay_reduce(const MepHtParams &p, const mep_ht_combine_args_t &a,
+                                    const MepHtGroups &g, int c, int s, int64_t own,
+                                    volatile uint64_t *wait_slot) {
+  const int n = p.dims.node_ranks, me_l = p.xp.rank % n, node0 = p.xp.rank - me_l;
+  const int from = (s / n) * n, H = a.hidden, lane = threadIdx.x & 31;
+  const int rows = *mep_ht_relay_n(p, a.layout_set, s, c);
+  const uint16_t *masks =
+      mep_ht_relay_mask(p, a.layout_set, s) + mep_ht_relay_base(p, a.layout_set, s, c);
+  /* Lane l < n: how far this rank has read local rank l's ring for s. */
+  const bool fwd_lane = lane < n && lane != me_l;
+  uint64_t cons = fwd_lane ? *mep_ht_state_u64(p, p.st.recv_head_c, from + lane, c) : 0u;
+  uint64_t tail = *mep_ht_state_u64(p, p.st.send_tail_c, s, c);
+  bool ok = true;
+  for (int done = 0; done < rows;) {
+    const int m = min(MEP_HT_CHUNK, rows - done);
+    const uint32_t mk = lane < m ? (uint32_t)masks[done + lane] : 0u;
+    uint32_t rows_of = 0;
+    for (int l = 0; l < n; ++l) {
+      const uint32_t b = __ballot_sync(~0u, (mk >> l) & 1u);
+      if (lane == l) rows_of = b;
+    }
+    const uint64_t need =
+        tail + 2u * m > MEP_HT_RING_ROWS ? tail + 2u * m - MEP_HT_RING_ROWS : 0u;
+    mep_ht_leader_wait(
+        p, g, wait_slot,
+        [&] { return mep_ht_counter<Tp>(p, p.win.comb_head, MEP_HT_SIG_COMB_HEAD, s, c); }, need,
+        MEP_HT_OP_COMBINE_SPACE, s, &ok);
+    for (int l = 0; l < n && ok; ++l) {
+      const uint32_t cnt = __popc(__shfl_sync(~0u, rows_of, l));
+      const uint64_t at = __shfl_sync(~0u, cons, l);
+      if (l == me_l || cnt == 0) continue;
+      mep_ht_leader_wait(
+          p, g, wait_slot,
+          [&] { return mep_ld_acquire_sys(mep_ht_word(p, p.win.comb_tail, from + l, c)); },
+          at + cnt, MEP_HT_OP_COMBINE_RECV, node0 + l, &ok);
+    }
+    if (!ok) break;
+    for (int o = g.index; o < m; o += g.size) {
+      const uint4 *src[MEP_HT_MAX_RANKS];
+      uint32_t have = 0;
+      for (int l = 0; l < n; ++l) {
+        const uint32_t b = __shfl_sync(~0u, rows_of, l);
+        const uint64_t at = __shfl_sync(~0u, cons, l);
+        if (((b >> o) & 1u) == 0) continue;
+        const uint64_t pos = __popc(b & ((1u << o) - 1u));
+        have |= 1u << l;
+        src[l] = l == me_l ? reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(a.y) +
+                                                             (own + (int64_t)pos) * H)
+                           : reinterpret_cast<const uint4 *>(
+                                 p.xp.local + mep_ht_ring_off(p.win.comb_ring, p.win.comb_row,
+                                                              from + l, c,
+                                                              (at + pos) % MEP_HT_RING_ROWS));
+      }
+      /* Two slots of s's ring: tail stays even and the ring's rows are an
+       * even number, so they are adjacent. */
+      const uint64_t slot = (tail + 2u * (uint64_t)o) % MEP_HT_RING_ROWS;
+      const uint64_t stage = mep_ht_ring_off(p.win.comb_stage, p.win.comb_row, s, c, slot);
+      float4 *dst = reinterpret_cast<float4 *>(p.xp.local + stage);
+      for (int v = lane; v < H / 8; v += 32) {
+        float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        for (uint32_t left = have; left != 0; left &= left - 1)
+          mep_ht_add8(acc, __ldcg(src[__ffs(left) - 1] + v));
+        dst[2 * v] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        dst[2 * v + 1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+      }
+      __syncwarp();
+      Tp::put_warp_unsignalled(
+          p.xp, s, mep_ht_ring_off(p.win.comb_ring, p.win.comb_row, p.xp.rank, c, slot), stage,
+          4u * (uint32_t)H);
+    }
+    /* Every warp's reads and puts of the chunk are done. */
+    mep_ht_group_sync(g);
+    if (fwd_lane && rows_of != 0) {
+      cons += (uint64_t)__popc(rows_of);
+      if (g.index == 0)
+        mep_ht_st_release(mep_ht_peer_word(p, node0 + lane, p.win.comb_head, s, c), cons);
+    }
+    own += __popc(__shfl_sync(~0u, rows_of, me_l));
+    tail += 2u * (uint64_t)m;
+    done += m;
+    if (g.index == 0 && lane == 0)
+      mep_ht_publish<Tp>(p, s, p.win.comb_tail, MEP_HT_SIG_COMB_TAIL, c, tail, 2u * (uint64_t)m);
+  }
+  Tp::flush_warp(p.xp);
+  if (ok && g.index == 0) {
+    if (lane == 0) *mep_ht_state_u64(p, p.st.send_tail_c, s, c) = tail;
+    if (fwd_lane) *mep_ht_state_u64(p, p.st.recv_head_c, from + lane, c) = cons;
+  }
+  return ok;
+}
+
+/* The token side of a combine summed per node: per token, this node's
+ * rows (ascending ranks, this rank's own from y) summed in f32 from +0,
+ * and every other node's f32 sum from its relay (the rank at this rank's
+ * index there), added in ascending node order from +0, rounded to bf16
+ * once. Block-wide; same chunks and ring frees as mep_ht_combine_recv. */
+template <class Tp>
+__device__ void mep_ht_combine_recv_nodes(const MepHtParams &p, const mep_ht_combine_args_t &a,
+                                          int c) {
+  __shared__ uint64_t cons[MEP_HT_MAX_RANKS];
+  __shared__ uint32_t bal[MEP_HT_MAX_RANKS];
+  __shared__ uint32_t masks[MEP_HT_CHUNK];
+  __shared__ uint64_t seen[MEP_HT_THREADS / 32][MEP_HT_MAX_RANKS]; /* lane 0 of each warp */
+  __shared__ int failed;
+  __shared__ int64_t own_base;
+  const int R = p.dims.world, n = p.dims.node_ranks, me = p.xp.rank, me_l = me % n;
+  const int node0 = me - me_l, e_local = a.num_experts / R, lane = threadIdx.x & 31;
+  const int warp = threadIdx.x / 32, warps = blockDim.x / 32, H = a.hidden;
+  int t0, t1;
+  mep_ht_channel_tokens(a.num_tokens, a.channels, c, &t0, &t1);
+  /* Ring d carries one bf16 row per token from a rank of this node, or two
+   * slots (one f32 row) per token from another node's relay. */
+  auto width = [&](int d) { return d / n == me / n ? 1u : 2u; };
+  for (int d = threadIdx.x; d < R; d += blockDim.x)
+    cons[d] = d == me ? 0 : *mep_ht_state_u64(p, p.st.recv_head_c, d, c);
+  if (threadIdx.x == 0) {
+    own_base = mep_ht_own_base(p, a.layout_set, a.channels, c);
+    failed = 0;
+  }
+  if (lane == 0)
+    for (int d = 0; d < R; ++d) seen[warp][d] = 0;
+  const uint16_t *own = static_cast<const uint16_t *>(a.y);
+  for (int base = t0; base < t1; base += MEP_HT_CHUNK) {
+    __syncthreads(); /* cons, bal and masks of the previous chunk are done with */
+    if (failed) break;
+    if (warp == 0) {
+      const uint32_t m = mep_ht_lane_mask(a.topk_idx, a.topk_idx_bytes, base, t1, a.top_k,
+                                          a.num_experts, e_local);
+      masks[lane] = m;
+      for (int d = 0; d < R; ++d) {
+        const bool here = d / n == me / n;
+        const bool relay = !here && d % n == me_l;
+        const bool uses = here ? ((m >> d) & 1u) != 0
+                               : relay && ((m >> (d - me_l)) & ((1u << n) - 1u)) != 0;
+        const uint32_t b = __ballot_sync(~0u, uses);
+        if (lane == 0) bal[d] = b;
+      }
+    }
+    __syncthreads();
+    const int n_tok = min(MEP_HT_CHUNK, t1 - base);
+    for (int j = warp; j < n_tok; j += warps) {
+      bool ok = true;
+      if (lane == 0) {
+        for (int d = 0; d < R && ok; ++d) {
+          if (d == me || ((bal[d] >> j) & 1u) == 0) continue;
+          const uint64_t w = width(d);
+          const uint64_t pos = cons[d] + w * __popc(bal[d] & ((1u << j) - 1u));
+          if (pos + w <= seen[warp][d]) continue;
+          uint64_t v = 0;
+          ok = mep_wait_ge(
+              p.wc,
+              [&] { return mep_ht_counter<Tp>(p, p.win.comb_tail, MEP_HT_SIG_COMB_TAIL, d, c); },
+              pos + w, MEP_HT_OP_COMBINE_RECV, d, -1, &v);
+          seen[warp][d] = v;
+        }
+      }
+      const bool all_there = __shfl_sync(~0u, ok ? 1 : 0, 0) != 0;
+      __syncwarp(); /* the row loads follow lane 0's acquires */
+      if (!all_there) {
+        if (lane == 0) failed = 1;
+        continue;
+      }
+      const uint32_t m = masks[j];
+      uint4 *out = reinterpret_cast<uint4 *>(static_cast<uint16_t *>(a.out) +
+                                             (uint64_t)(base + j) * H);
+      for (int v = lane; v < H / 8; v += 32) {
+        float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        for (int b = 0; b < R / n; ++b) {
+          if (b * n == node0) {
+            float part[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            for (int d = node0; d < node0 + n; ++d)
+              if ((m >> d) & 1u)
+                mep_ht_add8(part, __ldcg(mep_ht_sum_row(p, c, d, j, cons, bal, H,
+                                                        own + own_base * (int64_t)H) +
+                                         v));
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[e] += part[e];
+          } else {
+            const int x = b * n + me_l;
+            if (((bal[x] >> j) & 1u) == 0) continue;
+            const uint64_t pos = cons[x] + 2u * __popc(bal[x] & ((1u << j) - 1u));
+            const float4 *row = reinterpret_cast<const float4 *>(
+                p.xp.local + mep_ht_ring_off(p.win.comb_ring, p.win.comb_row, x, c,
+                                             pos % MEP_HT_RING_ROWS));
+            const float4 lo = __ldcg(row + 2 * v), hi = __ldcg(row + 2 * v + 1);
+            acc[0] += lo.x, acc[1] += lo.y, acc[2] += lo.z, acc[3] += lo.w;
+            acc[4] += hi.x, acc[5] += hi.y, acc[6] += hi.z, acc[7] += hi.w;
+          }
+        }
+        out[v] = make_uint4(mep_ht_pack2(acc[0], acc[1]), mep_ht_pack2(acc[2], acc[3]),
+                            mep_ht_pack2(acc[4], acc[5]), mep_ht_pack2(acc[6], acc[7]));
+      }
+    }
+    /* Every warp's reads of this chunk's rows are done: free them. */
+    __syncthreads();
+    for (int d = threadIdx.x; d < R; d += blockDim.x) {
+      const uint64_t k = width(d) * (uint64_t)__popc(bal[d]);
+      if (k == 0) continue;
+      cons[d] += k;
+      if (d == me) continue;
+      mep_ht_publish<Tp>(p, d, p.win.comb_head, MEP_HT_SIG_COMB_HEAD, c, cons[d], k);
+    }
+  }
+  __syncthreads();
+  /* Only the rings this side reads: the other remote indices hold the
+   * positions of the relay's rings, which this rank's sender block keeps
+   * (mep_ht_relay_reduce) while this block runs. */
+  if (!failed)
+    for (int d = threadIdx.x; d < R; d += blockDim.x)
+      if (d != me && (d / n == me / n || d % n == me_l))
+        *mep_ht_state_u64(p, p.st.recv_head_c, d, c) = cons[d];
+}
+
+#endif /* MEP_HT_COMBINE_NODES_CUH_ */
