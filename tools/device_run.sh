@@ -2,7 +2,7 @@
 # device_run.sh (copied to .gpu_bundle/run_device.sh): the GPU suite, run on
 # the GPU machine from the repository root, most important first; every log
 # goes to $OUT and a one-line verdict per step to $OUT/summary.txt.
-# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|one|ab|extra|ht]; quick stops after
+# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|one|ab|extra|ht|scale]; quick stops after
 # the kernel test, the weighted-dispatch and hidden-2880 API runs and the
 # eager benchmarks;
 # one is for a 1-GPU machine (EP1 suites, LL and HT, sanitizers, an EP1 benchmark, and
@@ -31,6 +31,9 @@ nvidia-smi -L > "$OUT/gpus.txt" 2>&1
 # One line per step in summary.txt: "<step>: PASS|FAIL (<key number>)".
 # summary NAME EXIT [KEY]: PASS exactly when EXIT is 0; a non-zero EXIT
 # (124/137: the step ran out of time) is named before KEY.
+# Each line ends with the seconds since the previous one (the step's
+# wall time, NCCL's start-up included), so a short lease can be planned.
+STEP_T0=$SECONDS
 summary() {
   local verdict=PASS key=${3:-}
   [ "$2" = 0 ] || verdict=FAIL
@@ -39,7 +42,9 @@ summary() {
     124|137) key="timed out${key:+, $key}" ;;
     *) key="exit $2${key:+, $key}" ;;
   esac
-  echo "$1: $verdict${key:+ ($key)}" | tee -a "$OUT/summary.txt"
+  key="${key:+$key; }$((SECONDS - STEP_T0)) s"
+  STEP_T0=$SECONDS
+  echo "$1: $verdict ($key)" | tee -a "$OUT/summary.txt"
 }
 # Key numbers, read from a step's log.
 gtest_key() {  # "N tests passed[, M failed]"
@@ -260,6 +265,50 @@ ht_suite() {
   summary bench_ht_ginemu $? "$(bench_key "$OUT/bench_ht_ginemu.log")"
   grep -E "^bf16 " "$OUT/bench_ht_ginemu.log"
 }
+# scale: the short run for a lease of 4 or more GPUs, most wanted first:
+# HT across nodes through relays (gin_emulated as nodes of 2: NVLink peers
+# and network peers in one kernel), HT and LL at N ranks against the
+# oracle, the benches at N ranks (relays' speed included), then the EP2
+# benches on GPUs 0 and 1 in the same lease.
+if [ "$MODE" = scale ]; then
+  R2=2; [ "$N" -gt 2 ] && R2=$((N / 2))
+  api ht_${E}_ginemu_nodes_of_$R2 $N $((90 * S)) --mode=ht --transport=gin_emulated \
+    --ranks_per_node=$R2 --experts=64 --max_tokens=64 --layers=2048:8,2880:6 --seeds=2
+  api ht_${E}_ginemu_nodes_of_${R2}_fp8_packed $N $((90 * S)) --mode=ht --transport=gin_emulated \
+    --ranks_per_node=$R2 --dtype=fp8 --scale=ue8m0_packed --experts=256 --max_tokens=512 \
+    --layers=7168:8,4096:32 --seeds=1
+  api ht_${E}_ginemu_nodes_of_${R2}_worst_case $N $((90 * S)) --mode=ht --transport=gin_emulated \
+    --ranks_per_node=$R2 --worst_case=1 --experts=64 --max_tokens=128 --layers=7168:8,2880:2 --seeds=2
+  api ht_${E}_ginemu_nodes_of_${R2}_skip_timeout $N $((20 * S)) --scenario=skip --mode=ht \
+    --transport=gin_emulated --ranks_per_node=$R2 --experts=8 --max_tokens=8 --layers=128:2 \
+    --kernel_ms=2000
+  api ht_${E}_bf16 $N $((90 * S)) --mode=ht --experts=64 --max_tokens=64 --layers=2048:8,2880:6,4096:1 --seeds=2
+  api ${E}_lsa_fp8_dispatch_weights $N $((50 * S)) --experts=256 --max_tokens=128 --dtype=fp8 \
+    --layers=7168:8,2048:1 --seeds=2 --dispatch_weights=1
+  api ${E}_ginemu_dispatch_weights_mixed $N $((50 * S)) --transport=gin_emulated --experts=64 \
+    --max_tokens=64 --layers=4096:8,2048:2 --seeds=2 --dispatch_weights=mixed
+  sizes=$N; [ "$N" -gt 2 ] && sizes="$N 2"
+  for n in $sizes; do
+    for t in lsa nodes; do
+      env_rpn=; tr=auto
+      [ $t = nodes ] && { env_rpn="MOE_EP_RANKS_PER_NODE=$((n / 2))"; tr=gin_emulated; }
+      env $env_rpn timeout $((120 * S)) $B/moe_ep_run -n $n --timeout_s $((115 * S)) -- \
+        $B/moe_ep_bench --plugin=$B/libmoe_ep.so --mode=ht --transport=$tr --dtype=bf16 \
+        --tokens=1024,4096 --num_sms=24 > "$OUT/bench_ht_ep${n}_$t.log" 2>&1
+      summary bench_ht_ep${n}_$t $? "$(bench_key "$OUT/bench_ht_ep${n}_$t.log")"
+      grep -E "^bf16 " "$OUT/bench_ht_ep${n}_$t.log"
+    done
+    for w in true false; do
+      timeout $((90 * S)) $B/moe_ep_run -n $n --timeout_s $((85 * S)) -- $B/moe_ep_bench \
+        --plugin=$B/libmoe_ep.so --warmup=50 --dispatch_weights=$w \
+        > "$OUT/bench_ep${n}_weights_$w.log" 2>&1
+      summary bench_ep${n}_dispatch_weights_$w $? "$(bench_key "$OUT/bench_ep${n}_weights_$w.log")"
+      grep -A22 "^latency" "$OUT/bench_ep${n}_weights_$w.log" | grep -E "^(fp8|bf16) "
+    done
+  done
+  cat "$OUT/summary.txt"
+  exit 0
+fi
 if [ "$MODE" = ht ]; then
   ht_suite
   cat "$OUT/summary.txt"

@@ -8,6 +8,7 @@ which makes three groups, has rank 0 pick a port for each):
   tools/launcher/moe_ep_run -n 2 --timeout_s 300 -- python3 integration/python/gpu/gpu_check.py deep_ep
   tools/launcher/moe_ep_run -n 2 --timeout_s 300 -- python3 integration/python/gpu/gpu_check.py deep_ep_fp8
   tools/launcher/moe_ep_run -n 2 --timeout_s 300 -- python3 integration/python/gpu/gpu_check.py ht
+  tools/launcher/moe_ep_run -n 2 --timeout_s 300 -- python3 integration/python/gpu/gpu_check.py auto
 
 `group`: CUDA tensors on the current stream; eager dispatch rows
 bit-exact against a torch reference built from every rank's seeded inputs;
@@ -28,7 +29,8 @@ a cached layout (a second tensor on one handle), and combine (with
 DeepEP's bias pair after the cached dispatch), all
 bit-exact against an expectation built from every rank's seeded inputs;
 a worst-case dispatch + combine captured in a CUDA graph and replayed on
-new inputs. `ht` prints one line per check. Each rank prints "rank R: ok"
+new inputs. `auto`: SGLang's deepep_mode auto, both modes through one
+low-latency Buffer. `ht` prints one line per check. Each rank prints "rank R: ok"
 or its failures, and exits non-zero on any failure.
 """
 import contextlib
@@ -771,10 +773,44 @@ def part_ht():
     part_buffer_normal(addresses[2])
 
 
+def part_auto():
+    """SGLang's deepep_mode auto: one Buffer(low_latency_mode=True), made
+    with SGLang's positional arguments and allow_mnnvl=True, decodes
+    through low_latency_* and prefills through the normal-mode calls (a
+    second group, created by the first normal dispatch with x's hidden; the
+    first layout computed in torch on the GPU, later ones by prepare);
+    the LL combine gets a copy of topk_idx."""
+    import moe_ep.deep_ep as deep_ep
+    dev = device()
+    address = group_addresses(1)[0]
+    host, port = address.rsplit(":", 1)
+    cfg = {"backend": BACKEND, "bootstrap": {"address": address, "timeout_ms": 60000},
+           "timeouts": {"kernel_ms": 60000}}
+    buf = deep_ep.Buffer(None, 0, 0, True, EL, True, True, True, moe_ep_config=cfg)
+    for seed, normal in ((41, (31, (512, 7), 7168, 8, 1)), (42, (32, (1000, 1), 2880, 1, 4))):
+        all_in = [inputs(seed, r) for r in range(WORLD)]
+        x, idx, w = (t.to(dev) for t in all_in[RANK])
+        recv_x, count, handle, _, _ = buf.low_latency_dispatch(x, idx, N, E, use_fp8=False)
+        sync()
+        check_recv("auto LL seed %d" % seed, recv_x, count, all_in)
+        out, _, _ = buf.low_latency_combine(experts(recv_x), idx.clone(), w, handle)
+        sync()
+        check_combine("auto LL seed %d" % seed, out, *all_in[RANK])
+        buffer_bf16(buf, 256, *normal)
+        buf.clean_low_latency_buffer(N, H, E)
+    ht = buf.moe_ep_normal_group
+    with case("auto groups"):
+        if ht.config.hidden != 7168 or ht.config.max_tokens_per_rank != 1024 or \
+                ht.config.bootstrap_address != "%s:%d" % (host, int(port) + 1):
+            fail("auto groups", repr(ht.config))
+    buf.destroy()
+
+
 def main():
     part = sys.argv[1] if len(sys.argv) > 1 else "group"
     {"group": part_group, "deep_ep": part_deep_ep,
-     "deep_ep_fp8": lambda: part_deep_ep(use_fp8=True), "ht": part_ht}[part]()
+     "deep_ep_fp8": lambda: part_deep_ep(use_fp8=True), "ht": part_ht,
+     "auto": part_auto}[part]()
     print("rank %d: %s" % (RANK, "ok" if not failures else "%d failures" % len(failures)),
           flush=True)
     sys.exit(1 if failures else 0)

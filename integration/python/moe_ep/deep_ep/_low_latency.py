@@ -11,6 +11,7 @@ from ._refuse import refuse as _refuse
 # scales as int32 [E_local, R*N, H/512], moe-ep's "fp8_ue8m0_packed".
 _FORMATS = {
     (False, False): "bf16",
+    (False, True): "bf16",  # UE8M0 names fp8 scales: bf16 rows have none
     (True, False): "fp8",
     (True, True): "fp8_ue8m0_packed",
 }
@@ -65,9 +66,10 @@ class LowLatencyMixin:
         fmt = _FORMATS[(bool(use_fp8), bool(use_ue8m0))]
         # bf16 buffers hold every format, so use_fp8 / use_ue8m0 can change
         # from call to call, as in DeepEP (moe_ep_config may still pin fp8).
-        g = self._group_for({"num_experts": int(num_experts), "hidden": int(x.shape[-1]),
-                             "top_k": int(topk_idx.shape[-1]), "max_tokens_per_rank": int(n),
-                             "dispatch_dtype": "bf16", "fp8_scale": "f32"})
+        g = self._group_for("low_latency", {
+            "num_experts": int(num_experts), "hidden": int(x.shape[-1]),
+            "top_k": int(topk_idx.shape[-1]), "max_tokens_per_rank": int(n),
+            "dispatch_dtype": "bf16", "fp8_scale": "f32"})
         cfg = g.config
         if n != cfg.max_tokens_per_rank:
             raise ValueError("%s: num_max_dispatch_tokens_per_rank=%d differs from the group's "
@@ -94,7 +96,7 @@ class LowLatencyMixin:
                     "per-rank wait-time statistics are not collected")
         if async_finish and return_recv_hook:
             raise ValueError("%s: async_finish and return_recv_hook cannot both be True" % entry)
-        if use_ue8m0 and not round_scale:
+        if use_fp8 and use_ue8m0 and not round_scale:
             raise ValueError("%s: use_ue8m0=True needs round_scale=True (UE8M0 scales are "
                              "powers of two)" % entry)
         g, fmt = self._ll_group(entry, x, topk_idx, num_max_dispatch_tokens_per_rank,
@@ -150,10 +152,16 @@ class LowLatencyMixin:
             raise TypeError("%s: handle must be the handle low_latency_dispatch returned, got %s"
                             % (entry, type(handle).__name__))
         ep_handle = handle.moe_ep
-        if topk_idx is not ep_handle.topk_idx and topk_idx.data_ptr() != ep_handle.topk_idx.data_ptr():
-            raise ValueError("%s: topk_idx is not the tensor given to the dispatch of this handle; "
-                             "moe-ep routes the combine with the dispatch's topk_idx" % entry)
-        g = self._ep
+        # The combine is routed by the handle (the dispatch's topk_idx);
+        # engines may pass a copy of the same ids (vLLM maps logical to
+        # physical expert ids afresh for each call), so only the shape is
+        # checked: reading the values would cost a device sync.
+        if tuple(topk_idx.shape) != tuple(ep_handle.topk_idx.shape):
+            raise ValueError("%s: topk_idx is %s but this handle's dispatch routed %s; moe-ep "
+                             "routes the combine by the dispatch's topk_idx, which topk_idx must "
+                             "repeat" % (entry, tuple(topk_idx.shape),
+                                         tuple(ep_handle.topk_idx.shape)))
+        g = self._ll_ep
         result = g.combine(ep_handle, x, topk_weights=topk_weights, out=out,
                            defer=return_recv_hook)
         hook = None
@@ -165,7 +173,7 @@ class LowLatencyMixin:
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank, hidden, num_experts):
         """moe-ep's signals carry a per-operation epoch, so its buffers need
         no cleaning between layouts: this checks the sizes only."""
-        g = self._ep
+        g = self._ll_ep
         if g is None:
             return
         if num_max_dispatch_tokens_per_rank != g.config.max_tokens_per_rank or \
@@ -190,7 +198,7 @@ class LowLatencyMixin:
         if not isinstance(handle, LowLatencyHandle):
             raise TypeError("get_next_low_latency_combine_buffer: handle must be the handle "
                             "low_latency_dispatch returned, got %s" % type(handle).__name__)
-        g = self._ep
+        g = self._ll_ep
         shape = (g.num_local_experts, g.world_size * g.config.max_tokens_per_rank, handle[3])
         bufs = self._combine_buffers()
         if not bufs or tuple(bufs[0].shape) != shape:

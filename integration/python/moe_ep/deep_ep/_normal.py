@@ -100,14 +100,33 @@ def _max_tokens(t):
     return n
 
 
+def _torch_layout(topk_idx, num_experts, world):
+    """get_dispatch_layout's (num_tokens_per_rank [R] int32,
+    num_tokens_per_expert [E] int32, is_token_in_rank [T, R] bool) in torch,
+    for the Buffer's first normal-mode call: the high-throughput group is
+    created by the first dispatch, which sees x's hidden. Ids outside
+    [0, num_experts) count nowhere here; the dispatch's prepare refuses
+    them with the library's sentence."""
+    idx = topk_idx.long()
+    valid = (idx >= 0) & (idx < num_experts)
+    experts = torch.where(valid, idx, torch.full_like(idx, num_experts))
+    per_expert = torch.zeros(num_experts + 1, dtype=torch.int32, device=idx.device)
+    per_expert.scatter_add_(0, experts.reshape(-1), torch.ones_like(experts.reshape(-1),
+                                                                    dtype=torch.int32))
+    ranks = torch.where(valid, idx // (num_experts // world), torch.full_like(idx, world))
+    in_rank = torch.zeros((idx.shape[0], world + 1), dtype=torch.bool, device=idx.device)
+    in_rank.scatter_(1, ranks, True)
+    in_rank = in_rank[:, :world].contiguous()
+    return in_rank.sum(0, dtype=torch.int32), per_expert[:num_experts], in_rank
+
+
 class NormalMixin:
 
     def _ht_group(self, entry, num_experts, hidden, topk_idx):
-        if self.low_latency_mode:
-            raise RuntimeError("%s: this Buffer was created with low_latency_mode=True" % entry)
-        return self._group_for({"num_experts": int(num_experts), "hidden": int(hidden),
-                                "top_k": int(topk_idx.shape[-1]),
-                                "max_tokens_per_rank": _max_tokens(int(topk_idx.shape[0]))})
+        return self._group_for("high_throughput", {
+            "num_experts": int(num_experts), "hidden": int(hidden),
+            "top_k": int(topk_idx.shape[-1]),
+            "max_tokens_per_rank": _max_tokens(int(topk_idx.shape[0]))})
 
     def _ht_prepare(self, g, topk_idx):
         """The handle prepared by get_dispatch_layout for this very topk_idx,
@@ -115,26 +134,37 @@ class NormalMixin:
         same branch, as engines call both entries symmetrically)."""
         cached = getattr(self, "_layout_cache", None)
         self._layout_cache = None
-        if cached is not None and cached[0] is topk_idx:
+        if cached is not None and cached[0] is topk_idx and cached[1] is not None:
             return cached[1]
         return g.prepare(topk_idx)
 
     def get_dispatch_layout(self, topk_idx, num_experts, previous_event=None, async_finish=False,
                             allocate_on_comm_stream=False):
         """Returns (num_tokens_per_rank [R] int32, None, num_tokens_per_expert
-        [E] int32, is_token_in_rank [T, R] bool, event). The group's hidden
-        is moe_ep_config's, else the library default (7168), as no x is
-        seen here before the first dispatch."""
+        [E] int32, is_token_in_rank [T, R] bool, event). Before the Buffer's
+        first normal-mode dispatch the layout is computed in torch (that
+        dispatch creates the group, with x's hidden); afterwards by the
+        group's prepare, whose handle the next dispatch of this topk_idx
+        reuses."""
         entry = "get_dispatch_layout"
         wait_previous(previous_event)
-        g = self._ep
+        g = self._ht_ep
+        if g is None and "hidden" not in self._user_config and self.group_size > 0:
+            if num_experts % self.group_size != 0:
+                raise ValueError("%s: num_experts=%d must be a multiple of the group's %d ranks"
+                                 % (entry, num_experts, self.group_size))
+            per_rank, per_expert, in_rank = _torch_layout(topk_idx, num_experts,
+                                                          self.group_size)
+            self._layout_cache = (topk_idx, None, num_experts)
+            event = EventOverlap(record_event(async_finish and topk_idx.is_cuda))
+            return per_rank, None, per_expert, in_rank, event
         if g is None:
             g = self._ht_group(entry, num_experts, self._user_config.get("hidden", 7168), topk_idx)
         if num_experts != g.config.num_experts:
             raise ValueError("%s: num_experts=%d differs from the group's num_experts=%d"
                              % (entry, num_experts, g.config.num_experts))
         handle = g.prepare(topk_idx, layout=True)
-        self._layout_cache = (topk_idx, handle)
+        self._layout_cache = (topk_idx, handle, num_experts)
         per_rank, per_expert, in_rank = handle.layout
         event = EventOverlap(record_event(async_finish and g._is_cuda))
         return per_rank, None, per_expert, in_rank, event
@@ -163,7 +193,8 @@ class NormalMixin:
         host sync on GPUs (a receive past it raises ValueError), and combine
         copies its x into rows of the library's size. handle= repeats the
         handle's dispatch layout (DeepEP's cached dispatch) with this x and
-        returns (recv_x, None, None, None, handle, event)."""
+        returns (recv_x, None, None, None, None, event), as DeepEP's cached
+        dispatch does (the handle passed in serves its combine)."""
         entry = "dispatch"
         x, x_scales = _split_x(entry, x)
         if num_worst_tokens < 0:
@@ -187,9 +218,12 @@ class NormalMixin:
         elif topk_weights is None:
             _refuse(entry, "topk_weights", None, "high-throughput dispatch carries the weights "
                     "with topk_idx (zeros where the caller has none)")
-        g = self._ep
+        g = self._ht_ep
+        layout_cache = getattr(self, "_layout_cache", None)
         if g is None:
-            if num_tokens_per_expert is not None:
+            if layout_cache is not None and layout_cache[0] is topk_idx:
+                num_experts = layout_cache[2]
+            elif num_tokens_per_expert is not None:
                 num_experts = int(num_tokens_per_expert.shape[0])
             elif "num_experts" in self._user_config:
                 num_experts = self._user_config["num_experts"]
@@ -216,7 +250,7 @@ class NormalMixin:
         event = EventOverlap(record_event(async_finish and g._is_cuda))
         if cached:
             handle.worst_rows = worst_rows  # combine follows the latest dispatch
-            return recv_x, None, None, None, handle, event
+            return recv_x, None, None, None, None, event
         new_handle = NormalHandle(ep_handle, topk_idx, topk_weights, recv_w, worst_rows)
         return recv_x, recv_idx.to(topk_idx.dtype), recv_w, per_expert_list, new_handle, event
 
@@ -245,7 +279,7 @@ class NormalMixin:
             w = handle.topk_weights
             combined_w = torch.where(handle.topk_idx >= 0, w, torch.zeros_like(w))
         wait_previous(previous_event)
-        g = self._ep
+        g = self._ht_ep
         out = g.combine(handle.moe_ep, _library_rows(x, handle.worst_rows))
         if bias:
             acc = bias[0].float()

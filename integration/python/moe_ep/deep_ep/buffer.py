@@ -1,15 +1,25 @@
 """moe_ep.deep_ep.Buffer: the DeepEP V1 `deep_ep.Buffer` surface that
-vLLM's deepep_* backends and SGLang's DeepEP dispatcher call, over one
-moe-ep group per Buffer (low-latency or high-throughput mode).
+vLLM's deepep_* backends and SGLang's DeepEP dispatcher call, over moe-ep
+groups: a low-latency group for low_latency_dispatch / combine (only on a
+Buffer made with low_latency_mode=True, as in DeepEP) and a
+high-throughput group for the normal-mode get_dispatch_layout / dispatch /
+combine (on any Buffer: SGLang's `auto` mode prefills and decodes through
+one low-latency Buffer).
 
-The group is created on the Buffer's first operation (collective, as the
-first operation is on every rank). Its `moe_ep:` configuration is the
-constructor's `moe_ep_config` dict, then, for the keys that dict leaves
-out, what the first call shows: num_experts, hidden, top_k,
-max_tokens_per_rank (LL: num_max_dispatch_tokens_per_rank; HT: the first
-batch's token count rounded up to a power of two, at least 1024),
-dispatch_dtype and fp8_scale (LL: use_fp8, use_ue8m0). MOE_EP_<KEY>
-environment variables override any key (the library applies them).
+Each group is created by the first call of its mode (collective, as that
+call is on every rank). Its `moe_ep:` configuration is the constructor's
+`moe_ep_config` dict, then, for the keys that dict leaves out, what the
+first call shows: num_experts, hidden, top_k, max_tokens_per_rank (LL:
+num_max_dispatch_tokens_per_rank; HT: the largest first batch over the
+Buffer's torch.distributed group, rounded up to a power of two, at least
+1024), dispatch_dtype and fp8_scale (LL: use_fp8, use_ue8m0).
+MOE_EP_<KEY> environment variables override any key (the library applies
+them).
+
+Bootstrap ports: with a torch.distributed group and no configured address,
+rank 0 picks a free port for each group and the group learns it. A
+configured `bootstrap.address` serves the Buffer's first group; its second
+group (both modes on one Buffer) takes the next port.
 """
 import os
 import socket
@@ -31,20 +41,20 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
     num_sms = 20
 
     def __init__(self, group=None, num_nvl_bytes=0, num_rdma_bytes=0, low_latency_mode=False,
-                 *, num_qps_per_rank=24, allow_nvlink_for_low_latency_mode=True,
-                 allow_mnnvl=False, use_fabric=False, explicitly_destroy=False,
-                 enable_shrink=False, comm=None, moe_ep_config=None, library=None):
-        """num_nvl_bytes, num_rdma_bytes and num_qps_per_rank size DeepEP's
-        own buffers and queues; moe-ep allocates exactly what its config
-        needs (Group.info().bytes_allocated), so they are recorded only."""
+                 num_qps_per_rank=24, allow_nvlink_for_low_latency_mode=True,
+                 allow_mnnvl=False, explicitly_destroy=False, enable_shrink=False, comm=None,
+                 *, use_fabric=False, moe_ep_config=None, library=None):
+        """Positional arguments in DeepEP's order. num_nvl_bytes,
+        num_rdma_bytes and num_qps_per_rank size DeepEP's own buffers and
+        queues; moe-ep allocates exactly what its config needs
+        (Group.info().bytes_allocated), so they are recorded only.
+        allow_mnnvl and use_fabric permit DeepEP to use a multi-node NVLink
+        domain and fabric memory handles; moe-ep's peers are whatever NCCL
+        reaches by NVLink, so they are recorded only as well."""
         if not allow_nvlink_for_low_latency_mode:
             _refuse("Buffer", "allow_nvlink_for_low_latency_mode", False,
                     "its LL path uses NVLink within a node; force the network path with "
                     "moe_ep_config={'transport': 'gin'}")
-        if allow_mnnvl:
-            _refuse("Buffer", "allow_mnnvl", True, "multi-node NVLink domains are not supported")
-        if use_fabric:
-            _refuse("Buffer", "use_fabric", True, "fabric memory handles are not used")
         if enable_shrink:
             _refuse("Buffer", "enable_shrink", True, "groups cannot drop ranks")
         if moe_ep_config is not None and not isinstance(moe_ep_config, dict):
@@ -63,10 +73,14 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         self.num_rdma_bytes = num_rdma_bytes
         self.low_latency_mode = low_latency_mode
         self.num_qps_per_rank = num_qps_per_rank
+        self.allow_mnnvl = allow_mnnvl
+        self.use_fabric = use_fabric
         self.explicitly_destroy = explicitly_destroy
+        self.enable_shrink = False
         self._user_config = dict(moe_ep_config or {})
         self._library = library
-        self._ep = None  # the moe_ep.Group, created on first use
+        self._ll_ep = None  # the moe_ep.Groups, created by each mode's first call
+        self._ht_ep = None
         self._destroyed = False
 
     # ---- class side ------------------------------------------------------
@@ -105,48 +119,74 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
 
     # ---- lifecycle -------------------------------------------------------
 
-    def _config_for(self, derived):
-        cfg = dict(derived)
-        cfg.update(self._user_config)
-        cfg["mode"] = "low_latency" if self.low_latency_mode else "high_throughput"
-        if "bootstrap" not in self._user_config or "address" not in self._user_config["bootstrap"]:
-            address = self._agreed_address()
-            if address is not None:
-                cfg["bootstrap"] = dict(self._user_config.get("bootstrap", {}), address=address)
-        return cfg
-
-    def _agreed_address(self):
-        """With a torch.distributed group and no configured address, rank 0
-        picks a free port and the group learns it, so every Buffer gets its
-        own bootstrap port without configuration."""
-        if self.group is None or os.environ.get("MOE_EP_BOOTSTRAP_ADDRESS"):
-            return None
-        import torch.distributed as dist
-        box = [None]
-        if self.group.rank() == 0:
-            host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-            with socket.socket() as s:
-                s.bind(("", 0))
-                box[0] = "%s:%d" % (host, s.getsockname()[1])
-        get_global = getattr(dist, "get_global_rank", None) or \
-            dist.distributed_c10d._get_global_rank
-        dist.broadcast_object_list(box, src=get_global(self.group, 0), group=self.group)
-        return box[0]
-
-    def _group_for(self, derived):
+    def _group_for(self, mode, derived):
+        """The group of `mode` ("low_latency" or "high_throughput"), created
+        on first use from `derived` (keys the first call shows)."""
         if self._destroyed:
             raise RuntimeError("Buffer: destroy() was called; create a new Buffer")
-        if self._ep is None:
+        attr = "_ll_ep" if mode == "low_latency" else "_ht_ep"
+        g = getattr(self, attr)
+        if g is None:
             rank = self.rank if self.rank >= 0 else None
             world = self.group_size if self.group_size >= 0 else None
             device = torch.cuda.current_device() if torch.cuda.is_available() else None
-            self._ep = Group(self._config_for(derived), rank=rank, world_size=world,
-                             device=device if self._wants_cuda() else None,
-                             library=self._library)
-            self.rank, self.group_size = self._ep.rank, self._ep.world_size
-            if not self.low_latency_mode and self._ep.backend == "nccl":
-                self._ep.set_num_sms(Buffer.num_sms)
-        return self._ep
+            g = Group(self._config_for(mode, derived), rank=rank, world_size=world,
+                      device=device if self._wants_cuda() else None, library=self._library)
+            setattr(self, attr, g)
+            self.rank, self.group_size = g.rank, g.world_size
+            if mode == "high_throughput" and g.backend == "nccl":
+                g.set_num_sms(Buffer.num_sms)
+        return g
+
+    def _config_for(self, mode, derived):
+        cfg = dict(derived)
+        cfg.update(self._user_config)
+        cfg["mode"] = mode
+        second = self._ll_ep is not None or self._ht_ep is not None
+        boot = dict(self._user_config.get("bootstrap", {}))
+        configured = boot.get("address")
+        env = os.environ.get("MOE_EP_BOOTSTRAP_ADDRESS")
+        if second and (env or (configured is None and self.group is None)):
+            raise ValueError(
+                "Buffer: a %s call on a Buffer whose other mode already has a group needs a "
+                "second moe-ep group with a bootstrap port of its own, but %s fixes one address "
+                "for every group; give the Buffer a torch.distributed group (each group then "
+                "agrees a free port) or moe_ep_config={'bootstrap': {'address': ...}} (the "
+                "second group takes the next port)"
+                % (mode, "MOE_EP_BOOTSTRAP_ADDRESS=%s" % env if env else
+                   "the library's default bootstrap.address"))
+        want_address = configured is None and not env
+        tokens = cfg.get("max_tokens_per_rank") if mode == "high_throughput" and \
+            "max_tokens_per_rank" not in self._user_config else None
+        address, tokens = self._agree(want_address, tokens)
+        if tokens is not None:
+            cfg["max_tokens_per_rank"] = tokens
+        if configured is not None and second:
+            host, _, port = configured.rpartition(":")
+            address = "%s:%d" % (host, int(port) + 1)
+        if address is not None:
+            boot["address"] = address
+            cfg["bootstrap"] = boot
+        return cfg
+
+    def _agree(self, want_address, tokens):
+        """One collective over the Buffer's torch.distributed group when a
+        group is created: rank 0's free port (want_address) and the largest
+        of the ranks' token caps (tokens, or None), so ranks whose first
+        batches differ still create one configuration. Without a torch
+        group: (None, tokens)."""
+        if self.group is None or (not want_address and tokens is None):
+            return None, tokens
+        import torch.distributed as dist
+        mine = [None, tokens]
+        if want_address and self.group.rank() == 0:
+            host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+            with socket.socket() as s:
+                s.bind(("", 0))
+                mine[0] = "%s:%d" % (host, s.getsockname()[1])
+        everyone = [None] * self.group.size()
+        dist.all_gather_object(everyone, mine, group=self.group)
+        return everyone[0][0], (None if tokens is None else max(t for _, t in everyone))
 
     def _wants_cuda(self):
         backend = self._user_config.get("backend", os.environ.get("MOE_EP_BACKEND", "auto"))
@@ -154,14 +194,22 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
 
     @property
     def moe_ep_group(self):
-        """The moe_ep.Group underneath (None before the first operation)."""
-        return self._ep
+        """The moe_ep.Group of the Buffer's mode (None before its first call)."""
+        return self._ll_ep if self.low_latency_mode else self._ht_ep
+
+    @property
+    def moe_ep_normal_group(self):
+        """The high-throughput moe_ep.Group of normal-mode calls (None
+        before the first one)."""
+        return self._ht_ep
 
     def destroy(self):
-        """Releases the moe-ep group (collective)."""
-        if self._ep is not None:
-            self._ep.close()
-            self._ep = None
+        """Releases the moe-ep groups (collective)."""
+        for attr in ("_ll_ep", "_ht_ep"):
+            g = getattr(self, attr)
+            if g is not None:
+                setattr(self, attr, None)
+                g.close()
         self._destroyed = True
 
     def __del__(self):
@@ -170,6 +218,15 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
                 self.destroy()
             except Exception:
                 pass
+
+    @staticmethod
+    def is_sm90_compiled():
+        """moe-ep's kernels are built for sm_90."""
+        return True
+
+    def get_comm_stream(self):
+        """moe-ep runs every call on the caller's current stream."""
+        return torch.cuda.current_stream()
 
     def get_local_device_id(self):
         return torch.cuda.current_device()

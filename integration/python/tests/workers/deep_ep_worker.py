@@ -4,7 +4,8 @@ column-major scales, handle tuple with src_info and layout_range), combine
 bit-exact, the receive hook on a second thread, arguments moe-ep refuses;
 normal mode (HT) layout, dispatch and combine bit-exact, pre-quantised
 (x_fp8, scales) input, num_worst_tokens, cached dispatch (handle=),
-combine with a bias (one tensor or DeepEP's pair)."""
+combine with a bias (one tensor or DeepEP's pair); SGLang's `auto` mode:
+both modes through one low-latency Buffer, created the way SGLang does."""
 import threading
 
 import numpy as np
@@ -299,7 +300,7 @@ def normal_cached(buf, seed):
     src = oracle.ht_dispatch(P, inputs, RANK)[0]
     recv_x2, none_idx, none_w, none_list, handle2, _ = buf.dispatch(bf16_tensor(inputs[RANK]["x"]),
                                                                     handle=handle)
-    if (none_idx, none_w, none_list) != (None, None, None) or handle2 is not handle:
+    if (none_idx, none_w, none_list, handle2) != (None, None, None, None):
         fail("deep_ep HT cached returns", seed, "%r %r %r" % (none_idx, none_w, none_list))
     same("deep_ep HT cached recv_x", seed, bits(recv_x2), received(inputs, src, "x", P.hidden, np.uint16))
     y = (recv_x2.float() * float(oracle.ht_partial_scale(RANK))).to(torch.bfloat16)
@@ -307,6 +308,89 @@ def normal_cached(buf, seed):
     out, _, _ = buf.combine(y, handle, topk_weights=recv_w, bias=tuple(bias))
     same("deep_ep HT cached combine with bias (bias_0, bias_1)", seed, bits(out),
          biased(oracle.ht_combine(P, inputs[RANK]), bias_bits))
+
+
+def expected_layout(inputs):
+    """get_dispatch_layout's (per rank, per expert, is_token_in_rank) of
+    this rank's routing."""
+    i = inputs[RANK]["topk_idx"]
+    ranks = np.where(i >= 0, i // P.local, -1)
+    in_rank = np.stack([(ranks == r).any(axis=1) for r in range(WORLD)], axis=1)
+    per_expert = np.array([(i == e).sum() for e in range(P.num_experts)], np.int32)
+    return in_rank.sum(axis=0).astype(np.int32), per_expert, in_rank
+
+
+def check_layout(what, seed, inputs, layout):
+    per_rank, per_rdma, per_expert, in_rank, _ = layout
+    want_rank, want_expert, want_in = expected_layout(inputs)
+    if per_rdma is not None or in_rank.dtype != torch.bool or per_rank.dtype != torch.int32 \
+            or per_expert.dtype != torch.int32:
+        fail(what + " dtypes", seed, "%r %s %s %s" % (per_rdma, per_rank.dtype, per_expert.dtype,
+                                                     in_rank.dtype))
+    same(what + " num_tokens_per_rank", seed, per_rank.numpy(), want_rank)
+    same(what + " num_tokens_per_expert", seed, per_expert.numpy(), want_expert)
+    same(what + " is_token_in_rank", seed, bits(in_rank), want_in)
+
+
+def auto_mode(group):
+    """SGLang's deepep_mode=auto: one Buffer(low_latency_mode=True) built
+    with SGLang's positional arguments and allow_mnnvl=True; decode through
+    low_latency_*, prefill through get_dispatch_layout / dispatch / combine
+    (a second group, created by the first normal dispatch with x's hidden),
+    clean_low_latency_buffer between them; the LL combine given a copy of
+    topk_idx (as vLLM's remapped ids are)."""
+    buf = deep_ep.Buffer(group, int(1e6), 0, True, P.local, True, True, True,
+                         moe_ep_config=HOST)
+    for seed in (21, 24):
+        inputs, x, idx, w = inputs_for(seed)
+        recv_x, count, handle, _, _ = buf.low_latency_dispatch(
+            x, idx, P.max_tokens, P.num_experts, use_fp8=False, use_ue8m0=True)
+        check_ll_recv(seed, inputs, recv_x, count)
+        out, _, _ = buf.low_latency_combine(expert_outputs(recv_x), idx.clone(), w, handle)
+        same("auto LL combine (topk_idx copied)", seed, bits(out),
+             oracle.ll_combine_at_combine(P, inputs[RANK]))
+        expect_raises("auto LL combine topk_idx shape", ValueError, "routes the combine",
+                      lambda: buf.low_latency_combine(expert_outputs(recv_x), idx[:, :1], w,
+                                                      handle))
+        inputs, x, idx, w = inputs_for(seed + 1)
+        check_layout("auto layout", seed + 1, inputs, buf.get_dispatch_layout(idx, P.num_experts))
+        recv_x, recv_idx, recv_w, per_expert_list, nh, _ = buf.dispatch(
+            x, topk_idx=idx, topk_weights=w)
+        src, want_idx, want_w, counts = oracle.ht_dispatch(P, inputs, RANK)
+        same("auto HT recv_x", seed + 1, bits(recv_x), received(inputs, src, "x", P.hidden, np.uint16))
+        same("auto HT recv_topk_idx", seed + 1, recv_idx.numpy(), want_idx.astype(np.int64))
+        if per_expert_list != [int(c) for c in counts]:
+            fail("auto HT per-expert list", seed + 1, "%s vs %s" % (per_expert_list, counts))
+        y = (recv_x.float() * float(oracle.ht_partial_scale(RANK))).to(torch.bfloat16)
+        out, _, _ = buf.combine(y, nh)
+        same("auto HT combine", seed + 1, bits(out), oracle.ht_combine(P, inputs[RANK]))
+        buf.clean_low_latency_buffer(P.max_tokens, P.hidden, P.num_experts)
+    ll, ht = buf.moe_ep_group, buf.moe_ep_normal_group
+    if ll is None or ht is None or ll.config.mode != "low_latency" or \
+            ht.config.mode != "high_throughput" or ht.config.hidden != P.hidden or \
+            ht.config.max_tokens_per_rank != 1024:
+        fail("auto groups", "-", "%r / %r" % (ll and ll.config, ht and ht.config))
+    buf.destroy()
+
+
+def first_batches_differ(group):
+    """Ranks whose first normal-mode batches differ (1500 tokens on rank 0,
+    none elsewhere, as DP attention has them) create one group: its
+    max_tokens_per_rank is the largest rounded up, on every rank."""
+    buf = deep_ep.Buffer(group, low_latency_mode=False, explicitly_destroy=True,
+                         moe_ep_config=HOST)
+    t = 1500 if RANK == 0 else 0
+    idx = (torch.arange(t * P.top_k, dtype=torch.int64).reshape(t, P.top_k) % P.num_experts)
+    w = torch.ones((t, P.top_k), dtype=torch.float32)
+    x = torch.zeros((t, P.hidden), dtype=torch.bfloat16)
+    buf.get_dispatch_layout(idx, P.num_experts)
+    recv_x, _, _, _, handle, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+    out, _, _ = buf.combine(recv_x, handle)
+    cap = buf.moe_ep_group.config.max_tokens_per_rank
+    if cap != 2048 or tuple(out.shape) != (t, P.hidden):
+        fail("first batches differ", "-", "max_tokens_per_rank %d (want 2048), out %s"
+             % (cap, tuple(out.shape)))
+    buf.destroy()
 
 
 def main():
@@ -327,6 +411,8 @@ def main():
                   lambda: deep_ep.Buffer(group, enable_shrink=True))
     low_latency(group)
     normal(group)
+    auto_mode(group)
+    first_batches_differ(group)
     dist.destroy_process_group()
     common.finish()
 
