@@ -265,13 +265,13 @@ ht_suite() {
   summary bench_ht_ginemu $? "$(bench_key "$OUT/bench_ht_ginemu.log")"
   grep -E "^bf16 " "$OUT/bench_ht_ginemu.log"
 }
-# scale: the short run for a lease of 4 or more GPUs, most wanted first:
-# HT across nodes through relays (gin_emulated as nodes of 2: NVLink peers
-# and network peers in one kernel), HT and LL at N ranks against the
-# oracle, the benches at N ranks (relays' speed included), then the EP2
-# benches on GPUs 0 and 1 in the same lease.
+# scale: the short run for a short lease, most wanted first: HT across
+# nodes (gin_emulated as nodes of N/2: NVLink peers and network peers in
+# one kernel, through relays; at 2 ranks nodes of 1), HT and LL at N ranks
+# against the oracle, memcheck of the network path, the benches at N ranks
+# (relays' speed included), then the EP2 benches on GPUs 0 and 1.
 if [ "$MODE" = scale ]; then
-  R2=2; [ "$N" -gt 2 ] && R2=$((N / 2))
+  R2=1; [ "$N" -gt 2 ] && R2=$((N / 2))
   api ht_${E}_ginemu_nodes_of_$R2 $N $((90 * S)) --mode=ht --transport=gin_emulated \
     --ranks_per_node=$R2 --experts=64 --max_tokens=64 --layers=2048:8,2880:6 --seeds=2
   api ht_${E}_ginemu_nodes_of_${R2}_fp8_packed $N $((90 * S)) --mode=ht --transport=gin_emulated \
@@ -287,11 +287,14 @@ if [ "$MODE" = scale ]; then
     --layers=7168:8,2048:1 --seeds=2 --dispatch_weights=1
   api ${E}_ginemu_dispatch_weights_mixed $N $((50 * S)) --transport=gin_emulated --experts=64 \
     --max_tokens=64 --layers=4096:8,2048:2 --seeds=2 --dispatch_weights=mixed
+  sanitize ht_ginemu_nodes_of_${R2}_memcheck memcheck $N $((120 * S)) $B/conformance_worker \
+    --plugin=$B/libmoe_ep.so --backend=nccl --mode=ht --transport=gin_emulated --ranks_per_node=$R2 \
+    --experts=8 --max_tokens=40 --layers=256:2 --seeds=1 --hooks=0
   sizes=$N; [ "$N" -gt 2 ] && sizes="$N 2"
   for n in $sizes; do
     for t in lsa nodes; do
       env_rpn=; tr=auto
-      [ $t = nodes ] && { env_rpn="MOE_EP_RANKS_PER_NODE=$((n / 2))"; tr=gin_emulated; }
+      [ $t = nodes ] && { env_rpn="MOE_EP_RANKS_PER_NODE=$(( n > 2 ? n / 2 : 1 ))"; tr=gin_emulated; }
       env $env_rpn timeout $((120 * S)) $B/moe_ep_run -n $n --timeout_s $((115 * S)) -- \
         $B/moe_ep_bench --plugin=$B/libmoe_ep.so --mode=ht --transport=$tr --dtype=bf16 \
         --tokens=1024,4096 --num_sms=24 > "$OUT/bench_ht_ep${n}_$t.log" 2>&1
