@@ -86,11 +86,19 @@ class LowLatencyMixin:
     def low_latency_dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
                              cumulative_local_expert_recv_stats=None,
                              dispatch_wait_recv_cost_stats=None, use_fp8=True, round_scale=False,
-                             use_ue8m0=False, async_finish=False, return_recv_hook=False):
+                             use_ue8m0=False, async_finish=False, return_recv_hook=False,
+                             use_nvfp4=False, x_global_scale=None):
         """Returns (recv_x or (recv_x_fp8, scales), recv_count, handle, event,
         hook). scales are the column-major view DeepEP returns (a copy of
-        the library's row-major scales, made when the receive completes)."""
+        the library's row-major scales, made when the receive completes).
+        use_nvfp4 / x_global_scale (NVFP4 rows, which engines ask for on
+        Blackwell) are named so that asking for them is refused clearly."""
         entry = "low_latency_dispatch"
+        if use_nvfp4:
+            _refuse(entry, "use_nvfp4", True, "rows travel as bf16 or fp8 e4m3")
+        if x_global_scale is not None:
+            _refuse(entry, "x_global_scale", "<tensor>", "it scales NVFP4 rows, which moe-ep "
+                    "does not send")
         if dispatch_wait_recv_cost_stats is not None:
             _refuse(entry, "dispatch_wait_recv_cost_stats", "<tensor>",
                     "per-rank wait-time statistics are not collected")
@@ -134,10 +142,26 @@ class LowLatencyMixin:
 
     def low_latency_combine(self, x, topk_idx, topk_weights, handle, use_logfmt=False,
                             zero_copy=False, async_finish=False, return_recv_hook=False,
-                            out=None, combine_wait_recv_cost_stats=None):
+                            out=None, combine_wait_recv_cost_stats=None, overlap=False,
+                            packed_recv_count=None, comp_signal=None, block_m=64, threshold=0,
+                            num_sms=0, src_signals=None, src_signal_expect_value=0):
         """Returns (combined_x [T, H] bf16, event, hook); the weights are
-        applied inside combine (one f32 sum per token in k order)."""
+        applied inside combine (one f32 sum per token in k order).
+        overlap and the arguments after it are SGLang's single-batch
+        overlap, where the combine starts sending while the experts' GEMM
+        still writes x, following per-block signals: overlap=True, or a
+        comp_signal / src_signals tensor, is refused. Without overlap the
+        rest (packed_recv_count, block_m, threshold, num_sms) only tune that
+        mode's kernel and are accepted as SGLang passes them; moe-ep's LL
+        kernels size their grid themselves."""
         entry = "low_latency_combine"
+        if overlap:
+            _refuse(entry, "overlap", True, "the combine starts after x is complete; "
+                    "single-batch overlap's per-block signals are not read")
+        for name, value in (("comp_signal", comp_signal), ("src_signals", src_signals)):
+            if value is not None:
+                _refuse(entry, name, "<tensor>", "single-batch overlap's per-block signals "
+                        "are not read")
         if use_logfmt:
             _refuse(entry, "use_logfmt", True, "combine sends bf16 rows")
         if zero_copy and not any(x.data_ptr() == b.data_ptr() for b in self._combine_buffers()):

@@ -30,21 +30,47 @@ def record_event(on_cuda):
 
 class EventOverlap:
     """event: an EventHandle or None. current_stream_wait() makes the
-    current stream wait for it; as a context manager it waits on exit."""
+    current stream wait for it, then runs the hook registered with
+    register_hook_after_wait (once) and returns its result, as DeepEP's
+    does; wait() is the same. As a context manager it waits on exit;
+    `with overlap(release_handle=True):` also drops the event after the
+    wait. With no event (no async_finish, or no CUDA) there is nothing to
+    wait for and only the hook runs."""
 
     def __init__(self, event=None, extra_tensors=None):
         self.event = event
         self.extra_tensors = extra_tensors  # kept alive until the wait
+        self.hook_after_wait = None
+        self._release_on_exit = False
 
-    def current_stream_wait(self):
+    def current_stream_wait(self, release_handle=False):
         if self.event is not None:
             self.event.current_stream_wait()
+        hook, self.hook_after_wait = self.hook_after_wait, None
+        result = hook() if hook is not None else None
+        if release_handle:
+            self.event = None
+        return result
+
+    def wait(self):
+        return self.current_stream_wait()
+
+    def register_hook_after_wait(self, hook_after_wait):
+        if self.hook_after_wait is not None:
+            raise RuntimeError("EventOverlap.register_hook_after_wait: a hook is already "
+                               "registered and has not run (current_stream_wait runs it)")
+        self.hook_after_wait = hook_after_wait
+
+    def __call__(self, release_handle=False):
+        self._release_on_exit = bool(release_handle)
+        return self
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        self.current_stream_wait()
+        release, self._release_on_exit = self._release_on_exit, False
+        self.current_stream_wait(release_handle=release)
 
 
 def capture():

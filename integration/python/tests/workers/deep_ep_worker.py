@@ -133,6 +133,28 @@ def low_latency(group):
                   lambda: buf.low_latency_combine(out, idx, w, handle, use_logfmt=True))
     expect_raises("mask", NotImplementedError, "rank masking",
                   lambda: buf.low_latency_update_mask_buffer(0, True))
+    expect_raises("nvfp4", NotImplementedError, "use_nvfp4=True",
+                  lambda: buf.low_latency_dispatch(x, idx, P.max_tokens, P.num_experts,
+                                                   use_nvfp4=True))
+    expect_raises("nvfp4 global scale", NotImplementedError, "x_global_scale",
+                  lambda: buf.low_latency_dispatch(x, idx, P.max_tokens, P.num_experts,
+                                                   x_global_scale=torch.ones(1)))
+    expect_raises("single-batch overlap", NotImplementedError, "overlap=True",
+                  lambda: buf.low_latency_combine(out, idx, w, handle, overlap=True))
+    expect_raises("overlap signals", NotImplementedError, "comp_signal",
+                  lambda: buf.low_latency_combine(out, idx, w, handle,
+                                                  comp_signal=torch.zeros(4, dtype=torch.int32)))
+
+    # SGLang with single-batch overlap configured but off for this call:
+    # overlap=False and the mode's tuning arguments, accepted.
+    inputs, x, idx, w = inputs_for(16)
+    recv_x, count, handle, _, _ = buf.low_latency_dispatch(
+        x, idx, P.max_tokens, P.num_experts, use_fp8=False)
+    out, _, _ = buf.low_latency_combine(expert_outputs(recv_x), idx, w, handle, overlap=False,
+                                        packed_recv_count=count, block_m=64, threshold=7,
+                                        num_sms=3)
+    same("deep_ep LL combine (overlap=False)", 16, bits(out),
+         oracle.ll_combine_at_combine(P, inputs[RANK]))
     buf.clean_low_latency_buffer(P.max_tokens, P.hidden, P.num_experts)
     buf.destroy()
 
@@ -407,6 +429,18 @@ def main():
     if not isinstance(captured.event, deep_ep.utils.EventHandle) or captured.event.event is not None:
         fail("capture", "-", "want an EventHandle without a CUDA event, got %r" % captured.event)
     captured.current_stream_wait()
+    # DeepEP's later EventOverlap: a hook run (once) after the wait, its
+    # result returned; wait(); `with ev(release_handle=True)` drops the event.
+    ev = deep_ep.Buffer.capture()
+    ev.register_hook_after_wait(lambda: "sorted")
+    expect_raises("second hook", RuntimeError, "already registered",
+                  lambda: ev.register_hook_after_wait(lambda: None))
+    if ev.wait() != "sorted" or ev.current_stream_wait() is not None:
+        fail("EventOverlap hook", "-", "want 'sorted' once, then None")
+    with ev(release_handle=True):
+        pass
+    if ev.event is not None:
+        fail("EventOverlap release_handle", "-", "the event outlived the with block")
     expect_raises("enable_shrink", NotImplementedError, "enable_shrink",
                   lambda: deep_ep.Buffer(group, enable_shrink=True))
     low_latency(group)
