@@ -18,7 +18,9 @@ extern "C" {
 
 /* Ranks an HT group may have: a block's 16 warps give every peer a warp
  * group of its own on both ends of its ring, so no ring ever waits for
- * progress on another (larger groups need hierarchical forwarding). */
+ * progress on another (the relays carry a node's rows across nodes, but
+ * every rank still has a ring to every other: larger groups need rings
+ * shared between peers). */
 #define MEP_HT_MAX_RANKS 16
 /* Channels (sender/receiver block pairs) the window has rings for: 16
  * pairs are 32 SMs, more than an engine gives communication in prefill

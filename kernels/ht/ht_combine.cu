@@ -2,7 +2,10 @@
  * same channels: even blocks (experts' side) send each received row's
  * partial result back in the order it arrived, odd blocks (tokens' side)
  * walk their channel's tokens in order and sum each token's rows from its
- * ranks in ascending rank order, in f32 from +0, rounded to bf16 once. */
+ * ranks in ascending rank order, in f32 from +0, rounded to bf16 once. A
+ * group that sums per node (dims.sum_by_node) takes the per-node path of
+ * ht_combine_nodes.cuh instead: node sums from the relays, then the node
+ * sums in ascending node order. */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

@@ -216,8 +216,11 @@ __device__ __forceinline__ bool mep_ht_net(const MepHtParams &p, int d) {
  * rank's index in its node (y relays this rank's rows for its whole node,
  * and this rank relays y's for this node); otherwise through the relay of
  * the receiving node (y's relay here, or this rank's there), whose
- * NVLink stores fill the receiver's ring. Combine's rows still go
- * directly to each rank (mep_ht_net). */
+ * NVLink stores fill the receiver's ring. Combine's rows go back the same
+ * way when the group sums per node (dims.sum_by_node: a relay sums its
+ * node's rows and puts one f32 row per token to the token's rank,
+ * ht_combine_nodes.cuh); otherwise each goes straight to its token's rank,
+ * over the network when that rank is on another node (mep_ht_net). */
 enum MepHtRoute { kMepHtDirect, kMepHtNetwork, kMepHtRelayed };
 template <class Tp>
 __device__ __forceinline__ MepHtRoute mep_ht_route(const MepHtParams &p, int y) {
