@@ -1,7 +1,8 @@
 // ht_world_test.cc: the HT kernels at 3..16 ranks on one GPU (one_gpu_world.h),
-// against the oracle: LSA, and GIN-emulated with nodes of 1, 2, 4 and 8
-// ranks (relays forward each token to the ranks of their node; the rows put
-// over the network are counted), bf16 and pre-quantised fp8, several calls
+// against the oracle: LSA, and GIN-emulated with nodes of 1, 2, 3, 4 and 8
+// ranks and one node of the whole group (relays forward each token to the
+// ranks of their node; the rows put over the network are counted), bf16
+// and pre-quantised fp8, several calls
 // per group (ring positions and the count words' epochs carry across
 // calls), worst-case padding. Every rank's dispatch outputs and combined
 // rows are compared bit for bit.
@@ -402,8 +403,10 @@ TEST_P(HtWorld, MatchesOracle) {
           << "call " << call << ", seed " << seed;
     }
   }
-  // (Routing every token to one rank leaves one row per token: no order.)
-  if (p.node_ranks > 1 && p.node_ranks < R && c.gen != o::Generator::kAllToOneRank) {
+  // (Routing every token to one rank, or top-1, leaves one row per token:
+  // no order.)
+  if (p.node_ranks > 1 && p.node_ranks < R && c.gen != o::Generator::kAllToOneRank &&
+      c.top_k > 1) {
     EXPECT_GT(order_matters, 0)
         << "no combined value depends on summing per node: the case cannot "
            "tell the orders apart";
@@ -531,6 +534,18 @@ const Case kCases[] = {
      G::kAllToOneRank, true, S::kUe8m0, 8, false, true},
     {"ep3_lsa_bf16_t100", 3, 0, kLsa, 48, 2048, 8, 100, G::kUniform, false,
      S::kF32, 16, false},
+    // Node counts that are not powers of two, nodes of 3, top-k 32 and
+    // hidden 2880 through relays, top-1 with nodes of 2, one node holding
+    // the whole group under the network transport (every route direct),
+    // and nodes where some ranks send nothing.
+    {"ep6_emu_nodes3_bf16_h2880_k32", 6, 3, kEmu, 96, 2880, 32, 100,
+     G::kUniform, false, S::kF32, 8, false, true},
+    {"ep6_emu_nodes2_fp8packed_t200_k1", 6, 2, kEmu, 96, 2048, 1, 200,
+     G::kUniform, true, S::kUe8m0Packed, 8, false, true},
+    {"ep12_emu_nodes4_bf16_t64_empty", 12, 4, kEmu, 192, 2048, 8, 64,
+     G::kEmptyRanks, false, S::kF32, 4, true, true},
+    {"ep4_emu_one_node_bf16_t128", 4, 4, kEmu, 64, 2048, 8, 128, G::kUniform,
+     false, S::kF32, 16, false, true},
 };
 
 INSTANTIATE_TEST_SUITE_P(Cases, HtWorld, ::testing::ValuesIn(kCases),
