@@ -3,9 +3,9 @@
 # the kernel-level test (tests/gpu) and kernel bench, the public-API conformance workers on
 # the nccl backend (LSA, GIN-emulated, EP1/EP2, absent-peer timeout), the
 # demo and the benchmark. Usage:
-#   tools/device_suite.sh            # build + bundle into .gpu_bundle/
-# then, on the 2-GPU machine with .gpu_bundle copied beside the checkout:
-#   bash .gpu_bundle/run_device.sh [quick|full]
+#   tools/device_suite.sh            # build + bundle into .gpu_bundle/ and .gpu_bundle.txz
+# then, on the GPU machine, from the checkout with .gpu_bundle.txz copied there:
+#   tar xJf .gpu_bundle.txz && bash .gpu_bundle/run_device.sh [full|quick|one|...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T=(//plugin:libmoe_ep.so //tests/host:conformance_worker //tools/launcher:moe_ep_run
@@ -31,4 +31,8 @@ nvcc -O3 -arch=sm_90 -o .gpu_bundle/nvlink_probe tools/probe/nvlink_probe.cu
 nvcc -O3 -arch=sm_90 -o .gpu_bundle/ht_probe tools/probe/ht_probe.cu
 cp tools/device_run.sh .gpu_bundle/run_device.sh
 cp tools/device_python.sh .gpu_bundle/run_python.sh
-echo "bundle: $(du -sh .gpu_bundle | cut -f1) in .gpu_bundle/"
+# The same bundle as one xz archive: the kernels' fat binaries compress
+# about 5x, and a device call carries at most 64 MiB with the tree. On the
+# GPU machine: tar xJf .gpu_bundle.txz && bash .gpu_bundle/run_device.sh
+tar cf - .gpu_bundle | xz -T0 -6 > .gpu_bundle.txz
+echo "bundle: $(du -sh .gpu_bundle | cut -f1) in .gpu_bundle/, $(du -sh .gpu_bundle.txz | cut -f1) packed in .gpu_bundle.txz"
