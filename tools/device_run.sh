@@ -137,6 +137,10 @@ world_tests() {
   timeout 300 $B/ht_world_test > "$OUT/ht_world_test.log" 2>&1
   summary ht_world_test $? "$(gtest_key "$OUT/ht_world_test.log")"
   grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure|rank [0-9]+" "$OUT/ht_world_test.log" | head -12
+  # The same with calls free-running across ranks (a rank a call ahead).
+  timeout 300 $B/ht_world_overlap_test > "$OUT/ht_world_overlap_test.log" 2>&1
+  summary ht_world_overlap_test $? "$(gtest_key "$OUT/ht_world_overlap_test.log")"
+  grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure|rank [0-9]+" "$OUT/ht_world_overlap_test.log" | head -12
 }
 # ab: this bundle against each variant under .gpu_bundle/ab/<name>/ (a
 # libmoe_ep.so, and ll_kernel_bench where dispatch changed, built from
