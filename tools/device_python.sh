@@ -2,8 +2,8 @@
 # device_python.sh (copied to .gpu_bundle/run_python.sh): the Python front
 # end on the GPU machine, from the repository root: the package's checks
 # (CUDA tensors, hooks on a second thread, CUDA-graph capture, the DeepEP
-# Buffer in LL and normal mode, high-throughput groups), the adapters'
-# decode loop and the per-call overhead bench.
+# Buffer in LL and normal mode and both through one Buffer, high-throughput
+# groups), the adapters' decode loop and the per-call overhead bench.
 B=.gpu_bundle
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -13,7 +13,7 @@ O=${OUT:-/tmp}
 N=${MEP_RANKS:-$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")}
 [ "$N" -ge 1 ] 2>/dev/null || N=1
 # MEP_PY_PARTS picks gpu_check.py's parts (a short lease: "group deep_ep").
-for part in ${MEP_PY_PARTS:-group deep_ep deep_ep_fp8 ht}; do
+for part in ${MEP_PY_PARTS:-group deep_ep deep_ep_fp8 ht auto}; do
   timeout 200 $B/moe_ep_run -n $N --timeout_s 190 -- python3 integration/python/gpu/gpu_check.py $part > $O/py_$part.log 2>&1
   # The per-check "ok" lines (ht prints one per check) stay in the log.
   echo "py_$part: exit $?"; grep -E "ok|FAIL|bit-exact|ulp|Error|skipped|failures" $O/py_$part.log \
