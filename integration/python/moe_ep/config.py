@@ -77,6 +77,17 @@ class Config:
         self.kernel_timeout_ms = c.kernel_timeout_ms
         self.log_level = _abi.LOG_LEVELS[c.log_level]
 
+    def set_bootstrap_address(self, address):
+        """Sets bootstrap.address after the YAML and the MOE_EP_* overrides
+        (the struct's field, as an engine that fills the config itself
+        sets it; group_create checks it like every other)."""
+        raw = address.encode()
+        if len(raw) >= _abi.ADDRESS_MAX:
+            raise ValueError("moe_ep config: bootstrap.address '%s' is %d bytes; it must be "
+                             "shorter than %d" % (address, len(raw), _abi.ADDRESS_MAX))
+        self._ptr.contents.bootstrap_address = raw
+        self.bootstrap_address = address
+
     @property
     def fp8(self):
         return self.dispatch_dtype == "fp8_e4m3"

@@ -149,17 +149,21 @@ class NormalMixin:
         entry = "get_dispatch_layout"
         wait_previous(previous_event)
         g = self._ht_ep
-        if g is None and "hidden" not in self._user_config and self.group_size > 0:
+        user = self._mode_config("high_throughput")
+        if g is None and "hidden" not in user and self.group_size > 0:
             if num_experts % self.group_size != 0:
                 raise ValueError("%s: num_experts=%d must be a multiple of the group's %d ranks"
                                  % (entry, num_experts, self.group_size))
+            if user.get("num_experts", num_experts) != num_experts:
+                raise ValueError("%s: num_experts=%d differs from moe_ep_config's num_experts=%d"
+                                 % (entry, num_experts, user["num_experts"]))
             per_rank, per_expert, in_rank = _torch_layout(topk_idx, num_experts,
                                                           self.group_size)
             self._layout_cache = (topk_idx, None, num_experts)
             event = EventOverlap(record_event(async_finish and topk_idx.is_cuda))
             return per_rank, None, per_expert, in_rank, event
         if g is None:
-            g = self._ht_group(entry, num_experts, self._user_config.get("hidden", 7168), topk_idx)
+            g = self._ht_group(entry, num_experts, user.get("hidden", 7168), topk_idx)
         if num_experts != g.config.num_experts:
             raise ValueError("%s: num_experts=%d differs from the group's num_experts=%d"
                              % (entry, num_experts, g.config.num_experts))
@@ -225,8 +229,8 @@ class NormalMixin:
                 num_experts = layout_cache[2]
             elif num_tokens_per_expert is not None:
                 num_experts = int(num_tokens_per_expert.shape[0])
-            elif "num_experts" in self._user_config:
-                num_experts = self._user_config["num_experts"]
+            elif "num_experts" in self._mode_config("high_throughput"):
+                num_experts = self._mode_config("high_throughput")["num_experts"]
             else:
                 raise ValueError("%s: the Buffer's first normal-mode call must show num_experts: "
                                  "call get_dispatch_layout first, pass num_tokens_per_expert, or "

@@ -27,12 +27,26 @@ import socket
 import torch
 
 from .. import _library
+from .._library import Library
 from ..config import Config as MoeEpConfig
 from ..group import Group
 from . import _low_latency, _normal
 from .config import Config
 from .event import capture
 from ._refuse import refuse as _refuse
+
+
+# moe_ep_config sections whose keys apply to one mode's group only.
+_MODE_SECTIONS = ("low_latency", "high_throughput")
+
+
+def _next_port(address):
+    """host:port+1: the second group's address when one is configured."""
+    host, _, port = address.rpartition(":")
+    if not port.isdigit() or int(port) >= 65535:
+        raise ValueError("Buffer: bootstrap.address=%s serves the Buffer's first group and the "
+                         "next port its second; that needs a port below 65535" % address)
+    return "%s:%d" % (host, int(port) + 1)
 
 
 class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
@@ -60,6 +74,12 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         if moe_ep_config is not None and not isinstance(moe_ep_config, dict):
             raise TypeError("Buffer: moe_ep_config must be a dict for the moe_ep: section, got %s"
                             % type(moe_ep_config).__name__)
+        for section in _MODE_SECTIONS:
+            value = (moe_ep_config or {}).get(section, {})
+            if not isinstance(value, dict) or "mode" in value:
+                raise TypeError("Buffer: moe_ep_config['%s'] must be a dict of the keys that "
+                                "apply to the %s group only (no 'mode'), got %r"
+                                % (section, section, value))
         self.group = group
         self.comm = comm
         if group is not None:
@@ -119,6 +139,13 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
 
     # ---- lifecycle -------------------------------------------------------
 
+    def _mode_config(self, mode):
+        """moe_ep_config as it applies to `mode`: its common keys, then the
+        keys of its "low_latency" or "high_throughput" section."""
+        cfg = {k: v for k, v in self._user_config.items() if k not in _MODE_SECTIONS}
+        cfg.update(self._user_config.get(mode, {}))
+        return cfg
+
     def _group_for(self, mode, derived):
         """The group of `mode` ("low_latency" or "high_throughput"), created
         on first use from `derived` (keys the first call shows)."""
@@ -127,11 +154,21 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         attr = "_ll_ep" if mode == "low_latency" else "_ht_ep"
         g = getattr(self, attr)
         if g is None:
+            second = self._ll_ep is not None or self._ht_ep is not None
+            cfg, agreed = self._config_for(mode, derived)
+            lib = self._library if isinstance(self._library, Library) else \
+                _library.load(os.fspath(self._library) if self._library is not None else None)
+            config = MoeEpConfig(cfg, lib)
+            if second and not agreed:
+                # A configured address (moe_ep_config, MOE_EP_BOOTSTRAP_ADDRESS
+                # or the default) serves the first group; the port after it
+                # serves the second, on every rank alike.
+                config.set_bootstrap_address(_next_port(config.bootstrap_address))
             rank = self.rank if self.rank >= 0 else None
             world = self.group_size if self.group_size >= 0 else None
             device = torch.cuda.current_device() if torch.cuda.is_available() else None
-            g = Group(self._config_for(mode, derived), rank=rank, world_size=world,
-                      device=device if self._wants_cuda() else None, library=self._library)
+            g = Group(config, rank=rank, world_size=world,
+                      device=device if self._wants_cuda() else None, library=lib)
             setattr(self, attr, g)
             self.rank, self.group_size = g.rank, g.world_size
             if mode == "high_throughput" and g.backend == "nccl":
@@ -139,35 +176,23 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         return g
 
     def _config_for(self, mode, derived):
+        """(the moe_ep: section of mode's group, whether its address was
+        agreed over the torch.distributed group)."""
+        user = self._mode_config(mode)
         cfg = dict(derived)
-        cfg.update(self._user_config)
+        cfg.update(user)
         cfg["mode"] = mode
-        second = self._ll_ep is not None or self._ht_ep is not None
-        boot = dict(self._user_config.get("bootstrap", {}))
-        configured = boot.get("address")
-        env = os.environ.get("MOE_EP_BOOTSTRAP_ADDRESS")
-        if second and (env or (configured is None and self.group is None)):
-            raise ValueError(
-                "Buffer: a %s call on a Buffer whose other mode already has a group needs a "
-                "second moe-ep group with a bootstrap port of its own, but %s fixes one address "
-                "for every group; give the Buffer a torch.distributed group (each group then "
-                "agrees a free port) or moe_ep_config={'bootstrap': {'address': ...}} (the "
-                "second group takes the next port)"
-                % (mode, "MOE_EP_BOOTSTRAP_ADDRESS=%s" % env if env else
-                   "the library's default bootstrap.address"))
-        want_address = configured is None and not env
+        boot = dict(user.get("bootstrap", {}))
+        want_address = "address" not in boot and not os.environ.get("MOE_EP_BOOTSTRAP_ADDRESS")
         tokens = cfg.get("max_tokens_per_rank") if mode == "high_throughput" and \
-            "max_tokens_per_rank" not in self._user_config else None
+            "max_tokens_per_rank" not in user else None
         address, tokens = self._agree(want_address, tokens)
         if tokens is not None:
             cfg["max_tokens_per_rank"] = tokens
-        if configured is not None and second:
-            host, _, port = configured.rpartition(":")
-            address = "%s:%d" % (host, int(port) + 1)
         if address is not None:
             boot["address"] = address
             cfg["bootstrap"] = boot
-        return cfg
+        return cfg, address is not None
 
     def _agree(self, want_address, tokens):
         """One collective over the Buffer's torch.distributed group when a
@@ -189,7 +214,7 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         return everyone[0][0], (None if tokens is None else max(t for _, t in everyone))
 
     def _wants_cuda(self):
-        backend = self._user_config.get("backend", os.environ.get("MOE_EP_BACKEND", "auto"))
+        backend = os.environ.get("MOE_EP_BACKEND") or self._user_config.get("backend", "auto")
         return backend == "nccl" or (backend == "auto" and torch.cuda.is_available())
 
     @property
@@ -204,13 +229,17 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         return self._ht_ep
 
     def destroy(self):
-        """Releases the moe-ep groups (collective)."""
-        for attr in ("_ll_ep", "_ht_ep"):
-            g = getattr(self, attr)
-            if g is not None:
-                setattr(self, attr, None)
-                g.close()
+        """Releases the moe-ep groups (collective). Both are closed even if
+        closing the first raises; the Buffer is unusable afterwards."""
         self._destroyed = True
+        groups = [g for g in (self._ll_ep, self._ht_ep) if g is not None]
+        self._ll_ep = self._ht_ep = None
+        try:
+            if groups:
+                groups[0].close()
+        finally:
+            if len(groups) > 1:
+                groups[1].close()
 
     def __del__(self):
         if not getattr(self, "explicitly_destroy", True):

@@ -32,10 +32,10 @@ class EventOverlap:
     """event: an EventHandle or None. current_stream_wait() makes the
     current stream wait for it, then runs the hook registered with
     register_hook_after_wait (once) and returns its result, as DeepEP's
-    does; wait() is the same. As a context manager it waits on exit;
-    `with overlap(release_handle=True):` also drops the event after the
-    wait. With no event (no async_finish, or no CUDA) there is nothing to
-    wait for and only the hook runs."""
+    does; wait() is the same. As a context manager it waits on exit (when
+    there is an event); `with overlap(release_handle=True):` also drops the
+    event after the wait. With no event (no async_finish, or no CUDA)
+    current_stream_wait() has nothing to wait for and only runs the hook."""
 
     def __init__(self, event=None, extra_tensors=None):
         self.event = event
@@ -70,7 +70,8 @@ class EventOverlap:
 
     def __exit__(self, *exc):
         release, self._release_on_exit = self._release_on_exit, False
-        self.current_stream_wait(release_handle=release)
+        if self.event is not None:  # as DeepEP: no event, no wait and no hook
+            self.current_stream_wait(release_handle=release)
 
 
 def capture():
@@ -79,6 +80,9 @@ def capture():
 
 
 def wait_previous(previous_event):
-    """previous_event: an EventOverlap (or None) the operation must follow."""
-    if previous_event is not None:
-        previous_event.current_stream_wait()
+    """previous_event: an EventOverlap (or None) the operation must follow.
+    Only its event is waited for: a hook registered on it stays for its
+    owner's own current_stream_wait(), as in DeepEP."""
+    event = getattr(previous_event, "event", None)
+    if event is not None:
+        event.current_stream_wait()

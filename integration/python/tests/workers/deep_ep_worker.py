@@ -6,6 +6,7 @@ normal mode (HT) layout, dispatch and combine bit-exact, pre-quantised
 (x_fp8, scales) input, num_worst_tokens, cached dispatch (handle=),
 combine with a bias (one tensor or DeepEP's pair); SGLang's `auto` mode:
 both modes through one low-latency Buffer, created the way SGLang does."""
+import os
 import threading
 
 import numpy as np
@@ -415,6 +416,47 @@ def first_batches_differ(group):
     buf.destroy()
 
 
+def env_address(group):
+    """MOE_EP_BOOTSTRAP_ADDRESS (as the launcher sets it) serves the first
+    group and the next port the second; moe_ep_config's high_throughput
+    section applies to the normal-mode group only; a previous_event's hook
+    stays with its owner; a layout's num_experts must match the config's."""
+    port = next(q for q in common.PORTS[1:] if q + 1 != common.PORTS[0])
+    os.environ["MOE_EP_BOOTSTRAP_ADDRESS"] = "127.0.0.1:%d" % port
+    try:
+        buf = deep_ep.Buffer(group, 0, 0, True, moe_ep_config=dict(
+            HOST, high_throughput={"max_tokens_per_rank": 2048}))
+        inputs, x, idx, w = inputs_for(31)
+        recv_x, count, handle, _, _ = buf.low_latency_dispatch(
+            x, idx, P.max_tokens, P.num_experts, use_fp8=False)
+        out, _, _ = buf.low_latency_combine(expert_outputs(recv_x), idx, w, handle)
+        same("env address LL combine", 31, bits(out), oracle.ll_combine_at_combine(P, inputs[RANK]))
+        inputs, x, idx, w = inputs_for(32)
+        ev = deep_ep.Buffer.capture()
+        ev.register_hook_after_wait(lambda: "mine")
+        check_layout("env address layout", 32, inputs,
+                     buf.get_dispatch_layout(idx, P.num_experts, previous_event=ev))
+        if ev.current_stream_wait() != "mine":
+            fail("previous_event hook", 32, "the Buffer ran the caller's hook")
+        recv_x, _, _, _, nh, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+        y = (recv_x.float() * float(oracle.ht_partial_scale(RANK))).to(torch.bfloat16)
+        out, _, _ = buf.combine(y, nh)
+        same("env address HT combine", 32, bits(out), oracle.ht_combine(P, inputs[RANK]))
+        ll, ht = buf.moe_ep_group.config, buf.moe_ep_normal_group.config
+        if (ll.bootstrap_address, ht.bootstrap_address) != (
+                "127.0.0.1:%d" % port, "127.0.0.1:%d" % (port + 1)) or \
+                (ll.max_tokens_per_rank, ht.max_tokens_per_rank) != (P.max_tokens, 2048):
+            fail("env address groups", "-", "%r / %r" % (ll, ht))
+        buf.destroy()
+    finally:
+        del os.environ["MOE_EP_BOOTSTRAP_ADDRESS"]
+    buf = deep_ep.Buffer(group, moe_ep_config=dict(HOST, num_experts=P.num_experts))
+    expect_raises("layout num_experts", ValueError, "differs from moe_ep_config's num_experts",
+                  lambda: buf.get_dispatch_layout(idx, 2 * P.num_experts))
+    expect_raises("mode section", TypeError, "moe_ep_config['low_latency'] must be a dict",
+                  lambda: deep_ep.Buffer(group, moe_ep_config=dict(HOST, low_latency=5)))
+
+
 def main():
     if deep_ep.Buffer is not moe_ep.deep_ep.Buffer:
         fail("alias", "-", "deep_ep.Buffer is not moe_ep.deep_ep.Buffer")
@@ -447,6 +489,7 @@ def main():
     normal(group)
     auto_mode(group)
     first_batches_differ(group)
+    env_address(group)
     dist.destroy_process_group()
     common.finish()
 
