@@ -81,7 +81,9 @@ __device__ void mep_ht_combine_send(const MepHtParams &p, const mep_ht_combine_a
         const uint64_t ring = mep_ht_ring_off(p.win.comb_ring, p.win.comb_row, tg.ring, c, slot);
         if (net) {
           /* A network put reads the window: the row goes through staging. */
-          const uint64_t stage = mep_ht_ring_off(p.win.comb_stage, p.win.comb_row, s, c, slot);
+          const uint64_t stage =
+              mep_ht_ring_off(p.win.comb_stage, p.win.comb_row, mep_ht_comb_stage_slot(p, s), c,
+                              slot);
           mep_copy_warp<kMepHtCopyU>(p.xp.local + stage, src, row_bytes);
           __syncwarp();
           Tp::put_warp_unsignalled(p.xp, s, ring, stage, row_bytes);

@@ -135,7 +135,8 @@ __device__ bool mep_ht_relay_reduce(const MepHtParams &p, const mep_ht_combine_a
       /* Two slots of s's ring: tail stays even and the ring's rows are an
        * even number, so they are adjacent. */
       const uint64_t slot = (tail + 2u * (uint64_t)o) % MEP_HT_RING_ROWS;
-      const uint64_t stage = mep_ht_ring_off(p.win.comb_stage, p.win.comb_row, s, c, slot);
+      const uint64_t stage = mep_ht_ring_off(p.win.comb_stage, p.win.comb_row,
+                                             mep_ht_comb_stage_slot(p, s), c, slot);
       float4 *dst = reinterpret_cast<float4 *>(p.xp.local + stage);
       for (int v = lane; v < H / 8; v += 32) {
         float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};

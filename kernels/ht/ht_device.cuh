@@ -132,6 +132,12 @@ __device__ __forceinline__ uint64_t mep_ht_ring_off(uint64_t off, uint64_t row, 
   return off + (((uint64_t)peer * MEP_HT_MAX_CHANNELS + c) * MEP_HT_RING_ROWS + slot) * row;
 }
 
+/* The combine staging slot of a network put to source s
+ * (mep_ht_comb_stage_slots): per node with node sums, else per rank. */
+__device__ __forceinline__ int mep_ht_comb_stage_slot(const MepHtParams &p, int s) {
+  return p.dims.sum_by_node ? s / p.dims.node_ranks : s;
+}
+
 /* Entry (parity, peer, c) of a network count-word array (16-byte entries
  * [2][R][C]) at window offset `off`: win.cnt_net holds the word source
  * `peer` sent us, win.cnt_stage our staged copy of the one for

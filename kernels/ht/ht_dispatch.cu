@@ -136,7 +136,8 @@ __device__ void mep_ht_send_ring(const MepHtParams &p, const mep_ht_dispatch_arg
       const uint64_t ring = mep_ht_ring_off(p.win.disp_ring, p.win.disp_row, p.xp.rank, c, slot);
       const int t = base + mep_ht_nth_bit(bal, o);
       if (net) {
-        const uint64_t stage = mep_ht_ring_off(p.win.disp_stage, p.win.disp_row, d, c, slot);
+        const uint64_t stage = mep_ht_ring_off(p.win.disp_stage, p.win.disp_row,
+                                               d / p.dims.node_ranks, c, slot);
         mep_ht_write_row(a, payload, t, sp, e_local, p.xp.local + stage);
         __syncwarp(); /* the put reads what every lane wrote */
         Tp::put_warp_unsignalled(p.xp, d, ring, stage, put_bytes);

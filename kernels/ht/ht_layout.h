@@ -73,6 +73,20 @@ static inline MEP_HT_HD uint32_t mep_ht_sig(int32_t world, int kind, int peer, i
   return ((uint32_t)kind * (uint32_t)world + (uint32_t)peer) * MEP_HT_MAX_CHANNELS + (uint32_t)c;
 }
 
+/* Staging of the network puts, in slots of [C][Q] rows (network groups
+ * only). Dispatch puts only to the relay at this rank's index on each
+ * other node: one slot per node (slot d / node_ranks). Combine with node
+ * sums puts only from a relay to the sources at its index on the other
+ * nodes: one slot per node too; without, to every rank of another node
+ * (slot s). */
+static inline MEP_HT_HD uint64_t mep_ht_disp_stage_slots(const mep_ht_dims_t *d) {
+  return d->node_ranks > 0 ? (uint64_t)(d->world / d->node_ranks) : 0u;
+}
+static inline MEP_HT_HD uint64_t mep_ht_comb_stage_slots(const mep_ht_dims_t *d) {
+  if (d->node_ranks <= 0) return 0u;
+  return d->sum_by_node ? (uint64_t)(d->world / d->node_ranks) : (uint64_t)d->world;
+}
+
 static inline MEP_HT_HD mep_ht_window_t mep_ht_window_layout(const mep_ht_dims_t *d) {
   mep_ht_window_t w;
   const uint64_t words = (uint64_t)d->world * MEP_HT_MAX_CHANNELS * 8u;
@@ -91,9 +105,10 @@ static inline MEP_HT_HD mep_ht_window_t mep_ht_window_layout(const mep_ht_dims_t
   const uint64_t rings = (uint64_t)d->world * MEP_HT_MAX_CHANNELS * MEP_HT_RING_ROWS;
   w.disp_ring = mep_ht_align(w.fwd_head + (net ? (uint64_t)d->world * words : 0u), 128);
   w.comb_ring = w.disp_ring + rings * w.disp_row;
+  const uint64_t slot_rows = (uint64_t)MEP_HT_MAX_CHANNELS * MEP_HT_RING_ROWS;
   w.disp_stage = w.comb_ring + rings * w.comb_row;
-  w.comb_stage = w.disp_stage + (net ? rings * w.disp_row : 0u);
-  w.bytes = w.comb_stage + (net ? rings * w.comb_row : 0u);
+  w.comb_stage = w.disp_stage + mep_ht_disp_stage_slots(d) * slot_rows * w.disp_row;
+  w.bytes = w.comb_stage + mep_ht_comb_stage_slots(d) * slot_rows * w.comb_row;
   return w;
 }
 

@@ -213,8 +213,9 @@ TEST(HtLayout, RegionsDoNotOverlap) {
 
 // Network peers add their count words, staged copies, signal words, the
 // heads of the rings a relay fills [R][R][C] (with their tails in the
-// state) and staging rings as large as the rings; an NVLink-only group has
-// none.
+// state) and staging: dispatch's one [C][Q] slot per node (its puts go to
+// the relays only), combine's one per rank, or per node when the relays
+// sum per node; an NVLink-only group has none.
 TEST(HtLayout, NetworkRegions) {
   for (int world : {1, 2, 4, 8, 16}) {
     mep_ht_dims_t d = Dims(world, 128);
@@ -237,6 +238,7 @@ TEST(HtLayout, NetworkRegions) {
     EXPECT_EQ(st.fwd_tail, st.recv_head_c + words);
     EXPECT_EQ(st.layout_n, st.fwd_tail + world * words);
     EXPECT_EQ(w.disp_ring % 128, 0u);
+    /* Nodes of one rank: every peer is a relay, one slot per rank. */
     EXPECT_EQ(w.disp_stage, w.comb_ring + rings * w.comb_row);
     EXPECT_EQ(w.comb_stage, w.disp_stage + rings * w.disp_row);
     EXPECT_EQ(w.bytes, w.comb_stage + rings * w.comb_row);
@@ -244,9 +246,22 @@ TEST(HtLayout, NetworkRegions) {
     /* The last signal id is the last word of the signal area. */
     EXPECT_EQ(mep_ht_sig(world, MEP_HT_SIG_KINDS - 1, world - 1, MEP_HT_MAX_CHANNELS - 1) + 1u,
               (uint32_t)mep_ht_gin_signals(&d));
-    /* Only whether there are network peers shapes the window. */
-    d.node_ranks = world;
-    EXPECT_EQ(mep_ht_window_layout(&d).bytes, w.bytes);
+    /* Larger nodes shrink only the staging. */
+    const uint64_t slot_rows = (uint64_t)MEP_HT_MAX_CHANNELS * MEP_HT_RING_ROWS;
+    for (int n = 2; n <= world; n *= 2) {
+      for (int sums : {0, 1}) {
+        d.node_ranks = n;
+        d.sum_by_node = sums;
+        const mep_ht_window_t v = mep_ht_window_layout(&d);
+        const uint64_t nodes = (uint64_t)(world / n);
+        EXPECT_EQ(v.disp_stage, w.disp_stage) << "n " << n;
+        EXPECT_EQ(v.comb_stage, v.disp_stage + nodes * slot_rows * v.disp_row) << "n " << n;
+        EXPECT_EQ(v.bytes, v.comb_stage + (sums ? nodes : (uint64_t)world) * slot_rows * v.comb_row)
+            << "n " << n << " sums " << sums;
+        EXPECT_EQ(mep_ht_buffer_bytes(&d), v.bytes);
+      }
+    }
+    d.sum_by_node = 0;
   }
 }
 
