@@ -47,9 +47,10 @@ static inline MEP_HT_HD uint64_t mep_ht_comb_row_bytes(const mep_ht_dims_t *d) {
  * vectors) [2][R][C], the staged copies of ours [2][R][C], the signal
  * words GIN-emulated keeps in the window [MEP_HT_SIG_KINDS][R][C], the
  * heads of the rings this rank fills as a relay [R origin][R dest][C]
- * (PROTOCOL.md "Relays"), and staging rings as large as the rings, where
- * a row is written before the put that reads it (a NIC reads only
- * registered memory). */
+ * (PROTOCOL.md "Relays"), and staging rings, where a row is written
+ * before the put that reads it (a NIC reads only registered memory): one
+ * [C][Q] ring per node or per rank (mep_ht_disp_stage_slots,
+ * mep_ht_comb_stage_slots). */
 typedef struct mep_ht_window {
   uint64_t cnt, disp_tail, disp_head, comb_tail, comb_head;
   uint64_t cnt_net, cnt_stage, sig, fwd_head;
