@@ -1,14 +1,40 @@
-"""moe_ep.sglang: SGLang's DeepEP-style dispatcher halves over moe-ep.
+"""moe_ep.sglang: SGLang's DeepEP low-latency dispatcher over moe-ep.
 
     import moe_ep, moe_ep.sglang
     d = moe_ep.sglang.Dispatcher(moe_ep.Group(cfg))
-    d.dispatch_a(hidden_states, topk_output)        # TopKOutput: topk_ids, topk_weights
-    out = d.dispatch_b()                             # LowLatencyOutput
-    d.combine_a(experts(out), out.topk_ids, out.topk_weights)
-    hidden_states = d.combine_b()
+    out = d.dispatch(hidden_states, topk_output)     # or dispatch_a(...); dispatch_b()
+    hidden_states = d.combine(combine_input)         # (experts' output, out.topk_ids,
+                                                     #  out.topk_weights); or combine_a/_b
 
-Importing it never imports SGLang.
+Importing it never imports SGLang. engine_class() gives the same class as
+a subclass of SGLang's BaseDispatcher (its hook registration, isinstance
+checks), where SGLang is importable.
 """
+from ._types import low_latency_format
 from .dispatcher import Dispatcher, LowLatencyOutput
 
-__all__ = ["Dispatcher", "LowLatencyOutput"]
+_engine_class = None
+
+
+def engine_class():
+    """Dispatcher deriving from SGLang's BaseDispatcher, whose pre/post
+    dispatch and combine hooks then wrap dispatch() and combine(). Raises
+    ImportError where SGLang is not importable."""
+    global _engine_class
+    if _engine_class is None:
+        from ._types import sglang_base
+        base = sglang_base()
+        if base is None:
+            raise ImportError("moe_ep.sglang.engine_class: SGLang is not importable here; "
+                              "Dispatcher works without it")
+
+        def __init__(self, group, **kwargs):
+            base.BaseDispatcher.__init__(self)
+            Dispatcher.__init__(self, group, **kwargs)
+
+        _engine_class = type("MoeEpDispatcher", (Dispatcher, base.BaseDispatcher),
+                             {"__init__": __init__})
+    return _engine_class
+
+
+__all__ = ["Dispatcher", "LowLatencyOutput", "engine_class", "low_latency_format"]

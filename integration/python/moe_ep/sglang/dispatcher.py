@@ -1,23 +1,38 @@
-"""moe_ep.sglang.Dispatcher: SGLang's DeepEP dispatcher halves
-(dispatch_a / dispatch_b / combine_a / combine_b) on a low-latency
-moe_ep.Group. Two-batch overlap keeps two operations in flight: each
-sub-batch (tbo_subbatch_index 0 or 1) has its own stage, and the group's
-two buffer sets carry them."""
+"""moe_ep.sglang.Dispatcher: SGLang's DeepEP low-latency dispatcher on a
+low-latency moe_ep.Group: dispatch / combine, and their halves
+(dispatch_a / dispatch_b / combine_a / combine_b) for two-batch overlap,
+which keeps two operations in flight: each sub-batch (tbo_subbatch_index
+0 or 1) has its own stage, and the group's two buffer sets carry them."""
 import collections
 
 import torch
 
 from .._overlap import Once, RecvRing, wait_bound_s
 from ..group import Group
+from ._types import low_latency_format
 
-LowLatencyOutput = collections.namedtuple(
-    "LowLatencyOutput", "hidden_states hidden_states_scale topk_ids topk_weights masked_m "
-    "expected_m")
-LowLatencyOutput.__doc__ = """What dispatch_b returns, in SGLang's order:
-hidden_states [E_local, R*N, H] (bf16 or fp8), hidden_states_scale (None
-without fp8), the dispatch's topk_ids and topk_weights, masked_m = tokens
-per local expert [E_local] int32, expected_m (a host int: tokens per
-expert if every rank sent as many as this one; a grouped-GEMM hint)."""
+
+class LowLatencyOutput(collections.namedtuple(
+        "LowLatencyOutput", "hidden_states hidden_states_scale topk_ids topk_weights masked_m "
+        "expected_m")):
+    """What dispatch_b returns, in SGLang's order (its DeepEPLLDispatchOutput):
+    hidden_states [E_local, R*N, H] (bf16 or fp8), hidden_states_scale (None
+    without fp8), the dispatch's topk_ids and topk_weights, masked_m =
+    tokens per local expert [E_local] int32, expected_m (a host int: tokens
+    per expert if every rank sent as many as this one; a grouped-GEMM
+    hint). format is SGLang's DispatchOutputFormat.DEEPEP_LL where SGLang
+    is importable (a stand-in with its predicates elsewhere)."""
+    __slots__ = ()
+
+    @property
+    def format(self):
+        return low_latency_format()
+
+
+def _refuse_overlap(entry, what):
+    raise NotImplementedError("%s: %s: single-batch overlap (the combine following the "
+                              "experts' GEMM block by block, on another stream) is not "
+                              "supported by moe-ep; two-batch overlap is" % (entry, what))
 
 
 class _Stage:
@@ -28,7 +43,7 @@ class _Stage:
 
 
 class _Op:
-    __slots__ = ("handle", "recv", "topk_ids", "topk_weights", "combine_weights", "expected_m")
+    __slots__ = ("handle", "recv", "topk_ids", "topk_weights", "expected_m")
 
 
 def _routing(entry, topk_output, topk_idx, topk_weights):
@@ -70,6 +85,11 @@ class Dispatcher:
             raise NotImplementedError("Dispatcher: the group's mode is %s; this is SGLang's "
                                       "low-latency dispatcher (mode: low_latency)" % group.mode)
         self.group = group
+        # SGLang's BaseDispatcher state (its quant methods and single-batch
+        # overlap set them).
+        self.quant_config = None
+        self.overlap_args = None
+        self.meta_overlap_args = None
         self._weights_at_dispatch = bool(weights_at_dispatch)
         self._stages = (_Stage(), _Stage())
         self._ring = RecvRing()
@@ -111,7 +131,6 @@ class Dispatcher:
         self._ring.keep(hidden, index, hook.result)
         op = _Op()
         op.handle, op.recv, op.topk_ids, op.topk_weights = handle, Once(hook, self._bound_s), ids, w
-        op.combine_weights = None if self._weights_at_dispatch else w
         t, k = (int(n) for n in ids.shape)
         e = g.config.num_experts
         op.expected_m = (t * g.world_size * k + e) // e
@@ -126,26 +145,81 @@ class Dispatcher:
         return LowLatencyOutput(res.recv_x, res.recv_scales, op.topk_ids, op.topk_weights,
                                 res.recv_count, op.expected_m)
 
-    def combine_a(self, hidden_states, topk_ids, topk_weights, overlap_args=None, *,
-                  forward_batch=None, tbo_subbatch_index=None):
-        """Sends the expert outputs hidden_states [E_local, R*N, H] bf16
-        back. topk_ids and topk_weights must be the dispatch's tensors."""
+    def dispatch(self, hidden_states, topk_output=None, *, tbo_subbatch_index=None, **routing):
+        """dispatch_a then dispatch_b: SGLang's call without two-batch
+        overlap. Returns a LowLatencyOutput."""
+        self.dispatch_a(hidden_states, topk_output, tbo_subbatch_index=tbo_subbatch_index,
+                        **routing)
+        return self.dispatch_b(tbo_subbatch_index=tbo_subbatch_index)
+
+    def combine(self, combine_input=None, *, tbo_subbatch_index=None, **inputs):
+        """combine_a then combine_b: SGLang's call without two-batch
+        overlap. Returns [T, H] bf16."""
+        self.combine_a(combine_input, tbo_subbatch_index=tbo_subbatch_index, **inputs)
+        return self.combine_b(tbo_subbatch_index=tbo_subbatch_index)
+
+    def combine_a(self, combine_input=None, topk_ids=None, topk_weights=None, overlap_args=None,
+                  *, hidden_states=None, topk_idx=None, forward_batch=None,
+                  tbo_subbatch_index=None):
+        """Sends the expert outputs [E_local, R*N, H] bf16 back. Takes
+        SGLang's combine input (a tuple with hidden_states, topk_ids and
+        topk_weights; combine_a(combine_input=...) in current SGLang), the
+        keywords of older SGLang (hidden_states=, topk_idx=, topk_weights=,
+        forward_batch=), or (hidden_states, topk_ids, topk_weights)
+        positionally. topk_ids must repeat the dispatch's routing, which
+        the handle carries (a copy is accepted; its shape is checked). With
+        weights at dispatch, topk_weights must be the dispatch's tensor;
+        with weights at combine, these weights are applied."""
         entry = "combine_a"
         if overlap_args is not None:
-            raise NotImplementedError("%s: overlap_args=%r: single-batch overlap signalling is "
-                                      "not supported; use two-batch overlap" % (entry, overlap_args))
+            _refuse_overlap(entry, "overlap_args=%r" % (overlap_args,))
+        if self.overlap_args is not None:
+            _refuse_overlap(entry, "set_overlap_args was called")
+        if isinstance(combine_input, torch.Tensor):
+            if hidden_states is not None:
+                raise TypeError("%s: hidden_states given twice (positionally and by keyword)"
+                                % entry)
+            hidden_states, combine_input = combine_input, None
+        if combine_input is not None:
+            if hidden_states is not None or topk_ids is not None or topk_idx is not None or \
+                    topk_weights is not None:
+                raise TypeError("%s: pass combine_input or hidden_states / topk_ids / "
+                                "topk_weights, not both" % entry)
+            try:
+                hidden_states, topk_ids, topk_weights = (
+                    combine_input.hidden_states, combine_input.topk_ids,
+                    combine_input.topk_weights)
+            except AttributeError:
+                raise TypeError("%s: combine_input must have hidden_states, topk_ids and "
+                                "topk_weights (SGLang's combine input), got %s"
+                                % (entry, type(combine_input).__name__)) from None
+        if topk_idx is not None:
+            if topk_ids is not None:
+                raise TypeError("%s: pass topk_ids or topk_idx, not both" % entry)
+            topk_ids = topk_idx
+        for name, t in (("hidden_states", hidden_states), ("topk_ids", topk_ids),
+                        ("topk_weights", topk_weights)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError("%s: %s must be a torch.Tensor, got %s"
+                                % (entry, name, type(t).__name__))
         st = self._stage(entry, tbo_subbatch_index, "received")
         op = st.op
+        sub = tbo_subbatch_index or 0
         for name, got, want in (("topk_ids", topk_ids, op.topk_ids),
                                 ("topk_weights", topk_weights, op.topk_weights)):
-            if got is not want and not (isinstance(got, torch.Tensor) and got.numel() > 0 and
-                                        got.data_ptr() == want.data_ptr() and
-                                        got.shape == want.shape):
-                raise ValueError("%s: %s is not the tensor dispatch_a got for sub-batch %d; "
-                                 "moe-ep routes the combine with the dispatch's routing"
-                                 % (entry, name, tbo_subbatch_index or 0))
-        hook = self.group.combine(op.handle, hidden_states, topk_weights=op.combine_weights,
-                                  defer=True)
+            if tuple(got.shape) != tuple(want.shape):
+                raise ValueError("%s: %s has shape %s; sub-batch %d's dispatch routed %s"
+                                 % (entry, name, tuple(got.shape), sub, tuple(want.shape)))
+        if self._weights_at_dispatch:
+            w = None
+            if topk_weights is not op.topk_weights and \
+                    topk_weights.data_ptr() != op.topk_weights.data_ptr():
+                raise ValueError("%s: topk_weights is not the tensor dispatch_a got for "
+                                 "sub-batch %d; its weights were applied on the experts' ranks "
+                                 "(weights_at_dispatch=True)" % (entry, sub))
+        else:
+            w = topk_weights
+        hook = self.group.combine(op.handle, hidden_states, topk_weights=w, defer=True)
         st.name, st.result = "combining", Once(hook, self._bound_s)
 
     def combine_b(self, *, tbo_subbatch_index=None):
@@ -155,6 +229,25 @@ class Dispatcher:
         st.op.handle.free()
         st.name, st.op, st.result = "idle", None, None
         return out
+
+    def set_quant_config(self, quant_config):
+        """SGLang's quant methods name what they need of the dispatch;
+        NVFP4 input (input_global_scale) is refused: rows travel as bf16
+        or fp8 e4m3."""
+        if not isinstance(quant_config, dict):
+            raise TypeError("set_quant_config: quant_config must be a dict, got %s"
+                            % type(quant_config).__name__)
+        if quant_config.get("input_global_scale") is not None:
+            raise NotImplementedError("set_quant_config: input_global_scale (NVFP4 dispatch) is "
+                                      "not supported by moe-ep: rows travel as bf16 or fp8 e4m3")
+        self.quant_config = quant_config
+
+    def set_overlap_args(self, combine_overlap_args, meta_overlap_args):
+        _refuse_overlap("set_overlap_args", "combine_overlap_args=%r" % (combine_overlap_args,))
+
+    def clear_overlap_args(self):
+        self.overlap_args = None
+        self.meta_overlap_args = None
 
     def pending_hook(self, tbo_subbatch_index=None):
         """The receive of the sub-batch's latest half, for another thread

@@ -3,12 +3,11 @@ imports without vLLM; when vLLM is importable its own types are used, so
 the engine's identity and isinstance checks hold."""
 import dataclasses
 import enum
-import importlib
-import importlib.util
-import sys
 from typing import Optional
 
 import torch
+
+from .._optional import optional_module
 
 _MODULAR_KERNEL = "vllm.model_executor.layers.fused_moe.modular_kernel"
 
@@ -35,15 +34,7 @@ _resolved = None
 def modular_kernel():
     """vLLM's modular_kernel module, or None when vLLM is not importable.
     Imported on first use (never when moe_ep.vllm is imported)."""
-    mod = sys.modules.get(_MODULAR_KERNEL)
-    if mod is not None:
-        return mod
-    if importlib.util.find_spec("vllm") is None:
-        return None
-    try:
-        return importlib.import_module(_MODULAR_KERNEL)
-    except ImportError:
-        return None
+    return optional_module(_MODULAR_KERNEL)
 
 
 def engine_types():

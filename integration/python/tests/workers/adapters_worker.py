@@ -4,6 +4,7 @@ and moe_ep.sglang.Dispatcher on real groups, values against the oracle;
 two operations in flight with their hooks run on a second thread; bad
 input raising the exception that names it, the adapter still usable after.
 argv: [full|short]"""
+import collections
 import sys
 
 import numpy as np
@@ -156,9 +157,15 @@ class TopKOutput:
         self.topk_weights, self.topk_ids, self.router_logits = w, idx, None
 
 
+class CombineInput(collections.namedtuple("CombineInput", "hidden_states topk_ids topk_weights")):
+    """SGLang's DeepEPLLCombineInput: the experts' output and the routing."""
+
+
 def sglang_tbo(d, seed, at_dispatch):
     """Two-batch overlap: both dispatches out, sub-batch 0's receive run on
-    a second thread, then each sub-batch's experts and combine."""
+    a second thread, then each sub-batch's experts and combine: sub-batch 0
+    through current SGLang's combine_a(combine_input=...), sub-batch 1
+    through the positional form."""
     batches = [oracle.all_inputs(P, seed + i) for i in (0, 1)]
     t = [torch_inputs(b[RANK]) for b in batches]
     for i in (0, 1):
@@ -171,11 +178,17 @@ def sglang_tbo(d, seed, at_dispatch):
                        P.hidden)
         want_m = (len(t[i][0]) * WORLD * P.top_k + P.num_experts) // P.num_experts
         if o.hidden_states_scale is not None or o.topk_ids is not t[i][1] or \
-                o.topk_weights is not t[i][2] or o.expected_m != want_m:
-            fail("sglang output", seed + i, "scale None, the dispatch's topk tensors and "
-                 "expected_m=%d wanted; got expected_m=%r" % (want_m, o.expected_m))
-        d.combine_a(expert_outputs(d.group, o.hidden_states), o.topk_ids, o.topk_weights,
-                    tbo_subbatch_index=i)
+                o.topk_weights is not t[i][2] or o.expected_m != want_m or \
+                not o.format.is_deepep_ll() or o.format.is_deepep_normal():
+            fail("sglang output", seed + i, "scale None, the dispatch's topk tensors, "
+                 "expected_m=%d and format deepep_ll wanted; got expected_m=%r format %r"
+                 % (want_m, o.expected_m, o.format))
+        y = expert_outputs(d.group, o.hidden_states)
+        if i == 0:
+            d.combine_a(combine_input=CombineInput(y, o.topk_ids, o.topk_weights),
+                        tbo_subbatch_index=i)
+        else:
+            d.combine_a(y, o.topk_ids, o.topk_weights, tbo_subbatch_index=i)
     run_on_thread(d.pending_hook(1), seed + 1)
     for i in (0, 1):
         check_combine("sglang combine_b", seed + i, d.combine_b(tbo_subbatch_index=i),
@@ -196,15 +209,41 @@ def sglang_bad_input(d, seed):
                   lambda: d.combine_a(y, idx, w, overlap_args=object()))
     expect_raises("other weights", ValueError, "topk_weights is not the tensor dispatch_a got",
                   lambda: d.combine_a(y, idx, w.clone()))
-    d.combine_a(y, idx, w)
+    expect_raises("routing shape", ValueError, "topk_ids has shape",
+                  lambda: d.combine_a(y, idx[:, :1], w))
+    expect_raises("combine_input type", TypeError, "combine_input must have hidden_states",
+                  lambda: d.combine_a(combine_input=(y, idx, w)))
+    expect_raises("both forms", TypeError, "not both",
+                  lambda: d.combine_a(CombineInput(y, idx, w), topk_weights=w))
+    expect_raises("single-batch overlap", NotImplementedError, "single-batch overlap",
+                  lambda: d.set_overlap_args(object(), {}))
+    expect_raises("nvfp4", NotImplementedError, "input_global_scale",
+                  lambda: d.set_quant_config({"input_global_scale": torch.ones(1)}))
+    d.set_quant_config({"weight_dtype": "mxfp4"})  # what the dispatch does not read
+    d.combine_a(hidden_states=y, topk_idx=idx.clone(), topk_weights=w)  # older keywords, ids copied
     check_combine("sglang after refusals", seed, d.combine_b(), oracle.make_inputs(P, seed, RANK),
                   True)
 
 
+def sglang_single(d, seed, at_dispatch):
+    """dispatch() and combine(combine_input=...): SGLang without two-batch
+    overlap (keywords as SGLang's BaseDispatcher passes them)."""
+    inp = oracle.make_inputs(P, seed, RANK)
+    x, idx, w = torch_inputs(inp)
+    o = d.dispatch(hidden_states=x, topk_output=TopKOutput(w, idx))
+    check_dispatch(seed, oracle.all_inputs(P, seed), moe_ep.DispatchResult(o.hidden_states, None,
+                                                                           o.masked_m), P.hidden)
+    y = expert_outputs(d.group, o.hidden_states)
+    check_combine("sglang combine()", seed, d.combine(combine_input=CombineInput(y, idx, w)), inp,
+                  at_dispatch)
+
+
 def sglang(g):
     sglang_tbo(moe_ep.sglang.Dispatcher(g), 201, True)
+    sglang_single(moe_ep.sglang.Dispatcher(g), 231, True)
     if FULL:
         sglang_tbo(moe_ep.sglang.Dispatcher(g, weights_at_dispatch=False), 211, False)
+        sglang_single(moe_ep.sglang.Dispatcher(g, weights_at_dispatch=False), 232, False)
         sglang_bad_input(moe_ep.sglang.Dispatcher(g), 221)
 
 
