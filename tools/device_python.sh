@@ -12,7 +12,7 @@ O=${OUT:-/tmp}
 # Ranks of the multi-GPU checks: MEP_RANKS, else every GPU nvidia-smi lists.
 N=${MEP_RANKS:-$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")}
 [ "$N" -ge 1 ] 2>/dev/null || N=1
-# MEP_PY_PARTS picks gpu_check.py's parts (a short lease: "group deep_ep").
+# MEP_PY_PARTS picks gpu_check.py's parts (a short run: "group deep_ep").
 for part in ${MEP_PY_PARTS:-group deep_ep deep_ep_fp8 ht auto}; do
   timeout 200 $B/moe_ep_run -n $N --timeout_s 190 -- python3 integration/python/gpu/gpu_check.py $part > $O/py_$part.log 2>&1
   # The per-check "ok" lines (ht prints one per check) stay in the log.

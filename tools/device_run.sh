@@ -32,7 +32,7 @@ nvidia-smi -L > "$OUT/gpus.txt" 2>&1
 # summary NAME EXIT [KEY]: PASS exactly when EXIT is 0; a non-zero EXIT
 # (124/137: the step ran out of time) is named before KEY.
 # Each line ends with the seconds since the previous one (the step's
-# wall time, NCCL's start-up included), so a short lease can be planned.
+# wall time, NCCL's start-up included), so a short GPU run can be planned.
 STEP_T0=$SECONDS
 summary() {
   local verdict=PASS key=${3:-}
@@ -269,7 +269,7 @@ ht_suite() {
   summary bench_ht_ginemu $? "$(bench_key "$OUT/bench_ht_ginemu.log")"
   grep -E "^bf16 " "$OUT/bench_ht_ginemu.log"
 }
-# scale: the short run for a short lease, most wanted first: HT across
+# scale: a short GPU run, most wanted first: HT across
 # nodes (gin_emulated as nodes of N/2: NVLink peers and network peers in
 # one kernel, through relays; at 2 ranks nodes of 1), HT and LL at N ranks
 # against the oracle, memcheck of the network path, the benches at N ranks
