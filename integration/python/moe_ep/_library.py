@@ -107,6 +107,14 @@ _default = None
 _default_lock = threading.Lock()
 
 
+def resolve(library):
+    """A Library from what callers pass as `library`: a Library itself, a
+    path, or None for the process-wide default (load())."""
+    if isinstance(library, Library):
+        return library
+    return load(os.fspath(library) if library is not None else None)
+
+
 def load(path=None):
     """The library at `path`, or the process-wide default one (opened on
     first use from candidate_paths())."""

@@ -2,13 +2,12 @@
 and its entries on torch tensors."""
 import collections
 import ctypes
-import os
 import threading
 
 import torch
 
 from . import _abi, _ht, _ll
-from ._library import Library, load
+from ._library import resolve
 from ._torch import TensorSlot, stream_reader
 from .config import Config
 from .errors import InvalidArgumentError
@@ -63,10 +62,7 @@ class Group:
     def __init__(self, config, rank=None, world_size=None, device=None, nccl_comm=None,
                  library=None):
         self._g = None
-        if isinstance(library, Library):
-            self._lib = library
-        else:
-            self._lib = load(os.fspath(library) if library is not None else None)
+        self._lib = resolve(library)
         self.config = config if isinstance(config, Config) else Config(config, self._lib)
         rank, world_size = _rank_world(rank, world_size)
         if device is not None and not isinstance(device, int):

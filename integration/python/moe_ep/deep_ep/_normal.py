@@ -225,12 +225,13 @@ class NormalMixin:
         g = self._ht_ep
         layout_cache = getattr(self, "_layout_cache", None)
         if g is None:
+            user = self._mode_config("high_throughput")
             if layout_cache is not None and layout_cache[0] is topk_idx:
                 num_experts = layout_cache[2]
             elif num_tokens_per_expert is not None:
                 num_experts = int(num_tokens_per_expert.shape[0])
-            elif "num_experts" in self._mode_config("high_throughput"):
-                num_experts = self._mode_config("high_throughput")["num_experts"]
+            elif "num_experts" in user:
+                num_experts = user["num_experts"]
             else:
                 raise ValueError("%s: the Buffer's first normal-mode call must show num_experts: "
                                  "call get_dispatch_layout first, pass num_tokens_per_expert, or "

@@ -27,7 +27,6 @@ import socket
 import torch
 
 from .. import _library
-from .._library import Library
 from ..config import Config as MoeEpConfig
 from ..group import Group
 from . import _low_latency, _normal
@@ -156,8 +155,8 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         if g is None:
             second = self._ll_ep is not None or self._ht_ep is not None
             cfg, agreed = self._config_for(mode, derived)
-            lib = self._library if isinstance(self._library, Library) else \
-                _library.load(os.fspath(self._library) if self._library is not None else None)
+            # Resolved once: both groups use the same opened library.
+            lib = self._library = _library.resolve(self._library)
             config = MoeEpConfig(cfg, lib)
             if second and not agreed:
                 # A configured address (moe_ep_config, MOE_EP_BOOTSTRAP_ADDRESS

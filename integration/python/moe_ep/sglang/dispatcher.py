@@ -173,8 +173,6 @@ class Dispatcher:
         entry = "combine_a"
         if overlap_args is not None:
             _refuse_overlap(entry, "overlap_args=%r" % (overlap_args,))
-        if self.overlap_args is not None:
-            _refuse_overlap(entry, "set_overlap_args was called")
         if isinstance(combine_input, torch.Tensor):
             if hidden_states is not None:
                 raise TypeError("%s: hidden_states given twice (positionally and by keyword)"
