@@ -6,7 +6,7 @@ import ctypes
 import torch
 
 from . import _abi
-from ._torch import FP8_STORAGE, OutputSpec, TensorSlot
+from ._torch import CONTIGUOUS, FP8_STORAGE, OutputSpec, TensorSlot, empty_like
 from .handle import Hook
 
 # Combine's output specs are cached per (tokens, hidden); a caller whose
@@ -68,6 +68,8 @@ class Calls:
         self.cp = _abi.init(_abi.CombineParams)
         self.cp_ptr = ctypes.pointer(self.cp)
         self.out_specs_combine = {}  # (tokens, hidden) -> combine's OutputSpec
+        # combine's params fields last written (stored only on a change).
+        self.last_combine_flags = self.last_combine_hidden = None
         dp, cp = self.dp, self.cp
         self.x = TensorSlot("x", True, dp, "x")  # uint8 storage is fp8 (HT; LL refuses it)
         self.x_scales = TensorSlot("x_scales", False, dp, "x_scales")
@@ -98,19 +100,24 @@ class Calls:
                     self.out_specs_combine.clear()
                 spec = self.out_specs_combine[shape] = OutputSpec(shape, torch.bfloat16,
                                                                   self.device)
-            out = spec.new()
+            out = empty_like(spec.template, memory_format=CONTIGUOUS)
             self.out.attach_new(out, spec.key)
         else:
             self.out.attach(out)
         p = self.cp
-        p.flags = _abi.FLAG_DEFER_RECV if defer else 0
-        p.hidden = hidden
-        self.cw.attach(topk_weights)
+        flags = _abi.FLAG_DEFER_RECV if defer else 0
+        if flags != self.last_combine_flags:
+            p.flags = self.last_combine_flags = flags
+        if hidden != self.last_combine_hidden:
+            p.hidden = self.last_combine_hidden = hidden
+        if topk_weights is not None or self.cw.attached:
+            self.cw.attach(topk_weights)
         p.stream = self.stream()
-        self.hook.value = None
+        hook = self.hook
+        hook.value = None
         st = self.lib.combine(self.group.pointer, handle.pointer, self.cp_ptr, self.hook_ref)
         if st != 0:
             raise self.lib.error(st, "combine")
         if defer:  # inputs the deferred receive may still read
-            return Hook(self.group, self.hook.value, out, keep=(y, topk_weights))
+            return Hook(self.group, hook.value, out, keep=(y, topk_weights))
         return out

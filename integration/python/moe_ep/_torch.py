@@ -28,6 +28,11 @@ if FP8_DTYPE is not None:
     _DTYPES[FP8_DTYPE] = (_abi.DTYPE_FLOAT8_E4M3FN, 8)
 
 MAX_NDIM = 8
+
+# OutputSpec's allocation, bound once: the per-call paths that inline it
+# (_ll, _calls) skip the attribute lookups of torch.empty_like.
+empty_like = torch.empty_like
+CONTIGUOUS = torch.contiguous_format
 _NULL_STRIDES = ctypes.POINTER(ctypes.c_int64)()
 
 
@@ -51,7 +56,7 @@ class TensorSlot:
     much as the rest)."""
 
     __slots__ = ("desc", "ptr", "_shape", "_strides", "_key", "_as_fp8", "name", "_params",
-                 "_field", "_attached")
+                 "_field", "attached")
 
     def __init__(self, name, as_fp8, params, field):
         self.name = name
@@ -64,16 +69,16 @@ class TensorSlot:
         self.desc.shape = self._shape
         self.desc.dtype.lanes = 1
         self._params, self._field = params, field
-        self._attached = False
+        self.attached = False
 
     def attach(self, t):
         """Points the params field at this descriptor describing tensor t,
         or sets it NULL when t is None. Returns t's (shape, dtype, device,
         contiguous), None for None."""
         if t is None:
-            if self._attached:
+            if self.attached:
                 setattr(self._params, self._field, None)
-                self._attached = False
+                self.attached = False
             return None
         try:
             key = (t.shape, t.dtype, t.device, t.is_contiguous())
@@ -83,9 +88,9 @@ class TensorSlot:
         if key != self._key or not key[3]:
             self._refill(t, key)
         self.desc.data = t.data_ptr()
-        if not self._attached:
+        if not self.attached:
             setattr(self._params, self._field, self.ptr)
-            self._attached = True
+            self.attached = True
         return key
 
     def attach_new(self, t, key):
@@ -95,9 +100,9 @@ class TensorSlot:
         if key is not self._key and key != self._key:
             self._refill(t, key)
         self.desc.data = t.data_ptr()
-        if not self._attached:
+        if not self.attached:
             setattr(self._params, self._field, self.ptr)
-            self._attached = True
+            self.attached = True
 
     def _refill(self, t, key):
         d = self.desc
@@ -140,7 +145,7 @@ class OutputSpec:
     def new(self):
         # contiguous_format, not the default preserve_format: for a shape
         # with a zero dimension the latter gives all-zero strides.
-        return torch.empty_like(self.template, memory_format=torch.contiguous_format)
+        return empty_like(self.template, memory_format=CONTIGUOUS)
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)

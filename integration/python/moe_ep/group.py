@@ -3,6 +3,7 @@ and its entries on torch tensors."""
 import collections
 import ctypes
 import threading
+from threading import get_ident as _thread_id
 
 import torch
 
@@ -156,9 +157,9 @@ class Group:
 
     def _ops(self):
         # A dict by thread id: cheaper than a threading.local on this path.
-        ops = self._ops_by_thread.get(threading.get_ident())
+        ops = self._ops_by_thread.get(_thread_id())
         if ops is None:
-            ops = self._ops_by_thread[threading.get_ident()] = self._ops_class(self)
+            ops = self._ops_by_thread[_thread_id()] = self._ops_class(self)
         return ops
 
     def prepare(self, topk_idx, *, num_tokens_per_rank=None, num_tokens_per_expert=None,
@@ -243,8 +244,11 @@ class Group:
         weight 0; no host sync (num_recv_tokens is None on CUDA groups),
         so the call can be captured in a CUDA graph; combine then takes y
         of those rows."""
-        return self._ops().dispatch(handle, x, topk_weights, out, defer, round_scale,
-                                    recv_capacity, format, x_scales, worst_case)
+        ops = self._ops_by_thread.get(_thread_id())
+        if ops is None:
+            ops = self._ops()
+        return ops.dispatch(handle, x, topk_weights, out, defer, round_scale, recv_capacity,
+                            format, x_scales, worst_case)
 
     def handle_layout(self, handle, src_info=None, layout_range=None):
         """An LL handle's slot layout as DeepEP's LL handle has it: returns
@@ -278,4 +282,7 @@ class Group:
         throughput: y [num_recv_tokens, H] bf16 partials, summed over ranks
         (after a worst_case dispatch, y may have that dispatch's rows).
         defer=True returns a Hook whose hook() returns out."""
-        return self._ops().combine(handle, y, topk_weights, out, defer)
+        ops = self._ops_by_thread.get(_thread_id())
+        if ops is None:
+            ops = self._ops()
+        return ops.combine(handle, y, topk_weights, out, defer)
