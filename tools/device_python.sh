@@ -26,9 +26,20 @@ echo "py_fp8: exit $?"; grep -E "FAIL|ok$|Error" $O/py_fp8.log | tail -4
 timeout 200 $B/moe_ep_run -n $N --timeout_s 190 -- python3 integration/python/examples/decode_loop.py --steps 20 --hidden 2048 > $O/py_decode.log 2>&1
 echo "py_decode_loop: exit $?"; tail -4 $O/py_decode.log
 # The per-call cost at 128 tokens for bf16 and fp8 rows (fp8 allocates a
-# third output, its scales).
+# third output, its scales), pinned to one core. With a base package in
+# the bundle (device_suite.sh's MEP_PY_BASE) the two alternate, three
+# rounds each, so both see the same machine state.
+PKGS="integration/python"
+[ -d $B/base_py/integration/python ] && PKGS="$B/base_py/integration/python integration/python"
+ROUNDS=1; [ "$PKGS" != "integration/python" ] && ROUNDS=3
 for fmt in bf16 fp8; do
-  MOE_EP_RANK=0 MOE_EP_WORLD_SIZE=1 timeout 120 python3 integration/python/bench.py --hidden 7168 \
-    --experts 256 --tokens 128 --format $fmt > $O/py_bench_$fmt.log 2>&1
-  echo "py_bench_$fmt: exit $?"; tail -11 $O/py_bench_$fmt.log
+  for round in $(seq $ROUNDS); do
+    for pkg in $PKGS; do
+      tag=$([ "$pkg" = integration/python ] && echo tree || echo base)
+      PYTHONPATH=$PWD/$pkg MOE_EP_RANK=0 MOE_EP_WORLD_SIZE=1 timeout 120 taskset -c 3 \
+        python3 $pkg/bench.py --hidden 7168 --experts 256 --tokens 128 --format $fmt \
+        > $O/py_bench_${fmt}_${tag}_$round.log 2>&1
+      echo "py_bench_$fmt ($tag, round $round): exit $?"; tail -11 $O/py_bench_${fmt}_${tag}_$round.log
+    done
+  done
 done

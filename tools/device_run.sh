@@ -2,11 +2,12 @@
 # device_run.sh (copied to .gpu_bundle/run_device.sh): the GPU suite, run on
 # the GPU machine from the repository root, most important first; every log
 # goes to $OUT and a one-line verdict per step to $OUT/summary.txt.
-# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|one|ab|extra|ht|scale]; quick stops after
+# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|one|world|ab|extra|ht|scale]; quick stops after
 # the kernel test, the weighted-dispatch and hidden-2880 API runs and the
 # eager benchmarks;
 # one is for a 1-GPU machine (EP1 suites, LL and HT, sanitizers, an EP1 benchmark, and
-# an A/B against .gpu_bundle/prev/libmoe_ep.so when that exists); ab
+# an A/B against .gpu_bundle/prev/libmoe_ep.so when that exists); world
+# runs only one's world tests (3 to 16 ranks on one GPU); ab
 # compares 2-GPU phase stamps and bench with variants in .gpu_bundle/ab/.
 # MEP_RANKS sets the group size of the multi-GPU steps (default: every GPU
 # nvidia-smi lists; 2 on the 2-GPU machine, 4 and 8 on the larger ones);
@@ -313,6 +314,11 @@ if [ "$MODE" = scale ]; then
       grep -A22 "^latency" "$OUT/bench_ep${n}_weights_$w.log" | grep -E "^(fp8|bf16) "
     done
   done
+  cat "$OUT/summary.txt"
+  exit 0
+fi
+if [ "$MODE" = world ]; then  # the one-GPU world tests alone
+  world_tests
   cat "$OUT/summary.txt"
   exit 0
 fi

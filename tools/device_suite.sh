@@ -29,6 +29,13 @@ cp integration/configs/*.yaml .gpu_bundle/
 nvcc -O3 -arch=sm_90 -o .gpu_bundle/nvlink_probe tools/probe/nvlink_probe.cu
 # The HT copy floors (peer stores by warps and by TMA, both ways; local copies).
 nvcc -O3 -arch=sm_90 -o .gpu_bundle/ht_probe tools/probe/ht_probe.cu
+# MEP_PY_BASE=<revision>: that revision's Python package travels too, and
+# run_python.sh benches it next to the working tree's (an A/B of the
+# package's per-call cost in one run).
+if [ -n "${MEP_PY_BASE:-}" ]; then
+  mkdir -p .gpu_bundle/base_py
+  git archive "$MEP_PY_BASE" integration/python | tar -x -C .gpu_bundle/base_py
+fi
 cp tools/device_run.sh .gpu_bundle/run_device.sh
 cp tools/device_python.sh .gpu_bundle/run_python.sh
 # The same bundle as one xz archive: the kernels' fat binaries compress
