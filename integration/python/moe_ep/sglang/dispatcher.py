@@ -1,32 +1,16 @@
-"""moe_ep.sglang.Dispatcher: SGLang's DeepEP low-latency dispatcher on a
-low-latency moe_ep.Group: dispatch / combine, and their halves
-(dispatch_a / dispatch_b / combine_a / combine_b) for two-batch overlap,
-which keeps two operations in flight: each sub-batch (tbo_subbatch_index
-0 or 1) has its own stage, and the group's two buffer sets carry them."""
-import collections
+"""moe_ep.sglang.Dispatcher: SGLang's DeepEP dispatcher over moe-ep groups:
+low-latency mode on a low_latency group, normal (prefill) mode on a
+high_throughput group, and SGLang's deepep_mode 'auto' choosing between
+them per batch. dispatch / combine, and their halves (dispatch_a /
+dispatch_b / combine_a / combine_b) for two-batch overlap, which keeps two
+operations in flight: each sub-batch (tbo_subbatch_index 0 or 1) has its
+own stage, and each group's two buffer sets carry them."""
+from .._overlap import wait_bound_s
+from . import _inputs, _mode, _setup
+from ._low_latency import LowLatencyOutput, LowLatencyPath
+from ._normal import NormalOutput, NormalPath
 
-import torch
-
-from .._overlap import Once, RecvRing, wait_bound_s
-from ..group import Group
-from ._types import low_latency_format
-
-
-class LowLatencyOutput(collections.namedtuple(
-        "LowLatencyOutput", "hidden_states hidden_states_scale topk_ids topk_weights masked_m "
-        "expected_m")):
-    """What dispatch_b returns, in SGLang's order (its DeepEPLLDispatchOutput):
-    hidden_states [E_local, R*N, H] (bf16 or fp8), hidden_states_scale (None
-    without fp8), the dispatch's topk_ids and topk_weights, masked_m =
-    tokens per local expert [E_local] int32, expected_m (a host int: tokens
-    per expert if every rank sent as many as this one; a grouped-GEMM
-    hint). format is SGLang's DispatchOutputFormat.DEEPEP_LL where SGLang
-    is importable (a stand-in with its predicates elsewhere)."""
-    __slots__ = ()
-
-    @property
-    def format(self):
-        return low_latency_format()
+__all__ = ["Dispatcher", "LowLatencyOutput", "NormalOutput"]
 
 
 def _refuse_overlap(entry, what):
@@ -42,58 +26,53 @@ class _Stage:
         self.name, self.op, self.result = "idle", None, None
 
 
-class _Op:
-    __slots__ = ("handle", "recv", "topk_ids", "topk_weights", "expected_m")
-
-
-def _routing(entry, topk_output, topk_idx, topk_weights):
-    """(topk_ids, topk_weights) from SGLang's TopKOutput (attributes
-    topk_ids, topk_weights) or the keywords of older SGLang versions."""
-    if topk_output is not None:
-        if topk_idx is not None or topk_weights is not None:
-            raise TypeError("%s: pass topk_output or topk_idx/topk_weights, not both" % entry)
-        try:
-            topk_idx, topk_weights = topk_output.topk_ids, topk_output.topk_weights
-        except AttributeError:
-            raise TypeError("%s: topk_output must have topk_ids and topk_weights (SGLang's "
-                            "TopKOutput), got %s" % (entry, type(topk_output).__name__)) from None
-    for name, t in (("topk_ids", topk_idx), ("topk_weights", topk_weights)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError("%s: %s must be a torch.Tensor, got %s" % (entry, name, type(t).__name__))
-    if tuple(topk_idx.shape) != tuple(topk_weights.shape):
-        raise ValueError("%s: topk_weights has shape %s and topk_ids %s; they pair slot by slot"
-                         % (entry, tuple(topk_weights.shape), tuple(topk_idx.shape)))
-    return topk_idx, topk_weights
-
-
 class Dispatcher:
-    """SGLang's LL dispatcher over `group` (a moe_ep.Group in low_latency
-    mode). weights_at_dispatch (default True): the router weights go with
-    the tokens and combine sums on the experts' ranks (one row back per
-    (token, rank)); False applies them in combine, as DeepEP does.
+    """SGLang's DeepEP dispatcher.
+
+    group: a moe_ep.Group in low_latency mode (decode). normal_group: a
+    moe_ep.Group in high_throughput mode (prefill; SGLang's normal mode).
+    deepep_mode: 'low_latency', 'normal' or 'auto' (or SGLang's
+    DeepEPMode); default 'auto' with both groups, else the one group's.
+    'auto' runs a batch that extends in normal mode and a decode batch in
+    low_latency mode, told per dispatch by is_extend_in_batch=,
+    forward_batch= or forward_mode=, else by SGLang's
+    dp_attention.get_is_extend_in_batch(); combine follows its dispatch.
+
+    weights_at_dispatch (low latency; default True): the router weights go
+    with the tokens and combine sums on the experts' ranks; False applies
+    them in combine, as DeepEP does. In normal mode the weights always go
+    with the tokens and the experts apply them.
+    normal_fp8 (normal mode): None sends rows as given (bf16, or the pair
+    (x_fp8, scales) the caller quantised); "f32", "ue8m0" or
+    "ue8m0_packed" quantises bf16 rows to fp8 per 128-channel group first,
+    as SGLang does before DeepGEMM (with UE8M0 scales where DeepGEMM takes
+    them). expert_alignment (normal mode, default 1): per-expert counts
+    rounded up to it (SGLang passes 128 for DeepGEMM).
 
     dispatch_b and combine_b may run on any thread; each half checks the
     sub-batch's stage and raises RuntimeError naming it when called out of
-    order. hidden_states of dispatch_b are two buffer sets used in turn,
+    order. Low-latency hidden_states are two buffer sets used in turn,
     valid until the dispatch after next (as DeepEP's LL buffers)."""
 
-    def __init__(self, group, *, weights_at_dispatch=True):
-        if not isinstance(group, Group):
-            raise TypeError("Dispatcher: group must be a moe_ep.Group, got %s"
-                            % type(group).__name__)
-        if group.mode != "low_latency":
-            raise NotImplementedError("Dispatcher: the group's mode is %s; this is SGLang's "
-                                      "low-latency dispatcher (mode: low_latency)" % group.mode)
+    def __init__(self, group=None, *, normal_group=None, deepep_mode=None,
+                 weights_at_dispatch=True, normal_fp8=None, expert_alignment=1):
+        mode = _setup.settle(group, normal_group, deepep_mode, weights_at_dispatch,
+                             normal_fp8, expert_alignment)
         self.group = group
+        self.normal_group = normal_group
+        self.deepep_mode = mode
         # SGLang's BaseDispatcher state (its quant methods and single-batch
         # overlap set them).
         self.quant_config = None
         self.overlap_args = None
         self.meta_overlap_args = None
-        self._weights_at_dispatch = bool(weights_at_dispatch)
+        self._paths = {
+            "low_latency": None if group is None else
+            LowLatencyPath(group, weights_at_dispatch, wait_bound_s(group)),
+            "normal": None if normal_group is None else
+            NormalPath(normal_group, normal_fp8, expert_alignment, wait_bound_s(normal_group)),
+        }
         self._stages = (_Stage(), _Stage())
-        self._ring = RecvRing()
-        self._bound_s = wait_bound_s(group)
 
     def _stage(self, entry, index, want):
         if index is None:
@@ -108,48 +87,37 @@ class Dispatcher:
         return st
 
     def dispatch_a(self, hidden_states, topk_output=None, *, topk_idx=None, topk_weights=None,
-                   forward_batch=None, tbo_subbatch_index=None):
-        """Sends hidden_states [T, H] bf16 to the experts' ranks.
-        forward_batch is accepted for SGLang's call shape (the group's mode
-        is fixed)."""
+                   forward_batch=None, is_extend_in_batch=None, forward_mode=None,
+                   tbo_subbatch_index=None):
+        """Sends hidden_states to the experts' ranks: [T, H] bf16, or in
+        normal mode the pair (x_fp8 [T, H], scales [T, H/128] float32 or
+        [T, H/512] int32) quantised by the caller. The routing is SGLang's
+        TopKOutput (topk_ids, topk_weights) or the keywords topk_idx=,
+        topk_weights=. With deepep_mode 'auto', is_extend_in_batch /
+        forward_batch / forward_mode (or SGLang's global) choose the mode;
+        with a fixed mode they are accepted and not read."""
         entry = "dispatch_a"
         st = self._stage(entry, tbo_subbatch_index, "idle")
-        ids, w = _routing(entry, topk_output, topk_idx, topk_weights)
-        if not isinstance(hidden_states, torch.Tensor):
-            raise TypeError("%s: hidden_states must be a torch.Tensor, got %s"
-                            % (entry, type(hidden_states).__name__))
-        g = self.group
-        handle = g.prepare(ids)
-        hidden = int(hidden_states.shape[-1])
-        index, buffers = self._ring.take(hidden)
-        try:
-            hook = g.dispatch(handle, hidden_states, out=buffers, defer=True,
-                              topk_weights=w if self._weights_at_dispatch else None)
-        except BaseException:
-            handle.free()
-            raise
-        self._ring.keep(hidden, index, hook.result)
-        op = _Op()
-        op.handle, op.recv, op.topk_ids, op.topk_weights = handle, Once(hook, self._bound_s), ids, w
-        t, k = (int(n) for n in ids.shape)
-        e = g.config.num_experts
-        op.expected_m = (t * g.world_size * k + e) // e
+        ids, w = _inputs.routing(entry, topk_output, topk_idx, topk_weights)
+        mode = _mode.resolve(self.deepep_mode, entry, is_extend_in_batch, forward_batch,
+                             forward_mode)
+        op = self._paths[mode].send(entry, hidden_states, ids, w)
         st.name, st.op = "dispatched", op
 
     def dispatch_b(self, *, tbo_subbatch_index=None):
-        """Receives (runs the hook) and returns a LowLatencyOutput."""
+        """Receives (runs the hook, unless another thread did) and returns a
+        LowLatencyOutput or a NormalOutput, per the dispatch's mode."""
         st = self._stage("dispatch_b", tbo_subbatch_index, "dispatched")
         op = st.op
         res = op.recv()
         st.name = "received"
-        return LowLatencyOutput(res.recv_x, res.recv_scales, op.topk_ids, op.topk_weights,
-                                res.recv_count, op.expected_m)
+        return self._paths[op.mode].output(op, res)
 
-    def dispatch(self, hidden_states, topk_output=None, *, tbo_subbatch_index=None, **routing):
+    def dispatch(self, hidden_states, topk_output=None, *, tbo_subbatch_index=None, **keywords):
         """dispatch_a then dispatch_b: SGLang's call without two-batch
-        overlap. Returns a LowLatencyOutput."""
+        overlap."""
         self.dispatch_a(hidden_states, topk_output, tbo_subbatch_index=tbo_subbatch_index,
-                        **routing)
+                        **keywords)
         return self.dispatch_b(tbo_subbatch_index=tbo_subbatch_index)
 
     def combine(self, combine_input=None, *, tbo_subbatch_index=None, **inputs):
@@ -160,65 +128,38 @@ class Dispatcher:
 
     def combine_a(self, combine_input=None, topk_ids=None, topk_weights=None, overlap_args=None,
                   *, hidden_states=None, topk_idx=None, forward_batch=None,
-                  tbo_subbatch_index=None):
-        """Sends the expert outputs [E_local, R*N, H] bf16 back. Takes
-        SGLang's combine input (a tuple with hidden_states, topk_ids and
-        topk_weights; combine_a(combine_input=...) in current SGLang), the
-        keywords of older SGLang (hidden_states=, topk_idx=, topk_weights=,
-        forward_batch=), or (hidden_states, topk_ids, topk_weights)
-        positionally. topk_ids must repeat the dispatch's routing, which
-        the handle carries (a copy is accepted; its shape is checked). With
-        weights at dispatch, topk_weights must be the dispatch's tensor;
-        with weights at combine, these weights are applied."""
+                  is_extend_in_batch=None, forward_mode=None, tbo_subbatch_index=None):
+        """Sends the experts' outputs back. Takes SGLang's combine input (a
+        tuple with hidden_states, topk_ids and topk_weights), the keywords
+        of older SGLang (hidden_states=, topk_idx=, topk_weights=,
+        forward_batch=), or the three tensors positionally.
+
+        Low latency: hidden_states [E_local, R*N, H] bf16; topk_ids must
+        repeat the dispatch's routing (a copy is accepted; its shape is
+        checked); with weights at dispatch topk_weights must be the
+        dispatch's tensor, with weights at combine they are applied.
+        Normal: hidden_states [N_recv, H] bf16, one row per received token
+        with the router weights applied; topk_ids / topk_weights are the
+        dispatch's received ones (checked by shape).
+        The mode is the sub-batch's dispatch's; under 'auto' a mode hint
+        given here must agree with it."""
         entry = "combine_a"
         if overlap_args is not None:
             _refuse_overlap(entry, "overlap_args=%r" % (overlap_args,))
-        if isinstance(combine_input, torch.Tensor):
-            if hidden_states is not None:
-                raise TypeError("%s: hidden_states given twice (positionally and by keyword)"
-                                % entry)
-            hidden_states, combine_input = combine_input, None
-        if combine_input is not None:
-            if hidden_states is not None or topk_ids is not None or topk_idx is not None or \
-                    topk_weights is not None:
-                raise TypeError("%s: pass combine_input or hidden_states / topk_ids / "
-                                "topk_weights, not both" % entry)
-            try:
-                hidden_states, topk_ids, topk_weights = (
-                    combine_input.hidden_states, combine_input.topk_ids,
-                    combine_input.topk_weights)
-            except AttributeError:
-                raise TypeError("%s: combine_input must have hidden_states, topk_ids and "
-                                "topk_weights (SGLang's combine input), got %s"
-                                % (entry, type(combine_input).__name__)) from None
-        if topk_idx is not None:
-            if topk_ids is not None:
-                raise TypeError("%s: pass topk_ids or topk_idx, not both" % entry)
-            topk_ids = topk_idx
-        for name, t in (("hidden_states", hidden_states), ("topk_ids", topk_ids),
-                        ("topk_weights", topk_weights)):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError("%s: %s must be a torch.Tensor, got %s"
-                                % (entry, name, type(t).__name__))
+        hidden_states, topk_ids, topk_weights = _inputs.combine_input(
+            entry, combine_input, topk_ids, topk_weights, hidden_states, topk_idx)
         st = self._stage(entry, tbo_subbatch_index, "received")
         op = st.op
         sub = tbo_subbatch_index or 0
-        for name, got, want in (("topk_ids", topk_ids, op.topk_ids),
-                                ("topk_weights", topk_weights, op.topk_weights)):
-            if tuple(got.shape) != tuple(want.shape):
-                raise ValueError("%s: %s has shape %s; sub-batch %d's dispatch routed %s"
-                                 % (entry, name, tuple(got.shape), sub, tuple(want.shape)))
-        if self._weights_at_dispatch:
-            w = None
-            if topk_weights is not op.topk_weights and \
-                    topk_weights.data_ptr() != op.topk_weights.data_ptr():
-                raise ValueError("%s: topk_weights is not the tensor dispatch_a got for "
-                                 "sub-batch %d; its weights were applied on the experts' ranks "
-                                 "(weights_at_dispatch=True)" % (entry, sub))
-        else:
-            w = topk_weights
-        hook = self.group.combine(op.handle, hidden_states, topk_weights=w, defer=True)
-        st.name, st.result = "combining", Once(hook, self._bound_s)
+        hint = _mode.hinted(self.deepep_mode, entry, is_extend_in_batch, forward_batch,
+                            forward_mode)
+        if hint is not None and hint != op.mode:
+            raise ValueError("%s: the mode hint says %s, but sub-batch %d was dispatched in %s "
+                             "mode; a combine follows its dispatch's mode" % (entry, hint, sub,
+                                                                              op.mode))
+        result = self._paths[op.mode].combine(entry, op, sub, hidden_states, topk_ids,
+                                              topk_weights)
+        st.name, st.result = "combining", result
 
     def combine_b(self, *, tbo_subbatch_index=None):
         """Receives the combine; returns [T, H] bf16."""

@@ -1,0 +1,98 @@
+"""The low-latency half of the SGLang dispatcher (SGLang's
+_DeepEPDispatcherImplLowLatency) on a low_latency moe_ep.Group: rows land
+per local expert, [E_local, R*N, H]; the group's two receive-buffer sets
+carry two sub-batches in flight."""
+import collections
+
+import torch
+
+from .._overlap import Once, RecvRing
+from ._inputs import same_shape
+from ._types import low_latency_format
+
+
+class LowLatencyOutput(collections.namedtuple(
+        "LowLatencyOutput", "hidden_states hidden_states_scale topk_ids topk_weights masked_m "
+        "expected_m")):
+    """What dispatch_b returns in low-latency mode, in SGLang's order (its
+    DeepEPLLDispatchOutput): hidden_states [E_local, R*N, H] (bf16 or
+    fp8), hidden_states_scale (None without fp8), the dispatch's topk_ids
+    and topk_weights, masked_m = tokens per local expert [E_local] int32,
+    expected_m (a host int: tokens per expert if every rank sent as many as
+    this one; a grouped-GEMM hint). format is SGLang's
+    DispatchOutputFormat.DEEPEP_LL where SGLang is importable (a stand-in
+    with its predicates elsewhere)."""
+    __slots__ = ()
+
+    @property
+    def format(self):
+        return low_latency_format()
+
+
+class LowLatencyOp:
+    """One layer call from dispatch_a to combine_b."""
+    __slots__ = ("mode", "handle", "recv", "topk_ids", "topk_weights", "expected_m")
+
+
+class LowLatencyPath:
+    """weights_at_dispatch: the router weights travel with the tokens and
+    combine sums on the experts' ranks (one row back per (token, rank));
+    False applies them in combine, as DeepEP does."""
+    mode = "low_latency"
+
+    def __init__(self, group, weights_at_dispatch, bound_s):
+        self.group = group
+        self.weights_at_dispatch = bool(weights_at_dispatch)
+        self._ring = RecvRing()
+        self._bound_s = bound_s
+
+    def send(self, entry, hidden_states, ids, w):
+        if isinstance(hidden_states, tuple):
+            raise NotImplementedError(
+                "%s: hidden_states=(x_fp8, scales) in low_latency mode: low-latency dispatch "
+                "takes bf16 rows and quantises them itself (a group with dispatch_dtype: "
+                "fp8_e4m3); pre-quantised rows go through normal mode" % entry)
+        if not isinstance(hidden_states, torch.Tensor):
+            raise TypeError("%s: hidden_states must be a torch.Tensor, got %s"
+                            % (entry, type(hidden_states).__name__))
+        g = self.group
+        handle = g.prepare(ids)
+        hidden = int(hidden_states.shape[-1])
+        index, buffers = self._ring.take(hidden)
+        try:
+            hook = g.dispatch(handle, hidden_states, out=buffers, defer=True,
+                              topk_weights=w if self.weights_at_dispatch else None)
+        except BaseException:
+            handle.free()
+            raise
+        self._ring.keep(hidden, index, hook.result)
+        op = LowLatencyOp()
+        op.mode = self.mode
+        op.handle, op.recv, op.topk_ids, op.topk_weights = handle, Once(hook, self._bound_s), ids, w
+        t, k = (int(n) for n in ids.shape)
+        e = g.config.num_experts
+        op.expected_m = (t * g.world_size * k + e) // e
+        return op
+
+    def output(self, op, res):
+        return LowLatencyOutput(res.recv_x, res.recv_scales, op.topk_ids, op.topk_weights,
+                                res.recv_count, op.expected_m)
+
+    def combine(self, entry, op, sub, hidden_states, topk_ids, topk_weights):
+        """Sends the expert outputs [E_local, R*N, H] bf16 back; returns the
+        receive (a Once). topk_ids must repeat the dispatch's routing (the
+        handle carries it). With weights at dispatch, topk_weights must be
+        the dispatch's tensor; with weights at combine, they are applied."""
+        same_shape(entry, sub, topk_ids=(topk_ids, op.topk_ids),
+                   topk_weights=(topk_weights, op.topk_weights))
+        if self.weights_at_dispatch:
+            w = None
+            if topk_weights is not op.topk_weights and \
+                    topk_weights.data_ptr() != op.topk_weights.data_ptr():
+                raise ValueError("%s: topk_weights is not the tensor dispatch_a got for "
+                                 "sub-batch %d; its weights were applied on the experts' ranks "
+                                 "(weights_at_dispatch=True)" % (entry, sub))
+        else:
+            w = topk_weights
+        hook = self.group.combine(op.handle, hidden_states, topk_weights=w, defer=True)
+        return Once(hook, self._bound_s)
