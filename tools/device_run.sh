@@ -2,7 +2,7 @@
 # device_run.sh (copied to .gpu_bundle/run_device.sh): the GPU suite, run on
 # the GPU machine from the repository root, most important first; every log
 # goes to $OUT and a one-line verdict per step to $OUT/summary.txt.
-# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|one|world|ab|extra|ht|scale]; quick stops after
+# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|one|world|ab|htab|extra|ht|scale]; quick stops after
 # the kernel test, the weighted-dispatch and hidden-2880 API runs and the
 # eager benchmarks;
 # one is for a 1-GPU machine (EP1 suites, LL and HT, sanitizers, an EP1 benchmark, and
@@ -63,7 +63,7 @@ bench_key() { echo "$(grep -cE "^(fp8|bf16) .*\| .*\| " "$1") latency rows"; }
 api() {  # name ranks seconds worker-args...
   local name=$1 n=$2 secs=$3; shift 3
   timeout $((secs + 5)) $B/moe_ep_run -n "$n" --timeout_s "$secs" -- $B/conformance_worker \
-    --plugin=$B/libmoe_ep.so --backend=nccl --barrier_dir="$(mktemp -d)" "$@" \
+    --plugin=${PLUGIN:-$B/libmoe_ep.so} --backend=nccl --barrier_dir="$(mktemp -d)" "$@" \
     > "$OUT/api_$name.log" 2>&1
   summary "api_$name" $? "$(worker_key "$OUT/api_$name.log")"
   grep -hE "^(PASSED|FAILED)|^FAIL|GIN|nccl group" "$OUT/api_$name.log" | head -6
@@ -174,6 +174,37 @@ if [ "$MODE" = ab ]; then
         summary "bench_${name}_${extra#--}_$round" $?
         grep -E "^fp8 .*\| .*\| " "$OUT/bench_${name}_${extra#--}_$round.log" | head -8 | cut -c1-116 | sed "s/^/$name $round $extra: /"
       done
+    done
+  done
+  cat "$OUT/summary.txt"
+  exit 0
+fi
+# htab: the HT bench (EP2 shape of the issue: 4096 tokens, hidden 7168,
+# top-8, 256 experts, bf16, 24 SMs; LSA) for this bundle and each variant
+# under .gpu_bundle/ab/<name>/libmoe_ep.so, taking turns over three rounds,
+# after each variant's HT API runs against the oracle (LSA and nodes of
+# N/2 over gin_emulated).
+if [ "$MODE" = htab ]; then
+  [ -f $B/ab.tar.xz ] && tar xJf $B/ab.tar.xz -C $B
+  R2=1; [ "$N" -gt 2 ] && R2=$((N / 2))
+  for D in $B $B/ab/*; do
+    [ -f "$D/libmoe_ep.so" ] || continue
+    name=$(basename "$D"); [ "$D" = $B ] && name=cur
+    PLUGIN=$D/libmoe_ep.so api ht_${E}_${name}_bf16 $N $((90 * S)) --mode=ht --experts=64 \
+      --max_tokens=512 --layers=7168:8,2880:6,4096:1 --seeds=2
+    PLUGIN=$D/libmoe_ep.so api ht_${E}_${name}_ginemu $N $((90 * S)) --mode=ht \
+      --transport=gin_emulated --ranks_per_node=$R2 --experts=64 --max_tokens=512 \
+      --layers=7168:8,2048:1 --seeds=1
+  done
+  for round in 1 2 3; do
+    for D in $B $B/ab/*; do
+      [ -f "$D/libmoe_ep.so" ] || continue
+      name=$(basename "$D"); [ "$D" = $B ] && name=cur
+      timeout $((90 * S)) $B/moe_ep_run -n $N --timeout_s $((85 * S)) -- $B/moe_ep_bench \
+        --plugin=$D/libmoe_ep.so --mode=ht --dtype=bf16 --tokens=4096 --num_sms=24 \
+        > "$OUT/htbench_${name}_$round.log" 2>&1
+      summary "htbench_${name}_$round" $? "$(bench_key "$OUT/htbench_${name}_$round.log")"
+      grep -E "^bf16 " "$OUT/htbench_${name}_$round.log" | sed "s/^/$name $round: /"
     done
   done
   cat "$OUT/summary.txt"

@@ -120,17 +120,23 @@ __device__ void mep_ht_send_ring(const MepHtParams &p, const mep_ht_dispatch_arg
       net ? MepHtSpan{d - d % p.dims.node_ranks, p.dims.node_ranks} : MepHtSpan{d, 1};
   const uint32_t put_bytes = (uint32_t)mep_ht_align(payload + 8u * (uint64_t)a.top_k, 16);
   bool ok = true;
+  /* The last head the group saw: while it leaves room for a chunk, the
+   * chunk goes without a wait (the group's two barriers and the far
+   * end's load). Every warp holds the same value, so all decide alike. */
+  uint64_t head_seen = 0;
   for (int base = t0; base < t1 && ok; base += MEP_HT_CHUNK) {
     const uint32_t bal = mep_ht_chunk_ballot(a, base, t1, sp, e_local);
     const int n = __popc(bal);
     if (n == 0) continue;
     /* Room for n rows: the destination has drained up to tail + n - Q. */
     const uint64_t need = tail + n > MEP_HT_RING_ROWS ? tail + n - MEP_HT_RING_ROWS : 0;
-    mep_ht_leader_wait(
-        p, g, wait_slot,
-        [&] { return mep_ht_counter<Tp>(p, p.win.disp_head, MEP_HT_SIG_DISP_HEAD, d, c); }, need,
-        MEP_HT_OP_DISPATCH_SPACE, d, &ok);
-    if (!ok) break;
+    if (need > head_seen) {
+      head_seen = mep_ht_leader_wait(
+          p, g, wait_slot,
+          [&] { return mep_ht_counter<Tp>(p, p.win.disp_head, MEP_HT_SIG_DISP_HEAD, d, c); },
+          need, MEP_HT_OP_DISPATCH_SPACE, d, &ok);
+      if (!ok) break;
+    }
     for (int o = g.index; o < n; o += g.size) {
       const uint64_t slot = (tail + (uint64_t)o) % MEP_HT_RING_ROWS;
       const uint64_t ring = mep_ht_ring_off(p.win.disp_ring, p.win.disp_row, p.xp.rank, c, slot);
@@ -146,7 +152,11 @@ __device__ void mep_ht_send_ring(const MepHtParams &p, const mep_ht_dispatch_arg
                          static_cast<char *>(MepLsa::peer_ptr(p.xp, d, ring)));
       }
     }
-    /* Every warp's rows, then one publication of the tail carries them. */
+    /* Every warp's rows, then one publication of the tail carries them.
+     * Publishing every chunk beats fewer, larger publications: on 2 x
+     * H200 at 4096 tokens, 24 SMs, every 2 chunks took dispatch from 237
+     * to 246 us and every 4 to 336 us (the receivers wait longer for
+     * rows than the senders' releases cost). */
     mep_ht_group_sync(g);
     tail += (uint64_t)n;
     if (g.index == 0 && lane == 0)
