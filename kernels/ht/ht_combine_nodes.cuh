@@ -41,6 +41,113 @@ __device__ __forceinline__ const uint4 *mep_ht_sum_row(const MepHtParams &p, int
                                                            pos % MEP_HT_RING_ROWS));
 }
 
+/* The f32 node sum of token j of the chunk from relay x: two slots of x's
+ * ring (mep_ht_relay_reduce), as 16-byte vectors (two per 8 channels). */
+__device__ __forceinline__ const uint4 *mep_ht_node_sum_row(const MepHtParams &p, int c, int x,
+                                                            int j, const uint64_t *cons,
+                                                            const uint32_t *bal) {
+  const uint64_t pos = cons[x] + 2u * __popc(bal[x] & ((1u << j) - 1u));
+  return reinterpret_cast<const uint4 *>(
+      p.xp.local +
+      mep_ht_ring_off(p.win.comb_ring, p.win.comb_row, x, c, pos % MEP_HT_RING_ROWS));
+}
+
+/* The node sums below walk a row U vectors per lane at a time (lane l's
+ * vectors v0 + 32 u + l, u < U) and issue the loads of G rows before
+ * adding any of them: a lane has up to U * G 16-byte loads in flight (f32
+ * rows: 2 U G), where adding a row at a time, a vector at a time, had one.
+ * Each row's pointer is formed once per row, by the lane that holds its
+ * ring's state, and reaches the others by shuffles: no pointer array, so
+ * nothing in local memory and few registers (an array of a token's up to
+ * 9 row pointers cost the kernel spills). The relay keeps one sum live (4
+ * vectors of 2 rows: 8 loads); the token side keeps two, the nodes' so far
+ * and its own node's (1 vector of 4 bf16 or 2 f32 rows: 4 loads). Larger
+ * steps spill under the kernel's 128 registers (512 threads, one block
+ * per SM): check nvcc -Xptxas -v after changing them. */
+constexpr int kMepHtRelayU = 4, kMepHtRelayG = 2;
+constexpr int kMepHtTokenU = 1, kMepHtTokenG = 4, kMepHtTokenG32 = 2;
+
+template <int U>
+__device__ __forceinline__ void mep_ht_node_zero(float acc[][8]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[u][e] = 0.0f;
+}
+
+/* The row of the lowest lane in *lanes (its `row`, by shuffle), that lane
+ * taken out of *lanes; nullptr when *lanes is empty. Whole warp, *lanes
+ * the same on every lane. */
+__device__ __forceinline__ const uint4 *mep_ht_node_take(const uint4 *row, uint32_t *lanes) {
+  const bool any = *lanes != 0;
+  const int l = any ? __ffs(*lanes) - 1 : 0;
+  const unsigned long long r = __shfl_sync(~0u, reinterpret_cast<unsigned long long>(row), l);
+  *lanes &= *lanes - 1u;
+  return any ? reinterpret_cast<const uint4 *>(r) : nullptr;
+}
+
+/* acc[u] += the bf16 vector v0 + 32 u + lane of the row of each lane in
+ * `lanes`, ascending: per channel the same mep_ht_add8 adds, in the same
+ * order, as adding the rows one after another. Vectors at or past nv read
+ * as zero; their sums are never stored. Whole warp, as mep_ht_node_take. */
+template <int U, int G>
+__device__ __forceinline__ void mep_ht_node_add_bf16(float acc[][8], const uint4 *row,
+                                                     uint32_t lanes, int v0, int nv) {
+  const int lane = threadIdx.x & 31;
+  while (lanes != 0) {
+    uint4 v[G][U];
+    bool use[G];
+#pragma unroll
+    for (int k = 0; k < G; ++k) {
+      const uint4 *r = mep_ht_node_take(row, &lanes);
+      use[k] = r != nullptr;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int i = v0 + 32 * u + lane;
+        v[k][u] = use[k] && i < nv ? __ldcg(r + i) : make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < G; ++k)
+      if (use[k])
+#pragma unroll
+        for (int u = 0; u < U; ++u) mep_ht_add8(acc[u], v[k][u]);
+  }
+}
+
+/* acc[u] += the f32 vector v0 + 32 u + lane (two float4) of the row of
+ * each lane in `lanes`, ascending, as mep_ht_node_add_bf16. */
+template <int U, int G>
+__device__ __forceinline__ void mep_ht_node_add_f32(float acc[][8], const uint4 *row,
+                                                    uint32_t lanes, int v0, int nv) {
+  const int lane = threadIdx.x & 31;
+  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  while (lanes != 0) {
+    float4 v[G][U][2];
+    bool use[G];
+#pragma unroll
+    for (int k = 0; k < G; ++k) {
+      const float4 *r = reinterpret_cast<const float4 *>(mep_ht_node_take(row, &lanes));
+      use[k] = r != nullptr;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int i = v0 + 32 * u + lane;
+        v[k][u][0] = use[k] && i < nv ? __ldcg(r + 2 * i) : zero;
+        v[k][u][1] = use[k] && i < nv ? __ldcg(r + 2 * i + 1) : zero;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < G; ++k)
+      if (use[k])
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const float4 x = v[k][u][0], y = v[k][u][1];
+          acc[u][0] += x.x, acc[u][1] += x.y, acc[u][2] += x.z, acc[u][3] += x.w;
+          acc[u][4] += y.x, acc[u][5] += y.y, acc[u][6] += y.z, acc[u][7] += y.w;
+        }
+  }
+}
+
 /* Whether this combine sums per node through relays: a network group
  * whose config set ranks_per_node, with several nodes of 2 or more ranks
  * (with nodes of one rank, or one node, the node sums change nothing and
@@ -83,7 +190,7 @@ __device__ bool mep_ht_relay_reduce(const MepHtParams &p, const mep_ht_combine_a
                                     const MepHtGroups &g, int c, int s, int64_t own,
                                     volatile uint64_t *wait_slot) {
   const int n = p.dims.node_ranks, me_l = p.xp.rank % n, node0 = p.xp.rank - me_l;
-  const int from = (s / n) * n, H = a.hidden, lane = threadIdx.x & 31;
+  const int from = (s / n) * n, H = a.hidden, nv = H / 8, lane = threadIdx.x & 31;
   const int rows = *mep_ht_relay_n(p, a.layout_set, s, c);
   const uint16_t *masks =
       mep_ht_relay_mask(p, a.layout_set, s) + mep_ht_relay_base(p, a.layout_set, s, c);
@@ -117,33 +224,37 @@ __device__ bool mep_ht_relay_reduce(const MepHtParams &p, const mep_ht_combine_a
     }
     if (!ok) break;
     for (int o = g.index; o < m; o += g.size) {
-      const uint4 *src[MEP_HT_MAX_RANKS];
-      uint32_t have = 0;
-      for (int l = 0; l < n; ++l) {
-        const uint32_t b = __shfl_sync(~0u, rows_of, l);
-        const uint64_t at = __shfl_sync(~0u, cons, l);
-        if (((b >> o) & 1u) == 0) continue;
-        const uint64_t pos = __popc(b & ((1u << o) - 1u));
-        have |= 1u << l;
-        src[l] = l == me_l ? reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(a.y) +
+      /* Row o's sources: the local ranks l in its mask (lane o's mk; bit
+       * o of lane l's rows_of), summed ascending. Lane l forms the pointer
+       * to l's row (this rank's own from y) from its ring state. o is the
+       * same on every lane. */
+      const uint32_t have = __shfl_sync(~0u, mk, o) & ((1u << n) - 1u);
+      const uint64_t pos = __popc(rows_of & ((1u << o) - 1u));
+      const uint4 *row = nullptr;
+      if (((have >> lane) & 1u) != 0)
+        row = lane == me_l ? reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(a.y) +
                                                              (own + (int64_t)pos) * H)
                            : reinterpret_cast<const uint4 *>(
                                  p.xp.local + mep_ht_ring_off(p.win.comb_ring, p.win.comb_row,
-                                                              from + l, c,
-                                                              (at + pos) % MEP_HT_RING_ROWS));
-      }
+                                                              from + lane, c,
+                                                              (cons + pos) % MEP_HT_RING_ROWS));
       /* Two slots of s's ring: tail stays even and the ring's rows are an
        * even number, so they are adjacent. */
       const uint64_t slot = (tail + 2u * (uint64_t)o) % MEP_HT_RING_ROWS;
       const uint64_t stage = mep_ht_ring_off(p.win.comb_stage, p.win.comb_row,
                                              mep_ht_comb_stage_slot(p, s), c, slot);
       float4 *dst = reinterpret_cast<float4 *>(p.xp.local + stage);
-      for (int v = lane; v < H / 8; v += 32) {
-        float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-        for (uint32_t left = have; left != 0; left &= left - 1)
-          mep_ht_add8(acc, __ldcg(src[__ffs(left) - 1] + v));
-        dst[2 * v] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-        dst[2 * v + 1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+      for (int v0 = 0; v0 < nv; v0 += 32 * kMepHtRelayU) {
+        float acc[kMepHtRelayU][8];
+        mep_ht_node_zero<kMepHtRelayU>(acc);
+        mep_ht_node_add_bf16<kMepHtRelayU, kMepHtRelayG>(acc, row, have, v0, nv);
+#pragma unroll
+        for (int u = 0; u < kMepHtRelayU; ++u) {
+          const int i = v0 + 32 * u + lane;
+          if (i >= nv) continue;
+          dst[2 * i] = make_float4(acc[u][0], acc[u][1], acc[u][2], acc[u][3]);
+          dst[2 * i + 1] = make_float4(acc[u][4], acc[u][5], acc[u][6], acc[u][7]);
+        }
       }
       __syncwarp();
       Tp::put_warp_unsignalled(
@@ -187,7 +298,7 @@ __device__ void mep_ht_combine_recv_nodes(const MepHtParams &p, const mep_ht_com
   __shared__ int64_t own_base;
   const int R = p.dims.world, n = p.dims.node_ranks, me = p.xp.rank, me_l = me % n;
   const int node0 = me - me_l, e_local = a.num_experts / R, lane = threadIdx.x & 31;
-  const int warp = threadIdx.x / 32, warps = blockDim.x / 32, H = a.hidden;
+  const int warp = threadIdx.x / 32, warps = blockDim.x / 32, H = a.hidden, nv = H / 8;
   int t0, t1;
   mep_ht_channel_tokens(a.num_tokens, a.channels, c, &t0, &t1);
   /* Ring d carries one bf16 row per token from a rank of this node, or two
@@ -243,34 +354,46 @@ __device__ void mep_ht_combine_recv_nodes(const MepHtParams &p, const mep_ht_com
         continue;
       }
       const uint32_t m = masks[j];
+      /* The token's rows, by ring: lane d forms the pointer to the row in
+       * ring d, a bf16 row from rank d of this node (lanes `local`) or
+       * another node's f32 sum from its relay d here (lanes `relays`, in
+       * ascending node order; `below`: those of nodes below this one). */
+      const uint32_t local = m & (((1u << n) - 1u) << node0);
+      uint32_t relays = 0;
+      for (int b = 0; b < R / n; ++b)
+        if (b * n != node0 && ((bal[b * n + me_l] >> j) & 1u) != 0)
+          relays |= 1u << (b * n + me_l);
+      const uint4 *row = nullptr;
+      if (((local >> lane) & 1u) != 0)
+        row = mep_ht_sum_row(p, c, lane, j, cons, bal, H, own + own_base * (int64_t)H);
+      else if (((relays >> lane) & 1u) != 0)
+        row = mep_ht_node_sum_row(p, c, lane, j, cons, bal);
+      const uint32_t below = relays & ((1u << node0) - 1u);
+      /* Per channel, the f32 adds of the node order: +0, the sums of the
+       * nodes below this one, this node's sum (its rows from +0), the sums
+       * of the nodes above; rounded to bf16 once. */
       uint4 *out = reinterpret_cast<uint4 *>(static_cast<uint16_t *>(a.out) +
                                              (uint64_t)(base + j) * H);
-      for (int v = lane; v < H / 8; v += 32) {
-        float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-        for (int b = 0; b < R / n; ++b) {
-          if (b * n == node0) {
-            float part[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-            for (int d = node0; d < node0 + n; ++d)
-              if ((m >> d) & 1u)
-                mep_ht_add8(part, __ldcg(mep_ht_sum_row(p, c, d, j, cons, bal, H,
-                                                        own + own_base * (int64_t)H) +
-                                         v));
+      for (int v0 = 0; v0 < nv; v0 += 32 * kMepHtTokenU) {
+        float acc[kMepHtTokenU][8], part[kMepHtTokenU][8];
+        mep_ht_node_zero<kMepHtTokenU>(acc);
+        mep_ht_node_add_f32<kMepHtTokenU, kMepHtTokenG32>(acc, row, below, v0, nv);
+        mep_ht_node_zero<kMepHtTokenU>(part);
+        mep_ht_node_add_bf16<kMepHtTokenU, kMepHtTokenG>(part, row, local, v0, nv);
 #pragma unroll
-            for (int e = 0; e < 8; ++e) acc[e] += part[e];
-          } else {
-            const int x = b * n + me_l;
-            if (((bal[x] >> j) & 1u) == 0) continue;
-            const uint64_t pos = cons[x] + 2u * __popc(bal[x] & ((1u << j) - 1u));
-            const float4 *row = reinterpret_cast<const float4 *>(
-                p.xp.local + mep_ht_ring_off(p.win.comb_ring, p.win.comb_row, x, c,
-                                             pos % MEP_HT_RING_ROWS));
-            const float4 lo = __ldcg(row + 2 * v), hi = __ldcg(row + 2 * v + 1);
-            acc[0] += lo.x, acc[1] += lo.y, acc[2] += lo.z, acc[3] += lo.w;
-            acc[4] += hi.x, acc[5] += hi.y, acc[6] += hi.z, acc[7] += hi.w;
-          }
+        for (int u = 0; u < kMepHtTokenU; ++u)
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[u][e] += part[u][e];
+        mep_ht_node_add_f32<kMepHtTokenU, kMepHtTokenG32>(acc, row, relays & ~below, v0, nv);
+#pragma unroll
+        for (int u = 0; u < kMepHtTokenU; ++u) {
+          const int i = v0 + 32 * u + lane;
+          if (i < nv)
+            out[i] = make_uint4(mep_ht_pack2(acc[u][0], acc[u][1]),
+                                mep_ht_pack2(acc[u][2], acc[u][3]),
+                                mep_ht_pack2(acc[u][4], acc[u][5]),
+                                mep_ht_pack2(acc[u][6], acc[u][7]));
         }
-        out[v] = make_uint4(mep_ht_pack2(acc[0], acc[1]), mep_ht_pack2(acc[2], acc[3]),
-                            mep_ht_pack2(acc[4], acc[5]), mep_ht_pack2(acc[6], acc[7]));
       }
     }
     /* Every warp's reads of this chunk's rows are done: free them. */
