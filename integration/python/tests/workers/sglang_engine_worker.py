@@ -6,87 +6,10 @@ host group: the class is a BaseDispatcher, dispatch's output carries
 SGLang's own enum, a post-dispatch and a pre-combine hook run around
 moe-ep's calls, values against the oracle."""
 import collections
-import os
-import sys
-import tempfile
 
-STAND_IN = '''
-import abc
-import enum
+import sglang_stand_in  # noqa: E402
 
-
-class DispatchOutputFormat(enum.Enum):
-    STANDARD = "standard"
-    DEEPEP_NORMAL = "deepep_normal"
-    DEEPEP_LL = "deepep_ll"
-
-    def is_standard(self):
-        return self is DispatchOutputFormat.STANDARD
-
-    def is_deepep_normal(self):
-        return self is DispatchOutputFormat.DEEPEP_NORMAL
-
-    def is_deepep_ll(self):
-        return self is DispatchOutputFormat.DEEPEP_LL
-
-    def is_deepep(self):
-        return self in (DispatchOutputFormat.DEEPEP_NORMAL, DispatchOutputFormat.DEEPEP_LL)
-
-
-class BaseDispatcher(abc.ABC):
-    def __init__(self):
-        self.quant_config = None
-        self.overlap_args = None
-        self.meta_overlap_args = None
-        self.post_dispatch_hooks = []
-        self.pre_combine_hooks = []
-
-    @abc.abstractmethod
-    def dispatch(self, hidden_states, topk_output):
-        pass
-
-    @abc.abstractmethod
-    def combine(self, combine_input):
-        pass
-
-    def register_post_dispatch_hook(self, hook):
-        if not self.post_dispatch_hooks:
-            inner = self.dispatch
-
-            def dispatch(hidden_states, topk_output):
-                out = inner(hidden_states=hidden_states, topk_output=topk_output)
-                for h in self.post_dispatch_hooks:
-                    out = h(self, out) or out
-                return out
-            self.dispatch = dispatch
-        self.post_dispatch_hooks.append(hook)
-
-    def register_pre_combine_hook(self, hook):
-        if not self.pre_combine_hooks:
-            inner = self.combine
-
-            def combine(combine_input):
-                for h in self.pre_combine_hooks:
-                    combine_input = h(self, combine_input) or combine_input
-                return inner(combine_input=combine_input)
-            self.combine = combine
-        self.pre_combine_hooks.append(hook)
-'''
-
-
-def install_stand_in():
-    root = tempfile.mkdtemp(prefix="sglang_stand_in_")
-    path = root
-    for part in ("sglang", "srt", "layers", "moe", "token_dispatcher"):
-        path = os.path.join(path, part)
-        os.makedirs(path)
-        open(os.path.join(path, "__init__.py"), "w").close()
-    with open(os.path.join(path, "base.py"), "w") as f:
-        f.write(STAND_IN)
-    sys.path.insert(0, root)
-
-
-install_stand_in()
+sglang_stand_in.install()
 
 import common  # noqa: E402
 import moe_ep  # noqa: E402

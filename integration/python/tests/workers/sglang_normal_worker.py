@@ -12,68 +12,10 @@ switching between low-latency and normal batches by every hint SGLang has
 used; ranks with no tokens; bad input raising the exception that names it,
 the dispatcher still usable after."""
 import enum
-import os
-import sys
-import tempfile
 
-STAND_IN = {
-    "sglang/srt/layers/moe/token_dispatcher/base.py": '''
-import abc
-import enum
+import sglang_stand_in  # noqa: E402
 
-
-class DispatchOutputFormat(enum.Enum):
-    STANDARD = "standard"
-    DEEPEP_NORMAL = "deepep_normal"
-    DEEPEP_LL = "deepep_ll"
-
-    def is_standard(self):
-        return self is DispatchOutputFormat.STANDARD
-
-    def is_deepep_normal(self):
-        return self is DispatchOutputFormat.DEEPEP_NORMAL
-
-    def is_deepep_ll(self):
-        return self is DispatchOutputFormat.DEEPEP_LL
-
-    def is_deepep(self):
-        return self in (DispatchOutputFormat.DEEPEP_NORMAL, DispatchOutputFormat.DEEPEP_LL)
-
-
-class BaseDispatcher(abc.ABC):
-    def __init__(self):
-        self.quant_config = None
-        self.overlap_args = None
-        self.meta_overlap_args = None
-
-    @abc.abstractmethod
-    def dispatch(self, hidden_states, topk_output):
-        pass
-
-    @abc.abstractmethod
-    def combine(self, combine_input):
-        pass
-''',
-    # As in SGLang before the global existed; the test adds it later.
-    "sglang/srt/layers/dp_attention.py": "",
-}
-
-
-def install_stand_in():
-    root = tempfile.mkdtemp(prefix="sglang_stand_in_")
-    for rel, text in STAND_IN.items():
-        path = os.path.join(root, rel)
-        d = root
-        for part in os.path.dirname(rel).split("/"):
-            d = os.path.join(d, part)
-            os.makedirs(d, exist_ok=True)
-            open(os.path.join(d, "__init__.py"), "a").close()
-        with open(path, "w") as f:
-            f.write(text)
-    sys.path.insert(0, root)
-
-
-install_stand_in()
+sglang_stand_in.install(with_dp_attention=True)
 
 import collections  # noqa: E402
 
