@@ -1,8 +1,9 @@
 """What the engine adapters (moe_ep.vllm, moe_ep.sglang) share: a receive
 hook that either the engine's other micro-batch thread or the receiver
 itself may run first, the operations in flight between an engine's
-prepare and finalize, LL receive buffers reused in turn, and the check
-that the engine places experts the way moe-ep does."""
+prepare and finalize, LL receive buffers reused in turn (one ring per
+group, whichever adapters use it), and the check that the engine places
+experts the way moe-ep does."""
 import threading
 
 import torch
@@ -93,29 +94,58 @@ class InFlight:
 
 
 class RecvRing:
-    """Two sets of LL receive buffers per hidden size, used in turn: the
-    library requires a handle's combine before the dispatch after next, and
-    the experts have read the receive by then, so the set two dispatches
-    back is free (as DeepEP's LL receive buffers are). No allocation after
+    """Two sets of LL receive buffers per hidden size, used in turn by every
+    dispatch that goes through the ring: the library requires a handle's
+    combine before the dispatch after next on its group, and the experts
+    have read the receive by then, so the set two dispatches back is free
+    (as DeepEP's LL receive buffers are). That rule is per group, so one
+    ring serves every adapter on a group (group_recv_ring): a model's MoE
+    layers share two sets instead of holding two each. No allocation after
     the first two dispatches of a hidden size, so a CUDA graph can hold it."""
 
     def __init__(self):
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the turn and its dispatch go together
         self._sets = {}  # hidden -> [DispatchResult or None, DispatchResult or None, next]
 
-    def take(self, hidden):
-        """(index, buffers or None) of the set whose turn it is; None means
-        "let dispatch allocate". The turn passes only with keep(), after a
-        dispatch succeeded, so a refused dispatch does not skip a set."""
-        with self._lock:
-            s = self._sets.setdefault(hidden, [None, None, 0])
-            return s[2], s[s[2]]
-
-    def keep(self, hidden, index, result):
-        with self._lock:
-            s = self._sets[hidden]
-            s[index] = result
+    def send(self, hidden, dispatch, bound_s, entry):
+        """Runs dispatch(buffers) -> Hook with the set whose turn it is
+        (None the first two times: "let dispatch allocate") and keeps the
+        hook's result as that set. The ring is held from the turn to the
+        dispatch, so two threads (two micro-batches, two adapters) never
+        take one set; the turn passes only when dispatch returned, so a
+        refused dispatch does not skip a set."""
+        if not self._lock.acquire(timeout=bound_s):
+            raise RuntimeError("%s: another thread held this group's receive buffers for %.0f s"
+                               % (entry, bound_s))
+        try:
+            s = self._sets.get(hidden)
+            if s is None:
+                s = self._sets[hidden] = [None, None, 0]
+            index = s[2]
+            hook = dispatch(s[index])
+            s[index] = hook.result
             s[2] = 1 - index
+            return hook
+        finally:
+            self._lock.release()
+
+
+_RING_ATTRIBUTE = "_moe_ep_recv_ring"
+_ring_creation = threading.Lock()
+
+
+def group_recv_ring(group):
+    """The RecvRing of a moe_ep.Group, made on first use and kept on the
+    group (it lives and dies with it). Safe from any thread: two first
+    calls at once get the same ring."""
+    ring = getattr(group, _RING_ATTRIBUTE, None)
+    if ring is None:
+        with _ring_creation:
+            ring = getattr(group, _RING_ATTRIBUTE, None)
+            if ring is None:
+                ring = RecvRing()
+                setattr(group, _RING_ATTRIBUTE, ring)
+    return ring
 
 
 def contiguous_expert_map(group):

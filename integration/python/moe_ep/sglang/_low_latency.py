@@ -1,12 +1,13 @@
 """The low-latency half of the SGLang dispatcher (SGLang's
 _DeepEPDispatcherImplLowLatency) on a low_latency moe_ep.Group: rows land
 per local expert, [E_local, R*N, H]; the group's two receive-buffer sets
-carry two sub-batches in flight."""
+(one ring per group, shared with every other adapter on it) carry two
+sub-batches in flight."""
 import collections
 
 import torch
 
-from .._overlap import Once, RecvRing
+from .._overlap import Once, group_recv_ring
 from ._inputs import same_shape
 from ._types import low_latency_format
 
@@ -43,7 +44,7 @@ class LowLatencyPath:
     def __init__(self, group, weights_at_dispatch, bound_s):
         self.group = group
         self.weights_at_dispatch = bool(weights_at_dispatch)
-        self._ring = RecvRing()
+        self._ring = group_recv_ring(group)
         self._bound_s = bound_s
 
     def send(self, entry, hidden_states, ids, w):
@@ -57,15 +58,16 @@ class LowLatencyPath:
                             % (entry, type(hidden_states).__name__))
         g = self.group
         handle = g.prepare(ids)
-        hidden = int(hidden_states.shape[-1])
-        index, buffers = self._ring.take(hidden)
+        weights = w if self.weights_at_dispatch else None
         try:
-            hook = g.dispatch(handle, hidden_states, out=buffers, defer=True,
-                              topk_weights=w if self.weights_at_dispatch else None)
+            hook = self._ring.send(
+                int(hidden_states.shape[-1]),
+                lambda buffers: g.dispatch(handle, hidden_states, out=buffers, defer=True,
+                                           topk_weights=weights),
+                self._bound_s, entry)
         except BaseException:
             handle.free()
             raise
-        self._ring.keep(hidden, index, hook.result)
         op = LowLatencyOp()
         op.mode = self.mode
         op.handle, op.recv, op.topk_ids, op.topk_weights = handle, Once(hook, self._bound_s), ids, w

@@ -2,21 +2,19 @@
 prepare/finalize (FusedMoEPrepareAndFinalize) over a moe_ep.Group.
 
 Low latency gives vLLM's BatchedExperts format: a1q [E_local, R*N, H]
-(bf16, or fp8 with [E_local, R*N, H/128] scales) and the tokens per local
-expert; the router weights travel with the dispatch, so finalize's combine
-sums each token's experts on the experts' rank and returns one row per
-(token, rank). High throughput gives the Standard format: the received
-rows [N_recv, H] (bf16, or fp8 quantised here before the dispatch, with
-their scales) with their top-k ids (global) and weights; finalize sums
-the per-rank partials."""
-import threading
-
+(bf16, or fp8 with its scales) and the tokens per local expert; the
+router weights travel with the dispatch, so finalize's combine sums each
+token's experts on the experts' rank and returns one row per (token,
+rank). High throughput gives the Standard format: the received rows
+[N_recv, H] (bf16, or fp8 with their scales) with their top-k ids
+(global) and weights; finalize sums the per-rank partials. Where fp8 rows
+are quantised (in, before or after the dispatch) is _quant's rule."""
 import torch
 
 from .. import _fp8
-from .._overlap import ExpertMapCheck, InFlight, Once, RecvRing, wait_bound_s
+from .._overlap import ExpertMapCheck, InFlight, Once, group_recv_ring, wait_bound_s
 from ..group import Group
-from . import _quant, _types
+from . import _quant, _received, _types
 
 
 def _tensor(name, t, entry):
@@ -45,13 +43,18 @@ class PrepareAndFinalize:
     dispatch, "f32", "ue8m0" (powers of two in f32, for UE8M0 experts) or
     "ue8m0_packed" (four exponents per int32); default the group's
     fp8_scale. moe_config and quant_config are kept for vLLM, which reads
-    them from its prepare/finalize objects.
+    them from its prepare/finalize objects. An fp8 quant_config other than
+    one scale per 128 channels (per tensor, per token, other block widths)
+    has its rows dispatched bf16 and quantised after the receive, as
+    vLLM's DeepEP prepares do (_quant, _received).
 
     Every operation between prepare and finalize is found again by the
     topk_ids tensor vLLM passes to both, so two micro-batches may be in
     flight at once (the group's double_buffer). The LL receive buffers
-    (a1q, its scale) are two sets used in turn, valid until the prepare
-    after next, as DeepEP's are."""
+    (a1q, its scale, when the dispatch delivers them) are the group's two
+    sets, used in turn by every prepare/finalize (one per MoE layer) and
+    SGLang dispatcher on the group: valid until the group's dispatch after
+    next, as DeepEP's are."""
 
     def __init__(self, group, *, weights_at_dispatch=True, scale_format=None, moe_config=None,
                  quant_config=None):
@@ -73,10 +76,9 @@ class PrepareAndFinalize:
                              "choice; high_throughput dispatch always carries the weights")
         self._weights_at_dispatch = bool(weights_at_dispatch)
         self._inflight = InFlight()
-        self._ring = RecvRing()
+        self._ring = group_recv_ring(group) if self._ll else None
         self._expert_map = ExpertMapCheck(group)
         self._bound_s = wait_bound_s(group)
-        self._send_lock = threading.Lock()  # buffer turn and dispatch go together
 
     # ---- what vLLM asks of a prepare/finalize -------------------------------
 
@@ -121,54 +123,37 @@ class PrepareAndFinalize:
         once); receiver() returns prepare's tuple, running the hook first
         if nobody has."""
         entry = "prepare"
-        x, w_dispatch, w_combine, scale_format = self._check_prepare(
+        x, w_dispatch, w_combine, quant = self._check_prepare(
             entry, a1, topk_weights, topk_ids, num_experts, expert_map,
             bool(apply_router_weight_on_input), quant_config, bool(defer_input_quant))
         fmt = None
-        if scale_format is not None:  # HT: quantise, then send (x_fp8, scales) verbatim
-            x = _fp8.quantize(x, scale_format, name="a1")
-            fmt = _fp8.ROW_FORMATS[scale_format]
+        if quant.before is not None:  # HT: quantise, then send (x_fp8, scales) verbatim
+            x = _fp8.quantize(x, quant.before, name="a1")
+            fmt = _fp8.ROW_FORMATS[quant.before]
         g = self.group
-        if not self._send_lock.acquire(timeout=self._bound_s):
-            raise RuntimeError("prepare: another thread held this adapter's send for %.0f s"
-                               % self._bound_s)
+        handle = g.prepare(topk_ids)
         try:
-            handle = g.prepare(topk_ids)
-            try:
-                hook = self._dispatch(handle, x, w_dispatch, fmt)
-            except BaseException:
-                handle.free()
-                raise
-        finally:
-            self._send_lock.release()
+            if self._ll:
+                hook = self._ring.send(
+                    int(x.shape[-1]),
+                    lambda buffers: g.dispatch(handle, x, topk_weights=w_dispatch, out=buffers,
+                                               defer=True),
+                    self._bound_s, entry)
+            else:
+                hook = g.dispatch(handle, x, topk_weights=w_dispatch, defer=True, format=fmt)
+        except BaseException:
+            handle.free()
+            raise
         op = _Op(handle, Once(hook, self._bound_s), w_combine,
                  bool(apply_router_weight_on_input), [topk_ids])
         self._inflight.add(op, topk_ids)
-        receiver = self._ll_receiver(op) if self._ll else self._ht_receiver(op, topk_ids.dtype)
+        receiver = self._ll_receiver(op, quant.after) if self._ll else \
+            self._ht_receiver(op, topk_ids.dtype, quant.after)
         return op.recv, receiver
 
-    def _dispatch(self, handle, x, weights, fmt):
-        g = self.group
-        if not self._ll:
-            return g.dispatch(handle, x, topk_weights=weights, defer=True, format=fmt)
-        hidden = int(x.shape[-1])
-        index, buffers = self._ring.take(hidden)
-        hook = g.dispatch(handle, x, topk_weights=weights, out=buffers, defer=True)
-        self._ring.keep(hidden, index, hook.result)
-        return hook
-
-    def _ll_receiver(self, op):
-        meta_cls = _types.engine_types()[1]
-        on_host = not self.group._is_cuda
-
-        def receiver():
-            res = op.recv()
-            meta = meta_cls(expert_num_tokens=res.recv_count,
-                            expert_num_tokens_cpu=res.recv_count if on_host else None)
-            return res.recv_x, res.recv_scales, meta, None, None
-        return receiver
-
-    def _ht_receiver(self, op, ids_dtype):
+    def _ll_receiver(self, op, after):
+        """after: the received rows' quantisation (_quant.AfterReceive), or
+        None when they are a1q as received."""
         meta_cls = _types.engine_types()[1]
         on_host = not self.group._is_cuda
         box = []
@@ -176,13 +161,30 @@ class PrepareAndFinalize:
         def receiver():
             res = op.recv()
             if not box:
-                box.append(self._global_ids(res.recv_topk_idx, ids_dtype))
-                if not op.finalized:  # vLLM hands these back to finalize
-                    op.keys += [box[0], res.recv_topk_weights]
-                    self._inflight.add(op, box[0], res.recv_topk_weights)
+                box.append((res.recv_x, res.recv_scales) if after is None else
+                           _received.batched(res.recv_x, res.recv_count, after))
             meta = meta_cls(expert_num_tokens=res.recv_count,
                             expert_num_tokens_cpu=res.recv_count if on_host else None)
-            return res.recv_x, res.recv_scales, meta, box[0], res.recv_topk_weights
+            return box[0][0], box[0][1], meta, None, None
+        return receiver
+
+    def _ht_receiver(self, op, ids_dtype, after):
+        meta_cls = _types.engine_types()[1]
+        on_host = not self.group._is_cuda
+        box = []
+
+        def receiver():
+            res = op.recv()
+            if not box:
+                box.append((res.recv_x, res.recv_scales) if after is None else
+                           _received.standard(res.recv_x, after))
+                box.append(self._global_ids(res.recv_topk_idx, ids_dtype))
+                if not op.finalized:  # vLLM hands these back to finalize
+                    op.keys += [box[1], res.recv_topk_weights]
+                    self._inflight.add(op, box[1], res.recv_topk_weights)
+            meta = meta_cls(expert_num_tokens=res.recv_count,
+                            expert_num_tokens_cpu=res.recv_count if on_host else None)
+            return box[0][0], box[0][1], meta, box[1], res.recv_topk_weights
         return receiver
 
     def _global_ids(self, local_ids, dtype):
@@ -200,8 +202,8 @@ class PrepareAndFinalize:
 
     def _check_prepare(self, entry, a1, topk_weights, topk_ids, num_experts, expert_map,
                        on_input, quant_config, defer_input_quant):
-        """(rows to send, weights for dispatch, weights for combine, scale
-        format to quantise the rows to or None)."""
+        """(rows to send, weights for dispatch, weights for combine, where
+        the rows are quantised: a _quant.Plan)."""
         for name, t in (("a1", a1), ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
             _tensor(name, t, entry)
         cfg = self.group.config
@@ -212,12 +214,12 @@ class PrepareAndFinalize:
             raise ValueError("%s: topk_weights has shape %s and topk_ids %s; they pair slot "
                              "by slot" % (entry, tuple(topk_weights.shape), tuple(topk_ids.shape)))
         self._expert_map(expert_map, entry)
-        scale_format = _quant.check(entry, quant_config, defer_input_quant, self._ll, cfg.fp8,
-                                    self._scale_format)
+        quant = _quant.plan(entry, quant_config, defer_input_quant, self._ll, cfg.fp8,
+                            self._scale_format, int(a1.shape[-1]) if a1.dim() else 0)
         carried = not self._ll or self._weights_at_dispatch
         if not on_input:
             return (a1, (topk_weights if carried else None), (None if carried else topk_weights),
-                    scale_format)
+                    quant)
         if topk_ids.dim() != 2 or topk_ids.shape[1] != 1:
             raise ValueError("%s: apply_router_weight_on_input=True needs top_k == 1 (the weight "
                              "scales the token's row before dispatch), got topk_ids of shape %s"
@@ -225,7 +227,7 @@ class PrepareAndFinalize:
         # The weight goes into the row; the experts' sum then weighs it by one.
         x = (a1.float() * topk_weights.float()).to(a1.dtype)
         ones = torch.ones_like(topk_weights, dtype=torch.float32)
-        return x, (ones if carried else None), (None if carried else ones), scale_format
+        return x, (ones if carried else None), (None if carried else ones), quant
 
     # ---- finalize -------------------------------------------------------------
 

@@ -342,7 +342,7 @@ def vllm_ht_quant_refusals(g, seed):
     x, idx, w = torch_inputs(oracle.make_inputs(HT, seed, RANK))
     for what, cfg, fragment in (
             ("per-token", BlockFp8(per_act_token_quant=True), "per_act_token_quant=True"),
-            ("block 64", BlockFp8(block_shape=[64, 64]), "block_shape=[64, 64]"),
+            ("block 96", BlockFp8(block_shape=[128, 96]), "block_shape=[128, 96]"),
             ("static scale", BlockFp8(a1_scale=torch.ones(1)), "a1_scale is set"),
             ("int8", BlockFp8(quant_dtype=torch.int8), "quant_dtype=torch.int8")):
         expect_raises("vllm ht quant " + what, NotImplementedError, fragment,
