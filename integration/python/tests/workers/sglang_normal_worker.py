@@ -307,18 +307,21 @@ def bad_auto_calls(ll, ht, seed):
 
 
 def main():
+    # Every group listens at the start, while its port is fresh: a port
+    # that free_ports() found free can be taken later as another group's
+    # outgoing (ephemeral) port.
     with moe_ep.Group(common.config(0, num_experts=P.num_experts, hidden=P.hidden, top_k=P.top_k,
                                     max_tokens_per_rank=P.max_tokens)) as ll, \
             moe_ep.Group(common.config(1, mode="high_throughput", num_experts=HT.num_experts,
                                        hidden=HT.hidden, top_k=HT.top_k,
-                                       max_tokens_per_rank=HT.max_tokens)) as ht:
+                                       max_tokens_per_rank=HT.max_tokens)) as ht, \
+            moe_ep.Group(common.config(2, num_experts=2 * P.num_experts, hidden=P.hidden,
+                                       top_k=P.top_k, max_tokens_per_rank=P.max_tokens)) as other:
         normal_mode(ht)
         bad_normal_calls(ht, 601)
         bad_auto_calls(ll, ht, 611)
         auto_mode(ll, ht)
-        with moe_ep.Group(common.config(2, num_experts=2 * P.num_experts, hidden=P.hidden,
-                                        top_k=P.top_k, max_tokens_per_rank=P.max_tokens)) as other:
-            bad_constructors(ll, ht, other)
+        bad_constructors(ll, ht, other)
     common.finish()
 
 
