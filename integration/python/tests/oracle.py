@@ -210,11 +210,16 @@ def ll_combine_at_combine(p, inp):
     return out
 
 
-def ll_combine_at_dispatch(p, inp):
+def ll_combine_at_dispatch(p, inp, expert_out=None):
     """Weights given to dispatch: per rank the f32 fma sum in k order of that
     rank's w_k * y_k, rounded to bf16; then the partials summed in f32 in
-    the order the token's ranks first appear in its top-k, then bf16."""
+    the order the token's ranks first appear in its top-k, then bf16.
+    expert_out(t, e) gives y (bf16 bits) for token t at expert e; default
+    the experts' rule on the token's own row."""
     x, idx, w = inp["x"], inp["topk_idx"], inp["weights"]
+    if expert_out is None:
+        def expert_out(t, e):
+            return expert_row(x[t], e)
     out = np.zeros(x.shape, dtype=np.uint16)
     for t in range(len(x)):
         order = []
@@ -227,7 +232,7 @@ def ll_combine_at_dispatch(p, inp):
             for k in range(p.top_k):
                 e = idx[t, k]
                 if e >= 0 and p.rank_of(e) == r:
-                    part = fma32(w[t, k], bf16_float(expert_row(x[t], e)), part)
+                    part = fma32(w[t, k], bf16_float(expert_out(t, e)), part)
             acc = (acc + bf16_float(bf16_bits(part))).astype(np.float32)
         out[t] = bf16_bits(acc)
     return out

@@ -170,22 +170,7 @@ def ll_combine_at_dispatch(p, inputs, rank, cfg):
             for i, (s, t) in enumerate(rows):
                 if s == rank:
                     seen[(r * p.local + l, t)] = deq[i]
-    inp = inputs[rank]
-    x, idx, w = inp["x"], inp["topk_idx"], inp["weights"]
-    out = np.zeros(x.shape, dtype=np.uint16)
-    for t in range(len(x)):
-        order = []
-        for e in idx[t]:
-            if e >= 0 and p.rank_of(e) not in order:
-                order.append(p.rank_of(e))
-        acc = np.zeros(p.hidden, dtype=np.float32)
-        for r in order:
-            part = np.zeros(p.hidden, dtype=np.float32)
-            for k in range(p.top_k):
-                e = idx[t, k]
-                if e >= 0 and p.rank_of(e) == r:
-                    y = oracle.bf16_float(oracle.bf16_bits(seen[(e, t)] * oracle.expert_scale(e)))
-                    part = oracle.fma32(w[t, k], y, part)
-            acc = (acc + oracle.bf16_float(oracle.bf16_bits(part))).astype(np.float32)
-        out[t] = oracle.bf16_bits(acc)
-    return out
+    # The experts' rule on the dequantised received row.
+    return oracle.ll_combine_at_dispatch(
+        p, inputs[rank],
+        expert_out=lambda t, e: oracle.bf16_bits(seen[(e, t)] * oracle.expert_scale(e)))
