@@ -63,7 +63,7 @@ def vllm_ll_sync(pf, seed, at_dispatch):
     check_combine("vllm finalize", seed, out, inputs[RANK], at_dispatch)
 
 
-def vllm_ll_overlapped(pf, seed):
+def vllm_ll_overlapped(pf, seed, what="vllm overlapped finalize"):
     """Two micro-batches in flight; every hook runs on a second thread,
     every receiver on this one (vLLM's dual-batch overlap)."""
     batches = [oracle.all_inputs(P, seed + i) for i in (0, 1)]
@@ -83,7 +83,7 @@ def vllm_ll_overlapped(pf, seed):
         if receiver() is not outs[i]:
             fail("vllm finalize_async", seed + i, "receiver did not return output")
     for i in (0, 1):
-        check_combine("vllm overlapped finalize", seed + i, outs[i], batches[i][RANK], True)
+        check_combine(what, seed + i, outs[i], batches[i][RANK], True)
 
 
 def vllm_ll_weight_on_input(pf, seed):

@@ -15,8 +15,8 @@ import moe_ep
 import moe_ep.sglang
 import moe_ep.vllm
 import oracle
-from adapters_worker import CombineInput, TopKOutput, check_combine
-from common import RANK, fail, run_on_thread
+from adapters_worker import CombineInput, TopKOutput, check_combine, vllm_ll_overlapped
+from common import RANK, fail
 from ll_worker import P, check_dispatch, expert_outputs, torch_inputs
 from moe_ep._overlap import group_recv_ring
 
@@ -96,25 +96,7 @@ def layers_take_turns(g, order, seed):
 
 def two_in_flight(layer, seed):
     """vLLM's dual-batch overlap on one layer, then the next layer."""
-    pf = layer.pf
-    batches = [oracle.all_inputs(P, seed + i) for i in (0, 1)]
-    t = [torch_inputs(b[RANK]) for b in batches]
-    sent = [pf.prepare_async(t[i][0], t[i][2], t[i][1], P.num_experts, None, False, None)
-            for i in (0, 1)]
-    outs = []
-    for i in (0, 1):
-        run_on_thread(sent[i][0], seed + i)
-        a1q, _, meta, _, _ = sent[i][1]()
-        check_dispatch(seed + i, batches[i],
-                       moe_ep.DispatchResult(a1q, None, meta.expert_num_tokens), P.hidden)
-        outs.append(t[i][0].new_empty(t[i][0].shape))
-        hook, receiver = pf.finalize_async(outs[i], expert_outputs(pf.group, a1q), t[i][2],
-                                           t[i][1], False, None)
-        run_on_thread(hook, seed + i)
-        receiver()
-    for i in (0, 1):
-        check_combine("%s overlapped combine" % layer.name, seed + i, outs[i], batches[i][RANK],
-                      True)
+    vllm_ll_overlapped(layer.pf, seed, "%s overlapped combine" % layer.name)
 
 
 def main():
