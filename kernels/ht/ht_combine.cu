@@ -147,18 +147,19 @@ __device__ __forceinline__ void mep_ht_sum_two(const uint4 *ra, const uint4 *rb,
   }
 }
 
-/* out (token j of the chunk) = its rows from the ranks in mask m, summed in
- * ascending rank order in f32 from +0, rounded to bf16 once. Whole warp. */
-__device__ __forceinline__ void mep_ht_sum_rows(const MepHtParams &p, int c, uint32_t m, int j,
-                                                const uint64_t *cons, const uint32_t *bal, int H,
-                                                const uint16_t *own, uint4 *out) {
+/* out = a token's rows from the ranks in mask m (row_of(d): rank d's row,
+ * called by the whole warp), summed in ascending rank order in f32 from
+ * +0, rounded to bf16 once. Whole warp. */
+template <class RowOf>
+__device__ __forceinline__ void mep_ht_sum_rows(uint32_t m, int H, RowOf row_of, uint4 *out) {
   const int lane = threadIdx.x & 31, nv = H / 8;
   if (__popc(m) <= 2) {
     const int da = m != 0 ? __ffs(m) - 1 : -1;
     const uint32_t rest = m != 0 ? m & (m - 1) : 0u;
     const int db = rest != 0 ? __ffs(rest) - 1 : -1;
-    mep_ht_sum_two(da >= 0 ? mep_ht_sum_row(p, c, da, j, cons, bal, H, own) : nullptr,
-                   db >= 0 ? mep_ht_sum_row(p, c, db, j, cons, bal, H, own) : nullptr, nv, out);
+    const uint4 *ra = da >= 0 ? row_of(da) : nullptr;
+    const uint4 *rb = db >= 0 ? row_of(db) : nullptr;
+    mep_ht_sum_two(ra, rb, nv, out);
     return;
   }
   for (int v0 = 0; v0 < nv; v0 += 32 * kMepHtSumU) {
@@ -168,7 +169,7 @@ __device__ __forceinline__ void mep_ht_sum_rows(const MepHtParams &p, int c, uin
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[u][e] = 0.0f;
     for (uint32_t left = m; left != 0; left &= left - 1) {
-      const uint4 *row = mep_ht_sum_row(p, c, __ffs(left) - 1, j, cons, bal, H, own);
+      const uint4 *row = row_of(__ffs(left) - 1);
       uint4 v[kMepHtSumU];
 #pragma unroll
       for (int u = 0; u < kMepHtSumU; ++u) {
@@ -188,85 +189,151 @@ __device__ __forceinline__ void mep_ht_sum_rows(const MepHtParams &p, int c, uin
   }
 }
 
+/* Chunks (of 32 tokens) a summing warp may run ahead of the last chunk
+ * whose rows were freed: the slots of the per-chunk done counters. */
+constexpr int kMepHtCombSlots = 8;
+
+/* One chunk's view for a warp: lane d (d < R) holds ring d's position of
+ * the chunk's first row (cons) and which of the chunk's tokens have a row
+ * from rank d (bal); every lane holds its token's rank mask (lm). */
+struct MepHtChunkView {
+  uint32_t lm, bal;
+};
+__device__ __forceinline__ MepHtChunkView mep_ht_chunk_view(const mep_ht_combine_args_t &a,
+                                                            const MepHtMasks &mc, int base, int R,
+                                                            int e_local) {
+  const int lane = threadIdx.x & 31;
+  MepHtChunkView v;
+  v.lm = mep_ht_lane_mask(mc, a.topk_idx, a.topk_idx_bytes, base, a.top_k, a.num_experts,
+                          e_local);
+  v.bal = 0;
+  for (int d = 0; d < R; ++d) {
+    const uint32_t b = __ballot_sync(~0u, (v.lm >> d) & 1u);
+    if (lane == d) v.bal = b;
+  }
+  return v;
+}
+
+/* The token side. The block's last warp frees rows; the others sum
+ * tokens, token i of the channel by worker i % workers, running ahead of
+ * each other freely: no block barrier per chunk. A worker counts each
+ * token it finishes in its chunk's slot (done); the freeing warp waits
+ * for a chunk's count to reach its tokens, then releases the chunk's rows
+ * to every sender (one head store per rank), so no summing warp waits on
+ * a release's fence or on a slower warp's tokens. A worker waits for the
+ * rows of its token only (each lane d the tail of ring d, in parallel),
+ * and never runs kMepHtCombSlots chunks past the last freed one. */
 template <class Tp>
-__device__ void mep_ht_combine_recv(const MepHtParams &p, const mep_ht_combine_args_t &a, int c) {
-  __shared__ uint64_t cons[MEP_HT_MAX_RANKS];
-  __shared__ uint32_t bal[MEP_HT_MAX_RANKS];
-  __shared__ uint32_t masks[MEP_HT_CHUNK];
-  __shared__ uint64_t seen[MEP_HT_THREADS / 32][MEP_HT_MAX_RANKS]; /* lane 0 of each warp */
+__device__ void mep_ht_combine_recv(const MepHtParams &p, const mep_ht_combine_args_t &a, int c,
+                                    uint32_t *mask_sh) {
+  __shared__ int done[kMepHtCombSlots];
+  __shared__ int freed; /* chunks whose rows are freed */
   __shared__ int failed;
-  const int R = p.dims.world, e_local = a.num_experts / R, lane = threadIdx.x & 31;
-  const int warp = threadIdx.x / 32, warps = blockDim.x / 32, H = a.hidden;
+  __shared__ int64_t own_base;
+  const int R = p.dims.world, me = p.xp.rank, e_local = a.num_experts / R;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, workers = blockDim.x / 32 - 1;
+  const int H = a.hidden;
   int t0, t1;
   mep_ht_channel_tokens(a.num_tokens, a.channels, c, &t0, &t1);
-  /* Own rows are read in place from y, at the row where this channel's
-   * own rows were received (their position counts from 0 in cons). */
-  __shared__ int64_t own_base;
-  for (int d = threadIdx.x; d < R; d += blockDim.x)
-    cons[d] = d == p.xp.rank ? 0 : *mep_ht_state_u64(p, p.st.recv_head_c, d, c);
-  if (threadIdx.x == 0) own_base = mep_ht_own_base(p, a.layout_set, a.channels, c);
-  if (lane == 0)
-    for (int d = 0; d < R; ++d) seen[warp][d] = 0;
-  if (threadIdx.x == 0) failed = 0;
-  for (int base = t0; base < t1; base += MEP_HT_CHUNK) {
-    __syncthreads(); /* cons, bal and masks of the previous chunk are done with */
-    if (failed) break;
-    if (warp == 0) {
-      const uint32_t m = mep_ht_lane_mask(a.topk_idx, a.topk_idx_bytes, base, t1, a.top_k,
+  const int chunks = (t1 - t0 + MEP_HT_CHUNK - 1) / MEP_HT_CHUNK;
+  if (threadIdx.x < kMepHtCombSlots) done[threadIdx.x] = 0;
+  if (threadIdx.x == 0) {
+    freed = 0;
+    failed = 0;
+    /* Own rows are read in place from y, at the row where this channel's
+     * own rows were received (their positions count from 0). */
+    own_base = mep_ht_own_base(p, a.layout_set, a.channels, c);
+  }
+  const MepHtMasks mc = mep_ht_masks_fill(mask_sh, a.topk_idx, a.topk_idx_bytes, t0, t1, a.top_k,
                                           a.num_experts, e_local);
-      masks[lane] = m;
-      for (int d = 0; d < R; ++d) {
-        const uint32_t b = __ballot_sync(~0u, (m >> d) & 1u);
-        if (lane == 0) bal[d] = b;
+  __syncthreads();
+  uint64_t cons = lane < R && lane != me ? *mep_ht_state_u64(p, p.st.recv_head_c, lane, c) : 0;
+  volatile int *vfreed = &freed, *vfailed = &failed;
+
+  if (warp == workers) {
+    /* The freeing warp: lane d releases ring d's rows, chunk by chunk. */
+    for (int k = 0; k < chunks; ++k) {
+      const int base = t0 + k * MEP_HT_CHUNK, n_tok = min(MEP_HT_CHUNK, t1 - base);
+      const MepHtChunkView v = mep_ht_chunk_view(a, mc, base, R, e_local);
+      volatile int *slot = &done[k % kMepHtCombSlots];
+      bool ok = true;
+      if (lane == 0) {
+        ok = mep_ht_wait_block(p.wc, slot, n_tok, vfailed, MEP_HT_OP_COMBINE_RECV);
+        if (!ok) *vfailed = 1;
+        __threadfence_block(); /* the workers' reads of the chunk's rows come first */
+      }
+      if (!__shfl_sync(~0u, ok ? 1 : 0, 0)) break;
+      __syncwarp(); /* and before every lane's release */
+      const int n = __popc(v.bal);
+      if (lane < R && n != 0) {
+        cons += (uint64_t)n;
+        if (lane != me)
+          mep_ht_publish<Tp>(p, lane, p.win.comb_head, MEP_HT_SIG_COMB_HEAD, c, cons,
+                             (uint64_t)n);
+      }
+      __syncwarp();
+      if (lane == 0) {
+        *slot = 0;
+        __threadfence_block(); /* the slot is clear before a worker may reuse it */
+        *vfreed = k + 1;
       }
     }
-    __syncthreads();
-    const int n_tok = min(MEP_HT_CHUNK, t1 - base);
-    for (int j = warp; j < n_tok; j += warps) {
-      const uint32_t m = masks[j];
-      bool ok = true;
-      /* The token's row from each of its ranks is there once that ring's
-       * tail passed it; lane 0 remembers the tails it saw. */
-      if (lane == 0) {
-        for (uint32_t left = m; left != 0 && ok; left &= left - 1) {
-          const int d = __ffs(left) - 1;
-          const uint64_t pos = cons[d] + __popc(bal[d] & ((1u << j) - 1u));
-          if (d == p.xp.rank || pos < seen[warp][d]) continue;
-          uint64_t v = 0;
+    __syncwarp();
+    if (*vfailed == 0 && lane < R && lane != me) *mep_ht_state_u64(p, p.st.recv_head_c, lane, c) = cons;
+  } else {
+    uint64_t seen = 0; /* lane d: the last tail of ring d it saw */
+    const uint16_t *own = static_cast<const uint16_t *>(a.y) + own_base * (int64_t)H;
+    for (int k = 0; k < chunks && *vfailed == 0; ++k) {
+      const int base = t0 + k * MEP_HT_CHUNK, n_tok = min(MEP_HT_CHUNK, t1 - base);
+      const MepHtChunkView v = mep_ht_chunk_view(a, mc, base, R, e_local);
+      int j = ((warp - (base - t0)) % workers + workers) % workers;
+      if (j < n_tok && k >= kMepHtCombSlots) {
+        bool ok = true;
+        if (lane == 0)
+          ok = mep_ht_wait_block(p.wc, vfreed, k - kMepHtCombSlots + 1, vfailed,
+                                 MEP_HT_OP_COMBINE_RECV);
+        if (!__shfl_sync(~0u, ok ? 1 : 0, 0)) break;
+      }
+      for (; j < n_tok; j += workers) {
+        const uint32_t m = __shfl_sync(~0u, v.lm, j);
+        const uint64_t pos = cons + __popc(v.bal & ((1u << j) - 1u));
+        /* Lane d waits for ring d's tail to pass the token's row. */
+        bool ok = true;
+        if (lane < R && lane != me && ((m >> lane) & 1u) && pos >= seen) {
+          uint64_t t = 0;
           ok = mep_wait_ge(
               p.wc,
-              [&] { return mep_ht_counter<Tp>(p, p.win.comb_tail, MEP_HT_SIG_COMB_TAIL, d, c); },
-              pos + 1, MEP_HT_OP_COMBINE_RECV, d, -1, &v);
-          seen[warp][d] = v;
+              [&] { return mep_ht_counter<Tp>(p, p.win.comb_tail, MEP_HT_SIG_COMB_TAIL, lane, c); },
+              pos + 1, MEP_HT_OP_COMBINE_RECV, lane, -1, &t);
+          seen = t;
+        }
+        if (!__all_sync(~0u, ok)) {
+          if (lane == 0) *vfailed = 1;
+          break;
+        }
+        /* A vote orders no memory: the barrier puts every lane's row loads
+         * after the acquires of the tails. */
+        __syncwarp();
+        mep_ht_sum_rows(
+            m, H,
+            [&](int d) {
+              const uint64_t at = __shfl_sync(~0u, pos, d);
+              return d == me ? reinterpret_cast<const uint4 *>(own + at * (uint64_t)H)
+                             : reinterpret_cast<const uint4 *>(
+                                   p.xp.local + mep_ht_ring_off(p.win.comb_ring, p.win.comb_row,
+                                                                d, c, at % MEP_HT_RING_ROWS));
+            },
+            reinterpret_cast<uint4 *>(static_cast<uint16_t *>(a.out) + (uint64_t)(base + j) * H));
+        __syncwarp();
+        if (lane == 0) {
+          __threadfence_block(); /* this token's reads before its count */
+          atomicAdd(&done[k % kMepHtCombSlots], 1);
         }
       }
-      const bool all_there = __shfl_sync(~0u, ok ? 1 : 0, 0) != 0;
-      /* A shuffle orders no memory: the barrier puts every lane's row loads
-       * after lane 0's acquire of the tails. */
-      __syncwarp();
-      if (!all_there) {
-        if (lane == 0) failed = 1;
-        continue;
-      }
-      mep_ht_sum_rows(p, c, m, j, cons, bal, H,
-                      static_cast<const uint16_t *>(a.y) + own_base * (int64_t)H,
-                      reinterpret_cast<uint4 *>(static_cast<uint16_t *>(a.out) +
-                                                (uint64_t)(base + j) * H));
-    }
-    /* Every warp's reads of this chunk's rows are done: free them. */
-    __syncthreads();
-    for (int d = threadIdx.x; d < R; d += blockDim.x) {
-      const int n = __popc(bal[d]);
-      if (n == 0) continue;
-      cons[d] += (uint64_t)n;
-      if (d == p.xp.rank) continue;
-      mep_ht_publish<Tp>(p, d, p.win.comb_head, MEP_HT_SIG_COMB_HEAD, c, cons[d], (uint64_t)n);
+      cons += (uint64_t)__popc(v.bal);
     }
   }
   __syncthreads();
-  if (!failed)
-    for (int d = threadIdx.x; d < R; d += blockDim.x)
-      if (d != p.xp.rank) *mep_ht_state_u64(p, p.st.recv_head_c, d, c) = cons[d];
 }
 
 template <class Tp>
@@ -275,13 +342,14 @@ template <class Tp>
  * read fields back from there (~5.5 us per launch on H200). */
 __global__ void __launch_bounds__(MEP_HT_THREADS, 1)
     mep_ht_combine_kernel(const __grid_constant__ MepHtParams p, const mep_ht_combine_args_t a) {
+  __shared__ uint32_t mask_sh[MEP_HT_MASK_CACHE];
   const int c = blockIdx.x / 2;
   if (blockIdx.x % 2 == 0) {
     mep_ht_combine_send<Tp>(p, a, c);
   } else if (mep_ht_sum_nodes<Tp>(p)) {
-    mep_ht_combine_recv_nodes<Tp>(p, a, c);
+    mep_ht_combine_recv_nodes<Tp>(p, a, c, mask_sh);
   } else {
-    mep_ht_combine_recv<Tp>(p, a, c);
+    mep_ht_combine_recv<Tp>(p, a, c, mask_sh);
   }
 }
 

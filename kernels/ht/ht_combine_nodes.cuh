@@ -289,7 +289,7 @@ __device__ bool mep_ht_relay_reduce(const MepHtParams &p, const mep_ht_combine_a
  * once. Block-wide; same chunks and ring frees as mep_ht_combine_recv. */
 template <class Tp>
 __device__ void mep_ht_combine_recv_nodes(const MepHtParams &p, const mep_ht_combine_args_t &a,
-                                          int c) {
+                                          int c, uint32_t *mask_sh) {
   __shared__ uint64_t cons[MEP_HT_MAX_RANKS];
   __shared__ uint32_t bal[MEP_HT_MAX_RANKS];
   __shared__ uint32_t masks[MEP_HT_CHUNK];
@@ -312,12 +312,14 @@ __device__ void mep_ht_combine_recv_nodes(const MepHtParams &p, const mep_ht_com
   }
   if (lane == 0)
     for (int d = 0; d < R; ++d) seen[warp][d] = 0;
+  const MepHtMasks mc = mep_ht_masks_fill(mask_sh, a.topk_idx, a.topk_idx_bytes, t0, t1, a.top_k,
+                                          a.num_experts, e_local);
   const uint16_t *own = static_cast<const uint16_t *>(a.y);
   for (int base = t0; base < t1; base += MEP_HT_CHUNK) {
     __syncthreads(); /* cons, bal and masks of the previous chunk are done with */
     if (failed) break;
     if (warp == 0) {
-      const uint32_t m = mep_ht_lane_mask(a.topk_idx, a.topk_idx_bytes, base, t1, a.top_k,
+      const uint32_t m = mep_ht_lane_mask(mc, a.topk_idx, a.topk_idx_bytes, base, a.top_k,
                                           a.num_experts, e_local);
       masks[lane] = m;
       for (int d = 0; d < R; ++d) {

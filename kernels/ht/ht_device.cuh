@@ -45,8 +45,8 @@ __device__ __forceinline__ MepHtGroups mep_ht_groups(int peers) {
 }
 
 /* The dispatch sender's groups: group d (d = destination rank) pushes
- * d's rows, and the group of this rank (`me`) places its own rows, a
- * third of them (mep_ht_place_own_part). Pushing a row costs a warp more
+ * d's rows, and the group of this rank (`me`) places its own rows, half
+ * of them (mep_ht_place_own_part). Pushing a row costs a warp more
  * than copying one locally, so the own group gets W / (R + 2) warps (4 of
  * 16 at R = 2) and the peers share the rest evenly; leftover warps idle
  * (group >= R). Groups of more than one warp use named barrier 1 + d, so
@@ -173,12 +173,42 @@ __device__ __forceinline__ int64_t mep_ht_own_base(const MepHtParams &p, int set
   return b;
 }
 
-/* The destination ranks of token base + lane (0 past t1): one chunk's
- * masks, one per lane. */
-__device__ __forceinline__ uint32_t mep_ht_lane_mask(const void *idx, int bytes, int base, int t1,
-                                                     int K, int num_experts, int e_local) {
-  const int t = base + (int)(threadIdx.x & 31);
-  return t < t1 ? (uint32_t)mep_ht_dest_mask(idx, bytes, t, K, num_experts, e_local) : 0u;
+/* The destination masks of a channel's first MEP_HT_MASK_CACHE tokens,
+ * computed once per launch by the whole block into shared memory: a
+ * chunk's ballots then cost a shared load instead of a global one (the
+ * routing's load latency paid before every chunk of 32 rows was 10-20 %
+ * of a chunk's copy time). Tokens past the cache are decoded again. */
+#define MEP_HT_MASK_CACHE 2048
+static_assert(MEP_HT_MAX_RANKS <= 32, "an HT destination mask is 32 bits");
+struct MepHtMasks {
+  uint32_t *sh; /* [MEP_HT_MASK_CACHE], token t0 + i at i */
+  int t0, t1;
+};
+
+/* Fills the cache for channel [t0, t1). Block-wide; the caller's barrier
+ * publishes it. */
+__device__ __forceinline__ MepHtMasks mep_ht_masks_fill(uint32_t *sh, const void *idx, int bytes,
+                                                       int t0, int t1, int K, int num_experts,
+                                                       int e_local) {
+  for (int t = t0 + (int)threadIdx.x; t < t1 && t - t0 < MEP_HT_MASK_CACHE; t += blockDim.x)
+    sh[t - t0] = (uint32_t)mep_ht_dest_mask(idx, bytes, t, K, num_experts, e_local);
+  return MepHtMasks{sh, t0, t1};
+}
+
+/* Token t's destination mask (0 past the channel's end). */
+__device__ __forceinline__ uint32_t mep_ht_mask_at(const MepHtMasks &mc, const void *idx, int bytes,
+                                                   int t, int K, int num_experts, int e_local) {
+  if (t >= mc.t1) return 0u;
+  if (t - mc.t0 < MEP_HT_MASK_CACHE) return mc.sh[t - mc.t0];
+  return (uint32_t)mep_ht_dest_mask(idx, bytes, t, K, num_experts, e_local);
+}
+
+/* The destination ranks of token base + lane (0 past the channel's end):
+ * one chunk's masks, one per lane. */
+__device__ __forceinline__ uint32_t mep_ht_lane_mask(const MepHtMasks &mc, const void *idx,
+                                                     int bytes, int base, int K, int num_experts,
+                                                     int e_local) {
+  return mep_ht_mask_at(mc, idx, bytes, base + (int)(threadIdx.x & 31), K, num_experts, e_local);
 }
 
 /* The group leader (lane 0 of the group's first warp) waits until
@@ -201,6 +231,33 @@ __device__ __forceinline__ uint64_t mep_ht_leader_wait(const MepHtParams &p,
   *ok = slot[1] != 0;
   mep_ht_group_sync(g); /* the slot is reused by the next wait */
   return v;
+}
+
+/* Waits until *v >= target, where *v is a count in shared memory that
+ * other warps of the block advance, each of their own waits bounded:
+ * gives up when one of them set *failed or another wait aborted, and as a
+ * backstop after four timeouts with no progress (recorded as `op`, peer
+ * -1). One thread. */
+__device__ __forceinline__ bool mep_ht_wait_block(const MepWaitCtx &w, volatile int *v, int target,
+                                                  volatile int *failed, int op) {
+  long long start = clock64();
+  int last = *v;
+  for (uint32_t iter = 1;; ++iter) {
+    const int x = *v;
+    if (x >= target) return true;
+    if (*failed) return false;
+    if (x != last) {
+      last = x;
+      start = clock64();
+    }
+    if ((iter & 1023u) == 0) {
+      if (mep_ld_volatile_u32(w.abort_flag)) return false;
+      if ((uint64_t)(clock64() - start) > 4u * w.timeout_cycles) {
+        mep_record_timeout(w, op, -1, -1, (uint64_t)target, (uint64_t)x);
+        return false;
+      }
+    }
+  }
 }
 
 /* Whether peer d is reached through the network protocol: on another node

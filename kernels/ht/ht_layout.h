@@ -30,7 +30,7 @@ static inline MEP_HT_HD uint64_t mep_ht_payload_bytes(int32_t hidden, int32_t fp
 /* The largest row the dims allow: bf16 (an fp8 row with its scales is
  * never larger: H + H/32 < 2H). */
 static inline MEP_HT_HD uint64_t mep_ht_disp_row_bytes(const mep_ht_dims_t *d) {
-  return mep_ht_align(2u * (uint64_t)d->hidden + 8u * (uint64_t)d->top_k, 16);
+  return mep_ht_align(2u * (uint64_t)d->hidden + 8u * (uint64_t)d->top_k, 128);
 }
 static inline MEP_HT_HD uint64_t mep_ht_comb_row_bytes(const mep_ht_dims_t *d) {
   return mep_ht_align(2u * (uint64_t)d->hidden, 16);

@@ -101,13 +101,13 @@ __device__ __forceinline__ void mep_ht_place_own(const mep_ht_dispatch_args_t &a
 }
 
 /* Which of the chunk's tokens [base, min(base + 32, t1)) have an expert
- * in the span (bit i: token base + i). Whole warp. */
-__device__ __forceinline__ uint32_t mep_ht_chunk_ballot(const mep_ht_dispatch_args_t &a, int base,
-                                                        int t1, MepHtSpan sp, int e_local) {
-  const int t = base + (int)(threadIdx.x & 31);
-  const uint64_t m = t < t1 ? mep_ht_dest_mask(a.topk_idx, a.topk_idx_bytes, t, a.top_k,
-                                               a.num_experts, e_local)
-                            : 0;
+ * in the span (bit i: token base + i), from the channel's masks. Whole
+ * warp. */
+__device__ __forceinline__ uint32_t mep_ht_chunk_ballot(const mep_ht_dispatch_args_t &a,
+                                                        const MepHtMasks &mc, int base,
+                                                        MepHtSpan sp, int e_local) {
+  const uint32_t m =
+      mep_ht_lane_mask(mc, a.topk_idx, a.topk_idx_bytes, base, a.top_k, a.num_experts, e_local);
   return __ballot_sync(~0u, mep_ht_in_span(m, sp));
 }
 
