@@ -43,13 +43,16 @@ __device__ void mep_ht_combine_send(const MepHtParams &p, const mep_ht_combine_a
   }
   __syncthreads();
   if (mismatch) return;
-  const MepHtGroups g = mep_ht_groups(R);
+  /* This rank's own rows stay (its receive blocks read them from y), so
+   * the block's warps split over the other ranks only: all 16 push the
+   * one peer at EP2. */
+  if (R == 1) return;
+  const MepHtGroups g = mep_ht_groups(R - 1);
   if (g.group >= g.count) return;
   const uint32_t row_bytes = 2u * (uint32_t)a.hidden;
   const bool nodes = mep_ht_sum_nodes<Tp>(p);
-  for (int s = g.group; s < R; s += g.count) {
-    /* This rank's own rows stay: its receive blocks read them from y. */
-    const int n = s == p.xp.rank ? 0 : n_sh[s];
+  for (int j = g.group; j < R - 1; j += g.count) {
+    const int s = j < p.xp.rank ? j : j + 1, n = n_sh[s];
     const MepHtRoute route = nodes ? mep_ht_route<Tp>(p, s) : kMepHtDirect;
     if (route == kMepHtNetwork) {
       /* s's relay here: its node's rows of s's tokens, summed, go back. */
@@ -62,18 +65,23 @@ __device__ void mep_ht_combine_send(const MepHtParams &p, const mep_ht_combine_a
     const bool net = mep_ht_net<Tp>(p, tg.dst);
     uint64_t tail = *mep_ht_state_u64(p, p.st.send_tail_c, s, c);
     bool ok = true;
+    /* The last head the group saw: while it leaves room for a chunk, the
+     * chunk goes without a wait (as the dispatch sender does). */
+    uint64_t head_seen = 0;
     for (int sent = 0; sent < n;) {
       const int m = min(MEP_HT_CHUNK, n - sent);
       const uint64_t need = tail + m > MEP_HT_RING_ROWS ? tail + m - MEP_HT_RING_ROWS : 0;
-      mep_ht_leader_wait(
-          p, g, wait_slot[g.group],
-          [&] {
-            return route == kMepHtRelayed
-                       ? mep_ld_acquire_sys(mep_ht_word(p, p.win.comb_head, s, c))
-                       : mep_ht_counter<Tp>(p, p.win.comb_head, MEP_HT_SIG_COMB_HEAD, s, c);
-          },
-          need, MEP_HT_OP_COMBINE_SPACE, tg.dst, &ok);
-      if (!ok) break;
+      if (need > head_seen) {
+        head_seen = mep_ht_leader_wait(
+            p, g, wait_slot[g.group],
+            [&] {
+              return route == kMepHtRelayed
+                         ? mep_ld_acquire_sys(mep_ht_word(p, p.win.comb_head, s, c))
+                         : mep_ht_counter<Tp>(p, p.win.comb_head, MEP_HT_SIG_COMB_HEAD, s, c);
+            },
+            need, MEP_HT_OP_COMBINE_SPACE, tg.dst, &ok);
+        if (!ok) break;
+      }
       for (int o = g.index; o < m; o += g.size) {
         const char *src = static_cast<const char *>(a.y) +
                           (uint64_t)(base_sh[s] + sent + o) * row_bytes;

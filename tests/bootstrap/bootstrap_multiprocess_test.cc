@@ -169,8 +169,17 @@ TEST_P(BootstrapGroup, KilledRankFailsSurvivorsWithPeerFailed) {
       }
       EXPECT_NE(res["msg"].find("connection broke"), std::string::npos)
           << p->Describe();
-      // Completed exactly the 20 barriers the victim did.
-      EXPECT_EQ(p->ResultInt("iters"), 20) << p->Describe();
+      // Completed the 20 barriers the victim did. Rank 0 releases each
+      // barrier to the others, and once its 20th has returned it is killed
+      // at once: whether its releases of that barrier left the process
+      // before the kill is up to the scheduler, so with rank 0 the victim
+      // a survivor may have seen 19.
+      const int iters = p->ResultInt("iters");
+      if (victim == 0) {
+        EXPECT_TRUE(iters == 19 || iters == 20) << p->Describe();
+      } else {
+        EXPECT_EQ(iters, 20) << p->Describe();
+      }
       // The failing barrier's wait is bounded by the timeout (plus slack),
       // counted from that barrier's start; destroy by its 1 s close wait.
       EXPECT_LE(p->ResultInt("op_ms"),

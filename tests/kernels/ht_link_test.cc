@@ -169,7 +169,11 @@ TEST(HtLayout, WindowIsIndependentOfTokens) {
   EXPECT_EQ(mep_ht_buffer_bytes(&small), mep_ht_buffer_bytes(&big));
   const mep_ht_window_t w = mep_ht_window_layout(&big);
   const uint64_t rings = 2ull * MEP_HT_MAX_CHANNELS * MEP_HT_RING_ROWS;
-  EXPECT_EQ(w.disp_row, 2u * 7168 + 8u * 8);
+  // A dispatch row (payload, then K ids and K weights) starts on a
+  // 128-byte line: 14400 bytes round up to 14464.
+  EXPECT_EQ(w.disp_row, 14464u);
+  EXPECT_EQ(w.disp_row % 128u, 0u);
+  EXPECT_GE(w.disp_row, 2u * 7168 + 8u * 8);
   EXPECT_EQ(w.comb_row, 2u * 7168);
   EXPECT_EQ(w.bytes, w.disp_ring + rings * (w.disp_row + w.comb_row));
   EXPECT_LT(w.bytes, 128ull << 20);  // EP2, hidden 7168: under 128 MiB
