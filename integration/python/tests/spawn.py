@@ -2,6 +2,7 @@
 launcher's environment (MOE_EP_RANK, MOE_EP_WORLD_SIZE) and fresh loopback
 ports, and waits for all of them within a deadline."""
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -12,17 +13,56 @@ PY_ROOT = os.path.dirname(HERE)                 # integration/python
 REPO = os.path.dirname(os.path.dirname(PY_ROOT))
 
 
-def free_ports(n):
-    """n distinct loopback ports the kernel reports free now (one per
-    group: a destroyed group's port may stay in TIME_WAIT)."""
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
+def _ephemeral_low():
+    """The lowest port the kernel hands out to connections on its own."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port, socks):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
         s.close()
+        return False
+    socks.append(s)
+    return True
+
+
+def free_ports(n):
+    """n distinct loopback ports free now (one per group: a destroyed
+    group's port may stay in TIME_WAIT), each with the port after it free
+    too and taken by no other (a Buffer's second group listens on the
+    next port). They come from below the kernel's ephemeral range, so the
+    local end of a connection another group opens later cannot take one;
+    a port bind(0) reported free could be, between this check and the
+    listen."""
+    rng = random.SystemRandom()
+    top = _ephemeral_low() - 2
+    socks, ports = [], []
+    try:
+        for _ in range(4000):
+            if len(ports) == n or top - 20000 < 100:
+                break
+            p = rng.randrange(20000, top)
+            if any(abs(p - q) <= 1 for q in ports):
+                continue
+            held = []
+            if _bindable(p, held) and _bindable(p + 1, held):
+                ports.append(p)
+            socks.extend(held)
+        while len(ports) < n:  # no room below the ephemeral range
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in socks:
+            s.close()
     return ports
 
 
