@@ -2,6 +2,8 @@
 // multi-process bootstrap tests.
 #include "tests/bootstrap/proc_util.h"
 
+#include "tests/common/ports.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -26,21 +28,7 @@ int64_t NowMs() {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a;
-  memset(&a, 0, sizeof(a));
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  int port = -1;
-  if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-      getsockname(fd, (struct sockaddr *)&a, &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  if (fd >= 0) close(fd);
-  return port;
-}
+int FreePort() { return moe_ep_test::free_loopback_port(); }
 
 bool Proc::Exited(int code) const {
   return !running && WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == code;

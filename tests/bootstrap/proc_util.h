@@ -35,7 +35,7 @@ struct Proc {
 };
 
 int64_t NowMs();
-// A port nothing listens on right now (bind 127.0.0.1:0, read it back).
+// A loopback port that binds right now (tests/common/ports.h).
 int FreePort();
 // Starts argv with extra environment entries ("KEY=VALUE").
 Proc Spawn(const std::string &name, const std::vector<std::string> &argv,

@@ -1,6 +1,8 @@
 // spawn.cc: fork/exec of rank processes for multi-process tests.
 #include "tests/common/spawn.h"
 
+#include "tests/common/ports.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -18,22 +20,7 @@
 
 namespace moe_ep_test {
 
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    if (fd >= 0) close(fd);
-    return 20000 + static_cast<int>(getpid() % 20000);
-  }
-  int port = ntohs(a.sin_port);
-  close(fd);
-  return port;
-}
+int free_port() { return free_loopback_port(); }
 
 std::string runfile(const std::string& rel) {
   const char* src = std::getenv("TEST_SRCDIR");

@@ -15,7 +15,7 @@ struct RankExit {
   std::string log;  // its stderr + stdout
 };
 
-// A free TCP port on 127.0.0.1 (bound and released).
+// A loopback port that binds right now (tests/common/ports.h).
 int free_port();
 
 // Runs `argv` as ranks 0..n-1; kills all after timeout_s. extra_env entries
