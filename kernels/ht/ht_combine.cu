@@ -230,7 +230,7 @@ __device__ __forceinline__ MepHtChunkView mep_ht_chunk_view(const mep_ht_combine
  * to every sender (one head store per rank), so no summing warp waits on
  * a release's fence or on a slower warp's tokens. A worker waits for the
  * rows of its token only (each lane d the tail of ring d, in parallel),
- * and never runs kMepHtCombSlots chunks past the last freed one. */
+ * and starts a chunk at most kMepHtCombSlots past the last freed one. */
 template <class Tp>
 __device__ void mep_ht_combine_recv(const MepHtParams &p, const mep_ht_combine_args_t &a, int c,
                                     uint32_t *mask_sh) {
