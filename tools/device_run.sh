@@ -143,18 +143,27 @@ world_tests() {
   summary ht_world_overlap_test $? "$(gtest_key "$OUT/ht_world_overlap_test.log")"
   grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure|rank [0-9]+" "$OUT/ht_world_overlap_test.log" | head -12
 }
+# The libraries an A/B compares, one "name folder" line each: this
+# bundle's (cur) and every variant's under $B/ab/<name>/. Variants may
+# travel packed (a bundle has a size limit): ab.tar.xz holds ab/.
+variants() {
+  [ -f $B/ab.tar.xz ] && tar xJf $B/ab.tar.xz -C $B
+  local D
+  for D in $B $B/ab/*; do
+    [ -f "$D/libmoe_ep.so" ] || continue
+    if [ "$D" = $B ]; then echo "cur $D"; else echo "$(basename "$D") $D"; fi
+  done
+}
 # ab: this bundle against each variant under .gpu_bundle/ab/<name>/ (a
 # libmoe_ep.so, and ll_kernel_bench where dispatch changed, built from
 # another tree) on the group's
 # GPUs (EP1 on a 1-GPU machine), taking turns so drift hits all: the fused
 # dispatch's phase stamps, then the eager bench (both combine modes).
 if [ "$MODE" = ab ]; then
-  # Variants may travel packed (a bundle has a size limit): ab.tar.xz holds ab/.
-  [ -f $B/ab.tar.xz ] && tar xJf $B/ab.tar.xz -C $B
+  mapfile -t V < <(variants)
   for round in 1 2; do
-    for D in $B $B/ab/*; do
-      [ -f "$D/libmoe_ep.so" ] || continue
-      name=$(basename "$D"); [ "$D" = $B ] && name=cur
+    for v in "${V[@]}"; do
+      name=${v%% *} D=${v#* }
       # (a variant without its own ll_kernel_bench changed no dispatch code)
       if [ -f "$D/ll_kernel_bench" ]; then
         timeout $((60 * S)) $D/ll_kernel_bench phases > "$OUT/stamps_${name}_$round.log" 2>&1
@@ -185,11 +194,10 @@ fi
 # after each variant's HT API runs against the oracle (LSA and nodes of
 # N/2 over gin_emulated).
 if [ "$MODE" = htab ]; then
-  [ -f $B/ab.tar.xz ] && tar xJf $B/ab.tar.xz -C $B
+  mapfile -t V < <(variants)
   R2=1; [ "$N" -gt 2 ] && R2=$((N / 2))
-  for D in $B $B/ab/*; do
-    [ -f "$D/libmoe_ep.so" ] || continue
-    name=$(basename "$D"); [ "$D" = $B ] && name=cur
+  for v in "${V[@]}"; do
+    name=${v%% *} D=${v#* }
     PLUGIN=$D/libmoe_ep.so api ht_${E}_${name}_bf16 $N $((90 * S)) --mode=ht --experts=64 \
       --max_tokens=512 --layers=7168:8,2880:6,4096:1 --seeds=2
     PLUGIN=$D/libmoe_ep.so api ht_${E}_${name}_ginemu $N $((90 * S)) --mode=ht \
@@ -197,9 +205,8 @@ if [ "$MODE" = htab ]; then
       --layers=7168:8,2048:1 --seeds=1
   done
   for round in 1 2 3; do
-    for D in $B $B/ab/*; do
-      [ -f "$D/libmoe_ep.so" ] || continue
-      name=$(basename "$D"); [ "$D" = $B ] && name=cur
+    for v in "${V[@]}"; do
+      name=${v%% *} D=${v#* }
       timeout $((90 * S)) $B/moe_ep_run -n $N --timeout_s $((85 * S)) -- $B/moe_ep_bench \
         --plugin=$D/libmoe_ep.so --mode=ht --dtype=bf16 --tokens=4096 --num_sms=24 \
         > "$OUT/htbench_${name}_$round.log" 2>&1

@@ -325,11 +325,7 @@ __device__ void mep_ht_combine_recv(const MepHtParams &p, const mep_ht_combine_a
         mep_ht_sum_rows(
             m, H,
             [&](int d) {
-              const uint64_t at = __shfl_sync(~0u, pos, d);
-              return d == me ? reinterpret_cast<const uint4 *>(own + at * (uint64_t)H)
-                             : reinterpret_cast<const uint4 *>(
-                                   p.xp.local + mep_ht_ring_off(p.win.comb_ring, p.win.comb_row,
-                                                                d, c, at % MEP_HT_RING_ROWS));
+              return mep_ht_comb_row(p, c, d, __shfl_sync(~0u, pos, d), d == me, own, H);
             },
             reinterpret_cast<uint4 *>(static_cast<uint16_t *>(a.out) + (uint64_t)(base + j) * H));
         __syncwarp();

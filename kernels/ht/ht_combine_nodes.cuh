@@ -29,16 +29,24 @@ __device__ __forceinline__ uint32_t mep_ht_pack2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t *>(&b);
 }
 
+/* Position pos of combine ring `ring` (channel c), or with `mine` this
+ * rank's own row pos in y, read in place (own: its first own row). */
+__device__ __forceinline__ const uint4 *mep_ht_comb_row(const MepHtParams &p, int c, int ring,
+                                                        uint64_t pos, bool mine,
+                                                        const uint16_t *own, int H) {
+  return mine ? reinterpret_cast<const uint4 *>(own + pos * (uint64_t)H)
+              : reinterpret_cast<const uint4 *>(
+                    p.xp.local + mep_ht_ring_off(p.win.comb_ring, p.win.comb_row, ring, c,
+                                                 pos % MEP_HT_RING_ROWS));
+}
+
 /* Row of token j of the chunk from rank d: in place in y for this rank,
  * else in d's combine ring. */
 __device__ __forceinline__ const uint4 *mep_ht_sum_row(const MepHtParams &p, int c, int d, int j,
                                                        const uint64_t *cons, const uint32_t *bal,
                                                        int H, const uint16_t *own) {
-  const uint64_t pos = cons[d] + __popc(bal[d] & ((1u << j) - 1u));
-  return d == p.xp.rank ? reinterpret_cast<const uint4 *>(own + pos * (uint64_t)H)
-                        : reinterpret_cast<const uint4 *>(
-                              p.xp.local + mep_ht_ring_off(p.win.comb_ring, p.win.comb_row, d, c,
-                                                           pos % MEP_HT_RING_ROWS));
+  return mep_ht_comb_row(p, c, d, cons[d] + __popc(bal[d] & ((1u << j) - 1u)), d == p.xp.rank,
+                         own, H);
 }
 
 /* The f32 node sum of token j of the chunk from relay x: two slots of x's
@@ -46,10 +54,8 @@ __device__ __forceinline__ const uint4 *mep_ht_sum_row(const MepHtParams &p, int
 __device__ __forceinline__ const uint4 *mep_ht_node_sum_row(const MepHtParams &p, int c, int x,
                                                             int j, const uint64_t *cons,
                                                             const uint32_t *bal) {
-  const uint64_t pos = cons[x] + 2u * __popc(bal[x] & ((1u << j) - 1u));
-  return reinterpret_cast<const uint4 *>(
-      p.xp.local +
-      mep_ht_ring_off(p.win.comb_ring, p.win.comb_row, x, c, pos % MEP_HT_RING_ROWS));
+  return mep_ht_comb_row(p, c, x, cons[x] + 2u * __popc(bal[x] & ((1u << j) - 1u)), false,
+                         nullptr, 0);
 }
 
 /* The node sums below walk a row U vectors per lane at a time (lane l's
@@ -232,12 +238,9 @@ __device__ bool mep_ht_relay_reduce(const MepHtParams &p, const mep_ht_combine_a
       const uint64_t pos = __popc(rows_of & ((1u << o) - 1u));
       const uint4 *row = nullptr;
       if (((have >> lane) & 1u) != 0)
-        row = lane == me_l ? reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(a.y) +
-                                                             (own + (int64_t)pos) * H)
-                           : reinterpret_cast<const uint4 *>(
-                                 p.xp.local + mep_ht_ring_off(p.win.comb_ring, p.win.comb_row,
-                                                              from + lane, c,
-                                                              (cons + pos) % MEP_HT_RING_ROWS));
+        row = lane == me_l ? mep_ht_comb_row(p, c, 0, (uint64_t)(own + (int64_t)pos), true,
+                                             static_cast<const uint16_t *>(a.y), H)
+                           : mep_ht_comb_row(p, c, from + lane, cons + pos, false, nullptr, H);
       /* Two slots of s's ring: tail stays even and the ring's rows are an
        * even number, so they are adjacent. */
       const uint64_t slot = (tail + 2u * (uint64_t)o) % MEP_HT_RING_ROWS;
