@@ -2,7 +2,7 @@
 # device_run.sh (copied to .gpu_bundle/run_device.sh): the GPU suite, run on
 # the GPU machine from the repository root, most important first; every log
 # goes to $OUT and a one-line verdict per step to $OUT/summary.txt.
-# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|one|world|ab|htab|extra|ht|scale]; quick stops after
+# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|one|world|ab|htab|htprof|lltable|extra|ht|scale]; quick stops after
 # the kernel test, the weighted-dispatch and hidden-2880 API runs and the
 # eager benchmarks;
 # one is for a 1-GPU machine (EP1 suites, LL and HT, sanitizers, an EP1 benchmark, and
@@ -352,6 +352,60 @@ if [ "$MODE" = scale ]; then
       grep -A22 "^latency" "$OUT/bench_ep${n}_weights_$w.log" | grep -E "^(fp8|bf16) "
     done
   done
+  cat "$OUT/summary.txt"
+  exit 0
+fi
+# htprof: where the HT kernels' time goes, from ncu on every rank at once
+# (the issue's shape: 4096 tokens, bf16, 24 SMs): per kernel its duration,
+# DRAM bytes and SM activity, then the warp stall reasons of PC sampling.
+# Each profiled kernel runs once (no replay is asked for), so the ranks'
+# kernels still meet; the profiler's start-up skews them, which inflates
+# durations but not the shares of the stall reasons. CSV per rank.
+if [ "$MODE" = htprof ]; then
+  stalls=smsp__pcsamp_sample_count
+  for r in long_scoreboard lg_throttle membar barrier branch_resolving wait no_instructions \
+           math_pipe_throttle mio_throttle short_scoreboard not_selected selected sleeping \
+           dispatch_stall drain misc imc_miss tex_throttle; do
+    stalls=$stalls,smsp__pcsamp_warps_issue_stalled_$r
+  done
+  for what in counters stalls; do
+    m=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__cycles_active.avg
+    [ $what = stalls ] && m=$stalls
+    timeout $((150 * S)) $B/moe_ep_run -n $N --timeout_s $((145 * S)) -- bash -c 'ncu \
+      --clock-control none --metrics '"$m"' -k regex:mep_ht_ --launch-skip 8 --launch-count 4 \
+      --csv --log-file "$0/ncu_'"$what"'_rank$MOE_EP_RANK.csv" '"$B"'/moe_ep_bench \
+      --plugin='"$B"'/libmoe_ep.so --mode=ht --dtype=bf16 --tokens=4096 --num_sms=24 \
+      --iters=20 --warmup=4' "$OUT" > "$OUT/ncu_$what.log" 2>&1
+    summary "ncu_$what" $? "$(cat "$OUT"/ncu_${what}_rank*.csv 2>/dev/null | grep -c mep_ht_) metric rows"
+    tail -3 "$OUT/ncu_$what.log"
+  done
+  cat "$OUT/summary.txt"
+  exit 0
+fi
+# lltable: the LL latency table, one command per row group: fp8 and bf16,
+# 1-256 tokens, weights at dispatch and at combine, eager and one CUDA graph;
+# then the 24-SM and 1024-expert cases and the fused dispatch's phase stamps.
+if [ "$MODE" = lltable ]; then
+  for g in eager graph; do
+    for w in true false; do
+      gf=; [ $g = graph ] && gf=--graph
+      timeout $((150 * S)) $B/moe_ep_run -n $N --timeout_s $((145 * S)) -- $B/moe_ep_bench \
+        --plugin=$B/libmoe_ep.so --warmup=50 --dispatch_weights=$w $gf \
+        --json="$OUT/ll_${g}_weights_$w.json" > "$OUT/ll_${g}_weights_$w.log" 2>&1
+      summary "ll_${g}_weights_$w" $? "$(bench_key "$OUT/ll_${g}_weights_$w.log")"
+      grep -A22 "^latency" "$OUT/ll_${g}_weights_$w.log" | grep -E "^(fp8|bf16) " | cut -c1-130
+    done
+  done
+  for extra in --num_sms=24 --experts=1024; do
+    timeout $((90 * S)) $B/moe_ep_run -n $N --timeout_s $((85 * S)) -- $B/moe_ep_bench \
+      --plugin=$B/libmoe_ep.so --dtype=fp8 --tokens=1,128 --warmup=50 $extra \
+      > "$OUT/ll${extra#--}.log" 2>&1
+    summary "ll_${extra#--}" $? "$(bench_key "$OUT/ll${extra#--}.log")"
+    grep -E "^fp8 .*\| .*\| " "$OUT/ll${extra#--}.log" | cut -c1-130
+  done
+  timeout $((60 * S)) $B/ll_kernel_bench phases > "$OUT/ll_phases.log" 2>&1
+  summary ll_phases $?
+  grep -E "^PHASES rank 0" "$OUT/ll_phases.log"
   cat "$OUT/summary.txt"
   exit 0
 fi

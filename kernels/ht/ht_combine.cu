@@ -198,8 +198,12 @@ __device__ __forceinline__ void mep_ht_sum_rows(uint32_t m, int H, RowOf row_of,
 }
 
 /* Chunks (of 32 tokens) a summing warp may run ahead of the last chunk
- * whose rows were freed: the slots of the per-chunk done counters. */
-constexpr int kMepHtCombSlots = 8;
+ * whose rows were freed: the slots of the per-chunk done counters. As many
+ * as a ring holds, so a warp only ever waits for rows its sender already
+ * has room to push: a wait that expires then names a peer that stalled,
+ * never a healthy peer held back by this rank's own slower warps. */
+constexpr int kMepHtCombSlots = MEP_HT_RING_ROWS / MEP_HT_CHUNK;
+static_assert(kMepHtCombSlots >= 2, "a ring holds at least two chunks");
 
 /* One chunk's view for a warp: lane d (d < R) holds ring d's position of
  * the chunk's first row (cons) and which of the chunk's tokens have a row
@@ -291,7 +295,10 @@ __device__ void mep_ht_combine_recv(const MepHtParams &p, const mep_ht_combine_a
   } else {
     uint64_t seen = 0; /* lane d: the last tail of ring d it saw */
     const uint16_t *own = static_cast<const uint16_t *>(a.y) + own_base * (int64_t)H;
-    for (int k = 0; k < chunks && *vfailed == 0; ++k) {
+    for (int k = 0; k < chunks; ++k) {
+      /* One vote per warp: lanes reading the flag apart could leave the
+       * loop apart, and every step below is a whole-warp operation. */
+      if (__any_sync(~0u, *vfailed != 0)) break;
       const int base = t0 + k * MEP_HT_CHUNK, n_tok = min(MEP_HT_CHUNK, t1 - base);
       const MepHtChunkView v = mep_ht_chunk_view(a, mc, base, R, e_local);
       int j = ((warp - (base - t0)) % workers + workers) % workers;
