@@ -2,7 +2,7 @@
 # device_run.sh (copied to .gpu_bundle/run_device.sh): the GPU suite, run on
 # the GPU machine from the repository root, most important first; every log
 # goes to $OUT and a one-line verdict per step to $OUT/summary.txt.
-# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|one|world|ab|htab|htprof|lltable|extra|ht|scale]; quick stops after
+# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|one|world|ab|htab|htprof|llprof|lltable|extra|ht|scale]; quick stops after
 # the kernel test, the weighted-dispatch and hidden-2880 API runs and the
 # eager benchmarks;
 # one is for a 1-GPU machine (EP1 suites, LL and HT, sanitizers, an EP1 benchmark, and
@@ -378,6 +378,35 @@ if [ "$MODE" = htprof ]; then
       --iters=20 --warmup=4' "$OUT" > "$OUT/ncu_$what.log" 2>&1
     summary "ncu_$what" $? "$(cat "$OUT"/ncu_${what}_rank*.csv 2>/dev/null | grep -c mep_ht_) metric rows"
     tail -3 "$OUT/ncu_$what.log"
+  done
+  cat "$OUT/summary.txt"
+  exit 0
+fi
+# llprof: ncu on the LL send halves (hook path: they never wait for a
+# peer, so the profiler's skew between ranks does not enter them): the
+# combine send at 256 tokens (partials, weights at dispatch) and the
+# dispatch send at 1 token, fp8; durations, DRAM bytes, SM activity, then
+# PC-sampled stall reasons. CSV per rank.
+if [ "$MODE" = llprof ]; then
+  stalls=smsp__pcsamp_sample_count
+  for r in long_scoreboard lg_throttle membar barrier branch_resolving wait no_instructions \
+           math_pipe_throttle mio_throttle short_scoreboard not_selected selected sleeping \
+           dispatch_stall drain misc imc_miss tex_throttle; do
+    stalls=$stalls,smsp__pcsamp_warps_issue_stalled_$r
+  done
+  for k in combine_send:256 dispatch_send:1 combine_send:1; do
+    kern=${k%%:*} tok=${k#*:}
+    for what in counters stalls; do
+      m=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__cycles_active.avg
+      [ $what = stalls ] && m=$stalls
+      timeout $((120 * S)) $B/moe_ep_run -n $N --timeout_s $((115 * S)) -- bash -c 'ncu \
+        --clock-control none --metrics '"$m"' -k regex:ll_'"$kern"'_kernel --launch-skip 20 \
+        --launch-count 10 --csv --log-file "$0/ncu_'"${kern}_${tok}_$what"'_rank$MOE_EP_RANK.csv" \
+        '"$B"'/moe_ep_bench --plugin='"$B"'/libmoe_ep.so --dtype=fp8 --tokens='"$tok"' \
+        --iters=40 --warmup=10' "$OUT" > "$OUT/ncu_${kern}_${tok}_$what.log" 2>&1
+      summary "ncu_${kern}_${tok}_$what" $? \
+        "$(cat "$OUT"/ncu_${kern}_${tok}_${what}_rank*.csv 2>/dev/null | grep -c ll_) metric rows"
+    done
   done
   cat "$OUT/summary.txt"
   exit 0
