@@ -50,7 +50,7 @@ extern "C" mep_kstatus_t mep_ll_dispatch(const mep_ll_ctx_t *ctx,
   /* Enough blocks for the send units and one per local expert, at most one
    * per SM. */
   const int64_t experts_as_units = (int64_t)k.local_experts * (MEP_LL_THREADS / 32);
-  const int64_t send_units = mep_dispatch_send_units(ctx, a);
+  const int64_t send_units = mep_dispatch_units_at(ctx, a, k.chunk);
   const int grid =
       mep_ll_grid_for(ctx, send_units > experts_as_units ? send_units : experts_as_units);
   const size_t smem = mep_dispatch_recv_smem(ctx);

@@ -8,8 +8,9 @@
  * (local expert per k, or none; the weight; the call's tag), and a list
  * head (tokens, weighted, tag); the receiver builds the per-expert slots
  * (deterministic order) itself. LSA: work unit = (token, destination,
- * 1024-channel chunk); the warp loads its chunk, then the routing, and
- * quantises straight into the peer's row (16-byte stores); every block
+ * chunk of 512 or 1024 channels: MepDispatchArgs.chunk); the warp loads
+ * its chunk, then the routing, and quantises straight into the peer's row
+ * (16-byte stores); every block
  * then adds its arrival to each destination's count signal (the fused
  * kernel leaves that to its receive half's last warp). Staged transports
  * (GIN, GIN-emulated): one warp per token quantises once into the local
@@ -69,7 +70,7 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
      * top_k) gets this call's tag, with no expert there, so no word keeps a
      * tag old enough to come round again (mep_ll_list_word). */
     const int E = a.num_experts;
-    const int nch = (a.hidden + kMepDispatchChunk - 1) / kMepDispatchChunk;
+    const int nch = (a.hidden + a.chunk - 1) / a.chunk;
     const int rows = T * R * nch;
     const int words = M * p.dims.top_k;
     const int fill_units = (words - T * K + 31) / 32;
@@ -84,8 +85,8 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
         continue;
       }
       const int ch = (u - E) % nch, td = (u - E) / nch, d = td % R, t = td / R;
-      const int c0 = ch * kMepDispatchChunk;
-      const int n = a.hidden - c0 < kMepDispatchChunk ? a.hidden - c0 : kMepDispatchChunk;
+      const int c0 = ch * a.chunk;
+      const int n = a.hidden - c0 < a.chunk ? a.hidden - c0 : a.chunk;
       uint4 v[4];
       mep_chunk_load<kFp8>(a.x + (size_t)t * a.hidden + c0, n, v);
       const float w = ch == 0 ? mep_slot_weight(a, t, lane) : 0.f;
@@ -307,21 +308,6 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
     mep_dispatch_recv_staged<Tp, kFp8>(p, a, smem);
   else
     mep_dispatch_recv_lsa<Tp, kFp8, kArriveAside>(p, a, smem);
-}
-
-/* Warp-sized work units of the send half: LSA units are one per expert
- * (its list), (token, destination, chunk), and 32-word pieces of each
- * destination's slot list past the call's words (rewritten with the call's
- * tag); staged ones tokens. */
-static inline int64_t mep_dispatch_send_units(const mep_ll_ctx_t *ctx,
-                                              const mep_ll_dispatch_args_t *a) {
-  if (ctx->transport != MEP_LL_TRANSPORT_LSA) return (int64_t)a->num_tokens;
-  const int64_t R = ctx->dims.world;
-  const int64_t fill = (int64_t)ctx->dims.max_tokens * ctx->dims.top_k -
-                       (int64_t)a->num_tokens * a->top_k;
-  return (int64_t)a->num_experts +
-         (int64_t)a->num_tokens * R * ((a->hidden + kMepDispatchChunk - 1) / kMepDispatchChunk) +
-         R * ((fill + 31) / 32);
 }
 
 /* The pointer rules of each half (after mep_ll_dispatch_check). */

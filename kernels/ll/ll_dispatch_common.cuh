@@ -14,6 +14,7 @@ struct MepDispatchArgs {
   const __nv_bfloat16 *x;
   const void *topk;
   int tokens, hidden, top_k, num_experts, local_experts, scale_mode;
+  int chunk; /* LSA row unit channels: kMepDispatchStep or kMepDispatchChunkMax */
   bool pow2;
   uint32_t row_bytes;
   void *recv_x;
@@ -26,6 +27,38 @@ struct MepDispatchArgs {
   mep_ll_route_t *route;
   int32_t *src_tokens;
 };
+
+/* Channels per LSA work unit (MepDispatchArgs.chunk): one 512-channel
+ * quantiser step while every send unit of the call fits in one pass of the
+ * grid's warps, so a token spreads over twice the warps and each warp's
+ * loads, quantisation and stores take half as long; two steps with their
+ * loads in flight together beyond (more units than warps: fewer, longer
+ * units). EP2 fp8 dispatch, hidden 7168, 2 x H200: 512 against 1024 at
+ * 1 / 8 / 32 tokens 12.6-13.0 / 12.9-13.2 / 13.7-13.9 us against
+ * 13.7-14.2 / 13.7-14.0 / 14.2-14.8; equal at 128; at 256 1.5 us slower.
+ * (2048 measured 16.1 us at 1 token against 14.8 for 1024.) */
+constexpr int kMepDispatchStep = 512;
+constexpr int kMepDispatchChunkMax = 2 * kMepDispatchStep;
+
+/* Warp-sized work units of the send half with `chunk`-channel row units:
+ * LSA units are one per expert (its list), (token, destination, chunk),
+ * and 32-word pieces of each destination's slot list past the call's
+ * words (rewritten with the call's tag); staged ones tokens. */
+static inline int64_t mep_dispatch_units_at(const mep_ll_ctx_t *ctx,
+                                            const mep_ll_dispatch_args_t *a, int chunk) {
+  if (ctx->transport != MEP_LL_TRANSPORT_LSA) return (int64_t)a->num_tokens;
+  const int64_t R = ctx->dims.world;
+  const int64_t fill = (int64_t)ctx->dims.max_tokens * ctx->dims.top_k -
+                       (int64_t)a->num_tokens * a->top_k;
+  return (int64_t)a->num_experts + (int64_t)a->num_tokens * R * ((a->hidden + chunk - 1) / chunk) +
+         R * ((fill + 31) / 32);
+}
+/* The row unit's channels for this call (see kMepDispatchStep). */
+static inline int mep_dispatch_chunk(const mep_ll_ctx_t *ctx, const mep_ll_dispatch_args_t *a) {
+  const int64_t warps = (int64_t)mep_ll_grid(ctx) * (MEP_LL_THREADS / 32);
+  return mep_dispatch_units_at(ctx, a, kMepDispatchStep) <= warps ? kMepDispatchStep
+                                                                  : kMepDispatchChunkMax;
+}
 
 static inline MepDispatchArgs mep_dispatch_args(const mep_ll_ctx_t *ctx,
                                                 const mep_ll_dispatch_args_t *a) {
@@ -49,14 +82,10 @@ static inline MepDispatchArgs mep_dispatch_args(const mep_ll_ctx_t *ctx,
   k.weighted = a->weighted != 0;
   k.route = a->route;
   k.src_tokens = a->src_tokens;
+  k.chunk = mep_dispatch_chunk(ctx, a);
   return k;
 }
 
-/* Channels per LSA work unit: two 512-channel quantiser steps with their
- * loads in flight together, so one token spreads over several warps (at
- * 1 token per rank 1024 measured 14.8 us against 16.1 us for 2048, EP2
- * fp8 dispatch on 2 x H200; equal at 128 and 256 tokens). */
-constexpr int kMepDispatchChunk = 1024;
 
 /* Notes the first out-of-range routing entry of a launch (the slot is
  * dropped, as -1 would be); the runtime reports it once through
@@ -113,16 +142,17 @@ __device__ __forceinline__ void mep_write_row(const MepDispatchArgs &a, const __
 }
 
 /* An LSA work unit's channels [c0, c0 + n) of a token row (n <=
- * kMepDispatchChunk), as four 16-byte registers per lane. Loaded before the
- * routing load, so the two latencies overlap; stored (fp8: quantised) once
- * the unit's destination is known to take the token. */
-static_assert(kMepDispatchChunk == 2 * 512 && kMepDispatchChunk == 4 * 32 * 8,
-              "an LSA chunk is two 512-channel quantiser steps, or four uint4 per lane");
+ * kMepDispatchChunkMax), as up to four 16-byte registers per lane. Loaded
+ * before the routing load, so the two latencies overlap; stored (fp8:
+ * quantised) once the unit's destination is known to take the token. The
+ * second quantiser step runs only when n reaches into it (warp-uniform). */
+static_assert(kMepDispatchChunkMax == 2 * 512 && kMepDispatchChunkMax == 4 * 32 * 8,
+              "an LSA chunk is at most two 512-channel quantiser steps, or four uint4 per lane");
 template <bool kFp8>
 __device__ __forceinline__ void mep_chunk_load(const __nv_bfloat16 *xc, int n, uint4 v[4]) {
   if (kFp8) {
     mep_fp8_load_step(xc, 0, n, v);
-    mep_fp8_load_step(xc, 512, n, v + 2);
+    if (n > kMepDispatchStep) mep_fp8_load_step(xc, kMepDispatchStep, n, v + 2);
   } else {
     const int lane = threadIdx.x & 31;
 #pragma unroll
@@ -140,7 +170,7 @@ __device__ __forceinline__ void mep_chunk_store(const MepDispatchArgs &a, const 
     uint8_t *q = reinterpret_cast<uint8_t *>(drow) + c0;
     auto put = [&](int g, float s) { sc[g] = s; };
     mep_fp8_quantize_step(v, 0, n, q, a.pow2, put);
-    mep_fp8_quantize_step(v + 2, 512, n, q, a.pow2, put);
+    if (n > kMepDispatchStep) mep_fp8_quantize_step(v + 2, kMepDispatchStep, n, q, a.pow2, put);
   } else {
     const int lane = threadIdx.x & 31;
     uint4 *dst = reinterpret_cast<uint4 *>(drow + 2 * (size_t)c0);

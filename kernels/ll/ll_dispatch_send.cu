@@ -59,7 +59,7 @@ extern "C" mep_kstatus_t mep_ll_dispatch_send(const mep_ll_ctx_t *ctx,
   mep_ll_make_params(ctx, a->buffer_set, &p);
   const MepDispatchArgs k = mep_dispatch_args(ctx, a);
   /* No more blocks than work units: a small batch launches a small grid. */
-  const int grid = mep_ll_grid_for(ctx, mep_dispatch_send_units(ctx, a));
+  const int grid = mep_ll_grid_for(ctx, mep_dispatch_units_at(ctx, a, k.chunk));
   cudaStream_t s = (cudaStream_t)stream;
   const cudaError_t e = mep_ll_with_transport(ctx->transport, [&](auto tp) {
     return launch_tp<typename decltype(tp)::type>(p, k, a->fp8, a->topk_idx_bytes, grid, s);

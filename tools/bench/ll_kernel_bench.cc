@@ -116,6 +116,8 @@ bool phases_for(Group &g, uint64_t *stamps, int grid_max, int tokens) {
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
   std::vector<uint64_t> h(grid_max * P);
+  // per block: its 'sent' stamp after the launch's first entry, per launch
+  std::vector<std::vector<double>> sent_of(grid_max);
   for (int it = 0; it < 120; ++it) {
     BENCH_CUDA(cudaMemsetAsync(stamps, 0, grid_max * P * 8, g.stream));
     g.ctx.stamps = stamps;
@@ -134,6 +136,9 @@ bool phases_for(Group &g, uint64_t *stamps, int grid_max, int tokens) {
     uint64_t t0 = UINT64_MAX;
     for (int b = 0; b < grid_max; ++b)
       if (h[b * P] != 0) t0 = std::min(t0, h[b * P]);
+    for (int b = 0; b < grid_max; ++b)
+      if (h[b * P + MEP_LL_STAMP_SENT] != 0)
+        sent_of[b].push_back((h[b * P + MEP_LL_STAMP_SENT] - t0) / 1000.0);
     for (int i = 0; i < P; ++i) {
       std::vector<double> v;
       for (int b = 0; b < grid_max; ++b) {
@@ -162,6 +167,17 @@ bool phases_for(Group &g, uint64_t *stamps, int grid_max, int tokens) {
     if (!mid[i].empty())
       printf("PHASES rank %d tokens %d %-9s %6.2f %6.2f %6.2f\n", g_rank, tokens, names[i],
              median(lo[i]), median(mid[i]), median(hi[i]));
+  // The blocks whose own send units end last (warp 0's units: block b
+  // holds send units b * 16 .. b * 16 + 15 of the fused kernel's index
+  // space), median over launches.
+  std::vector<std::pair<double, int>> slow;
+  for (int b = 0; b < grid_max; ++b)
+    if (!sent_of[b].empty()) slow.push_back({median(sent_of[b]), b});
+  std::sort(slow.rbegin(), slow.rend());
+  printf("PHASES rank %d tokens %d slowest sent:", g_rank, tokens);
+  for (size_t i = 0; i < slow.size() && i < 8; ++i)
+    printf(" block %d %.2f", slow[i].second, slow[i].first);
+  printf("\n");
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   return true;
