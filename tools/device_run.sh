@@ -355,57 +355,52 @@ if [ "$MODE" = scale ]; then
   cat "$OUT/summary.txt"
   exit 0
 fi
-# htprof: where the HT kernels' time goes, from ncu on every rank at once
-# (the issue's shape: 4096 tokens, bf16, 24 SMs): per kernel its duration,
-# DRAM bytes and SM activity, then the warp stall reasons of PC sampling.
-# Each profiled kernel runs once (no replay is asked for), so the ranks'
-# kernels still meet; the profiler's start-up skews them, which inflates
-# durations but not the shares of the stall reasons. CSV per rank.
+# ncu on every rank at once over moe_ep_bench (name what kernel-regex
+# launch-skip launch-count bench-args...): `what` is counters (duration,
+# DRAM bytes, SM activity) or stalls (the warp stall reasons of PC
+# sampling). No replay is asked for, so each profiled kernel runs once and
+# the ranks' kernels still meet; the profiler's start-up skews the ranks,
+# which inflates the durations of kernels that wait for a peer, not the
+# shares of the stall reasons. CSV per rank: ncu_<name>_<what>_rank<r>.csv.
+ncu_step() {
+  local name=$1 what=$2 kern=$3 skip=$4 count=$5 m r
+  shift 5
+  m=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__cycles_active.avg
+  if [ "$what" = stalls ]; then
+    m=smsp__pcsamp_sample_count
+    for r in long_scoreboard lg_throttle membar barrier branch_resolving wait no_instructions \
+             math_pipe_throttle mio_throttle short_scoreboard not_selected selected sleeping \
+             dispatch_stall drain misc imc_miss tex_throttle; do
+      m=$m,smsp__pcsamp_warps_issue_stalled_$r
+    done
+  fi
+  timeout $((150 * S)) $B/moe_ep_run -n $N --timeout_s $((145 * S)) -- bash -c \
+    'ncu --clock-control none --metrics "$1" -k "regex:$2" --launch-skip "$3" \
+       --launch-count "$4" --csv --log-file "$5_rank$MOE_EP_RANK.csv" "${@:6}"' \
+    ncu_step "$m" "$kern" "$skip" "$count" "$OUT/ncu_${name}_$what" \
+    $B/moe_ep_bench --plugin=$B/libmoe_ep.so "$@" > "$OUT/ncu_${name}_$what.log" 2>&1
+  summary "ncu_${name}_$what" $? \
+    "$(cat "$OUT"/ncu_${name}_${what}_rank*.csv 2>/dev/null | grep -c '^"[0-9]') metric rows"
+}
+# htprof: where the HT kernels' time goes (4096 tokens, bf16, 24 SMs).
 if [ "$MODE" = htprof ]; then
-  stalls=smsp__pcsamp_sample_count
-  for r in long_scoreboard lg_throttle membar barrier branch_resolving wait no_instructions \
-           math_pipe_throttle mio_throttle short_scoreboard not_selected selected sleeping \
-           dispatch_stall drain misc imc_miss tex_throttle; do
-    stalls=$stalls,smsp__pcsamp_warps_issue_stalled_$r
-  done
   for what in counters stalls; do
-    m=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__cycles_active.avg
-    [ $what = stalls ] && m=$stalls
-    timeout $((150 * S)) $B/moe_ep_run -n $N --timeout_s $((145 * S)) -- bash -c 'ncu \
-      --clock-control none --metrics '"$m"' -k regex:mep_ht_ --launch-skip 8 --launch-count 4 \
-      --csv --log-file "$0/ncu_'"$what"'_rank$MOE_EP_RANK.csv" '"$B"'/moe_ep_bench \
-      --plugin='"$B"'/libmoe_ep.so --mode=ht --dtype=bf16 --tokens=4096 --num_sms=24 \
-      --iters=20 --warmup=4' "$OUT" > "$OUT/ncu_$what.log" 2>&1
-    summary "ncu_$what" $? "$(cat "$OUT"/ncu_${what}_rank*.csv 2>/dev/null | grep -c mep_ht_) metric rows"
-    tail -3 "$OUT/ncu_$what.log"
+    ncu_step ht $what mep_ht_ 8 4 --mode=ht --dtype=bf16 --tokens=4096 --num_sms=24 \
+      --iters=20 --warmup=4
   done
   cat "$OUT/summary.txt"
   exit 0
 fi
-# llprof: ncu on the LL send halves (hook path: they never wait for a
-# peer, so the profiler's skew between ranks does not enter them): the
-# combine send at 256 tokens (partials, weights at dispatch) and the
-# dispatch send at 1 token, fp8; durations, DRAM bytes, SM activity, then
-# PC-sampled stall reasons. CSV per rank.
+# llprof: the LL send halves (the hook path: they never wait for a peer,
+# so the profiler's skew stays out of them): the combine send at 1 and 256
+# tokens (partials, weights at dispatch) and the dispatch send at 1 token,
+# fp8.
 if [ "$MODE" = llprof ]; then
-  stalls=smsp__pcsamp_sample_count
-  for r in long_scoreboard lg_throttle membar barrier branch_resolving wait no_instructions \
-           math_pipe_throttle mio_throttle short_scoreboard not_selected selected sleeping \
-           dispatch_stall drain misc imc_miss tex_throttle; do
-    stalls=$stalls,smsp__pcsamp_warps_issue_stalled_$r
-  done
   for k in combine_send:256 dispatch_send:1 combine_send:1; do
     kern=${k%%:*} tok=${k#*:}
     for what in counters stalls; do
-      m=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__cycles_active.avg
-      [ $what = stalls ] && m=$stalls
-      timeout $((120 * S)) $B/moe_ep_run -n $N --timeout_s $((115 * S)) -- bash -c 'ncu \
-        --clock-control none --metrics '"$m"' -k regex:ll_'"$kern"'_kernel --launch-skip 20 \
-        --launch-count 10 --csv --log-file "$0/ncu_'"${kern}_${tok}_$what"'_rank$MOE_EP_RANK.csv" \
-        '"$B"'/moe_ep_bench --plugin='"$B"'/libmoe_ep.so --dtype=fp8 --tokens='"$tok"' \
-        --iters=40 --warmup=10' "$OUT" > "$OUT/ncu_${kern}_${tok}_$what.log" 2>&1
-      summary "ncu_${kern}_${tok}_$what" $? \
-        "$(cat "$OUT"/ncu_${kern}_${tok}_${what}_rank*.csv 2>/dev/null | grep -c ll_) metric rows"
+      ncu_step "${kern}_$tok" $what "ll_${kern}_kernel" 20 10 --dtype=fp8 --tokens=$tok \
+        --iters=40 --warmup=10
     done
   done
   cat "$OUT/summary.txt"
