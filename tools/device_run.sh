@@ -249,6 +249,8 @@ ht_suite() {
   api ht_${E}_worst_case $N $((90 * S)) --mode=ht --worst_case=1 --experts=64 --max_tokens=128 \
     --layers=7168:8,2880:2 --seeds=2
   api ht_${E}_big $N $((240 * S)) --mode=ht --experts=256 --max_tokens=4096 --layers=7168:8 --seeds=1
+  # the largest bench size, 8192 tokens per rank, against the oracle
+  api ht_${E}_8192 $N $((300 * S)) --mode=ht --experts=256 --max_tokens=8192 --layers=7168:8 --seeds=1
   api ht_${E}_one_token $N $((60 * S)) --mode=ht --experts=8 --max_tokens=1 --layers=2048:1,128:8 --seeds=2
   api ht_${E}_bad $N $((60 * S)) --scenario=htbad --mode=ht --experts=8 --max_tokens=16 --layers=256:2
   api ht_${E}_skip_timeout $N $((20 * S)) --scenario=skip --mode=ht --experts=8 --max_tokens=8 \
@@ -265,6 +267,8 @@ ht_suite() {
     --experts=64 --max_tokens=128 --layers=7168:8,2880:2 --seeds=2
   api ht_${E}_ginemu_big $N $((240 * S)) --mode=ht --transport=gin_emulated --experts=256 \
     --max_tokens=4096 --layers=7168:8 --seeds=1
+  api ht_${E}_ginemu_8192 $N $((300 * S)) --mode=ht --transport=gin_emulated --experts=256 \
+    --max_tokens=8192 --layers=7168:8 --seeds=1
   api ht_${E}_ginemu_one_node $N $((90 * S)) --mode=ht --transport=gin_emulated --ranks_per_node=$N \
     --experts=64 --max_tokens=64 --layers=2048:8,2880:6 --seeds=2
   # From 4 ranks on, nodes of 2 (and of 4 at 8): LSA peers and network
