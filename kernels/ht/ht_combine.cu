@@ -199,9 +199,12 @@ __device__ __forceinline__ void mep_ht_sum_rows(uint32_t m, int H, RowOf row_of,
 
 /* Chunks (of 32 tokens) a summing warp may run ahead of the last chunk
  * whose rows were freed: the slots of the per-chunk done counters. As many
- * as a ring holds, so a warp only ever waits for rows its sender already
- * has room to push: a wait that expires then names a peer that stalled,
- * never a healthy peer held back by this rank's own slower warps. */
+ * as a ring holds, so the rows a warp waits for lie within one ring's
+ * length of the freed ones, where the sender can push them once it has
+ * room for their 32-row send chunk (at most one more freed chunk). With
+ * more slots a warp could wait on rows a whole ring further on, which only
+ * this rank's own slower warps hold back, and an expired wait there would
+ * name a healthy peer. */
 constexpr int kMepHtCombSlots = MEP_HT_RING_ROWS / MEP_HT_CHUNK;
 static_assert(kMepHtCombSlots >= 2, "a ring holds at least two chunks");
 
@@ -304,9 +307,11 @@ __device__ void mep_ht_combine_recv(const MepHtParams &p, const mep_ht_combine_a
       int j = ((warp - (base - t0)) % workers + workers) % workers;
       if (j < n_tok && k >= kMepHtCombSlots) {
         bool ok = true;
-        if (lane == 0)
+        if (lane == 0) {
           ok = mep_ht_wait_block(p.wc, vfreed, k - kMepHtCombSlots + 1, vfailed,
                                  MEP_HT_OP_COMBINE_RECV);
+          if (!ok) *vfailed = 1; /* the block gives up now, not at the backstop */
+        }
         if (!__shfl_sync(~0u, ok ? 1 : 0, 0)) break;
       }
       for (; j < n_tok; j += workers) {
