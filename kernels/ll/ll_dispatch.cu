@@ -46,7 +46,7 @@ extern "C" mep_kstatus_t mep_ll_dispatch(const mep_ll_ctx_t *ctx,
   if ((st = mep_dispatch_check_recv_ptrs("dispatch", a)) != MEP_KSTATUS_OK) return st;
   MepLLParams p;
   mep_ll_make_params(ctx, a->buffer_set, &p);
-  const MepDispatchArgs k = mep_dispatch_args(ctx, a);
+  const MepDispatchArgs k = mep_dispatch_send_args(ctx, a);
   /* Enough blocks for the send units and one per local expert, at most one
    * per SM. */
   const int64_t experts_as_units = (int64_t)k.local_experts * (MEP_LL_THREADS / 32);

@@ -85,6 +85,14 @@ static inline MepDispatchArgs mep_dispatch_args(const mep_ll_ctx_t *ctx,
   k.weighted = a->weighted != 0;
   k.route = a->route;
   k.src_tokens = a->src_tokens;
+  k.chunk = 0; /* the send halves' (mep_dispatch_send_args); no receive reads it */
+  return k;
+}
+/* The arguments of a launch that sends: with the call's row unit, which
+ * needs the grid's size (a device query), so only senders pay it. */
+static inline MepDispatchArgs mep_dispatch_send_args(const mep_ll_ctx_t *ctx,
+                                                     const mep_ll_dispatch_args_t *a) {
+  MepDispatchArgs k = mep_dispatch_args(ctx, a);
   k.chunk = mep_dispatch_chunk(ctx, a);
   return k;
 }

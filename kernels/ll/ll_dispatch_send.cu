@@ -57,7 +57,7 @@ extern "C" mep_kstatus_t mep_ll_dispatch_send(const mep_ll_ctx_t *ctx,
   if ((st = mep_dispatch_check_send_ptrs("dispatch_send", a)) != MEP_KSTATUS_OK) return st;
   MepLLParams p;
   mep_ll_make_params(ctx, a->buffer_set, &p);
-  const MepDispatchArgs k = mep_dispatch_args(ctx, a);
+  const MepDispatchArgs k = mep_dispatch_send_args(ctx, a);
   /* No more blocks than work units: a small batch launches a small grid. */
   const int grid = mep_ll_grid_for(ctx, mep_dispatch_units_at(ctx, a, k.chunk));
   cudaStream_t s = (cudaStream_t)stream;

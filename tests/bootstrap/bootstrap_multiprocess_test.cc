@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/bootstrap/proc_util.h"
+#include "tests/common/ports.h"
 
 namespace mep_test {
 namespace {
@@ -42,7 +43,7 @@ class BootstrapGroup : public ::testing::TestWithParam<int> {
   }
 
   void SetUp() override {
-    port_ = FreePort();
+    port_ = moe_ep_test::free_loopback_port();
     ASSERT_GT(port_, 0);
     address_ = "127.0.0.1:" + std::to_string(port_);
   }
@@ -140,7 +141,7 @@ TEST_P(BootstrapGroup, KilledRankFailsSurvivorsWithPeerFailed) {
   const int w = World();
   for (int victim : {w - 1, 0}) {
     SCOPED_TRACE("victim rank " + std::to_string(victim));
-    port_ = FreePort();
+    port_ = moe_ep_test::free_loopback_port();
     address_ = "127.0.0.1:" + std::to_string(port_);
     std::vector<std::unique_ptr<Proc>> procs;
     for (int r = 0; r < w; r++) {

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/bootstrap/proc_util.h"
+#include "tests/common/ports.h"
 
 namespace mep_test {
 namespace {
@@ -33,7 +34,7 @@ class StrangerTest : public ::testing::TestWithParam<int> {
   int World() const { return GetParam(); }
 
   void SetUp() override {
-    int port = FreePort();
+    int port = moe_ep_test::free_loopback_port();
     ASSERT_GT(port, 0);
     address_ = "127.0.0.1:" + std::to_string(port);
   }

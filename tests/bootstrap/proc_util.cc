@@ -2,16 +2,12 @@
 // multi-process bootstrap tests.
 #include "tests/bootstrap/proc_util.h"
 
-#include "tests/common/ports.h"
-
 #include <errno.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -27,8 +23,6 @@ int64_t NowMs() {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
-
-int FreePort() { return moe_ep_test::free_loopback_port(); }
 
 bool Proc::Exited(int code) const {
   return !running && WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == code;

@@ -35,8 +35,6 @@ struct Proc {
 };
 
 int64_t NowMs();
-// A loopback port that binds right now (tests/common/ports.h).
-int FreePort();
 // Starts argv with extra environment entries ("KEY=VALUE").
 Proc Spawn(const std::string &name, const std::vector<std::string> &argv,
            const std::vector<std::string> &env = {});

@@ -3,11 +3,8 @@
 
 #include "tests/common/ports.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,8 +17,6 @@
 
 namespace moe_ep_test {
 
-int free_port() { return free_loopback_port(); }
-
 std::string runfile(const std::string& rel) {
   const char* src = std::getenv("TEST_SRCDIR");
   if (src == nullptr) return rel;
@@ -32,7 +27,7 @@ std::vector<RankExit> run_ranks(int n, const std::vector<std::string>& argv, int
                                 const std::vector<std::string>& extra_env) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   std::string dir = tmp ? tmp : "/tmp";
-  std::string addr = "127.0.0.1:" + std::to_string(free_port());
+  std::string addr = "127.0.0.1:" + std::to_string(free_loopback_port());
   std::string token = "tok" + std::to_string(getpid()) + "x" + std::to_string(rand());
   std::vector<pid_t> pids(n);
   std::vector<std::string> logs(n);

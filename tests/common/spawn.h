@@ -15,9 +15,6 @@ struct RankExit {
   std::string log;  // its stderr + stdout
 };
 
-// A loopback port that binds right now (tests/common/ports.h).
-int free_port();
-
 // Runs `argv` as ranks 0..n-1; kills all after timeout_s. extra_env entries
 // are "NAME=value".
 std::vector<RankExit> run_ranks(int n, const std::vector<std::string>& argv, int timeout_s,

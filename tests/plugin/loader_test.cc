@@ -9,6 +9,7 @@
 
 #include "moe_ep.h"
 #include "moe_ep_loader.h"
+#include "tests/common/ports.h"
 #include "tests/common/spawn.h"
 
 namespace {
@@ -49,7 +50,7 @@ TEST_F(Loaded, EveryEntryIsSet) {
 
 TEST_F(Loaded, OneRankGroupThroughTheTable) {
   moe_ep_config_t* cfg = nullptr;
-  int port = moe_ep_test::free_port();
+  int port = moe_ep_test::free_loopback_port();
   std::string yaml = "moe_ep:\n  backend: host\n  num_experts: 4\n  hidden: 256\n  top_k: 2\n"
                      "  max_tokens_per_rank: 8\n  bootstrap:\n    address: \"127.0.0.1:" +
                      std::to_string(port) + "\"\n";
@@ -86,7 +87,7 @@ TEST_F(Loaded, OneRankGroupThroughTheTable) {
 // group with a sentence saying why, and the library stays usable.
 TEST_F(Loaded, NcclBackendWithoutGpuFailsCleanly) {
   moe_ep_config_t* cfg = nullptr;
-  int port = moe_ep_test::free_port();
+  int port = moe_ep_test::free_loopback_port();
   std::string yaml = "moe_ep:\n  backend: nccl\n  num_experts: 8\n  hidden: 1024\n"
                      "  top_k: 2\n  max_tokens_per_rank: 16\n  bootstrap:\n    address: "
                      "\"127.0.0.1:" + std::to_string(port) + "\"\n";
