@@ -2,9 +2,9 @@
 # device_run.sh (copied to .gpu_bundle/run_device.sh): the GPU suite, run on
 # the GPU machine from the repository root, most important first; every log
 # goes to $OUT and a one-line verdict per step to $OUT/summary.txt.
-# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|one|world|ab|htab|htprof|llprof|lltable|extra|ht|scale]; quick stops after
+# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|rest|one|world|ab|htab|htprof|llprof|lltable|extra|ht|scale]; quick stops after
 # the kernel test, the weighted-dispatch and hidden-2880 API runs and the
-# eager benchmarks;
+# eager benchmarks, and rest runs the rest of full (full = quick + rest);
 # one is for a 1-GPU machine (EP1 suites, LL and HT, sanitizers, an EP1 benchmark, and
 # an A/B against .gpu_bundle/prev/libmoe_ep.so when that exists); world
 # runs only one's world tests (3 to 16 ranks on one GPU); ab
@@ -497,6 +497,9 @@ if [ "$MODE" = one ]; then
   cat "$OUT/summary.txt"
   exit 0
 fi
+# full = quick, then rest: rest runs the steps after quick's, so the
+# whole suite fits two device calls of at most 10 minutes each.
+if [ "$MODE" != rest ]; then
 timeout $((120 * S)) $B/ll_gpu_test > "$OUT/ll_gpu_test.log" 2>&1
 summary ll_gpu_test $? "$(gtest_key "$OUT/ll_gpu_test.log")"
 grep -E "^\[  (PASSED|FAILED) |FAILED  \]" "$OUT/ll_gpu_test.log" | head -20
@@ -549,6 +552,7 @@ timeout $((90 * S)) $B/moe_ep_run -n $N --timeout_s $((85 * S)) -- $B/moe_ep_ben
 summary bench_slots $? "$(bench_key "$OUT/bench_slots.log")"
 grep -A22 "^latency" "$OUT/bench_slots.log" | grep -E "^(fp8|bf16) .* (1|128|256) "
 if [ "$MODE" = quick ]; then cat "$OUT/summary.txt"; exit 0; fi
+fi
 timeout $((150 * S)) $B/moe_ep_run -n $N --timeout_s $((140 * S)) -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
   --warmup=50 --graph --json="$OUT/bench_graph.json" > "$OUT/bench_graph.log" 2>&1
 summary bench_graph $? "$(bench_key "$OUT/bench_graph.log")"
