@@ -9,6 +9,7 @@ export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export MOE_EP_LIBRARY=$PWD/$B/libmoe_ep.so PYTHONPATH=$PWD/integration/python PYTHONUNBUFFERED=1
 O=${OUT:-/tmp}
+mkdir -p "$O"  # the logs go here; OUT may name a folder not made yet
 # Ranks of the multi-GPU checks: MEP_RANKS, else every GPU nvidia-smi lists.
 N=${MEP_RANKS:-$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")}
 [ "$N" -ge 1 ] 2>/dev/null || N=1
