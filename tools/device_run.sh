@@ -60,6 +60,16 @@ worker_key() {  # the conformance workers' checks and failures, all ranks
        END { printf "%d ranks reported, %d checks, %d failures", n, c, f }' "$1"
 }
 bench_key() { echo "$(grep -cE "^(fp8|bf16) .*\| .*\| " "$1") latency rows"; }
+# bench NAME SECONDS BENCH-ARGS...: moe_ep_bench on the group's N ranks
+# (BENCH_RANKS=n for another count), within SECONDS scaled by S (the
+# launcher's own limit 5 s under it); log $OUT/NAME.log, summary line NAME
+# with its latency-row count. The caller shows what it wants of the log.
+bench() {
+  local name=$1 secs=$2; shift 2
+  timeout $((secs * S)) $B/moe_ep_run -n "${BENCH_RANKS:-$N}" --timeout_s $(((secs - 5) * S)) -- \
+    $B/moe_ep_bench "$@" > "$OUT/$name.log" 2>&1
+  summary "$name" $? "$(bench_key "$OUT/$name.log")"
+}
 api() {  # name ranks seconds worker-args...
   local name=$1 n=$2 secs=$3; shift 3
   timeout $((secs + 5)) $B/moe_ep_run -n "$n" --timeout_s "$secs" -- $B/conformance_worker \
@@ -170,17 +180,15 @@ if [ "$MODE" = ab ]; then
         summary "stamps_${name}_$round" $?
         grep -E "^PHASES rank 0" "$OUT/stamps_${name}_$round.log" | sed "s/^/$name $round: /"
       fi
-      timeout $((90 * S)) $B/moe_ep_run -n $N --timeout_s $((85 * S)) -- $B/moe_ep_bench --plugin=$D/libmoe_ep.so \
-        --dtype=fp8 --tokens=1,8,32,128,256 --warmup=50 > "$OUT/bench_${name}_$round.log" 2>&1
-      summary "bench_${name}_$round" $?
+      bench "bench_${name}_$round" 90 --plugin=$D/libmoe_ep.so --dtype=fp8 \
+        --tokens=1,8,32,128,256 --warmup=50
       grep -E "^fp8 .*\| .*\| " "$OUT/bench_${name}_$round.log" | head -10 | cut -c1-116 | sed "s/^/$name $round: /"
       # several local experts per receive block (a 24-SM grid, and 1024
       # experts); the per-slot combine (weights at combine only)
       for extra in --num_sms=24 --experts=1024 --dispatch_weights=false; do
         tok=1,128; [ $extra = --dispatch_weights=false ] && tok=1,32,128,256
-        timeout $((90 * S)) $B/moe_ep_run -n $N --timeout_s $((85 * S)) -- $B/moe_ep_bench --plugin=$D/libmoe_ep.so \
-          --dtype=fp8 --tokens=$tok --warmup=50 $extra > "$OUT/bench_${name}_${extra#--}_$round.log" 2>&1
-        summary "bench_${name}_${extra#--}_$round" $?
+        bench "bench_${name}_${extra#--}_$round" 90 --plugin=$D/libmoe_ep.so --dtype=fp8 \
+          --tokens=$tok --warmup=50 $extra
         grep -E "^fp8 .*\| .*\| " "$OUT/bench_${name}_${extra#--}_$round.log" | head -8 | cut -c1-116 | sed "s/^/$name $round $extra: /"
       done
     done
@@ -207,10 +215,8 @@ if [ "$MODE" = htab ]; then
   for round in 1 2 3; do
     for v in "${V[@]}"; do
       name=${v%% *} D=${v#* }
-      timeout $((90 * S)) $B/moe_ep_run -n $N --timeout_s $((85 * S)) -- $B/moe_ep_bench \
-        --plugin=$D/libmoe_ep.so --mode=ht --dtype=bf16 --tokens=4096 --num_sms=24 \
-        > "$OUT/htbench_${name}_$round.log" 2>&1
-      summary "htbench_${name}_$round" $? "$(bench_key "$OUT/htbench_${name}_$round.log")"
+      bench "htbench_${name}_$round" 90 --plugin=$D/libmoe_ep.so --mode=ht --dtype=bf16 \
+        --tokens=4096 --num_sms=24
       grep -E "^bf16 " "$OUT/htbench_${name}_$round.log" | sed "s/^/$name $round: /"
     done
   done
@@ -226,10 +232,9 @@ if [ "$MODE" = extra ]; then
   summary nvlink_probe $?
   cat "$OUT/probe.log"
   for e in 256 1024 $((1024 * N)); do
-    timeout $((90 * S)) $B/moe_ep_run -n $N --timeout_s $((85 * S)) -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
-      --dtype=fp8 --tokens=1,128,256 --experts=$e --warmup=50 > "$OUT/bench_e$e.log" 2>&1
-    summary "bench_experts_$e" $?
-    grep -A8 "^latency" "$OUT/bench_e$e.log" | grep -E "^fp8" | cut -c1-110 | sed "s/^/E=$e: /"
+    bench "bench_experts_$e" 90 --plugin=$B/libmoe_ep.so --dtype=fp8 --tokens=1,128,256 \
+      --experts=$e --warmup=50
+    grep -A8 "^latency" "$OUT/bench_experts_$e.log" | grep -E "^fp8" | cut -c1-110 | sed "s/^/E=$e: /"
   done
   cat "$OUT/summary.txt"
   exit 0
@@ -295,21 +300,16 @@ ht_suite() {
       --backend=nccl --mode=ht --transport=gin_emulated --experts=8 --max_tokens=40 \
       --layers=256:2 --seeds=1 --hooks=0
   done
-  timeout $((240 * S)) $B/moe_ep_run -n $N --timeout_s $((235 * S)) -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
-    --mode=ht --dtype=bf16 --tokens=512,1024,2048,4096,8192 --num_sms=24 \
-    --json="$OUT/bench_ht.json" > "$OUT/bench_ht.log" 2>&1
-  summary bench_ht $? "$(bench_key "$OUT/bench_ht.log")"
+  bench bench_ht 240 --plugin=$B/libmoe_ep.so --mode=ht --dtype=bf16 \
+    --tokens=512,1024,2048,4096,8192 --num_sms=24 --json="$OUT/bench_ht.json"
   grep -A14 "^high-throughput" "$OUT/bench_ht.log"
   # 32 SMs (16 channels, the most the window has rings for)
-  timeout $((120 * S)) $B/moe_ep_run -n $N --timeout_s $((115 * S)) -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
-    --mode=ht --dtype=bf16 --tokens=4096 --num_sms=32 > "$OUT/bench_ht_sms32.log" 2>&1
-  summary bench_ht_sms32 $? "$(bench_key "$OUT/bench_ht_sms32.log")"
+  bench bench_ht_sms32 120 --plugin=$B/libmoe_ep.so --mode=ht --dtype=bf16 --tokens=4096 \
+    --num_sms=32
   grep -E "^bf16 " "$OUT/bench_ht_sms32.log"
   # The network protocol over NVLink (every row staged, then put)
-  timeout $((120 * S)) $B/moe_ep_run -n $N --timeout_s $((115 * S)) -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
-    --mode=ht --transport=gin_emulated --dtype=bf16 --tokens=4096 --num_sms=24 \
-    > "$OUT/bench_ht_ginemu.log" 2>&1
-  summary bench_ht_ginemu $? "$(bench_key "$OUT/bench_ht_ginemu.log")"
+  bench bench_ht_ginemu 120 --plugin=$B/libmoe_ep.so --mode=ht --transport=gin_emulated \
+    --dtype=bf16 --tokens=4096 --num_sms=24
   grep -E "^bf16 " "$OUT/bench_ht_ginemu.log"
 }
 # scale: a short GPU run, most wanted first: HT across
@@ -340,20 +340,17 @@ if [ "$MODE" = scale ]; then
   sizes=$N; [ "$N" -gt 2 ] && sizes="$N 2"
   for n in $sizes; do
     for t in lsa nodes; do
-      env_rpn=; tr=auto
-      [ $t = nodes ] && { env_rpn="MOE_EP_RANKS_PER_NODE=$(( n > 2 ? n / 2 : 1 ))"; tr=gin_emulated; }
-      env $env_rpn timeout $((120 * S)) $B/moe_ep_run -n $n --timeout_s $((115 * S)) -- \
-        $B/moe_ep_bench --plugin=$B/libmoe_ep.so --mode=ht --transport=$tr --dtype=bf16 \
-        --tokens=1024,4096 --num_sms=24 > "$OUT/bench_ht_ep${n}_$t.log" 2>&1
-      summary bench_ht_ep${n}_$t $? "$(bench_key "$OUT/bench_ht_ep${n}_$t.log")"
+      rpn=; tr=auto
+      [ $t = nodes ] && { rpn=$(( n > 2 ? n / 2 : 1 )); tr=gin_emulated; }
+      MOE_EP_RANKS_PER_NODE=$rpn BENCH_RANKS=$n bench bench_ht_ep${n}_$t 120 \
+        --plugin=$B/libmoe_ep.so --mode=ht --transport=$tr --dtype=bf16 --tokens=1024,4096 \
+        --num_sms=24
       grep -E "^bf16 " "$OUT/bench_ht_ep${n}_$t.log"
     done
     for w in true false; do
-      timeout $((90 * S)) $B/moe_ep_run -n $n --timeout_s $((85 * S)) -- $B/moe_ep_bench \
-        --plugin=$B/libmoe_ep.so --warmup=50 --dispatch_weights=$w \
-        > "$OUT/bench_ep${n}_weights_$w.log" 2>&1
-      summary bench_ep${n}_dispatch_weights_$w $? "$(bench_key "$OUT/bench_ep${n}_weights_$w.log")"
-      grep -A22 "^latency" "$OUT/bench_ep${n}_weights_$w.log" | grep -E "^(fp8|bf16) "
+      BENCH_RANKS=$n bench bench_ep${n}_dispatch_weights_$w 90 --plugin=$B/libmoe_ep.so \
+        --warmup=50 --dispatch_weights=$w
+      grep -A22 "^latency" "$OUT/bench_ep${n}_dispatch_weights_$w.log" | grep -E "^(fp8|bf16) "
     done
   done
   cat "$OUT/summary.txt"
@@ -417,19 +414,15 @@ if [ "$MODE" = lltable ]; then
   for g in eager graph; do
     for w in true false; do
       gf=; [ $g = graph ] && gf=--graph
-      timeout $((150 * S)) $B/moe_ep_run -n $N --timeout_s $((145 * S)) -- $B/moe_ep_bench \
-        --plugin=$B/libmoe_ep.so --warmup=50 --dispatch_weights=$w $gf \
-        --json="$OUT/ll_${g}_weights_$w.json" > "$OUT/ll_${g}_weights_$w.log" 2>&1
-      summary "ll_${g}_weights_$w" $? "$(bench_key "$OUT/ll_${g}_weights_$w.log")"
+      bench "ll_${g}_weights_$w" 150 --plugin=$B/libmoe_ep.so --warmup=50 --dispatch_weights=$w \
+        $gf --json="$OUT/ll_${g}_weights_$w.json"
       grep -A22 "^latency" "$OUT/ll_${g}_weights_$w.log" | grep -E "^(fp8|bf16) " | cut -c1-130
     done
   done
   for extra in --num_sms=24 --experts=1024; do
-    timeout $((90 * S)) $B/moe_ep_run -n $N --timeout_s $((85 * S)) -- $B/moe_ep_bench \
-      --plugin=$B/libmoe_ep.so --dtype=fp8 --tokens=1,128 --warmup=50 $extra \
-      > "$OUT/ll${extra#--}.log" 2>&1
-    summary "ll_${extra#--}" $? "$(bench_key "$OUT/ll${extra#--}.log")"
-    grep -E "^fp8 .*\| .*\| " "$OUT/ll${extra#--}.log" | cut -c1-130
+    bench "ll_${extra#--}" 90 --plugin=$B/libmoe_ep.so --dtype=fp8 --tokens=1,128 --warmup=50 \
+      $extra
+    grep -E "^fp8 .*\| .*\| " "$OUT/ll_${extra#--}.log" | cut -c1-130
   done
   timeout $((60 * S)) $B/ll_kernel_bench phases > "$OUT/ll_phases.log" 2>&1
   summary ll_phases $?
@@ -488,9 +481,8 @@ if [ "$MODE" = one ]; then
     for lib in cur prev; do
       L=$B/libmoe_ep.so; [ $lib = prev ] && L=$B/prev/libmoe_ep.so
       [ -f "$L" ] || continue
-      timeout 90 $B/moe_ep_run -n 1 --timeout_s 85 -- $B/moe_ep_bench --plugin=$L \
-        --dtype=fp8 --tokens=1,128 --warmup=50 > "$OUT/bench1_${lib}_$round.log" 2>&1
-      summary "bench1_${lib}_$round" $? "$(bench_key "$OUT/bench1_${lib}_$round.log")"
+      BENCH_RANKS=1 bench "bench1_${lib}_$round" 90 --plugin=$L --dtype=fp8 --tokens=1,128 \
+        --warmup=50
       grep -A4 "^latency" "$OUT/bench1_${lib}_$round.log" | grep -E "^fp8" | sed "s/^/$lib $round: /"
     done
   done
@@ -542,27 +534,20 @@ api ${E}_ginemu_bf16_h2880 $N $((50 * S)) --transport=gin_emulated --dtype=bf16 
   --max_tokens=64 --layers=2880:4,2056:8 --seeds=2
 api ${E}_ginemu_bf16_h2880_dispatch_weights_mixed $N $((50 * S)) --transport=gin_emulated --dtype=bf16 \
   --experts=64 --max_tokens=64 --layers=2880:4,2056:8 --seeds=2 --dispatch_weights=mixed
-timeout $((90 * S)) $B/moe_ep_run -n $N --timeout_s $((85 * S)) -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
-  --warmup=50 --json="$OUT/bench.json" > "$OUT/bench.log" 2>&1
-summary bench $? "$(bench_key "$OUT/bench.log")"
+bench bench 90 --plugin=$B/libmoe_ep.so --warmup=50 --json="$OUT/bench.json"
 grep -A22 "^latency" "$OUT/bench.log"
 # The same with the weights at combine only (one row back per (token, expert)).
-timeout $((90 * S)) $B/moe_ep_run -n $N --timeout_s $((85 * S)) -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
-  --warmup=50 --dispatch_weights=false --json="$OUT/bench_slots.json" > "$OUT/bench_slots.log" 2>&1
-summary bench_slots $? "$(bench_key "$OUT/bench_slots.log")"
+bench bench_slots 90 --plugin=$B/libmoe_ep.so --warmup=50 --dispatch_weights=false \
+  --json="$OUT/bench_slots.json"
 grep -A22 "^latency" "$OUT/bench_slots.log" | grep -E "^(fp8|bf16) .* (1|128|256) "
 if [ "$MODE" = quick ]; then cat "$OUT/summary.txt"; exit 0; fi
 fi
-timeout $((150 * S)) $B/moe_ep_run -n $N --timeout_s $((140 * S)) -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
-  --warmup=50 --graph --json="$OUT/bench_graph.json" > "$OUT/bench_graph.log" 2>&1
-summary bench_graph $? "$(bench_key "$OUT/bench_graph.log")"
+bench bench_graph 150 --plugin=$B/libmoe_ep.so --warmup=50 --graph --json="$OUT/bench_graph.json"
 grep -A24 "^latency" "$OUT/bench_graph.log"
 # The engine-provided communicator path: the groups adopt the bench's own
 # ncclComm (recv_count checked against the routing after every warm-up),
 # and the bench keeps using that communicator after each group is gone.
-timeout $((90 * S)) $B/moe_ep_run -n $N --timeout_s $((85 * S)) -- $B/moe_ep_bench --plugin=$B/libmoe_ep.so \
-  --adopt_comm --tokens=8,128 --iters=50 --warmup=5 > "$OUT/bench_adopt.log" 2>&1
-summary bench_adopt $? "$(bench_key "$OUT/bench_adopt.log")"
+bench bench_adopt 90 --plugin=$B/libmoe_ep.so --adopt_comm --tokens=8,128 --iters=50 --warmup=5
 grep -E "adopt|^fp8 .* 128 |^bf16 .* 128 " "$OUT/bench_adopt.log" | head -5
 ht_suite
 api ${E}_graph $N $((40 * S)) --scenario=graph --experts=64 --max_tokens=32 --layers=2048:8 --seeds=100
