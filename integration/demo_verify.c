@@ -80,17 +80,31 @@ void demo_received_row(const void *row, const float *scales, int hidden, int fp8
   }
 }
 
-/* Token t's combine against the reference; xr, acc, y are [hidden] scratch. */
-static int check_token(int rank, int t, int hidden, int top_k, int fp8, const uint16_t *x,
-                       const int64_t *topk_idx, const float *weights, const uint16_t *out,
-                       float *xr, float *acc, uint16_t *y, char *why, int why_len) {
+/* Token t's combine against the reference, in the documented order: per
+ * rank the token reaches (first appearance in its top-k), a bf16-rounded
+ * f32 sum of that rank's slots in k order; those partials summed in f32,
+ * then bf16. xr, acc, part, y are [hidden] scratch. */
+static int check_token(int rank, int t, int hidden, int top_k, int local_experts, int fp8,
+                       const uint16_t *x, const int64_t *topk_idx, const float *weights,
+                       const uint16_t *out, float *xr, float *acc, float *part, uint16_t *y,
+                       char *why, int why_len) {
+  const int64_t *idx = topk_idx + (size_t)t * (size_t)top_k;
+  const float *w = weights + (size_t)t * (size_t)top_k;
   demo_transported_row(x + (size_t)t * (size_t)hidden, hidden, fp8, xr);
   for (int i = 0; i < hidden; i++) acc[i] = 0.0f;
   for (int k = 0; k < top_k; k++) {
-    const size_t tk = (size_t)t * (size_t)top_k + (size_t)k;
-    if (topk_idx[tk] < 0) continue;
-    demo_expert_row((int)topk_idx[tk], xr, hidden, y);
-    for (int i = 0; i < hidden; i++) acc[i] = fmaf(weights[tk], bf16_to_float(y[i]), acc[i]);
+    if (idx[k] < 0) continue;
+    const int64_t r = idx[k] / local_experts;
+    int first = 1;
+    for (int j = 0; j < k && first; j++) first = idx[j] < 0 || idx[j] / local_experts != r;
+    if (!first) continue; /* r's partial was added at its first slot */
+    for (int i = 0; i < hidden; i++) part[i] = 0.0f;
+    for (int j = k; j < top_k; j++) {
+      if (idx[j] < 0 || idx[j] / local_experts != r) continue;
+      demo_expert_row((int)idx[j], xr, hidden, y);
+      for (int i = 0; i < hidden; i++) part[i] = fmaf(w[j], bf16_to_float(y[i]), part[i]);
+    }
+    for (int i = 0; i < hidden; i++) acc[i] += bf16_to_float(float_to_bf16(part[i]));
   }
   for (int i = 0; i < hidden; i++) {
     const size_t flat = (size_t)t * (size_t)hidden + (size_t)i;
@@ -106,20 +120,22 @@ static int check_token(int rank, int t, int hidden, int top_k, int fp8, const ui
   return 1;
 }
 
-int demo_verify_combine(int rank, int hidden, int top_k, int fp8, int num_tokens,
-                        const uint16_t *x, const int64_t *topk_idx, const float *weights,
-                        const uint16_t *out, char *why, int why_len) {
+int demo_verify_combine(int rank, int hidden, int top_k, int local_experts, int fp8,
+                        int num_tokens, const uint16_t *x, const int64_t *topk_idx,
+                        const float *weights, const uint16_t *out, char *why, int why_len) {
   float *xr = malloc(sizeof(float) * (size_t)hidden);
   float *acc = malloc(sizeof(float) * (size_t)hidden);
+  float *part = malloc(sizeof(float) * (size_t)hidden);
   uint16_t *y = malloc(sizeof(uint16_t) * (size_t)hidden);
-  int ok = xr != NULL && acc != NULL && y != NULL;
+  int ok = xr != NULL && acc != NULL && part != NULL && y != NULL;
   if (!ok) snprintf(why, (size_t)why_len, "rank %d: out of memory in the check", rank);
   for (int t = 0; ok && t < num_tokens; t++) {
-    ok = check_token(rank, t, hidden, top_k, fp8, x, topk_idx, weights, out, xr, acc, y, why,
-                     why_len);
+    ok = check_token(rank, t, hidden, top_k, local_experts, fp8, x, topk_idx, weights, out, xr,
+                     acc, part, y, why, why_len);
   }
   free(xr);
   free(acc);
+  free(part);
   free(y);
   return ok;
 }

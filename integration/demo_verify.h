@@ -19,11 +19,12 @@ void demo_received_row(const void *row, const float *scales, int hidden, int fp8
  * one f32 scale per 128 channels (amax / 448), dequantized. */
 void demo_transported_row(const uint16_t *x, int hidden, int fp8, float *out);
 /* 1 if `out` [T, H] is what combine returns for this rank's tokens when
- * every rank runs demo_expert_row on what it received, else 0 with a
- * sentence in why (rank, first bad index, expected, got). */
-int demo_verify_combine(int rank, int hidden, int top_k, int fp8, int num_tokens,
-                        const uint16_t *x, const int64_t *topk_idx, const float *weights,
-                        const uint16_t *out, char *why, int why_len);
+ * every rank runs demo_expert_row on what it received (experts placed
+ * local_experts per rank), else 0 with a sentence in why (rank, first bad
+ * index, expected, got). */
+int demo_verify_combine(int rank, int hidden, int top_k, int local_experts, int fp8,
+                        int num_tokens, const uint16_t *x, const int64_t *topk_idx,
+                        const float *weights, const uint16_t *out, char *why, int why_len);
 
 #ifdef __cplusplus
 }

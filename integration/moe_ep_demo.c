@@ -243,8 +243,9 @@ static int finish(demo_t *d, micro_batch_t *mb, moe_ep_hook_t *hook) {
   d->bytes += bytes_moved(d, mb);
   if (d->verify) {
     char why[512];
-    if (demo_verify_combine(d->info.rank, d->cfg->hidden, d->cfg->top_k, d->fp8, mb->tokens,
-                            mb->x, mb->topk, mb->w, mb->out, why, sizeof why)) {
+    if (demo_verify_combine(d->info.rank, d->cfg->hidden, d->cfg->top_k,
+                            d->info.num_local_experts, d->fp8, mb->tokens, mb->x,
+                            mb->topk, mb->w, mb->out, why, sizeof why)) {
       d->verified++;
     } else {
       d->failed++;

@@ -57,6 +57,14 @@ __device__ __forceinline__ void mep_steps_fma(float acc[S][8], const uint4 v[S],
   for (int j = 0; j < S; ++j) mep_bf16x8_fma(acc[j], v[j], w);
 }
 
+/* acc += part rounded to bf16, channel by channel: one rank's partial
+ * added to a token's sum (the add is exact in the fmaf with w = 1). */
+template <int S>
+__device__ __forceinline__ void mep_steps_add_rounded(float acc[S][8], const float part[S][8]) {
+#pragma unroll
+  for (int j = 0; j < S; ++j) mep_bf16x8_fma(acc[j], mep_bf16x8_pack(part[j]), 1.0f);
+}
+
 /* dst_row's vectors at c + 256 j below limit = acc rounded to bf16. */
 template <int S>
 __device__ __forceinline__ void mep_steps_store(__nv_bfloat16 *dst_row, const float acc[S][8],

@@ -9,17 +9,6 @@
 #include "kernels/common/limits.h"
 #include "kernels/host/host_numeric.h"
 
-void mep_combine_weighted(uint16_t *out, const uint16_t *const *rows,
-                          const float *w, int top_k, int hidden) {
-  for (int h = 0; h < hidden; h++) {
-    float acc = 0.0f;
-    for (int k = 0; k < top_k; k++) {
-      if (rows[k] != NULL) acc = fmaf(w[k], mep_bf16_to_f32(rows[k][h]), acc);
-    }
-    out[h] = mep_f32_to_bf16(acc);
-  }
-}
-
 void mep_combine_partials(uint16_t *out, const uint16_t *const *rows,
                           const float *w, const int32_t *rank, int top_k,
                           int hidden) {

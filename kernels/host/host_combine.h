@@ -11,12 +11,7 @@
 extern "C" {
 #endif
 
-/* LL, weights at combine: out[h] = bf16(acc), acc = fmaf(w[k], y_k[h], acc)
- * for k ascending; rows[k] NULL for skipped (-1) slots. */
-void mep_combine_weighted(uint16_t *out, const uint16_t *const *rows,
-                          const float *w, int top_k, int hidden);
-
-/* LL, weights at dispatch: per rank a bf16 partial of its slots (fmaf in k
+/* LL, wherever the weights were given: per rank a bf16 partial of its slots (fmaf in k
  * order, from +0), the partials added in f32 from +0 in the order their
  * ranks first appear among the token's slots (k ascending), bf16 once.
  * rows[k] NULL for skipped slots; rank[k] is slot k's rank (read only where

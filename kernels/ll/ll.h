@@ -18,7 +18,7 @@ extern "C" {
 #endif
 
 /* Which wait expired (mep_ll_error_record_t.op; 0 in a zeroed record).
- * 1 and 3 stay unused: send halves never wait. */
+ * 1 and 3 stay unused: send halves wait only for pushed weights (8). */
 enum {
   /* Receive halves waiting for a peer's count or rows. */
   MEP_LL_OP_DISPATCH_RECV = 2,
@@ -37,7 +37,11 @@ enum {
   MEP_LL_OP_BAD_SIGNAL = 6,
   /* A dispatch receive waiting for a peer's slot list (head or word) to
    * carry this call's tag: expected = the tag, seen = the tag found. */
-  MEP_LL_OP_DISPATCH_LIST = 7
+  MEP_LL_OP_DISPATCH_LIST = 7,
+  /* A combine send half waiting for a source's pushed weight word
+   * (mep_ll_weight_word) to carry this combine's epoch: expected = the
+   * epoch, seen = the epoch found. */
+  MEP_LL_OP_COMBINE_WEIGHTS = 8
 };
 
 /* The LL kernels' records (kernels/common/error_record.h), op MEP_LL_OP_*. */
@@ -169,7 +173,9 @@ typedef struct mep_ll_combine_args {
   const void *y;             /* [E_local, R*max_tokens, H] bf16 */
   const void *topk_idx;      /* [T, K] as in dispatch */
   int32_t topk_idx_bytes;
-  const float *topk_weights; /* [T, K] */
+  /* [T, K]; over LSA (partials = 0) the send half pushes them to the
+   * experts' ranks, so both halves need them */
+  const float *topk_weights;
   void *out;                 /* [T, H] bf16 */
   int32_t num_tokens;
   int32_t hidden;
@@ -185,7 +191,11 @@ typedef struct mep_ll_combine_args {
   /* 1 when this rank's dispatch was weighted: the experts' ranks return
    * one partial per (token, rank) (w * y summed in f32 in k order, bf16),
    * and the receive half adds them in f32 in the order the token's ranks
-   * first appear in its top-k list; topk_weights is then not read. */
+   * first appear in its top-k list; topk_weights is then not read. With 0
+   * the sum is the same: over LSA the send half first pushes this rank's
+   * weights to the experts' ranks (mep_ll_weight_word), which pre-reduce
+   * as above; over staged transports every slot's row comes back and the
+   * receive half forms the same partials. */
   int32_t partials;
   int32_t reserved1;
 } mep_ll_combine_args_t;

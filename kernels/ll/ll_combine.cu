@@ -31,7 +31,7 @@ extern "C" mep_kstatus_t mep_ll_combine(const mep_ll_ctx_t *ctx, const mep_ll_co
                                           void *stream) {
   mep_kstatus_t st = mep_ll_combine_check("combine", ctx, a);
   if (st != MEP_KSTATUS_OK) return st;
-  if ((st = mep_combine_check_send_ptrs("combine", a)) != MEP_KSTATUS_OK) return st;
+  if ((st = mep_combine_check_send_ptrs("combine", ctx, a)) != MEP_KSTATUS_OK) return st;
   if ((st = mep_combine_check_recv_ptrs("combine", a)) != MEP_KSTATUS_OK) return st;
   MepLLParams p;
   mep_ll_make_params(ctx, a->buffer_set, &p);

@@ -1,12 +1,13 @@
 /* ll_combine_body.cuh: the LL combine's two halves as device functions,
  * shared by the separate send/receive kernels (hooks) and the fused kernel.
  *
- * Two reductions, picked per source rank by whether its dispatch carried
- * the weights (MEP_LL_SRC_WEIGHTED). Without: every valid slot's expert
- * output row goes back to its source rank, into the (token, k) row of the
- * source's combine region, and the receive half computes out[t] =
- * sum_k w[t,k] * y_k in f32, k ascending, bf16 out. With: the expert side
- * pre-reduces (ll_combine_partial.cuh). Either way the send half ends
+ * Two reductions, one sum (the rank order, ll.h). The expert side
+ * pre-reduces (ll_combine_partial.cuh) for a source whose dispatch carried
+ * the weights (MEP_LL_SRC_WEIGHTED) and, over LSA, for every other source,
+ * which pushes its weights at the start of the combine (MEP_LL_SRC_PUSHED).
+ * Over staged transports the others get every valid slot's expert output
+ * row back, into the (token, k) row of the source's combine region, and
+ * the receive half forms the same per-rank partials and their sum. Either way the send half ends
  * with one count signal per source rank (LSA: every block's arrival;
  * staged: the last block's add); every receiving block waits all peers'
  * counts (and staged transports' rows), and at its end advances its own
@@ -26,24 +27,42 @@ struct MepCombineArgs {
   int tokens, hidden, top_k, num_experts, local_experts;
   const mep_ll_route_t *route;
   const int32_t *src_tokens; /* per source: tokens | MEP_LL_SRC_WEIGHTED */
-  int partials;              /* this rank's dispatch was weighted */
-  int recv_steps;            /* 256-channel steps per receive unit */
+  /* The sources' partials come back to this rank: its dispatch was
+   * weighted, or it pushes its weights (push_weights). */
+  int partials;
+  int push_weights; /* mep_combine_pushes */
+  int idx_bytes;    /* topk's element size: 4 or 8 */
+  int recv_steps;   /* 256-channel steps per receive unit */
 };
+
+/* Whether this rank's combine pushes its weights to the expert ranks
+ * (mep_ll_weight_word), which then pre-reduce: over LSA, whenever its
+ * dispatch carried no weights. Every rank decides the same (the expert
+ * side from the dispatch's src_tokens), and the sum is the same either way
+ * (the rank order, ll.h). Staged transports send one row per slot instead,
+ * summed here in that order. */
+static inline int mep_combine_pushes(const mep_ll_ctx_t *ctx, const mep_ll_combine_args_t *a) {
+  return ctx->transport == MEP_LL_TRANSPORT_LSA && !a->partials;
+}
+/* The expert side's flag for such a source, beside MEP_LL_SRC_WEIGHTED in
+ * the send half's shared copy of src_tokens. */
+#define MEP_LL_SRC_PUSHED (1 << 17)
+#define MEP_LL_SRC_PARTIALS (MEP_LL_SRC_WEIGHTED | MEP_LL_SRC_PUSHED)
 
 #include "kernels/ll/ll_combine_partial.cuh"
 
-/* Steps (256 channels) of one per-slot receive unit: a lane loads that
- * many vectors of each of a batch of 8 slots before the first FMA (EP1,
- * H200, hidden 7168: the receive half at 128 / 256 tokens 10.3 / 14.4 ->
- * 9.5 / 12.8 us against one step; no change at 1-32 tokens). */
-constexpr int kMepSlotRecvSteps = 2;
+/* Steps (256 channels) of one per-slot receive unit (staged transports;
+ * over LSA every combine pre-reduces). One: the rank-order sum holds all 8
+ * slots' vectors and a partial beside the sum, and two steps spill. */
+constexpr int kMepSlotRecvSteps = 1;
 
 /* Steps per receive unit: per-slot sums kMepSlotRecvSteps; partial sums
  * one while a unit per warp of the whole grid covers the call, else
  * kMepPartialWideSteps (EP1, H200, hidden 7168: 128 / 256 tokens 7.8 /
  * 10.5 -> 6.8 / 7.3 us; at 8-32 tokens 0.2-0.5 us slower than one step). */
-static inline int mep_combine_recv_steps(int grid_max, const mep_ll_combine_args_t *a) {
-  if (!a->partials) return kMepSlotRecvSteps;
+static inline int mep_combine_recv_steps(int grid_max, const mep_ll_combine_args_t *a,
+                                         int partials) {
+  if (!partials) return kMepSlotRecvSteps;
   const int64_t units = (int64_t)a->num_tokens * ((a->hidden + 255) / 256);
   return units <= (int64_t)grid_max * (MEP_LL_THREADS / 32) ? 1 : kMepPartialWideSteps;
 }
@@ -66,17 +85,25 @@ static inline MepCombineArgs mep_combine_args(const mep_ll_ctx_t *ctx,
   k.local_experts = a->num_experts / ctx->dims.world;
   k.route = a->route;
   k.src_tokens = a->src_tokens;
-  k.partials = a->partials != 0;
-  k.recv_steps = mep_combine_recv_steps(grid_max, a);
+  k.push_weights = mep_combine_pushes(ctx, a);
+  k.partials = a->partials != 0 || k.push_weights;
+  k.idx_bytes = a->topk_idx_bytes;
+  k.recv_steps = mep_combine_recv_steps(grid_max, a, k.partials);
   return k;
 }
 
 /* The pointer rules of each half (after mep_ll_combine_check). */
-static inline mep_kstatus_t mep_combine_check_send_ptrs(const char *op,
+static inline mep_kstatus_t mep_combine_check_send_ptrs(const char *op, const mep_ll_ctx_t *ctx,
                                                           const mep_ll_combine_args_t *a) {
   if (a->y == nullptr || a->route == nullptr || a->src_tokens == nullptr)
     return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "%s: y and the handle's route and src_tokens must not be NULL", op);
+  if (mep_combine_pushes(ctx, a) && a->num_tokens > 0 &&
+      (a->topk_idx == nullptr || a->topk_weights == nullptr))
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
+                             "%s: topk_idx and topk_weights must not be NULL: over LSA a combine "
+                             "whose dispatch carried no weights sends them to the experts' ranks",
+                             op);
   return MEP_KSTATUS_OK;
 }
 static inline mep_kstatus_t mep_combine_check_recv_ptrs(const char *op,
@@ -110,8 +137,10 @@ static inline int64_t mep_combine_recv_units(const MepCombineArgs *k) {
 }
 
 /* smem: E_local + R ints of dynamic shared memory (rows per local expert,
- * then each source's src_tokens word). Sources whose dispatch was weighted
- * get pre-reduced partials, the others one row per slot. */
+ * then each source's src_tokens word). Sources whose dispatch was weighted,
+ * and over LSA every source (the others push their weights), get
+ * pre-reduced partials; over staged transports the others one row per
+ * slot. */
 template <class Tp>
 __device__ __forceinline__ void mep_combine_send_body(const MepLLParams &p,
                                                       const MepCombineArgs &a, int *smem) {
@@ -124,29 +153,44 @@ __device__ __forceinline__ void mep_combine_send_body(const MepLLParams &p,
   const uint32_t row_sig = mep_ll_sig_comb_row(&p.dims, p.xp.rank);
   int *count_s = smem, *src_s = smem + EL;
 
+  /* This combine's epoch: every rank counts the combines on the set. */
+  const uint32_t epoch = mep_ll_next_epoch(mep_tag(p, R + 1));
+  /* First, so the words are on their way before anything else. */
+  if constexpr (!Tp::kStaged)
+    if (a.push_weights) mep_combine_push_weights<Tp>(p, a, epoch);
+
   /* Every block keeps the counts in shared memory and stops at the longest
    * expert (or source): no dependent global load per visited slot. */
-  __shared__ int longest, longest_tokens, any_weighted, any_plain;
-  if (threadIdx.x == 0) longest = longest_tokens = any_weighted = any_plain = 0;
-  __syncthreads();
+  __shared__ int longest, longest_tokens, any_partials, any_plain;
+  if (threadIdx.x == 0) longest = longest_tokens = any_partials = any_plain = 0;
+  __syncthreads(); /* also: every thread has read this block's epoch copy */
   for (int le = threadIdx.x; le < EL; le += blockDim.x) {
     const int c = __ldg(a.recv_count + le);
     count_s[le] = c;
     if (c > 0) atomicMax(&longest, c < cap ? c : cap);
   }
   for (int r = threadIdx.x; r < R; r += blockDim.x) {
-    const int v = __ldg(a.src_tokens + r);
-    src_s[r] = v;
+    int v = __ldg(a.src_tokens + r);
     const int n = MEP_LL_SRC_TOKENS(v);
-    if (v & MEP_LL_SRC_WEIGHTED) {
-      any_weighted = 1;
+    /* mep_combine_pushes, from the expert side */
+    if (!Tp::kStaged && !(v & MEP_LL_SRC_WEIGHTED)) v |= MEP_LL_SRC_PUSHED;
+    src_s[r] = v;
+    if (v & MEP_LL_SRC_PARTIALS) {
+      any_partials = 1;
       if (n > 0) atomicMax(&longest_tokens, n < p.dims.max_tokens ? n : p.dims.max_tokens);
     } else {
       any_plain = 1;
     }
   }
   __syncthreads();
-  if (any_weighted) mep_combine_send_partials<Tp>(p, a, src_s, longest_tokens);
+  /* Here, not at the first barrier: the epoch's load has landed by now,
+   * so its store delays nothing. */
+  mep_slots_store(p.tags, mep_ll_tag_words(R), 1, [&](int) { return R + 1; },
+                  [&](int) { return epoch; });
+  /* Weighted and pushing sources in one pass: separate passes (one without
+   * the pushed words' code) made the LSA send kernel spill, and the pushed
+   * combine 3 / 12 us slower at 128 / 256 tokens (EP2, H200). */
+  if (any_partials) mep_combine_send_partials<Tp>(p, a, src_s, longest_tokens, epoch);
 
   /* Slots are visited slot-index-major (u = s * E_local + le), so the first
    * pass of the grid covers the first few rows of every expert, where the
@@ -158,7 +202,7 @@ __device__ __forceinline__ void mep_combine_send_body(const MepLLParams &p,
     if (s >= count_s[le]) continue;
     const int v = __ldg(a.slot_src + j);
     const int r = MEP_LL_SLOT_RANK(v), t = MEP_LL_SLOT_TOKEN(v), k = MEP_LL_SLOT_K(v);
-    if (src_s[r] & MEP_LL_SRC_WEIGHTED) continue; /* pre-reduced above */
+    if (src_s[r] & MEP_LL_SRC_PARTIALS) continue; /* pre-reduced above */
     const __nv_bfloat16 *yrow = a.y + (size_t)j * a.hidden;
     const uint64_t stage_off = p.set_off + p.lay.stage + (uint64_t)j * row_bytes;
     if (Tp::kStaged) {
@@ -181,7 +225,7 @@ __device__ __forceinline__ void mep_combine_send_body(const MepLLParams &p,
   if (mep_last_block(&p.tickets[MEP_LL_TICKET_COMBINE_SEND])) {
     for (int r = threadIdx.x / 32; r < R; r += MEP_LL_THREADS / 32) {
       int count = 0;
-      if (src_s[r] & MEP_LL_SRC_WEIGHTED) {
+      if (src_s[r] & MEP_LL_SRC_PARTIALS) {
         if (Tp::kStaged && lane == 0) {
           count = (int)mep_ld_volatile_u32(&p.comb_puts[r]);
           p.comb_puts[r] = 0;
@@ -198,22 +242,15 @@ __device__ __forceinline__ void mep_combine_send_body(const MepLLParams &p,
   Tp::flush_warp(p.xp);
 }
 
-/* The per-slot reduction of the receive half (the dispatch carried no
- * weights): out[t] = sum_k w[t,k] * y_k. */
-template <typename IdxT>
-__device__ __forceinline__ void mep_combine_sum_slots(const MepLLParams &p,
-                                                      const MepCombineArgs &a) {
+/* The per-slot receive's units: (token, S 256-channel steps) over every
+ * warp of the grid; unit() sums one into acc. */
+template <typename IdxT, typename Unit>
+__device__ __forceinline__ void mep_combine_slot_units(const MepLLParams &p,
+                                                       const MepCombineArgs &a, Unit unit) {
   constexpr int S = kMepSlotRecvSteps;
   const int lane = threadIdx.x & 31;
-  /* Work unit = (token, S 256-channel steps): T * ceil(H / 256 S) units
-   * spread over every warp of the grid (not one warp per token), and each
-   * unit issues the loads of up to 8 slots' rows before the first FMA. No
-   * shuffles: every branch below may diverge safely (a hidden that is not a
-   * multiple of 256 leaves some lanes of the last step idle). */
   const int nwarps = gridDim.x * (MEP_LL_THREADS / 32);
   const int gwarp = mep_ll_spread_warp();
-  const int K = a.top_k;
-  const uint32_t row_elems = (uint32_t)a.hidden;
   const int nunits = (a.hidden + S * 256 - 1) / (S * 256);
   const __nv_bfloat16 *region =
       reinterpret_cast<const __nv_bfloat16 *>(p.xp.local + p.set_off + p.lay.comb_recv);
@@ -223,29 +260,121 @@ __device__ __forceinline__ void mep_combine_sum_slots(const MepLLParams &p,
     const int c = (u - t * nunits) * S * 256 + lane * 8;
     float acc[S][8];
     mep_steps_zero<S>(acc);
-    for (int k0 = 0; k0 < K; k0 += 8) {
-      uint4 v[8][S];
-      float w[8];
-      bool use[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int k = k0 + i;
-        /* in the index's own width, as dispatch decides (an int64 id past
-         * 2^31 must not wrap into a valid expert) */
-        const IdxT e = k < K ? topk[t * K + k] : (IdxT)-1;
-        w[i] = k < K ? a.weights[t * K + k] : 0.f;
-        use[i] = e >= 0 && e < (IdxT)a.num_experts;
-        mep_steps_load<S, true>(v[i], region + (size_t)(t * K + k) * row_elems, c, a.hidden,
-                                use[i]);
-      }
-      /* k ascending, one fmaf per slot: the documented (deterministic)
-       * order, unchanged. */
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-        if (use[i]) mep_steps_fma<S>(acc, v[i], w[i]);
-    }
+    /* unit(row of slot k, id of slot k, weight of slot k, c, acc) */
+    unit([&](int k) { return region + (size_t)(t * a.top_k + k) * a.hidden; },
+         [&](int k) { return topk[t * a.top_k + k]; },
+         [&](int k) { return a.weights[t * a.top_k + k]; }, c, acc);
     mep_steps_store<S>(a.out + (size_t)t * a.hidden, acc, c, a.hidden);
   }
+}
+
+/* top_k <= 8: every slot's vector in registers at once, then the groups. */
+template <typename IdxT>
+__device__ __forceinline__ void mep_combine_sum_slots_top8(const MepLLParams &p,
+                                                           const MepCombineArgs &a) {
+  constexpr int S = kMepSlotRecvSteps;
+  const int K = a.top_k;
+  mep_combine_slot_units<IdxT>(p, a, [&](auto row, auto id, auto weight, int c,
+                                         float (&acc)[S][8]) {
+    uint4 v[8][S];
+    float w[8];
+    int rank[8];
+    unsigned left = 0; /* slots not yet summed */
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      /* in the index's own width, as dispatch decides (an int64 id past
+       * 2^31 must not wrap into a valid expert) */
+      const IdxT e = i < K ? id(i) : (IdxT)-1;
+      const bool use = e >= 0 && e < (IdxT)a.num_experts;
+      w[i] = use ? weight(i) : 0.f;
+      rank[i] = use ? (int)(e / a.local_experts) : -1;
+      left |= use ? 1u << i : 0u;
+      mep_steps_load<S, true>(v[i], row(i), c, a.hidden, use);
+    }
+    /* Every row is in registers before the first group: otherwise the
+     * compiler may sink a group's loads into its branch below, one load
+     * round trip per rank instead of one per unit. */
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int j = 0; j < S; ++j)
+        asm volatile("" : "+r"(v[i][j].x), "+r"(v[i][j].y), "+r"(v[i][j].z), "+r"(v[i][j].w));
+    while (left != 0) {
+      const int first = __ffs(left) - 1;
+      int r = -1;
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        if (i == first) r = rank[i];
+      float part[S][8];
+      mep_steps_zero<S>(part);
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        if ((left >> i & 1u) && rank[i] == r) {
+          mep_steps_fma<S>(part, v[i], w[i]);
+          left &= ~(1u << i);
+        }
+      mep_steps_add_rounded<S>(acc, part);
+    }
+  });
+}
+
+/* top_k above 8: lane k holds slot k's rank; each rank's slots are loaded
+ * in batches of 8 (one batch per rank and 8 slots). */
+template <typename IdxT>
+__device__ __forceinline__ void mep_combine_sum_slots_wide(const MepLLParams &p,
+                                                           const MepCombineArgs &a) {
+  constexpr int S = kMepSlotRecvSteps;
+  const int lane = threadIdx.x & 31, K = a.top_k;
+  mep_combine_slot_units<IdxT>(p, a, [&](auto row, auto id, auto weight, int c,
+                                         float (&acc)[S][8]) {
+    const IdxT e = lane < K ? id(lane) : (IdxT)-1;
+    const bool valid = e >= 0 && e < (IdxT)a.num_experts;
+    const int rank = valid ? (int)(e / a.local_experts) : -1;
+    const float wl = valid ? weight(lane) : 0.f;
+    const unsigned same = __match_any_sync(0xffffffffu, rank);
+    unsigned left = __ballot_sync(0xffffffffu, valid);
+    while (left != 0) {
+      unsigned group = __shfl_sync(0xffffffffu, same, __ffs(left) - 1);
+      left &= ~group;
+      float part[S][8];
+      mep_steps_zero<S>(part);
+      while (group != 0) {
+        uint4 v[8][S];
+        float w[8];
+        bool use[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          use[i] = group != 0;
+          const int k = use[i] ? __ffs(group) - 1 : 0;
+          group &= group - 1u;
+          w[i] = __shfl_sync(0xffffffffu, wl, k);
+          mep_steps_load<S, true>(v[i], row(k), c, a.hidden, use[i]);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          if (use[i]) mep_steps_fma<S>(part, v[i], w[i]);
+      }
+      mep_steps_add_rounded<S>(acc, part);
+    }
+  });
+}
+
+/* The per-slot reduction of the receive half (the sources sent one row
+ * per slot), in the rank order every LL combine sums in (ll.h): per rank
+ * the token reaches, in the order its ranks first appear in top-k, a
+ * partial = its slots' fmaf(w, y, .) in k order from +0, rounded to bf16;
+ * out = those partials added in f32 from +0, rounded to bf16. The same
+ * value the expert side's pre-reduction gives, so where the weights are
+ * applied, and which transport carried the rows, never changes the sum.
+ * Work unit = (token, S 256-channel steps), T * ceil(H / 256 S) units over
+ * every warp of the grid. */
+template <typename IdxT>
+__device__ __forceinline__ void mep_combine_sum_slots(const MepLLParams &p,
+                                                      const MepCombineArgs &a) {
+  if (a.top_k <= 8)
+    mep_combine_sum_slots_top8<IdxT>(p, a);
+  else
+    mep_combine_sum_slots_wide<IdxT>(p, a);
 }
 
 /* smem: 2 R u64 (each source's count and row signal shadows after this
@@ -278,7 +407,7 @@ __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
   __syncthreads();
   if (failed) return;
 
-  if (a.partials)
+  if (a.partials) /* over LSA always (mep_combine_pushes) */
     mep_combine_sum_partials<IdxT>(p, a);
   else
     mep_combine_sum_slots<IdxT>(p, a);

@@ -1,18 +1,24 @@
-/* ll_combine_partial.cuh: the LL combine when the dispatch carried the
- * routing weights: the expert side pre-reduces. Each rank sums, for every
- * token it received, its local slots' expert outputs (w * y, f32 fmaf in k
+/* ll_combine_partial.cuh: the LL combine's pre-reduction on the expert
+ * side, when the dispatch carried the routing weights or (LSA) the source
+ * pushed them at the start of its combine. Each rank sums, for every token
+ * it received, its local slots' expert outputs (w * y, f32 fmaf in k
  * order, from 0) and returns one bf16 partial row per (token, rank) instead
  * of one row per (token, expert): top_k / ranks-per-token times fewer bytes
  * on the link (4x at EP2, top-8). The partial lands in the source's combine
  * region at the row of the token's first slot on that rank, so the region
  * keeps its [max_tokens][top_k] size for any world. The source adds its
  * partials in f32, from 0, in the order the token's ranks first appear in
- * its top-k list, and rounds once to bf16: deterministic, and one bf16
- * rounding per partial more than the per-slot path.
+ * its top-k list, and rounds once to bf16: deterministic, the documented
+ * LL sum (ll.h).
  *
- * Included by ll_combine_body.cuh; its send body calls the send part for
- * the sources whose dispatch was weighted, its receive body the sum when
- * this rank's own dispatch was. */
+ * Pushed weights: the source stores each valid slot's weight into its
+ * expert's rank as one 8-byte word carrying the combine's epoch
+ * (mep_ll_weight_word); a partial unit loads the word beside its route and
+ * waits (bounded) only where the word has not landed yet. No signal and no
+ * fence: the word is its own flag.
+ *
+ * Included by ll_combine_body.cuh; its send body pushes and calls the send
+ * part for the sources that get partials, its receive body the sum. */
 #ifndef MEP_LL_COMBINE_PARTIAL_CUH_
 #define MEP_LL_COMBINE_PARTIAL_CUH_
 
@@ -73,8 +79,47 @@ __device__ __forceinline__ void mep_partial_chunks(const __nv_bfloat16 *y, int h
   for (int j = 0; j < S; ++j) out[j] = mep_bf16x8_pack(acc[j]);
 }
 
-/* The send half's partial rows for the weighted sources (src_s: their
- * src_tokens words, shared memory). Units (token, source, piece): LSA
+/* The source's side of pushed weights (mep_combine_pushes): each valid
+ * slot's weight, as one 8-byte word with this combine's epoch, into its
+ * expert's rank at [this rank][token * top_k + k]. Not to this rank: its
+ * own units read the weights tensor, so no block of a send launch waits
+ * for another block of the same launch (a separate send kernel need not be
+ * co-resident). Whole grid. */
+template <class Tp>
+__device__ __forceinline__ void mep_combine_push_weights(const MepLLParams &p,
+                                                         const MepCombineArgs &a,
+                                                         uint32_t epoch) {
+  const int n = a.tokens * a.top_k;
+  const uint64_t base = p.set_off + p.lay.comb_weights +
+                        (uint64_t)p.xp.rank * (uint64_t)p.dims.max_tokens * a.top_k * 8u;
+  for (int i = blockIdx.x + gridDim.x * threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const int64_t e = a.idx_bytes == 8 ? static_cast<const int64_t *>(a.topk)[i]
+                                       : static_cast<const int32_t *>(a.topk)[i];
+    if (e < 0 || e >= a.num_experts) continue; /* dispatch sent this slot nowhere */
+    const int d = (int)(e / a.local_experts);
+    if (d == p.xp.rank) continue; /* read from a.weights there */
+    uint64_t *w = static_cast<uint64_t *>(Tp::peer_ptr(p.xp, d, base + (uint64_t)i * 8u));
+    mep_st_relaxed_sys(w, mep_ll_weight_word(__float_as_uint(a.weights[i]), epoch));
+  }
+}
+
+/* The slow path of a pushed weight's read, out of line: source `src`'s
+ * word at w once it carries `epoch`. An expired wait is recorded (fatal)
+ * and gives weight 0. */
+static __device__ __noinline__ uint32_t mep_weight_wait(const MepLLParams &p, const uint64_t *w,
+                                                        uint32_t epoch, int src) {
+  uint64_t seen = 0;
+  if (mep_wait(p.wc, [&] { return (uint64_t)(uint32_t)mep_ld_relaxed_sys(w); },
+               [&](uint64_t v) { return v == epoch; }, epoch, MEP_LL_OP_COMBINE_WEIGHTS, src, -1,
+               &seen))
+    return (uint32_t)(mep_ld_relaxed_sys(w) >> 32);
+  return 0u;
+}
+
+/* The send half's partial rows for the sources that get them (src_s: their
+ * src_tokens words, shared memory, with MEP_LL_SRC_PUSHED where the source
+ * pushes its weights: those come from the pushed words, not the route).
+ * Units (token, source, piece): LSA
  * pieces are one step, stored straight into the source's row; staged
  * transports compute a kMepPartialPiece-channel piece into the staging row,
  * then put it with a row signal, counted in comb_puts for the count signal
@@ -82,7 +127,8 @@ __device__ __forceinline__ void mep_partial_chunks(const __nv_bfloat16 *y, int h
 template <class Tp, int S>
 __device__ __forceinline__ void mep_combine_send_partials_at(const MepLLParams &p,
                                                              const MepCombineArgs &a,
-                                                             const int *src_s, int longest) {
+                                                             const int *src_s, int longest,
+                                                             uint32_t epoch) {
   const int lane = threadIdx.x & 31;
   const int nwarps = gridDim.x * (MEP_LL_THREADS / 32);
   const int gwarp = mep_ll_spread_warp();
@@ -96,11 +142,25 @@ __device__ __forceinline__ void mep_combine_send_partials_at(const MepLLParams &
   for (int u = gwarp; u < longest * R * npieces; u += nwarps) {
     const int pc = u % npieces, ts = u / npieces, s = ts % R, t = ts / R;
     const int v = src_s[s];
-    if (!(v & MEP_LL_SRC_WEIGHTED) || t >= MEP_LL_SRC_TOKENS(v)) continue; /* warp-uniform */
-    const mep_ll_route_t entry = lane < K ? a.route[((size_t)s * M + t) * K + lane]
-                                          : mep_ll_route_t{MEP_LL_ROUTE_ELSEWHERE, 0};
+    if (!(v & MEP_LL_SRC_PARTIALS) || t >= MEP_LL_SRC_TOKENS(v)) continue; /* warp-uniform */
+    mep_ll_route_t entry = lane < K ? a.route[((size_t)s * M + t) * K + lane]
+                                    : mep_ll_route_t{MEP_LL_ROUTE_ELSEWHERE, 0};
+    /* the pushed word (this rank's own weight) is loaded beside the route,
+     * before it is known to be needed: no second round trip once the words
+     * have landed */
+    const bool pushed = !Tp::kStaged && (v & MEP_LL_SRC_PUSHED) && lane < K;
+    const bool own = s == p.xp.rank; /* warp-uniform */
+    const uint64_t *wp = reinterpret_cast<const uint64_t *>(
+        p.xp.local + p.set_off + p.lay.comb_weights + (((size_t)s * M + t) * K + lane) * 8u);
+    const uint64_t word = pushed ? (own ? (uint64_t)__float_as_uint(a.weights[t * K + lane]) << 32
+                                        : mep_ld_relaxed_sys(wp))
+                                 : 0u;
     const unsigned mine = __ballot_sync(0xffffffffu, entry.slot != MEP_LL_ROUTE_ELSEWHERE);
     if (mine == 0) continue; /* the token has no expert here */
+    if (pushed && entry.slot >= 0)
+      entry.weight_bits = (int32_t)(own || (uint32_t)word == epoch
+                                        ? (uint32_t)(word >> 32)
+                                        : mep_weight_wait(p, wp, epoch, s));
     const unsigned live = __ballot_sync(0xffffffffu, entry.slot >= 0);
     const int kf = __ffs(mine) - 1;
     const int c0 = pc * piece;
@@ -145,14 +205,15 @@ __device__ __forceinline__ void mep_combine_send_partials_at(const MepLLParams &
 template <class Tp>
 __device__ __forceinline__ void mep_combine_send_partials(const MepLLParams &p,
                                                           const MepCombineArgs &a,
-                                                          const int *src_s, int longest) {
+                                                          const int *src_s, int longest,
+                                                          uint32_t epoch) {
   const int64_t units = (int64_t)longest * p.dims.world *
                         ((a.hidden + kMepPartialStep - 1) / kMepPartialStep);
   const int64_t nwarps = (int64_t)gridDim.x * (MEP_LL_THREADS / 32);
   if (Tp::kStaged || units <= 2 * nwarps)
-    mep_combine_send_partials_at<Tp, 1>(p, a, src_s, longest);
+    mep_combine_send_partials_at<Tp, 1>(p, a, src_s, longest, epoch);
   else
-    mep_combine_send_partials_at<Tp, kMepPartialWideSteps>(p, a, src_s, longest);
+    mep_combine_send_partials_at<Tp, kMepPartialWideSteps>(p, a, src_s, longest, epoch);
 }
 
 /* Receive half's reduction (after the count/row waits): units (token,

@@ -29,7 +29,7 @@ extern "C" mep_kstatus_t mep_ll_combine_send(const mep_ll_ctx_t *ctx,
                                                const mep_ll_combine_args_t *a, void *stream) {
   mep_kstatus_t st = mep_ll_combine_check("combine_send", ctx, a);
   if (st != MEP_KSTATUS_OK) return st;
-  if ((st = mep_combine_check_send_ptrs("combine_send", a)) != MEP_KSTATUS_OK) return st;
+  if ((st = mep_combine_check_send_ptrs("combine_send", ctx, a)) != MEP_KSTATUS_OK) return st;
   MepLLParams p;
   mep_ll_make_params(ctx, a->buffer_set, &p);
   const int grid = mep_ll_grid(ctx);

@@ -154,7 +154,7 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
     }
   }
   __syncthreads(); /* every thread has read the block's tag copy */
-  mep_slots_store(p.tags, (uint32_t)(R + 1), 1, [&](int) { return R; }, [&](int) { return tag; });
+  mep_slots_store(p.tags, mep_ll_tag_words(R), 1, [&](int) { return R; }, [&](int) { return tag; });
   Tp::flush_warp(p.xp);
 }
 

@@ -312,7 +312,7 @@ __device__ __forceinline__ void mep_dispatch_recv_finish(const MepLLParams &p,
   /* Only this block reads its shadow and tag copies: no grid-wide ticket. */
   mep_store_shadows<Tp>(p, next, [&](int r) { return mep_ll_sig_disp_cnt(&p.dims, r); },
                         [&](int r) { return mep_ll_sig_disp_row(&p.dims, r); });
-  mep_slots_store(p.tags, (uint32_t)(R + 1), R, [&](int j) { return j; },
+  mep_slots_store(p.tags, mep_ll_tag_words(R), R, [&](int j) { return j; },
                   [&](int j) { return (uint32_t)tag[j]; });
   mep_stamp(p, MEP_LL_STAMP_DONE);
 }

@@ -121,14 +121,35 @@ static inline MEP_HD uint64_t mep_ll_elist_bytes(const mep_ll_dims_t *d) {
   return mep_ll_align16(((uint64_t)d->max_tokens + 1u) * 8u);
 }
 
+/* Pushed combine weights (LSA, a combine whose dispatch carried no
+ * weights): the source writes each valid slot's weight into the slot's
+ * expert rank, one 8-byte store per (token, k), so that rank pre-reduces
+ * as if the dispatch had carried the weights.
+ *   word: weight f32 bits << 32 | combine epoch
+ * The epoch (1..2^32-1) counts the combines on the buffer set, the same on
+ * every rank, so a word carrying this combine's epoch was written by it;
+ * the reader needs no signal and no fence. */
+static inline MEP_HD uint32_t mep_ll_next_epoch(uint32_t epoch) {
+  return epoch == 0xffffffffu ? 1u : epoch + 1u;
+}
+static inline MEP_HD uint64_t mep_ll_weight_word(uint32_t weight_bits, uint32_t epoch) {
+  return ((uint64_t)weight_bits << 32) | (uint64_t)epoch;
+}
+
+/* Per-block state words beside the shadows: the last list tag received
+ * from each source [R], the last sent [1], the last combine epoch [1]. */
+static inline MEP_HD uint32_t mep_ll_tag_words(int world) { return (uint32_t)world + 2u; }
+
 /* One buffer set, offsets relative to the set's start. Dispatch sends each
  * token once per destination rank (not once per expert): the receiver gets
  * the source's rows in token order plus, per (token, k), the local expert
  * it names on the receiver (-1: none there) and the slot's weight, and
- * builds the per-expert slots itself. Combine returns either one bf16 row
- * per (token, k) (the source reduces), or, when the dispatch carried the
- * weights, one bf16 partial sum per (token, rank), written into the row of
- * the token's first slot on that rank (the expert side pre-reduces).
+ * builds the per-expert slots itself. Combine returns one bf16 partial
+ * sum per (token, rank), written into the row of the token's first slot on
+ * that rank (the expert side pre-reduces, with the dispatch's weights or,
+ * over LSA, weights the source pushed into comb_weights), or over staged
+ * transports without weights at dispatch one bf16 row per (token, k), from
+ * which the source forms the same partials.
  * Signals first, u64 each, indexed by source rank:
  *   dispatch count [R], dispatch row [R], combine count [R], combine row [R].
  * A dispatch count signal carries the source's token count, its
@@ -141,6 +162,7 @@ typedef struct mep_ll_set_layout {
   uint64_t disp_list;     /* [R] slot lists (mep_ll_list_bytes each) */
   uint64_t disp_elist;    /* [E_local][R] expert lists (LSA; mep_ll_elist_bytes each) */
   uint64_t comb_recv;     /* [max_tokens][top_k] bf16 rows */
+  uint64_t comb_weights;  /* [R][max_tokens * top_k] pushed weight words (LSA) */
   uint64_t stage;         /* send staging (GIN / GIN-emulated; empty when lsa_only) */
   uint64_t stage_list;    /* dispatch list staging [R][max_tokens * top_k] */
   uint64_t stage_partial; /* combine partial staging [R][max_tokens] bf16 rows */
@@ -160,7 +182,8 @@ static inline MEP_HD mep_ll_set_layout_t mep_ll_set_layout(const mep_ll_dims_t *
   l.disp_list = l.disp_recv + r * t * row_d;
   l.disp_elist = l.disp_list + r * list;
   l.comb_recv = l.disp_elist + el * r * mep_ll_elist_bytes(d);
-  l.stage = l.comb_recv + t * k * row_c;
+  l.comb_weights = l.comb_recv + t * k * row_c;
+  l.stage = l.comb_weights + mep_ll_align16(r * t * k * 8u);
   if (d->lsa_only) { /* LSA stores from the caller's tensors: no staging */
     l.stage_list = l.stage_partial = l.stage;
     l.set_bytes = mep_ll_align16(l.stage);
@@ -257,8 +280,8 @@ static inline MEP_HD int mep_ll_arrival_state(uint64_t increase, uint64_t *code)
  * block sends the count signals). Everything advances in device memory, so
  * graph replays need no host.
  *
- * The list tags (mep_ll_list_word) live beside the shadows: per set, the
- * last tag received from each source [R] and the last tag sent [1].
+ * The list tags (mep_ll_list_word) and the combine epoch
+ * (mep_ll_weight_word) live beside the shadows: mep_ll_tag_words.
  *
  * Every block keeps its own copy of the shadows and tags (slot = block
  * index), so a launch ends without a grid-wide ticket: block b reads slot
@@ -274,7 +297,7 @@ enum {
 
 typedef struct mep_ll_state_layout {
   uint64_t shadows;    /* u64 [2 sets][MEP_LL_SHADOW_SLOTS][num_signals] */
-  uint64_t tags;       /* u32 [2 sets][MEP_LL_SHADOW_SLOTS][R + 1] */
+  uint64_t tags;       /* u32 [2 sets][MEP_LL_SHADOW_SLOTS][mep_ll_tag_words(R)] */
   uint64_t puts;       /* u32 [2 sets][R] staged dispatch puts per destination */
   uint64_t comb_puts;  /* u32 [2 sets][R] staged combine partial puts per destination */
   uint64_t tickets;    /* u32 [2 sets][MEP_LL_NUM_TICKETS] */
@@ -288,7 +311,7 @@ static inline MEP_HD mep_ll_state_layout_t mep_ll_state_layout(const mep_ll_dims
   s.shadows = 0;
   const uint64_t sets = MEP_NUM_BUFFER_SETS;
   s.tags = mep_ll_align16(sets * MEP_LL_SHADOW_SLOTS * nsig * 8u);
-  s.puts = s.tags + mep_ll_align16(sets * MEP_LL_SHADOW_SLOTS * ((uint64_t)d->world + 1u) * 4u);
+  s.puts = s.tags + mep_ll_align16(sets * MEP_LL_SHADOW_SLOTS * mep_ll_tag_words(d->world) * 4u);
   s.comb_puts = s.puts + mep_ll_align16(sets * (uint64_t)d->world * 4u);
   s.tickets = s.comb_puts + mep_ll_align16(sets * (uint64_t)d->world * 4u);
   s.abort_flag = s.tickets + sets * MEP_LL_NUM_TICKETS * 4u;

@@ -19,7 +19,7 @@ struct MepLLParams {
   mep_ll_dims_t dims;     /* capacities */
   mep_ll_set_layout_t lay;
   uint64_t *shadows;      /* this set's shadows [MEP_LL_SHADOW_SLOTS][num_signals] */
-  uint32_t *tags;         /* this set's list tags [MEP_LL_SHADOW_SLOTS][R + 1] */
+  uint32_t *tags;         /* this set's tags [MEP_LL_SHADOW_SLOTS][mep_ll_tag_words(R)] */
   uint32_t *puts;         /* this set's staged-dispatch puts per destination [R] */
   uint32_t *comb_puts;    /* this set's staged combine partial puts per destination [R] */
   uint32_t *tickets;      /* this set's block tickets [MEP_LL_NUM_TICKETS] */
@@ -39,13 +39,14 @@ __device__ __forceinline__ void mep_stamp(const MepLLParams &p, int point) {
   if (threadIdx.x == 0) mep_stamp_here(p, point);
 }
 
-/* This block's copy of signal `sig`'s shadow, and of list tag i (source
- * i < R received, R sent); see MEP_LL_SHADOW_SLOTS. */
+/* This block's copy of signal `sig`'s shadow, and of tag word i (list tag
+ * of source i < R received, R sent; R + 1 the combine epoch); see
+ * MEP_LL_SHADOW_SLOTS. */
 __device__ __forceinline__ uint64_t mep_shadow(const MepLLParams &p, uint32_t sig) {
   return p.shadows[(uint64_t)blockIdx.x * p.lay.num_signals + sig];
 }
 __device__ __forceinline__ uint32_t mep_tag(const MepLLParams &p, int i) {
-  return p.tags[(uint64_t)blockIdx.x * (p.dims.world + 1) + i];
+  return p.tags[(uint64_t)blockIdx.x * mep_ll_tag_words(p.dims.world) + i];
 }
 
 /* Ends a block's use of its per-block state copies: writes value_of(j) into

@@ -331,12 +331,12 @@ typedef struct moe_ep_combine_params {
    * INVALID_ARGUMENT: the weights were already applied). */
   const moe_ep_tensor_t *topk_weights;
   /* [T, H] bf16 = sum_k w_k * y_k, in a fixed order (bit-identical on
-   * every backend): each term fmaf(w, y, acc) into f32 from +0, -1 slots
-   * skipped, bf16 round-to-nearest-even. Weights at combine: one sum over
-   * the token's slots in k order. Weights at dispatch: per rank the sum of
-   * its slots in k order, rounded to bf16; those partials summed in f32
-   * from +0 in the order their ranks first appear in the token's top-k.
-   * (README, "Routing weights may be given to the LL dispatch".)
+   * every backend and transport, and wherever the weights were given):
+   * each term fmaf(w, y, acc) into f32 from +0, -1 slots skipped, bf16
+   * round-to-nearest-even. LL: per rank the sum of its slots in k order,
+   * rounded to bf16; those partials summed in f32 from +0 in the order
+   * their ranks first appear in the token's top-k. (README, "Routing
+   * weights may be given to the LL dispatch".)
    * HT: the token's rows, one per rank it reached, summed in f32 from +0
    * in ascending rank order, rounded to bf16 once. When ranks_per_node is
    * set, each node's rows are summed first (ranks ascending, from +0), and

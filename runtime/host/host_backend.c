@@ -425,16 +425,15 @@ static moe_ep_status_t combine_recv(moe_ep_group_t *g, mep_op_t *op) {
                                                                    (size_t)t * (size_t)W + (size_t)j))
                      : NULL;
     }
-    if (op->mode == MOE_EP_MODE_LOW_LATENCY && h->weighted) {
-      /* Weights given to dispatch: the GPU pre-reduces per expert rank;
+    if (op->mode == MOE_EP_MODE_LOW_LATENCY) {
+      /* The GPU pre-reduces per expert rank (weights at dispatch, or
+       * pushed at combine) or sums the slots' rows in the same rank order;
        * here every slot's row came back, and the same partials are formed
        * on this side, in the same order, so the bits agree. */
       int32_t ranks[MEP_MAX_TOP_K];
       for (int k = 0; k < K; k++) ranks[k] = rank_of(g, tk[k]);
       mep_combine_partials(out, rows, op->topk_weights + (size_t)t * (size_t)K, ranks, K,
                            op->hidden);
-    } else if (op->mode == MOE_EP_MODE_LOW_LATENCY) {
-      mep_combine_weighted(out, rows, op->topk_weights + (size_t)t * (size_t)K, K, op->hidden);
     } else {
       /* HT: per node of ranks_per_node first when it is set (the nccl
        * backend's relays reduce their node's rows), then across nodes. */

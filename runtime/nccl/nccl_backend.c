@@ -214,13 +214,19 @@ static moe_ep_status_t timeout_error(const moe_ep_group_t *g, const nccl_state_t
                      r->rank, (unsigned long long)r->seen, r->peer, r->buffer_set, r->expert,
                      (unsigned long long)r->expected);
   }
-  if (r->op == MEP_LL_OP_DISPATCH_LIST) {
+  if (r->op == MEP_LL_OP_DISPATCH_LIST || r->op == MEP_LL_OP_COMBINE_WEIGHTS) {
+    /* a word that carries its own tag: a slot- or expert-list word, or a
+     * pushed combine weight */
+    const int list = r->op == MEP_LL_OP_DISPATCH_LIST;
     return mep_error(MOE_EP_ERR_TIMEOUT,
-                     "a dispatch receive kernel on rank %d waited timeouts.kernel_ms=%d for "
-                     "rank %d's slot or expert list (buffer set %d): expected list tag %llu, saw tag "
-                     "%llu; the peer did not take part in the operation",
-                     r->rank, g->cfg.kernel_timeout_ms, r->peer, r->buffer_set,
-                     (unsigned long long)r->expected, (unsigned long long)r->seen);
+                     "a %s kernel on rank %d waited timeouts.kernel_ms=%d for rank %d's %s "
+                     "(buffer set %d): expected %s %llu, saw %llu; the peer did not take part "
+                     "in the operation",
+                     list ? "dispatch receive" : "combine send", r->rank,
+                     g->cfg.kernel_timeout_ms, r->peer,
+                     list ? "slot or expert list" : "combine weights", r->buffer_set,
+                     list ? "list tag" : "combine epoch", (unsigned long long)r->expected,
+                     (unsigned long long)r->seen);
   }
   const char *op = r->op == MEP_LL_OP_DISPATCH_RECV  ? "dispatch receive"
                    : r->op == MEP_LL_OP_COMBINE_RECV ? "combine receive"

@@ -191,21 +191,14 @@ class LlGpu : public ::testing::Test {
     ASSERT_EQ(cudaMemcpy(g.y, yh.data(), yh.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
   }
 
-  // Expected out[t][h], exactly as documented: per slot w * y (fmaf, k
-  // ascending, from 0) in f32; with partials, one such sum per expert rank
-  // rounded to bf16, the partials added in f32 (from 0) in the order the
-  // ranks first appear in the token's top-k, then bf16.
+  // Expected out[t][h], exactly as documented, wherever the weights were
+  // given: per expert rank the sum of its slots' w * y (fmaf, k ascending,
+  // from 0) in f32, rounded to bf16; the partials added in f32 (from 0) in
+  // the order the ranks first appear in the token's top-k, then bf16.
   float expected_out(const Case &c, const Inputs &in, uint64_t y_seed, int t, int h) {
     const int K = c.top_k, EL = local_experts(c);
     auto y = [&](int e) { return bf2f(f2bf(y_val(y_seed, g_rank, t, e, h))); };
     float acc = 0;
-    if (!weighted_) {
-      for (int k = 0; k < K; ++k) {
-        const int e = (int)in.topk[(size_t)t * K + k];
-        if (e >= 0) acc = std::fmaf(in.w[(size_t)t * K + k], y(e), acc);
-      }
-      return bf2f(f2bf(acc));
-    }
     for (int k = 0; k < K; ++k) {
       const int e = (int)in.topk[(size_t)t * K + k];
       if (e < 0) continue;

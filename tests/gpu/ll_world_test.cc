@@ -288,8 +288,7 @@ TEST_P(LlWorld, MatchesOracle) {
       const auto &slot_y = y_of_slot[s];
       const std::vector<uint16_t> want = o::ll_combine_reduce(
           p, all[s],
-          [&](int t, int k) { return slot_y[static_cast<size_t>(t) * K + k]; },
-          c.weighted ? o::LlWeightsAt::kDispatch : o::LlWeightsAt::kCombine);
+          [&](int t, int k) { return slot_y[static_cast<size_t>(t) * K + k]; });
       const auto got = Download<uint16_t>(rb[s].out, want.size());
       EXPECT_EQ(o::compare_exact_bf16("combine out", got.data(), want.data(),
                                       want.size(), H),

@@ -366,8 +366,7 @@ moe_ep_status_t LlCall::combine_with(moe_ep_tensor_t* weights, uint32_t flags,
 void LlCall::check_combine() {
   trace(c_, "check_combine", seed_);
   m_out_.download();
-  const LlWeightsAt at = weights_at_dispatch_ ? LlWeightsAt::kDispatch : LlWeightsAt::kCombine;
-  std::vector<uint16_t> want = ll_combine_expected(p_, all_[c_.rank], at);
+  std::vector<uint16_t> want = ll_combine_expected(p_, all_[c_.rank]);
   if (c_.opt.non_finite) {
     // Which NaN a float sum keeps depends on operand order: where the
     // oracle has a NaN, any NaN matches; both are then left out.

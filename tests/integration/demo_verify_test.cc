@@ -56,16 +56,16 @@ TEST(DemoVerify, CombineCheckAcceptsTheOracleAndNamesTheFirstBadElement) {
     const uint64_t seed = 7;
     const oracle::Problem p = ProblemFor(fp8);
     const oracle::RankInputs in = oracle::make_inputs(p, 0, seed);
-    std::vector<uint16_t> out = oracle::ll_combine_expected(p, in, oracle::LlWeightsAt::kCombine);
+    std::vector<uint16_t> out = oracle::ll_combine_expected(p, in);
     char why[512] = "";
-    EXPECT_EQ(1, demo_verify_combine(0, p.hidden, p.top_k, fp8, in.num_tokens, in.x.data(),
+    EXPECT_EQ(1, demo_verify_combine(0, p.hidden, p.top_k, p.num_experts / p.world, fp8, in.num_tokens, in.x.data(),
                                      in.topk_idx.data(), in.topk_weights.data(), out.data(), why,
                                      sizeof why))
         << "rank 0 seed " << seed << " fp8 " << fp8 << ": " << why;
     // The check is bit-exact: one bf16 ulp off is a failure.
     const size_t bad = (size_t)3 * p.hidden + 17;
     out[bad] ^= 1u;
-    EXPECT_EQ(0, demo_verify_combine(0, p.hidden, p.top_k, fp8, in.num_tokens, in.x.data(),
+    EXPECT_EQ(0, demo_verify_combine(0, p.hidden, p.top_k, p.num_experts / p.world, fp8, in.num_tokens, in.x.data(),
                                      in.topk_idx.data(), in.topk_weights.data(), out.data(), why,
                                      sizeof why));
     EXPECT_NE(std::string(why).find("rank 0: combine out[3][17]"), std::string::npos) << why;

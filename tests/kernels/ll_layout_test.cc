@@ -46,6 +46,7 @@ TEST(LlLayout, RegionsAlignedDisjointAndInsideTheSet) {
         {l.disp_list, l.disp_list + R * list},
         {l.disp_elist, l.disp_elist + (uint64_t)d.local_experts * R * mep_ll_align16((M + 1) * 8)},
         {l.comb_recv, l.comb_recv + M * K * row_c},
+        {l.comb_weights, l.comb_weights + R * M * K * 8},
         {l.stage, l.stage + M * row_d},
         {l.stage_list, l.stage_list + R * list},
     };
@@ -77,6 +78,7 @@ TEST(LlLayout, LsaOnlyLeavesOutStagingAndKeepsEveryOtherOffset) {
     ASSERT_EQ(a.disp_list, b.disp_list) << Dims(full);
     ASSERT_EQ(a.disp_elist, b.disp_elist) << Dims(full);
     ASSERT_EQ(a.comb_recv, b.comb_recv) << Dims(full);
+    ASSERT_EQ(a.comb_weights, b.comb_weights) << Dims(full);
     ASSERT_EQ(a.stage, b.stage) << Dims(full);
     ASSERT_EQ(b.set_bytes, b.stage) << Dims(full) << ": the LSA set ends where staging began";
     ASSERT_EQ(b.set_bytes % 16, 0u) << Dims(full);

@@ -95,14 +95,21 @@ TEST(LlLink, ExportLayoutRejectsBadArguments) {
             MEP_KSTATUS_OK);
 }
 
-// A window laid out for LSA only has no staging: a staged transport on it
-// is refused before any launch, naming both.
-TEST(LlLink, LsaOnlyWindowRefusesStagedTransports) {
+// 1 local expert, 1 rank, 1 token, hidden 128, top-1, a window laid out for
+// LSA only and exactly its size; fake pointers (no GPU).
+mep_ll_ctx_t TinyLsaOnlyCtx() {
   mep_ll_ctx_t ctx = {};
   FillFakePointers(&ctx);
   ctx.num_sms = 1;
   ctx.dims = {1, 1, 1, 128, 1, 0, 2, 1};
   ctx.window_bytes = mep_ll_buffer_bytes(&ctx.dims);
+  return ctx;
+}
+
+// A window laid out for LSA only has no staging: a staged transport on it
+// is refused before any launch, naming both.
+TEST(LlLink, LsaOnlyWindowRefusesStagedTransports) {
+  mep_ll_ctx_t ctx = TinyLsaOnlyCtx();
   mep_ll_dispatch_args_t d = {};
   mep_ll_combine_args_t c = {};
   for (int t : {MEP_LL_TRANSPORT_GIN_EMULATED, MEP_LL_TRANSPORT_GIN}) {
@@ -124,22 +131,64 @@ TEST(LlLink, LsaOnlyWindowRefusesStagedTransports) {
       << mep_kernels_last_error();
 }
 
+// Over LSA a combine whose dispatch carried no weights pushes them from its
+// send half, so both the send and the fused launcher need topk_idx and
+// topk_weights; a weighted dispatch's combine needs neither.
+TEST(LlLink, LsaCombineSendNeedsTheWeightsItPushes) {
+  mep_ll_ctx_t ctx = TinyLsaOnlyCtx();
+  ctx.transport = MEP_LL_TRANSPORT_LSA;
+  int32_t handle[4] = {};
+  mep_ll_route_t route[1] = {};
+  int64_t idx[1] = {0};
+  uint16_t y[128] = {}, out[128] = {};
+  mep_ll_combine_args_t c = {};
+  c.y = y;
+  c.topk_idx = idx;
+  c.topk_idx_bytes = 8;
+  c.out = out;
+  c.num_tokens = 1;
+  c.hidden = 128;
+  c.top_k = 1;
+  c.num_experts = 1;
+  c.recv_count = c.slot_src = c.src_count = c.src_tokens = handle;
+  c.route = route;
+  EXPECT_EQ(mep_ll_combine_send(&ctx, &c, nullptr), MEP_KSTATUS_INVALID_ARGUMENT);
+  std::string e = mep_kernels_last_error();
+  EXPECT_NE(e.find("combine_send: topk_idx and topk_weights must not be NULL"), std::string::npos)
+      << e;
+  EXPECT_EQ(mep_ll_combine(&ctx, &c, nullptr), MEP_KSTATUS_INVALID_ARGUMENT);
+  e = mep_kernels_last_error();
+  EXPECT_NE(e.find("topk_weights must not be NULL"), std::string::npos) << e;
+  // No tokens: nothing to push.
+  c.num_tokens = 0;
+  mep_ll_combine_send(&ctx, &c, nullptr);
+  EXPECT_EQ(std::string(mep_kernels_last_error()).find("must not be NULL"), std::string::npos)
+      << mep_kernels_last_error();
+  // Weights at dispatch: the send half reads the route's weights instead.
+  c.num_tokens = 1;
+  c.partials = 1;
+  mep_ll_combine_send(&ctx, &c, nullptr);
+  EXPECT_EQ(std::string(mep_kernels_last_error()).find("must not be NULL"), std::string::npos)
+      << mep_kernels_last_error();
+}
+
 TEST(LlLink, BufferBytesExact) {
   // 1 local expert, 1 rank, 1 token, hidden 128, top-1, bf16:
   // signals 4*8 = 32; dispatch row 256; slot list 32 (16-byte head, one
   // 8-byte word, 16-aligned); expert list 16 (count + one entry); combine
-  // row 256; staging max(256 + 32, 256 slot row + 256 partial) = 512. Per
-  // set 32+256+32+16+256+512 = 1104.
+  // row 256; pushed weights 16 (one 8-byte word, 16-aligned); staging
+  // max(256 + 32, 256 slot row + 256 partial) = 512. Per set
+  // 32+256+32+16+256+16+512 = 1120.
   mep_ll_dims_t d = {1, 1, 1, 128, 1, 0, 2, 0};
-  EXPECT_EQ(mep_ll_buffer_bytes(&d), 2u * 1104u);
+  EXPECT_EQ(mep_ll_buffer_bytes(&d), 2u * 1120u);
   d.num_sets = 0;  // 0 means 2
-  EXPECT_EQ(mep_ll_buffer_bytes(&d), 2u * 1104u);
+  EXPECT_EQ(mep_ll_buffer_bytes(&d), 2u * 1120u);
   // double_buffer: false -> one set.
   d.num_sets = 1;
-  EXPECT_EQ(mep_ll_buffer_bytes(&d), 1104u);
-  // LSA only: no staging, 1104 - 512.
+  EXPECT_EQ(mep_ll_buffer_bytes(&d), 1120u);
+  // LSA only: no staging, 1120 - 512.
   d.lsa_only = 1;
-  EXPECT_EQ(mep_ll_buffer_bytes(&d), 592u);
+  EXPECT_EQ(mep_ll_buffer_bytes(&d), 608u);
   // fp8 row: 128 + 4 scales -> 144 (16-aligned).
   EXPECT_EQ(mep_ll_dispatch_row_bytes(128, 1), 144u);
 }

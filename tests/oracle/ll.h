@@ -64,33 +64,21 @@ void ll_received_row(const Problem& p, const LlDispatchExpected& d, int64_t row,
 // y of one slot (t, k) of the combining rank: H bf16 values.
 using LlSlotY = std::function<const uint16_t*(int token, int k)>;
 
-// Where the combining rank's routing weights were applied (README, "Routing
-// weights may be given to the LL dispatch"): it is the combining rank's own
-// dispatch that decides, so ranks of one group may differ.
-enum class LlWeightsAt {
-  kCombine,   // dispatch had no topk_weights: one f32 sum per token
-  kDispatch,  // dispatch carried them: per-rank bf16 partials, then their sum
-};
-
-// out [T, H] bf16, channel by channel; "fma" is one rounding (std::fma),
-// every sum starts at +0.0f, slots with topk_idx == -1 are skipped, and a
-// token with no expert gives +0.
-//  kCombine:  out[t] = bf16(acc), acc = fma(w[t,k], y(t,k), acc) for k
-//             ascending.
-//  kDispatch: the token's ranks in the order they first appear in its
-//             top-k (k ascending); for each rank r a partial
-//             P_r = bf16(acc_r), acc_r = fma(w[t,k], y(t,k), acc_r) over
-//             r's slots k ascending; out[t] = bf16(acc), acc = acc + P_r in
-//             that rank order.
+// out [T, H] bf16, channel by channel, in the one order every LL combine
+// sums in, wherever the weights were given (README, "Routing weights may be
+// given to the LL dispatch"); "fma" is one rounding (std::fma), every sum
+// starts at +0.0f, slots with topk_idx == -1 are skipped, and a token with
+// no expert gives +0. The token's ranks in the order they first appear in
+// its top-k (k ascending); for each rank r a partial P_r = bf16(acc_r),
+// acc_r = fma(w[t,k], y(t,k), acc_r) over r's slots k ascending;
+// out[t] = bf16(acc), acc = acc + P_r in that rank order.
 std::vector<uint16_t> ll_combine_reduce(const Problem& p, const RankInputs& mine,
-                                        const LlSlotY& y,
-                                        LlWeightsAt weights_at = LlWeightsAt::kCombine);
+                                        const LlSlotY& y);
 
 // ll_combine_reduce with y(t,k) = expert_fn_row(topk_idx[t,k],
 // transported_row(x[t])): what combine returns when every rank runs
 // expert_fn_row on the rows it received. Needs only the combining rank's inputs.
-std::vector<uint16_t> ll_combine_expected(const Problem& p, const RankInputs& mine,
-                                          LlWeightsAt weights_at = LlWeightsAt::kCombine);
+std::vector<uint16_t> ll_combine_expected(const Problem& p, const RankInputs& mine);
 
 }  // namespace moe_ep_oracle
 

@@ -1,5 +1,5 @@
-// ll_combine.cc: expected LL combine, in the documented summation order of
-// each place the weights can be applied (ll.h). Written from the rule, not
+// ll_combine.cc: expected LL combine, in the documented summation order
+// (ll.h), the same wherever the weights were applied. Written from the rule, not
 // from the kernels: fma means one rounding, as the rule says.
 #include <algorithm>
 #include <cmath>
@@ -17,17 +17,8 @@ void accumulate(float w, const uint16_t* y, int hidden, float* acc) {
   for (int i = 0; i < hidden; ++i) acc[i] = std::fma(w, bf16_to_float(y[i]), acc[i]);
 }
 
-// Weights at combine: one f32 sum over the token's slots, k ascending.
-void reduce_slots(const Problem& p, const RankInputs& mine, const LlSlotY& y, int t,
-                  float* acc) {
-  for (int k = 0; k < p.top_k; ++k) {
-    const size_t tk = static_cast<size_t>(t) * p.top_k + k;
-    if (mine.topk_idx[tk] != -1) accumulate(mine.topk_weights[tk], y(t, k), p.hidden, acc);
-  }
-}
-
-// Weights at dispatch: one bf16 partial per rank the token reaches, summed
-// in the order those ranks first appear in its top-k.
+// One bf16 partial per rank the token reaches, summed in the order those
+// ranks first appear in its top-k.
 void reduce_partials(const Problem& p, const RankInputs& mine, const LlSlotY& y, int t,
                      float* acc) {
   const int K = p.top_k, H = p.hidden;
@@ -50,24 +41,20 @@ void reduce_partials(const Problem& p, const RankInputs& mine, const LlSlotY& y,
 }  // namespace
 
 std::vector<uint16_t> ll_combine_reduce(const Problem& p, const RankInputs& mine,
-                                        const LlSlotY& y, LlWeightsAt weights_at) {
+                                        const LlSlotY& y) {
   check_problem(p);
   const int T = mine.num_tokens, H = p.hidden;
   std::vector<uint16_t> out(static_cast<size_t>(T) * H);
   std::vector<float> acc(H);
   for (int t = 0; t < T; ++t) {
     std::fill(acc.begin(), acc.end(), 0.0f);
-    if (weights_at == LlWeightsAt::kDispatch)
-      reduce_partials(p, mine, y, t, acc.data());
-    else
-      reduce_slots(p, mine, y, t, acc.data());
+    reduce_partials(p, mine, y, t, acc.data());
     for (int i = 0; i < H; ++i) out[static_cast<size_t>(t) * H + i] = float_to_bf16(acc[i]);
   }
   return out;
 }
 
-std::vector<uint16_t> ll_combine_expected(const Problem& p, const RankInputs& mine,
-                                          LlWeightsAt weights_at) {
+std::vector<uint16_t> ll_combine_expected(const Problem& p, const RankInputs& mine) {
   check_problem(p);
   const int K = p.top_k, H = p.hidden;
   // y of every valid slot, computed once per token (O(T*K*H) in all).
@@ -82,7 +69,7 @@ std::vector<uint16_t> ll_combine_expected(const Problem& p, const RankInputs& mi
   }
   return ll_combine_reduce(p, mine, [&](int t, int k) {
     return &ys[(static_cast<size_t>(t) * K + k) * H];
-  }, weights_at);
+  });
 }
 
 }  // namespace moe_ep_oracle

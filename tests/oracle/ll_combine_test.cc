@@ -1,8 +1,8 @@
-// ll_combine_test.cc: the LL combine's documented summation order, for both
-// places the weights can be applied: the hand case worked out step by step,
-// and small cases whose bits show each part of the rule (one rounding per
-// product, a bf16 rounding per rank's partial, first-appearance order, the
-// +0 start).
+// ll_combine_test.cc: the LL combine's documented summation order (the same
+// wherever the weights were applied): the hand case worked out step by
+// step, and small cases whose bits show each part of the rule (one rounding
+// per product, a bf16 rounding per rank's partial, first-appearance order,
+// the +0 start).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -19,32 +19,11 @@ namespace {
 float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
 float expert_y(int e, float x) { return round_bf16(x * expert_gain(e)); }
 
-TEST(LlCombine, HandCaseWeightsAtCombineByHand) {
-  Problem p = hand_problem();
-  std::vector<RankInputs> all = hand_inputs();
-  std::vector<uint16_t> out = ll_combine_expected(p, all[0], LlWeightsAt::kCombine);
-  ASSERT_EQ(out.size(), 3u * 128);
-  for (int i = 0; i < 128; ++i) {
-    const float x0 = round_bf16(hand_x(0, 0, i)), x1 = round_bf16(hand_x(0, 1, i)),
-                x2 = round_bf16(hand_x(0, 2, i));
-    // rank 0's weights: t0 {0.25, 0.5}, t1 {0.75, -}, t2 {1.25, 1.5}
-    const float t0 = std::fma(0.5f, expert_y(2, x0), std::fma(0.25f, expert_y(1, x0), 0.0f));
-    const float t1 = std::fma(0.75f, expert_y(3, x1), 0.0f);
-    const float t2 = std::fma(1.5f, expert_y(1, x2), std::fma(1.25f, expert_y(0, x2), 0.0f));
-    ASSERT_EQ(out[i], float_to_bf16(t0)) << i;
-    ASSERT_EQ(out[128 + i], float_to_bf16(t1)) << i;
-    ASSERT_EQ(out[256 + i], float_to_bf16(t2)) << i;
-  }
-  // Rank 1 token 1 has no expert: +0.
-  std::vector<uint16_t> out1 = ll_combine_expected(p, all[1], LlWeightsAt::kCombine);
-  for (int i = 0; i < 128; ++i) ASSERT_EQ(out1[128 + i], 0);
-}
-
-TEST(LlCombine, HandCaseWeightsAtDispatchByHand) {
+TEST(LlCombine, HandCaseByHand) {
   Problem p = hand_problem();  // experts 0, 1 on rank 0; 2, 3 on rank 1
   std::vector<RankInputs> all = hand_inputs();
-  std::vector<uint16_t> out0 = ll_combine_expected(p, all[0], LlWeightsAt::kDispatch);
-  std::vector<uint16_t> out1 = ll_combine_expected(p, all[1], LlWeightsAt::kDispatch);
+  std::vector<uint16_t> out0 = ll_combine_expected(p, all[0]);
+  std::vector<uint16_t> out1 = ll_combine_expected(p, all[1]);
   for (int i = 0; i < 128; ++i) {
     auto x = [&](int s, int t) { return round_bf16(hand_x(s, t, i)); };
     // rank 0 t0 -> {1, 2}: rank 0's partial, then rank 1's.
@@ -84,8 +63,8 @@ struct OneToken {
     in.x.assign(8, 0);
     for (float v : ys) rows.emplace_back(8, float_to_bf16(v));
   }
-  uint16_t out(LlWeightsAt at) const {
-    std::vector<uint16_t> o = ll_combine_reduce(p, in, [&](int, int k) { return rows[k].data(); }, at);
+  uint16_t out() const {
+    std::vector<uint16_t> o = ll_combine_reduce(p, in, [&](int, int k) { return rows[k].data(); });
     for (uint16_t v : o) EXPECT_EQ(v, o[0]);  // every channel alike
     return o[0];
   }
@@ -99,18 +78,17 @@ TEST(LlCombine, ProductsAreFused) {
   float w;
   std::memcpy(&w, &wbits, sizeof w);
   OneToken c(2, 4, {0, 1}, {1.0f, w}, {std::ldexp(1.0f, -24), 1.0078125f});
-  EXPECT_EQ(c.out(LlWeightsAt::kCombine), 0x3F81);
-  EXPECT_EQ(c.out(LlWeightsAt::kDispatch), 0x3F81);  // both on rank 0: one partial
+  EXPECT_EQ(c.out(), 0x3F81);  // both on rank 0: one partial
 }
 
-// With the weights at dispatch each rank's partial is rounded to bf16
-// before the sum: 1 + 2^-8 rounds (to even) to 1 on rank 0, and 1 + 2^-8
-// again after rank 1's 2^-8; one f32 sum over the slots keeps 1 + 2^-7.
+// Each rank's partial is rounded to bf16 before the sum: 1 + 2^-8 rounds
+// (to even) to 1 on rank 0, and 1 + 2^-8 again after rank 1's 2^-8; one
+// f32 sum over the slots would keep 1 + 2^-7.
 TEST(LlCombine, PartialsAreRoundedPerRank) {
   const float eps = std::ldexp(1.0f, -8);
   OneToken c(2, 4, {0, 2, 1}, {1.0f, 1.0f, 1.0f}, {1.0f, eps, eps});
-  EXPECT_EQ(c.out(LlWeightsAt::kCombine), float_to_bf16(1.0f + 2 * eps));
-  EXPECT_EQ(c.out(LlWeightsAt::kDispatch), float_to_bf16(1.0f));
+  EXPECT_EQ(c.out(), float_to_bf16(1.0f));
+  EXPECT_NE(c.out(), float_to_bf16(1.0f + 2 * eps));
 }
 
 // Partials are added in the order their ranks first appear in the token's
@@ -119,22 +97,19 @@ TEST(LlCombine, PartialsAreRoundedPerRank) {
 TEST(LlCombine, PartialsInFirstAppearanceOrder) {
   const float big = std::ldexp(1.0f, 30);
   OneToken c(3, 6, {2, -1, 4, 0}, {1.0f, 1.0f, 1.0f, 1.0f}, {big, 0.0f, -big, 1.0f});
-  EXPECT_EQ(c.out(LlWeightsAt::kDispatch), float_to_bf16(1.0f));
+  EXPECT_EQ(c.out(), float_to_bf16(1.0f));
   // A rank's later slots join its partial at its first appearance: experts
   // 2 and 3 are rank 1's, so rank 1's partial is big - big, then rank 0's 1.
   OneToken d(2, 4, {2, 0, 3}, {1.0f, 1.0f, 1.0f}, {big, 1.0f, -big});
-  EXPECT_EQ(d.out(LlWeightsAt::kDispatch), float_to_bf16(1.0f));  // (big - big) + 1
-  EXPECT_EQ(d.out(LlWeightsAt::kCombine), float_to_bf16(0.0f));   // big + 1 - big
+  EXPECT_EQ(d.out(), float_to_bf16(1.0f));  // (big - big) + 1, not big + 1 - big = 0
 }
 
 // Sums start at +0: a -0 product (or none) gives +0, never -0.
 TEST(LlCombine, SumsStartAtPositiveZero) {
   OneToken neg(2, 4, {0, -1}, {1.0f, 1.0f}, {-0.0f, 0.0f});
-  EXPECT_EQ(neg.out(LlWeightsAt::kCombine), 0x0000);
-  EXPECT_EQ(neg.out(LlWeightsAt::kDispatch), 0x0000);
+  EXPECT_EQ(neg.out(), 0x0000);
   OneToken none(2, 4, {-1, -1}, {1.0f, 1.0f}, {1.0f, 1.0f});
-  EXPECT_EQ(none.out(LlWeightsAt::kCombine), 0x0000);
-  EXPECT_EQ(none.out(LlWeightsAt::kDispatch), 0x0000);
+  EXPECT_EQ(none.out(), 0x0000);
 }
 
 }  // namespace

@@ -194,13 +194,11 @@ TEST_P(LlGenerated, InvariantsAndEndToEndCombine) {
         const LlSlot& sl = d[r].slots[row];
         if (sl.src_rank == s) where[sl.src_token * K + sl.k] = &y[r][row * H];
       }
-    for (LlWeightsAt at : {LlWeightsAt::kCombine, LlWeightsAt::kDispatch}) {
-      std::vector<uint16_t> got =
-          ll_combine_reduce(p, all[s], [&](int t, int k) { return where[t * K + k]; }, at);
-      std::vector<uint16_t> want = ll_combine_expected(p, all[s], at);
-      EXPECT_EQ(compare_exact_u16("combine", got.data(), want.data(), want.size(), H), "")
-          << "rank " << s << " weights at " << (at == LlWeightsAt::kCombine ? "combine" : "dispatch");
-    }
+    std::vector<uint16_t> got =
+        ll_combine_reduce(p, all[s], [&](int t, int k) { return where[t * K + k]; });
+    std::vector<uint16_t> want = ll_combine_expected(p, all[s]);
+    EXPECT_EQ(compare_exact_u16("combine", got.data(), want.data(), want.size(), H), "")
+        << "rank " << s;
   }
 }
 

@@ -126,15 +126,26 @@ def check_handle_layout(what, handle, all_in):
 
 
 def expected_combine(x, idx, w):
-    """One f32 sum per token in k order from 0, then bf16 (README)."""
+    """Per rank the token reaches (in the order its ranks first appear in
+    top-k) an f32 sum of its slots in k order from 0, rounded to bf16; the
+    partials summed in f32 from 0, then bf16 (README). Products are not
+    fused here, hence the one-ulp tolerance."""
     out = torch.zeros(x.shape, dtype=torch.bfloat16)
     for t in range(x.shape[0]):
-        acc = torch.zeros(H, dtype=torch.float32)
+        ranks = []
         for k in range(K):
             e = int(idx[t, k])
-            if e >= 0:
-                y = (x[t].float() * scale_of(e)).to(torch.bfloat16).float()
-                acc = acc + w[t, k] * y
+            if e >= 0 and e // EL not in ranks:
+                ranks.append(e // EL)
+        acc = torch.zeros(H, dtype=torch.float32)
+        for r in ranks:
+            part = torch.zeros(H, dtype=torch.float32)
+            for k in range(K):
+                e = int(idx[t, k])
+                if e >= 0 and e // EL == r:
+                    y = (x[t].float() * scale_of(e)).to(torch.bfloat16).float()
+                    part = part + w[t, k] * y
+            acc = acc + part.to(torch.bfloat16).float()
         out[t] = acc.to(torch.bfloat16)
     return out
 

@@ -194,26 +194,11 @@ def fma32(a, b, c):
     return s.astype(np.float32)
 
 
-def ll_combine_at_combine(p, inp):
-    """out [T, H] bf16 bits: one f32 sum per token in k order from +0, one
-    fma(w_k, y_k, acc) per slot, then bf16."""
-    x, idx, w = inp["x"], inp["topk_idx"], inp["weights"]
-    out = np.zeros(x.shape, dtype=np.uint16)
-    for t in range(len(x)):
-        acc = np.zeros(p.hidden, dtype=np.float32)
-        for k in range(p.top_k):
-            e = idx[t, k]
-            if e < 0:
-                continue
-            acc = fma32(w[t, k], bf16_float(expert_row(x[t], e)), acc)
-        out[t] = bf16_bits(acc)
-    return out
-
-
-def ll_combine_at_dispatch(p, inp, expert_out=None):
-    """Weights given to dispatch: per rank the f32 fma sum in k order of that
-    rank's w_k * y_k, rounded to bf16; then the partials summed in f32 in
-    the order the token's ranks first appear in its top-k, then bf16.
+def ll_combine(p, inp, expert_out=None):
+    """LL combine, wherever the weights were given: per rank the f32 fma sum
+    in k order of that rank's w_k * y_k, rounded to bf16; then the partials
+    summed in f32 in the order the token's ranks first appear in its top-k,
+    then bf16.
     expert_out(t, e) gives y (bf16 bits) for token t at expert e; default
     the experts' rule on the token's own row."""
     x, idx, w = inp["x"], inp["topk_idx"], inp["weights"]

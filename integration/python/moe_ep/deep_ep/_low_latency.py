@@ -146,7 +146,8 @@ class LowLatencyMixin:
                             packed_recv_count=None, comp_signal=None, block_m=64, threshold=0,
                             num_sms=0, src_signals=None, src_signal_expect_value=0):
         """Returns (combined_x [T, H] bf16, event, hook); the weights are
-        applied inside combine (one f32 sum per token in k order).
+        applied inside combine (per rank a bf16 partial of its slots in k
+        order, the partials summed in f32: README's order).
         overlap and the arguments after it are SGLang's single-batch
         overlap, where the combine starts sending while the experts' GEMM
         still writes x, following per-block signals: overlap=True, or a

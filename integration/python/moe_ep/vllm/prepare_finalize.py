@@ -291,6 +291,6 @@ class PrepareAndFinalize:
         valid = res.recv_topk_idx >= 0
         w = res.recv_topk_weights  # ones when prepare applied them to the rows
         acc = torch.zeros((fused.shape[0], fused.shape[2]), dtype=torch.float32, device=fused.device)
-        for k in range(fused.shape[1]):  # k order, f32, as the LL combine sums
+        for k in range(fused.shape[1]):  # k order, f32
             acc += (fused[:, k].float() * w[:, k:k + 1]).masked_fill(~valid[:, k:k + 1], 0.0)
         return acc.to(torch.bfloat16)

@@ -24,11 +24,9 @@ FULL = sys.argv[1:] == ["full"]
 HT = oracle.Problem(WORLD, num_experts=4 * WORLD, hidden=256, top_k=4, max_tokens=32)
 
 
-def check_combine(what, seed, out, inp, at_dispatch, p=P):
-    if at_dispatch:
-        same(what, seed, bits(out), oracle.ll_combine_at_dispatch(p, inp))
-    else:
-        same(what, seed, bits(out), oracle.ll_combine_at_combine(p, inp))
+def check_combine(what, seed, out, inp, p=P):
+    """The same sum wherever the weights were given (README)."""
+    same(what, seed, bits(out), oracle.ll_combine(p, inp))
 
 
 def contiguous_map():
@@ -48,7 +46,7 @@ DelegateStandIn.__name__ = "TopKWeightAndReduceDelegate"
 
 # ---- vLLM, low latency --------------------------------------------------------
 
-def vllm_ll_sync(pf, seed, at_dispatch):
+def vllm_ll_sync(pf, seed):
     inputs = oracle.all_inputs(P, seed)
     x, idx, w = torch_inputs(inputs[RANK])
     a1q, scale, meta, ids, wts = pf.prepare(x, w, idx, P.num_experts, None, False, None)
@@ -60,7 +58,7 @@ def vllm_ll_sync(pf, seed, at_dispatch):
     check_dispatch(seed, inputs, res, P.hidden)
     out = torch.empty_like(x)
     pf.finalize(out, expert_outputs(pf.group, a1q), w, idx, False, DelegateStandIn())
-    check_combine("vllm finalize", seed, out, inputs[RANK], at_dispatch)
+    check_combine("vllm finalize", seed, out, inputs[RANK])
 
 
 def vllm_ll_overlapped(pf, seed, what="vllm overlapped finalize"):
@@ -83,7 +81,7 @@ def vllm_ll_overlapped(pf, seed, what="vllm overlapped finalize"):
         if receiver() is not outs[i]:
             fail("vllm finalize_async", seed + i, "receiver did not return output")
     for i in (0, 1):
-        check_combine(what, seed + i, outs[i], batches[i][RANK], True)
+        check_combine(what, seed + i, outs[i], batches[i][RANK])
 
 
 def vllm_ll_weight_on_input(pf, seed):
@@ -98,7 +96,7 @@ def vllm_ll_weight_on_input(pf, seed):
     pf.finalize(out, expert_outputs(pf.group, a1q), w, idx, True, None)
     weighed = oracle.bf16_bits(oracle.bf16_float(inp["x"]) * inp["weights"][:, :1])
     want = {"x": weighed, "topk_idx": inp["topk_idx"], "weights": np.ones_like(inp["weights"])}
-    within_ulp("vllm weight on input", seed, bits(out), oracle.ll_combine_at_dispatch(p1, want), 1)
+    within_ulp("vllm weight on input", seed, bits(out), oracle.ll_combine(p1, want), 1)
 
 
 class Fp8Quant:
@@ -131,7 +129,7 @@ def vllm_bad_input(pf, seed):
     expect_raises("weight_and_reduce_impl", NotImplementedError, "weight_and_reduce_impl=object",
                   lambda: pf.finalize(out, y, w, idx, False, object()))
     pf.finalize(out, y, w, idx, False, None)  # the layer call stayed finalizable
-    check_combine("vllm finalize after refusals", seed, out, inputs[RANK], True)
+    check_combine("vllm finalize after refusals", seed, out, inputs[RANK])
 
 
 def vllm_ll(g):
@@ -142,9 +140,9 @@ def vllm_ll(g):
     if got != (fmt.BatchedExperts, WORLD, P.max_tokens, True, True, None):
         fail("vllm properties", "-", repr(got))
     for seed in (101, 102) if FULL else (101,):
-        vllm_ll_sync(pf, seed, True)
+        vllm_ll_sync(pf, seed)
     vllm_ll_overlapped(pf, 111)
-    vllm_ll_sync(moe_ep.vllm.PrepareAndFinalize(g, weights_at_dispatch=False), 121, False)
+    vllm_ll_sync(moe_ep.vllm.PrepareAndFinalize(g, weights_at_dispatch=False), 121)
     if FULL:
         vllm_ll_weight_on_input(pf, 131)
         vllm_bad_input(pf, 141)
@@ -161,7 +159,7 @@ class CombineInput(collections.namedtuple("CombineInput", "hidden_states topk_id
     """SGLang's DeepEPLLCombineInput: the experts' output and the routing."""
 
 
-def sglang_tbo(d, seed, at_dispatch):
+def sglang_tbo(d, seed):
     """Two-batch overlap: both dispatches out, sub-batch 0's receive run on
     a second thread, then each sub-batch's experts and combine: sub-batch 0
     through current SGLang's combine_a(combine_input=...), sub-batch 1
@@ -192,7 +190,7 @@ def sglang_tbo(d, seed, at_dispatch):
     run_on_thread(d.pending_hook(1), seed + 1)
     for i in (0, 1):
         check_combine("sglang combine_b", seed + i, d.combine_b(tbo_subbatch_index=i),
-                      batches[i][RANK], at_dispatch)
+                      batches[i][RANK])
 
 
 def sglang_bad_input(d, seed):
@@ -221,11 +219,10 @@ def sglang_bad_input(d, seed):
                   lambda: d.set_quant_config({"input_global_scale": torch.ones(1)}))
     d.set_quant_config({"weight_dtype": "mxfp4"})  # what the dispatch does not read
     d.combine_a(hidden_states=y, topk_idx=idx.clone(), topk_weights=w)  # older keywords, ids copied
-    check_combine("sglang after refusals", seed, d.combine_b(), oracle.make_inputs(P, seed, RANK),
-                  True)
+    check_combine("sglang after refusals", seed, d.combine_b(), oracle.make_inputs(P, seed, RANK))
 
 
-def sglang_single(d, seed, at_dispatch):
+def sglang_single(d, seed):
     """dispatch() and combine(combine_input=...): SGLang without two-batch
     overlap (keywords as SGLang's BaseDispatcher passes them)."""
     inp = oracle.make_inputs(P, seed, RANK)
@@ -234,16 +231,15 @@ def sglang_single(d, seed, at_dispatch):
     check_dispatch(seed, oracle.all_inputs(P, seed), moe_ep.DispatchResult(o.hidden_states, None,
                                                                            o.masked_m), P.hidden)
     y = expert_outputs(d.group, o.hidden_states)
-    check_combine("sglang combine()", seed, d.combine(combine_input=CombineInput(y, idx, w)), inp,
-                  at_dispatch)
+    check_combine("sglang combine()", seed, d.combine(combine_input=CombineInput(y, idx, w)), inp)
 
 
 def sglang(g):
-    sglang_tbo(moe_ep.sglang.Dispatcher(g), 201, True)
-    sglang_single(moe_ep.sglang.Dispatcher(g), 231, True)
+    sglang_tbo(moe_ep.sglang.Dispatcher(g), 201)
+    sglang_single(moe_ep.sglang.Dispatcher(g), 231)
     if FULL:
-        sglang_tbo(moe_ep.sglang.Dispatcher(g, weights_at_dispatch=False), 211, False)
-        sglang_single(moe_ep.sglang.Dispatcher(g, weights_at_dispatch=False), 232, False)
+        sglang_tbo(moe_ep.sglang.Dispatcher(g, weights_at_dispatch=False), 211)
+        sglang_single(moe_ep.sglang.Dispatcher(g, weights_at_dispatch=False), 232)
         sglang_bad_input(moe_ep.sglang.Dispatcher(g), 221)
 
 

@@ -92,7 +92,7 @@ def low_latency(group):
     check_ll_handle(5, inputs, handle)
     event.current_stream_wait()
     out, event, hook = buf.low_latency_combine(expert_outputs(recv_x), idx, w, handle)
-    same("deep_ep LL combine", 5, bits(out), oracle.ll_combine_at_combine(P, inputs[RANK]))
+    same("deep_ep LL combine", 5, bits(out), oracle.ll_combine(P, inputs[RANK]))
 
     # The receive hook, run on another thread (two-batch overlap).
     inputs, x, idx, w = inputs_for(6)
@@ -108,7 +108,7 @@ def low_latency(group):
     out, _, hook = buf.low_latency_combine(expert_outputs(recv_x), idx, w, handle,
                                            return_recv_hook=True)
     hook()
-    same("deep_ep LL combine (hook)", 6, bits(out), oracle.ll_combine_at_combine(P, inputs[RANK]))
+    same("deep_ep LL combine (hook)", 6, bits(out), oracle.ll_combine(P, inputs[RANK]))
 
     # Zero-copy combine: the experts write into the buffer the combine reads.
     inputs, x, idx, w = inputs_for(11)
@@ -119,7 +119,7 @@ def low_latency(group):
         fail("deep_ep zero-copy buffer", 11, "%s %s" % (tuple(y.shape), y.dtype))
     y.copy_(expert_outputs(recv_x))
     out, _, _ = buf.low_latency_combine(y, idx, w, handle, zero_copy=True)
-    same("deep_ep LL combine (zero copy)", 11, bits(out), oracle.ll_combine_at_combine(P, inputs[RANK]))
+    same("deep_ep LL combine (zero copy)", 11, bits(out), oracle.ll_combine(P, inputs[RANK]))
     expect_raises("zero_copy on another tensor", ValueError, "get_next_low_latency_combine_buffer",
                   lambda: buf.low_latency_combine(y.clone(), idx, w, handle, zero_copy=True))
 
@@ -155,7 +155,7 @@ def low_latency(group):
                                         packed_recv_count=count, block_m=64, threshold=7,
                                         num_sms=3)
     same("deep_ep LL combine (overlap=False)", 16, bits(out),
-         oracle.ll_combine_at_combine(P, inputs[RANK]))
+         oracle.ll_combine(P, inputs[RANK]))
     buf.clean_low_latency_buffer(P.max_tokens, P.hidden, P.num_experts)
     buf.destroy()
 
@@ -371,7 +371,7 @@ def auto_mode(group):
         check_ll_recv(seed, inputs, recv_x, count)
         out, _, _ = buf.low_latency_combine(expert_outputs(recv_x), idx.clone(), w, handle)
         same("auto LL combine (topk_idx copied)", seed, bits(out),
-             oracle.ll_combine_at_combine(P, inputs[RANK]))
+             oracle.ll_combine(P, inputs[RANK]))
         expect_raises("auto LL combine topk_idx shape", ValueError, "routes the combine",
                       lambda: buf.low_latency_combine(expert_outputs(recv_x), idx[:, :1], w,
                                                       handle))
@@ -430,7 +430,7 @@ def env_address(group):
         recv_x, count, handle, _, _ = buf.low_latency_dispatch(
             x, idx, P.max_tokens, P.num_experts, use_fp8=False)
         out, _, _ = buf.low_latency_combine(expert_outputs(recv_x), idx, w, handle)
-        same("env address LL combine", 31, bits(out), oracle.ll_combine_at_combine(P, inputs[RANK]))
+        same("env address LL combine", 31, bits(out), oracle.ll_combine(P, inputs[RANK]))
         inputs, x, idx, w = inputs_for(32)
         ev = deep_ep.Buffer.capture()
         ev.register_hook_after_wait(lambda: "mine")

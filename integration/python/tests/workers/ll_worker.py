@@ -1,5 +1,5 @@
 """LL worker: dispatch rows, counts and fp8 scales bit-exact against the
-oracle; combine bit-exact (weights at combine) and weights at dispatch;
+oracle; combine bit-exact, with the weights at combine or at dispatch;
 hooks run on a second thread with two micro-batches in flight; out=;
 handle_layout (DeepEP's src_info, layout_range) against the oracle and its
 refusals; bad input raising the library's sentence with the group still
@@ -70,11 +70,8 @@ def roundtrip(g, seed, weights_at_dispatch=False, hidden=None, top_k=None):
     check_dispatch(seed, inputs, res, h_len)
     out = g.combine(h, expert_outputs(g, res.recv_x), topk_weights=None if weights_at_dispatch else w)
     p = oracle.Problem(WORLD, P.num_experts, h_len, top_k or P.top_k, P.max_tokens)
-    if weights_at_dispatch:
-        same("combine (weights at dispatch)", seed, bits(out),
-             oracle.ll_combine_at_dispatch(p, inputs[RANK]))
-    else:
-        same("combine (weights at combine)", seed, bits(out), oracle.ll_combine_at_combine(p, inputs[RANK]))
+    same("combine (weights at %s)" % ("dispatch" if weights_at_dispatch else "combine"), seed,
+         bits(out), oracle.ll_combine(p, inputs[RANK]))
     h.free()
 
 
@@ -114,7 +111,7 @@ def overlapped(g, seed):
                          defer=True)
         outs.append(on_thread(hook))
     for i in (0, 1):
-        same("overlapped combine", seed + i, bits(outs[i]), oracle.ll_combine_at_combine(P, batches[i][RANK]))
+        same("overlapped combine", seed + i, bits(outs[i]), oracle.ll_combine(P, batches[i][RANK]))
     if worker_errors:
         fail("hook thread", seed, "; ".join(worker_errors))
     expect_raises("hook twice", moe_ep.InvalidArgumentError, "already ran", hooks[0])
@@ -135,7 +132,7 @@ def with_out_buffers(g, seed):
     got = g.combine(h, expert_outputs(g, res.recv_x), topk_weights=w, out=out)
     if got is not out:
         fail("out=", seed, "combine did not return out")
-    same("combine into out=", seed, bits(out), oracle.ll_combine_at_combine(P, inputs[RANK]))
+    same("combine into out=", seed, bits(out), oracle.ll_combine(P, inputs[RANK]))
 
 
 def slot_layout(g, seed):
@@ -163,7 +160,7 @@ def slot_layout(g, seed):
                   "params->layout_range has shape",
                   lambda: g.handle_layout(h, layout_range=torch.zeros((1, 1), dtype=torch.int64)))
     out = g.combine(h, expert_outputs(g, res.recv_x), topk_weights=w)
-    same("combine after handle_layout", seed, bits(out), oracle.ll_combine_at_combine(P, inputs[RANK]))
+    same("combine after handle_layout", seed, bits(out), oracle.ll_combine(P, inputs[RANK]))
     h.free()
 
 

@@ -48,7 +48,7 @@ def main():
             check_dispatch(seed, oracle.all_inputs(P, seed),
                            moe_ep.DispatchResult(o.hidden_states, None, o.masked_m), P.hidden)
             out = d.combine(CombineInput(expert_outputs(g, o.hidden_states), idx, w))
-            same("sglang engine combine", seed, bits(out), oracle.ll_combine_at_dispatch(P, inp))
+            same("sglang engine combine", seed, bits(out), oracle.ll_combine(P, inp))
         if seen != [base.DispatchOutputFormat.DEEPEP_LL, "CombineInput"] * 2:
             fail("sglang hooks", "-", "hooks saw %r" % (seen,))
     common.finish()

@@ -158,7 +158,7 @@ def ll_combine_at_dispatch(p, inputs, rank, cfg):
     e's output is bf16(dequantised row * expert_scale(e)) on the rank that
     holds e; per rank the f32 fma sum over k, rounded to bf16, then those
     partials summed in f32 in the order the ranks first appear in the
-    token's top-k (oracle.ll_combine_at_dispatch with the rows the experts
+    token's top-k (oracle.ll_combine with the rows the experts
     saw)."""
     seen = {}
     for r in range(p.world):
@@ -171,6 +171,6 @@ def ll_combine_at_dispatch(p, inputs, rank, cfg):
                 if s == rank:
                     seen[(r * p.local + l, t)] = deq[i]
     # The experts' rule on the dequantised received row.
-    return oracle.ll_combine_at_dispatch(
+    return oracle.ll_combine(
         p, inputs[rank],
         expert_out=lambda t, e: oracle.bf16_bits(seen[(e, t)] * oracle.expert_scale(e)))
