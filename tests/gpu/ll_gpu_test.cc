@@ -649,6 +649,39 @@ TEST_F(LlGpu, AbsentPeerTimesOutOnEveryWaitingRank) {
   EXPECT_LT(ms, 5000) << "rank " << g_rank;
 }
 
+// An absent peer at combine: over LSA a combine whose dispatch carried no
+// weights waits in its send half for the other ranks' pushed weights; with
+// rank 1 gone after the dispatch that wait expires and is recorded as
+// COMBINE_WEIGHTS, naming the rank that waited and the absent one.
+TEST_F(LlGpu, AbsentPeerAtCombineTimesOutInTheSendHalf) {
+  if (g_world < 2) GTEST_SKIP() << "needs 2 ranks";
+  ASSERT_NO_FATAL_FAILURE(use_fresh_group());
+  Group &g = G();
+  g.ctx.transport = MEP_LL_TRANSPORT_LSA;
+  const Case c = kBf16Big;  // rank 1 routes tokens to rank 0's experts
+  const Inputs in = make_inputs(c, g_rank);
+  upload(c, g, in, g.x, g.topk, g.w);
+  mep_ll_dispatch_args_t d = dargs(c, g, 0, g.x, g.topk, g.w);
+  MEP_OK(mep_ll_dispatch_send(&g.ctx, &d, g.stream));
+  MEP_OK(mep_ll_dispatch_recv(&g.ctx, &d, g.stream));
+  CUDA_OK(cudaStreamSynchronize(g.stream));
+  ASSERT_EQ(g.rec->flag, 0) << rec_text();
+  if (g_rank == 1) return;  // absent from the combine (it still frees the group in TearDown)
+  MEP_OK(mep_ll_timeout_cycles(g_rank, 300, &g.ctx.timeout_cycles));
+  mep_ll_combine_args_t cb = cargs(c, g, 0, g.topk, g.w);
+  const auto t0 = std::chrono::steady_clock::now();
+  MEP_OK(mep_ll_combine_send(&g.ctx, &cb, g.stream));
+  CUDA_OK(cudaStreamSynchronize(g.stream));
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(g.rec->flag, 2) << "rank " << g_rank << ": no timeout recorded while rank 1 was absent";
+  EXPECT_EQ(g.rec->op, MEP_LL_OP_COMBINE_WEIGHTS) << "rank " << g_rank << ": " << rec_text();
+  EXPECT_EQ(g.rec->rank, g_rank) << "the record must name the rank that waited: " << rec_text();
+  EXPECT_EQ(g.rec->peer, 1) << "rank " << g_rank << ": the record must name the absent rank: "
+                            << rec_text();
+  EXPECT_NE(g.rec->seen, g.rec->expected) << "rank " << g_rank << ": " << rec_text();
+  EXPECT_LT(ms, 5000) << "rank " << g_rank;
+}
+
 // GIN cannot run without an RDMA NIC: asking for it must fail cleanly with
 // NCCL's reason (or succeed where GIN exists). Its own window on the
 // shared communicator, released before the next test.
