@@ -183,10 +183,13 @@ __device__ __forceinline__ void mep_combine_send_body(const MepLLParams &p,
     }
   }
   __syncthreads();
-  /* Here, not at the first barrier: the epoch's load has landed by now,
-   * so its store delays nothing. */
-  mep_slots_store(p.tags, mep_ll_tag_words(R), 1, [&](int) { return R + 1; },
-                  [&](int) { return epoch; });
+  /* The epoch is stored at the end, after the block's arrival: a store
+   * before it would be one more write for the system-scope release to
+   * wait for, in every block (the dispatch stores its tag last too). */
+  auto store_epoch = [&] {
+    mep_slots_store(p.tags, mep_ll_tag_words(R), 1, [&](int) { return R + 1; },
+                    [&](int) { return epoch; });
+  };
   /* Weighted and pushing sources in one pass: separate passes (one without
    * the pushed words' code) made the LSA send kernel spill, and the pushed
    * combine 3 / 12 us slower at 128 / 256 tokens (EP2, H200). */
@@ -218,6 +221,7 @@ __device__ __forceinline__ void mep_combine_send_body(const MepLLParams &p,
    * row count. */
   if constexpr (!Tp::kRowSignals) {
     mep_arrive<Tp>(p, mep_ll_sig_comb_cnt(&p.dims, p.xp.rank), [](int) { return (uint64_t)1; });
+    store_epoch();
     return;
   }
   /* Staged: one count signal per source, 1 + the rows it must wait for
@@ -239,6 +243,7 @@ __device__ __forceinline__ void mep_combine_send_body(const MepLLParams &p,
         Tp::signal(p.xp, r, mep_ll_sig_comb_cnt(&p.dims, p.xp.rank), (uint64_t)count + 1);
     }
   }
+  store_epoch();
   Tp::flush_warp(p.xp);
 }
 
