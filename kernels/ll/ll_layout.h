@@ -123,8 +123,8 @@ static inline MEP_HD uint64_t mep_ll_elist_bytes(const mep_ll_dims_t *d) {
 
 /* Pushed combine weights (LSA, a combine whose dispatch carried no
  * weights): the source writes each valid slot's weight into the slot's
- * expert rank, one 8-byte store per (token, k), so that rank pre-reduces
- * as if the dispatch had carried the weights.
+ * expert rank when that is another rank, one 8-byte store per (token, k),
+ * so that rank pre-reduces as if the dispatch had carried the weights.
  *   word: weight f32 bits << 32 | combine epoch
  * The epoch (1..2^32-1) counts the combines on the buffer set, the same on
  * every rank, so a word carrying this combine's epoch was written by it;
