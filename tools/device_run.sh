@@ -184,12 +184,13 @@ if [ "$MODE" = ab ]; then
         --tokens=1,8,32,128,256 --warmup=50
       grep -E "^fp8 .*\| .*\| " "$OUT/bench_${name}_$round.log" | head -10 | cut -c1-116 | sed "s/^/$name $round: /"
       # several local experts per receive block (a 24-SM grid, and 1024
-      # experts); the per-slot combine (weights at combine only)
+      # experts); the combine with the weights given at combine (pushed to
+      # the experts' ranks over LSA)
       for extra in --num_sms=24 --experts=1024 --dispatch_weights=false; do
-        tok=1,128; [ $extra = --dispatch_weights=false ] && tok=1,32,128,256
+        tok=1,128; [ $extra = --dispatch_weights=false ] && tok=1,8,32,128,256
         bench "bench_${name}_${extra#--}_$round" 90 --plugin=$D/libmoe_ep.so --dtype=fp8 \
           --tokens=$tok --warmup=50 $extra
-        grep -E "^fp8 .*\| .*\| " "$OUT/bench_${name}_${extra#--}_$round.log" | head -8 | cut -c1-116 | sed "s/^/$name $round $extra: /"
+        grep -E "^fp8 .*\| .*\| " "$OUT/bench_${name}_${extra#--}_$round.log" | head -10 | cut -c1-116 | sed "s/^/$name $round $extra: /"
       done
     done
   done
