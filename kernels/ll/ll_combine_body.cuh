@@ -164,11 +164,14 @@ __device__ __forceinline__ void mep_combine_send_body(const MepLLParams &p,
   __shared__ int longest, longest_tokens, any_partials, any_plain;
   if (threadIdx.x == 0) longest = longest_tokens = any_partials = any_plain = 0;
   __syncthreads(); /* also: every thread has read this block's epoch copy */
-  for (int le = threadIdx.x; le < EL; le += blockDim.x) {
-    const int c = __ldg(a.recv_count + le);
-    count_s[le] = c;
-    if (c > 0) atomicMax(&longest, c < cap ? c : cap);
-  }
+  /* Over LSA every source gets partials (weighted, or pushing): the
+   * per-slot pass and its counts are compiled out of those kernels. */
+  if constexpr (Tp::kStaged)
+    for (int le = threadIdx.x; le < EL; le += blockDim.x) {
+      const int c = __ldg(a.recv_count + le);
+      count_s[le] = c;
+      if (c > 0) atomicMax(&longest, c < cap ? c : cap);
+    }
   for (int r = threadIdx.x; r < R; r += blockDim.x) {
     int v = __ldg(a.src_tokens + r);
     const int n = MEP_LL_SRC_TOKENS(v);
@@ -199,23 +202,22 @@ __device__ __forceinline__ void mep_combine_send_body(const MepLLParams &p,
    * pass of the grid covers the first few rows of every expert, where the
    * valid rows are: one row per warp instead of several valid rows landing
    * on the same warp (expert-major order with a stride of the warp count). */
-  for (int u = gwarp; any_plain && u < EL * longest; u += nwarps) {
-    const int s = u / EL, le = u - s * EL;
-    const int j = le * cap + s;
-    if (s >= count_s[le]) continue;
-    const int v = __ldg(a.slot_src + j);
-    const int r = MEP_LL_SLOT_RANK(v), t = MEP_LL_SLOT_TOKEN(v), k = MEP_LL_SLOT_K(v);
-    if (src_s[r] & MEP_LL_SRC_PARTIALS) continue; /* pre-reduced above */
-    const __nv_bfloat16 *yrow = a.y + (size_t)j * a.hidden;
-    const uint64_t stage_off = p.set_off + p.lay.stage + (uint64_t)j * row_bytes;
-    if (Tp::kStaged) {
+  if constexpr (Tp::kStaged)
+    for (int u = gwarp; any_plain && u < EL * longest; u += nwarps) {
+      const int s = u / EL, le = u - s * EL;
+      const int j = le * cap + s;
+      if (s >= count_s[le]) continue;
+      const int v = __ldg(a.slot_src + j);
+      const int r = MEP_LL_SLOT_RANK(v), t = MEP_LL_SLOT_TOKEN(v), k = MEP_LL_SLOT_K(v);
+      if (src_s[r] & MEP_LL_SRC_PARTIALS) continue; /* pre-reduced above */
+      const __nv_bfloat16 *yrow = a.y + (size_t)j * a.hidden;
+      const uint64_t stage_off = p.set_off + p.lay.stage + (uint64_t)j * row_bytes;
       /* GIN reads its source from the window */
       mep_copy_warp(p.xp.local + stage_off, yrow, row_bytes);
       __syncwarp();
+      Tp::put_warp(p.xp, r, p.set_off + p.lay.comb_recv + (uint64_t)(t * a.top_k + k) * row_bytes,
+                   yrow, stage_off, row_bytes, row_sig);
     }
-    Tp::put_warp(p.xp, r, p.set_off + p.lay.comb_recv + (uint64_t)(t * a.top_k + k) * row_bytes,
-                 yrow, stage_off, row_bytes, row_sig);
-  }
 
   /* LSA: every block's arrival releases its rows; the receiver needs no
    * row count. */
@@ -412,9 +414,11 @@ __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
   __syncthreads();
   if (failed) return;
 
-  if (a.partials) /* over LSA always (mep_combine_pushes) */
+  /* over LSA always partials (mep_combine_pushes): the per-slot sum is
+   * compiled out of those kernels */
+  if (!Tp::kStaged || a.partials)
     mep_combine_sum_partials<IdxT>(p, a);
-  else
+  else if constexpr (Tp::kStaged)
     mep_combine_sum_slots<IdxT>(p, a);
 
   /* Only this block reads its shadow copies: no grid-wide ticket. */
