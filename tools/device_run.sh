@@ -2,7 +2,7 @@
 # device_run.sh (copied to .gpu_bundle/run_device.sh): the GPU suite, run on
 # the GPU machine from the repository root, most important first; every log
 # goes to $OUT and a one-line verdict per step to $OUT/summary.txt.
-# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|rest|one|world|ab|htab|htprof|llprof|lltable|extra|ht|scale]; quick stops after
+# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|rest|one|world|llcheck|llscen|ab|htab|htprof|llprof|lltable|extra|ht|scale]; quick stops after
 # the kernel test, the weighted-dispatch and hidden-2880 API runs and the
 # eager benchmarks, and rest runs the rest of full (full = quick + rest);
 # one is for a 1-GPU machine (EP1 suites, LL and HT, sanitizers, an EP1 benchmark, and
@@ -141,10 +141,21 @@ set_reuse() {
 # (tests/gpu/one_gpu_world.h): LSA, GIN-emulated (HT: node splits) against
 # the oracle. Not under the sanitizers: they run kernels one at a time, and
 # a group's ranks need theirs side by side.
-world_tests() {
+ll_world() {
   timeout 300 $B/ll_world_test > "$OUT/ll_world_test.log" 2>&1
   summary ll_world_test $? "$(gtest_key "$OUT/ll_world_test.log")"
   grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure|rank [0-9]+" "$OUT/ll_world_test.log" | head -12
+}
+# memcheck and racecheck on a small LL run over the nccl backend.
+ll_sanitizers() {
+  local tool
+  for tool in memcheck racecheck; do
+    sanitize $tool $tool $N $((85 * S)) $B/conformance_worker --plugin=$B/libmoe_ep.so --backend=nccl \
+      --experts=8 --max_tokens=4 --layers=256:2 --seeds=1 --hooks=0
+  done
+}
+world_tests() {
+  ll_world
   timeout 300 $B/ht_world_test > "$OUT/ht_world_test.log" 2>&1
   summary ht_world_test $? "$(gtest_key "$OUT/ht_world_test.log")"
   grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure|rank [0-9]+" "$OUT/ht_world_test.log" | head -12
@@ -431,6 +442,37 @@ if [ "$MODE" = lltable ]; then
   cat "$OUT/summary.txt"
   exit 0
 fi
+# llcheck: the LL part of quick, for an LL kernel edit measured by ab in
+# the same call: the kernel-level test, the LL world tests, and the API
+# runs of both combine modes against the oracle (LSA, GIN-emulated, graph).
+if [ "$MODE" = llcheck ]; then
+  timeout $((120 * S)) $B/ll_gpu_test > "$OUT/ll_gpu_test.log" 2>&1
+  summary ll_gpu_test $? "$(gtest_key "$OUT/ll_gpu_test.log")"
+  ll_world
+  api ${E}_lsa_fp8 $N $((50 * S)) --experts=256 --max_tokens=128 --dtype=fp8 --layers=7168:8,2048:1 --seeds=1
+  api ${E}_lsa_fp8_dispatch_weights $N $((50 * S)) --experts=256 --max_tokens=128 --dtype=fp8 \
+    --layers=7168:8,2048:1 --seeds=2 --dispatch_weights=1
+  api ${E}_ginemu_dispatch_weights_mixed $N $((50 * S)) --transport=gin_emulated --experts=64 \
+    --max_tokens=64 --layers=4096:8,2048:2 --seeds=2 --dispatch_weights=mixed
+  api ${E}_graph $N $((40 * S)) --scenario=graph --experts=64 --max_tokens=32 --layers=2048:8 --seeds=100
+  api ${E}_lsa_bf16_h2880 $N $((50 * S)) --dtype=bf16 --experts=64 --max_tokens=128 \
+    --layers=2880:9,1032:4 --seeds=2
+  cat "$OUT/summary.txt"
+  exit 0
+fi
+# llscen: the LL scenarios of rest for such an edit: hooks on two threads
+# with mixed weights, one buffer set, a skipped rank's timeout, and the
+# sanitizers.
+if [ "$MODE" = llscen ]; then
+  api ${E}_threads $N $((60 * S)) --scenario=threads --iterations=100 --experts=64 --max_tokens=32 \
+    --dtype=fp8 --layers=2048:8 --dispatch_weights=mixed
+  MOE_EP_DOUBLE_BUFFER=false api ${E}_single_set $N $((30 * S)) --experts=64 --max_tokens=32 \
+    --layers=2048:8 --seeds=1 --hooks=0
+  api ${E}_skip_timeout $N $((20 * S)) --scenario=skip --experts=8 --max_tokens=8 --layers=128:2 --kernel_ms=2000
+  ll_sanitizers
+  cat "$OUT/summary.txt"
+  exit 0
+fi
 if [ "$MODE" = world ]; then  # the one-GPU world tests alone
   world_tests
   cat "$OUT/summary.txt"
@@ -580,8 +622,5 @@ api_refused gin_request $N $((15 * S)) 'GIN not supported' --transport=gin --exp
 MOE_EP_NCCL_LIBRARY=/usr/lib/x86_64-linux-gnu/libnccl.so.2 api_refused nccl_version_refused $N $((15 * S)) \
   version --experts=8 --max_tokens=8 --layers=128:2
 api ep1_bf16 1 20 --experts=8 --max_tokens=64 --layers=2048:2 --seeds=1
-for tool in memcheck racecheck; do
-  sanitize $tool $tool $N $((85 * S)) $B/conformance_worker --plugin=$B/libmoe_ep.so --backend=nccl \
-    --experts=8 --max_tokens=4 --layers=256:2 --seeds=1 --hooks=0
-done
+ll_sanitizers
 cat "$OUT/summary.txt"
