@@ -154,6 +154,26 @@ ll_sanitizers() {
       --experts=8 --max_tokens=4 --layers=256:2 --seeds=1 --hooks=0
   done
 }
+# The first LL API runs against the oracle: LSA fp8 without and with
+# weights given to dispatch (expert-side partials), and GIN-emulated with
+# weights on even ranks only.
+ll_api_core() {
+  api ${E}_lsa_fp8 $N $((50 * S)) --experts=256 --max_tokens=128 --dtype=fp8 --layers=7168:8,2048:1 --seeds=1
+  api ${E}_lsa_fp8_dispatch_weights $N $((50 * S)) --experts=256 --max_tokens=128 --dtype=fp8 \
+    --layers=7168:8,2048:1 --seeds=2 --dispatch_weights=1
+  api ${E}_ginemu_dispatch_weights_mixed $N $((50 * S)) --transport=gin_emulated --experts=64 \
+    --max_tokens=64 --layers=4096:8,2048:2 --seeds=2 --dispatch_weights=mixed
+}
+# LL scenarios: two-batch overlap (hooks run and handles freed on a second
+# host thread while the first dispatches and combines the other
+# micro-batch), one buffer set, and a skipped rank's timeout.
+ll_scenarios() {
+  api ${E}_threads $N $((60 * S)) --scenario=threads --iterations=100 --experts=64 --max_tokens=32 \
+    --dtype=fp8 --layers=2048:8 --dispatch_weights=mixed
+  MOE_EP_DOUBLE_BUFFER=false api ${E}_single_set $N $((30 * S)) --experts=64 --max_tokens=32 \
+    --layers=2048:8 --seeds=1 --hooks=0
+  api ${E}_skip_timeout $N $((20 * S)) --scenario=skip --experts=8 --max_tokens=8 --layers=128:2 --kernel_ms=2000
+}
 world_tests() {
   ll_world
   timeout 300 $B/ht_world_test > "$OUT/ht_world_test.log" 2>&1
@@ -449,11 +469,7 @@ if [ "$MODE" = llcheck ]; then
   timeout $((120 * S)) $B/ll_gpu_test > "$OUT/ll_gpu_test.log" 2>&1
   summary ll_gpu_test $? "$(gtest_key "$OUT/ll_gpu_test.log")"
   ll_world
-  api ${E}_lsa_fp8 $N $((50 * S)) --experts=256 --max_tokens=128 --dtype=fp8 --layers=7168:8,2048:1 --seeds=1
-  api ${E}_lsa_fp8_dispatch_weights $N $((50 * S)) --experts=256 --max_tokens=128 --dtype=fp8 \
-    --layers=7168:8,2048:1 --seeds=2 --dispatch_weights=1
-  api ${E}_ginemu_dispatch_weights_mixed $N $((50 * S)) --transport=gin_emulated --experts=64 \
-    --max_tokens=64 --layers=4096:8,2048:2 --seeds=2 --dispatch_weights=mixed
+  ll_api_core
   api ${E}_graph $N $((40 * S)) --scenario=graph --experts=64 --max_tokens=32 --layers=2048:8 --seeds=100
   api ${E}_lsa_bf16_h2880 $N $((50 * S)) --dtype=bf16 --experts=64 --max_tokens=128 \
     --layers=2880:9,1032:4 --seeds=2
@@ -464,11 +480,7 @@ fi
 # with mixed weights, one buffer set, a skipped rank's timeout, and the
 # sanitizers.
 if [ "$MODE" = llscen ]; then
-  api ${E}_threads $N $((60 * S)) --scenario=threads --iterations=100 --experts=64 --max_tokens=32 \
-    --dtype=fp8 --layers=2048:8 --dispatch_weights=mixed
-  MOE_EP_DOUBLE_BUFFER=false api ${E}_single_set $N $((30 * S)) --experts=64 --max_tokens=32 \
-    --layers=2048:8 --seeds=1 --hooks=0
-  api ${E}_skip_timeout $N $((20 * S)) --scenario=skip --experts=8 --max_tokens=8 --layers=128:2 --kernel_ms=2000
+  ll_scenarios
   ll_sanitizers
   cat "$OUT/summary.txt"
   exit 0
@@ -556,13 +568,8 @@ set_reuse
 world_tests
 MOE_EP_TEST_WORLD=1 timeout 60 $B/ll_gpu_test > "$OUT/ll_gpu_test_world1.log" 2>&1
 summary ll_gpu_test_world1 $? "$(gtest_key "$OUT/ll_gpu_test_world1.log")"
-api ${E}_lsa_fp8 $N $((50 * S)) --experts=256 --max_tokens=128 --dtype=fp8 --layers=7168:8,2048:1 --seeds=1
-# Weights given to dispatch: expert-side partials (all ranks; even ranks
-# only over GIN-emulated; CUDA-graph replays).
-api ${E}_lsa_fp8_dispatch_weights $N $((50 * S)) --experts=256 --max_tokens=128 --dtype=fp8 \
-  --layers=7168:8,2048:1 --seeds=2 --dispatch_weights=1
-api ${E}_ginemu_dispatch_weights_mixed $N $((50 * S)) --transport=gin_emulated --experts=64 \
-  --max_tokens=64 --layers=4096:8,2048:2 --seeds=2 --dispatch_weights=mixed
+ll_api_core
+# Weights given to dispatch, in CUDA-graph replays.
 api ${E}_graph_dispatch_weights $N $((40 * S)) --scenario=graph --experts=64 --max_tokens=32 \
   --layers=2048:8 --seeds=100 --dispatch_weights=1
 # bf16 hidden a multiple of 8 but not of 128 (2880: gpt-oss; 1032, 2056)
@@ -600,13 +607,7 @@ api ${E}_per_call_fp8 $N $((40 * S)) --per_call_format=1 --experts=64 --max_toke
   --scale=ue8m0_packed --layers=7168:8,2048:2 --seeds=1 --dispatch_weights=1
 api ${E}_ginemu_per_call_fp8 $N $((40 * S)) --transport=gin_emulated --per_call_format=1 --experts=64 \
   --max_tokens=32 --dtype=fp8 --layers=4096:8 --seeds=1
-# Two-batch overlap: hooks run and handles freed on a second host thread
-# while the first dispatches and combines the other micro-batch.
-api ${E}_threads $N $((60 * S)) --scenario=threads --iterations=100 --experts=64 --max_tokens=32 \
-  --dtype=fp8 --layers=2048:8 --dispatch_weights=mixed
-MOE_EP_DOUBLE_BUFFER=false api ${E}_single_set $N $((30 * S)) --experts=64 --max_tokens=32 \
-  --layers=2048:8 --seeds=1 --hooks=0
-api ${E}_skip_timeout $N $((20 * S)) --scenario=skip --experts=8 --max_tokens=8 --layers=128:2 --kernel_ms=2000
+ll_scenarios
 sed 's/backend: host/backend: nccl/' $B/demo.yaml > "$OUT/demo_nccl.yaml"
 timeout $((30 * S)) $B/moe_ep_run -n $N -- $B/moe_ep_demo --config "$OUT/demo_nccl.yaml" \
   --plugin $B/libmoe_ep.so --steps 50 --verify > "$OUT/demo.log" 2>&1
