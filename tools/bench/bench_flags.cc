@@ -46,8 +46,9 @@ ABSL_FLAG(bool, adopt_comm, false,
           "one; the references keep using it after each group is destroyed");
 ABSL_FLAG(bool, dispatch_weights, true,
           "ll mode: pass topk_weights to dispatch (combine then pre-reduces on the expert side "
-          "and returns one row per (token, rank)); false: weights at combine only, one row back "
-          "per (token, expert). ht dispatch always takes the weights");
+          "and returns one row per (token, rank)); false: weights at combine only (over LSA "
+          "pushed to the experts' ranks, which pre-reduce the same; over staged transports one "
+          "row back per (token, expert)). ht dispatch always takes the weights");
 ABSL_FLAG(int32_t, num_sms, 0,
           "SMs the moe-ep kernels may use (set_num_sms; 0: the group's default, every SM in ll "
           "mode, 24 in ht mode): what an engine that overlaps compute gives the communication "

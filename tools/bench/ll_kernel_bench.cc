@@ -3,7 +3,7 @@
 // the binary (MOE_EP_TEST_WORLD ranks, default every GPU). Modes:
 //   latency  eager dispatch (send + recv) and combine, 128 tokens, hidden
 //            7168, top-8, 256 experts, fp8 / bf16; LSA and GIN-emulated,
-//            per-slot and partials: "BENCH rank R ..." lines
+//            weights at combine and at dispatch: "BENCH rank R ..." lines
 //   phases   where the fused dispatch's time goes: every block stamps
 //            %globaltimer at each phase boundary (mep_ll_ctx_t.stamps); per
 //            launch each phase's min / median / max over blocks after the
@@ -92,7 +92,7 @@ bool latency(Group &g) {
     printf("BENCH rank %d transport %s %s sms %d: dispatch(fp8) median %.1f us p99 %.1f us | "
            "combine(bf16) median %.1f us p99 %.1f us\n",
            g_rank, transport == MEP_LL_TRANSPORT_LSA ? "lsa" : "gin_emulated",
-           weighted ? "partials" : "per-slot", g.ctx.num_sms,
+           weighted ? "weights-at-dispatch" : "weights-at-combine", g.ctx.num_sms,
            median(td), td[td.size() * 99 / 100], median(tc), tc[tc.size() * 99 / 100]);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
