@@ -11,9 +11,10 @@
 extern "C" {
 #endif
 
-/* LL, wherever the weights were given: per rank a bf16 partial of its slots (fmaf in k
- * order, from +0), the partials added in f32 from +0 in the order their
- * ranks first appear among the token's slots (k ascending), bf16 once.
+/* LL, wherever the weights were given: per rank a bf16 partial of its
+ * slots (fmaf in k order, from +0), the partials added in f32 from +0 in
+ * the order their ranks first appear among the token's slots (k
+ * ascending), bf16 once.
  * rows[k] NULL for skipped slots; rank[k] is slot k's rank (read only where
  * rows[k] is set). top_k <= MEP_MAX_TOP_K. */
 void mep_combine_partials(uint16_t *out, const uint16_t *const *rows,

@@ -7,11 +7,11 @@
  * which pushes its weights at the start of the combine (MEP_LL_SRC_PUSHED).
  * Over staged transports the others get every valid slot's expert output
  * row back, into the (token, k) row of the source's combine region, and
- * the receive half forms the same per-rank partials and their sum. Either way the send half ends
- * with one count signal per source rank (LSA: every block's arrival;
- * staged: the last block's add); every receiving block waits all peers'
- * counts (and staged transports' rows), and at its end advances its own
- * copies of the signal shadows. */
+ * the receive half forms the same per-rank partials and their sum. Either
+ * way the send half ends with one count signal per source rank (LSA:
+ * every block's arrival; staged: the last block's add); every receiving
+ * block waits all peers' counts (and staged transports' rows), and at its
+ * end advances its own copies of the signal shadows. */
 #ifndef MEP_LL_COMBINE_BODY_CUH_
 #define MEP_LL_COMBINE_BODY_CUH_
 
@@ -232,7 +232,7 @@ __device__ __forceinline__ void mep_combine_send_body(const MepLLParams &p,
     for (int r = threadIdx.x / 32; r < R; r += MEP_LL_THREADS / 32) {
       int count = 0;
       if (src_s[r] & MEP_LL_SRC_PARTIALS) {
-        if (Tp::kStaged && lane == 0) {
+        if (lane == 0) { /* staged: the partial puts it counted */
           count = (int)mep_ld_volatile_u32(&p.comb_puts[r]);
           p.comb_puts[r] = 0;
         }
