@@ -41,7 +41,12 @@ enum {
   /* A combine send half waiting for a source's pushed weight word
    * (mep_ll_weight_word) to carry this combine's epoch: expected = the
    * epoch, seen = the epoch found. */
-  MEP_LL_OP_COMBINE_WEIGHTS = 8
+  MEP_LL_OP_COMBINE_WEIGHTS = 8,
+  /* A combine receive waiting for a rank's flagged partial words
+   * (mep_ll_flag_word, calls of at most mep_ll_flag_tokens tokens over
+   * LSA) to carry this combine's epoch: expected = the epoch, seen = the
+   * epoch found. */
+  MEP_LL_OP_COMBINE_FLAGGED = 9
 };
 
 /* The LL kernels' records (kernels/common/error_record.h), op MEP_LL_OP_*. */

@@ -14,8 +14,8 @@ template <class Tp, typename IdxT>
 __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
     ll_combine_kernel(const __grid_constant__ MepLLParams p, const MepCombineArgs a) {
   extern __shared__ int smem[]; /* the send's, then the receive's */
-  mep_combine_send_body<Tp>(p, a, smem);
-  mep_combine_recv_body<Tp, IdxT>(p, a, smem);
+  const uint32_t epoch = mep_combine_send_body<Tp>(p, a, smem);
+  mep_combine_recv_body<Tp, IdxT>(p, a, smem, epoch);
 }
 
 template <class Tp>

@@ -48,6 +48,17 @@ static inline int mep_combine_pushes(const mep_ll_ctx_t *ctx, const mep_ll_combi
  * the send half's shared copy of src_tokens. */
 #define MEP_LL_SRC_PUSHED (1 << 17)
 #define MEP_LL_SRC_PARTIALS (MEP_LL_SRC_WEIGHTED | MEP_LL_SRC_PUSHED)
+/* ... and for a source that gets flagged partials (mep_combine_flagged). */
+#define MEP_LL_SRC_FLAGGED (1 << 18)
+
+/* Whether a combine's source with `tokens` tokens gets flagged partials
+ * (mep_ll_flag_word): over LSA, small calls. The source decides from its
+ * own token count, the experts' ranks from the count its dispatch sent:
+ * the same number. */
+template <class Tp>
+__device__ __forceinline__ bool mep_combine_flagged(const MepLLParams &p, int tokens) {
+  return !Tp::kStaged && tokens <= mep_ll_flag_tokens(&p.dims);
+}
 
 #include "kernels/ll/ll_combine_partial.cuh"
 
@@ -142,7 +153,7 @@ static inline int64_t mep_combine_recv_units(const MepCombineArgs *k) {
  * pre-reduced partials; over staged transports the others one row per
  * slot. */
 template <class Tp>
-__device__ __forceinline__ void mep_combine_send_body(const MepLLParams &p,
+__device__ __forceinline__ uint32_t mep_combine_send_body(const MepLLParams &p,
                                                       const MepCombineArgs &a, int *smem) {
   const int lane = threadIdx.x & 31;
   const int nwarps = gridDim.x * (MEP_LL_THREADS / 32);
@@ -177,6 +188,7 @@ __device__ __forceinline__ void mep_combine_send_body(const MepLLParams &p,
     const int n = MEP_LL_SRC_TOKENS(v);
     /* mep_combine_pushes, from the expert side */
     if (!Tp::kStaged && !(v & MEP_LL_SRC_WEIGHTED)) v |= MEP_LL_SRC_PUSHED;
+    if (mep_combine_flagged<Tp>(p, n)) v |= MEP_LL_SRC_FLAGGED;
     src_s[r] = v;
     if (v & MEP_LL_SRC_PARTIALS) {
       any_partials = 1;
@@ -222,9 +234,12 @@ __device__ __forceinline__ void mep_combine_send_body(const MepLLParams &p,
   /* LSA: every block's arrival releases its rows; the receiver needs no
    * row count. */
   if constexpr (!Tp::kRowSignals) {
-    mep_arrive<Tp>(p, mep_ll_sig_comb_cnt(&p.dims, p.xp.rank), [](int) { return (uint64_t)1; });
+    /* not to sources that get flagged partials: those need no release */
+    mep_arrive_if<Tp>(p, mep_ll_sig_comb_cnt(&p.dims, p.xp.rank),
+                      [](int) { return (uint64_t)1; },
+                      [&](int d) { return !(src_s[d] & MEP_LL_SRC_FLAGGED); });
     store_epoch();
-    return;
+    return epoch;
   }
   /* Staged: one count signal per source, 1 + the rows it must wait for
    * (partial puts, or every slot row from it). */
@@ -247,6 +262,7 @@ __device__ __forceinline__ void mep_combine_send_body(const MepLLParams &p,
   }
   store_epoch();
   Tp::flush_warp(p.xp);
+  return epoch;
 }
 
 /* The per-slot receive's units: (token, S 256-channel steps) over every
@@ -385,10 +401,18 @@ __device__ __forceinline__ void mep_combine_sum_slots(const MepLLParams &p,
 }
 
 /* smem: 2 R u64 (each source's count and row signal shadows after this
- * receive). */
+ * receive). epoch: this combine's (mep_combine_send_body's result, or its
+ * copy in this block's tag words once the send half has run). */
 template <class Tp, typename IdxT>
 __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
-                                                      const MepCombineArgs &a, int *smem) {
+                                                      const MepCombineArgs &a, int *smem,
+                                                      uint32_t epoch) {
+  /* Flagged partials: no count signal to wait for, no shadow moves. */
+  if constexpr (!Tp::kStaged)
+    if (mep_combine_flagged<Tp>(p, a.tokens)) {
+      mep_combine_sum_flagged<IdxT>(p, a, epoch);
+      return;
+    }
   __shared__ int failed;
   const int R = p.dims.world;
   uint64_t *next = reinterpret_cast<uint64_t *>(smem);

@@ -171,6 +171,23 @@ __device__ __forceinline__ void mep_combine_send_partials_at(const MepLLParams &
       const int c = c0 + lane * 8;
       uint4 o[S];
       mep_partial_chunks<S>(a.y, a.hidden, a.hidden, entry, live, c, o);
+      if (v & MEP_LL_SRC_FLAGGED) { /* warp-uniform */
+        /* [this rank][t] of the source's comb_flag: 4 words per lane-step */
+        uint64_t *dst = static_cast<uint64_t *>(Tp::peer_ptr(
+            p.xp, s,
+            p.set_off + p.lay.comb_flag +
+                ((uint64_t)(p.xp.rank * mep_ll_flag_tokens(&p.dims) + t) * p.dims.hidden + c) * 4u));
+#pragma unroll
+        for (int j = 0; j < S; ++j)
+          if (c + j * kMepPartialStep < a.hidden) {
+            uint64_t *w = dst + j * (kMepPartialStep / 2);
+            mep_st_volatile_u64x2(w, mep_ll_flag_word(o[j].x, epoch),
+                                  mep_ll_flag_word(o[j].y, epoch));
+            mep_st_volatile_u64x2(w + 2, mep_ll_flag_word(o[j].z, epoch),
+                                  mep_ll_flag_word(o[j].w, epoch));
+          }
+        continue;
+      }
       char *dst = static_cast<char *>(Tp::peer_ptr(p.xp, s, dst_off)) + 16 * lane;
 #pragma unroll
       for (int j = 0; j < S; ++j)
@@ -216,34 +233,48 @@ __device__ __forceinline__ void mep_combine_send_partials(const MepLLParams &p,
     mep_combine_send_partials_at<Tp, kMepPartialWideSteps>(p, a, src_s, longest, epoch);
 }
 
-/* Receive half's reduction (after the count/row waits): units (token,
- * S steps) over the grid; out = sum of the token's
- * partials in the order its ranks first appear in top-k (f32, from 0),
- * bf16 once. */
-template <typename IdxT, int S>
-__device__ __forceinline__ void mep_combine_sum_partials_at(const MepLLParams &p,
-                                                            const MepCombineArgs &a) {
-  constexpr int B = S >= 2 ? 16 / S : 8;
+/* The receive's units: (token, S steps) over the grid. Per unit, lane k
+ * holds slot k's rank (-1: none; in the index's own width as dispatch
+ * decides, so an int64 id past 2^31 cannot wrap into a valid expert) and
+ * `first` has the slots where a rank first appears in top-k;
+ * sum(t, c, first, rank, acc) adds the token's partials in that order into
+ * acc (false: stop, a wait failed), and the unit stores bf16 once. */
+template <typename IdxT, int S, typename Sum>
+__device__ __forceinline__ void mep_partial_units(const MepLLParams &p, const MepCombineArgs &a,
+                                                  Sum sum) {
   const int lane = threadIdx.x & 31;
   const int nwarps = gridDim.x * (MEP_LL_THREADS / 32);
   const int gwarp = mep_ll_spread_warp();
   const int K = a.top_k;
   const int nunits = (a.hidden + S * kMepPartialStep - 1) / (S * kMepPartialStep);
-  const __nv_bfloat16 *region =
-      reinterpret_cast<const __nv_bfloat16 *>(p.xp.local + p.set_off + p.lay.comb_recv);
   const IdxT *topk = reinterpret_cast<const IdxT *>(a.topk);
   for (int u = gwarp; u < a.tokens * nunits; u += nwarps) {
     const int t = u / nunits;
     const int c = (u - t * nunits) * S * kMepPartialStep + lane * 8;
-    /* lane k: slot k's rank, in the index's own width as dispatch decides
-     * (an int64 id past 2^31 must not wrap into a valid expert) */
     const IdxT e = lane < K ? topk[t * K + lane] : (IdxT)-1;
     const int rank = e >= 0 && e < (IdxT)a.num_experts ? (int)(e / a.local_experts) : -1;
     const unsigned same = __match_any_sync(0xffffffffu, rank);
-    unsigned first =
+    const unsigned first =
         __ballot_sync(0xffffffffu, rank >= 0 && (same & ((1u << lane) - 1u)) == 0);
     float acc[S][8];
     mep_steps_zero<S>(acc);
+    if (!sum(t, c, first, rank, acc)) return;
+    mep_steps_store<S>(a.out + (size_t)t * a.hidden, acc, c, a.hidden);
+  }
+}
+
+/* Receive half's reduction (after the count/row waits): out = sum of the
+ * token's partials from comb_recv (the row of the token's first slot on
+ * each rank) in the order its ranks first appear in top-k (f32, from 0),
+ * bf16 once. */
+template <typename IdxT, int S>
+__device__ __forceinline__ void mep_combine_sum_partials_at(const MepLLParams &p,
+                                                            const MepCombineArgs &a) {
+  constexpr int B = S >= 2 ? 16 / S : 8;
+  const int K = a.top_k;
+  const __nv_bfloat16 *region =
+      reinterpret_cast<const __nv_bfloat16 *>(p.xp.local + p.set_off + p.lay.comb_recv);
+  mep_partial_units<IdxT, S>(p, a, [&](int t, int c, unsigned first, int, float(&acc)[S][8]) {
     while (first != 0) {
       uint4 v[B][S];
       bool use[B];
@@ -260,8 +291,113 @@ __device__ __forceinline__ void mep_combine_sum_partials_at(const MepLLParams &p
       for (int i = 0; i < B; ++i)
         if (use[i]) mep_steps_fma<S>(acc, v[i], 1.0f);
     }
-    mep_steps_store<S>(a.out + (size_t)t * a.hidden, acc, c, a.hidden);
-  }
+    return true;
+  });
+}
+
+/* The slow path of a flagged read, out of line: spins until the 4 words
+ * at w carry `epoch` (rank `src`'s partial); false when the wait expired
+ * (recorded) or another wait aborted. */
+static __device__ __noinline__ bool mep_flag_wait(const MepLLParams &p, const uint64_t *w,
+                                                  uint32_t epoch, int src) {
+  uint64_t seen = 0;
+  return mep_wait(p.wc,
+                  [&] {
+                    uint64_t x0, x1, x2, x3;
+                    mep_ld_volatile_u64x2(w, &x0, &x1);
+                    mep_ld_volatile_u64x2(w + 2, &x2, &x3);
+                    /* the first word not yet of this combine, else the epoch */
+                    const uint32_t e0 = (uint32_t)(x0 >> 32), e1 = (uint32_t)(x1 >> 32),
+                                   e2 = (uint32_t)(x2 >> 32), e3 = (uint32_t)(x3 >> 32);
+                    return (uint64_t)(e0 != epoch ? e0
+                                      : e1 != epoch ? e1
+                                      : e2 != epoch ? e2
+                                                    : e3);
+                  },
+                  [&](uint64_t v) { return v == epoch; }, epoch, MEP_LL_OP_COMBINE_FLAGGED, src,
+                  -1, &seen);
+}
+
+/* Loads one lane-step (8 channels) of a flagged partial: the data of the
+ * 4 words at w into *v, and the XOR of each word's epoch with `epoch`
+ * into *bad (0: every word is of this combine). */
+__device__ __forceinline__ void mep_flag_load(const uint64_t *w, uint32_t epoch, uint4 *v,
+                                              uint32_t *bad) {
+  uint64_t x0, x1, x2, x3;
+  mep_ld_volatile_u64x2(w, &x0, &x1);
+  mep_ld_volatile_u64x2(w + 2, &x2, &x3);
+  *v = make_uint4((uint32_t)x0, (uint32_t)x1, (uint32_t)x2, (uint32_t)x3);
+  *bad = ((uint32_t)(x0 >> 32) ^ epoch) | ((uint32_t)(x1 >> 32) ^ epoch) |
+         ((uint32_t)(x2 >> 32) ^ epoch) | ((uint32_t)(x3 >> 32) ^ epoch);
+}
+
+/* The receive half for a flagged call (this rank sent at most
+ * mep_ll_flag_tokens tokens, LSA): no count wait; each unit (token, S
+ * steps) reads the partials of the ranks the token reaches from comb_flag,
+ * in the order they first appear in top-k, waiting (bounded) for words not
+ * yet of this combine, and sums them as mep_combine_sum_partials does, so
+ * the result is the same bits. Every rank's partials are loaded before the
+ * first flag check. A failed wait ends the warp's units. */
+template <typename IdxT, int S>
+__device__ __forceinline__ void mep_combine_sum_flagged_at(const MepLLParams &p,
+                                                           const MepCombineArgs &a,
+                                                           uint32_t epoch) {
+  constexpr int B = S >= 2 ? 1 : 4;
+  const int F = mep_ll_flag_tokens(&p.dims);
+  const uint64_t *region =
+      reinterpret_cast<const uint64_t *>(p.xp.local + p.set_off + p.lay.comb_flag);
+  mep_partial_units<IdxT, S>(p, a, [&](int t, int c, unsigned first, int rank,
+                                       float(&acc)[S][8]) {
+    while (first != 0) {
+      uint4 v[B][S];
+      uint32_t bad[B][S];
+      bool use[B], ok = true;
+      const uint64_t *row[B];
+      int src[B];
+      /* every load first, then the flags: one round trip when all landed */
+#pragma unroll
+      for (int i = 0; i < B; ++i) {
+        use[i] = first != 0;
+        const int k = use[i] ? __ffs(first) - 1 : 0;
+        first &= first - 1u;
+        src[i] = __shfl_sync(0xffffffffu, rank, k);
+        row[i] = region + ((uint64_t)(src[i] * F + t) * p.dims.hidden + c) / 2;
+#pragma unroll
+        for (int j = 0; j < S; ++j) {
+          bad[i][j] = 0;
+          v[i][j] = make_uint4(0u, 0u, 0u, 0u);
+          if (use[i] && c + j * kMepPartialStep < a.hidden)
+            mep_flag_load(row[i] + j * (kMepPartialStep / 2), epoch, &v[i][j], &bad[i][j]);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < B; ++i)
+#pragma unroll
+        for (int j = 0; j < S; ++j)
+          if (bad[i][j] != 0) { /* not landed yet: wait, then read again */
+            const uint64_t *w = row[i] + j * (kMepPartialStep / 2);
+            if (ok && mep_flag_wait(p, w, epoch, src[i]))
+              mep_flag_load(w, epoch, &v[i][j], &bad[i][j]);
+            else
+              ok = false;
+          }
+      if (__any_sync(0xffffffffu, !ok)) return false;
+      /* w = 1: exactly acc + partial, in first-appearance order */
+#pragma unroll
+      for (int i = 0; i < B; ++i)
+        if (use[i]) mep_steps_fma<S>(acc, v[i], 1.0f);
+    }
+    return true;
+  });
+}
+
+template <typename IdxT>
+__device__ __forceinline__ void mep_combine_sum_flagged(const MepLLParams &p,
+                                                        const MepCombineArgs &a, uint32_t epoch) {
+  if (a.recv_steps == 1)
+    mep_combine_sum_flagged_at<IdxT, 1>(p, a, epoch);
+  else
+    mep_combine_sum_flagged_at<IdxT, kMepPartialWideSteps>(p, a, epoch);
 }
 
 /* The sum with the unit width the host picked (MepCombineArgs.recv_steps,

@@ -12,7 +12,8 @@ template <class Tp, typename IdxT>
 __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
     ll_combine_recv_kernel(const __grid_constant__ MepLLParams p, const MepCombineArgs a) {
   extern __shared__ int smem[];
-  mep_combine_recv_body<Tp, IdxT>(p, a, smem);
+  /* the epoch the send half of this combine stored in this block's copy */
+  mep_combine_recv_body<Tp, IdxT>(p, a, smem, mep_tag(p, p.dims.world + 1));
 }
 
 template <class Tp>

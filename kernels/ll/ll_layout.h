@@ -136,6 +136,24 @@ static inline MEP_HD uint64_t mep_ll_weight_word(uint32_t weight_bits, uint32_t 
   return ((uint64_t)weight_bits << 32) | (uint64_t)epoch;
 }
 
+/* Flagged partials (LSA): a combine whose source sent at most
+ * mep_ll_flag_tokens(d) tokens gets its partials as 8-byte words
+ * {2 bf16 channels, 32-bit combine epoch}: each word is its own flag (a
+ * 64-bit access is single-copy atomic), so the experts' ranks send them
+ * with no release and no count signal, and the source sums each partial
+ * as it lands. Twice the bytes of a bf16 row, worth it only while the
+ * release, not the link, bounds a call. Region comb_flag:
+ * [R][mep_ll_flag_tokens][hidden / 2] words, by sending rank. */
+#ifndef MEP_LL_FLAG_TOKENS
+#define MEP_LL_FLAG_TOKENS 16
+#endif
+static inline MEP_HD int mep_ll_flag_tokens(const mep_ll_dims_t *d) {
+  return d->max_tokens < MEP_LL_FLAG_TOKENS ? d->max_tokens : MEP_LL_FLAG_TOKENS;
+}
+static inline MEP_HD uint64_t mep_ll_flag_word(uint32_t two_bf16, uint32_t epoch) {
+  return ((uint64_t)epoch << 32) | (uint64_t)two_bf16;
+}
+
 /* Per-block state words beside the shadows: the last list tag received
  * from each source [R], the last sent [1], the last combine epoch [1]. */
 static inline MEP_HD uint32_t mep_ll_tag_words(int world) { return (uint32_t)world + 2u; }
@@ -163,6 +181,7 @@ typedef struct mep_ll_set_layout {
   uint64_t disp_elist;    /* [E_local][R] expert lists (LSA; mep_ll_elist_bytes each) */
   uint64_t comb_recv;     /* [max_tokens][top_k] bf16 rows */
   uint64_t comb_weights;  /* [R][max_tokens * top_k] pushed weight words (LSA) */
+  uint64_t comb_flag;     /* [R][mep_ll_flag_tokens][hidden / 2] flagged partial words (LSA) */
   uint64_t stage;         /* send staging (GIN / GIN-emulated; empty when lsa_only) */
   uint64_t stage_list;    /* dispatch list staging [R][max_tokens * top_k] */
   uint64_t stage_partial; /* combine partial staging [R][max_tokens] bf16 rows */
@@ -183,7 +202,8 @@ static inline MEP_HD mep_ll_set_layout_t mep_ll_set_layout(const mep_ll_dims_t *
   l.disp_elist = l.disp_list + r * list;
   l.comb_recv = l.disp_elist + el * r * mep_ll_elist_bytes(d);
   l.comb_weights = l.comb_recv + t * k * row_c;
-  l.stage = l.comb_weights + mep_ll_align16(r * t * k * 8u);
+  l.comb_flag = l.comb_weights + mep_ll_align16(r * t * k * 8u);
+  l.stage = l.comb_flag + r * (uint64_t)mep_ll_flag_tokens(d) * (uint64_t)d->hidden * 4u;
   if (d->lsa_only) { /* LSA stores from the caller's tensors: no staging */
     l.stage_list = l.stage_partial = l.stage;
     l.set_bytes = mep_ll_align16(l.stage);

@@ -67,6 +67,18 @@ __device__ __forceinline__ void mep_st_relaxed_sys(uint64_t *p, uint64_t v) {
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
+/* Two 8-byte words in one access, each single-copy atomic (flagged words:
+ * the reader checks each word's own flag). */
+__device__ __forceinline__ void mep_st_volatile_u64x2(uint64_t *p, uint64_t a, uint64_t b) {
+  asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(a), "l"(b) : "memory");
+}
+__device__ __forceinline__ void mep_ld_volatile_u64x2(const uint64_t *p, uint64_t *a, uint64_t *b) {
+  uint64_t x, y;
+  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(x), "=l"(y) : "l"(p) : "memory");
+  *a = x;
+  *b = y;
+}
+
 __device__ __forceinline__ int mep_lsa_peer(const MepXport &x, int peer) {
   return ncclTeamRankToLsa(x.comm, ncclTeamWorld(x.comm), peer);
 }

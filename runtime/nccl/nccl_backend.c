@@ -214,19 +214,21 @@ static moe_ep_status_t timeout_error(const moe_ep_group_t *g, const nccl_state_t
                      r->rank, (unsigned long long)r->seen, r->peer, r->buffer_set, r->expert,
                      (unsigned long long)r->expected);
   }
-  if (r->op == MEP_LL_OP_DISPATCH_LIST || r->op == MEP_LL_OP_COMBINE_WEIGHTS) {
-    /* a word that carries its own tag: a slot- or expert-list word, or a
-     * pushed combine weight */
+  if (r->op == MEP_LL_OP_DISPATCH_LIST || r->op == MEP_LL_OP_COMBINE_WEIGHTS ||
+      r->op == MEP_LL_OP_COMBINE_FLAGGED) {
+    /* a word that carries its own tag: a slot- or expert-list word, a
+     * pushed combine weight, or a flagged combine partial */
     const int list = r->op == MEP_LL_OP_DISPATCH_LIST;
+    const int flagged = r->op == MEP_LL_OP_COMBINE_FLAGGED;
     return mep_error(MOE_EP_ERR_TIMEOUT,
                      "a %s kernel on rank %d waited timeouts.kernel_ms=%d for rank %d's %s "
                      "(buffer set %d): expected %s %llu, saw %llu; the peer did not take part "
                      "in the operation",
-                     list ? "dispatch receive" : "combine send", r->rank,
-                     g->cfg.kernel_timeout_ms, r->peer,
-                     list ? "slot or expert list" : "combine weights", r->buffer_set,
-                     list ? "list tag" : "combine epoch", (unsigned long long)r->expected,
-                     (unsigned long long)r->seen);
+                     list ? "dispatch receive" : flagged ? "combine receive" : "combine send",
+                     r->rank, g->cfg.kernel_timeout_ms, r->peer,
+                     list ? "slot or expert list" : flagged ? "combine partial" : "combine weights",
+                     r->buffer_set, list ? "list tag" : "combine epoch",
+                     (unsigned long long)r->expected, (unsigned long long)r->seen);
   }
   const char *op = r->op == MEP_LL_OP_DISPATCH_RECV  ? "dispatch receive"
                    : r->op == MEP_LL_OP_COMBINE_RECV ? "combine receive"

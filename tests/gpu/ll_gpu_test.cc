@@ -251,6 +251,20 @@ class LlGpu : public ::testing::Test {
     CUDA_OK(cudaStreamSynchronize(g.stream));
     ASSERT_EQ(g.rec->flag, 0) << rec_text();
   }
+  // After a call that waited for absent rank 1 since t0: the record names
+  // this rank as the one that waited, rank 1 as the peer and `op` as the
+  // wait, with a value other than the one expected, within the timeout.
+  void expect_absent_rank1(Group &g, int op, std::chrono::steady_clock::time_point t0) {
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_EQ(g.rec->flag, 2) << "rank " << g_rank << ": no timeout recorded while rank 1 was absent";
+    EXPECT_EQ(g.rec->op, op) << "rank " << g_rank << ": " << rec_text();
+    EXPECT_EQ(g.rec->rank, g_rank) << "the record must name the rank that waited: " << rec_text();
+    EXPECT_EQ(g.rec->peer, 1) << "rank " << g_rank << ": the record must name the absent rank: "
+                              << rec_text();
+    EXPECT_NE(g.rec->seen, g.rec->expected) << "rank " << g_rank << ": " << rec_text();
+    EXPECT_LT(ms, 5000) << "rank " << g_rank;
+  }
   void round_trip(const Case &c, int transport) {
     Group &g = G();
     ASSERT_NO_FATAL_FAILURE(dispatch_set0(c, g, transport));
@@ -281,6 +295,11 @@ const Case kFp8Hot = {7168, 8, 256, 1, MOE_EP_FP8_SCALE_F32, 4, {128, 128}, 18, 
 // ranks; at 2 ranks the second sends nothing.
 const Case kFp8SomeRanksIdle = {7168, 8, 256, 1, MOE_EP_FP8_SCALE_F32, 8, {128, 0, 37}, 22};
 const Case kBf16SomeRanksIdle = {2048, 6, 64, 0, 0, 4, {128, 0, 37}, 23};
+// Calls small enough for flagged partials over LSA (mep_ll_flag_tokens: 16
+// with the tests' 128-token maximum): 8 and 16 tokens, and 16 against 17
+// (one source flagged, the other not, in the same combine).
+const Case kBf16Flagged = {7168, 8, 256, 0, 0, 8, {8, 16}, 24};
+const Case kFp8FlagEdge = {7168, 8, 256, 1, MOE_EP_FP8_SCALE_F32, 4, {16, 17}, 25};
 // +-inf and NaN in the tokens (make_inputs): codes and scales exactly the
 // oracle's under moe_ep.h's rule, for each scale format; 2176 channels put
 // groups past the quantiser's 512-channel step.
@@ -327,6 +346,10 @@ TEST_F(LlGpu, WeightedLsaBf16H7168Top8E256) { weighted_round_trip(kBf16Big, MEP_
 TEST_F(LlGpu, WeightedLsaFp8H7168Top8ZeroTokensOnRank1) { weighted_round_trip(kFp8Big, MEP_LL_TRANSPORT_LSA); }
 TEST_F(LlGpu, WeightedLsaBf16H2056Top1OneToken) { weighted_round_trip(kBf16Odd, MEP_LL_TRANSPORT_LSA); }
 TEST_F(LlGpu, WeightedLsaFp8PackedI64H2176Top4E64) { weighted_round_trip(kFp8PackedI64Odd, MEP_LL_TRANSPORT_LSA); }
+TEST_F(LlGpu, LsaBf16H7168FlaggedPartials) { round_trip(kBf16Flagged, MEP_LL_TRANSPORT_LSA); }
+TEST_F(LlGpu, WeightedLsaBf16H7168FlaggedPartials) { weighted_round_trip(kBf16Flagged, MEP_LL_TRANSPORT_LSA); }
+TEST_F(LlGpu, LsaFp8FlaggedAndCountedSources) { round_trip(kFp8FlagEdge, MEP_LL_TRANSPORT_LSA); }
+TEST_F(LlGpu, WeightedLsaFp8FlaggedAndCountedSources) { weighted_round_trip(kFp8FlagEdge, MEP_LL_TRANSPORT_LSA); }
 TEST_F(LlGpu, WeightedGinEmuFp8H7168Top8ZeroTokensOnRank1) { weighted_round_trip(kFp8Big, MEP_LL_TRANSPORT_GIN_EMULATED); }
 TEST_F(LlGpu, WeightedGinEmuFp8PackedI64H2176Top4E64) { weighted_round_trip(kFp8PackedI64Odd, MEP_LL_TRANSPORT_GIN_EMULATED); }
 TEST_F(LlGpu, WeightedGinEmuBf16H2056Top1OneToken) { weighted_round_trip(kBf16Odd, MEP_LL_TRANSPORT_GIN_EMULATED); }
@@ -670,14 +693,35 @@ TEST_F(LlGpu, AbsentPeerAtCombineTimesOutInTheSendHalf) {
   const auto t0 = std::chrono::steady_clock::now();
   MEP_OK(mep_ll_combine_send(&g.ctx, &cb, g.stream));
   CUDA_OK(cudaStreamSynchronize(g.stream));
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  ASSERT_EQ(g.rec->flag, 2) << "rank " << g_rank << ": no timeout recorded while rank 1 was absent";
-  EXPECT_EQ(g.rec->op, MEP_LL_OP_COMBINE_WEIGHTS) << "rank " << g_rank << ": " << rec_text();
-  EXPECT_EQ(g.rec->rank, g_rank) << "the record must name the rank that waited: " << rec_text();
-  EXPECT_EQ(g.rec->peer, 1) << "rank " << g_rank << ": the record must name the absent rank: "
-                            << rec_text();
-  EXPECT_NE(g.rec->seen, g.rec->expected) << "rank " << g_rank << ": " << rec_text();
-  EXPECT_LT(ms, 5000) << "rank " << g_rank;
+  expect_absent_rank1(g, MEP_LL_OP_COMBINE_WEIGHTS, t0);
+}
+
+// An absent peer at a flagged combine (LSA, at most mep_ll_flag_tokens
+// tokens, weights at dispatch so the send half waits for nothing): no
+// count signal; rank 0's receive waits for rank 1's flagged partial words,
+// and the expired wait is recorded as COMBINE_FLAGGED naming both ranks.
+TEST_F(LlGpu, AbsentPeerAtFlaggedCombineTimesOutInTheReceive) {
+  if (g_world < 2) GTEST_SKIP() << "needs 2 ranks";
+  ASSERT_NO_FATAL_FAILURE(use_fresh_group());
+  Group &g = G();
+  const Case c = kBf16Flagged;
+  ASSERT_LE(c.tokens[0], mep_ll_flag_tokens(&g.ctx.dims));
+  weighted_ = 1;
+  ASSERT_NO_FATAL_FAILURE(dispatch_set0(c, g, MEP_LL_TRANSPORT_LSA));
+  if (g_rank == 1) return;  // absent from the combine (it still frees the group in TearDown)
+  // Some token of rank 0 must reach rank 1's experts for the wait to exist.
+  const Inputs in = make_inputs(c, g_rank);
+  const int local = c.experts / g_world;
+  bool reaches = false;
+  for (size_t i = 0; i < in.topk.size(); ++i) reaches = reaches || in.topk[i] >= local;
+  ASSERT_TRUE(reaches) << "seed " << c.seed << ": no token of rank 0 names rank 1's experts";
+  MEP_OK(mep_ll_timeout_cycles(g_rank, 300, &g.ctx.timeout_cycles));
+  mep_ll_combine_args_t cb = cargs(c, g, 0, g.topk, g.w);
+  const auto t0 = std::chrono::steady_clock::now();
+  MEP_OK(mep_ll_combine_send(&g.ctx, &cb, g.stream));
+  MEP_OK(mep_ll_combine_recv(&g.ctx, &cb, g.stream));
+  CUDA_OK(cudaStreamSynchronize(g.stream));
+  expect_absent_rank1(g, MEP_LL_OP_COMBINE_FLAGGED, t0);
 }
 
 // GIN cannot run without an RDMA NIC: asking for it must fail cleanly with
