@@ -50,6 +50,11 @@ static inline int mep_combine_pushes(const mep_ll_ctx_t *ctx, const mep_ll_combi
 #define MEP_LL_SRC_PARTIALS (MEP_LL_SRC_WEIGHTED | MEP_LL_SRC_PUSHED)
 /* ... and for a source that gets flagged partials (mep_combine_flagged). */
 #define MEP_LL_SRC_FLAGGED (1 << 18)
+/* The code of an LSA combine arrival (block 0's): the sender's view of the
+ * source, checked by the source's receive (a disagreement is recorded as
+ * MEP_LL_OP_BAD_SIGNAL instead of reading the wrong region). */
+#define MEP_LL_COMB_COUNTED 1u
+#define MEP_LL_COMB_FLAGGED 2u
 
 /* Whether a combine's source with `tokens` tokens gets flagged partials
  * (mep_ll_flag_word): over LSA, small calls. The source decides from its
@@ -198,6 +203,17 @@ __device__ __forceinline__ uint32_t mep_combine_send_body(const MepLLParams &p,
     }
   }
   __syncthreads();
+  /* Sources that take flagged partials get this block's arrival now, a
+   * relaxed add with code MEP_LL_COMB_FLAGGED: their words carry their own
+   * flags, and the arrival only tells the source that this rank has
+   * started its combine, so has finished its dispatch receive (what lets
+   * the source reuse the set, section 6 of PROTOCOL.md). */
+  if constexpr (!Tp::kStaged)
+    for (int d = threadIdx.x; d < R; d += blockDim.x)
+      if (src_s[d] & MEP_LL_SRC_FLAGGED)
+        Tp::signal_relaxed(p.xp, d, mep_ll_sig_comb_cnt(&p.dims, p.xp.rank),
+                           mep_ll_arrival_add(blockIdx.x == 0 ? MEP_LL_COMB_FLAGGED : 0u,
+                                              blockIdx.x, gridDim.x));
   /* The epoch is stored at the end, after the block's arrival: a store
    * before it would be one more write for the system-scope release to
    * wait for, in every block (the dispatch stores its tag last too). */
@@ -234,9 +250,9 @@ __device__ __forceinline__ uint32_t mep_combine_send_body(const MepLLParams &p,
   /* LSA: every block's arrival releases its rows; the receiver needs no
    * row count. */
   if constexpr (!Tp::kRowSignals) {
-    /* not to sources that get flagged partials: those need no release */
+    /* to the sources that read comb_recv (flagged ones arrived above) */
     mep_arrive_if<Tp>(p, mep_ll_sig_comb_cnt(&p.dims, p.xp.rank),
-                      [](int) { return (uint64_t)1; },
+                      [](int) { return (uint64_t)MEP_LL_COMB_COUNTED; },
                       [&](int d) { return !(src_s[d] & MEP_LL_SRC_FLAGGED); });
     store_epoch();
     return epoch;
@@ -407,22 +423,34 @@ template <class Tp, typename IdxT>
 __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
                                                       const MepCombineArgs &a, int *smem,
                                                       uint32_t epoch) {
-  /* Flagged partials: no count signal to wait for, no shadow moves. */
-  if constexpr (!Tp::kStaged)
-    if (mep_combine_flagged<Tp>(p, a.tokens)) {
-      mep_combine_sum_flagged<IdxT>(p, a, epoch);
-      return;
-    }
   __shared__ int failed;
   const int R = p.dims.world;
   uint64_t *next = reinterpret_cast<uint64_t *>(smem);
   if (threadIdx.x == 0) failed = 0;
   __syncthreads();
-  for (int r = threadIdx.x; r < R; r += blockDim.x) {
+  /* Flagged partials: the sums first, as the words land; the count waits
+   * after them (the senders' arrivals came at their start). */
+  bool flagged = false;
+  if constexpr (!Tp::kStaged) {
+    flagged = mep_combine_flagged<Tp>(p, a.tokens);
+    if (flagged) {
+      if (!mep_combine_sum_flagged<IdxT>(p, a, epoch)) failed = 1;
+      __syncthreads(); /* a missing partial is the wait that gets recorded */
+    }
+  }
+  for (int r = threadIdx.x; r < R && !failed; r += blockDim.x) {
     uint64_t base = 0, increase = 0, code = 0;
     if (mep_wait_count<Tp>(p, mep_ll_sig_comb_cnt(&p.dims, r), MEP_LL_OP_COMBINE_RECV, r, &base,
                            &increase, &code)) {
       next[r] = base + increase;
+      if constexpr (!Tp::kRowSignals) {
+        /* the sender's view of this rank: flagged or counted, as ours */
+        const uint64_t want = flagged ? MEP_LL_COMB_FLAGGED : MEP_LL_COMB_COUNTED;
+        if (code != want) {
+          mep_record_timeout(p.wc, MEP_LL_OP_BAD_SIGNAL, r, -1, want, code);
+          failed = 1;
+        }
+      }
       if (Tp::kRowSignals) { /* the code is 1 + the rows to wait for */
         const uint32_t rs = mep_ll_sig_comb_row(&p.dims, r);
         next[R + r] = mep_shadow(p, rs) + (code - 1);
@@ -438,12 +466,14 @@ __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
   __syncthreads();
   if (failed) return;
 
-  /* over LSA always partials (mep_combine_pushes): the per-slot sum is
-   * compiled out of those kernels */
-  if (!Tp::kStaged || a.partials)
-    mep_combine_sum_partials<IdxT>(p, a);
-  else if constexpr (Tp::kStaged)
-    mep_combine_sum_slots<IdxT>(p, a);
+  /* (flagged partials were summed above) over LSA always partials
+   * (mep_combine_pushes): the per-slot sum is compiled out of those kernels */
+  if (!flagged) {
+    if (!Tp::kStaged || a.partials)
+      mep_combine_sum_partials<IdxT>(p, a);
+    else if constexpr (Tp::kStaged)
+      mep_combine_sum_slots<IdxT>(p, a);
+  }
 
   /* Only this block reads its shadow copies: no grid-wide ticket. */
   mep_store_shadows<Tp>(p, next, [&](int r) { return mep_ll_sig_comb_cnt(&p.dims, r); },

@@ -240,7 +240,7 @@ __device__ __forceinline__ void mep_combine_send_partials(const MepLLParams &p,
  * sum(t, c, first, rank, acc) adds the token's partials in that order into
  * acc (false: stop, a wait failed), and the unit stores bf16 once. */
 template <typename IdxT, int S, typename Sum>
-__device__ __forceinline__ void mep_partial_units(const MepLLParams &p, const MepCombineArgs &a,
+__device__ __forceinline__ bool mep_partial_units(const MepLLParams &p, const MepCombineArgs &a,
                                                   Sum sum) {
   const int lane = threadIdx.x & 31;
   const int nwarps = gridDim.x * (MEP_LL_THREADS / 32);
@@ -258,9 +258,10 @@ __device__ __forceinline__ void mep_partial_units(const MepLLParams &p, const Me
         __ballot_sync(0xffffffffu, rank >= 0 && (same & ((1u << lane) - 1u)) == 0);
     float acc[S][8];
     mep_steps_zero<S>(acc);
-    if (!sum(t, c, first, rank, acc)) return;
+    if (!sum(t, c, first, rank, acc)) return false;
     mep_steps_store<S>(a.out + (size_t)t * a.hidden, acc, c, a.hidden);
   }
+  return true;
 }
 
 /* Receive half's reduction (after the count/row waits): out = sum of the
@@ -339,15 +340,15 @@ __device__ __forceinline__ void mep_flag_load(const uint64_t *w, uint32_t epoch,
  * the result is the same bits. Every rank's partials are loaded before the
  * first flag check. A failed wait ends the warp's units. */
 template <typename IdxT, int S>
-__device__ __forceinline__ void mep_combine_sum_flagged_at(const MepLLParams &p,
+__device__ __forceinline__ bool mep_combine_sum_flagged_at(const MepLLParams &p,
                                                            const MepCombineArgs &a,
                                                            uint32_t epoch) {
   constexpr int B = S >= 2 ? 1 : 4;
   const int F = mep_ll_flag_tokens(&p.dims);
   const uint64_t *region =
       reinterpret_cast<const uint64_t *>(p.xp.local + p.set_off + p.lay.comb_flag);
-  mep_partial_units<IdxT, S>(p, a, [&](int t, int c, unsigned first, int rank,
-                                       float(&acc)[S][8]) {
+  return mep_partial_units<IdxT, S>(p, a, [&](int t, int c, unsigned first, int rank,
+                                              float(&acc)[S][8]) {
     while (first != 0) {
       uint4 v[B][S];
       uint32_t bad[B][S];
@@ -361,7 +362,7 @@ __device__ __forceinline__ void mep_combine_sum_flagged_at(const MepLLParams &p,
         const int k = use[i] ? __ffs(first) - 1 : 0;
         first &= first - 1u;
         src[i] = __shfl_sync(0xffffffffu, rank, k);
-        row[i] = region + ((uint64_t)(src[i] * F + t) * p.dims.hidden + c) / 2;
+        row[i] = region + ((uint64_t)((use[i] ? src[i] : 0) * F + t) * p.dims.hidden + c) / 2;
 #pragma unroll
         for (int j = 0; j < S; ++j) {
           bad[i][j] = 0;
@@ -374,9 +375,9 @@ __device__ __forceinline__ void mep_combine_sum_flagged_at(const MepLLParams &p,
       for (int i = 0; i < B; ++i)
 #pragma unroll
         for (int j = 0; j < S; ++j)
-          if (bad[i][j] != 0) { /* not landed yet: wait, then read again */
+          while (ok && bad[i][j] != 0) { /* not landed yet: wait, then read again */
             const uint64_t *w = row[i] + j * (kMepPartialStep / 2);
-            if (ok && mep_flag_wait(p, w, epoch, src[i]))
+            if (mep_flag_wait(p, w, epoch, src[i]))
               mep_flag_load(w, epoch, &v[i][j], &bad[i][j]);
             else
               ok = false;
@@ -391,13 +392,12 @@ __device__ __forceinline__ void mep_combine_sum_flagged_at(const MepLLParams &p,
   });
 }
 
+/* False when a wait failed (recorded). */
 template <typename IdxT>
-__device__ __forceinline__ void mep_combine_sum_flagged(const MepLLParams &p,
+__device__ __forceinline__ bool mep_combine_sum_flagged(const MepLLParams &p,
                                                         const MepCombineArgs &a, uint32_t epoch) {
-  if (a.recv_steps == 1)
-    mep_combine_sum_flagged_at<IdxT, 1>(p, a, epoch);
-  else
-    mep_combine_sum_flagged_at<IdxT, kMepPartialWideSteps>(p, a, epoch);
+  return a.recv_steps == 1 ? mep_combine_sum_flagged_at<IdxT, 1>(p, a, epoch)
+                           : mep_combine_sum_flagged_at<IdxT, kMepPartialWideSteps>(p, a, epoch);
 }
 
 /* The sum with the unit width the host picked (MepCombineArgs.recv_steps,

@@ -140,9 +140,10 @@ static inline MEP_HD uint64_t mep_ll_weight_word(uint32_t weight_bits, uint32_t 
  * mep_ll_flag_tokens(d) tokens gets its partials as 8-byte words
  * {2 bf16 channels, 32-bit combine epoch}: each word is its own flag (a
  * 64-bit access is single-copy atomic), so the experts' ranks send them
- * with no release and no count signal, and the source sums each partial
- * as it lands. Twice the bytes of a bf16 row, worth it only while the
- * release, not the link, bounds a call. Region comb_flag:
+ * with no release (their arrival, a relaxed add, comes first and only
+ * keeps the ranks in step), and the source sums each partial as it lands.
+ * Twice the bytes of a bf16 row, worth it only while the release, not
+ * the link, bounds a call. Region comb_flag:
  * [R][mep_ll_flag_tokens][hidden / 2] words, by sending rank. */
 #ifndef MEP_LL_FLAG_TOKENS
 #define MEP_LL_FLAG_TOKENS 16

@@ -25,14 +25,25 @@ struct MepLsa {
                                                               uint32_t bytes) {
     mep_copy_warp(peer_ptr(x, peer, dst_off), x.local + src_off, bytes);
   }
+  static __device__ __forceinline__ unsigned long long *signal_ptr(const MepXport &x, int peer,
+                                                                   uint32_t sig) {
+    return reinterpret_cast<unsigned long long *>(peer_ptr(x, peer, mep_sig_off(x, sig)));
+  }
   static __device__ __forceinline__ void signal(const MepXport &x, int peer, uint32_t sig,
                                                 uint64_t add) {
     /* A release add at system scope: the block's rows (ordered before
      * this thread by the caller's block barrier, LL: mep_arrive; release
      * is cumulative) land before the count moves. */
-    unsigned long long *s =
-        reinterpret_cast<unsigned long long *>(peer_ptr(x, peer, mep_sig_off(x, sig)));
-    asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(s), "l"((unsigned long long)add)
+    asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(signal_ptr(x, peer, sig)),
+                 "l"((unsigned long long)add)
+                 : "memory");
+  }
+  /* A relaxed add: orders nothing, for a signal that only says this
+   * launch has started (flagged combine partials carry their own flags). */
+  static __device__ __forceinline__ void signal_relaxed(const MepXport &x, int peer, uint32_t sig,
+                                                        uint64_t add) {
+    asm volatile("red.relaxed.sys.global.add.u64 [%0], %1;" ::"l"(signal_ptr(x, peer, sig)),
+                 "l"((unsigned long long)add)
                  : "memory");
   }
   static __device__ __forceinline__ uint64_t read_signal(const MepXport &x, uint32_t sig) {
