@@ -7,11 +7,13 @@
  * which pushes its weights at the start of the combine (MEP_LL_SRC_PUSHED).
  * Over staged transports the others get every valid slot's expert output
  * row back, into the (token, k) row of the source's combine region, and
- * the receive half forms the same per-rank partials and their sum. Either
- * way the send half ends with one count signal per source rank (LSA:
- * every block's arrival; staged: the last block's add); every receiving
- * block waits all peers' counts (and staged transports' rows), and at its
- * end advances its own copies of the signal shadows. */
+ * the receive half forms the same per-rank partials and their sum. Over
+ * LSA a source of at most mep_ll_flag_tokens tokens gets its partials as
+ * flagged words instead (ll_layout.h). Either way the send half gives one
+ * count signal per source rank (LSA: every block's arrival, at its end, or
+ * at its start toward a flagged source; staged: the last block's add);
+ * every receiving block waits all peers' counts (and staged transports'
+ * rows), and at its end advances its own copies of the signal shadows. */
 #ifndef MEP_LL_COMBINE_BODY_CUH_
 #define MEP_LL_COMBINE_BODY_CUH_
 
@@ -428,17 +430,12 @@ __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
   uint64_t *next = reinterpret_cast<uint64_t *>(smem);
   if (threadIdx.x == 0) failed = 0;
   __syncthreads();
-  /* Flagged partials: the sums first, as the words land; the count waits
-   * after them (the senders' arrivals came at their start). */
+  /* Flagged partials (LSA, small calls): the senders' arrivals came at the
+   * start of their send halves, so the count waits below cost little, and
+   * their code check comes before any word is read. */
   bool flagged = false;
-  if constexpr (!Tp::kStaged) {
-    flagged = mep_combine_flagged<Tp>(p, a.tokens);
-    if (flagged) {
-      if (!mep_combine_sum_flagged<IdxT>(p, a, epoch)) failed = 1;
-      __syncthreads(); /* a missing partial is the wait that gets recorded */
-    }
-  }
-  for (int r = threadIdx.x; r < R && !failed; r += blockDim.x) {
+  if constexpr (!Tp::kStaged) flagged = mep_combine_flagged<Tp>(p, a.tokens);
+  for (int r = threadIdx.x; r < R; r += blockDim.x) {
     uint64_t base = 0, increase = 0, code = 0;
     if (mep_wait_count<Tp>(p, mep_ll_sig_comb_cnt(&p.dims, r), MEP_LL_OP_COMBINE_RECV, r, &base,
                            &increase, &code)) {
@@ -466,13 +463,16 @@ __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
   __syncthreads();
   if (failed) return;
 
-  /* (flagged partials were summed above) over LSA always partials
-   * (mep_combine_pushes): the per-slot sum is compiled out of those kernels */
-  if (!flagged) {
-    if (!Tp::kStaged || a.partials)
-      mep_combine_sum_partials<IdxT>(p, a);
-    else if constexpr (Tp::kStaged)
-      mep_combine_sum_slots<IdxT>(p, a);
+  /* over LSA always partials (mep_combine_pushes): the per-slot sum is
+   * compiled out of those kernels */
+  if (flagged) {
+    if (!mep_combine_sum_flagged<IdxT>(p, a, epoch)) failed = 1;
+    __syncthreads(); /* a failed wait was recorded: no shadow moves */
+    if (failed) return;
+  } else if (!Tp::kStaged || a.partials) {
+    mep_combine_sum_partials<IdxT>(p, a);
+  } else if constexpr (Tp::kStaged) {
+    mep_combine_sum_slots<IdxT>(p, a);
   }
 
   /* Only this block reads its shadow copies: no grid-wide ticket. */

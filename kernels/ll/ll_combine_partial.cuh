@@ -332,13 +332,15 @@ __device__ __forceinline__ void mep_flag_load(const uint64_t *w, uint32_t epoch,
          ((uint32_t)(x2 >> 32) ^ epoch) | ((uint32_t)(x3 >> 32) ^ epoch);
 }
 
-/* The receive half for a flagged call (this rank sent at most
- * mep_ll_flag_tokens tokens, LSA): no count wait; each unit (token, S
- * steps) reads the partials of the ranks the token reaches from comb_flag,
- * in the order they first appear in top-k, waiting (bounded) for words not
- * yet of this combine, and sums them as mep_combine_sum_partials does, so
- * the result is the same bits. Every rank's partials are loaded before the
- * first flag check. A failed wait ends the warp's units. */
+/* The receive half's sum for a flagged call (this rank sent at most
+ * mep_ll_flag_tokens tokens, LSA; after the count waits, which the
+ * senders' early arrivals make short): each unit (token, S steps) reads
+ * the partials of the ranks the token reaches from comb_flag, in the order
+ * they first appear in top-k, waiting (bounded) for words not yet of this
+ * combine, and sums them as mep_combine_sum_partials does, so the result
+ * is the same bits. A batch's loads (up to 4 ranks at one step, 1 at
+ * four) are all issued before its first flag check. A failed wait ends
+ * the warp's units. */
 template <typename IdxT, int S>
 __device__ __forceinline__ bool mep_combine_sum_flagged_at(const MepLLParams &p,
                                                            const MepCombineArgs &a,

@@ -269,9 +269,10 @@ static inline MEP_HD int mep_ll_disp_decode(uint64_t code, int max_tokens, int *
 }
 
 /* Count signals under LSA carry arrivals: every block of a send half adds
- * one arrival (bit 48) after its own stores, and block 0's add also carries
- * the grid size (bits 32..47) and the code (bits 0..31: mep_ll_disp_code,
- * or 1 + rows for combine). The receiver reads a signal's increase since
+ * one arrival (bit 48) after its own stores (a combine's toward a source
+ * with flagged partials: at its start, relaxed), and block 0's add also
+ * carries the grid size (bits 32..47) and the code (bits 0..31:
+ * mep_ll_disp_code; for combine 1, or 2 toward a flagged source). The receiver reads a signal's increase since
  * its last receive: complete once the arrivals equal the grid size. No
  * grid-wide ticket, and no last block that signals after everyone else. */
 #define MEP_LL_ARRIVAL_ONE (1ull << 48)
