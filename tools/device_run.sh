@@ -2,7 +2,7 @@
 # device_run.sh (copied to .gpu_bundle/run_device.sh): the GPU suite, run on
 # the GPU machine from the repository root, most important first; every log
 # goes to $OUT and a one-line verdict per step to $OUT/summary.txt.
-# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|rest|one|world|llcheck|llscen|ab|htab|htprof|llprof|lltable|extra|ht|scale]; quick stops after
+# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|rest|one|world|llcheck|llscen|misc|ab|htab|htprof|llprof|lltable|extra|ht|scale]; quick stops after
 # the kernel test, the weighted-dispatch and hidden-2880 API runs and the
 # eager benchmarks, and rest runs the rest of full (full = quick + rest);
 # one is for a 1-GPU machine (EP1 suites, LL and HT, sanitizers, an EP1 benchmark, and
@@ -271,6 +271,26 @@ if [ "$MODE" = extra ]; then
   cat "$OUT/summary.txt"
   exit 0
 fi
+# The steps of rest outside the HT suite and the LL scenarios: the demo
+# over the nccl backend, the GIN-emulated trace, GIN and a mismatched NCCL
+# refused, EP1 bf16.
+rest_misc() {
+  sed 's/backend: host/backend: nccl/' $B/demo.yaml > "$OUT/demo_nccl.yaml"
+  timeout $((30 * S)) $B/moe_ep_run -n $N -- $B/moe_ep_demo --config "$OUT/demo_nccl.yaml" \
+    --plugin $B/libmoe_ep.so --steps 50 --verify > "$OUT/demo.log" 2>&1
+  summary demo $? "$(awk '$1 ~ /^[0-9]+$/ && NF >= 8 { split($NF, v, "/"); ok += v[1]; all += v[2] }
+    END { printf "%d of %d combines verified", ok, all }' "$OUT/demo.log")"; tail -3 "$OUT/demo.log"
+  MOE_EP_TEST_TRACE=1 api ${E}_ginemu_trace $N $((25 * S)) --transport=gin_emulated --experts=256 \
+    --max_tokens=128 --layers=7168:8 --seeds=1 --hooks=0 --kernel_ms=3000
+  # GIN requested where no RDMA NIC exists: group_create refuses with NCCL's
+  # reason, no hang.
+  api_refused gin_request $N $((15 * S)) 'GIN not supported' --transport=gin --experts=8 --max_tokens=8 --layers=128:2
+  # A runtime NCCL other than the headers' (the system's copy): group_create
+  # must refuse, naming both versions.
+  MOE_EP_NCCL_LIBRARY=/usr/lib/x86_64-linux-gnu/libnccl.so.2 api_refused nccl_version_refused $N $((15 * S)) \
+    version --experts=8 --max_tokens=8 --layers=128:2
+  api ep1_bf16 1 20 --experts=8 --max_tokens=64 --layers=2048:2 --seeds=1
+}
 # HT (prefill) on the nccl backend, public API against the oracle: bf16 and
 # pre-quantised fp8 (f32, UE8M0, packed scales), top-k 1..32, hidden 2048
 # to 7168 and 2880, 1 to 4096 tokens per rank, uniform / skewed / all to
@@ -485,6 +505,13 @@ if [ "$MODE" = llscen ]; then
   cat "$OUT/summary.txt"
   exit 0
 fi
+# misc: rest_misc alone (with llscen and ht, the whole of rest in three
+# shorter calls).
+if [ "$MODE" = misc ]; then
+  rest_misc
+  cat "$OUT/summary.txt"
+  exit 0
+fi
 if [ "$MODE" = world ]; then  # the one-GPU world tests alone
   world_tests
   cat "$OUT/summary.txt"
@@ -608,20 +635,6 @@ api ${E}_per_call_fp8 $N $((40 * S)) --per_call_format=1 --experts=64 --max_toke
 api ${E}_ginemu_per_call_fp8 $N $((40 * S)) --transport=gin_emulated --per_call_format=1 --experts=64 \
   --max_tokens=32 --dtype=fp8 --layers=4096:8 --seeds=1
 ll_scenarios
-sed 's/backend: host/backend: nccl/' $B/demo.yaml > "$OUT/demo_nccl.yaml"
-timeout $((30 * S)) $B/moe_ep_run -n $N -- $B/moe_ep_demo --config "$OUT/demo_nccl.yaml" \
-  --plugin $B/libmoe_ep.so --steps 50 --verify > "$OUT/demo.log" 2>&1
-summary demo $? "$(awk '$1 ~ /^[0-9]+$/ && NF >= 8 { split($NF, v, "/"); ok += v[1]; all += v[2] }
-  END { printf "%d of %d combines verified", ok, all }' "$OUT/demo.log")"; tail -3 "$OUT/demo.log"
-MOE_EP_TEST_TRACE=1 api ${E}_ginemu_trace $N $((25 * S)) --transport=gin_emulated --experts=256 \
-  --max_tokens=128 --layers=7168:8 --seeds=1 --hooks=0 --kernel_ms=3000
-# GIN requested where no RDMA NIC exists: group_create refuses with NCCL's
-# reason, no hang.
-api_refused gin_request $N $((15 * S)) 'GIN not supported' --transport=gin --experts=8 --max_tokens=8 --layers=128:2
-# A runtime NCCL other than the headers' (the system's copy): group_create
-# must refuse, naming both versions.
-MOE_EP_NCCL_LIBRARY=/usr/lib/x86_64-linux-gnu/libnccl.so.2 api_refused nccl_version_refused $N $((15 * S)) \
-  version --experts=8 --max_tokens=8 --layers=128:2
-api ep1_bf16 1 20 --experts=8 --max_tokens=64 --layers=2048:2 --seeds=1
+rest_misc
 ll_sanitizers
 cat "$OUT/summary.txt"
