@@ -385,9 +385,7 @@ __device__ __forceinline__ void mep_combine_sum_slots_wide(const MepLLParams &p,
         bool use[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-          use[i] = group != 0;
-          const int k = use[i] ? __ffs(group) - 1 : 0;
-          group &= group - 1u;
+          const int k = mep_take_lane(&group, &use[i]);
           w[i] = __shfl_sync(0xffffffffu, wl, k);
           mep_steps_load<S, true>(v[i], row(k), c, a.hidden, use[i]);
         }

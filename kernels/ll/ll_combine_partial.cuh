@@ -45,6 +45,16 @@ constexpr int kMepPartialWideSteps = 4;
  * whole row (7168 channels: 7 warps of 4 steps, not 1 warp of 28). */
 constexpr int kMepPartialPiece = 1024;
 
+/* The lowest lane left in `mask`, taken off it, for a batch of loads
+ * issued before any is used: *use says whether one was left (lane 0 stands
+ * in when not, and its load is skipped). */
+__device__ __forceinline__ int mep_take_lane(unsigned *mask, bool *use) {
+  *use = *mask != 0;
+  const int k = *use ? __ffs(*mask) - 1 : 0;
+  *mask &= *mask - 1u;
+  return k;
+}
+
 /* Lane `lane` (< 32) of a warp computes channels [c + 256 j, c + 256 j + 8)
  * for j < S (those below `limit`; rows are `hidden` channels) of the
  * partial from the slots whose bits are set in `live` (k order, in batches
@@ -64,9 +74,7 @@ __device__ __forceinline__ void mep_partial_chunks(const __nv_bfloat16 *y, int h
     bool use[B];
 #pragma unroll
     for (int i = 0; i < B; ++i) {
-      use[i] = live != 0;
-      const int k = use[i] ? __ffs(live) - 1 : 0;
-      live &= live - 1u;
+      const int k = mep_take_lane(&live, &use[i]);
       const int slot = __shfl_sync(0xffffffffu, entry.slot, k);
       w[i] = __int_as_float(__shfl_sync(0xffffffffu, entry.weight_bits, k));
       mep_steps_load<S, false>(v[i], y + (size_t)slot * hidden, c, limit, use[i]);
@@ -281,9 +289,7 @@ __device__ __forceinline__ void mep_combine_sum_partials_at(const MepLLParams &p
       bool use[B];
 #pragma unroll
       for (int i = 0; i < B; ++i) {
-        use[i] = first != 0;
-        const int k = use[i] ? __ffs(first) - 1 : 0;
-        first &= first - 1u;
+        const int k = mep_take_lane(&first, &use[i]);
         mep_steps_load<S, true>(v[i], region + (size_t)(t * K + k) * a.hidden, c, a.hidden,
                                 use[i]);
       }
@@ -360,9 +366,7 @@ __device__ __forceinline__ bool mep_combine_sum_flagged_at(const MepLLParams &p,
       /* every load first, then the flags: one round trip when all landed */
 #pragma unroll
       for (int i = 0; i < B; ++i) {
-        use[i] = first != 0;
-        const int k = use[i] ? __ffs(first) - 1 : 0;
-        first &= first - 1u;
+        const int k = mep_take_lane(&first, &use[i]);
         src[i] = __shfl_sync(0xffffffffu, rank, k);
         row[i] = region + ((uint64_t)((use[i] ? src[i] : 0) * F + t) * p.dims.hidden + c) / 2;
 #pragma unroll

@@ -265,6 +265,25 @@ class LlGpu : public ::testing::Test {
     EXPECT_NE(g.rec->seen, g.rec->expected) << "rank " << g_rank << ": " << rec_text();
     EXPECT_LT(ms, 5000) << "rank " << g_rank;
   }
+  // `c` dispatched on set 0 of a fresh group, then combined on rank 0
+  // alone (rank 1 returns, and still frees the group in TearDown): the
+  // send half (and with recv the receive half) under a 300 ms kernel
+  // timeout, whose record must name `op`.
+  void combine_without_rank1(const Case &c, bool recv, int op) {
+    ASSERT_NO_FATAL_FAILURE(use_fresh_group());
+    Group &g = G();
+    ASSERT_NO_FATAL_FAILURE(dispatch_set0(c, g, MEP_LL_TRANSPORT_LSA));
+    if (g_rank == 1) return;
+    MEP_OK(mep_ll_timeout_cycles(g_rank, 300, &g.ctx.timeout_cycles));
+    mep_ll_combine_args_t cb = cargs(c, g, 0, g.topk, g.w);
+    const auto t0 = std::chrono::steady_clock::now();
+    MEP_OK(mep_ll_combine_send(&g.ctx, &cb, g.stream));
+    if (recv) {
+      MEP_OK(mep_ll_combine_recv(&g.ctx, &cb, g.stream));
+    }
+    CUDA_OK(cudaStreamSynchronize(g.stream));
+    expect_absent_rank1(g, op, t0);
+  }
   // fused_combine: the combine in one launch (mep_ll_combine), else both
   // halves (the hooks' kernels).
   void round_trip(const Case &c, int transport, bool fused_combine = false) {
@@ -723,17 +742,8 @@ TEST_F(LlGpu, AbsentPeerTimesOutOnEveryWaitingRank) {
 // COMBINE_WEIGHTS, naming the rank that waited and the absent one.
 TEST_F(LlGpu, AbsentPeerAtCombineTimesOutInTheSendHalf) {
   if (g_world < 2) GTEST_SKIP() << "needs 2 ranks";
-  ASSERT_NO_FATAL_FAILURE(use_fresh_group());
-  Group &g = G();
-  const Case c = kBf16Big;  // rank 1 routes tokens to rank 0's experts
-  ASSERT_NO_FATAL_FAILURE(dispatch_set0(c, g, MEP_LL_TRANSPORT_LSA));
-  if (g_rank == 1) return;  // absent from the combine (it still frees the group in TearDown)
-  MEP_OK(mep_ll_timeout_cycles(g_rank, 300, &g.ctx.timeout_cycles));
-  mep_ll_combine_args_t cb = cargs(c, g, 0, g.topk, g.w);
-  const auto t0 = std::chrono::steady_clock::now();
-  MEP_OK(mep_ll_combine_send(&g.ctx, &cb, g.stream));
-  CUDA_OK(cudaStreamSynchronize(g.stream));
-  expect_absent_rank1(g, MEP_LL_OP_COMBINE_WEIGHTS, t0);
+  // kBf16Big: rank 1 routes tokens to rank 0's experts
+  combine_without_rank1(kBf16Big, false, MEP_LL_OP_COMBINE_WEIGHTS);
 }
 
 // An absent peer at a flagged combine (LSA, at most mep_ll_flag_tokens
@@ -743,20 +753,9 @@ TEST_F(LlGpu, AbsentPeerAtCombineTimesOutInTheSendHalf) {
 // COMBINE_RECV naming both ranks, within the timeout.
 TEST_F(LlGpu, AbsentPeerAtFlaggedCombineTimesOutOnItsCount) {
   if (g_world < 2) GTEST_SKIP() << "needs 2 ranks";
-  ASSERT_NO_FATAL_FAILURE(use_fresh_group());
-  Group &g = G();
-  const Case c = kBf16Flagged;
-  ASSERT_LE(c.tokens[0], mep_ll_flag_tokens(&g.ctx.dims));
+  ASSERT_LE(kBf16Flagged.tokens[0], mep_ll_flag_tokens(&G().ctx.dims));
   weighted_ = 1;
-  ASSERT_NO_FATAL_FAILURE(dispatch_set0(c, g, MEP_LL_TRANSPORT_LSA));
-  if (g_rank == 1) return;  // absent from the combine (it still frees the group in TearDown)
-  MEP_OK(mep_ll_timeout_cycles(g_rank, 300, &g.ctx.timeout_cycles));
-  mep_ll_combine_args_t cb = cargs(c, g, 0, g.topk, g.w);
-  const auto t0 = std::chrono::steady_clock::now();
-  MEP_OK(mep_ll_combine_send(&g.ctx, &cb, g.stream));
-  MEP_OK(mep_ll_combine_recv(&g.ctx, &cb, g.stream));
-  CUDA_OK(cudaStreamSynchronize(g.stream));
-  expect_absent_rank1(g, MEP_LL_OP_COMBINE_RECV, t0);
+  combine_without_rank1(kBf16Flagged, true, MEP_LL_OP_COMBINE_RECV);
 }
 
 // GIN cannot run without an RDMA NIC: asking for it must fail cleanly with
