@@ -398,12 +398,15 @@ __device__ __forceinline__ bool mep_combine_sum_flagged_at(const MepLLParams &p,
   });
 }
 
-/* False when a wait failed (recorded). */
+/* False when a wait failed (recorded). One step per unit whatever
+ * recv_steps says: a flagged call has at most 16 tokens, so the wide units
+ * would matter only on a grid of under 28 SMs, and a second instance of
+ * the loop would grow every LSA receive kernel (the units are a grid-stride
+ * loop, correct on any grid). */
 template <typename IdxT>
 __device__ __forceinline__ bool mep_combine_sum_flagged(const MepLLParams &p,
                                                         const MepCombineArgs &a, uint32_t epoch) {
-  return a.recv_steps == 1 ? mep_combine_sum_flagged_at<IdxT, 1>(p, a, epoch)
-                           : mep_combine_sum_flagged_at<IdxT, kMepPartialWideSteps>(p, a, epoch);
+  return mep_combine_sum_flagged_at<IdxT, 1>(p, a, epoch);
 }
 
 /* The sum with the unit width the host picked (MepCombineArgs.recv_steps,
