@@ -68,6 +68,7 @@ __device__ __forceinline__ bool mep_combine_flagged(const MepLLParams &p, int to
 }
 
 #include "kernels/ll/ll_combine_partial.cuh"
+#include "kernels/ll/ll_combine_wrap.cuh"
 
 /* Steps (256 channels) of one per-slot receive unit (staged transports;
  * over LSA every combine pre-reduces). One: the rank-order sum holds all 8
@@ -205,6 +206,14 @@ __device__ __forceinline__ uint32_t mep_combine_send_body(const MepLLParams &p,
     }
   }
   __syncthreads();
+  /* When the epoch comes round: the words of this window no source pushes
+   * now, zeroed before any arrival (ll_combine_wrap.cuh). */
+  if constexpr (!Tp::kStaged)
+    if (mep_epoch_wraps(epoch)) {
+      mep_clear_unpushed_weights(p, a.route, src_s, a.top_k);
+      __threadfence_system(); /* the zeros before any arrival below */
+      __syncthreads();
+    }
   /* Sources that take flagged partials get this block's arrival now, a
    * relaxed add with code MEP_LL_COMB_FLAGGED: their words carry their own
    * flags, and the arrival only tells the source that this rank has
@@ -472,7 +481,13 @@ __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
   } else if constexpr (Tp::kStaged) {
     mep_combine_sum_slots<IdxT>(p, a);
   }
-
+  /* When the epoch comes round: the flagged rows no rank wrote now, zeroed
+   * before this rank's next dispatch (ll_combine_wrap.cuh). */
+  if constexpr (!Tp::kStaged)
+    if (mep_epoch_wraps(epoch))
+      mep_clear_unwritten_flag_rows<IdxT>(p, static_cast<const IdxT *>(a.topk), a.tokens,
+                                          a.top_k, a.num_experts, a.local_experts, a.hidden,
+                                          flagged);
   /* Only this block reads its shadow copies: no grid-wide ticket. */
   mep_store_shadows<Tp>(p, next, [&](int r) { return mep_ll_sig_comb_cnt(&p.dims, r); },
                         [&](int r) { return mep_ll_sig_comb_row(&p.dims, r); });

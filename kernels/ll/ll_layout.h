@@ -127,10 +127,12 @@ static inline MEP_HD uint64_t mep_ll_elist_bytes(const mep_ll_dims_t *d) {
  * so that rank pre-reduces as if the dispatch had carried the weights.
  *   word: weight f32 bits << 32 | combine epoch
  * The epoch (1..2^32-1) counts the combines on the buffer set, the same on
- * every rank, so a word carrying this combine's epoch was written by it;
- * the reader needs no signal and no fence. */
+ * every rank, so a word carrying this combine's epoch was written by it
+ * (when the count comes round, ll_combine_wrap.cuh); the reader needs no
+ * signal and no fence. */
+#define MEP_LL_LAST_EPOCH 0xffffffffu
 static inline MEP_HD uint32_t mep_ll_next_epoch(uint32_t epoch) {
-  return epoch == 0xffffffffu ? 1u : epoch + 1u;
+  return epoch == MEP_LL_LAST_EPOCH ? 1u : epoch + 1u;
 }
 static inline MEP_HD uint64_t mep_ll_weight_word(uint32_t weight_bits, uint32_t epoch) {
   return ((uint64_t)weight_bits << 32) | (uint64_t)epoch;

@@ -475,6 +475,80 @@ TEST_F(LlGpu, DoubleBufferedSplitSendRecv) {
   }
 }
 
+// The combine epoch comes round after MEP_LL_LAST_EPOCH: at the combines
+// of epoch MEP_LL_LAST_EPOCH and 1 each rank zeroes every pushed-weight and
+// flagged-partial word of its window that no rank writes in that combine
+// (ll_combine_wrap.cuh). After one ordinary round, set 1's epoch copies
+// are set so that its next combine is the last epoch's, and both regions
+// of set 1 are filled with words of epoch 1 and NaN payloads, as if left a
+// cycle ago. After that
+// combine every word must be 0 or carry the last epoch, and after the
+// combine of epoch 1 that follows (other routing) 0 or epoch 1; both
+// combines must be exact. Dispatches on set 0, combines on set 1, as the
+// runtime alternates them; pushed weights and flagged partials, so both
+// regions are in use. A fresh group.
+TEST_F(LlGpu, LsaEpochWrapZeroesStaleWeightAndPartialWords) {
+  ASSERT_NO_FATAL_FAILURE(use_fresh_group());
+  Group &g = G();
+  if (mep_ll_num_sets(&g.ctx.dims) < 2) GTEST_SKIP() << "needs two buffer sets";
+  g.ctx.transport = MEP_LL_TRANSPORT_LSA;
+  weighted_ = 0;
+  auto run = [&](const Case &c) {
+    const Inputs in = make_inputs(c, g_rank);
+    upload(c, g, in, g.x, g.topk, g.w);
+    mep_ll_dispatch_args_t d = dargs(c, g, 0, g.x, g.topk, g.w);
+    MEP_OK(mep_ll_dispatch_send(&g.ctx, &d, g.stream));
+    MEP_OK(mep_ll_dispatch_recv(&g.ctx, &d, g.stream));
+    CUDA_OK(cudaStreamSynchronize(g.stream));
+    ASSERT_EQ(g.rec->flag, 0) << rec_text();
+    verify_dispatch_and_make_y(c, g, c.seed + 1);
+    mep_ll_combine_args_t cb = cargs(c, g, 1, g.topk, g.w);
+    MEP_OK(mep_ll_combine_send(&g.ctx, &cb, g.stream));
+    MEP_OK(mep_ll_combine_recv(&g.ctx, &cb, g.stream));
+    CUDA_OK(cudaStreamSynchronize(g.stream));
+    ASSERT_EQ(g.rec->flag, 0) << rec_text();
+    verify_combine(c, g, c.seed + 1);
+  };
+  ASSERT_NO_FATAL_FAILURE(run(kBf16Big));
+
+  const mep_ll_state_layout_t st = mep_ll_state_layout(&g.ctx.dims);
+  const mep_ll_set_layout_t lay = mep_ll_set_layout(&g.ctx.dims);
+  const uint32_t tw = mep_ll_tag_words(g_world);
+  std::vector<uint32_t> tags((size_t)MEP_LL_SHADOW_SLOTS * tw);  // set 1's copies
+  char *tags1 = (char *)g.ctx.state + st.tags + (size_t)MEP_LL_SHADOW_SLOTS * tw * 4;
+  CUDA_OK(cudaMemcpy(tags.data(), tags1, tags.size() * 4, cudaMemcpyDeviceToHost));
+  for (int b = 0; b < MEP_LL_SHADOW_SLOTS; ++b) tags[(size_t)b * tw + g_world + 1] = MEP_LL_LAST_EPOCH - 1;
+  CUDA_OK(cudaMemcpy(tags1, tags.data(), tags.size() * 4, cudaMemcpyHostToDevice));
+  const uint64_t weight_words = (lay.comb_flag - lay.comb_weights) / 8;
+  const uint64_t n = (lay.stage - lay.comb_weights) / 8;
+  const uint64_t planted_weight = (0x7fc12345ull << 32) | 1u;  // NaN weight, epoch 1
+  const uint64_t planted_partial = (1ull << 32) | 0x7fc17fc1u;  // epoch 1, two NaN bf16
+  std::vector<uint64_t> w(n);
+  for (uint64_t i = 0; i < n; ++i) w[i] = i < weight_words ? planted_weight : planted_partial;
+  char *region = (char *)g.ctx.window_local + lay.set_bytes + lay.comb_weights;  // set 1
+  CUDA_OK(cudaMemcpy(region, w.data(), n * 8, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaDeviceSynchronize());  // before any launch on the group's stream
+
+  // Every word of set 1's two regions is 0 or carries `epoch`.
+  auto check = [&](uint32_t epoch) {
+    CUDA_OK(cudaMemcpy(w.data(), region, n * 8, cudaMemcpyDeviceToHost));
+    uint64_t bad = n;
+    for (uint64_t i = 0; i < n && bad == n; ++i) {
+      const uint32_t e = i < weight_words ? (uint32_t)w[i] : (uint32_t)(w[i] >> 32);
+      if (w[i] != 0 && e != epoch) bad = i;
+    }
+    ASSERT_EQ(bad, n) << "rank " << g_rank << ": word " << bad << " of set 1's "
+                      << (bad < weight_words ? "comb_weights" : "comb_flag") << " is 0x"
+                      << std::hex << w[bad] << std::dec << " after the combine of epoch " << epoch;
+  };
+  ASSERT_NO_FATAL_FAILURE(run(kBf16Flagged));  // epoch MEP_LL_LAST_EPOCH
+  ASSERT_NO_FATAL_FAILURE(check(MEP_LL_LAST_EPOCH));
+  ASSERT_NO_FATAL_FAILURE(run(kBf16FlaggedOther));  // epoch 1
+  ASSERT_NO_FATAL_FAILURE(check(1u));
+  CUDA_OK(cudaMemcpy(tags.data(), tags1, tags.size() * 4, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(tags[g_world + 1], 1u) << "rank " << g_rank << ": block 0's epoch copy after the wrap";
+}
+
 // Dispatch (send+recv) and combine (send+recv) captured as two graphs and
 // replayed on changing inputs; every replay is checked.
 TEST_F(LlGpu, GraphReplayChangingInputs) {

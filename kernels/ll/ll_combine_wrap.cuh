@@ -1,0 +1,90 @@
+/* ll_combine_wrap.cuh: what keeps the combine epoch's words honest when the
+ * epoch comes round. Pushed weights (comb_weights) and flagged partials
+ * (comb_flag) are taken when they carry the current combine's epoch, which
+ * runs 1 .. MEP_LL_LAST_EPOCH and then starts again: a word left at a
+ * position no combine on the set has written for a whole cycle would pass
+ * for a new one. So at the combines of epoch MEP_LL_LAST_EPOCH and 1 each
+ * rank zeroes, in its own window, every word of both regions that no rank
+ * writes in that combine. After a cycle's combine 1 every word is 0 or was
+ * written in the cycle, so each epoch value is found only where its own
+ * combine wrote it; a word written at combine 1 or LAST and never again is
+ * zeroed at the next LAST or 1 (epoch 0 is no combine's). The zeroed words
+ * are not the ones written or read in that combine. The next combine's
+ * writers come after the zeros: its pushes after this rank's next
+ * dispatch, or its own receive of this combine, which needs this send
+ * half's arrivals (sent after a barrier and a system fence at these
+ * epochs); its flagged rows after this rank's next dispatch, whose release
+ * arrivals follow this receive in stream order (the set-reuse rule of
+ * PROTOCOL.md, section 6, with the same open case there). Twice a cycle; also at a set's first combine (epoch 1),
+ * where the window is still zero. LSA only: the staged transports never
+ * read these regions. The rules mirror the writers
+ * (mep_combine_push_weights, mep_combine_send_partials_at): change them
+ * together. */
+#ifndef MEP_LL_COMBINE_WRAP_CUH_
+#define MEP_LL_COMBINE_WRAP_CUH_
+
+#include "kernels/ll/ll_launch.cuh"
+
+__device__ __forceinline__ bool mep_epoch_wraps(uint32_t epoch) {
+  return epoch == MEP_LL_LAST_EPOCH || epoch == 1u;
+}
+
+/* The expert side (send half, before any arrival): every comb_weights word
+ * of this window that this combine's sources do not push. Source s pushes
+ * word t * K + k of its [max_tokens * K] block (this call's top_k K) where
+ * it pushes its weights (MEP_LL_SRC_PUSHED in src_s), t is below its token
+ * count and slot k routes here (its route is not ELSEWHERE, DROPPED
+ * included: mep_combine_push_weights pushes by expert id); this rank's own
+ * block is never pushed. The whole region is walked, so the words of any
+ * layout an earlier call's top_k gave are covered. */
+static __device__ __noinline__ void mep_clear_unpushed_weights(const MepLLParams &p,
+                                                               const mep_ll_route_t *route,
+                                                               const int *src_s, int top_k) {
+  const uint64_t K = (uint64_t)top_k, M = (uint64_t)p.dims.max_tokens;
+  uint64_t *w = reinterpret_cast<uint64_t *>(p.xp.local + p.set_off + p.lay.comb_weights);
+  const uint64_t n = (p.lay.comb_flag - p.lay.comb_weights) / 8u;
+  for (uint64_t j = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; j < n;
+       j += (uint64_t)gridDim.x * blockDim.x) {
+    const uint64_t s = j / (M * K), i = j % (M * K);
+    bool pushed = false;
+    if (s < (uint64_t)p.dims.world && (int)s != p.xp.rank) {
+      const int v = src_s[s];
+      if ((v & MEP_LL_SRC_PUSHED) && i / K < (uint64_t)MEP_LL_SRC_TOKENS(v))
+        pushed = route[s * M * K + i].slot != MEP_LL_ROUTE_ELSEWHERE;
+    }
+    if (!pushed) w[j] = 0u;
+  }
+}
+
+/* The source side (receive half): every comb_flag row [r][t] of this
+ * window that rank r does not write in this combine, and the channels past
+ * this call's hidden of those it writes. Rank r writes row t when this
+ * rank's call is flagged, t is below its token count and token t names an
+ * expert on r (the same rule as the ranks the sum visits). One warp per
+ * row, 16-byte stores. */
+/* (scalars, not the argument block: a reference to a kernel parameter
+ * passed out of line would copy it to local memory on every launch) */
+template <typename IdxT>
+static __device__ __noinline__ void mep_clear_unwritten_flag_rows(
+    const MepLLParams &p, const IdxT *topk, int tokens, int top_k, int num_experts,
+    int local_experts, int hidden, bool flagged) {
+  const int lane = threadIdx.x & 31, R = p.dims.world, F = mep_ll_flag_tokens(&p.dims);
+  const int nwarps = gridDim.x * (MEP_LL_THREADS / 32);
+  const int gwarp = blockIdx.x * (MEP_LL_THREADS / 32) + threadIdx.x / 32;
+  const int row16 = p.dims.hidden * 4 / 16; /* 16-byte stores per row */
+  for (int u = gwarp; u < R * F; u += nwarps) {
+    const int r = u / F, t = u % F;
+    bool written = false;
+    if (flagged && t < tokens) {
+      const IdxT e = lane < top_k ? topk[t * top_k + lane] : (IdxT)-1;
+      written = __any_sync(0xffffffffu,
+                           e >= 0 && e < (IdxT)num_experts && (int)(e / local_experts) == r);
+    }
+    uint4 *row = reinterpret_cast<uint4 *>(p.xp.local + p.set_off + p.lay.comb_flag +
+                                           (uint64_t)u * p.dims.hidden * 4u);
+    for (int q = (written ? hidden * 4 / 16 : 0) + lane; q < row16; q += 32)
+      row[q] = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+#endif /* MEP_LL_COMBINE_WRAP_CUH_ */
