@@ -169,11 +169,14 @@ __device__ __forceinline__ uint32_t mep_combine_send_body(const MepLLParams &p,
   const int R = p.dims.world, cap = R * p.dims.max_tokens;
   const int EL = a.local_experts;
   const uint32_t row_bytes = (uint32_t)a.hidden * 2u;
-  const uint32_t row_sig = mep_ll_sig_comb_row(&p.dims, p.xp.rank);
   int *count_s = smem, *src_s = smem + EL;
 
-  /* This combine's epoch: every rank counts the combines on the set. */
+  /* This combine's epoch: every rank counts the combines on the set. Its
+   * parity picks the half of the combine regions and signals. */
   const uint32_t epoch = mep_ll_next_epoch(mep_tag(p, R + 1));
+  const int half = mep_ll_comb_half(epoch);
+  const uint32_t row_sig = mep_ll_sig_comb_row(&p.dims, half, p.xp.rank);
+  const uint32_t cnt_sig = mep_ll_sig_comb_cnt(&p.dims, half, p.xp.rank);
   /* First, so the words are on their way before anything else. */
   if constexpr (!Tp::kStaged)
     if (a.push_weights) mep_combine_push_weights<Tp>(p, a, epoch);
@@ -222,7 +225,7 @@ __device__ __forceinline__ uint32_t mep_combine_send_body(const MepLLParams &p,
   if constexpr (!Tp::kStaged)
     for (int d = threadIdx.x; d < R; d += blockDim.x)
       if (src_s[d] & MEP_LL_SRC_FLAGGED)
-        Tp::signal_relaxed(p.xp, d, mep_ll_sig_comb_cnt(&p.dims, p.xp.rank),
+        Tp::signal_relaxed(p.xp, d, cnt_sig,
                            mep_ll_arrival_add(blockIdx.x == 0 ? MEP_LL_COMB_FLAGGED : 0u,
                                               blockIdx.x, gridDim.x));
   /* The epoch is stored at the end, after the block's arrival: a store
@@ -254,7 +257,9 @@ __device__ __forceinline__ uint32_t mep_combine_send_body(const MepLLParams &p,
       /* GIN reads its source from the window */
       mep_copy_warp(p.xp.local + stage_off, yrow, row_bytes);
       __syncwarp();
-      Tp::put_warp(p.xp, r, p.set_off + p.lay.comb_recv + (uint64_t)(t * a.top_k + k) * row_bytes,
+      Tp::put_warp(p.xp, r,
+                   p.set_off + mep_ll_comb_recv_off(&p.lay, half) +
+                       (uint64_t)(t * a.top_k + k) * row_bytes,
                    yrow, stage_off, row_bytes, row_sig);
     }
 
@@ -262,7 +267,7 @@ __device__ __forceinline__ uint32_t mep_combine_send_body(const MepLLParams &p,
    * row count. */
   if constexpr (!Tp::kRowSignals) {
     /* to the sources that read comb_recv (flagged ones arrived above) */
-    mep_arrive_if<Tp>(p, mep_ll_sig_comb_cnt(&p.dims, p.xp.rank),
+    mep_arrive_if<Tp>(p, cnt_sig,
                       [](int) { return (uint64_t)MEP_LL_COMB_COUNTED; },
                       [&](int d) { return !(src_s[d] & MEP_LL_SRC_FLAGGED); });
     store_epoch();
@@ -284,7 +289,7 @@ __device__ __forceinline__ uint32_t mep_combine_send_body(const MepLLParams &p,
         for (int m = 16; m >= 1; m >>= 1) count += __shfl_xor_sync(0xffffffffu, count, m);
       }
       if (lane == 0)
-        Tp::signal(p.xp, r, mep_ll_sig_comb_cnt(&p.dims, p.xp.rank), (uint64_t)count + 1);
+        Tp::signal(p.xp, r, cnt_sig, (uint64_t)count + 1);
     }
   }
   store_epoch();
@@ -296,14 +301,15 @@ __device__ __forceinline__ uint32_t mep_combine_send_body(const MepLLParams &p,
  * warp of the grid; unit() sums one into acc. */
 template <typename IdxT, typename Unit>
 __device__ __forceinline__ void mep_combine_slot_units(const MepLLParams &p,
-                                                       const MepCombineArgs &a, Unit unit) {
+                                                       const MepCombineArgs &a, int half,
+                                                       Unit unit) {
   constexpr int S = kMepSlotRecvSteps;
   const int lane = threadIdx.x & 31;
   const int nwarps = gridDim.x * (MEP_LL_THREADS / 32);
   const int gwarp = mep_ll_spread_warp();
   const int nunits = (a.hidden + S * 256 - 1) / (S * 256);
-  const __nv_bfloat16 *region =
-      reinterpret_cast<const __nv_bfloat16 *>(p.xp.local + p.set_off + p.lay.comb_recv);
+  const __nv_bfloat16 *region = reinterpret_cast<const __nv_bfloat16 *>(
+      p.xp.local + p.set_off + mep_ll_comb_recv_off(&p.lay, half));
   const IdxT *topk = reinterpret_cast<const IdxT *>(a.topk);
   for (int u = gwarp; u < a.tokens * nunits; u += nwarps) {
     const int t = u / nunits;
@@ -321,10 +327,10 @@ __device__ __forceinline__ void mep_combine_slot_units(const MepLLParams &p,
 /* top_k <= 8: every slot's vector in registers at once, then the groups. */
 template <typename IdxT>
 __device__ __forceinline__ void mep_combine_sum_slots_top8(const MepLLParams &p,
-                                                           const MepCombineArgs &a) {
+                                                           const MepCombineArgs &a, int half) {
   constexpr int S = kMepSlotRecvSteps;
   const int K = a.top_k;
-  mep_combine_slot_units<IdxT>(p, a, [&](auto row, auto id, auto weight, int c,
+  mep_combine_slot_units<IdxT>(p, a, half, [&](auto row, auto id, auto weight, int c,
                                          float (&acc)[S][8]) {
     uint4 v[8][S];
     float w[8];
@@ -372,10 +378,10 @@ __device__ __forceinline__ void mep_combine_sum_slots_top8(const MepLLParams &p,
  * in batches of 8 (one batch per rank and 8 slots). */
 template <typename IdxT>
 __device__ __forceinline__ void mep_combine_sum_slots_wide(const MepLLParams &p,
-                                                           const MepCombineArgs &a) {
+                                                           const MepCombineArgs &a, int half) {
   constexpr int S = kMepSlotRecvSteps;
   const int lane = threadIdx.x & 31, K = a.top_k;
-  mep_combine_slot_units<IdxT>(p, a, [&](auto row, auto id, auto weight, int c,
+  mep_combine_slot_units<IdxT>(p, a, half, [&](auto row, auto id, auto weight, int c,
                                          float (&acc)[S][8]) {
     const IdxT e = lane < K ? id(lane) : (IdxT)-1;
     const bool valid = e >= 0 && e < (IdxT)a.num_experts;
@@ -418,11 +424,11 @@ __device__ __forceinline__ void mep_combine_sum_slots_wide(const MepLLParams &p,
  * every warp of the grid. */
 template <typename IdxT>
 __device__ __forceinline__ void mep_combine_sum_slots(const MepLLParams &p,
-                                                      const MepCombineArgs &a) {
+                                                      const MepCombineArgs &a, int half) {
   if (a.top_k <= 8)
-    mep_combine_sum_slots_top8<IdxT>(p, a);
+    mep_combine_sum_slots_top8<IdxT>(p, a, half);
   else
-    mep_combine_sum_slots_wide<IdxT>(p, a);
+    mep_combine_sum_slots_wide<IdxT>(p, a, half);
 }
 
 /* smem: 2 R u64 (each source's count and row signal shadows after this
@@ -434,6 +440,7 @@ __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
                                                       uint32_t epoch) {
   __shared__ int failed;
   const int R = p.dims.world;
+  const int half = mep_ll_comb_half(epoch);
   uint64_t *next = reinterpret_cast<uint64_t *>(smem);
   if (threadIdx.x == 0) failed = 0;
   __syncthreads();
@@ -444,8 +451,8 @@ __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
   if constexpr (!Tp::kStaged) flagged = mep_combine_flagged<Tp>(p, a.tokens);
   for (int r = threadIdx.x; r < R; r += blockDim.x) {
     uint64_t base = 0, increase = 0, code = 0;
-    if (mep_wait_count<Tp>(p, mep_ll_sig_comb_cnt(&p.dims, r), MEP_LL_OP_COMBINE_RECV, r, &base,
-                           &increase, &code)) {
+    if (mep_wait_count<Tp>(p, mep_ll_sig_comb_cnt(&p.dims, half, r), MEP_LL_OP_COMBINE_RECV, r,
+                           &base, &increase, &code)) {
       next[r] = base + increase;
       if constexpr (!Tp::kRowSignals) {
         /* the sender's view of this rank: flagged or counted, as ours */
@@ -456,7 +463,7 @@ __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
         }
       }
       if (Tp::kRowSignals) { /* the code is 1 + the rows to wait for */
-        const uint32_t rs = mep_ll_sig_comb_row(&p.dims, r);
+        const uint32_t rs = mep_ll_sig_comb_row(&p.dims, half, r);
         next[R + r] = mep_shadow(p, rs) + (code - 1);
         uint64_t rseen;
         if (!mep_wait_ge(p.wc, [&] { return Tp::read_signal(p.xp, rs); }, next[R + r],
@@ -477,9 +484,9 @@ __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
     __syncthreads(); /* a failed wait was recorded: no shadow moves */
     if (failed) return;
   } else if (!Tp::kStaged || a.partials) {
-    mep_combine_sum_partials<IdxT>(p, a);
+    mep_combine_sum_partials<IdxT>(p, a, half);
   } else if constexpr (Tp::kStaged) {
-    mep_combine_sum_slots<IdxT>(p, a);
+    mep_combine_sum_slots<IdxT>(p, a, half);
   }
   /* When the epoch comes round: the flagged rows no rank wrote now, zeroed
    * before this rank's next dispatch (ll_combine_wrap.cuh). */
@@ -487,10 +494,10 @@ __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
     if (mep_epoch_wraps(epoch))
       mep_clear_unwritten_flag_rows<IdxT>(p, static_cast<const IdxT *>(a.topk), a.tokens,
                                           a.top_k, a.num_experts, a.local_experts, a.hidden,
-                                          flagged);
+                                          half, flagged);
   /* Only this block reads its shadow copies: no grid-wide ticket. */
-  mep_store_shadows<Tp>(p, next, [&](int r) { return mep_ll_sig_comb_cnt(&p.dims, r); },
-                        [&](int r) { return mep_ll_sig_comb_row(&p.dims, r); });
+  mep_store_shadows<Tp>(p, next, [&](int r) { return mep_ll_sig_comb_cnt(&p.dims, half, r); },
+                        [&](int r) { return mep_ll_sig_comb_row(&p.dims, half, r); });
 }
 
 #endif /* MEP_LL_COMBINE_BODY_CUH_ */

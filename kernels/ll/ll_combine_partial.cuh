@@ -142,7 +142,8 @@ __device__ __forceinline__ void mep_combine_send_partials_at(const MepLLParams &
   const int gwarp = mep_ll_spread_warp();
   const int R = p.dims.world, M = p.dims.max_tokens, K = a.top_k;
   const uint32_t row_bytes = (uint32_t)a.hidden * 2u;
-  const uint32_t row_sig = mep_ll_sig_comb_row(&p.dims, p.xp.rank);
+  const int half = mep_ll_comb_half(epoch);
+  const uint32_t row_sig = mep_ll_sig_comb_row(&p.dims, half, p.xp.rank);
   const int piece = Tp::kStaged ? kMepPartialPiece : kMepPartialStep * S;
   const int npieces = (a.hidden + piece - 1) / piece;
   /* token-major, so the first pass of the grid covers every source's first
@@ -174,7 +175,8 @@ __device__ __forceinline__ void mep_combine_send_partials_at(const MepLLParams &
     const int c0 = pc * piece;
     const int c1 = a.hidden - c0 < piece ? a.hidden : c0 + piece;
     const uint64_t dst_off =
-        p.set_off + p.lay.comb_recv + (uint64_t)(t * K + kf) * row_bytes + 2u * (uint64_t)c0;
+        p.set_off + mep_ll_comb_recv_off(&p.lay, half) + (uint64_t)(t * K + kf) * row_bytes +
+        2u * (uint64_t)c0;
     if constexpr (!Tp::kStaged) {
       const int c = c0 + lane * 8;
       uint4 o[S];
@@ -183,7 +185,7 @@ __device__ __forceinline__ void mep_combine_send_partials_at(const MepLLParams &
         /* [this rank][t] of the source's comb_flag: 4 words per lane-step */
         uint64_t *dst = static_cast<uint64_t *>(Tp::peer_ptr(
             p.xp, s,
-            p.set_off + p.lay.comb_flag +
+            p.set_off + mep_ll_comb_flag_off(&p.lay, half) +
                 ((uint64_t)(p.xp.rank * mep_ll_flag_tokens(&p.dims) + t) * p.dims.hidden + c) * 4u));
 #pragma unroll
         for (int j = 0; j < S; ++j)
@@ -278,11 +280,11 @@ __device__ __forceinline__ bool mep_partial_units(const MepLLParams &p, const Me
  * bf16 once. */
 template <typename IdxT, int S>
 __device__ __forceinline__ void mep_combine_sum_partials_at(const MepLLParams &p,
-                                                            const MepCombineArgs &a) {
+                                                            const MepCombineArgs &a, int half) {
   constexpr int B = S >= 2 ? 16 / S : 8;
   const int K = a.top_k;
-  const __nv_bfloat16 *region =
-      reinterpret_cast<const __nv_bfloat16 *>(p.xp.local + p.set_off + p.lay.comb_recv);
+  const __nv_bfloat16 *region = reinterpret_cast<const __nv_bfloat16 *>(
+      p.xp.local + p.set_off + mep_ll_comb_recv_off(&p.lay, half));
   mep_partial_units<IdxT, S>(p, a, [&](int t, int c, unsigned first, int, float(&acc)[S][8]) {
     while (first != 0) {
       uint4 v[B][S];
@@ -353,8 +355,8 @@ __device__ __forceinline__ bool mep_combine_sum_flagged_at(const MepLLParams &p,
                                                            uint32_t epoch) {
   constexpr int B = S >= 2 ? 1 : 4;
   const int F = mep_ll_flag_tokens(&p.dims);
-  const uint64_t *region =
-      reinterpret_cast<const uint64_t *>(p.xp.local + p.set_off + p.lay.comb_flag);
+  const uint64_t *region = reinterpret_cast<const uint64_t *>(
+      p.xp.local + p.set_off + mep_ll_comb_flag_off(&p.lay, mep_ll_comb_half(epoch)));
   return mep_partial_units<IdxT, S>(p, a, [&](int t, int c, unsigned first, int rank,
                                               float(&acc)[S][8]) {
     while (first != 0) {
@@ -413,11 +415,11 @@ __device__ __forceinline__ bool mep_combine_sum_flagged(const MepLLParams &p,
  * mep_combine_recv_steps). */
 template <typename IdxT>
 __device__ __forceinline__ void mep_combine_sum_partials(const MepLLParams &p,
-                                                         const MepCombineArgs &a) {
+                                                         const MepCombineArgs &a, int half) {
   if (a.recv_steps == 1)
-    mep_combine_sum_partials_at<IdxT, 1>(p, a);
+    mep_combine_sum_partials_at<IdxT, 1>(p, a, half);
   else
-    mep_combine_sum_partials_at<IdxT, kMepPartialWideSteps>(p, a);
+    mep_combine_sum_partials_at<IdxT, kMepPartialWideSteps>(p, a, half);
 }
 
 #endif /* MEP_LL_COMBINE_PARTIAL_CUH_ */

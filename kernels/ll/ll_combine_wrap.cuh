@@ -1,23 +1,23 @@
 /* ll_combine_wrap.cuh: what keeps the combine epoch's words honest when the
  * epoch comes round. Pushed weights (comb_weights) and flagged partials
- * (comb_flag) are taken when they carry the current combine's epoch, which
- * runs 1 .. MEP_LL_LAST_EPOCH and then starts again: a word left at a
- * position no combine on the set has written for a whole cycle would pass
- * for a new one. So at the combines of epoch MEP_LL_LAST_EPOCH and 1 each
- * rank zeroes, in its own window, every word of both regions that no rank
- * writes in that combine. After a cycle's combine 1 every word is 0 or was
- * written in the cycle, so each epoch value is found only where its own
- * combine wrote it; a word written at combine 1 or LAST and never again is
- * zeroed at the next LAST or 1 (epoch 0 is no combine's). The zeroed words
- * are not the ones written or read in that combine. The next combine's
- * writers come after the zeros: its pushes after this rank's next
- * dispatch, or its own receive of this combine, which needs this send
- * half's arrivals (sent after a barrier and a system fence at these
- * epochs); its flagged rows after this rank's next dispatch, whose release
- * arrivals follow this receive in stream order (the set-reuse rule of
- * PROTOCOL.md, section 6, with the same open case there). Twice a cycle; also at a set's first combine (epoch 1),
- * where the window is still zero. LSA only: the staged transports never
- * read these regions. The rules mirror the writers
+ * (comb_flag, one half per epoch parity) are taken when they carry the
+ * current combine's epoch, which runs 1 .. MEP_LL_LAST_EPOCH and then
+ * 2 .. again (mep_ll_next_epoch): a word left at a position no combine on
+ * the set has written for a whole cycle would pass for a new one. So at
+ * the last combine of a cycle and the first of the next, as each region
+ * sees them (mep_epoch_wraps), each rank zeroes, in its own window, every
+ * word of comb_weights and of the combine's half of comb_flag that no rank
+ * writes in that combine. After those two, every word of the region is 0
+ * or was written in the new cycle, so each epoch value is found only where
+ * its own combine wrote it (epoch 0 is no combine's). The zeroed words are
+ * not the ones written or read in that combine. The next writers of the
+ * zeroed words come after the zeros: pushes of the next combine after that
+ * combine's own receive of this one, which needs this send half's arrivals
+ * (sent after a barrier and a system fence at these epochs); flagged rows
+ * of this half after this rank's next combine send on the set, which
+ * follows this receive (PROTOCOL.md, section 6). Five combines a cycle,
+ * the first three of a set among them. LSA only: the staged transports
+ * never read these regions. The rules mirror the writers
  * (mep_combine_push_weights, mep_combine_send_partials_at): change them
  * together. */
 #ifndef MEP_LL_COMBINE_WRAP_CUH_
@@ -25,8 +25,11 @@
 
 #include "kernels/ll/ll_launch.cuh"
 
+/* The last combine of a cycle and the first of the next, for comb_weights
+ * (every epoch: LAST, then 2) and for each half of comb_flag (odd: LAST,
+ * then 3; even: LAST - 1, then 2); epoch 1 is a set's first combine. */
 __device__ __forceinline__ bool mep_epoch_wraps(uint32_t epoch) {
-  return epoch == MEP_LL_LAST_EPOCH || epoch == 1u;
+  return epoch >= MEP_LL_LAST_EPOCH - 1u || epoch <= 3u;
 }
 
 /* The expert side (send half, before any arrival): every comb_weights word
@@ -67,7 +70,7 @@ static __device__ __noinline__ void mep_clear_unpushed_weights(const MepLLParams
 template <typename IdxT>
 static __device__ __noinline__ void mep_clear_unwritten_flag_rows(
     const MepLLParams &p, const IdxT *topk, int tokens, int top_k, int num_experts,
-    int local_experts, int hidden, bool flagged) {
+    int local_experts, int hidden, int half, bool flagged) {
   const int lane = threadIdx.x & 31, R = p.dims.world, F = mep_ll_flag_tokens(&p.dims);
   const int nwarps = gridDim.x * (MEP_LL_THREADS / 32);
   const int gwarp = blockIdx.x * (MEP_LL_THREADS / 32) + threadIdx.x / 32;
@@ -80,7 +83,8 @@ static __device__ __noinline__ void mep_clear_unwritten_flag_rows(
       written = __any_sync(0xffffffffu,
                            e >= 0 && e < (IdxT)num_experts && (int)(e / local_experts) == r);
     }
-    uint4 *row = reinterpret_cast<uint4 *>(p.xp.local + p.set_off + p.lay.comb_flag +
+    uint4 *row = reinterpret_cast<uint4 *>(p.xp.local + p.set_off +
+                                           mep_ll_comb_flag_off(&p.lay, half) +
                                            (uint64_t)u * p.dims.hidden * 4u);
     for (int q = (written ? hidden * 4 / 16 : 0) + lane; q < row16; q += 32)
       row[q] = make_uint4(0u, 0u, 0u, 0u);

@@ -126,14 +126,24 @@ static inline MEP_HD uint64_t mep_ll_elist_bytes(const mep_ll_dims_t *d) {
  * expert rank when that is another rank, one 8-byte store per (token, k),
  * so that rank pre-reduces as if the dispatch had carried the weights.
  *   word: weight f32 bits << 32 | combine epoch
- * The epoch (1..2^32-1) counts the combines on the buffer set, the same on
- * every rank, so a word carrying this combine's epoch was written by it
- * (when the count comes round, ll_combine_wrap.cuh); the reader needs no
- * signal and no fence. */
+ * The epoch counts the combines on the buffer set, the same on every
+ * rank, so a word carrying this combine's epoch was written by it (when
+ * the count comes round, ll_combine_wrap.cuh); the reader needs no signal
+ * and no fence. It runs 1 .. MEP_LL_LAST_EPOCH, then 2 .. (0 is no
+ * combine's), so that its parity alternates from each combine on the set
+ * to the next: the parity picks the half of the combine regions and
+ * signals the combine uses (mep_ll_comb_half). */
 #define MEP_LL_LAST_EPOCH 0xffffffffu
 static inline MEP_HD uint32_t mep_ll_next_epoch(uint32_t epoch) {
-  return epoch == MEP_LL_LAST_EPOCH ? 1u : epoch + 1u;
+  return epoch == MEP_LL_LAST_EPOCH ? 2u : epoch + 1u;
 }
+/* The half of a set's combine regions (comb_recv, comb_flag) and combine
+ * signals a combine of this epoch uses. Consecutive combines on a set use
+ * different halves, so a peer's next combine there never writes what this
+ * rank's receive of the last one may still be reading: to reach this
+ * combine's half again, that peer must have received the combine between,
+ * which this rank sends only after that receive (PROTOCOL.md, section 6). */
+static inline MEP_HD int mep_ll_comb_half(uint32_t epoch) { return (int)(epoch & 1u); }
 static inline MEP_HD uint64_t mep_ll_weight_word(uint32_t weight_bits, uint32_t epoch) {
   return ((uint64_t)weight_bits << 32) | (uint64_t)epoch;
 }
@@ -172,7 +182,8 @@ static inline MEP_HD uint32_t mep_ll_tag_words(int world) { return (uint32_t)wor
  * transports without weights at dispatch one bf16 row per (token, k), from
  * which the source forms the same partials.
  * Signals first, u64 each, indexed by source rank:
- *   dispatch count [R], dispatch row [R], combine count [R], combine row [R].
+ *   dispatch count [R], dispatch row [R], then per combine half
+ *   (mep_ll_comb_half) combine count [R], combine row [R].
  * A dispatch count signal carries the source's token count, its
  * row-signalled puts (0 for LSA) and whether it sent weights, see
  * mep_ll_disp_code. */
@@ -182,9 +193,12 @@ typedef struct mep_ll_set_layout {
   uint64_t disp_recv;     /* [R][max_tokens] dispatch rows, by source rank */
   uint64_t disp_list;     /* [R] slot lists (mep_ll_list_bytes each) */
   uint64_t disp_elist;    /* [E_local][R] expert lists (LSA; mep_ll_elist_bytes each) */
-  uint64_t comb_recv;     /* [max_tokens][top_k] bf16 rows */
+  uint64_t comb_recv;     /* [2 halves][max_tokens][top_k] bf16 rows */
+  uint64_t comb_recv_half; /* bytes of one half of comb_recv */
   uint64_t comb_weights;  /* [R][max_tokens * top_k] pushed weight words (LSA) */
-  uint64_t comb_flag;     /* [R][mep_ll_flag_tokens][hidden / 2] flagged partial words (LSA) */
+  /* [2 halves][R][mep_ll_flag_tokens][hidden / 2] flagged partial words (LSA) */
+  uint64_t comb_flag;
+  uint64_t comb_flag_half; /* bytes of one half of comb_flag */
   uint64_t stage;         /* send staging (GIN / GIN-emulated; empty when lsa_only) */
   uint64_t stage_list;    /* dispatch list staging [R][max_tokens * top_k] */
   uint64_t stage_partial; /* combine partial staging [R][max_tokens] bf16 rows */
@@ -198,15 +212,17 @@ static inline MEP_HD mep_ll_set_layout_t mep_ll_set_layout(const mep_ll_dims_t *
   const uint64_t row_d = mep_ll_dispatch_row_bytes(d->hidden, d->fp8);
   const uint64_t row_c = (uint64_t)d->hidden * 2u;
   const uint64_t list = mep_ll_list_bytes(d);
-  l.num_signals = 4u * r;
+  l.num_signals = 6u * r;
   l.sig_bytes = mep_ll_align16(l.num_signals * 8u);
   l.disp_recv = l.sig_bytes;
   l.disp_list = l.disp_recv + r * t * row_d;
   l.disp_elist = l.disp_list + r * list;
   l.comb_recv = l.disp_elist + el * r * mep_ll_elist_bytes(d);
-  l.comb_weights = l.comb_recv + t * k * row_c;
+  l.comb_recv_half = t * k * row_c;
+  l.comb_weights = l.comb_recv + 2u * l.comb_recv_half;
   l.comb_flag = l.comb_weights + mep_ll_align16(r * t * k * 8u);
-  l.stage = l.comb_flag + r * (uint64_t)mep_ll_flag_tokens(d) * (uint64_t)d->hidden * 4u;
+  l.comb_flag_half = r * (uint64_t)mep_ll_flag_tokens(d) * (uint64_t)d->hidden * 4u;
+  l.stage = l.comb_flag + 2u * l.comb_flag_half;
   if (d->lsa_only) { /* LSA stores from the caller's tensors: no staging */
     l.stage_list = l.stage_partial = l.stage;
     l.set_bytes = mep_ll_align16(l.stage);
@@ -236,11 +252,18 @@ static inline MEP_HD uint32_t mep_ll_sig_disp_cnt(const mep_ll_dims_t *d, int sr
 static inline MEP_HD uint32_t mep_ll_sig_disp_row(const mep_ll_dims_t *d, int src) {
   return (uint32_t)(d->world + src);
 }
-static inline MEP_HD uint32_t mep_ll_sig_comb_cnt(const mep_ll_dims_t *d, int src) {
-  return (uint32_t)(2 * d->world + src);
+static inline MEP_HD uint32_t mep_ll_sig_comb_cnt(const mep_ll_dims_t *d, int half, int src) {
+  return (uint32_t)((2 + 2 * half) * d->world + src);
 }
-static inline MEP_HD uint32_t mep_ll_sig_comb_row(const mep_ll_dims_t *d, int src) {
-  return (uint32_t)(3 * d->world + src);
+static inline MEP_HD uint32_t mep_ll_sig_comb_row(const mep_ll_dims_t *d, int half, int src) {
+  return (uint32_t)((3 + 2 * half) * d->world + src);
+}
+/* Offsets, within the set, of a combine half's regions. */
+static inline MEP_HD uint64_t mep_ll_comb_recv_off(const mep_ll_set_layout_t *l, int half) {
+  return l->comb_recv + (uint64_t)half * l->comb_recv_half;
+}
+static inline MEP_HD uint64_t mep_ll_comb_flag_off(const mep_ll_set_layout_t *l, int half) {
+  return l->comb_flag + (uint64_t)half * l->comb_flag_half;
 }
 
 /* The dispatch count signal's increment: token count, row-signalled put
@@ -331,7 +354,7 @@ typedef struct mep_ll_state_layout {
 
 static inline MEP_HD mep_ll_state_layout_t mep_ll_state_layout(const mep_ll_dims_t *d) {
   mep_ll_state_layout_t s;
-  const uint64_t nsig = 4u * (uint64_t)d->world;
+  const uint64_t nsig = mep_ll_set_layout(d).num_signals;
   s.shadows = 0;
   const uint64_t sets = MEP_NUM_BUFFER_SETS;
   s.tags = mep_ll_align16(sets * MEP_LL_SHADOW_SLOTS * nsig * 8u);

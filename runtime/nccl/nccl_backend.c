@@ -38,6 +38,12 @@ typedef struct nccl_state {
   /* Recorded after each send half: a hook may run its receive on another
    * stream, which must still come after the send. */
   mep_nccl_sent_t sent;
+  /* The last receive half on each set: a later send on the set waits for
+   * it when on another stream. A combine's regions alternate between two
+   * halves, which rests on each rank's combine send coming after its
+   * receive of the last combine on the set (kernels/ll/PROTOCOL.md,
+   * section 6); a hook's receive may run on another stream. */
+  mep_nccl_sent_t received;
 } nccl_state_t;
 
 /* What a handle remembers of its dispatch (h->backend). */
@@ -95,6 +101,7 @@ static void nccl_destroy(moe_ep_group_t *g) {
     cudaFree(s->src_tokens[i]);
   }
   mep_nccl_sent_destroy(&s->sent);
+  mep_nccl_sent_destroy(&s->received);
   cudaFree(s->ctx.state);
   mep_nccl_free_records(s->rec);
   mep_nccl_destroy(s->nccl, g->broken != MOE_EP_OK);
@@ -134,6 +141,7 @@ static moe_ep_status_t alloc_device(nccl_state_t *s, const mep_ll_dims_t *d) {
     }
   }
   MEP_CHECK(mep_nccl_sent_create(&s->sent));
+  MEP_CHECK(mep_nccl_sent_create(&s->received));
   return cudaDeviceSynchronize() == cudaSuccess ? MOE_EP_OK
                                                 : mep_nccl_cuda_error("cudaDeviceSynchronize", cudaGetLastError());
 }
@@ -391,7 +399,8 @@ static moe_ep_status_t nccl_send(moe_ep_group_t *g, mep_op_t *op) {
   nccl_state_t *s = g->impl;
   int prev;
   MEP_CHECK(enter_device(g, s, &prev));
-  moe_ep_status_t st = send_half(g, s, op, 0);
+  moe_ep_status_t st = mep_nccl_sent_order(&s->received, op->buffer_set, op->stream);
+  if (st == MOE_EP_OK) st = send_half(g, s, op, 0);
   if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->sent, op->buffer_set, op->stream);
   return leave_device(s, prev, st);
 }
@@ -411,6 +420,7 @@ static moe_ep_status_t nccl_recv(moe_ep_group_t *g, mep_op_t *op) {
     combine_args(g, s, op, &a);
     st = mep_nccl_launched(g, mep_ll_combine_recv(&s->ctx, &a, op->stream), "combine receive");
   }
+  if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->received, op->buffer_set, op->stream);
   return leave_device(s, prev, st);
 }
 
@@ -418,7 +428,10 @@ static moe_ep_status_t nccl_send_recv(moe_ep_group_t *g, mep_op_t *op) {
   nccl_state_t *s = g->impl;
   int prev;
   MEP_CHECK(enter_device(g, s, &prev));
-  return leave_device(s, prev, send_half(g, s, op, 1));
+  moe_ep_status_t st = mep_nccl_sent_order(&s->received, op->buffer_set, op->stream);
+  if (st == MOE_EP_OK) st = send_half(g, s, op, 1);
+  if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->received, op->buffer_set, op->stream);
+  return leave_device(s, prev, st);
 }
 
 /* DeepEP's view of an LL handle's slots, from this set's handle storage

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/ll/ll.h"
@@ -373,13 +374,12 @@ TEST_F(LlGpu, WeightedLsaFp8H7168Top8ZeroTokensOnRank1) { weighted_round_trip(kF
 TEST_F(LlGpu, WeightedLsaBf16H2056Top1OneToken) { weighted_round_trip(kBf16Odd, MEP_LL_TRANSPORT_LSA); }
 TEST_F(LlGpu, WeightedLsaFp8PackedI64H2176Top4E64) { weighted_round_trip(kFp8PackedI64Odd, MEP_LL_TRANSPORT_LSA); }
 // The flagged round trip, and proof that it took the flagged path: words
-// of this combine's epoch in this rank's comb_flag (its own partials at
-// least; a counted combine writes none there).
+// of this combine's epoch in this rank's comb_flag, either half (its own
+// partials at least; a counted combine writes none there).
 TEST_F(LlGpu, LsaBf16H7168FlaggedPartials) {
   Group &g = G();
   const mep_ll_set_layout_t lay = mep_ll_set_layout(&g.ctx.dims);
-  std::vector<uint64_t> w((size_t)g_world * mep_ll_flag_tokens(&g.ctx.dims) *
-                          g.ctx.dims.hidden / 2);
+  std::vector<uint64_t> w(2 * lay.comb_flag_half / 8);
   // Earlier small calls left words here: clear them first (on the stream,
   // so before this rank's dispatch, hence before any peer's combine).
   char *region = (char *)g.ctx.window_local + lay.comb_flag;
@@ -475,18 +475,87 @@ TEST_F(LlGpu, DoubleBufferedSplitSendRecv) {
   }
 }
 
-// The combine epoch comes round after MEP_LL_LAST_EPOCH: at the combines
-// of epoch MEP_LL_LAST_EPOCH and 1 each rank zeroes every pushed-weight and
-// flagged-partial word of its window that no rank writes in that combine
-// (ll_combine_wrap.cuh). After one ordinary round, set 1's epoch copies
-// are set so that its next combine is the last epoch's, and both regions
-// of set 1 are filled with words of epoch 1 and NaN payloads, as if left a
-// cycle ago. After that
-// combine every word must be 0 or carry the last epoch, and after the
-// combine of epoch 1 that follows (other routing) 0 or epoch 1; both
-// combines must be exact. Dispatches on set 0, combines on set 1, as the
-// runtime alternates them; pushed weights and flagged partials, so both
-// regions are in use. A fresh group.
+// Two-batch overlap's order with double buffering, with the sets the
+// runtime gives it (dispatch A set 0, combine A set 1, dispatch B set 0,
+// combine B set 1): combine A's receive runs after dispatch B's send, and
+// on rank 0 only after a pause, while the other ranks go straight on to
+// combine B on set 1. Combine B uses the other half of set 1's combine
+// regions and signals (mep_ll_comb_half), so its partials and arrivals
+// cannot land on what rank 0's combine A receive has yet to read: both
+// combines are exact on every rank whatever the timing. Over LSA: weights
+// at dispatch with counted combines, then pushed weights with flagged
+// combines (combine B's early relaxed arrival would pile onto combine A's
+// count); over GIN-emulated, weights at dispatch. A fresh group: a failure
+// would leave the sets out of step.
+TEST_F(LlGpu, LateCombineReceiveIsNotOvertakenByTheNextCombineOnItsSet) {
+  if (g_world < 2) GTEST_SKIP() << "needs a peer";
+  ASSERT_NO_FATAL_FAILURE(use_fresh_group());
+  Group &g = G();
+  void *xb, *tb, *wb;
+  CUDA_OK(cudaMalloc(&xb, (size_t)kMaxTokens * kMaxHidden * 2));
+  CUDA_OK(cudaMalloc(&tb, (size_t)kMaxTokens * kMaxTopK * 8));
+  CUDA_OK(cudaMalloc(&wb, (size_t)kMaxTokens * kMaxTopK * 4));
+  const struct {
+    int transport, weighted;
+  } runs[] = {{MEP_LL_TRANSPORT_LSA, 1}, {MEP_LL_TRANSPORT_LSA, 0},
+              {MEP_LL_TRANSPORT_GIN_EMULATED, 1}};
+  for (const auto &run : runs) {
+    g.ctx.transport = run.transport;
+    weighted_ = run.weighted;
+    const bool flagged = run.transport == MEP_LL_TRANSPORT_LSA && !run.weighted;
+    Case a = flagged ? kBf16Flagged : kFp8Big, b = a;
+    a.tokens = flagged ? std::vector<int>{8, 16} : std::vector<int>{64, 96};
+    b.tokens = flagged ? std::vector<int>{16, 8} : std::vector<int>{128, 37};
+    b.seed = a.seed + 50;
+    const Inputs ia = make_inputs(a, g_rank), ib = make_inputs(b, g_rank);
+    upload(a, g, ia, g.x, g.topk, g.w);
+    upload(b, g, ib, xb, tb, wb);
+    mep_ll_dispatch_args_t da = dargs(a, g, 0, g.x, g.topk, g.w), db = dargs(b, g, 0, xb, tb, wb);
+    MEP_OK(mep_ll_dispatch_send(&g.ctx, &da, g.stream));
+    MEP_OK(mep_ll_dispatch_recv(&g.ctx, &da, g.stream));
+    CUDA_OK(cudaStreamSynchronize(g.stream));
+    ASSERT_EQ(g.rec->flag, 0) << rec_text();
+    verify_dispatch_and_make_y(a, g, 5);
+    mep_ll_combine_args_t ca = cargs(a, g, 1, g.topk, g.w);
+    MEP_OK(mep_ll_combine_send(&g.ctx, &ca, g.stream));
+    MEP_OK(mep_ll_dispatch_send(&g.ctx, &db, g.stream));
+    if (g_rank == 0) {
+      CUDA_OK(cudaStreamSynchronize(g.stream));
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+    MEP_OK(mep_ll_combine_recv(&g.ctx, &ca, g.stream));
+    CUDA_OK(cudaStreamSynchronize(g.stream));
+    ASSERT_EQ(g.rec->flag, 0) << rec_text();
+    verify_combine(a, g, 5);
+    MEP_OK(mep_ll_dispatch_recv(&g.ctx, &db, g.stream));
+    CUDA_OK(cudaStreamSynchronize(g.stream));
+    ASSERT_EQ(g.rec->flag, 0) << rec_text();
+    verify_dispatch_and_make_y(b, g, 6);
+    mep_ll_combine_args_t cb = cargs(b, g, 1, tb, wb);
+    MEP_OK(mep_ll_combine_send(&g.ctx, &cb, g.stream));
+    MEP_OK(mep_ll_combine_recv(&g.ctx, &cb, g.stream));
+    CUDA_OK(cudaStreamSynchronize(g.stream));
+    ASSERT_EQ(g.rec->flag, 0) << rec_text();
+    verify_combine(b, g, 6);
+  }
+  cudaFree(xb);
+  cudaFree(tb);
+  cudaFree(wb);
+}
+
+// The combine epoch comes round after MEP_LL_LAST_EPOCH (then 2): at the
+// last combine of a cycle and the first of the next, as comb_weights and
+// each half of comb_flag see them, each rank zeroes every word there that
+// no rank writes in that combine (ll_combine_wrap.cuh). After one ordinary
+// round, set 1's epoch copies are set so that its next combine has epoch
+// MEP_LL_LAST_EPOCH - 1, and its regions are filled with NaN payloads of
+// the epochs that next match there (comb_weights and comb_flag's even half
+// 2, the odd half 3), as if left a cycle ago. Then four combines (epochs
+// LAST - 1, LAST, 2, 3, two routings taking turns): each must be exact, and
+// after each every word of comb_weights and of the combine's half of
+// comb_flag must be 0 or carry its epoch. Dispatches on set 0, combines on
+// set 1, as the runtime alternates them; pushed weights and flagged
+// partials, so every region is in use. A fresh group.
 TEST_F(LlGpu, LsaEpochWrapZeroesStaleWeightAndPartialWords) {
   ASSERT_NO_FATAL_FAILURE(use_fresh_group());
   Group &g = G();
@@ -517,23 +586,33 @@ TEST_F(LlGpu, LsaEpochWrapZeroesStaleWeightAndPartialWords) {
   std::vector<uint32_t> tags((size_t)MEP_LL_SHADOW_SLOTS * tw);  // set 1's copies
   char *tags1 = (char *)g.ctx.state + st.tags + (size_t)MEP_LL_SHADOW_SLOTS * tw * 4;
   CUDA_OK(cudaMemcpy(tags.data(), tags1, tags.size() * 4, cudaMemcpyDeviceToHost));
-  for (int b = 0; b < MEP_LL_SHADOW_SLOTS; ++b) tags[(size_t)b * tw + g_world + 1] = MEP_LL_LAST_EPOCH - 1;
+  for (int b = 0; b < MEP_LL_SHADOW_SLOTS; ++b)
+    tags[(size_t)b * tw + g_world + 1] = MEP_LL_LAST_EPOCH - 2;
   CUDA_OK(cudaMemcpy(tags1, tags.data(), tags.size() * 4, cudaMemcpyHostToDevice));
+  // set 1's comb_weights, then both halves of comb_flag, as 8-byte words
   const uint64_t weight_words = (lay.comb_flag - lay.comb_weights) / 8;
-  const uint64_t n = (lay.stage - lay.comb_weights) / 8;
-  const uint64_t planted_weight = (0x7fc12345ull << 32) | 1u;  // NaN weight, epoch 1
-  const uint64_t planted_partial = (1ull << 32) | 0x7fc17fc1u;  // epoch 1, two NaN bf16
+  const uint64_t half_words = lay.comb_flag_half / 8;
+  const uint64_t n = weight_words + 2 * half_words;
+  ASSERT_EQ(lay.comb_flag + 2 * lay.comb_flag_half, lay.comb_weights + n * 8);
   std::vector<uint64_t> w(n);
-  for (uint64_t i = 0; i < n; ++i) w[i] = i < weight_words ? planted_weight : planted_partial;
+  for (uint64_t i = 0; i < n; ++i) {
+    if (i < weight_words)
+      w[i] = (0x7fc12345ull << 32) | 2u;  // NaN weight, epoch 2
+    else  // two NaN bf16, epoch 2 (even half) or 3 (odd half)
+      w[i] = ((i < weight_words + half_words ? 2ull : 3ull) << 32) | 0x7fc17fc1u;
+  }
   char *region = (char *)g.ctx.window_local + lay.set_bytes + lay.comb_weights;  // set 1
   CUDA_OK(cudaMemcpy(region, w.data(), n * 8, cudaMemcpyHostToDevice));
   CUDA_OK(cudaDeviceSynchronize());  // before any launch on the group's stream
 
-  // Every word of set 1's two regions is 0 or carries `epoch`.
+  // Every word of comb_weights and of the epoch's half of comb_flag is 0 or
+  // carries the epoch.
   auto check = [&](uint32_t epoch) {
     CUDA_OK(cudaMemcpy(w.data(), region, n * 8, cudaMemcpyDeviceToHost));
+    const uint64_t half0 = weight_words + (epoch & 1u) * half_words;
     uint64_t bad = n;
     for (uint64_t i = 0; i < n && bad == n; ++i) {
+      if (i >= weight_words && (i < half0 || i >= half0 + half_words)) continue;
       const uint32_t e = i < weight_words ? (uint32_t)w[i] : (uint32_t)(w[i] >> 32);
       if (w[i] != 0 && e != epoch) bad = i;
     }
@@ -541,12 +620,13 @@ TEST_F(LlGpu, LsaEpochWrapZeroesStaleWeightAndPartialWords) {
                       << (bad < weight_words ? "comb_weights" : "comb_flag") << " is 0x"
                       << std::hex << w[bad] << std::dec << " after the combine of epoch " << epoch;
   };
-  ASSERT_NO_FATAL_FAILURE(run(kBf16Flagged));  // epoch MEP_LL_LAST_EPOCH
-  ASSERT_NO_FATAL_FAILURE(check(MEP_LL_LAST_EPOCH));
-  ASSERT_NO_FATAL_FAILURE(run(kBf16FlaggedOther));  // epoch 1
-  ASSERT_NO_FATAL_FAILURE(check(1u));
+  const uint32_t epochs[] = {MEP_LL_LAST_EPOCH - 1, MEP_LL_LAST_EPOCH, 2u, 3u};
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_NO_FATAL_FAILURE(run(i % 2 ? kBf16FlaggedOther : kBf16Flagged)) << "epoch " << epochs[i];
+    ASSERT_NO_FATAL_FAILURE(check(epochs[i]));
+  }
   CUDA_OK(cudaMemcpy(tags.data(), tags1, tags.size() * 4, cudaMemcpyDeviceToHost));
-  EXPECT_EQ(tags[g_world + 1], 1u) << "rank " << g_rank << ": block 0's epoch copy after the wrap";
+  EXPECT_EQ(tags[g_world + 1], 3u) << "rank " << g_rank << ": block 0's epoch copy after the wrap";
 }
 
 // Dispatch (send+recv) and combine (send+recv) captured as two graphs and

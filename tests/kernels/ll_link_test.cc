@@ -174,22 +174,22 @@ TEST(LlLink, LsaCombineSendNeedsTheWeightsItPushes) {
 
 TEST(LlLink, BufferBytesExact) {
   // 1 local expert, 1 rank, 1 token, hidden 128, top-1, bf16:
-  // signals 4*8 = 32; dispatch row 256; slot list 32 (16-byte head, one
+  // signals 6*8 = 48; dispatch row 256; slot list 32 (16-byte head, one
   // 8-byte word, 16-aligned); expert list 16 (count + one entry); combine
-  // row 256; pushed weights 16 (one 8-byte word, 16-aligned); flagged
-  // partials 512 (one token's 128 channels, 4 bytes each); staging
-  // max(256 + 32, 256 slot row + 256 partial) = 512. Per set
-  // 32+256+32+16+256+16+512+512 = 1632.
+  // rows 2*256 (one per half); pushed weights 16 (one 8-byte word,
+  // 16-aligned); flagged partials 2*512 (per half, one token's 128
+  // channels, 4 bytes each); staging max(256 + 32, 256 slot row + 256
+  // partial) = 512. Per set 48+256+32+16+512+16+1024+512 = 2416.
   mep_ll_dims_t d = {1, 1, 1, 128, 1, 0, 2, 0};
-  EXPECT_EQ(mep_ll_buffer_bytes(&d), 2u * 1632u);
+  EXPECT_EQ(mep_ll_buffer_bytes(&d), 2u * 2416u);
   d.num_sets = 0;  // 0 means 2
-  EXPECT_EQ(mep_ll_buffer_bytes(&d), 2u * 1632u);
+  EXPECT_EQ(mep_ll_buffer_bytes(&d), 2u * 2416u);
   // double_buffer: false -> one set.
   d.num_sets = 1;
-  EXPECT_EQ(mep_ll_buffer_bytes(&d), 1632u);
-  // LSA only: no staging, 1632 - 512.
+  EXPECT_EQ(mep_ll_buffer_bytes(&d), 2416u);
+  // LSA only: no staging, 2416 - 512.
   d.lsa_only = 1;
-  EXPECT_EQ(mep_ll_buffer_bytes(&d), 1120u);
+  EXPECT_EQ(mep_ll_buffer_bytes(&d), 1904u);
   // fp8 row: 128 + 4 scales -> 144 (16-aligned).
   EXPECT_EQ(mep_ll_dispatch_row_bytes(128, 1), 144u);
 }
