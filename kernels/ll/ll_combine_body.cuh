@@ -488,8 +488,9 @@ __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
   } else if constexpr (Tp::kStaged) {
     mep_combine_sum_slots<IdxT>(p, a, half);
   }
-  /* When the epoch comes round: the flagged rows no rank wrote now, zeroed
-   * before this rank's next dispatch (ll_combine_wrap.cuh). */
+  /* When the epoch comes round: the flagged rows of this half no rank wrote
+   * now, zeroed before this rank's next combine send on the set
+   * (ll_combine_wrap.cuh). */
   if constexpr (!Tp::kStaged)
     if (mep_epoch_wraps(epoch))
       mep_clear_unwritten_flag_rows<IdxT>(p, static_cast<const IdxT *>(a.topk), a.tokens,

@@ -15,8 +15,8 @@
  * combine's own receive of this one, which needs this send half's arrivals
  * (sent after a barrier and a system fence at these epochs); flagged rows
  * of this half after this rank's next combine send on the set, which
- * follows this receive (PROTOCOL.md, section 6). Five combines a cycle,
- * the first three of a set among them. LSA only: the staged transports
+ * follows this receive (PROTOCOL.md, section 6). Four combines a cycle,
+ * and the first three of a set. LSA only: the staged transports
  * never read these regions. The rules mirror the writers
  * (mep_combine_push_weights, mep_combine_send_partials_at): change them
  * together. */

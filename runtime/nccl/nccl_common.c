@@ -132,14 +132,30 @@ void mep_nccl_sent_destroy(mep_nccl_sent_t *sent) {
   }
 }
 
+/* The id of the graph capture `stream` is in, 0 when none. */
+static cudaError_t capture_of(void *stream, unsigned long long *id) {
+  enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  *id = 0;
+  cudaError_t e = cudaStreamGetCaptureInfo((cudaStream_t)stream, &status, id, NULL, NULL, NULL,
+                                           NULL);
+  if (status != cudaStreamCaptureStatusActive) *id = 0;
+  return e;
+}
+
 moe_ep_status_t mep_nccl_sent_record(mep_nccl_sent_t *sent, int set, void *stream) {
-  cudaError_t e = cudaEventRecord((cudaEvent_t)sent->event[set], (cudaStream_t)stream);
+  cudaError_t e = capture_of(stream, &sent->capture[set]);
+  if (e != cudaSuccess) return mep_nccl_cuda_error("cudaStreamGetCaptureInfo", e);
+  e = cudaEventRecord((cudaEvent_t)sent->event[set], (cudaStream_t)stream);
   sent->stream[set] = stream;
   return e == cudaSuccess ? MOE_EP_OK : mep_nccl_cuda_error("cudaEventRecord", e);
 }
 
 moe_ep_status_t mep_nccl_sent_order(const mep_nccl_sent_t *sent, int set, void *stream) {
   if (stream == sent->stream[set]) return MOE_EP_OK;
-  cudaError_t e = cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)sent->event[set], 0);
+  unsigned long long capture;
+  cudaError_t e = capture_of(stream, &capture);
+  if (e != cudaSuccess) return mep_nccl_cuda_error("cudaStreamGetCaptureInfo", e);
+  if (capture != sent->capture[set]) return MOE_EP_OK;
+  e = cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)sent->event[set], 0);
   return e == cudaSuccess ? MOE_EP_OK : mep_nccl_cuda_error("cudaStreamWaitEvent", e);
 }

@@ -40,20 +40,26 @@ moe_ep_status_t mep_nccl_leave(int device, int prev, moe_ep_status_t st);
 /* A launcher's status as moe-ep's, with its sentence and this rank. */
 moe_ep_status_t mep_nccl_launched(const moe_ep_group_t *g, mep_kstatus_t k, const char *what);
 
-/* What orders a buffer set's receive half after its send half: an event
- * per set recorded after the send, and the stream it was recorded on. */
+/* What orders one half after an earlier one on the same buffer set (a
+ * receive after its send; a send after the set's last receive): an event
+ * per set recorded after the earlier half, the stream it was recorded on,
+ * and the graph capture that stream was in then (0: none). */
 typedef struct mep_nccl_sent {
   void *event[MEP_NUM_BUFFER_SETS];  /* cudaEvent_t */
-  void *stream[MEP_NUM_BUFFER_SETS]; /* the send half's stream */
+  void *stream[MEP_NUM_BUFFER_SETS]; /* the earlier half's stream */
+  unsigned long long capture[MEP_NUM_BUFFER_SETS];
 } mep_nccl_sent_t;
 
 moe_ep_status_t mep_nccl_sent_create(mep_nccl_sent_t *sent);
 void mep_nccl_sent_destroy(mep_nccl_sent_t *sent); /* accepts a zeroed one */
-/* After a send half on `stream` into buffer set `set`. */
+/* After the earlier half on `stream` into buffer set `set`. */
 moe_ep_status_t mep_nccl_sent_record(mep_nccl_sent_t *sent, int set, void *stream);
-/* Before a receive half on `stream`: the same stream is already ordered (and
- * an event from another graph capture must not be waited on); another
- * stream waits for the send. */
+/* Before the later half on `stream`: the same stream is already ordered;
+ * another stream waits for the event when both halves are eager or in the
+ * same graph capture. Across captures, or between eager work and a
+ * capture, an event cannot order anything (CUDA refuses a capturing
+ * stream's wait on an event recorded outside its capture): the order of
+ * the graph's launch is its stream's, the engine's to set. */
 moe_ep_status_t mep_nccl_sent_order(const mep_nccl_sent_t *sent, int set, void *stream);
 
 /* prepare's optional layout outputs (h->out_*): one kernel on the
