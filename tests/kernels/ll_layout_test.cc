@@ -254,8 +254,10 @@ TEST(LlLayout, StateRegionsDisjoint) {
     const uint64_t nsig = mep_ll_set_layout(&d).num_signals;
     // every receive block's copy of every signal's shadow, in both sets
     EXPECT_LE(s.shadows + 2 * MEP_LL_SHADOW_SLOTS * nsig * 8, s.tags) << "R=" << r;
-    EXPECT_LE(s.tags + 2ull * MEP_LL_SHADOW_SLOTS * (r + 1) * 4, s.puts) << "R=" << r;
-    EXPECT_LE(s.puts + 2ull * r * 4, s.tickets) << "R=" << r;
+    // every block's copy of the tag words (mep_ll_tag_words: R + 2), both sets
+    EXPECT_LE(s.tags + 2ull * MEP_LL_SHADOW_SLOTS * mep_ll_tag_words(r) * 4, s.puts) << "R=" << r;
+    EXPECT_LE(s.puts + 2ull * r * 4, s.comb_puts) << "R=" << r;
+    EXPECT_LE(s.comb_puts + 2ull * r * 4, s.tickets) << "R=" << r;
     EXPECT_LE(s.tickets + 2ull * MEP_LL_NUM_TICKETS * 4, s.abort_flag) << "R=" << r;
     EXPECT_LE(s.abort_flag + 4, s.bytes) << "R=" << r;
     // clear_abort zeroes [puts, abort_flag + 4): the shadows and tags stay.
