@@ -166,10 +166,14 @@ ll_api_core() {
 }
 # LL scenarios: two-batch overlap (hooks run and handles freed on a second
 # host thread while the first dispatches and combines the other
-# micro-batch), one buffer set, and a skipped rank's timeout.
+# micro-batch), a combine hook on a second stream held back while the next
+# combine on its set is issued, one buffer set, and a skipped rank's
+# timeout.
 ll_scenarios() {
   api ${E}_threads $N $((60 * S)) --scenario=threads --iterations=100 --experts=64 --max_tokens=32 \
     --dtype=fp8 --layers=2048:8 --dispatch_weights=mixed
+  api ${E}_streams $N $((30 * S)) --scenario=streams --experts=64 --max_tokens=32 --dtype=fp8 \
+    --layers=2048:8 --seeds=10 --dispatch_weights=mixed
   MOE_EP_DOUBLE_BUFFER=false api ${E}_single_set $N $((30 * S)) --experts=64 --max_tokens=32 \
     --layers=2048:8 --seeds=1 --hooks=0
   api ${E}_skip_timeout $N $((20 * S)) --scenario=skip --experts=8 --max_tokens=8 --layers=128:2 --kernel_ms=2000

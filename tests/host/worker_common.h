@@ -101,6 +101,7 @@ void run_ahead(Ctx& c);        // worker_blame.cc
 void run_reuse(Ctx& c);        // worker_reuse.cc
 void run_ht_bad_input(Ctx& c); // worker_ht_bad.cc
 void run_layout(Ctx& c);       // worker_layout.cc
+void run_streams(Ctx& c);      // worker_streams.cc
 
 // worker_outside.cc: what an engine does outside moe-ep.
 // All ranks meet at `name` (files under barrier_dir; polls with sleeps, so

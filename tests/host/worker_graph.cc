@@ -45,6 +45,23 @@ void run_graph(Ctx& c) {
   auto p = problem_for(c, c.opt.layers[0].first, c.opt.layers[0].second, Generator::kUniform);
   cudaStream_t s;
   cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  // An engine's order: one eager round on the default stream first (its
+  // receives leave events on that stream), then captures on another
+  // stream, whose sends must not wait on those events (CUDA refuses a
+  // capturing stream's wait on an event recorded outside the capture).
+  {
+    LlCall warm(c, p, 400);
+    if (warm.prepare() != MOE_EP_OK) return;
+    if (!expect_status(c, 400, "eager dispatch before the captures", warm.dispatch(0, nullptr),
+                       MOE_EP_OK))
+      return;
+    warm.check_dispatch();
+    warm.make_y();
+    if (!expect_status(c, 400, "eager combine before the captures", warm.combine(0, nullptr),
+                       MOE_EP_OK))
+      return;
+    warm.check_combine();
+  }
   for (int defer = 0; defer < 2; defer++) {
     uint64_t seed = 500 + defer * 1000;
     LlCall call(c, p, seed);

@@ -162,6 +162,8 @@ static void run_scenario(Ctx& c) {
     run_graph(c);
   } else if (c.opt.scenario == "threads") {
     run_threads(c);
+  } else if (c.opt.scenario == "streams") {
+    run_streams(c);
   } else if (c.opt.scenario == "abi") {
     run_abi_sizes(c);
   } else if (c.opt.scenario == "logger") {
