@@ -49,15 +49,16 @@ void run_streams(Ctx& c) {
       c.api->hook_free(ha);
       break;
     }
+    // (these wait for the whole device: before A's receive is issued)
+    b.check_dispatch();
+    b.make_y();
     // A's receive on the hook stream, after a host function holds that
-    // stream back 100 ms: combine B, issued next on the op stream, would
-    // otherwise run first.
+    // stream back 100 ms; combine B, issued right after on the op stream
+    // with no host wait between, would otherwise run first.
     cuda_check(cudaLaunchHostFunc(hooks, hold_back, nullptr), "cudaLaunchHostFunc");
     const moe_ep_status_t sa = c.api->hook_run(ha, hooks);
     c.api->hook_free(ha);
     if (!expect_status(c, seed, "combine A's hook on another stream", sa, MOE_EP_OK)) break;
-    b.check_dispatch();
-    b.make_y();
     if (!expect_status(c, seed, "combine B on A's buffer set", b.combine(0, nullptr), MOE_EP_OK))
       break;
     cuda_check(cudaStreamSynchronize(hooks), "cudaStreamSynchronize(hooks)");
