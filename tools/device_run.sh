@@ -501,8 +501,8 @@ if [ "$MODE" = llcheck ]; then
   exit 0
 fi
 # llscen: the LL scenarios of rest for such an edit: hooks on two threads
-# with mixed weights, one buffer set, a skipped rank's timeout, and the
-# sanitizers.
+# with mixed weights, a combine hook on a second stream, one buffer set, a
+# skipped rank's timeout, and the sanitizers.
 if [ "$MODE" = llscen ]; then
   ll_scenarios
   ll_sanitizers
