@@ -41,8 +41,8 @@ void run_streams(Ctx& c) {
     a.check_dispatch();
     a.make_y();
     moe_ep_hook_t* ha = nullptr;
-    if (!expect_status(c, seed, "combine A, receive deferred", a.combine(MOE_EP_FLAG_DEFER_RECV, &ha),
-                       MOE_EP_OK))
+    if (!expect_status(c, seed, "combine A, receive deferred",
+                       a.combine(MOE_EP_FLAG_DEFER_RECV, &ha), MOE_EP_OK))
       break;
     if (!expect_status(c, seed, "dispatch B, A's receive pending", b.dispatch(0, nullptr),
                        MOE_EP_OK)) {
