@@ -37,10 +37,7 @@ bool capture(Ctx& c, uint64_t seed, const char* what, cudaStream_t s, bool defer
 }  // namespace
 
 void run_graph(Ctx& c) {
-  if (c.opt.backend != "nccl") {
-    std::fprintf(stderr, "graph scenario needs --backend=nccl; skipped\n");
-    return;
-  }
+  if (!runs_on_nccl(c, "graph")) return;
   using moe_ep_oracle::Generator;
   auto p = problem_for(c, c.opt.layers[0].first, c.opt.layers[0].second, Generator::kUniform);
   cudaStream_t s;

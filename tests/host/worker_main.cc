@@ -19,6 +19,12 @@
 
 namespace moe_ep_test {
 
+bool runs_on_nccl(const Ctx& c, const char* scenario) {
+  if (c.opt.backend == "nccl") return true;
+  std::fprintf(stderr, "%s scenario needs --backend=nccl; skipped\n", scenario);
+  return false;
+}
+
 void fail(Ctx& c, uint64_t seed, const std::string& what, const std::string& detail) {
   c.failures++;
   std::fprintf(stderr, "FAIL rank=%d seed=%llu %s: %s\n", c.rank,

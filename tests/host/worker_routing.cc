@@ -12,10 +12,7 @@ namespace moe_ep_test {
 
 void run_routing(Ctx& c) {
   using moe_ep_oracle::Generator;
-  if (c.opt.backend != "nccl") {
-    std::fprintf(stderr, "routing scenario needs --backend=nccl; skipped\n");
-    return;
-  }
+  if (!runs_on_nccl(c, "routing")) return;
   auto p = problem_for(c, c.opt.layers[0].first, c.opt.layers[0].second, Generator::kUniform);
   ll_roundtrip(c, p, 51, false);
   const int64_t bad = p.num_experts + 5;

@@ -22,10 +22,7 @@ void CUDART_CB hold_back(void*) { usleep(100 * 1000); }
 }  // namespace
 
 void run_streams(Ctx& c) {
-  if (c.opt.backend != "nccl") {
-    std::fprintf(stderr, "streams scenario needs --backend=nccl; skipped\n");
-    return;
-  }
+  if (!runs_on_nccl(c, "streams")) return;
   using moe_ep_oracle::Generator;
   auto p = problem_for(c, c.opt.layers[0].first, c.opt.layers[0].second, Generator::kUniform);
   cudaStream_t ops, hooks;
