@@ -478,8 +478,9 @@ TEST_F(LlGpu, DoubleBufferedSplitSendRecv) {
 // Two-batch overlap's order with double buffering, with the sets the
 // runtime gives it (dispatch A set 0, combine A set 1, dispatch B set 0,
 // combine B set 1): combine A's receive runs after dispatch B's send, and
-// on rank 0 only after a pause, while the other ranks go straight on to
-// combine B on set 1. Combine B uses the other half of set 1's combine
+// on rank 0 only once every other rank's combine B has reached rank 0's
+// count signal (polled from the host, bounded), while the other ranks go
+// straight on to combine B on set 1. Combine B uses the other half of set 1's combine
 // regions and signals (mep_ll_comb_half), so its partials and arrivals
 // cannot land on what rank 0's combine A receive has yet to read: both
 // combines are exact on every rank whatever the timing. Over LSA: weights
@@ -516,12 +517,43 @@ TEST_F(LlGpu, LateCombineReceiveIsNotOvertakenByTheNextCombineOnItsSet) {
     CUDA_OK(cudaStreamSynchronize(g.stream));
     ASSERT_EQ(g.rec->flag, 0) << rec_text();
     verify_dispatch_and_make_y(a, g, 5);
+    // Rank 0's count signals of combine B's half on set 1 (the other
+    // parity than combine A's epoch), read before any rank can send B:
+    // that needs rank 0's dispatch B.
+    const mep_ll_set_layout_t lay = mep_ll_set_layout(&g.ctx.dims);
+    const mep_ll_state_layout_t st = mep_ll_state_layout(&g.ctx.dims);
+    uint32_t epoch_was = 0;  // set 1's epoch, block 0's copy (tag word R + 1)
+    CUDA_OK(cudaMemcpy(&epoch_was,
+                       (char *)g.ctx.state + st.tags +
+                           ((size_t)MEP_LL_SHADOW_SLOTS + 0) * mep_ll_tag_words(g_world) * 4 +
+                           (size_t)(g_world + 1) * 4,
+                       4, cudaMemcpyDeviceToHost));
+    const int half_b = mep_ll_comb_half(mep_ll_next_epoch(mep_ll_next_epoch(epoch_was)));
+    bool copied = true;  // every read of a count signal succeeded
+    auto count_b = [&](int r) -> uint64_t {
+      uint64_t v = 0;
+      copied = copied && cudaMemcpy(&v,
+                                    (char *)g.ctx.window_local + lay.set_bytes +
+                                        (size_t)mep_ll_sig_comb_cnt(&g.ctx.dims, half_b, r) * 8,
+                                    8, cudaMemcpyDeviceToHost) == cudaSuccess;
+      return v;
+    };
+    std::vector<uint64_t> before(g_world);
+    for (int r = 0; r < g_world; ++r) before[r] = count_b(r);
     mep_ll_combine_args_t ca = cargs(a, g, 1, g.topk, g.w);
     MEP_OK(mep_ll_combine_send(&g.ctx, &ca, g.stream));
     MEP_OK(mep_ll_dispatch_send(&g.ctx, &db, g.stream));
     if (g_rank == 0) {
       CUDA_OK(cudaStreamSynchronize(g.stream));
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      for (int r = 1; r < g_world; ++r) {
+        while (count_b(r) == before[r] && std::chrono::steady_clock::now() < deadline)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        ASSERT_TRUE(copied) << "rank 0: reading its count signals failed";
+        ASSERT_NE(count_b(r), before[r])
+            << "rank 0: rank " << r << "'s combine B never reached half " << half_b
+            << " of set 1 before combine A's receive (transport " << run.transport << ")";
+      }
     }
     MEP_OK(mep_ll_combine_recv(&g.ctx, &ca, g.stream));
     CUDA_OK(cudaStreamSynchronize(g.stream));
