@@ -938,6 +938,33 @@ TEST_F(LlGpu, AbsentPeerAtFlaggedCombineTimesOutOnItsCount) {
   combine_without_rank1(kBf16Flagged, true, MEP_LL_OP_COMBINE_RECV);
 }
 
+// A combine called with fewer tokens than its dispatch sent, so few that
+// this rank takes flagged partials while every expert rank, which counts
+// the dispatch's tokens, sends counted ones: the receive checks each
+// sender's arrival code against its own view before it reads a word, and
+// must stop with BAD_SIGNAL (expected the flagged code 2, seen the counted
+// code 1) naming this rank, not wait for words that never come. Every rank
+// does the same; on a fresh group (the refused receive leaves it out of
+// step).
+TEST_F(LlGpu, FlaggedReceiveOfCountedPartialsIsBadSignal) {
+  ASSERT_NO_FATAL_FAILURE(use_fresh_group());
+  Group &g = G();
+  weighted_ = 1;  // weights at dispatch: the send half waits for nothing
+  const Case c = kBf16Big;
+  ASSERT_GT(tokens_of(c, g_rank), mep_ll_flag_tokens(&g.ctx.dims));
+  ASSERT_NO_FATAL_FAILURE(dispatch_set0(c, g, MEP_LL_TRANSPORT_LSA));
+  MEP_OK(mep_ll_timeout_cycles(g_rank, 300, &g.ctx.timeout_cycles));
+  mep_ll_combine_args_t cb = cargs(c, g, 0, g.topk, g.w);
+  cb.num_tokens = mep_ll_flag_tokens(&g.ctx.dims) / 2;
+  MEP_OK(mep_ll_combine(&g.ctx, &cb, g.stream));
+  CUDA_OK(cudaStreamSynchronize(g.stream));
+  ASSERT_EQ(g.rec->flag, 2) << "rank " << g_rank << ": the mismatched combine recorded nothing";
+  EXPECT_EQ(g.rec->op, MEP_LL_OP_BAD_SIGNAL) << "rank " << g_rank << ": " << rec_text();
+  EXPECT_EQ(g.rec->rank, g_rank) << rec_text();
+  EXPECT_EQ(g.rec->expected, 2u) << "rank " << g_rank << ": " << rec_text();
+  EXPECT_EQ(g.rec->seen, 1u) << "rank " << g_rank << ": " << rec_text();
+}
+
 // GIN cannot run without an RDMA NIC: asking for it must fail cleanly with
 // NCCL's reason (or succeed where GIN exists). Its own window on the
 // shared communicator, released before the next test.
