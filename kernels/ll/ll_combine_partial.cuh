@@ -185,8 +185,8 @@ __device__ __forceinline__ void mep_combine_send_partials_at(const MepLLParams &
         /* [this rank][t] of the source's comb_flag: 4 words per lane-step */
         uint64_t *dst = static_cast<uint64_t *>(Tp::peer_ptr(
             p.xp, s,
-            p.set_off + mep_ll_comb_flag_off(&p.lay, half) +
-                ((uint64_t)(p.xp.rank * mep_ll_flag_tokens(&p.dims) + t) * p.dims.hidden + c) * 4u));
+            p.set_off + mep_ll_flag_row_off(&p.lay, &p.dims, half, p.xp.rank, t) +
+                (uint64_t)c * 4u));
 #pragma unroll
         for (int j = 0; j < S; ++j)
           if (c + j * kMepPartialStep < a.hidden) {
@@ -354,9 +354,7 @@ __device__ __forceinline__ bool mep_combine_sum_flagged_at(const MepLLParams &p,
                                                            const MepCombineArgs &a,
                                                            uint32_t epoch) {
   constexpr int B = S >= 2 ? 1 : 4;
-  const int F = mep_ll_flag_tokens(&p.dims);
-  const uint64_t *region = reinterpret_cast<const uint64_t *>(
-      p.xp.local + p.set_off + mep_ll_comb_flag_off(&p.lay, mep_ll_comb_half(epoch)));
+  const int half = mep_ll_comb_half(epoch);
   return mep_partial_units<IdxT, S>(p, a, [&](int t, int c, unsigned first, int rank,
                                               float(&acc)[S][8]) {
     while (first != 0) {
@@ -370,7 +368,10 @@ __device__ __forceinline__ bool mep_combine_sum_flagged_at(const MepLLParams &p,
       for (int i = 0; i < B; ++i) {
         const int k = mep_take_lane(&first, &use[i]);
         src[i] = __shfl_sync(0xffffffffu, rank, k);
-        row[i] = region + ((uint64_t)((use[i] ? src[i] : 0) * F + t) * p.dims.hidden + c) / 2;
+        row[i] = reinterpret_cast<const uint64_t *>(
+                     p.xp.local + p.set_off +
+                     mep_ll_flag_row_off(&p.lay, &p.dims, half, use[i] ? src[i] : 0, t)) +
+                 c / 2;
 #pragma unroll
         for (int j = 0; j < S; ++j) {
           bad[i][j] = 0;

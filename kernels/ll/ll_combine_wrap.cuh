@@ -84,8 +84,7 @@ static __device__ __noinline__ void mep_clear_unwritten_flag_rows(
                            e >= 0 && e < (IdxT)num_experts && (int)(e / local_experts) == r);
     }
     uint4 *row = reinterpret_cast<uint4 *>(p.xp.local + p.set_off +
-                                           mep_ll_comb_flag_off(&p.lay, half) +
-                                           (uint64_t)u * p.dims.hidden * 4u);
+                                           mep_ll_flag_row_off(&p.lay, &p.dims, half, r, t));
     for (int q = (written ? hidden * 4 / 16 : 0) + lane; q < row16; q += 32)
       row[q] = make_uint4(0u, 0u, 0u, 0u);
   }

@@ -265,6 +265,15 @@ static inline MEP_HD uint64_t mep_ll_comb_recv_off(const mep_ll_set_layout_t *l,
 static inline MEP_HD uint64_t mep_ll_comb_flag_off(const mep_ll_set_layout_t *l, int half) {
   return l->comb_flag + (uint64_t)half * l->comb_flag_half;
 }
+/* Offset, within the set, of sending rank `src`'s flagged row for token
+ * `t` (< mep_ll_flag_tokens) in a half's comb_flag: hidden / 2 words. The
+ * one address the writer, the reader and the wrap's zeroing share. */
+static inline MEP_HD uint64_t mep_ll_flag_row_off(const mep_ll_set_layout_t *l,
+                                                  const mep_ll_dims_t *d, int half, int src,
+                                                  int t) {
+  return mep_ll_comb_flag_off(l, half) +
+         ((uint64_t)src * (uint64_t)mep_ll_flag_tokens(d) + (uint64_t)t) * (uint64_t)d->hidden * 4u;
+}
 
 /* The dispatch count signal's increment: token count, row-signalled put
  * count (both <= max_tokens + 1) and whether the source's slot lists carry
