@@ -545,7 +545,10 @@ TEST_F(LlGpu, LateCombineReceiveIsNotOvertakenByTheNextCombineOnItsSet) {
     MEP_OK(mep_ll_dispatch_send(&g.ctx, &db, g.stream));
     if (g_rank == 0) {
       CUDA_OK(cudaStreamSynchronize(g.stream));
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      // Rank 1 checks combine A and dispatch B against the oracle on the
+      // host before it sends combine B (the whole test, three runs, takes
+      // about 8 s on 2 x H200): the deadline only ends a failing run.
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
       for (int r = 1; r < g_world; ++r) {
         while (count_b(r) == before[r] && std::chrono::steady_clock::now() < deadline)
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
