@@ -1,7 +1,7 @@
 // ll_layout_test.cc: properties of the LL buffer layout (ll_layout.h) over
 // many shapes, on the CPU: every region 16-byte aligned, inside its set and
 // disjoint from the others; staging big enough for either use; signal ids
-// unique and in range; the dispatch signal code decodes back to its
+// unique and in range; flagged rows tile their halves; the dispatch signal code decodes back to its
 // (tokens, puts); device state regions disjoint. Every rank computes these
 // offsets independently, so a slip here corrupts a peer's memory.
 #include <gtest/gtest.h>
@@ -67,6 +67,30 @@ TEST(LlLayout, RegionsAlignedDisjointAndInsideTheSet) {
             << Dims(d) << ": regions " << i << " and " << j << " overlap";
     }
     ASSERT_EQ(l.set_bytes % 16, 0u) << Dims(d);
+  }
+}
+
+// Flagged rows (mep_ll_flag_row_off, which the writer, the flagged sum and
+// the wrap's zeroing share): in each half, (sending rank, token) rows in
+// rank-major order tile comb_flag's half exactly, one hidden / 2 words
+// each, every row 16-byte aligned (the 16-byte volatile stores and the
+// wrap's uint4 stores).
+TEST(LlLayout, FlaggedRowsTileEachHalf) {
+  for (const mep_ll_dims_t& d : Shapes()) {
+    const mep_ll_set_layout_t l = mep_ll_set_layout(&d);
+    const int F = mep_ll_flag_tokens(&d);
+    const uint64_t row = (uint64_t)d.hidden * 4;
+    for (int half = 0; half < 2; ++half) {
+      uint64_t at = mep_ll_comb_flag_off(&l, half);
+      for (int src = 0; src < d.world; ++src)
+        for (int t = 0; t < F; ++t) {
+          const uint64_t off = mep_ll_flag_row_off(&l, &d, half, src, t);
+          ASSERT_EQ(off, at) << Dims(d) << " half " << half << " src " << src << " t " << t;
+          ASSERT_EQ(off % 16, 0u) << Dims(d) << " half " << half << " src " << src << " t " << t;
+          at += row;
+        }
+      ASSERT_EQ(at, mep_ll_comb_flag_off(&l, half) + l.comb_flag_half) << Dims(d) << " half " << half;
+    }
   }
 }
 
