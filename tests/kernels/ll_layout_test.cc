@@ -1,9 +1,10 @@
 // ll_layout_test.cc: properties of the LL buffer layout (ll_layout.h) over
 // many shapes, on the CPU: every region 16-byte aligned, inside its set and
-// disjoint from the others; staging big enough for either use; signal ids
-// unique and in range; flagged rows tile their halves; the dispatch signal code decodes back to its
-// (tokens, puts); device state regions disjoint. Every rank computes these
-// offsets independently, so a slip here corrupts a peer's memory.
+// disjoint from the others; staging big enough for either use; flagged
+// rows tiling their halves; signal ids unique and in range; the dispatch
+// signal code decodes back to its (tokens, puts); device state regions
+// disjoint. Every rank computes these offsets independently, so a slip
+// here corrupts a peer's memory.
 #include <gtest/gtest.h>
 
 #include <set>
