@@ -479,9 +479,11 @@ TEST_F(LlGpu, DoubleBufferedSplitSendRecv) {
 // runtime gives it (dispatch A set 0, combine A set 1, dispatch B set 0,
 // combine B set 1): combine A's receive runs after dispatch B's send, and
 // on rank 0 only once every other rank's combine B has reached rank 0's
-// count signal (polled from the host, bounded), while the other ranks go
-// straight on to combine B on set 1. Combine B uses the other half of set 1's combine
-// regions and signals (mep_ll_comb_half), so its partials and arrivals
+// count signal (polled from the host, bounded: over LSA every block's
+// arrival, over GIN-emulated the last block's add), while the other ranks
+// go straight on to combine B on set 1. Combine B uses the other half of
+// set 1's combine regions and signals (mep_ll_comb_half), so its partials
+// and arrivals
 // cannot land on what rank 0's combine A receive has yet to read: both
 // combines are exact on every rank whatever the timing. Over LSA: weights
 // at dispatch with counted combines, then pushed weights with flagged
@@ -549,13 +551,26 @@ TEST_F(LlGpu, LateCombineReceiveIsNotOvertakenByTheNextCombineOnItsSet) {
       // host before it sends combine B (the whole test, three runs, takes
       // about 8 s on 2 x H200): the deadline only ends a failing run.
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      // whether rank r's combine B is all in: LSA counts every block's
+      // arrival (mep_ll_arrival_state), staged transports add once
+      auto arrived = [&](int r) {
+        const uint64_t v = count_b(r);
+        uint64_t code = 0;
+        return run.transport == MEP_LL_TRANSPORT_LSA
+                   ? mep_ll_arrival_state(v - before[r], &code) == 1
+                   : v != before[r];
+      };
       for (int r = 1; r < g_world; ++r) {
-        while (count_b(r) == before[r] && std::chrono::steady_clock::now() < deadline)
+        bool in = arrived(r);
+        while (!in && copied && std::chrono::steady_clock::now() < deadline) {
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          in = arrived(r);
+        }
         ASSERT_TRUE(copied) << "rank 0: reading its count signals failed";
-        ASSERT_NE(count_b(r), before[r])
-            << "rank 0: rank " << r << "'s combine B never reached half " << half_b
-            << " of set 1 before combine A's receive (transport " << run.transport << ")";
+        ASSERT_TRUE(in) << "rank 0: rank " << r << "'s combine B never fully reached half "
+                        << half_b << " of set 1 before combine A's receive (transport "
+                        << run.transport << ", signal " << count_b(r) << ", before "
+                        << before[r] << ")";
       }
     }
     MEP_OK(mep_ll_combine_recv(&g.ctx, &ca, g.stream));
@@ -964,6 +979,9 @@ TEST_F(LlGpu, FlaggedReceiveOfCountedPartialsIsBadSignal) {
   ASSERT_EQ(g.rec->flag, 2) << "rank " << g_rank << ": the mismatched combine recorded nothing";
   EXPECT_EQ(g.rec->op, MEP_LL_OP_BAD_SIGNAL) << "rank " << g_rank << ": " << rec_text();
   EXPECT_EQ(g.rec->rank, g_rank) << rec_text();
+  EXPECT_EQ(g.rec->buffer_set, 0) << "rank " << g_rank << ": " << rec_text();
+  EXPECT_GE(g.rec->peer, 0) << "rank " << g_rank << ": " << rec_text();
+  EXPECT_LT(g.rec->peer, g_world) << "rank " << g_rank << ": " << rec_text();
   EXPECT_EQ(g.rec->expected, 2u) << "rank " << g_rank << ": " << rec_text();
   EXPECT_EQ(g.rec->seen, 1u) << "rank " << g_rank << ": " << rec_text();
 }
