@@ -483,9 +483,8 @@ TEST_F(LlGpu, DoubleBufferedSplitSendRecv) {
 // arrival, over GIN-emulated the last block's add), while the other ranks
 // go straight on to combine B on set 1. Combine B uses the other half of
 // set 1's combine regions and signals (mep_ll_comb_half), so its partials
-// and arrivals
-// cannot land on what rank 0's combine A receive has yet to read: both
-// combines are exact on every rank whatever the timing. Over LSA: weights
+// and arrivals cannot land on what rank 0's combine A receive has yet to
+// read: both combines are exact on every rank whatever the timing. Over LSA: weights
 // at dispatch with counted combines, then pushed weights with flagged
 // combines (combine B's early relaxed arrival would pile onto combine A's
 // count); over GIN-emulated, weights at dispatch. A fresh group: a failure
