@@ -85,6 +85,17 @@ class LlGpu : public ::testing::Test {
     return b;
   }
   int local_experts(const Case &c) { return c.experts / g_world; }
+  // Buffer set `set` of this rank's window (host-visible address), and
+  // its per-block tag copies in the device state (MEP_LL_SHADOW_SLOTS
+  // blocks of mep_ll_tag_words(R) u32 each; word R + 1 is the combine
+  // epoch).
+  static char *set_window(Group &g, int set) {
+    return (char *)g.ctx.window_local + (size_t)set * mep_ll_set_layout(&g.ctx.dims).set_bytes;
+  }
+  static char *set_tags(Group &g, int set) {
+    return (char *)g.ctx.state + mep_ll_state_layout(&g.ctx.dims).tags +
+           (size_t)set * MEP_LL_SHADOW_SLOTS * mep_ll_tag_words(g_world) * 4;
+  }
 
   void upload(const Case &c, Group &g, const Inputs &in, void *x, void *topk, void *w) {
     (void)g;
@@ -521,22 +532,15 @@ TEST_F(LlGpu, LateCombineReceiveIsNotOvertakenByTheNextCombineOnItsSet) {
     // Rank 0's count signals of combine B's half on set 1 (the other
     // parity than combine A's epoch), read before any rank can send B:
     // that needs rank 0's dispatch B.
-    const mep_ll_set_layout_t lay = mep_ll_set_layout(&g.ctx.dims);
-    const mep_ll_state_layout_t st = mep_ll_state_layout(&g.ctx.dims);
     uint32_t epoch_was = 0;  // set 1's epoch, block 0's copy (tag word R + 1)
-    CUDA_OK(cudaMemcpy(&epoch_was,
-                       (char *)g.ctx.state + st.tags +
-                           ((size_t)MEP_LL_SHADOW_SLOTS + 0) * mep_ll_tag_words(g_world) * 4 +
-                           (size_t)(g_world + 1) * 4,
-                       4, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(&epoch_was, set_tags(g, 1) + (size_t)(g_world + 1) * 4, 4,
+                       cudaMemcpyDeviceToHost));
     const int half_b = mep_ll_comb_half(mep_ll_next_epoch(mep_ll_next_epoch(epoch_was)));
     bool copied = true;  // every read of a count signal succeeded
     auto count_b = [&](int r) -> uint64_t {
       uint64_t v = 0;
-      copied = copied && cudaMemcpy(&v,
-                                    (char *)g.ctx.window_local + lay.set_bytes +
-                                        (size_t)mep_ll_sig_comb_cnt(&g.ctx.dims, half_b, r) * 8,
-                                    8, cudaMemcpyDeviceToHost) == cudaSuccess;
+      const char *sig = set_window(g, 1) + (size_t)mep_ll_sig_comb_cnt(&g.ctx.dims, half_b, r) * 8;
+      copied = copied && cudaMemcpy(&v, sig, 8, cudaMemcpyDeviceToHost) == cudaSuccess;
       return v;
     };
     std::vector<uint64_t> before(g_world);
@@ -623,11 +627,10 @@ TEST_F(LlGpu, LsaEpochWrapZeroesStaleWeightAndPartialWords) {
   };
   ASSERT_NO_FATAL_FAILURE(run(kBf16Big));
 
-  const mep_ll_state_layout_t st = mep_ll_state_layout(&g.ctx.dims);
   const mep_ll_set_layout_t lay = mep_ll_set_layout(&g.ctx.dims);
   const uint32_t tw = mep_ll_tag_words(g_world);
   std::vector<uint32_t> tags((size_t)MEP_LL_SHADOW_SLOTS * tw);  // set 1's copies
-  char *tags1 = (char *)g.ctx.state + st.tags + (size_t)MEP_LL_SHADOW_SLOTS * tw * 4;
+  char *tags1 = set_tags(g, 1);
   CUDA_OK(cudaMemcpy(tags.data(), tags1, tags.size() * 4, cudaMemcpyDeviceToHost));
   for (int b = 0; b < MEP_LL_SHADOW_SLOTS; ++b)
     tags[(size_t)b * tw + g_world + 1] = MEP_LL_LAST_EPOCH - 2;
@@ -644,7 +647,7 @@ TEST_F(LlGpu, LsaEpochWrapZeroesStaleWeightAndPartialWords) {
     else  // two NaN bf16, epoch 2 (even half) or 3 (odd half)
       w[i] = ((i < weight_words + half_words ? 2ull : 3ull) << 32) | 0x7fc17fc1u;
   }
-  char *region = (char *)g.ctx.window_local + lay.set_bytes + lay.comb_weights;  // set 1
+  char *region = set_window(g, 1) + lay.comb_weights;
   CUDA_OK(cudaMemcpy(region, w.data(), n * 8, cudaMemcpyHostToDevice));
   CUDA_OK(cudaDeviceSynchronize());  // before any launch on the group's stream
 
@@ -874,8 +877,8 @@ TEST_F(LlGpu, CorruptExpertListIsRefusedWithBadSignal) {
     MEP_OK(mep_ll_dispatch_send(&g.ctx, &d, g.stream));
     CUDA_OK(cudaStreamSynchronize(g.stream));
     // expert list (le, source 0): the count word, then the entries
-    uint64_t *list = (uint64_t *)((char *)g.ctx.window_local + set * lay.set_bytes +
-                                  lay.disp_elist + (uint64_t)le * mep_ll_elist_bytes(&g.ctx.dims));
+    uint64_t *list = (uint64_t *)(set_window(g, set) + lay.disp_elist +
+                                  (uint64_t)le * mep_ll_elist_bytes(&g.ctx.dims));
     uint64_t count = 0;
     CUDA_OK(cudaMemcpy(&count, list, 8, cudaMemcpyDeviceToHost));
     const uint32_t tag = mep_ll_list_tag(count);
