@@ -199,11 +199,45 @@ variants() {
     if [ "$D" = $B ]; then echo "cur $D"; else echo "$(basename "$D") $D"; fi
   done
 }
+# The ab runs' table: per case (the extra flag), token count and variant,
+# each half's p50 range over the ranks and rounds of bench_<variant>[_<extra>]_<round>.log
+# (fp8 latency rows), sorted so each variant's line sits under the others'.
+ab_table() {
+  awk '
+    FNR == 1 {
+      v = FILENAME; sub(/.*\/bench_/, "", v); sub(/\.log$/, "", v); sub(/_[0-9]+$/, "", v)
+      extra = "weights_at_dispatch"
+      if (match(v, /_(num_sms=24|experts=1024|dispatch_weights=false)$/)) {
+        extra = substr(v, RSTART + 1); v = substr(v, 1, RSTART - 1)
+      }
+    }
+    $1 == "fp8" && $5 == "|" {
+      n = split($0, part, "|")
+      if (n < 7 || index(part[2], "/") == 0) next  # the bandwidth table has no p50/p99
+      key = extra SUBSEP $3 SUBSEP v
+      seen[key] = 1
+      for (c = 1; c <= 6; c++) {
+        split(part[c + 1], pv, "/"); x = pv[1] + 0
+        if (!((key, c) in lo) || x < lo[key, c]) lo[key, c] = x
+        if (!((key, c) in hi) || x > hi[key, c]) hi[key, c] = x
+      }
+    }
+    END {
+      split("disp comb d.send d.recv c.send c.recv", name, " ")
+      for (key in seen) {
+        split(key, k, SUBSEP)
+        line = sprintf("%-22s %5d %-8s", k[1], k[2], k[3])
+        for (c = 1; c <= 6; c++) line = line sprintf("  %s %.1f-%.1f", name[c], lo[key, c], hi[key, c])
+        print line
+      }
+    }' "$OUT"/bench_*.log | sort -k1,1 -k2,2n -k3,3
+}
 # ab: this bundle against each variant under .gpu_bundle/ab/<name>/ (a
 # libmoe_ep.so, and ll_kernel_bench where dispatch changed, built from
 # another tree) on the group's
 # GPUs (EP1 on a 1-GPU machine), taking turns so drift hits all: the fused
-# dispatch's phase stamps, then the eager bench (both combine modes).
+# dispatch's phase stamps, then the eager bench (both combine modes); it
+# ends with ab_table's ranges (also in $OUT/ab_table.txt).
 if [ "$MODE" = ab ]; then
   mapfile -t V < <(variants)
   for round in 1 2; do
@@ -229,6 +263,7 @@ if [ "$MODE" = ab ]; then
       done
     done
   done
+  ab_table | tee "$OUT/ab_table.txt"
   cat "$OUT/summary.txt"
   exit 0
 fi
