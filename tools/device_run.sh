@@ -199,15 +199,20 @@ variants() {
     if [ "$D" = $B ]; then echo "cur $D"; else echo "$(basename "$D") $D"; fi
   done
 }
+# The flags of ab's extra bench cases, beside the default one.
+AB_EXTRAS="--num_sms=24 --experts=1024 --dispatch_weights=false"
 # The ab runs' table: per case (the extra flag), token count and variant,
-# each half's p50 range over the ranks and rounds of bench_<variant>[_<extra>]_<round>.log
-# (fp8 latency rows), sorted so each variant's line sits under the others'.
+# each half's p50 range over the ranks and rounds of
+# bench_<variant>[_<extra>]_<round>.log (fp8 latency rows), sorted so each
+# variant's line sits under the others'.
 ab_table() {
-  awk '
+  local extras
+  extras=$(echo $AB_EXTRAS | sed 's/--//g; s/ /|/g')
+  awk -v extras="$extras" '
     FNR == 1 {
       v = FILENAME; sub(/.*\/bench_/, "", v); sub(/\.log$/, "", v); sub(/_[0-9]+$/, "", v)
       extra = "weights_at_dispatch"
-      if (match(v, /_(num_sms=24|experts=1024|dispatch_weights=false)$/)) {
+      if (match(v, "_(" extras ")$")) {
         extra = substr(v, RSTART + 1); v = substr(v, 1, RSTART - 1)
       }
     }
@@ -255,7 +260,7 @@ if [ "$MODE" = ab ]; then
       # several local experts per receive block (a 24-SM grid, and 1024
       # experts); the combine with the weights given at combine (pushed to
       # the experts' ranks over LSA)
-      for extra in --num_sms=24 --experts=1024 --dispatch_weights=false; do
+      for extra in $AB_EXTRAS; do
         tok=1,128; [ $extra = --dispatch_weights=false ] && tok=1,8,32,128,256
         bench "bench_${name}_${extra#--}_$round" 90 --plugin=$D/libmoe_ep.so --dtype=fp8 \
           --tokens=$tok --warmup=50 $extra
