@@ -2,7 +2,7 @@
 # device_run.sh (copied to .gpu_bundle/run_device.sh): the GPU suite, run on
 # the GPU machine from the repository root, most important first; every log
 # goes to $OUT and a one-line verdict per step to $OUT/summary.txt.
-# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|rest|one|world|llcheck|llscen|misc|ab|htab|htprof|llprof|lltable|extra|ht|scale]; quick stops after
+# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|rest|one|world|llcheck|llscen|misc|ab|htab|htprof|llprof|lltable|extra|ht|htnet|scale]; quick stops after
 # the kernel test, the weighted-dispatch and hidden-2880 API runs and the
 # eager benchmarks, and rest runs the rest of full (full = quick + rest);
 # one is for a 1-GPU machine (EP1 suites, LL and HT, sanitizers, an EP1 benchmark, and
@@ -199,8 +199,11 @@ variants() {
     if [ "$D" = $B ]; then echo "cur $D"; else echo "$(basename "$D") $D"; fi
   done
 }
-# The flags of ab's extra bench cases, beside the default one.
-AB_EXTRAS="--num_sms=24 --experts=1024 --dispatch_weights=false"
+# ab's token counts, and the flags of its extra bench cases beside the
+# default one; both may come from the environment (a narrower A/B, such as
+# small calls at EP4 in both combine modes). AB_STAMPS=0 skips the stamps.
+AB_TOKENS=${AB_TOKENS:-1,8,32,128,256}
+AB_EXTRAS=${AB_EXTRAS-"--num_sms=24 --experts=1024 --dispatch_weights=false"}
 # The ab runs' table: per case (the extra flag), token count and variant,
 # each half's p50 range over the ranks and rounds of
 # bench_<variant>[_<extra>]_<round>.log (fp8 latency rows), sorted so each
@@ -249,19 +252,19 @@ if [ "$MODE" = ab ]; then
     for v in "${V[@]}"; do
       name=${v%% *} D=${v#* }
       # (a variant without its own ll_kernel_bench changed no dispatch code)
-      if [ -f "$D/ll_kernel_bench" ]; then
+      if [ -f "$D/ll_kernel_bench" ] && [ "${AB_STAMPS:-1}" = 1 ]; then
         timeout $((60 * S)) $D/ll_kernel_bench phases > "$OUT/stamps_${name}_$round.log" 2>&1
         summary "stamps_${name}_$round" $?
         grep -E "^PHASES rank 0" "$OUT/stamps_${name}_$round.log" | sed "s/^/$name $round: /"
       fi
       bench "bench_${name}_$round" 90 --plugin=$D/libmoe_ep.so --dtype=fp8 \
-        --tokens=1,8,32,128,256 --warmup=50
+        --tokens=$AB_TOKENS --warmup=50
       grep -E "^fp8 .*\| .*\| " "$OUT/bench_${name}_$round.log" | head -10 | cut -c1-116 | sed "s/^/$name $round: /"
       # several local experts per receive block (a 24-SM grid, and 1024
       # experts); the combine with the weights given at combine (pushed to
       # the experts' ranks over LSA)
       for extra in $AB_EXTRAS; do
-        tok=1,128; [ $extra = --dispatch_weights=false ] && tok=1,8,32,128,256
+        tok=1,128; [ $extra = --dispatch_weights=false ] && tok=$AB_TOKENS
         bench "bench_${name}_${extra#--}_$round" 90 --plugin=$D/libmoe_ep.so --dtype=fp8 \
           --tokens=$tok --warmup=50 $extra
         grep -E "^fp8 .*\| .*\| " "$OUT/bench_${name}_${extra#--}_$round.log" | head -10 | cut -c1-116 | sed "s/^/$name $round $extra: /"
@@ -342,6 +345,11 @@ rest_misc() {
 # handle, worst-case sizing; bad input; EP1; the LL handle's DeepEP layout;
 # memcheck and racecheck; the HT bench. Also run by `full`.
 ht_suite() {
+  ht_lsa_suite
+  ht_net_suite
+  ht_bench_suite
+}
+ht_lsa_suite() {
   api ht_${E}_bf16 $N $((90 * S)) --mode=ht --experts=64 --max_tokens=64 --layers=2048:8,2880:6,4096:1 --seeds=2
   api ht_${E}_fp8_f32 $N $((90 * S)) --mode=ht --dtype=fp8 --scale=f32 --experts=256 --max_tokens=512 \
     --layers=7168:8,4096:32 --seeds=1
@@ -357,6 +365,10 @@ ht_suite() {
   api ht_${E}_skip_timeout $N $((20 * S)) --scenario=skip --mode=ht --experts=8 --max_tokens=8 \
     --layers=128:2 --kernel_ms=2000
   api ht_ep1 1 60 --mode=ht --experts=16 --max_tokens=256 --layers=7168:8,2880:4 --seeds=1
+}
+# The HT suite's second part: the network protocol, the layout runs and
+# the sanitizers (htnet runs it alone, where a time limit stops ht early).
+ht_net_suite() {
   # The network protocol (staged puts, signals as ring counters) over
   # NVLink: 2 GPUs as 2 nodes of one GPU, and as one node of 2 (every peer
   # on this node: the stores of the LSA path in the same kernel).
@@ -396,6 +408,8 @@ ht_suite() {
       --backend=nccl --mode=ht --transport=gin_emulated --experts=8 --max_tokens=40 \
       --layers=256:2 --seeds=1 --hooks=0
   done
+}
+ht_bench_suite() {
   bench bench_ht 240 --plugin=$B/libmoe_ep.so --mode=ht --dtype=bf16 \
     --tokens=512,1024,2048,4096,8192 --num_sms=24 --json="$OUT/bench_ht.json"
   grep -A14 "^high-throughput" "$OUT/bench_ht.log"
@@ -563,6 +577,11 @@ if [ "$MODE" = world ]; then  # the one-GPU world tests alone
 fi
 if [ "$MODE" = ht ]; then
   ht_suite
+  cat "$OUT/summary.txt"
+  exit 0
+fi
+if [ "$MODE" = htnet ]; then
+  ht_net_suite
   cat "$OUT/summary.txt"
   exit 0
 fi

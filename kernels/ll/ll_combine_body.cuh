@@ -64,7 +64,7 @@ static inline int mep_combine_pushes(const mep_ll_ctx_t *ctx, const mep_ll_combi
  * the same number. */
 template <class Tp>
 __device__ __forceinline__ bool mep_combine_flagged(const MepLLParams &p, int tokens) {
-  return !Tp::kStaged && tokens <= mep_ll_flag_tokens(&p.dims);
+  return !Tp::kStaged && tokens <= (int)p.lay.flag_tokens;
 }
 
 #include "kernels/ll/ll_combine_partial.cuh"

@@ -71,7 +71,7 @@ template <typename IdxT>
 static __device__ __noinline__ void mep_clear_unwritten_flag_rows(
     const MepLLParams &p, const IdxT *topk, int tokens, int top_k, int num_experts,
     int local_experts, int hidden, int half, bool flagged) {
-  const int lane = threadIdx.x & 31, R = p.dims.world, F = mep_ll_flag_tokens(&p.dims);
+  const int lane = threadIdx.x & 31, R = p.dims.world, F = (int)p.lay.flag_tokens;
   const int nwarps = gridDim.x * (MEP_LL_THREADS / 32);
   const int gwarp = blockIdx.x * (MEP_LL_THREADS / 32) + threadIdx.x / 32;
   const int row16 = p.dims.hidden * 4 / 16; /* 16-byte stores per row */

@@ -156,12 +156,27 @@ static inline MEP_HD uint64_t mep_ll_weight_word(uint32_t weight_bits, uint32_t 
  * keeps the ranks in step), and the source sums each partial as it lands.
  * Twice the bytes of a bf16 row, worth it only while the release, not
  * the link, bounds a call. Region comb_flag:
- * [R][mep_ll_flag_tokens][hidden / 2] words, by sending rank. */
+ * [R][mep_ll_flag_tokens][hidden / 2] words, by sending rank.
+ *
+ * A source takes flagged words from each of its R - 1 peers, so the
+ * limit is a budget of rows into one source: F = MEP_LL_FLAG_ROWS / (R - 1)
+ * tokens, at most MEP_LL_FLAG_TOKENS and at least 1 (16 at EP2, 8 at EP4,
+ * 3 at EP8). Set by measurements on H200 (tools/bench/RESULTS.md): at EP2
+ * 16 tokens flagged beat counted and 32 lost; at EP4 16 lost by 2.4-3.1
+ * us, and at 8 the two trade about 1 us of the hook send half (flagged
+ * faster) against the fused call (counted faster), so 8 stays flagged.
+ * EP8's 3 follows the budget, unmeasured. */
 #ifndef MEP_LL_FLAG_TOKENS
 #define MEP_LL_FLAG_TOKENS 16
 #endif
+#ifndef MEP_LL_FLAG_ROWS
+#define MEP_LL_FLAG_ROWS 24
+#endif
 static inline MEP_HD int mep_ll_flag_tokens(const mep_ll_dims_t *d) {
-  return d->max_tokens < MEP_LL_FLAG_TOKENS ? d->max_tokens : MEP_LL_FLAG_TOKENS;
+  int f = d->world > 1 ? MEP_LL_FLAG_ROWS / (d->world - 1) : MEP_LL_FLAG_TOKENS;
+  if (f > MEP_LL_FLAG_TOKENS) f = MEP_LL_FLAG_TOKENS;
+  if (f < 1) f = 1;
+  return d->max_tokens < f ? d->max_tokens : f;
 }
 static inline MEP_HD uint64_t mep_ll_flag_word(uint32_t two_bf16, uint32_t epoch) {
   return ((uint64_t)epoch << 32) | (uint64_t)two_bf16;
@@ -199,6 +214,9 @@ typedef struct mep_ll_set_layout {
   /* [2 halves][R][mep_ll_flag_tokens][hidden / 2] flagged partial words (LSA) */
   uint64_t comb_flag;
   uint64_t comb_flag_half; /* bytes of one half of comb_flag */
+  /* mep_ll_flag_tokens(d), kept here so that kernels read it instead of
+   * working it out from the world size on every use */
+  uint64_t flag_tokens;
   uint64_t stage;         /* send staging (GIN / GIN-emulated; empty when lsa_only) */
   uint64_t stage_list;    /* dispatch list staging [R][max_tokens * top_k] */
   uint64_t stage_partial; /* combine partial staging [R][max_tokens] bf16 rows */
@@ -221,7 +239,8 @@ static inline MEP_HD mep_ll_set_layout_t mep_ll_set_layout(const mep_ll_dims_t *
   l.comb_recv_half = t * k * row_c;
   l.comb_weights = l.comb_recv + 2u * l.comb_recv_half;
   l.comb_flag = l.comb_weights + mep_ll_align16(r * t * k * 8u);
-  l.comb_flag_half = r * (uint64_t)mep_ll_flag_tokens(d) * (uint64_t)d->hidden * 4u;
+  l.flag_tokens = (uint64_t)mep_ll_flag_tokens(d);
+  l.comb_flag_half = r * l.flag_tokens * (uint64_t)d->hidden * 4u;
   l.stage = l.comb_flag + 2u * l.comb_flag_half;
   if (d->lsa_only) { /* LSA stores from the caller's tensors: no staging */
     l.stage_list = l.stage_partial = l.stage;
@@ -266,13 +285,13 @@ static inline MEP_HD uint64_t mep_ll_comb_flag_off(const mep_ll_set_layout_t *l,
   return l->comb_flag + (uint64_t)half * l->comb_flag_half;
 }
 /* Offset, within the set, of sending rank `src`'s flagged row for token
- * `t` (< mep_ll_flag_tokens) in a half's comb_flag: hidden / 2 words. The
+ * `t` (< l->flag_tokens) in a half's comb_flag: hidden / 2 words. The
  * one address the writer, the reader and the wrap's zeroing share. */
 static inline MEP_HD uint64_t mep_ll_flag_row_off(const mep_ll_set_layout_t *l,
                                                   const mep_ll_dims_t *d, int half, int src,
                                                   int t) {
   return mep_ll_comb_flag_off(l, half) +
-         ((uint64_t)src * (uint64_t)mep_ll_flag_tokens(d) + (uint64_t)t) * (uint64_t)d->hidden * 4u;
+         ((uint64_t)src * l->flag_tokens + (uint64_t)t) * (uint64_t)d->hidden * 4u;
 }
 
 /* The dispatch count signal's increment: token count, row-signalled put

@@ -332,12 +332,23 @@ const Case kFp8Hot = {7168, 8, 256, 1, MOE_EP_FP8_SCALE_F32, 4, {128, 128}, 18, 
 // ranks; at 2 ranks the second sends nothing.
 const Case kFp8SomeRanksIdle = {7168, 8, 256, 1, MOE_EP_FP8_SCALE_F32, 8, {128, 0, 37}, 22};
 const Case kBf16SomeRanksIdle = {2048, 6, 64, 0, 0, 4, {128, 0, 37}, 23};
-// Calls small enough for flagged partials over LSA (mep_ll_flag_tokens: 16
-// with the tests' 128-token maximum): 8 and 16 tokens, and 16 against 17
-// (one source flagged, the other not, in the same combine).
-const Case kBf16Flagged = {7168, 8, 256, 0, 0, 8, {8, 16}, 24};
-const Case kFp8FlagEdge = {7168, 8, 256, 1, MOE_EP_FP8_SCALE_F32, 4, {16, 17}, 25};
-const Case kBf16FlaggedOther = {7168, 8, 256, 0, 0, 8, {16, 8}, 26};
+// Calls small enough for flagged partials over LSA, sized from the limit
+// F at this world and the tests' 128-token maximum (mep_ll_flag_tokens: 16
+// at EP1-2, 8 at EP4): F/2 and F tokens, and F against F + 1 (one source
+// flagged, the other not, in the same combine).
+int flag_tokens() {
+  mep_ll_dims_t d = {};
+  d.world = g_world;
+  d.max_tokens = kMaxTokens;
+  return mep_ll_flag_tokens(&d);
+}
+Case bf16_flagged() { return {7168, 8, 256, 0, 0, 8, {std::max(1, flag_tokens() / 2), flag_tokens()}, 24}; }
+Case fp8_flag_edge() {
+  return {7168, 8, 256, 1, MOE_EP_FP8_SCALE_F32, 4, {flag_tokens(), flag_tokens() + 1}, 25};
+}
+Case bf16_flagged_other() {
+  return {7168, 8, 256, 0, 0, 8, {flag_tokens(), std::max(1, flag_tokens() / 2)}, 26};
+}
 // +-inf and NaN in the tokens (make_inputs): codes and scales exactly the
 // oracle's under moe_ep.h's rule, for each scale format; 2176 channels put
 // groups past the quantiser's 512-channel step.
@@ -395,31 +406,31 @@ TEST_F(LlGpu, LsaBf16H7168FlaggedPartials) {
   // so before this rank's dispatch, hence before any peer's combine).
   char *region = (char *)g.ctx.window_local + lay.comb_flag;
   CUDA_OK(cudaMemsetAsync(region, 0, w.size() * 8, g.stream));
-  round_trip(kBf16Flagged, MEP_LL_TRANSPORT_LSA);
+  round_trip(bf16_flagged(), MEP_LL_TRANSPORT_LSA);
   if (HasFatalFailure()) return;
   CUDA_OK(cudaMemcpy(w.data(), region, w.size() * 8, cudaMemcpyDeviceToHost));
   size_t tagged = 0;
   for (uint64_t x : w) tagged += (x >> 32) != 0;
   EXPECT_GT(tagged, 0u) << "rank " << g_rank << ": no flagged word in set 0's comb_flag";
 }
-TEST_F(LlGpu, WeightedLsaBf16H7168FlaggedPartials) { weighted_round_trip(kBf16Flagged, MEP_LL_TRANSPORT_LSA); }
-TEST_F(LlGpu, LsaFp8FlaggedAndCountedSources) { round_trip(kFp8FlagEdge, MEP_LL_TRANSPORT_LSA); }
-TEST_F(LlGpu, LsaBf16FlaggedPartialsFused) { round_trip(kBf16Flagged, MEP_LL_TRANSPORT_LSA, true); }
+TEST_F(LlGpu, WeightedLsaBf16H7168FlaggedPartials) { weighted_round_trip(bf16_flagged(), MEP_LL_TRANSPORT_LSA); }
+TEST_F(LlGpu, LsaFp8FlaggedAndCountedSources) { round_trip(fp8_flag_edge(), MEP_LL_TRANSPORT_LSA); }
+TEST_F(LlGpu, LsaBf16FlaggedPartialsFused) { round_trip(bf16_flagged(), MEP_LL_TRANSPORT_LSA, true); }
 TEST_F(LlGpu, WeightedLsaFp8FlaggedAndCountedSourcesFused) {
   weighted_ = 1;
-  round_trip(kFp8FlagEdge, MEP_LL_TRANSPORT_LSA, true);
+  round_trip(fp8_flag_edge(), MEP_LL_TRANSPORT_LSA, true);
 }
 // Flagged, counted, flagged again on set 0 with other inputs: the last
 // combine's words must be told from the first's (an older epoch) and the
 // counted one must find no arrival left over by a flagged one.
 TEST_F(LlGpu, LsaFlaggedCountedFlaggedOnOneSet) {
-  round_trip(kBf16Flagged, MEP_LL_TRANSPORT_LSA);
+  round_trip(bf16_flagged(), MEP_LL_TRANSPORT_LSA);
   if (HasFatalFailure()) return;
   round_trip(kBf16Big, MEP_LL_TRANSPORT_LSA);
   if (HasFatalFailure()) return;
-  round_trip(kBf16FlaggedOther, MEP_LL_TRANSPORT_LSA, true);
+  round_trip(bf16_flagged_other(), MEP_LL_TRANSPORT_LSA, true);
 }
-TEST_F(LlGpu, WeightedLsaFp8FlaggedAndCountedSources) { weighted_round_trip(kFp8FlagEdge, MEP_LL_TRANSPORT_LSA); }
+TEST_F(LlGpu, WeightedLsaFp8FlaggedAndCountedSources) { weighted_round_trip(fp8_flag_edge(), MEP_LL_TRANSPORT_LSA); }
 TEST_F(LlGpu, WeightedGinEmuFp8H7168Top8ZeroTokensOnRank1) { weighted_round_trip(kFp8Big, MEP_LL_TRANSPORT_GIN_EMULATED); }
 TEST_F(LlGpu, WeightedGinEmuFp8PackedI64H2176Top4E64) { weighted_round_trip(kFp8PackedI64Odd, MEP_LL_TRANSPORT_GIN_EMULATED); }
 TEST_F(LlGpu, WeightedGinEmuBf16H2056Top1OneToken) { weighted_round_trip(kBf16Odd, MEP_LL_TRANSPORT_GIN_EMULATED); }
@@ -516,9 +527,9 @@ TEST_F(LlGpu, LateCombineReceiveIsNotOvertakenByTheNextCombineOnItsSet) {
     g.ctx.transport = run.transport;
     weighted_ = run.weighted;
     const bool flagged = run.transport == MEP_LL_TRANSPORT_LSA && !run.weighted;
-    Case a = flagged ? kBf16Flagged : kFp8Big, b = a;
-    a.tokens = flagged ? std::vector<int>{8, 16} : std::vector<int>{64, 96};
-    b.tokens = flagged ? std::vector<int>{16, 8} : std::vector<int>{128, 37};
+    Case a = flagged ? bf16_flagged() : kFp8Big, b = a;
+    if (!flagged) a.tokens = {64, 96};
+    b.tokens = flagged ? bf16_flagged_other().tokens : std::vector<int>{128, 37};
     b.seed = a.seed + 50;
     const Inputs ia = make_inputs(a, g_rank), ib = make_inputs(b, g_rank);
     upload(a, g, ia, g.x, g.topk, g.w);
@@ -668,7 +679,7 @@ TEST_F(LlGpu, LsaEpochWrapZeroesStaleWeightAndPartialWords) {
   };
   const uint32_t epochs[] = {MEP_LL_LAST_EPOCH - 1, MEP_LL_LAST_EPOCH, 2u, 3u};
   for (int i = 0; i < 4; ++i) {
-    ASSERT_NO_FATAL_FAILURE(run(i % 2 ? kBf16FlaggedOther : kBf16Flagged)) << "epoch " << epochs[i];
+    ASSERT_NO_FATAL_FAILURE(run(i % 2 ? bf16_flagged_other() : bf16_flagged())) << "epoch " << epochs[i];
     ASSERT_NO_FATAL_FAILURE(check(epochs[i]));
   }
   CUDA_OK(cudaMemcpy(tags.data(), tags1, tags.size() * 4, cudaMemcpyDeviceToHost));
@@ -953,9 +964,9 @@ TEST_F(LlGpu, AbsentPeerAtCombineTimesOutInTheSendHalf) {
 // COMBINE_RECV naming both ranks, within the timeout.
 TEST_F(LlGpu, AbsentPeerAtFlaggedCombineTimesOutOnItsCount) {
   if (g_world < 2) GTEST_SKIP() << "needs 2 ranks";
-  ASSERT_LE(kBf16Flagged.tokens[0], mep_ll_flag_tokens(&G().ctx.dims));
+  ASSERT_LE(bf16_flagged().tokens[0], mep_ll_flag_tokens(&G().ctx.dims));
   weighted_ = 1;
-  combine_without_rank1(kBf16Flagged, true, MEP_LL_OP_COMBINE_RECV);
+  combine_without_rank1(bf16_flagged(), true, MEP_LL_OP_COMBINE_RECV);
 }
 
 // A combine called with fewer tokens than its dispatch sent, so few that

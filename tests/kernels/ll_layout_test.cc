@@ -80,6 +80,7 @@ TEST(LlLayout, FlaggedRowsTileEachHalf) {
   for (const mep_ll_dims_t& d : Shapes()) {
     const mep_ll_set_layout_t l = mep_ll_set_layout(&d);
     const int F = mep_ll_flag_tokens(&d);
+    ASSERT_EQ(l.flag_tokens, (uint64_t)F) << Dims(d);
     const uint64_t row = (uint64_t)d.hidden * 4;
     for (int half = 0; half < 2; ++half) {
       uint64_t at = mep_ll_comb_flag_off(&l, half);
@@ -92,6 +93,23 @@ TEST(LlLayout, FlaggedRowsTileEachHalf) {
         }
       ASSERT_EQ(at, mep_ll_comb_flag_off(&l, half) + l.comb_flag_half) << Dims(d) << " half " << half;
     }
+  }
+}
+
+// The flagged-partials limit: 24 rows into one source from its R - 1
+// peers (24 / (R - 1) tokens), at most 16 and at least 1, and never above
+// the set's maximum.
+TEST(LlLayout, FlagTokensFallWithThePeers) {
+  const struct {
+    int world, max_tokens, want;
+  } cases[] = {{1, 128, 16}, {2, 128, 16}, {3, 128, 12}, {4, 128, 8},   {5, 128, 6},
+               {7, 128, 4},  {8, 128, 3},  {9, 128, 3},  {13, 128, 2},  {24, 128, 1},
+               {25, 128, 1}, {1024, 128, 1}, {2, 7, 7},  {4, 3, 3},     {8, 1, 1}};
+  for (const auto& c : cases) {
+    mep_ll_dims_t d = {};
+    d.world = c.world;
+    d.max_tokens = c.max_tokens;
+    EXPECT_EQ(mep_ll_flag_tokens(&d), c.want) << "world " << c.world << " max_tokens " << c.max_tokens;
   }
 }
 
