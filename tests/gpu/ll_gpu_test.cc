@@ -342,7 +342,9 @@ int flag_tokens() {
   d.max_tokens = kMaxTokens;
   return mep_ll_flag_tokens(&d);
 }
-Case bf16_flagged() { return {7168, 8, 256, 0, 0, 8, {std::max(1, flag_tokens() / 2), flag_tokens()}, 24}; }
+Case bf16_flagged() {
+  return {7168, 8, 256, 0, 0, 8, {std::max(1, flag_tokens() / 2), flag_tokens()}, 24};
+}
 Case fp8_flag_edge() {
   return {7168, 8, 256, 1, MOE_EP_FP8_SCALE_F32, 4, {flag_tokens(), flag_tokens() + 1}, 25};
 }
