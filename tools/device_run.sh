@@ -207,7 +207,9 @@ AB_EXTRAS=${AB_EXTRAS-"--num_sms=24 --experts=1024 --dispatch_weights=false"}
 # The ab runs' table: per case (the extra flag), token count and variant,
 # each half's p50 range over the ranks and rounds of
 # bench_<variant>[_<extra>]_<round>.log (fp8 latency rows), sorted so each
-# variant's line sits under the others'.
+# variant's line sits under the others'; then, for each variant beside
+# cur, its ranges' like ends minus cur's (low - low / high - high, us;
+# positive: the variant is slower).
 ab_table() {
   local extras
   extras=$(echo $AB_EXTRAS | sed 's/--//g; s/ /|/g')
@@ -234,11 +236,17 @@ ab_table() {
       split("disp comb d.send d.recv c.send c.recv", name, " ")
       for (key in seen) {
         split(key, k, SUBSEP)
-        line = sprintf("%-22s %5d %-8s", k[1], k[2], k[3])
+        line = sprintf("%-22s %5d %-12s", k[1], k[2], k[3])
         for (c = 1; c <= 6; c++) line = line sprintf("  %s %.1f-%.1f", name[c], lo[key, c], hi[key, c])
-        print line
+        print "0 " line
+        ref = k[1] SUBSEP k[2] SUBSEP "cur"
+        if (k[3] == "cur" || !(ref in seen)) continue
+        line = sprintf("%-22s %5d %-12s", k[1], k[2], k[3] "-cur")
+        for (c = 1; c <= 6; c++)
+          line = line sprintf("  %s %+.1f/%+.1f", name[c], lo[key, c] - lo[ref, c], hi[key, c] - hi[ref, c])
+        print "1 " line
       }
-    }' "$OUT"/bench_*.log | sort -k1,1 -k2,2n -k3,3
+    }' "$OUT"/bench_*.log | sort -k1,1n -k2,2 -k3,3n -k4,4 | cut -c3-
 }
 # ab: this bundle against each variant under .gpu_bundle/ab/<name>/ (a
 # libmoe_ep.so, and ll_kernel_bench where dispatch changed, built from
