@@ -46,6 +46,8 @@ int ephemeral_low() {
 }  // namespace
 
 int free_loopback_port() {
+  // Below this, conformance_test's scenarios own [10000, 20000): they pick
+  // their ports ahead of time (tests/host/conformance_test.cc).
   constexpr int kLow = 20000;
   const int top = ephemeral_low() - 1;
   if (top - kLow >= 100) {

@@ -71,18 +71,25 @@ bool listenable(int port) {
   return ok;
 }
 
-// Each test shard draws from its own slice of the range, so shards that run
-// at the same time never pick the same port (a port a group listened on
-// stays unusable for a minute, TIME_WAIT, so a shared range collides).
+// Each test shard draws from its own slice of [10000, 20000), so shards that
+// run at the same time never pick the same port (a port a group listened
+// on stays unusable for a minute, TIME_WAIT, so a shared range collides).
+// The other multi-process tests draw from 20000 up (free_loopback_port,
+// the Python tests' free_ports), right before they listen; a scenario
+// here picks all its ports at its start and listens on the last ones a
+// minute later, so a range it shared with them could be taken meanwhile.
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
 }
 
+constexpr int kOtherTestsPorts = 20000;  // tests/common/ports.cc's kLow
+
 std::string distinct_ports(int n) {
   const int shards = std::max(1, env_int("TEST_TOTAL_SHARDS", 1));
   const int shard = std::min(std::max(0, env_int("TEST_SHARD_INDEX", 0)), shards - 1);
-  const int span = std::max(4 * n, (ephemeral_low() - 10000) / shards);
+  const int top = std::min(kOtherTestsPorts, ephemeral_low());
+  const int span = std::max(4 * n, (top - 10000) / shards);
   int low = 10000 + shard * span, high = low + span;
   std::mt19937 rng(static_cast<unsigned>(getpid()) ^ static_cast<unsigned>(time(nullptr)));
   std::set<int> seen;

@@ -40,7 +40,8 @@ def free_ports(n):
     next port). They come from below the kernel's ephemeral range, so the
     local end of a connection another group opens later cannot take one;
     a port bind(0) reported free could be, between this check and the
-    listen."""
+    listen. (10000-19999 belong to the C conformance test, which picks its
+    ports a minute ahead of use.)"""
     rng = random.SystemRandom()
     top = _ephemeral_low() - 2
     socks, ports = [], []
