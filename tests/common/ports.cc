@@ -33,8 +33,9 @@ int bind_loopback(int port) {
   return got;
 }
 
-// The lowest port the kernel hands out to connections on its own.
-int ephemeral_low() {
+}  // namespace
+
+int ephemeral_port_low() {
   int lo = 32768, hi = 0;
   if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
     if (std::fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768;
@@ -43,13 +44,9 @@ int ephemeral_low() {
   return lo;
 }
 
-}  // namespace
-
 int free_loopback_port() {
-  // Below this, conformance_test's scenarios own [10000, 20000): they pick
-  // their ports ahead of time (tests/host/conformance_test.cc).
-  constexpr int kLow = 20000;
-  const int top = ephemeral_low() - 1;
+  constexpr int kLow = kFreePortLow;
+  const int top = ephemeral_port_low() - 1;
   if (top - kLow >= 100) {
     // One sequence per process: two calls within a clock tick differ.
     struct timespec ts;

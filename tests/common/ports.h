@@ -11,6 +11,15 @@ namespace moe_ep_test {
 // that range leaves no room below it.
 int free_loopback_port();
 
+// free_loopback_port (and the Python tests' free_ports) draw from here up
+// to the ephemeral range. [10000, kFreePortLow) belongs to
+// conformance_test's scenarios, which pick their ports ahead of use.
+constexpr int kFreePortLow = 20000;
+
+// The lowest port the kernel hands out to connections on its own
+// (/proc/sys/net/ipv4/ip_local_port_range; 32768 if unreadable).
+int ephemeral_port_low();
+
 }  // namespace moe_ep_test
 
 #endif  // MEP_TESTS_COMMON_PORTS_H_

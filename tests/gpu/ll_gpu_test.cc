@@ -332,16 +332,11 @@ const Case kFp8Hot = {7168, 8, 256, 1, MOE_EP_FP8_SCALE_F32, 4, {128, 128}, 18, 
 // ranks; at 2 ranks the second sends nothing.
 const Case kFp8SomeRanksIdle = {7168, 8, 256, 1, MOE_EP_FP8_SCALE_F32, 8, {128, 0, 37}, 22};
 const Case kBf16SomeRanksIdle = {2048, 6, 64, 0, 0, 4, {128, 0, 37}, 23};
-// Calls small enough for flagged partials over LSA, sized from the limit
-// F at this world and the tests' 128-token maximum (mep_ll_flag_tokens: 16
-// at EP1-2, 8 at EP4): F/2 and F tokens, and F against F + 1 (one source
+// Calls small enough for flagged partials over LSA, sized from the groups'
+// limit F (mep_ll_flag_tokens: 16 at EP1-2, 8 at EP4 with the tests'
+// 128-token maximum): F/2 and F tokens, and F against F + 1 (one source
 // flagged, the other not, in the same combine).
-int flag_tokens() {
-  mep_ll_dims_t d = {};
-  d.world = g_world;
-  d.max_tokens = kMaxTokens;
-  return mep_ll_flag_tokens(&d);
-}
+int flag_tokens() { return mep_ll_flag_tokens(&g_group->ctx.dims); }
 Case bf16_flagged() {
   return {7168, 8, 256, 0, 0, 8, {std::max(1, flag_tokens() / 2), flag_tokens()}, 24};
 }

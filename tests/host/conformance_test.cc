@@ -12,12 +12,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <ctime>
-#include <fstream>
 #include <random>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "tests/common/ports.h"
 #include "tests/common/spawn.h"
 
 namespace moe_ep_test {
@@ -49,16 +49,6 @@ std::string barrier_dir() {
   return dir ? dir : "/tmp";
 }
 
-// Ports below the kernel's ephemeral range: the many TCP connections the
-// groups open themselves take ephemeral local ports, and one of those (or
-// its TIME_WAIT) must not land on a port a later group listens on.
-int ephemeral_low() {
-  std::ifstream f("/proc/sys/net/ipv4/ip_local_port_range");
-  int low = 32768;
-  f >> low;
-  return low;
-}
-
 bool listenable(int port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
@@ -71,24 +61,24 @@ bool listenable(int port) {
   return ok;
 }
 
-// Each test shard draws from its own slice of [10000, 20000), so shards that
-// run at the same time never pick the same port (a port a group listened
-// on stays unusable for a minute, TIME_WAIT, so a shared range collides).
-// The other multi-process tests draw from 20000 up (free_loopback_port,
-// the Python tests' free_ports), right before they listen; a scenario
-// here picks all its ports at its start and listens on the last ones a
-// minute later, so a range it shared with them could be taken meanwhile.
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
 }
 
-constexpr int kOtherTestsPorts = 20000;  // tests/common/ports.cc's kLow
-
+// n free ports for one scenario's groups, below the kernel's ephemeral
+// range (the groups' own connections take ephemeral local ports, and one
+// of those, or its TIME_WAIT, must not land on a port a later group
+// listens on) and below kFreePortLow: the other multi-process tests draw
+// from there up right before they listen, while a scenario picks all its
+// ports at its start and listens on the last a minute later. Each test
+// shard draws from its own slice of [10000, kFreePortLow), so shards that
+// run at the same time never pick the same port (a port a group listened
+// on stays unusable for a minute, TIME_WAIT, so a shared range collides).
 std::string distinct_ports(int n) {
   const int shards = std::max(1, env_int("TEST_TOTAL_SHARDS", 1));
   const int shard = std::min(std::max(0, env_int("TEST_SHARD_INDEX", 0)), shards - 1);
-  const int top = std::min(kOtherTestsPorts, ephemeral_low());
+  const int top = std::min(moe_ep_test::kFreePortLow, moe_ep_test::ephemeral_port_low());
   const int span = std::max(4 * n, (top - 10000) / shards);
   int low = 10000 + shard * span, high = low + span;
   std::mt19937 rng(static_cast<unsigned>(getpid()) ^ static_cast<unsigned>(time(nullptr)));
