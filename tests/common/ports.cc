@@ -45,9 +45,8 @@ int ephemeral_port_low() {
 }
 
 int free_loopback_port() {
-  constexpr int kLow = kFreePortLow;
   const int top = ephemeral_port_low() - 1;
-  if (top - kLow >= 100) {
+  if (top - kFreePortLow >= 100) {
     // One sequence per process: two calls within a clock tick differ.
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -55,7 +54,7 @@ int free_loopback_port() {
                            static_cast<uint32_t>(ts.tv_nsec);
     for (int i = 0; i < 1000; i++) {
       seed = seed * 1664525u + 1013904223u;
-      const int p = kLow + static_cast<int>((seed >> 8) % static_cast<uint32_t>(top - kLow));
+      const int p = kFreePortLow + static_cast<int>((seed >> 8) % static_cast<uint32_t>(top - kFreePortLow));
       if (bind_loopback(p) == p) return p;
     }
   }

@@ -334,17 +334,17 @@ const Case kFp8SomeRanksIdle = {7168, 8, 256, 1, MOE_EP_FP8_SCALE_F32, 8, {128, 
 const Case kBf16SomeRanksIdle = {2048, 6, 64, 0, 0, 4, {128, 0, 37}, 23};
 // Calls small enough for flagged partials over LSA, sized from the groups'
 // limit F (mep_ll_flag_tokens: 16 at EP1-2, 8 at EP4 with the tests'
-// 128-token maximum): F/2 and F tokens, and F against F + 1 (one source
-// flagged, the other not, in the same combine).
+// 128-token maximum): F/2 and F tokens (swapped: F and F/2, other inputs),
+// and F against F + 1 (one source flagged, the other not, in the same
+// combine).
 int flag_tokens() { return mep_ll_flag_tokens(&g_group->ctx.dims); }
-Case bf16_flagged() {
-  return {7168, 8, 256, 0, 0, 8, {std::max(1, flag_tokens() / 2), flag_tokens()}, 24};
+Case bf16_flagged(bool swapped = false) {
+  const int f = flag_tokens(), h = std::max(1, f / 2);
+  return {7168, 8, 256, 0, 0, 8, swapped ? std::vector<int>{f, h} : std::vector<int>{h, f},
+          swapped ? 26u : 24u};
 }
 Case fp8_flag_edge() {
   return {7168, 8, 256, 1, MOE_EP_FP8_SCALE_F32, 4, {flag_tokens(), flag_tokens() + 1}, 25};
-}
-Case bf16_flagged_other() {
-  return {7168, 8, 256, 0, 0, 8, {flag_tokens(), std::max(1, flag_tokens() / 2)}, 26};
 }
 // +-inf and NaN in the tokens (make_inputs): codes and scales exactly the
 // oracle's under moe_ep.h's rule, for each scale format; 2176 channels put
@@ -425,7 +425,7 @@ TEST_F(LlGpu, LsaFlaggedCountedFlaggedOnOneSet) {
   if (HasFatalFailure()) return;
   round_trip(kBf16Big, MEP_LL_TRANSPORT_LSA);
   if (HasFatalFailure()) return;
-  round_trip(bf16_flagged_other(), MEP_LL_TRANSPORT_LSA, true);
+  round_trip(bf16_flagged(true), MEP_LL_TRANSPORT_LSA, true);
 }
 TEST_F(LlGpu, WeightedLsaFp8FlaggedAndCountedSources) { weighted_round_trip(fp8_flag_edge(), MEP_LL_TRANSPORT_LSA); }
 TEST_F(LlGpu, WeightedGinEmuFp8H7168Top8ZeroTokensOnRank1) { weighted_round_trip(kFp8Big, MEP_LL_TRANSPORT_GIN_EMULATED); }
@@ -526,7 +526,7 @@ TEST_F(LlGpu, LateCombineReceiveIsNotOvertakenByTheNextCombineOnItsSet) {
     const bool flagged = run.transport == MEP_LL_TRANSPORT_LSA && !run.weighted;
     Case a = flagged ? bf16_flagged() : kFp8Big, b = a;
     if (!flagged) a.tokens = {64, 96};
-    b.tokens = flagged ? bf16_flagged_other().tokens : std::vector<int>{128, 37};
+    b.tokens = flagged ? bf16_flagged(true).tokens : std::vector<int>{128, 37};
     b.seed = a.seed + 50;
     const Inputs ia = make_inputs(a, g_rank), ib = make_inputs(b, g_rank);
     upload(a, g, ia, g.x, g.topk, g.w);
@@ -676,7 +676,7 @@ TEST_F(LlGpu, LsaEpochWrapZeroesStaleWeightAndPartialWords) {
   };
   const uint32_t epochs[] = {MEP_LL_LAST_EPOCH - 1, MEP_LL_LAST_EPOCH, 2u, 3u};
   for (int i = 0; i < 4; ++i) {
-    ASSERT_NO_FATAL_FAILURE(run(i % 2 ? bf16_flagged_other() : bf16_flagged())) << "epoch " << epochs[i];
+    ASSERT_NO_FATAL_FAILURE(run(i % 2 ? bf16_flagged(true) : bf16_flagged())) << "epoch " << epochs[i];
     ASSERT_NO_FATAL_FAILURE(check(epochs[i]));
   }
   CUDA_OK(cudaMemcpy(tags.data(), tags1, tags.size() * 4, cudaMemcpyDeviceToHost));
