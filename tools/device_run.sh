@@ -311,13 +311,18 @@ if [ "$MODE" = htab ]; then
   exit 0
 fi
 # extra: the NVLink probe (launch floors, eager and in a graph; the
-# two-GPU row-and-flag exchange under a 1-token dispatch) and the dispatch's
-# cost against the expert count (the send lists every expert: 256, 1024 and
+# two-GPU row-and-flag exchange under a 1-token dispatch), the reduction
+# probe (the combine send's expert-row loads and partial stores alone,
+# with and without the link) and the dispatch's cost against the expert
+# count (the send lists every expert: 256, 1024 and
 # 1024 * N experts, i.e. up to the 1024 local experts of the limit).
 if [ "$MODE" = extra ]; then
   timeout 120 $B/nvlink_probe 1000 > "$OUT/probe.log" 2>&1
   summary nvlink_probe $?
   cat "$OUT/probe.log"
+  timeout 180 $B/reduce_probe --iters=300 > "$OUT/reduce_probe.log" 2>&1
+  summary reduce_probe $?
+  cat "$OUT/reduce_probe.log"
   for e in 256 1024 $((1024 * N)); do
     bench "bench_experts_$e" 90 --plugin=$B/libmoe_ep.so --dtype=fp8 --tokens=1,128,256 \
       --experts=$e --warmup=50

@@ -29,6 +29,9 @@ cp integration/configs/*.yaml .gpu_bundle/
 nvcc -O3 -arch=sm_90 -o .gpu_bundle/nvlink_probe tools/probe/nvlink_probe.cu
 # The HT copy floors (peer stores by warps and by TMA, both ways; local copies).
 nvcc -O3 -arch=sm_90 -o .gpu_bundle/ht_probe tools/probe/ht_probe.cu
+# The LL combine's pre-reduction shape alone (expert-row loads, the link;
+# one GPU, and both GPUs at once).
+nvcc -O3 -arch=sm_90 -I. -o .gpu_bundle/reduce_probe tools/probe/reduce_probe.cu
 # MEP_PY_BASE=<revision>: that revision's Python package travels too, and
 # run_python.sh benches it next to the working tree's (an A/B of the
 # package's per-call cost in one run).
