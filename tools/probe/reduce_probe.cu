@@ -18,8 +18,9 @@
 // the other, in the kernel's order, remote units first, remote and local
 // units on separate blocks, every store local, or no stores.
 // Times are medians of CUDA events around each launch with a sync per
-// round ("empty launch" is that floor). Build:
-//   nvcc -O3 -arch=sm_90 -o reduce_probe tools/probe/reduce_probe.cu
+// round ("empty launch" is that floor). Build, from the repository root
+// (it reuses the kernels' bf16 helpers):
+//   nvcc -O3 -arch=sm_90 -I. -o reduce_probe tools/probe/reduce_probe.cu
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -255,8 +256,9 @@ __global__ void __launch_bounds__(512, 1)
   }
 }
 
-// The floor: every warp streams 8 KB pieces of `bytes` contiguous bytes
-// (16 loads per lane in flight), xor-folds them, one store per warp.
+// The floor: every warp streams 8 KB pieces of the n16 contiguous 16-byte
+// vectors at src (16 loads per lane in flight) and xor-folds them; the
+// store that keeps the loads alive never happens.
 __global__ void k_stream(const uint4 *src, size_t n16, uint4 *sink) {
   const int lane = threadIdx.x & 31;
   const size_t nwarps = (size_t)gridDim.x * (blockDim.x / 32);
