@@ -287,21 +287,20 @@ __global__ void k_flush(uint4 *buf, size_t n16) {
     buf[i] = make_uint4((uint32_t)i, 0, 0, 0);
 }
 
+// Rank 0's side of a call: its local experts, the rows per expert in the
+// engine's layout, and each (token, source) unit's slot rows, sparse (in
+// that layout) and dense (packed in slot order).
 struct Setup {
-  int tokens, sources, experts, local_experts, cap, hidden;
+  int local_experts, cap;
   std::vector<int> sparse_route, dense_route;  // [ts][8]
   int ts_n = 0, rows = 0;
 };
 
 static Setup make_setup(int tokens, int sources, int experts, int world, int max_tokens,
-                        int hidden, uint64_t seed) {
+                        uint64_t seed) {
   Setup s{};
-  s.tokens = tokens;
-  s.sources = sources;
-  s.experts = experts;
   s.local_experts = experts / world;
   s.cap = world * max_tokens;
-  s.hidden = hidden;
   std::mt19937_64 rng(seed);
   std::vector<int> fill(s.local_experts, 0);
   std::vector<int> ids(experts);
@@ -362,6 +361,19 @@ static float median_us(int iters, bool flush, uint4 *fbuf, size_t fn16, F launch
   return t[t.size() / 2];
 }
 
+// launch(y, route) timed four ways: us[dense][flushed] (the engine's sparse
+// layout or the dense copy; L2 warm or flushed before each round).
+template <class F>
+static void four_ways(int iters, uint4 *fbuf, size_t fn16, const __nv_bfloat16 *y_sparse,
+                      const __nv_bfloat16 *y_dense, const int *r_sparse, const int *r_dense,
+                      F launch, float us[2][2]) {
+  for (int dense = 0; dense < 2; ++dense)
+    for (int flush = 0; flush < 2; ++flush)
+      us[dense][flush] = median_us(iters, flush, fbuf, fn16, [&] {
+        launch(dense ? y_dense : y_sparse, dense ? r_dense : r_sparse);
+      });
+}
+
 // Both GPUs launch(d, stream) at once, --iters rounds after 3 untimed;
 // the median CUDA-event time of each GPU's launch.
 template <class F>
@@ -390,10 +402,11 @@ static void median_pair_us(int iters, cudaStream_t st[2], cudaEvent_t ev[2][2], 
   }
 }
 
-// Both GPUs at once, each on its own copy of the EP2 256-token routing,
-// each sending its source-1 partials into the other's out; GPU 0's time.
+// Both GPUs at once, each on its own copy of the EP2 routing of `tokens`
+// tokens per source, each sending its source-1 partials into the other's
+// out; both GPUs' times.
 static void peer_section(int iters, int hidden, int sms, int tokens) {
-  Setup s = make_setup(tokens, 2, 256, 2, 256, hidden, 1);
+  Setup s = make_setup(tokens, 2, 256, 2, 256, 1);
   const size_t row_b = (size_t)hidden * 2, sparse_rows = (size_t)s.local_experts * s.cap;
   __nv_bfloat16 *y[2], *out[2];
   int *route[2];
@@ -474,7 +487,7 @@ int main(int argc, char **argv) {
       {"EP1 256 tok", 256, 1, 256, 1, 256},
   };
   for (const Shape &sh : shapes) {
-    Setup s = make_setup(sh.tokens, sh.sources, sh.experts, sh.world, sh.max_tokens, hidden, 1);
+    Setup s = make_setup(sh.tokens, sh.sources, sh.experts, sh.world, sh.max_tokens, 1);
     const size_t row_b = (size_t)hidden * 2;
     const size_t sparse_rows = (size_t)s.local_experts * s.cap;
     __nv_bfloat16 *y_sparse, *y_dense, *out;
@@ -522,31 +535,27 @@ int main(int argc, char **argv) {
       }
       const int grid = c.blocks_per_sm * sms;
       float us[2][2];
-      for (int dense = 0; dense < 2; ++dense)
-        for (int flush = 0; flush < 2; ++flush)
-          us[dense][flush] = median_us(iters, flush, fbuf, fn16, [&] {
-            k<<<grid, c.threads>>>(dense ? y_dense : y_sparse, dense ? r_dense : r_sparse, out,
-                                   s.ts_n, hidden);
-          });
+      four_ways(iters, fbuf, fn16, y_sparse, y_dense, r_sparse, r_dense,
+                [&](const __nv_bfloat16 *y, const int *r) {
+                  k<<<grid, c.threads>>>(y, r, out, s.ts_n, hidden);
+                }, us);
       printf("  %-5s S=%d B=%d %4dx%-4d: sparse %7.2f / flushed %7.2f us | dense %7.2f / "
              "flushed %7.2f us | sparse %.2f TB/s\n",
              kLoadName[c.load], c.steps, c.batch, grid, c.threads, us[0][0], us[0][1], us[1][0],
              us[1][1], mb / us[0][0]);
     }
-    for (int st = 2; st <= 3; ++st) {
-      auto k = st == 2 ? k_partials_tma<2> : k_partials_tma<3>;
-      const size_t smem = (size_t)16 * st * 4096;
+    for (int stages = 2; stages <= 3; ++stages) {
+      auto k = stages == 2 ? k_partials_tma<2> : k_partials_tma<3>;
+      const size_t smem = (size_t)16 * stages * 4096;
       CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
       float us[2][2];
-      for (int dense = 0; dense < 2; ++dense)
-        for (int flush = 0; flush < 2; ++flush)
-          us[dense][flush] = median_us(iters, flush, fbuf, fn16, [&] {
-            k<<<sms, 512, smem>>>(dense ? y_dense : y_sparse, dense ? r_dense : r_sparse, out,
-                                  nullptr, s.ts_n, hidden);
-          });
+      four_ways(iters, fbuf, fn16, y_sparse, y_dense, r_sparse, r_dense,
+                [&](const __nv_bfloat16 *y, const int *r) {
+                  k<<<sms, 512, smem>>>(y, r, out, nullptr, s.ts_n, hidden);
+                }, us);
       printf("  tma   S=1 %d stages %4dx512 : sparse %7.2f / flushed %7.2f us | dense %7.2f / "
              "flushed %7.2f us | sparse %.2f TB/s\n",
-             st, sms, us[0][0], us[0][1], us[1][0], us[1][1], mb / us[0][0]);
+             stages, sms, us[0][0], us[0][1], us[1][0], us[1][1], mb / us[0][0]);
     }
     CK(cudaFree(y_sparse));
     CK(cudaFree(y_dense));
