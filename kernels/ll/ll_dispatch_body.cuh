@@ -34,24 +34,7 @@
 
 #include "kernels/ll/ll_dispatch_common.cuh"
 #include "kernels/ll/ll_dispatch_lsa.cuh"
-
-/* The first unit of the LSA send's index space this warp takes (then
- * every nwarps-th). The E expert lists fill the first blocks warp by warp,
- * so those blocks end their send together and early; the units after them
- * (rows, then slot-list fill) go one per block, round robin over the
- * other blocks (mep_ll_spread_warp's order on those blocks). A small
- * call's row units (14 chunks of 512 channels per token and destination)
- * then each have an SM to themselves: packed 14 to one SM they shared its
- * four schedulers, and a chunk's quantisation took ~1 us after its loads
- * (EP1, H200, 1 token). A bijection on the grid's warps, so each pass
- * covers nwarps units exactly once. */
-__device__ __forceinline__ int mep_send_first_unit(int E, int gwarp) {
-  const int wpb = MEP_LL_THREADS / 32;
-  const int list_blocks = (E + wpb - 1) / wpb;
-  const int rest = (int)gridDim.x - list_blocks;
-  if ((int)blockIdx.x < list_blocks || rest <= 0) return gwarp;
-  return list_blocks * wpb + (int)(threadIdx.x / 32) * rest + ((int)blockIdx.x - list_blocks);
-}
+#include "kernels/ll/ll_units.h"
 
 /* kArrive = false (the fused LSA kernel): the block's arrival is left to
  * the receive half, whose last warp sends it while the others read the
@@ -92,7 +75,12 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
     const int rows = T * R * nch;
     const int words = M * p.dims.top_k;
     const int fill_units = (words - T * K + 31) / 32;
-    for (int u = mep_send_first_unit(E, gwarp); u < E + rows + R * fill_units; u += nwarps) {
+    /* A small call's row units each on their own SM (ll_units.h): packed
+     * 14 to one SM, they shared its four schedulers and a chunk's
+     * quantisation took ~1 us after its loads (EP1, H200, 1 token). */
+    const int first = mep_ll_send_first_unit(E, (int)blockIdx.x, (int)(threadIdx.x / 32),
+                                             (int)gridDim.x, MEP_LL_THREADS / 32);
+    for (int u = first; u < E + rows + R * fill_units; u += nwarps) {
       if (u < E) {
         mep_send_expert_list<Tp, IdxT>(p, a, u, tag);
         continue;

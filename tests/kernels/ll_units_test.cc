@@ -1,0 +1,68 @@
+// ll_units_test.cc: the LSA dispatch send's unit order (kernels/ll/ll_units.h)
+// covers every unit of a pass exactly once, keeps the expert lists
+// block-major on the first blocks, and puts the units after them on
+// distinct blocks while there are blocks left.
+#include "kernels/ll/ll_units.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace {
+
+constexpr int kWarps = 16;  // MEP_LL_THREADS / 32
+
+struct Place {
+  int block = -1, warp = -1;
+};
+
+// Unit index -> (block, warp) for one pass of the grid.
+std::vector<Place> places(int lists, int grid) {
+  std::vector<Place> at(grid * kWarps);
+  for (int b = 0; b < grid; ++b)
+    for (int w = 0; w < kWarps; ++w) {
+      const int u = mep_ll_send_first_unit(lists, b, w, grid, kWarps);
+      EXPECT_TRUE(u >= 0 && u < grid * kWarps)
+          << "lists " << lists << " grid " << grid << ": block " << b << " warp " << w
+          << " takes unit " << u << ", outside 0.." << grid * kWarps - 1;
+      if (u < 0 || u >= grid * kWarps) continue;
+      EXPECT_EQ(at[u].block, -1) << "lists " << lists << " grid " << grid << ": unit " << u
+                                 << " taken by block " << at[u].block << " warp "
+                                 << at[u].warp << " and by block " << b << " warp " << w;
+      at[u] = {b, w};
+    }
+  return at;
+}
+
+TEST(LlUnits, EveryUnitOfAPassOnce) {
+  for (int lists : {1, 8, 15, 16, 17, 64, 128, 256, 1000, 1024, 2048})
+    for (int grid = 1; grid <= 132; ++grid) {
+      const std::vector<Place> at = places(lists, grid);
+      for (size_t u = 0; u < at.size(); ++u)
+        ASSERT_NE(at[u].block, -1) << "lists " << lists << " grid " << grid << ": unit " << u
+                                   << " is taken by no warp";
+    }
+}
+
+TEST(LlUnits, ListsBlockMajorThenOnePerBlock) {
+  for (int lists : {1, 16, 100, 256, 1024})
+    for (int grid : {24, 64, 100, 132}) {
+      const std::vector<Place> at = places(lists, grid);
+      const int list_blocks = (lists + kWarps - 1) / kWarps;
+      for (int u = 0; u < lists && u < grid * kWarps; ++u) {
+        EXPECT_EQ(at[u].block, u / kWarps) << "lists " << lists << " grid " << grid << ": list "
+                                           << u << " on block " << at[u].block;
+        EXPECT_EQ(at[u].warp, u % kWarps);
+      }
+      if (grid <= list_blocks) continue;  // no block left: block-major throughout
+      const int rest = grid - list_blocks;
+      for (int j = 0; j < rest; ++j) {  // the first units after the lists' blocks
+        const Place p = at[list_blocks * kWarps + j];
+        EXPECT_EQ(p.block, list_blocks + j) << "lists " << lists << " grid " << grid
+                                            << ": unit " << list_blocks * kWarps + j;
+        EXPECT_EQ(p.warp, 0);
+      }
+    }
+}
+
+}  // namespace
