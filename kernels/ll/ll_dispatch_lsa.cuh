@@ -262,15 +262,26 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
     const uint64_t mark0 = mep_mark_load(p, marks, marks.first, tokens, a.top_k, words_of);
     for (int le = le0; le < a.local_experts; le += gridDim.x) {
       const bool first_le = le == le0;
-      if (!first_le && warp < R && lane <= M) spec = mep_ld_relaxed_sys(elist_of(le, warp) + lane);
       for (int r = threadIdx.x; r < R; r += kMepListThreads) {
         const uint64_t *cw = elist_of(le, r);
-        const uint64_t c0 = first_le && r == r_own ? count0 : mep_ld_relaxed_sys(cw);
+        const uint64_t c0 = r == r_own ? count0 : mep_ld_relaxed_sys(cw);
         const uint64_t c = mep_list_fresh(p, cw, c0, (uint32_t)tag[r], r, &scan_failed);
         cnt[r] = mep_elist_count_checked(p, c, le, r, tokens[r], K, &scan_failed);
       }
       list_sync(); /* cnt */
       if (first_le && threadIdx.x == 0) mep_stamp_here(p, MEP_LL_STAMP_FIRST_WORDS);
+      /* A block with several experts: this one's count words are fresh, so
+       * the senders' lists have most likely all landed; the next expert's
+       * count words and first pieces load now, under this one's entries,
+       * and usually need no round trip of their own (a stale one waits in
+       * mep_list_fresh as before). Measured with the one-ballot list unit
+       * (mep_send_expert_list); without it this gained nothing. */
+      const int le_next = le + gridDim.x;
+      const uint64_t spec_cur = spec;
+      if (le_next < a.local_experts) {
+        if (r_own < R) count0 = mep_ld_relaxed_sys(elist_of(le_next, r_own));
+        if (warp < R && lane <= M) spec = mep_ld_relaxed_sys(elist_of(le_next, warp) + lane);
+      }
       int32_t *slots = a.slot_src + (size_t)le * cap;
       for (int u = warp; u < R * pieces; u += kMepListWarps) {
         const int r = u % R, c = u / R;
@@ -279,7 +290,7 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
         uint64_t *el = elist_of(le, r);
         const int j = c * 32 + lane;
         const bool mine = j >= 1 && j <= n;
-        uint64_t w = u == warp && warp < R ? spec : (mine ? mep_ld_relaxed_sys(el + j) : 0u);
+        uint64_t w = u == warp && warp < R ? spec_cur : (mine ? mep_ld_relaxed_sys(el + j) : 0u);
         const int off = mep_elist_offset(cnt, r, M);
         if (mine) {
           w = mep_list_fresh(p, el + j, w, (uint32_t)tag[r], r, &scan_failed);
