@@ -201,8 +201,11 @@ variants() {
 }
 # ab's token counts, and the flags of its extra bench cases beside the
 # default one; both may come from the environment (a narrower A/B, such as
-# small calls at EP4 in both combine modes). AB_STAMPS=0 skips the stamps.
+# small calls at EP4 in both combine modes). AB_STAMPS=0 skips the stamps;
+# AB_ROUNDS sets how many times the variants take turns (differences of
+# 0.2-0.3 us need more than two).
 AB_TOKENS=${AB_TOKENS:-1,8,32,128,256}
+AB_ROUNDS=${AB_ROUNDS:-2}
 AB_EXTRAS=${AB_EXTRAS-"--num_sms=24 --experts=1024 --dispatch_weights=false"}
 # The ab runs' table: per case (the extra flag), token count and variant,
 # each half's p50 range over the ranks and rounds of
@@ -256,7 +259,7 @@ ab_table() {
 # ends with ab_table's ranges (also in $OUT/ab_table.txt).
 if [ "$MODE" = ab ]; then
   mapfile -t V < <(variants)
-  for round in 1 2; do
+  for round in $(seq "$AB_ROUNDS"); do
     for v in "${V[@]}"; do
       name=${v%% *} D=${v#* }
       # (a variant without its own ll_kernel_bench changed no dispatch code)
