@@ -233,10 +233,12 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
      * and each source's first piece of its list. */
     const int le0 = blockIdx.x;
     const int r_own = threadIdx.x; /* the source whose head and count this thread reads first */
-    uint64_t head0 = 0, count0 = 0, spec = 0;
+    /* own_count / spec: the current expert's count word of source r_own and
+     * piece 0 of source `warp`'s list, loaded one expert ahead */
+    uint64_t head0 = 0, own_count = 0, spec = 0;
     if (r_own < R) {
       head0 = mep_ld_relaxed_sys(head_of(r_own));
-      if (le0 < a.local_experts) count0 = mep_ld_relaxed_sys(elist_of(le0, r_own));
+      if (le0 < a.local_experts) own_count = mep_ld_relaxed_sys(elist_of(le0, r_own));
     }
     /* piece 0 only: most lists end there, and a load per word of every
      * piece would cost system-scope loads (each ~1 us) by the hundred */
@@ -264,7 +266,7 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
       const bool first_le = le == le0;
       for (int r = threadIdx.x; r < R; r += kMepListThreads) {
         const uint64_t *cw = elist_of(le, r);
-        const uint64_t c0 = r == r_own ? count0 : mep_ld_relaxed_sys(cw);
+        const uint64_t c0 = r == r_own ? own_count : mep_ld_relaxed_sys(cw);
         const uint64_t c = mep_list_fresh(p, cw, c0, (uint32_t)tag[r], r, &scan_failed);
         cnt[r] = mep_elist_count_checked(p, c, le, r, tokens[r], K, &scan_failed);
       }
@@ -279,7 +281,7 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
       const int le_next = le + gridDim.x;
       const uint64_t spec_cur = spec;
       if (le_next < a.local_experts) {
-        if (r_own < R) count0 = mep_ld_relaxed_sys(elist_of(le_next, r_own));
+        if (r_own < R) own_count = mep_ld_relaxed_sys(elist_of(le_next, r_own));
         if (warp < R && lane <= M) spec = mep_ld_relaxed_sys(elist_of(le_next, warp) + lane);
       }
       int32_t *slots = a.slot_src + (size_t)le * cap;
