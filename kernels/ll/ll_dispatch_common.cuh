@@ -8,6 +8,7 @@
 
 #include "kernels/common/fp8.cuh"
 #include "kernels/ll/ll_launch.cuh"
+#include "kernels/ll/ll_units.h"
 
 /* Both halves' arguments (device copy of mep_ll_dispatch_args_t). */
 struct MepDispatchArgs {
@@ -287,7 +288,11 @@ __device__ __forceinline__ const uint64_t *mep_list_words(const MepLLParams &p, 
 /* A receive's end, once the slots are built and the counts seen: warps
  * copy each local expert's rows into its slots (the block's first expert's
  * slot sources from slot_cache), then the block stores its copies of the
- * signal shadows (next) and list tags (tag). */
+ * signal shadows (next) and list tags (tag). A block with several local
+ * experts deals all their slots to its warps as one round robin
+ * (mep_ll_deal_first_slot): a deal restarting at warp 0 for every expert
+ * left warp 0 copying a row of each expert in series while most warps
+ * idled (one slot per expert at 128 tokens of top-8 and 1024 experts). */
 template <class Tp, bool kFp8>
 __device__ __forceinline__ void mep_dispatch_recv_finish(const MepLLParams &p,
                                                          const MepDispatchArgs &a,
@@ -296,12 +301,15 @@ __device__ __forceinline__ void mep_dispatch_recv_finish(const MepLLParams &p,
                                                          int first_filled) {
   const int R = p.dims.world, M = p.dims.max_tokens, cap = R * M;
   const int warp = threadIdx.x / 32;
+  int dealt = 0; /* slots of this block's earlier experts */
   for (int le = blockIdx.x; le < a.local_experts; le += gridDim.x) {
     const bool first = le == (int)blockIdx.x;
     const int filled =
         first ? first_filled : *reinterpret_cast<volatile const int32_t *>(a.recv_count + le);
     const int32_t *slots = a.slot_src + (size_t)le * cap;
-    for (int j = warp; j < filled; j += kMepWarps) {
+    const int j0 = mep_ll_deal_first_slot(warp, dealt, kMepWarps);
+    dealt += filled;
+    for (int j = j0; j < filled; j += kMepWarps) {
       const int v = first && j < kMepSlotCache ? slot_cache[j] : slots[j];
       const uint64_t src_row = (uint64_t)MEP_LL_SLOT_RANK(v) * M + MEP_LL_SLOT_TOKEN(v);
       mep_copy_recv_row<kFp8>(a, p.xp.local + p.set_off + p.lay.disp_recv + src_row * a.row_bytes,

@@ -1,5 +1,6 @@
 /* ll_units.h: the order in which the LSA dispatch send's warps take their
- * work units. Plain C, so the kernels and a host test share it.
+ * work units, and how a receive block deals its slot copies to its warps.
+ * Plain C, so the kernels and a host test share it.
  *
  * The send's index space is E expert-list units, then the row units, then
  * the slot-list fill units; warp w of block b takes unit
@@ -27,6 +28,17 @@ static inline MEP_LL_UNITS_HD int mep_ll_send_first_unit(int lists, int block, i
   const int rest = grid - list_blocks;
   if (block < list_blocks || rest <= 0) return block_major;
   return list_blocks * warps_per_block + warp * rest + (block - list_blocks);
+}
+
+/* The receive's row copies: a block deals the slots of its local experts
+ * (blockIdx, blockIdx + grid, ...) to its warps round robin, as one
+ * sequence: slot j of an expert whose earlier experts in the block filled
+ * `dealt` slots goes to warp (dealt + j) % warps. So warp w starts that
+ * expert at the slot returned here and takes every warps-th after it;
+ * over the whole block each warp copies floor or ceil of slots / warps
+ * rows, however the slots fall on the experts. */
+static inline MEP_LL_UNITS_HD int mep_ll_deal_first_slot(int warp, int dealt, int warps) {
+  return (warp - dealt % warps + warps) % warps;
 }
 
 #endif /* MEP_LL_UNITS_H_ */

@@ -1,11 +1,14 @@
 // ll_units_test.cc: the LSA dispatch send's unit order (kernels/ll/ll_units.h)
 // covers every unit of a pass exactly once, keeps the expert lists
 // block-major on the first blocks, and puts the units after them on
-// distinct blocks while there are blocks left.
+// distinct blocks while there are blocks left; and that a receive block's
+// deal of its experts' slot copies gives each warp floor or ceil of
+// slots / warps rows, every slot to one warp.
 #include "kernels/ll/ll_units.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 namespace {
@@ -63,6 +66,41 @@ TEST(LlUnits, ListsBlockMajorThenOnePerBlock) {
         EXPECT_EQ(p.warp, 0);
       }
     }
+}
+
+// Slot counts of a block's experts: one slot each (many experts, few
+// tokens), uneven, empty experts between full ones, and a single expert.
+TEST(LlUnits, ReceiveDealIsRoundRobinOverTheBlocksSlots) {
+  const std::vector<std::vector<int>> cases = {
+      {1, 1, 1, 1, 1, 1, 1, 1}, {3, 0, 17, 5, 0, 0, 33, 1, 2}, {0, 0, 0}, {40}, {16, 16, 16},
+      {15, 1, 15, 1, 15, 1}, std::vector<int>(64, 1), {100, 0, 7}};
+  for (const std::vector<int> &filled : cases) {
+    int total = 0;
+    for (int f : filled) total += f;
+    std::vector<int> copies(kWarps, 0);
+    std::vector<int> owner(total, -1);
+    for (int w = 0; w < kWarps; ++w) {
+      int dealt = 0;
+      for (size_t e = 0; e < filled.size(); ++e) {
+        const int j0 = mep_ll_deal_first_slot(w, dealt, kWarps);
+        ASSERT_TRUE(j0 >= 0 && j0 < kWarps) << "expert " << e << " warp " << w << ": first " << j0;
+        for (int j = j0; j < filled[e]; j += kWarps) {
+          const int flat = dealt + j;
+          EXPECT_EQ(owner[flat], -1) << "expert " << e << " slot " << j << " dealt to warp "
+                                     << owner[flat] << " and warp " << w;
+          EXPECT_EQ(flat % kWarps, w) << "expert " << e << " slot " << j;
+          owner[flat] = w;
+          ++copies[w];
+        }
+        dealt += filled[e];
+      }
+    }
+    for (int i = 0; i < total; ++i)
+      EXPECT_NE(owner[i], -1) << "slot " << i << " of " << total << " dealt to no warp";
+    const auto [lo, hi] = std::minmax_element(copies.begin(), copies.end());
+    EXPECT_LE(*hi - *lo, 1) << total << " slots over " << filled.size() << " experts: warps copy "
+                            << *lo << " to " << *hi << " rows";
+  }
 }
 
 }  // namespace
