@@ -307,13 +307,14 @@ __device__ __forceinline__ void mep_dispatch_recv_staged(const MepLLParams &p,
  * (ll_dispatch_lsa.cuh), staged transports scan the slot lists.
  * kArriveAside (the fused LSA kernel, whose send half leaves its arrival to
  * this half): the heads warp sends the block's arrival first. */
-template <class Tp, bool kFp8, bool kArriveAside = false>
+template <class Tp, bool kFp8, bool kArriveAside = false, bool kBatched = false>
 __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
                                                        const MepDispatchArgs &a, int *smem) {
+  static_assert(!kBatched || !Tp::kStaged, "the list batches are the LSA receive's");
   if constexpr (Tp::kStaged)
     mep_dispatch_recv_staged<Tp, kFp8>(p, a, smem);
   else
-    mep_dispatch_recv_lsa<Tp, kFp8, kArriveAside>(p, a, smem);
+    mep_dispatch_recv_lsa<Tp, kFp8, kArriveAside, kBatched>(p, a, smem);
 }
 
 /* The pointer rules of each half (after mep_ll_dispatch_check). */
@@ -344,9 +345,21 @@ static inline mep_kstatus_t mep_dispatch_check_recv_ptrs(const char *op,
   return MEP_KSTATUS_OK;
 }
 
-/* Dynamic shared memory of the receive half (MepRecvSmem). */
-static inline size_t mep_dispatch_recv_smem(const mep_ll_ctx_t *ctx) {
-  return (size_t)ctx->dims.world * (2 * sizeof(uint64_t) + 5 * sizeof(int));
+/* Whether an LSA receive on `grid` blocks reads its lists in batches (the
+ * kernels' kBatched): some block holds several local experts, and a batch
+ * holds at least one expert's sources (mep_elist_batch_experts). Only
+ * those launches run the kernels with the batch code: with it compiled in,
+ * a grid of one expert per block read 0.8-1.1 us slower in the hook
+ * receive at 128 tokens although it never ran (EP1, one H200). */
+static inline bool mep_dispatch_recv_batched(const mep_ll_ctx_t *ctx, int grid, int local_experts) {
+  return local_experts > grid && ctx->dims.world <= kMepBatchUnits;
+}
+
+/* Dynamic shared memory of the receive half (MepRecvSmem), and the list
+ * batch when batched. */
+static inline size_t mep_dispatch_recv_smem(const mep_ll_ctx_t *ctx, bool batched) {
+  const size_t base = mep_recv_smem_base(ctx->dims.world);
+  return batched ? base + sizeof(MepElistBatch) : base;
 }
 
 #endif /* MEP_LL_DISPATCH_BODY_CUH_ */

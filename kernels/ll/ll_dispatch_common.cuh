@@ -257,7 +257,12 @@ __device__ __forceinline__ void mep_copy_recv_row(const MepDispatchArgs &a, cons
 }
 
 /* The receive's dynamic shared memory (mep_dispatch_recv_smem): 2 R u64,
- * then 5 R ints, each indexed by source rank. */
+ * then 5 R ints, each indexed by source rank; then, for launches whose
+ * blocks hold several local experts, the LSA receive's list batch
+ * (MepElistBatch) at mep_recv_smem_base(R). */
+__host__ __device__ inline size_t mep_recv_smem_base(int R) {
+  return ((size_t)R * (2 * sizeof(uint64_t) + 5 * sizeof(int)) + 15) / 16 * 16;
+}
 struct MepRecvSmem {
   uint64_t *next; /* signal shadows after this receive: count [R], then row
                      signals (staged) or the count codes (LSA) [R] */

@@ -184,9 +184,143 @@ __device__ __forceinline__ void mep_mark_routes(const MepLLParams &p, const MepD
   }
 }
 
+/* Piece c (32 words; word 0 of piece 0 is the count) of source r's list
+ * for local expert le: each lane's entry (w: its word as loaded) becomes a
+ * slot after those of sources r' < r (cnt: the expert's count per source),
+ * written to slot_src, the route and, for the block's first expert,
+ * slot_cache; the entry is zeroed once read. Whole warp. The hits past
+ * max_tokens are the caller's (mep_mark_dropped, once per list). */
+__device__ __forceinline__ void mep_elist_piece(const MepLLParams &p, const MepDispatchArgs &a,
+                                                const int *cnt, int le, int r, int c, uint64_t w,
+                                                const int *tokens, const int *tag, bool first_le,
+                                                int32_t *slot_cache, int *failed) {
+  const int M = p.dims.max_tokens, K = a.top_k, lane = threadIdx.x & 31;
+  const int n = cnt[r] < M ? cnt[r] : M; /* entries are words 1..n */
+  uint64_t *el = reinterpret_cast<uint64_t *>(p.xp.local + mep_elist_off(p, le, r));
+  const int j = c * 32 + lane;
+  const int off = mep_elist_offset(cnt, r, M);
+  if (j >= 1 && j <= n) {
+    w = mep_list_fresh(p, el + j, w, (uint32_t)tag[r], r, failed);
+    const int slot = off + j - 1;
+    const int tok = mep_ll_elist_token(w), k = mep_ll_elist_k(w);
+    /* an entry past the head's tokens would index past the source's
+     * routes: a corrupt or mismatched peer, failed like a bad count */
+    if (tok < tokens[r] && k < K) {
+      const int32_t v = MEP_LL_SLOT_PACK(r, tok, k);
+      a.slot_src[(size_t)le * p.dims.world * M + slot] = v;
+      if (first_le && slot < kMepSlotCache) slot_cache[slot] = v;
+      a.route[((size_t)r * M + tok) * K + k].slot = le * p.dims.world * M + slot;
+    } else {
+      mep_record_timeout(p.wc, MEP_LL_OP_BAD_SIGNAL, r, le, (uint64_t)tokens[r] * K, w);
+      *failed = 1;
+    }
+    el[j] = 0; /* read: zero until the next call's entry lands */
+  }
+}
+
+/* A block with several local experts reads their lists in batches: the
+ * count words and first pieces of up to kMepBatchUnits (expert, source)
+ * pairs load in one round trip into shared memory, then one pass writes
+ * every slot of the batch, with two barriers per batch instead of two and
+ * a round trip per expert (the receive's walk grew ~1 us per expert). */
+constexpr int kMepBatchLoads = 4; /* first pieces per list warp in flight */
+constexpr int kMepBatchUnits = kMepListWarps * kMepBatchLoads;
+struct MepElistBatch {
+  uint64_t words[kMepBatchUnits][32]; /* pair u = expert * R + source: its piece 0 */
+  int cnt[kMepBatchUnits];            /* pair u's checked count */
+  int longer;                         /* some list of the batch goes past piece 0 */
+};
+
+/* Experts per batch (0: the batch would not fit, R > kMepBatchUnits). */
+__device__ __forceinline__ int mep_elist_batch_experts(int R) { return kMepBatchUnits / R; }
+
+/* Issues the loads of batch pairs [0, units) (pair u: local expert
+ * le_of(u / R), source u % R; piece 0's words 0..M) and stores them in
+ * b->words. List warps. */
+template <typename LeOf>
+__device__ __forceinline__ void mep_elist_batch_load(const MepLLParams &p, MepElistBatch *b,
+                                                     int units, LeOf le_of) {
+  const int R = p.dims.world, lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  uint64_t v[kMepBatchLoads];
+#pragma unroll
+  for (int i = 0; i < kMepBatchLoads; ++i) {
+    const int u = warp + i * kMepListWarps;
+    v[i] = u < units && lane <= p.dims.max_tokens
+               ? mep_ld_relaxed_sys(reinterpret_cast<const uint64_t *>(
+                     p.xp.local + mep_elist_off(p, le_of(u / R), u % R)) + lane)
+               : 0u;
+  }
+#pragma unroll
+  for (int i = 0; i < kMepBatchLoads; ++i) {
+    const int u = warp + i * kMepListWarps;
+    if (u < units) b->words[u][lane] = v[i];
+  }
+}
+
+/* One batch of `experts` local experts (le_of(0), le_of(1), ...) whose
+ * pieces b->words holds: checks the count words, writes every slot,
+ * recv_count and src_count, and zeroes what it read. first: the batch
+ * holds the block's first expert (slot_cache, first_filled). List warps;
+ * ends after a list barrier. */
+template <typename LeOf, typename Sync>
+__device__ __forceinline__ void mep_elist_batch_take(const MepLLParams &p,
+                                                     const MepDispatchArgs &a, MepElistBatch *b,
+                                                     int experts, LeOf le_of, bool first,
+                                                     const int *tokens, const int *tag,
+                                                     int32_t *slot_cache, int *first_filled,
+                                                     Sync list_sync, int *failed) {
+  const int R = p.dims.world, M = p.dims.max_tokens, K = a.top_k;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  const int units = experts * R, pieces = (M + 1 + 31) / 32;
+  if (threadIdx.x == 0) b->longer = 0;
+  list_sync(); /* b->words (and the last batch's readers are done with cnt) */
+  for (int u = threadIdx.x; u < units; u += kMepListThreads) {
+    const int le = le_of(u / R), r = u % R;
+    const uint64_t *cw = reinterpret_cast<const uint64_t *>(p.xp.local + mep_elist_off(p, le, r));
+    const uint64_t c = mep_list_fresh(p, cw, b->words[u][0], (uint32_t)tag[r], r, failed);
+    b->cnt[u] = mep_elist_count_checked(p, c, le, r, tokens[r], K, failed);
+    if (b->cnt[u] >= 32) b->longer = 1;
+  }
+  list_sync(); /* cnt, longer */
+  if (first && threadIdx.x == 0) mep_stamp_here(p, MEP_LL_STAMP_FIRST_WORDS);
+  for (int u = warp; u < units; u += kMepListWarps) {
+    const int i = u / R, r = u % R;
+    mep_elist_piece(p, a, b->cnt + i * R, le_of(i), r, 0, b->words[u][lane], tokens, tag,
+                    first && i == 0, slot_cache, failed);
+    if (b->cnt[u] > M)
+      mep_mark_dropped(p, a, mep_list_words(p, r), le_of(i), r, tokens[r], (uint32_t)tag[r],
+                       failed);
+  }
+  if (b->longer) /* block-uniform: the rest of the long lists, piece by piece */
+    for (int q = warp; q < units * (pieces - 1); q += kMepListWarps) {
+      const int u = q % units, c = 1 + q / units, i = u / R, r = u % R;
+      const int n = b->cnt[u] < M ? b->cnt[u] : M;
+      if (c * 32 > n) continue; /* warp-uniform */
+      const int j = c * 32 + lane;
+      const uint64_t w =
+          j <= n ? mep_ld_relaxed_sys(reinterpret_cast<const uint64_t *>(
+                                          p.xp.local + mep_elist_off(p, le_of(i), r)) + j)
+                 : 0u;
+      mep_elist_piece(p, a, b->cnt + i * R, le_of(i), r, c, w, tokens, tag, first && i == 0,
+                      slot_cache, failed);
+    }
+  for (int i = warp; i < experts; i += kMepListWarps) {
+    const int filled = mep_elist_offset(b->cnt + i * R, R, M);
+    if (lane == 0) {
+      a.recv_count[le_of(i)] = filled;
+      if (first && i == 0) *first_filled = filled;
+    }
+  }
+  for (int u = threadIdx.x; u < units; u += kMepListThreads)
+    a.src_count[le_of(u / R) * R + u % R] = b->cnt[u] < M ? b->cnt[u] : M;
+  list_sync(); /* every piece is past its count word */
+  for (int u = threadIdx.x; u < units; u += kMepListThreads)
+    reinterpret_cast<uint64_t *>(p.xp.local + mep_elist_off(p, le_of(u / R), u % R))[0] = 0;
+}
+
 /* smem: MepRecvSmem (next: each source's count signal after this
  * receive, then its code; puts unused). */
-template <class Tp, bool kFp8, bool kArriveAside>
+template <class Tp, bool kFp8, bool kArriveAside, bool kBatched>
 __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
                                                       const MepDispatchArgs &a, int *smem) {
   static_assert(!Tp::kStaged && !Tp::kRowSignals, "expert lists are the LSA receive");
@@ -197,6 +331,9 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
   __shared__ int first_filled;
   const int R = p.dims.world, M = p.dims.max_tokens, K = a.top_k;
   const MepRecvSmem sm = mep_recv_smem(smem, R);
+  /* in dynamic shared memory only when batched (mep_dispatch_recv_smem) */
+  MepElistBatch &batch =
+      *reinterpret_cast<MepElistBatch *>(reinterpret_cast<char *>(smem) + mep_recv_smem_base(R));
   uint64_t *next = sm.next;
   int *tokens = sm.tokens, *puts = sm.puts, *weighted = sm.weighted, *tag = sm.tag, *cnt = sm.cnt;
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
@@ -232,18 +369,29 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
     /* First loads, all at once: the heads, the first expert's count words
      * and each source's first piece of its list. */
     const int le0 = blockIdx.x;
+    /* several local experts here: their lists in batches (MepElistBatch) */
+    const int experts = le0 < a.local_experts ? (a.local_experts - 1 - le0) / gridDim.x + 1 : 0;
+    const int per_batch = mep_elist_batch_experts(R);
+    const bool batched = kBatched && experts >= 2 && per_batch >= 1;
+    auto batch_from = [&](int i0) {
+      return [&, i0](int i) { return le0 + (i0 + i) * (int)gridDim.x; };
+    };
     const int r_own = threadIdx.x; /* the source whose head and count this thread reads first */
     /* own_count / spec: the current expert's count word of source r_own and
      * piece 0 of source `warp`'s list, loaded one expert ahead */
     uint64_t head0 = 0, own_count = 0, spec = 0;
     if (r_own < R) {
       head0 = mep_ld_relaxed_sys(head_of(r_own));
-      if (le0 < a.local_experts) own_count = mep_ld_relaxed_sys(elist_of(le0, r_own));
+      if (!batched && le0 < a.local_experts) own_count = mep_ld_relaxed_sys(elist_of(le0, r_own));
     }
     /* piece 0 only: most lists end there, and a load per word of every
      * piece would cost system-scope loads (each ~1 us) by the hundred */
-    if (le0 < a.local_experts && warp < R && lane <= M)
+    if (!batched && le0 < a.local_experts && warp < R && lane <= M)
       spec = mep_ld_relaxed_sys(elist_of(le0, warp) + lane);
+    if constexpr (kBatched)
+      if (batched)
+        mep_elist_batch_load(p, &batch, (experts < per_batch ? experts : per_batch) * R,
+                             batch_from(0));
     for (int r = threadIdx.x; r < R; r += kMepListThreads) {
       const uint32_t t = mep_ll_next_tag(mep_tag(p, r));
       tag[r] = (int)t;
@@ -262,7 +410,15 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
     list_sync(); /* tokens and tag */
     /* this warp's first slot-list piece, used after the expert lists */
     const uint64_t mark0 = mep_mark_load(p, marks, marks.first, tokens, a.top_k, words_of);
-    for (int le = le0; le < a.local_experts; le += gridDim.x) {
+    if constexpr (kBatched)
+      for (int i0 = 0; batched && i0 < experts; i0 += per_batch) {
+        const int n = experts - i0 < per_batch ? experts - i0 : per_batch;
+        if (i0 > 0) mep_elist_batch_load(p, &batch, n * R, batch_from(i0));
+        mep_elist_batch_take(p, a, &batch, n, batch_from(i0), i0 == 0, tokens, tag, slot_cache,
+                             &first_filled, list_sync, &scan_failed);
+        if (i0 == 0 && threadIdx.x == 0) mep_stamp_here(p, MEP_LL_STAMP_FIRST_STEP);
+      }
+    for (int le = batched ? a.local_experts : le0; le < a.local_experts; le += gridDim.x) {
       const bool first_le = le == le0;
       for (int r = threadIdx.x; r < R; r += kMepListThreads) {
         const uint64_t *cw = elist_of(le, r);

@@ -8,20 +8,31 @@ extern "C" mep_kstatus_t mep_ll_dispatch_check(const char *op, const mep_ll_ctx_
 
 namespace {
 
-template <class Tp, bool kFp8>
+template <class Tp, bool kFp8, bool kBatched>
 __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
     ll_dispatch_recv_kernel(const __grid_constant__ MepLLParams p, const MepDispatchArgs a) {
   extern __shared__ int smem[];
-  mep_dispatch_recv_body<Tp, kFp8>(p, a, smem);
+  mep_dispatch_recv_body<Tp, kFp8, false, kBatched>(p, a, smem);
+}
+
+template <class Tp, bool kBatched>
+void launch_batched(const MepLLParams &p, const MepDispatchArgs &a, bool fp8, int grid,
+                    size_t smem, cudaStream_t s) {
+  if (fp8)
+    ll_dispatch_recv_kernel<Tp, true, kBatched><<<grid, MEP_LL_THREADS, smem, s>>>(p, a);
+  else
+    ll_dispatch_recv_kernel<Tp, false, kBatched><<<grid, MEP_LL_THREADS, smem, s>>>(p, a);
 }
 
 template <class Tp>
-cudaError_t launch_tp(const MepLLParams &p, const MepDispatchArgs &a, bool fp8, int grid,
-                      size_t smem, cudaStream_t s) {
-  if (fp8)
-    ll_dispatch_recv_kernel<Tp, true><<<grid, MEP_LL_THREADS, smem, s>>>(p, a);
-  else
-    ll_dispatch_recv_kernel<Tp, false><<<grid, MEP_LL_THREADS, smem, s>>>(p, a);
+cudaError_t launch_tp(const MepLLParams &p, const MepDispatchArgs &a, bool fp8, bool batched,
+                      int grid, size_t smem, cudaStream_t s) {
+  if constexpr (!Tp::kStaged)
+    if (batched) {
+      launch_batched<Tp, true>(p, a, fp8, grid, smem, s);
+      return cudaGetLastError();
+    }
+  launch_batched<Tp, false>(p, a, fp8, grid, smem, s);
   return cudaGetLastError();
 }
 
@@ -37,10 +48,11 @@ extern "C" mep_kstatus_t mep_ll_dispatch_recv(const mep_ll_ctx_t *ctx,
   const MepDispatchArgs k = mep_dispatch_args(ctx, a);
   int grid = mep_ll_grid(ctx);
   if (grid > k.local_experts) grid = k.local_experts;
-  const size_t smem = mep_dispatch_recv_smem(ctx);
+  const bool batched = mep_dispatch_recv_batched(ctx, grid, k.local_experts);
+  const size_t smem = mep_dispatch_recv_smem(ctx, batched);
   cudaStream_t s = (cudaStream_t)stream;
   const cudaError_t e = mep_ll_with_transport(ctx->transport, [&](auto tp) {
-    return launch_tp<typename decltype(tp)::type>(p, k, a->fp8, grid, smem, s);
+    return launch_tp<typename decltype(tp)::type>(p, k, a->fp8, batched, grid, smem, s);
   });
   return mep_kernels_cuda_check("dispatch_recv: launch", e);
 }
