@@ -137,6 +137,15 @@ set_reuse() {
   summary set_reuse_gpu_test $? "$(gtest_key "$OUT/set_reuse.log")"
   grep -E "^\[  (PASSED|FAILED) |FAILED  \]" "$OUT/set_reuse.log" | head -4
 }
+# One SM: every local expert in one receive block (at 256 experts, several
+# list batches of the LSA receive, kMepBatchUnits); the hot-expert
+# cases put 2048 slots into that block.
+ll_gpu_one_sm() {
+  MOE_EP_TEST_SMS=1 timeout $((120 * S)) $B/ll_gpu_test \
+    --gtest_filter='*Hot*:*LsaFp8H7168*:*GinEmuFp8H7168*:*Repeated*:*LsaExpertLists*:*DoubleBuffered*' \
+    > "$OUT/ll_gpu_test_sms1.log" 2>&1
+  summary ll_gpu_test_sms1 $? "$(gtest_key "$OUT/ll_gpu_test_sms1.log")"
+}
 # The LL and HT kernels at 3, 4 and 8 ranks on one GPU
 # (tests/gpu/one_gpu_world.h): LSA, GIN-emulated (HT: node splits) against
 # the oracle. Not under the sanitizers: they run kernels one at a time, and
@@ -557,11 +566,13 @@ if [ "$MODE" = lltable ]; then
   exit 0
 fi
 # llcheck: the LL part of quick, for an LL kernel edit measured by ab in
-# the same call: the kernel-level test, the LL world tests, and the API
-# runs of both combine modes against the oracle (LSA, GIN-emulated, graph).
+# the same call: the kernel-level test (also on one SM), the LL world
+# tests, and the API runs of both combine modes against the oracle (LSA,
+# GIN-emulated, graph).
 if [ "$MODE" = llcheck ]; then
   timeout $((120 * S)) $B/ll_gpu_test > "$OUT/ll_gpu_test.log" 2>&1
   summary ll_gpu_test $? "$(gtest_key "$OUT/ll_gpu_test.log")"
+  ll_gpu_one_sm
   ll_world
   ll_api_core
   api ${E}_graph $N $((40 * S)) --scenario=graph --experts=64 --max_tokens=32 --layers=2048:8 --seeds=100
@@ -663,12 +674,7 @@ grep -E "^BENCH|^PHASES rank 0 tokens (1|128) fused" "$OUT/ll_kernel_bench.log" 
 # slot lists in several rounds), every send warp many units.
 MOE_EP_TEST_SMS=6 timeout $((120 * S)) $B/ll_gpu_test > "$OUT/ll_gpu_test_sms6.log" 2>&1
 summary ll_gpu_test_sms6 $? "$(gtest_key "$OUT/ll_gpu_test_sms6.log")"
-# One SM: every local expert in one receive block, one after another; the
-# hot-expert cases put 2048 slots into that block.
-MOE_EP_TEST_SMS=1 timeout $((120 * S)) $B/ll_gpu_test \
-  --gtest_filter='*Hot*:*LsaFp8H7168*:*GinEmuFp8H7168*:*Repeated*:*LsaExpertLists*:*DoubleBuffered*' \
-  > "$OUT/ll_gpu_test_sms1.log" 2>&1
-summary ll_gpu_test_sms1 $? "$(gtest_key "$OUT/ll_gpu_test_sms1.log")"
+ll_gpu_one_sm
 prepare_layout   # one GPU is enough; the API runs below check prepare too
 set_reuse
 world_tests
