@@ -345,14 +345,16 @@ static inline mep_kstatus_t mep_dispatch_check_recv_ptrs(const char *op,
   return MEP_KSTATUS_OK;
 }
 
-/* Whether an LSA receive on `grid` blocks reads its lists in batches (the
- * kernels' kBatched): some block holds several local experts, and a batch
- * holds at least one expert's sources (mep_elist_batch_experts). Only
+/* Whether a receive on `grid` blocks reads its lists in batches (the
+ * kernels' kBatched): an LSA receive (the staged ones scan slot lists),
+ * some block holds several local experts, and a batch holds at least one
+ * expert's sources (mep_elist_batch_experts). Only
  * those launches run the kernels with the batch code: with it compiled in,
  * a grid of one expert per block read 0.8-1.1 us slower in the hook
  * receive at 128 tokens although it never ran (EP1, one H200). */
 static inline bool mep_dispatch_recv_batched(const mep_ll_ctx_t *ctx, int grid, int local_experts) {
-  return local_experts > grid && ctx->dims.world <= kMepBatchUnits;
+  return ctx->transport == MEP_LL_TRANSPORT_LSA && local_experts > grid &&
+         ctx->dims.world <= kMepBatchUnits;
 }
 
 /* Dynamic shared memory of the receive half (MepRecvSmem), and the list

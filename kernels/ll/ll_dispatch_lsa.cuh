@@ -221,8 +221,8 @@ __device__ __forceinline__ void mep_elist_piece(const MepLLParams &p, const MepD
 /* A block with several local experts reads their lists in batches: the
  * count words and first pieces of up to kMepBatchUnits (expert, source)
  * pairs load in one round trip into shared memory, then one pass writes
- * every slot of the batch, with two barriers per batch instead of two and
- * a round trip per expert (the receive's walk grew ~1 us per expert). */
+ * every slot of the batch, with three barriers per batch instead of two
+ * and a round trip per expert (the receive's walk grew ~1 us per expert). */
 constexpr int kMepBatchLoads = 4; /* first pieces per list warp in flight */
 constexpr int kMepBatchUnits = kMepListWarps * kMepBatchLoads;
 struct MepElistBatch {

@@ -16,24 +16,21 @@ __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
 }
 
 template <class Tp, bool kBatched>
-void launch_batched(const MepLLParams &p, const MepDispatchArgs &a, bool fp8, int grid,
-                    size_t smem, cudaStream_t s) {
+cudaError_t launch(const MepLLParams &p, const MepDispatchArgs &a, bool fp8, int grid,
+                   size_t smem, cudaStream_t s) {
   if (fp8)
     ll_dispatch_recv_kernel<Tp, true, kBatched><<<grid, MEP_LL_THREADS, smem, s>>>(p, a);
   else
     ll_dispatch_recv_kernel<Tp, false, kBatched><<<grid, MEP_LL_THREADS, smem, s>>>(p, a);
+  return cudaGetLastError();
 }
 
 template <class Tp>
 cudaError_t launch_tp(const MepLLParams &p, const MepDispatchArgs &a, bool fp8, bool batched,
                       int grid, size_t smem, cudaStream_t s) {
   if constexpr (!Tp::kStaged)
-    if (batched) {
-      launch_batched<Tp, true>(p, a, fp8, grid, smem, s);
-      return cudaGetLastError();
-    }
-  launch_batched<Tp, false>(p, a, fp8, grid, smem, s);
-  return cudaGetLastError();
+    if (batched) return launch<Tp, true>(p, a, fp8, grid, smem, s);
+  return launch<Tp, false>(p, a, fp8, grid, smem, s);
 }
 
 }  // namespace
