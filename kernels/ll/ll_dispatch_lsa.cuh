@@ -337,7 +337,6 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
   uint64_t *next = sm.next;
   int *tokens = sm.tokens, *puts = sm.puts, *weighted = sm.weighted, *tag = sm.tag, *cnt = sm.cnt;
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-  const int cap = R * M; /* slots per local expert */
   auto head_of = [&](int r) { return mep_list_head(p, r); };
   auto words_of = [&](int r) { return mep_list_words(p, r); };
   auto elist_of = [&](int le, int r) {
@@ -440,33 +439,16 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
         if (r_own < R) own_count = mep_ld_relaxed_sys(elist_of(le_next, r_own));
         if (warp < R && lane <= M) spec = mep_ld_relaxed_sys(elist_of(le_next, warp) + lane);
       }
-      int32_t *slots = a.slot_src + (size_t)le * cap;
       for (int u = warp; u < R * pieces; u += kMepListWarps) {
         const int r = u % R, c = u / R;
         const int n = cnt[r] < M ? cnt[r] : M; /* entries are words 1..n */
         if (c * 32 > n) continue;              /* warp-uniform */
-        uint64_t *el = elist_of(le, r);
         const int j = c * 32 + lane;
-        const bool mine = j >= 1 && j <= n;
-        uint64_t w = u == warp && warp < R ? spec_cur : (mine ? mep_ld_relaxed_sys(el + j) : 0u);
-        const int off = mep_elist_offset(cnt, r, M);
-        if (mine) {
-          w = mep_list_fresh(p, el + j, w, (uint32_t)tag[r], r, &scan_failed);
-          const int slot = off + j - 1;
-          const int tok = mep_ll_elist_token(w), k = mep_ll_elist_k(w);
-          /* an entry past the head's tokens would index past the source's
-           * routes: a corrupt or mismatched peer, failed like a bad count */
-          if (tok < tokens[r] && k < K) {
-            const int32_t v = MEP_LL_SLOT_PACK(r, tok, k);
-            slots[slot] = v;
-            if (first_le && slot < kMepSlotCache) slot_cache[slot] = v;
-            a.route[((size_t)r * M + tok) * K + k].slot = le * cap + slot;
-          } else {
-            mep_record_timeout(p.wc, MEP_LL_OP_BAD_SIGNAL, r, le, (uint64_t)tokens[r] * K, w);
-            scan_failed = 1;
-          }
-          el[j] = 0; /* read: zero until the next call's entry lands */
-        }
+        /* piece 0 of source `warp` was loaded one expert ahead (spec) */
+        const uint64_t w = u == warp && warp < R ? spec_cur
+                           : j >= 1 && j <= n    ? mep_ld_relaxed_sys(elist_of(le, r) + j)
+                                                 : 0u;
+        mep_elist_piece(p, a, cnt, le, r, c, w, tokens, tag, first_le, slot_cache, &scan_failed);
         if (c == 0 && cnt[r] > M)
           mep_mark_dropped(p, a, words_of(r), le, r, tokens[r], (uint32_t)tag[r], &scan_failed);
       }
