@@ -88,7 +88,9 @@ typedef struct mep_ll_ctx {
   /* Diagnostics only (NULL in production): device buffer of
    * MEP_LL_STAMP_POINTS u64 per block where the dispatch kernels write
    * %globaltimer at each phase boundary (see MEP_LL_STAMP_*), so a test can
-   * see where a launch's time goes without a profiler's replay. */
+   * see where a launch's time goes without a profiler's replay. Only the
+   * stamped build of these kernels (//kernels/ll:ll_stamped) writes them;
+   * the others refuse a context that sets it. */
   uint64_t *stamps;
 } mep_ll_ctx_t;
 

@@ -398,7 +398,7 @@ __device__ __forceinline__ void mep_dispatch_wait_counts(const MepLLParams &p, b
 static __device__ __noinline__ uint64_t mep_list_wait(const MepLLParams &p, const uint64_t *w,
                                                       uint32_t tag, int peer, int *failed) {
   uint64_t seen = 0;
-  if (p.stamps != nullptr)
+  if (MEP_LL_STAMPS && p.stamps != nullptr)
     atomicAdd(reinterpret_cast<unsigned long long *>(
                   &p.stamps[blockIdx.x * MEP_LL_STAMP_POINTS + MEP_LL_STAMP_WORD_WAITS]),
               1ull);

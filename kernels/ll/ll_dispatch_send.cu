@@ -33,6 +33,10 @@ extern "C" mep_kstatus_t mep_ll_dispatch_check(const char *op, const mep_ll_ctx_
                                                  const mep_ll_dispatch_args_t *a) {
   mep_kstatus_t st = mep_ll_check_call(op, ctx, a);
   if (st != MEP_KSTATUS_OK) return st;
+  if (!MEP_LL_STAMPS && ctx->stamps != nullptr)
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
+                             "%s: the context's stamps buffer is set, but these kernels were "
+                             "built without phase stamps (link //kernels/ll:ll_stamped)", op);
   if (a->fp8 && a->hidden % MEP_HIDDEN_ALIGN != 0)
     return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "%s: hidden is %d; fp8 dispatch needs a multiple of %d", op,

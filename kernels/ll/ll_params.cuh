@@ -26,14 +26,28 @@ struct MepLLParams {
   uint64_t *stamps;       /* diagnostics, usually NULL (mep_ll_ctx_t) */
 };
 
+/* Phase stamps are a diagnostic build (MEP_LL_STAMPS=1: the
+ * //kernels/ll:ll_stamped target, which ll_kernel_bench links); the
+ * library's kernels carry none. Compiled in but unused (stamps NULL),
+ * their branches and stores cost the fused fp8 dispatch 0.2-0.6 us at
+ * 1-128 tokens (EP1, one H200). */
+#ifndef MEP_LL_STAMPS
+#define MEP_LL_STAMPS 0
+#endif
+
 /* Writes %globaltimer for phase `point` of this block when the caller
- * asked for stamps (otherwise one uniform branch): mep_stamp from thread
- * 0, mep_stamp_here from whichever thread calls it. */
+ * asked for stamps, in a stamped build: mep_stamp from thread 0,
+ * mep_stamp_here from whichever thread calls it. */
 __device__ __forceinline__ void mep_stamp_here(const MepLLParams &p, int point) {
+#if MEP_LL_STAMPS
   if (p.stamps == nullptr) return;
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   p.stamps[blockIdx.x * MEP_LL_STAMP_POINTS + point] = t;
+#else
+  (void)p;
+  (void)point;
+#endif
 }
 __device__ __forceinline__ void mep_stamp(const MepLLParams &p, int point) {
   if (threadIdx.x == 0) mep_stamp_here(p, point);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 
 #include "kernels/common/prepare_layout.h"
 #include "kernels/ll/ll.h"
@@ -128,6 +129,41 @@ TEST(LlLink, LsaOnlyWindowRefusesStagedTransports) {
   EXPECT_EQ(mep_ll_dispatch_send(&ctx, &d, nullptr), MEP_KSTATUS_INVALID_ARGUMENT);
   EXPECT_NE(std::string(mep_kernels_last_error()).find("smaller than the LL buffer"),
             std::string::npos)
+      << mep_kernels_last_error();
+}
+
+// The library's kernels carry no phase stamps (only //kernels/ll:ll_stamped
+// does): a context asking for them is refused by every dispatch launcher,
+// naming the build that has them, instead of leaving the buffer unwritten.
+TEST(LlLink, StampsNeedTheStampedBuild) {
+  mep_ll_ctx_t ctx = TinyLsaOnlyCtx();
+  ctx.transport = MEP_LL_TRANSPORT_LSA;
+  uint64_t stamps[MEP_LL_STAMP_POINTS] = {};
+  ctx.stamps = stamps;
+  mep_ll_dispatch_args_t d = {};
+  d.hidden = 128;
+  d.top_k = 1;
+  d.num_experts = 1;
+  d.topk_idx_bytes = 4;
+  using Launcher = mep_kstatus_t (*)(const mep_ll_ctx_t *, const mep_ll_dispatch_args_t *, void *);
+  const std::pair<const char *, Launcher> launchers[] = {{"dispatch:", mep_ll_dispatch},
+                                                         {"dispatch_send:", mep_ll_dispatch_send},
+                                                         {"dispatch_recv:", mep_ll_dispatch_recv}};
+  for (const auto &[op, launch] : launchers) {
+    EXPECT_EQ(launch(&ctx, &d, nullptr), MEP_KSTATUS_INVALID_ARGUMENT) << op;
+    const std::string e = mep_kernels_last_error();
+    EXPECT_EQ(e.rfind(op, 0), 0u) << e;
+    EXPECT_NE(e.find("built without phase stamps (link //kernels/ll:ll_stamped)"),
+              std::string::npos)
+        << e;
+  }
+  // Without the buffer the same call gets past that check (to a later
+  // rule, so nothing launches).
+  ctx.stamps = nullptr;
+  d.fp8 = 1;
+  d.scale_mode = 7;
+  EXPECT_EQ(mep_ll_dispatch_send(&ctx, &d, nullptr), MEP_KSTATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(mep_kernels_last_error()).find("scale_mode is 7"), std::string::npos)
       << mep_kernels_last_error();
 }
 
