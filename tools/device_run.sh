@@ -2,7 +2,7 @@
 # device_run.sh (copied to .gpu_bundle/run_device.sh): the GPU suite, run on
 # the GPU machine from the repository root, most important first; every log
 # goes to $OUT and a one-line verdict per step to $OUT/summary.txt.
-# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|rest|one|world|llcheck|llscen|misc|ab|htab|htprof|llprof|lltable|extra|ht|htnet|scale]; quick stops after
+# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|rest|one|world|llcheck|llscen|misc|ab|htab|htprof|llprof|llpc|lltable|extra|ht|htnet|scale]; quick stops after
 # the kernel test, the weighted-dispatch and hidden-2880 API runs and the
 # eager benchmarks, and rest runs the rest of full (full = quick + rest);
 # one is for a 1-GPU machine (EP1 suites, LL and HT, sanitizers, an EP1 benchmark, and
@@ -538,6 +538,34 @@ if [ "$MODE" = llprof ]; then
       ncu_step "${kern}_$tok" $what "ll_${kern}_kernel" 20 10 --dtype=fp8 --tokens=$tok \
         --iters=40 --warmup=10
     done
+  done
+  cat "$OUT/summary.txt"
+  exit 0
+fi
+# llpc: where the fused LL kernels' warps stall at 1 token, instruction by
+# instruction; one GPU only (ncu's replay passes restore local memory, not
+# a peer's). ncu's PC-sampled stall reasons per SASS instruction of one
+# launch each of the fused fp8 dispatch (256 experts, and 128: one per
+# receive block) and the fused combine (weights at dispatch), caches kept
+# between passes as in the bench's loop; the CSVs as pc_<name>.csv.gz and
+# each kernel's reason shares (tools/bench/pc_stalls.py) in pc_shares.txt.
+if [ "$MODE" = llpc ]; then
+  if [ "$N" != 1 ]; then echo "llpc runs at MEP_RANKS=1 (found $N)"; exit 2; fi
+  for c in dispatch:ll_dispatch_kernel: dispatch_e128:ll_dispatch_kernel:--experts=128 \
+           combine:ll_combine_kernel:; do
+    name=${c%%:*} rest=${c#*:}
+    kern=${rest%%:*} extra=${rest#*:}
+    timeout 150 $B/moe_ep_run -n 1 --timeout_s 145 -- ncu --clock-control none \
+      --cache-control none --section SourceCounters --section WarpStateStats \
+      --warp-sampling-interval 0 -k "regex:$kern" --launch-skip 100 --launch-count 1 \
+      -o "$OUT/pc_$name" -f $B/moe_ep_bench --plugin=$B/libmoe_ep.so --dtype=fp8 --tokens=1 \
+      --warmup=20 --iters=200 $extra > "$OUT/pc_$name.log" 2>&1
+    r=$?
+    ncu -i "$OUT/pc_$name.ncu-rep" --page source --csv --print-source sass 2>> "$OUT/pc_$name.log" |
+      gzip -9 > "$OUT/pc_$name.csv.gz"
+    rm -f "$OUT/pc_$name.ncu-rep"
+    summary "pc_$name" $r
+    python3 tools/bench/pc_stalls.py "$OUT/pc_$name.csv.gz" --top 6 | tee -a "$OUT/pc_shares.txt"
   done
   cat "$OUT/summary.txt"
   exit 0
