@@ -12,7 +12,7 @@ namespace {
 
 template <class Tp, typename IdxT>
 __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
-    ll_combine_kernel(const __grid_constant__ MepLLParams p, const MepCombineArgs a) {
+    ll_combine_kernel(const MepCombineArgs a, const __grid_constant__ MepLLParams p) {
   extern __shared__ int smem[]; /* the send's, then the receive's */
   const uint32_t epoch = mep_combine_send_body<Tp>(p, a, smem);
   mep_combine_recv_body<Tp, IdxT>(p, a, smem, epoch);
@@ -21,8 +21,8 @@ __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
 template <class Tp>
 cudaError_t launch_tp(const MepLLParams &p, const MepCombineArgs &a, int idx_bytes, int grid,
                       size_t smem, cudaStream_t s) {
-  return idx_bytes == 8 ? mep_ll_launch_fused(ll_combine_kernel<Tp, int64_t>, grid, smem, s, p, a)
-                        : mep_ll_launch_fused(ll_combine_kernel<Tp, int32_t>, grid, smem, s, p, a);
+  return idx_bytes == 8 ? mep_ll_launch_fused(ll_combine_kernel<Tp, int64_t>, grid, smem, s, a, p)
+                        : mep_ll_launch_fused(ll_combine_kernel<Tp, int32_t>, grid, smem, s, a, p);
 }
 
 }  // namespace

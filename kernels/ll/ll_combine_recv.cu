@@ -10,7 +10,7 @@ namespace {
 
 template <class Tp, typename IdxT>
 __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
-    ll_combine_recv_kernel(const __grid_constant__ MepLLParams p, const MepCombineArgs a) {
+    ll_combine_recv_kernel(const MepCombineArgs a, const __grid_constant__ MepLLParams p) {
   extern __shared__ int smem[];
   /* the epoch the send half of this combine stored in this block's copy */
   mep_combine_recv_body<Tp, IdxT>(p, a, smem, mep_tag(p, p.dims.world + 1));
@@ -20,9 +20,9 @@ template <class Tp>
 cudaError_t launch_tp(const MepLLParams &p, const MepCombineArgs &a, int idx_bytes, int grid,
                       size_t smem, cudaStream_t s) {
   if (idx_bytes == 8)
-    ll_combine_recv_kernel<Tp, int64_t><<<grid, MEP_LL_THREADS, smem, s>>>(p, a);
+    ll_combine_recv_kernel<Tp, int64_t><<<grid, MEP_LL_THREADS, smem, s>>>(a, p);
   else
-    ll_combine_recv_kernel<Tp, int32_t><<<grid, MEP_LL_THREADS, smem, s>>>(p, a);
+    ll_combine_recv_kernel<Tp, int32_t><<<grid, MEP_LL_THREADS, smem, s>>>(a, p);
   return cudaGetLastError();
 }
 

@@ -7,7 +7,7 @@ namespace {
 
 template <class Tp>
 __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
-    ll_combine_send_kernel(const __grid_constant__ MepLLParams p, const MepCombineArgs a) {
+    ll_combine_send_kernel(const MepCombineArgs a, const __grid_constant__ MepLLParams p) {
   extern __shared__ int smem[];
   mep_combine_send_body<Tp>(p, a, smem);
 }
@@ -37,7 +37,7 @@ extern "C" mep_kstatus_t mep_ll_combine_send(const mep_ll_ctx_t *ctx,
   const size_t smem = mep_combine_send_smem(ctx, &k);
   cudaStream_t s = (cudaStream_t)stream;
   const cudaError_t e = mep_ll_with_transport(ctx->transport, [&](auto tp) {
-    ll_combine_send_kernel<typename decltype(tp)::type><<<grid, MEP_LL_THREADS, smem, s>>>(p, k);
+    ll_combine_send_kernel<typename decltype(tp)::type><<<grid, MEP_LL_THREADS, smem, s>>>(k, p);
     return cudaGetLastError();
   });
   return mep_kernels_cuda_check("combine_send: launch", e);

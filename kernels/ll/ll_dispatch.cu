@@ -13,7 +13,7 @@ namespace {
 
 template <class Tp, bool kFp8, typename IdxT, bool kBatched>
 __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
-    ll_dispatch_kernel(const __grid_constant__ MepLLParams p, const MepDispatchArgs a) {
+    ll_dispatch_kernel(const MepDispatchArgs a, const __grid_constant__ MepLLParams p) {
   extern __shared__ int smem[];
   /* LSA: the receive half's last warp sends the send half's arrival while
    * the other warps scan the lists. */
@@ -26,8 +26,8 @@ cudaError_t launch(const MepLLParams &p, const MepDispatchArgs &a, bool batched,
                    size_t smem, cudaStream_t s) {
   if constexpr (!Tp::kStaged)
     if (batched)
-      return mep_ll_launch_fused(ll_dispatch_kernel<Tp, kFp8, IdxT, true>, grid, smem, s, p, a);
-  return mep_ll_launch_fused(ll_dispatch_kernel<Tp, kFp8, IdxT, false>, grid, smem, s, p, a);
+      return mep_ll_launch_fused(ll_dispatch_kernel<Tp, kFp8, IdxT, true>, grid, smem, s, a, p);
+  return mep_ll_launch_fused(ll_dispatch_kernel<Tp, kFp8, IdxT, false>, grid, smem, s, a, p);
 }
 
 template <class Tp>

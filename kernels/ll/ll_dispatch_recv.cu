@@ -10,7 +10,7 @@ namespace {
 
 template <class Tp, bool kFp8, bool kBatched>
 __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
-    ll_dispatch_recv_kernel(const __grid_constant__ MepLLParams p, const MepDispatchArgs a) {
+    ll_dispatch_recv_kernel(const MepDispatchArgs a, const __grid_constant__ MepLLParams p) {
   extern __shared__ int smem[];
   mep_dispatch_recv_body<Tp, kFp8, false, kBatched>(p, a, smem);
 }
@@ -19,9 +19,9 @@ template <class Tp, bool kBatched>
 cudaError_t launch(const MepLLParams &p, const MepDispatchArgs &a, bool fp8, int grid,
                    size_t smem, cudaStream_t s) {
   if (fp8)
-    ll_dispatch_recv_kernel<Tp, true, kBatched><<<grid, MEP_LL_THREADS, smem, s>>>(p, a);
+    ll_dispatch_recv_kernel<Tp, true, kBatched><<<grid, MEP_LL_THREADS, smem, s>>>(a, p);
   else
-    ll_dispatch_recv_kernel<Tp, false, kBatched><<<grid, MEP_LL_THREADS, smem, s>>>(p, a);
+    ll_dispatch_recv_kernel<Tp, false, kBatched><<<grid, MEP_LL_THREADS, smem, s>>>(a, p);
   return cudaGetLastError();
 }
 

@@ -8,13 +8,13 @@ namespace {
 
 template <class Tp, bool kFp8, typename IdxT>
 __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
-    ll_dispatch_send_kernel(const __grid_constant__ MepLLParams p, const MepDispatchArgs a) {
+    ll_dispatch_send_kernel(const MepDispatchArgs a, const __grid_constant__ MepLLParams p) {
   mep_dispatch_send_body<Tp, kFp8, IdxT>(p, a);
 }
 
 template <class Tp, bool kFp8, typename IdxT>
 cudaError_t launch(const MepLLParams &p, const MepDispatchArgs &a, int grid, cudaStream_t s) {
-  ll_dispatch_send_kernel<Tp, kFp8, IdxT><<<grid, MEP_LL_THREADS, 0, s>>>(p, a);
+  ll_dispatch_send_kernel<Tp, kFp8, IdxT><<<grid, MEP_LL_THREADS, 0, s>>>(a, p);
   return cudaGetLastError();
 }
 

@@ -41,8 +41,6 @@
 
 /* What a transport needs to reach peers; nothing mode-specific. */
 struct MepXport {
-  ncclDevComm comm;
-  ncclWindow_t win;
   char *local;           /* this rank's window base */
   char *lsa_base;        /* the window at LSA rank 0 */
   uint64_t lsa_stride;   /* bytes between LSA ranks' windows */
@@ -50,6 +48,9 @@ struct MepXport {
   uint32_t gin_sig_base; /* GIN signal id of signal 0 for this call */
   int rank;
   int world;
+  ncclWindow_t win;
+  ncclDevComm comm; /* last: only GIN reads it, and the LSA fields above
+                       share the first lines of parameter space (ll_params.cuh) */
 };
 
 __device__ __forceinline__ uint64_t mep_ld_acquire_sys(const uint64_t *p) {
