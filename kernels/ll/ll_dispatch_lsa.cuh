@@ -41,6 +41,11 @@ __device__ __forceinline__ uint64_t mep_elist_off(const MepLLParams &p, int le, 
   return p.set_off + p.lay.disp_elist +
          ((uint64_t)le * p.dims.world + (uint64_t)r) * mep_ll_elist_bytes(&p.dims);
 }
+/* Expert list (local expert le, source r) in this rank's window: word 0 the
+ * count, words 1.. the entries. */
+__device__ __forceinline__ uint64_t *mep_elist(const MepLLParams &p, int le, int r) {
+  return reinterpret_cast<uint64_t *>(p.xp.local + mep_elist_off(p, le, r));
+}
 
 /* Send: expert e's list from this rank, at e's rank. Whole warp. Only the
  * first max_tokens hits are listed (more only with an expert repeated
@@ -196,7 +201,7 @@ __device__ __forceinline__ void mep_elist_piece(const MepLLParams &p, const MepD
                                                 int32_t *slot_cache, int *failed) {
   const int M = p.dims.max_tokens, K = a.top_k, lane = threadIdx.x & 31;
   const int n = cnt[r] < M ? cnt[r] : M; /* entries are words 1..n */
-  uint64_t *el = reinterpret_cast<uint64_t *>(p.xp.local + mep_elist_off(p, le, r));
+  uint64_t *el = mep_elist(p, le, r);
   const int j = c * 32 + lane;
   const int off = mep_elist_offset(cnt, r, M);
   if (j >= 1 && j <= n) {
@@ -246,8 +251,7 @@ __device__ __forceinline__ void mep_elist_batch_load(const MepLLParams &p, MepEl
   for (int i = 0; i < kMepBatchLoads; ++i) {
     const int u = warp + i * kMepListWarps;
     v[i] = u < units && lane <= p.dims.max_tokens
-               ? mep_ld_relaxed_sys(reinterpret_cast<const uint64_t *>(
-                     p.xp.local + mep_elist_off(p, le_of(u / R), u % R)) + lane)
+               ? mep_ld_relaxed_sys(mep_elist(p, le_of(u / R), u % R) + lane)
                : 0u;
   }
 #pragma unroll
@@ -276,7 +280,7 @@ __device__ __forceinline__ void mep_elist_batch_take(const MepLLParams &p,
   list_sync(); /* b->words (and the last batch's readers are done with cnt) */
   for (int u = threadIdx.x; u < units; u += kMepListThreads) {
     const int le = le_of(u / R), r = u % R;
-    const uint64_t *cw = reinterpret_cast<const uint64_t *>(p.xp.local + mep_elist_off(p, le, r));
+    const uint64_t *cw = mep_elist(p, le, r);
     const uint64_t c = mep_list_fresh(p, cw, b->words[u][0], (uint32_t)tag[r], r, failed);
     b->cnt[u] = mep_elist_count_checked(p, c, le, r, tokens[r], K, failed);
     if (b->cnt[u] >= 32) b->longer = 1;
@@ -297,10 +301,7 @@ __device__ __forceinline__ void mep_elist_batch_take(const MepLLParams &p,
       const int n = b->cnt[u] < M ? b->cnt[u] : M;
       if (c * 32 > n) continue; /* warp-uniform */
       const int j = c * 32 + lane;
-      const uint64_t w =
-          j <= n ? mep_ld_relaxed_sys(reinterpret_cast<const uint64_t *>(
-                                          p.xp.local + mep_elist_off(p, le_of(i), r)) + j)
-                 : 0u;
+      const uint64_t w = j <= n ? mep_ld_relaxed_sys(mep_elist(p, le_of(i), r) + j) : 0u;
       mep_elist_piece(p, a, b->cnt + i * R, le_of(i), r, c, w, tokens, tag, first && i == 0,
                       slot_cache, failed);
     }
@@ -315,7 +316,7 @@ __device__ __forceinline__ void mep_elist_batch_take(const MepLLParams &p,
     a.src_count[le_of(u / R) * R + u % R] = b->cnt[u] < M ? b->cnt[u] : M;
   list_sync(); /* every piece is past its count word */
   for (int u = threadIdx.x; u < units; u += kMepListThreads)
-    reinterpret_cast<uint64_t *>(p.xp.local + mep_elist_off(p, le_of(u / R), u % R))[0] = 0;
+    mep_elist(p, le_of(u / R), u % R)[0] = 0;
 }
 
 /* smem: MepRecvSmem (next: each source's count signal after this
@@ -339,9 +340,6 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   auto head_of = [&](int r) { return mep_list_head(p, r); };
   auto words_of = [&](int r) { return mep_list_words(p, r); };
-  auto elist_of = [&](int le, int r) {
-    return reinterpret_cast<uint64_t *>(p.xp.local + mep_elist_off(p, le, r));
-  };
   auto list_sync = [] { asm volatile("bar.sync 1, %0;" ::"n"(kMepListThreads) : "memory"); };
 
   if (threadIdx.x == 0) failed = scan_failed = 0;
@@ -381,12 +379,13 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
     uint64_t head0 = 0, own_count = 0, spec = 0;
     if (r_own < R) {
       head0 = mep_ld_relaxed_sys(head_of(r_own));
-      if (!batched && le0 < a.local_experts) own_count = mep_ld_relaxed_sys(elist_of(le0, r_own));
+      if (!batched && le0 < a.local_experts)
+        own_count = mep_ld_relaxed_sys(mep_elist(p, le0, r_own));
     }
     /* piece 0 only: most lists end there, and a load per word of every
      * piece would cost system-scope loads (each ~1 us) by the hundred */
     if (!batched && le0 < a.local_experts && warp < R && lane <= M)
-      spec = mep_ld_relaxed_sys(elist_of(le0, warp) + lane);
+      spec = mep_ld_relaxed_sys(mep_elist(p, le0, warp) + lane);
     if constexpr (kBatched)
       if (batched)
         mep_elist_batch_load(p, &batch, (experts < per_batch ? experts : per_batch) * R,
@@ -420,7 +419,7 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
     for (int le = batched ? a.local_experts : le0; le < a.local_experts; le += gridDim.x) {
       const bool first_le = le == le0;
       for (int r = threadIdx.x; r < R; r += kMepListThreads) {
-        const uint64_t *cw = elist_of(le, r);
+        const uint64_t *cw = mep_elist(p, le, r);
         const uint64_t c0 = r == r_own ? own_count : mep_ld_relaxed_sys(cw);
         const uint64_t c = mep_list_fresh(p, cw, c0, (uint32_t)tag[r], r, &scan_failed);
         cnt[r] = mep_elist_count_checked(p, c, le, r, tokens[r], K, &scan_failed);
@@ -436,8 +435,8 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
       const int le_next = le + gridDim.x;
       const uint64_t spec_cur = spec;
       if (le_next < a.local_experts) {
-        if (r_own < R) own_count = mep_ld_relaxed_sys(elist_of(le_next, r_own));
-        if (warp < R && lane <= M) spec = mep_ld_relaxed_sys(elist_of(le_next, warp) + lane);
+        if (r_own < R) own_count = mep_ld_relaxed_sys(mep_elist(p, le_next, r_own));
+        if (warp < R && lane <= M) spec = mep_ld_relaxed_sys(mep_elist(p, le_next, warp) + lane);
       }
       for (int u = warp; u < R * pieces; u += kMepListWarps) {
         const int r = u % R, c = u / R;
@@ -446,7 +445,7 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
         const int j = c * 32 + lane;
         /* piece 0 of source `warp` was loaded one expert ahead (spec) */
         const uint64_t w = u == warp && warp < R ? spec_cur
-                           : j >= 1 && j <= n    ? mep_ld_relaxed_sys(elist_of(le, r) + j)
+                           : j >= 1 && j <= n    ? mep_ld_relaxed_sys(mep_elist(p, le, r) + j)
                                                  : 0u;
         mep_elist_piece(p, a, cnt, le, r, c, w, tokens, tag, first_le, slot_cache, &scan_failed);
         if (c == 0 && cnt[r] > M)
@@ -462,7 +461,7 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
       for (int r = threadIdx.x; r < R; r += kMepListThreads)
         a.src_count[le * R + r] = cnt[r] < M ? cnt[r] : M;
       list_sync(); /* cnt is reused; every unit is past its count word */
-      for (int r = threadIdx.x; r < R; r += kMepListThreads) elist_of(le, r)[0] = 0;
+      for (int r = threadIdx.x; r < R; r += kMepListThreads) mep_elist(p, le, r)[0] = 0;
       if (first_le && threadIdx.x == 0) mep_stamp_here(p, MEP_LL_STAMP_FIRST_STEP);
     }
     if (threadIdx.x == 0) mep_stamp_here(p, MEP_LL_STAMP_SCANNED);

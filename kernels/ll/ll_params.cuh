@@ -32,7 +32,7 @@ struct MepLLParams {
   uint32_t *puts;         /* this set's staged-dispatch puts per destination [R] */
   uint32_t *comb_puts;    /* this set's staged combine partial puts per destination [R] */
   uint32_t *tickets;      /* this set's block tickets [MEP_LL_NUM_TICKETS] */
-  uint64_t *stamps;       /* diagnostics, usually NULL (mep_ll_ctx_t) */
+  uint64_t *stamps;       /* diagnostics: NULL outside the stamped build (mep_ll_ctx_t) */
   MepXport xp;            /* xp.sig_off = set_off: signals open each set */
 };
 
