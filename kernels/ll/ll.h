@@ -120,7 +120,13 @@ enum {
   MEP_LL_STAMP_COUNTS = 11,      /* receive (LSA): every source's count
                                     signal seen by the warp that waits
                                     for them beside the list reads */
-  MEP_LL_STAMP_POINTS = 12
+  MEP_LL_STAMP_MARKED = 12,      /* receive (LSA): the block's share of
+                                    the slot lists' routes marked */
+  MEP_LL_STAMP_JOINED = 13,      /* receive (LSA): past the barrier that
+                                    joins the list warps and the count
+                                    warp, before the counts' codes are
+                                    checked */
+  MEP_LL_STAMP_POINTS = 14
 };
 
 /* Where the expert side finds one received (source rank, token, k) slot at

@@ -466,8 +466,10 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
     }
     if (threadIdx.x == 0) mep_stamp_here(p, MEP_LL_STAMP_SCANNED);
     mep_mark_routes(p, a, marks, mark0, tokens, tag, words_of, &scan_failed);
+    if (threadIdx.x == 0) mep_stamp_here(p, MEP_LL_STAMP_MARKED);
   }
   __syncthreads(); /* the counts warp's shadows; this block's slots, counts and routes */
+  mep_stamp(p, MEP_LL_STAMP_JOINED);
   /* The record says why; the handle may be partly written, no row is
    * copied. */
   if (scan_failed) return;

@@ -9,7 +9,10 @@
 //            launch each phase's min / median / max over blocks after the
 //            launch's first entry, then the median over launches:
 //            "PHASES rank R ..." lines (tools/bench/RESULTS.md quotes them)
-//   all      both (the default)
+//   warm     phases with the fused dispatch launched twice per step, the
+//            second one stamped: its code, parameters and inputs already
+//            fetched by the first (what the cold launch pays for them)
+//   all      latency and phases (the default)
 // A print, no assertion on time; a kernel that records an error fails the
 // run with the rank and the record.
 #include <cuda_runtime_api.h>
@@ -101,7 +104,7 @@ bool latency(Group &g) {
   return true;
 }
 
-bool phases_for(Group &g, uint64_t *stamps, int grid_max, int tokens) {
+bool phases_for(Group &g, uint64_t *stamps, int grid_max, int tokens, bool warm) {
   const int P = MEP_LL_STAMP_POINTS;
   const Case c = bench_case(tokens);
   g.ctx.transport = MEP_LL_TRANSPORT_LSA;
@@ -120,6 +123,7 @@ bool phases_for(Group &g, uint64_t *stamps, int grid_max, int tokens) {
   std::vector<std::vector<double>> sent_of(grid_max);
   for (int it = 0; it < 120; ++it) {
     BENCH_CUDA(cudaMemsetAsync(stamps, 0, grid_max * P * 8, g.stream));
+    if (warm) BENCH_MEP(mep_ll_dispatch(&g.ctx, &d, g.stream));
     g.ctx.stamps = stamps;
     cudaEventRecord(e0, g.stream);
     BENCH_MEP(mep_ll_dispatch(&g.ctx, &d, g.stream));
@@ -157,15 +161,17 @@ bool phases_for(Group &g, uint64_t *stamps, int grid_max, int tokens) {
   }
   static const char *names[] = {"entry",  "sent",   "signalled", "heads",     "scanned",
                                 "seen",   "copied", "done",      "word waits", "1st words",
-                                "1st step", "counts"};
+                                "1st step", "counts", "marked",  "joined"};
   static_assert(sizeof(names) / sizeof(names[0]) == MEP_LL_STAMP_POINTS, "a name per point");
-  printf("PHASES rank %d tokens %d fused dispatch: event median %.1f us; per phase, us after "
+  const char *label = warm ? "warm" : "fused";
+  printf("PHASES rank %d tokens %d %s dispatch: event median %.1f us; per phase, us after "
          "the first block's entry (min / median / max over blocks; medians of 100 launches; "
          "word waits: a count per block)\n",
-         g_rank, tokens, median(ev));
+         g_rank, tokens, label, median(ev));
   for (int i = 0; i < P; ++i)
     if (!mid[i].empty())
-      printf("PHASES rank %d tokens %d %-9s %6.2f %6.2f %6.2f\n", g_rank, tokens, names[i],
+      printf("PHASES rank %d tokens %d%s %-9s %6.2f %6.2f %6.2f\n", g_rank, tokens,
+             warm ? " warm" : "", names[i],
              median(lo[i]), median(mid[i]), median(hi[i]));
   // The blocks whose own send units end last (warp 0's units: block b
   // holds send units b * 16 .. b * 16 + 15 of the fused kernel's index
@@ -174,7 +180,7 @@ bool phases_for(Group &g, uint64_t *stamps, int grid_max, int tokens) {
   for (int b = 0; b < grid_max; ++b)
     if (!sent_of[b].empty()) slow.push_back({median(sent_of[b]), b});
   std::sort(slow.rbegin(), slow.rend());
-  printf("PHASES rank %d tokens %d slowest sent:", g_rank, tokens);
+  printf("PHASES rank %d tokens %d%s slowest sent:", g_rank, tokens, warm ? " warm" : "");
   for (size_t i = 0; i < slow.size() && i < 8; ++i)
     printf(" block %d %.2f", slow[i].second, slow[i].first);
   printf("\n");
@@ -183,12 +189,12 @@ bool phases_for(Group &g, uint64_t *stamps, int grid_max, int tokens) {
   return true;
 }
 
-bool phases(Group &g) {
+bool phases(Group &g, bool warm) {
   const int grid_max = 256;
   uint64_t *stamps = nullptr;
   BENCH_CUDA(cudaMalloc((void **)&stamps, grid_max * MEP_LL_STAMP_POINTS * 8));
   bool ok = true;
-  for (int tokens : {1, 128}) ok = ok && phases_for(g, stamps, grid_max, tokens);
+  for (int tokens : {1, 128}) ok = ok && phases_for(g, stamps, grid_max, tokens, warm);
   g.ctx.stamps = nullptr;
   cudaFree(stamps);
   return ok;
@@ -198,8 +204,8 @@ bool phases(Group &g) {
 
 int main(int argc, char **argv) {
   const std::string mode = argc > 1 ? argv[1] : "all";
-  if (mode != "all" && mode != "latency" && mode != "phases") {
-    fprintf(stderr, "usage: %s [all|latency|phases]\n", argv[0]);
+  if (mode != "all" && mode != "latency" && mode != "phases" && mode != "warm") {
+    fprintf(stderr, "usage: %s [all|latency|phases|warm]\n", argv[0]);
     return 2;
   }
   const char *r = getenv("MOE_EP_RANK"), *w = getenv("MOE_EP_WORLD_SIZE");
@@ -211,8 +217,8 @@ int main(int argc, char **argv) {
   Group *g = group_create(nullptr);
   if (g == nullptr) return 3;
   bool ok = true;
-  if (mode != "phases") ok = latency(*g);
-  if (ok && mode != "latency") ok = phases(*g);
+  if (mode == "all" || mode == "latency") ok = latency(*g);
+  if (ok && mode != "latency") ok = phases(*g, mode == "warm");
   group_free(g);
   return ok ? 0 : 1;
 }
