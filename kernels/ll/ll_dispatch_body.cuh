@@ -178,7 +178,7 @@ __device__ __forceinline__ void mep_dispatch_recv_staged(const MepLLParams &p,
   __shared__ int warp_hits[kMepWarps];
   __shared__ int failed; /* read only after a block barrier */
   __shared__ int32_t slot_cache[kMepSlotCache]; /* this block's first expert */
-  __shared__ int first_filled;
+  __shared__ int filled_cache[kMepFilledCache];
   const int R = p.dims.world, M = p.dims.max_tokens, K = a.top_k;
   const MepRecvSmem sm = mep_recv_smem(smem, R);
   uint64_t *next = sm.next;
@@ -226,7 +226,7 @@ __device__ __forceinline__ void mep_dispatch_recv_staged(const MepLLParams &p,
     do ++r; while (r < R && tokens[r] == 0);
     return r;
   };
-  for (int le = blockIdx.x; le < a.local_experts; le += gridDim.x) {
+  for (int le = blockIdx.x, nth = 0; le < a.local_experts; le += gridDim.x, ++nth) {
     int32_t *slots = a.slot_src + (size_t)le * cap;
     int filled = 0; /* block-uniform */
     uint64_t ent[kMepScanPer];
@@ -294,13 +294,13 @@ __device__ __forceinline__ void mep_dispatch_recv_staged(const MepLLParams &p,
     }
     if (threadIdx.x == 0) {
       a.recv_count[le] = filled;
-      if (le == (int)blockIdx.x) first_filled = filled;
+      if (nth < kMepFilledCache) filled_cache[nth] = filled;
     }
   }
   mep_stamp(p, MEP_LL_STAMP_SCANNED);
   __syncthreads(); /* failed; this block's slot sources and counts are written */
   if (failed) return;
-  mep_dispatch_recv_finish<Tp, kFp8>(p, a, next, tag, slot_cache, first_filled);
+  mep_dispatch_recv_finish<Tp, kFp8>(p, a, next, tag, slot_cache, filled_cache);
 }
 
 /* The receive half: LSA reads the senders' expert lists

@@ -263,16 +263,18 @@ __device__ __forceinline__ void mep_elist_batch_load(const MepLLParams &p, MepEl
 
 /* One batch of `experts` local experts (le_of(0), le_of(1), ...) whose
  * pieces b->words holds: checks the count words, writes every slot,
- * recv_count and src_count, and zeroes what it read. first: the batch
- * holds the block's first expert (slot_cache, first_filled). List warps;
- * ends after a list barrier. */
+ * recv_count and src_count, and zeroes what it read. i0: the block's
+ * experts before the batch (0: it holds the first one, slot_cache);
+ * filled_cache: the block's (kMepFilledCache). List warps; ends after a
+ * list barrier. */
 template <typename LeOf, typename Sync>
 __device__ __forceinline__ void mep_elist_batch_take(const MepLLParams &p,
                                                      const MepDispatchArgs &a, MepElistBatch *b,
-                                                     int experts, LeOf le_of, bool first,
+                                                     int experts, LeOf le_of, int i0,
                                                      const int *tokens, const int *tag,
-                                                     int32_t *slot_cache, int *first_filled,
+                                                     int32_t *slot_cache, int *filled_cache,
                                                      Sync list_sync, int *failed) {
+  const bool first = i0 == 0;
   const int R = p.dims.world, M = p.dims.max_tokens, K = a.top_k;
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   const int units = experts * R, pieces = (M + 1 + 31) / 32;
@@ -309,7 +311,7 @@ __device__ __forceinline__ void mep_elist_batch_take(const MepLLParams &p,
     const int filled = mep_elist_offset(b->cnt + i * R, R, M);
     if (lane == 0) {
       a.recv_count[le_of(i)] = filled;
-      if (first && i == 0) *first_filled = filled;
+      if (i0 + i < kMepFilledCache) filled_cache[i0 + i] = filled;
     }
   }
   for (int u = threadIdx.x; u < units; u += kMepListThreads)
@@ -329,7 +331,7 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
    * bad head before it (read only after the join). */
   __shared__ int failed, scan_failed;
   __shared__ int32_t slot_cache[kMepSlotCache]; /* this block's first expert */
-  __shared__ int first_filled;
+  __shared__ int filled_cache[kMepFilledCache];
   const int R = p.dims.world, M = p.dims.max_tokens, K = a.top_k;
   const MepRecvSmem sm = mep_recv_smem(smem, R);
   /* in dynamic shared memory only when batched (mep_dispatch_recv_smem) */
@@ -412,12 +414,13 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
       for (int i0 = 0; batched && i0 < experts; i0 += per_batch) {
         const int n = experts - i0 < per_batch ? experts - i0 : per_batch;
         if (i0 > 0) mep_elist_batch_load(p, &batch, n * R, batch_from(i0));
-        mep_elist_batch_take(p, a, &batch, n, batch_from(i0), i0 == 0, tokens, tag, slot_cache,
-                             &first_filled, list_sync, &scan_failed);
+        mep_elist_batch_take(p, a, &batch, n, batch_from(i0), i0, tokens, tag, slot_cache,
+                             filled_cache, list_sync, &scan_failed);
         if (i0 == 0 && threadIdx.x == 0) mep_stamp_here(p, MEP_LL_STAMP_FIRST_STEP);
       }
-    for (int le = batched ? a.local_experts : le0; le < a.local_experts; le += gridDim.x) {
-      const bool first_le = le == le0;
+    for (int le = batched ? a.local_experts : le0, nth = 0; le < a.local_experts;
+         le += gridDim.x, ++nth) {
+      const bool first_le = nth == 0;
       for (int r = threadIdx.x; r < R; r += kMepListThreads) {
         const uint64_t *cw = mep_elist(p, le, r);
         const uint64_t c0 = r == r_own ? own_count : mep_ld_relaxed_sys(cw);
@@ -455,7 +458,7 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
         const int filled = mep_elist_offset(cnt, R, M);
         if (lane == 0) {
           a.recv_count[le] = filled;
-          if (first_le) first_filled = filled;
+          if (nth < kMepFilledCache) filled_cache[nth] = filled;
         }
       }
       for (int r = threadIdx.x; r < R; r += kMepListThreads)
@@ -477,7 +480,7 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
   __syncthreads();
   if (failed) return;
   mep_stamp(p, MEP_LL_STAMP_SEEN);
-  mep_dispatch_recv_finish<Tp, kFp8>(p, a, next, tag, slot_cache, first_filled);
+  mep_dispatch_recv_finish<Tp, kFp8>(p, a, next, tag, slot_cache, filled_cache);
 }
 
 #endif /* MEP_LL_DISPATCH_LSA_CUH_ */
