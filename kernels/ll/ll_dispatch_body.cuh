@@ -70,8 +70,10 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
      * list's capacity (max_tokens * the group's top_k, whatever this call's
      * top_k) gets this call's tag, with no expert there, so no word keeps a
      * tag old enough to come round again (mep_ll_list_word). */
-    const int E = a.num_experts;
-    const int nch = (a.hidden + a.chunk - 1) / a.chunk;
+    const int E = a.local_experts * R;
+    const int nch = a.nch;
+    const mep_fastdiv_t by_nch = mep_fastdiv_of(nch, a.mul_nch);
+    const mep_fastdiv_t by_world = mep_fastdiv_of(R, a.mul_world);
     const int rows = T * R * nch;
     const int words = M * p.dims.top_k;
     const int fill_units = (words - T * K + 31) / 32;
@@ -86,11 +88,13 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
         continue;
       }
       if (u >= E + rows) {
-        const int f = u - E - rows, d = f % R, i = T * K + (f / R) * 32 + lane;
+        const int f = u - E - rows, fr = mep_fastdiv(f, by_world);
+        const int d = f - fr * R, i = T * K + fr * 32 + lane;
         if (i < words) mep_st_relaxed_sys(words_at(d) + i, mep_ll_list_word(-1, 0u, tag));
         continue;
       }
-      const int ch = (u - E) % nch, td = (u - E) / nch, d = td % R, t = td / R;
+      const int td = mep_fastdiv(u - E, by_nch), ch = u - E - td * nch;
+      const int t = mep_fastdiv(td, by_world), d = td - t * R;
       const int c0 = ch * a.chunk;
       const int n = a.hidden - c0 < a.chunk ? a.hidden - c0 : a.chunk;
       uint4 v[4];

@@ -6,6 +6,7 @@
 #ifndef MEP_LL_DISPATCH_COMMON_CUH_
 #define MEP_LL_DISPATCH_COMMON_CUH_
 
+#include "kernels/common/fastdiv.h"
 #include "kernels/common/fp8.cuh"
 #include "kernels/ll/ll_launch.cuh"
 #include "kernels/ll/ll_units.h"
@@ -14,20 +15,33 @@
 struct MepDispatchArgs {
   const __nv_bfloat16 *x;
   const void *topk;
-  int tokens, hidden, top_k, num_experts, local_experts, scale_mode;
+  int tokens, hidden, top_k, local_experts, scale_mode;
   int chunk; /* LSA row unit channels: kMepDispatchStep or kMepDispatchChunkMax */
-  bool pow2;
   uint32_t row_bytes;
+  int weighted;
   void *recv_x;
   void *recv_scales;
   int32_t *recv_count;
   int32_t *slot_src;
   int32_t *src_count;
   const float *weights;   /* NULL: the lists carry weight 0 */
-  int weighted;
   mep_ll_route_t *route;
   int32_t *src_tokens;
+  /* The send's (mep_dispatch_send_args): chunks per row, and the fast
+   * dividers (mep_fastdiv_mul) of its index math by chunks per row, world
+   * size and local experts. 128 bytes in all, as before they were added:
+   * more would move every line of MepLLParams that a launch reads
+   * (ll_params.cuh), which cost the receive kernel 0.2-0.3 us at 1 token
+   * (EP1, H200). */
+  int nch;
+  uint32_t mul_nch, mul_world, mul_local;
 };
+static_assert(sizeof(MepDispatchArgs) == 128, "MepDispatchArgs: two 64-byte lines");
+
+/* The fp8 scales are powers of two (UE8M0 formats). */
+__device__ __forceinline__ bool mep_scales_pow2(const MepDispatchArgs &a) {
+  return a.scale_mode != MEP_FP8_SCALE_F32;
+}
 
 /* Channels per LSA work unit (MepDispatchArgs.chunk): one 512-channel
  * quantiser step (fp8) while every send unit of the call fits in one pass
@@ -72,10 +86,8 @@ static inline MepDispatchArgs mep_dispatch_args(const mep_ll_ctx_t *ctx,
   k.tokens = a->num_tokens;
   k.hidden = a->hidden;
   k.top_k = a->top_k;
-  k.num_experts = a->num_experts;
   k.local_experts = a->num_experts / ctx->dims.world;
   k.scale_mode = a->scale_mode;
-  k.pow2 = a->fp8 && a->scale_mode != MEP_FP8_SCALE_F32;
   k.row_bytes = (uint32_t)mep_ll_dispatch_row_bytes(a->hidden, a->fp8);
   k.recv_x = a->recv_x;
   k.recv_scales = a->recv_scales;
@@ -86,7 +98,9 @@ static inline MepDispatchArgs mep_dispatch_args(const mep_ll_ctx_t *ctx,
   k.weighted = a->weighted != 0;
   k.route = a->route;
   k.src_tokens = a->src_tokens;
-  k.chunk = 0; /* the send halves' (mep_dispatch_send_args); no receive reads it */
+  /* the send halves' (mep_dispatch_send_args); no receive reads them */
+  k.chunk = k.nch = 0;
+  k.mul_nch = k.mul_world = k.mul_local = 0;
   return k;
 }
 /* The arguments of a launch that sends: with the call's row unit, which
@@ -95,6 +109,10 @@ static inline MepDispatchArgs mep_dispatch_send_args(const mep_ll_ctx_t *ctx,
                                                      const mep_ll_dispatch_args_t *a) {
   MepDispatchArgs k = mep_dispatch_args(ctx, a);
   k.chunk = mep_dispatch_chunk(ctx, a);
+  k.nch = (a->hidden + k.chunk - 1) / k.chunk;
+  k.mul_nch = mep_fastdiv_mul(k.nch);
+  k.mul_world = mep_fastdiv_mul(ctx->dims.world);
+  k.mul_local = mep_fastdiv_mul(k.local_experts);
   return k;
 }
 
@@ -117,13 +135,15 @@ __device__ __forceinline__ int mep_slot_dst(const MepLLParams &p, const MepDispa
   *le = -1;
   if (lane >= a.top_k) return -1;
   const IdxT raw = reinterpret_cast<const IdxT *>(a.topk)[t * a.top_k + lane];
-  if (raw < -1 || raw >= (IdxT)a.num_experts)
+  const int E = a.local_experts * p.dims.world;
+  if (raw < -1 || raw >= (IdxT)E)
     mep_record_bad_routing(p, t, lane, raw < (IdxT)INT32_MIN ? INT32_MIN
                                        : raw > (IdxT)INT32_MAX ? INT32_MAX : (int)raw);
   const int e = (int)raw;
-  if (raw < 0 || raw >= (IdxT)a.num_experts) return -1;
-  *le = e % a.local_experts;
-  return e / a.local_experts;
+  if (raw < 0 || raw >= (IdxT)E) return -1;
+  const int d = mep_fastdiv(e, mep_fastdiv_of(a.local_experts, a.mul_local));
+  *le = e - d * a.local_experts;
+  return d;
 }
 
 /* Lane k's slot-list word for destination d: its local expert there (or
@@ -146,7 +166,7 @@ __device__ __forceinline__ void mep_write_row(const MepDispatchArgs &a, const __
                                               char *drow) {
   if (kFp8) {
     float *sc = reinterpret_cast<float *>(drow + a.hidden);
-    mep_fp8_quantize_row_warp(xr, a.hidden, reinterpret_cast<uint8_t *>(drow), a.pow2,
+    mep_fp8_quantize_row_warp(xr, a.hidden, reinterpret_cast<uint8_t *>(drow), mep_scales_pow2(a),
                               [&](int g, float s) { sc[g] = s; });
   } else {
     mep_copy_warp(drow, xr, (uint32_t)a.hidden * 2u);
@@ -181,8 +201,8 @@ __device__ __forceinline__ void mep_chunk_store(const MepDispatchArgs &a, const 
     float *sc = reinterpret_cast<float *>(drow + a.hidden) + c0 / 128;
     uint8_t *q = reinterpret_cast<uint8_t *>(drow) + c0;
     auto put = [&](int g, float s) { sc[g] = s; };
-    mep_fp8_quantize_step(v, 0, n, q, a.pow2, put);
-    if (n > kMepDispatchStep) mep_fp8_quantize_step(v + 2, kMepDispatchStep, n, q, a.pow2, put);
+    mep_fp8_quantize_step(v, 0, n, q, mep_scales_pow2(a), put);
+    if (n > kMepDispatchStep) mep_fp8_quantize_step(v + 2, kMepDispatchStep, n, q, mep_scales_pow2(a), put);
   } else {
     const int lane = threadIdx.x & 31;
     uint4 *dst = reinterpret_cast<uint4 *>(drow + 2 * (size_t)c0);

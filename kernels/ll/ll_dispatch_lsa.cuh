@@ -57,7 +57,8 @@ __device__ __forceinline__ void mep_send_expert_list(const MepLLParams &p,
                                                      uint32_t tag) {
   const int lane = threadIdx.x & 31;
   const int K = a.top_k, T = a.tokens, M = p.dims.max_tokens, n = T * K;
-  const int d = e / a.local_experts, le = e % a.local_experts;
+  const int d = mep_fastdiv(e, mep_fastdiv_of(a.local_experts, a.mul_local));
+  const int le = e - d * a.local_experts;
   uint64_t *list = static_cast<uint64_t *>(Tp::peer_ptr(p.xp, d, mep_elist_off(p, le, p.xp.rank)));
   const IdxT *ids = static_cast<const IdxT *>(a.topk);
   const unsigned lower = (1u << lane) - 1u;
