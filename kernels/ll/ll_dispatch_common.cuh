@@ -38,7 +38,7 @@ struct MepDispatchArgs {
 };
 static_assert(sizeof(MepDispatchArgs) == 128, "MepDispatchArgs: two 64-byte lines");
 
-/* The fp8 scales are powers of two (UE8M0 formats). */
+/* An fp8 call's scales are powers of two (the UE8M0 formats). */
 __device__ __forceinline__ bool mep_scales_pow2(const MepDispatchArgs &a) {
   return a.scale_mode != MEP_FP8_SCALE_F32;
 }
@@ -166,8 +166,8 @@ __device__ __forceinline__ void mep_write_row(const MepDispatchArgs &a, const __
                                               char *drow) {
   if (kFp8) {
     float *sc = reinterpret_cast<float *>(drow + a.hidden);
-    mep_fp8_quantize_row_warp(xr, a.hidden, reinterpret_cast<uint8_t *>(drow), mep_scales_pow2(a),
-                              [&](int g, float s) { sc[g] = s; });
+    mep_fp8_quantize_row_warp(xr, a.hidden, reinterpret_cast<uint8_t *>(drow),
+                              mep_scales_pow2(a), [&](int g, float s) { sc[g] = s; });
   } else {
     mep_copy_warp(drow, xr, (uint32_t)a.hidden * 2u);
   }
@@ -201,8 +201,9 @@ __device__ __forceinline__ void mep_chunk_store(const MepDispatchArgs &a, const 
     float *sc = reinterpret_cast<float *>(drow + a.hidden) + c0 / 128;
     uint8_t *q = reinterpret_cast<uint8_t *>(drow) + c0;
     auto put = [&](int g, float s) { sc[g] = s; };
-    mep_fp8_quantize_step(v, 0, n, q, mep_scales_pow2(a), put);
-    if (n > kMepDispatchStep) mep_fp8_quantize_step(v + 2, kMepDispatchStep, n, q, mep_scales_pow2(a), put);
+    const bool pow2 = mep_scales_pow2(a);
+    mep_fp8_quantize_step(v, 0, n, q, pow2, put);
+    if (n > kMepDispatchStep) mep_fp8_quantize_step(v + 2, kMepDispatchStep, n, q, pow2, put);
   } else {
     const int lane = threadIdx.x & 31;
     uint4 *dst = reinterpret_cast<uint4 *>(drow + 2 * (size_t)c0);
@@ -236,9 +237,9 @@ constexpr int kMepSlotCache = 1024;
 /* The list counts (recv_count) of a block's first kMepFilledCache local
  * experts, kept in shared memory by the scan for the copy that follows:
  * read back from recv_count, each expert past the first cost a global
- * round trip on the path, rows or none (EP1, H200: the fused dispatch 0.7-1.3
- * us faster with 1024 experts or 24 SMs, 0.1-0.3 with two experts per
- * block). */
+ * round trip on the path, rows or none (EP1, H200: the fused dispatch
+ * 0.7-1.3 us faster with 1024 experts or 24 SMs, 0.1-0.3 with two experts
+ * per block). */
 constexpr int kMepFilledCache = 32;
 
 /* Row `src_row` of the receive area into recv_x slot dst_slot (and its
@@ -403,8 +404,7 @@ __device__ __forceinline__ void mep_dispatch_wait_counts(const MepLLParams &p, b
       continue;
     }
     /* got_head: next[r] holds the signal as read with the head */
-    if (!mep_dispatch_count_wait<Tp>(p, r, got_head ? &next[r] : nullptr, &next[r],
-                                            &code)) {
+    if (!mep_dispatch_count_wait<Tp>(p, r, got_head ? &next[r] : nullptr, &next[r], &code)) {
       *failed = 1;
       continue;
     }
