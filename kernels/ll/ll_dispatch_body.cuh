@@ -194,7 +194,7 @@ __device__ __forceinline__ void mep_dispatch_recv_staged(const MepLLParams &p,
 
   if (threadIdx.x == 0) failed = 0;
   __syncthreads();
-  mep_dispatch_wait_counts<Tp>(p, false, next, tokens, puts, weighted, &failed);
+  mep_dispatch_wait_counts<Tp>(p, next, tokens, puts, weighted, &failed);
   __syncthreads();
   if (failed) return;
   mep_stamp(p, MEP_LL_STAMP_SEEN);

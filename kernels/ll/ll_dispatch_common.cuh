@@ -38,6 +38,14 @@ struct MepDispatchArgs {
 };
 static_assert(sizeof(MepDispatchArgs) == 128, "MepDispatchArgs: two 64-byte lines");
 
+/* Expert e's rank (returned) and local expert there (*le); a send half's
+ * (MepDispatchArgs.mul_local). 0 <= e < the call's experts. */
+__device__ __forceinline__ int mep_expert_home(const MepDispatchArgs &a, int e, int *le) {
+  const int d = mep_fastdiv(e, mep_fastdiv_of(a.local_experts, a.mul_local));
+  *le = e - d * a.local_experts;
+  return d;
+}
+
 /* An fp8 call's scales are powers of two (the UE8M0 formats). */
 __device__ __forceinline__ bool mep_scales_pow2(const MepDispatchArgs &a) {
   return a.scale_mode != MEP_FP8_SCALE_F32;
@@ -141,9 +149,7 @@ __device__ __forceinline__ int mep_slot_dst(const MepLLParams &p, const MepDispa
                                        : raw > (IdxT)INT32_MAX ? INT32_MAX : (int)raw);
   const int e = (int)raw;
   if (raw < 0 || raw >= (IdxT)E) return -1;
-  const int d = mep_fastdiv(e, mep_fastdiv_of(a.local_experts, a.mul_local));
-  *le = e - d * a.local_experts;
-  return d;
+  return mep_expert_home(a, e, le);
 }
 
 /* Lane k's slot-list word for destination d: its local expert there (or
@@ -359,68 +365,69 @@ __device__ __forceinline__ void mep_dispatch_recv_finish(const MepLLParams &p,
   mep_stamp(p, MEP_LL_STAMP_DONE);
 }
 
-/* Waits for source r's count signal (first: its value as read with the
- * head, or NULL): *total = the signal after this receive, *code = the
- * sender's code. An expired wait is recorded. */
+/* Waits for source r's count signal: *total = the signal after this
+ * receive, *code = the sender's code. An expired wait is recorded. */
 template <class Tp>
 __device__ __forceinline__ bool mep_dispatch_count_wait(const MepLLParams &p, int r,
-                                                        const uint64_t *first, uint64_t *total,
-                                                        uint64_t *code) {
+                                                        uint64_t *total, uint64_t *code) {
   uint64_t base = 0, increase = 0;
   if (!mep_wait_count<Tp>(p, mep_ll_sig_disp_cnt(&p.dims, r), MEP_LL_OP_DISPATCH_RECV, r, &base,
-                          &increase, code, first))
+                          &increase, code))
     return false;
   *total = base + increase;
   return true;
 }
 
-/* Waits for every source's count signal (and, staged, its row puts) and
- * checks the count's code against the tokens and mode the list head gave
- * (got_head; staged transports read the heads afterwards). Fills next[]
- * (the signal shadows after this receive) and puts[]; sets *failed. Threads
- * r < R. kWaited (LSA): the counts were waited for already, next[r] holds
- * each signal and next[R + r] its code; only the checks are left, against
- * the code the head implies. Decoding the code instead (64-bit divisions
- * and their remainders) cost every block ~0.45 us between its join and
- * the row copy (EP1, H200, phase stamps). */
-template <class Tp, bool kWaited = false>
-__device__ __forceinline__ void mep_dispatch_wait_counts(const MepLLParams &p, bool got_head,
-                                                         uint64_t *next, int *tokens, int *puts,
-                                                         int *weighted, int *failed) {
-  static_assert(!kWaited || !Tp::kRowSignals, "next[R + r] holds codes only without row signals");
+/* A count's code no sender makes, or one that disagrees with the list
+ * head (a corrupt or piled-up signal), fails the group like an expired
+ * wait. */
+__device__ __forceinline__ void mep_dispatch_bad_code(const MepLLParams &p, int r,
+                                                      const uint64_t *next, int *failed) {
+  mep_record_timeout(p.wc, MEP_LL_OP_BAD_SIGNAL, r, -1,
+                     mep_shadow(p, mep_ll_sig_disp_cnt(&p.dims, r)), next[r]);
+  *failed = 1;
+}
+
+/* LSA, after the count warp's waits (next[r]: each source's signal,
+ * next[R + r] its code): each code must be the one the source's list head
+ * implies, an LSA sender putting nothing. Compared, not decoded: decoding
+ * (64-bit divisions and their remainders) cost every block ~0.45 us
+ * between its join and the row copy (EP1, H200, phase stamps). Fills
+ * puts[]; sets *failed. Threads r < R. */
+__device__ __forceinline__ void mep_dispatch_check_codes(const MepLLParams &p,
+                                                         const uint64_t *next, const int *tokens,
+                                                         int *puts, const int *weighted,
+                                                         int *failed) {
+  const int R = p.dims.world, M = p.dims.max_tokens;
+  for (int r = threadIdx.x; r < R; r += blockDim.x) {
+    if (next[R + r] != mep_ll_disp_code(tokens[r], 0, weighted[r], M))
+      mep_dispatch_bad_code(p, r, next, failed);
+    puts[r] = 0;
+  }
+}
+
+/* Staged transports: waits for every source's count signal and its row
+ * puts; the code gives the source's tokens, mode and puts (its list head
+ * is read afterwards). Fills next[] (the signal shadows after this
+ * receive), tokens[], weighted[] and puts[]; sets *failed. Threads r < R. */
+template <class Tp>
+__device__ __forceinline__ void mep_dispatch_wait_counts(const MepLLParams &p, uint64_t *next,
+                                                         int *tokens, int *puts, int *weighted,
+                                                         int *failed) {
   const int R = p.dims.world, M = p.dims.max_tokens;
   for (int r = threadIdx.x; r < R; r += blockDim.x) {
     uint64_t code = 0;
     int n = 0, q = 0, w = 0;
-    if constexpr (kWaited) {
-      /* the head gave the source's tokens and mode, and an LSA sender puts
-       * nothing: there is one code it can have */
-      if (next[R + r] != mep_ll_disp_code(tokens[r], 0, weighted[r], M)) {
-        mep_record_timeout(p.wc, MEP_LL_OP_BAD_SIGNAL, r, -1,
-                           mep_shadow(p, mep_ll_sig_disp_cnt(&p.dims, r)), next[r]);
-        *failed = 1;
-      }
-      puts[r] = 0;
-      continue;
-    }
-    /* got_head: next[r] holds the signal as read with the head */
-    if (!mep_dispatch_count_wait<Tp>(p, r, got_head ? &next[r] : nullptr, &next[r], &code)) {
+    if (!mep_dispatch_count_wait<Tp>(p, r, &next[r], &code)) {
       *failed = 1;
       continue;
     }
-    /* A code no sender makes, or one that disagrees with the list head (a
-     * corrupt or piled-up signal), fails the group like an expired wait. */
-    if (!mep_ll_disp_decode(code - 1, M, &n, &q, &w) ||
-        (got_head && (n != tokens[r] || w != weighted[r]))) {
-      mep_record_timeout(p.wc, MEP_LL_OP_BAD_SIGNAL, r, -1,
-                         mep_shadow(p, mep_ll_sig_disp_cnt(&p.dims, r)), next[r]);
-      *failed = 1;
+    if (!mep_ll_disp_decode(code - 1, M, &n, &q, &w)) {
+      mep_dispatch_bad_code(p, r, next, failed);
       continue;
     }
-    if (!got_head) {
-      tokens[r] = n;
-      weighted[r] = w;
-    }
+    tokens[r] = n;
+    weighted[r] = w;
     puts[r] = q;
     if (Tp::kRowSignals) {
       const uint32_t rs = mep_ll_sig_disp_row(&p.dims, r);

@@ -57,8 +57,8 @@ __device__ __forceinline__ void mep_send_expert_list(const MepLLParams &p,
                                                      uint32_t tag) {
   const int lane = threadIdx.x & 31;
   const int K = a.top_k, T = a.tokens, M = p.dims.max_tokens, n = T * K;
-  const int d = mep_fastdiv(e, mep_fastdiv_of(a.local_experts, a.mul_local));
-  const int le = e - d * a.local_experts;
+  int le;
+  const int d = mep_expert_home(a, e, &le);
   uint64_t *list = static_cast<uint64_t *>(Tp::peer_ptr(p.xp, d, mep_elist_off(p, le, p.xp.rank)));
   const IdxT *ids = static_cast<const IdxT *>(a.topk);
   const unsigned lower = (1u << lane) - 1u;
@@ -358,7 +358,7 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
     /* The count signals cover the rows; their codes are checked after the
      * join. */
     for (int r = lane; r < R; r += 32)
-      if (!mep_dispatch_count_wait<Tp>(p, r, nullptr, &next[r], &next[R + r])) scan_failed = 1;
+      if (!mep_dispatch_count_wait<Tp>(p, r, &next[r], &next[R + r])) scan_failed = 1;
     __syncwarp();
     if (lane == 0) mep_stamp_here(p, MEP_LL_STAMP_COUNTS);
   } else {
@@ -477,7 +477,7 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
   /* The record says why; the handle may be partly written, no row is
    * copied. */
   if (scan_failed) return;
-  mep_dispatch_wait_counts<Tp, true>(p, true, next, tokens, puts, weighted, &failed);
+  mep_dispatch_check_codes(p, next, tokens, puts, weighted, &failed);
   __syncthreads();
   if (failed) return;
   mep_stamp(p, MEP_LL_STAMP_SEEN);

@@ -22,21 +22,15 @@ __device__ __forceinline__ void mep_store_shadows(const MepLLParams &p, const ui
 /* Waits for source `peer`'s count signal `sig` in this set: one add by the
  * sender's last block (row-signalled transports), or every sender block's
  * arrival (LSA, mep_ll_arrival_add). *base: the block's shadow; *increase:
- * how far the signal moved; *code: the sender's code. first (may be NULL):
- * an earlier acquire read of the signal, used before reading again. False
- * when the wait expired or aborted, or the value is one no sender makes
- * (recorded as MEP_LL_OP_BAD_SIGNAL). One lane. */
+ * how far the signal moved; *code: the sender's code. False when the wait
+ * expired or aborted, or the value is one no sender makes (recorded as
+ * MEP_LL_OP_BAD_SIGNAL). One lane. */
 template <class Tp>
 __device__ __forceinline__ bool mep_wait_count(const MepLLParams &p, uint32_t sig, int op,
                                                int peer, uint64_t *base, uint64_t *increase,
-                                               uint64_t *code, const uint64_t *first = nullptr) {
+                                               uint64_t *code) {
   const uint64_t b = *base = mep_shadow(p, sig);
-  bool fresh = first == nullptr;
-  auto read = [&] {
-    if (fresh) return Tp::read_signal(p.xp, sig);
-    fresh = true;
-    return *first;
-  };
+  auto read = [&] { return Tp::read_signal(p.xp, sig); };
   uint64_t seen = 0;
   if (Tp::kRowSignals) {
     if (!mep_wait_ge(p.wc, read, b + 1, op, peer, -1, &seen)) return false;

@@ -167,15 +167,15 @@ bool phases_for(Group &g, uint64_t *stamps, int grid_max, int tokens, bool warm)
                                 "seen",   "copied", "done",      "word waits", "1st words",
                                 "1st step", "counts", "marked",  "joined"};
   static_assert(sizeof(names) / sizeof(names[0]) == MEP_LL_STAMP_POINTS, "a name per point");
-  const char *label = warm ? "warm" : "fused";
+  const char *warm_tag = warm ? " warm" : "";
   printf("PHASES rank %d tokens %d %s dispatch: event median %.1f us; per phase, us after "
          "the first block's entry (min / median / max over blocks; medians of 100 launches; "
          "word waits: a count per block)\n",
-         g_rank, tokens, label, median(ev));
+         g_rank, tokens, warm ? "warm" : "fused", median(ev));
   for (int i = 0; i < P; ++i)
     if (!mid[i].empty())
-      printf("PHASES rank %d tokens %d%s %-9s %6.2f %6.2f %6.2f\n", g_rank, tokens,
-             warm ? " warm" : "", names[i],
+      printf("PHASES rank %d tokens %d%s %-9s %6.2f %6.2f %6.2f\n", g_rank, tokens, warm_tag,
+             names[i],
              median(lo[i]), median(mid[i]), median(hi[i]));
   // The blocks whose own send units end last (warp 0's units: block b
   // holds send units b * 16 .. b * 16 + 15 of the fused kernel's index
@@ -184,7 +184,7 @@ bool phases_for(Group &g, uint64_t *stamps, int grid_max, int tokens, bool warm)
   for (int b = 0; b < grid_max; ++b)
     if (!sent_of[b].empty()) slow.push_back({median(sent_of[b]), b});
   std::sort(slow.rbegin(), slow.rend());
-  printf("PHASES rank %d tokens %d%s slowest sent:", g_rank, tokens, warm ? " warm" : "");
+  printf("PHASES rank %d tokens %d%s slowest sent:", g_rank, tokens, warm_tag);
   for (size_t i = 0; i < slow.size() && i < 8; ++i)
     printf(" block %d %.2f", slow[i].second, slow[i].first);
   printf("\n");
