@@ -2,7 +2,7 @@
 # device_run.sh (copied to .gpu_bundle/run_device.sh): the GPU suite, run on
 # the GPU machine from the repository root, most important first; every log
 # goes to $OUT and a one-line verdict per step to $OUT/summary.txt.
-# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|rest|one|world|llcheck|llscen|misc|ab|htab|htprof|llprof|llpc|lltable|extra|ht|htnet|scale]; quick stops after
+# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|rest|one|world|llcheck|llscen|misc|ab|htab|htprof|llprof|llpc|sass|lltable|extra|ht|htnet|scale]; quick stops after
 # the kernel test, the weighted-dispatch and hidden-2880 API runs and the
 # eager benchmarks, and rest runs the rest of full (full = quick + rest);
 # one is for a 1-GPU machine (EP1 suites, LL and HT, sanitizers, an EP1 benchmark, and
@@ -542,6 +542,26 @@ if [ "$MODE" = llprof ]; then
   cat "$OUT/summary.txt"
   exit 0
 fi
+# sass: the SASS of the bundle's library and of every variant under
+# .gpu_bundle/ab/<name>/ (cuobjdump), as sass_<name>.txt.gz, and per kernel
+# whose name holds $SASS_KERNEL (default ll_combine) how many 128-bit
+# loads each one has in flight beside it before its value is used
+# (tools/bench/load_depth.py), in load_depth.txt. No GPU work.
+if [ "$MODE" = sass ]; then
+  [ -f $B/ab.tar.xz ] && tar xJf $B/ab.tar.xz -C $B
+  for D in $B $B/ab/*; do
+    [ -f "$D/libmoe_ep.so" ] || continue
+    name=cur; [ "$D" != $B ] && name=$(basename "$D")
+    cuobjdump -sass "$D/libmoe_ep.so" | gzip > "$OUT/sass_$name.txt.gz"
+    summary "sass_$name" $?
+    echo "== $name" >> "$OUT/load_depth.txt"
+    python3 tools/bench/load_depth.py "$OUT/sass_$name.txt.gz" \
+      --kernel "${SASS_KERNEL:-ll_combine}" >> "$OUT/load_depth.txt"
+  done
+  cat "$OUT/load_depth.txt"
+  exit 0
+fi
+
 # llpc: where the fused LL kernels' warps stall at 1 token, instruction by
 # instruction; one GPU only (ncu's replay passes restore local memory, not
 # a peer's). ncu's PC-sampled stall reasons per SASS instruction of one

@@ -29,11 +29,13 @@
  * per warp. */
 constexpr int kMepPartialStep = 256;
 /* Steps of one work unit when the units would take more than a pass or two
- * of the grid's warps (large batches, small grids): a lane then keeps every
- * step of a batch of slots in flight at once (steps x batch = 16 uint4
- * loads), so a warp has 8 KB outstanding instead of one 512-byte step per
- * slot; the reductions are bound by load latency (one block of 16 warps
- * per SM), and fewer, longer units leave no partial last pass. Small
+ * of the grid's warps (large batches, small grids): a lane then issues
+ * every step of a batch of slots as one group (steps x batch = 16 uint4
+ * loads) instead of one 512-byte step per slot; the reductions are bound
+ * by load latency (one block of 16 warps per SM), and fewer, longer units
+ * leave no partial last pass. Under the kernels' 128-register cap ptxas
+ * keeps at most 4 of the send's 16 in flight (the receive's sums keep all
+ * 16; tools/bench/load_depth.py). Small
  * batches keep one step per unit: more warps, each on its own SM
  * (mep_ll_spread_warp), finish sooner. EP1, H200, hidden 7168, 256
  * experts: the send half at 256 tokens 19.6 -> 17.2 us, at 128 tokens
