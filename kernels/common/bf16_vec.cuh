@@ -39,10 +39,7 @@ __device__ __forceinline__ void mep_steps_zero(float acc[S][8]) {
 
 /* v[j] = row's vector at c + 256 j when use and that channel is below
  * limit, else zero. kCg: an L2-only load (rows peers wrote into this
- * GPU's window), else a plain load (the expert outputs the combine send
- * reduces: through the read-only path, ld.global.nc, the send half ran
- * 3.5-4.1 us slower at 128 tokens on 24 SMs and 0.8-1.1 us at 256 on the
- * whole grid; EP2, H200). */
+ * GPU's window: the receives' sums), else a plain load. */
 template <int S, bool kCg>
 __device__ __forceinline__ void mep_steps_load(uint4 v[S], const __nv_bfloat16 *row, int c,
                                                int limit, bool use) {
@@ -51,6 +48,28 @@ __device__ __forceinline__ void mep_steps_load(uint4 v[S], const __nv_bfloat16 *
     const int cj = c + j * 256;
     const uint4 *src = reinterpret_cast<const uint4 *>(row + cj);
     v[j] = use && cj < limit ? (kCg ? __ldcg(src) : *src) : make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+/* v[j] = row's vector at c + 256 j, or at limit - 8 for a step at or past
+ * the limit (channels nobody stores), for the expert outputs the combine
+ * send reduces. Every load is issued, none predicated, so each lands in
+ * its own registers: a load that must give zeros when skipped goes through
+ * a scratch register quad and a predicated move, and under the 128-register
+ * cap ptxas kept only 4 of the send's 16-load batch in flight that way,
+ * 12-16 unpredicated (tools/bench/load_depth.py; EP1, H200: the fused
+ * combine 0.3-1.1 us faster at 128-256 tokens). The caller passes a valid
+ * row for every vector and adds only the used ones. Plain loads: through
+ * the read-only path (ld.global.nc) the send half ran 3.5-4.1 us slower at
+ * 128 tokens on 24 SMs and 0.8-1.1 us at 256 on the whole grid (EP2,
+ * H200). */
+template <int S>
+__device__ __forceinline__ void mep_steps_load_all(uint4 v[S], const __nv_bfloat16 *row, int c,
+                                                   int limit) {
+#pragma unroll
+  for (int j = 0; j < S; ++j) {
+    const int cj = c + j * 256;
+    v[j] = *reinterpret_cast<const uint4 *>(row + (cj < limit ? cj : limit - 8));
   }
 }
 

@@ -33,9 +33,9 @@ constexpr int kMepPartialStep = 256;
  * every step of a batch of slots as one group (steps x batch = 16 uint4
  * loads) instead of one 512-byte step per slot; the reductions are bound
  * by load latency (one block of 16 warps per SM), and fewer, longer units
- * leave no partial last pass. Under the kernels' 128-register cap ptxas
- * keeps at most 4 of the send's 16 in flight (the receive's sums keep all
- * 16; tools/bench/load_depth.py). Small
+ * leave no partial last pass. The send's loads are unpredicated
+ * (mep_steps_load_all): predicated ones kept only 4 of the 16 in flight
+ * under the kernels' 128-register cap (tools/bench/load_depth.py). Small
  * batches keep one step per unit: more warps, each on its own SM
  * (mep_ll_spread_warp), finish sooner. EP1, H200, hidden 7168, 256
  * experts: the send half at 256 tokens 19.6 -> 17.2 us, at 128 tokens
@@ -74,12 +74,15 @@ __device__ __forceinline__ void mep_partial_chunks(const __nv_bfloat16 *y, int h
     uint4 v[B][S];
     float w[B];
     bool use[B];
+    int first = 0; /* the batch's first slot (always used): the row an
+                    * unused entry loads again and ignores */
 #pragma unroll
     for (int i = 0; i < B; ++i) {
       const int k = mep_take_lane(&live, &use[i]);
       const int slot = __shfl_sync(0xffffffffu, entry.slot, k);
+      if (i == 0) first = slot;
       w[i] = __int_as_float(__shfl_sync(0xffffffffu, entry.weight_bits, k));
-      mep_steps_load<S, false>(v[i], y + (size_t)slot * hidden, c, limit, use[i]);
+      mep_steps_load_all<S>(v[i], y + (size_t)(use[i] ? slot : first) * hidden, c, limit);
     }
 #pragma unroll
     for (int i = 0; i < B; ++i)
