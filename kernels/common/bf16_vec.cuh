@@ -58,7 +58,7 @@ __device__ __forceinline__ void mep_steps_load(uint4 v[S], const __nv_bfloat16 *
  * a scratch register quad and a predicated move, and under the 128-register
  * cap ptxas kept only 4 of the send's 16-load batch in flight that way,
  * 12-16 unpredicated (tools/bench/load_depth.py; EP1, H200: the fused
- * combine 0.3-1.1 us faster at 128-256 tokens). The caller passes a valid
+ * combine 0.3-1.2 us faster at 128-256 tokens). The caller passes a valid
  * row for every vector and adds only the used ones. Plain loads: through
  * the read-only path (ld.global.nc) the send half ran 3.5-4.1 us slower at
  * 128 tokens on 24 SMs and 0.8-1.1 us at 256 on the whole grid (EP2,
