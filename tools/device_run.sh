@@ -548,16 +548,13 @@ fi
 # loads each one has in flight beside it before its value is used
 # (tools/bench/load_depth.py), in load_depth.txt. No GPU work.
 if [ "$MODE" = sass ]; then
-  [ -f $B/ab.tar.xz ] && tar xJf $B/ab.tar.xz -C $B
-  for D in $B $B/ab/*; do
-    [ -f "$D/libmoe_ep.so" ] || continue
-    name=cur; [ "$D" != $B ] && name=$(basename "$D")
+  while read -r name D; do
     cuobjdump -sass "$D/libmoe_ep.so" | gzip > "$OUT/sass_$name.txt.gz"
-    summary "sass_$name" $?
+    summary "sass_$name" "${PIPESTATUS[0]}"
     echo "== $name" >> "$OUT/load_depth.txt"
     python3 tools/bench/load_depth.py "$OUT/sass_$name.txt.gz" \
       --kernel "${SASS_KERNEL:-ll_combine}" >> "$OUT/load_depth.txt"
-  done
+  done < <(variants)
   cat "$OUT/load_depth.txt"
   exit 0
 fi

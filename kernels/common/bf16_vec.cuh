@@ -38,16 +38,16 @@ __device__ __forceinline__ void mep_steps_zero(float acc[S][8]) {
 }
 
 /* v[j] = row's vector at c + 256 j when use and that channel is below
- * limit, else zero. kCg: an L2-only load (rows peers wrote into this
- * GPU's window: the receives' sums), else a plain load. */
-template <int S, bool kCg>
+ * limit, else zero; an L2-only load (rows peers wrote into this GPU's
+ * window: the receives' sums). */
+template <int S>
 __device__ __forceinline__ void mep_steps_load(uint4 v[S], const __nv_bfloat16 *row, int c,
                                                int limit, bool use) {
 #pragma unroll
   for (int j = 0; j < S; ++j) {
     const int cj = c + j * 256;
     const uint4 *src = reinterpret_cast<const uint4 *>(row + cj);
-    v[j] = use && cj < limit ? (kCg ? __ldcg(src) : *src) : make_uint4(0u, 0u, 0u, 0u);
+    v[j] = use && cj < limit ? __ldcg(src) : make_uint4(0u, 0u, 0u, 0u);
   }
 }
 

@@ -345,7 +345,7 @@ __device__ __forceinline__ void mep_combine_sum_slots_top8(const MepLLParams &p,
       w[i] = use ? weight(i) : 0.f;
       rank[i] = use ? (int)(e / a.local_experts) : -1;
       left |= use ? 1u << i : 0u;
-      mep_steps_load<S, true>(v[i], row(i), c, a.hidden, use);
+      mep_steps_load<S>(v[i], row(i), c, a.hidden, use);
     }
     /* Every row is in registers before the first group: otherwise the
      * compiler may sink a group's loads into its branch below, one load
@@ -402,7 +402,7 @@ __device__ __forceinline__ void mep_combine_sum_slots_wide(const MepLLParams &p,
         for (int i = 0; i < 8; ++i) {
           const int k = mep_take_lane(&group, &use[i]);
           w[i] = __shfl_sync(0xffffffffu, wl, k);
-          mep_steps_load<S, true>(v[i], row(k), c, a.hidden, use[i]);
+          mep_steps_load<S>(v[i], row(k), c, a.hidden, use[i]);
         }
 #pragma unroll
         for (int i = 0; i < 8; ++i)
