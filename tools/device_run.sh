@@ -2,10 +2,11 @@
 # device_run.sh (copied to .gpu_bundle/run_device.sh): the GPU suite, run on
 # the GPU machine from the repository root, most important first; every log
 # goes to $OUT and a one-line verdict per step to $OUT/summary.txt.
-# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|rest|one|world|llcheck|llscen|misc|ab|htab|htprof|llprof|llpc|sass|lltable|extra|ht|htnet|scale]; quick stops after
+# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|rest|one|world|api|llcheck|llscen|misc|ab|htab|htprof|llprof|llpc|sass|lltable|extra|ht|htnet|scale]; quick stops after
 # the kernel test, the weighted-dispatch and hidden-2880 API runs and the
 # eager benchmarks, and rest runs the rest of full (full = quick + rest);
-# one is for a 1-GPU machine (EP1 suites, LL and HT, sanitizers, an EP1 benchmark, and
+# api runs quick's public-API half alone (world 1 and the oracle-checked
+# API runs); one is for a 1-GPU machine (EP1 suites, LL and HT, sanitizers, an EP1 benchmark, and
 # an A/B against .gpu_bundle/prev/libmoe_ep.so when that exists); world
 # runs only one's world tests (3 to 16 ranks on one GPU); ab
 # compares 2-GPU phase stamps and bench with variants in .gpu_bundle/ab/.
@@ -196,6 +197,31 @@ world_tests() {
   timeout 300 $B/ht_world_overlap_test > "$OUT/ht_world_overlap_test.log" 2>&1
   summary ht_world_overlap_test $? "$(gtest_key "$OUT/ht_world_overlap_test.log")"
   grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure|rank [0-9]+" "$OUT/ht_world_overlap_test.log" | head -12
+}
+# quick's public-API half: the kernel test at world 1 (on the first GPU),
+# then the API runs against the oracle: both combine modes, graphs, and
+# bf16 hidden sizes that are not multiples of 128.
+quick_api() {
+  # (44 cases in 54 s on a 1-GPU H200 machine: 60 s was too tight on the
+  # 2-GPU one; the limit is ll_gpu_test's.)
+  MOE_EP_TEST_WORLD=1 timeout $((120 * S)) $B/ll_gpu_test > "$OUT/ll_gpu_test_world1.log" 2>&1
+  summary ll_gpu_test_world1 $? "$(gtest_key "$OUT/ll_gpu_test_world1.log")"
+  ll_api_core
+  # Weights given to dispatch, in CUDA-graph replays.
+  api ${E}_graph_dispatch_weights $N $((40 * S)) --scenario=graph --experts=64 --max_tokens=32 \
+    --layers=2048:8 --seeds=100 --dispatch_weights=1
+  # bf16 hidden a multiple of 8 but not of 128 (2880: gpt-oss; 1032, 2056)
+  # in both combine modes, bit-exact against the oracle: LSA with weights at
+  # combine and at dispatch, GIN-emulated with weights at combine and on even
+  # ranks only (one rank of each mode in the same run).
+  api ${E}_lsa_bf16_h2880 $N $((50 * S)) --dtype=bf16 --experts=64 --max_tokens=128 \
+    --layers=2880:9,1032:4 --seeds=2
+  api ${E}_lsa_bf16_h2880_dispatch_weights $N $((50 * S)) --dtype=bf16 --experts=64 --max_tokens=128 \
+    --layers=2880:9,1032:4 --seeds=2 --dispatch_weights=1
+  api ${E}_ginemu_bf16_h2880 $N $((50 * S)) --transport=gin_emulated --dtype=bf16 --experts=64 \
+    --max_tokens=64 --layers=2880:4,2056:8 --seeds=2
+  api ${E}_ginemu_bf16_h2880_dispatch_weights_mixed $N $((50 * S)) --transport=gin_emulated --dtype=bf16 \
+    --experts=64 --max_tokens=64 --layers=2880:4,2056:8 --seeds=2 --dispatch_weights=mixed
 }
 # The libraries an A/B compares, one "name folder" line each: this
 # bundle's (cur) and every variant's under $B/ab/<name>/. Variants may
@@ -642,6 +668,11 @@ if [ "$MODE" = misc ]; then
   cat "$OUT/summary.txt"
   exit 0
 fi
+if [ "$MODE" = api ]; then  # quick's public-API half alone
+  quick_api
+  cat "$OUT/summary.txt"
+  exit 0
+fi
 if [ "$MODE" = world ]; then  # the one-GPU world tests alone
   world_tests
   cat "$OUT/summary.txt"
@@ -723,24 +754,7 @@ ll_gpu_one_sm
 prepare_layout   # one GPU is enough; the API runs below check prepare too
 set_reuse
 world_tests
-MOE_EP_TEST_WORLD=1 timeout 60 $B/ll_gpu_test > "$OUT/ll_gpu_test_world1.log" 2>&1
-summary ll_gpu_test_world1 $? "$(gtest_key "$OUT/ll_gpu_test_world1.log")"
-ll_api_core
-# Weights given to dispatch, in CUDA-graph replays.
-api ${E}_graph_dispatch_weights $N $((40 * S)) --scenario=graph --experts=64 --max_tokens=32 \
-  --layers=2048:8 --seeds=100 --dispatch_weights=1
-# bf16 hidden a multiple of 8 but not of 128 (2880: gpt-oss; 1032, 2056)
-# in both combine modes, bit-exact against the oracle: LSA with weights at
-# combine and at dispatch, GIN-emulated with weights at combine and on even
-# ranks only (one rank of each mode in the same run).
-api ${E}_lsa_bf16_h2880 $N $((50 * S)) --dtype=bf16 --experts=64 --max_tokens=128 \
-  --layers=2880:9,1032:4 --seeds=2
-api ${E}_lsa_bf16_h2880_dispatch_weights $N $((50 * S)) --dtype=bf16 --experts=64 --max_tokens=128 \
-  --layers=2880:9,1032:4 --seeds=2 --dispatch_weights=1
-api ${E}_ginemu_bf16_h2880 $N $((50 * S)) --transport=gin_emulated --dtype=bf16 --experts=64 \
-  --max_tokens=64 --layers=2880:4,2056:8 --seeds=2
-api ${E}_ginemu_bf16_h2880_dispatch_weights_mixed $N $((50 * S)) --transport=gin_emulated --dtype=bf16 \
-  --experts=64 --max_tokens=64 --layers=2880:4,2056:8 --seeds=2 --dispatch_weights=mixed
+quick_api
 bench bench 90 --plugin=$B/libmoe_ep.so --warmup=50 --json="$OUT/bench.json"
 grep -A22 "^latency" "$OUT/bench.log"
 # The same with the weights at combine only (one row back per (token, expert)).
