@@ -297,8 +297,7 @@ __device__ __forceinline__ void mep_combine_sum_partials_at(const MepLLParams &p
 #pragma unroll
       for (int i = 0; i < B; ++i) {
         const int k = mep_take_lane(&first, &use[i]);
-        mep_steps_load<S>(v[i], region + (size_t)(t * K + k) * a.hidden, c, a.hidden,
-                                use[i]);
+        mep_steps_load<S>(v[i], region + (size_t)(t * K + k) * a.hidden, c, a.hidden, use[i]);
       }
       /* w = 1: exactly acc + partial */
 #pragma unroll

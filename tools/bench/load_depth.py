@@ -27,6 +27,12 @@ INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 REG = re.compile(r"\bR(\d+)\b")
 # instructions whose first operand is read, not written
 NO_DEST = ("ST", "RED", "ATOM", "BRA", "BAR", "EXIT", "RET", "CALL", "MEMBAR")
+PRED = re.compile(r"^@!?U?P\w+\s+")
+
+
+def unpredicated(text):
+    """The instruction without its guard predicate (@P0, @!UP1, ...)."""
+    return PRED.sub("", text)
 
 
 def kernels_of(path):
@@ -48,8 +54,7 @@ def kernels_of(path):
 
 def reads(text):
     """The registers an instruction reads (see the module's caveat)."""
-    body = re.sub(r"^@!?U?P\w+\s+", "", text)
-    op = body.split(None, 1)
+    op = unpredicated(text).split(None, 1)
     if len(op) < 2:
         return set()
     if op[0].startswith(NO_DEST):
@@ -67,7 +72,7 @@ def depths(insns, window):
     for i, (addr, text) in enumerate(insns):
         if not LOAD.search(text):
             continue
-        dest = REG.search(text.split(None, 2)[-1] if text.startswith("@") else text)
+        dest = REG.search(unpredicated(text))
         if not dest:
             continue
         quad = set(range(int(dest.group(1)), int(dest.group(1)) + 4))
