@@ -1,7 +1,8 @@
 /* fp8.cuh: per-128-channel e4m3 quantisation, one warp per row, shared by the
  * LL dispatch send and the standalone mep_fp8_quantize kernel.
  * scale = max(amax, 1e-4) / 448 (IEEE division), optionally rounded up to a
- * power of two; q = e4m3_satfinite(x / scale) (IEEE division): the same
+ * power of two; q = e4m3_satfinite(x / scale) (the quotient as IEEE
+ * division rounds it, through fp8_div.h's exact sequence): the same
  * operations, in the same order, as tests/oracle/quant.cc, so the bytes
  * match the oracle exactly. Non-finite input (moe_ep.h, "fp8 and
  * non-finite input"): amax is over the group's finite values only, +-inf
@@ -12,6 +13,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <stdint.h>
+
+#include "kernels/common/fp8_div.h"
 
 #define MEP_FP8_MAX 448.0f
 #define MEP_FP8_AMAX_FLOOR 1e-4f
@@ -112,8 +115,11 @@ __device__ __forceinline__ void mep_fp8_quantize_step(const uint4 v[2], int c0, 
 #pragma unroll
       for (int i = 0; i < 16; ++i) f[i] = __fmul_rn(f[i], inv);
     } else {
+      /* one rounded reciprocal per group, no division per value
+       * (fp8_div.h) */
+      const float inv = __frcp_rn(s);
 #pragma unroll
-      for (int i = 0; i < 16; ++i) f[i] = __fdiv_rn(f[i], s);
+      for (int i = 0; i < 16; ++i) f[i] = mep_fp8_div(f[i], s, inv);
     }
     *reinterpret_cast<uint4 *>(q + c) = mep_fp8_pack16(f);
     if ((lane & 7) == 0) put_scale(c / 128, s);

@@ -15,6 +15,8 @@
 //            The first runs on the other buffer set: two dispatches on one
 //            set with no combine between would let a rank overwrite rows
 //            a peer still reads
+//   phases_bf16  phases with a bf16 dispatch (what the fp8 quantiser and
+//            the scales cost, against the same routing)
 //   all      latency and phases (the default)
 // A print, no assertion on time; a kernel that records an error fails the
 // run with the rank and the record.
@@ -55,9 +57,10 @@ bool no_record(const Group &g) {
   return false;
 }
 
-// The fp8 case both modes time: 128 tokens per rank (or `tokens`).
-Case bench_case(int tokens) {
-  return Case{7168, 8, 256, 1, MOE_EP_FP8_SCALE_F32, 8, {tokens, tokens}, 12};
+// The case every mode times: 128 tokens per rank (or `tokens`), fp8 unless
+// phases_bf16 asks otherwise.
+Case bench_case(int tokens, int fp8 = 1) {
+  return Case{7168, 8, 256, fp8, MOE_EP_FP8_SCALE_F32, 8, {tokens, tokens}, 12};
 }
 
 bool latency(Group &g) {
@@ -107,9 +110,9 @@ bool latency(Group &g) {
   return true;
 }
 
-bool phases_for(Group &g, uint64_t *stamps, int grid_max, int tokens, bool warm) {
+bool phases_for(Group &g, uint64_t *stamps, int grid_max, int tokens, bool warm, int fp8) {
   const int P = MEP_LL_STAMP_POINTS;
-  const Case c = bench_case(tokens);
+  const Case c = bench_case(tokens, fp8);
   g.ctx.transport = MEP_LL_TRANSPORT_LSA;
   const Inputs in = make_inputs(c, g_rank);
   BENCH_CHECK(upload(c, in, g.x, g.topk, g.w), "upload");
@@ -168,10 +171,10 @@ bool phases_for(Group &g, uint64_t *stamps, int grid_max, int tokens, bool warm)
                                 "1st step", "counts", "marked",  "joined"};
   static_assert(sizeof(names) / sizeof(names[0]) == MEP_LL_STAMP_POINTS, "a name per point");
   const char *warm_tag = warm ? " warm" : "";
-  printf("PHASES rank %d tokens %d %s dispatch: event median %.1f us; per phase, us after "
+  printf("PHASES rank %d tokens %d %s %s dispatch: event median %.1f us; per phase, us after "
          "the first block's entry (min / median / max over blocks; medians of 100 launches; "
          "word waits: a count per block)\n",
-         g_rank, tokens, warm ? "warm" : "fused", median(ev));
+         g_rank, tokens, warm ? "warm" : "fused", fp8 ? "fp8" : "bf16", median(ev));
   for (int i = 0; i < P; ++i)
     if (!mid[i].empty())
       printf("PHASES rank %d tokens %d%s %-9s %6.2f %6.2f %6.2f\n", g_rank, tokens, warm_tag,
@@ -193,12 +196,12 @@ bool phases_for(Group &g, uint64_t *stamps, int grid_max, int tokens, bool warm)
   return true;
 }
 
-bool phases(Group &g, bool warm) {
+bool phases(Group &g, bool warm, int fp8) {
   const int grid_max = 256;
   uint64_t *stamps = nullptr;
   BENCH_CUDA(cudaMalloc((void **)&stamps, grid_max * MEP_LL_STAMP_POINTS * 8));
   bool ok = true;
-  for (int tokens : {1, 128}) ok = ok && phases_for(g, stamps, grid_max, tokens, warm);
+  for (int tokens : {1, 128}) ok = ok && phases_for(g, stamps, grid_max, tokens, warm, fp8);
   g.ctx.stamps = nullptr;
   cudaFree(stamps);
   return ok;
@@ -208,8 +211,9 @@ bool phases(Group &g, bool warm) {
 
 int main(int argc, char **argv) {
   const std::string mode = argc > 1 ? argv[1] : "all";
-  if (mode != "all" && mode != "latency" && mode != "phases" && mode != "warm") {
-    fprintf(stderr, "usage: %s [all|latency|phases|warm]\n", argv[0]);
+  if (mode != "all" && mode != "latency" && mode != "phases" && mode != "warm" &&
+      mode != "phases_bf16") {
+    fprintf(stderr, "usage: %s [all|latency|phases|phases_bf16|warm]\n", argv[0]);
     return 2;
   }
   const char *r = getenv("MOE_EP_RANK"), *w = getenv("MOE_EP_WORLD_SIZE");
@@ -222,7 +226,7 @@ int main(int argc, char **argv) {
   if (g == nullptr) return 3;
   bool ok = true;
   if (mode == "all" || mode == "latency") ok = latency(*g);
-  if (ok && mode != "latency") ok = phases(*g, mode == "warm");
+  if (ok && mode != "latency") ok = phases(*g, mode == "warm", mode == "phases_bf16" ? 0 : 1);
   group_free(g);
   return ok ? 0 : 1;
 }
