@@ -9,7 +9,7 @@
  * from a bf16 amax (max(amax, 1e-4) / 448) and every bf16 x, the quotient
  * equals IEEE x / s bit for bit when |x / s| >= 2^-20, and otherwise has
  * the same sign and stays below 2^-19, so both give e4m3 (+-)0
- * (tests/kernels/fp8_div_test.cc runs all 2^31 pairs). A non-finite x
+ * (tests/kernels/fp8_div_test.cc runs all 2.13e9 pairs). A non-finite x
  * leaves a NaN residual and keeps q0 (+-inf or NaN); the result takes x's
  * sign, as the division's does, also where q0 and the correction cancel
  * to zero. Plain C, so the host test checks the device formula. */

@@ -1,6 +1,6 @@
 // fp8_div_test.cc: the fp8 quantiser's quotient (kernels/common/fp8_div.h)
 // against IEEE division, for every scale the f32 rule makes from a bf16
-// amax and every bf16 value: 32640 scales x 65280 values.
+// amax and every bf16 value: 32640 scales x 65282 values.
 #include "kernels/common/fp8_div.h"
 
 #include <gtest/gtest.h>
