@@ -1,5 +1,5 @@
-/* fp8.cuh: per-128-channel e4m3 quantisation, one warp per row, shared by the
- * LL dispatch send and the standalone mep_fp8_quantize kernel.
+/* fp8.cuh: per-128-channel e4m3 quantisation by warps, for the LL dispatch
+ * send (its LSA row units and its staged rows).
  * scale = max(amax, 1e-4) / 448 (IEEE division), optionally rounded up to a
  * power of two; q = e4m3_satfinite(x / scale) (the quotient as IEEE
  * division rounds it, through fp8_div.h's exact sequence): the same
