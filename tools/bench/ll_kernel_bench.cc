@@ -7,8 +7,8 @@
 //   phases   where the fused dispatch's time goes: every block stamps
 //            %globaltimer at each phase boundary (mep_ll_ctx_t.stamps); per
 //            launch each phase's min / median / max over blocks after the
-//            launch's first entry, then the median over launches:
-//            "PHASES rank R ..." lines (tools/bench/RESULTS.md quotes them)
+//            launch's first entry, then the median over launches, at 1, 8
+//            and 128 tokens: "PHASES rank R ..." lines (tools/bench/RESULTS.md quotes them)
 //   warm     phases with the fused dispatch launched twice per step, the
 //            second one stamped: its code, parameters and inputs already
 //            fetched by the first (what the cold launch pays for them).
@@ -201,7 +201,7 @@ bool phases(Group &g, bool warm, int fp8) {
   uint64_t *stamps = nullptr;
   BENCH_CUDA(cudaMalloc((void **)&stamps, grid_max * MEP_LL_STAMP_POINTS * 8));
   bool ok = true;
-  for (int tokens : {1, 128}) ok = ok && phases_for(g, stamps, grid_max, tokens, warm, fp8);
+  for (int tokens : {1, 8, 128}) ok = ok && phases_for(g, stamps, grid_max, tokens, warm, fp8);
   g.ctx.stamps = nullptr;
   cudaFree(stamps);
   return ok;
