@@ -8,7 +8,8 @@
 //            %globaltimer at each phase boundary (mep_ll_ctx_t.stamps); per
 //            launch each phase's min / median / max over blocks after the
 //            launch's first entry, then the median over launches, at 1, 8
-//            and 128 tokens: "PHASES rank R ..." lines (tools/bench/RESULTS.md quotes them)
+//            and 128 tokens: "PHASES rank R ..." lines
+//            (tools/bench/RESULTS.md quotes them)
 //   warm     phases with the fused dispatch launched twice per step, the
 //            second one stamped: its code, parameters and inputs already
 //            fetched by the first (what the cold launch pays for them).
