@@ -238,20 +238,22 @@ variants() {
 # default one; both may come from the environment (a narrower A/B, such as
 # small calls at EP4 in both combine modes). AB_STAMPS=0 skips the stamps;
 # AB_ROUNDS sets how many times the variants take turns (differences of
-# 0.2-0.3 us need more than two).
+# 0.2-0.3 us need more than two); AB_DTYPE=bf16 compares bf16 dispatches
+# (the bench and the stamps) instead of fp8.
 AB_TOKENS=${AB_TOKENS:-1,8,32,128,256}
+AB_DTYPE=${AB_DTYPE:-fp8}
 AB_ROUNDS=${AB_ROUNDS:-2}
 AB_EXTRAS=${AB_EXTRAS-"--num_sms=24 --experts=1024 --dispatch_weights=false"}
 # The ab runs' table: per case (the extra flag), token count and variant,
 # each half's p50 range over the ranks and rounds of
-# bench_<variant>[_<extra>]_<round>.log (fp8 latency rows), sorted so each
+# bench_<variant>[_<extra>]_<round>.log (AB_DTYPE's latency rows), sorted so each
 # variant's line sits under the others'; then, for each variant beside
 # cur, its ranges' like ends minus cur's (low - low / high - high, us;
 # positive: the variant is slower).
 ab_table() {
   local extras
   extras=$(echo $AB_EXTRAS | sed 's/--//g; s/ /|/g')
-  awk -v extras="$extras" '
+  awk -v extras="$extras" -v dtype="$AB_DTYPE" '
     FNR == 1 {
       v = FILENAME; sub(/.*\/bench_/, "", v); sub(/\.log$/, "", v); sub(/_[0-9]+$/, "", v)
       extra = "weights_at_dispatch"
@@ -259,7 +261,7 @@ ab_table() {
         extra = substr(v, RSTART + 1); v = substr(v, 1, RSTART - 1)
       }
     }
-    $1 == "fp8" && $5 == "|" {
+    $1 == dtype && $5 == "|" {
       n = split($0, part, "|")
       if (n < 7 || index(part[2], "/") == 0) next  # the bandwidth table has no p50/p99
       key = extra SUBSEP $3 SUBSEP v
@@ -299,21 +301,22 @@ if [ "$MODE" = ab ]; then
       name=${v%% *} D=${v#* }
       # (a variant without its own ll_kernel_bench changed no dispatch code)
       if [ -f "$D/ll_kernel_bench" ] && [ "${AB_STAMPS:-1}" = 1 ]; then
-        timeout $((60 * S)) $D/ll_kernel_bench phases > "$OUT/stamps_${name}_$round.log" 2>&1
+        phases=phases; [ "$AB_DTYPE" = bf16 ] && phases=phases_bf16
+        timeout $((60 * S)) $D/ll_kernel_bench $phases > "$OUT/stamps_${name}_$round.log" 2>&1
         summary "stamps_${name}_$round" $?
         grep -E "^PHASES rank 0" "$OUT/stamps_${name}_$round.log" | sed "s/^/$name $round: /"
       fi
-      bench "bench_${name}_$round" 90 --plugin=$D/libmoe_ep.so --dtype=fp8 \
+      bench "bench_${name}_$round" 90 --plugin=$D/libmoe_ep.so --dtype=$AB_DTYPE \
         --tokens=$AB_TOKENS --warmup=50
-      grep -E "^fp8 .*\| .*\| " "$OUT/bench_${name}_$round.log" | head -10 | cut -c1-116 | sed "s/^/$name $round: /"
+      grep -E "^$AB_DTYPE .*\| .*\| " "$OUT/bench_${name}_$round.log" | head -10 | cut -c1-116 | sed "s/^/$name $round: /"
       # several local experts per receive block (a 24-SM grid, and 1024
       # experts); the combine with the weights given at combine (pushed to
       # the experts' ranks over LSA)
       for extra in $AB_EXTRAS; do
         tok=1,128; [ $extra = --dispatch_weights=false ] && tok=$AB_TOKENS
-        bench "bench_${name}_${extra#--}_$round" 90 --plugin=$D/libmoe_ep.so --dtype=fp8 \
+        bench "bench_${name}_${extra#--}_$round" 90 --plugin=$D/libmoe_ep.so --dtype=$AB_DTYPE \
           --tokens=$tok --warmup=50 $extra
-        grep -E "^fp8 .*\| .*\| " "$OUT/bench_${name}_${extra#--}_$round.log" | head -10 | cut -c1-116 | sed "s/^/$name $round $extra: /"
+        grep -E "^$AB_DTYPE .*\| .*\| " "$OUT/bench_${name}_${extra#--}_$round.log" | head -10 | cut -c1-116 | sed "s/^/$name $round $extra: /"
       done
     done
   done
