@@ -2,7 +2,7 @@
 # device_run.sh (copied to .gpu_bundle/run_device.sh): the GPU suite, run on
 # the GPU machine from the repository root, most important first; every log
 # goes to $OUT and a one-line verdict per step to $OUT/summary.txt.
-# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|rest|one|world|api|llcheck|llscen|misc|ab|htab|htprof|llprof|llpc|sass|lltable|extra|ht|htnet|scale]; quick stops after
+# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|rest|one|world|api|llcheck|llscen|misc|ab|htab|htprof|llprof|llpc|sass|lltable|skew|extra|ht|htnet|scale]; quick stops after
 # the kernel test, the weighted-dispatch and hidden-2880 API runs and the
 # eager benchmarks, and rest runs the rest of full (full = quick + rest);
 # api runs quick's public-API half alone (world 1 and the oracle-checked
@@ -636,6 +636,21 @@ if [ "$MODE" = lltable ]; then
   timeout $((60 * S)) $B/ll_kernel_bench phases > "$OUT/ll_phases.log" 2>&1
   summary ll_phases $?
   grep -E "^PHASES rank 0" "$OUT/ll_phases.log"
+  cat "$OUT/summary.txt"
+  exit 0
+fi
+# skew: the LL bench with hot experts (--routing_skew over SKEWS, 0 the
+# uniform routing of every table), fp8, both combine modes, eager: what the
+# most-loaded expert's block costs the receive.
+if [ "$MODE" = skew ]; then
+  for sk in ${SKEWS:-0 0.25 0.5}; do
+    for w in true false; do
+      bench "skew_${sk}_weights_$w" 90 --plugin=$B/libmoe_ep.so --dtype=fp8 --warmup=50 \
+        --routing_skew=$sk --dispatch_weights=$w --json="$OUT/skew_${sk}_weights_$w.json"
+      grep -E "^fp8 .*\| .*\| " "$OUT/skew_${sk}_weights_$w.log" | head -10 | cut -c1-116 \
+        | sed "s/^/skew $sk weights at dispatch $w: /"
+    done
+  done
   cat "$OUT/summary.txt"
   exit 0
 fi

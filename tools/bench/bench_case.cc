@@ -2,8 +2,10 @@
 #include "tools/bench/bench_case.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <set>
+#include <utility>
 
 namespace mep_bench {
 
@@ -33,9 +35,48 @@ uint16_t ToBf16(float f) {
   return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-std::vector<int64_t> Routing(uint64_t seed, int rank, int tokens, int top_k, int experts) {
+namespace {
+
+// Each expert's weight 1 / (i + 1)^skew, i its place in an order drawn
+// from the seed alone.
+std::vector<double> SkewWeights(uint64_t seed, int experts, double skew) {
+  std::vector<int> order(static_cast<size_t>(experts));
+  for (int e = 0; e < experts; e++) order[static_cast<size_t>(e)] = e;
+  Rng r(Mix(seed, 4000037ull, static_cast<uint64_t>(experts)));
+  for (int i = experts - 1; i > 0; i--) {  // Fisher-Yates
+    std::swap(order[static_cast<size_t>(i)], order[r.Below(static_cast<uint32_t>(i + 1))]);
+  }
+  std::vector<double> w(static_cast<size_t>(experts));
+  for (int i = 0; i < experts; i++) {
+    w[static_cast<size_t>(order[static_cast<size_t>(i)])] = std::pow(i + 1.0, -skew);
+  }
+  return w;
+}
+
+// Weighted draws without replacement (Efraimidis and Spirakis): every
+// expert gets the key -log(u) / w, and the token takes the top_k smallest,
+// in key order. Exact for any weights, with no rejection loop.
+void SkewedRow(Rng* r, const std::vector<double>& w, int top_k, int64_t* row) {
+  std::vector<std::pair<double, int>> keys(w.size());
+  for (size_t e = 0; e < w.size(); e++) {
+    // 1 - Uniform() is in (0, 1]: the log is finite
+    keys[e] = {-std::log(1.0 - r->Uniform()) / w[e], static_cast<int>(e)};
+  }
+  std::partial_sort(keys.begin(), keys.begin() + top_k, keys.end());
+  for (int k = 0; k < top_k; k++) row[k] = keys[static_cast<size_t>(k)].second;
+}
+
+}  // namespace
+
+std::vector<int64_t> Routing(uint64_t seed, int rank, int tokens, int top_k, int experts,
+                             double skew) {
   Rng r(Mix(seed, 1000003ull + rank, tokens));
   std::vector<int64_t> idx(static_cast<size_t>(tokens) * top_k);
+  if (skew > 0.0) {
+    const std::vector<double> w = SkewWeights(seed, experts, skew);
+    for (int t = 0; t < tokens; t++) SkewedRow(&r, w, top_k, &idx[static_cast<size_t>(t) * top_k]);
+    return idx;
+  }
   for (int t = 0; t < tokens; t++) {
     int64_t* row = &idx[static_cast<size_t>(t) * top_k];
     for (int k = 0; k < top_k; k++) {
@@ -50,7 +91,7 @@ std::vector<int64_t> Routing(uint64_t seed, int rank, int tokens, int top_k, int
 }
 
 Traffic MakeTraffic(uint64_t seed, int rank, int world, int T, int H, int top_k, int experts,
-                    int fp8) {
+                    int fp8, double skew) {
   const int R = world, el = experts / world;
   Traffic tr;
   tr.row_disp = fp8 ? static_cast<size_t>(H) + H / 128 * 4 : static_cast<size_t>(H) * 2;
@@ -58,7 +99,7 @@ Traffic MakeTraffic(uint64_t seed, int rank, int world, int T, int H, int top_k,
   // Routing of every rank (deterministic from the seed), so each rank
   // knows what it receives from each peer.
   tr.routes.resize(R);
-  for (int q = 0; q < R; q++) tr.routes[q] = Routing(seed, q, T, top_k, experts);
+  for (int q = 0; q < R; q++) tr.routes[q] = Routing(seed, q, T, top_k, experts, skew);
   tr.pairs.assign(R, std::vector<int64_t>(R, 0));
   tr.toks = tr.pairs;
   for (int q = 0; q < R; q++) {

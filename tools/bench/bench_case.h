@@ -42,8 +42,13 @@ struct Rng {
 uint64_t Mix(uint64_t a, uint64_t b, uint64_t c);
 uint16_t ToBf16(float f);
 
-// Uniform top-k distinct experts per token, for rank `rank`.
-std::vector<int64_t> Routing(uint64_t seed, int rank, int tokens, int top_k, int experts);
+// Top-k distinct experts per token, for rank `rank`: uniform when skew is
+// 0, else drawn without replacement with expert weights 1 / (i + 1)^skew,
+// i the expert's place in an order drawn from the seed alone (the same hot
+// experts on every rank). Skew 0 gives the routing every earlier result
+// was measured with.
+std::vector<int64_t> Routing(uint64_t seed, int rank, int tokens, int top_k, int experts,
+                             double skew = 0.0);
 
 // What one case moves, known to every rank from the seed.
 struct Traffic {
@@ -54,7 +59,7 @@ struct Traffic {
   std::vector<int32_t> want_count;  // [local experts]: rows this rank receives
 };
 Traffic MakeTraffic(uint64_t seed, int rank, int world, int tokens, int hidden, int top_k,
-                    int experts, int fp8);
+                    int experts, int fp8, double skew = 0.0);
 // The byte counts of `rank` into st (kBytes*).
 void AddByteStats(const Traffic& tr, int rank, std::vector<double>* st);
 // The same for an HT case, whose rows travel once per (token, rank): the

@@ -32,6 +32,11 @@ ABSL_FLAG(int32_t, warmup, 0,
 ABSL_FLAG(std::string, transport, "auto", "auto, lsa or gin_emulated");
 ABSL_FLAG(std::string, json, "", "also write the results as JSON to this path (rank 0)");
 ABSL_FLAG(uint64_t, seed, 1, "seed of routing and inputs");
+ABSL_FLAG(double, routing_skew, 0.0,
+          "how unevenly tokens pick experts: 0 picks each token's top_k distinct experts "
+          "uniformly; s > 0 (at most 2) weights the experts as a Zipf law of exponent s over an "
+          "order drawn from --seed, the same hot experts on every rank (at 256 experts and "
+          "top-8, 0.25 picks the hottest expert ~3x as often as the mean, 0.5 ~8x)");
 ABSL_FLAG(bool, sync_each_iter, false,
           "synchronize the stream after every iteration (diagnosis; times then include launch "
           "latency)");
@@ -77,6 +82,11 @@ Plan ParseFlags(int world) {
   if (p.iters == 0) p.iters = p.ht ? 200 : 1000;
   if (p.warmup == 0) p.warmup = p.ht ? 50 : 100;
   p.seed = absl::GetFlag(FLAGS_seed);
+  p.routing_skew = absl::GetFlag(FLAGS_routing_skew);
+  // NaN fails both comparisons, so it is refused too.
+  if (!(p.routing_skew >= 0.0 && p.routing_skew <= 2.0)) {
+    Die("--routing_skew=%g must be in [0, 2] (0: uniform routing)", p.routing_skew);
+  }
   p.transport = absl::GetFlag(FLAGS_transport);
   std::string dtype = absl::GetFlag(FLAGS_dtype);
   if (dtype.empty()) dtype = p.ht ? "bf16" : "all";

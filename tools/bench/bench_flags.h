@@ -22,6 +22,7 @@ ABSL_DECLARE_FLAG(int32_t, warmup);
 ABSL_DECLARE_FLAG(std::string, transport);
 ABSL_DECLARE_FLAG(std::string, json);
 ABSL_DECLARE_FLAG(uint64_t, seed);
+ABSL_DECLARE_FLAG(double, routing_skew);
 ABSL_DECLARE_FLAG(bool, sync_each_iter);
 ABSL_DECLARE_FLAG(bool, graph);
 ABSL_DECLARE_FLAG(bool, adopt_comm);
@@ -38,6 +39,7 @@ struct Plan {
   std::vector<int> tokens, hidden, dtypes;  // dtypes: 1 = fp8
   int top_k, experts, iters, warmup, max_tokens, max_hidden;
   uint64_t seed;
+  double routing_skew;  // --routing_skew: 0 uniform
   std::string transport;
 };
 

@@ -41,6 +41,9 @@ void PrintPreamble(const RunInfo& run) {
            return s;
          }().c_str(),
          run.transport.c_str(), static_cast<unsigned long long>(run.seed), run.iters, run.warmup);
+  if (run.routing_skew > 0.0) {
+    printf("  routing skewed: expert weights 1 / (i + 1)^%g (--routing_skew)\n", run.routing_skew);
+  }
   if (run.ht) printf("  %s\n", run.ht_dispatch.c_str());
   if (run.iters < 1000) printf("  note: fewer than 1000 timed iterations, p99 is rough\n");
   if (absl::GetFlag(FLAGS_adopt_comm))
@@ -196,10 +199,11 @@ void WriteJson(const std::string& path, const RunInfo& run, const std::vector<Ca
     fprintf(f, "%s\"%s\"", i ? ", " : "", JsonEscape(run.group_lines[i]).c_str());
   }
   fprintf(f, "],\n  \"experts\": %d, \"top_k\": %d, \"iters\": %d, \"warmup\": %d, "
-             "\"transport\": \"%s\", \"seed\": %llu, \"dispatch_weights\": %s,\n"
+             "\"transport\": \"%s\", \"seed\": %llu, \"routing_skew\": %g, "
+             "\"dispatch_weights\": %s,\n"
              "  \"results\": [\n",
           run.experts, run.top_k, run.iters, run.warmup, JsonEscape(run.transport).c_str(),
-          static_cast<unsigned long long>(run.seed),
+          static_cast<unsigned long long>(run.seed), run.routing_skew,
           absl::GetFlag(FLAGS_dispatch_weights) ? "true" : "false");
   bool first = true;
   for (const Case& c : cases) {

@@ -28,6 +28,7 @@ struct RunInfo {
   std::vector<int> tokens, hidden;
   std::string transport;
   uint64_t seed = 0;
+  double routing_skew = 0.0;
   int iters = 0, warmup = 0;
   std::vector<std::string> group_lines;  // rank 0's line per group
 };

@@ -193,6 +193,7 @@ int Main(int argc, char** argv) {
   run.hidden = p.hidden;
   run.transport = p.transport;
   run.seed = p.seed;
+  run.routing_skew = p.routing_skew;
   run.iters = p.iters;
   run.warmup = p.warmup;
   if (rank == 0) PrintPreamble(run);
@@ -214,7 +215,8 @@ int Main(int argc, char** argv) {
 
     for (int H : p.hidden) {
       for (int T : p.tokens) {
-        const Traffic tr = MakeTraffic(p.seed, rank, world, T, H, p.top_k, p.experts, fp8);
+        const Traffic tr =
+            MakeTraffic(p.seed, rank, world, T, H, p.top_k, p.experts, fp8, p.routing_skew);
         std::vector<double> st(kNumStats, 0.0);
         if (p.ht) {
           MeasureHtCase(s, b, group, tr, fp8, H, T, &st);
