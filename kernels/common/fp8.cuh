@@ -109,17 +109,16 @@ __device__ __forceinline__ void mep_fp8_quantize_step(const uint4 v[2], int c0, 
   for (int m = 4; m >= 1; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
   if (c < hidden) {
     const float s = mep_fp8_scale(amax, pow2);
+    /* one rounded reciprocal per group, no division per value */
+    const float inv = __frcp_rn(s);
     if (pow2) {
-      /* s = 2^e with 2^-e a normal float: x * 2^-e is exactly x / s. */
-      const float inv = __fdiv_rn(1.0f, s);
+      /* s = 2^e with 2^-e a normal float: inv is 2^-e exactly, and
+       * x * 2^-e is exactly x / s. */
 #pragma unroll
       for (int i = 0; i < 16; ++i) f[i] = __fmul_rn(f[i], inv);
     } else {
-      /* one rounded reciprocal per group, no division per value
-       * (fp8_div.h) */
-      const float inv = __frcp_rn(s);
 #pragma unroll
-      for (int i = 0; i < 16; ++i) f[i] = mep_fp8_div(f[i], s, inv);
+      for (int i = 0; i < 16; ++i) f[i] = mep_fp8_div(f[i], s, inv); /* fp8_div.h */
     }
     *reinterpret_cast<uint4 *>(q + c) = mep_fp8_pack16(f);
     if ((lane & 7) == 0) put_scale(c / 128, s);
