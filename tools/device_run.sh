@@ -640,15 +640,23 @@ if [ "$MODE" = lltable ]; then
   exit 0
 fi
 # skew: the LL bench with hot experts (--routing_skew over SKEWS, 0 the
-# uniform routing of every table), fp8, both combine modes, eager: what the
-# most-loaded expert's block costs the receive.
+# uniform routing of every table), SKEW_DTYPE (fp8 unless set), both
+# combine modes, eager: what the most-loaded expert's block costs the
+# receive. With variants under .gpu_bundle/ab/ (as for ab) each takes its
+# turn at every skew.
 if [ "$MODE" = skew ]; then
+  mapfile -t V < <(variants)
+  dt=${SKEW_DTYPE:-fp8}
   for sk in ${SKEWS:-0 0.25 0.5}; do
     for w in true false; do
-      bench "skew_${sk}_weights_$w" 90 --plugin=$B/libmoe_ep.so --dtype=fp8 --warmup=50 \
-        --routing_skew=$sk --dispatch_weights=$w --json="$OUT/skew_${sk}_weights_$w.json"
-      grep -E "^fp8 .*\| .*\| " "$OUT/skew_${sk}_weights_$w.log" | head -10 | cut -c1-116 \
-        | sed "s/^/skew $sk weights at dispatch $w: /"
+      for v in "${V[@]}"; do
+        name=${v%% *} D=${v#* }
+        log="skew_${name}_${dt}_${sk}_weights_$w"
+        bench "$log" 90 --plugin=$D/libmoe_ep.so --dtype=$dt --warmup=50 \
+          --routing_skew=$sk --dispatch_weights=$w --json="$OUT/$log.json"
+        grep -E "^$dt .*\| .*\| " "$OUT/$log.log" | head -10 | cut -c1-116 \
+          | sed "s/^/$name skew $sk weights at dispatch $w: /"
+      done
     done
   done
   cat "$OUT/summary.txt"
