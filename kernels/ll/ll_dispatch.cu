@@ -11,32 +11,39 @@ extern "C" mep_kstatus_t mep_ll_dispatch_check(const char *op, const mep_ll_ctx_
 
 namespace {
 
-template <class Tp, bool kFp8, typename IdxT, bool kBatched>
+template <class Tp, bool kFp8, typename IdxT, bool kBatched, bool kShare>
 __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
     ll_dispatch_kernel(const MepDispatchArgs a, const __grid_constant__ MepLLParams p) {
   extern __shared__ int smem[];
   /* LSA: the receive half's last warp sends the send half's arrival while
    * the other warps scan the lists. */
   mep_dispatch_send_body<Tp, kFp8, IdxT, Tp::kStaged>(p, a);
-  mep_dispatch_recv_body<Tp, kFp8, !Tp::kStaged, kBatched>(p, a, smem);
+  mep_dispatch_recv_body<Tp, kFp8, !Tp::kStaged, kBatched, kShare>(p, a, smem);
 }
 
 template <class Tp, bool kFp8, typename IdxT>
-cudaError_t launch(const MepLLParams &p, const MepDispatchArgs &a, bool batched, int grid,
-                   size_t smem, cudaStream_t s) {
-  if constexpr (!Tp::kStaged)
+cudaError_t launch(const MepLLParams &p, const MepDispatchArgs &a, bool batched, bool share,
+                   int grid, size_t smem, cudaStream_t s) {
+  if constexpr (!Tp::kStaged) {
     if (batched)
-      return mep_ll_launch_fused(ll_dispatch_kernel<Tp, kFp8, IdxT, true>, grid, smem, s, a, p);
-  return mep_ll_launch_fused(ll_dispatch_kernel<Tp, kFp8, IdxT, false>, grid, smem, s, a, p);
+      return mep_ll_launch_fused(ll_dispatch_kernel<Tp, kFp8, IdxT, true, false>, grid, smem, s,
+                                 a, p);
+    if (share)
+      return mep_ll_launch_fused(ll_dispatch_kernel<Tp, kFp8, IdxT, false, true>, grid, smem, s,
+                                 a, p);
+  }
+  return mep_ll_launch_fused(ll_dispatch_kernel<Tp, kFp8, IdxT, false, false>, grid, smem, s, a,
+                             p);
 }
 
 template <class Tp>
 cudaError_t launch_tp(const MepLLParams &p, const MepDispatchArgs &a, bool fp8, int idx_bytes,
-                      bool batched, int grid, size_t smem, cudaStream_t s) {
-  if (fp8) return idx_bytes == 8 ? launch<Tp, true, int64_t>(p, a, batched, grid, smem, s)
-                                 : launch<Tp, true, int32_t>(p, a, batched, grid, smem, s);
-  return idx_bytes == 8 ? launch<Tp, false, int64_t>(p, a, batched, grid, smem, s)
-                        : launch<Tp, false, int32_t>(p, a, batched, grid, smem, s);
+                      bool batched, bool share, int grid, size_t smem, cudaStream_t s) {
+  if (fp8)
+    return idx_bytes == 8 ? launch<Tp, true, int64_t>(p, a, batched, share, grid, smem, s)
+                          : launch<Tp, true, int32_t>(p, a, batched, share, grid, smem, s);
+  return idx_bytes == 8 ? launch<Tp, false, int64_t>(p, a, batched, share, grid, smem, s)
+                        : launch<Tp, false, int32_t>(p, a, batched, share, grid, smem, s);
 }
 
 }  // namespace
@@ -57,11 +64,12 @@ extern "C" mep_kstatus_t mep_ll_dispatch(const mep_ll_ctx_t *ctx,
   const int grid =
       mep_ll_grid_for(ctx, send_units > experts_as_units ? send_units : experts_as_units);
   const bool batched = mep_dispatch_recv_batched(ctx, grid, k.local_experts);
+  const bool share = mep_dispatch_recv_shares(ctx, a, batched);
   const size_t smem = mep_dispatch_recv_smem(ctx, batched);
   cudaStream_t s = (cudaStream_t)stream;
   const cudaError_t e = mep_ll_with_transport(ctx->transport, [&](auto tp) {
-    return launch_tp<typename decltype(tp)::type>(p, k, a->fp8, a->topk_idx_bytes, batched, grid,
-                                                  smem, s);
+    return launch_tp<typename decltype(tp)::type>(p, k, a->fp8, a->topk_idx_bytes, batched, share,
+                                                  grid, smem, s);
   });
   return mep_kernels_cuda_check("dispatch: launch", e);
 }

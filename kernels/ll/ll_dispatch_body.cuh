@@ -32,7 +32,7 @@
 #ifndef MEP_LL_DISPATCH_BODY_CUH_
 #define MEP_LL_DISPATCH_BODY_CUH_
 
-#include "kernels/ll/ll_dispatch_common.cuh"
+#include "kernels/ll/ll_dispatch_copy.cuh"
 #include "kernels/ll/ll_dispatch_lsa.cuh"
 #include "kernels/ll/ll_units.h"
 
@@ -304,21 +304,24 @@ __device__ __forceinline__ void mep_dispatch_recv_staged(const MepLLParams &p,
   mep_stamp(p, MEP_LL_STAMP_SCANNED);
   __syncthreads(); /* failed; this block's slot sources and counts are written */
   if (failed) return;
-  mep_dispatch_recv_finish<Tp, kFp8>(p, a, next, tag, slot_cache, filled_cache);
+  mep_dispatch_recv_finish<Tp, kFp8, false>(p, a, next, tag, tokens, slot_cache, filled_cache);
 }
 
 /* The receive half: LSA reads the senders' expert lists
  * (ll_dispatch_lsa.cuh), staged transports scan the slot lists.
  * kArriveAside (the fused LSA kernel, whose send half leaves its arrival to
  * this half): the heads warp sends the block's arrival first. */
-template <class Tp, bool kFp8, bool kArriveAside = false, bool kBatched = false>
+template <class Tp, bool kFp8, bool kArriveAside = false, bool kBatched = false,
+          bool kShare = false>
 __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
                                                        const MepDispatchArgs &a, int *smem) {
   static_assert(!kBatched || !Tp::kStaged, "the list batches are the LSA receive's");
+  static_assert(!kShare || (!Tp::kStaged && !kBatched),
+                "the shared row copy is the LSA receive's, one expert per block");
   if constexpr (Tp::kStaged)
     mep_dispatch_recv_staged<Tp, kFp8>(p, a, smem);
   else
-    mep_dispatch_recv_lsa<Tp, kFp8, kArriveAside, kBatched>(p, a, smem);
+    mep_dispatch_recv_lsa<Tp, kFp8, kArriveAside, kBatched, kShare>(p, a, smem);
 }
 
 /* The pointer rules of each half (after mep_ll_dispatch_check). */
@@ -359,6 +362,19 @@ static inline mep_kstatus_t mep_dispatch_check_recv_ptrs(const char *op,
 static inline bool mep_dispatch_recv_batched(const mep_ll_ctx_t *ctx, int grid, int local_experts) {
   return ctx->transport == MEP_LL_TRANSPORT_LSA && local_experts > grid &&
          ctx->dims.world <= kMepBatchUnits;
+}
+
+/* Whether a receive's kernel holds the shared row copy (the kernels'
+ * kShare; ll_dispatch_copy.cuh): an LSA receive that does not batch its
+ * lists, in a call whose rows per expert, counting this rank's tokens for
+ * every source, reach kMepHelpMinMean. The kernel decides from the
+ * sources' real token counts (mep_help_on); this only keeps the copy out
+ * of the kernels of small calls. */
+static inline bool mep_dispatch_recv_shares(const mep_ll_ctx_t *ctx,
+                                            const mep_ll_dispatch_args_t *a, bool batched) {
+  return ctx->transport == MEP_LL_TRANSPORT_LSA && !batched &&
+         (int64_t)a->num_tokens * a->top_k * ctx->dims.world >=
+             (int64_t)kMepHelpMinMean * a->num_experts;
 }
 
 /* Dynamic shared memory of the receive half (MepRecvSmem), and the list

@@ -1,8 +1,8 @@
 /* ll_dispatch_common.cuh: what both LL dispatch halves and all three
  * transports share: the device argument block, the send's routing and
  * row helpers, the receive's row copy, count-signal waits and tagged list
- * reads. ll_dispatch_lsa.cuh (LSA expert lists) and ll_dispatch_body.cuh
- * (the halves) build on it. */
+ * reads. ll_dispatch_copy.cuh (the receive's end), ll_dispatch_lsa.cuh
+ * (LSA expert lists) and ll_dispatch_body.cuh (the halves) build on it. */
 #ifndef MEP_LL_DISPATCH_COMMON_CUH_
 #define MEP_LL_DISPATCH_COMMON_CUH_
 
@@ -322,47 +322,6 @@ __device__ __forceinline__ const uint64_t *mep_list_head(const MepLLParams &p, i
 }
 __device__ __forceinline__ const uint64_t *mep_list_words(const MepLLParams &p, int r) {
   return mep_list_head(p, r) + MEP_LL_LIST_HEAD_BYTES / 8;
-}
-
-/* A receive's end, once the slots are built and the counts seen: warps
- * copy each local expert's rows into its slots (the block's first expert's
- * slot sources from slot_cache), then the block stores its copies of the
- * signal shadows (next) and list tags (tag). A block with several local
- * experts deals all their slots to its warps as one round robin
- * (mep_ll_deal_first_slot): a deal restarting at warp 0 for every expert
- * left warp 0 copying a row of each expert in series while most warps
- * idled (one slot per expert at 128 tokens of top-8 and 1024 experts). */
-template <class Tp, bool kFp8>
-__device__ __forceinline__ void mep_dispatch_recv_finish(const MepLLParams &p,
-                                                         const MepDispatchArgs &a,
-                                                         const uint64_t *next, const int *tag,
-                                                         const int32_t *slot_cache,
-                                                         const int *filled_cache) {
-  const int R = p.dims.world, M = p.dims.max_tokens, cap = R * M;
-  const int warp = threadIdx.x / 32;
-  int dealt = 0; /* slots of this block's earlier experts */
-  for (int le = blockIdx.x, nth = 0; le < a.local_experts; le += gridDim.x, ++nth) {
-    const bool first = nth == 0;
-    const int filled = nth < kMepFilledCache
-                           ? filled_cache[nth]
-                           : *reinterpret_cast<volatile const int32_t *>(a.recv_count + le);
-    const int32_t *slots = a.slot_src + (size_t)le * cap;
-    const int j0 = mep_ll_deal_first_slot(warp, dealt, kMepWarps);
-    dealt += filled;
-    for (int j = j0; j < filled; j += kMepWarps) {
-      const int v = first && j < kMepSlotCache ? slot_cache[j] : slots[j];
-      const uint64_t src_row = (uint64_t)MEP_LL_SLOT_RANK(v) * M + MEP_LL_SLOT_TOKEN(v);
-      mep_copy_recv_row<kFp8>(a, p.xp.local + p.set_off + p.lay.disp_recv + src_row * a.row_bytes,
-                              (uint64_t)le * cap + j);
-    }
-  }
-  mep_stamp(p, MEP_LL_STAMP_COPIED);
-  /* Only this block reads its shadow and tag copies: no grid-wide ticket. */
-  mep_store_shadows<Tp>(p, next, [&](int r) { return mep_ll_sig_disp_cnt(&p.dims, r); },
-                        [&](int r) { return mep_ll_sig_disp_row(&p.dims, r); });
-  mep_slots_store(p.tags, mep_ll_tag_words(R), R, [&](int j) { return j; },
-                  [&](int j) { return (uint32_t)tag[j]; });
-  mep_stamp(p, MEP_LL_STAMP_DONE);
 }
 
 /* Waits for source r's count signal: *total = the signal after this

@@ -23,7 +23,7 @@
 #ifndef MEP_LL_DISPATCH_LSA_CUH_
 #define MEP_LL_DISPATCH_LSA_CUH_
 
-#include "kernels/ll/ll_dispatch_common.cuh"
+#include "kernels/ll/ll_dispatch_copy.cuh"
 
 /* Routing ids per lane per load step of an expert-list unit: 512 ids in
  * flight together. 32 (1024, one round trip at 128 tokens of top-8) spilled
@@ -346,7 +346,7 @@ __device__ __forceinline__ void mep_elist_batch_take(const MepLLParams &p,
 
 /* smem: MepRecvSmem (next: each source's count signal after this
  * receive, then its code; puts unused). */
-template <class Tp, bool kFp8, bool kArriveAside, bool kBatched>
+template <class Tp, bool kFp8, bool kArriveAside, bool kBatched, bool kShare>
 __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
                                                       const MepDispatchArgs &a, int *smem) {
   static_assert(!Tp::kStaged && !Tp::kRowSignals, "expert lists are the LSA receive");
@@ -503,7 +503,7 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
   __syncthreads();
   if (failed) return;
   mep_stamp(p, MEP_LL_STAMP_SEEN);
-  mep_dispatch_recv_finish<Tp, kFp8>(p, a, next, tag, slot_cache, filled_cache);
+  mep_dispatch_recv_finish<Tp, kFp8, kShare>(p, a, next, tag, tokens, slot_cache, filled_cache);
 }
 
 #endif /* MEP_LL_DISPATCH_LSA_CUH_ */

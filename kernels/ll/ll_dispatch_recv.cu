@@ -8,29 +8,31 @@ extern "C" mep_kstatus_t mep_ll_dispatch_check(const char *op, const mep_ll_ctx_
 
 namespace {
 
-template <class Tp, bool kFp8, bool kBatched>
+template <class Tp, bool kFp8, bool kBatched, bool kShare>
 __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
     ll_dispatch_recv_kernel(const MepDispatchArgs a, const __grid_constant__ MepLLParams p) {
   extern __shared__ int smem[];
-  mep_dispatch_recv_body<Tp, kFp8, false, kBatched>(p, a, smem);
+  mep_dispatch_recv_body<Tp, kFp8, false, kBatched, kShare>(p, a, smem);
 }
 
-template <class Tp, bool kBatched>
+template <class Tp, bool kBatched, bool kShare>
 cudaError_t launch(const MepLLParams &p, const MepDispatchArgs &a, bool fp8, int grid,
                    size_t smem, cudaStream_t s) {
   if (fp8)
-    ll_dispatch_recv_kernel<Tp, true, kBatched><<<grid, MEP_LL_THREADS, smem, s>>>(a, p);
+    ll_dispatch_recv_kernel<Tp, true, kBatched, kShare><<<grid, MEP_LL_THREADS, smem, s>>>(a, p);
   else
-    ll_dispatch_recv_kernel<Tp, false, kBatched><<<grid, MEP_LL_THREADS, smem, s>>>(a, p);
+    ll_dispatch_recv_kernel<Tp, false, kBatched, kShare><<<grid, MEP_LL_THREADS, smem, s>>>(a, p);
   return cudaGetLastError();
 }
 
 template <class Tp>
 cudaError_t launch_tp(const MepLLParams &p, const MepDispatchArgs &a, bool fp8, bool batched,
-                      int grid, size_t smem, cudaStream_t s) {
-  if constexpr (!Tp::kStaged)
-    if (batched) return launch<Tp, true>(p, a, fp8, grid, smem, s);
-  return launch<Tp, false>(p, a, fp8, grid, smem, s);
+                      bool share, int grid, size_t smem, cudaStream_t s) {
+  if constexpr (!Tp::kStaged) {
+    if (batched) return launch<Tp, true, false>(p, a, fp8, grid, smem, s);
+    if (share) return launch<Tp, false, true>(p, a, fp8, grid, smem, s);
+  }
+  return launch<Tp, false, false>(p, a, fp8, grid, smem, s);
 }
 
 }  // namespace
@@ -46,10 +48,11 @@ extern "C" mep_kstatus_t mep_ll_dispatch_recv(const mep_ll_ctx_t *ctx,
   int grid = mep_ll_grid(ctx);
   if (grid > k.local_experts) grid = k.local_experts;
   const bool batched = mep_dispatch_recv_batched(ctx, grid, k.local_experts);
+  const bool share = mep_dispatch_recv_shares(ctx, a, batched);
   const size_t smem = mep_dispatch_recv_smem(ctx, batched);
   cudaStream_t s = (cudaStream_t)stream;
   const cudaError_t e = mep_ll_with_transport(ctx->transport, [&](auto tp) {
-    return launch_tp<typename decltype(tp)::type>(p, k, a->fp8, batched, grid, smem, s);
+    return launch_tp<typename decltype(tp)::type>(p, k, a->fp8, batched, share, grid, smem, s);
   });
   return mep_kernels_cuda_check("dispatch_recv: launch", e);
 }

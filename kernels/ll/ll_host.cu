@@ -38,8 +38,9 @@ extern "C" mep_kstatus_t mep_ll_clear_abort(const mep_ll_ctx_t *ctx, void *strea
   if (ctx == nullptr || ctx->state == nullptr)
     return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT, "clear_abort: ctx/state is NULL");
   mep_ll_state_layout_t s = mep_ll_state_layout(&ctx->dims);
-  /* Blocks that gave up returned without their ticket: the put counters,
-   * the tickets and the abort flag (contiguous) start again from zero. */
+  /* Blocks that gave up returned without their ticket (or with their help
+   * words published): the put counters, the tickets, the help words and
+   * the abort flag (contiguous) start again from zero. */
   return mep_kernels_cuda_check(
       "clear_abort: cudaMemsetAsync",
       cudaMemsetAsync((char *)ctx->state + s.puts, 0, s.abort_flag + 4 - s.puts,

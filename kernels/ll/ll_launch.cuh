@@ -104,7 +104,7 @@ static inline void mep_ll_make_params(const mep_ll_ctx_t *ctx, int set, MepLLPar
   p->comb_puts = (uint32_t *)(st + s.comb_puts) + (uint64_t)set * ctx->dims.world;
   p->tags = (uint32_t *)(st + s.tags) +
             (uint64_t)set * MEP_LL_SHADOW_SLOTS * mep_ll_tag_words(ctx->dims.world);
-  p->tickets = (uint32_t *)(st + s.tickets) + set * MEP_LL_NUM_TICKETS;
+  p->tickets = (uint32_t *)(st + s.tickets + (uint64_t)set * mep_ll_set_counter_bytes(&ctx->dims));
   p->stamps = ctx->stamps;
 }
 

@@ -350,9 +350,10 @@ static inline MEP_HD int mep_ll_arrival_state(uint64_t increase, uint64_t *code)
 /* Device state (ordinary device memory, zeroed once): signal shadows (the
  * value each signal had after the last completed receive), the staged
  * dispatch's and combine's per-destination put counters (contiguous with
- * the tickets and the abort flag: mep_ll_clear_abort zeroes them as one
- * range), and one block ticket per staged send kernel and set (its last
- * block sends the count signals). Everything advances in device memory, so
+ * the tickets, the help words and the abort flag: mep_ll_clear_abort
+ * zeroes them as one range), one block ticket per staged send kernel and
+ * set (its last block sends the count signals), and the dispatch
+ * receive's help words. Everything advances in device memory, so
  * graph replays need no host.
  *
  * The list tags (mep_ll_list_word) and the combine epoch
@@ -370,12 +371,25 @@ enum {
   MEP_LL_NUM_TICKETS = 2
 };
 
+/* A set's block tickets take MEP_LL_TICKET_BYTES; the dispatch receive's
+ * help words follow them, one u64 per local expert (the launcher's
+ * MepLLParams.tickets points at the set's tickets). A help word is 0 but
+ * while the expert's own receive block shares its rows past the first
+ * ones it copies itself: then the expert's slots (bits 32..63) and the
+ * next slot to claim (bits 0..31), which any block may take with an
+ * atomic add (ll_dispatch_copy.cuh). */
+#define MEP_LL_TICKET_BYTES 16
+typedef char mep_ll_tickets_fit[MEP_LL_NUM_TICKETS * 4 <= MEP_LL_TICKET_BYTES ? 1 : -1];
+static inline MEP_HD uint64_t mep_ll_set_counter_bytes(const mep_ll_dims_t *d) {
+  return MEP_LL_TICKET_BYTES + (uint64_t)d->local_experts * 8u;
+}
+
 typedef struct mep_ll_state_layout {
   uint64_t shadows;    /* u64 [2 sets][MEP_LL_SHADOW_SLOTS][num_signals] */
   uint64_t tags;       /* u32 [2 sets][MEP_LL_SHADOW_SLOTS][mep_ll_tag_words(R)] */
   uint64_t puts;       /* u32 [2 sets][R] staged dispatch puts per destination */
   uint64_t comb_puts;  /* u32 [2 sets][R] staged combine partial puts per destination */
-  uint64_t tickets;    /* u32 [2 sets][MEP_LL_NUM_TICKETS] */
+  uint64_t tickets;    /* [2 sets][mep_ll_set_counter_bytes]: u32 tickets, u64 help words */
   uint64_t abort_flag; /* u32: set once a wait timed out */
   uint64_t bytes;
 } mep_ll_state_layout_t;
@@ -389,7 +403,7 @@ static inline MEP_HD mep_ll_state_layout_t mep_ll_state_layout(const mep_ll_dims
   s.puts = s.tags + mep_ll_align16(sets * MEP_LL_SHADOW_SLOTS * mep_ll_tag_words(d->world) * 4u);
   s.comb_puts = s.puts + mep_ll_align16(sets * (uint64_t)d->world * 4u);
   s.tickets = s.comb_puts + mep_ll_align16(sets * (uint64_t)d->world * 4u);
-  s.abort_flag = s.tickets + sets * MEP_LL_NUM_TICKETS * 4u;
+  s.abort_flag = s.tickets + sets * mep_ll_set_counter_bytes(d);
   s.bytes = mep_ll_align16(s.abort_flag + 4u);
   return s;
 }

@@ -31,7 +31,7 @@ struct MepLLParams {
   MepWaitCtx wc;
   uint32_t *puts;         /* this set's staged-dispatch puts per destination [R] */
   uint32_t *comb_puts;    /* this set's staged combine partial puts per destination [R] */
-  uint32_t *tickets;      /* this set's block tickets [MEP_LL_NUM_TICKETS] */
+  uint32_t *tickets;      /* this set's block tickets [MEP_LL_NUM_TICKETS], then its help words */
   uint64_t *stamps;       /* diagnostics: NULL outside the stamped build (mep_ll_ctx_t) */
   MepXport xp;            /* xp.sig_off = set_off: signals open each set */
 };

@@ -375,6 +375,37 @@ TEST_F(LlGpu, GinEmuBf16H2056Top1OneToken) { round_trip(kBf16Odd, MEP_LL_TRANSPO
 TEST_F(LlGpu, LsaFp8HotExperts) { round_trip(kFp8Hot, MEP_LL_TRANSPORT_LSA); }
 TEST_F(LlGpu, GinEmuFp8HotExperts) { round_trip(kFp8Hot, MEP_LL_TRANSPORT_GIN_EMULATED); }
 TEST_F(LlGpu, WeightedLsaFp8HotExperts) { weighted_round_trip(kFp8Hot, MEP_LL_TRANSPORT_LSA); }
+// Hot experts' rows are shared between blocks through the help words
+// (ll_dispatch_copy.cuh: 256 rows each, 32 copied by the owner): a word is
+// published only within its call, so after every dispatch no word of
+// either set holds slots, and a uniform call between two hot ones reads
+// no stale word.
+TEST_F(LlGpu, LsaFp8HotExpertsLeaveNoHelpWordPublished) {
+  Group &g = G();
+  auto expect_closed = [&](const char *after) {
+    const uint64_t base = mep_ll_state_layout(&g.ctx.dims).tickets;
+    const uint64_t per_set = mep_ll_set_counter_bytes(&g.ctx.dims);
+    const int L = g.ctx.dims.local_experts;
+    std::vector<uint64_t> w((size_t)L);
+    for (int set = 0; set < MEP_NUM_BUFFER_SETS; ++set) {
+      const char *words = (const char *)g.ctx.state + base + set * per_set + MEP_LL_TICKET_BYTES;
+      CUDA_OK(cudaMemcpy(w.data(), words, w.size() * 8, cudaMemcpyDeviceToHost));
+      for (int e = 0; e < L; ++e)
+        if ((w[(size_t)e] >> 32) != 0) {
+          ADD_FAILURE() << "rank " << g_rank << ": after the " << after << " call, set " << set
+                        << " local expert " << e << " still publishes " << (w[(size_t)e] >> 32)
+                        << " slots (cursor " << (uint32_t)w[(size_t)e] << ")";
+          return;
+        }
+    }
+  };
+  round_trip(kFp8Hot, MEP_LL_TRANSPORT_LSA);
+  expect_closed("hot");
+  round_trip(kBf16Big, MEP_LL_TRANSPORT_LSA);
+  expect_closed("uniform");
+  round_trip(kFp8Hot, MEP_LL_TRANSPORT_LSA);
+  expect_closed("second hot");
+}
 TEST_F(LlGpu, LsaFp8NonFiniteInput) {
   for (const Case &c : kFp8NonFinite) {
     round_trip(c, MEP_LL_TRANSPORT_LSA);

@@ -301,9 +301,16 @@ TEST(LlLayout, StateRegionsDisjoint) {
     EXPECT_LE(s.tags + 2ull * MEP_LL_SHADOW_SLOTS * mep_ll_tag_words(r) * 4, s.puts) << "R=" << r;
     EXPECT_LE(s.puts + 2ull * r * 4, s.comb_puts) << "R=" << r;
     EXPECT_LE(s.comb_puts + 2ull * r * 4, s.tickets) << "R=" << r;
-    EXPECT_LE(s.tickets + 2ull * MEP_LL_NUM_TICKETS * 4, s.abort_flag) << "R=" << r;
+    // each set: its tickets, then one 8-byte help word per local expert,
+    // 8-byte aligned for the receive's atomic adds
+    EXPECT_LE(MEP_LL_NUM_TICKETS * 4, MEP_LL_TICKET_BYTES);
+    EXPECT_EQ(mep_ll_set_counter_bytes(&d), MEP_LL_TICKET_BYTES + 16u * 8u) << "R=" << r;
+    EXPECT_EQ(s.tickets % 16, 0u) << "R=" << r;
+    EXPECT_EQ(mep_ll_set_counter_bytes(&d) % 8, 0u) << "R=" << r;
+    EXPECT_LE(s.tickets + 2ull * mep_ll_set_counter_bytes(&d), s.abort_flag) << "R=" << r;
     EXPECT_LE(s.abort_flag + 4, s.bytes) << "R=" << r;
-    // clear_abort zeroes [puts, abort_flag + 4): the shadows and tags stay.
+    // clear_abort zeroes [puts, abort_flag + 4), the help words with it:
+    // the shadows and tags stay.
     EXPECT_LT(s.shadows, s.puts);
     EXPECT_LT(s.tags, s.puts);
   }
