@@ -83,11 +83,12 @@ __device__ __forceinline__ void mep_copy_slot(const MepLLParams &p, const MepDis
 
 /* The block's own copy: warps copy each of its local experts' rows (the
  * first expert's slot sources from slot_cache), in kShare kernels the
- * first own_rows of each (the rest are shared: mep_recv_help). A block with several local experts deals their slots to
- * its warps as one round robin (mep_ll_deal_first_slot): a deal restarting
- * at warp 0 for every expert left warp 0 copying a row of each expert in
- * series while most warps idled (one slot per expert at 128 tokens of
- * top-8 and 1024 experts). */
+ * first own_rows of each (the rest are shared: mep_recv_help). A block
+ * with several local experts deals their slots to its warps as one round
+ * robin (mep_ll_deal_first_slot): a deal restarting at warp 0 for every
+ * expert left warp 0 copying a row of each expert in series while most
+ * warps idled (one slot per expert at 128 tokens of top-8 and 1024
+ * experts). */
 template <bool kFp8, bool kShare>
 __device__ __forceinline__ void mep_recv_copy_own(const MepLLParams &p, const MepDispatchArgs &a,
                                                   const int32_t *slot_cache,
@@ -241,13 +242,15 @@ __device__ __noinline__ void mep_recv_help(MepCopyShare c, const int32_t *slot_c
 
 /* A receive's end, once the slots are built and the counts seen: the row
  * copy (mep_recv_copy_own; in kShare kernels, when mep_help_on, the first
- * kMepHelpOwnRows rows of each expert, then mep_recv_help), then the block stores its copies of the signal shadows
- * (next) and list tags (tag). After a block barrier that follows the
- * block's slot writes. Kernels without kShare hold no shared copy at all:
- * with it compiled in but not taken, the fused dispatch at 1 token read
- * 0.3-0.5 us slower (EP2 fp8, 2 x H200). The kShare kernels cost uniform
- * routing, where nothing is published, about 1 us at 128 and 256 tokens
- * (the same without the look), and save 2.5-6 us with hot experts. */
+ * kMepHelpOwnRows rows of each expert, then mep_recv_help), then the
+ * block stores its copies of the signal shadows (next) and list tags
+ * (tag). After a block barrier that follows the block's slot writes.
+ * Kernels without kShare hold no shared copy at all: with it compiled in
+ * but not taken, the fused dispatch at 1 token read 0.4-1.1 us slower
+ * (EP2 fp8, 2 x H200). The kShare kernels cost uniform routing, where
+ * nothing is published, 1.0-1.6 us in the fp8 dispatch at 128-256 tokens
+ * (the same without the look), and save 2.7-6.2 us with hot experts
+ * (tools/bench/RESULTS.md, section at 60d8225). */
 template <class Tp, bool kFp8, bool kShare>
 __device__ __forceinline__ void mep_dispatch_recv_finish(const MepLLParams &p,
                                                          const MepDispatchArgs &a,
@@ -281,9 +284,12 @@ __device__ __forceinline__ void mep_dispatch_recv_finish(const MepLLParams &p,
     }
     if (shared) {
       __syncthreads(); /* every warp's claims are past the end */
+      /* strong stores: other blocks' claims may still land on the words */
       for (int e = blockIdx.x + threadIdx.x * gridDim.x; e < a.local_experts;
            e += blockDim.x * gridDim.x)
-        mep_help_words(p)[e] = 0u;
+        asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(mep_help_words(p) + e),
+                     "l"((uint64_t)0)
+                     : "memory");
     }
   } else {
     mep_recv_copy_own<kFp8, false>(p, a, slot_cache, filled_cache, 0);
