@@ -34,9 +34,10 @@
  * handing over. */
 constexpr int kMepHelpOwnRows = 2 * kMepWarps;
 /* The warp of each block that looks at other experts' help words once its
- * own rows are copied: the last, whose deal holds the fewest rows. Every
- * warp looking (2112 at EP2) put hundreds of loads on each line of the
- * words and cost the 128-token receive 2 us with nothing published. */
+ * own rows are copied: the last, whose deal holds the fewest rows. With
+ * hot experts one looking warp per block measured about as fast as every
+ * warp with at most one row of its own looking (tools/bench/RESULTS.md,
+ * section at 60d8225), with fewer loads on the words' lines. */
 constexpr int kMepHelpLookWarp = kMepWarps - 1;
 /* Sharing is on when the call's rows per expert of the group, counted from
  * the sources' heads, reach this mean (EP2, top-8, 256 experts: 128
