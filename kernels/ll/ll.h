@@ -305,6 +305,8 @@ MEP_LL_STATIC_ASSERT(MEP_MAX_TOKENS_LL < MEP_LL_SRC_WEIGHTED,
 /* Slot-list word: local expert + 1 in 16 bits (0 = none there). */
 MEP_LL_STATIC_ASSERT(MEP_MAX_LOCAL_EXPERTS + 1 <= 0xffff,
                      "the slot-list word's local expert field is 16 bits");
+MEP_LL_STATIC_ASSERT(MEP_LL_NUM_TICKETS * 4 <= MEP_LL_TICKET_BYTES,
+                     "a set's block tickets fit before its help words");
 /* Expert-list count: the source's tokens in 16 bits; entry: token in 11
  * bits, k in 5. */
 MEP_LL_STATIC_ASSERT(MEP_MAX_TOKENS_LL <= 0xffff && MEP_MAX_TOKENS_LL <= 2048 &&

@@ -72,14 +72,19 @@ __device__ __forceinline__ int mep_recv_filled(const int32_t *recv_count, const 
                                : *reinterpret_cast<volatile const int32_t *>(recv_count + le);
 }
 
+/* The receive-area row (source rank, token) of slot source v. */
+__device__ __forceinline__ uint64_t mep_slot_src_row(int v, int M) {
+  return (uint64_t)MEP_LL_SLOT_RANK(v) * M + MEP_LL_SLOT_TOKEN(v);
+}
+
 /* Slot j of local expert le (source v) into recv_x. Whole warp. */
 template <bool kFp8>
 __device__ __forceinline__ void mep_copy_slot(const MepLLParams &p, const MepDispatchArgs &a,
                                               int le, int j, int v) {
   const int M = p.dims.max_tokens, cap = p.dims.world * M;
-  const uint64_t src_row = (uint64_t)MEP_LL_SLOT_RANK(v) * M + MEP_LL_SLOT_TOKEN(v);
-  mep_copy_recv_row<kFp8>(a, p.xp.local + p.set_off + p.lay.disp_recv + src_row * a.row_bytes,
-                          (uint64_t)le * cap + j);
+  mep_copy_recv_row<kFp8>(
+      a, p.xp.local + p.set_off + p.lay.disp_recv + mep_slot_src_row(v, M) * a.row_bytes,
+      (uint64_t)le * cap + j);
 }
 
 /* The block's own copy: warps copy each of its local experts' rows (the
@@ -120,6 +125,24 @@ struct MepCopyShare {
   uint32_t row_bytes;
   int hidden, scale_mode, M, cap, L;
 };
+
+__device__ __forceinline__ MepCopyShare mep_copy_share(const MepLLParams &p,
+                                                      const MepDispatchArgs &a) {
+  MepCopyShare c;
+  c.rows = p.xp.local + p.set_off + p.lay.disp_recv;
+  c.recv_x = a.recv_x;
+  c.recv_scales = a.recv_scales;
+  c.slot_src = a.slot_src;
+  c.recv_count = a.recv_count;
+  c.help = mep_help_words(p);
+  c.row_bytes = a.row_bytes;
+  c.hidden = a.hidden;
+  c.scale_mode = a.scale_mode;
+  c.M = p.dims.max_tokens;
+  c.cap = p.dims.world * p.dims.max_tokens;
+  c.L = a.local_experts;
+  return c;
+}
 
 /* Claims one row of a published expert: returns (slots << 32) | the
  * claimed slot. The acquire pairs with the owner's release, so its slot
@@ -236,8 +259,8 @@ __device__ __noinline__ void mep_recv_help(MepCopyShare c, const int32_t *slot_c
         other = -1;
     }
     if (row < 0) return;
-    const uint64_t src_row = (uint64_t)MEP_LL_SLOT_RANK(v) * c.M + MEP_LL_SLOT_TOKEN(v);
-    mep_copy_recv_row<kFp8>(a, c.rows + src_row * c.row_bytes, (uint64_t)row * c.cap + j);
+    mep_copy_recv_row<kFp8>(a, c.rows + mep_slot_src_row(v, c.M) * c.row_bytes,
+                            (uint64_t)row * c.cap + j);
   }
 }
 
@@ -267,22 +290,8 @@ __device__ __forceinline__ void mep_dispatch_recv_finish(const MepLLParams &p,
     mep_recv_copy_own<kFp8, true>(p, a, slot_cache, filled_cache,
                                   help ? kMepHelpOwnRows : p.dims.world * p.dims.max_tokens);
     const bool look = help && threadIdx.x / 32 == kMepHelpLookWarp;
-    if (shared || look) {
-      MepCopyShare c;
-      c.rows = p.xp.local + p.set_off + p.lay.disp_recv;
-      c.recv_x = a.recv_x;
-      c.recv_scales = a.recv_scales;
-      c.slot_src = a.slot_src;
-      c.recv_count = a.recv_count;
-      c.help = mep_help_words(p);
-      c.row_bytes = a.row_bytes;
-      c.hidden = a.hidden;
-      c.scale_mode = a.scale_mode;
-      c.M = p.dims.max_tokens;
-      c.cap = p.dims.world * p.dims.max_tokens;
-      c.L = a.local_experts;
-      mep_recv_help<kFp8>(c, slot_cache, filled_cache, shared, look);
-    }
+    if (shared || look)
+      mep_recv_help<kFp8>(mep_copy_share(p, a), slot_cache, filled_cache, shared, look);
     if (shared) {
       __syncthreads(); /* every warp's claims are past the end */
       /* strong stores: other blocks' claims may still land on the words */

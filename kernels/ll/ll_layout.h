@@ -379,7 +379,6 @@ enum {
  * next slot to claim (bits 0..31), which any block may take with an
  * atomic add (ll_dispatch_copy.cuh). */
 #define MEP_LL_TICKET_BYTES 16
-typedef char mep_ll_tickets_fit[MEP_LL_NUM_TICKETS * 4 <= MEP_LL_TICKET_BYTES ? 1 : -1];
 static inline MEP_HD uint64_t mep_ll_set_counter_bytes(const mep_ll_dims_t *d) {
   return MEP_LL_TICKET_BYTES + (uint64_t)d->local_experts * 8u;
 }
