@@ -304,7 +304,7 @@ __device__ __forceinline__ void mep_dispatch_recv_staged(const MepLLParams &p,
   mep_stamp(p, MEP_LL_STAMP_SCANNED);
   __syncthreads(); /* failed; this block's slot sources and counts are written */
   if (failed) return;
-  mep_dispatch_recv_finish<Tp, kFp8, false>(p, a, next, tag, tokens, slot_cache, filled_cache);
+  mep_dispatch_recv_finish<Tp, kFp8, false>(p, a, next, tag, slot_cache, filled_cache);
 }
 
 /* The receive half: LSA reads the senders' expert lists
@@ -367,9 +367,9 @@ static inline bool mep_dispatch_recv_batched(const mep_ll_ctx_t *ctx, int grid, 
 /* Whether a receive's kernel holds the shared row copy (the kernels'
  * kShare; ll_dispatch_copy.cuh): an LSA receive that does not batch its
  * lists, in a call whose rows per expert, counting this rank's tokens for
- * every source, reach kMepHelpMinMean. The kernel decides from the
- * sources' real token counts (mep_help_on); this only keeps the copy out
- * of the kernels of small calls. */
+ * every source, reach kMepHelpMinMean. This choice alone turns sharing
+ * on: the kernel publishes whatever expert has more rows than its block
+ * copies itself, however many tokens the sources really sent. */
 static inline bool mep_dispatch_recv_shares(const mep_ll_ctx_t *ctx,
                                             const mep_ll_dispatch_args_t *a, bool batched) {
   return ctx->transport == MEP_LL_TRANSPORT_LSA && !batched &&

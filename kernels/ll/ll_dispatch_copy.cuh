@@ -9,8 +9,8 @@
  * fp8, hidden 7168) one expert gets 115 rows at 256 tokens against a mean
  * of 16, and the receive half took 24-28 us against 14-16 uniform.
  *
- * Sharing, in the kShare kernels (mep_dispatch_recv_shares) of calls with
- * enough rows per expert (mep_help_on): a block copies the first
+ * Sharing, in the kShare kernels (mep_dispatch_recv_shares: calls with
+ * enough rows per expert): a block copies the first
  * kMepHelpOwnRows rows of each of its experts itself and publishes the
  * rest in the expert's help word (ll_layout.h): the slots and a cursor, a
  * release store after the block's slot writes. The block's warps then
@@ -39,10 +39,14 @@ constexpr int kMepHelpOwnRows = 2 * kMepWarps;
  * warp with at most one row of its own looking (tools/bench/RESULTS.md,
  * section at 60d8225), with fewer loads on the words' lines. */
 constexpr int kMepHelpLookWarp = kMepWarps - 1;
-/* Sharing is on when the call's rows per expert of the group, counted from
- * the sources' heads, reach this mean (EP2, top-8, 256 experts: 128
- * tokens per rank). Below it the kernels hold no shared copy
- * (mep_dispatch_recv_shares). */
+/* The launcher picks the kShare kernels when this rank's tokens, counted
+ * for every source, reach this mean of rows per expert (EP2, top-8, 256
+ * experts: 128 tokens per rank); smaller calls run kernels without the
+ * shared copy (mep_dispatch_recv_shares). The kernels do not check the
+ * sources' real counts again: that check, a loop over the heads' token
+ * counts before the copy, cost the uniform 128-256-token fp8 dispatch
+ * 0.3-0.5 us (tools/bench/RESULTS.md), while a look that finds nothing
+ * published costs the looking warp one load round trip. */
 constexpr int kMepHelpMinMean = 8;
 /* Experts whose help words a look covers (one per lane), and how many
  * looks the looking warp takes while they find rows to claim. */
@@ -52,16 +56,6 @@ constexpr int kMepHelpLooks = 4;
 __device__ __forceinline__ unsigned long long *mep_help_words(const MepLLParams &p) {
   return reinterpret_cast<unsigned long long *>(reinterpret_cast<char *>(p.tickets) +
                                                 MEP_LL_TICKET_BYTES);
-}
-
-/* Whether this receive shares rows: block-uniform (tokens: each source's
- * token count from its head). */
-__device__ __forceinline__ bool mep_help_on(const MepLLParams &p, const MepDispatchArgs &a,
-                                            const int *tokens) {
-  int64_t slots = 0;
-  for (int r = 0; r < p.dims.world; ++r) slots += tokens[r];
-  slots *= a.top_k;
-  return slots >= (int64_t)kMepHelpMinMean * a.local_experts * p.dims.world;
 }
 
 /* The list count of the block's nth local expert le (filled_cache for the
@@ -265,31 +259,28 @@ __device__ __noinline__ void mep_recv_help(MepCopyShare c, const int32_t *slot_c
 }
 
 /* A receive's end, once the slots are built and the counts seen: the row
- * copy (mep_recv_copy_own; in kShare kernels, when mep_help_on, the first
- * kMepHelpOwnRows rows of each expert, then mep_recv_help), then the
+ * copy (mep_recv_copy_own; in kShare kernels the first kMepHelpOwnRows
+ * rows of each expert, then mep_recv_help), then the
  * block stores its copies of the signal shadows (next) and list tags
  * (tag). After a block barrier that follows the block's slot writes.
  * Kernels without kShare hold no shared copy at all: with it compiled in
  * but not taken, the fused dispatch at 1 token read 0.4-1.1 us slower
  * (EP2 fp8, 2 x H200). The kShare kernels cost uniform routing, where
- * nothing is published, 1.0-1.6 us in the fp8 dispatch at 128-256 tokens
- * (the same without the look), and save 2.7-6.2 us with hot experts
- * (tools/bench/RESULTS.md, section at 60d8225). */
+ * nothing is published, 0.2-1.1 / 0.4-0.6 us in the fp8 dispatch at 128 /
+ * 256 tokens, and save 2.7-6.2 us with hot experts (tools/bench/RESULTS.md,
+ * sections at 60d8225 and after it). */
 template <class Tp, bool kFp8, bool kShare>
 __device__ __forceinline__ void mep_dispatch_recv_finish(const MepLLParams &p,
                                                          const MepDispatchArgs &a,
                                                          const uint64_t *next, const int *tag,
-                                                         const int *tokens,
                                                          const int32_t *slot_cache,
                                                          const int *filled_cache) {
   if constexpr (kShare) {
-    const bool help = mep_help_on(p, a, tokens);
-    const bool shared = help && mep_help_publish(a, filled_cache, mep_help_words(p));
+    const bool shared = mep_help_publish(a, filled_cache, mep_help_words(p));
     /* the block's own claims come after its publication */
     if (shared) __syncthreads();
-    mep_recv_copy_own<kFp8, true>(p, a, slot_cache, filled_cache,
-                                  help ? kMepHelpOwnRows : p.dims.world * p.dims.max_tokens);
-    const bool look = help && threadIdx.x / 32 == kMepHelpLookWarp;
+    mep_recv_copy_own<kFp8, true>(p, a, slot_cache, filled_cache, kMepHelpOwnRows);
+    const bool look = threadIdx.x / 32 == kMepHelpLookWarp;
     if (shared || look)
       mep_recv_help<kFp8>(mep_copy_share(p, a), slot_cache, filled_cache, shared, look);
     if (shared) {

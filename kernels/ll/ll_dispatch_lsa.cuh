@@ -503,7 +503,7 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
   __syncthreads();
   if (failed) return;
   mep_stamp(p, MEP_LL_STAMP_SEEN);
-  mep_dispatch_recv_finish<Tp, kFp8, kShare>(p, a, next, tag, tokens, slot_cache, filled_cache);
+  mep_dispatch_recv_finish<Tp, kFp8, kShare>(p, a, next, tag, slot_cache, filled_cache);
 }
 
 #endif /* MEP_LL_DISPATCH_LSA_CUH_ */
