@@ -2,6 +2,8 @@
 // passing 4-rank job, the environment it hands out, a failing rank, the
 // job timeout, and SIGTERM forwarding.
 #include <signal.h>
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include <string>
@@ -10,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/bootstrap/proc_util.h"
+#include "tools/launcher/loopback_port.h"
 
 namespace mep_test {
 namespace {
@@ -45,6 +48,15 @@ TEST(Launcher, SetsRankEnvironmentAndKeepsAGivenToken) {
     EXPECT_NE(p.out.find("ENV rank=" + std::to_string(r) + " world=3"),
               std::string::npos)
         << p.Describe();
+  }
+  // The address is a loopback port below the kernel's ephemeral range
+  // (where it leaves room), which no rank's outgoing connection can take.
+  const size_t at = p.out.find("address=127.0.0.1:");
+  ASSERT_NE(at, std::string::npos) << p.Describe();
+  const int port = atoi(p.out.c_str() + at + strlen("address=127.0.0.1:"));
+  if (moe_ep::ephemeral_port_low() - 1 - moe_ep::kFreePortLow >= 100) {
+    EXPECT_GE(port, moe_ep::kFreePortLow) << p.Describe();
+    EXPECT_LT(port, moe_ep::ephemeral_port_low()) << p.Describe();
   }
   Proc q = Spawn("moe_ep_run env token",
                  {Launcher(), "-n", "2", "--", Worker(), "--scenario=env"},

@@ -5,18 +5,18 @@
 //   moe_ep_run -n N [--timeout_s S] [--grace_s G] -- prog args...
 #include <errno.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <string>
 #include <vector>
+
+#include "tools/launcher/loopback_port.h"
 
 namespace {
 
@@ -53,25 +53,6 @@ bool ParseNum(const char *s, double lo, double hi, double *out) {
   if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) return false;
   *out = v;
   return true;
-}
-
-// Binds port 0 on loopback and returns what the kernel picked. Another
-// process could take it before rank 0 listens; rank 0 then fails loudly.
-int PickFreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  struct sockaddr_in a;
-  memset(&a, 0, sizeof(a));
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  int port = -1;
-  if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-      getsockname(fd, (struct sockaddr *)&a, &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  close(fd);
-  return port;
 }
 
 std::string RandomToken() {
@@ -165,7 +146,9 @@ int main(int argc, char **argv) {
   }
   char **prog = argv + i;
 
-  int port = PickFreePort();
+  // Below the ephemeral range: a rank's own outgoing connections (NCCL's,
+  // UCX's) cannot take the port before rank 0 listens on it.
+  int port = moe_ep::free_loopback_port();
   if (port <= 0) {
     fprintf(stderr, "moe_ep_run: cannot find a free TCP port on 127.0.0.1: %s\n",
             strerror(errno));

@@ -1,5 +1,5 @@
-// ports.cc: loopback ports for multi-process tests.
-#include "tests/common/ports.h"
+// loopback_port.cc: loopback ports for local multi-process jobs.
+#include "tools/launcher/loopback_port.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -11,7 +11,7 @@
 #include <cstdio>
 #include <cstring>
 
-namespace moe_ep_test {
+namespace moe_ep {
 namespace {
 
 // Binds `port` on loopback (0: any) and returns the bound port, or -1.
@@ -61,4 +61,4 @@ int free_loopback_port() {
   return bind_loopback(0);
 }
 
-}  // namespace moe_ep_test
+}  // namespace moe_ep
