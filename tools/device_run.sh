@@ -321,6 +321,10 @@ if [ "$MODE" = ab ]; then
     done
   done
   ab_table | tee "$OUT/ab_table.txt"
+  # the gaps between the stamped phases, per build (tools/bench/phase_deltas.py)
+  if ls "$OUT"/stamps_*_*.log > /dev/null 2>&1; then
+    python3 tools/bench/phase_deltas.py "$OUT"/stamps_*_*.log | tee "$OUT/phase_deltas.txt"
+  fi
   cat "$OUT/summary.txt"
   exit 0
 fi
