@@ -290,7 +290,7 @@ ab_table() {
 }
 # ab: this bundle against each variant under .gpu_bundle/ab/<name>/ (a
 # libmoe_ep.so, and ll_kernel_bench where dispatch changed, built from
-# another tree) on the group's
+# another tree: tools/ab_variant.sh) on the group's
 # GPUs (EP1 on a 1-GPU machine), taking turns so drift hits all: the fused
 # dispatch's phase stamps, then the eager bench (both combine modes); it
 # ends with ab_table's ranges (also in $OUT/ab_table.txt).
