@@ -12,18 +12,22 @@
 # checkout` the edit), so the tree stays the bundle's. A failed build copies
 # nothing and leaves the tree as it was.
 set -euo pipefail
-cd "$(dirname "$0")/.."
 usage() { echo "usage: tools/ab_variant.sh NAME [PATCH]" >&2; exit 2; }
 [ $# -ge 1 ] && [ $# -le 2 ] || usage
 name=$1 patch=${2:-}
-case "$name" in
-  ""|cur|*/*|.*) echo "ab_variant: NAME '$name' must be a plain folder name other than cur" >&2
-                 exit 2 ;;
-esac
+# run_device.sh splits its variant list on spaces and calls the bundle cur
+if ! [[ "$name" =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]*$ ]] || [ "$name" = cur ]; then
+  echo "ab_variant: NAME '$name' must be letters, digits, '_', '.', '-' (not cur)" >&2
+  exit 2
+fi
+if [ -n "$patch" ]; then
+  [ -f "$patch" ] || { echo "ab_variant: PATCH '$patch' is not a file" >&2; exit 2; }
+  patch=$(realpath "$patch")  # before the cd below
+fi
+cd "$(dirname "$0")/.."
 [ -f .gpu_bundle/libmoe_ep.so ] || {
   echo "ab_variant: no .gpu_bundle/libmoe_ep.so: run tools/device_suite.sh first" >&2; exit 2; }
 if [ -n "$patch" ]; then
-  [ -f "$patch" ] || { echo "ab_variant: PATCH '$patch' is not a file" >&2; exit 2; }
   git apply --check "$patch"
   git apply "$patch"
   # the tree goes back whether the build passes or not
@@ -31,7 +35,9 @@ if [ -n "$patch" ]; then
 fi
 bazel build //plugin:libmoe_ep.so //tools/bench:ll_kernel_bench
 out=.gpu_bundle/ab/$name
-rm -rf "$out" && mkdir -p "$out"
-cp -L bazel-bin/plugin/libmoe_ep.so bazel-bin/tools/bench/ll_kernel_bench "$out/"
+# staged outside ab/, so that a failed copy leaves no half variant there
+stage=$(mktemp -d) && chmod 755 "$stage"
+cp -L bazel-bin/plugin/libmoe_ep.so bazel-bin/tools/bench/ll_kernel_bench "$stage/"
+rm -rf "$out" && mkdir -p .gpu_bundle/ab && mv "$stage" "$out"
 tar cf - .gpu_bundle | xz -T0 -6 > .gpu_bundle.txz
 echo "ab_variant: $out ($(du -sh "$out" | cut -f1)); bundle packed: $(du -sh .gpu_bundle.txz | cut -f1)"

@@ -317,7 +317,7 @@ __device__ __forceinline__ void mep_dispatch_recv_body(const MepLLParams &p,
                                                        const MepDispatchArgs &a, int *smem) {
   static_assert(!kBatched || !Tp::kStaged, "the list batches are the LSA receive's");
   static_assert(!kShare || (!Tp::kStaged && !kBatched),
-                "the shared row copy is the LSA receive's, one expert per block");
+                "the shared row copy is the LSA receive's, without list batches");
   if constexpr (Tp::kStaged)
     mep_dispatch_recv_staged<Tp, kFp8>(p, a, smem);
   else

@@ -43,10 +43,11 @@ constexpr int kMepHelpLookWarp = kMepWarps - 1;
  * for every source, reach this mean of rows per expert (EP2, top-8, 256
  * experts: 128 tokens per rank); smaller calls run kernels without the
  * shared copy (mep_dispatch_recv_shares). The kernels do not check the
- * sources' real counts again: that check, a loop over the heads' token
- * counts before the copy, cost the uniform 128-256-token fp8 dispatch
- * 0.3-0.5 us (tools/bench/RESULTS.md), while a look that finds nothing
- * published costs the looking warp one load round trip. */
+ * sources' real token counts: that check, a loop over the heads' counts
+ * before the copy, cost the receive's copy phase 0.3-0.6 us in the uniform
+ * 128-token fp8 dispatch (tools/bench/RESULTS.md, section at 728b4eb),
+ * while a look that finds nothing published costs the looking warp one
+ * load round trip. */
 constexpr int kMepHelpMinMean = 8;
 /* Experts whose help words a look covers (one per lane), and how many
  * looks the looking warp takes while they find rows to claim. */
@@ -266,9 +267,9 @@ __device__ __noinline__ void mep_recv_help(MepCopyShare c, const int32_t *slot_c
  * Kernels without kShare hold no shared copy at all: with it compiled in
  * but not taken, the fused dispatch at 1 token read 0.4-1.1 us slower
  * (EP2 fp8, 2 x H200). The kShare kernels cost uniform routing, where
- * nothing is published, 0.2-1.1 / 0.4-0.6 us in the fp8 dispatch at 128 /
+ * nothing is published, 0.2-1.1 / 0.4-0.7 us in the fp8 dispatch at 128 /
  * 256 tokens, and save 2.7-6.2 us with hot experts (tools/bench/RESULTS.md,
- * sections at 60d8225 and after it). */
+ * sections at 60d8225 and 728b4eb). */
 template <class Tp, bool kFp8, bool kShare>
 __device__ __forceinline__ void mep_dispatch_recv_finish(const MepLLParams &p,
                                                          const MepDispatchArgs &a,

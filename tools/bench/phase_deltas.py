@@ -75,7 +75,11 @@ def table(paths, late):
         m = NAME.search(os.path.basename(p))
         if not m:
             raise SystemExit(f"phase_deltas: {p}: not named stamps_<build>_<round>.log")
-        for (rank, tokens), phases in sorted(parse(p).items()):
+        try:
+            logs = parse(p)
+        except OSError as e:
+            raise SystemExit(f"phase_deltas: {p}: {e.strerror}")
+        for (rank, tokens), phases in sorted(logs.items()):
             runs.append((m.group(1), int(m.group(2)), rank, tokens, phases))
     floor = {}
     for b, r, rank, t, ph in runs:
@@ -90,7 +94,7 @@ def table(paths, late):
             for b2, _, _, t2, ph in runs:
                 if b2 != b or t2 != t:
                     continue
-                if "joined" in ph and ph["joined"][1] > late * floor[t]:
+                if "joined" in ph and floor[t] > 0 and ph["joined"][1] > late * floor[t]:
                     dropped += 1
                 else:
                     kept.append(deltas(ph))

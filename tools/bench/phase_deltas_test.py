@@ -30,7 +30,7 @@ def phases(entry, sent, heads, joined, seen, copied, copied_max, done, done_max)
 
 
 def main():
-    d = tempfile.mkdtemp()
+    d = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
     a = os.path.join(d, "stamps_cur_1.log")
     b = os.path.join(d, "stamps_my_build_1.log")
     with open(a, "w") as f:
