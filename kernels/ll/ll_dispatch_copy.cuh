@@ -84,7 +84,7 @@ __device__ __forceinline__ void mep_copy_slot(const MepLLParams &p, const MepDis
 
 /* The block's own copy: warps copy each of its local experts' rows (the
  * first expert's slot sources from slot_cache), in kShare kernels the
- * first own_rows of each (the rest are shared: mep_recv_help). A block
+ * first kMepHelpOwnRows of each (the rest are shared: mep_recv_help). A block
  * with several local experts deals their slots to its warps as one round
  * robin (mep_ll_deal_first_slot): a deal restarting at warp 0 for every
  * expert left warp 0 copying a row of each expert in series while most
@@ -93,13 +93,13 @@ __device__ __forceinline__ void mep_copy_slot(const MepLLParams &p, const MepDis
 template <bool kFp8, bool kShare>
 __device__ __forceinline__ void mep_recv_copy_own(const MepLLParams &p, const MepDispatchArgs &a,
                                                   const int32_t *slot_cache,
-                                                  const int *filled_cache, int own_rows) {
+                                                  const int *filled_cache) {
   const int cap = p.dims.world * p.dims.max_tokens;
   const int warp = threadIdx.x / 32;
   int dealt = 0; /* slots of this block's earlier experts */
   for (int le = blockIdx.x, nth = 0; le < a.local_experts; le += gridDim.x, ++nth) {
     int filled = mep_recv_filled(a.recv_count, filled_cache, le, nth);
-    if (kShare && filled > own_rows) filled = own_rows;
+    if (kShare && filled > kMepHelpOwnRows) filled = kMepHelpOwnRows;
     const int32_t *slots = a.slot_src + (size_t)le * cap;
     const int j0 = mep_ll_deal_first_slot(warp, dealt, kMepWarps);
     dealt += filled;
@@ -280,7 +280,7 @@ __device__ __forceinline__ void mep_dispatch_recv_finish(const MepLLParams &p,
     const bool shared = mep_help_publish(a, filled_cache, mep_help_words(p));
     /* the block's own claims come after its publication */
     if (shared) __syncthreads();
-    mep_recv_copy_own<kFp8, true>(p, a, slot_cache, filled_cache, kMepHelpOwnRows);
+    mep_recv_copy_own<kFp8, true>(p, a, slot_cache, filled_cache);
     const bool look = threadIdx.x / 32 == kMepHelpLookWarp;
     if (shared || look)
       mep_recv_help<kFp8>(mep_copy_share(p, a), slot_cache, filled_cache, shared, look);
@@ -294,7 +294,7 @@ __device__ __forceinline__ void mep_dispatch_recv_finish(const MepLLParams &p,
                      : "memory");
     }
   } else {
-    mep_recv_copy_own<kFp8, false>(p, a, slot_cache, filled_cache, 0);
+    mep_recv_copy_own<kFp8, false>(p, a, slot_cache, filled_cache);
   }
   mep_stamp(p, MEP_LL_STAMP_COPIED);
   /* Only this block reads its shadow and tag copies: no grid-wide ticket. */

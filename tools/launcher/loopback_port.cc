@@ -44,9 +44,11 @@ int ephemeral_port_low() {
   return lo;
 }
 
+bool loopback_port_range_has_room() { return ephemeral_port_low() - 1 - kFreePortLow >= 100; }
+
 int free_loopback_port() {
   const int top = ephemeral_port_low() - 1;
-  if (top - kFreePortLow >= 100) {
+  if (loopback_port_range_has_room()) {
     // One sequence per process: two calls within a clock tick differ.
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

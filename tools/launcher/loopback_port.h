@@ -12,6 +12,10 @@ namespace moe_ep {
 // it. Falls back to bind(0) where that range leaves no room below it.
 int free_loopback_port();
 
+// Whether [kFreePortLow, ephemeral_port_low()) leaves free_loopback_port
+// room to pick from (else it falls back to bind(0)).
+bool loopback_port_range_has_room();
+
 // free_loopback_port (and the Python tests' free_ports) draw from here up
 // to the ephemeral range. [10000, kFreePortLow) belongs to
 // conformance_test's scenarios, which pick their ports ahead of use.
