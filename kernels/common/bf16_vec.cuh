@@ -51,7 +51,8 @@ __device__ __forceinline__ void mep_steps_load(uint4 v[S], const __nv_bfloat16 *
   }
 }
 
-/* v[j] = row's vector at c + 256 j, or at limit - 8 for a step at or past
+/* v[j] = row's vector at c + kStride j (256, or 224 for line partials), or
+ * at limit - 8 for a step at or past
  * the limit (channels nobody stores), for the expert outputs the combine
  * send reduces. Every load is issued, none predicated, so each lands in
  * its own registers: a load that must give zeros when skipped goes through
@@ -63,12 +64,12 @@ __device__ __forceinline__ void mep_steps_load(uint4 v[S], const __nv_bfloat16 *
  * the read-only path (ld.global.nc) the send half ran 3.5-4.1 us slower at
  * 128 tokens on 24 SMs and 0.8-1.1 us at 256 on the whole grid (EP2,
  * H200). */
-template <int S>
+template <int S, int kStride = 256>
 __device__ __forceinline__ void mep_steps_load_all(uint4 v[S], const __nv_bfloat16 *row, int c,
                                                    int limit) {
 #pragma unroll
   for (int j = 0; j < S; ++j) {
-    const int cj = c + j * 256;
+    const int cj = c + j * kStride;
     v[j] = *reinterpret_cast<const uint4 *>(row + (cj < limit ? cj : limit - 8));
   }
 }

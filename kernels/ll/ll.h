@@ -44,8 +44,9 @@ enum {
   MEP_LL_OP_COMBINE_WEIGHTS = 8,
   /* A combine receive waiting for a rank's flagged partial words
    * (mep_ll_flag_word, calls of at most mep_ll_flag_tokens tokens over
-   * LSA) to carry this combine's epoch: expected = the epoch, seen = the
-   * epoch found. */
+   * LSA) or line partials (mep_ll_line_row_bytes, larger calls) to carry
+   * this combine's epoch: expected = the epoch, seen = the epoch found (a
+   * line's flag word: the epoch in both halves). */
   MEP_LL_OP_COMBINE_FLAGGED = 9
 };
 

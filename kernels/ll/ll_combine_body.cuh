@@ -8,12 +8,13 @@
  * Over staged transports the others get every valid slot's expert output
  * row back, into the (token, k) row of the source's combine region, and
  * the receive half forms the same per-rank partials and their sum. Over
- * LSA a source of at most mep_ll_flag_tokens tokens gets its partials as
- * flagged words instead (ll_layout.h). Either way the send half gives one
- * count signal per source rank (LSA: every block's arrival, at its end, or
- * at its start toward a flagged source; staged: the last block's add);
- * every receiving block waits all peers' counts (and staged transports'
- * rows), and at its end advances its own copies of the signal shadows. */
+ * LSA the partials carry their own flags: flagged words for a source of at
+ * most mep_ll_flag_tokens tokens, line partials beyond (ll_layout.h).
+ * Either way the send half gives one count signal per source rank (LSA:
+ * every block's relaxed arrival at its start, which only keeps the ranks
+ * in step; staged: the last block's add after its puts); every receiving
+ * block waits all peers' counts (and staged transports' rows), and at its
+ * end advances its own copies of the signal shadows. */
 #ifndef MEP_LL_COMBINE_BODY_CUH_
 #define MEP_LL_COMBINE_BODY_CUH_
 
@@ -53,9 +54,10 @@ static inline int mep_combine_pushes(const mep_ll_ctx_t *ctx, const mep_ll_combi
 /* ... and for a source that gets flagged partials (mep_combine_flagged). */
 #define MEP_LL_SRC_FLAGGED (1 << 18)
 /* The code of an LSA combine arrival (block 0's): the sender's view of the
- * source, checked by the source's receive (a disagreement is recorded as
- * MEP_LL_OP_BAD_SIGNAL instead of reading the wrong region). */
-#define MEP_LL_COMB_COUNTED 1u
+ * source, line partials or flagged words, checked by the source's receive
+ * (a disagreement is recorded as MEP_LL_OP_BAD_SIGNAL instead of reading
+ * the wrong region). */
+#define MEP_LL_COMB_LINES 1u
 #define MEP_LL_COMB_FLAGGED 2u
 
 /* Whether a combine's source with `tokens` tokens gets flagged partials
@@ -183,8 +185,8 @@ __device__ __forceinline__ uint32_t mep_combine_send_body(const MepLLParams &p,
 
   /* Every block keeps the counts in shared memory and stops at the longest
    * expert (or source): no dependent global load per visited slot. */
-  __shared__ int longest, longest_tokens, any_partials, any_plain;
-  if (threadIdx.x == 0) longest = longest_tokens = any_partials = any_plain = 0;
+  __shared__ int longest, longest_tokens, any_partials, any_plain, kinds;
+  if (threadIdx.x == 0) longest = longest_tokens = any_partials = any_plain = kinds = 0;
   __syncthreads(); /* also: every thread has read this block's epoch copy */
   /* Over LSA every source gets partials (weighted, or pushing): the
    * per-slot pass and its counts are compiled out of those kernels. */
@@ -203,6 +205,7 @@ __device__ __forceinline__ uint32_t mep_combine_send_body(const MepLLParams &p,
     src_s[r] = v;
     if (v & MEP_LL_SRC_PARTIALS) {
       any_partials = 1;
+      atomicOr(&kinds, v & MEP_LL_SRC_FLAGGED ? MEP_LL_KIND_FLAGGED : MEP_LL_KIND_LINES);
       if (n > 0) atomicMax(&longest_tokens, n < p.dims.max_tokens ? n : p.dims.max_tokens);
     } else {
       any_plain = 1;
@@ -217,20 +220,21 @@ __device__ __forceinline__ uint32_t mep_combine_send_body(const MepLLParams &p,
       __threadfence_system(); /* the zeros before any arrival below */
       __syncthreads();
     }
-  /* Sources that take flagged partials get this block's arrival now, a
-   * relaxed add with code MEP_LL_COMB_FLAGGED: their words carry their own
-   * flags, and the arrival only tells the source that this rank has
+  /* LSA: every source gets this block's arrival now, a relaxed add with
+   * the code of what it takes (flagged words or lines): both carry their
+   * own flags, and the arrival only tells the source that this rank has
    * started its combine, so has finished its dispatch receive (what lets
    * the source reuse the set, section 6 of PROTOCOL.md). */
   if constexpr (!Tp::kStaged)
     for (int d = threadIdx.x; d < R; d += blockDim.x)
-      if (src_s[d] & MEP_LL_SRC_FLAGGED)
-        Tp::signal_relaxed(p.xp, d, cnt_sig,
-                           mep_ll_arrival_add(blockIdx.x == 0 ? MEP_LL_COMB_FLAGGED : 0u,
-                                              blockIdx.x, gridDim.x));
-  /* The epoch is stored at the end, after the block's arrival: a store
-   * before it would be one more write for the system-scope release to
-   * wait for, in every block (the dispatch stores its tag last too). */
+      Tp::signal_relaxed(
+          p.xp, d, cnt_sig,
+          mep_ll_arrival_add(blockIdx.x == 0 ? (src_s[d] & MEP_LL_SRC_FLAGGED ? MEP_LL_COMB_FLAGGED
+                                                                              : MEP_LL_COMB_LINES)
+                                             : 0u,
+                             blockIdx.x, gridDim.x));
+  /* The epoch is stored at the end (the dispatch stores its tag last
+   * too). */
   auto store_epoch = [&] {
     mep_slots_store(p.tags, mep_ll_tag_words(R), 1, [&](int) { return R + 1; },
                     [&](int) { return epoch; });
@@ -238,7 +242,7 @@ __device__ __forceinline__ uint32_t mep_combine_send_body(const MepLLParams &p,
   /* Weighted and pushing sources in one pass: separate passes (one without
    * the pushed words' code) made the LSA send kernel spill, and the pushed
    * combine 3 / 12 us slower at 128 / 256 tokens (EP2, H200). */
-  if (any_partials) mep_combine_send_partials<Tp>(p, a, src_s, longest_tokens, epoch);
+  if (any_partials) mep_combine_send_partials<Tp>(p, a, src_s, longest_tokens, epoch, kinds);
 
   /* Slots are visited slot-index-major (u = s * E_local + le), so the first
    * pass of the grid covers the first few rows of every expert, where the
@@ -263,13 +267,9 @@ __device__ __forceinline__ uint32_t mep_combine_send_body(const MepLLParams &p,
                    yrow, stage_off, row_bytes, row_sig);
     }
 
-  /* LSA: every block's arrival releases its rows; the receiver needs no
-   * row count. */
+  /* LSA: the arrivals went out at the start; the partials carry their
+   * own flags. */
   if constexpr (!Tp::kRowSignals) {
-    /* to the sources that read comb_recv (flagged ones arrived above) */
-    mep_arrive_if<Tp>(p, cnt_sig,
-                      [](int) { return (uint64_t)MEP_LL_COMB_COUNTED; },
-                      [&](int d) { return !(src_s[d] & MEP_LL_SRC_FLAGGED); });
     store_epoch();
     return epoch;
   }
@@ -455,8 +455,8 @@ __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
                            &base, &increase, &code)) {
       next[r] = base + increase;
       if constexpr (!Tp::kRowSignals) {
-        /* the sender's view of this rank: flagged or counted, as ours */
-        const uint64_t want = flagged ? MEP_LL_COMB_FLAGGED : MEP_LL_COMB_COUNTED;
+        /* the sender's view of this rank: flagged words or lines, as ours */
+        const uint64_t want = flagged ? MEP_LL_COMB_FLAGGED : MEP_LL_COMB_LINES;
         if (code != want) {
           mep_record_timeout(p.wc, MEP_LL_OP_BAD_SIGNAL, r, -1, want, code);
           failed = 1;
@@ -477,25 +477,31 @@ __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
   __syncthreads();
   if (failed) return;
 
-  /* over LSA always partials (mep_combine_pushes): the per-slot sum is
-   * compiled out of those kernels */
-  if (flagged) {
-    if (!mep_combine_sum_flagged<IdxT>(p, a, epoch)) failed = 1;
+  /* over LSA always partials (mep_combine_pushes), flagged words or lines:
+   * the comb_recv and per-slot sums are compiled out of those kernels */
+  if constexpr (!Tp::kStaged) {
+    if (!(flagged ? mep_combine_sum_flagged<IdxT>(p, a, epoch)
+                  : mep_combine_sum_lines<IdxT>(p, a, epoch)))
+      failed = 1;
     __syncthreads(); /* a failed wait was recorded: no shadow moves */
     if (failed) return;
-  } else if (!Tp::kStaged || a.partials) {
+  } else if (a.partials) {
     mep_combine_sum_partials<IdxT>(p, a, half);
-  } else if constexpr (Tp::kStaged) {
+  } else {
     mep_combine_sum_slots<IdxT>(p, a, half);
   }
-  /* When the epoch comes round: the flagged rows of this half no rank wrote
-   * now, zeroed before this rank's next combine send on the set
-   * (ll_combine_wrap.cuh). */
+  /* When the epoch comes round: the flagged rows and the line rows of this
+   * half no rank wrote now, zeroed before this rank's next combine send on
+   * the set (ll_combine_wrap.cuh). */
   if constexpr (!Tp::kStaged)
-    if (mep_epoch_wraps(epoch))
+    if (mep_epoch_wraps(epoch)) {
       mep_clear_unwritten_flag_rows<IdxT>(p, static_cast<const IdxT *>(a.topk), a.tokens,
                                           a.top_k, a.num_experts, a.local_experts, a.hidden,
                                           half, flagged);
+      mep_clear_unwritten_line_rows<IdxT>(p, static_cast<const IdxT *>(a.topk), a.tokens,
+                                          a.top_k, a.num_experts, a.local_experts, a.hidden,
+                                          half, !flagged);
+    }
   /* Only this block reads its shadow copies: no grid-wide ticket. */
   mep_store_shadows<Tp>(p, next, [&](int r) { return mep_ll_sig_comb_cnt(&p.dims, half, r); },
                         [&](int r) { return mep_ll_sig_comb_row(&p.dims, half, r); });

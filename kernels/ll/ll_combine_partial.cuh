@@ -17,6 +17,11 @@
  * waits (bounded) only where the word has not landed yet. No signal and no
  * fence: the word is its own flag.
  *
+ * Over LSA the partials travel with their own flags, so no release orders
+ * them: as flagged words for small calls (mep_ll_flag_word) and as line
+ * partials beyond (mep_ll_line_row_bytes: 128-byte lines whose last 16
+ * bytes carry the epoch). Staged transports count their puts.
+ *
  * Included by ll_combine_body.cuh; its send body pushes and calls the send
  * part for the sources that get partials, its receive body the sum. */
 #ifndef MEP_LL_COMBINE_PARTIAL_CUH_
@@ -46,6 +51,21 @@ constexpr int kMepPartialWideSteps = 4;
  * a row's steps spread over several warps instead of one warp walking the
  * whole row (7168 channels: 7 warps of 4 steps, not 1 warp of 28). */
 constexpr int kMepPartialPiece = 1024;
+/* Channels of a line-partial warp step (4 lines of 56 channels). */
+constexpr int kMepLineStep = MEP_LL_LINE_STEP;
+
+/* A lane's first channel in a line-partial step: lanes 0-6 of each 8-lane
+ * group carry 8 channels of its line; lane 7, the flag lane, loads lane
+ * 6's (same sector, no extra traffic) and stores the epoch instead. */
+__device__ __forceinline__ int mep_line_lane_channel(int lane) {
+  const int l = lane & 7;
+  return (lane >> 3) * MEP_LL_LINE_CHANNELS + (l < 7 ? l : 6) * 8;
+}
+__device__ __forceinline__ bool mep_line_flag_lane(int lane) { return (lane & 7) == 7; }
+/* The flag lane's 16 bytes: four copies of the epoch. */
+__device__ __forceinline__ uint64_t mep_line_flag_word(uint32_t epoch) {
+  return (uint64_t)epoch << 32 | epoch;
+}
 
 /* The lowest lane left in `mask`, taken off it, for a batch of loads
  * issued before any is used: *use says whether one was left (lane 0 stands
@@ -57,13 +77,13 @@ __device__ __forceinline__ int mep_take_lane(unsigned *mask, bool *use) {
   return k;
 }
 
-/* Lane `lane` (< 32) of a warp computes channels [c + 256 j, c + 256 j + 8)
+/* Lane `lane` (< 32) of a warp computes channels [c + kStride j, + 8)
  * for j < S (those below `limit`; rows are `hidden` channels) of the
  * partial from the slots whose bits are set in `live` (k order, in batches
  * of 16 / S slots, 8 for S = 1); entries holds lane k's route. Every lane
  * runs every shuffle (live is warp-uniform). Per channel the sum is the
  * same fmaf chain in k order whatever S is. */
-template <int S>
+template <int S, int kStride = kMepPartialStep>
 __device__ __forceinline__ void mep_partial_chunks(const __nv_bfloat16 *y, int hidden, int limit,
                                                    mep_ll_route_t entry, unsigned live, int c,
                                                    uint4 out[S]) {
@@ -82,7 +102,8 @@ __device__ __forceinline__ void mep_partial_chunks(const __nv_bfloat16 *y, int h
       const int slot = __shfl_sync(0xffffffffu, entry.slot, k);
       if (i == 0) first = slot;
       w[i] = __int_as_float(__shfl_sync(0xffffffffu, entry.weight_bits, k));
-      mep_steps_load_all<S>(v[i], y + (size_t)(use[i] ? slot : first) * hidden, c, limit);
+      mep_steps_load_all<S, kStride>(v[i], y + (size_t)(use[i] ? slot : first) * hidden, c,
+                                     limit);
     }
 #pragma unroll
     for (int i = 0; i < B; ++i)
@@ -132,12 +153,15 @@ static __device__ __noinline__ uint32_t mep_weight_wait(const MepLLParams &p, co
 /* The send half's partial rows for the sources that get them (src_s: their
  * src_tokens words, shared memory, with MEP_LL_SRC_PUSHED where the source
  * pushes its weights: those come from the pushed words, not the route).
- * Units (token, source, piece): LSA
- * pieces are one step, stored straight into the source's row; staged
- * transports compute a kMepPartialPiece-channel piece into the staging row,
- * then put it with a row signal, counted in comb_puts for the count signal
- * the caller sends. */
-template <class Tp, int S>
+ * Units (token, source, piece). LSA: kLines picks the sources this loop
+ * serves, line-partial ones (pieces of S 224-channel steps, stored as
+ * lines into the source's comb_recv row) or flagged ones (S 256-channel
+ * steps, stored as flagged words into its comb_flag row); the other kind
+ * is skipped, so a call that mixes them runs both loops. Staged transports
+ * compute a kMepPartialPiece-channel piece into the staging row, then put
+ * it with a row signal, counted in comb_puts for the count signal the
+ * caller sends. */
+template <class Tp, int S, bool kLines>
 __device__ __forceinline__ void mep_combine_send_partials_at(const MepLLParams &p,
                                                              const MepCombineArgs &a,
                                                              const int *src_s, int longest,
@@ -149,7 +173,7 @@ __device__ __forceinline__ void mep_combine_send_partials_at(const MepLLParams &
   const uint32_t row_bytes = (uint32_t)a.hidden * 2u;
   const int half = mep_ll_comb_half(epoch);
   const uint32_t row_sig = mep_ll_sig_comb_row(&p.dims, half, p.xp.rank);
-  const int piece = Tp::kStaged ? kMepPartialPiece : kMepPartialStep * S;
+  const int piece = Tp::kStaged ? kMepPartialPiece : (kLines ? kMepLineStep : kMepPartialStep) * S;
   const int npieces = (a.hidden + piece - 1) / piece;
   /* token-major, so the first pass of the grid covers every source's first
    * tokens */
@@ -157,6 +181,7 @@ __device__ __forceinline__ void mep_combine_send_partials_at(const MepLLParams &
     const int pc = u % npieces, ts = u / npieces, s = ts % R, t = ts / R;
     const int v = src_s[s];
     if (!(v & MEP_LL_SRC_PARTIALS) || t >= MEP_LL_SRC_TOKENS(v)) continue; /* warp-uniform */
+    if (!Tp::kStaged && ((v & MEP_LL_SRC_FLAGGED) != 0) == kLines) continue; /* the other loop's */
     mep_ll_route_t entry = lane < K ? a.route[((size_t)s * M + t) * K + lane]
                                     : mep_ll_route_t{MEP_LL_ROUTE_ELSEWHERE, 0};
     /* the pushed word (this rank's own weight) is loaded beside the route,
@@ -178,38 +203,48 @@ __device__ __forceinline__ void mep_combine_send_partials_at(const MepLLParams &
     const unsigned live = __ballot_sync(0xffffffffu, entry.slot >= 0);
     const int kf = __ffs(mine) - 1;
     const int c0 = pc * piece;
-    const int c1 = a.hidden - c0 < piece ? a.hidden : c0 + piece;
-    const uint64_t dst_off =
-        p.set_off + mep_ll_comb_recv_off(&p.lay, half) + (uint64_t)(t * K + kf) * row_bytes +
-        2u * (uint64_t)c0;
-    if constexpr (!Tp::kStaged) {
+    if constexpr (!Tp::kStaged && kLines) {
+      /* lines of [t * K + kf] of the source's comb_recv half: one 512-byte
+       * warp store per step, the flag lanes' epoch in the same instruction */
+      const int c = c0 + mep_line_lane_channel(lane);
+      uint4 o[S];
+      mep_partial_chunks<S, kMepLineStep>(a.y, a.hidden, a.hidden, entry, live, c, o);
+      char *dst = static_cast<char *>(Tp::peer_ptr(
+                      p.xp, s, p.set_off + mep_ll_line_row_off(&p.lay, &p.dims, half,
+                                                                (uint64_t)t * K + kf))) +
+                  (size_t)pc * S * 512u + 16u * lane;
+      const uint64_t flag = mep_line_flag_word(epoch);
+      const bool fl = mep_line_flag_lane(lane);
+#pragma unroll
+      for (int j = 0; j < S; ++j)
+        if (c0 + j * kMepLineStep < a.hidden) /* warp-uniform */
+          mep_st_volatile_u64x2(reinterpret_cast<uint64_t *>(dst + j * 512),
+                                fl ? flag : (uint64_t)o[j].y << 32 | o[j].x,
+                                fl ? flag : (uint64_t)o[j].w << 32 | o[j].z);
+    } else if constexpr (!Tp::kStaged) {
+      /* [this rank][t] of the source's comb_flag: 4 words per lane-step */
       const int c = c0 + lane * 8;
       uint4 o[S];
       mep_partial_chunks<S>(a.y, a.hidden, a.hidden, entry, live, c, o);
-      if (v & MEP_LL_SRC_FLAGGED) { /* warp-uniform */
-        /* [this rank][t] of the source's comb_flag: 4 words per lane-step */
-        uint64_t *dst = static_cast<uint64_t *>(Tp::peer_ptr(
-            p.xp, s,
-            p.set_off + mep_ll_flag_row_off(&p.lay, &p.dims, half, p.xp.rank, t) +
-                (uint64_t)c * 4u));
-#pragma unroll
-        for (int j = 0; j < S; ++j)
-          if (c + j * kMepPartialStep < a.hidden) {
-            uint64_t *w = dst + j * (kMepPartialStep / 2);
-            mep_st_volatile_u64x2(w, mep_ll_flag_word(o[j].x, epoch),
-                                  mep_ll_flag_word(o[j].y, epoch));
-            mep_st_volatile_u64x2(w + 2, mep_ll_flag_word(o[j].z, epoch),
-                                  mep_ll_flag_word(o[j].w, epoch));
-          }
-        continue;
-      }
-      char *dst = static_cast<char *>(Tp::peer_ptr(p.xp, s, dst_off)) + 16 * lane;
+      uint64_t *dst = static_cast<uint64_t *>(Tp::peer_ptr(
+          p.xp, s,
+          p.set_off + mep_ll_flag_row_off(&p.lay, &p.dims, half, p.xp.rank, t) +
+              (uint64_t)c * 4u));
 #pragma unroll
       for (int j = 0; j < S; ++j)
-        if (c + j * kMepPartialStep < a.hidden)
-          *reinterpret_cast<uint4 *>(dst + 2 * j * kMepPartialStep) = o[j];
+        if (c + j * kMepPartialStep < a.hidden) {
+          uint64_t *w = dst + j * (kMepPartialStep / 2);
+          mep_st_volatile_u64x2(w, mep_ll_flag_word(o[j].x, epoch),
+                                mep_ll_flag_word(o[j].y, epoch));
+          mep_st_volatile_u64x2(w + 2, mep_ll_flag_word(o[j].z, epoch),
+                                mep_ll_flag_word(o[j].w, epoch));
+        }
     } else {
       /* GIN reads its source from the window: stage the piece. */
+      const int c1 = a.hidden - c0 < piece ? a.hidden : c0 + piece;
+      const uint64_t dst_off =
+          p.set_off + mep_ll_comb_recv_off(&p.lay, half) + (uint64_t)(t * K + kf) * row_bytes +
+          2u * (uint64_t)c0;
       const uint64_t stage_off = p.set_off + p.lay.stage_partial +
                                  ((uint64_t)s * M + t) * row_bytes + 2u * (uint64_t)c0;
       for (int cs = c0; cs < c1; cs += S * kMepPartialStep) {
@@ -230,22 +265,54 @@ __device__ __forceinline__ void mep_combine_send_partials_at(const MepLLParams &
   }
 }
 
+/* Which LSA partial kinds a send half's sources take (mep_combine_send_partials). */
+#define MEP_LL_KIND_FLAGGED 1
+#define MEP_LL_KIND_LINES 2
+
 /* The send partials with the unit width the work calls for (see
  * kMepPartialWideSteps): one step per unit while the units fit in two
- * passes of the grid's warps. Staged transports keep their
- * kMepPartialPiece units, one step at a time. */
+ * passes of the grid's warps. Flagged sources (at most flag_tokens tokens
+ * each) always take one step; staged transports keep their
+ * kMepPartialPiece units, one step at a time. kinds: MEP_LL_KIND_* of
+ * this call's LSA sources. */
 template <class Tp>
 __device__ __forceinline__ void mep_combine_send_partials(const MepLLParams &p,
                                                           const MepCombineArgs &a,
                                                           const int *src_s, int longest,
-                                                          uint32_t epoch) {
+                                                          uint32_t epoch, int kinds) {
   const int64_t units = (int64_t)longest * p.dims.world *
                         ((a.hidden + kMepPartialStep - 1) / kMepPartialStep);
   const int64_t nwarps = (int64_t)gridDim.x * (MEP_LL_THREADS / 32);
-  if (Tp::kStaged || units <= 2 * nwarps)
-    mep_combine_send_partials_at<Tp, 1>(p, a, src_s, longest, epoch);
-  else
-    mep_combine_send_partials_at<Tp, kMepPartialWideSteps>(p, a, src_s, longest, epoch);
+  const bool narrow = units <= 2 * nwarps;
+  if constexpr (Tp::kStaged) {
+    mep_combine_send_partials_at<Tp, 1, false>(p, a, src_s, longest, epoch);
+  } else {
+    if (kinds & MEP_LL_KIND_FLAGGED)
+      mep_combine_send_partials_at<Tp, 1, false>(p, a, src_s, longest, epoch);
+    if (kinds & MEP_LL_KIND_LINES) {
+      if (narrow)
+        mep_combine_send_partials_at<Tp, 1, true>(p, a, src_s, longest, epoch);
+      else
+        mep_combine_send_partials_at<Tp, kMepPartialWideSteps, true>(p, a, src_s, longest,
+                                                                     epoch);
+    }
+  }
+}
+
+/* The ranks token t reaches, for a receive unit: lane k (< top_k) gets slot
+ * k's rank in *rank (-1: none; in the index's own width as dispatch
+ * decides, so an int64 id past 2^31 cannot wrap into a valid expert), and
+ * the result has the slots where a rank first appears in top-k (the sum's
+ * rank order; the row each rank's partial lands in). Every lane calls. */
+template <typename IdxT>
+__device__ __forceinline__ unsigned mep_token_first_slots(const IdxT *topk, int t, int top_k,
+                                                          int num_experts, int local_experts,
+                                                          int *rank) {
+  const int lane = threadIdx.x & 31;
+  const IdxT e = lane < top_k ? topk[t * top_k + lane] : (IdxT)-1;
+  *rank = e >= 0 && e < (IdxT)num_experts ? (int)(e / local_experts) : -1;
+  const unsigned same = __match_any_sync(0xffffffffu, *rank);
+  return __ballot_sync(0xffffffffu, *rank >= 0 && (same & ((1u << lane) - 1u)) == 0);
 }
 
 /* The receive's units: (token, S steps) over the grid. Per unit, lane k
@@ -266,11 +333,9 @@ __device__ __forceinline__ bool mep_partial_units(const MepLLParams &p, const Me
   for (int u = gwarp; u < a.tokens * nunits; u += nwarps) {
     const int t = u / nunits;
     const int c = (u - t * nunits) * S * kMepPartialStep + lane * 8;
-    const IdxT e = lane < K ? topk[t * K + lane] : (IdxT)-1;
-    const int rank = e >= 0 && e < (IdxT)a.num_experts ? (int)(e / a.local_experts) : -1;
-    const unsigned same = __match_any_sync(0xffffffffu, rank);
+    int rank;
     const unsigned first =
-        __ballot_sync(0xffffffffu, rank >= 0 && (same & ((1u << lane) - 1u)) == 0);
+        mep_token_first_slots(topk, t, K, a.num_experts, a.local_experts, &rank);
     float acc[S][8];
     mep_steps_zero<S>(acc);
     if (!sum(t, c, first, rank, acc)) return false;
@@ -403,6 +468,124 @@ __device__ __forceinline__ bool mep_combine_sum_flagged_at(const MepLLParams &p,
     }
     return true;
   });
+}
+
+/* One step of a line-partial row for the lines sum: this lane's 16 bytes
+ * at `at` into *v (a step past the call's hidden is not read: zeros), and
+ * bit j of *bad set where this lane is a flag lane and its words are not
+ * `flag` (the line has not landed yet). */
+__device__ __forceinline__ void mep_line_load(const char *at, bool in_row, bool flag_lane,
+                                              uint64_t flag, int j, uint4 *v, uint32_t *bad) {
+  uint64_t x0 = flag, x1 = flag;
+  if (in_row) mep_ld_volatile_u64x2(reinterpret_cast<const uint64_t *>(at), &x0, &x1);
+  *v = make_uint4((uint32_t)x0, (uint32_t)(x0 >> 32), (uint32_t)x1, (uint32_t)(x1 >> 32));
+  if (flag_lane && (x0 != flag || x1 != flag)) *bad |= 1u << j;
+}
+
+/* The slow path of a line read, out of line: spins until the flag lane's
+ * words at w are `flag` (rank `src`'s line); false when the wait expired
+ * (recorded) or another wait aborted. */
+static __device__ __noinline__ bool mep_line_wait(const MepLLParams &p, const uint64_t *w,
+                                                  uint64_t flag, int src) {
+  uint64_t seen = 0;
+  return mep_wait(p.wc,
+                  [&] {
+                    uint64_t x0, x1;
+                    mep_ld_volatile_u64x2(w, &x0, &x1);
+                    return x0 != flag ? x0 : x1;
+                  },
+                  [&](uint64_t v) { return v == flag; }, flag, MEP_LL_OP_COMBINE_FLAGGED, src, -1,
+                  &seen);
+}
+
+/* The receive half's sum for a call above the flagged limit (LSA, after
+ * the count waits, which the senders' early arrivals make short): each
+ * unit (token, S 224-channel steps) loads, for the ranks the token reaches
+ * in the order they first appear in top-k (B ranks a batch), the lines of
+ * its steps from comb_recv [t * K + that rank's first slot]; a line is
+ * taken once the flag lane of the same load saw this combine's epoch, else
+ * the flag lane waits (bounded) and the warp loads the rank's steps again.
+ * The flag lanes sum nothing; the others add each partial in f32 from 0
+ * and store bf16 once: the same bits as the flagged and staged sums. A
+ * failed wait ends the warp's units. */
+template <typename IdxT, int S>
+__device__ __forceinline__ bool mep_combine_sum_lines_at(const MepLLParams &p,
+                                                         const MepCombineArgs &a,
+                                                         uint32_t epoch) {
+  constexpr int B = S >= 2 ? 2 : 4;
+  const int lane = threadIdx.x & 31;
+  const bool fl = mep_line_flag_lane(lane);
+  const int nwarps = gridDim.x * (MEP_LL_THREADS / 32);
+  const int gwarp = mep_ll_spread_warp();
+  const int K = a.top_k;
+  const int half = mep_ll_comb_half(epoch);
+  const int nunits = (a.hidden + S * kMepLineStep - 1) / (S * kMepLineStep);
+  const IdxT *topk = reinterpret_cast<const IdxT *>(a.topk);
+  const uint64_t flag = mep_line_flag_word(epoch);
+  const char *region = reinterpret_cast<const char *>(p.xp.local) + p.set_off;
+  for (int u = gwarp; u < a.tokens * nunits; u += nwarps) {
+    const int t = u / nunits, un = u - t * nunits;
+    const int c0 = un * S * kMepLineStep;
+    int rank;
+    unsigned first = mep_token_first_slots(topk, t, K, a.num_experts, a.local_experts, &rank);
+    float acc[S][8];
+    mep_steps_zero<S>(acc);
+    while (first != 0) {
+      uint4 v[B][S];
+      uint32_t bad[B];
+      bool use[B];
+      const char *at[B];
+      int src[B];
+      /* every load first, then the flags: one round trip when all landed */
+#pragma unroll
+      for (int i = 0; i < B; ++i) {
+        const int k = mep_take_lane(&first, &use[i]);
+        src[i] = __shfl_sync(0xffffffffu, rank, k);
+        at[i] = region + mep_ll_line_row_off(&p.lay, &p.dims, half, (uint64_t)t * K + k) +
+                (size_t)un * S * 512u + 16u * lane;
+        bad[i] = 0;
+#pragma unroll
+        for (int j = 0; j < S; ++j)
+          mep_line_load(at[i] + j * 512, use[i] && c0 + j * kMepLineStep < a.hidden, fl, flag, j,
+                        &v[i][j], &bad[i]);
+      }
+#pragma unroll
+      for (int i = 0; i < B; ++i)
+        while (__any_sync(0xffffffffu, bad[i] != 0)) { /* not landed yet: wait, load again */
+          const bool ok =
+              bad[i] == 0 ||
+              mep_line_wait(p, reinterpret_cast<const uint64_t *>(at[i] + (__ffs(bad[i]) - 1) * 512),
+                            flag, src[i]);
+          if (__any_sync(0xffffffffu, !ok)) return false;
+          bad[i] = 0;
+#pragma unroll
+          for (int j = 0; j < S; ++j)
+            mep_line_load(at[i] + j * 512, c0 + j * kMepLineStep < a.hidden, fl, flag, j,
+                          &v[i][j], &bad[i]);
+        }
+      /* w = 1: exactly acc + partial, in first-appearance order */
+#pragma unroll
+      for (int i = 0; i < B; ++i)
+        if (use[i] && !fl) mep_steps_fma<S>(acc, v[i], 1.0f);
+    }
+    if (!fl) {
+      const int c = c0 + mep_line_lane_channel(lane);
+      __nv_bfloat16 *orow = a.out + (size_t)t * a.hidden;
+#pragma unroll
+      for (int j = 0; j < S; ++j)
+        if (c + j * kMepLineStep < a.hidden)
+          *reinterpret_cast<uint4 *>(orow + c + j * kMepLineStep) = mep_bf16x8_pack(acc[j]);
+    }
+  }
+  return true;
+}
+
+/* The lines sum with the unit width the host picked (recv_steps). */
+template <typename IdxT>
+__device__ __forceinline__ bool mep_combine_sum_lines(const MepLLParams &p,
+                                                      const MepCombineArgs &a, uint32_t epoch) {
+  return a.recv_steps == 1 ? mep_combine_sum_lines_at<IdxT, 1>(p, a, epoch)
+                           : mep_combine_sum_lines_at<IdxT, kMepPartialWideSteps>(p, a, epoch);
 }
 
 /* False when a wait failed (recorded). One step per unit whatever

@@ -90,4 +90,37 @@ static __device__ __noinline__ void mep_clear_unwritten_flag_rows(
   }
 }
 
+/* The source side (receive half): every line row of this half of comb_recv
+ * that no rank writes in this combine, and the steps past this call's
+ * hidden of those written. Rank r writes row t * K + k when this rank's
+ * call takes lines, t is below its token count and k is the first slot of
+ * token t on r (the rows the lines sum reads). The whole half is walked
+ * (max_tokens x the set's top_k rows), so the rows of any layout an
+ * earlier call's top_k gave are covered. One warp per row, 16-byte
+ * stores. */
+template <typename IdxT>
+static __device__ __noinline__ void mep_clear_unwritten_line_rows(
+    const MepLLParams &p, const IdxT *topk, int tokens, int top_k, int num_experts,
+    int local_experts, int hidden, int half, bool lines) {
+  const int lane = threadIdx.x & 31;
+  const int nwarps = gridDim.x * (MEP_LL_THREADS / 32);
+  const int gwarp = blockIdx.x * (MEP_LL_THREADS / 32) + threadIdx.x / 32;
+  const uint64_t rows = (uint64_t)p.dims.max_tokens * p.dims.top_k;
+  const int row16 = (int)(mep_ll_line_row_bytes(p.dims.hidden) / 16u);
+  const int written16 = (int)(mep_ll_line_row_bytes(hidden) / 16u);
+  for (uint64_t j = gwarp; j < rows; j += nwarps) {
+    const int t = (int)(j / (uint64_t)top_k), k = (int)(j % (uint64_t)top_k);
+    bool written = false;
+    if (lines && t < tokens) {
+      int rank;
+      written = (mep_token_first_slots(topk, t, top_k, num_experts, local_experts, &rank) >> k) &
+                1u;
+    }
+    uint4 *row = reinterpret_cast<uint4 *>(p.xp.local + p.set_off +
+                                           mep_ll_line_row_off(&p.lay, &p.dims, half, j));
+    for (int q = (written ? written16 : 0) + lane; q < row16; q += 32)
+      row[q] = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
 #endif /* MEP_LL_COMBINE_WRAP_CUH_ */

@@ -154,18 +154,21 @@ static inline MEP_HD uint64_t mep_ll_weight_word(uint32_t weight_bits, uint32_t 
  * 64-bit access is single-copy atomic), so the experts' ranks send them
  * with no release (their arrival, a relaxed add, comes first and only
  * keeps the ranks in step), and the source sums each partial as it lands.
- * Twice the bytes of a bf16 row, worth it only while the release, not
- * the link, bounds a call. Region comb_flag:
+ * Twice the bytes of a bf16 row, against line partials' 8/7 (below):
+ * worth it only while the latency, not the link, bounds a call. Region
+ * comb_flag:
  * [R][mep_ll_flag_tokens][hidden / 2] words, by sending rank.
  *
  * A source takes flagged words from each of its R - 1 peers, so the
  * limit is a budget of rows into one source: F = MEP_LL_FLAG_ROWS / (R - 1)
  * tokens, at most MEP_LL_FLAG_TOKENS and at least 1 (16 at EP2, 8 at EP4,
- * 3 at EP8). Set by measurements on H200 (tools/bench/RESULTS.md): at EP2
- * 16 tokens flagged beat counted and 32 lost; at EP4 16 lost by 2.4-3.1
- * us, and at 8 the two trade about 1 us of the hook send half (flagged
- * faster) against the fused call (counted faster), so 8 stays flagged.
- * EP8's 3 follows the budget, unmeasured. */
+ * 3 at EP8). Set by measurements on H200 (tools/bench/RESULTS.md) against
+ * the partials with a release that line partials replaced: at EP2 16
+ * tokens flagged beat them and 32 lost; at EP4 16 lost by 2.4-3.1 us, and
+ * at 8 the two traded about 1 us of the hook send half (flagged faster)
+ * against the fused call, so 8 stays flagged. EP8's 3 follows the budget,
+ * unmeasured. Against line partials, flagged words stay 0.2-0.3 us faster
+ * at 1-8 tokens at EP2. */
 #ifndef MEP_LL_FLAG_TOKENS
 #define MEP_LL_FLAG_TOKENS 16
 #endif
@@ -180,6 +183,24 @@ static inline MEP_HD int mep_ll_flag_tokens(const mep_ll_dims_t *d) {
 }
 static inline MEP_HD uint64_t mep_ll_flag_word(uint32_t two_bf16, uint32_t epoch) {
   return ((uint64_t)epoch << 32) | (uint64_t)two_bf16;
+}
+
+/* Line partials (LSA, a source above the flagged limit): its partial rows
+ * travel as 128-byte lines of 112 payload bytes (56 bf16 channels, lanes
+ * 0-6 of an 8-lane group, 16 bytes each) and, in lane 7's 16 bytes, four
+ * copies of the combine epoch. A warp step is 4 lines, 224 channels, one
+ * 512-byte store instruction: the receive sees a line's flag only once the
+ * whole line has landed (NVLink delivers a warp's aligned 128-byte store
+ * whole on the platforms NCCL enables its LL128 protocol on, Hopper among
+ * them), so no release orders the data and the receive sums each line as
+ * it lands. 8/7 of a bf16 row's bytes. A row of the set's hidden width
+ * takes ceil(hidden / 224) steps; the rows sit in comb_recv at
+ * [token * top_k + first slot on the sender], at that row width whatever
+ * the call's hidden, so every flag lane keeps its place. */
+#define MEP_LL_LINE_CHANNELS 56
+#define MEP_LL_LINE_STEP 224
+static inline MEP_HD uint64_t mep_ll_line_row_bytes(int hidden) {
+  return (uint64_t)((hidden + MEP_LL_LINE_STEP - 1) / MEP_LL_LINE_STEP) * 512u;
 }
 
 /* Per-block state words beside the shadows: the last list tag received
@@ -208,7 +229,10 @@ typedef struct mep_ll_set_layout {
   uint64_t disp_recv;     /* [R][max_tokens] dispatch rows, by source rank */
   uint64_t disp_list;     /* [R] slot lists (mep_ll_list_bytes each) */
   uint64_t disp_elist;    /* [E_local][R] expert lists (LSA; mep_ll_elist_bytes each) */
-  uint64_t comb_recv;     /* [2 halves][max_tokens][top_k] bf16 rows */
+  /* [2 halves][max_tokens][top_k] rows of mep_ll_line_row_bytes(hidden)
+   * (line partials; staged transports' bf16 rows use the first 2 hidden
+   * bytes of each) */
+  uint64_t comb_recv;
   uint64_t comb_recv_half; /* bytes of one half of comb_recv */
   uint64_t comb_weights;  /* [R][max_tokens * top_k] pushed weight words (LSA) */
   /* [2 halves][R][mep_ll_flag_tokens][hidden / 2] flagged partial words (LSA) */
@@ -236,7 +260,7 @@ static inline MEP_HD mep_ll_set_layout_t mep_ll_set_layout(const mep_ll_dims_t *
   l.disp_list = l.disp_recv + r * t * row_d;
   l.disp_elist = l.disp_list + r * list;
   l.comb_recv = l.disp_elist + el * r * mep_ll_elist_bytes(d);
-  l.comb_recv_half = t * k * row_c;
+  l.comb_recv_half = t * k * mep_ll_line_row_bytes(d->hidden);
   l.comb_weights = l.comb_recv + 2u * l.comb_recv_half;
   l.comb_flag = l.comb_weights + mep_ll_align16(r * t * k * 8u);
   l.flag_tokens = (uint64_t)mep_ll_flag_tokens(d);
@@ -292,6 +316,13 @@ static inline MEP_HD uint64_t mep_ll_flag_row_off(const mep_ll_set_layout_t *l,
                                                   int t) {
   return mep_ll_comb_flag_off(l, half) +
          ((uint64_t)src * l->flag_tokens + (uint64_t)t) * (uint64_t)d->hidden * 4u;
+}
+
+/* The line-partial row `row` (token * top_k + slot) in a half's comb_recv. */
+static inline MEP_HD uint64_t mep_ll_line_row_off(const mep_ll_set_layout_t *l,
+                                                  const mep_ll_dims_t *d, int half,
+                                                  uint64_t row) {
+  return mep_ll_comb_recv_off(l, half) + row * mep_ll_line_row_bytes(d->hidden);
 }
 
 /* The dispatch count signal's increment: token count, row-signalled put

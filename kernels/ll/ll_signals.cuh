@@ -74,13 +74,5 @@ __device__ __forceinline__ void mep_arrive(const MepLLParams &p, uint32_t sig, C
   __syncthreads();
   mep_arrival_send<Tp>(p, sig, code_of, threadIdx.x, blockDim.x);
 }
-/* mep_arrive toward the destinations d with wanted(d) only: every block of
- * the launch skips the same ones (which get their arrival elsewhere). */
-template <class Tp, typename CodeOf, typename Wanted>
-__device__ __forceinline__ void mep_arrive_if(const MepLLParams &p, uint32_t sig, CodeOf code_of,
-                                              Wanted wanted) {
-  __syncthreads();
-  mep_arrival_send_if<Tp>(p, sig, code_of, wanted, threadIdx.x, blockDim.x);
-}
 
 #endif /* MEP_LL_SIGNALS_CUH_ */

@@ -343,6 +343,18 @@ Case bf16_flagged(bool swapped = false) {
   return {7168, 8, 256, 0, 0, 8, swapped ? std::vector<int>{f, h} : std::vector<int>{h, f},
           swapped ? 26u : 24u};
 }
+// A call above the flagged limit (line partials from every rank), and
+// one that mixes the kinds: one rank's tokens flagged, the other's lines.
+Case bf16_lines(bool swapped = false) {
+  const int f = flag_tokens();
+  return {7168, 8, 256, 0, 0, 8, swapped ? std::vector<int>{37, f + 1} : std::vector<int>{f + 1, 37},
+          swapped ? 28u : 27u};
+}
+Case bf16_mixed_kinds(bool swapped = false) {
+  const int f = flag_tokens(), h = std::max(1, f / 2);
+  return {7168, 8, 256, 0, 0, 8, swapped ? std::vector<int>{h, f + 1} : std::vector<int>{f + 1, h},
+          swapped ? 30u : 29u};
+}
 Case fp8_flag_edge() {
   return {7168, 8, 256, 1, MOE_EP_FP8_SCALE_F32, 4, {flag_tokens(), flag_tokens() + 1}, 25};
 }
@@ -425,7 +437,7 @@ TEST_F(LlGpu, WeightedLsaBf16H2056Top1OneToken) { weighted_round_trip(kBf16Odd, 
 TEST_F(LlGpu, WeightedLsaFp8PackedI64H2176Top4E64) { weighted_round_trip(kFp8PackedI64Odd, MEP_LL_TRANSPORT_LSA); }
 // The flagged round trip, and proof that it took the flagged path: words
 // of this combine's epoch in this rank's comb_flag, either half (its own
-// partials at least; a counted combine writes none there).
+// partials at least; a combine of lines writes none there).
 TEST_F(LlGpu, LsaBf16H7168FlaggedPartials) {
   Group &g = G();
   const mep_ll_set_layout_t lay = mep_ll_set_layout(&g.ctx.dims);
@@ -442,23 +454,23 @@ TEST_F(LlGpu, LsaBf16H7168FlaggedPartials) {
   EXPECT_GT(tagged, 0u) << "rank " << g_rank << ": no flagged word in set 0's comb_flag";
 }
 TEST_F(LlGpu, WeightedLsaBf16H7168FlaggedPartials) { weighted_round_trip(bf16_flagged(), MEP_LL_TRANSPORT_LSA); }
-TEST_F(LlGpu, LsaFp8FlaggedAndCountedSources) { round_trip(fp8_flag_edge(), MEP_LL_TRANSPORT_LSA); }
+TEST_F(LlGpu, LsaFp8FlaggedAndLineSources) { round_trip(fp8_flag_edge(), MEP_LL_TRANSPORT_LSA); }
 TEST_F(LlGpu, LsaBf16FlaggedPartialsFused) { round_trip(bf16_flagged(), MEP_LL_TRANSPORT_LSA, true); }
-TEST_F(LlGpu, WeightedLsaFp8FlaggedAndCountedSourcesFused) {
+TEST_F(LlGpu, WeightedLsaFp8FlaggedAndLineSourcesFused) {
   weighted_ = 1;
   round_trip(fp8_flag_edge(), MEP_LL_TRANSPORT_LSA, true);
 }
-// Flagged, counted, flagged again on set 0 with other inputs: the last
+// Flagged, lines, flagged again on set 0 with other inputs: the last
 // combine's words must be told from the first's (an older epoch) and the
-// counted one must find no arrival left over by a flagged one.
-TEST_F(LlGpu, LsaFlaggedCountedFlaggedOnOneSet) {
+// lines' receive must find no arrival left over by a flagged one.
+TEST_F(LlGpu, LsaFlaggedLinesFlaggedOnOneSet) {
   round_trip(bf16_flagged(), MEP_LL_TRANSPORT_LSA);
   if (HasFatalFailure()) return;
   round_trip(kBf16Big, MEP_LL_TRANSPORT_LSA);
   if (HasFatalFailure()) return;
   round_trip(bf16_flagged(true), MEP_LL_TRANSPORT_LSA, true);
 }
-TEST_F(LlGpu, WeightedLsaFp8FlaggedAndCountedSources) { weighted_round_trip(fp8_flag_edge(), MEP_LL_TRANSPORT_LSA); }
+TEST_F(LlGpu, WeightedLsaFp8FlaggedAndLineSources) { weighted_round_trip(fp8_flag_edge(), MEP_LL_TRANSPORT_LSA); }
 TEST_F(LlGpu, WeightedGinEmuFp8H7168Top8ZeroTokensOnRank1) { weighted_round_trip(kFp8Big, MEP_LL_TRANSPORT_GIN_EMULATED); }
 TEST_F(LlGpu, WeightedGinEmuFp8PackedI64H2176Top4E64) { weighted_round_trip(kFp8PackedI64Odd, MEP_LL_TRANSPORT_GIN_EMULATED); }
 TEST_F(LlGpu, WeightedGinEmuBf16H2056Top1OneToken) { weighted_round_trip(kBf16Odd, MEP_LL_TRANSPORT_GIN_EMULATED); }
@@ -535,9 +547,9 @@ TEST_F(LlGpu, DoubleBufferedSplitSendRecv) {
 // set 1's combine regions and signals (mep_ll_comb_half), so its partials
 // and arrivals cannot land on what rank 0's combine A receive has yet to
 // read: both combines are exact on every rank whatever the timing. Over LSA: weights
-// at dispatch with counted combines, then pushed weights with flagged
-// combines (combine B's early relaxed arrival would pile onto combine A's
-// count); over GIN-emulated, weights at dispatch. A fresh group: a failure
+// at dispatch with combines of lines, then pushed weights with flagged
+// combines (either way combine B's early relaxed arrival would pile onto
+// combine A's count); over GIN-emulated, weights at dispatch. A fresh group: a failure
 // would leave the sets out of step.
 TEST_F(LlGpu, LateCombineReceiveIsNotOvertakenByTheNextCombineOnItsSet) {
   if (g_world < 2) GTEST_SKIP() << "needs a peer";
@@ -637,17 +649,19 @@ TEST_F(LlGpu, LateCombineReceiveIsNotOvertakenByTheNextCombineOnItsSet) {
 
 // The combine epoch comes round after MEP_LL_LAST_EPOCH (then 2): at the
 // last combine of a cycle and the first of the next, as comb_weights and
-// each half of comb_flag see them, each rank zeroes every word there that
-// no rank writes in that combine (ll_combine_wrap.cuh). After one ordinary
-// round, set 1's epoch copies are set so that its next combine has epoch
-// MEP_LL_LAST_EPOCH - 1, and its regions are filled with NaN payloads of
-// the epochs that next match there (comb_weights and comb_flag's even half
-// 2, the odd half 3), as if left a cycle ago. Then four combines (epochs
-// LAST - 1, LAST, 2, 3, two routings taking turns): each must be exact, and
-// after each every word of comb_weights and of the combine's half of
-// comb_flag must be 0 or carry its epoch. Dispatches on set 0, combines on
-// set 1, as the runtime alternates them; pushed weights and flagged
-// partials, so every region is in use. A fresh group.
+// each half of comb_flag and comb_recv see them, each rank zeroes every
+// word there that no rank writes in that combine (ll_combine_wrap.cuh).
+// After one ordinary round, set 1's epoch copies are set so that its next
+// combine has epoch MEP_LL_LAST_EPOCH - 1, and its regions are filled with
+// NaN payloads of the epochs that next match there (comb_weights and the
+// even halves 2, the odd halves 3; in comb_recv every line's flag lane), as
+// if left a cycle ago. Then four combines (epochs LAST - 1, LAST, 2, 3:
+// flagged, mixed, lines, mixed the other way round): each must be exact,
+// and after each every word of comb_weights and of the combine's half of
+// comb_flag must be 0 or carry its epoch, and so must every flag lane of
+// the combine's half of comb_recv. Dispatches on set 0, combines on set 1,
+// as the runtime alternates them; pushed weights, flagged words and lines,
+// so every region is in use. A fresh group.
 TEST_F(LlGpu, LsaEpochWrapZeroesStaleWeightAndPartialWords) {
   ASSERT_NO_FATAL_FAILURE(use_fresh_group());
   Group &g = G();
@@ -688,6 +702,16 @@ TEST_F(LlGpu, LsaEpochWrapZeroesStaleWeightAndPartialWords) {
   }
   char *region = set_window(g, 1) + lay.comb_weights;
   CUDA_OK(cudaMemcpy(region, w.data(), n * 8, cudaMemcpyHostToDevice));
+  // both halves of comb_recv as lines: NaN data, flag lanes of epoch 2
+  // (even half) or 3 (odd half)
+  const uint64_t line_words = lay.comb_recv_half / 8;  // per half
+  std::vector<uint64_t> lw(2 * line_words);
+  for (uint64_t i = 0; i < lw.size(); ++i) {
+    const uint64_t e = i < line_words ? 2u : 3u;
+    lw[i] = i % 16 >= 14 ? (e << 32 | e) : 0x7fc17fc17fc17fc1ull;
+  }
+  char *lines = set_window(g, 1) + mep_ll_comb_recv_off(&lay, 0);
+  CUDA_OK(cudaMemcpy(lines, lw.data(), lw.size() * 8, cudaMemcpyHostToDevice));
   CUDA_OK(cudaDeviceSynchronize());  // before any launch on the group's stream
 
   // Every word of comb_weights and of the epoch's half of comb_flag is 0 or
@@ -704,10 +728,22 @@ TEST_F(LlGpu, LsaEpochWrapZeroesStaleWeightAndPartialWords) {
     ASSERT_EQ(bad, n) << "rank " << g_rank << ": word " << bad << " of set 1's "
                       << (bad < weight_words ? "comb_weights" : "comb_flag") << " is 0x"
                       << std::hex << w[bad] << std::dec << " after the combine of epoch " << epoch;
+    // the flag lanes (the last 16 bytes of every 128-byte line) of the
+    // epoch's half of comb_recv
+    CUDA_OK(cudaMemcpy(lw.data(), lines, lw.size() * 8, cudaMemcpyDeviceToHost));
+    const uint64_t h0 = (epoch & 1u) * line_words, flag = (uint64_t)epoch << 32 | epoch;
+    uint64_t bad_line = lw.size();
+    for (uint64_t i = h0 + 14; i < h0 + line_words && bad_line == lw.size(); i += 16)
+      if ((lw[i] != 0 || lw[i + 1] != 0) && (lw[i] != flag || lw[i + 1] != flag)) bad_line = i;
+    ASSERT_EQ(bad_line, lw.size())
+        << "rank " << g_rank << ": the flag lane at word " << bad_line - h0 << " of set 1's comb_recv half "
+        << (epoch & 1u) << " is 0x" << std::hex << lw[bad_line] << " 0x" << lw[bad_line + 1]
+        << std::dec << " after the combine of epoch " << epoch;
   };
   const uint32_t epochs[] = {MEP_LL_LAST_EPOCH - 1, MEP_LL_LAST_EPOCH, 2u, 3u};
   for (int i = 0; i < 4; ++i) {
-    ASSERT_NO_FATAL_FAILURE(run(i % 2 ? bf16_flagged(true) : bf16_flagged())) << "epoch " << epochs[i];
+    const Case c[] = {bf16_flagged(), bf16_mixed_kinds(), bf16_lines(), bf16_mixed_kinds(true)};
+    ASSERT_NO_FATAL_FAILURE(run(c[i])) << "epoch " << epochs[i];
     ASSERT_NO_FATAL_FAILURE(check(epochs[i]));
   }
   CUDA_OK(cudaMemcpy(tags.data(), tags1, tags.size() * 4, cudaMemcpyDeviceToHost));
@@ -999,13 +1035,13 @@ TEST_F(LlGpu, AbsentPeerAtFlaggedCombineTimesOutOnItsCount) {
 
 // A combine called with fewer tokens than its dispatch sent, so few that
 // this rank takes flagged partials while every expert rank, which counts
-// the dispatch's tokens, sends counted ones: the receive checks each
-// sender's arrival code against its own view before it reads a word, and
-// must stop with BAD_SIGNAL (expected the flagged code 2, seen the counted
-// code 1) naming this rank, not wait for words that never come. Every rank
+// the dispatch's tokens, sends lines: the receive checks each sender's
+// arrival code against its own view before it reads a word, and must stop
+// with BAD_SIGNAL (expected the flagged code 2, seen the lines' code 1)
+// naming this rank, not wait for words that never come. Every rank
 // does the same; on a fresh group (the refused receive leaves it out of
 // step).
-TEST_F(LlGpu, FlaggedReceiveOfCountedPartialsIsBadSignal) {
+TEST_F(LlGpu, FlaggedReceiveOfLinePartialsIsBadSignal) {
   ASSERT_NO_FATAL_FAILURE(use_fresh_group());
   Group &g = G();
   weighted_ = 1;  // weights at dispatch: the send half waits for nothing

@@ -39,6 +39,7 @@ TEST(LlLayout, RegionsAlignedDisjointAndInsideTheSet) {
     const uint64_t R = d.world, M = d.max_tokens, K = d.top_k;
     const uint64_t row_d = mep_ll_dispatch_row_bytes(d.hidden, d.fp8);
     const uint64_t row_c = 2ull * d.hidden;
+    const uint64_t row_l = mep_ll_line_row_bytes(d.hidden);  // line partials
     const uint64_t list = mep_ll_align16(M * K * 8);  // (local expert, weight) per slot
     // [start, end) of each region; staging holds the larger of its two uses.
     std::vector<std::pair<uint64_t, uint64_t>> r = {
@@ -46,8 +47,8 @@ TEST(LlLayout, RegionsAlignedDisjointAndInsideTheSet) {
         {l.disp_recv, l.disp_recv + R * M * row_d},
         {l.disp_list, l.disp_list + R * list},
         {l.disp_elist, l.disp_elist + (uint64_t)d.local_experts * R * mep_ll_align16((M + 1) * 8)},
-        {mep_ll_comb_recv_off(&l, 0), mep_ll_comb_recv_off(&l, 0) + M * K * row_c},
-        {mep_ll_comb_recv_off(&l, 1), mep_ll_comb_recv_off(&l, 1) + M * K * row_c},
+        {mep_ll_comb_recv_off(&l, 0), mep_ll_comb_recv_off(&l, 0) + M * K * row_l},
+        {mep_ll_comb_recv_off(&l, 1), mep_ll_comb_recv_off(&l, 1) + M * K * row_l},
         {l.comb_weights, l.comb_weights + R * M * K * 8},
         {mep_ll_comb_flag_off(&l, 0),
          mep_ll_comb_flag_off(&l, 0) + R * (uint64_t)mep_ll_flag_tokens(&d) * d.hidden * 4},
@@ -94,6 +95,30 @@ TEST(LlLayout, FlaggedRowsTileEachHalf) {
       ASSERT_EQ(at, mep_ll_comb_flag_off(&l, half) + l.comb_flag_half) << Dims(d) << " half " << half;
     }
   }
+}
+
+// Line-partial rows (mep_ll_line_row_off, which the writer, the lines sum
+// and the wrap's zeroing share): whole 512-byte warp steps of 4 lines, 56
+// channels a line, enough for the set's hidden and each at least a bf16
+// row (staged transports' rows use comb_recv too), tiling each half in
+// row order; 14336 bf16 bytes of hidden 7168 take 16384.
+TEST(LlLayout, LineRowsTileEachHalf) {
+  for (const mep_ll_dims_t& d : Shapes()) {
+    const mep_ll_set_layout_t l = mep_ll_set_layout(&d);
+    const uint64_t row = mep_ll_line_row_bytes(d.hidden);
+    ASSERT_EQ(row % 512, 0u) << Dims(d);
+    ASSERT_GE(row / 512 * 4 * MEP_LL_LINE_CHANNELS, (uint64_t)d.hidden) << Dims(d);
+    ASSERT_LT((row / 512 - 1) * 4 * MEP_LL_LINE_CHANNELS, (uint64_t)d.hidden) << Dims(d);
+    ASSERT_GE(row, 2ull * d.hidden) << Dims(d);
+    const uint64_t rows = (uint64_t)d.max_tokens * d.top_k;
+    ASSERT_EQ(l.comb_recv_half, rows * row) << Dims(d);
+    for (int half = 0; half < 2; ++half)
+      for (uint64_t j : {(uint64_t)0, rows / 2, rows - 1})
+        ASSERT_EQ(mep_ll_line_row_off(&l, &d, half, j), mep_ll_comb_recv_off(&l, half) + j * row)
+            << Dims(d) << " half " << half << " row " << j;
+  }
+  mep_ll_dims_t d = {1, 2, 1, 7168, 8, 0, 2, 0};
+  EXPECT_EQ(mep_ll_line_row_bytes(d.hidden), 16384u);
 }
 
 // The flagged-partials limit: 24 rows into one source from its R - 1
