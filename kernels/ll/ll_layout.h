@@ -20,6 +20,14 @@ extern "C" {
 #endif
 
 static inline MEP_HD uint64_t mep_ll_align16(uint64_t x) { return (x + 15u) & ~(uint64_t)15u; }
+/* Line partials' 128-byte lines must not straddle a 128-byte boundary (a
+ * line is delivered whole only as one aligned 128-byte store): comb_recv
+ * starts on one and every set's size is a multiple of 128, so each set
+ * (set_off = set * set_bytes) starts on one too; the window itself is
+ * allocated at the driver's granularity. */
+static inline MEP_HD uint64_t mep_ll_align128(uint64_t x) {
+  return (x + 127u) & ~(uint64_t)127u;
+}
 
 /* Bytes of one dispatched row: bf16 payload, or fp8 payload + one f32 scale
  * per 128 channels (scales always travel as f32; UE8M0 packing happens on
@@ -259,16 +267,16 @@ static inline MEP_HD mep_ll_set_layout_t mep_ll_set_layout(const mep_ll_dims_t *
   l.disp_recv = l.sig_bytes;
   l.disp_list = l.disp_recv + r * t * row_d;
   l.disp_elist = l.disp_list + r * list;
-  l.comb_recv = l.disp_elist + el * r * mep_ll_elist_bytes(d);
+  l.comb_recv = mep_ll_align128(l.disp_elist + el * r * mep_ll_elist_bytes(d));
   l.comb_recv_half = t * k * mep_ll_line_row_bytes(d->hidden);
   l.comb_weights = l.comb_recv + 2u * l.comb_recv_half;
   l.comb_flag = l.comb_weights + mep_ll_align16(r * t * k * 8u);
   l.flag_tokens = (uint64_t)mep_ll_flag_tokens(d);
   l.comb_flag_half = r * l.flag_tokens * (uint64_t)d->hidden * 4u;
-  l.stage = l.comb_flag + 2u * l.comb_flag_half;
+  l.stage = mep_ll_align128(l.comb_flag + 2u * l.comb_flag_half);
   if (d->lsa_only) { /* LSA stores from the caller's tensors: no staging */
     l.stage_list = l.stage_partial = l.stage;
-    l.set_bytes = mep_ll_align16(l.stage);
+    l.set_bytes = l.stage;
     return l;
   }
   /* Staging holds either the dispatch rows (one per token, quantised once)
@@ -283,7 +291,7 @@ static inline MEP_HD mep_ll_set_layout_t mep_ll_set_layout(const mep_ll_dims_t *
     l.stage_partial = l.stage + el * r * t * row_c;
     l.set_bytes = l.stage + (disp_stage > comb_stage ? disp_stage : comb_stage);
   }
-  l.set_bytes = mep_ll_align16(l.set_bytes);
+  l.set_bytes = mep_ll_align128(l.set_bytes);
   return l;
 }
 

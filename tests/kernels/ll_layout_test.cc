@@ -101,7 +101,8 @@ TEST(LlLayout, FlaggedRowsTileEachHalf) {
 // and the wrap's zeroing share): whole 512-byte warp steps of 4 lines, 56
 // channels a line, enough for the set's hidden and each at least a bf16
 // row (staged transports' rows use comb_recv too), tiling each half in
-// row order; 14336 bf16 bytes of hidden 7168 take 16384.
+// row order from a 128-byte boundary in every set; 14336 bf16 bytes of
+// hidden 7168 take 16384.
 TEST(LlLayout, LineRowsTileEachHalf) {
   for (const mep_ll_dims_t& d : Shapes()) {
     const mep_ll_set_layout_t l = mep_ll_set_layout(&d);
@@ -112,6 +113,10 @@ TEST(LlLayout, LineRowsTileEachHalf) {
     ASSERT_GE(row, 2ull * d.hidden) << Dims(d);
     const uint64_t rows = (uint64_t)d.max_tokens * d.top_k;
     ASSERT_EQ(l.comb_recv_half, rows * row) << Dims(d);
+    // every line on a 128-byte boundary in every set: comb_recv and the
+    // set size (set s starts at s * set_bytes) are multiples of 128
+    ASSERT_EQ(l.comb_recv % 128, 0u) << Dims(d);
+    ASSERT_EQ(l.set_bytes % 128, 0u) << Dims(d);
     for (int half = 0; half < 2; ++half)
       for (uint64_t j : {(uint64_t)0, rows / 2, rows - 1})
         ASSERT_EQ(mep_ll_line_row_off(&l, &d, half, j), mep_ll_comb_recv_off(&l, half) + j * row)

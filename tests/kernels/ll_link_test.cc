@@ -211,22 +211,24 @@ TEST(LlLink, LsaCombineSendNeedsTheWeightsItPushes) {
 TEST(LlLink, BufferBytesExact) {
   // 1 local expert, 1 rank, 1 token, hidden 128, top-1, bf16:
   // signals 6*8 = 48; dispatch row 256; slot list 32 (16-byte head, one
-  // 8-byte word, 16-aligned); expert list 16 (count + one entry); combine
-  // rows 2*512 (one per half, a line-partial row: one 512-byte step of 4
-  // lines covers 224 channels); pushed weights 16 (one 8-byte word,
-  // 16-aligned); flagged partials 2*512 (per half, one token's 128
-  // channels, 4 bytes each); staging max(256 + 32, 256 slot row + 256
-  // partial) = 512. Per set 48+256+32+16+1024+16+1024+512 = 2928.
+  // 8-byte word, 16-aligned); expert list 16 (count + one entry); 32 to
+  // put comb_recv on a 128-byte boundary (at 384); combine rows 2*512 (one
+  // per half, a line-partial row: one 512-byte step of 4 lines covers 224
+  // channels); pushed weights 16 (one 8-byte word, 16-aligned); flagged
+  // partials 2*512 (per half, one token's 128 channels, 4 bytes each); 112
+  // to put staging on a 128-byte boundary (at 2560); staging max(256 + 32,
+  // 256 slot row + 256 partial) = 512. Per set
+  // 48+256+32+16+32+1024+16+1024+112+512 = 3072.
   mep_ll_dims_t d = {1, 1, 1, 128, 1, 0, 2, 0};
-  EXPECT_EQ(mep_ll_buffer_bytes(&d), 2u * 2928u);
+  EXPECT_EQ(mep_ll_buffer_bytes(&d), 2u * 3072u);
   d.num_sets = 0;  // 0 means 2
-  EXPECT_EQ(mep_ll_buffer_bytes(&d), 2u * 2928u);
+  EXPECT_EQ(mep_ll_buffer_bytes(&d), 2u * 3072u);
   // double_buffer: false -> one set.
   d.num_sets = 1;
-  EXPECT_EQ(mep_ll_buffer_bytes(&d), 2928u);
-  // LSA only: no staging, 2928 - 512.
+  EXPECT_EQ(mep_ll_buffer_bytes(&d), 3072u);
+  // LSA only: no staging, 3072 - 512.
   d.lsa_only = 1;
-  EXPECT_EQ(mep_ll_buffer_bytes(&d), 2416u);
+  EXPECT_EQ(mep_ll_buffer_bytes(&d), 2560u);
   // fp8 row: 128 + 4 scales -> 144 (16-aligned).
   EXPECT_EQ(mep_ll_dispatch_row_bytes(128, 1), 144u);
 }
