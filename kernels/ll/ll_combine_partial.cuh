@@ -344,10 +344,10 @@ __device__ __forceinline__ bool mep_partial_units(const MepLLParams &p, const Me
   return true;
 }
 
-/* Receive half's reduction (after the count/row waits): out = sum of the
- * token's partials from comb_recv (the row of the token's first slot on
- * each rank) in the order its ranks first appear in top-k (f32, from 0),
- * bf16 once. */
+/* Staged transports' receive reduction (after the count/row waits): out =
+ * sum of the token's bf16 partials from comb_recv (the row of the token's
+ * first slot on each rank) in the order its ranks first appear in top-k
+ * (f32, from 0), bf16 once. */
 template <typename IdxT, int S>
 __device__ __forceinline__ void mep_combine_sum_partials_at(const MepLLParams &p,
                                                             const MepCombineArgs &a, int half) {
@@ -599,8 +599,8 @@ __device__ __forceinline__ bool mep_combine_sum_flagged(const MepLLParams &p,
   return mep_combine_sum_flagged_at<IdxT, 1>(p, a, epoch);
 }
 
-/* The sum with the unit width the host picked (MepCombineArgs.recv_steps,
- * mep_combine_recv_steps). */
+/* The staged sum with the unit width the host picked
+ * (MepCombineArgs.recv_steps, mep_combine_recv_steps). */
 template <typename IdxT>
 __device__ __forceinline__ void mep_combine_sum_partials(const MepLLParams &p,
                                                          const MepCombineArgs &a, int half) {
