@@ -226,13 +226,13 @@ __device__ __forceinline__ uint32_t mep_combine_send_body(const MepLLParams &p,
    * started its combine, so has finished its dispatch receive (what lets
    * the source reuse the set, section 6 of PROTOCOL.md). */
   if constexpr (!Tp::kStaged)
-    for (int d = threadIdx.x; d < R; d += blockDim.x)
-      Tp::signal_relaxed(
-          p.xp, d, cnt_sig,
-          mep_ll_arrival_add(blockIdx.x == 0 ? (src_s[d] & MEP_LL_SRC_FLAGGED ? MEP_LL_COMB_FLAGGED
-                                                                              : MEP_LL_COMB_LINES)
-                                             : 0u,
-                             blockIdx.x, gridDim.x));
+    for (int d = threadIdx.x; d < R; d += blockDim.x) {
+      /* block 0's add carries the code */
+      const uint32_t code = blockIdx.x != 0                 ? 0u
+                            : src_s[d] & MEP_LL_SRC_FLAGGED ? MEP_LL_COMB_FLAGGED
+                                                            : MEP_LL_COMB_LINES;
+      Tp::signal_relaxed(p.xp, d, cnt_sig, mep_ll_arrival_add(code, blockIdx.x, gridDim.x));
+    }
   /* The epoch is stored at the end (the dispatch stores its tag last
    * too). */
   auto store_epoch = [&] {

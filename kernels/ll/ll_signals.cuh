@@ -55,19 +55,12 @@ __device__ __forceinline__ bool mep_wait_count(const MepLLParams &p, uint32_t si
  * the block's stores); block 0's also carries the grid size and
  * code_of(destination). mep_arrival_send: the adds alone, from threads
  * first, first + stride, ... (after such a barrier). */
-template <class Tp, typename CodeOf, typename Wanted>
-__device__ __forceinline__ void mep_arrival_send_if(const MepLLParams &p, uint32_t sig,
-                                                    CodeOf code_of, Wanted wanted, int first,
-                                                    int stride) {
-  for (int d = first; d < p.dims.world; d += stride)
-    if (wanted(d))
-      Tp::signal(p.xp, d, sig,
-                 mep_ll_arrival_add(blockIdx.x == 0 ? code_of(d) : 0u, blockIdx.x, gridDim.x));
-}
 template <class Tp, typename CodeOf>
 __device__ __forceinline__ void mep_arrival_send(const MepLLParams &p, uint32_t sig,
                                                  CodeOf code_of, int first, int stride) {
-  mep_arrival_send_if<Tp>(p, sig, code_of, [](int) { return true; }, first, stride);
+  for (int d = first; d < p.dims.world; d += stride)
+    Tp::signal(p.xp, d, sig,
+               mep_ll_arrival_add(blockIdx.x == 0 ? code_of(d) : 0u, blockIdx.x, gridDim.x));
 }
 template <class Tp, typename CodeOf>
 __device__ __forceinline__ void mep_arrive(const MepLLParams &p, uint32_t sig, CodeOf code_of) {
