@@ -656,7 +656,8 @@ TEST_F(LlGpu, LateCombineReceiveIsNotOvertakenByTheNextCombineOnItsSet) {
 // NaN payloads of the epochs that next match there (comb_weights and the
 // even halves 2, the odd halves 3; in comb_recv every line's flag lane), as
 // if left a cycle ago. Then four combines (epochs LAST - 1, LAST, 2, 3:
-// flagged, mixed, lines, mixed the other way round): each must be exact,
+// flagged, mixed, lines, mixed the other way round; the last two at hidden
+// 2176 and top-4, under the set's 7168 and top-8): each must be exact,
 // and after each every word of comb_weights and of the combine's half of
 // comb_flag must be 0 or carry its epoch, and so must every flag lane of
 // the combine's half of comb_recv. Dispatches on set 0, combines on set 1,
@@ -741,8 +742,17 @@ TEST_F(LlGpu, LsaEpochWrapZeroesStaleWeightAndPartialWords) {
         << std::dec << " after the combine of epoch " << epoch;
   };
   const uint32_t epochs[] = {MEP_LL_LAST_EPOCH - 1, MEP_LL_LAST_EPOCH, 2u, 3u};
+  // The new cycle's two combines on a narrower shape (hidden 2176, top-4):
+  // the stale words past its rows and beyond its top_k's layout are the
+  // ones the zeroing must reach there.
+  auto narrow = [](Case c) {
+    c.hidden = 2176;
+    c.top_k = 4;
+    return c;
+  };
   for (int i = 0; i < 4; ++i) {
-    const Case c[] = {bf16_flagged(), bf16_mixed_kinds(), bf16_lines(), bf16_mixed_kinds(true)};
+    const Case c[] = {bf16_flagged(), bf16_mixed_kinds(), narrow(bf16_lines()),
+                      narrow(bf16_mixed_kinds(true))};
     ASSERT_NO_FATAL_FAILURE(run(c[i])) << "epoch " << epochs[i];
     ASSERT_NO_FATAL_FAILURE(check(epochs[i]));
   }
