@@ -398,6 +398,28 @@ rest_misc() {
   MOE_EP_NCCL_LIBRARY=/usr/lib/x86_64-linux-gnu/libnccl.so.2 api_refused nccl_version_refused $N $((15 * S)) \
     version --experts=8 --max_tokens=8 --layers=128:2
   api ep1_bf16 1 20 --experts=8 --max_tokens=64 --layers=2048:2 --seeds=1
+  lsa_link_checks
+}
+# The LSA link check (runtime/nccl/lsa_link.h): here NVML must find NVLink,
+# so auto stays on LSA (the INFO line names the transport and the link);
+# told the links are PCIe (MOE_EP_LSA_LINK=pcie), auto must run
+# gin_emulated, exact against the oracle and saying so, and transport lsa
+# must be refused; an unknown MOE_EP_LSA_LINK is refused by name.
+lsa_link_checks() {
+  api ${E}_lsa_link_detect $N $((30 * S)) --experts=64 --max_tokens=32 --dtype=fp8 --layers=7168:8 \
+    --seeds=1 --log_level=info
+  local hits
+  # occurrences, not lines: the ranks share one stderr
+  hits=$(grep -o "LL transport lsa; the LSA team's worst link: NVLink" "$OUT/api_${E}_lsa_link_detect.log" | wc -l)
+  [ "$hits" = "$N" ]; summary lsa_link_detect_says_nvlink $? "$hits of $N ranks: LSA over NVLink"
+  MOE_EP_LSA_LINK=pcie api ${E}_lsa_link_pcie_auto $N $((30 * S)) --experts=64 --max_tokens=32 \
+    --dtype=fp8 --layers=7168:8,2048:2 --seeds=2 --dispatch_weights=mixed
+  hits=$(grep -o "LL runs gin_emulated there" "$OUT/api_${E}_lsa_link_pcie_auto.log" | wc -l)
+  [ "$hits" = "$N" ]; summary lsa_link_pcie_auto_warns $? "$hits of $N ranks warned"
+  MOE_EP_LSA_LINK=pcie api_refused lsa_link_pcie_lsa $N $((15 * S)) 'transport lsa needs NVLink' \
+    --transport=lsa --experts=8 --max_tokens=8 --layers=128:2
+  MOE_EP_LSA_LINK=bogus api_refused lsa_link_bad_value $N $((15 * S)) "MOE_EP_LSA_LINK is 'bogus'" \
+    --experts=8 --max_tokens=8 --layers=128:2
 }
 # HT (prefill) on the nccl backend, public API against the oracle: bf16 and
 # pre-quantised fp8 (f32, UE8M0, packed scales), top-k 1..32, hidden 2048

@@ -418,7 +418,10 @@ typedef struct moe_ep_plugin_v1 {
   /* The communication buffer bytes group_create allocates per rank for
    * this config at world_size ranks (what group_info reports). nccl LL with
    * transport auto: the size for one NVLink domain; a group that spans
-   * domains uses GIN and allocates what transport gin would. */
+   * domains uses GIN and allocates what transport gin would, and one whose
+   * load/store peers are not all joined by NVLink (PCIe peer-to-peer; see
+   * MOE_EP_LSA_LINK in the README) uses gin_emulated and allocates what
+   * that would (the hint too, under MOE_EP_LSA_LINK=pcie). */
   moe_ep_status_t (*buffer_size_hint)(const moe_ep_config_t *config,
                                       int32_t world_size, uint64_t *bytes);
 

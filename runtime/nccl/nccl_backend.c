@@ -14,7 +14,9 @@
 #include "runtime/config.h"
 #include "runtime/error.h"
 #include "runtime/group.h"
+#include "runtime/log.h"
 #include "runtime/nccl/layout_book.h"
+#include "runtime/nccl/lsa_link.h"
 #include "runtime/nccl/nccl_common.h"
 #include "runtime/nccl/nccl_setup.h"
 
@@ -54,8 +56,8 @@ typedef struct nccl_handle {
 } nccl_handle_t;
 
 /* lsa_only: the window carries no staging (the group's transport is LSA;
- * with transport auto, as long as every peer is in this rank's NVLink
- * domain). */
+ * with transport auto, as long as every peer is in this rank's LSA team
+ * and the team is on NVLink). */
 static void dims_for(const moe_ep_config_t *cfg, int world, int lsa_only, mep_ll_dims_t *d) {
   d->local_experts = cfg->num_experts / world;
   d->world = world;
@@ -76,13 +78,17 @@ static uint64_t ll_window_bytes(const moe_ep_config_t *cfg, int world, int lsa_o
   return mep_ll_buffer_bytes(&d);
 }
 
+/* With MOE_EP_LSA_LINK=pcie, auto takes gin_emulated (lsa_link.h). */
 static int lsa_capable(const moe_ep_config_t *cfg) {
-  return cfg->transport == MOE_EP_TRANSPORT_LSA || cfg->transport == MOE_EP_TRANSPORT_AUTO;
+  return cfg->transport == MOE_EP_TRANSPORT_LSA ||
+         (cfg->transport == MOE_EP_TRANSPORT_AUTO && !mep_lsa_link_env_is_pcie());
 }
 
 /* buffer_size_hint: with transport auto, the bytes of one NVLink domain (a
- * group that spans domains falls back to GIN and allocates the staged
- * size, which group_info reports and the hint gives for transport gin). */
+ * group that spans domains falls back to GIN, and one whose LSA team is
+ * found off NVLink to gin_emulated: both allocate the staged size, which
+ * group_info reports and the hint gives for transports gin and
+ * gin_emulated, and for auto under MOE_EP_LSA_LINK=pcie). */
 static uint64_t nccl_buffer_bytes(const moe_ep_config_t *cfg, int world) {
   return ll_window_bytes(cfg, world, lsa_capable(cfg));
 }
@@ -113,10 +119,12 @@ static void nccl_destroy(moe_ep_group_t *g) {
 static int ll_transport(const moe_ep_group_t *g, const nccl_state_t *s) {
   if (g->cfg.transport == MOE_EP_TRANSPORT_GIN_EMULATED) return MEP_LL_TRANSPORT_GIN_EMULATED;
   if (g->cfg.transport == MOE_EP_TRANSPORT_GIN) return MEP_LL_TRANSPORT_GIN;
+  int emulated = 0; /* auto over an LSA team not on NVLink (lsa_link.h) */
   for (int p = 0; p < g->world_size; p++) {
     if (s->peer_transport[p] == MOE_EP_TRANSPORT_GIN) return MEP_LL_TRANSPORT_GIN;
+    if (s->peer_transport[p] == MOE_EP_TRANSPORT_GIN_EMULATED) emulated = 1;
   }
-  return MEP_LL_TRANSPORT_LSA;
+  return emulated ? MEP_LL_TRANSPORT_GIN_EMULATED : MEP_LL_TRANSPORT_LSA;
 }
 
 static moe_ep_status_t alloc_device(nccl_state_t *s, const mep_ll_dims_t *d) {
@@ -163,6 +171,11 @@ static moe_ep_status_t nccl_create(moe_ep_group_t *g) {
     goto out_destroy;
   }
   MEP_CHECK_GOTO(mep_nccl_pick_device(g, &s->device, &s->device_sms), st, out_destroy);
+  mep_lsa_link_policy_t link_policy;
+  if ((st = mep_lsa_link_policy_parse(getenv("MOE_EP_LSA_LINK"), &link_policy)) != MOE_EP_OK) {
+    mep_error_prefix("group_create on rank %d", g->rank);
+    goto out_destroy;
+  }
   mep_ll_dims_t d;
   dims_for(&g->cfg, g->world_size, 0, &d);
   mep_nccl_params_t np = {
@@ -178,6 +191,8 @@ static moe_ep_status_t nccl_create(moe_ep_group_t *g) {
       .adopt_comm = g->nccl_comm,
       .exchange = mep_nccl_share_uid,
       .exchange_user = g->boot,
+      .lsa_link_check = 1,
+      .lsa_link_policy = link_policy,
   };
   MEP_CHECK_GOTO(mep_nccl_create(&np, &s->nccl), st, out_destroy);
   mep_nccl_peer_transports(s->nccl, s->peer_transport, g->world_size);
@@ -188,6 +203,19 @@ static moe_ep_status_t nccl_create(moe_ep_group_t *g) {
   s->ctx.window_bytes = mep_nccl_bytes_allocated(s->nccl);
   s->ctx.rank = g->rank;
   s->ctx.transport = ll_transport(g, s);
+  const char *link = mep_lsa_link_name((mep_lsa_link_t)mep_nccl_lsa_link(s->nccl));
+  if (g->cfg.transport == MOE_EP_TRANSPORT_AUTO &&
+      s->ctx.transport == MEP_LL_TRANSPORT_GIN_EMULATED)
+    MEP_LOG_WARN("nccl",
+                 "rank %d: the LSA team's GPUs are not all joined by NVLink (worst link: %s); "
+                 "LL runs gin_emulated there (MOE_EP_LSA_LINK=nvlink overrides where NVML "
+                 "cannot tell)",
+                 g->rank, link);
+  MEP_LOG_INFO("nccl", "rank %d: LL transport %s; the LSA team's worst link: %s", g->rank,
+               s->ctx.transport == MEP_LL_TRANSPORT_LSA   ? "lsa"
+               : s->ctx.transport == MEP_LL_TRANSPORT_GIN ? "gin"
+                                                          : "gin_emulated",
+               link);
   /* the layout the window was sized for (mep_nccl_create picked the size
    * by the same peers) */
   d.lsa_only = s->ctx.transport == MEP_LL_TRANSPORT_LSA;

@@ -43,6 +43,9 @@
     (const void *s, void *r, size_t n, ncclDataType_t t, ncclRedOp_t o, ncclComm_t c, \
      cudaStream_t st),                                                             \
     (s, r, n, t, o, c, st), ncclSystemError)                                       \
+  X(ncclResult_t, ncclAllGather,                                                   \
+    (const void *s, void *r, size_t n, ncclDataType_t t, ncclComm_t c, cudaStream_t st), \
+    (s, r, n, t, c, st), ncclSystemError)                                          \
   X(ncclTeam_t, ncclTeamLsa, (ncclComm_t c), (c), (ncclTeam_t){0})                \
   X(const char *, ncclGetErrorString, (ncclResult_t r), (r), "NCCL is not loaded") \
   X(const char *, ncclGetLastError, (ncclComm_t c), (c), "NCCL is not loaded")

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,6 +19,7 @@
 
 #include "kernels/common/limits.h"
 #include "runtime/error.h"
+#include "runtime/nccl/lsa_link.h"
 #include "runtime/nccl/nccl_dl.h"
 
 struct mep_nccl {
@@ -31,6 +33,8 @@ struct mep_nccl {
   int32_t lsa_size;
   int32_t *peer_transport;
   int32_t *peer_nvlink; /* 1 where the peer is in this rank's LSA team (in peer_transport's block) */
+  int32_t lsa_link;     /* mep_lsa_link_t: the group's worst LSA team link */
+  int32_t lsa_link_peer; /* this rank's peer over that link, -1 if another rank's */
   _Alignas(16) unsigned char devcomm[MEP_DEVCOMM_BYTES] /* kernels/common/limits.h */;
 };
 
@@ -79,11 +83,98 @@ static int in_lsa_team(ncclTeam_t lsa, int self, int peer) {
   return d >= 0 && d % lsa.stride == 0 && d / lsa.stride < lsa.nRanks;
 }
 
+/* The LSA link check (params' lsa_link_check): every rank describes its
+ * GPU, the descriptions go round (an all-gather), each rank finds its
+ * worst link to its LSA team, and a min-reduction gives every rank the
+ * group's worst (lsa_link.h), so all of them choose alike. Collective;
+ * every rank calls it with the same params. */
+static moe_ep_status_t check_lsa_links(mep_nccl_t *n, const mep_nccl_params_t *p) {
+  n->lsa_link = MEP_LSA_LINK_NVLINK;
+  n->lsa_link_peer = -1;
+  if (!p->lsa_link_check ||
+      (p->transport != MOE_EP_TRANSPORT_LSA && p->transport != MOE_EP_TRANSPORT_AUTO))
+    return MOE_EP_OK;
+  const ncclTeam_t lsa = ncclTeamLsa(n->comm);
+  const size_t rec = sizeof(mep_lsa_gpu_t);
+  mep_lsa_gpu_t *gpus = calloc((size_t)p->world, rec);
+  if (gpus == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "nccl_create: out of host memory");
+  moe_ep_status_t st = MOE_EP_OK;
+  char bus[32] = {0};
+  int dev = 0;
+  void *buf = NULL;
+  cudaError_t e;
+  ncclResult_t r;
+  if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
+      (e = cudaDeviceGetPCIBusId(bus, (int)sizeof bus, dev)) != cudaSuccess) {
+    st = cuda_fail("cudaDeviceGetPCIBusId (LSA link check)", e);
+    goto out;
+  }
+  mep_lsa_gpu_describe(bus, &gpus[p->rank]);
+  if ((e = cudaMalloc(&buf, (size_t)p->world * rec)) != cudaSuccess ||
+      (e = cudaMemcpy((char *)buf + (size_t)p->rank * rec, &gpus[p->rank], rec,
+                      cudaMemcpyHostToDevice)) != cudaSuccess) {
+    st = cuda_fail("cudaMalloc/cudaMemcpy (LSA link check)", e);
+    goto out;
+  }
+  if ((r = ncclAllGather((char *)buf + (size_t)p->rank * rec, buf, rec, ncclUint8, n->comm, 0)) !=
+      ncclSuccess) {
+    st = nccl_fail(n->comm, "ncclAllGather (LSA link check)", r);
+    goto out;
+  }
+  if ((e = cudaMemcpy(gpus, buf, (size_t)p->world * rec, cudaMemcpyDeviceToHost)) != cudaSuccess) {
+    st = cuda_fail("cudaMemcpy (LSA link check)", e);
+    goto out;
+  }
+  int32_t worst = MEP_LSA_LINK_NVLINK;
+  for (int q = 0; q < p->world; ++q) {
+    if (q == p->rank || !in_lsa_team(lsa, p->rank, q)) continue;
+    gpus[q].host[sizeof gpus[q].host - 1] = gpus[q].bus[sizeof gpus[q].bus - 1] = '\0';
+    const int32_t l = (int32_t)mep_lsa_link_between(&gpus[p->rank], &gpus[q],
+                                                    (mep_lsa_link_policy_t)p->lsa_link_policy);
+    if (l < worst) {
+      worst = l;
+      n->lsa_link_peer = q;
+    }
+  }
+  if ((e = cudaMemcpy(buf, &worst, sizeof worst, cudaMemcpyHostToDevice)) != cudaSuccess) {
+    st = cuda_fail("cudaMemcpy (LSA link check)", e);
+    goto out;
+  }
+  if ((r = ncclAllReduce(buf, buf, 1, ncclInt32, ncclMin, n->comm, 0)) != ncclSuccess) {
+    st = nccl_fail(n->comm, "ncclAllReduce (LSA link check)", r);
+    goto out;
+  }
+  if ((e = cudaMemcpy(&n->lsa_link, buf, sizeof n->lsa_link, cudaMemcpyDeviceToHost)) !=
+      cudaSuccess) {
+    st = cuda_fail("cudaMemcpy (LSA link check)", e);
+    goto out;
+  }
+  if (n->lsa_link != worst) n->lsa_link_peer = -1; /* another rank's link */
+out:
+  cudaFree(buf);
+  free(gpus);
+  return st;
+}
+
+/* need_gin: a peer needs GIN (a NIC); need_staging: the window needs the
+ * staged transports' size (GIN, or gin_emulated taken by auto). */
 static moe_ep_status_t choose_transports(mep_nccl_t *n, const mep_nccl_params_t *p,
-                                         int *need_gin) {
+                                         int *need_gin, int *need_staging) {
   ncclTeam_t lsa = ncclTeamLsa(n->comm);
   n->lsa_size = lsa.nRanks;
-  *need_gin = 0;
+  *need_gin = *need_staging = 0;
+  const int nvlink = n->lsa_link == MEP_LSA_LINK_NVLINK;
+  if (!nvlink && p->transport == MOE_EP_TRANSPORT_LSA) {
+    char peer[64] = "between other ranks of the group";
+    if (n->lsa_link_peer >= 0) snprintf(peer, sizeof peer, "to rank %d", n->lsa_link_peer);
+    return mep_error(MOE_EP_ERR_UNSUPPORTED,
+                     "nccl: transport lsa needs NVLink between the GPUs of the LSA team (the "
+                     "LL combine's line partials rely on whole 128-byte stores), but rank %d's "
+                     "group has a link that is %s (%s); use transport gin_emulated, or auto, "
+                     "which takes it there; MOE_EP_LSA_LINK=nvlink where NVML cannot tell",
+                     p->rank, n->lsa_link == MEP_LSA_LINK_PCIE ? "PCIe" : "not known to be NVLink",
+                     peer);
+  }
   for (int q = 0; q < p->world; ++q) {
     const int near = in_lsa_team(lsa, p->rank, q);
     n->peer_nvlink[q] = near;
@@ -93,7 +184,7 @@ static moe_ep_status_t choose_transports(mep_nccl_t *n, const mep_nccl_params_t 
       case MOE_EP_TRANSPORT_GIN_EMULATED:
         if (!near)
           return mep_error(MOE_EP_ERR_UNSUPPORTED,
-                           "nccl: transport %s needs every peer in the NVLink (LSA) team, but "
+                           "nccl: transport %s needs every peer in the LSA team, but "
                            "rank %d is outside rank %d's team of %d",
                            p->transport == MOE_EP_TRANSPORT_LSA ? "lsa" : "gin_emulated", q,
                            p->rank, lsa.nRanks);
@@ -103,13 +194,16 @@ static moe_ep_status_t choose_transports(mep_nccl_t *n, const mep_nccl_params_t 
         t = MOE_EP_TRANSPORT_GIN;
         *need_gin = 1;
         break;
-      default: /* auto */
-        t = near ? MOE_EP_TRANSPORT_LSA : MOE_EP_TRANSPORT_GIN;
+      default: /* auto: the team over load/store, on NVLink unless checked otherwise */
+        t = !near ? MOE_EP_TRANSPORT_GIN
+                  : nvlink ? MOE_EP_TRANSPORT_LSA : MOE_EP_TRANSPORT_GIN_EMULATED;
         if (!near) *need_gin = 1;
+        if (t != MOE_EP_TRANSPORT_LSA) *need_staging = 1;
         break;
     }
     n->peer_transport[q] = t;
   }
+  if (*need_gin) *need_staging = 1;
   return MOE_EP_OK;
 }
 
@@ -132,7 +226,7 @@ moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *p, mep_nccl_t **out) {
   moe_ep_status_t st;
   ncclResult_t r;
   cudaError_t e;
-  int need_gin = 0;
+  int need_gin = 0, need_staging = 0;
   if (p == NULL || out == NULL)
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "nccl_create: params and out must not be NULL");
   if (p->world <= 0 || p->rank < 0 || p->rank >= p->world)
@@ -174,11 +268,13 @@ moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *p, mep_nccl_t **out) {
     MEP_CHECK_GOTO(init_comm(p, &n->comm), st, out_free);
     n->owns_comm = 1;
   }
-  MEP_CHECK_GOTO(choose_transports(n, p, &need_gin), st, out_destroy_comm);
+  MEP_CHECK_GOTO(check_lsa_links(n, p), st, out_destroy_comm);
+  MEP_CHECK_GOTO(choose_transports(n, p, &need_gin, &need_staging), st, out_destroy_comm);
 
-  /* LSA teams partition the world, so every rank of a group draws the same
-   * need_gin and allocates the same size (a symmetric window). */
-  n->bytes = need_gin && p->window_bytes_gin != 0 ? p->window_bytes_gin : p->window_bytes;
+  /* LSA teams partition the world and the link check is group-wide, so
+   * every rank of a group draws the same need_staging and allocates the
+   * same size (a symmetric window). */
+  n->bytes = need_staging && p->window_bytes_gin != 0 ? p->window_bytes_gin : p->window_bytes;
   if ((r = ncclMemAlloc(&n->buf, n->bytes)) != ncclSuccess) {
     st = nccl_fail(n->comm, "ncclMemAlloc", r);
     goto out_destroy_comm;
@@ -257,6 +353,7 @@ void *mep_nccl_window(const mep_nccl_t *n) { return n->win; }
 void *mep_nccl_window_local(const mep_nccl_t *n) { return n->buf; }
 uint64_t mep_nccl_bytes_allocated(const mep_nccl_t *n) { return n->bytes; }
 int32_t mep_nccl_lsa_size(const mep_nccl_t *n) { return n->lsa_size; }
+int32_t mep_nccl_lsa_link(const mep_nccl_t *n) { return n->lsa_link; }
 
 void mep_nccl_peer_transports(const mep_nccl_t *n, int32_t *out, int32_t len) {
   for (int32_t i = 0; i < len && i < n->world; ++i) out[i] = n->peer_transport[i];

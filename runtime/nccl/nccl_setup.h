@@ -27,15 +27,22 @@ typedef struct mep_nccl_params {
   int32_t cuda_device;       /* < 0: current device */
   int32_t transport;         /* moe_ep_transport_t */
   uint64_t window_bytes;     /* symmetric buffer (e.g. mep_ll_buffer_bytes) */
-  /* Bytes instead of window_bytes when a peer turns out to need GIN
-   * (transport auto across NVLink domains), for a layout whose LSA form
-   * is smaller; 0: window_bytes whatever the peers. */
+  /* Bytes instead of window_bytes when the peers turn out to need the
+   * staged transports' layout (transport auto: GIN across NVLink domains,
+   * or gin_emulated over an LSA team not on NVLink), whose LSA form is
+   * smaller; 0: window_bytes whatever the peers. */
   uint64_t window_bytes_gin;
   int32_t gin_signal_count;  /* GIN signals the kernels use (both sets) */
   int32_t reserved0;
   void *adopt_comm;          /* engine's ncclComm_t, borrowed; NULL: create */
   mep_nccl_uid_exchange_fn exchange; /* required when adopt_comm is NULL */
   void *exchange_user;
+  /* 1 (LL): the LSA team must be on NVLink (lsa_link.h), checked under
+   * lsa_link_policy with transport lsa or auto: lsa is refused, and auto
+   * takes gin_emulated to the team's peers (window_bytes_gin), where any
+   * link is PCIe or unknown. 0: no check (HT). */
+  int32_t lsa_link_check;
+  int32_t lsa_link_policy; /* mep_lsa_link_policy_t */
 } mep_nccl_params_t;
 
 typedef struct mep_nccl mep_nccl_t; /* opaque */
@@ -60,8 +67,11 @@ uint64_t mep_nccl_bytes_allocated(const mep_nccl_t *nccl);
 int32_t mep_nccl_lsa_size(const mep_nccl_t *nccl);
 /* moe_ep_transport_t for each of `len` world ranks (self included). */
 void mep_nccl_peer_transports(const mep_nccl_t *nccl, int32_t *out, int32_t len);
-/* 1 for each of `len` world ranks in this rank's NVLink (LSA) team. */
+/* 1 for each of `len` world ranks in this rank's LSA team. */
 void mep_nccl_peer_nvlink(const mep_nccl_t *nccl, int32_t *out, int32_t len);
+/* The worst link between GPUs of an LSA team in the group
+ * (mep_lsa_link_t), as the check found it; NVLink where unchecked. */
+int32_t mep_nccl_lsa_link(const mep_nccl_t *nccl);
 
 #ifdef __cplusplus
 }

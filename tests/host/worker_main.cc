@@ -289,12 +289,16 @@ int main(int argc, char** argv) {
     ti.peer_transports_len = info.world_size;
     c.api->group_info(c.group, &ti);
     // LL's gin_emulated takes every peer through the emulated network; HT's
-    // only the peers on other nodes (every rank a node when unset).
+    // only the peers on other nodes (every rank a node when unset). LL's
+    // auto takes it too when told the LSA team is on PCIe.
     const int node = c.opt.ranks_per_node > 0 ? c.opt.ranks_per_node : 1;
+    const char* link = std::getenv("MOE_EP_LSA_LINK");
+    const bool emulated = c.opt.transport == "gin_emulated" ||
+                          (c.opt.transport == "auto" && !c.opt.ht && link != nullptr &&
+                           std::string(link) == "pcie");
     for (int p = 0; p < info.world_size; p++) {
       const bool far = !c.opt.ht || p / node != info.rank / node;
-      const int want = c.opt.transport == "gin_emulated" && far ? MOE_EP_TRANSPORT_GIN_EMULATED
-                                                               : MOE_EP_TRANSPORT_LSA;
+      const int want = emulated && far ? MOE_EP_TRANSPORT_GIN_EMULATED : MOE_EP_TRANSPORT_LSA;
       c.checks++;
       if (p != info.rank && tr[p] != want) {
         fail(c, 0, "group_info peer_transports",
