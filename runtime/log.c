@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <strings.h>
 
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
@@ -69,6 +70,22 @@ void mep_log_set_logger(moe_ep_logger_fn fn, void *user) {
   pthread_mutex_unlock(&log_lock);
 }
 
+/* One write per line, so the lines of ranks sharing a stderr pipe (a
+ * launcher's) do not cut into each other: a pipe keeps a write of up to
+ * PIPE_BUF (4096) bytes whole, and a line is at most 1281. stdio's
+ * unbuffered stderr may split one line into several writes. */
+static void write_stderr_line(const char *msg) {
+  char line[1282];
+  const size_t n = strlen(msg) < sizeof line - 2 ? strlen(msg) : sizeof line - 2;
+  memcpy(line, msg, n);
+  line[n] = '\n';
+  for (size_t off = 0; off <= n;) {
+    const ssize_t w = write(STDERR_FILENO, line + off, n + 1 - off);
+    if (w <= 0) return; /* nowhere to report it */
+    off += (size_t)w;
+  }
+}
+
 void mep_log(int level, const char *subsys, const char *fmt, ...) {
   if (level > mep_log_level() || level <= MOE_EP_LOG_NONE) return;
   char msg[1280];
@@ -88,7 +105,7 @@ void mep_log(int level, const char *subsys, const char *fmt, ...) {
   if (fn != NULL) log_inflight++;
   pthread_mutex_unlock(&log_lock);
   if (fn == NULL) {
-    fprintf(stderr, "%s\n", msg);
+    write_stderr_line(msg);
     return;
   }
   thread_in_callback++;
