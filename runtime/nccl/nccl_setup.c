@@ -121,7 +121,8 @@ static moe_ep_status_t check_lsa_links(mep_nccl_t *n, const mep_nccl_params_t *p
     st = nccl_fail(n->comm, "ncclAllGather (LSA link check)", r);
     goto out;
   }
-  if ((e = cudaMemcpy(gpus, buf, (size_t)p->world * rec, cudaMemcpyDeviceToHost)) != cudaSuccess) {
+  if ((e = cudaStreamSynchronize(0)) != cudaSuccess ||
+      (e = cudaMemcpy(gpus, buf, (size_t)p->world * rec, cudaMemcpyDeviceToHost)) != cudaSuccess) {
     st = cuda_fail("cudaMemcpy (LSA link check)", e);
     goto out;
   }
@@ -144,8 +145,9 @@ static moe_ep_status_t check_lsa_links(mep_nccl_t *n, const mep_nccl_params_t *p
     st = nccl_fail(n->comm, "ncclAllReduce (LSA link check)", r);
     goto out;
   }
-  if ((e = cudaMemcpy(&n->lsa_link, buf, sizeof n->lsa_link, cudaMemcpyDeviceToHost)) !=
-      cudaSuccess) {
+  if ((e = cudaStreamSynchronize(0)) != cudaSuccess ||
+      (e = cudaMemcpy(&n->lsa_link, buf, sizeof n->lsa_link, cudaMemcpyDeviceToHost)) !=
+          cudaSuccess) {
     st = cuda_fail("cudaMemcpy (LSA link check)", e);
     goto out;
   }
