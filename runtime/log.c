@@ -9,8 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 #include <strings.h>
+#include <unistd.h>
 
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 static int env_level = -1; /* MOE_EP_LOG_LEVEL, or -1 when unset */
@@ -76,7 +76,8 @@ void mep_log_set_logger(moe_ep_logger_fn fn, void *user) {
  * unbuffered stderr may split one line into several writes. */
 static void write_stderr_line(const char *msg) {
   char line[1282];
-  const size_t n = strlen(msg) < sizeof line - 2 ? strlen(msg) : sizeof line - 2;
+  size_t n = strlen(msg);
+  if (n > sizeof line - 2) n = sizeof line - 2;
   memcpy(line, msg, n);
   line[n] = '\n';
   for (size_t off = 0; off <= n;) {

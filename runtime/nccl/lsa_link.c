@@ -37,23 +37,33 @@ static void nvml_open(void) {
   nvml.ok = init() == 0;
 }
 
-moe_ep_status_t mep_lsa_link_policy_parse(const char *value, mep_lsa_link_policy_t *out) {
-  if (value == NULL || value[0] == '\0' || strcmp(value, "detect") == 0) {
+/* The policy a value names; 0 for none of them (nothing set). */
+static int policy_of(const char *value, mep_lsa_link_policy_t *out) {
+  if (value == NULL || value[0] == '\0' || strcmp(value, "detect") == 0)
     *out = MEP_LSA_LINK_DETECT;
-  } else if (strcmp(value, "nvlink") == 0) {
+  else if (strcmp(value, "nvlink") == 0)
     *out = MEP_LSA_LINK_ASSUME_NVLINK;
-  } else if (strcmp(value, "pcie") == 0) {
+  else if (strcmp(value, "pcie") == 0)
     *out = MEP_LSA_LINK_ASSUME_PCIE;
-  } else {
+  else
+    return 0;
+  return 1;
+}
+
+moe_ep_status_t mep_lsa_link_policy_parse(const char *value, mep_lsa_link_policy_t *out) {
+  if (!policy_of(value, out))
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "MOE_EP_LSA_LINK is '%.64s'; it must be detect, nvlink or pcie", value);
-  }
   return MOE_EP_OK;
 }
 
+moe_ep_status_t mep_lsa_link_policy_env(mep_lsa_link_policy_t *out) {
+  return mep_lsa_link_policy_parse(getenv("MOE_EP_LSA_LINK"), out);
+}
+
 int mep_lsa_link_env_is_pcie(void) {
-  const char *v = getenv("MOE_EP_LSA_LINK");
-  return v != NULL && strcmp(v, "pcie") == 0;
+  mep_lsa_link_policy_t p;
+  return policy_of(getenv("MOE_EP_LSA_LINK"), &p) && p == MEP_LSA_LINK_ASSUME_PCIE;
 }
 
 /* The first line of a small file, without its newline; 0 if unreadable. */

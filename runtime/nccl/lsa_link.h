@@ -45,6 +45,8 @@ typedef enum mep_lsa_link_policy {
 /* Parses MOE_EP_LSA_LINK's value (NULL or "" means detect); an unknown
  * value is INVALID_ARGUMENT naming the variable, the value and the choices. */
 moe_ep_status_t mep_lsa_link_policy_parse(const char *value, mep_lsa_link_policy_t *out);
+/* The same for the value MOE_EP_LSA_LINK holds now. */
+moe_ep_status_t mep_lsa_link_policy_env(mep_lsa_link_policy_t *out);
 
 /* Whether MOE_EP_LSA_LINK is "pcie": then no LSA team is on NVLink, which
  * buffer_size_hint can know before any group forms. */

@@ -172,7 +172,7 @@ static moe_ep_status_t nccl_create(moe_ep_group_t *g) {
   }
   MEP_CHECK_GOTO(mep_nccl_pick_device(g, &s->device, &s->device_sms), st, out_destroy);
   mep_lsa_link_policy_t link_policy;
-  if ((st = mep_lsa_link_policy_parse(getenv("MOE_EP_LSA_LINK"), &link_policy)) != MOE_EP_OK) {
+  if ((st = mep_lsa_link_policy_env(&link_policy)) != MOE_EP_OK) {
     mep_error_prefix("group_create on rank %d", g->rank);
     goto out_destroy;
   }
