@@ -183,6 +183,41 @@ static moe_ep_status_t validate_params(const moe_ep_group_params_t *p,
   return MOE_EP_OK;
 }
 
+/* After the backend's setup every rank says whether its own succeeded (a
+ * bootstrap all-gather, bounded like every bootstrap wait), and a rank
+ * keeps its group only if every rank formed one. A setup's last
+ * collective step can complete on one rank after another rank gave up on
+ * it (an NCCL barrier the timed-out rank had already joined), and that
+ * rank must not go on with a group its peers do not have. `mine` is this
+ * rank's setup status; its sentence is what a failed rank reports. */
+static moe_ep_status_t agree_formed(moe_ep_group_t *g, moe_ep_status_t mine) {
+  char kept[MEP_ERROR_MAX] = "";
+  if (mine != MOE_EP_OK) snprintf(kept, sizeof kept, "%s", mep_last_error());
+  int32_t *all = calloc((size_t)g->world_size, sizeof(int32_t));
+  if (all == NULL)
+    return mine != MOE_EP_OK ? mep_error(mine, "%s", kept)
+                             : mep_error(MOE_EP_ERR_NO_MEMORY, "group_create: out of host memory");
+  const int32_t own = (int32_t)mine;
+  moe_ep_status_t st = mep_bootstrap_allgather(g->boot, &own, all, sizeof own);
+  if (mine != MOE_EP_OK) {
+    st = mep_error(mine, "%s", kept); /* this rank's own failure is its report */
+  } else if (st != MOE_EP_OK) {
+    mep_error_prefix("group_create on rank %d: agreeing that every rank formed the group",
+                     g->rank);
+  } else {
+    for (int r = 0; r < g->world_size; r++) {
+      if (all[r] == MOE_EP_OK) continue;
+      st = mep_error(MOE_EP_ERR_PEER_FAILED,
+                     "group_create on rank %d: rank %d's setup failed (%s; its own error "
+                     "says why), so no rank keeps the group",
+                     g->rank, r, mep_status_string((moe_ep_status_t)all[r]));
+      break;
+    }
+  }
+  free(all);
+  return st;
+}
+
 moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
                                  moe_ep_group_t **out) {
   moe_ep_status_t st;
@@ -216,7 +251,16 @@ moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
     st = mep_error(MOE_EP_ERR_INTERNAL, "group_create: pthread_mutex_init failed");
     goto out_destroy_bootstrap;
   }
-  MEP_CHECK_GOTO(g->ops->create(g), st, out_destroy_lock);
+  const moe_ep_status_t made = g->ops->create(g);
+  st = agree_formed(g, made);
+  if (st != MOE_EP_OK) {
+    /* A backend whose own setup failed has released itself; one that
+     * formed while a peer did not tears down as a failed group (no
+     * collective steps: the peers are not in them). */
+    if (made != MOE_EP_OK) goto out_destroy_lock;
+    g->broken = st;
+    goto out_destroy_backend;
+  }
   if (g->bytes_allocated == 0) {
     g->bytes_allocated = g->ops->buffer_bytes(&g->cfg, g->world_size);
   }

@@ -399,6 +399,26 @@ rest_misc() {
     version --experts=8 --max_tokens=8 --layers=128:2
   api ep1_bf16 1 20 --experts=8 --max_tokens=64 --layers=2048:2 --seeds=1
   lsa_link_checks
+  setup_stalls
+}
+# A rank that stops in NCCL setup (the stand-in libnccl_stall.so holds it
+# 10 s at one step) must not hold the others: with bootstrap.timeout_ms
+# 2000 every other rank's group_create returns TIMEOUT naming itself and
+# the step well before the stalled rank arrives, and the stalled rank's
+# fails too. The steps: the communicator's creation, the link check's
+# all-gather, the window's registration, the device communicator and the
+# closing barrier (the second all-reduce); LL, and HT at the barrier.
+setup_stalls() {
+  local step
+  for step in ncclCommInitRankConfig:1 ncclAllGather:1 ncclCommWindowRegister:1 \
+              ncclDevCommCreate:1 ncclAllReduce:2; do
+    MOE_EP_NCCL_LIBRARY=$B/libnccl_stall.so MEP_STALL=1:$step:10000 \
+      api ${E}_setup_stall_${step%%:*} $N 60 --scenario=setup_stall --boot_ms=2000 \
+      --experts=8 --max_tokens=8 --layers=128:2
+  done
+  MOE_EP_NCCL_LIBRARY=$B/libnccl_stall.so MEP_STALL=1:ncclAllReduce:1:10000 \
+    api ht_${E}_setup_stall_barrier $N 60 --scenario=setup_stall --mode=ht --boot_ms=2000 \
+    --experts=8 --max_tokens=8 --layers=128:2
 }
 # The LSA link check (runtime/nccl/lsa_link.h): here NVML must find NVLink,
 # so auto stays on LSA (the INFO line names the transport and the link);

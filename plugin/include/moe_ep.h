@@ -211,7 +211,11 @@ typedef struct moe_ep_group_params {
   int32_t world_size;
   int32_t cuda_device;           /* < 0: current device (nccl backend) */
   int32_t reserved0;
-  void *nccl_comm;               /* optional engine ncclComm_t for the EP group */
+  /* Optional engine ncclComm_t for the EP group (nccl backend), borrowed.
+   * Its blocking calls during group_create are bounded only as the engine
+   * configured it; a communicator moe-ep creates is nonblocking and every
+   * setup step is bounded by bootstrap.timeout_ms. */
+  void *nccl_comm;
 } moe_ep_group_params_t;
 
 #define MOE_EP_TRANSPORT_NAME_MAX 16

@@ -193,6 +193,7 @@ static moe_ep_status_t nccl_create(moe_ep_group_t *g) {
       .exchange_user = g->boot,
       .lsa_link_check = 1,
       .lsa_link_policy = link_policy,
+      .timeout_ms = g->cfg.bootstrap_timeout_ms,
   };
   MEP_CHECK_GOTO(mep_nccl_create(&np, &s->nccl), st, out_destroy);
   mep_nccl_peer_transports(s->nccl, s->peer_transport, g->world_size);

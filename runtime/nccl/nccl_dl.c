@@ -15,40 +15,7 @@
 #include <nccl_device/core.h>
 
 #include "runtime/error.h"
-
-/* X(return type, name, parameter list, argument list, value if unloaded) */
-#define MEP_NCCL_ENTRIES(X)                                                         \
-  X(ncclResult_t, ncclGetVersion, (int *v), (v), ncclSystemError)                   \
-  X(ncclResult_t, ncclGetUniqueId, (ncclUniqueId * id), (id), ncclSystemError)      \
-  X(ncclResult_t, ncclCommInitRank, (ncclComm_t * c, int n, ncclUniqueId id, int r), \
-    (c, n, id, r), ncclSystemError)                                                 \
-  X(ncclResult_t, ncclCommCount, (const ncclComm_t c, int *n), (c, n), ncclSystemError) \
-  X(ncclResult_t, ncclCommUserRank, (const ncclComm_t c, int *r), (c, r), ncclSystemError) \
-  X(ncclResult_t, ncclCommFinalize, (ncclComm_t c), (c), ncclSystemError)          \
-  X(ncclResult_t, ncclCommDestroy, (ncclComm_t c), (c), ncclSystemError)           \
-  X(ncclResult_t, ncclCommAbort, (ncclComm_t c), (c), ncclSystemError)             \
-  X(ncclResult_t, ncclMemAlloc, (void **p, size_t n), (p, n), ncclSystemError)      \
-  X(ncclResult_t, ncclMemFree, (void *p), (p), ncclSystemError)                    \
-  X(ncclResult_t, ncclCommWindowRegister,                                          \
-    (ncclComm_t c, void *b, size_t n, ncclWindow_t *w, int f), (c, b, n, w, f),    \
-    ncclSystemError)                                                               \
-  X(ncclResult_t, ncclCommWindowDeregister, (ncclComm_t c, ncclWindow_t w), (c, w), \
-    ncclSystemError)                                                               \
-  X(ncclResult_t, ncclDevCommCreate,                                               \
-    (ncclComm_t c, ncclDevCommRequirements_t const *q, ncclDevComm_t *d), (c, q, d), \
-    ncclSystemError)                                                               \
-  X(ncclResult_t, ncclDevCommDestroy, (ncclComm_t c, ncclDevComm_t const *d), (c, d), \
-    ncclSystemError)                                                               \
-  X(ncclResult_t, ncclAllReduce,                                                   \
-    (const void *s, void *r, size_t n, ncclDataType_t t, ncclRedOp_t o, ncclComm_t c, \
-     cudaStream_t st),                                                             \
-    (s, r, n, t, o, c, st), ncclSystemError)                                       \
-  X(ncclResult_t, ncclAllGather,                                                   \
-    (const void *s, void *r, size_t n, ncclDataType_t t, ncclComm_t c, cudaStream_t st), \
-    (s, r, n, t, c, st), ncclSystemError)                                          \
-  X(ncclTeam_t, ncclTeamLsa, (ncclComm_t c), (c), (ncclTeam_t){0})                \
-  X(const char *, ncclGetErrorString, (ncclResult_t r), (r), "NCCL is not loaded") \
-  X(const char *, ncclGetLastError, (ncclComm_t c), (c), "NCCL is not loaded")
+#include "runtime/nccl/nccl_entries.h"
 
 #define DECLARE_POINTER(ret, name, params, args, unloaded) static ret(*p_##name) params;
 MEP_NCCL_ENTRIES(DECLARE_POINTER)

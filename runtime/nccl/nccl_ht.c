@@ -169,6 +169,7 @@ static moe_ep_status_t ht_create(moe_ep_group_t *g) {
       .adopt_comm = g->nccl_comm,
       .exchange = mep_nccl_share_uid,
       .exchange_user = g->boot,
+      .timeout_ms = g->cfg.bootstrap_timeout_ms,
   };
   MEP_CHECK_GOTO(mep_nccl_create(&np, &s->nccl), st, out_destroy);
   ht_dims(&g->cfg, g->world_size, mep_nccl_lsa_size(s->nccl), &s->ctx.dims);

@@ -21,11 +21,19 @@
 #include "runtime/error.h"
 #include "runtime/nccl/lsa_link.h"
 #include "runtime/nccl/nccl_dl.h"
+#include "runtime/nccl/nccl_wait.h"
 
 struct mep_nccl {
   ncclComm_t comm;
   int owns_comm;
+  int32_t timeout_ms;  /* each collective step's bound (params' timeout_ms) */
+  cudaStream_t stream; /* the setup collectives' own stream */
+  /* The setup collectives' device buffer. Freed only once they are known
+   * to be done (drained, or their communicator aborted): cudaFree waits
+   * for the device, and a collective a lost peer never joins does not end. */
+  void *scratch;
   int has_devcomm;
+  int has_win;
   void *buf;
   ncclWindow_t win;
   uint64_t bytes;
@@ -71,9 +79,19 @@ static moe_ep_status_t init_comm(const mep_nccl_params_t *p, ncclComm_t *comm) {
   if (p->rank == 0 && (r = ncclGetUniqueId(&id)) != ncclSuccess)
     return nccl_fail(NULL, "ncclGetUniqueId", r);
   MEP_CHECK(p->exchange(p->exchange_user, p->rank, p->world, &id, sizeof id));
-  r = ncclCommInitRank(comm, p->world, id, p->rank);
-  if (r != ncclSuccess) return nccl_fail(NULL, "ncclCommInitRank", r);
-  return MOE_EP_OK;
+  /* Nonblocking: no setup step on this communicator can wait for a peer
+   * without a bound (nccl_wait.h). */
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  *comm = NULL;
+  r = ncclCommInitRankConfig(comm, p->world, id, p->rank, &config);
+  if (*comm == NULL) return nccl_fail(NULL, "ncclCommInitRankConfig", r);
+  moe_ep_status_t st = mep_nccl_settle(*comm, r, "ncclCommInitRankConfig", p->timeout_ms);
+  if (st != MOE_EP_OK) {
+    ncclCommAbort(*comm);
+    *comm = NULL;
+  }
+  return st;
 }
 
 /* World ranks of the LSA team are an arithmetic progression through us. */
@@ -81,6 +99,13 @@ static int in_lsa_team(ncclTeam_t lsa, int self, int peer) {
   const int first = self - lsa.rank * lsa.stride;
   const int d = peer - first;
   return d >= 0 && d % lsa.stride == 0 && d / lsa.stride < lsa.nRanks;
+}
+
+/* A setup collective just enqueued on n->stream (its call returned r):
+ * settled and drained within the bound. */
+static moe_ep_status_t run_collective(mep_nccl_t *n, ncclResult_t r, const char *step) {
+  MEP_CHECK(mep_nccl_settle(n->comm, r, step, n->timeout_ms));
+  return mep_nccl_stream_wait(n->comm, n->stream, step, n->timeout_ms);
 }
 
 /* The LSA link check (params' lsa_link_check): every rank describes its
@@ -101,7 +126,7 @@ static moe_ep_status_t check_lsa_links(mep_nccl_t *n, const mep_nccl_params_t *p
   moe_ep_status_t st = MOE_EP_OK;
   char bus[32] = {0};
   int dev = 0;
-  void *buf = NULL;
+  void *buf = n->scratch;
   cudaError_t e;
   ncclResult_t r;
   if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
@@ -110,19 +135,14 @@ static moe_ep_status_t check_lsa_links(mep_nccl_t *n, const mep_nccl_params_t *p
     goto out;
   }
   mep_lsa_gpu_describe(bus, &gpus[p->rank]);
-  if ((e = cudaMalloc(&buf, (size_t)p->world * rec)) != cudaSuccess ||
-      (e = cudaMemcpy((char *)buf + (size_t)p->rank * rec, &gpus[p->rank], rec,
+  if ((e = cudaMemcpy((char *)buf + (size_t)p->rank * rec, &gpus[p->rank], rec,
                       cudaMemcpyHostToDevice)) != cudaSuccess) {
-    st = cuda_fail("cudaMalloc/cudaMemcpy (LSA link check)", e);
+    st = cuda_fail("cudaMemcpy (LSA link check)", e);
     goto out;
   }
-  if ((r = ncclAllGather((char *)buf + (size_t)p->rank * rec, buf, rec, ncclUint8, n->comm, 0)) !=
-      ncclSuccess) {
-    st = nccl_fail(n->comm, "ncclAllGather (LSA link check)", r);
-    goto out;
-  }
-  if ((e = cudaStreamSynchronize(0)) != cudaSuccess ||
-      (e = cudaMemcpy(gpus, buf, (size_t)p->world * rec, cudaMemcpyDeviceToHost)) != cudaSuccess) {
+  r = ncclAllGather((char *)buf + (size_t)p->rank * rec, buf, rec, ncclUint8, n->comm, n->stream);
+  if ((st = run_collective(n, r, "ncclAllGather (LSA link check)")) != MOE_EP_OK) goto out;
+  if ((e = cudaMemcpy(gpus, buf, (size_t)p->world * rec, cudaMemcpyDeviceToHost)) != cudaSuccess) {
     st = cuda_fail("cudaMemcpy (LSA link check)", e);
     goto out;
   }
@@ -141,19 +161,15 @@ static moe_ep_status_t check_lsa_links(mep_nccl_t *n, const mep_nccl_params_t *p
     st = cuda_fail("cudaMemcpy (LSA link check)", e);
     goto out;
   }
-  if ((r = ncclAllReduce(buf, buf, 1, ncclInt32, ncclMin, n->comm, 0)) != ncclSuccess) {
-    st = nccl_fail(n->comm, "ncclAllReduce (LSA link check)", r);
-    goto out;
-  }
-  if ((e = cudaStreamSynchronize(0)) != cudaSuccess ||
-      (e = cudaMemcpy(&n->lsa_link, buf, sizeof n->lsa_link, cudaMemcpyDeviceToHost)) !=
-          cudaSuccess) {
+  r = ncclAllReduce(buf, buf, 1, ncclInt32, ncclMin, n->comm, n->stream);
+  if ((st = run_collective(n, r, "ncclAllReduce (LSA link check)")) != MOE_EP_OK) goto out;
+  if ((e = cudaMemcpy(&n->lsa_link, buf, sizeof n->lsa_link, cudaMemcpyDeviceToHost)) !=
+      cudaSuccess) {
     st = cuda_fail("cudaMemcpy (LSA link check)", e);
     goto out;
   }
   if (n->lsa_link != worst) n->lsa_link_peer = -1; /* another rank's link */
 out:
-  cudaFree(buf);
   free(gpus);
   return st;
 }
@@ -210,18 +226,44 @@ static moe_ep_status_t choose_transports(mep_nccl_t *n, const mep_nccl_params_t 
 }
 
 /* A tiny all-reduce: nobody signals into a window before its owner zeroed it. */
-static moe_ep_status_t barrier(ncclComm_t comm) {
-  void *tmp = NULL;
-  cudaError_t e = cudaMalloc(&tmp, 16);
-  if (e != cudaSuccess) return cuda_fail("cudaMalloc (barrier)", e);
-  moe_ep_status_t st = MOE_EP_OK;
-  ncclResult_t r = ncclAllReduce(tmp, tmp, 1, ncclInt32, ncclSum, comm, 0);
-  if (r != ncclSuccess)
-    st = nccl_fail(comm, "ncclAllReduce (barrier)", r);
-  else if ((e = cudaStreamSynchronize(0)) != cudaSuccess)
-    st = cuda_fail("cudaStreamSynchronize (barrier)", e);
-  cudaFree(tmp);
-  return st;
+static moe_ep_status_t barrier(mep_nccl_t *n) {
+  ncclResult_t r = ncclAllReduce(n->scratch, n->scratch, 1, ncclInt32, ncclSum, n->comm, n->stream);
+  return run_collective(n, r, "ncclAllReduce (barrier)");
+}
+
+/* Releases what create made, in reverse, and n itself. abort (a failed
+ * create, or a failed group, whose ranks are out of step): an owned
+ * communicator is aborted, which ends its collectives and releases its
+ * windows and device communicators without waiting for peers. Otherwise
+ * (and always for an adopted communicator, which is the engine's) the
+ * collective teardown runs, each step bounded where the communicator is
+ * nonblocking; an owned communicator whose step fails is aborted. Quiet:
+ * the error a caller is reporting stays the last one. */
+static void teardown(mep_nccl_t *n, int abort) {
+  if (n->comm != NULL && abort && n->owns_comm) {
+    ncclCommAbort(n->comm);
+  } else if (n->comm != NULL) {
+    int ok = 1;
+    const ncclDevComm_t *dev = (const ncclDevComm_t *)(const void *)n->devcomm;
+    if (n->has_devcomm)
+      ok = mep_nccl_settled(n->comm, ncclDevCommDestroy(n->comm, dev), n->timeout_ms);
+    if (ok && n->has_win)
+      ok = mep_nccl_settled(n->comm, ncclCommWindowDeregister(n->comm, n->win), n->timeout_ms);
+    if (n->owns_comm) {
+      if (ok) ok = mep_nccl_settled(n->comm, ncclCommFinalize(n->comm), n->timeout_ms);
+      if (ok)
+        ncclCommDestroy(n->comm);
+      else
+        ncclCommAbort(n->comm);
+    }
+  }
+  /* The setup collectives have ended: drained, or aborted with their
+   * communicator (an adopted one's stay the engine's to end). */
+  if (n->stream != NULL) cudaStreamDestroy(n->stream);
+  cudaFree(n->scratch);
+  if (n->buf != NULL) ncclMemFree(n->buf);
+  free(n->peer_transport);
+  free(n);
 }
 
 moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *p, mep_nccl_t **out) {
@@ -237,6 +279,10 @@ moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *p, mep_nccl_t **out) {
                      p->world);
   if (p->window_bytes == 0)
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "nccl_create: window_bytes is 0");
+  if (p->timeout_ms <= 0)
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "nccl_create: timeout_ms is %d; every setup wait needs a bound > 0",
+                     (int)p->timeout_ms);
   MEP_CHECK(mep_nccl_dl_load());
   MEP_CHECK(check_version());
   if (p->cuda_device >= 0 && (e = cudaSetDevice(p->cuda_device)) != cudaSuccess)
@@ -245,52 +291,60 @@ moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *p, mep_nccl_t **out) {
   mep_nccl_t *n = calloc(1, sizeof *n);
   if (n == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "nccl_create: out of host memory");
   n->world = p->world;
+  n->timeout_ms = p->timeout_ms;
   /* One allocation: peer_nvlink is its second half (freed with it). */
   n->peer_transport = calloc(2u * (size_t)p->world, sizeof(int32_t));
   if (n->peer_transport == NULL) {
     st = mep_error(MOE_EP_ERR_NO_MEMORY, "nccl_create: out of host memory");
-    goto out_free;
+    goto fail;
   }
   n->peer_nvlink = n->peer_transport + p->world;
+  if ((e = cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+      (e = cudaMalloc(&n->scratch, (size_t)p->world * sizeof(mep_lsa_gpu_t) + 16)) !=
+          cudaSuccess) {
+    st = cuda_fail("cudaStreamCreate/cudaMalloc (setup collectives)", e);
+    goto fail;
+  }
   if (p->adopt_comm != NULL) {
     int count = 0, rank = 0;
     n->comm = (ncclComm_t)p->adopt_comm;
     if ((r = ncclCommCount(n->comm, &count)) != ncclSuccess ||
         (r = ncclCommUserRank(n->comm, &rank)) != ncclSuccess) {
       st = nccl_fail(n->comm, "ncclCommCount/ncclCommUserRank (adopted comm)", r);
-      goto out_free;
+      goto fail;
     }
     if (count != p->world || rank != p->rank) {
       st = mep_error(MOE_EP_ERR_MISMATCH,
                      "nccl_create: the adopted communicator has rank %d of %d, but the group "
                      "is rank %d of %d", rank, count, p->rank, p->world);
-      goto out_free;
+      goto fail;
     }
   } else {
-    MEP_CHECK_GOTO(init_comm(p, &n->comm), st, out_free);
+    MEP_CHECK_GOTO(init_comm(p, &n->comm), st, fail);
     n->owns_comm = 1;
   }
-  MEP_CHECK_GOTO(check_lsa_links(n, p), st, out_destroy_comm);
-  MEP_CHECK_GOTO(choose_transports(n, p, &need_gin, &need_staging), st, out_destroy_comm);
+  MEP_CHECK_GOTO(check_lsa_links(n, p), st, fail);
+  MEP_CHECK_GOTO(choose_transports(n, p, &need_gin, &need_staging), st, fail);
 
   /* LSA teams partition the world and the link check is group-wide, so
    * every rank of a group draws the same need_staging and allocates the
    * same size (a symmetric window). */
   n->bytes = need_staging && p->window_bytes_gin != 0 ? p->window_bytes_gin : p->window_bytes;
   if ((r = ncclMemAlloc(&n->buf, n->bytes)) != ncclSuccess) {
+    n->buf = NULL;
     st = nccl_fail(n->comm, "ncclMemAlloc", r);
-    goto out_destroy_comm;
+    goto fail;
   }
   if ((e = cudaMemset(n->buf, 0, n->bytes)) != cudaSuccess ||
       (e = cudaDeviceSynchronize()) != cudaSuccess) {
     st = cuda_fail("cudaMemset (window)", e);
-    goto out_free_buf;
+    goto fail;
   }
   r = ncclCommWindowRegister(n->comm, n->buf, n->bytes, &n->win, NCCL_WIN_COLL_SYMMETRIC);
-  if (r != ncclSuccess) {
-    st = nccl_fail(n->comm, "ncclCommWindowRegister(NCCL_WIN_COLL_SYMMETRIC)", r);
-    goto out_free_buf;
-  }
+  MEP_CHECK_GOTO(mep_nccl_settle(n->comm, r, "ncclCommWindowRegister(NCCL_WIN_COLL_SYMMETRIC)",
+                                 n->timeout_ms),
+                 st, fail);
+  n->has_win = 1;
 
   {
     ncclDevCommRequirements_t req;
@@ -302,27 +356,20 @@ moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *p, mep_nccl_t **out) {
       req.ginForceEnable = p->transport == MOE_EP_TRANSPORT_GIN;
     }
     r = ncclDevCommCreate(n->comm, &req, (ncclDevComm_t *)(void *)n->devcomm);
-    if (r != ncclSuccess) {
-      st = nccl_fail(n->comm, need_gin ? "ncclDevCommCreate (with GIN)" : "ncclDevCommCreate", r);
-      goto out_deregister;
-    }
+    MEP_CHECK_GOTO(mep_nccl_settle(n->comm, r,
+                                   need_gin ? "ncclDevCommCreate (with GIN)" : "ncclDevCommCreate",
+                                   n->timeout_ms),
+                   st, fail);
     n->has_devcomm = 1;
   }
-  MEP_CHECK_GOTO(barrier(n->comm), st, out_devcomm);
+  MEP_CHECK_GOTO(barrier(n), st, fail);
   *out = n;
   return MOE_EP_OK;
 
-out_devcomm:
-  ncclDevCommDestroy(n->comm, (const ncclDevComm_t *)(const void *)n->devcomm);
-out_deregister:
-  ncclCommWindowDeregister(n->comm, n->win);
-out_free_buf:
-  ncclMemFree(n->buf);
-out_destroy_comm:
-  if (n->owns_comm) ncclCommDestroy(n->comm);
-out_free:
-  free(n->peer_transport);
-  free(n);
+fail:
+  /* The ranks are out of step now (this one stops here, the others may
+   * not): no collective teardown for a communicator of our own. */
+  teardown(n, 1);
   /* NCCL's sentences name no rank; the engine's log needs it. */
   mep_error_prefix("NCCL setup on rank %d", p->rank);
   return st;
@@ -331,22 +378,7 @@ out_free:
 void mep_nccl_destroy(mep_nccl_t *n, int abort) {
   if (n == NULL) return;
   cudaDeviceSynchronize(); /* no kernel may still use the window (every wait is bounded) */
-  if (abort && n->owns_comm) {
-    ncclCommAbort(n->comm);
-    ncclMemFree(n->buf);
-    free(n->peer_transport);
-    free(n);
-    return;
-  }
-  if (n->has_devcomm) ncclDevCommDestroy(n->comm, (const ncclDevComm_t *)(const void *)n->devcomm);
-  ncclCommWindowDeregister(n->comm, n->win);
-  ncclMemFree(n->buf);
-  if (n->owns_comm) {
-    ncclCommFinalize(n->comm);
-    ncclCommDestroy(n->comm);
-  }
-  free(n->peer_transport);
-  free(n);
+  teardown(n, abort);
 }
 
 void *mep_nccl_comm(const mep_nccl_t *n) { return n->comm; }

@@ -43,6 +43,12 @@ typedef struct mep_nccl_params {
    * link is PCIe or unknown. 0: no check (HT). */
   int32_t lsa_link_check;
   int32_t lsa_link_policy; /* mep_lsa_link_policy_t */
+  /* > 0: how long each collective setup or teardown step waits for the
+   * other ranks (the group's bootstrap.timeout_ms). A communicator created
+   * here is nonblocking, so every one of its steps is bounded; an adopted
+   * one bounds the setup collectives' stream waits, while its other calls
+   * block as the engine configured it. */
+  int32_t timeout_ms;
 } mep_nccl_params_t;
 
 typedef struct mep_nccl mep_nccl_t; /* opaque */

@@ -153,6 +153,7 @@ Group *group_create(const Group *adopt) {
   p.rank = g_rank;
   p.world = g_world;
   p.cuda_device = g_rank;
+  p.timeout_ms = 30000;
   p.transport = MOE_EP_TRANSPORT_LSA;
   mep_ll_dims_t dims = {kMaxExperts / g_world, g_world, kMaxTokens, kMaxHidden, kMaxTopK, 0, 2, 0};
   // Sized for every transport (lsa_only 0): the tests switch the

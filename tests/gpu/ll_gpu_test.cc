@@ -1082,6 +1082,7 @@ TEST_F(LlGpu, GinRequestWithoutNicFailsClearly) {
   p.rank = g_rank;
   p.world = g_world;
   p.cuda_device = g_rank;
+  p.timeout_ms = 30000;
   p.transport = MOE_EP_TRANSPORT_GIN;
   p.window_bytes = 1 << 20;
   p.gin_signal_count = 64;

@@ -27,6 +27,7 @@ struct Options {
   int seeds = 2;
   bool hooks = true;
   int kernel_ms = 20000;
+  int boot_ms = 30000;  // bootstrap.timeout_ms (also the NCCL setup steps' bound)
   std::string transport = "auto";
   int ranks_per_node = 0;  // the config key; 0 = unset
   // Scenario "mismatch": the agreed key the last rank changes
@@ -105,6 +106,9 @@ void run_reuse(Ctx& c);        // worker_reuse.cc
 void run_ht_bad_input(Ctx& c); // worker_ht_bad.cc
 void run_layout(Ctx& c);       // worker_layout.cc
 void run_streams(Ctx& c);      // worker_streams.cc
+// worker_stall.cc: group_create's verdict when one rank stalls in NCCL
+// setup (MEP_STALL); `ms` is how long group_create took. 0 if as expected.
+int expect_setup_stall(Ctx& c, moe_ep_status_t st, const std::string& msg, double ms);
 
 // worker_outside.cc: what an engine does outside moe-ep.
 // All ranks meet at `name` (files under barrier_dir; polls with sleeps, so

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <sstream>
 #include <string>
@@ -97,7 +98,7 @@ std::string config_yaml(const Options& o) {
     << "  double_buffer: " << (o.double_buffer ? "true" : "false") << "\n"
     << "  log_level: " << o.log_level << "\n"
     << "  timeouts:\n    kernel_ms: " << o.kernel_ms << "\n"
-    << "  bootstrap:\n    timeout_ms: 30000\n";
+    << "  bootstrap:\n    timeout_ms: " << o.boot_ms << "\n";
   return y.str();
 }
 
@@ -118,6 +119,7 @@ static bool parse(int argc, char** argv, Options* o) {
     else if (k == "seeds") o->seeds = std::atoi(v.c_str());
     else if (k == "hooks") o->hooks = v == "1";
     else if (k == "kernel_ms") o->kernel_ms = std::atoi(v.c_str());
+    else if (k == "boot_ms") o->boot_ms = std::atoi(v.c_str());
     else if (k == "transport") o->transport = v;
     else if (k == "ranks_per_node") o->ranks_per_node = std::atoi(v.c_str());
     else if (k == "differ") o->differ = v;
@@ -258,7 +260,11 @@ int main(int argc, char** argv) {
     cuda_check(cudaSetDevice(gp.cuda_device), "cudaSetDevice");
   }
   if (std::getenv("MOE_EP_TEST_TRACE")) std::fprintf(stderr, "trace group_create\n");
+  const auto create_start = std::chrono::steady_clock::now();
   moe_ep_status_t st = c.api->group_create(&gp, &c.group);
+  const double create_ms = std::chrono::duration<double, std::milli>(
+                               std::chrono::steady_clock::now() - create_start)
+                               .count();
   if (std::getenv("MOE_EP_TEST_TRACE")) std::fprintf(stderr, "trace group_create done\n");
   std::string create_error = c.api->last_error();
   uint64_t hint = 0;
@@ -266,6 +272,7 @@ int main(int argc, char** argv) {
   moe_ep_status_t hint_st = c.api->buffer_size_hint(cfg, ws ? std::atoi(ws) : 1, &hint);
   c.api->config_free(cfg);
   if (refused) return expect_refused(c, st, create_error, want_status, want_error);
+  if (c.opt.scenario == "setup_stall") return expect_setup_stall(c, st, create_error, create_ms);
   if (st != MOE_EP_OK) {
     std::fprintf(stderr, "FAIL group_create: %s: %s\n", c.api->status_string(st),
                  c.api->last_error());

@@ -1,0 +1,89 @@
+/* nccl_wait.c: bounded waits on nonblocking NCCL calls and setup streams
+ * (see nccl_wait.h). */
+#define _GNU_SOURCE /* clock_gettime, nanosleep under -std=c11 */
+#include "runtime/nccl/nccl_wait.h"
+
+#include <time.h>
+
+#include "runtime/error.h"
+
+/* A setup step takes milliseconds to seconds: polling every 50 us keeps
+ * the wait's own delay negligible without spinning a core. */
+#define MEP_NCCL_POLL_NS 50000L
+
+int64_t mep_nccl_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void pause_poll(void) {
+  const struct timespec ts = {0, MEP_NCCL_POLL_NS};
+  nanosleep(&ts, NULL);
+}
+
+static moe_ep_status_t nccl_failed(ncclComm_t comm, const char *step, ncclResult_t r) {
+  const char *last = ncclGetLastError(comm);
+  return mep_error(MOE_EP_ERR_NCCL, "%s failed: %s%s%s", step, ncclGetErrorString(r),
+                   last && last[0] ? ": " : "", last ? last : "");
+}
+
+static moe_ep_status_t timed_out(const char *step, int32_t timeout_ms) {
+  return mep_error(MOE_EP_ERR_TIMEOUT,
+                   "%s did not complete within bootstrap.timeout_ms=%d: another rank of the "
+                   "group has not reached the same step (it failed, stopped or is far behind)",
+                   step, (int)timeout_ms);
+}
+
+/* Polls the communicator after a call that returned r until its state
+ * settles or the deadline passes (*late). A nonblocking communicator may
+ * report ncclInProgress after a call that itself returned ncclSuccess
+ * (seen with NCCL 2.28.9 during setup: the next call was refused as
+ * "before the previous operation returned ncclSuccess"), so the state is
+ * read whatever the call returned. Returns the settled
+ * result. */
+static ncclResult_t settle(ncclComm_t comm, ncclResult_t r, int32_t timeout_ms, int *late) {
+  const int64_t deadline = mep_nccl_now_ms() + timeout_ms;
+  *late = 0;
+  if (r != ncclSuccess && r != ncclInProgress) return r;
+  for (;;) {
+    ncclResult_t q = ncclCommGetAsyncError(comm, &r);
+    if (q != ncclSuccess) return q;
+    if (r != ncclInProgress) return r;
+    if (mep_nccl_now_ms() >= deadline) {
+      *late = 1;
+      return r;
+    }
+    pause_poll();
+  }
+}
+
+moe_ep_status_t mep_nccl_settle(ncclComm_t comm, ncclResult_t r, const char *step,
+                                int32_t timeout_ms) {
+  int late = 0;
+  r = settle(comm, r, timeout_ms, &late);
+  if (late) return timed_out(step, timeout_ms);
+  return r == ncclSuccess ? MOE_EP_OK : nccl_failed(comm, step, r);
+}
+
+int mep_nccl_settled(ncclComm_t comm, ncclResult_t r, int32_t timeout_ms) {
+  int late = 0;
+  return settle(comm, r, timeout_ms, &late) == ncclSuccess && !late;
+}
+
+moe_ep_status_t mep_nccl_stream_wait(ncclComm_t comm, cudaStream_t stream, const char *step,
+                                     int32_t timeout_ms) {
+  const int64_t deadline = mep_nccl_now_ms() + timeout_ms;
+  for (;;) {
+    cudaError_t e = cudaStreamQuery(stream);
+    if (e == cudaSuccess) return MOE_EP_OK;
+    if (e != cudaErrorNotReady)
+      return mep_error(MOE_EP_ERR_CUDA, "%s failed on the GPU: %s", step, cudaGetErrorString(e));
+    ncclResult_t a = ncclSuccess;
+    ncclResult_t q = ncclCommGetAsyncError(comm, &a);
+    if (q != ncclSuccess) return nccl_failed(comm, step, q);
+    if (a != ncclSuccess && a != ncclInProgress) return nccl_failed(comm, step, a);
+    if (mep_nccl_now_ms() >= deadline) return timed_out(step, timeout_ms);
+    pause_poll();
+  }
+}

@@ -1,0 +1,45 @@
+/* nccl_wait.h: bounded waits for the NCCL side of a group's setup and
+ * teardown. moe-ep creates its communicators nonblocking (NCCL's
+ * config.blocking = 0), so a collective setup call returns ncclInProgress
+ * instead of blocking until every rank has joined; these helpers poll it,
+ * and the stream a setup collective runs on, until a deadline, so that a
+ * peer that failed or stopped between two setup steps is an error here,
+ * not a hang. Errors are written with mep_error() and name the step. */
+#ifndef MEP_NCCL_WAIT_H_
+#define MEP_NCCL_WAIT_H_
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <stdint.h>
+
+#include "moe_ep.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Milliseconds on a monotonic clock. */
+int64_t mep_nccl_now_ms(void);
+
+/* The result `r` of NCCL call `step` on `comm`: ncclSuccess is OK;
+ * ncclInProgress is polled (ncclCommGetAsyncError) until it settles or
+ * timeout_ms have passed (MOE_EP_ERR_TIMEOUT); anything else is
+ * MOE_EP_ERR_NCCL with NCCL's reason. */
+moe_ep_status_t mep_nccl_settle(ncclComm_t comm, ncclResult_t r, const char *step,
+                                int32_t timeout_ms);
+
+/* The same wait without an error sentence (teardown, where the error a
+ * caller reports must stay the last one): 1 if the call succeeded. */
+int mep_nccl_settled(ncclComm_t comm, ncclResult_t r, int32_t timeout_ms);
+
+/* Waits for `stream` (which runs `step`, a collective on `comm`) to drain,
+ * at most timeout_ms; an asynchronous NCCL error on `comm` ends the wait
+ * early with NCCL's reason. */
+moe_ep_status_t mep_nccl_stream_wait(ncclComm_t comm, cudaStream_t stream, const char *step,
+                                     int32_t timeout_ms);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MEP_NCCL_WAIT_H_ */
