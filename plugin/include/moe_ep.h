@@ -231,7 +231,8 @@ typedef struct moe_ep_group_info {
   uint64_t bytes_allocated;     /* communication buffers this rank holds */
   uint64_t config_hash;         /* canonical hash of the effective config */
   /* transport per peer (moe_ep_transport_t), world_size entries; may be
-   * NULL to skip; the caller owns the array. */
+   * NULL to skip; the caller owns the array. LL runs one transport to
+   * every peer, so its entries (self aside) are all that one. */
   int32_t *peer_transports;
   int32_t peer_transports_len;
   int32_t reserved0;

@@ -488,12 +488,20 @@ static moe_ep_status_t nccl_handle_layout(moe_ep_group_t *g, mep_handle_state_t 
                         "handle_layout"));
 }
 
+/* LL reaches every peer over the group's one transport (ll_transport):
+ * under auto, a group with a peer across NVLink domains runs GIN to its
+ * near peers too, and one with a near peer on PCIe runs gin_emulated. */
 static int nccl_peer_transport(const moe_ep_group_t *g, int peer) {
   const nccl_state_t *s = g->impl;
-  if (g->cfg.transport == MOE_EP_TRANSPORT_GIN_EMULATED && peer != g->rank) {
-    return MOE_EP_TRANSPORT_GIN_EMULATED;
+  if (peer == g->rank) return s->peer_transport[peer];
+  switch (s->ctx.transport) {
+    case MEP_LL_TRANSPORT_GIN:
+      return MOE_EP_TRANSPORT_GIN;
+    case MEP_LL_TRANSPORT_GIN_EMULATED:
+      return MOE_EP_TRANSPORT_GIN_EMULATED;
+    default:
+      return MOE_EP_TRANSPORT_LSA;
   }
-  return s->peer_transport[peer];
 }
 
 const mep_backend_ops_t mep_nccl_backend = {
