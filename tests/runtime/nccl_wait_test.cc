@@ -1,0 +1,170 @@
+// nccl_wait_test.cc: the bounded waits of the NCCL setup steps
+// (runtime/nccl/nccl_wait.h), against stand-ins for the few NCCL and CUDA
+// calls they make: a communicator whose state stays ncclInProgress for a
+// number of polls (or for ever), and a stream that drains after a number
+// of queries (or never). Every wait must end, with the step named.
+#include "runtime/nccl/nccl_wait.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "runtime/error.h"
+
+namespace {
+
+// The stand-in communicator: ncclCommGetAsyncError reports in_progress for
+// `polls_left` polls (for ever when negative), then `settled`.
+struct FakeComm {
+  int polls_left = 0;
+  ncclResult_t settled = ncclSuccess;
+  int polls = 0;
+};
+FakeComm g_comm;
+// The stand-in stream: cudaStreamQuery says not ready `queries_left` times
+// (for ever when negative), then `drained`.
+int g_queries_left = 0;
+cudaError_t g_drained = cudaSuccess;
+
+ncclComm_t fake_comm() { return reinterpret_cast<ncclComm_t>(&g_comm); }
+cudaStream_t fake_stream() { return reinterpret_cast<cudaStream_t>(&g_queries_left); }
+
+std::string last() { return mep_last_error(); }
+
+void reset(int polls_left, ncclResult_t settled, int queries_left = 0,
+           cudaError_t drained = cudaSuccess) {
+  g_comm = FakeComm{polls_left, settled, 0};
+  g_queries_left = queries_left;
+  g_drained = drained;
+  mep_error_clear();
+}
+
+TEST(NcclWait, SuccessWithASettledCommunicatorReturnsAtOnce) {
+  reset(0, ncclSuccess);
+  EXPECT_EQ(mep_nccl_settle(fake_comm(), ncclSuccess, "step", 1000), MOE_EP_OK);
+  EXPECT_EQ(g_comm.polls, 1);  // the state is read once even after ncclSuccess
+}
+
+// A call that returned ncclSuccess while the communicator is still in
+// progress (seen with NCCL 2.28.9) is waited for too.
+TEST(NcclWait, SuccessWhileStillInProgressIsPolledUntilSettled) {
+  reset(5, ncclSuccess);
+  EXPECT_EQ(mep_nccl_settle(fake_comm(), ncclSuccess, "ncclCommWindowRegister", 10000), MOE_EP_OK);
+  EXPECT_EQ(g_comm.polls, 6);
+}
+
+TEST(NcclWait, InProgressThatFailsReportsNcclsReasonAndTheStep) {
+  reset(3, ncclRemoteError);
+  EXPECT_EQ(mep_nccl_settle(fake_comm(), ncclInProgress, "ncclDevCommCreate", 10000),
+            MOE_EP_ERR_NCCL);
+  EXPECT_NE(last().find("ncclDevCommCreate failed: remote error"), std::string::npos) << last();
+  EXPECT_NE(last().find("the peer went away"), std::string::npos) << last();
+}
+
+TEST(NcclWait, ACallThatFailedOutrightIsNotPolled) {
+  reset(-1, ncclSuccess);
+  EXPECT_EQ(mep_nccl_settle(fake_comm(), ncclInvalidArgument, "ncclAllReduce", 10000),
+            MOE_EP_ERR_NCCL);
+  EXPECT_EQ(g_comm.polls, 0);
+  EXPECT_NE(last().find("ncclAllReduce failed: invalid argument"), std::string::npos) << last();
+}
+
+TEST(NcclWait, NeverSettlingEndsInTimeoutAfterTheBound) {
+  reset(-1, ncclSuccess);
+  const int64_t t0 = mep_nccl_now_ms();
+  EXPECT_EQ(mep_nccl_settle(fake_comm(), ncclInProgress, "ncclCommInitRankConfig", 50),
+            MOE_EP_ERR_TIMEOUT);
+  EXPECT_GE(mep_nccl_now_ms() - t0, 50);
+  EXPECT_NE(last().find("ncclCommInitRankConfig did not complete within "
+                        "bootstrap.timeout_ms=50"),
+            std::string::npos)
+      << last();
+}
+
+TEST(NcclWait, TheQuietFormSaysOnlyWhetherItSucceededAndKeepsTheLastError) {
+  reset(-1, ncclSuccess);
+  mep_error(MOE_EP_ERR_TIMEOUT, "the error being reported");
+  EXPECT_EQ(mep_nccl_settled(fake_comm(), ncclInProgress, 20), 0);
+  reset(2, ncclSuccess);
+  mep_error(MOE_EP_ERR_TIMEOUT, "the error being reported");
+  EXPECT_EQ(mep_nccl_settled(fake_comm(), ncclInProgress, 10000), 1);
+  reset(2, ncclSystemError);
+  EXPECT_EQ(mep_nccl_settled(fake_comm(), ncclInProgress, 10000), 0);
+  reset(0, ncclSuccess);
+  mep_error(MOE_EP_ERR_TIMEOUT, "the error being reported");
+  EXPECT_EQ(mep_nccl_settled(fake_comm(), ncclSuccess, 10000), 1);
+  EXPECT_EQ(last(), "the error being reported");
+}
+
+TEST(NcclWait, AStreamThatDrainsEndsTheWait) {
+  reset(0, ncclSuccess, 4);
+  EXPECT_EQ(mep_nccl_stream_wait(fake_comm(), fake_stream(), "ncclAllReduce (barrier)", 10000),
+            MOE_EP_OK);
+}
+
+TEST(NcclWait, AStreamThatNeverDrainsEndsInTimeout) {
+  reset(0, ncclSuccess, -1);
+  const int64_t t0 = mep_nccl_now_ms();
+  EXPECT_EQ(mep_nccl_stream_wait(fake_comm(), fake_stream(), "ncclAllReduce (barrier)", 50),
+            MOE_EP_ERR_TIMEOUT);
+  EXPECT_GE(mep_nccl_now_ms() - t0, 50);
+  EXPECT_NE(last().find("ncclAllReduce (barrier) did not complete within"), std::string::npos)
+      << last();
+}
+
+// NCCL's asynchronous error (a peer's socket closed) ends a stream wait
+// before the bound.
+TEST(NcclWait, AnAsynchronousNcclErrorEndsAStreamWait) {
+  reset(2, ncclSystemError, -1);
+  EXPECT_EQ(mep_nccl_stream_wait(fake_comm(), fake_stream(), "ncclAllGather (LSA link check)",
+                                 3600000),
+            MOE_EP_ERR_NCCL);
+  EXPECT_NE(last().find("ncclAllGather (LSA link check) failed: unhandled system error"),
+            std::string::npos)
+      << last();
+}
+
+TEST(NcclWait, AStreamErrorIsACudaError) {
+  reset(0, ncclSuccess, 1, cudaErrorIllegalAddress);
+  EXPECT_EQ(mep_nccl_stream_wait(fake_comm(), fake_stream(), "ncclAllReduce (barrier)", 10000),
+            MOE_EP_ERR_CUDA);
+  EXPECT_NE(last().find("ncclAllReduce (barrier) failed on the GPU: illegal address"),
+            std::string::npos)
+      << last();
+}
+
+}  // namespace
+
+// The stand-ins nccl_wait.c links against here.
+extern "C" {
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *state) {
+  FakeComm *c = reinterpret_cast<FakeComm *>(comm);
+  c->polls++;
+  if (c->polls_left != 0) {
+    if (c->polls_left > 0) c->polls_left--;
+    *state = ncclInProgress;
+  } else {
+    *state = c->settled;
+  }
+  return ncclSuccess;
+}
+const char *ncclGetLastError(ncclComm_t) { return "the peer went away"; }
+const char *ncclGetErrorString(ncclResult_t r) {
+  switch (r) {
+    case ncclSystemError: return "unhandled system error";
+    case ncclInvalidArgument: return "invalid argument";
+    case ncclRemoteError: return "remote error";
+    default: return "other";
+  }
+}
+cudaError_t cudaStreamQuery(cudaStream_t) {
+  if (g_queries_left != 0) {
+    if (g_queries_left > 0) g_queries_left--;
+    return cudaErrorNotReady;
+  }
+  return g_drained;
+}
+const char *cudaGetErrorString(cudaError_t e) {
+  return e == cudaErrorIllegalAddress ? "illegal address" : "other";
+}
+}
