@@ -43,6 +43,13 @@ moe_ep_status_t mep_bootstrap_allgather(mep_bootstrap_t *bs, const void *send,
 moe_ep_status_t mep_bootstrap_broadcast(mep_bootstrap_t *bs, void *buf,
                                         size_t bytes, int root);
 moe_ep_status_t mep_bootstrap_barrier(mep_bootstrap_t *bs);
+/* Every rank's status (moe_ep_status_t) after a setup phase: statuses gets
+ * world_size entries, rank r's at r. A rank whose setup failed may call it
+ * where the others are still in one of the phase's collectives: the others'
+ * collective then fails with MOE_EP_ERR_PEER_FAILED naming that rank and
+ * its status (and that rank's call returns the same), not a mismatch. */
+moe_ep_status_t mep_bootstrap_agree(mep_bootstrap_t *bs, int32_t mine,
+                                    int32_t *statuses);
 
 
 #ifdef __cplusplus

@@ -25,6 +25,7 @@ static const char *op_name(int op) {
     case MEP_BS_OP_ALLGATHER: return "allgather";
     case MEP_BS_OP_BROADCAST: return "broadcast";
     case MEP_BS_OP_BARRIER: return "barrier";
+    case MEP_BS_OP_AGREE: return "agreement";
     default: return "unknown op";
   }
 }
@@ -58,13 +59,13 @@ static moe_ep_status_t coll_fail(mep_bootstrap_t *bs, moe_ep_status_t st,
 
 /* Payload rank r owes rank 0 for this op. */
 static size_t contrib_len(const coll_t *c, int r) {
-  if (c->op == MEP_BS_OP_ALLGATHER) return c->bytes;
+  if (c->op == MEP_BS_OP_ALLGATHER || c->op == MEP_BS_OP_AGREE) return c->bytes;
   if (c->op == MEP_BS_OP_BROADCAST && r == c->root) return c->bytes;
   return 0;
 }
 
 static size_t result_len(const coll_t *c, int r, int world) {
-  if (c->op == MEP_BS_OP_ALLGATHER) return c->bytes * (size_t)world;
+  if (c->op == MEP_BS_OP_ALLGATHER || c->op == MEP_BS_OP_AGREE) return c->bytes * (size_t)world;
   if (c->op == MEP_BS_OP_BROADCAST && r != c->root) return c->bytes;
   return 0;
 }
@@ -75,10 +76,31 @@ static moe_ep_status_t root_abort(mep_bootstrap_t *bs, moe_ep_status_t st,
   return coll_fail(bs, st, "rank 0: %s", reason);
 }
 
-/* Checks one CONTRIB against what rank 0 is doing; 0 when it matches. */
-static int root_check_contrib(const mep_bootstrap_t *bs, const coll_t *c,
-                              const mep_bs_msg_t *m, char *why, size_t n) {
+/* The status an agreement's CONTRIB carries (mep_bootstrap_agree). */
+static const char *agreed_status(const void *payload, size_t len) {
+  int32_t v = MOE_EP_ERR_INTERNAL;
+  if (payload != NULL && len == sizeof v) memcpy(&v, payload, sizeof v);
+  return mep_status_string((moe_ep_status_t)v);
+}
+
+/* Checks one CONTRIB against what rank 0 is doing: MOE_EP_OK when it
+ * matches, else the status the group fails with (`why` says why). One side
+ * in an agreement while the other is still in a collective of the same
+ * phase is a rank that gave up its setup: PEER_FAILED naming it. */
+static moe_ep_status_t root_check_contrib(const mep_bootstrap_t *bs, const coll_t *c,
+                                          const mep_bs_msg_t *m, char *why, size_t n) {
   const mep_bs_hdr_t *h = &m->hdr;
+  const int theirs = h->op == MEP_BS_OP_AGREE, ours = c->op == MEP_BS_OP_AGREE;
+  if (theirs != ours) {
+    const int quit = theirs ? h->src : 0, other = theirs ? 0 : h->src;
+    snprintf(why, n,
+             "rank %d's setup failed (%s) while rank %d was in %s #%llu of the same "
+             "setup; rank %d's own error says why",
+             quit, theirs ? agreed_status(m->payload, m->len) : agreed_status(c->send, c->send_len),
+             other, op_name(theirs ? c->op : h->op),
+             (unsigned long long)(theirs ? c->seq : h->seq), quit);
+    return MOE_EP_ERR_PEER_FAILED;
+  }
   if (h->seq != c->seq || h->op != c->op) {
     snprintf(why, n,
              "collective mismatch: rank %d called %s #%llu while rank 0 "
@@ -101,9 +123,9 @@ static int root_check_contrib(const mep_bootstrap_t *bs, const coll_t *c,
              contrib_len(c, h->src));
   } else {
     (void)bs;
-    return 0;
+    return MOE_EP_OK;
   }
-  return 1;
+  return MOE_EP_ERR_MISMATCH;
 }
 
 /* Rank 0: the first joined rank whose endpoint failed, or -1. */
@@ -127,8 +149,11 @@ static moe_ep_status_t root_gather(mep_bootstrap_t *bs, const coll_t *c,
       got[r] = mep_bs_msg_take(bs, MEP_BS_MSG_CONTRIB, bs->by_rank[r]);
       if (got[r] == NULL) {
         missing++;
-      } else if (root_check_contrib(bs, c, got[r], why, sizeof(why))) {
-        return root_abort(bs, MOE_EP_ERR_MISMATCH, r, why);
+      } else {
+        const moe_ep_status_t bad = root_check_contrib(bs, c, got[r], why, sizeof(why));
+        /* in an agreement of its own, rank 0 is the one that gave up */
+        if (bad != MOE_EP_OK)
+          return root_abort(bs, bad, c->op == MEP_BS_OP_AGREE ? 0 : r, why);
       }
     }
     int dead = root_first_failed(bs);
@@ -196,7 +221,7 @@ static moe_ep_status_t coll_root(mep_bootstrap_t *bs, coll_t *c) {
   memset(got, 0, sizeof(got[0]) * (size_t)bs->world_size);
   moe_ep_status_t st = root_gather(bs, c, got, deadline);
   if (st == MOE_EP_OK) {
-    if (c->op == MEP_BS_OP_ALLGATHER) {
+    if (c->op == MEP_BS_OP_ALLGATHER || c->op == MEP_BS_OP_AGREE) {
       char *out = (char *)c->out;
       if (c->bytes != 0) memmove(out, c->send, c->bytes); /* may be in place */
       for (int r = 1; r < bs->world_size; r++) {
@@ -342,5 +367,16 @@ moe_ep_status_t mep_bootstrap_barrier(mep_bootstrap_t *bs) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "barrier: bs is NULL");
   }
   coll_t c = {.op = MEP_BS_OP_BARRIER, .root = 0, .bytes = 0};
+  return coll_run(bs, &c);
+}
+
+moe_ep_status_t mep_bootstrap_agree(mep_bootstrap_t *bs, int32_t mine,
+                                    int32_t *statuses) {
+  if (bs == NULL || statuses == NULL) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "agree: %s is NULL",
+                     bs == NULL ? "bs" : "statuses");
+  }
+  coll_t c = {.op = MEP_BS_OP_AGREE, .root = 0, .bytes = sizeof mine,
+              .send = &mine, .out = statuses};
   return coll_run(bs, &c);
 }

@@ -65,7 +65,8 @@ typedef enum mep_bs_op {
   MEP_BS_OP_NONE = 0,
   MEP_BS_OP_ALLGATHER = 1,
   MEP_BS_OP_BROADCAST = 2,
-  MEP_BS_OP_BARRIER = 3
+  MEP_BS_OP_BARRIER = 3,
+  MEP_BS_OP_AGREE = 4 /* an allgather of int32 statuses (mep_bootstrap_agree) */
 } mep_bs_op_t;
 
 /* Every message starts with this header; the payload follows it in the same

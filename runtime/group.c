@@ -183,13 +183,15 @@ static moe_ep_status_t validate_params(const moe_ep_group_params_t *p,
   return MOE_EP_OK;
 }
 
-/* After the backend's setup every rank says whether its own succeeded (a
- * bootstrap all-gather, bounded like every bootstrap wait), and a rank
+/* After the backend's setup every rank says whether its own succeeded
+ * (mep_bootstrap_agree, bounded like every bootstrap wait), and a rank
  * keeps its group only if every rank formed one. A setup's last
  * collective step can complete on one rank after another rank gave up on
  * it (an NCCL barrier the timed-out rank had already joined), and that
- * rank must not go on with a group its peers do not have. `mine` is this
- * rank's setup status; its sentence is what a failed rank reports. */
+ * rank must not go on with a group its peers do not have. A rank that
+ * gave up before one of the setup's own bootstrap steps is named to the
+ * others as failed there. `mine` is this rank's setup status; its
+ * sentence is what a failed rank reports. */
 static moe_ep_status_t agree_formed(moe_ep_group_t *g, moe_ep_status_t mine) {
   char kept[MEP_ERROR_MAX] = "";
   if (mine != MOE_EP_OK) snprintf(kept, sizeof kept, "%s", mep_last_error());
@@ -197,8 +199,7 @@ static moe_ep_status_t agree_formed(moe_ep_group_t *g, moe_ep_status_t mine) {
   if (all == NULL)
     return mine != MOE_EP_OK ? mep_error(mine, "%s", kept)
                              : mep_error(MOE_EP_ERR_NO_MEMORY, "group_create: out of host memory");
-  const int32_t own = (int32_t)mine;
-  moe_ep_status_t st = mep_bootstrap_allgather(g->boot, &own, all, sizeof own);
+  moe_ep_status_t st = mep_bootstrap_agree(g->boot, (int32_t)mine, all);
   if (mine != MOE_EP_OK) {
     st = mep_error(mine, "%s", kept); /* this rank's own failure is its report */
   } else if (st != MOE_EP_OK) {

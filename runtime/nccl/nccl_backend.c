@@ -96,9 +96,12 @@ static uint64_t nccl_buffer_bytes(const moe_ep_config_t *cfg, int world) {
 static void nccl_destroy(moe_ep_group_t *g) {
   nccl_state_t *s = g->impl;
   if (s == NULL) return;
-  if (s->device >= 0) {
+  if (s->device >= 0 && s->nccl != NULL) {
+    /* No kernel may still use the buffers. Without the NCCL side no
+     * kernel of ours ran, and a failed setup may have left a collective
+     * on an adopted communicator that only the engine can end. */
     cudaSetDevice(s->device);
-    cudaDeviceSynchronize(); /* no kernel may still use the buffers */
+    cudaDeviceSynchronize();
   }
   for (int i = 0; i < MEP_NUM_BUFFER_SETS; i++) {
     cudaFree(s->slot_src[i]);
@@ -234,7 +237,11 @@ static moe_ep_status_t nccl_create(moe_ep_group_t *g) {
   g->bytes_allocated = mep_nccl_bytes_allocated(s->nccl);
   return MOE_EP_OK;
 out_destroy:
+  /* This rank stops setting up while its peers go on to the closing
+   * agreement: its communicator is aborted, not torn down collectively. */
+  g->broken = st;
   nccl_destroy(g);
+  g->broken = MOE_EP_OK;
   return st;
 }
 

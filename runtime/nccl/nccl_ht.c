@@ -80,9 +80,10 @@ static uint64_t ht_buffer_bytes(const moe_ep_config_t *cfg, int world) {
 static void ht_destroy(moe_ep_group_t *g) {
   ht_state_t *s = g->impl;
   if (s == NULL) return;
-  if (s->device >= 0) {
+  if (s->device >= 0 && s->nccl != NULL) {
+    /* as nccl_backend.c's nccl_destroy */
     cudaSetDevice(s->device);
-    cudaDeviceSynchronize(); /* no kernel may still use the buffers */
+    cudaDeviceSynchronize();
   }
   mep_nccl_sent_destroy(&s->sent);
   cudaFree(s->ctx.state);
@@ -205,7 +206,11 @@ static moe_ep_status_t ht_create(moe_ep_group_t *g) {
   g->bytes_allocated = mep_nccl_bytes_allocated(s->nccl);
   return MOE_EP_OK;
 out_destroy:
+  /* This rank stops setting up while its peers go on to the closing
+   * agreement: its communicator is aborted, not torn down collectively. */
+  g->broken = st;
   ht_destroy(g);
+  g->broken = MOE_EP_OK;
   return st;
 }
 

@@ -34,6 +34,10 @@ struct mep_nccl {
   void *scratch;
   int has_devcomm;
   int has_win;
+  /* A setup collective on an adopted communicator did not end: it stays
+   * queued on the engine's communicator until the engine aborts that, so
+   * what it may still touch is left allocated (cudaFree would wait for it). */
+  int stuck;
   void *buf;
   ncclWindow_t win;
   uint64_t bytes;
@@ -105,7 +109,18 @@ static int in_lsa_team(ncclTeam_t lsa, int self, int peer) {
  * settled and drained within the bound. */
 static moe_ep_status_t run_collective(mep_nccl_t *n, ncclResult_t r, const char *step) {
   MEP_CHECK(mep_nccl_settle(n->comm, r, step, n->timeout_ms));
-  return mep_nccl_stream_wait(n->comm, n->stream, step, n->timeout_ms);
+  moe_ep_status_t st = mep_nccl_stream_wait(n->comm, n->stream, step, n->timeout_ms);
+  if (st == MOE_EP_ERR_TIMEOUT && !n->owns_comm) {
+    /* Only the engine can end it (an owned communicator is aborted). */
+    n->stuck = 1;
+    char why[MEP_ERROR_MAX];
+    snprintf(why, sizeof why, "%s", mep_last_error());
+    st = mep_error(st,
+                   "%s; the collective stays queued on the engine's communicator (adopted), "
+                   "which the engine must abort (ncclCommAbort) before using it again",
+                   why);
+  }
+  return st;
 }
 
 /* The LSA link check (params' lsa_link_check): every rank describes its
@@ -240,15 +255,23 @@ static moe_ep_status_t barrier(mep_nccl_t *n) {
  * nonblocking; an owned communicator whose step fails is aborted. Quiet:
  * the error a caller is reporting stays the last one. */
 static void teardown(mep_nccl_t *n, int abort) {
+  if (n->stuck) { /* see mep_nccl.stuck: the window and buffers stay */
+    free(n->peer_transport);
+    free(n);
+    return;
+  }
   if (n->comm != NULL && abort && n->owns_comm) {
     ncclCommAbort(n->comm);
   } else if (n->comm != NULL) {
+    /* Each step is tried whatever the one before it gave: a communicator
+     * keeps an earlier step's error, and the window must not be freed
+     * while still registered on a communicator that lives on (adopted). */
     int ok = 1;
     const ncclDevComm_t *dev = (const ncclDevComm_t *)(const void *)n->devcomm;
     if (n->has_devcomm)
-      ok = mep_nccl_settled(n->comm, ncclDevCommDestroy(n->comm, dev), n->timeout_ms);
-    if (ok && n->has_win)
-      ok = mep_nccl_settled(n->comm, ncclCommWindowDeregister(n->comm, n->win), n->timeout_ms);
+      ok &= mep_nccl_settled(n->comm, ncclDevCommDestroy(n->comm, dev), n->timeout_ms);
+    if (n->has_win)
+      ok &= mep_nccl_settled(n->comm, ncclCommWindowDeregister(n->comm, n->win), n->timeout_ms);
     if (n->owns_comm) {
       if (ok) ok = mep_nccl_settled(n->comm, ncclCommFinalize(n->comm), n->timeout_ms);
       if (ok)
@@ -258,7 +281,7 @@ static void teardown(mep_nccl_t *n, int abort) {
     }
   }
   /* The setup collectives have ended: drained, or aborted with their
-   * communicator (an adopted one's stay the engine's to end). */
+   * communicator. */
   if (n->stream != NULL) cudaStreamDestroy(n->stream);
   cudaFree(n->scratch);
   if (n->buf != NULL) ncclMemFree(n->buf);

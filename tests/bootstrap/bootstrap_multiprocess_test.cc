@@ -253,6 +253,47 @@ TEST_P(BootstrapGroup, StrangersAreRefusedAndTheGroupStillForms) {
   }
 }
 
+// A setup phase closed by mep_bootstrap_agree: in step, every rank gets
+// every rank's status (the last rank's setup failed); early, the failed
+// rank's agreement meets the others' broadcast and every rank fails with
+// PEER_FAILED naming it, its status and where the others were (not a
+// collective mismatch). The failing rank is the last one, and rank 0.
+TEST_P(BootstrapGroup, AgreementCarriesEachRanksSetupStatus) {
+  const int w = World();
+  std::vector<std::unique_ptr<Proc>> procs;
+  for (int r = 0; r < w; r++) {
+    procs.push_back(Start(r, w, "agree", "tok", 10000, {"--quit_rank=" + std::to_string(w - 1)}));
+  }
+  WaitAll(Ptrs(procs), NowMs() + 10000 + kLoadMarginMs);
+  for (auto &p : procs) {
+    EXPECT_TRUE(p->Exited(0)) << p->Describe();
+    EXPECT_EQ(p->Result()["iters"], "1") << p->Describe();
+  }
+}
+
+TEST_P(BootstrapGroup, AgreementDuringAnotherStepNamesTheRankThatGaveUp) {
+  const int w = World();
+  for (int quit : {w - 1, 0}) {
+    SetUp();  // a fresh port for each group
+    std::vector<std::unique_ptr<Proc>> procs;
+    for (int r = 0; r < w; r++) {
+      procs.push_back(Start(r, w, "agree", "tok", 10000,
+                            {"--quit_rank=" + std::to_string(quit), "--quit_early=1"}));
+    }
+    WaitAll(Ptrs(procs), NowMs() + 10000 + kSlackMs + kLoadMarginMs);
+    const std::string named = "rank " + std::to_string(quit) +
+                              "'s setup failed (MOE_EP_ERR_CUDA) while rank ";
+    for (auto &p : procs) {
+      auto res = p->Result();
+      EXPECT_TRUE(p->Exited(kStatusPeerFailed)) << "quit " << quit << ": " << p->Describe();
+      EXPECT_EQ(res["status"], "MOE_EP_ERR_PEER_FAILED") << p->Describe();
+      EXPECT_NE(res["msg"].find(named), std::string::npos) << p->Describe();
+      EXPECT_NE(res["msg"].find("broadcast #1"), std::string::npos) << p->Describe();
+      EXPECT_EQ(res["msg"].find("mismatch"), std::string::npos) << p->Describe();
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, BootstrapGroup, ::testing::Values(2, 4, 8),
                          [](const ::testing::TestParamInfo<int> &i) {
                            return "world" + std::to_string(i.param);

@@ -31,6 +31,10 @@ struct Opts {
   int die_at = -1;
   int fail_rank = -1;
   int max_ms = 20000;
+  // Scenario "agree": the rank whose setup fails (-1: none), and whether it
+  // gives up before the others' broadcast (1) or agrees in step (0).
+  int quit_rank = -1;
+  int quit_early = 0;
 };
 
 using mep_test::Flag;
@@ -58,6 +62,8 @@ Opts Parse(int argc, char **argv) {
     else if (Flag(a, "--die_at", &v)) o.die_at = atoi(v.c_str());
     else if (Flag(a, "--fail_rank", &v)) o.fail_rank = atoi(v.c_str());
     else if (Flag(a, "--max_ms", &v)) o.max_ms = atoi(v.c_str());
+    else if (Flag(a, "--quit_rank", &v)) o.quit_rank = atoi(v.c_str());
+    else if (Flag(a, "--quit_early", &v)) o.quit_early = atoi(v.c_str());
     else {
       fprintf(stderr, "bootstrap_worker: unknown argument %s\n", a);
       exit(64);
@@ -253,6 +259,33 @@ int main(int argc, char **argv) {
       if (st != MOE_EP_OK) break;
       done = i + 1;
     }
+  } else if (o.scenario == "agree") {
+    // A setup phase (one broadcast) closed by an agreement; quit_rank's
+    // setup "fails" with MOE_EP_ERR_CUDA. In step, every rank must see
+    // exactly that rank's status; early, the agreement meets the others'
+    // broadcast and the group fails (the driver checks the sentences).
+    int64_t t1 = NowMs();
+    const bool quits = o.rank == o.quit_rank;
+    st = MOE_EP_OK;
+    if (!(quits && o.quit_early)) {
+      uint64_t v = o.rank == 0 ? 0x5eedull : 0;
+      st = mep_bootstrap_broadcast(bs, &v, sizeof v, 0);
+      if (st == MOE_EP_OK && v != 0x5eedull) rc = 100;
+    }
+    if (st == MOE_EP_OK) {
+      std::vector<int32_t> all(o.world, -1);
+      st = mep_bootstrap_agree(bs, quits ? MOE_EP_ERR_CUDA : MOE_EP_OK, all.data());
+      for (int r = 0; st == MOE_EP_OK && r < o.world; r++) {
+        const int32_t want = r == o.quit_rank ? MOE_EP_ERR_CUDA : MOE_EP_OK;
+        if (all[r] != want) {
+          fprintf(stderr, "rank %d: agreement slot %d holds %d, expected %d\n", o.rank, r,
+                  all[r], want);
+          rc = 100;
+        }
+      }
+      done = st == MOE_EP_OK && rc == 0;
+    }
+    op_ms = NowMs() - t1;
   } else if (o.scenario != "form") {
     fprintf(stderr, "bootstrap_worker: unknown scenario %s\n",
             o.scenario.c_str());

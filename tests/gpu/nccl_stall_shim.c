@@ -4,8 +4,10 @@
  * except that one rank stops at one setup step, as a rank that hung or fell
  * far behind there would:
  *   MEP_STALL=RANK:CALL:NTH:MS
- * rank RANK's NTH call of CALL sleeps MS milliseconds before it is
- * forwarded. The rank is the one its communicator was created with. */
+ * rank RANK's NTH call of CALL in the process sleeps MS milliseconds
+ * before it is forwarded. The rank is the one its (last) communicator was
+ * created with. First calls may race: the lazily resolved pointers are
+ * atomic, and resolving one twice is harmless. */
 #define _GNU_SOURCE /* clock_gettime, nanosleep under -std=c11 */
 #include <dlfcn.h>
 #include <nccl.h>
@@ -26,8 +28,12 @@ static int stall_calls;
 
 static void *real_symbol(const char *name) {
   static void *lib;
-  if (lib == NULL) lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
-  return lib != NULL ? dlsym(lib, name) : NULL;
+  void *l = __atomic_load_n(&lib, __ATOMIC_ACQUIRE);
+  if (l == NULL) {
+    l = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    __atomic_store_n(&lib, l, __ATOMIC_RELEASE);
+  }
+  return l != NULL ? dlsym(l, name) : NULL;
 }
 
 static void maybe_stall(const char *name) {
@@ -35,7 +41,7 @@ static void maybe_stall(const char *name) {
   int rank = -1, nth = 0, ms = 0;
   char call[64] = {0};
   if (spec == NULL || sscanf(spec, "%d:%63[^:]:%d:%d", &rank, call, &nth, &ms) != 4) return;
-  if (rank != shim_rank || strcmp(call, name) != 0) return;
+  if (rank != __atomic_load_n(&shim_rank, __ATOMIC_ACQUIRE) || strcmp(call, name) != 0) return;
   if (__atomic_add_fetch(&stall_calls, 1, __ATOMIC_RELAXED) != nth) return;
   fprintf(stderr, "nccl_stall_shim: rank %d stops %d ms at %s call %d\n", rank, ms, name, nth);
   const struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -46,13 +52,20 @@ static void maybe_stall(const char *name) {
  * exported one below notes the rank first. */
 #define ncclCommInitRankConfig forward_ncclCommInitRankConfig
 
-#define FORWARD(ret, name, params, args, unloaded)  \
-  ret name params {                                 \
-    static ret(*real) params;                       \
-    if (real == NULL) *(void **)&real = real_symbol(#name); \
-    if (real == NULL) return unloaded;              \
-    maybe_stall(#name);                             \
-    return real args;                               \
+/* Local names with a prefix: the parameter lists name their own. */
+#define FORWARD(ret, name, params, args, unloaded)                    \
+  ret name params {                                                   \
+    static void *shim_real;                                           \
+    void *shim_fn = __atomic_load_n(&shim_real, __ATOMIC_ACQUIRE);    \
+    if (shim_fn == NULL) {                                            \
+      shim_fn = real_symbol(#name);                                   \
+      __atomic_store_n(&shim_real, shim_fn, __ATOMIC_RELEASE);        \
+    }                                                                 \
+    if (shim_fn == NULL) return unloaded;                             \
+    maybe_stall(#name);                                               \
+    ret(*shim_call) params;                                           \
+    *(void **)&shim_call = shim_fn;                                   \
+    return shim_call args;                                            \
   }
 MEP_NCCL_ENTRIES(FORWARD)
 
@@ -60,6 +73,6 @@ MEP_NCCL_ENTRIES(FORWARD)
 
 ncclResult_t ncclCommInitRankConfig(ncclComm_t *c, int n, ncclUniqueId id, int r,
                                     ncclConfig_t *f) {
-  shim_rank = r;
+  __atomic_store_n(&shim_rank, r, __ATOMIC_RELEASE);
   return forward_ncclCommInitRankConfig(c, n, id, r, f);
 }

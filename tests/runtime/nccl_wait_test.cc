@@ -82,18 +82,23 @@ TEST(NcclWait, NeverSettlingEndsInTimeoutAfterTheBound) {
 }
 
 TEST(NcclWait, TheQuietFormSaysOnlyWhetherItSucceededAndKeepsTheLastError) {
+  const std::string kept = "the error being reported";
   reset(-1, ncclSuccess);
-  mep_error(MOE_EP_ERR_TIMEOUT, "the error being reported");
-  EXPECT_EQ(mep_nccl_settled(fake_comm(), ncclInProgress, 20), 0);
+  mep_error(MOE_EP_ERR_TIMEOUT, "%s", kept.c_str());
+  EXPECT_EQ(mep_nccl_settled(fake_comm(), ncclInProgress, 20), 0);  // timed out
+  EXPECT_EQ(last(), kept);
   reset(2, ncclSuccess);
-  mep_error(MOE_EP_ERR_TIMEOUT, "the error being reported");
+  mep_error(MOE_EP_ERR_TIMEOUT, "%s", kept.c_str());
   EXPECT_EQ(mep_nccl_settled(fake_comm(), ncclInProgress, 10000), 1);
+  EXPECT_EQ(last(), kept);
   reset(2, ncclSystemError);
-  EXPECT_EQ(mep_nccl_settled(fake_comm(), ncclInProgress, 10000), 0);
+  mep_error(MOE_EP_ERR_TIMEOUT, "%s", kept.c_str());
+  EXPECT_EQ(mep_nccl_settled(fake_comm(), ncclInProgress, 10000), 0);  // failed
+  EXPECT_EQ(last(), kept);
   reset(0, ncclSuccess);
-  mep_error(MOE_EP_ERR_TIMEOUT, "the error being reported");
-  EXPECT_EQ(mep_nccl_settled(fake_comm(), ncclSuccess, 10000), 1);
-  EXPECT_EQ(last(), "the error being reported");
+  mep_error(MOE_EP_ERR_TIMEOUT, "%s", kept.c_str());
+  EXPECT_EQ(mep_nccl_settled(fake_comm(), ncclInvalidUsage, 10000), 0);  // failed outright
+  EXPECT_EQ(last(), kept);
 }
 
 TEST(NcclWait, AStreamThatDrainsEndsTheWait) {
