@@ -84,21 +84,28 @@ static const char *agreed_status(const void *payload, size_t len) {
 }
 
 /* Checks one CONTRIB against what rank 0 is doing: MOE_EP_OK when it
- * matches, else the status the group fails with (`why` says why). One side
- * in an agreement while the other is still in a collective of the same
- * phase is a rank that gave up its setup: PEER_FAILED naming it. */
+ * matches, else the status the group fails with, `why` and the rank to
+ * blame (*culprit). One side in an agreement while the other is still in
+ * a collective of the same phase is a rank that gave up its setup:
+ * PEER_FAILED naming it. */
 static moe_ep_status_t root_check_contrib(const mep_bootstrap_t *bs, const coll_t *c,
-                                          const mep_bs_msg_t *m, char *why, size_t n) {
+                                          const mep_bs_msg_t *m, char *why, size_t n,
+                                          int *culprit) {
   const mep_bs_hdr_t *h = &m->hdr;
-  const int theirs = h->op == MEP_BS_OP_AGREE, ours = c->op == MEP_BS_OP_AGREE;
-  if (theirs != ours) {
-    const int quit = theirs ? h->src : 0, other = theirs ? 0 : h->src;
+  *culprit = h->src;
+  if ((h->op == MEP_BS_OP_AGREE) != (c->op == MEP_BS_OP_AGREE)) {
+    const int quit_is_root = c->op == MEP_BS_OP_AGREE;
+    *culprit = quit_is_root ? 0 : h->src;
+    const int other = quit_is_root ? h->src : 0;
+    const char *status = quit_is_root ? agreed_status(c->send, c->send_len)
+                                      : agreed_status(m->payload, m->len);
+    const int other_op = quit_is_root ? h->op : c->op;
+    const uint64_t other_seq = quit_is_root ? h->seq : c->seq;
     snprintf(why, n,
              "rank %d's setup failed (%s) while rank %d was in %s #%llu of the same "
              "setup; rank %d's own error says why",
-             quit, theirs ? agreed_status(m->payload, m->len) : agreed_status(c->send, c->send_len),
-             other, op_name(theirs ? c->op : h->op),
-             (unsigned long long)(theirs ? c->seq : h->seq), quit);
+             *culprit, status, other, op_name(other_op), (unsigned long long)other_seq,
+             *culprit);
     return MOE_EP_ERR_PEER_FAILED;
   }
   if (h->seq != c->seq || h->op != c->op) {
@@ -150,10 +157,10 @@ static moe_ep_status_t root_gather(mep_bootstrap_t *bs, const coll_t *c,
       if (got[r] == NULL) {
         missing++;
       } else {
-        const moe_ep_status_t bad = root_check_contrib(bs, c, got[r], why, sizeof(why));
-        /* in an agreement of its own, rank 0 is the one that gave up */
-        if (bad != MOE_EP_OK)
-          return root_abort(bs, bad, c->op == MEP_BS_OP_AGREE ? 0 : r, why);
+        int culprit = r;
+        const moe_ep_status_t bad =
+            root_check_contrib(bs, c, got[r], why, sizeof(why), &culprit);
+        if (bad != MOE_EP_OK) return root_abort(bs, bad, culprit, why);
       }
     }
     int dead = root_first_failed(bs);

@@ -93,7 +93,10 @@ static uint64_t nccl_buffer_bytes(const moe_ep_config_t *cfg, int world) {
   return ll_window_bytes(cfg, world, lsa_capable(cfg));
 }
 
-static void nccl_destroy(moe_ep_group_t *g) {
+/* abort: the group failed, or this rank stops setting up while its peers
+ * go on (mep_nccl_destroy aborts the communicator instead of a collective
+ * teardown). */
+static void nccl_release(moe_ep_group_t *g, int abort) {
   nccl_state_t *s = g->impl;
   if (s == NULL) return;
   if (s->device >= 0 && s->nccl != NULL) {
@@ -113,11 +116,13 @@ static void nccl_destroy(moe_ep_group_t *g) {
   mep_nccl_sent_destroy(&s->received);
   cudaFree(s->ctx.state);
   mep_nccl_free_records(s->rec);
-  mep_nccl_destroy(s->nccl, g->broken != MOE_EP_OK);
+  mep_nccl_destroy(s->nccl, abort);
   free(s->peer_transport);
   free(s);
   g->impl = NULL;
 }
+
+static void nccl_destroy(moe_ep_group_t *g) { nccl_release(g, g->broken != MOE_EP_OK); }
 
 static int ll_transport(const moe_ep_group_t *g, const nccl_state_t *s) {
   if (g->cfg.transport == MOE_EP_TRANSPORT_GIN_EMULATED) return MEP_LL_TRANSPORT_GIN_EMULATED;
@@ -237,11 +242,7 @@ static moe_ep_status_t nccl_create(moe_ep_group_t *g) {
   g->bytes_allocated = mep_nccl_bytes_allocated(s->nccl);
   return MOE_EP_OK;
 out_destroy:
-  /* This rank stops setting up while its peers go on to the closing
-   * agreement: its communicator is aborted, not torn down collectively. */
-  g->broken = st;
-  nccl_destroy(g);
-  g->broken = MOE_EP_OK;
+  nccl_release(g, 1); /* the peers go on to the closing agreement */
   return st;
 }
 

@@ -77,11 +77,14 @@ static uint64_t ht_buffer_bytes(const moe_ep_config_t *cfg, int world) {
   return mep_ht_buffer_bytes(&d);
 }
 
-static void ht_destroy(moe_ep_group_t *g) {
+/* abort: the group failed, or this rank stops setting up while its peers
+ * go on (mep_nccl_destroy aborts the communicator instead of a collective
+ * teardown). */
+static void ht_release(moe_ep_group_t *g, int abort) {
   ht_state_t *s = g->impl;
   if (s == NULL) return;
   if (s->device >= 0 && s->nccl != NULL) {
-    /* as nccl_backend.c's nccl_destroy */
+    /* as nccl_backend.c's nccl_release */
     cudaSetDevice(s->device);
     cudaDeviceSynchronize();
   }
@@ -89,10 +92,12 @@ static void ht_destroy(moe_ep_group_t *g) {
   cudaFree(s->ctx.state);
   if (s->num_recv != NULL) cudaFreeHost(s->num_recv);
   mep_nccl_free_records(s->rec);
-  mep_nccl_destroy(s->nccl, g->broken != MOE_EP_OK);
+  mep_nccl_destroy(s->nccl, abort);
   free(s);
   g->impl = NULL;
 }
+
+static void ht_destroy(moe_ep_group_t *g) { ht_release(g, g->broken != MOE_EP_OK); }
 
 static moe_ep_status_t alloc_device(ht_state_t *s) {
   cudaError_t e;
@@ -206,11 +211,7 @@ static moe_ep_status_t ht_create(moe_ep_group_t *g) {
   g->bytes_allocated = mep_nccl_bytes_allocated(s->nccl);
   return MOE_EP_OK;
 out_destroy:
-  /* This rank stops setting up while its peers go on to the closing
-   * agreement: its communicator is aborted, not torn down collectively. */
-  g->broken = st;
-  ht_destroy(g);
-  g->broken = MOE_EP_OK;
+  ht_release(g, 1); /* the peers go on to the closing agreement */
   return st;
 }
 

@@ -50,12 +50,6 @@ struct mep_nccl {
   _Alignas(16) unsigned char devcomm[MEP_DEVCOMM_BYTES] /* kernels/common/limits.h */;
 };
 
-static moe_ep_status_t nccl_fail(ncclComm_t comm, const char *call, ncclResult_t r) {
-  const char *last = comm ? ncclGetLastError(comm) : ncclGetLastError(NULL);
-  return mep_error(MOE_EP_ERR_NCCL, "%s failed: %s%s%s", call, ncclGetErrorString(r),
-                   last && last[0] ? ": " : "", last ? last : "");
-}
-
 static moe_ep_status_t cuda_fail(const char *call, cudaError_t e) {
   return mep_error(MOE_EP_ERR_CUDA, "%s failed: %s", call, cudaGetErrorString(e));
 }
@@ -63,7 +57,7 @@ static moe_ep_status_t cuda_fail(const char *call, cudaError_t e) {
 static moe_ep_status_t check_version(void) {
   int v = 0;
   ncclResult_t r = ncclGetVersion(&v);
-  if (r != ncclSuccess) return nccl_fail(NULL, "ncclGetVersion", r);
+  if (r != ncclSuccess) return mep_nccl_error(NULL, "ncclGetVersion", r);
   if (v != NCCL_VERSION_CODE)
     return mep_error(MOE_EP_ERR_MISMATCH,
                      "the NCCL library loaded at run time is version %d but moe-ep was built "
@@ -81,7 +75,7 @@ static moe_ep_status_t init_comm(const mep_nccl_params_t *p, ncclComm_t *comm) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "nccl: exchange callback is NULL and no communicator was given to adopt");
   if (p->rank == 0 && (r = ncclGetUniqueId(&id)) != ncclSuccess)
-    return nccl_fail(NULL, "ncclGetUniqueId", r);
+    return mep_nccl_error(NULL, "ncclGetUniqueId", r);
   MEP_CHECK(p->exchange(p->exchange_user, p->rank, p->world, &id, sizeof id));
   /* Nonblocking: no setup step on this communicator can wait for a peer
    * without a bound (nccl_wait.h). */
@@ -89,7 +83,7 @@ static moe_ep_status_t init_comm(const mep_nccl_params_t *p, ncclComm_t *comm) {
   config.blocking = 0;
   *comm = NULL;
   r = ncclCommInitRankConfig(comm, p->world, id, p->rank, &config);
-  if (*comm == NULL) return nccl_fail(NULL, "ncclCommInitRankConfig", r);
+  if (*comm == NULL) return mep_nccl_error(NULL, "ncclCommInitRankConfig", r);
   moe_ep_status_t st = mep_nccl_settle(*comm, r, "ncclCommInitRankConfig", p->timeout_ms);
   if (st != MOE_EP_OK) {
     ncclCommAbort(*comm);
@@ -333,7 +327,7 @@ moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *p, mep_nccl_t **out) {
     n->comm = (ncclComm_t)p->adopt_comm;
     if ((r = ncclCommCount(n->comm, &count)) != ncclSuccess ||
         (r = ncclCommUserRank(n->comm, &rank)) != ncclSuccess) {
-      st = nccl_fail(n->comm, "ncclCommCount/ncclCommUserRank (adopted comm)", r);
+      st = mep_nccl_error(n->comm, "ncclCommCount/ncclCommUserRank (adopted comm)", r);
       goto fail;
     }
     if (count != p->world || rank != p->rank) {
@@ -355,7 +349,7 @@ moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *p, mep_nccl_t **out) {
   n->bytes = need_staging && p->window_bytes_gin != 0 ? p->window_bytes_gin : p->window_bytes;
   if ((r = ncclMemAlloc(&n->buf, n->bytes)) != ncclSuccess) {
     n->buf = NULL;
-    st = nccl_fail(n->comm, "ncclMemAlloc", r);
+    st = mep_nccl_error(n->comm, "ncclMemAlloc", r);
     goto fail;
   }
   if ((e = cudaMemset(n->buf, 0, n->bytes)) != cudaSuccess ||

@@ -22,7 +22,7 @@ static void pause_poll(void) {
   nanosleep(&ts, NULL);
 }
 
-static moe_ep_status_t nccl_failed(ncclComm_t comm, const char *step, ncclResult_t r) {
+moe_ep_status_t mep_nccl_error(ncclComm_t comm, const char *step, ncclResult_t r) {
   const char *last = ncclGetLastError(comm);
   return mep_error(MOE_EP_ERR_NCCL, "%s failed: %s%s%s", step, ncclGetErrorString(r),
                    last && last[0] ? ": " : "", last ? last : "");
@@ -63,7 +63,7 @@ moe_ep_status_t mep_nccl_settle(ncclComm_t comm, ncclResult_t r, const char *ste
   int late = 0;
   r = settle(comm, r, timeout_ms, &late);
   if (late) return timed_out(step, timeout_ms);
-  return r == ncclSuccess ? MOE_EP_OK : nccl_failed(comm, step, r);
+  return r == ncclSuccess ? MOE_EP_OK : mep_nccl_error(comm, step, r);
 }
 
 int mep_nccl_settled(ncclComm_t comm, ncclResult_t r, int32_t timeout_ms) {
@@ -81,8 +81,8 @@ moe_ep_status_t mep_nccl_stream_wait(ncclComm_t comm, cudaStream_t stream, const
       return mep_error(MOE_EP_ERR_CUDA, "%s failed on the GPU: %s", step, cudaGetErrorString(e));
     ncclResult_t a = ncclSuccess;
     ncclResult_t q = ncclCommGetAsyncError(comm, &a);
-    if (q != ncclSuccess) return nccl_failed(comm, step, q);
-    if (a != ncclSuccess && a != ncclInProgress) return nccl_failed(comm, step, a);
+    if (q != ncclSuccess) return mep_nccl_error(comm, step, q);
+    if (a != ncclSuccess && a != ncclInProgress) return mep_nccl_error(comm, step, a);
     if (mep_nccl_now_ms() >= deadline) return timed_out(step, timeout_ms);
     pause_poll();
   }

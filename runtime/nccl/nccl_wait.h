@@ -21,6 +21,10 @@ extern "C" {
 /* Milliseconds on a monotonic clock. */
 int64_t mep_nccl_now_ms(void);
 
+/* MOE_EP_ERR_NCCL: "`step` failed: " NCCL's reason for r and its last
+ * error on `comm` (NULL: outside a communicator). */
+moe_ep_status_t mep_nccl_error(ncclComm_t comm, const char *step, ncclResult_t r);
+
 /* The result `r` of NCCL call `step` on `comm`: ncclSuccess is OK;
  * ncclInProgress is polled (ncclCommGetAsyncError) until it settles or
  * timeout_ms have passed (MOE_EP_ERR_TIMEOUT); anything else is
