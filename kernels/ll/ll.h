@@ -229,11 +229,14 @@ uint64_t mep_ll_state_bytes(const mep_ll_dims_t *dims);
 /* kernel_ms -> device clocks at the device's peak SM clock. */
 mep_kstatus_t mep_ll_timeout_cycles(int cuda_device, int32_t kernel_ms,
                                       uint64_t *cycles);
-/* Fills ctx->lsa_base / lsa_stride / lsa_local from the window (one tiny
- * kernel and a synchronous copy; once per group, after dev_comm and window
- * are set). Fails (MEP_KSTATUS_CUDA, naming the rank) when some LSA rank's
- * window is not at base + rank * stride: the kernels of both modes address
- * peers by that rule, which two ranks alone cannot exercise. */
+/* ctx->lsa_base / lsa_stride / lsa_local (the kernels address LSA peer p
+ * at base + p * stride) from the window's device-side descriptor: its
+ * first mep_ll_window_desc_bytes() bytes, at ctx->window in device memory,
+ * copied to the host by the caller (no kernel: a module's first load
+ * waits for all work on the device). mep_ll_resolve_lsa makes that copy
+ * itself, synchronously on the legacy default stream (tests). */
+size_t mep_ll_window_desc_bytes(void);
+mep_kstatus_t mep_ll_resolve_lsa_desc(mep_ll_ctx_t *ctx, const void *desc);
 mep_kstatus_t mep_ll_resolve_lsa(mep_ll_ctx_t *ctx);
 /* Clears what a timed-out wait leaves behind in this rank's device state:
  * the abort flag, the block tickets and the put counters (state must be

@@ -1,9 +1,9 @@
 /* ll_host.cu: host-side helpers of the LL path: buffer/state sizing, timeout
- * conversion, the abort reset and LSA address resolution (one tiny
- * kernel). */
+ * conversion, the abort reset and LSA address resolution. */
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <nccl_device.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "kernels/common/kernels_error.h"
@@ -47,58 +47,42 @@ extern "C" mep_kstatus_t mep_ll_clear_abort(const mep_ll_ctx_t *ctx, void *strea
                       (cudaStream_t)stream));
 }
 
-namespace {
-
-/* The window's LSA address of rank 0, the distance between consecutive
- * LSA ranks and this rank's own. The kernels compute every peer's address
- * as base + rank * stride, so every LSA rank's address is checked against
- * that (out[3]: the first LSA rank where it fails, or -1). */
-__global__ void resolve_lsa_kernel(const ncclDevComm comm, ncclWindow_t win, uint64_t *out) {
-  const ncclTeam lsa = ncclTeamLsa(comm);
-  const char *r0 = static_cast<const char *>(ncclGetLsaPointer(win, 0, 0));
-  const uint64_t stride =
-      lsa.nRanks > 1
-          ? (uint64_t)(static_cast<const char *>(ncclGetLsaPointer(win, 0, 1)) - r0)
-          : 0;
-  out[0] = (uint64_t)(uintptr_t)r0;
-  out[1] = stride;
-  out[2] = (uint64_t)(uintptr_t)ncclGetLsaPointer(win, 0, lsa.rank);
-  out[3] = (uint64_t)(int64_t)-1;
-  for (int i = 2; i < lsa.nRanks; ++i) {
-    if (static_cast<const char *>(ncclGetLsaPointer(win, 0, i)) != r0 + (uint64_t)i * stride) {
-      out[3] = (uint64_t)i;
-      break;
-    }
-  }
+/* NCCL 2.28's device API computes a peer's LSA address as the window's
+ * lsaFlatBase plus peer * stride4G * 4 GiB (ncclGetLsaPointer,
+ * nccl_device/impl/core__funcs.h), from the window's device-side
+ * descriptor; the kernels use the same rule (base + rank * stride). The
+ * fields are read on the host from a copy of the descriptor's first bytes:
+ * no kernel, since a kernel's first launch loads its module, and a module
+ * load waits for everything running on the device, the engine's work too.
+ * The loaded NCCL's version equals the headers' (the runtime checks), so
+ * the layout is the one compiled here. */
+extern "C" size_t mep_ll_window_desc_bytes(void) {
+  return offsetof(ncclWindow_vidmem, stride4G) + sizeof(uint32_t);
 }
 
-}  // namespace
+extern "C" mep_kstatus_t mep_ll_resolve_lsa_desc(mep_ll_ctx_t *ctx, const void *desc) {
+  if (ctx == nullptr || desc == nullptr)
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT, "resolve_lsa: ctx or desc is NULL");
+  ncclWindow_vidmem w;
+  memset(&w, 0, sizeof w);
+  memcpy(&w, desc, mep_ll_window_desc_bytes());
+  if (w.lsaFlatBase == nullptr || w.lsaRank < 0)
+    return mep_kernels_error(MEP_KSTATUS_CUDA,
+                             "resolve_lsa: the window's descriptor has no LSA base (rank %d)",
+                             w.lsaRank);
+  ctx->lsa_base = (uint64_t)(uintptr_t)w.lsaFlatBase;
+  ctx->lsa_stride = (uint64_t)w.stride4G << 32;
+  ctx->lsa_local = (uint64_t)(uintptr_t)nccl::utility::add4G(w.lsaFlatBase,
+                                                               w.lsaRank * (int)w.stride4G);
+  return MEP_KSTATUS_OK;
+}
 
 extern "C" mep_kstatus_t mep_ll_resolve_lsa(mep_ll_ctx_t *ctx) {
-  if (ctx == nullptr || ctx->dev_comm == nullptr || ctx->window == nullptr)
-    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
-                             "resolve_lsa: ctx, dev_comm or window is NULL");
-  uint64_t *d = nullptr, h[4] = {0, 0, 0, 0};
-  ncclDevComm comm;
-  memcpy(&comm, ctx->dev_comm, sizeof comm);
-  mep_kstatus_t st = mep_kernels_cuda_check("resolve_lsa: cudaMalloc", cudaMalloc(&d, sizeof h));
-  if (st != MEP_KSTATUS_OK) return st;
-  resolve_lsa_kernel<<<1, 1>>>(comm, (ncclWindow_t)ctx->window, d);
-  st = mep_kernels_cuda_check("resolve_lsa: launch", cudaGetLastError());
-  if (st == MEP_KSTATUS_OK)
-    st = mep_kernels_cuda_check("resolve_lsa: cudaMemcpy",
-                                cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost));
-  cudaFree(d);
-  if (st != MEP_KSTATUS_OK) return st;
-  if (h[3] != (uint64_t)(int64_t)-1)
-    return mep_kernels_error(MEP_KSTATUS_CUDA,
-                             "resolve_lsa: the window's LSA addresses are not evenly spaced "
-                             "(LSA rank %llu is not at rank 0's address + %llu * %llu bytes); "
-                             "the kernels address peers by that rule",
-                             (unsigned long long)h[3], (unsigned long long)h[3],
-                             (unsigned long long)h[1]);
-  ctx->lsa_base = h[0];
-  ctx->lsa_stride = h[1];
-  ctx->lsa_local = h[2];
-  return MEP_KSTATUS_OK;
+  if (ctx == nullptr || ctx->window == nullptr)
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT, "resolve_lsa: ctx or window is NULL");
+  ncclWindow_vidmem w;
+  mep_kstatus_t st = mep_kernels_cuda_check(
+      "resolve_lsa: cudaMemcpy",
+      cudaMemcpy(&w, ctx->window, mep_ll_window_desc_bytes(), cudaMemcpyDeviceToHost));
+  return st == MEP_KSTATUS_OK ? mep_ll_resolve_lsa_desc(ctx, &w) : st;
 }

@@ -138,10 +138,11 @@ static int ll_transport(const moe_ep_group_t *g, const nccl_state_t *s) {
 static moe_ep_status_t alloc_device(nccl_state_t *s, const mep_ll_dims_t *d) {
   cudaError_t e;
   uint64_t state = mep_ll_state_bytes(d);
-  if ((e = cudaMalloc(&s->ctx.state, state)) != cudaSuccess ||
-      (e = cudaMemset(s->ctx.state, 0, state)) != cudaSuccess) {
+  if ((e = cudaMalloc(&s->ctx.state, state)) != cudaSuccess) {
+    s->ctx.state = NULL;
     return mep_nccl_cuda_error("allocating the LL device state", e);
   }
+  MEP_CHECK(mep_nccl_zero(s->nccl, s->ctx.state, state, "zeroing the LL device state"));
   MEP_CHECK(mep_nccl_alloc_records(&s->rec, &s->ctx.error_dev));
   s->ctx.notice_dev = s->ctx.error_dev + 1;
   size_t slots = (size_t)d->local_experts * (size_t)d->world * (size_t)d->max_tokens;
@@ -157,9 +158,7 @@ static moe_ep_status_t alloc_device(nccl_state_t *s, const mep_ll_dims_t *d) {
     }
   }
   MEP_CHECK(mep_nccl_sent_create(&s->sent));
-  MEP_CHECK(mep_nccl_sent_create(&s->received));
-  return cudaDeviceSynchronize() == cudaSuccess ? MOE_EP_OK
-                                                : mep_nccl_cuda_error("cudaDeviceSynchronize", cudaGetLastError());
+  return mep_nccl_sent_create(&s->received);
 }
 
 static moe_ep_status_t nccl_create(moe_ep_group_t *g) {
@@ -229,11 +228,8 @@ static moe_ep_status_t nccl_create(moe_ep_group_t *g) {
    * by the same peers) */
   d.lsa_only = s->ctx.transport == MEP_LL_TRANSPORT_LSA;
   s->ctx.dims = d;
-  if (s->ctx.transport != MEP_LL_TRANSPORT_GIN && mep_ll_resolve_lsa(&s->ctx) != MEP_KSTATUS_OK) {
-    st = mep_error(MOE_EP_ERR_CUDA, "group_create on rank %d: %s", g->rank,
-                   mep_kernels_last_error());
-    goto out_destroy;
-  }
+  if (s->ctx.transport != MEP_LL_TRANSPORT_GIN)
+    MEP_CHECK_GOTO(mep_nccl_resolve_lsa(s->nccl, &s->ctx, g->rank), st, out_destroy);
   if (mep_ll_timeout_cycles(s->device, g->cfg.kernel_timeout_ms, &s->ctx.timeout_cycles) != MEP_KSTATUS_OK) {
     st = mep_error(MOE_EP_ERR_CUDA, "group_create on rank %d: %s", g->rank,
                    mep_kernels_last_error());

@@ -6,9 +6,11 @@
 #include <string.h>
 
 #include "kernels/common/prepare_layout.h"
+#include "kernels/ll/ll.h"
 #include "runtime/bootstrap.h"
 #include "runtime/error.h"
 #include "runtime/group.h"
+#include "runtime/nccl/nccl_setup.h"
 
 moe_ep_status_t mep_nccl_cuda_error(const char *what, int e) {
   return mep_error(MOE_EP_ERR_CUDA, "backend nccl: %s failed: %s", what,
@@ -42,6 +44,23 @@ moe_ep_status_t mep_nccl_pick_device(moe_ep_group_t *g, int *device, int *sms) {
   }
   g->max_sms = *sms;
   return MOE_EP_OK;
+}
+
+moe_ep_status_t mep_nccl_resolve_lsa(mep_nccl_t *n, mep_ll_ctx_t *ctx, int rank) {
+  unsigned char desc[MEP_NCCL_SCRATCH_MIN];
+  const size_t bytes = mep_ll_window_desc_bytes();
+  moe_ep_status_t st = MOE_EP_OK;
+  if (bytes > sizeof desc) {
+    st = mep_error(MOE_EP_ERR_INTERNAL, "the window's descriptor is %zu bytes, more than %zu",
+                   bytes, sizeof desc);
+  } else if ((st = mep_nccl_read_back(n, desc, ctx->window, bytes,
+                                      "reading the window's LSA addresses")) == MOE_EP_OK &&
+             mep_ll_resolve_lsa_desc(ctx, desc) != MEP_KSTATUS_OK) {
+    return mep_error(MOE_EP_ERR_CUDA, "group_create on rank %d: %s", rank,
+                     mep_kernels_last_error());
+  }
+  if (st != MOE_EP_OK) mep_error_prefix("group_create on rank %d", rank);
+  return st;
 }
 
 moe_ep_status_t mep_nccl_alloc_records(mep_error_record_t **host,

@@ -67,6 +67,13 @@ moe_ep_status_t mep_nccl_sent_order(const mep_nccl_sent_t *sent, int set, void *
  * in a CUDA graph. Both modes compute them alike. */
 moe_ep_status_t mep_nccl_prepare_layout(moe_ep_group_t *g, int device, mep_handle_state_t *h);
 
+/* ctx's LSA addressing (lsa_base, lsa_stride, lsa_local) from its
+ * window's descriptor, read back on nccl's setup stream within the setup
+ * bound (nccl_setup.h, mep_ll_resolve_lsa_desc). Sentences name `rank`. */
+struct mep_nccl;
+struct mep_ll_ctx;
+moe_ep_status_t mep_nccl_resolve_lsa(struct mep_nccl *nccl, struct mep_ll_ctx *ctx, int rank);
+
 /* NCCL's unique id travels over the UCX bootstrap (user: mep_bootstrap_t). */
 moe_ep_status_t mep_nccl_share_uid(void *user, int32_t rank, int32_t world, void *uid,
                                    size_t bytes);

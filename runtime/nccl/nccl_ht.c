@@ -102,10 +102,11 @@ static void ht_destroy(moe_ep_group_t *g) { ht_release(g, g->broken != MOE_EP_OK
 static moe_ep_status_t alloc_device(ht_state_t *s) {
   cudaError_t e;
   uint64_t bytes = mep_ht_state_bytes(&s->ctx.dims);
-  if ((e = cudaMalloc(&s->ctx.state, bytes)) != cudaSuccess ||
-      (e = cudaMemset(s->ctx.state, 0, bytes)) != cudaSuccess) {
+  if ((e = cudaMalloc(&s->ctx.state, bytes)) != cudaSuccess) {
+    s->ctx.state = NULL;
     return mep_nccl_cuda_error("allocating the HT device state", e);
   }
+  MEP_CHECK(mep_nccl_zero(s->nccl, s->ctx.state, bytes, "zeroing the HT device state"));
   MEP_CHECK(mep_nccl_alloc_records(&s->rec, &s->ctx.error_dev));
   s->ctx.notice_dev = s->ctx.error_dev + 1;
   if ((e = cudaHostAlloc((void **)&s->num_recv, MEP_NUM_BUFFER_SETS * sizeof(int64_t),
@@ -195,9 +196,9 @@ static moe_ep_status_t ht_create(moe_ep_group_t *g) {
   memset(&lsa, 0, sizeof(lsa));
   lsa.dev_comm = s->ctx.dev_comm;
   lsa.window = s->ctx.window;
-  if (mep_ll_resolve_lsa(&lsa) != MEP_KSTATUS_OK ||
-      mep_ll_timeout_cycles(s->device, g->cfg.kernel_timeout_ms, &s->ctx.timeout_cycles) !=
-          MEP_KSTATUS_OK) {
+  MEP_CHECK_GOTO(mep_nccl_resolve_lsa(s->nccl, &lsa, g->rank), st, out_destroy);
+  if (mep_ll_timeout_cycles(s->device, g->cfg.kernel_timeout_ms, &s->ctx.timeout_cycles) !=
+      MEP_KSTATUS_OK) {
     st = mep_error(MOE_EP_ERR_CUDA, "group_create on rank %d: %s", g->rank,
                    mep_kernels_last_error());
     goto out_destroy;

@@ -19,6 +19,7 @@
 
 #include "kernels/common/limits.h"
 #include "runtime/error.h"
+#include "runtime/log.h"
 #include "runtime/nccl/lsa_link.h"
 #include "runtime/nccl/nccl_dl.h"
 #include "runtime/nccl/nccl_wait.h"
@@ -32,6 +33,10 @@ struct mep_nccl {
    * to be done (drained, or their communicator aborted): cudaFree waits
    * for the device, and a collective a lost peer never joins does not end. */
   void *scratch;
+  /* Pinned staging for the setup's host <-> device copies (setup_copy),
+   * as large as scratch. */
+  void *host_scratch;
+  size_t scratch_bytes;
   int has_devcomm;
   int has_win;
   /* A setup collective on an adopted communicator did not end: it stays
@@ -42,6 +47,7 @@ struct mep_nccl {
   ncclWindow_t win;
   uint64_t bytes;
   int32_t world;
+  int32_t rank;
   int32_t lsa_size;
   int32_t *peer_transport;
   int32_t *peer_nvlink; /* 1 where the peer is in this rank's LSA team (in peer_transport's block) */
@@ -52,6 +58,44 @@ struct mep_nccl {
 
 static moe_ep_status_t cuda_fail(const char *call, cudaError_t e) {
   return mep_error(MOE_EP_ERR_CUDA, "%s failed: %s", call, cudaGetErrorString(e));
+}
+
+/* Each setup step at debug level, before it starts: where a setup that
+ * takes long is waiting. */
+static void log_step(const mep_nccl_t *n, const char *step) {
+  MEP_LOG_DEBUG("nccl", "rank %d: setup: %s", n->rank, step);
+}
+
+/* Setup's own device work (zeroing, host <-> device copies) runs on the
+ * setup stream, nonblocking, and is waited for within the bound:
+ * cudaMemset, cudaMemcpy and launches on the legacy default stream queue
+ * behind the engine's work on every blocking stream, and
+ * cudaDeviceSynchronize behind all of it, so a busy or stuck engine
+ * kernel would hold group_create with no bound; and work on the legacy
+ * stream is not ordered before an engine's nonblocking stream
+ * (tools/probe/hold_probe.cu measures which calls wait). */
+static moe_ep_status_t setup_wait(mep_nccl_t *n, const char *step) {
+  return mep_nccl_stream_wait(n->comm, n->stream, step, n->timeout_ms);
+}
+
+/* bytes (at most scratch_bytes) between host memory and device memory,
+ * through the pinned staging, then waited for. */
+static moe_ep_status_t setup_copy(mep_nccl_t *n, void *dst, const void *src, size_t bytes,
+                                  int to_device, const char *step) {
+  if (bytes > n->scratch_bytes)
+    return mep_error(MOE_EP_ERR_INTERNAL, "%s: %zu bytes, more than the setup staging's %zu",
+                     step, bytes, n->scratch_bytes);
+  cudaError_t e;
+  if (to_device) {
+    memcpy(n->host_scratch, src, bytes);
+    e = cudaMemcpyAsync(dst, n->host_scratch, bytes, cudaMemcpyHostToDevice, n->stream);
+  } else {
+    e = cudaMemcpyAsync(n->host_scratch, src, bytes, cudaMemcpyDeviceToHost, n->stream);
+  }
+  if (e != cudaSuccess) return cuda_fail(step, e);
+  MEP_CHECK(setup_wait(n, step));
+  if (!to_device) memcpy(dst, n->host_scratch, bytes);
+  return MOE_EP_OK;
 }
 
 static moe_ep_status_t check_version(void) {
@@ -144,17 +188,14 @@ static moe_ep_status_t check_lsa_links(mep_nccl_t *n, const mep_nccl_params_t *p
     goto out;
   }
   mep_lsa_gpu_describe(bus, &gpus[p->rank]);
-  if ((e = cudaMemcpy((char *)buf + (size_t)p->rank * rec, &gpus[p->rank], rec,
-                      cudaMemcpyHostToDevice)) != cudaSuccess) {
-    st = cuda_fail("cudaMemcpy (LSA link check)", e);
+  if ((st = setup_copy(n, (char *)buf + (size_t)p->rank * rec, &gpus[p->rank], rec, 1,
+                       "cudaMemcpyAsync (LSA link check)")) != MOE_EP_OK)
     goto out;
-  }
   r = ncclAllGather((char *)buf + (size_t)p->rank * rec, buf, rec, ncclUint8, n->comm, n->stream);
   if ((st = run_collective(n, r, "ncclAllGather (LSA link check)")) != MOE_EP_OK) goto out;
-  if ((e = cudaMemcpy(gpus, buf, (size_t)p->world * rec, cudaMemcpyDeviceToHost)) != cudaSuccess) {
-    st = cuda_fail("cudaMemcpy (LSA link check)", e);
+  if ((st = setup_copy(n, gpus, buf, (size_t)p->world * rec, 0,
+                       "cudaMemcpyAsync (LSA link check)")) != MOE_EP_OK)
     goto out;
-  }
   int32_t worst = MEP_LSA_LINK_NVLINK;
   for (int q = 0; q < p->world; ++q) {
     if (q == p->rank || !in_lsa_team(lsa, p->rank, q)) continue;
@@ -166,17 +207,14 @@ static moe_ep_status_t check_lsa_links(mep_nccl_t *n, const mep_nccl_params_t *p
       n->lsa_link_peer = q;
     }
   }
-  if ((e = cudaMemcpy(buf, &worst, sizeof worst, cudaMemcpyHostToDevice)) != cudaSuccess) {
-    st = cuda_fail("cudaMemcpy (LSA link check)", e);
+  if ((st = setup_copy(n, buf, &worst, sizeof worst, 1, "cudaMemcpyAsync (LSA link check)")) !=
+      MOE_EP_OK)
     goto out;
-  }
   r = ncclAllReduce(buf, buf, 1, ncclInt32, ncclMin, n->comm, n->stream);
   if ((st = run_collective(n, r, "ncclAllReduce (LSA link check)")) != MOE_EP_OK) goto out;
-  if ((e = cudaMemcpy(&n->lsa_link, buf, sizeof n->lsa_link, cudaMemcpyDeviceToHost)) !=
-      cudaSuccess) {
-    st = cuda_fail("cudaMemcpy (LSA link check)", e);
+  if ((st = setup_copy(n, &n->lsa_link, buf, sizeof n->lsa_link, 0,
+                       "cudaMemcpyAsync (LSA link check)")) != MOE_EP_OK)
     goto out;
-  }
   if (n->lsa_link != worst) n->lsa_link_peer = -1; /* another rank's link */
 out:
   free(gpus);
@@ -278,6 +316,7 @@ static void teardown(mep_nccl_t *n, int abort) {
    * communicator. */
   if (n->stream != NULL) cudaStreamDestroy(n->stream);
   cudaFree(n->scratch);
+  if (n->host_scratch != NULL) cudaFreeHost(n->host_scratch);
   if (n->buf != NULL) ncclMemFree(n->buf);
   free(n->peer_transport);
   free(n);
@@ -308,6 +347,7 @@ moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *p, mep_nccl_t **out) {
   mep_nccl_t *n = calloc(1, sizeof *n);
   if (n == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "nccl_create: out of host memory");
   n->world = p->world;
+  n->rank = p->rank;
   n->timeout_ms = p->timeout_ms;
   /* One allocation: peer_nvlink is its second half (freed with it). */
   n->peer_transport = calloc(2u * (size_t)p->world, sizeof(int32_t));
@@ -316,10 +356,16 @@ moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *p, mep_nccl_t **out) {
     goto fail;
   }
   n->peer_nvlink = n->peer_transport + p->world;
+  /* the link check's all-gather and the barrier's word; the staging also
+   * carries the backends' read-backs (MEP_NCCL_SCRATCH_MIN) */
+  n->scratch_bytes = (size_t)p->world * sizeof(mep_lsa_gpu_t) + 16;
+  if (n->scratch_bytes < MEP_NCCL_SCRATCH_MIN) n->scratch_bytes = MEP_NCCL_SCRATCH_MIN;
   if ((e = cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking)) != cudaSuccess ||
-      (e = cudaMalloc(&n->scratch, (size_t)p->world * sizeof(mep_lsa_gpu_t) + 16)) !=
+      (e = cudaMalloc(&n->scratch, n->scratch_bytes)) != cudaSuccess ||
+      (e = cudaHostAlloc(&n->host_scratch, n->scratch_bytes, cudaHostAllocDefault)) !=
           cudaSuccess) {
-    st = cuda_fail("cudaStreamCreate/cudaMalloc (setup collectives)", e);
+    if (e != cudaSuccess) n->host_scratch = NULL;
+    st = cuda_fail("cudaStreamCreate/cudaMalloc/cudaHostAlloc (setup)", e);
     goto fail;
   }
   if (p->adopt_comm != NULL) {
@@ -337,9 +383,11 @@ moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *p, mep_nccl_t **out) {
       goto fail;
     }
   } else {
+    log_step(n, "ncclCommInitRankConfig");
     MEP_CHECK_GOTO(init_comm(p, &n->comm), st, fail);
     n->owns_comm = 1;
   }
+  log_step(n, "the LSA link check");
   MEP_CHECK_GOTO(check_lsa_links(n, p), st, fail);
   MEP_CHECK_GOTO(choose_transports(n, p, &need_gin, &need_staging), st, fail);
 
@@ -347,16 +395,14 @@ moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *p, mep_nccl_t **out) {
    * every rank of a group draws the same need_staging and allocates the
    * same size (a symmetric window). */
   n->bytes = need_staging && p->window_bytes_gin != 0 ? p->window_bytes_gin : p->window_bytes;
+  log_step(n, "ncclMemAlloc (window)");
   if ((r = ncclMemAlloc(&n->buf, n->bytes)) != ncclSuccess) {
     n->buf = NULL;
     st = mep_nccl_error(n->comm, "ncclMemAlloc", r);
     goto fail;
   }
-  if ((e = cudaMemset(n->buf, 0, n->bytes)) != cudaSuccess ||
-      (e = cudaDeviceSynchronize()) != cudaSuccess) {
-    st = cuda_fail("cudaMemset (window)", e);
-    goto fail;
-  }
+  MEP_CHECK_GOTO(mep_nccl_zero(n, n->buf, n->bytes, "cudaMemsetAsync (window)"), st, fail);
+  log_step(n, "ncclCommWindowRegister");
   r = ncclCommWindowRegister(n->comm, n->buf, n->bytes, &n->win, NCCL_WIN_COLL_SYMMETRIC);
   MEP_CHECK_GOTO(mep_nccl_settle(n->comm, r, "ncclCommWindowRegister(NCCL_WIN_COLL_SYMMETRIC)",
                                  n->timeout_ms),
@@ -372,6 +418,7 @@ moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *p, mep_nccl_t **out) {
       req.ginSignalCount = p->gin_signal_count;
       req.ginForceEnable = p->transport == MOE_EP_TRANSPORT_GIN;
     }
+    log_step(n, "ncclDevCommCreate");
     r = ncclDevCommCreate(n->comm, &req, (ncclDevComm_t *)(void *)n->devcomm);
     MEP_CHECK_GOTO(mep_nccl_settle(n->comm, r,
                                    need_gin ? "ncclDevCommCreate (with GIN)" : "ncclDevCommCreate",
@@ -379,7 +426,9 @@ moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *p, mep_nccl_t **out) {
                    st, fail);
     n->has_devcomm = 1;
   }
+  log_step(n, "the closing barrier");
   MEP_CHECK_GOTO(barrier(n), st, fail);
+  log_step(n, "done");
   *out = n;
   return MOE_EP_OK;
 
@@ -390,6 +439,19 @@ fail:
   /* NCCL's sentences name no rank; the engine's log needs it. */
   mep_error_prefix("NCCL setup on rank %d", p->rank);
   return st;
+}
+
+moe_ep_status_t mep_nccl_zero(mep_nccl_t *n, void *dev, size_t bytes, const char *what) {
+  log_step(n, what);
+  cudaError_t e = cudaMemsetAsync(dev, 0, bytes, n->stream);
+  if (e != cudaSuccess) return cuda_fail(what, e);
+  return setup_wait(n, what);
+}
+
+moe_ep_status_t mep_nccl_read_back(mep_nccl_t *n, void *host, const void *dev, size_t bytes,
+                                   const char *what) {
+  log_step(n, what);
+  return setup_copy(n, host, dev, bytes, 0, what);
 }
 
 void mep_nccl_destroy(mep_nccl_t *n, int abort) {

@@ -65,6 +65,16 @@ moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *params, mep_nccl_t **ou
  * aborted here; its window is deregistered as usual. */
 void mep_nccl_destroy(mep_nccl_t *nccl, int abort);
 
+/* The backends' own setup work on the setup stream (nonblocking), each
+ * waited for within params' timeout_ms (TIMEOUT naming `what` past it), so
+ * it neither queues behind the engine's GPU work nor races the engine's
+ * streams: zeroing device memory, and reading back up to
+ * MEP_NCCL_SCRATCH_MIN bytes of device memory. */
+#define MEP_NCCL_SCRATCH_MIN 64
+moe_ep_status_t mep_nccl_zero(mep_nccl_t *nccl, void *dev, size_t bytes, const char *what);
+moe_ep_status_t mep_nccl_read_back(mep_nccl_t *nccl, void *host, const void *dev, size_t bytes,
+                                   const char *what);
+
 void *mep_nccl_comm(const mep_nccl_t *nccl);             /* ncclComm_t */
 const void *mep_nccl_dev_comm(const mep_nccl_t *nccl);   /* struct ncclDevComm */
 void *mep_nccl_window(const mep_nccl_t *nccl);           /* ncclWindow_t */
