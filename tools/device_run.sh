@@ -2,7 +2,7 @@
 # device_run.sh (copied to .gpu_bundle/run_device.sh): the GPU suite, run on
 # the GPU machine from the repository root, most important first; every log
 # goes to $OUT and a one-line verdict per step to $OUT/summary.txt.
-# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|rest|one|world|api|llcheck|llscen|misc|ab|htab|htprof|llprof|llpc|sass|lltable|skew|extra|ht|htnet|scale]; quick stops after
+# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|rest|one|world|api|llcheck|llscen|misc|ab|htab|htprof|llprof|llpc|sass|lltable|skew|extra|ht|htnet|scale|hold]; quick stops after
 # the kernel test, the weighted-dispatch and hidden-2880 API runs and the
 # eager benchmarks, and rest runs the rest of full (full = quick + rest);
 # api runs quick's public-API half alone (world 1 and the oracle-checked
@@ -401,6 +401,22 @@ rest_misc() {
   lsa_link_checks
   setup_stalls
 }
+# hold: group_create while the engine's GPU work has not ended (not in
+# rest: group_create still waits for it, tools/bench/RESULTS.md). A host
+# function holds the legacy default stream for up to 20 s
+# (worker_hold.cc); a rank whose group_create returns only after the hold
+# expired is a FAIL line; the group then runs its oracle checks. LL over
+# LSA and GIN-emulated, and HT; then which CUDA and NCCL host calls wait
+# for a held stream (tools/probe/hold_probe.cu).
+held_stream_creates() {
+  local a="--hold_ms=20000 --experts=8 --max_tokens=8 --layers=128:2 --seeds=1"
+  api ${E}_create_held_stream $N 60 $a
+  api ${E}_ginemu_create_held_stream $N 60 $a --transport=gin_emulated
+  api ht_${E}_create_held_stream $N 60 $a --mode=ht
+  timeout 200 $B/hold_probe --hold_ms=2000 > "$OUT/hold_probe.log" 2>&1
+  summary hold_probe $? "$(grep -c "waited for the hold" "$OUT/hold_probe.log") calls waited"
+  cat "$OUT/hold_probe.log"
+}
 # A rank that stops in NCCL setup (the stand-in libnccl_stall.so holds it
 # 10 s at one step) must not hold the others: with bootstrap.timeout_ms
 # 2000 every other rank's group_create returns TIMEOUT naming itself and
@@ -740,6 +756,11 @@ fi
 # shorter calls).
 if [ "$MODE" = misc ]; then
   rest_misc
+  cat "$OUT/summary.txt"
+  exit 0
+fi
+if [ "$MODE" = hold ]; then
+  held_stream_creates
   cat "$OUT/summary.txt"
   exit 0
 fi

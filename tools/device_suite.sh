@@ -32,6 +32,8 @@ nvcc -O3 -arch=sm_90 -o .gpu_bundle/ht_probe tools/probe/ht_probe.cu
 # The LL combine's pre-reduction shape alone (expert-row loads, the link;
 # one GPU, and both GPUs at once).
 nvcc -O3 -arch=sm_90 -I. -o .gpu_bundle/reduce_probe tools/probe/reduce_probe.cu
+# Which host calls wait for a held stream (run_device.sh hold).
+nvcc -O3 -arch=sm_90 -o .gpu_bundle/hold_probe tools/probe/hold_probe.cu -ldl
 # MEP_PY_BASE=<revision>: that revision's Python package travels too, and
 # run_python.sh benches it next to the working tree's (an A/B of the
 # package's per-call cost in one run).

@@ -28,6 +28,9 @@ struct Options {
   bool hooks = true;
   int kernel_ms = 20000;
   int boot_ms = 30000;  // bootstrap.timeout_ms (also the NCCL setup steps' bound)
+  // > 0: group_create runs while a host function holds the legacy default
+  // stream for up to this long (worker_hold.cc).
+  int hold_ms = 0;
   std::string transport = "auto";
   int ranks_per_node = 0;  // the config key; 0 = unset
   // Scenario "mismatch": the agreed key the last rank changes
@@ -109,6 +112,13 @@ void run_streams(Ctx& c);      // worker_streams.cc
 // worker_stall.cc: group_create's verdict when one rank stalls in NCCL
 // setup (MEP_STALL); `ms` is how long group_create took. 0 if as expected.
 int expect_setup_stall(Ctx& c, moe_ep_status_t st, const std::string& msg, double ms);
+
+// worker_hold.cc: the legacy default stream held across group_create
+// (opt.hold_ms); end_hold releases it and checks group_create returned
+// while it was still held.
+struct StreamHold;
+StreamHold* hold_default_stream(Ctx& c);
+void end_hold(Ctx& c, StreamHold* h, double create_ms);
 
 // worker_outside.cc: what an engine does outside moe-ep.
 // All ranks meet at `name` (files under barrier_dir; polls with sleeps, so

@@ -120,6 +120,7 @@ static bool parse(int argc, char** argv, Options* o) {
     else if (k == "hooks") o->hooks = v == "1";
     else if (k == "kernel_ms") o->kernel_ms = std::atoi(v.c_str());
     else if (k == "boot_ms") o->boot_ms = std::atoi(v.c_str());
+    else if (k == "hold_ms") o->hold_ms = std::atoi(v.c_str());
     else if (k == "transport") o->transport = v;
     else if (k == "ranks_per_node") o->ranks_per_node = std::atoi(v.c_str());
     else if (k == "differ") o->differ = v;
@@ -259,6 +260,7 @@ int main(int argc, char** argv) {
     c.gpu = gp.cuda_device;
     cuda_check(cudaSetDevice(gp.cuda_device), "cudaSetDevice");
   }
+  StreamHold* hold = c.opt.hold_ms > 0 ? hold_default_stream(c) : nullptr;
   if (std::getenv("MOE_EP_TEST_TRACE")) std::fprintf(stderr, "trace group_create\n");
   const auto create_start = std::chrono::steady_clock::now();
   moe_ep_status_t st = c.api->group_create(&gp, &c.group);
@@ -267,6 +269,7 @@ int main(int argc, char** argv) {
                                .count();
   if (std::getenv("MOE_EP_TEST_TRACE")) std::fprintf(stderr, "trace group_create done\n");
   std::string create_error = c.api->last_error();
+  if (hold != nullptr) end_hold(c, hold, create_ms);
   uint64_t hint = 0;
   const char* ws = std::getenv("MOE_EP_WORLD_SIZE");
   moe_ep_status_t hint_st = c.api->buffer_size_hint(cfg, ws ? std::atoi(ws) : 1, &hint);

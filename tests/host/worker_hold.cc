@@ -1,0 +1,79 @@
+// worker_hold.cc: group_create while the engine's GPU work has not ended.
+// A host function holds the legacy default stream until group_create has
+// returned (or until --hold_ms passes): every blocking stream's later work
+// queues behind it, and so do cudaMemset, cudaMemcpy, launches on stream 0
+// and cudaDeviceSynchronize. group_create's own device work (zeroing the
+// window and the state, the link check's copies, the LSA address kernel)
+// runs on its nonblocking setup stream, so it must return while the hold is
+// still on; a create that queued behind the hold returns only once the hold
+// has expired, and that is this rank's FAIL line. The group is then used as
+// in any conformance run (values against the oracle).
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include <cuda_runtime_api.h>
+
+#include "tests/common/mirror.h"
+#include "tests/host/worker_common.h"
+
+namespace moe_ep_test {
+
+struct StreamHold {
+  std::atomic<int> state{0};  // kQueued, kHolding, kReleased, kExpired
+  std::atomic<int> release{0};
+  int ms = 0;
+};
+
+namespace {
+
+enum { kQueued, kHolding, kReleased, kExpired };
+
+void CUDART_CB hold_stream(void* arg) {
+  StreamHold* h = static_cast<StreamHold*>(arg);
+  h->state = kHolding;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(h->ms);
+  while (!h->release && std::chrono::steady_clock::now() < end)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  h->state = h->release ? kReleased : kExpired;
+}
+
+}  // namespace
+
+StreamHold* hold_default_stream(Ctx& c) {
+  StreamHold* h = new StreamHold;
+  h->ms = c.opt.hold_ms;
+  cuda_check(cudaLaunchHostFunc(cudaStreamLegacy, hold_stream, h), "cudaLaunchHostFunc");
+  // Not a race: the hold must be on before group_create starts, or the run
+  // proves nothing (bounded: a host function runs as soon as its stream
+  // reaches it, and nothing is queued before it).
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (h->state == kQueued && std::chrono::steady_clock::now() < end)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return h;
+}
+
+void end_hold(Ctx& c, StreamHold* h, double create_ms) {
+  const int state = h->state;
+  h->release = 1;
+  if (const char* r = std::getenv("MOE_EP_RANK")) c.rank = std::atoi(r);  // before group_info
+  cuda_check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize(legacy)");
+  c.checks++;
+  if (state == kQueued) {
+    fail(c, 0, "hold", "the host function did not start holding the default stream in 10 s");
+  } else if (state != kHolding) {
+    fail(c, 0, "group_create",
+         "returned after " + std::to_string((int)create_ms) + " ms, once the " +
+             std::to_string(h->ms) +
+             " ms hold on the default stream had expired: it waited for the engine's work");
+  } else {
+    std::fprintf(stderr, "rank %d: group_create returned in %.0f ms with the default stream held\n",
+                 c.rank, create_ms);
+  }
+  delete h;
+}
+
+}  // namespace moe_ep_test
