@@ -244,6 +244,7 @@ moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
       .timeout_ms = g->cfg.bootstrap_timeout_ms,
       .token = token ? token : "",
   };
+  MEP_LOG_DEBUG("group", "rank %d: setup: the bootstrap", g->rank);
   MEP_CHECK_GOTO(mep_bootstrap_create(&bp, &g->boot), st, out_free_group);
   MEP_CHECK_GOTO(check_configs_agree(g), st, out_destroy_bootstrap);
   g->config_hash = mep_config_hash(&g->cfg);
@@ -252,7 +253,9 @@ moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
     st = mep_error(MOE_EP_ERR_INTERNAL, "group_create: pthread_mutex_init failed");
     goto out_destroy_bootstrap;
   }
+  MEP_LOG_DEBUG("group", "rank %d: setup: the %s backend", g->rank, g->ops->name);
   const moe_ep_status_t made = g->ops->create(g);
+  MEP_LOG_DEBUG("group", "rank %d: setup: the closing agreement", g->rank);
   st = agree_formed(g, made);
   if (st != MOE_EP_OK) {
     /* A backend whose own setup failed has released itself; one that

@@ -413,6 +413,14 @@ held_stream_creates() {
   api ${E}_create_held_stream $N 60 $a
   api ${E}_ginemu_create_held_stream $N 60 $a --transport=gin_emulated
   api ht_${E}_create_held_stream $N 60 $a --mode=ht
+  # The LL create again with each setup step logged (debug) and every line
+  # stamped as it arrives (a bash read loop: awk reads a pipe in blocks),
+  # to place the wait.
+  timeout 65 $B/moe_ep_run -n $N --timeout_s 60 -- $B/conformance_worker \
+    --plugin=$B/libmoe_ep.so --backend=nccl --barrier_dir="$(mktemp -d)" $a --log_level=debug 2>&1 \
+    | while IFS= read -r line; do printf '%s %s\n' "$(date +%s.%3N)" "$line"; done \
+    > "$OUT/hold_steps.log"
+  grep -E "setup:|held|FAIL" "$OUT/hold_steps.log" | head -40
   timeout 200 $B/hold_probe --hold_ms=2000 > "$OUT/hold_probe.log" 2>&1
   summary hold_probe $? "$(grep -c "waited for the hold" "$OUT/hold_probe.log") calls waited"
   cat "$OUT/hold_probe.log"

@@ -53,6 +53,8 @@ StreamHold* hold_default_stream(Ctx& c) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (h->state == kQueued && std::chrono::steady_clock::now() < end)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::fprintf(stderr, "rank %s: the default stream is held; group_create starts\n",
+               std::getenv("MOE_EP_RANK") ? std::getenv("MOE_EP_RANK") : "?");
   return h;
 }
 
