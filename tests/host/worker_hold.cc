@@ -3,11 +3,12 @@
 // returned (or until --hold_ms passes): every blocking stream's later work
 // queues behind it, and so do cudaMemset, cudaMemcpy, launches on stream 0
 // and cudaDeviceSynchronize. group_create's own device work (zeroing the
-// window and the state, the link check's copies, the LSA address kernel)
-// runs on its nonblocking setup stream, so it must return while the hold is
-// still on; a create that queued behind the hold returns only once the hold
-// has expired, and that is this rank's FAIL line. The group is then used as
-// in any conformance run (values against the oracle).
+// window and the state, the link check's copies, reading the window's LSA
+// addresses) runs on its nonblocking setup stream. A create that returns
+// only once the hold has expired waited for the engine's work somewhere,
+// and that is this rank's FAIL line (it still does: tools/bench/RESULTS.md,
+// so run_device.sh runs this in its hold mode, not in full). The group is
+// then used as in any conformance run (values against the oracle).
 #include <atomic>
 #include <chrono>
 #include <cstdio>
