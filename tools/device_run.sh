@@ -406,13 +406,17 @@ rest_misc() {
 # function holds the legacy default stream for up to 20 s
 # (worker_hold.cc); a rank whose group_create returns only after the hold
 # expired is a FAIL line; the group then runs its oracle checks. LL over
-# LSA and GIN-emulated, and HT; then which CUDA and NCCL host calls wait
-# for a held stream (tools/probe/hold_probe.cu).
+# LSA and GIN-emulated, and HT; LL with a nonblocking stream held instead;
+# then which CUDA and NCCL host calls wait for a held stream
+# (tools/probe/hold_probe.cu).
 held_stream_creates() {
   local a="--hold_ms=20000 --experts=8 --max_tokens=8 --layers=128:2 --seeds=1"
   api ${E}_create_held_stream $N 60 $a
   api ${E}_ginemu_create_held_stream $N 60 $a --transport=gin_emulated
   api ht_${E}_create_held_stream $N 60 $a --mode=ht
+  # an engine's side stream held instead (nonblocking): only what waits for
+  # the whole device waits for it
+  api ${E}_create_held_side_stream $N 60 $a --hold_stream=nonblocking
   # The LL create again with each setup step logged (debug) and every line
   # stamped as it arrives (a bash read loop: awk reads a pipe in blocks),
   # to place the wait.

@@ -28,9 +28,11 @@ struct Options {
   bool hooks = true;
   int kernel_ms = 20000;
   int boot_ms = 30000;  // bootstrap.timeout_ms (also the NCCL setup steps' bound)
-  // > 0: group_create runs while a host function holds the legacy default
-  // stream for up to this long (worker_hold.cc).
+  // > 0: group_create runs while a host function holds a stream for up to
+  // this long (worker_hold.cc): the legacy default stream ("legacy") or a
+  // nonblocking one ("nonblocking").
   int hold_ms = 0;
+  std::string hold_stream = "legacy";
   std::string transport = "auto";
   int ranks_per_node = 0;  // the config key; 0 = unset
   // Scenario "mismatch": the agreed key the last rank changes
@@ -113,8 +115,8 @@ void run_streams(Ctx& c);      // worker_streams.cc
 // setup (MEP_STALL); `ms` is how long group_create took. 0 if as expected.
 int expect_setup_stall(Ctx& c, moe_ep_status_t st, const std::string& msg, double ms);
 
-// worker_hold.cc: the legacy default stream held across group_create
-// (opt.hold_ms); end_hold releases it and checks group_create returned
+// worker_hold.cc: a stream held across group_create (opt.hold_ms,
+// opt.hold_stream); end_hold releases it and checks group_create returned
 // while it was still held.
 struct StreamHold;
 StreamHold* hold_default_stream(Ctx& c);

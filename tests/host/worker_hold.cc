@@ -1,8 +1,11 @@
 // worker_hold.cc: group_create while the engine's GPU work has not ended.
-// A host function holds the legacy default stream until group_create has
-// returned (or until --hold_ms passes): every blocking stream's later work
-// queues behind it, and so do cudaMemset, cudaMemcpy, launches on stream 0
-// and cudaDeviceSynchronize. group_create's own device work (zeroing the
+// A host function holds the legacy default stream (--hold_stream=legacy)
+// until group_create has returned (or until --hold_ms passes): every
+// blocking stream's later work queues behind it, and so do cudaMemset,
+// cudaMemcpy, launches on stream 0 and cudaDeviceSynchronize. With
+// --hold_stream=nonblocking it holds a nonblocking stream of its own
+// instead, as an engine's side stream would: only what waits for the whole
+// device (cudaDeviceSynchronize, cudaFree) waits for that one. group_create's own device work (zeroing the
 // window and the state, the link check's copies, reading the window's LSA
 // addresses) runs on its nonblocking setup stream. A create that returns
 // only once the hold has expired waited for the engine's work somewhere,
@@ -27,6 +30,8 @@ struct StreamHold {
   std::atomic<int> state{0};  // kQueued, kHolding, kReleased, kExpired
   std::atomic<int> release{0};
   int ms = 0;
+  cudaStream_t stream = cudaStreamLegacy;  // the held one
+  std::string name;
 };
 
 namespace {
@@ -47,15 +52,18 @@ void CUDART_CB hold_stream(void* arg) {
 StreamHold* hold_default_stream(Ctx& c) {
   StreamHold* h = new StreamHold;
   h->ms = c.opt.hold_ms;
-  cuda_check(cudaLaunchHostFunc(cudaStreamLegacy, hold_stream, h), "cudaLaunchHostFunc");
+  h->name = c.opt.hold_stream == "nonblocking" ? "a nonblocking stream" : "the default stream";
+  if (c.opt.hold_stream == "nonblocking")
+    cuda_check(cudaStreamCreateWithFlags(&h->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  cuda_check(cudaLaunchHostFunc(h->stream, hold_stream, h), "cudaLaunchHostFunc");
   // Not a race: the hold must be on before group_create starts, or the run
   // proves nothing (bounded: a host function runs as soon as its stream
   // reaches it, and nothing is queued before it).
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (h->state == kQueued && std::chrono::steady_clock::now() < end)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  std::fprintf(stderr, "rank %s: the default stream is held; group_create starts\n",
-               std::getenv("MOE_EP_RANK") ? std::getenv("MOE_EP_RANK") : "?");
+  std::fprintf(stderr, "rank %s: %s is held; group_create starts\n",
+               std::getenv("MOE_EP_RANK") ? std::getenv("MOE_EP_RANK") : "?", h->name.c_str());
   return h;
 }
 
@@ -63,18 +71,19 @@ void end_hold(Ctx& c, StreamHold* h, double create_ms) {
   const int state = h->state;
   h->release = 1;
   if (const char* r = std::getenv("MOE_EP_RANK")) c.rank = std::atoi(r);  // before group_info
-  cuda_check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize(legacy)");
+  cuda_check(cudaStreamSynchronize(h->stream), "cudaStreamSynchronize(held)");
+  if (h->stream != cudaStreamLegacy) cudaStreamDestroy(h->stream);
   c.checks++;
   if (state == kQueued) {
-    fail(c, 0, "hold", "the host function did not start holding the default stream in 10 s");
+    fail(c, 0, "hold", "the host function did not start holding " + h->name + " in 10 s");
   } else if (state != kHolding) {
     fail(c, 0, "group_create",
          "returned after " + std::to_string((int)create_ms) + " ms, once the " +
              std::to_string(h->ms) +
-             " ms hold on the default stream had expired: it waited for the engine's work");
+             " ms hold on " + h->name + " had expired: it waited for the engine's work");
   } else {
-    std::fprintf(stderr, "rank %d: group_create returned in %.0f ms with the default stream held\n",
-                 c.rank, create_ms);
+    std::fprintf(stderr, "rank %d: group_create returned in %.0f ms with %s held\n", c.rank,
+                 create_ms, h->name.c_str());
   }
   delete h;
 }

@@ -121,6 +121,7 @@ static bool parse(int argc, char** argv, Options* o) {
     else if (k == "kernel_ms") o->kernel_ms = std::atoi(v.c_str());
     else if (k == "boot_ms") o->boot_ms = std::atoi(v.c_str());
     else if (k == "hold_ms") o->hold_ms = std::atoi(v.c_str());
+    else if (k == "hold_stream" && (v == "legacy" || v == "nonblocking")) o->hold_stream = v;
     else if (k == "transport") o->transport = v;
     else if (k == "ranks_per_node") o->ranks_per_node = std::atoi(v.c_str());
     else if (k == "differ") o->differ = v;
