@@ -421,9 +421,11 @@ held_stream_creates() {
   # stamped as it arrives (a bash read loop: awk reads a pipe in blocks),
   # to place the wait.
   timeout 65 $B/moe_ep_run -n $N --timeout_s 60 -- $B/conformance_worker \
-    --plugin=$B/libmoe_ep.so --backend=nccl --barrier_dir="$(mktemp -d)" $a --log_level=debug 2>&1 \
+    --plugin=${PLUGIN:-$B/libmoe_ep.so} --backend=nccl --barrier_dir="$(mktemp -d)" $a \
+    --log_level=debug 2>&1 \
     | while IFS= read -r line; do printf '%s %s\n' "$(date +%s.%3N)" "$line"; done \
     > "$OUT/hold_steps.log"
+  summary hold_steps "${PIPESTATUS[0]}" "$(worker_key "$OUT/hold_steps.log")"
   grep -E "setup:|held|FAIL" "$OUT/hold_steps.log" | head -40
   timeout 200 $B/hold_probe --hold_ms=2000 > "$OUT/hold_probe.log" 2>&1
   summary hold_probe $? "$(grep -c "waited for the hold" "$OUT/hold_probe.log") calls waited"

@@ -66,14 +66,17 @@ extern "C" mep_kstatus_t mep_ll_resolve_lsa_desc(mep_ll_ctx_t *ctx, const void *
   ncclWindow_vidmem w;
   memset(&w, 0, sizeof w);
   memcpy(&w, desc, mep_ll_window_desc_bytes());
-  if (w.lsaFlatBase == nullptr || w.lsaRank < 0)
+  /* LSA rank 0 alone may have no stride (a team of one); any other rank
+   * with none would alias rank 0's window */
+  if (w.lsaFlatBase == nullptr || w.lsaRank < 0 || (w.lsaRank > 0 && w.stride4G == 0))
     return mep_kernels_error(MEP_KSTATUS_CUDA,
-                             "resolve_lsa: the window's descriptor has no LSA base (rank %d)",
-                             w.lsaRank);
+                             "resolve_lsa: the window's descriptor is not usable (LSA base %p, "
+                             "LSA rank %d, stride %u x 4 GiB)",
+                             static_cast<void *>(w.lsaFlatBase), w.lsaRank, w.stride4G);
   ctx->lsa_base = (uint64_t)(uintptr_t)w.lsaFlatBase;
   ctx->lsa_stride = (uint64_t)w.stride4G << 32;
-  ctx->lsa_local = (uint64_t)(uintptr_t)nccl::utility::add4G(w.lsaFlatBase,
-                                                               w.lsaRank * (int)w.stride4G);
+  /* the kernels' own rule, base + rank * stride (add4G in unsigned 64-bit) */
+  ctx->lsa_local = ctx->lsa_base + (uint64_t)w.lsaRank * ctx->lsa_stride;
   return MEP_KSTATUS_OK;
 }
 

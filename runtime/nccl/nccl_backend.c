@@ -204,7 +204,10 @@ static moe_ep_status_t nccl_create(moe_ep_group_t *g) {
   };
   MEP_CHECK_GOTO(mep_nccl_create(&np, &s->nccl), st, out_destroy);
   mep_nccl_peer_transports(s->nccl, s->peer_transport, g->world_size);
-  MEP_CHECK_GOTO(alloc_device(s, &d), st, out_destroy);
+  if ((st = alloc_device(s, &d)) != MOE_EP_OK) {
+    mep_error_prefix("group_create on rank %d", g->rank);
+    goto out_destroy;
+  }
   s->ctx.dev_comm = mep_nccl_dev_comm(s->nccl);
   s->ctx.window = mep_nccl_window(s->nccl);
   s->ctx.window_local = mep_nccl_window_local(s->nccl);

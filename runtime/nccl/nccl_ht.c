@@ -185,7 +185,10 @@ static moe_ep_status_t ht_create(moe_ep_group_t *g) {
                      : g->cfg.transport == MOE_EP_TRANSPORT_GIN_EMULATED
                          ? MEP_HT_TRANSPORT_GIN_EMULATED
                          : MEP_HT_TRANSPORT_LSA;
-  MEP_CHECK_GOTO(alloc_device(s), st, out_destroy);
+  if ((st = alloc_device(s)) != MOE_EP_OK) {
+    mep_error_prefix("group_create on rank %d", g->rank);
+    goto out_destroy;
+  }
   s->ctx.dev_comm = mep_nccl_dev_comm(s->nccl);
   s->ctx.window = mep_nccl_window(s->nccl);
   s->ctx.window_local = mep_nccl_window_local(s->nccl);

@@ -1,6 +1,7 @@
 /* nccl_setup.c: NCCL communicator, symmetric window and device communicator
  * for the nccl backend (see nccl_setup.h). Every failure names the NCCL or
- * CUDA call and its reason; nothing prints. */
+ * CUDA call and its reason; nothing prints (each step goes to the library's
+ * logger at debug level). */
 #include "runtime/nccl/nccl_setup.h"
 
 #include <cuda_runtime_api.h>
@@ -75,7 +76,7 @@ static void log_step(const mep_nccl_t *n, const char *step) {
  * stream is not ordered before an engine's nonblocking stream
  * (tools/probe/hold_probe.cu measures which calls wait). */
 static moe_ep_status_t setup_wait(mep_nccl_t *n, const char *step) {
-  return mep_nccl_stream_wait(n->comm, n->stream, step, n->timeout_ms);
+  return mep_nccl_local_wait(n->stream, step, n->timeout_ms);
 }
 
 /* bytes (at most scratch_bytes) between host memory and device memory,
@@ -172,6 +173,7 @@ static moe_ep_status_t check_lsa_links(mep_nccl_t *n, const mep_nccl_params_t *p
   if (!p->lsa_link_check ||
       (p->transport != MOE_EP_TRANSPORT_LSA && p->transport != MOE_EP_TRANSPORT_AUTO))
     return MOE_EP_OK;
+  log_step(n, "the LSA link check");
   const ncclTeam_t lsa = ncclTeamLsa(n->comm);
   const size_t rec = sizeof(mep_lsa_gpu_t);
   mep_lsa_gpu_t *gpus = calloc((size_t)p->world, rec);
@@ -287,7 +289,7 @@ static moe_ep_status_t barrier(mep_nccl_t *n) {
  * nonblocking; an owned communicator whose step fails is aborted. Quiet:
  * the error a caller is reporting stays the last one. */
 static void teardown(mep_nccl_t *n, int abort) {
-  if (n->stuck) { /* see mep_nccl.stuck: the window and buffers stay */
+  if (n->stuck) { /* see mep_nccl.stuck: the window, scratch and staging stay */
     free(n->peer_transport);
     free(n);
     return;
@@ -387,7 +389,6 @@ moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *p, mep_nccl_t **out) {
     MEP_CHECK_GOTO(init_comm(p, &n->comm), st, fail);
     n->owns_comm = 1;
   }
-  log_step(n, "the LSA link check");
   MEP_CHECK_GOTO(check_lsa_links(n, p), st, fail);
   MEP_CHECK_GOTO(choose_transports(n, p, &need_gin, &need_staging), st, fail);
 

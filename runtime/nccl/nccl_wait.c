@@ -71,19 +71,38 @@ int mep_nccl_settled(ncclComm_t comm, ncclResult_t r, int32_t timeout_ms) {
   return settle(comm, r, timeout_ms, &late) == ncclSuccess && !late;
 }
 
-moe_ep_status_t mep_nccl_stream_wait(ncclComm_t comm, cudaStream_t stream, const char *step,
-                                     int32_t timeout_ms) {
+/* comm NULL: the stream holds this rank's own work (no peer takes part),
+ * so an expiry blames this GPU, not another rank. */
+static moe_ep_status_t stream_wait(ncclComm_t comm, cudaStream_t stream, const char *step,
+                                   int32_t timeout_ms) {
   const int64_t deadline = mep_nccl_now_ms() + timeout_ms;
   for (;;) {
     cudaError_t e = cudaStreamQuery(stream);
     if (e == cudaSuccess) return MOE_EP_OK;
     if (e != cudaErrorNotReady)
       return mep_error(MOE_EP_ERR_CUDA, "%s failed on the GPU: %s", step, cudaGetErrorString(e));
-    ncclResult_t a = ncclSuccess;
-    ncclResult_t q = ncclCommGetAsyncError(comm, &a);
-    if (q != ncclSuccess) return mep_nccl_error(comm, step, q);
-    if (a != ncclSuccess && a != ncclInProgress) return mep_nccl_error(comm, step, a);
-    if (mep_nccl_now_ms() >= deadline) return timed_out(step, timeout_ms);
+    if (comm != NULL) {
+      ncclResult_t a = ncclSuccess;
+      ncclResult_t q = ncclCommGetAsyncError(comm, &a);
+      if (q != ncclSuccess) return mep_nccl_error(comm, step, q);
+      if (a != ncclSuccess && a != ncclInProgress) return mep_nccl_error(comm, step, a);
+    }
+    if (mep_nccl_now_ms() >= deadline) {
+      if (comm != NULL) return timed_out(step, timeout_ms);
+      return mep_error(MOE_EP_ERR_TIMEOUT,
+                       "%s did not complete within bootstrap.timeout_ms=%d: this rank's GPU "
+                       "did not run it (busy with other work, or hung)",
+                       step, (int)timeout_ms);
+    }
     pause_poll();
   }
+}
+
+moe_ep_status_t mep_nccl_stream_wait(ncclComm_t comm, cudaStream_t stream, const char *step,
+                                     int32_t timeout_ms) {
+  return stream_wait(comm, stream, step, timeout_ms);
+}
+
+moe_ep_status_t mep_nccl_local_wait(cudaStream_t stream, const char *step, int32_t timeout_ms) {
+  return stream_wait(NULL, stream, step, timeout_ms);
 }

@@ -42,6 +42,10 @@ int mep_nccl_settled(ncclComm_t comm, ncclResult_t r, int32_t timeout_ms);
 moe_ep_status_t mep_nccl_stream_wait(ncclComm_t comm, cudaStream_t stream, const char *step,
                                      int32_t timeout_ms);
 
+/* The same for `stream` running this rank's own work (`step`: a zeroing
+ * or a copy; no peer takes part): an expiry says this GPU did not run it. */
+moe_ep_status_t mep_nccl_local_wait(cudaStream_t stream, const char *step, int32_t timeout_ms);
+
 #ifdef __cplusplus
 }
 #endif

@@ -119,7 +119,7 @@ int expect_setup_stall(Ctx& c, moe_ep_status_t st, const std::string& msg, doubl
 // opt.hold_stream); end_hold releases it and checks group_create returned
 // while it was still held.
 struct StreamHold;
-StreamHold* hold_default_stream(Ctx& c);
+StreamHold* start_hold(Ctx& c);
 void end_hold(Ctx& c, StreamHold* h, double create_ms);
 
 // worker_outside.cc: what an engine does outside moe-ep.

@@ -32,6 +32,7 @@ struct StreamHold {
   int ms = 0;
   cudaStream_t stream = cudaStreamLegacy;  // the held one
   std::string name;
+  std::chrono::steady_clock::time_point held_at;  // when the hold began
 };
 
 namespace {
@@ -40,8 +41,9 @@ enum { kQueued, kHolding, kReleased, kExpired };
 
 void CUDART_CB hold_stream(void* arg) {
   StreamHold* h = static_cast<StreamHold*>(arg);
-  h->state = kHolding;
-  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(h->ms);
+  h->held_at = std::chrono::steady_clock::now();
+  h->state = kHolding;  // after held_at: the reader sees it set
+  const auto end = h->held_at + std::chrono::milliseconds(h->ms);
   while (!h->release && std::chrono::steady_clock::now() < end)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   h->state = h->release ? kReleased : kExpired;
@@ -49,7 +51,7 @@ void CUDART_CB hold_stream(void* arg) {
 
 }  // namespace
 
-StreamHold* hold_default_stream(Ctx& c) {
+StreamHold* start_hold(Ctx& c) {
   StreamHold* h = new StreamHold;
   h->ms = c.opt.hold_ms;
   h->name = c.opt.hold_stream == "nonblocking" ? "a nonblocking stream" : "the default stream";
@@ -62,13 +64,16 @@ StreamHold* hold_default_stream(Ctx& c) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (h->state == kQueued && std::chrono::steady_clock::now() < end)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  std::fprintf(stderr, "rank %s: %s is held; group_create starts\n",
-               std::getenv("MOE_EP_RANK") ? std::getenv("MOE_EP_RANK") : "?", h->name.c_str());
+  std::fprintf(stderr, "rank %s: %s %s; group_create starts\n",
+               std::getenv("MOE_EP_RANK") ? std::getenv("MOE_EP_RANK") : "?", h->name.c_str(),
+               h->state == kQueued ? "is not held yet (the host function has not started)"
+                                   : "is held");
   return h;
 }
 
 void end_hold(Ctx& c, StreamHold* h, double create_ms) {
   const int state = h->state;
+  const auto now = std::chrono::steady_clock::now();
   h->release = 1;
   if (const char* r = std::getenv("MOE_EP_RANK")) c.rank = std::atoi(r);  // before group_info
   cuda_check(cudaStreamSynchronize(h->stream), "cudaStreamSynchronize(held)");
@@ -77,10 +82,13 @@ void end_hold(Ctx& c, StreamHold* h, double create_ms) {
   if (state == kQueued) {
     fail(c, 0, "hold", "the host function did not start holding " + h->name + " in 10 s");
   } else if (state != kHolding) {
+    const double since_hold =
+        std::chrono::duration<double, std::milli>(now - h->held_at).count();
     fail(c, 0, "group_create",
-         "returned after " + std::to_string((int)create_ms) + " ms, once the " +
-             std::to_string(h->ms) +
-             " ms hold on " + h->name + " had expired: it waited for the engine's work");
+         "returned after " + std::to_string((int)create_ms) + " ms (" +
+             std::to_string((int)since_hold) + " ms after the hold began), once the " +
+             std::to_string(h->ms) + " ms hold on " + h->name +
+             " had expired: it waited for the engine's work");
   } else {
     std::fprintf(stderr, "rank %d: group_create returned in %.0f ms with %s held\n", c.rank,
                  create_ms, h->name.c_str());

@@ -261,7 +261,7 @@ int main(int argc, char** argv) {
     c.gpu = gp.cuda_device;
     cuda_check(cudaSetDevice(gp.cuda_device), "cudaSetDevice");
   }
-  StreamHold* hold = c.opt.hold_ms > 0 ? hold_default_stream(c) : nullptr;
+  StreamHold* hold = c.opt.hold_ms > 0 ? start_hold(c) : nullptr;
   if (std::getenv("MOE_EP_TEST_TRACE")) std::fprintf(stderr, "trace group_create\n");
   const auto create_start = std::chrono::steady_clock::now();
   moe_ep_status_t st = c.api->group_create(&gp, &c.group);

@@ -173,3 +173,23 @@ const char *cudaGetErrorString(cudaError_t e) {
   return e == cudaErrorIllegalAddress ? "illegal address" : "other";
 }
 }
+
+// The setup's own work (zeroing, copies) involves no peer: its expiry
+// names this rank's GPU, and no communicator is polled.
+TEST(NcclWait, LocalWorkThatNeverDrainsBlamesThisGpuNotAPeer) {
+  reset(-1, ncclSuccess, -1);
+  EXPECT_EQ(mep_nccl_local_wait(fake_stream(), "cudaMemsetAsync (window)", 50),
+            MOE_EP_ERR_TIMEOUT);
+  EXPECT_NE(last().find("cudaMemsetAsync (window) did not complete within "
+                        "bootstrap.timeout_ms=50: this rank's GPU did not run it"),
+            std::string::npos)
+      << last();
+  EXPECT_EQ(last().find("another rank"), std::string::npos) << last();
+  EXPECT_EQ(g_comm.polls, 0);
+}
+
+TEST(NcclWait, LocalWorkThatDrainsEndsTheWait) {
+  reset(0, ncclSuccess, 3);
+  EXPECT_EQ(mep_nccl_local_wait(fake_stream(), "cudaMemcpyAsync (LSA link check)", 10000),
+            MOE_EP_OK);
+}

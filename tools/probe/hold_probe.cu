@@ -30,6 +30,10 @@ static void CUDART_CB hold(void *) {
 }
 
 __global__ void k_touch(int *p) { if (threadIdx.x == 0) *p = 1; }
+/* launched for the first time in one pass each: a first launch loads the
+ * kernel (lazy loading), which a launch of a loaded one does not */
+__global__ void k_first_legacy(int *p) { if (threadIdx.x == 0) *p = 2; }
+__global__ void k_first_nonblock(int *p) { if (threadIdx.x == 0) *p = 3; }
 
 static double now_ms() {
   return std::chrono::duration<double, std::milli>(
@@ -68,8 +72,10 @@ int main(int argc, char **argv) {
   int *dev = nullptr, *pinned = nullptr;
   CK(cudaMalloc(&dev, 1 << 20));
   CK(cudaHostAlloc(&pinned, 4096, cudaHostAllocDefault));
-  struct { cudaStream_t s; const char *name; } helds[] = {{cudaStreamLegacy, "legacy"},
-                                                          {side, "nonblock"}};
+  k_touch<<<1, 32, 0, own>>>(dev); /* loaded before any hold */
+  CK(cudaStreamSynchronize(own));
+  struct { cudaStream_t s; const char *name; void (*first)(int *); } helds[] = {
+      {cudaStreamLegacy, "legacy", k_first_legacy}, {side, "nonblock", k_first_nonblock}};
   for (auto &h : helds) {
     void *p = nullptr;
     timed(h.s, h.name, "cudaStreamCreateWithFlags(NonBlocking)", [&] {
@@ -78,6 +84,7 @@ int main(int argc, char **argv) {
     timed(h.s, h.name, "cudaEventCreate", [&] {
       cudaEvent_t e; CK(cudaEventCreate(&e)); CK(cudaEventDestroy(e)); });
     timed(h.s, h.name, "cudaMalloc 1 MiB", [&] { CK(cudaMalloc(&p, 1 << 20)); });
+    CK(cudaFree(p));
     timed(h.s, h.name, "cudaMalloc 256 MiB", [&] { void *q; CK(cudaMalloc(&q, 256u << 20));
       p = q; });
     timed(h.s, h.name, "cudaFree (the 256 MiB)", [&] { CK(cudaFree(p)); });
@@ -92,8 +99,11 @@ int main(int argc, char **argv) {
     timed(h.s, h.name, "cudaMemcpyAsync D2H pinned (own) + sync", [&] {
       CK(cudaMemcpyAsync(pinned, dev, 64, cudaMemcpyDeviceToHost, own));
       CK(cudaStreamSynchronize(own)); });
-    timed(h.s, h.name, "kernel on own stream + sync", [&] {
+    timed(h.s, h.name, "loaded kernel on own stream + sync", [&] {
       k_touch<<<1, 32, 0, own>>>(dev); CK(cudaGetLastError());
+      CK(cudaStreamSynchronize(own)); });
+    timed(h.s, h.name, "a kernel's first launch on own stream + sync", [&] {
+      h.first<<<1, 32, 0, own>>>(dev); CK(cudaGetLastError());
       CK(cudaStreamSynchronize(own)); });
     timed(h.s, h.name, "cudaMemset (synchronous API)", [&] { CK(cudaMemset(dev, 0, 64)); });
     timed(h.s, h.name, "cudaMemcpy D2H", [&] { int x; CK(cudaMemcpy(&x, dev, 4,
