@@ -425,7 +425,8 @@ held_stream_creates() {
     --log_level=debug 2>&1 \
     | while IFS= read -r line; do printf '%s %s\n' "$(date +%s.%3N)" "$line"; done \
     > "$OUT/hold_steps.log"
-  summary hold_steps "${PIPESTATUS[0]}" "$(worker_key "$OUT/hold_steps.log")"
+  summary hold_steps "${PIPESTATUS[0]}" \
+    "$(sed 's/^[0-9.]* //' "$OUT/hold_steps.log" | worker_key /dev/stdin)"
   grep -E "setup:|held|FAIL" "$OUT/hold_steps.log" | head -40
   timeout 200 $B/hold_probe --hold_ms=2000 > "$OUT/hold_probe.log" 2>&1
   summary hold_probe $? "$(grep -c "waited for the hold" "$OUT/hold_probe.log") calls waited"
