@@ -94,7 +94,7 @@ typedef struct mep_ht_ctx {
   void *state;           /* device, mep_ht_state_bytes(dims), zeroed */
   mep_error_record_t *error_dev;  /* fatal record (host-mapped alias) */
   mep_error_record_t *notice_dev; /* notices (may be NULL) */
-  uint64_t lsa_base;     /* from mep_ll_resolve_lsa */
+  uint64_t lsa_base;     /* from mep_ll_lsa_from_desc */
   uint64_t lsa_stride;
   uint64_t lsa_local;
 } mep_ht_ctx_t;

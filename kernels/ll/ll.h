@@ -229,14 +229,16 @@ uint64_t mep_ll_state_bytes(const mep_ll_dims_t *dims);
 /* kernel_ms -> device clocks at the device's peak SM clock. */
 mep_kstatus_t mep_ll_timeout_cycles(int cuda_device, int32_t kernel_ms,
                                       uint64_t *cycles);
-/* ctx->lsa_base / lsa_stride / lsa_local (the kernels address LSA peer p
- * at base + p * stride) from the window's device-side descriptor: its
- * first mep_ll_window_desc_bytes() bytes, at ctx->window in device memory,
- * copied to the host by the caller (no kernel: a module's first load
- * waits for all work on the device). mep_ll_resolve_lsa makes that copy
- * itself, synchronously on the legacy default stream (tests). */
+/* The LSA addressing both modes' kernels use (LSA peer p's window at
+ * base + p * stride; this rank's at local) from the window's device-side
+ * descriptor: its first mep_ll_window_desc_bytes() bytes, at the window
+ * handle in device memory, copied to the host by the caller (no kernel: a
+ * module's first load waits for all work on the device).
+ * mep_ll_resolve_lsa fills ctx->lsa_base / lsa_stride / lsa_local from
+ * ctx->window, copying synchronously on the legacy default stream (tests). */
 size_t mep_ll_window_desc_bytes(void);
-mep_kstatus_t mep_ll_resolve_lsa_desc(mep_ll_ctx_t *ctx, const void *desc);
+mep_kstatus_t mep_ll_lsa_from_desc(const void *desc, uint64_t *base, uint64_t *stride,
+                                   uint64_t *local);
 mep_kstatus_t mep_ll_resolve_lsa(mep_ll_ctx_t *ctx);
 /* Clears what a timed-out wait leaves behind in this rank's device state:
  * the abort flag, the block tickets and the put counters (state must be

@@ -60,9 +60,11 @@ extern "C" size_t mep_ll_window_desc_bytes(void) {
   return offsetof(ncclWindow_vidmem, stride4G) + sizeof(uint32_t);
 }
 
-extern "C" mep_kstatus_t mep_ll_resolve_lsa_desc(mep_ll_ctx_t *ctx, const void *desc) {
-  if (ctx == nullptr || desc == nullptr)
-    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT, "resolve_lsa: ctx or desc is NULL");
+extern "C" mep_kstatus_t mep_ll_lsa_from_desc(const void *desc, uint64_t *base, uint64_t *stride,
+                                              uint64_t *local) {
+  if (desc == nullptr || base == nullptr || stride == nullptr || local == nullptr)
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
+                             "resolve_lsa: desc, base, stride or local is NULL");
   ncclWindow_vidmem w;
   memset(&w, 0, sizeof w);
   memcpy(&w, desc, mep_ll_window_desc_bytes());
@@ -73,10 +75,10 @@ extern "C" mep_kstatus_t mep_ll_resolve_lsa_desc(mep_ll_ctx_t *ctx, const void *
                              "resolve_lsa: the window's descriptor is not usable (LSA base %p, "
                              "LSA rank %d, stride %u x 4 GiB)",
                              static_cast<void *>(w.lsaFlatBase), w.lsaRank, w.stride4G);
-  ctx->lsa_base = (uint64_t)(uintptr_t)w.lsaFlatBase;
-  ctx->lsa_stride = (uint64_t)w.stride4G << 32;
+  *base = (uint64_t)(uintptr_t)w.lsaFlatBase;
+  *stride = (uint64_t)w.stride4G << 32;
   /* the kernels' own rule, base + rank * stride (add4G in unsigned 64-bit) */
-  ctx->lsa_local = ctx->lsa_base + (uint64_t)w.lsaRank * ctx->lsa_stride;
+  *local = *base + (uint64_t)w.lsaRank * *stride;
   return MEP_KSTATUS_OK;
 }
 
@@ -87,5 +89,7 @@ extern "C" mep_kstatus_t mep_ll_resolve_lsa(mep_ll_ctx_t *ctx) {
   mep_kstatus_t st = mep_kernels_cuda_check(
       "resolve_lsa: cudaMemcpy",
       cudaMemcpy(&w, ctx->window, mep_ll_window_desc_bytes(), cudaMemcpyDeviceToHost));
-  return st == MEP_KSTATUS_OK ? mep_ll_resolve_lsa_desc(ctx, &w) : st;
+  return st == MEP_KSTATUS_OK
+             ? mep_ll_lsa_from_desc(&w, &ctx->lsa_base, &ctx->lsa_stride, &ctx->lsa_local)
+             : st;
 }

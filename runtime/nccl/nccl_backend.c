@@ -137,12 +137,8 @@ static int ll_transport(const moe_ep_group_t *g, const nccl_state_t *s) {
 
 static moe_ep_status_t alloc_device(nccl_state_t *s, const mep_ll_dims_t *d) {
   cudaError_t e;
-  uint64_t state = mep_ll_state_bytes(d);
-  if ((e = cudaMalloc(&s->ctx.state, state)) != cudaSuccess) {
-    s->ctx.state = NULL;
-    return mep_nccl_cuda_error("allocating the LL device state", e);
-  }
-  MEP_CHECK(mep_nccl_zero(s->nccl, s->ctx.state, state, "zeroing the LL device state"));
+  MEP_CHECK(mep_nccl_alloc_zeroed(s->nccl, &s->ctx.state, mep_ll_state_bytes(d),
+                                  "allocating and zeroing the LL device state"));
   MEP_CHECK(mep_nccl_alloc_records(&s->rec, &s->ctx.error_dev));
   s->ctx.notice_dev = s->ctx.error_dev + 1;
   size_t slots = (size_t)d->local_experts * (size_t)d->world * (size_t)d->max_tokens;
@@ -232,7 +228,9 @@ static moe_ep_status_t nccl_create(moe_ep_group_t *g) {
   d.lsa_only = s->ctx.transport == MEP_LL_TRANSPORT_LSA;
   s->ctx.dims = d;
   if (s->ctx.transport != MEP_LL_TRANSPORT_GIN)
-    MEP_CHECK_GOTO(mep_nccl_resolve_lsa(s->nccl, &s->ctx, g->rank), st, out_destroy);
+    MEP_CHECK_GOTO(mep_nccl_resolve_lsa(s->nccl, g->rank, &s->ctx.lsa_base, &s->ctx.lsa_stride,
+                                        &s->ctx.lsa_local),
+                   st, out_destroy);
   if (mep_ll_timeout_cycles(s->device, g->cfg.kernel_timeout_ms, &s->ctx.timeout_cycles) != MEP_KSTATUS_OK) {
     st = mep_error(MOE_EP_ERR_CUDA, "group_create on rank %d: %s", g->rank,
                    mep_kernels_last_error());

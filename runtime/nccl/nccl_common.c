@@ -46,21 +46,32 @@ moe_ep_status_t mep_nccl_pick_device(moe_ep_group_t *g, int *device, int *sms) {
   return MOE_EP_OK;
 }
 
-moe_ep_status_t mep_nccl_resolve_lsa(mep_nccl_t *n, mep_ll_ctx_t *ctx, int rank) {
+moe_ep_status_t mep_nccl_resolve_lsa(mep_nccl_t *n, int rank, uint64_t *base, uint64_t *stride,
+                                     uint64_t *local) {
   unsigned char desc[MEP_NCCL_SCRATCH_MIN];
   const size_t bytes = mep_ll_window_desc_bytes();
   moe_ep_status_t st = MOE_EP_OK;
   if (bytes > sizeof desc) {
     st = mep_error(MOE_EP_ERR_INTERNAL, "the window's descriptor is %zu bytes, more than %zu",
                    bytes, sizeof desc);
-  } else if ((st = mep_nccl_read_back(n, desc, ctx->window, bytes,
+  } else if ((st = mep_nccl_read_back(n, desc, mep_nccl_window(n), bytes,
                                       "reading the window's LSA addresses")) == MOE_EP_OK &&
-             mep_ll_resolve_lsa_desc(ctx, desc) != MEP_KSTATUS_OK) {
+             mep_ll_lsa_from_desc(desc, base, stride, local) != MEP_KSTATUS_OK) {
     return mep_error(MOE_EP_ERR_CUDA, "group_create on rank %d: %s", rank,
                      mep_kernels_last_error());
   }
   if (st != MOE_EP_OK) mep_error_prefix("group_create on rank %d", rank);
   return st;
+}
+
+moe_ep_status_t mep_nccl_alloc_zeroed(mep_nccl_t *n, void **dev, uint64_t bytes,
+                                      const char *what) {
+  cudaError_t e = cudaMalloc(dev, bytes);
+  if (e != cudaSuccess) {
+    *dev = NULL;
+    return mep_nccl_cuda_error(what, e);
+  }
+  return mep_nccl_zero(n, *dev, bytes, what);
 }
 
 moe_ep_status_t mep_nccl_alloc_records(mep_error_record_t **host,

@@ -67,12 +67,17 @@ moe_ep_status_t mep_nccl_sent_order(const mep_nccl_sent_t *sent, int set, void *
  * in a CUDA graph. Both modes compute them alike. */
 moe_ep_status_t mep_nccl_prepare_layout(moe_ep_group_t *g, int device, mep_handle_state_t *h);
 
-/* ctx's LSA addressing (lsa_base, lsa_stride, lsa_local) from its
- * window's descriptor, read back on nccl's setup stream within the setup
- * bound (nccl_setup.h, mep_ll_resolve_lsa_desc). Sentences name `rank`. */
+/* The kernels' LSA addressing (base, stride, local; mep_ll_lsa_from_desc)
+ * from nccl's window descriptor, read back on its setup stream within the
+ * setup bound (nccl_setup.h). Sentences name `rank`. */
 struct mep_nccl;
-struct mep_ll_ctx;
-moe_ep_status_t mep_nccl_resolve_lsa(struct mep_nccl *nccl, struct mep_ll_ctx *ctx, int rank);
+moe_ep_status_t mep_nccl_resolve_lsa(struct mep_nccl *nccl, int rank, uint64_t *base,
+                                     uint64_t *stride, uint64_t *local);
+
+/* Device memory of `bytes` for a backend's state, zeroed on nccl's setup
+ * stream within the setup bound (`what` names it in errors). */
+moe_ep_status_t mep_nccl_alloc_zeroed(struct mep_nccl *nccl, void **dev, uint64_t bytes,
+                                      const char *what);
 
 /* NCCL's unique id travels over the UCX bootstrap (user: mep_bootstrap_t). */
 moe_ep_status_t mep_nccl_share_uid(void *user, int32_t rank, int32_t world, void *uid,

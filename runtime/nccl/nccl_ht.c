@@ -101,12 +101,8 @@ static void ht_destroy(moe_ep_group_t *g) { ht_release(g, g->broken != MOE_EP_OK
 
 static moe_ep_status_t alloc_device(ht_state_t *s) {
   cudaError_t e;
-  uint64_t bytes = mep_ht_state_bytes(&s->ctx.dims);
-  if ((e = cudaMalloc(&s->ctx.state, bytes)) != cudaSuccess) {
-    s->ctx.state = NULL;
-    return mep_nccl_cuda_error("allocating the HT device state", e);
-  }
-  MEP_CHECK(mep_nccl_zero(s->nccl, s->ctx.state, bytes, "zeroing the HT device state"));
+  MEP_CHECK(mep_nccl_alloc_zeroed(s->nccl, &s->ctx.state, mep_ht_state_bytes(&s->ctx.dims),
+                                  "allocating and zeroing the HT device state"));
   MEP_CHECK(mep_nccl_alloc_records(&s->rec, &s->ctx.error_dev));
   s->ctx.notice_dev = s->ctx.error_dev + 1;
   if ((e = cudaHostAlloc((void **)&s->num_recv, MEP_NUM_BUFFER_SETS * sizeof(int64_t),
@@ -194,21 +190,15 @@ static moe_ep_status_t ht_create(moe_ep_group_t *g) {
   s->ctx.window_local = mep_nccl_window_local(s->nccl);
   s->ctx.window_bytes = mep_nccl_bytes_allocated(s->nccl);
   s->ctx.rank = g->rank;
-  /* The LL resolver reads only the device communicator and the window. */
-  mep_ll_ctx_t lsa;
-  memset(&lsa, 0, sizeof(lsa));
-  lsa.dev_comm = s->ctx.dev_comm;
-  lsa.window = s->ctx.window;
-  MEP_CHECK_GOTO(mep_nccl_resolve_lsa(s->nccl, &lsa, g->rank), st, out_destroy);
+  MEP_CHECK_GOTO(mep_nccl_resolve_lsa(s->nccl, g->rank, &s->ctx.lsa_base, &s->ctx.lsa_stride,
+                                      &s->ctx.lsa_local),
+                 st, out_destroy);
   if (mep_ll_timeout_cycles(s->device, g->cfg.kernel_timeout_ms, &s->ctx.timeout_cycles) !=
       MEP_KSTATUS_OK) {
     st = mep_error(MOE_EP_ERR_CUDA, "group_create on rank %d: %s", g->rank,
                    mep_kernels_last_error());
     goto out_destroy;
   }
-  s->ctx.lsa_base = lsa.lsa_base;
-  s->ctx.lsa_stride = lsa.lsa_stride;
-  s->ctx.lsa_local = lsa.lsa_local;
   if (g->num_sms == 0) {
     g->num_sms = s->device_sms < MEP_HT_DEFAULT_SMS ? s->device_sms : MEP_HT_DEFAULT_SMS;
   }

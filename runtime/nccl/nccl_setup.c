@@ -366,7 +366,7 @@ moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *p, mep_nccl_t **out) {
       (e = cudaMalloc(&n->scratch, n->scratch_bytes)) != cudaSuccess ||
       (e = cudaHostAlloc(&n->host_scratch, n->scratch_bytes, cudaHostAllocDefault)) !=
           cudaSuccess) {
-    if (e != cudaSuccess) n->host_scratch = NULL;
+    n->host_scratch = NULL; /* the last call: it did not succeed */
     st = cuda_fail("cudaStreamCreate/cudaMalloc/cudaHostAlloc (setup)", e);
     goto fail;
   }

@@ -5,9 +5,10 @@
 // cudaMemcpy, launches on stream 0 and cudaDeviceSynchronize. With
 // --hold_stream=nonblocking it holds a nonblocking stream of its own
 // instead, as an engine's side stream would: only what waits for the whole
-// device (cudaDeviceSynchronize, cudaFree) waits for that one. group_create's own device work (zeroing the
-// window and the state, the link check's copies, reading the window's LSA
-// addresses) runs on its nonblocking setup stream. A create that returns
+// device (cudaDeviceSynchronize, cudaFree) waits for that one.
+// group_create's own device work (zeroing the window and the state, the
+// link check's copies, reading the window's LSA addresses) runs on its
+// nonblocking setup stream. A create that returns
 // only once the hold has expired waited for the engine's work somewhere,
 // and that is this rank's FAIL line (it still does: tools/bench/RESULTS.md,
 // so run_device.sh runs this in its hold mode, not in full). The group is
