@@ -381,7 +381,8 @@ if [ "$MODE" = extra ]; then
 fi
 # The steps of rest outside the HT suite and the LL scenarios: the demo
 # over the nccl backend, the GIN-emulated trace, GIN and a mismatched NCCL
-# refused, EP1 bf16.
+# refused, EP1 bf16, the LSA link checks, the setup stalls, and
+# group_create while the engine's work holds a stream (hold).
 rest_misc() {
   sed 's/backend: host/backend: nccl/' $B/demo.yaml > "$OUT/demo_nccl.yaml"
   timeout $((30 * S)) $B/moe_ep_run -n $N -- $B/moe_ep_demo --config "$OUT/demo_nccl.yaml" \
@@ -400,26 +401,27 @@ rest_misc() {
   api ep1_bf16 1 20 --experts=8 --max_tokens=64 --layers=2048:2 --seeds=1
   lsa_link_checks
   setup_stalls
+  held_stream_creates
 }
-# hold: group_create while the engine's GPU work has not ended (not in
-# rest: group_create still waits for it, tools/bench/RESULTS.md). A host
+# hold: group_create while the engine's GPU work has not ended. A host
 # function holds the legacy default stream for up to 20 s
-# (worker_hold.cc); a rank whose group_create returns only after the hold
-# expired is a FAIL line; the group then runs its oracle checks. LL over
-# LSA and GIN-emulated, and HT; LL with a nonblocking stream held instead;
-# then which CUDA and NCCL host calls wait for a held stream
-# (tools/probe/hold_probe.cu).
+# (worker_hold.cc). On the engine's communicator (--adopt_comm=1, made and
+# used once before the hold) a rank whose group_create returns only after
+# the hold expired is a FAIL line: LL over LSA and GIN-emulated, HT, and LL
+# with a nonblocking stream held instead. On a communicator of its own,
+# NCCL's ncclCommInitRankConfig waits for the whole device
+# (tools/bench/RESULTS.md): that create runs with every setup step logged
+# and stamped as it arrives, reported, not judged. Every group then runs
+# its oracle checks. Last, which CUDA and NCCL host calls wait for a held
+# stream (tools/probe/hold_probe.cu).
 held_stream_creates() {
   local a="--hold_ms=20000 --experts=8 --max_tokens=8 --layers=128:2 --seeds=1"
-  api ${E}_create_held_stream $N 60 $a
-  api ${E}_ginemu_create_held_stream $N 60 $a --transport=gin_emulated
-  api ht_${E}_create_held_stream $N 60 $a --mode=ht
-  # an engine's side stream held instead (nonblocking): only what waits for
-  # the whole device waits for it
-  api ${E}_create_held_side_stream $N 60 $a --hold_stream=nonblocking
-  # The LL create again with each setup step logged (debug) and every line
-  # stamped as it arrives (a bash read loop: awk reads a pipe in blocks),
-  # to place the wait.
+  api ${E}_adopted_create_held_stream $N 60 $a --adopt_comm=1
+  api ${E}_ginemu_adopted_create_held_stream $N 60 $a --adopt_comm=1 --transport=gin_emulated
+  api ht_${E}_adopted_create_held_stream $N 60 $a --adopt_comm=1 --mode=ht
+  # an engine's side stream held instead (nonblocking)
+  api ${E}_adopted_create_held_side_stream $N 60 $a --adopt_comm=1 --hold_stream=nonblocking
+  # A bash read loop stamps the lines (awk reads a pipe in blocks).
   timeout 65 $B/moe_ep_run -n $N --timeout_s 60 -- $B/conformance_worker \
     --plugin=${PLUGIN:-$B/libmoe_ep.so} --backend=nccl --barrier_dir="$(mktemp -d)" $a \
     --log_level=debug 2>&1 \
@@ -427,7 +429,7 @@ held_stream_creates() {
     > "$OUT/hold_steps.log"
   summary hold_steps "${PIPESTATUS[0]}" \
     "$(sed 's/^[0-9.]* //' "$OUT/hold_steps.log" | worker_key /dev/stdin)"
-  grep -E "setup:|held|FAIL" "$OUT/hold_steps.log" | head -40
+  grep -E "setup:|held|group_create|FAIL" "$OUT/hold_steps.log" | head -40
   timeout 200 $B/hold_probe --hold_ms=2000 > "$OUT/hold_probe.log" 2>&1
   summary hold_probe $? "$(grep -c "waited for the hold" "$OUT/hold_probe.log") calls waited"
   cat "$OUT/hold_probe.log"

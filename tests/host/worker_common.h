@@ -33,6 +33,9 @@ struct Options {
   // nonblocking one ("nonblocking").
   int hold_ms = 0;
   std::string hold_stream = "legacy";
+  // nccl backend: group_create adopts a communicator this process made
+  // (worker_adopt.cc) instead of making its own.
+  bool adopt_comm = false;
   std::string transport = "auto";
   int ranks_per_node = 0;  // the config key; 0 = unset
   // Scenario "mismatch": the agreed key the last rank changes
@@ -121,6 +124,12 @@ int expect_setup_stall(Ctx& c, moe_ep_status_t st, const std::string& msg, doubl
 struct StreamHold;
 StreamHold* start_hold(Ctx& c);
 void end_hold(Ctx& c, StreamHold* h, double create_ms);
+
+// worker_adopt.cc: the engine's NCCL communicator for --adopt_comm=1
+// (nullptr and a FAIL line when it cannot be made); destroyed after the
+// group that borrowed it.
+void* adopt_comm_create(Ctx& c);
+void adopt_comm_destroy(Ctx& c, void* comm);
 
 // worker_outside.cc: what an engine does outside moe-ep.
 // All ranks meet at `name` (files under barrier_dir; polls with sleeps, so

@@ -122,6 +122,7 @@ static bool parse(int argc, char** argv, Options* o) {
     else if (k == "boot_ms") o->boot_ms = std::atoi(v.c_str());
     else if (k == "hold_ms") o->hold_ms = std::atoi(v.c_str());
     else if (k == "hold_stream" && (v == "legacy" || v == "nonblocking")) o->hold_stream = v;
+    else if (k == "adopt_comm") o->adopt_comm = v == "1";
     else if (k == "transport") o->transport = v;
     else if (k == "ranks_per_node") o->ranks_per_node = std::atoi(v.c_str());
     else if (k == "differ") o->differ = v;
@@ -261,6 +262,19 @@ int main(int argc, char** argv) {
     c.gpu = gp.cuda_device;
     cuda_check(cudaSetDevice(gp.cuda_device), "cudaSetDevice");
   }
+  void* comm = nullptr;
+  if (c.opt.adopt_comm) {
+    if (c.opt.backend != "nccl") {
+      std::fprintf(stderr, "FAIL adopt_comm: --adopt_comm=1 needs --backend=nccl\n");
+      return 1;
+    }
+    comm = adopt_comm_create(c);
+    if (comm == nullptr) {
+      std::fprintf(stderr, "FAILED rank=%d checks=%d failures=%d\n", c.rank, c.checks, c.failures);
+      return 1;
+    }
+    gp.nccl_comm = comm;
+  }
   StreamHold* hold = c.opt.hold_ms > 0 ? start_hold(c) : nullptr;
   if (std::getenv("MOE_EP_TEST_TRACE")) std::fprintf(stderr, "trace group_create\n");
   const auto create_start = std::chrono::steady_clock::now();
@@ -330,6 +344,7 @@ int main(int argc, char** argv) {
   }
   st = c.api->group_destroy(c.group);
   if (st != MOE_EP_OK) fail(c, 0, "group_destroy", c.api->last_error());
+  adopt_comm_destroy(c, comm);  // after the group that borrowed it
   if (c.checks == 0) fail(c, 0, "worker", "ran no checks at all");
   std::fprintf(stderr, "%s rank=%d checks=%d failures=%d\n",
                c.failures ? "FAILED" : "PASSED", c.rank, c.checks, c.failures);
