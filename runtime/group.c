@@ -231,8 +231,20 @@ moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
     return mep_error(MOE_EP_ERR_NO_MEMORY, "group_create: out of host memory");
   }
   MEP_CHECK_GOTO(validate_params(params, g), st, out_free_group);
+  const int requested = g->cfg.backend;
   MEP_CHECK_GOTO(mep_backend_select(g->cfg.backend, g->cfg.mode, &g->ops, &g->cfg.backend), st,
                  out_free_group);
+  /* Only the nccl backend adopts a communicator: a host group would drop
+   * the engine's one without a word. */
+  if (g->nccl_comm != NULL && g->cfg.backend == MOE_EP_BACKEND_HOST) {
+    st = mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                   "group_create on rank %d: params->nccl_comm=%p is set, but the group's "
+                   "backend is host (%s); only the nccl backend adopts a communicator",
+                   g->rank, g->nccl_comm,
+                   requested == MOE_EP_BACKEND_AUTO ? "backend auto found no CUDA device"
+                                                    : "config backend host");
+    goto out_free_group;
+  }
   /* Bootstrap and backend setup log at this group's level. */
   mep_log_thread_level(g->cfg.log_level);
 

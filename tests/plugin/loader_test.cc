@@ -83,6 +83,32 @@ TEST_F(Loaded, OneRankGroupThroughTheTable) {
   t->config_free(cfg);
 }
 
+// A communicator handed to a host group is refused before any bootstrap,
+// naming the parameter; a group forms without it afterwards.
+TEST_F(Loaded, HostGroupRefusesAnNcclComm) {
+  moe_ep_config_t* cfg = nullptr;
+  int port = moe_ep_test::free_loopback_port();
+  std::string yaml = "moe_ep:\n  backend: host\n  num_experts: 4\n  hidden: 256\n  top_k: 2\n"
+                     "  max_tokens_per_rank: 8\n  bootstrap:\n    address: \"127.0.0.1:" +
+                     std::to_string(port) + "\"\n";
+  ASSERT_EQ(t->config_from_yaml(yaml.c_str(), &cfg), MOE_EP_OK) << t->last_error();
+  moe_ep_group_params_t gp = MOE_EP_INIT(moe_ep_group_params_t);
+  gp.config = cfg;
+  gp.rank = 0;
+  gp.world_size = 1;
+  int not_a_comm = 0;
+  gp.nccl_comm = &not_a_comm;
+  moe_ep_group_t* g = nullptr;
+  EXPECT_EQ(t->group_create(&gp, &g), MOE_EP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(g, nullptr);
+  EXPECT_NE(std::strstr(t->last_error(), "params->nccl_comm"), nullptr) << t->last_error();
+  EXPECT_NE(std::strstr(t->last_error(), "config backend host"), nullptr) << t->last_error();
+  gp.nccl_comm = nullptr;
+  ASSERT_EQ(t->group_create(&gp, &g), MOE_EP_OK) << t->last_error();
+  EXPECT_EQ(t->group_destroy(g), MOE_EP_OK);
+  t->config_free(cfg);
+}
+
 // CI has no GPU: the nccl backend sizes its buffers, then refuses to form a
 // group with a sentence saying why, and the library stays usable.
 TEST_F(Loaded, NcclBackendWithoutGpuFailsCleanly) {

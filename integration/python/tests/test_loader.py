@@ -121,3 +121,12 @@ def test_every_status_has_its_exception_class():
         assert str(err) == "sentence"
     assert issubclass(moe_ep.InvalidArgumentError, ValueError)
     assert issubclass(moe_ep.UnsupportedError, NotImplementedError)
+
+
+def test_a_host_group_refuses_a_communicator_before_any_bootstrap():
+    lib = moe_ep.Library(library_path())
+    cfg = moe_ep.Config({"backend": "host", "num_experts": 4, "hidden": 256, "top_k": 2,
+                         "max_tokens_per_rank": 8}, lib)
+    with pytest.raises(moe_ep.InvalidArgumentError, match=r"params->nccl_comm=.* host") as e:
+        moe_ep.Group(cfg, rank=0, world_size=1, nccl_comm=0x1000, library=lib)
+    assert e.value.entry == "group_create"
