@@ -26,7 +26,6 @@ namespace moe_ep_test {
 namespace {
 
 struct Nccl {
-  void* lib = nullptr;
   ncclResult_t (*get_unique_id)(ncclUniqueId*) = nullptr;
   ncclResult_t (*init_rank)(ncclComm_t*, int, ncclUniqueId, int) = nullptr;
   ncclResult_t (*all_reduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
@@ -38,18 +37,18 @@ struct Nccl {
 bool open_nccl(Ctx& c, Nccl* n) {
   const char* path = std::getenv("MOE_EP_NCCL_LIBRARY");
   if (path == nullptr || *path == '\0') path = "libnccl.so.2";
-  n->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (n->lib == nullptr) {
+  void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);  // kept open: the plugin shares it
+  if (lib == nullptr) {
     const char* why = dlerror();
     fail(c, 0, "adopt_comm", std::string("cannot load NCCL from '") + path + "': " +
                                  (why ? why : "unknown error"));
     return false;
   }
-  *reinterpret_cast<void**>(&n->get_unique_id) = dlsym(n->lib, "ncclGetUniqueId");
-  *reinterpret_cast<void**>(&n->init_rank) = dlsym(n->lib, "ncclCommInitRank");
-  *reinterpret_cast<void**>(&n->all_reduce) = dlsym(n->lib, "ncclAllReduce");
-  *reinterpret_cast<void**>(&n->destroy) = dlsym(n->lib, "ncclCommDestroy");
-  *reinterpret_cast<void**>(&n->error_string) = dlsym(n->lib, "ncclGetErrorString");
+  *reinterpret_cast<void**>(&n->get_unique_id) = dlsym(lib, "ncclGetUniqueId");
+  *reinterpret_cast<void**>(&n->init_rank) = dlsym(lib, "ncclCommInitRank");
+  *reinterpret_cast<void**>(&n->all_reduce) = dlsym(lib, "ncclAllReduce");
+  *reinterpret_cast<void**>(&n->destroy) = dlsym(lib, "ncclCommDestroy");
+  *reinterpret_cast<void**>(&n->error_string) = dlsym(lib, "ncclGetErrorString");
   if (!n->get_unique_id || !n->init_rank || !n->all_reduce || !n->destroy || !n->error_string) {
     fail(c, 0, "adopt_comm", std::string("'") + path + "' lacks an NCCL entry point");
     return false;
@@ -113,7 +112,7 @@ void* adopt_comm_create(Ctx& c) {
   }
   c.rank = std::atoi(r);
   const int world = std::atoi(w);
-  Nccl& n = nccl;
+  Nccl& n = nccl;  // opened here, used again by adopt_comm_destroy
   ncclUniqueId id;
   ncclComm_t comm = nullptr;
   if (!open_nccl(c, &n) || !share_id(c, n, &id) ||

@@ -25,6 +25,16 @@ class Loaded : public testing::Test {
     ASSERT_NE(h, nullptr) << err;
   }
   void TearDown() override { moe_ep_unload(h); }
+  // A one-rank host config (4 experts) on a free loopback port; nullptr
+  // when the library refuses it (its last_error says why).
+  moe_ep_config_t* HostConfig() const {
+    moe_ep_config_t* cfg = nullptr;
+    std::string yaml =
+        "moe_ep:\n  backend: host\n  num_experts: 4\n  hidden: 256\n  top_k: 2\n"
+        "  max_tokens_per_rank: 8\n  bootstrap:\n    address: \"127.0.0.1:" +
+        std::to_string(moe_ep_test::free_loopback_port()) + "\"\n";
+    return t->config_from_yaml(yaml.c_str(), &cfg) == MOE_EP_OK ? cfg : nullptr;
+  }
   const moe_ep_plugin_v1_t* t = nullptr;
   void* h = nullptr;
 };
@@ -49,12 +59,8 @@ TEST_F(Loaded, EveryEntryIsSet) {
 }
 
 TEST_F(Loaded, OneRankGroupThroughTheTable) {
-  moe_ep_config_t* cfg = nullptr;
-  int port = moe_ep_test::free_loopback_port();
-  std::string yaml = "moe_ep:\n  backend: host\n  num_experts: 4\n  hidden: 256\n  top_k: 2\n"
-                     "  max_tokens_per_rank: 8\n  bootstrap:\n    address: \"127.0.0.1:" +
-                     std::to_string(port) + "\"\n";
-  ASSERT_EQ(t->config_from_yaml(yaml.c_str(), &cfg), MOE_EP_OK) << t->last_error();
+  moe_ep_config_t* cfg = HostConfig();
+  ASSERT_NE(cfg, nullptr) << t->last_error();
   uint64_t bytes = 0;
   ASSERT_EQ(t->buffer_size_hint(cfg, 1, &bytes), MOE_EP_OK) << t->last_error();
   EXPECT_GT(bytes, 0u);
@@ -86,12 +92,8 @@ TEST_F(Loaded, OneRankGroupThroughTheTable) {
 // A communicator handed to a host group is refused before any bootstrap,
 // naming the parameter; a group forms without it afterwards.
 TEST_F(Loaded, HostGroupRefusesAnNcclComm) {
-  moe_ep_config_t* cfg = nullptr;
-  int port = moe_ep_test::free_loopback_port();
-  std::string yaml = "moe_ep:\n  backend: host\n  num_experts: 4\n  hidden: 256\n  top_k: 2\n"
-                     "  max_tokens_per_rank: 8\n  bootstrap:\n    address: \"127.0.0.1:" +
-                     std::to_string(port) + "\"\n";
-  ASSERT_EQ(t->config_from_yaml(yaml.c_str(), &cfg), MOE_EP_OK) << t->last_error();
+  moe_ep_config_t* cfg = HostConfig();
+  ASSERT_NE(cfg, nullptr) << t->last_error();
   moe_ep_group_params_t gp = MOE_EP_INIT(moe_ep_group_params_t);
   gp.config = cfg;
   gp.rank = 0;
