@@ -50,18 +50,20 @@ moe_ep_status_t mep_nccl_resolve_lsa(mep_nccl_t *n, int rank, uint64_t *base, ui
                                      uint64_t *local) {
   unsigned char desc[MEP_NCCL_SCRATCH_MIN];
   const size_t bytes = mep_ll_window_desc_bytes();
-  moe_ep_status_t st = MOE_EP_OK;
-  if (bytes > sizeof desc) {
-    st = mep_error(MOE_EP_ERR_INTERNAL, "the window's descriptor is %zu bytes, more than %zu",
-                   bytes, sizeof desc);
-  } else if ((st = mep_nccl_read_back(n, desc, mep_nccl_window(n), bytes,
-                                      "reading the window's LSA addresses")) == MOE_EP_OK &&
-             mep_ll_lsa_from_desc(desc, base, stride, local) != MEP_KSTATUS_OK) {
+  moe_ep_status_t st =
+      bytes > sizeof desc
+          ? mep_error(MOE_EP_ERR_INTERNAL, "the window's descriptor is %zu bytes, more than %zu",
+                      bytes, sizeof desc)
+          : mep_nccl_read_back(n, desc, mep_nccl_window(n), bytes,
+                               "reading the window's LSA addresses");
+  if (st != MOE_EP_OK) {
+    mep_error_prefix("group_create on rank %d", rank);
+    return st;
+  }
+  if (mep_ll_lsa_from_desc(desc, base, stride, local) != MEP_KSTATUS_OK)
     return mep_error(MOE_EP_ERR_CUDA, "group_create on rank %d: %s", rank,
                      mep_kernels_last_error());
-  }
-  if (st != MOE_EP_OK) mep_error_prefix("group_create on rank %d", rank);
-  return st;
+  return MOE_EP_OK;
 }
 
 moe_ep_status_t mep_nccl_alloc_zeroed(mep_nccl_t *n, void **dev, uint64_t bytes,

@@ -71,10 +71,10 @@ int mep_nccl_settled(ncclComm_t comm, ncclResult_t r, int32_t timeout_ms) {
   return settle(comm, r, timeout_ms, &late) == ncclSuccess && !late;
 }
 
-/* comm NULL: the stream holds this rank's own work (no peer takes part),
- * so an expiry blames this GPU, not another rank. */
-static moe_ep_status_t stream_wait(ncclComm_t comm, cudaStream_t stream, const char *step,
-                                   int32_t timeout_ms) {
+/* comm NULL (mep_nccl_local_wait): the stream holds this rank's own work
+ * (no peer takes part), so an expiry blames this GPU, not another rank. */
+moe_ep_status_t mep_nccl_stream_wait(ncclComm_t comm, cudaStream_t stream, const char *step,
+                                     int32_t timeout_ms) {
   const int64_t deadline = mep_nccl_now_ms() + timeout_ms;
   for (;;) {
     cudaError_t e = cudaStreamQuery(stream);
@@ -98,11 +98,6 @@ static moe_ep_status_t stream_wait(ncclComm_t comm, cudaStream_t stream, const c
   }
 }
 
-moe_ep_status_t mep_nccl_stream_wait(ncclComm_t comm, cudaStream_t stream, const char *step,
-                                     int32_t timeout_ms) {
-  return stream_wait(comm, stream, step, timeout_ms);
-}
-
 moe_ep_status_t mep_nccl_local_wait(cudaStream_t stream, const char *step, int32_t timeout_ms) {
-  return stream_wait(NULL, stream, step, timeout_ms);
+  return mep_nccl_stream_wait(NULL, stream, step, timeout_ms);
 }
