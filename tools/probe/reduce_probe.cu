@@ -16,7 +16,9 @@
 // with a streaming read of the same bytes as the floor. Two GPUs (when
 // present): both at once at EP2, each storing source 1's partials into
 // the other, in the kernel's order, remote units first, remote and local
-// units on separate blocks, every store local, or no stores.
+// units on separate blocks, every store local, or no stores; then the
+// stores alone (no row loads), at the partial rows' bytes and at the line
+// partials' (8/7 of them), and an empty kernel timed the same way.
 // Times are medians of CUDA events around each launch with a sync per
 // round ("empty launch" is that floor). Build, from the repository root
 // (it reuses the kernels' bf16 helpers):
@@ -125,7 +127,9 @@ __global__ void __launch_bounds__(512, 1)
 // GPU's out (the combine's send), source 0's locally. order: 0 token-major
 // (sources interleaved, as the kernel), 1 remote units first, 2 even
 // blocks take the remote units and odd blocks the local ones, 3 every
-// store local (no link), 4 no stores.
+// store local (no link), 4 no stores, 5 the stores alone (no row loads:
+// the link's and the local stores' share), 6 nothing (the launch in the
+// same timing).
 __global__ void __launch_bounds__(512, 1)
     k_partials_peer(const __nv_bfloat16 *y, const int *route, __nv_bfloat16 *out,
                     __nv_bfloat16 *peer_out, int ts_n, int hidden, int order) {
@@ -143,6 +147,7 @@ __global__ void __launch_bounds__(512, 1)
     first = (blockIdx.x & 1) ? half_units : 0;
     count = half_units;
   }
+  if (order == 6 && hidden > 0) return;
   for (int i = gwarp; i < count; i += nwarps) {
     int ts, pc;
     if (order == 1 || order == 2) { /* units [0, half): source 1; then source 0 */
@@ -155,7 +160,14 @@ __global__ void __launch_bounds__(512, 1)
     }
     const int c = pc * piece + lane * 8;
     float acc[S][8];
-    partial_unit<kNc, S, B>(y, lane < 8 ? route[ts * 8 + lane] : -1, c, hidden, acc);
+    if (order == 5) {
+#pragma unroll
+      for (int j = 0; j < S; ++j)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[j][e] = (float)(ts + e);
+    } else {
+      partial_unit<kNc, S, B>(y, lane < 8 ? route[ts * 8 + lane] : -1, c, hidden, acc);
+    }
     if (order == 4 && hidden > 0) continue;
     store_unit<S>(((ts & 1) && order != 3 ? peer_out : out) + (size_t)ts * hidden, c, hidden,
                   acc);
@@ -408,6 +420,10 @@ static void median_pair_us(int iters, cudaStream_t st[2], cudaEvent_t ev[2][2], 
 static void peer_section(int iters, int hidden, int sms, int tokens) {
   Setup s = make_setup(tokens, 2, 256, 2, 256, 1);
   const size_t row_b = (size_t)hidden * 2, sparse_rows = (size_t)s.local_experts * s.cap;
+  /* the LL combine's line partials: 224 channels of every 256 carry data
+   * (mep_ll_line_row_bytes), so a row of them is this many channels wide */
+  const int line_hidden = (hidden + 223) / 224 * 256;
+  const size_t line_b = (size_t)line_hidden * 2;
   __nv_bfloat16 *y[2], *out[2];
   int *route[2];
   cudaStream_t st_[2];
@@ -421,7 +437,7 @@ static void peer_section(int iters, int hidden, int sms, int tokens) {
       CK(pe);
     CK(cudaMalloc(&y[d], sparse_rows * row_b));
     CK(cudaMemset(y[d], 0x3c, sparse_rows * row_b));
-    CK(cudaMalloc(&out[d], (size_t)s.ts_n * row_b));
+    CK(cudaMalloc(&out[d], (size_t)s.ts_n * line_b));
     CK(cudaMalloc(&route[d], s.sparse_route.size() * 4));
     CK(cudaMemcpy(route[d], s.sparse_route.data(), s.sparse_route.size() * 4,
                   cudaMemcpyHostToDevice));
@@ -433,14 +449,23 @@ static void peer_section(int iters, int hidden, int sms, int tokens) {
          tokens, s.ts_n / 2 * row_b / 1e6);
   const char *names[] = {"token-major (the kernel's order)", "remote units first",
                          "remote on even blocks, local on odd", "every store local (no link)",
-                         "no stores"};
-  for (int order = 0; order < 5; ++order) {
+                         "no stores", "stores alone (no row loads)", "empty (the launch)"};
+  for (int order = 0; order < 7; ++order) {
     float t[2];
     median_pair_us(iters, st_, ev, [&](int d, cudaStream_t stream) {
       k_partials_peer<<<sms, 512, 0, stream>>>(y[d], route[d], out[d], out[1 - d], s.ts_n,
                                               hidden, order);
     }, t);
     printf("  %-38s GPU0 %7.2f us, GPU1 %7.2f us\n", names[order], t[0], t[1]);
+  }
+  {
+    float t[2];
+    median_pair_us(iters, st_, ev, [&](int d, cudaStream_t stream) {
+      k_partials_peer<<<sms, 512, 0, stream>>>(y[d], route[d], out[d], out[1 - d], s.ts_n,
+                                              line_hidden, 5);
+    }, t);
+    printf("  stores alone, %zu-byte line rows      GPU0 %7.2f us, GPU1 %7.2f us\n", line_b,
+           t[0], t[1]);
   }
   for (int stages = 2; stages <= 3; ++stages) {
     auto k = stages == 2 ? k_partials_tma<2> : k_partials_tma<3>;
