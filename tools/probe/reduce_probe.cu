@@ -18,10 +18,10 @@
 // the other, in the kernel's order, remote units first, remote and local
 // units on separate blocks, every store local, or no stores; then the
 // stores alone (no row loads), at the partial rows' bytes and at the line
-// partials' (8/7 of them), and an empty kernel timed the same way.
+// partials' (mep_ll_line_row_bytes), and an empty kernel timed the same way.
 // Times are medians of CUDA events around each launch with a sync per
 // round ("empty launch" is that floor). Build, from the repository root
-// (it reuses the kernels' bf16 helpers):
+// (it reuses the kernels' bf16 helpers and line-row size):
 //   nvcc -O3 -arch=sm_90 -I. -o reduce_probe tools/probe/reduce_probe.cu
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -36,6 +36,7 @@
 
 #include "check.h"
 #include "kernels/common/bf16_vec.cuh"
+#include "kernels/ll/ll_layout.h"
 
 enum Load { kNc = 0, kCg = 1, kNa = 2, kPlain = 3 };
 static const char *kLoadName[] = {"nc", "cg", "nc.na", "plain"};
@@ -420,9 +421,8 @@ static void median_pair_us(int iters, cudaStream_t st[2], cudaEvent_t ev[2][2], 
 static void peer_section(int iters, int hidden, int sms, int tokens) {
   Setup s = make_setup(tokens, 2, 256, 2, 256, 1);
   const size_t row_b = (size_t)hidden * 2, sparse_rows = (size_t)s.local_experts * s.cap;
-  /* the LL combine's line partials: 224 channels of every 256 carry data
-   * (mep_ll_line_row_bytes), so a row of them is this many channels wide */
-  const int line_hidden = (hidden + 223) / 224 * 256;
+  /* a row of the LL combine's line partials, in bf16 channels */
+  const int line_hidden = (int)(mep_ll_line_row_bytes(hidden) / 2);
   const size_t line_b = (size_t)line_hidden * 2;
   __nv_bfloat16 *y[2], *out[2];
   int *route[2];
