@@ -421,9 +421,8 @@ static void median_pair_us(int iters, cudaStream_t st[2], cudaEvent_t ev[2][2], 
 static void peer_section(int iters, int hidden, int sms, int tokens) {
   Setup s = make_setup(tokens, 2, 256, 2, 256, 1);
   const size_t row_b = (size_t)hidden * 2, sparse_rows = (size_t)s.local_experts * s.cap;
-  /* a row of the LL combine's line partials, in bf16 channels */
-  const int line_hidden = (int)(mep_ll_line_row_bytes(hidden) / 2);
-  const size_t line_b = (size_t)line_hidden * 2;
+  /* a row of the LL combine's line partials */
+  const size_t line_b = mep_ll_line_row_bytes(hidden);
   __nv_bfloat16 *y[2], *out[2];
   int *route[2];
   cudaStream_t st_[2];
@@ -450,20 +449,21 @@ static void peer_section(int iters, int hidden, int sms, int tokens) {
   const char *names[] = {"token-major (the kernel's order)", "remote units first",
                          "remote on even blocks, local on odd", "every store local (no link)",
                          "no stores", "stores alone (no row loads)", "empty (the launch)"};
-  for (int order = 0; order < 7; ++order) {
-    float t[2];
+  /* both GPUs' k_partials_peer over rows of `width` channels */
+  auto pair = [&](int width, int order, float t[2]) {
     median_pair_us(iters, st_, ev, [&](int d, cudaStream_t stream) {
       k_partials_peer<<<sms, 512, 0, stream>>>(y[d], route[d], out[d], out[1 - d], s.ts_n,
-                                              hidden, order);
+                                              width, order);
     }, t);
+  };
+  for (int order = 0; order < 7; ++order) {
+    float t[2];
+    pair(hidden, order, t);
     printf("  %-38s GPU0 %7.2f us, GPU1 %7.2f us\n", names[order], t[0], t[1]);
   }
   {
     float t[2];
-    median_pair_us(iters, st_, ev, [&](int d, cudaStream_t stream) {
-      k_partials_peer<<<sms, 512, 0, stream>>>(y[d], route[d], out[d], out[1 - d], s.ts_n,
-                                              line_hidden, 5);
-    }, t);
+    pair((int)(line_b / 2), 5, t);
     printf("  stores alone, %zu-byte line rows      GPU0 %7.2f us, GPU1 %7.2f us\n", line_b,
            t[0], t[1]);
   }
