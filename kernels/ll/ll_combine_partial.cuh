@@ -19,7 +19,7 @@
  *
  * Over LSA the partials travel with their own flags, so no release orders
  * them: as flagged words for small calls (mep_ll_flag_word) and as line
- * partials beyond (mep_ll_line_row_bytes: 128-byte lines whose last 16
+ * partials beyond (mep_ll_line_row_bytes: 128-byte lines whose last 8
  * bytes carry the epoch). Staged transports count their puts.
  *
  * Included by ll_combine_body.cuh; its send body pushes and calls the send
@@ -51,20 +51,27 @@ constexpr int kMepPartialWideSteps = 4;
  * a row's steps spread over several warps instead of one warp walking the
  * whole row (7168 channels: 7 warps of 4 steps, not 1 warp of 28). */
 constexpr int kMepPartialPiece = 1024;
-/* Channels of a line-partial warp step (4 lines of 56 channels). */
+/* Channels of a line-partial warp step (4 lines of 60 channels). */
 constexpr int kMepLineStep = MEP_LL_LINE_STEP;
 
-/* A lane's first channel in a line-partial step: lanes 0-6 of each 8-lane
- * group carry 8 channels of its line; lane 7, the flag lane, loads lane
- * 6's (same sector, no extra traffic) and stores the epoch instead. */
+/* A lane's first channel in a line-partial step (mep_ll_line_row_bytes):
+ * lanes 0-6 of group g carry 8 channels from (7 g + lane) * 8, the flag
+ * lane (lane 7) 4 channels from 224 + 4 g. */
 __device__ __forceinline__ int mep_line_lane_channel(int lane) {
-  const int l = lane & 7;
-  return (lane >> 3) * MEP_LL_LINE_CHANNELS + (l < 7 ? l : 6) * 8;
+  const int g = lane >> 3, l = lane & 7;
+  return l < 7 ? (7 * g + l) * 8 : 224 + 4 * g;
 }
 __device__ __forceinline__ bool mep_line_flag_lane(int lane) { return (lane & 7) == 7; }
-/* The flag lane's 16 bytes: four copies of the epoch. */
+/* The flag lane's high 8 bytes: the epoch, twice. */
 __device__ __forceinline__ uint64_t mep_line_flag_word(uint32_t epoch) {
   return (uint64_t)epoch << 32 | epoch;
+}
+/* The 8 channels a lane of a line step computes in the send: its own,
+ * or for a flag lane the aligned 8 that hold its 4 (the neighbouring flag
+ * lane computes the same 8: the same sector, no extra traffic; each
+ * channel's sum is the same fmaf chain whoever computes it). */
+__device__ __forceinline__ int mep_line_send_channel(int c, bool flag_lane) {
+  return flag_lane ? (c & ~7) : c;
 }
 
 /* The lowest lane left in `mask`, taken off it, for a batch of loads
@@ -154,7 +161,7 @@ static __device__ __noinline__ uint32_t mep_weight_wait(const MepLLParams &p, co
  * src_tokens words, shared memory, with MEP_LL_SRC_PUSHED where the source
  * pushes its weights: those come from the pushed words, not the route).
  * Units (token, source, piece). LSA: kLines picks the sources this loop
- * serves, line-partial ones (pieces of S 224-channel steps, stored as
+ * serves, line-partial ones (pieces of S 240-channel steps, stored as
  * lines into the source's comb_recv row) or flagged ones (S 256-channel
  * steps, stored as flagged words into its comb_flag row); the other kind
  * is skipped, so a call that mixes them runs both loops. Staged transports
@@ -206,20 +213,23 @@ __device__ __forceinline__ void mep_combine_send_partials_at(const MepLLParams &
     if constexpr (!Tp::kStaged && kLines) {
       /* lines of [t * K + kf] of the source's comb_recv half: one 512-byte
        * warp store per step, the flag lanes' epoch in the same instruction */
+      const bool fl = mep_line_flag_lane(lane);
       const int c = c0 + mep_line_lane_channel(lane);
       uint4 o[S];
-      mep_partial_chunks<S, kMepLineStep>(a.y, a.hidden, a.hidden, entry, live, c, o);
+      mep_partial_chunks<S, kMepLineStep>(a.y, a.hidden, a.hidden, entry, live,
+                                          mep_line_send_channel(c, fl), o);
+      const bool high = fl && (c & 7) != 0; /* a flag lane's 4 in the high half */
       char *dst = static_cast<char *>(Tp::peer_ptr(
                       p.xp, s, p.set_off + mep_ll_line_row_off(&p.lay, &p.dims, half,
                                                                 (uint64_t)t * K + kf))) +
                   (size_t)pc * S * 512u + 16u * lane;
       const uint64_t flag = mep_line_flag_word(epoch);
-      const bool fl = mep_line_flag_lane(lane);
 #pragma unroll
       for (int j = 0; j < S; ++j)
         if (c0 + j * kMepLineStep < a.hidden) /* warp-uniform */
           mep_st_volatile_u64x2(reinterpret_cast<uint64_t *>(dst + j * 512),
-                                fl ? flag : (uint64_t)o[j].y << 32 | o[j].x,
+                                high ? (uint64_t)o[j].w << 32 | o[j].z
+                                     : (uint64_t)o[j].y << 32 | o[j].x,
                                 fl ? flag : (uint64_t)o[j].w << 32 | o[j].z);
     } else if constexpr (!Tp::kStaged) {
       /* [this rank][t] of the source's comb_flag: 4 words per lane-step */
@@ -471,20 +481,21 @@ __device__ __forceinline__ bool mep_combine_sum_flagged_at(const MepLLParams &p,
 }
 
 /* One step of a line-partial row for the lines sum: this lane's 16 bytes
- * at `at` into *v (a step past the call's hidden is not read: zeros), and
- * bit j of *bad set where this lane is a flag lane and its words are not
- * `flag` (the line has not landed yet). */
+ * at `at` into *v (a flag lane's: its 4 channels, then zeros; a step past
+ * the call's hidden is not read), and bit j of *bad set where this lane is
+ * a flag lane and its flag is not `flag` (the line has not landed yet). */
 __device__ __forceinline__ void mep_line_load(const char *at, bool in_row, bool flag_lane,
                                               uint64_t flag, int j, uint4 *v, uint32_t *bad) {
-  uint64_t x0 = flag, x1 = flag;
+  uint64_t x0 = 0, x1 = flag;
   if (in_row) mep_ld_volatile_u64x2(reinterpret_cast<const uint64_t *>(at), &x0, &x1);
-  *v = make_uint4((uint32_t)x0, (uint32_t)(x0 >> 32), (uint32_t)x1, (uint32_t)(x1 >> 32));
-  if (flag_lane && (x0 != flag || x1 != flag)) *bad |= 1u << j;
+  *v = make_uint4((uint32_t)x0, (uint32_t)(x0 >> 32), flag_lane ? 0u : (uint32_t)x1,
+                  flag_lane ? 0u : (uint32_t)(x1 >> 32));
+  if (flag_lane && x1 != flag) *bad |= 1u << j;
 }
 
 /* The slow path of a line read, out of line: spins until the flag lane's
- * words at w are `flag` (rank `src`'s line); false when the wait expired
- * (recorded) or another wait aborted. */
+ * flag (the high 8 of its 16 bytes at w) is `flag` (rank `src`'s line);
+ * false when the wait expired (recorded) or another wait aborted. */
 static __device__ __noinline__ bool mep_line_wait(const MepLLParams &p, const uint64_t *w,
                                                   uint64_t flag, int src) {
   uint64_t seen = 0;
@@ -492,7 +503,7 @@ static __device__ __noinline__ bool mep_line_wait(const MepLLParams &p, const ui
                   [&] {
                     uint64_t x0, x1;
                     mep_ld_volatile_u64x2(w, &x0, &x1);
-                    return x0 != flag ? x0 : x1;
+                    return x1;
                   },
                   [&](uint64_t v) { return v == flag; }, flag, MEP_LL_OP_COMBINE_FLAGGED, src, -1,
                   &seen);
@@ -500,14 +511,14 @@ static __device__ __noinline__ bool mep_line_wait(const MepLLParams &p, const ui
 
 /* The receive half's sum for a call above the flagged limit (LSA, after
  * the count waits, which the senders' early arrivals make short): each
- * unit (token, S 224-channel steps) loads, for the ranks the token reaches
+ * unit (token, S 240-channel steps) loads, for the ranks the token reaches
  * in the order they first appear in top-k (B ranks a batch), the lines of
  * its steps from comb_recv [t * K + that rank's first slot]; a line is
  * taken once the flag lane of the same load saw this combine's epoch, else
  * the flag lane waits (bounded) and the warp loads the rank's steps again.
- * The flag lanes sum nothing; the others add each partial in f32 from 0
- * and store bf16 once: the same bits as the flagged and staged sums. A
- * failed wait ends the warp's units. */
+ * Every lane adds each partial of its channels (a flag lane's 4) in f32
+ * from 0 and stores bf16 once: the same bits as the flagged and staged
+ * sums. A failed wait ends the warp's units. */
 template <typename IdxT, int S>
 __device__ __forceinline__ bool mep_combine_sum_lines_at(const MepLLParams &p,
                                                          const MepCombineArgs &a,
@@ -566,16 +577,19 @@ __device__ __forceinline__ bool mep_combine_sum_lines_at(const MepLLParams &p,
       /* w = 1: exactly acc + partial, in first-appearance order */
 #pragma unroll
       for (int i = 0; i < B; ++i)
-        if (use[i] && !fl) mep_steps_fma<S>(acc, v[i], 1.0f);
+        if (use[i]) mep_steps_fma<S>(acc, v[i], 1.0f);
     }
-    if (!fl) {
-      const int c = c0 + mep_line_lane_channel(lane);
-      __nv_bfloat16 *orow = a.out + (size_t)t * a.hidden;
+    const int c = c0 + mep_line_lane_channel(lane);
+    __nv_bfloat16 *orow = a.out + (size_t)t * a.hidden;
 #pragma unroll
-      for (int j = 0; j < S; ++j)
-        if (c + j * kMepLineStep < a.hidden)
-          *reinterpret_cast<uint4 *>(orow + c + j * kMepLineStep) = mep_bf16x8_pack(acc[j]);
-    }
+    for (int j = 0; j < S; ++j)
+      if (c + j * kMepLineStep < a.hidden) {
+        const uint4 o = mep_bf16x8_pack(acc[j]);
+        if (fl) /* 4 channels, 8-byte aligned */
+          *reinterpret_cast<uint2 *>(orow + c + j * kMepLineStep) = make_uint2(o.x, o.y);
+        else
+          *reinterpret_cast<uint4 *>(orow + c + j * kMepLineStep) = o;
+      }
   }
   return true;
 }

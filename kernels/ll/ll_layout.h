@@ -162,7 +162,7 @@ static inline MEP_HD uint64_t mep_ll_weight_word(uint32_t weight_bits, uint32_t 
  * 64-bit access is single-copy atomic), so the experts' ranks send them
  * with no release (their arrival, a relaxed add, comes first and only
  * keeps the ranks in step), and the source sums each partial as it lands.
- * Twice the bytes of a bf16 row, against line partials' 8/7 (below):
+ * Twice the bytes of a bf16 row, against line partials' 16/15 (below):
  * worth it only while the latency, not the link, bounds a call. Region
  * comb_flag:
  * [R][mep_ll_flag_tokens][hidden / 2] words, by sending rank.
@@ -194,19 +194,20 @@ static inline MEP_HD uint64_t mep_ll_flag_word(uint32_t two_bf16, uint32_t epoch
 }
 
 /* Line partials (LSA, a source above the flagged limit): its partial rows
- * travel as 128-byte lines of 112 payload bytes (56 bf16 channels, lanes
- * 0-6 of an 8-lane group, 16 bytes each) and, in lane 7's 16 bytes, four
- * copies of the combine epoch. A warp step is 4 lines, 224 channels, one
- * 512-byte store instruction: the receive sees a line's flag only once the
- * whole line has landed (NVLink delivers a warp's aligned 128-byte store
- * whole on the platforms NCCL enables its LL128 protocol on, Hopper among
- * them), so no release orders the data and the receive sums each line as
- * it lands. 8/7 of a bf16 row's bytes. A row of the set's hidden width
- * takes ceil(hidden / 224) steps; the rows sit in comb_recv at
- * [token * top_k + first slot on the sender], at that row width whatever
- * the call's hidden, so every flag lane keeps its place. */
-#define MEP_LL_LINE_CHANNELS 56
-#define MEP_LL_LINE_STEP 224
+ * travel as 128-byte lines of 120 payload bytes and an 8-byte flag (the
+ * combine epoch, twice). A warp step is 4 lines, 240 channels, one
+ * 512-byte store instruction: lanes 0-6 of each 8-lane group carry 8
+ * channels each (the step's first 224, in lane order g * 7 + l), and lane
+ * 7 of group g (the flag lane) 4 more, channels 224 + 4 g, in its low 8
+ * bytes, and the flag in its high 8. The receive sees a line's flag only
+ * once the whole line has landed (NVLink delivers a warp's aligned
+ * 128-byte store whole on the platforms NCCL enables its LL128 protocol
+ * on, Hopper among them), so no release orders the data and the receive
+ * sums each line as it lands. 16/15 of a bf16 row's bytes. A row of the
+ * set's hidden width takes ceil(hidden / 240) steps; the rows sit in
+ * comb_recv at [token * top_k + first slot on the sender], at that row
+ * width whatever the call's hidden, so every flag lane keeps its place. */
+#define MEP_LL_LINE_STEP 240
 static inline MEP_HD uint64_t mep_ll_line_row_bytes(int hidden) {
   return (uint64_t)((hidden + MEP_LL_LINE_STEP - 1) / MEP_LL_LINE_STEP) * 512u;
 }

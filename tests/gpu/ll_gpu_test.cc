@@ -654,12 +654,12 @@ TEST_F(LlGpu, LateCombineReceiveIsNotOvertakenByTheNextCombineOnItsSet) {
 // After one ordinary round, set 1's epoch copies are set so that its next
 // combine has epoch MEP_LL_LAST_EPOCH - 1, and its regions are filled with
 // NaN payloads of the epochs that next match there (comb_weights and the
-// even halves 2, the odd halves 3; in comb_recv every line's flag lane), as
+// even halves 2, the odd halves 3; in comb_recv every line's flag word), as
 // if left a cycle ago. Then four combines (epochs LAST - 1, LAST, 2, 3:
 // flagged, mixed, lines, mixed the other way round; the last two at hidden
 // 2176 and top-4, under the set's 7168 and top-8): each must be exact,
 // and after each every word of comb_weights and of the combine's half of
-// comb_flag must be 0 or carry its epoch, and so must every flag lane of
+// comb_flag must be 0 or carry its epoch, and so must every flag word of
 // the combine's half of comb_recv. Dispatches on set 0, combines on set 1,
 // as the runtime alternates them; pushed weights, flagged words and lines,
 // so every region is in use. A fresh group.
@@ -703,13 +703,13 @@ TEST_F(LlGpu, LsaEpochWrapZeroesStaleWeightAndPartialWords) {
   }
   char *region = set_window(g, 1) + lay.comb_weights;
   CUDA_OK(cudaMemcpy(region, w.data(), n * 8, cudaMemcpyHostToDevice));
-  // both halves of comb_recv as lines: NaN data, flag lanes of epoch 2
-  // (even half) or 3 (odd half)
+  // both halves of comb_recv as lines: NaN data, flag words (the last 8
+  // bytes of every 128-byte line) of epoch 2 (even half) or 3 (odd half)
   const uint64_t line_words = lay.comb_recv_half / 8;  // per half
   std::vector<uint64_t> lw(2 * line_words);
   for (uint64_t i = 0; i < lw.size(); ++i) {
     const uint64_t e = i < line_words ? 2u : 3u;
-    lw[i] = i % 16 >= 14 ? (e << 32 | e) : 0x7fc17fc17fc17fc1ull;
+    lw[i] = i % 16 == 15 ? (e << 32 | e) : 0x7fc17fc17fc17fc1ull;
   }
   char *lines = set_window(g, 1) + mep_ll_comb_recv_off(&lay, 0);
   CUDA_OK(cudaMemcpy(lines, lw.data(), lw.size() * 8, cudaMemcpyHostToDevice));
@@ -729,17 +729,17 @@ TEST_F(LlGpu, LsaEpochWrapZeroesStaleWeightAndPartialWords) {
     ASSERT_EQ(bad, n) << "rank " << g_rank << ": word " << bad << " of set 1's "
                       << (bad < weight_words ? "comb_weights" : "comb_flag") << " is 0x"
                       << std::hex << w[bad] << std::dec << " after the combine of epoch " << epoch;
-    // the flag lanes (the last 16 bytes of every 128-byte line) of the
+    // the flag words (the last 8 bytes of every 128-byte line) of the
     // epoch's half of comb_recv
     CUDA_OK(cudaMemcpy(lw.data(), lines, lw.size() * 8, cudaMemcpyDeviceToHost));
     const uint64_t h0 = (epoch & 1u) * line_words, flag = (uint64_t)epoch << 32 | epoch;
     uint64_t bad_line = lw.size();
-    for (uint64_t i = h0 + 14; i < h0 + line_words && bad_line == lw.size(); i += 16)
-      if ((lw[i] != 0 || lw[i + 1] != 0) && (lw[i] != flag || lw[i + 1] != flag)) bad_line = i;
+    for (uint64_t i = h0 + 15; i < h0 + line_words && bad_line == lw.size(); i += 16)
+      if (lw[i] != 0 && lw[i] != flag) bad_line = i;
     ASSERT_EQ(bad_line, lw.size())
-        << "rank " << g_rank << ": the flag lane at word " << bad_line - h0 << " of set 1's comb_recv half "
-        << (epoch & 1u) << " is 0x" << std::hex << lw[bad_line] << " 0x" << lw[bad_line + 1]
-        << std::dec << " after the combine of epoch " << epoch;
+        << "rank " << g_rank << ": the flag word at word " << bad_line - h0 << " of set 1's comb_recv half "
+        << (epoch & 1u) << " is 0x" << std::hex << lw[bad_line] << std::dec
+        << " after the combine of epoch " << epoch;
   };
   const uint32_t epochs[] = {MEP_LL_LAST_EPOCH - 1, MEP_LL_LAST_EPOCH, 2u, 3u};
   // The new cycle's two combines on a narrower shape (hidden 2176, top-4):

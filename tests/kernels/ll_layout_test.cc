@@ -98,18 +98,18 @@ TEST(LlLayout, FlaggedRowsTileEachHalf) {
 }
 
 // Line-partial rows (mep_ll_line_row_off, which the writer, the lines sum
-// and the wrap's zeroing share): whole 512-byte warp steps of 4 lines, 56
+// and the wrap's zeroing share): whole 512-byte warp steps of 4 lines, 60
 // channels a line, enough for the set's hidden and each at least a bf16
 // row (staged transports' rows use comb_recv too), tiling each half in
 // row order from a 128-byte boundary in every set; 14336 bf16 bytes of
-// hidden 7168 take 16384.
+// hidden 7168 take 15360.
 TEST(LlLayout, LineRowsTileEachHalf) {
   for (const mep_ll_dims_t& d : Shapes()) {
     const mep_ll_set_layout_t l = mep_ll_set_layout(&d);
     const uint64_t row = mep_ll_line_row_bytes(d.hidden);
     ASSERT_EQ(row % 512, 0u) << Dims(d);
-    ASSERT_GE(row / 512 * 4 * MEP_LL_LINE_CHANNELS, (uint64_t)d.hidden) << Dims(d);
-    ASSERT_LT((row / 512 - 1) * 4 * MEP_LL_LINE_CHANNELS, (uint64_t)d.hidden) << Dims(d);
+    ASSERT_GE(row / 512 * MEP_LL_LINE_STEP, (uint64_t)d.hidden) << Dims(d);
+    ASSERT_LT((row / 512 - 1) * MEP_LL_LINE_STEP, (uint64_t)d.hidden) << Dims(d);
     ASSERT_GE(row, 2ull * d.hidden) << Dims(d);
     const uint64_t rows = (uint64_t)d.max_tokens * d.top_k;
     ASSERT_EQ(l.comb_recv_half, rows * row) << Dims(d);
@@ -123,7 +123,7 @@ TEST(LlLayout, LineRowsTileEachHalf) {
             << Dims(d) << " half " << half << " row " << j;
   }
   mep_ll_dims_t d = {1, 2, 1, 7168, 8, 0, 2, 0};
-  EXPECT_EQ(mep_ll_line_row_bytes(d.hidden), 16384u);
+  EXPECT_EQ(mep_ll_line_row_bytes(d.hidden), 15360u);
 }
 
 // The flagged-partials limit: 24 rows into one source from its R - 1

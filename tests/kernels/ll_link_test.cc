@@ -213,7 +213,7 @@ TEST(LlLink, BufferBytesExact) {
   // signals 6*8 = 48; dispatch row 256; slot list 32 (16-byte head, one
   // 8-byte word, 16-aligned); expert list 16 (count + one entry); 32 to
   // put comb_recv on a 128-byte boundary (at 384); combine rows 2*512 (one
-  // per half, a line-partial row: one 512-byte step of 4 lines covers 224
+  // per half, a line-partial row: one 512-byte step of 4 lines covers 240
   // channels); pushed weights 16 (one 8-byte word, 16-aligned); flagged
   // partials 2*512 (per half, one token's 128 channels, 4 bytes each); 112
   // to put staging on a 128-byte boundary (at 2560); staging max(256 + 32,
