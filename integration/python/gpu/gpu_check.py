@@ -330,22 +330,45 @@ _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _store = None  # rank 0's TCPStore serves until the process ends
 
 
-def group_addresses(n):
+def group_addresses(n, span=1):
     """One bootstrap address per group: a group's listener holds its port
     for the group's life, and a destroyed group's port may sit in TCP
     TIME_WAIT. Rank 0 picks n free ports and publishes them in a TCPStore
     on the launcher's address, which no group uses then; the launcher's
-    variable is dropped so that it does not override the configs' address."""
+    variable is dropped so that it does not override the configs' address.
+    span > 1: the span - 1 ports above each one are free too (the Buffer's
+    normal-mode group of SGLang's auto mode listens at the port above its
+    LL group's)."""
     global _store
     from torch.distributed import TCPStore
     host, port = os.environ.pop("MOE_EP_BOOTSTRAP_ADDRESS").rsplit(":", 1)
     _store = TCPStore(host, int(port), WORLD, RANK == 0)
     if RANK == 0:
-        socks = [socket.socket() for _ in range(n)]
-        for s in socks:
+        held, bases = [], []
+        # bounded: a free port whose neighbours are free is found in a few
+        # tries on any machine with free ports at all
+        for _ in range(64 * n):
+            if len(bases) == n:
+                break
+            s = socket.socket()
             s.bind((host, 0))
-        _store.set("ports", ",".join(str(s.getsockname()[1]) for s in socks))
-        for s in socks:
+            base, run = s.getsockname()[1], [s]
+            for k in range(1, span):
+                t = socket.socket()
+                try:
+                    t.bind((host, base + k))
+                except OSError:
+                    t.close()
+                    break
+                run.append(t)
+            held += run  # kept bound until every base is picked
+            if len(run) == span:
+                bases.append(base)
+        if len(bases) < n:
+            raise RuntimeError("rank 0 found %d of %d runs of %d free ports on %s" %
+                               (len(bases), n, span, host))
+        _store.set("ports", ",".join(str(b) for b in bases))
+        for s in held:
             s.close()
     return ["%s:%s" % (host, p) for p in _store.get("ports").decode().split(",")]
 
@@ -793,7 +816,7 @@ def part_auto():
     the LL combine gets a copy of topk_idx."""
     import moe_ep.deep_ep as deep_ep
     dev = device()
-    address = group_addresses(1)[0]
+    address = group_addresses(1, span=2)[0]
     host, port = address.rsplit(":", 1)
     cfg = {"backend": BACKEND, "bootstrap": {"address": address, "timeout_ms": 60000},
            "timeouts": {"kernel_ms": 60000}}
