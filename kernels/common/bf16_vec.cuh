@@ -51,7 +51,7 @@ __device__ __forceinline__ void mep_steps_load(uint4 v[S], const __nv_bfloat16 *
   }
 }
 
-/* v[j] = row's vector at c + kStride j (256, or 224 for line partials), or
+/* v[j] = row's vector at c + kStride j (256, or 240 for line partials), or
  * at limit - 8 for a step at or past
  * the limit (channels nobody stores), for the expert outputs the combine
  * send reduces. Every load is issued, none predicated, so each lands in
