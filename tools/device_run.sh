@@ -291,12 +291,39 @@ ab_table() {
       }
     }' "$OUT"/bench_*.log | sort -k1,1n -k2,2 -k3,3n -k4,4 | cut -c3-
 }
+# The ab runs' tails: per variant and case, the largest p99/p50 of the
+# dispatch and combine columns over its ranks, rounds and token counts,
+# with the row that has it (the LL speed bound is p99 within 1.2x p50; a
+# change can keep the median and lose the tail).
+ab_tails() {
+  awk -v dtype="$AB_DTYPE" '
+    FNR == 1 {
+      v = FILENAME; sub(/.*\/bench_/, "", v); sub(/\.log$/, "", v); sub(/_[0-9]+$/, "", v)
+    }
+    $1 == dtype && $5 == "|" {
+      n = split($0, part, "|")
+      if (n < 7 || index(part[2], "/") == 0) next
+      for (c = 1; c <= 2; c++) {
+        split(part[c + 1], pv, "/")
+        if (pv[1] + 0 <= 0) continue
+        r = (pv[2] + 0) / (pv[1] + 0)
+        if (!(v in worst) || r > worst[v]) {
+          worst[v] = r
+          where[v] = sprintf("%s at %d tokens, rank %d: %.1f / %.1f", c == 1 ? "dispatch" : "combine",
+                             $3, $4, pv[1], pv[2])
+        }
+      }
+    }
+    END { for (v in worst) printf "%-40s p99/p50 %.2f (%s)\n", v, worst[v], where[v] }
+  ' "$OUT"/bench_*.log | sort
+}
 # ab: this bundle against each variant under .gpu_bundle/ab/<name>/ (a
 # libmoe_ep.so, and ll_kernel_bench where dispatch changed, built from
 # another tree: tools/ab_variant.sh) on the group's
 # GPUs (EP1 on a 1-GPU machine), taking turns so drift hits all: the fused
 # dispatch's phase stamps, then the eager bench (both combine modes); it
-# ends with ab_table's ranges (also in $OUT/ab_table.txt).
+# ends with ab_table's ranges (also in $OUT/ab_table.txt) and ab_tails'
+# worst p99/p50 per variant ($OUT/ab_tails.txt).
 if [ "$MODE" = ab ]; then
   mapfile -t V < <(variants)
   for round in $(seq "$AB_ROUNDS"); do
@@ -324,6 +351,7 @@ if [ "$MODE" = ab ]; then
     done
   done
   ab_table | tee "$OUT/ab_table.txt"
+  ab_tails | tee "$OUT/ab_tails.txt"
   # the gaps between the stamped phases, per build (tools/bench/phase_deltas.py)
   if ls "$OUT"/stamps_*_*.log > /dev/null 2>&1; then
     python3 tools/bench/phase_deltas.py "$OUT"/stamps_*_*.log | tee "$OUT/phase_deltas.txt"
