@@ -470,6 +470,20 @@ TEST_F(LlGpu, LsaFlaggedLinesFlaggedOnOneSet) {
   if (HasFatalFailure()) return;
   round_trip(bf16_flagged(true), MEP_LL_TRANSPORT_LSA, true);
 }
+// Line partials whose last 240-channel step is cut at 232 channels
+// (hidden 2152 = 8 * 240 + 232): there the flag lanes of groups 0 and 1
+// carry channels and those of groups 2 and 3 none. Plain, fused, weighted.
+Case bf16_lines_cut() {
+  const int f = flag_tokens();
+  return {2152, 8, 256, 0, 0, 8, std::vector<int>{f + 1, 37}, 31u};
+}
+TEST_F(LlGpu, LsaBf16LinesH2152CutLastStep) {
+  round_trip(bf16_lines_cut(), MEP_LL_TRANSPORT_LSA);
+  if (HasFatalFailure()) return;
+  round_trip(bf16_lines_cut(), MEP_LL_TRANSPORT_LSA, true);
+  if (HasFatalFailure()) return;
+  weighted_round_trip(bf16_lines_cut(), MEP_LL_TRANSPORT_LSA);
+}
 TEST_F(LlGpu, WeightedLsaFp8FlaggedAndLineSources) { weighted_round_trip(fp8_flag_edge(), MEP_LL_TRANSPORT_LSA); }
 TEST_F(LlGpu, WeightedGinEmuFp8H7168Top8ZeroTokensOnRank1) { weighted_round_trip(kFp8Big, MEP_LL_TRANSPORT_GIN_EMULATED); }
 TEST_F(LlGpu, WeightedGinEmuFp8PackedI64H2176Top4E64) { weighted_round_trip(kFp8PackedI64Odd, MEP_LL_TRANSPORT_GIN_EMULATED); }

@@ -344,33 +344,40 @@ def group_addresses(n, span=1):
     host, port = os.environ.pop("MOE_EP_BOOTSTRAP_ADDRESS").rsplit(":", 1)
     _store = TCPStore(host, int(port), WORLD, RANK == 0)
     if RANK == 0:
-        held, bases = [], []
-        # bounded: a free port whose neighbours are free is found in a few
-        # tries on any machine with free ports at all
-        for _ in range(64 * n):
-            if len(bases) == n:
-                break
-            s = socket.socket()
-            s.bind((host, 0))
-            base, run = s.getsockname()[1], [s]
-            for k in range(1, span):
-                t = socket.socket()
-                try:
-                    t.bind((host, base + k))
-                except OSError:
-                    t.close()
+        held, bases, found = [], [], "none"
+        try:
+            # bounded: a free port whose neighbours are free is found in a
+            # few tries on any machine with free ports at all
+            for _ in range(64 * n):
+                if len(bases) == n:
                     break
-                run.append(t)
-            held += run  # kept bound until every base is picked
-            if len(run) == span:
-                bases.append(base)
-        if len(bases) < n:
-            raise RuntimeError("rank 0 found %d of %d runs of %d free ports on %s" %
-                               (len(bases), n, span, host))
-        _store.set("ports", ",".join(str(b) for b in bases))
-        for s in held:
-            s.close()
-    return ["%s:%s" % (host, p) for p in _store.get("ports").decode().split(",")]
+                s = socket.socket()
+                held.append(s)  # kept bound until every base is picked
+                s.bind((host, 0))
+                base = s.getsockname()[1]
+                if base + span - 1 > 65535:
+                    continue
+                for k in range(1, span):
+                    t = socket.socket()
+                    held.append(t)
+                    try:
+                        t.bind((host, base + k))
+                    except OSError:
+                        break
+                else:
+                    bases.append(base)
+            if len(bases) == n:
+                found = ",".join(str(b) for b in bases)
+        finally:
+            # the other ranks wait for the key: publish even a failure
+            _store.set("ports", found)
+            for s in held:
+                s.close()
+    ports = _store.get("ports").decode()
+    if ports == "none":
+        raise RuntimeError("rank %d: rank 0 could not find %d runs of %d free ports on %s"
+                           % (RANK, n, span, host))
+    return ["%s:%s" % (host, p) for p in ports.split(",")]
 
 
 def ht_config(address, **keys):
