@@ -474,8 +474,10 @@ TEST_F(LlGpu, LsaFlaggedLinesFlaggedOnOneSet) {
 // (hidden 2152 = 8 * 240 + 232): there the flag lanes of groups 0 and 1
 // carry channels and those of groups 2 and 3 none. Plain, fused, weighted.
 Case bf16_lines_cut() {
-  const int f = flag_tokens();
-  return {2152, 8, 256, 0, 0, 8, std::vector<int>{f + 1, 37}, 31u};
+  Case c = bf16_lines();
+  c.hidden = 2152;
+  c.seed = 31;
+  return c;
 }
 TEST_F(LlGpu, LsaBf16LinesH2152CutLastStep) {
   round_trip(bf16_lines_cut(), MEP_LL_TRANSPORT_LSA);
