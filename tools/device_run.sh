@@ -253,20 +253,30 @@ AB_EXTRAS=${AB_EXTRAS-"--num_sms=24 --experts=1024 --dispatch_weights=false"}
 # variant's line sits under the others'; then, for each variant beside
 # cur, its ranges' like ends minus cur's (low - low / high - high, us;
 # positive: the variant is slower).
+# How ab_table and ab_tails read the bench logs: the variant (with its
+# extra) of bench_<variant>[_<extra>]_<round>.log, and AB_DTYPE's latency
+# rows split on "|" into part[] (the bandwidth table has no p50/p99).
+AB_LOG_AWK='
+  function ab_variant(f) {
+    sub(/.*\/bench_/, "", f); sub(/\.log$/, "", f); sub(/_[0-9]+$/, "", f)
+    return f
+  }
+  function ab_latency_row(dtype, part) {
+    return $1 == dtype && $5 == "|" && split($0, part, "|") >= 7 && index(part[2], "/") > 0
+  }
+'
 ab_table() {
   local extras
   extras=$(echo $AB_EXTRAS | sed 's/--//g; s/ /|/g')
-  awk -v extras="$extras" -v dtype="$AB_DTYPE" '
+  awk -v extras="$extras" -v dtype="$AB_DTYPE" "$AB_LOG_AWK"'
     FNR == 1 {
-      v = FILENAME; sub(/.*\/bench_/, "", v); sub(/\.log$/, "", v); sub(/_[0-9]+$/, "", v)
+      v = ab_variant(FILENAME)
       extra = "weights_at_dispatch"
       if (match(v, "_(" extras ")$")) {
         extra = substr(v, RSTART + 1); v = substr(v, 1, RSTART - 1)
       }
     }
-    $1 == dtype && $5 == "|" {
-      n = split($0, part, "|")
-      if (n < 7 || index(part[2], "/") == 0) next  # the bandwidth table has no p50/p99
+    ab_latency_row(dtype, part) {
       key = extra SUBSEP $3 SUBSEP v
       seen[key] = 1
       for (c = 1; c <= 6; c++) {
@@ -296,13 +306,9 @@ ab_table() {
 # with the row that has it (the LL speed bound is p99 within 1.2x p50; a
 # change can keep the median and lose the tail).
 ab_tails() {
-  awk -v dtype="$AB_DTYPE" '
-    FNR == 1 {
-      v = FILENAME; sub(/.*\/bench_/, "", v); sub(/\.log$/, "", v); sub(/_[0-9]+$/, "", v)
-    }
-    $1 == dtype && $5 == "|" {
-      n = split($0, part, "|")
-      if (n < 7 || index(part[2], "/") == 0) next
+  awk -v dtype="$AB_DTYPE" "$AB_LOG_AWK"'
+    FNR == 1 { v = ab_variant(FILENAME) }
+    ab_latency_row(dtype, part) {
       for (c = 1; c <= 2; c++) {
         split(part[c + 1], pv, "/")
         if (pv[1] + 0 <= 0) continue
