@@ -734,7 +734,8 @@ if [ "$MODE" = llpc ]; then
 fi
 # lltable: the LL latency table, one command per row group: fp8 and bf16,
 # 1-256 tokens, weights at dispatch and at combine, eager and one CUDA graph;
-# then the 24-SM and 1024-expert cases and the fused dispatch's phase stamps.
+# then the 24-SM and 1024-expert cases and the fused dispatch's phase stamps;
+# at EP2 the table against the LL speed targets (ll_targets.txt).
 if [ "$MODE" = lltable ]; then
   for g in eager graph; do
     for w in true false; do
@@ -752,6 +753,8 @@ if [ "$MODE" = lltable ]; then
   timeout $((60 * S)) $B/ll_kernel_bench phases > "$OUT/ll_phases.log" 2>&1
   summary ll_phases $?
   grep -E "^PHASES rank 0" "$OUT/ll_phases.log"
+  # the table against the LL speed targets (tools/bench/ll_targets.py)
+  [ "$N" = 2 ] && python3 tools/bench/ll_targets.py "$OUT" | tee "$OUT/ll_targets.txt"
   cat "$OUT/summary.txt"
   exit 0
 fi
