@@ -265,6 +265,15 @@ mep_kstatus_t mep_ll_dispatch(const mep_ll_ctx_t *ctx, const mep_ll_dispatch_arg
                                 void *stream);
 mep_kstatus_t mep_ll_combine(const mep_ll_ctx_t *ctx, const mep_ll_combine_args_t *args,
                                void *stream);
+/* Loads every kernel mep_ll_combine may pick, for every transport, on the
+ * current device. CUDA loads a kernel at its first launch by default, and
+ * that load waits for the device's running work: mep_ll_combine picks its
+ * kernel by the call's token count, so in one call ranks may launch
+ * different kernels, and a rank's first launch of one could wait for
+ * kernels of other ranks on the same device that spin until it sends.
+ * Called before any LL launch (group_create does, before the collective
+ * setup, so that no rank of the group has launched yet). */
+mep_kstatus_t mep_ll_combine_load(void);
 
 /* The layout a dispatch receive left in its handle (slot_src [e_local,
  * world * max_tokens] and src_count [e_local, world], max_tokens the

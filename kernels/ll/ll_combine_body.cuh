@@ -148,7 +148,20 @@ static inline size_t mep_combine_send_smem(const mep_ll_ctx_t *ctx, const MepCom
   return (size_t)(k->local_experts + ctx->dims.world) * sizeof(int);
 }
 static inline size_t mep_combine_recv_smem(const mep_ll_ctx_t *ctx) {
-  return (size_t)ctx->dims.world * 2 * sizeof(uint64_t);
+  /* 2 R shadows, then the failure word and the count waiter's state */
+  return (size_t)ctx->dims.world * 2 * sizeof(uint64_t) + 2 * sizeof(int);
+}
+/* Where the fused kernel's receive half keeps its shared memory: after
+ * the send half's, 8-byte aligned, in ints (a warp's receive may start
+ * while other warps of its block still read the send's). */
+__host__ __device__ inline int mep_combine_recv_smem_off(int local_experts, int world) {
+  return (local_experts + world + 1) & ~1;
+}
+/* The receive half's two block words (LSA), after its 2 R shadows: the
+ * failure word and the count waiter's state (mep_combine_line_block_counts);
+ * zeroed before a barrier that comes before the receive. */
+__device__ __forceinline__ void mep_combine_recv_flag_zero(int *recv_smem, int world) {
+  if (threadIdx.x == 0) recv_smem[4 * world] = recv_smem[4 * world + 1] = 0;
 }
 
 /* Receive units, one per warp: (token, k->recv_steps 256-channel steps). */
@@ -431,64 +444,151 @@ __device__ __forceinline__ void mep_combine_sum_slots(const MepLLParams &p,
     mep_combine_sum_slots_wide<IdxT>(p, a, half);
 }
 
-/* smem: 2 R u64 (each source's count and row signal shadows after this
- * receive). epoch: this combine's (mep_combine_send_body's result, or its
- * copy in this block's tag words once the send half has run). */
-template <class Tp, typename IdxT>
-__device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
-                                                      const MepCombineArgs &a, int *smem,
-                                                      uint32_t epoch) {
-  __shared__ int failed;
-  const int R = p.dims.world;
-  const int half = mep_ll_comb_half(epoch);
-  uint64_t *next = reinterpret_cast<uint64_t *>(smem);
-  if (threadIdx.x == 0) failed = 0;
-  __syncthreads();
-  /* Flagged partials (LSA, small calls): the senders' arrivals came at the
-   * start of their send halves, so the count waits below cost little, and
-   * their code check comes before any word is read. */
-  bool flagged = false;
-  if constexpr (!Tp::kStaged) flagged = mep_combine_flagged<Tp>(p, a.tokens);
-  for (int r = threadIdx.x; r < R; r += blockDim.x) {
+/* One warp of an LSA receive of line partials: waits every source's
+ * count (its lanes take the sources in turn), keeps the shadows in next
+ * and checks that each sender sends this rank lines too. False, in every
+ * lane, when a wait failed or a code differs (recorded). */
+template <class Tp>
+__device__ __forceinline__ bool mep_combine_line_counts(const MepLLParams &p, int half,
+                                                     uint64_t *next) {
+  bool ok = true;
+  for (int r = threadIdx.x & 31; r < p.dims.world; r += 32) {
     uint64_t base = 0, increase = 0, code = 0;
     if (mep_wait_count<Tp>(p, mep_ll_sig_comb_cnt(&p.dims, half, r), MEP_LL_OP_COMBINE_RECV, r,
                            &base, &increase, &code)) {
       next[r] = base + increase;
-      if constexpr (!Tp::kRowSignals) {
-        /* the sender's view of this rank: flagged words or lines, as ours */
-        const uint64_t want = flagged ? MEP_LL_COMB_FLAGGED : MEP_LL_COMB_LINES;
-        if (code != want) {
-          mep_record_timeout(p.wc, MEP_LL_OP_BAD_SIGNAL, r, -1, want, code);
-          failed = 1;
-        }
-      }
-      if (Tp::kRowSignals) { /* the code is 1 + the rows to wait for */
-        const uint32_t rs = mep_ll_sig_comb_row(&p.dims, half, r);
-        next[R + r] = mep_shadow(p, rs) + (code - 1);
-        uint64_t rseen;
-        if (!mep_wait_ge(p.wc, [&] { return Tp::read_signal(p.xp, rs); }, next[R + r],
-                         MEP_LL_OP_COMBINE_RECV, r, -1, &rseen))
-          failed = 1;
+      /* the sender's view of this rank: lines, as ours */
+      if (code != MEP_LL_COMB_LINES) {
+        mep_record_timeout(p.wc, MEP_LL_OP_BAD_SIGNAL, r, -1, MEP_LL_COMB_LINES, code);
+        ok = false;
       }
     } else {
-      failed = 1;
+      ok = false;
     }
   }
-  __syncthreads();
-  if (failed) return;
+  return __all_sync(0xffffffffu, ok);
+}
 
-  /* over LSA always partials (mep_combine_pushes), flagged words or lines:
-   * the comb_recv and per-slot sums are compiled out of those kernels */
-  if constexpr (!Tp::kStaged) {
-    if (!(flagged ? mep_combine_sum_flagged<IdxT>(p, a, epoch)
-                  : mep_combine_sum_lines<IdxT>(p, a, epoch)))
-      failed = 1;
-    __syncthreads(); /* a failed wait was recorded: no shadow moves */
-    if (failed) return;
-  } else if (a.partials) {
-    mep_combine_sum_partials<IdxT>(p, a, half);
+/* The counts of an LSA receive of line partials, once per block: the
+ * first warp here claims the wait (mep_combine_line_counts) and publishes
+ * its verdict in the block's state word (2 ok, 3 failed); a later warp
+ * reads the verdict from shared memory. So a warp whose send units are done sums without a
+ * block barrier, and only one warp of a block spins on the count words
+ * (every summing warp spinning on them made 128-token calls 0.3 us
+ * slower, and every warp of the grid 1-token calls' p99 1.4x p50). The
+ * spin on the state word is bounded by the claimer's bounded waits: the
+ * claimer publishes a verdict on every path. */
+template <class Tp>
+__device__ __forceinline__ bool mep_combine_line_block_counts(const MepLLParams &p, int half,
+                                                           uint64_t *next,
+                                                           volatile int *state) {
+  int claimed = 0;
+  if ((threadIdx.x & 31) == 0) claimed = atomicCAS((int *)state, 0, 1) == 0;
+  if (__shfl_sync(0xffffffffu, claimed, 0)) {
+    const bool ok = mep_combine_line_counts<Tp>(p, half, next);
+    __syncwarp();
+    __threadfence_block(); /* next[] before the verdict */
+    if ((threadIdx.x & 31) == 0) *state = ok ? 2 : 3;
+    return ok;
+  }
+  int v;
+  while ((v = *state) < 2) {
+  }
+  __threadfence_block();
+  return v == 2;
+}
+
+/* Which receive a body is built for: calls of either kind of sum (the
+ * receive kernel, staged transports, and the fused LSA kernel of small
+ * calls, whose flagged words it sums), or the fused LSA kernel of calls
+ * above the flagged limit, which sums line partials early. The host picks
+ * the fused kernel by the call's token count as mep_combine_flagged
+ * decides it, so a small call runs the same code whatever the large ones
+ * do (a kernel carrying both receives, or one built for flagged words
+ * alone, was slower at 1-8 tokens or spilled). */
+enum { MEP_COMB_RECV_ANY = 0, MEP_COMB_RECV_LINES = 1 };
+
+/* smem: 2 R u64 (each source's count and row signal shadows after this
+ * receive), then (MEP_COMB_RECV_LINES) the block's failure word and count
+ * waiter's state, zeroed before the send half's first barrier
+ * (mep_combine_recv_flag_zero); apart from the send half's in the fused
+ * kernel (mep_combine_recv_smem_off). epoch: this combine's
+ * (mep_combine_send_body's result, or its copy in this block's tag words
+ * once the send half has run). */
+template <class Tp, typename IdxT, int kKind>
+__device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
+                                                      const MepCombineArgs &a, int *smem,
+                                                      uint32_t epoch) {
+  const int R = p.dims.world;
+  const int half = mep_ll_comb_half(epoch);
+  uint64_t *next = reinterpret_cast<uint64_t *>(smem);
+  bool flagged = false;
+  if constexpr (!Tp::kStaged && kKind == MEP_COMB_RECV_ANY)
+    flagged = mep_combine_flagged<Tp>(p, a.tokens);
+  if constexpr (!Tp::kStaged && kKind == MEP_COMB_RECV_LINES) {
+    /* A warp with units of this call's sum starts them as soon as its
+     * block's counts are seen and their codes checked (short: the senders'
+     * arrivals came at the start of their send halves), so no block
+     * barrier holds its sums behind its block's slowest send units; one
+     * barrier at the end, for the shadows. Warp 0 takes part even without
+     * units, so that every block keeps its shadows. */
+    const bool sums = mep_ll_spread_warp() < mep_combine_line_units(a);
+    bool ok = true;
+    if (sums || threadIdx.x < 32)
+      ok = mep_combine_line_block_counts<Tp>(p, half, next, smem + 4 * R + 1);
+    if (ok && sums) ok = mep_combine_sum_lines<IdxT>(p, a, epoch);
+    volatile int *failed = smem + 4 * R;
+    if (!ok) *failed = 1;
+    __syncthreads();
+    if (*failed) return; /* a failed wait was recorded: no shadow moves */
   } else {
-    mep_combine_sum_slots<IdxT>(p, a, half);
+    __shared__ int failed;
+    if (threadIdx.x == 0) failed = 0;
+    __syncthreads();
+    /* Flagged partials (LSA, small calls): the senders' arrivals came at
+     * the start of their send halves, so the count waits below cost
+     * little, and their code check comes before any word is read. */
+    for (int r = threadIdx.x; r < R; r += blockDim.x) {
+      uint64_t base = 0, increase = 0, code = 0;
+      if (mep_wait_count<Tp>(p, mep_ll_sig_comb_cnt(&p.dims, half, r), MEP_LL_OP_COMBINE_RECV, r,
+                             &base, &increase, &code)) {
+        next[r] = base + increase;
+        if constexpr (!Tp::kRowSignals) {
+          /* the sender's view of this rank: flagged words or lines, as ours */
+          const uint64_t want = flagged ? MEP_LL_COMB_FLAGGED : MEP_LL_COMB_LINES;
+          if (code != want) {
+            mep_record_timeout(p.wc, MEP_LL_OP_BAD_SIGNAL, r, -1, want, code);
+            failed = 1;
+          }
+        }
+        if (Tp::kRowSignals) { /* the code is 1 + the rows to wait for */
+          const uint32_t rs = mep_ll_sig_comb_row(&p.dims, half, r);
+          next[R + r] = mep_shadow(p, rs) + (code - 1);
+          uint64_t rseen;
+          if (!mep_wait_ge(p.wc, [&] { return Tp::read_signal(p.xp, rs); }, next[R + r],
+                           MEP_LL_OP_COMBINE_RECV, r, -1, &rseen))
+            failed = 1;
+        }
+      } else {
+        failed = 1;
+      }
+    }
+    __syncthreads();
+    if (failed) return;
+
+    /* over LSA always partials (mep_combine_pushes), flagged words or lines:
+     * the comb_recv and per-slot sums are compiled out of those kernels */
+    if constexpr (!Tp::kStaged) {
+      if (!(flagged ? mep_combine_sum_flagged<IdxT>(p, a, epoch)
+                    : mep_combine_sum_lines<IdxT>(p, a, epoch)))
+        failed = 1;
+      __syncthreads(); /* a failed wait was recorded: no shadow moves */
+      if (failed) return;
+    } else if (a.partials) {
+      mep_combine_sum_partials<IdxT>(p, a, half);
+    } else {
+      mep_combine_sum_slots<IdxT>(p, a, half);
+    }
   }
   /* When the epoch comes round: the flagged rows and the line rows of this
    * half no rank wrote now, zeroed before this rank's next combine send on

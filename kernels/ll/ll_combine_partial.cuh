@@ -602,6 +602,13 @@ __device__ __forceinline__ bool mep_combine_sum_lines(const MepLLParams &p,
                            : mep_combine_sum_lines_at<IdxT, kMepPartialWideSteps>(p, a, epoch);
 }
 
+/* How many units mep_combine_sum_lines deals this call, one per warp in
+ * mep_ll_spread_warp's order (recv_steps line steps wide). */
+__device__ __forceinline__ int mep_combine_line_units(const MepCombineArgs &a) {
+  const int width = (a.recv_steps == 1 ? 1 : kMepPartialWideSteps) * kMepLineStep;
+  return a.tokens * ((a.hidden + width - 1) / width);
+}
+
 /* False when a wait failed (recorded). One step per unit whatever
  * recv_steps says: a flagged call has at most 16 tokens, so the wide units
  * would matter only on a grid of under 28 SMs, and a second instance of

@@ -13,7 +13,7 @@ __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
     ll_combine_recv_kernel(const MepCombineArgs a, const __grid_constant__ MepLLParams p) {
   extern __shared__ int smem[];
   /* the epoch the send half of this combine stored in this block's copy */
-  mep_combine_recv_body<Tp, IdxT>(p, a, smem, mep_tag(p, p.dims.world + 1));
+  mep_combine_recv_body<Tp, IdxT, MEP_COMB_RECV_ANY>(p, a, smem, mep_tag(p, p.dims.world + 1));
 }
 
 template <class Tp>
