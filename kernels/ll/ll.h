@@ -267,12 +267,14 @@ mep_kstatus_t mep_ll_combine(const mep_ll_ctx_t *ctx, const mep_ll_combine_args_
                                void *stream);
 /* Loads every kernel mep_ll_combine may pick, for every transport, on the
  * current device. CUDA loads a kernel at its first launch by default, and
- * that load waits for the device's running work: mep_ll_combine picks its
- * kernel by the call's token count, so in one call ranks may launch
- * different kernels, and a rank's first launch of one could wait for
- * kernels of other ranks on the same device that spin until it sends.
- * Called before any LL launch (group_create does, before the collective
- * setup, so that no rank of the group has launched yet). */
+ * that load waits for the device's running work; mep_ll_combine picks its
+ * kernel by the call's token count, so ranks of one call may launch
+ * different kernels. Ranks that share a device (one process driving
+ * several ranks on one GPU, as the world tests do) call this before any
+ * rank launches: otherwise a rank's first launch of one kernel waits for
+ * another rank's kernel that spins until this rank sends. A group has one
+ * rank per device (NCCL allows no more), so group_create does not call it:
+ * a first load there would wait for the engine's GPU work. */
 mep_kstatus_t mep_ll_combine_load(void);
 
 /* The layout a dispatch receive left in its handle (slot_src [e_local,

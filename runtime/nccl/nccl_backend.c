@@ -174,13 +174,6 @@ static moe_ep_status_t nccl_create(moe_ep_group_t *g) {
     goto out_destroy;
   }
   MEP_CHECK_GOTO(mep_nccl_pick_device(g, &s->device, &s->device_sms), st, out_destroy);
-  /* before the collective setup: no rank of the group launches before
-   * every rank has loaded (mep_ll_combine_load) */
-  if (mep_ll_combine_load() != MEP_KSTATUS_OK) {
-    st = mep_error(MOE_EP_ERR_CUDA, "group_create on rank %d: %s", g->rank,
-                   mep_kernels_last_error());
-    goto out_destroy;
-  }
   mep_lsa_link_policy_t link_policy;
   if ((st = mep_lsa_link_policy_env(&link_policy)) != MOE_EP_OK) {
     mep_error_prefix("group_create on rank %d", g->rank);

@@ -93,8 +93,8 @@ TEST_P(LlWorld, MatchesOracle) {
   CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   uint64_t cycles = 0;
   ASSERT_EQ(mep_ll_timeout_cycles(device, kTimeoutMs, &cycles), MEP_KSTATUS_OK);
-  /* as group_create does: the ranks share this device, and in one call
-   * they may launch different combine kernels */
+  /* the ranks share this device, and in one call they may launch
+   * different combine kernels (mep_ll_combine_load) */
   ASSERT_EQ(mep_ll_combine_load(), MEP_KSTATUS_OK) << mep_kernels_last_error();
 
   Dev dev;
