@@ -444,28 +444,33 @@ __device__ __forceinline__ void mep_combine_sum_slots(const MepLLParams &p,
     mep_combine_sum_slots_wide<IdxT>(p, a, half);
 }
 
-/* One warp of an LSA receive of line partials: waits every source's
- * count (its lanes take the sources in turn), keeps the shadows in next
- * and checks that each sender sends this rank lines too. False, in every
- * lane, when a wait failed or a code differs (recorded). */
+/* Source r's count of this combine over LSA: waits it, keeps its shadow
+ * in next[r] and checks the code against what this rank takes (want:
+ * flagged words or lines). False when the wait failed or the code differs
+ * (recorded). */
+template <class Tp>
+__device__ __forceinline__ bool mep_combine_lsa_count(const MepLLParams &p, int half, int r,
+                                                   uint64_t want, uint64_t *next) {
+  uint64_t base = 0, increase = 0, code = 0;
+  if (!mep_wait_count<Tp>(p, mep_ll_sig_comb_cnt(&p.dims, half, r), MEP_LL_OP_COMBINE_RECV, r,
+                          &base, &increase, &code))
+    return false;
+  next[r] = base + increase;
+  if (code != want) { /* the sender's view of this rank differs from ours */
+    mep_record_timeout(p.wc, MEP_LL_OP_BAD_SIGNAL, r, -1, want, code);
+    return false;
+  }
+  return true;
+}
+
+/* One warp of an LSA receive of line partials: every source's count (its
+ * lanes take the sources in turn). False, in every lane, when one failed. */
 template <class Tp>
 __device__ __forceinline__ bool mep_combine_line_counts(const MepLLParams &p, int half,
                                                      uint64_t *next) {
   bool ok = true;
-  for (int r = threadIdx.x & 31; r < p.dims.world; r += 32) {
-    uint64_t base = 0, increase = 0, code = 0;
-    if (mep_wait_count<Tp>(p, mep_ll_sig_comb_cnt(&p.dims, half, r), MEP_LL_OP_COMBINE_RECV, r,
-                           &base, &increase, &code)) {
-      next[r] = base + increase;
-      /* the sender's view of this rank: lines, as ours */
-      if (code != MEP_LL_COMB_LINES) {
-        mep_record_timeout(p.wc, MEP_LL_OP_BAD_SIGNAL, r, -1, MEP_LL_COMB_LINES, code);
-        ok = false;
-      }
-    } else {
-      ok = false;
-    }
-  }
+  for (int r = threadIdx.x & 31; r < p.dims.world; r += 32)
+    if (!mep_combine_lsa_count<Tp>(p, half, r, MEP_LL_COMB_LINES, next)) ok = false;
   return __all_sync(0xffffffffu, ok);
 }
 
@@ -549,28 +554,25 @@ __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
      * the start of their send halves, so the count waits below cost
      * little, and their code check comes before any word is read. */
     for (int r = threadIdx.x; r < R; r += blockDim.x) {
-      uint64_t base = 0, increase = 0, code = 0;
-      if (mep_wait_count<Tp>(p, mep_ll_sig_comb_cnt(&p.dims, half, r), MEP_LL_OP_COMBINE_RECV, r,
-                             &base, &increase, &code)) {
-        next[r] = base + increase;
-        if constexpr (!Tp::kRowSignals) {
-          /* the sender's view of this rank: flagged words or lines, as ours */
-          const uint64_t want = flagged ? MEP_LL_COMB_FLAGGED : MEP_LL_COMB_LINES;
-          if (code != want) {
-            mep_record_timeout(p.wc, MEP_LL_OP_BAD_SIGNAL, r, -1, want, code);
-            failed = 1;
-          }
-        }
-        if (Tp::kRowSignals) { /* the code is 1 + the rows to wait for */
+      if constexpr (!Tp::kRowSignals) {
+        if (!mep_combine_lsa_count<Tp>(p, half, r,
+                                       flagged ? MEP_LL_COMB_FLAGGED : MEP_LL_COMB_LINES, next))
+          failed = 1;
+      } else {
+        uint64_t base = 0, increase = 0, code = 0;
+        if (mep_wait_count<Tp>(p, mep_ll_sig_comb_cnt(&p.dims, half, r), MEP_LL_OP_COMBINE_RECV,
+                               r, &base, &increase, &code)) {
+          next[r] = base + increase;
+          /* the code is 1 + the rows to wait for */
           const uint32_t rs = mep_ll_sig_comb_row(&p.dims, half, r);
           next[R + r] = mep_shadow(p, rs) + (code - 1);
           uint64_t rseen;
           if (!mep_wait_ge(p.wc, [&] { return Tp::read_signal(p.xp, rs); }, next[R + r],
                            MEP_LL_OP_COMBINE_RECV, r, -1, &rseen))
             failed = 1;
+        } else {
+          failed = 1;
         }
-      } else {
-        failed = 1;
       }
     }
     __syncthreads();
