@@ -277,6 +277,13 @@ mep_kstatus_t mep_ll_combine(const mep_ll_ctx_t *ctx, const mep_ll_combine_args_
  * a first load there would wait for the engine's GPU work. */
 mep_kstatus_t mep_ll_combine_load(void);
 
+/* The same for the dispatch: every kernel mep_ll_dispatch and
+ * mep_ll_dispatch_recv may pick, for every transport and both row formats.
+ * They pick by the call's token count (the receive's rows shared between
+ * blocks) and the grid (several experts per block), so ranks of one call
+ * with different token counts launch different kernels. */
+mep_kstatus_t mep_ll_dispatch_load(void);
+
 /* The layout a dispatch receive left in its handle (slot_src [e_local,
  * world * max_tokens] and src_count [e_local, world], max_tokens the
  * context's capacity) in DeepEP's low-latency form, for engines that read

@@ -46,7 +46,39 @@ cudaError_t launch_tp(const MepLLParams &p, const MepDispatchArgs &a, bool fp8, 
                         : launch<Tp, false, int32_t>(p, a, batched, share, grid, smem, s);
 }
 
+template <class Tp, bool kFp8, typename IdxT>
+cudaError_t load_idx() {
+  cudaFuncAttributes f;
+  cudaError_t e = cudaFuncGetAttributes(&f, ll_dispatch_kernel<Tp, kFp8, IdxT, false, false>);
+  if constexpr (!Tp::kStaged) {
+    if (e == cudaSuccess)
+      e = cudaFuncGetAttributes(&f, ll_dispatch_kernel<Tp, kFp8, IdxT, true, false>);
+    if (e == cudaSuccess)
+      e = cudaFuncGetAttributes(&f, ll_dispatch_kernel<Tp, kFp8, IdxT, false, true>);
+  }
+  return e;
+}
+
+template <class Tp>
+cudaError_t load_tp() {
+  cudaError_t e = load_idx<Tp, true, int32_t>();
+  if (e == cudaSuccess) e = load_idx<Tp, true, int64_t>();
+  if (e == cudaSuccess) e = load_idx<Tp, false, int32_t>();
+  if (e == cudaSuccess) e = load_idx<Tp, false, int64_t>();
+  return e;
+}
+
 }  // namespace
+
+extern "C" cudaError_t mep_ll_dispatch_recv_load(void);
+
+extern "C" mep_kstatus_t mep_ll_dispatch_load(void) {
+  cudaError_t e = load_tp<MepLsa>();
+  if (e == cudaSuccess) e = load_tp<MepGin>();
+  if (e == cudaSuccess) e = load_tp<MepGinEmu>();
+  if (e == cudaSuccess) e = mep_ll_dispatch_recv_load();
+  return mep_kernels_cuda_check("dispatch: loading its kernels", e);
+}
 
 extern "C" mep_kstatus_t mep_ll_dispatch(const mep_ll_ctx_t *ctx,
                                            const mep_ll_dispatch_args_t *a, void *stream) {

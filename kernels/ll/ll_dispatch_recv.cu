@@ -35,7 +35,34 @@ cudaError_t launch_tp(const MepLLParams &p, const MepDispatchArgs &a, bool fp8, 
   return launch<Tp, false, false>(p, a, fp8, grid, smem, s);
 }
 
+template <class Tp, bool kBatched, bool kShare>
+cudaError_t load() {
+  cudaFuncAttributes f;
+  cudaError_t e = cudaFuncGetAttributes(&f, ll_dispatch_recv_kernel<Tp, true, kBatched, kShare>);
+  if (e == cudaSuccess)
+    e = cudaFuncGetAttributes(&f, ll_dispatch_recv_kernel<Tp, false, kBatched, kShare>);
+  return e;
+}
+
+template <class Tp>
+cudaError_t load_tp() {
+  cudaError_t e = load<Tp, false, false>();
+  if constexpr (!Tp::kStaged) {
+    if (e == cudaSuccess) e = load<Tp, true, false>();
+    if (e == cudaSuccess) e = load<Tp, false, true>();
+  }
+  return e;
+}
+
 }  // namespace
+
+/* Every receive kernel mep_ll_dispatch_recv may pick (mep_ll_dispatch_load). */
+extern "C" cudaError_t mep_ll_dispatch_recv_load(void) {
+  cudaError_t e = load_tp<MepLsa>();
+  if (e == cudaSuccess) e = load_tp<MepGin>();
+  if (e == cudaSuccess) e = load_tp<MepGinEmu>();
+  return e;
+}
 
 extern "C" mep_kstatus_t mep_ll_dispatch_recv(const mep_ll_ctx_t *ctx,
                                                 const mep_ll_dispatch_args_t *a, void *stream) {

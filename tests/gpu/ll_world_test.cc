@@ -94,7 +94,8 @@ TEST_P(LlWorld, MatchesOracle) {
   uint64_t cycles = 0;
   ASSERT_EQ(mep_ll_timeout_cycles(device, kTimeoutMs, &cycles), MEP_KSTATUS_OK);
   /* the ranks share this device, and in one call they may launch
-   * different combine kernels (mep_ll_combine_load) */
+   * different dispatch and combine kernels (mep_ll_combine_load) */
+  ASSERT_EQ(mep_ll_dispatch_load(), MEP_KSTATUS_OK) << mep_kernels_last_error();
   ASSERT_EQ(mep_ll_combine_load(), MEP_KSTATUS_OK) << mep_kernels_last_error();
 
   Dev dev;
@@ -332,6 +333,10 @@ const Case kCases[] = {
      false, S::kF32, true, true, 8},
     {"ep3_lsa_bf16_t17", 3, kLsa, 48, 2048, 8, 17, G::kUniform, false, S::kF32,
      false, false, 8},
+    // Half the ranks send nothing, the others 1..64 tokens: ranks of one
+    // call launch different dispatch kernels (mep_ll_dispatch_load).
+    {"ep6_lsa_bf16_t64_uneven", 6, kLsa, 96, 2048, 8, 64, G::kEmptyRanks, false,
+     S::kF32, false, false, 8},
 };
 
 INSTANTIATE_TEST_SUITE_P(Cases, LlWorld, ::testing::ValuesIn(kCases),
