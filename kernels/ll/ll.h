@@ -278,10 +278,11 @@ mep_kstatus_t mep_ll_combine(const mep_ll_ctx_t *ctx, const mep_ll_combine_args_
 mep_kstatus_t mep_ll_combine_load(void);
 
 /* The same for the dispatch: every kernel mep_ll_dispatch and
- * mep_ll_dispatch_recv may pick, for every transport and both row formats.
- * They pick by the call's token count (the receive's rows shared between
- * blocks) and the grid (several experts per block), so ranks of one call
- * with different token counts launch different kernels. */
+ * mep_ll_dispatch_recv may pick, for every transport, both row dtypes and
+ * both index widths. They pick by this rank's token count (the receive's
+ * rows shared between blocks) and the grid (several experts per block), so
+ * ranks of one call with different token counts launch different
+ * kernels. */
 mep_kstatus_t mep_ll_dispatch_load(void);
 
 /* The layout a dispatch receive left in its handle (slot_src [e_local,

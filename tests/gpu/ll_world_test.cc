@@ -94,7 +94,7 @@ TEST_P(LlWorld, MatchesOracle) {
   uint64_t cycles = 0;
   ASSERT_EQ(mep_ll_timeout_cycles(device, kTimeoutMs, &cycles), MEP_KSTATUS_OK);
   /* the ranks share this device, and in one call they may launch
-   * different dispatch and combine kernels (mep_ll_combine_load) */
+   * different dispatch and combine kernels (ll.h, mep_ll_combine_load) */
   ASSERT_EQ(mep_ll_dispatch_load(), MEP_KSTATUS_OK) << mep_kernels_last_error();
   ASSERT_EQ(mep_ll_combine_load(), MEP_KSTATUS_OK) << mep_kernels_last_error();
 
