@@ -34,7 +34,7 @@ nvcc -O3 -arch=sm_90 -o .gpu_bundle/ht_probe tools/probe/ht_probe.cu
 nvcc -O3 -arch=sm_90 -I. -o .gpu_bundle/reduce_probe tools/probe/reduce_probe.cu
 # One warp's copy of a received dispatch row, plain against line rows
 # (the line formats' copy and flag-check forms; one GPU).
-nvcc -O3 -arch=sm_90 -o .gpu_bundle/line_copy_probe tools/probe/line_copy_probe.cu
+nvcc -O3 -arch=sm_90 -I. -o .gpu_bundle/line_copy_probe tools/probe/line_copy_probe.cu
 # Which host calls wait for a held stream (run_device.sh hold).
 nvcc -O3 -arch=sm_90 -o .gpu_bundle/hold_probe tools/probe/hold_probe.cu -ldl
 # MEP_PY_BASE=<revision>: that revision's Python package travels too, and

@@ -1,6 +1,6 @@
 // line_copy_probe.cu: one warp's copy of a received bf16 dispatch row
 // into its slot, alone, no NCCL. Hidden 7168. Formats:
-//   - plain: 14336 bytes, copied as the receive's mep_copy_warp<16>; also
+//   - plain: 14336 bytes, copied by the receive's mep_copy_warp<16>; also
 //     with the row stored by st.volatile.v2.u64, as line rows are stored;
 //   - line240: the combine's line format (ll_combine_partial.cuh): 512-byte
 //     warp steps of 240 channels, lanes 0-6 of each 8-lane group 16 payload
@@ -23,7 +23,7 @@
 // its last store's issue and a __syncwarp; medians over rounds; and the
 // launch's event time. The first copier's output is checked against its
 // row's payload. Build from the repository root:
-//   nvcc -O3 -arch=sm_90 -o line_copy_probe tools/probe/line_copy_probe.cu
+//   nvcc -O3 -arch=sm_90 -I. -o line_copy_probe tools/probe/line_copy_probe.cu
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "check.h"
+#include "kernels/transport/copy_warp.cuh"
 
 constexpr int kHidden = 7168;
 constexpr int kPlainBytes = 2 * kHidden;           // 14336
@@ -262,46 +263,32 @@ static __device__ __noinline__ bool step_wait(const char *row, int s) {
   return !__any_sync(0xffffffffu, !ok);
 }
 
+// A line copy (from(s): -1 once copied, else the first step not landed)
+// that waits on that step's flags and copies again from it, as the receive
+// does.
+template <typename From>
+__device__ __forceinline__ void copy_waiting(const char *row, From from) {
+  int s = 0;
+  while ((s = from(s)) >= 0)
+    if (!step_wait(row, s)) return;
+}
+
 template <int M>
 __device__ __forceinline__ void copy_row(const char *row, char *dst, int payload) {
   if (M == kPlain || M == kPlainVol) {
-    const int lane = threadIdx.x & 31;
-    const uint4 *s = reinterpret_cast<const uint4 *>(row);
-    uint4 *d = reinterpret_cast<uint4 *>(dst);
-    const int n = payload / 16;
-    for (int base = 0; base < n; base += 32 * kU) {
-      uint4 v[kU];
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int i = base + u * 32 + lane;
-        v[u] = i < n ? __ldcg(s + i) : make_uint4(0u, 0u, 0u, 0u);
-      }
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int i = base + u * 32 + lane;
-        if (i < n) d[i] = v[u];
-      }
-    }
-  } else if (M == kLineFast || M == kLineDefer) {
-    int s = 0;
-    while ((s = line_fast_from<M == kLineDefer>(row, dst, payload, s)) >= 0)
-      if (!step_wait(row, s)) return;
+    mep_copy_warp<kU>(dst, row, (uint32_t)payload);  // the receive's plain copy
   } else if (M == kLineNoCheck) {
     line_copy_from<kLineCheck, false>(row, dst, payload, 0);
-  } else if (M == kLineOpt || M == kLine224Opt) {
-    int s = 0;
-    while ((s = line_opt_from<M == kLine224Opt>(row, dst, payload, s)) >= 0)
-      if (!step_wait(row, s)) return;
   } else if (M == kLine224NoCheck) {
     line_copy_from<kLine224, false>(row, dst, payload, 0);
+  } else if (M == kLineFast || M == kLineDefer) {
+    copy_waiting(row, [&](int s) { return line_fast_from<M == kLineDefer>(row, dst, payload, s); });
+  } else if (M == kLineOpt || M == kLine224Opt) {
+    copy_waiting(row, [&](int s) { return line_opt_from<M == kLine224Opt>(row, dst, payload, s); });
   } else if (M == kLine224Defer) {
-    int s = 0;
-    while ((s = line_copy_from<kLine224, true, true>(row, dst, payload, s)) >= 0)
-      if (!step_wait(row, s)) return;
+    copy_waiting(row, [&](int s) { return line_copy_from<kLine224, true, true>(row, dst, payload, s); });
   } else {
-    int s = 0;
-    while ((s = line_copy_from<M, true>(row, dst, payload, s)) >= 0)
-      if (!step_wait(row, s)) return;
+    copy_waiting(row, [&](int s) { return line_copy_from<M, true>(row, dst, payload, s); });
   }
 }
 
