@@ -118,6 +118,6 @@ class Calls:
         st = self.lib.combine(self.group.pointer, handle.pointer, self.cp_ptr, self.hook_ref)
         if st != 0:
             raise self.lib.error(st, "combine")
-        if defer:  # inputs the deferred receive may still read
-            return Hook(self.group, hook.value, out, keep=(y, topk_weights))
+        if defer:  # the handle and inputs the deferred receive still reads
+            return Hook(self.group, hook.value, out, keep=(handle, y, topk_weights))
         return out

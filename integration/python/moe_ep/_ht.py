@@ -94,7 +94,7 @@ class HighThroughputCalls(Calls):
             res.recv_scales = rs[:rows] if rs is not None else None
 
         if defer:
-            return Hook(self.group, hook, res, finish=finish, keep=(x, x_scales, topk_weights, n))
+            return Hook(self.group, hook, res, finish=finish, keep=(handle, x, x_scales, topk_weights, n))
         finish()
         return res
 

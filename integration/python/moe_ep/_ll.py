@@ -117,6 +117,6 @@ class LowLatencyCalls(Calls):
         handle.recv_count = res.recv_count
         handle.dispatch_weights = topk_weights
         handle.hidden = hidden
-        if defer:
-            return Hook(self.group, hook.value, res)
+        if defer:  # the receive runs on the handle: an engine may drop its own reference first
+            return Hook(self.group, hook.value, res, keep=(handle,))
         return res

@@ -6,6 +6,7 @@ normal mode (HT) layout, dispatch and combine bit-exact, pre-quantised
 (x_fp8, scales) input, num_worst_tokens, cached dispatch (handle=),
 combine with a bias (one tensor or DeepEP's pair); SGLang's `auto` mode:
 both modes through one low-latency Buffer, created the way SGLang does."""
+import gc
 import os
 import threading
 
@@ -109,6 +110,20 @@ def low_latency(group):
                                            return_recv_hook=True)
     hook()
     same("deep_ep LL combine (hook)", 6, bits(out), oracle.ll_combine(P, inputs[RANK]))
+
+    # SGLang's decode: the combine's hook runs after the dispatcher dropped
+    # the handle (self.handle = None in _combine_core, hook() in combine_b).
+    inputs, x, idx, w = inputs_for(12)
+    recv_x, count, handle, _, hook = buf.low_latency_dispatch(
+        x, idx, P.max_tokens, P.num_experts, use_fp8=False, return_recv_hook=True)
+    hook()
+    out, _, hook = buf.low_latency_combine(expert_outputs(recv_x), idx, w, handle,
+                                           return_recv_hook=True)
+    handle = None
+    gc.collect()
+    hook()
+    same("deep_ep LL combine (hook after the handle was dropped)", 12, bits(out),
+         oracle.ll_combine(P, inputs[RANK]))
 
     # Zero-copy combine: the experts write into the buffer the combine reads.
     inputs, x, idx, w = inputs_for(11)

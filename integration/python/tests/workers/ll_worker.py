@@ -5,6 +5,7 @@ handle_layout (DeepEP's src_info, layout_range) against the oracle and its
 refusals; bad input raising the library's sentence with the group still
 usable.
 argv: [full|short]"""
+import gc
 import sys
 import threading
 
@@ -164,6 +165,24 @@ def slot_layout(g, seed):
     h.free()
 
 
+def handle_dropped(g, seed):
+    """An engine may drop its last reference to a handle between a deferred
+    call and its hook (SGLang clears self.handle before combine_b runs the
+    hook): the hook keeps the handle it runs on."""
+    inputs = oracle.all_inputs(P, seed)
+    x, idx, w = torch_inputs(inputs[RANK])
+    hook = g.dispatch(g.prepare(idx), x, defer=True)
+    gc.collect()
+    check_dispatch(seed, inputs, hook(), P.hidden)
+    h = g.prepare(idx)
+    res = g.dispatch(h, x)
+    hook = g.combine(h, expert_outputs(g, res.recv_x), topk_weights=w, defer=True)
+    h = None
+    gc.collect()
+    same("combine hook after its handle was dropped", seed, bits(hook()),
+         oracle.ll_combine(P, inputs[RANK]))
+
+
 def bad_input(g):
     """Each error is local to this rank and leaves nothing queued."""
     idx = torch.tensor([[0, 1, 2, 3]], dtype=torch.int64)
@@ -217,6 +236,7 @@ def main():
         overlapped(g, 21)
         with_out_buffers(g, 31)
         slot_layout(g, 32)
+        handle_dropped(g, 33)
         if FULL:
             bad_input(g)
             roundtrip(g, 41)  # still usable after the errors
