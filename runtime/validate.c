@@ -99,7 +99,11 @@ moe_ep_status_t mep_tensor_check(const moe_ep_tensor_t *t,
                      r->entry, r->name, t->ndim,
                      t->shape == NULL ? " and no shape" : "", r->ndim);
   }
-  int64_t elems = 1;
+  /* A dimension the rule leaves open (-1) is the caller's number: its
+   * product with the others must not wrap (a wrapped count could pass a NULL
+   * buffer as empty). An empty tensor has a zero dimension. */
+  int64_t bytes = mep_dtype_bytes(dt);
+  int empty = 0, too_big = 0;
   for (int i = 0; i < r->ndim; i++) {
     if (t->shape[i] < 0 || (r->shape[i] >= 0 && t->shape[i] != r->shape[i])) {
       shape_text(r->shape, r->ndim, want, sizeof(want));
@@ -108,9 +112,16 @@ moe_ep_status_t mep_tensor_check(const moe_ep_tensor_t *t,
                        "%s: %s has shape %s; it must be %s", r->entry, r->name,
                        got, want);
     }
-    elems *= t->shape[i];
+    if (t->shape[i] == 0) empty = 1;
+    too_big |= __builtin_mul_overflow(bytes, t->shape[i], &bytes);
   }
-  if (t->strides != NULL) {
+  if (too_big && !empty) {
+    shape_text(t->shape, t->ndim, got, sizeof(got));
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "%s: %s has shape %s, whose size in bytes does not fit in 63 bits",
+                     r->entry, r->name, got);
+  }
+  if (t->strides != NULL && !empty) {
     int64_t expect = 1;
     for (int i = r->ndim - 1; i >= 0; i--) {
       if (t->shape[i] > 1 && t->strides[i] != expect) {
@@ -125,7 +136,7 @@ moe_ep_status_t mep_tensor_check(const moe_ep_tensor_t *t,
   }
   char *p = (char *)t->data;
   if (p == NULL) {
-    if (elems == 0 && r->allow_null_data) {
+    if (empty && r->allow_null_data) {
       *data = NULL;
       *dtype = dt;
       return MOE_EP_OK;

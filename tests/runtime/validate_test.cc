@@ -72,4 +72,38 @@ TEST(ValidateTest, WrongDtypeAndShapeAreNamed) {
   EXPECT_NE(std::string(mep_last_error()).find("shape"), std::string::npos) << mep_last_error();
 }
 
+// An open dimension (-1 in the rule: HT recv_x rows, a worst-case y) is the
+// caller's number. A shape whose byte count wraps must not pass as an empty
+// tensor with NULL data, nor as a real one.
+TEST(ValidateTest, ShapeWhoseSizeWrapsIsRefusedNotTakenForEmpty) {
+  Desc d(MOE_EP_DEVICE_CPU, -1);
+  d.shape[0] = int64_t{1} << 50;
+  d.shape[1] = 16384;
+  d.t.data = nullptr;
+  mep_tensor_rule_t r{"dispatch", "params->recv_x", MEP_DEVICE(MOE_EP_DEVICE_CPU, -1),
+                      MEP_BIT(MEP_DT_BF16), 2, {-1, 16384, 0}, 1};
+  EXPECT_EQ(Check(d, r), MOE_EP_ERR_INVALID_ARGUMENT);
+  const std::string msg = mep_last_error();
+  EXPECT_NE(msg.find("params->recv_x has shape [1125899906842624, 16384], whose size in bytes "
+                     "does not fit in 63 bits"),
+            std::string::npos)
+      << msg;
+  d.t.data = d.data;
+  EXPECT_EQ(Check(d, r), MOE_EP_ERR_INVALID_ARGUMENT) << "with data";
+}
+
+TEST(ValidateTest, EmptyTensorMayHaveNullDataWhenTheRuleAllowsIt) {
+  Desc d(MOE_EP_DEVICE_CPU, -1);
+  d.shape[0] = 0;
+  d.shape[1] = 16384;
+  d.t.data = nullptr;
+  mep_tensor_rule_t r{"dispatch", "params->recv_x", MEP_DEVICE(MOE_EP_DEVICE_CPU, -1),
+                      MEP_BIT(MEP_DT_BF16), 2, {-1, 16384, 0}, 1};
+  EXPECT_EQ(Check(d, r), MOE_EP_OK) << mep_last_error();
+  r.allow_null_data = 0;
+  EXPECT_EQ(Check(d, r), MOE_EP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(mep_last_error()).find("params->recv_x->data is NULL"), std::string::npos)
+      << mep_last_error();
+}
+
 }  // namespace
