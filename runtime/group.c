@@ -323,6 +323,10 @@ moe_ep_status_t mep_group_destroy(moe_ep_group_t *group) {
     group->broken = MOE_EP_ERR_PEER_FAILED;
   }
   (void)mep_registry_take(group, MEP_OBJ_GROUP);
+  /* Its handles and hooks stay the engine's to free; from now on they
+   * belong to no group, so a call that passes one reports the destroyed
+   * group, also to a new group at this address. */
+  mep_registry_orphan(group);
   /* Pending hooks stay owned by the engine; detach them so a late
    * hook_run reports the destroyed group instead of touching it. */
   pthread_mutex_lock(&group->lock);
@@ -398,13 +402,22 @@ moe_ep_status_t mep_owner_group(const void *obj, mep_obj_kind_t kind, const char
 
 moe_ep_status_t mep_handle_check(moe_ep_group_t *g, moe_ep_handle_t *h,
                                     const char *entry) {
-  if (h == NULL || !mep_registry_contains(h, MEP_OBJ_HANDLE)) {
+  void *owner = NULL;
+  if (h == NULL || !mep_registry_owner(h, MEP_OBJ_HANDLE, &owner)) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "%s: handle=%p is not a live handle (freed, or not from "
                      "prepare)",
                      entry, (void *)h);
   }
-  if (h->group != g) {
+  /* The registry's owner, not h->group: that pointer outlives its group,
+   * and a later group may sit at the same address. */
+  if (owner == NULL) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "%s: handle=%p was prepared on a group that has been destroyed; "
+                     "free it and prepare on this group",
+                     entry, (void *)h);
+  }
+  if (owner != g) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "%s: handle=%p was prepared on another group", entry,
                      (void *)h);

@@ -68,3 +68,11 @@ int mep_registry_owner(const void *obj, mep_obj_kind_t kind, void **owner) {
   pthread_mutex_unlock(&reg_lock);
   return found;
 }
+
+void mep_registry_orphan(const void *owner) {
+  pthread_mutex_lock(&reg_lock);
+  for (size_t i = 0; i < reg_len; i++) {
+    if (reg_entries[i].owner == owner) reg_entries[i].owner = NULL;
+  }
+  pthread_mutex_unlock(&reg_lock);
+}

@@ -24,6 +24,10 @@ int mep_registry_take(const void *obj, mep_obj_kind_t kind);
 int mep_registry_contains(const void *obj, mep_obj_kind_t kind);
 /* 1 and *owner when obj is live as `kind`; 0 otherwise. */
 int mep_registry_owner(const void *obj, mep_obj_kind_t kind, void **owner);
+/* Every live object owned by `owner` is owned by nobody from now on (its
+ * group was destroyed): a later group that the allocator places at the
+ * same address does not inherit them. */
+void mep_registry_orphan(const void *owner);
 
 #ifdef __cplusplus
 }

@@ -208,10 +208,10 @@ const Case kCases[] = {
     {"ahead_r4_single_buffer", 4, {"--scenario=ahead", "--double_buffer=0", "--experts=16", "--max_tokens=8", "--layers=128:2", "--kernel_ms=10000"}},
     // The peer busy outside moe-ep between its send half and its hook (a
     // barrier of the engine's own), 50 fresh groups, each run's first
-    // operation; then two live groups whose deferred dispatches interleave
+    // operation, then a handle kept past its group's destroy; then two live groups whose deferred dispatches interleave
     // in opposite orders on the two ranks, 50 times. kernel_ms is short
     // enough that a backend that needs the peer to call in times out.
-    {"busy_peer_r2_50_runs", 2, {"--scenario=busypeer", "--runs=50", "--experts=8", "--max_tokens=8", "--layers=7168:8", "--kernel_ms=3000"}, 50},
+    {"busy_peer_r2_50_runs", 2, {"--scenario=busypeer", "--runs=50", "--experts=8", "--max_tokens=8", "--layers=7168:8", "--kernel_ms=3000"}, 52},
     {"two_groups_r2_50_runs", 2, {"--scenario=twogroups", "--runs=50", "--experts=8", "--max_tokens=8", "--layers=7168:8", "--kernel_ms=3000"}, 100},
 };
 

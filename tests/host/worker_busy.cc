@@ -159,13 +159,54 @@ bool two_groups_run(Ctx& parent, int run) {
   return a.ctx.failures == 0 && b.ctx.failures == 0;
 }
 
+// A handle kept past its group's destroy and passed to the next group,
+// which the allocator may place at the old group's address: refused as a
+// destroyed group's, freed without touching that group, and the new group
+// still works.
+bool stale_handle_run(Ctx& parent, int port_a, int port_b) {
+  auto& layer = parent.opt.layers[0];
+  const uint64_t seed = 950;
+  moe_ep_handle_t* stale = nullptr;
+  {
+    moe_ep_group_t* g = create_group_on_port(parent, port_a);
+    if (g == nullptr) return false;
+    GroupCtx a(parent, g);
+    LlCall call(a.ctx, problem_for(a.ctx, layer.first, layer.second, Generator::kUniform), seed);
+    if (call.prepare() != MOE_EP_OK ||
+        !expect_status(a.ctx, seed, "dispatch (its handle to outlive the group)",
+                       call.dispatch(0, nullptr), MOE_EP_OK)) {
+      return false;
+    }
+    stale = call.release_handle();
+  }
+  moe_ep_group_t* g = create_group_on_port(parent, port_b);
+  if (g == nullptr) {
+    parent.api->handle_free(stale);
+    return false;
+  }
+  GroupCtx b(parent, g);
+  Ctx& c = b.ctx;
+  auto p = problem_for(c, layer.first, layer.second, Generator::kUniform);
+  moe_ep_hook_t* hook = nullptr;
+  moe_ep_combine_params_t cp = MOE_EP_INIT(moe_ep_combine_params_t);
+  cp.hidden = p.hidden;
+  expect_status(c, seed, "combine on a destroyed group's handle",
+                c.api->combine(c.group, stale, &cp, &hook), MOE_EP_ERR_INVALID_ARGUMENT,
+                "was prepared on a group that has been destroyed");
+  c.api->handle_free(stale);
+  ll_roundtrip(c, p, seed + 1, false);
+  return c.failures == 0;
+}
+
 }  // namespace
 
 void run_busy_peer(Ctx& c) {
-  if (!have_ports(c, static_cast<size_t>(c.opt.runs))) return;
+  const size_t runs = static_cast<size_t>(c.opt.runs);
+  if (!have_ports(c, runs + 2)) return;
   int passed = 0;
   for (int run = 0; run < c.opt.runs; run++) passed += busy_peer_run(c, run);
   report_runs(c, passed);
+  stale_handle_run(c, c.opt.ports[runs], c.opt.ports[runs + 1]);
 }
 
 void run_two_groups(Ctx& c) {
