@@ -17,6 +17,10 @@ typedef struct mep_backend_ops {
   const char *name;
   /* Whether hook_free of an unrun hook leaves the group consistent. */
   int abandon_is_safe;
+  /* Optional, where abandon_is_safe: told of the abandoned receive (under
+   * the group lock) so that what that receive would have ordered is still
+   * ordered. */
+  void (*abandon)(moe_ep_group_t *group, const mep_op_t *op);
   /* Exact bytes of communication buffers for the config and world size. */
   uint64_t (*buffer_bytes)(const moe_ep_config_t *cfg, int world_size);
   /* Collective. Sets group->impl; on failure leaves nothing allocated. */

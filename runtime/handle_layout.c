@@ -43,13 +43,11 @@ static moe_ep_status_t handle_layout_locked(moe_ep_group_t *g, moe_ep_handle_t *
                      "(src_info, layout_range) is LL only",
                      (void *)h);
   }
-  if (h->dispatched != 2) {
+  if (h->dispatched != MEP_DISPATCHED) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "handle_layout: handle=%p has %s; its layout exists once its dispatch's "
                      "receive has completed",
-                     (void *)h,
-                     h->dispatched ? "a dispatch whose hook has not run yet"
-                                   : "not been dispatched");
+                     (void *)h, mep_dispatch_state_text(h->dispatched));
   }
   if (g->ops->handle_layout == NULL) {
     return mep_error(MOE_EP_ERR_UNSUPPORTED,

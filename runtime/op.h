@@ -16,15 +16,32 @@ extern "C" {
 typedef struct moe_ep_handle mep_handle_state_t;
 
 /* The routing layout of one layer call (public type moe_ep_handle_t). */
+/* A handle's dispatch state (moe_ep_handle.dispatched). */
+enum {
+  MEP_UNDISPATCHED = 0,
+  MEP_DISPATCH_PENDING = 1,   /* its receive is in a hook not run yet */
+  MEP_DISPATCHED = 2,         /* received: combine may follow */
+  MEP_DISPATCH_ABANDONED = 3  /* its hook was freed unrun, or its receive failed */
+};
+/* What a refusal says of a handle not in MEP_DISPATCHED ("has ..."). */
+static inline const char *mep_dispatch_state_text(int32_t state) {
+  switch (state) {
+    case MEP_UNDISPATCHED: return "not been dispatched";
+    case MEP_DISPATCH_PENDING: return "a dispatch whose hook has not run yet";
+    default:
+      return "a dispatch whose receive was abandoned (its hook was freed before it ran, or "
+             "its receive failed)";
+  }
+}
+
 struct moe_ep_handle {
-  moe_ep_group_t *group;
   int32_t num_tokens;
   int32_t top_k;
   /* topk_idx as the caller gave it; host backend also keeps an int64 copy. */
   const void *topk_idx;
   int32_t topk_idx_bits; /* 32 or 64 */
   int64_t *topk_host;    /* [T*K] int64 copy (host backend), owned */
-  int32_t dispatched;    /* a dispatch ran on this handle (combine needs it) */
+  int32_t dispatched;    /* MEP_UNDISPATCHED ... (combine needs MEP_DISPATCHED) */
   int32_t dispatch_hidden;
   /* LL: dispatch was given topk_weights (weighted = 1; its data, NULL when
    * T = 0). The weights then travel with the tokens and combine applies

@@ -78,13 +78,13 @@ out_unlock:
  * (DeepEP's cached dispatch) once its previous dispatch completed; the
  * combine then follows the latest. An LL handle takes one dispatch. */
 static moe_ep_status_t check_dispatchable(const moe_ep_group_t *g, const moe_ep_handle_t *h) {
-  if (h->dispatched == 1 && !is_ll(g)) {
+  if (h->dispatched == MEP_DISPATCH_PENDING && !is_ll(g)) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "dispatch: handle=%p has a dispatch whose hook has not run yet; run "
                      "it before dispatching on the handle again",
                      (const void *)h);
   }
-  if (h->dispatched && is_ll(g)) {
+  if (h->dispatched != MEP_UNDISPATCHED && is_ll(g)) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "dispatch: handle=%p was already dispatched; a low-latency handle takes "
                      "one dispatch: prepare a new handle for each layer call",
@@ -116,7 +116,7 @@ static moe_ep_status_t dispatch_locked(moe_ep_group_t *g, moe_ep_handle_t *h,
   moe_ep_status_t st = launch(g, &op, hook);
   if (st == MOE_EP_OK) {
     h->dispatch_hidden = p->hidden;
-    h->dispatched = (p->flags & MOE_EP_FLAG_DEFER_RECV) ? 1 : 2;
+    h->dispatched = (p->flags & MOE_EP_FLAG_DEFER_RECV) ? MEP_DISPATCH_PENDING : MEP_DISPATCHED;
     if (is_ll(g)) {
       h->weighted = op.weighted;
       h->dispatch_weights = op.topk_weights;
@@ -166,13 +166,11 @@ static moe_ep_status_t combine_locked(moe_ep_group_t *g, moe_ep_handle_t *h,
                      p ? p->struct_size : (size_t)0);
   }
   MEP_CHECK(mep_check_flags_hidden(g, "combine", p->flags, MEP_COMBINE_FLAGS, p->hidden, hook, 0));
-  if (h->dispatched != 2) {
+  if (h->dispatched != MEP_DISPATCHED) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "combine: handle=%p has %s; combine needs a completed "
                      "dispatch on it",
-                     (void *)h,
-                     h->dispatched ? "a dispatch whose hook has not run yet"
-                                   : "not been dispatched");
+                     (void *)h, mep_dispatch_state_text(h->dispatched));
   }
   if (p->hidden != h->dispatch_hidden) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
@@ -234,7 +232,9 @@ static moe_ep_status_t hook_run_locked(moe_ep_group_t *g, moe_ep_hook_t *hook, v
                      "hook_run: hook=%p already ran; a hook runs exactly once",
                      (void *)hook);
   }
-  if (!mep_registry_contains(hook->op.handle, MEP_OBJ_HANDLE)) {
+  /* handle_free clears op.handle of a pending hook (a later handle may
+   * reuse the address, so the registry alone cannot tell). */
+  if (hook->op.handle == NULL || !mep_registry_contains(hook->op.handle, MEP_OBJ_HANDLE)) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "hook_run: the handle of hook=%p was freed before the "
                      "hook ran",
@@ -244,8 +244,8 @@ static moe_ep_status_t hook_run_locked(moe_ep_group_t *g, moe_ep_hook_t *hook, v
   g->pending[hook->op.buffer_set] = NULL;
   hook->op.stream = stream;
   moe_ep_status_t st = g->ops->recv(g, &hook->op);
-  if (st == MOE_EP_OK && hook->op.kind == MEP_OP_DISPATCH) {
-    hook->op.handle->dispatched = 2;
+  if (hook->op.kind == MEP_OP_DISPATCH) {
+    hook->op.handle->dispatched = st == MOE_EP_OK ? MEP_DISPATCHED : MEP_DISPATCH_ABANDONED;
   }
   return st;
 }
@@ -258,13 +258,21 @@ moe_ep_status_t mep_hook_run(moe_ep_hook_t *hook, void *stream) {
 
 /* Freeing an unrun hook abandons its receive. The host backend matches
  * each signal to its operation exactly, so dropping the peers' data keeps
- * the group usable; the GPU signals accumulate, so there the group's
- * signal state is no longer consistent and the group is marked failed. */
+ * the group usable (it still waits for an abandoned combine's signals
+ * before it writes that buffer set again: host_abandon); the GPU signals
+ * accumulate, so there the group's signal state is no longer consistent
+ * and the group is marked failed. */
 static void hook_abandon_locked(moe_ep_group_t *g, void *obj) {
   moe_ep_hook_t *hook = obj;
   if (hook->group != g || hook->ran) return;
   if (g->pending[hook->op.buffer_set] == hook) g->pending[hook->op.buffer_set] = NULL;
-  if (!g->ops->abandon_is_safe) {
+  /* A live handle (handle_free clears op.handle) keeps no receive to wait for. */
+  if (hook->op.kind == MEP_OP_DISPATCH && hook->op.handle != NULL) {
+    hook->op.handle->dispatched = MEP_DISPATCH_ABANDONED;
+  }
+  if (g->ops->abandon_is_safe) {
+    if (g->ops->abandon != NULL) g->ops->abandon(g, &hook->op);
+  } else {
     mep_group_break(g, mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                                  "hook_free: hook=%p was freed before it ran; its "
                                  "receive was abandoned and the %s backend cannot "

@@ -111,7 +111,6 @@ static moe_ep_status_t prepare_locked(moe_ep_group_t *g,
   MEP_CHECK(mep_tensor_check(p->topk_idx, &rule, &data, &dt));
   mep_handle_state_t *h = calloc(1, sizeof(*h));
   if (h == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "prepare: out of memory");
-  h->group = g;
   h->num_tokens = p->num_tokens;
   h->top_k = p->top_k;
   h->topk_idx = data;
@@ -146,8 +145,18 @@ moe_ep_status_t mep_prepare(moe_ep_group_t *g,
   MEP_LOCKED_ENTRY(g, "prepare", prepare_locked(g, p, out));
 }
 
+/* Under the group's lock: a hook not run yet on this handle (every such
+ * hook is pending on its buffer set) forgets it, so its hook_run reports
+ * the handle freed even when a later prepare gets the same address. */
+static void handle_detach_hooks(moe_ep_group_t *g, void *obj) {
+  for (int i = 0; i < MEP_NUM_BUFFER_SETS; i++) {
+    moe_ep_hook_t *hook = g->pending[i];
+    if (hook != NULL && hook->op.handle == obj) hook->op.handle = NULL;
+  }
+}
+
 /* Under the group's lock, so a hook_run or combine on another thread
  * either finishes with the handle first or finds it gone. */
 void mep_handle_free(moe_ep_handle_t *h) {
-  if (mep_group_take(h, MEP_OBJ_HANDLE, "handle_free", NULL)) handle_release(h);
+  if (mep_group_take(h, MEP_OBJ_HANDLE, "handle_free", handle_detach_hooks)) handle_release(h);
 }

@@ -23,6 +23,9 @@ typedef struct host_state {
   uint8_t *staging;  /* one destination's rows */
   uint64_t *counts;  /* [R] stable sources of the row-count puts */
   mep_layout_book_t book; /* which dispatch's layout each buffer set holds */
+  /* seq + 1 of the last combine whose receive was abandoned, until this
+   * rank's next send has waited for every peer to reach it (0: none). */
+  uint64_t owed;
 } host_state_t;
 
 static uint64_t host_buffer_bytes(const moe_ep_config_t *cfg, int world) {
@@ -213,6 +216,21 @@ static moe_ep_status_t wait_all(moe_ep_group_t *g, mep_op_t *op, int combine) {
                          : mep_host_off_dispatch_flag(&hs->layout, op->buffer_set, s);
     MEP_CHECK(mep_host_mesh_wait(hs->mesh, off, op->seq + 1, s, what));
   }
+  return MOE_EP_OK;
+}
+
+/* host_abandon: every peer has signalled the abandoned combine or a later
+ * operation. A peer that ran something else there is out of step; its next
+ * wait says so, this one need not. */
+static moe_ep_status_t wait_owed(moe_ep_group_t *g) {
+  host_state_t *hs = g->impl;
+  char what[96];
+  snprintf(what, sizeof what, "combine (operation %llu, its receive abandoned)",
+           (unsigned long long)(hs->owed - 1));
+  for (int s = 0; s < g->world_size; s++) {
+    MEP_CHECK(mep_host_mesh_wait_progress(hs->mesh, hs->owed, s, what));
+  }
+  hs->owed = 0;
   return MOE_EP_OK;
 }
 
@@ -455,6 +473,7 @@ static moe_ep_status_t host_send(moe_ep_group_t *g, mep_op_t *op) {
     MEP_CHECK(mep_layout_book_check(&hs->book, g->rank, tab->set, tab->seq));
   }
   mep_host_mesh_begin(hs->mesh);
+  if (hs->owed != 0) MEP_CHECK(wait_owed(g));
   if (op->kind == MEP_OP_COMBINE) return combine_send(g, op);
   return mep_layout_book_record(&hs->book, op->buffer_set, op->seq, dispatch_send(g, op));
 }
@@ -499,6 +518,20 @@ static moe_ep_status_t host_handle_layout(moe_ep_group_t *g, mep_handle_state_t 
   return MOE_EP_OK;
 }
 
+/* A combine's receive is what orders this rank's next writes after every
+ * peer's reads of the dispatch before it (each peer signals its combine
+ * only after its dispatch receive; buffer sets alternate per operation, so
+ * the next dispatch writes the set that dispatch used). When that receive
+ * is abandoned, the next send waits for each peer to have signalled that
+ * combine instead, or a fast rank could overwrite rows a slow one is still
+ * reading. An abandoned
+ * dispatch receive needs nothing: its peers' combine of it then waits for
+ * this rank's combine, which never comes, and reports it. */
+static void host_abandon(moe_ep_group_t *g, const mep_op_t *op) {
+  host_state_t *hs = g->impl;
+  if (op->kind == MEP_OP_COMBINE) hs->owed = op->seq + 1;
+}
+
 static moe_ep_status_t host_poll_error(moe_ep_group_t *g) { return MOE_EP_OK; }
 
 static int host_peer_transport(const moe_ep_group_t *g, int peer) {
@@ -508,6 +541,7 @@ static int host_peer_transport(const moe_ep_group_t *g, int peer) {
 const mep_backend_ops_t mep_host_backend = {
     .name = "host",
     .abandon_is_safe = 1,
+    .abandon = host_abandon,
     .buffer_bytes = host_buffer_bytes,
     .create = host_create,
     .destroy = host_destroy,

@@ -53,6 +53,12 @@ moe_ep_status_t mep_host_mesh_complete(mep_host_mesh_t *m, const char *what);
 moe_ep_status_t mep_host_mesh_wait(mep_host_mesh_t *m, size_t local_off,
                                    uint64_t value, int peer, const char *what);
 
+/* Waits until `peer` has signalled this rank for its operation value - 1
+ * or a later one, whatever the signal (its sends of those operations have
+ * started); bounded and blamed as mep_host_mesh_wait. */
+moe_ep_status_t mep_host_mesh_wait_progress(mep_host_mesh_t *m, uint64_t value, int peer,
+                                            const char *what);
+
 /* A receive half has finished reading the region: peers' later puts land
  * after it. */
 void mep_host_mesh_reads_done(mep_host_mesh_t *m);

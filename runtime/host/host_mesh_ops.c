@@ -77,20 +77,19 @@ moe_ep_status_t mep_host_mesh_complete(mep_host_mesh_t *m, const char *what) {
   return st;
 }
 
-moe_ep_status_t mep_host_mesh_wait(mep_host_mesh_t *m, size_t local_off,
-                                   uint64_t value, int peer, const char *what) {
-  const uint64_t *flag = (const uint64_t *)(m->region + local_off);
+/* flag: the signal word that must reach `value` exactly; NULL: any signal
+ * of `peer`'s for that operation or a later one. */
+static moe_ep_status_t wait_signal(mep_host_mesh_t *m, const uint64_t *flag, uint64_t value,
+                                   int peer, const char *what) {
   moe_ep_status_t st = MOE_EP_OK;
   pthread_mutex_lock(&m->lock);
   for (;;) {
-    uint64_t seen = __atomic_load_n(flag, __ATOMIC_ACQUIRE);
-    if (seen == value) break;
+    if (flag != NULL && __atomic_load_n(flag, __ATOMIC_ACQUIRE) == value) break;
     /* Signals from one rank land in order: once it has signalled this
      * operation or a later one elsewhere, this one is never coming. */
     uint64_t last = __atomic_load_n(&m->last_op[peer], __ATOMIC_ACQUIRE);
     if (last >= value) {
-      seen = __atomic_load_n(flag, __ATOMIC_ACQUIRE);
-      if (seen == value) break;
+      if (flag == NULL || __atomic_load_n(flag, __ATOMIC_ACQUIRE) == value) break;
       st = mep_host_blame_ahead(m, peer, value, last, what);
       break;
     }
@@ -113,4 +112,14 @@ moe_ep_status_t mep_host_mesh_wait(mep_host_mesh_t *m, size_t local_off,
   if (st == MOE_EP_OK && m->recv_error) st = mep_host_blame_recv_error(m, what);
   pthread_mutex_unlock(&m->lock);
   return st;
+}
+
+moe_ep_status_t mep_host_mesh_wait(mep_host_mesh_t *m, size_t local_off,
+                                   uint64_t value, int peer, const char *what) {
+  return wait_signal(m, (const uint64_t *)(m->region + local_off), value, peer, what);
+}
+
+moe_ep_status_t mep_host_mesh_wait_progress(mep_host_mesh_t *m, uint64_t value, int peer,
+                                            const char *what) {
+  return wait_signal(m, NULL, value, peer, what);
 }

@@ -75,6 +75,66 @@ struct Dispatch {
   }
 };
 
+// A handle freed while its combine's hook is pending, then handles prepared
+// until one gets the freed address (glibc hands the block back at once;
+// ASan's quarantine never does): the hook reports its own handle freed
+// instead of running on the new one, whose token count its `out` was not
+// checked for. The abandoned receive leaves a host group usable.
+void hook_after_handle_address_reused(Ctx& c, const Problem& p, uint64_t seed) {
+  LlCall a(c, p, seed);
+  if (a.prepare() != MOE_EP_OK ||
+      !expect_status(c, seed, "dispatch (its handle to be freed)", a.dispatch(0, nullptr),
+                     MOE_EP_OK)) {
+    return;
+  }
+  a.check_dispatch();
+  a.make_y();
+  moe_ep_hook_t* hook = nullptr;
+  if (!expect_status(c, seed, "deferred combine (its handle to be freed)",
+                     a.combine(MOE_EP_FLAG_DEFER_RECV, &hook), MOE_EP_OK)) {
+    return;
+  }
+  moe_ep_handle_t* old = a.release_handle();
+  c.api->handle_free(old);
+  RankInputs in = make_inputs(p, c.rank, seed + 1);
+  Tensor t(in.topk_idx.data(), DT::kI64, {in.num_tokens, p.top_k});
+  moe_ep_prepare_params_t pp = MOE_EP_INIT(moe_ep_prepare_params_t);
+  pp.topk_idx = t.get();
+  pp.num_tokens = in.num_tokens;
+  pp.top_k = p.top_k;
+  std::vector<moe_ep_handle_t*> fresh;
+  for (int i = 0; i < 64; i++) {
+    moe_ep_handle_t* h = nullptr;
+    if (!expect_status(c, seed, "prepare (reusing a freed handle's address)",
+                       c.api->prepare(c.group, &pp, &h), MOE_EP_OK)) {
+      break;
+    }
+    fresh.push_back(h);
+    if (h == old) break;
+  }
+  expect_status(c, seed, "hook_run after its handle was freed and its address reused",
+                c.api->hook_run(hook, nullptr), MOE_EP_ERR_INVALID_ARGUMENT,
+                "was freed before the hook ran");
+  c.api->hook_free(hook);
+  for (moe_ep_handle_t* h : fresh) c.api->handle_free(h);
+}
+
+// A dispatch whose hook was freed before it ran: the handle's refusals say
+// its receive was abandoned, not that a hook that no longer exists has yet
+// to run.
+void dispatch_hook_freed(Ctx& c, const Problem& p, uint64_t seed) {
+  LlCall a(c, p, seed);
+  if (a.prepare() != MOE_EP_OK) return;
+  moe_ep_hook_t* hook = nullptr;
+  if (!expect_status(c, seed, "deferred dispatch (its hook to be freed)",
+                     a.dispatch(MOE_EP_FLAG_DEFER_RECV, &hook), MOE_EP_OK)) {
+    return;
+  }
+  c.api->hook_free(hook);
+  expect_status(c, seed, "combine after its dispatch's hook was freed", a.combine(0, nullptr),
+                MOE_EP_ERR_INVALID_ARGUMENT, "a dispatch whose receive was abandoned");
+}
+
 }  // namespace
 
 void run_bad_input(Ctx& c) {
@@ -157,6 +217,13 @@ void run_bad_input(Ctx& c) {
                   MOE_EP_ERR_INVALID_ARGUMENT, "not a live hook");
   }
   still_usable(c, 14);
+  // Abandoning a receive breaks an nccl group by design: host backend only.
+  if (c.opt.backend == "host") {
+    hook_after_handle_address_reused(c, p, 23);
+    still_usable(c, 25);
+    dispatch_hook_freed(c, p, 26);
+    still_usable(c, 27);
+  }
   // A double-buffered round with a refused third operation, hook run twice.
   ll_roundtrip(c, p, 15, true);
   {
