@@ -45,7 +45,13 @@ static moe_ep_status_t bs_check_params(const mep_bootstrap_params_t *p,
 moe_ep_status_t mep_bootstrap_create(const mep_bootstrap_params_t *params,
                                      mep_bootstrap_t **out) {
   int64_t start = mep_bs_now_ms();
-  MEP_CHECK(bs_check_params(params, out));
+  moe_ep_status_t checked = bs_check_params(params, out);
+  if (checked != MOE_EP_OK) {
+    /* Only this rank's arguments are wrong (a token from its environment,
+     * its own address string): say which rank. */
+    if (params != NULL) mep_error_prefix("rank %d", params->rank);
+    return checked;
+  }
   mep_bootstrap_t *bs = (mep_bootstrap_t *)calloc(1, sizeof(*bs));
   if (bs == NULL) {
     return mep_error(MOE_EP_ERR_NO_MEMORY, "bootstrap_create: out of memory");
@@ -66,9 +72,11 @@ moe_ep_status_t mep_bootstrap_create(const mep_bootstrap_params_t *params,
   }
   if (bs->world_size > 1) {
     /* A single rank needs no address: nothing to listen for or dial. */
-    MEP_CHECK_GOTO(mep_bs_addr_parse(params->address, &bs->saddr,
-                                     &bs->saddr_len),
-                   st, out_destroy);
+    st = mep_bs_addr_parse(params->address, &bs->saddr, &bs->saddr_len);
+    if (st != MOE_EP_OK) { /* a name this rank's resolver does not know */
+      mep_error_prefix("rank %d", bs->rank);
+      goto out_destroy;
+    }
     snprintf(bs->address, sizeof(bs->address), "%s", params->address);
   }
   bs->queue_cap = mep_bs_queue_cap(bs);

@@ -272,7 +272,16 @@ static void root_close_others(mep_bootstrap_t *bs) {
     ucp_listener_reject(bs->listener, bs->conn_reqs[i]);
   }
   bs->num_conn_reqs = 0;
-  bs->formed = 1; /* the listener stays (see bootstrap_types.h) */
+  bs->formed = 1;
+  /* No one else may join now: close the listener, so the kernel refuses
+   * later connections instead of UCX holding (and, past about a thousand
+   * at once, crashing on) connections it would only reject. The joined
+   * ranks' accepted connections keep the port from being handed out as an
+   * ephemeral port until destroy (bootstrap_types.h). */
+  if (bs->listener != NULL) {
+    ucp_listener_destroy(bs->listener);
+    bs->listener = NULL;
+  }
   for (mep_bs_peer_t *p = bs->peers; p != NULL; p = p->next) {
     if (p->ep != NULL && p->state != MEP_BS_PEER_JOINED) {
       mep_bs_peer_close(bs, p, p->state == MEP_BS_PEER_REFUSED);

@@ -150,10 +150,10 @@ struct mep_bootstrap {
   ucp_context_h context;
   ucp_worker_h worker;
   ucp_listener_h listener;
-  /* Rank 0, once the group formed: the listener stays open until destroy,
-   * refusing every new connection. Holding the port keeps the kernel from
-   * handing it out as an ephemeral port (NCCL's own listeners, outgoing
-   * connections), so the next group on the same address can listen. */
+  /* Rank 0, once the group formed: the listener is closed (the accepted
+   * connections of the other ranks hold the port until destroy, so the
+   * kernel does not hand it out as an ephemeral port and the next group on
+   * the same address can listen; a group of one never listens). */
   int formed;
 
   mep_bs_peer_t *peers;    /* every peer struct ever made (freed in destroy) */

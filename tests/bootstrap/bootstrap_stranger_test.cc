@@ -156,6 +156,28 @@ TEST_P(StrangerTest, FloodDuringFormationKeepsRankZeroBounded) {
       << p0.Describe();
 }
 
+// Once the group formed, rank 0's bootstrap address refuses connections at
+// the kernel: UCX holds no listener that outsiders could fill with
+// connections it would only reject (UCX 1.13 crashed rank 0 past about a
+// thousand at once, during the group's whole life).
+TEST_P(StrangerTest, AddressTakesNoConnectionOnceFormed) {
+  std::vector<std::unique_ptr<Proc>> group;
+  for (int r = 0; r < World(); r++) {
+    group.push_back(std::make_unique<Proc>(Spawn(
+        "rank " + std::to_string(r), WorkerArgv(r, World(), "port", address_, kToken,
+                                                kTimeoutMs))));
+  }
+  std::vector<Proc *> ptrs;
+  for (auto &p : group) ptrs.push_back(p.get());
+  WaitAll(ptrs, NowMs() + 90000);
+  for (auto &p : group) {
+    EXPECT_TRUE(p->Exited(0)) << p->Describe();
+    EXPECT_EQ(p->Result()["status"], "MOE_EP_OK") << p->Describe();
+  }
+  EXPECT_NE(group[0]->out.find("PORT rank=0 accepts=0"), std::string::npos)
+      << group[0]->Describe();
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, StrangerTest, ::testing::Values(2, 4),
                          [](const ::testing::TestParamInfo<int> &i) {
                            return "world" + std::to_string(i.param);

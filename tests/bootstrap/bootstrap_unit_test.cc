@@ -60,6 +60,23 @@ TEST(BootstrapArgs, RejectsBadArgumentsNamingThem) {
       << mep_last_error();
 }
 
+// What only one rank gets wrong (its own address string, a token from its
+// environment) is named with that rank.
+TEST(BootstrapArgs, OneRanksOwnArgumentsNameTheRank) {
+  mep_bootstrap_t *bs = nullptr;
+  mep_bootstrap_params_t p = Params(1, 2, "no-such-host.invalid:5000");
+  EXPECT_EQ(mep_bootstrap_create(&p, &bs), MOE_EP_ERR_INVALID_ARGUMENT);
+  std::string msg = mep_last_error();
+  EXPECT_EQ(msg.rfind("rank 1: ", 0), 0u) << msg;
+  EXPECT_NE(msg.find("cannot resolve host \"no-such-host.invalid\""), std::string::npos) << msg;
+  const std::string long_token(300, 'k');
+  p = Params(1, 2, "127.0.0.1:1");
+  p.token = long_token.c_str();
+  EXPECT_EQ(mep_bootstrap_create(&p, &bs), MOE_EP_ERR_INVALID_ARGUMENT);
+  msg = mep_last_error();
+  EXPECT_EQ(msg.rfind("rank 1: bootstrap_create: token is 300 characters", 0), 0u) << msg;
+}
+
 TEST(BootstrapArgs, PortInUseIsBootstrapErrorNamingAddress) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   ASSERT_GE(fd, 0);

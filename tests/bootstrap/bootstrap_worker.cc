@@ -1,10 +1,13 @@
 // bootstrap_worker.cc: one rank of a bootstrap test. Runs a named scenario
 // against the real UCX bootstrap and prints one "RESULT key=value ..." line
 // that the drivers parse; exit code 0 means the scenario's own checks passed.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -124,6 +127,22 @@ void Report(const Opts &o, moe_ep_status_t st, int64_t create_ms,
            t.rss_start_kb, t.hwm_kb, msg);
   fputs(line, stdout);
   fflush(stdout);
+}
+
+// 1 when a TCP connection to host:port (IPv4) is accepted, 0 when refused
+// or unreachable.
+int AcceptsTcp(const std::string &address) {
+  size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return 0;
+  sockaddr_in a;
+  memset(&a, 0, sizeof(a));
+  a.sin_family = AF_INET;
+  a.sin_port = htons((uint16_t)atoi(address.c_str() + colon + 1));
+  if (inet_pton(AF_INET, address.substr(0, colon).c_str(), &a.sin_addr) != 1) return 0;
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  int ok = fd >= 0 && connect(fd, (const sockaddr *)&a, sizeof(a)) == 0;
+  if (fd >= 0) close(fd);
+  return ok;
 }
 
 unsigned char Pattern(int rank, int iter, size_t size, size_t i) {
@@ -286,6 +305,13 @@ int main(int argc, char **argv) {
       done = st == MOE_EP_OK && rc == 0;
     }
     op_ms = NowMs() - t1;
+  } else if (o.scenario == "port") {
+    // Once the group formed, rank 0's bootstrap address takes no new
+    // connection (the kernel refuses it); a barrier keeps every rank's
+    // connection up while rank 0 tries.
+    if (o.rank == 0) printf("PORT rank=0 accepts=%d\n", AcceptsTcp(o.address));
+    st = mep_bootstrap_barrier(bs);
+    done = st == MOE_EP_OK;
   } else if (o.scenario != "form") {
     fprintf(stderr, "bootstrap_worker: unknown scenario %s\n",
             o.scenario.c_str());
