@@ -140,10 +140,21 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
 
     def _mode_config(self, mode):
         """moe_ep_config as it applies to `mode`: its common keys, then the
-        keys of its "low_latency" or "high_throughput" section."""
+        keys of its "low_latency" or "high_throughput" section, a nested
+        section (bootstrap, timeouts) merged key by key, so a mode that sets
+        bootstrap.timeout_ms keeps the common bootstrap.address."""
         cfg = {k: v for k, v in self._user_config.items() if k not in _MODE_SECTIONS}
-        cfg.update(self._user_config.get(mode, {}))
+        for key, value in self._user_config.get(mode, {}).items():
+            if isinstance(value, dict) and isinstance(cfg.get(key), dict):
+                cfg[key] = {**cfg[key], **value}
+            else:
+                cfg[key] = value
         return cfg
+
+    def _mode_sets_address(self, mode):
+        """Whether `mode`'s own section names its bootstrap address."""
+        boot = self._user_config.get(mode, {}).get("bootstrap")
+        return isinstance(boot, dict) and "address" in boot
 
     def _group_for(self, mode, derived):
         """The group of `mode` ("low_latency" or "high_throughput"), created
@@ -158,10 +169,11 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
             # Resolved once: both groups use the same opened library.
             lib = self._library = _library.resolve(self._library)
             config = MoeEpConfig(cfg, lib)
-            if second and not agreed:
-                # A configured address (moe_ep_config, MOE_EP_BOOTSTRAP_ADDRESS
-                # or the default) serves the first group; the port after it
-                # serves the second, on every rank alike.
+            if second and not agreed and not self._mode_sets_address(mode):
+                # A shared address (moe_ep_config's common keys,
+                # MOE_EP_BOOTSTRAP_ADDRESS or the default) serves the first
+                # group; the port after it serves the second, on every rank
+                # alike. An address in the mode's own section is its own.
                 config.set_bootstrap_address(_next_port(config.bootstrap_address))
             rank = self.rank if self.rank >= 0 else None
             world = self.group_size if self.group_size >= 0 else None
