@@ -110,8 +110,12 @@ class LowLatencyMixin:
         g, fmt = self._ll_group(entry, x, topk_idx, num_max_dispatch_tokens_per_rank,
                                 num_experts, use_fp8, use_ue8m0)
         handle = g.prepare(topk_idx)
-        res = g.dispatch(handle, x, defer=return_recv_hook, round_scale=bool(round_scale),
-                         format=fmt)
+        try:
+            res = g.dispatch(handle, x, defer=return_recv_hook, round_scale=bool(round_scale),
+                             format=fmt)
+        except BaseException:  # the handle now, not whenever the traceback goes
+            handle.free()
+            raise
         if return_recv_hook:
             ep_hook, res = res, res.result
         scales_cm = None

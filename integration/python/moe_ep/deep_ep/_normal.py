@@ -239,17 +239,22 @@ class NormalMixin:
             g = self._ht_group(entry, num_experts, x.shape[-1], topk_idx)
         ep_handle = handle.moe_ep if cached else self._ht_prepare(g, topk_idx)
         worst_rows = 0
-        if num_worst_tokens:
-            recv_x, recv_scales, recv_idx, recv_w, worst_rows = _worst_case(
-                g, ep_handle, x, x_scales, topk_weights, num_worst_tokens)
-            per_expert_list = []
-        else:
-            res = g.dispatch(ep_handle, x, x_scales=x_scales, topk_weights=topk_weights)
-            recv_x, recv_scales, recv_idx, recv_w = (res.recv_x, res.recv_scales,
-                                                     res.recv_topk_idx, res.recv_topk_weights)
-            counts = res.recv_count.tolist()  # DeepEP returns this list on the host too
-            a = expert_alignment
-            per_expert_list = [(c + a - 1) // a * a for c in counts]
+        try:
+            if num_worst_tokens:
+                recv_x, recv_scales, recv_idx, recv_w, worst_rows = _worst_case(
+                    g, ep_handle, x, x_scales, topk_weights, num_worst_tokens)
+                per_expert_list = []
+            else:
+                res = g.dispatch(ep_handle, x, x_scales=x_scales, topk_weights=topk_weights)
+                recv_x, recv_scales, recv_idx, recv_w = (res.recv_x, res.recv_scales,
+                                                         res.recv_topk_idx, res.recv_topk_weights)
+                counts = res.recv_count.tolist()  # DeepEP returns this list on the host too
+                a = expert_alignment
+                per_expert_list = [(c + a - 1) // a * a for c in counts]
+        except BaseException:
+            if not cached:  # a handle the caller passed in stays the caller's
+                ep_handle.free()
+            raise
         if x_scales is not None:
             recv_x = (recv_x, recv_scales)
         event = EventOverlap(record_event(async_finish and g._is_cuda))

@@ -143,6 +143,19 @@ def low_latency(group):
     (q, scales), count, _, _, _ = buf.low_latency_dispatch(
         x, idx, P.max_tokens, P.num_experts, use_fp8=True)
     check_ll_recv(10, inputs, q, count, scales, packed=False)
+    # A dispatch the library refuses frees its handle at once, not when the
+    # exception's traceback (which holds the frame) is dropped.
+    try:
+        buf.low_latency_dispatch(torch.zeros((len(x), 2 * P.hidden), dtype=torch.bfloat16), idx,
+                                 P.max_tokens, P.num_experts, use_fp8=False)
+        fail("refused dispatch", 10, "a hidden above the group's was accepted")
+    except moe_ep.InvalidArgumentError as e:
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_name != "low_latency_dispatch":
+            tb = tb.tb_next
+        left = tb.tb_frame.f_locals.get("handle") if tb is not None else None
+        if left is None or left._ptr is not None:
+            fail("refused dispatch", 10, "its prepared handle %r is still live" % (left,))
     expect_raises("tokens cap", ValueError, "num_max_dispatch_tokens_per_rank=8",
                   lambda: buf.low_latency_dispatch(x[:4], idx[:4], 8, P.num_experts, use_fp8=False))
     expect_raises("logfmt", NotImplementedError, "use_logfmt",
