@@ -2,6 +2,7 @@
 (built once per thread and group; a call only re-points their tensors),
 the library call with its error, and combine."""
 import ctypes
+import weakref
 
 import torch
 
@@ -45,7 +46,11 @@ def split_x(x, x_scales):
 
 class Calls:
     def __init__(self, group):
-        self.group = group
+        # The group keeps its Calls (one per thread): a strong reference back
+        # would put a used Group in a reference cycle, destroyed (a collective
+        # barrier) whenever the cycle collector runs instead of when the
+        # engine drops it. A Calls is reached only through its live group.
+        self.group_ref = weakref.ref(group)
         self.lib = group._lib
         self.local = group.num_local_experts
         self.device = group.device
@@ -85,7 +90,7 @@ class Calls:
         """dispatch with self.dp; returns the hook pointer (None unless
         deferred)."""
         self.hook.value = None
-        st = self.lib.dispatch(self.group.pointer, handle.pointer, self.dp_ptr, self.hook_ref)
+        st = self.lib.dispatch(self.group_ref().pointer, handle.pointer, self.dp_ptr, self.hook_ref)
         if st != 0:
             raise self.lib.error(st, "dispatch")
         return self.hook.value
@@ -115,9 +120,9 @@ class Calls:
         p.stream = self.stream()
         hook = self.hook
         hook.value = None
-        st = self.lib.combine(self.group.pointer, handle.pointer, self.cp_ptr, self.hook_ref)
+        st = self.lib.combine(self.group_ref().pointer, handle.pointer, self.cp_ptr, self.hook_ref)
         if st != 0:
             raise self.lib.error(st, "combine")
         if defer:  # the handle and inputs the deferred receive still reads
-            return Hook(self.group, hook.value, out, keep=(handle, y, topk_weights))
+            return Hook(self.group_ref(), hook.value, out, keep=(handle, y, topk_weights))
         return out

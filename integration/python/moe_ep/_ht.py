@@ -61,7 +61,7 @@ class HighThroughputCalls(Calls):
             out = tuple(out) + (None,)
         rx, ri, rw, rc, rs = out
         # A CUDA group's worst-case dispatch reports no count: no host sync.
-        count = not (worst_case and self.group._is_cuda)
+        count = not (worst_case and self.group_ref()._is_cuda)
         n = ctypes.c_int64(-1)
         p = self.dp
         p.flags = (_abi.FLAG_DEFER_RECV if defer else 0) | (_abi.FLAG_WORST_CASE if worst_case else 0)
@@ -94,7 +94,7 @@ class HighThroughputCalls(Calls):
             res.recv_scales = rs[:rows] if rs is not None else None
 
         if defer:
-            return Hook(self.group, hook, res, finish=finish, keep=(handle, x, x_scales, topk_weights, n))
+            return Hook(self.group_ref(), hook, res, finish=finish, keep=(handle, x, x_scales, topk_weights, n))
         finish()
         return res
 

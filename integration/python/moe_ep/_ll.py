@@ -110,7 +110,7 @@ class LowLatencyCalls(Calls):
         p.stream = self.stream()
         hook = self.hook
         hook.value = None
-        st = self.lib.dispatch(self.group.pointer, handle.pointer, self.dp_ptr, self.hook_ref)
+        st = self.lib.dispatch(self.group_ref().pointer, handle.pointer, self.dp_ptr, self.hook_ref)
         if st != 0:
             raise self.lib.error(st, "dispatch")
         # The library reads these until combine completes.
@@ -118,5 +118,5 @@ class LowLatencyCalls(Calls):
         handle.dispatch_weights = topk_weights
         handle.hidden = hidden
         if defer:  # the receive runs on the handle: an engine may drop its own reference first
-            return Hook(self.group, hook.value, res, keep=(handle,))
+            return Hook(self.group_ref(), hook.value, res, keep=(handle,))
         return res

@@ -3,7 +3,7 @@ from spawn import run_ranks
 
 
 def test_ll_two_ranks():
-    ok, report = run_ranks(2, "ll_worker.py", ["full"])
+    ok, report = run_ranks(2, "ll_worker.py", ["full"], ports=5)
     assert ok, report
 
 

@@ -8,6 +8,7 @@ argv: [full|short]"""
 import gc
 import sys
 import threading
+import weakref
 
 import numpy as np
 import torch
@@ -223,6 +224,23 @@ def bad_input(g):
                   lambda: moe_ep.Config({"dispatch_dtype": "fp16"}))
 
 
+def dropped_group_is_destroyed(port):
+    """A used Group dropped without close() is destroyed with its last
+    reference, not whenever the cycle collector runs (on some thread, at
+    some time: group_destroy is a collective barrier)."""
+    gc.disable()
+    try:
+        g = moe_ep.Group(common.config(port, num_experts=P.num_experts, hidden=P.hidden,
+                                       top_k=P.top_k, max_tokens_per_rank=P.max_tokens))
+        roundtrip(g, 61)
+        ref = weakref.ref(g)
+        del g
+        if ref() is not None:
+            fail("dropped group", 61, "the Group outlived its last reference (a cycle holds it)")
+    finally:
+        gc.enable()
+
+
 def main():
     with moe_ep.Group(common.config(0, num_experts=P.num_experts, hidden=P.hidden, top_k=P.top_k,
                                     max_tokens_per_rank=P.max_tokens)) as g:
@@ -257,6 +275,7 @@ def main():
                 if res.recv_x.dtype != moe_ep.FP8_STORAGE:
                     fail("fp8 dtype", seed, str(res.recv_x.dtype))
                 check_dispatch(seed, inputs, res, P.hidden, fp8=(pow2, packed))
+        dropped_group_is_destroyed(4)
     common.finish()
 
 
