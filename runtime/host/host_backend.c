@@ -474,8 +474,20 @@ static moe_ep_status_t host_send(moe_ep_group_t *g, mep_op_t *op) {
   }
   mep_host_mesh_begin(hs->mesh);
   if (hs->owed != 0) MEP_CHECK(wait_owed(g));
-  if (op->kind == MEP_OP_COMBINE) return combine_send(g, op);
-  return mep_layout_book_record(&hs->book, op->buffer_set, op->seq, dispatch_send(g, op));
+  moe_ep_status_t st =
+      op->kind == MEP_OP_COMBINE
+          ? combine_send(g, op)
+          : mep_layout_book_record(&hs->book, op->buffer_set, op->seq, dispatch_send(g, op));
+  /* The combine sends straight from the caller's y: none of its sends may
+   * outlive the failed call. Cutting the endpoints fails the group. */
+  if (st != MOE_EP_OK && mep_host_mesh_quiesce(hs->mesh) && !mep_status_is_fatal(st)) {
+    char why[MEP_ERROR_MAX];
+    snprintf(why, sizeof why, "%s", mep_last_error());
+    st = mep_error(MOE_EP_ERR_INTERNAL,
+                   "%s; rank %d cancelled the sends still in flight, which leaves the group "
+                   "unusable", why, g->rank);
+  }
+  return st;
 }
 
 static moe_ep_status_t recv_half(moe_ep_group_t *g, mep_op_t *op) {

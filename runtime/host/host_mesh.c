@@ -245,22 +245,27 @@ static void say_goodbye(struct mep_host_mesh *m) {
 /* Runs on the API thread once the progress thread has joined: endpoints
  * first (UCX completes or cancels their sends, which frees the queued
  * commands), then rendezvous data still landing in the region. */
-static void close_endpoints(struct mep_host_mesh *m) {
-  for (int p = 0; m->peers != NULL && p < m->world; p++) {
-    if (m->peers[p].ep == NULL) continue;
-    /* Force close: a peer may already be gone, so never wait on it. */
-    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                               .flags = UCP_EP_CLOSE_FLAG_FORCE};
-    void *req = ucp_ep_close_nbx(m->peers[p].ep, &prm);
-    if (UCS_PTR_IS_PTR(req)) {
-      int64_t deadline = mep_host_now_ns() + 1000000000LL;
-      while (ucp_request_check_status(req) == UCS_INPROGRESS && mep_host_now_ns() < deadline) {
-        ucp_worker_progress(m->worker);
-      }
-      ucp_request_free(req);
+void mep_host_mesh_close_ep(struct mep_host_mesh *m, int p) {
+  ucp_ep_h ep = m->peers[p].ep;
+  if (ep == NULL) return;
+  /* Force close: a peer may already be gone, so never wait on it. */
+  ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                             .flags = UCP_EP_CLOSE_FLAG_FORCE};
+  void *req = ucp_ep_close_nbx(ep, &prm);
+  if (UCS_PTR_IS_PTR(req)) {
+    int64_t deadline = mep_host_now_ns() + 1000000000LL;
+    while (ucp_request_check_status(req) == UCS_INPROGRESS && mep_host_now_ns() < deadline) {
+      ucp_worker_progress(m->worker);
     }
-    m->peers[p].ep = NULL;
+    ucp_request_free(req);
   }
+  pthread_mutex_lock(&m->lock);
+  m->peers[p].ep = NULL;
+  pthread_mutex_unlock(&m->lock);
+}
+
+static void close_endpoints(struct mep_host_mesh *m) {
+  for (int p = 0; m->peers != NULL && p < m->world; p++) mep_host_mesh_close_ep(m, p);
   int64_t deadline = mep_host_now_ns() + 1000000000LL;
   for (int r = 0; m->sources != NULL && r < m->world; r++) {
     while (m->sources[r].inflight > 0 && mep_host_now_ns() < deadline) {

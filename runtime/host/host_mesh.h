@@ -59,6 +59,13 @@ moe_ep_status_t mep_host_mesh_wait(mep_host_mesh_t *m, size_t local_off,
 moe_ep_status_t mep_host_mesh_wait_progress(mep_host_mesh_t *m, uint64_t value, int peer,
                                             const char *what);
 
+/* After a failed send half: while any of its sends has not left, UCX may
+ * still read the caller's buffers (the engine frees them once the call has
+ * failed). Force-closes every endpoint, ending those sends as canceled, and
+ * waits (bounded) for them; returns 1 when it did (the mesh is then
+ * unusable), 0 when nothing was outstanding. */
+int mep_host_mesh_quiesce(mep_host_mesh_t *m);
+
 /* A receive half has finished reading the region: peers' later puts land
  * after it. */
 void mep_host_mesh_reads_done(mep_host_mesh_t *m);

@@ -108,6 +108,9 @@ struct mep_host_mesh {
   int lock_ready;
   mep_host_cmd_t *queue_head, *queue_tail;
   int stop;
+  /* mep_host_mesh_quiesce: 1 asks the progress thread to force-close every
+   * endpoint, 2 once it has (sends to a closed endpoint end as canceled). */
+  int cut;
   uint64_t issued, completed; /* counted sends */
   mep_host_peer_t *peers;
   int first_failed; /* first peer whose endpoint failed, or -1 */
@@ -122,6 +125,9 @@ void mep_host_mesh_recv_stop(struct mep_host_mesh *m);
 /* host_mesh_thread.c */
 moe_ep_status_t mep_host_mesh_thread_start(struct mep_host_mesh *m);
 void mep_host_mesh_thread_stop(struct mep_host_mesh *m); /* joins; accepts never started */
+/* host_mesh.c: force-closes peer p's endpoint (bounded) by whichever thread
+ * drives the worker; its outstanding sends end as canceled. */
+void mep_host_mesh_close_ep(struct mep_host_mesh *m, int p);
 /* Queues a send; `counted` sends are what mep_host_mesh_complete waits
  * for. Takes the lock itself; the progress thread may call it too. */
 moe_ep_status_t mep_host_mesh_enqueue(struct mep_host_mesh *m, int peer, int kind,

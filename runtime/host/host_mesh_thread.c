@@ -96,6 +96,10 @@ static void on_sent(void *request, ucs_status_t status, void *user_data) {
 }
 
 static void issue(struct mep_host_mesh *m, mep_host_cmd_t *c) {
+  if (m->peers[c->peer].ep == NULL) { /* cut by mep_host_mesh_quiesce */
+    finish(c, UCS_ERR_CANCELED);
+    return;
+  }
   ucp_request_param_t prm = {
       .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
       .cb.send = on_sent,
@@ -149,9 +153,42 @@ static void sleep_until_event(struct mep_host_mesh *m) {
   }
 }
 
+/* mep_host_mesh_quiesce's request, on the thread that drives the worker. */
+static void cut_if_asked(struct mep_host_mesh *m) {
+  pthread_mutex_lock(&m->lock);
+  int asked = m->cut == 1;
+  pthread_mutex_unlock(&m->lock);
+  if (!asked) return;
+  for (int p = 0; p < m->world; p++) mep_host_mesh_close_ep(m, p);
+  pthread_mutex_lock(&m->lock);
+  m->cut = 2;
+  pthread_cond_broadcast(&m->cond);
+  pthread_mutex_unlock(&m->lock);
+}
+
+int mep_host_mesh_quiesce(struct mep_host_mesh *m) {
+  pthread_mutex_lock(&m->lock);
+  int busy = m->completed != m->issued;
+  if (busy && m->cut == 0) m->cut = 1;
+  pthread_mutex_unlock(&m->lock);
+  if (!busy) return 0;
+  wake(m);
+  /* Closing takes up to a second an endpoint; the canceled sends' callbacks
+   * run as it does. */
+  int64_t deadline = mep_host_now_ns() + ((int64_t)m->world + 2) * 1000000000LL;
+  pthread_mutex_lock(&m->lock);
+  while ((m->cut != 2 || m->completed != m->issued) && mep_host_now_ns() < deadline) {
+    struct timespec ts = {deadline / 1000000000LL, deadline % 1000000000LL};
+    pthread_cond_timedwait(&m->cond, &m->lock, &ts);
+  }
+  pthread_mutex_unlock(&m->lock);
+  return 1;
+}
+
 static void *progress_main(void *arg) {
   struct mep_host_mesh *m = arg;
   for (;;) {
+    cut_if_asked(m);
     int stop = drain_queue(m);
     while (ucp_worker_progress(m->worker) != 0) {
     }

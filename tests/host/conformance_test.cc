@@ -212,6 +212,9 @@ const Case kCases[] = {
     // in opposite orders on the two ranks, 50 times. kernel_ms is short
     // enough that a backend that needs the peer to call in times out.
     {"busy_peer_r2_50_runs", 2, {"--scenario=busypeer", "--runs=50", "--experts=8", "--max_tokens=8", "--layers=7168:8", "--kernel_ms=3000"}, 52},
+    // A combine whose receiver is stopped (SIGSTOP) times out; its caller
+    // frees y at once and resumes the receiver: no send may still read y.
+    {"stopped_peer_combine_r2", 2, {"--scenario=stoppedpeer", "--experts=16", "--max_tokens=512", "--layers=4096:8", "--kernel_ms=1000", "--boot_ms=5000"}},
     {"two_groups_r2_50_runs", 2, {"--scenario=twogroups", "--runs=50", "--experts=8", "--max_tokens=8", "--layers=7168:8", "--kernel_ms=3000"}, 100},
 };
 

@@ -141,6 +141,7 @@ bool outside_wait_for(Ctx& c, const std::string& name, int rank);
 // line on error); the caller destroys it.
 moe_ep_group_t* create_group_on_port(Ctx& c, int port);
 void run_threads(Ctx& c);
+void run_stopped_peer(Ctx& c);
 void run_abi_sizes(Ctx& c);
 // The logger scenario: installed before group_create, checked after.
 void install_test_logger(Ctx& c);

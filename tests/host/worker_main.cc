@@ -191,6 +191,8 @@ static void run_scenario(Ctx& c) {
     run_ht_bad_input(c);
   } else if (c.opt.scenario == "layout") {
     run_layout(c);
+  } else if (c.opt.scenario == "stoppedpeer") {
+    run_stopped_peer(c);
   } else if (c.opt.ht) {
     run_ht_conformance(c);
   } else {
