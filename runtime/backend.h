@@ -28,6 +28,10 @@ typedef struct mep_backend_ops {
   void (*destroy)(moe_ep_group_t *group); /* accepts impl == NULL */
   /* Routing layout (HT exchanges counts here). */
   moe_ep_status_t (*prepare)(moe_ep_group_t *group, mep_handle_state_t *h);
+  /* Optional, for a prepare that is collective: this rank refused the call
+   * before `prepare` (bad arguments); joins the exchange marked refused, so
+   * the peers' prepares fail naming this rank instead of waiting for it. */
+  moe_ep_status_t (*prepare_refused)(moe_ep_group_t *group);
   /* Send half of an operation into buffer set op->buffer_set. */
   moe_ep_status_t (*send)(moe_ep_group_t *group, mep_op_t *op);
   /* Receive half; for deferred ops it runs from hook_run, maybe on another

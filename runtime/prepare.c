@@ -1,5 +1,6 @@
 /* prepare.c: prepare and handle_free: topk_idx validation common to every
  * backend, the handle object, and the backend's layout step. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -79,9 +80,10 @@ static void handle_release(mep_handle_state_t *h) {
   free(h);
 }
 
-static moe_ep_status_t prepare_locked(moe_ep_group_t *g,
-                                      const moe_ep_prepare_params_t *p,
-                                      moe_ep_handle_t **out) {
+/* *reached: the backend's prepare ran (it joined any exchange the
+ * backend's prepare makes). */
+static moe_ep_status_t prepare_checked(moe_ep_group_t *g, const moe_ep_prepare_params_t *p,
+                                       moe_ep_handle_t **out, int *reached) {
   MEP_CHECK(mep_group_broken_error(g, "prepare"));
   if (p == NULL || out == NULL) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "prepare: %s is NULL",
@@ -121,6 +123,7 @@ static moe_ep_status_t prepare_locked(moe_ep_group_t *g,
   if (g->cfg.backend == MOE_EP_BACKEND_HOST) {
     MEP_CHECK_GOTO(copy_topk(g, h, data, dt), st, out_release);
   }
+  *reached = 1;
   st = g->ops->prepare(g, h);
   h->out_tokens_per_rank = NULL;
   h->out_tokens_per_expert = NULL;
@@ -136,6 +139,23 @@ static moe_ep_status_t prepare_locked(moe_ep_group_t *g,
 
 out_release:
   handle_release(h);
+  return st;
+}
+
+static moe_ep_status_t prepare_locked(moe_ep_group_t *g, const moe_ep_prepare_params_t *p,
+                                      moe_ep_handle_t **out) {
+  int reached = 0;
+  moe_ep_status_t st = prepare_checked(g, p, out, &reached);
+  /* Bad arguments on one rank only: a collective prepare (host HT) still
+   * hears of it, so the other ranks' prepares fail too instead of waiting
+   * for this one until the group times out. This rank keeps its own error. */
+  if (st != MOE_EP_OK && !reached && g->broken == MOE_EP_OK && g->ops->prepare_refused != NULL) {
+    char why[MEP_ERROR_MAX];
+    snprintf(why, sizeof why, "%s", mep_last_error());
+    moe_ep_status_t joined = g->ops->prepare_refused(g);
+    if (mep_status_is_fatal(joined)) return joined;
+    st = mep_error(st, "%s", why);
+  }
   return st;
 }
 

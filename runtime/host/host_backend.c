@@ -100,6 +100,34 @@ static int token_ranks(const moe_ep_group_t *g, const int64_t *topk, int k_n, in
   return n;
 }
 
+/* HT prepare's count exchange: every rank's tokens per destination rank
+ * (or its refusal); *num_recv: the rows this rank will receive. */
+#define REFUSED_COUNT (-1)
+static moe_ep_status_t exchange_counts(moe_ep_group_t *g, const int32_t *mine,
+                                       int64_t *num_recv) {
+  int R = g->world_size;
+  int32_t *all = calloc((size_t)R * (size_t)R, sizeof(int32_t));
+  if (all == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "prepare: out of memory");
+  moe_ep_status_t st = mep_bootstrap_allgather(g->boot, mine, all, (size_t)R * 4u);
+  if (st != MOE_EP_OK) {
+    mep_error_prefix("prepare: exchanging per-rank token counts");
+  } else if (num_recv != NULL) {
+    *num_recv = 0;
+    for (int s = 0; s < R && st == MOE_EP_OK; s++) {
+      if (all[(size_t)s * R] == REFUSED_COUNT) {
+        st = mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                       "prepare on rank %d: rank %d refused its own prepare of this layer call "
+                       "(its error says why), so the count exchange has nothing from it; "
+                       "the group stays usable",
+                       g->rank, s);
+      }
+      *num_recv += all[(size_t)s * R + g->rank];
+    }
+  }
+  free(all);
+  return st;
+}
+
 static moe_ep_status_t host_prepare(moe_ep_group_t *g, mep_handle_state_t *h) {
   int R = g->world_size, K = h->top_k;
   int32_t *per_rank = calloc((size_t)R, sizeof(int32_t));
@@ -124,21 +152,23 @@ static moe_ep_status_t host_prepare(moe_ep_group_t *g, mep_handle_state_t *h) {
   if (g->cfg.mode == MOE_EP_MODE_HIGH_THROUGHPUT) {
     /* Each rank learns how many rows it will receive, so the engine can
      * size recv_x before dispatch. */
-    int32_t *all = calloc((size_t)R * (size_t)R, sizeof(int32_t));
-    if (all == NULL) {
-      free(per_rank);
-      return mep_error(MOE_EP_ERR_NO_MEMORY, "prepare: out of memory");
-    }
-    st = mep_bootstrap_allgather(g->boot, per_rank, all, (size_t)R * 4u);
-    if (st == MOE_EP_OK) {
-      h->num_recv = 0;
-      for (int s = 0; s < R; s++) h->num_recv += all[(size_t)s * R + g->rank];
-    } else {
-      mep_error_prefix("prepare: exchanging per-rank token counts");
-    }
-    free(all);
+    int64_t num_recv = 0;
+    st = exchange_counts(g, per_rank, &num_recv);
+    h->num_recv = num_recv;
   }
   free(per_rank);
+  return st;
+}
+
+/* A prepare this rank refused before its count exchange still joins it,
+ * its row all REFUSED_COUNT, so the peers' prepares fail naming it. */
+static moe_ep_status_t host_prepare_refused(moe_ep_group_t *g) {
+  if (g->cfg.mode != MOE_EP_MODE_HIGH_THROUGHPUT) return MOE_EP_OK;
+  int32_t *row = malloc((size_t)g->world_size * sizeof(int32_t));
+  if (row == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "prepare: out of memory");
+  for (int d = 0; d < g->world_size; d++) row[d] = REFUSED_COUNT;
+  moe_ep_status_t st = exchange_counts(g, row, NULL);
+  free(row);
   return st;
 }
 
@@ -558,6 +588,7 @@ const mep_backend_ops_t mep_host_backend = {
     .create = host_create,
     .destroy = host_destroy,
     .prepare = host_prepare,
+    .prepare_refused = host_prepare_refused,
     .send = host_send,
     .recv = host_recv,
     .poll_error = host_poll_error,

@@ -4,6 +4,7 @@
 // hook is pending, handle_layout on an HT handle. Each is refused with the
 // right status and a sentence naming the argument, returns no hook, and the
 // group still works (verified round trips follow).
+#include <string>
 #include <vector>
 
 #include "tests/common/plugin_api.h"
@@ -123,11 +124,37 @@ void fp8_x(Ctx& c) {
   roundtrip(c, call, "fp8 round trip on the same handle after refusals");
 }
 
+// Bad routing on one rank only (a router bug there): HT prepare exchanges
+// counts, so the others' prepares must fail too, naming that rank, instead
+// of waiting for it until the group times out; the group stays usable.
+void one_rank_refuses_prepare(Ctx& c) {
+  Problem p = problem_of(c, DispatchDtype::kBf16);
+  const int bad = c.world - 1;
+  RankInputs in = make_inputs(p, c.rank, 77);
+  std::vector<int64_t> topk = in.topk_idx;
+  if (c.rank == bad && !topk.empty()) topk[0] = p.num_experts;
+  Tensor t(topk.data(), DT::kI64, {in.num_tokens, p.top_k});
+  moe_ep_prepare_params_t pp = MOE_EP_INIT(moe_ep_prepare_params_t);
+  pp.topk_idx = t.get();
+  pp.num_tokens = in.num_tokens;
+  pp.top_k = p.top_k;
+  moe_ep_handle_t* h = nullptr;
+  const std::string must = c.rank == bad ? "is not an expert id"
+                                         : "rank " + std::to_string(bad) +
+                                               " refused its own prepare of this layer call";
+  expect_status(c, 77, "prepare while rank " + std::to_string(bad) + "'s routing is bad",
+                c.api->prepare(c.group, &pp, &h), MOE_EP_ERR_INVALID_ARGUMENT, must.c_str());
+  if (h != nullptr) c.api->handle_free(h);
+}
+
 }  // namespace
 
 void run_ht_bad_input(Ctx& c) {
   bf16_x(c);
   fp8_x(c);
+  // Only the host backend's HT prepare is collective (the nccl one counts in
+  // the dispatch kernel).
+  if (c.opt.backend == "host") one_rank_refuses_prepare(c);
   moe_ep_group_info_t info = MOE_EP_INIT(moe_ep_group_info_t);
   expect_status(c, 0, "group_info", c.api->group_info(c.group, &info), MOE_EP_OK);
   HtCall last(c, problem_of(c, DispatchDtype::kBf16), 79);
