@@ -379,8 +379,10 @@ static moe_ep_status_t dispatch_recv_ht(moe_ep_group_t *g, mep_op_t *op,
   for (int s = 0; s < R; s++) total += source_count(hs, op, s);
   if (total > op->recv_capacity) {
     return mep_error(MOE_EP_ERR_INTERNAL,
-                     "dispatch: received %lld rows but prepare announced %lld",
-                     (long long)total, (long long)op->handle->num_recv);
+                     "dispatch on rank %d: received %lld rows but recv_x holds %lld (prepare "
+                     "announced %lld: a peer sent rows its count exchange did not)",
+                     g->rank, (long long)total, (long long)op->recv_capacity,
+                     (long long)op->handle->num_recv);
   }
   slot_table_t *tab = mep_slot_table_new(total, E_l);
   if (tab == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "dispatch: out of memory");
