@@ -258,15 +258,16 @@ moe_ep_status_t mep_hook_run(moe_ep_hook_t *hook, void *stream) {
 
 /* Freeing an unrun hook abandons its receive. The host backend matches
  * each signal to its operation exactly, so dropping the peers' data keeps
- * the group usable (it still waits for an abandoned combine's signals
- * before it writes that buffer set again: host_abandon); the GPU signals
+ * the group usable (its next send still waits for every rank to have sent
+ * an abandoned combine: host_abandon); the GPU signals
  * accumulate, so there the group's signal state is no longer consistent
  * and the group is marked failed. */
 static void hook_abandon_locked(moe_ep_group_t *g, void *obj) {
   moe_ep_hook_t *hook = obj;
   if (hook->group != g || hook->ran) return;
   if (g->pending[hook->op.buffer_set] == hook) g->pending[hook->op.buffer_set] = NULL;
-  /* A live handle (handle_free clears op.handle) keeps no receive to wait for. */
+  /* The handle, still live (handle_free clears op.handle), never gets this
+   * dispatch's receive: its refusals say so. */
   if (hook->op.kind == MEP_OP_DISPATCH && hook->op.handle != NULL) {
     hook->op.handle->dispatched = MEP_DISPATCH_ABANDONED;
   }
