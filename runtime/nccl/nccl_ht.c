@@ -349,12 +349,32 @@ static moe_ep_status_t launch_combine(moe_ep_group_t *g, ht_state_t *s, mep_op_t
   return mep_nccl_launched(g, mep_ht_combine(&s->ctx, &a, op->stream), "combine");
 }
 
+/* A dispatch without MOE_EP_FLAG_WORST_CASE learns N_recv on the host (a
+ * stream synchronisation), which a CUDA graph capture forbids: CUDA would
+ * refuse the sync and invalidate the capture, failing the group. Refused
+ * while nothing has run on op->stream (the send's, or the hook's). */
+static moe_ep_status_t check_capturable(const moe_ep_group_t *g, const mep_op_t *op,
+                                        const char *entry) {
+  if (op->kind != MEP_OP_DISPATCH || (op->flags & MOE_EP_FLAG_WORST_CASE)) return MOE_EP_OK;
+  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  cudaError_t e = cudaStreamIsCapturing((cudaStream_t)op->stream, &cs);
+  if (e != cudaSuccess) return mep_nccl_cuda_error("cudaStreamIsCapturing", e);
+  if (cs == cudaStreamCaptureStatusNone) return MOE_EP_OK;
+  return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                   "%s on rank %d: the stream is capturing a CUDA graph but params->flags=0x%x "
+                   "lacks MOE_EP_FLAG_WORST_CASE; without it a high-throughput dispatch learns "
+                   "its received token count on the host, a stream synchronisation that capture "
+                   "forbids",
+                   entry, g->rank, (unsigned)op->flags);
+}
+
 static moe_ep_status_t ht_send(moe_ep_group_t *g, mep_op_t *op) {
   ht_state_t *s = g->impl;
   int prev;
   MEP_CHECK(enter(g, s, &prev));
-  moe_ep_status_t st =
-      op->kind == MEP_OP_DISPATCH ? launch_dispatch(g, s, op) : launch_combine(g, s, op);
+  moe_ep_status_t st = check_capturable(g, op, "dispatch");
+  if (st == MOE_EP_OK)
+    st = op->kind == MEP_OP_DISPATCH ? launch_dispatch(g, s, op) : launch_combine(g, s, op);
   if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->sent, op->buffer_set, op->stream);
   return mep_nccl_leave(s->device, prev, st);
 }
@@ -376,7 +396,10 @@ static moe_ep_status_t ht_recv(moe_ep_group_t *g, mep_op_t *op) {
   ht_state_t *s = g->impl;
   int prev;
   MEP_CHECK(enter(g, s, &prev));
-  moe_ep_status_t st = mep_nccl_sent_order(&s->sent, op->buffer_set, op->stream);
+  /* A hook run inside a capture: refused before the sync (its receive is
+   * then abandoned, which HT survives: the receive half moves no data). */
+  moe_ep_status_t st = check_capturable(g, op, "hook_run of a dispatch");
+  if (st == MOE_EP_OK) st = mep_nccl_sent_order(&s->sent, op->buffer_set, op->stream);
   if (st == MOE_EP_OK && op->kind == MEP_OP_DISPATCH) {
     if (op->flags & MOE_EP_FLAG_WORST_CASE) {
       /* No sync: combine's y then has recv_x's rows. */

@@ -4,9 +4,12 @@
 // hook is pending, handle_layout on an HT handle. Each is refused with the
 // right status and a sentence naming the argument, returns no hook, and the
 // group still works (verified round trips follow).
+#include <cuda_runtime_api.h>
+
 #include <string>
 #include <vector>
 
+#include "tests/common/mirror.h"
 #include "tests/common/plugin_api.h"
 #include "tests/host/ht_call.h"
 #include "tests/host/worker_common.h"
@@ -147,6 +150,30 @@ void one_rank_refuses_prepare(Ctx& c) {
   if (h != nullptr) c.api->handle_free(h);
 }
 
+// nccl: a dispatch without MOE_EP_FLAG_WORST_CASE learns its count on the
+// host (a stream sync). Captured into a CUDA graph it is refused before
+// anything is launched, naming the flag, and the group stays usable
+// (before, CUDA refused the sync, invalidated the capture and the group
+// failed).
+void dispatch_in_capture(Ctx& c) {
+  Problem p = problem_of(c, DispatchDtype::kBf16);
+  HtCall call(c, p, 78);
+  if (call.prepare() != MOE_EP_OK) return;
+  cudaStream_t s;
+  cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  cuda_check(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
+  refused(c, call, "captured dispatch without MOE_EP_FLAG_WORST_CASE", 0, call.num_recv(), true,
+          [&](moe_ep_dispatch_params_t& dp) { dp.stream = s; }, MOE_EP_ERR_INVALID_ARGUMENT,
+          "lacks MOE_EP_FLAG_WORST_CASE");
+  cudaGraph_t graph = nullptr;
+  cuda_check(cudaStreamEndCapture(s, &graph), "cudaStreamEndCapture");
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+  expect_status(c, 78, "poll_error after the refused capture",
+                c.api->group_poll_error(c.group), MOE_EP_OK);
+  roundtrip(c, call, "eager round trip after the refused capture");
+}
+
 }  // namespace
 
 void run_ht_bad_input(Ctx& c) {
@@ -155,6 +182,7 @@ void run_ht_bad_input(Ctx& c) {
   // Only the host backend's HT prepare is collective (the nccl one counts in
   // the dispatch kernel).
   if (c.opt.backend == "host") one_rank_refuses_prepare(c);
+  if (c.opt.backend == "nccl") dispatch_in_capture(c);
   moe_ep_group_info_t info = MOE_EP_INIT(moe_ep_group_info_t);
   expect_status(c, 0, "group_info", c.api->group_info(c.group, &info), MOE_EP_OK);
   HtCall last(c, problem_of(c, DispatchDtype::kBf16), 79);
