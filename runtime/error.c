@@ -30,6 +30,13 @@ void mep_error_prefix(const char *fmt, ...) {
   snprintf(tls_error, sizeof(tls_error), "%s: %s", prefix, old);
 }
 
+void mep_error_name_rank(int rank) {
+  for (const char *p = strstr(tls_error, "rank "); p != NULL; p = strstr(p + 5, "rank ")) {
+    if (p[5] >= '0' && p[5] <= '9') return;
+  }
+  mep_error_prefix("rank %d", rank);
+}
+
 const char *mep_last_error(void) { return tls_error; }
 
 void mep_error_clear(void) { tls_error[0] = '\0'; }

@@ -20,6 +20,11 @@ moe_ep_status_t mep_error(moe_ep_status_t status, const char *fmt, ...)
 /* Prefixes the current message with context ("group_create: ..."). */
 void mep_error_prefix(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* Every failure sentence names a rank (the one that failed, or the one it
+ * blames): a sentence naming none ("rank " and a digit) gets "rank <rank>: "
+ * in front. */
+void mep_error_name_rank(int rank);
+
 const char *mep_last_error(void); /* never NULL */
 void mep_error_clear(void);
 const char *mep_status_string(moe_ep_status_t status);

@@ -230,7 +230,9 @@ moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
   if (g == NULL) {
     return mep_error(MOE_EP_ERR_NO_MEMORY, "group_create: out of host memory");
   }
+  int rank_known = 0; /* a failure from here on names this rank */
   MEP_CHECK_GOTO(validate_params(params, g), st, out_free_group);
+  rank_known = 1;
   const int requested = g->cfg.backend;
   MEP_CHECK_GOTO(mep_backend_select(g->cfg.backend, g->cfg.mode, &g->ops, &g->cfg.backend), st,
                  out_free_group);
@@ -299,6 +301,7 @@ out_destroy_lock:
 out_destroy_bootstrap:
   mep_bootstrap_destroy(g->boot);
 out_free_group:
+  if (rank_known) mep_error_name_rank(g->rank);
   mep_log_thread_level(-1);
   free(g);
   return st;

@@ -72,12 +72,14 @@ moe_ep_status_t mep_group_broken_error(const moe_ep_group_t *group, const char *
  * between this and mep_group_unlock. */
 moe_ep_status_t mep_group_lock(moe_ep_group_t *group, const char *entry);
 void mep_group_unlock(moe_ep_group_t *group);
-/* Returns `call`, run under the group lock; a communication failure breaks
- * the group before the lock is released. */
+/* Returns `call`, run under the group lock; its failure sentence names a
+ * rank, and a communication failure breaks the group before the lock is
+ * released. */
 #define MEP_LOCKED_ENTRY(g, name, call)                    \
   do {                                                     \
     MEP_CHECK(mep_group_lock(g, name));                    \
     moe_ep_status_t st_ = (call);                          \
+    if (st_ != MOE_EP_OK) mep_error_name_rank((g)->rank);  \
     if (mep_status_is_fatal(st_)) mep_group_break(g, st_); \
     mep_group_unlock(g);                                   \
     return st_;                                            \
