@@ -440,11 +440,12 @@ int mep_status_is_fatal(moe_ep_status_t st) {
          st == MOE_EP_ERR_NCCL || st == MOE_EP_ERR_INTERNAL;
 }
 
-/* What the kernels use: set_num_sms, or every SM by default; the host
- * backend uses none. */
+/* What the kernels use: set_num_sms, or the backend's default (every SM
+ * unless it names fewer); the host backend uses none. */
 static int32_t sms_used(const moe_ep_group_t *g) {
   if (g->cfg.backend == MOE_EP_BACKEND_HOST) return 0;
-  return g->num_sms > 0 ? g->num_sms : g->max_sms;
+  if (g->num_sms > 0) return g->num_sms;
+  return g->default_sms > 0 ? g->default_sms : g->max_sms;
 }
 
 static moe_ep_status_t group_info_locked(const moe_ep_group_t *g, moe_ep_group_info_t *info) {

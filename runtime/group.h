@@ -30,6 +30,7 @@ struct moe_ep_group {
   int32_t num_local_experts;
   int32_t num_sms;
   int32_t max_sms;
+  int32_t default_sms; /* the backend's SMs while num_sms is 0 (0: every SM) */
   int32_t cuda_device;  /* params->cuda_device (nccl backend), -1 = current;
                            the device in use once the backend is created */
   void *nccl_comm;      /* engine's ncclComm_t to adopt, or NULL */

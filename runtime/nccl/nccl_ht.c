@@ -97,7 +97,11 @@ static void ht_release(moe_ep_group_t *g, int abort) {
   g->impl = NULL;
 }
 
-static void ht_destroy(moe_ep_group_t *g) { ht_release(g, g->broken != MOE_EP_OK); }
+static void ht_destroy(moe_ep_group_t *g) {
+  const int prev = mep_nccl_caller_device();
+  ht_release(g, g->broken != MOE_EP_OK);
+  mep_nccl_restore_device(prev);
+}
 
 static moe_ep_status_t alloc_device(ht_state_t *s) {
   cudaError_t e;
@@ -147,7 +151,17 @@ static moe_ep_status_t check_transport(const moe_ep_group_t *g, const ht_state_t
                    on ? "outside" : "inside");
 }
 
+static moe_ep_status_t ht_create_on_device(moe_ep_group_t *g);
+
+/* The caller's current device is left as it was (mep_nccl_caller_device). */
 static moe_ep_status_t ht_create(moe_ep_group_t *g) {
+  const int prev = mep_nccl_caller_device();
+  moe_ep_status_t st = ht_create_on_device(g);
+  mep_nccl_restore_device(prev);
+  return st;
+}
+
+static moe_ep_status_t ht_create_on_device(moe_ep_group_t *g) {
   if (g->world_size > MEP_HT_MAX_RANKS) {
     return mep_error(MOE_EP_ERR_UNSUPPORTED,
                      "group_create: world_size=%d; mode 'high_throughput' on the nccl backend "
@@ -199,9 +213,8 @@ static moe_ep_status_t ht_create(moe_ep_group_t *g) {
                    mep_kernels_last_error());
     goto out_destroy;
   }
-  if (g->num_sms == 0) {
-    g->num_sms = s->device_sms < MEP_HT_DEFAULT_SMS ? s->device_sms : MEP_HT_DEFAULT_SMS;
-  }
+  /* The default stays the backend's: set_num_sms(0) returns to it. */
+  g->default_sms = s->device_sms < MEP_HT_DEFAULT_SMS ? s->device_sms : MEP_HT_DEFAULT_SMS;
   g->bytes_allocated = mep_nccl_bytes_allocated(s->nccl);
   return MOE_EP_OK;
 out_destroy:
@@ -272,7 +285,7 @@ static moe_ep_status_t ht_poll_error(moe_ep_group_t *g) {
 static moe_ep_status_t enter(moe_ep_group_t *g, ht_state_t *s, int *prev) {
   MEP_CHECK(fatal_status(g, s));
   MEP_CHECK(mep_nccl_enter(s->device, prev));
-  s->ctx.num_sms = g->num_sms > 0 ? g->num_sms : s->device_sms;
+  s->ctx.num_sms = g->num_sms > 0 ? g->num_sms : g->default_sms;
   return MOE_EP_OK;
 }
 

@@ -174,6 +174,23 @@ void dispatch_in_capture(Ctx& c) {
   roundtrip(c, call, "eager round trip after the refused capture");
 }
 
+// nccl: set_num_sms(0) returns an HT group to the backend's default of 24
+// SMs (fewer on a smaller GPU), not to every SM.
+void default_sms_again(Ctx& c) {
+  int sms = 0;
+  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, c.gpu),
+             "cudaDeviceGetAttribute");
+  const int32_t want = sms < 24 ? sms : 24;
+  int32_t used = -1;
+  expect_status(c, 0, "set_num_sms(8)", c.api->set_num_sms(c.group, 8), MOE_EP_OK);
+  expect_status(c, 0, "set_num_sms(0)", c.api->set_num_sms(c.group, 0), MOE_EP_OK);
+  expect_status(c, 0, "max_sms_used", c.api->max_sms_used(c.group, &used), MOE_EP_OK);
+  c.checks++;
+  if (used != want)
+    fail(c, 0, "set_num_sms(0) on an HT group",
+         "max_sms_used is " + std::to_string(used) + ", want the default " + std::to_string(want));
+}
+
 }  // namespace
 
 void run_ht_bad_input(Ctx& c) {
@@ -182,7 +199,10 @@ void run_ht_bad_input(Ctx& c) {
   // Only the host backend's HT prepare is collective (the nccl one counts in
   // the dispatch kernel).
   if (c.opt.backend == "host") one_rank_refuses_prepare(c);
-  if (c.opt.backend == "nccl") dispatch_in_capture(c);
+  if (c.opt.backend == "nccl") {
+    dispatch_in_capture(c);
+    default_sms_again(c);
+  }
   moe_ep_group_info_t info = MOE_EP_INIT(moe_ep_group_info_t);
   expect_status(c, 0, "group_info", c.api->group_info(c.group, &info), MOE_EP_OK);
   HtCall last(c, problem_of(c, DispatchDtype::kBf16), 79);
