@@ -154,23 +154,59 @@ void one_rank_refuses_prepare(Ctx& c) {
 // host (a stream sync). Captured into a CUDA graph it is refused before
 // anything is launched, naming the flag, and the group stays usable
 // (before, CUDA refused the sync, invalidated the capture and the group
-// failed).
+// failed). Its buffers are on the device before the capture begins, so
+// nothing but the dispatch runs inside it.
 void dispatch_in_capture(Ctx& c) {
   Problem p = problem_of(c, DispatchDtype::kBf16);
   HtCall call(c, p, 78);
   if (call.prepare() != MOE_EP_OK) return;
+  const int64_t T = num_tokens_for_rank(p, c.rank, 78), H = p.hidden, K = p.top_k;
+  const int64_t rows = call.num_recv() + 1, el = p.local_experts();
+  const size_t sizes[] = {static_cast<size_t>(T * H * 2), static_cast<size_t>(T * K * 4),
+                          static_cast<size_t>(rows * H * 2), static_cast<size_t>(rows * K * 4),
+                          static_cast<size_t>(rows * K * 4), static_cast<size_t>(el * 4)};
+  void* d[6] = {};
+  for (int i = 0; i < 6; i++) {
+    cuda_check(cudaMalloc(&d[i], sizes[i] + 16), "cudaMalloc");
+    cuda_check(cudaMemset(d[i], 0, sizes[i] + 16), "cudaMemset");
+  }
+  const int cuda = MOE_EP_DEVICE_CUDA;
+  Tensor x(d[0], DT::kBf16, {T, H}, cuda, c.gpu), w(d[1], DT::kF32, {T, K}, cuda, c.gpu),
+      rx(d[2], DT::kBf16, {rows, H}, cuda, c.gpu), ri(d[3], DT::kI32, {rows, K}, cuda, c.gpu),
+      rw(d[4], DT::kF32, {rows, K}, cuda, c.gpu), rc(d[5], DT::kI32, {el}, cuda, c.gpu);
+  int64_t n_recv = -1;
   cudaStream_t s;
   cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  moe_ep_dispatch_params_t dp = MOE_EP_INIT(moe_ep_dispatch_params_t);
+  dp.hidden = static_cast<int32_t>(H);
+  dp.x = x.get();
+  dp.topk_weights = w.get();
+  dp.recv_x = rx.get();
+  dp.recv_topk_idx = ri.get();
+  dp.recv_topk_weights = rw.get();
+  dp.recv_count = rc.get();
+  dp.num_recv_tokens = &n_recv;
+  dp.stream = s;
+  moe_ep_hook_t* hook = nullptr;
   cuda_check(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
-  refused(c, call, "captured dispatch without MOE_EP_FLAG_WORST_CASE", 0, call.num_recv(), true,
-          [&](moe_ep_dispatch_params_t& dp) { dp.stream = s; }, MOE_EP_ERR_INVALID_ARGUMENT,
-          "lacks MOE_EP_FLAG_WORST_CASE");
+  const moe_ep_status_t st = c.api->dispatch(c.group, call.handle(), &dp, &hook);
+  const std::string msg = c.api->last_error();
   cudaGraph_t graph = nullptr;
-  cuda_check(cudaStreamEndCapture(s, &graph), "cudaStreamEndCapture");
+  const cudaError_t ended = cudaStreamEndCapture(s, &graph);
+  expect_status(c, 78, "captured dispatch without MOE_EP_FLAG_WORST_CASE", st,
+                MOE_EP_ERR_INVALID_ARGUMENT, "lacks MOE_EP_FLAG_WORST_CASE");
+  c.checks++;
+  if (hook != nullptr) fail(c, 78, "captured dispatch refused", "returned a hook");
+  c.checks++;
+  if (ended != cudaSuccess)
+    fail(c, 78, "captured dispatch refused", std::string("the capture was invalidated: ") +
+                                                 cudaGetErrorString(ended) + " (" + msg + ")");
   if (graph != nullptr) cudaGraphDestroy(graph);
   cudaStreamDestroy(s);
-  expect_status(c, 78, "poll_error after the refused capture",
-                c.api->group_poll_error(c.group), MOE_EP_OK);
+  for (void* b : d) cudaFree(b);
+  expect_status(c, 78, "poll_error after the refused capture", c.api->group_poll_error(c.group),
+                MOE_EP_OK);
   roundtrip(c, call, "eager round trip after the refused capture");
 }
 
