@@ -49,7 +49,10 @@ struct moe_ep_handle {
    * combine on this handle completes. */
   int32_t weighted;
   const float *dispatch_weights;
-  int64_t num_recv;      /* HT: rows received by dispatch */
+  int64_t num_recv;      /* HT: rows received by dispatch (-1: not known on the host) */
+  /* HT nccl: recv_x's rows in the latest worst-case dispatch, whose N_recv
+   * stays on the device; combine's y then needs that many */
+  int64_t worst_rows;
   int32_t worst_case;    /* HT: the latest dispatch had MOE_EP_FLAG_WORST_CASE
                             (combine then takes y with N_recv rows or more) */
   void *backend;         /* backend's per-handle state (slot sources); one

@@ -184,7 +184,8 @@ static moe_ep_status_t combine_locked(moe_ep_group_t *g, moe_ep_handle_t *h,
   void *data;
   int dt;
   int64_t rows = is_ll(g) ? (int64_t)g->world_size * g->cfg.max_tokens_per_rank
-                          : h->num_recv;
+                 : h->worst_case && h->worst_rows > h->num_recv ? h->worst_rows
+                                                               : h->num_recv;
   /* After a worst-case dispatch y may be that dispatch's fixed-size rows. */
   int64_t y_rows = !is_ll(g) && h->worst_case ? -1 : rows;
   mep_tensor_rule_t ry = {"combine", "params->y", dev, MEP_BIT(MEP_DT_BF16),

@@ -415,8 +415,10 @@ static moe_ep_status_t ht_recv(moe_ep_group_t *g, mep_op_t *op) {
   if (st == MOE_EP_OK) st = mep_nccl_sent_order(&s->sent, op->buffer_set, op->stream);
   if (st == MOE_EP_OK && op->kind == MEP_OP_DISPATCH) {
     if (op->flags & MOE_EP_FLAG_WORST_CASE) {
-      /* No sync: combine's y then has recv_x's rows. */
-      op->handle->num_recv = op->recv_capacity;
+      /* No sync: combine's y then has recv_x's rows. num_recv keeps what a
+       * dispatch of this layout learnt (the same routing, the same count),
+       * which a cached dispatch's recv_x is checked against. */
+      op->handle->worst_rows = op->recv_capacity;
       if (op->num_recv_tokens != NULL) *op->num_recv_tokens = -1;
     } else {
       st = learn_num_recv(g, s, op);

@@ -227,11 +227,31 @@ void default_sms_again(Ctx& c) {
          "max_sms_used is " + std::to_string(used) + ", want the default " + std::to_string(want));
 }
 
+// A worst-case dispatch, then a cached dispatch on the same handle whose
+// receive tensors hold exactly this rank's rows (prepare's count): accepted
+// and right. On the nccl backend the worst-case dispatch's row capacity
+// stood in for the count, and the second dispatch was refused ("receives
+// R*M tokens").
+void worst_case_then_exact(Ctx& c) {
+  // Masked routing: a token with no expert, so even one rank receives fewer
+  // rows than the worst case.
+  Problem p = problem_for(c, c.opt.layers[0].first, c.opt.layers[0].second, Generator::kMasked);
+  HtCall call(c, p, 76);
+  if (call.prepare() != MOE_EP_OK) return;
+  const int64_t worst = static_cast<int64_t>(p.world) * p.max_tokens_per_rank;
+  if (!expect_status(c, 76, "worst-case dispatch", call.dispatch(MOE_EP_FLAG_WORST_CASE, worst),
+                     MOE_EP_OK))
+    return;
+  call.check_dispatch();
+  roundtrip(c, call, "cached dispatch of exactly the rows received, after a worst-case one");
+}
+
 }  // namespace
 
 void run_ht_bad_input(Ctx& c) {
   bf16_x(c);
   fp8_x(c);
+  worst_case_then_exact(c);
   // Only the host backend's HT prepare is collective (the nccl one counts in
   // the dispatch kernel).
   if (c.opt.backend == "host") one_rank_refuses_prepare(c);
