@@ -40,9 +40,10 @@ struct mep_nccl {
   size_t scratch_bytes;
   int has_devcomm;
   int has_win;
-  /* A setup collective on an adopted communicator did not end: it stays
-   * queued on the engine's communicator until the engine aborts that, so
-   * what it may still touch is left allocated (cudaFree would wait for it). */
+  /* A setup step on an adopted communicator did not end within its bound
+   * (adopted_step_stuck): it stays in flight on the engine's communicator
+   * until the engine aborts that, so what it may still touch is left
+   * allocated (cudaFree would wait for it). */
   int stuck;
   void *buf;
   ncclWindow_t win;
@@ -144,22 +145,26 @@ static int in_lsa_team(ncclTeam_t lsa, int self, int peer) {
   return d >= 0 && d % lsa.stride == 0 && d / lsa.stride < lsa.nRanks;
 }
 
+/* A setup step's bounded wait on an adopted communicator timed out: the
+ * step may still run (a nonblocking communicator's call in progress, or a
+ * collective queued on its stream), and only the engine can end it (an
+ * owned communicator is aborted), so what it may touch stays allocated. */
+static moe_ep_status_t adopted_step_stuck(mep_nccl_t *n, moe_ep_status_t st) {
+  if (st != MOE_EP_ERR_TIMEOUT || n->owns_comm) return st;
+  n->stuck = 1;
+  char why[MEP_ERROR_MAX];
+  snprintf(why, sizeof why, "%s", mep_last_error());
+  return mep_error(st,
+                   "%s; the step stays in flight on the engine's communicator (adopted), "
+                   "which the engine must abort (ncclCommAbort) before using it again",
+                   why);
+}
+
 /* A setup collective just enqueued on n->stream (its call returned r):
  * settled and drained within the bound. */
 static moe_ep_status_t run_collective(mep_nccl_t *n, ncclResult_t r, const char *step) {
-  MEP_CHECK(mep_nccl_settle(n->comm, r, step, n->timeout_ms));
-  moe_ep_status_t st = mep_nccl_stream_wait(n->comm, n->stream, step, n->timeout_ms);
-  if (st == MOE_EP_ERR_TIMEOUT && !n->owns_comm) {
-    /* Only the engine can end it (an owned communicator is aborted). */
-    n->stuck = 1;
-    char why[MEP_ERROR_MAX];
-    snprintf(why, sizeof why, "%s", mep_last_error());
-    st = mep_error(st,
-                   "%s; the collective stays queued on the engine's communicator (adopted), "
-                   "which the engine must abort (ncclCommAbort) before using it again",
-                   why);
-  }
-  return st;
+  MEP_CHECK(adopted_step_stuck(n, mep_nccl_settle(n->comm, r, step, n->timeout_ms)));
+  return adopted_step_stuck(n, mep_nccl_stream_wait(n->comm, n->stream, step, n->timeout_ms));
 }
 
 /* The LSA link check (params' lsa_link_check): every rank describes its
@@ -405,8 +410,9 @@ moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *p, mep_nccl_t **out) {
   MEP_CHECK_GOTO(mep_nccl_zero(n, n->buf, n->bytes, "cudaMemsetAsync (window)"), st, fail);
   log_step(n, "ncclCommWindowRegister");
   r = ncclCommWindowRegister(n->comm, n->buf, n->bytes, &n->win, NCCL_WIN_COLL_SYMMETRIC);
-  MEP_CHECK_GOTO(mep_nccl_settle(n->comm, r, "ncclCommWindowRegister(NCCL_WIN_COLL_SYMMETRIC)",
-                                 n->timeout_ms),
+  MEP_CHECK_GOTO(adopted_step_stuck(
+                     n, mep_nccl_settle(n->comm, r, "ncclCommWindowRegister(NCCL_WIN_COLL_SYMMETRIC)",
+                                        n->timeout_ms)),
                  st, fail);
   n->has_win = 1;
 
@@ -421,9 +427,10 @@ moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *p, mep_nccl_t **out) {
     }
     log_step(n, "ncclDevCommCreate");
     r = ncclDevCommCreate(n->comm, &req, (ncclDevComm_t *)(void *)n->devcomm);
-    MEP_CHECK_GOTO(mep_nccl_settle(n->comm, r,
-                                   need_gin ? "ncclDevCommCreate (with GIN)" : "ncclDevCommCreate",
-                                   n->timeout_ms),
+    MEP_CHECK_GOTO(adopted_step_stuck(n, mep_nccl_settle(n->comm, r,
+                                                         need_gin ? "ncclDevCommCreate (with GIN)"
+                                                                  : "ncclDevCommCreate",
+                                                         n->timeout_ms)),
                    st, fail);
     n->has_devcomm = 1;
   }
