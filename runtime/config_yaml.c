@@ -374,12 +374,84 @@ static moe_ep_status_t read_document(yaml_ctx_t *c) {
   return read_mapping(c, value, "");
 }
 
+/* libyaml's scanner costs O(depth) per token and its loader O(anchors) per
+ * anchor and alias, so a deep or anchor-heavy input (1 MB of '[') takes
+ * hours. One event pass over the first document bounds both before the
+ * loader runs; engine configs are far inside these limits. */
+#define MEP_YAML_MAX_DEPTH 64
+#define MEP_YAML_MAX_ANCHORS 1024
+#define MEP_YAML_MAX_ALIASES 65536
+
+static moe_ep_status_t check_shape(const char *text, size_t len,
+                                   const char *source) {
+  yaml_parser_t p;
+  if (!yaml_parser_initialize(&p)) {
+    return mep_error(MOE_EP_ERR_NO_MEMORY, "%s: out of memory starting libyaml",
+                     source);
+  }
+  yaml_parser_set_input_string(&p, (const unsigned char *)text, len);
+  moe_ep_status_t st = MOE_EP_OK;
+  long depth = 0, anchors = 0, aliases = 0;
+  for (int done = 0; !done && st == MOE_EP_OK;) {
+    yaml_event_t e;
+    if (!yaml_parser_parse(&p, &e)) {
+      st = parser_error(&p, text, len, source);
+      break;
+    }
+    int line = (int)e.start_mark.line + 1;
+    const unsigned char *anchor = NULL;
+    switch (e.type) {
+      case YAML_SEQUENCE_START_EVENT:
+        anchor = e.data.sequence_start.anchor;
+        depth++;
+        break;
+      case YAML_MAPPING_START_EVENT:
+        anchor = e.data.mapping_start.anchor;
+        depth++;
+        break;
+      case YAML_SEQUENCE_END_EVENT:
+      case YAML_MAPPING_END_EVENT:
+        depth--;
+        break;
+      case YAML_SCALAR_EVENT:
+        anchor = e.data.scalar.anchor;
+        break;
+      case YAML_ALIAS_EVENT:
+        aliases++;
+        break;
+      case YAML_DOCUMENT_END_EVENT: /* only the first document is loaded */
+      case YAML_STREAM_END_EVENT:
+        done = 1;
+        break;
+      default:
+        break;
+    }
+    anchors += anchor != NULL;
+    yaml_event_delete(&e);
+    if (depth > MEP_YAML_MAX_DEPTH) {
+      st = mep_error(MOE_EP_ERR_CONFIG,
+                     "%s, line %d: YAML nested more than %d levels deep; "
+                     "a config needs a handful",
+                     source, line, MEP_YAML_MAX_DEPTH);
+    } else if (anchors > MEP_YAML_MAX_ANCHORS ||
+               aliases > MEP_YAML_MAX_ALIASES) {
+      st = mep_error(MOE_EP_ERR_CONFIG,
+                     "%s, line %d: YAML has more than %d anchors or %d "
+                     "aliases; a config needs a handful",
+                     source, line, MEP_YAML_MAX_ANCHORS, MEP_YAML_MAX_ALIASES);
+    }
+  }
+  yaml_parser_delete(&p);
+  return st;
+}
+
 moe_ep_status_t mep_config_read_yaml_text(const char *text, size_t len,
                                           const char *source,
                                           moe_ep_config_t *cfg,
                                           mep_config_origin_t *origin) {
   yaml_parser_t parser;
   yaml_document_t doc;
+  MEP_CHECK(check_shape(text, len, source));
   if (!yaml_parser_initialize(&parser)) {
     return mep_error(MOE_EP_ERR_NO_MEMORY, "%s: out of memory starting libyaml",
                      source);

@@ -86,6 +86,18 @@ static inline void *moe_ep_load(const char *path,
     dlclose(lib);
     return NULL;
   }
+  /* struct_size first: a table too short to hold abi_version must not
+   * have it read (that would be past the exported object). */
+  if (found->struct_size <
+      offsetof(moe_ep_plugin_v1_t, abi_version) + sizeof(found->abi_version)) {
+    if (err_len > 0)
+      snprintf(err, err_len,
+               "moe_ep_load: '%s' table moe_ep_plugin_v1 is %zu bytes, too "
+               "short to hold abi_version; this engine needs at least %zu",
+               path, found->struct_size, (size_t)MOE_EP_LOADER_MIN_V1_SIZE);
+    dlclose(lib);
+    return NULL;
+  }
   if (found->abi_version != MOE_EP_ABI_VERSION) {
     if (err_len > 0)
       snprintf(err, err_len,

@@ -1,8 +1,10 @@
 // launcher_test.cc: moe_ep_run end to end with real bootstrap workers: a
 // passing 4-rank job, the environment it hands out, a failing rank, the
-// job timeout, and SIGTERM forwarding.
+// job timeout, SIGTERM forwarding; NaN durations refused, an inherited
+// ignored SIGCHLD, and no rank or rank's child outliving the job.
 #include <signal.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -27,6 +29,42 @@ int Count(const std::string &hay, const std::string &needle) {
     n++;
   }
   return n;
+}
+
+// Whether pid still runs (a zombie awaiting its reaper counts as gone).
+bool Alive(pid_t pid) {
+  char path[64], state = 0;
+  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (f == nullptr) return false;
+  int ok = fscanf(f, "%*d (%*[^)]) %c", &state);
+  fclose(f);
+  return ok == 1 && state != 'Z' && state != 'X';
+}
+
+// Pids printed as "<tag><pid>" lines.
+std::vector<pid_t> Pids(const std::string &out, const std::string &tag) {
+  std::vector<pid_t> pids;
+  for (size_t at = out.find(tag); at != std::string::npos;
+       at = out.find(tag, at + 1)) {
+    pids.push_back((pid_t)atoi(out.c_str() + at + tag.size()));
+  }
+  return pids;
+}
+
+// True once every pid is gone (bounded); kills survivors so none leaks.
+bool AllGone(const std::vector<pid_t> &pids, int64_t within_ms) {
+  int64_t until = NowMs() + within_ms;
+  bool gone = false;
+  while (!gone && NowMs() < until) {
+    gone = true;
+    for (pid_t q : pids) gone = gone && !Alive(q);
+    if (!gone) usleep(50000);
+  }
+  for (pid_t q : pids) {
+    if (Alive(q)) kill(q, SIGKILL);
+  }
+  return gone;
 }
 
 TEST(Launcher, FourRanksRunCollectives) {
@@ -125,6 +163,58 @@ TEST(Launcher, RejectsBadUsage) {
   Proc q = Spawn("moe_ep_run no prog", {Launcher(), "-n", "2"});
   WaitOne(&q, NowMs() + 5000);
   EXPECT_TRUE(q.Exited(2)) << q.Describe();
+}
+
+TEST(Launcher, RejectsNanDurations) {
+  for (const char *flag : {"--grace_s", "--timeout_s"}) {
+    Proc p = Spawn(std::string("moe_ep_run ") + flag + " nan",
+                   {Launcher(), "-n", "1", flag, "nan", "--", "/bin/true"});
+    WaitOne(&p, NowMs() + 5000);
+    EXPECT_TRUE(p.Exited(2)) << p.Describe();
+    EXPECT_NE(p.err.find(std::string(flag) + " nan"), std::string::npos)
+        << p.Describe();
+  }
+}
+
+TEST(Launcher, InheritedIgnoredSigchldStillEnds) {
+  // SIG_IGN for SIGCHLD survives exec; the kernel would then reap the ranks
+  // and waitpid never report them.
+  Proc p = Spawn("moe_ep_run SIGCHLD ignored",
+                 {"/usr/bin/env", "--ignore-signal=CHLD", Launcher(), "-n", "2", "--timeout_s", "5", "--", "/bin/sh",
+                  "-c", "exit 3"});
+  WaitOne(&p, NowMs() + 15000);
+  EXPECT_TRUE(p.Exited(3)) << p.Describe();
+}
+
+TEST(Launcher, RanksDoNotOutliveTheLauncher) {
+  for (int sig : {SIGHUP, SIGKILL}) {
+    Proc p = Spawn("moe_ep_run killed by " + std::to_string(sig),
+                   {Launcher(), "-n", "2", "--", "/bin/sh", "-c",
+                    "echo RANKPID=$$; exec sleep 60"});
+    int64_t started_by = NowMs() + 20000;
+    while (Count(p.out, "RANKPID=") < 2 && NowMs() < started_by) {
+      ASSERT_EQ(WaitAny({&p}, NowMs() + 50), -1) << p.Describe();
+    }
+    std::vector<pid_t> ranks = Pids(p.out, "RANKPID=");
+    ASSERT_EQ(ranks.size(), 2u) << p.Describe();
+    kill(p.pid, sig);
+    WaitOne(&p, NowMs() + 10000);
+    EXPECT_TRUE(AllGone(ranks, 5000)) << "signal " << sig << ": " << p.Describe();
+  }
+}
+
+TEST(Launcher, DeadRanksChildrenDoNotOutliveTheJob) {
+  // Rank 1's wrapper dies (as if OOM-killed) and leaves its worker behind.
+  Proc p = Spawn("moe_ep_run orphan",
+                 {Launcher(), "-n", "2", "--grace_s", "1", "--", "/bin/sh",
+                  "-c",
+                  "if [ \"$MOE_EP_RANK\" = 1 ]; then sleep 60 & echo "
+                  "CHILD=$!; kill -9 $$; fi; exec sleep 60"});
+  WaitOne(&p, NowMs() + 20000);
+  EXPECT_TRUE(p.Exited(128 + SIGKILL)) << p.Describe();
+  std::vector<pid_t> child = Pids(p.out, "CHILD=");
+  ASSERT_EQ(child.size(), 1u) << p.Describe();
+  EXPECT_TRUE(AllGone(child, 5000)) << p.Describe();
 }
 
 }  // namespace

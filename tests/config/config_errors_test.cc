@@ -1,6 +1,7 @@
 // config_errors_test.cc: every rejected input gives MOE_EP_ERR_CONFIG (never
 // a crash or a config) and a sentence naming the key's full path, its line
 // and what is allowed.
+#include <chrono>
 #include <string>
 
 #include "config_test_util.h"
@@ -195,6 +196,26 @@ TEST_F(ConfigErrors, MissingOrMisshapenSection) {
               {"'timeouts' is a sequence", "line 2", "kernel_ms"});
   ExpectError("moe_ep:\n  ? [a, b]\n  : 1\n",
               {"a key under moe_ep is a sequence", "line 2", "plain names"});
+}
+
+TEST_F(ConfigErrors, DeepNestingAndAnchorFloodsFailFast) {
+  // libyaml's scanner is O(depth) per token and its loader O(anchors) per
+  // anchor: 1 MiB of '[' took hours. Each must fail in well under a second.
+  auto t0 = std::chrono::steady_clock::now();
+  ExpectError("moe_ep: {}\nx: " + std::string(1 << 20, '[') + "\n",
+              {"nested more than 64 levels", "line 2"});
+  std::string anchors = "moe_ep: {}\n";
+  for (int i = 0; i < 100000; i++) {
+    anchors += "a" + std::to_string(i) + ": &x" + std::to_string(i) + " 1\n";
+  }
+  ExpectError(anchors, {"more than 1024 anchors", "line 1026"});
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  // Within the limits, nesting and anchors still work.
+  ASSERT_EQ(Parse("x: " + std::string(60, '[') + std::string(60, ']') +
+                  "\nmoe_ep: {top_k: &k 4, hidden: 256}\ny: *k\n"),
+            MOE_EP_OK)
+      << mep_last_error();
+  EXPECT_EQ(cfg_->top_k, 4);
 }
 
 }  // namespace

@@ -190,4 +190,14 @@ TEST(Loader, TooOldTable) {
   EXPECT_NE(std::strstr(err, "too old"), nullptr) << err;
 }
 
+TEST(Loader, TableTooShortForAbiVersion) {
+  const moe_ep_plugin_v1_t* t = nullptr;
+  char err[512] = "";
+  std::string lib = moe_ep_test::runfile("tests/plugin/libfake_short_plugin.so");
+  EXPECT_EQ(moe_ep_load(lib.c_str(), &t, err, sizeof err), nullptr);
+  EXPECT_EQ(t, nullptr);
+  EXPECT_NE(std::strstr(err, "is 8 bytes"), nullptr) << err;
+  EXPECT_EQ(std::strstr(err, "abi_version 7"), nullptr) << err;
+}
+
 }  // namespace

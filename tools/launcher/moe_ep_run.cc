@@ -1,6 +1,9 @@
 // moe_ep_run.cc: the local multi-process launcher. Starts N ranks of a
 // program with the MOE_EP_* environment the bootstrap reads, forwards
-// SIGINT/SIGTERM, and tears the job down when one rank fails or time runs out.
+// SIGINT/SIGTERM/SIGHUP/SIGQUIT, and tears the job down when one rank fails
+// or time runs out. No rank, nor anything a rank started, outlives it: the
+// ranks die with it (even by SIGKILL), and it adopts and kills what they
+// leave behind.
 //
 //   moe_ep_run -n N [--timeout_s S] [--grace_s G] -- prog args...
 #include <errno.h>
@@ -9,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -50,7 +54,8 @@ bool ParseNum(const char *s, double lo, double hi, double *out) {
   char *end = nullptr;
   errno = 0;
   double v = strtod(s, &end);
-  if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) return false;
+  // !(in range) also refuses NaN, which every comparison lets through.
+  if (errno != 0 || end == s || *end != '\0' || !(v >= lo && v <= hi)) return false;
   *out = v;
   return true;
 }
@@ -87,9 +92,10 @@ std::string Describe(int status) {
 
 // Each rank leads its own process group, so a signal reaches its children
 // too, and a terminal's Ctrl-C reaches the ranks only through us (once).
+// Every rank's group, ended or not: a rank that died may leave children.
 void SignalAll(std::vector<Rank> &ranks, int sig) {
   for (Rank &r : ranks) {
-    if (r.running) kill(-r.pid, sig);
+    if (r.pid > 0) kill(-r.pid, sig);
   }
 }
 
@@ -168,6 +174,13 @@ int main(int argc, char **argv) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGHUP, &sa, nullptr);
+  sigaction(SIGQUIT, &sa, nullptr);
+  // An inherited SIG_IGN would have the kernel reap the ranks unseen.
+  signal(SIGCHLD, SIG_DFL);
+  // Orphaned descendants of a rank come back to us, not to init.
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  const pid_t launcher = getpid();
 
   std::vector<Rank> ranks(n);
   for (int r = 0; r < n; r++) {
@@ -182,6 +195,12 @@ int main(int argc, char **argv) {
       setpgid(0, 0);
       signal(SIGINT, SIG_DFL);
       signal(SIGTERM, SIG_DFL);
+      signal(SIGHUP, SIG_DFL);
+      signal(SIGQUIT, SIG_DFL);
+      // Die with the launcher (even by SIGKILL), and not outlive it if it
+      // died before this line.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != launcher) _exit(128 + SIGKILL);
       setenv("MOE_EP_RANK", std::to_string(r).c_str(), 1);
       setenv("MOE_EP_WORLD_SIZE", std::to_string(n).c_str(), 1);
       setenv("MOE_EP_LOCAL_RANK", std::to_string(r).c_str(), 1);
@@ -217,6 +236,17 @@ int main(int argc, char **argv) {
     }
     int status = 0;
     pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid < 0 && errno == ECHILD) {
+      fprintf(stderr, "moe_ep_run: %d rank(s) gone without an exit status\n",
+              running);
+      for (Rank &r : ranks) {
+        if (r.running) {
+          r.running = false;
+          r.status = 128 << 8;  // unknown: never success
+        }
+      }
+      break;
+    }
     if (pid > 0) {
       for (int r = 0; r < n; r++) {
         if (ranks[r].pid != pid || !ranks[r].running) continue;
@@ -267,6 +297,7 @@ int main(int argc, char **argv) {
     usleep(20000);
   }
 
+  SignalAll(ranks, SIGKILL);  // what the ranks left behind
   int code = 0;
   for (int r = 0; r < n; r++) {
     int st = ranks[r].status;
