@@ -122,11 +122,7 @@ static void nccl_release(moe_ep_group_t *g, int abort) {
   g->impl = NULL;
 }
 
-static void nccl_destroy(moe_ep_group_t *g) {
-  const int prev = mep_nccl_caller_device();
-  nccl_release(g, g->broken != MOE_EP_OK);
-  mep_nccl_restore_device(prev);
-}
+static void nccl_destroy(moe_ep_group_t *g) { nccl_release(g, g->broken != MOE_EP_OK); }
 
 static int ll_transport(const moe_ep_group_t *g, const nccl_state_t *s) {
   if (g->cfg.transport == MOE_EP_TRANSPORT_GIN_EMULATED) return MEP_LL_TRANSPORT_GIN_EMULATED;
@@ -161,17 +157,7 @@ static moe_ep_status_t alloc_device(nccl_state_t *s, const mep_ll_dims_t *d) {
   return mep_nccl_sent_create(&s->received);
 }
 
-static moe_ep_status_t nccl_create_on_device(moe_ep_group_t *g);
-
-/* The caller's current device is left as it was (mep_nccl_caller_device). */
 static moe_ep_status_t nccl_create(moe_ep_group_t *g) {
-  const int prev = mep_nccl_caller_device();
-  moe_ep_status_t st = nccl_create_on_device(g);
-  mep_nccl_restore_device(prev);
-  return st;
-}
-
-static moe_ep_status_t nccl_create_on_device(moe_ep_group_t *g) {
   if (g->cfg.mode != MOE_EP_MODE_LOW_LATENCY) {
     return mep_error(MOE_EP_ERR_UNSUPPORTED,
                      "group_create: mode 'high_throughput' is not implemented on the "

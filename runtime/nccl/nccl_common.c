@@ -113,16 +113,6 @@ moe_ep_status_t mep_nccl_leave(int device, int prev, moe_ep_status_t st) {
   return st;
 }
 
-int mep_nccl_caller_device(void) {
-  int prev = -1;
-  return cudaGetDevice(&prev) == cudaSuccess ? prev : -1;
-}
-
-void mep_nccl_restore_device(int prev) {
-  int now = -1;
-  if (prev >= 0 && (cudaGetDevice(&now) != cudaSuccess || now != prev)) cudaSetDevice(prev);
-}
-
 moe_ep_status_t mep_nccl_launched(const moe_ep_group_t *g, mep_kstatus_t k, const char *what) {
   if (k == MEP_KSTATUS_OK) return MOE_EP_OK;
   moe_ep_status_t st = k == MEP_KSTATUS_INVALID_ARGUMENT ? MOE_EP_ERR_INVALID_ARGUMENT

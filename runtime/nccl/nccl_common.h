@@ -36,11 +36,6 @@ int mep_nccl_record_ready(const mep_error_record_t *r);
  * mep_nccl_leave restores (moe-ep never changes the engine's device). */
 moe_ep_status_t mep_nccl_enter(int device, int *prev);
 moe_ep_status_t mep_nccl_leave(int device, int prev, moe_ep_status_t st);
-/* The same rule for group_create and group_destroy, which switch to the
- * group's device on their own: the caller's current device (-1: none yet)
- * before, restored after. */
-int mep_nccl_caller_device(void);
-void mep_nccl_restore_device(int prev);
 
 /* A launcher's status as moe-ep's, with its sentence and this rank. */
 moe_ep_status_t mep_nccl_launched(const moe_ep_group_t *g, mep_kstatus_t k, const char *what);
