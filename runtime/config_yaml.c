@@ -433,12 +433,16 @@ static moe_ep_status_t check_shape(const char *text, size_t len,
                      "%s, line %d: YAML nested more than %d levels deep; "
                      "a config needs a handful",
                      source, line, MEP_YAML_MAX_DEPTH);
-    } else if (anchors > MEP_YAML_MAX_ANCHORS ||
-               aliases > MEP_YAML_MAX_ALIASES) {
+    } else if (anchors > MEP_YAML_MAX_ANCHORS) {
       st = mep_error(MOE_EP_ERR_CONFIG,
-                     "%s, line %d: YAML has more than %d anchors or %d "
-                     "aliases; a config needs a handful",
-                     source, line, MEP_YAML_MAX_ANCHORS, MEP_YAML_MAX_ALIASES);
+                     "%s, line %d: YAML has more than %d anchors; a config "
+                     "needs a handful",
+                     source, line, MEP_YAML_MAX_ANCHORS);
+    } else if (aliases > MEP_YAML_MAX_ALIASES) {
+      st = mep_error(MOE_EP_ERR_CONFIG,
+                     "%s, line %d: YAML has more than %d aliases; a config "
+                     "needs a handful",
+                     source, line, MEP_YAML_MAX_ALIASES);
     }
   }
   yaml_parser_delete(&p);

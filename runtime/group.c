@@ -500,6 +500,7 @@ moe_ep_status_t mep_group_poll_error(moe_ep_group_t *g) {
   } else {
     mep_error(st, "%s", g->broken_msg);
   }
+  if (st != MOE_EP_OK) mep_error_name_rank(g->rank);
   mep_group_unlock(g);
   return st;
 }

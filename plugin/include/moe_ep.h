@@ -471,8 +471,9 @@ typedef struct moe_ep_plugin_v1 {
    * backend it is ordered after the send half even on another stream). A
    * hook runs once; it stays owned by the caller until hook_free. Freeing a
    * hook that never ran abandons its receive: the host backend stays
-   * usable (its next send first waits, bounded, for every rank to have
-   * sent that operation), the nccl backend marks the group failed; the
+   * usable (after an abandoned combine its next send first waits, bounded,
+   * for every rank to have sent that combine), the nccl backend marks the
+   * group failed; the
    * handle of an abandoned dispatch is refused by combine. A hook whose
    * handle was freed before it ran reports that and runs nothing. See
    * "threads" above for what may run concurrently. */

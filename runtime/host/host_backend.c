@@ -573,7 +573,9 @@ static moe_ep_status_t host_handle_layout(moe_ep_group_t *g, mep_handle_state_t 
  * this rank's combine, which never comes, and reports it. */
 static void host_abandon(moe_ep_group_t *g, const mep_op_t *op) {
   host_state_t *hs = g->impl;
-  if (op->kind == MEP_OP_COMBINE) hs->owed = op->seq + 1;
+  /* The latest such combine: its wait covers the earlier ones (hooks may
+   * be freed in any order). */
+  if (op->kind == MEP_OP_COMBINE && op->seq + 1 > hs->owed) hs->owed = op->seq + 1;
 }
 
 static moe_ep_status_t host_poll_error(moe_ep_group_t *g) { return MOE_EP_OK; }

@@ -242,9 +242,6 @@ static void say_goodbye(struct mep_host_mesh *m) {
   }
 }
 
-/* Runs on the API thread once the progress thread has joined: endpoints
- * first (UCX completes or cancels their sends, which frees the queued
- * commands), then rendezvous data still landing in the region. */
 void mep_host_mesh_close_ep(struct mep_host_mesh *m, int p) {
   ucp_ep_h ep = m->peers[p].ep;
   if (ep == NULL) return;
@@ -264,6 +261,9 @@ void mep_host_mesh_close_ep(struct mep_host_mesh *m, int p) {
   pthread_mutex_unlock(&m->lock);
 }
 
+/* Runs on the API thread once the progress thread has joined: endpoints
+ * first (UCX completes or cancels their sends, which frees the queued
+ * commands), then rendezvous data still landing in the region. */
 static void close_endpoints(struct mep_host_mesh *m) {
   for (int p = 0; m->peers != NULL && p < m->world; p++) mep_host_mesh_close_ep(m, p);
   int64_t deadline = mep_host_now_ns() + 1000000000LL;

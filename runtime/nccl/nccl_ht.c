@@ -97,11 +97,7 @@ static void ht_release(moe_ep_group_t *g, int abort) {
   g->impl = NULL;
 }
 
-static void ht_destroy(moe_ep_group_t *g) {
-  const int prev = mep_nccl_caller_device();
-  ht_release(g, g->broken != MOE_EP_OK);
-  mep_nccl_restore_device(prev);
-}
+static void ht_destroy(moe_ep_group_t *g) { ht_release(g, g->broken != MOE_EP_OK); }
 
 static moe_ep_status_t alloc_device(ht_state_t *s) {
   cudaError_t e;
@@ -151,17 +147,7 @@ static moe_ep_status_t check_transport(const moe_ep_group_t *g, const ht_state_t
                    on ? "outside" : "inside");
 }
 
-static moe_ep_status_t ht_create_on_device(moe_ep_group_t *g);
-
-/* The caller's current device is left as it was (mep_nccl_caller_device). */
 static moe_ep_status_t ht_create(moe_ep_group_t *g) {
-  const int prev = mep_nccl_caller_device();
-  moe_ep_status_t st = ht_create_on_device(g);
-  mep_nccl_restore_device(prev);
-  return st;
-}
-
-static moe_ep_status_t ht_create_on_device(moe_ep_group_t *g) {
   if (g->world_size > MEP_HT_MAX_RANKS) {
     return mep_error(MOE_EP_ERR_UNSUPPORTED,
                      "group_create: world_size=%d; mode 'high_throughput' on the nccl backend "

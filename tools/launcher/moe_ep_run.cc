@@ -6,6 +6,7 @@
 // leave behind.
 //
 //   moe_ep_run -n N [--timeout_s S] [--grace_s G] -- prog args...
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -92,10 +93,47 @@ std::string Describe(int status) {
 
 // Each rank leads its own process group, so a signal reaches its children
 // too, and a terminal's Ctrl-C reaches the ranks only through us (once).
-// Every rank's group, ended or not: a rank that died may leave children.
+// Running ranks only: an ended rank's group id may belong to someone else
+// by now (what an ended rank left behind is ours: KillLeftovers).
 void SignalAll(std::vector<Rank> &ranks, int sig) {
   for (Rank &r : ranks) {
-    if (r.pid > 0) kill(-r.pid, sig);
+    if (r.running) kill(-r.pid, sig);
+  }
+}
+
+// Our children still alive once the ranks have ended: what the ranks left
+// behind, which came to us as their subreaper. Killed and reaped, again
+// while more arrive (their own orphans), within two seconds. Our unreaped
+// children only, so no pid can belong to anyone else.
+void KillLeftovers() {
+  const pid_t self = getpid();
+  const double until = NowS() + 2;
+  for (;;) {
+    int found = 0;
+    if (DIR *d = opendir("/proc")) {
+      while (struct dirent *e = readdir(d)) {
+        const pid_t pid = (pid_t)atoi(e->d_name);
+        if (pid <= 0) continue;
+        char path[64], line[512];
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+        FILE *f = fopen(path, "r");
+        if (f == nullptr) continue;
+        size_t len = fread(line, 1, sizeof(line) - 1, f);
+        fclose(f);
+        line[len] = '\0';
+        const char *close = strrchr(line, ')');  // the name may hold spaces
+        int ppid = 0;
+        if (close != nullptr && sscanf(close + 1, " %*c %d", &ppid) == 1 && ppid == self) {
+          kill(pid, SIGKILL);
+          found++;
+        }
+      }
+      closedir(d);
+    }
+    while (waitpid(-1, nullptr, WNOHANG) > 0) {
+    }
+    if (found == 0 || NowS() >= until) return;
+    usleep(20000);
   }
 }
 
@@ -297,7 +335,7 @@ int main(int argc, char **argv) {
     usleep(20000);
   }
 
-  SignalAll(ranks, SIGKILL);  // what the ranks left behind
+  KillLeftovers();
   int code = 0;
   for (int r = 0; r < n; r++) {
     int st = ranks[r].status;

@@ -30,21 +30,25 @@ class _FakeGroup:
         _FakeGroup.made.append(config)
 
 
-@pytest.mark.parametrize("own_addresses", [True, False])
-def test_second_group_address(monkeypatch, own_addresses):
-    """A mode's own address is used as given; a shared one serves the first
-    group and the port after it the second."""
+@pytest.mark.parametrize("case", ["own", "shared", "own_under_env"])
+def test_second_group_address(monkeypatch, case):
+    """A mode's own address is used as given; a shared one (the common keys,
+    or MOE_EP_BOOTSTRAP_ADDRESS, which overrides every group's) serves the
+    first group and the port after it the second."""
     _FakeGroup.made = []
     monkeypatch.setattr(buffer_module, "Group", _FakeGroup)
     monkeypatch.delenv("MOE_EP_BOOTSTRAP_ADDRESS", raising=False)
-    if own_addresses:
-        cfg = {"backend": "host",
-               "low_latency": {"bootstrap": {"address": "127.0.0.1:4000"}},
-               "high_throughput": {"bootstrap": {"address": "127.0.0.1:5000"}}}
-        want = ["127.0.0.1:4000", "127.0.0.1:5000"]
-    else:
+    own = {"backend": "host",
+           "low_latency": {"bootstrap": {"address": "127.0.0.1:4000"}},
+           "high_throughput": {"bootstrap": {"address": "127.0.0.1:5000"}}}
+    if case == "own":
+        cfg, want = own, ["127.0.0.1:4000", "127.0.0.1:5000"]
+    elif case == "shared":
         cfg = {"backend": "host", "bootstrap": {"address": "127.0.0.1:4000"}}
         want = ["127.0.0.1:4000", "127.0.0.1:4001"]
+    else:
+        monkeypatch.setenv("MOE_EP_BOOTSTRAP_ADDRESS", "127.0.0.1:6000")
+        cfg, want = own, ["127.0.0.1:6000", "127.0.0.1:6001"]
     b = Buffer(None, moe_ep_config=cfg)
     keys = {"num_experts": 8, "hidden": 256, "top_k": 2, "max_tokens_per_rank": 8}
     b._group_for("low_latency", keys)

@@ -152,7 +152,10 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         return cfg
 
     def _mode_sets_address(self, mode):
-        """Whether `mode`'s own section names its bootstrap address."""
+        """Whether `mode`'s own section names its bootstrap address, and it
+        stands (MOE_EP_BOOTSTRAP_ADDRESS overrides every group's)."""
+        if os.environ.get("MOE_EP_BOOTSTRAP_ADDRESS"):
+            return False
         boot = self._user_config.get(mode, {}).get("bootstrap")
         return isinstance(boot, dict) and "address" in boot
 
