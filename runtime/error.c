@@ -19,15 +19,34 @@ moe_ep_status_t mep_error(moe_ep_status_t status, const char *fmt, ...) {
   return status;
 }
 
-void mep_error_prefix(const char *fmt, ...) {
-  char prefix[256];
+/* The current message with a formatted piece in front ("piece: message")
+ * or after it ("message; piece"). */
+static void recompose(int after, const char *fmt, va_list ap) {
+  char piece[512];
   char old[MEP_ERROR_MAX];
+  vsnprintf(piece, sizeof(piece), fmt, ap);
+  memcpy(old, tls_error, sizeof(old));
+  if (after) {
+    snprintf(tls_error, sizeof(tls_error), "%s; %s", old, piece);
+  } else {
+    snprintf(tls_error, sizeof(tls_error), "%s: %s", piece, old);
+  }
+}
+
+void mep_error_prefix(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(prefix, sizeof(prefix), fmt, ap);
+  recompose(0, fmt, ap);
   va_end(ap);
-  memcpy(old, tls_error, sizeof(old));
-  snprintf(tls_error, sizeof(tls_error), "%s: %s", prefix, old);
+}
+
+moe_ep_status_t mep_error_suffix(moe_ep_status_t status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  recompose(1, fmt, ap);
+  va_end(ap);
+  mep_log(MOE_EP_LOG_DEBUG, "error", "%s: %s", mep_status_string(status), tls_error);
+  return status;
 }
 
 void mep_error_name_rank(int rank) {

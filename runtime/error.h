@@ -19,6 +19,10 @@ moe_ep_status_t mep_error(moe_ep_status_t status, const char *fmt, ...)
 
 /* Prefixes the current message with context ("group_create: ..."). */
 void mep_error_prefix(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Appends what follows from the failure ("<message>; <suffix>") and
+ * returns `status`, which may differ from the one that made the message. */
+moe_ep_status_t mep_error_suffix(moe_ep_status_t status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 /* Every failure sentence names a rank (the one that failed, or the one it
  * blames): a sentence naming none ("rank " and a digit) gets "rank <rank>: "

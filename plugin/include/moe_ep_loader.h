@@ -15,6 +15,7 @@
 #define MOE_EP_LOADER_H_
 
 #include <dlfcn.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -50,6 +51,20 @@ static inline moe_ep_status_t moe_ep_call_handle_layout(
   return table->handle_layout(handle, params);
 }
 
+/* moe_ep_load's refusal: the sentence into err (if err_len > 0), the
+ * library closed; returns NULL. */
+static inline void *moe_ep_load_refuse_(void *lib, char *err, size_t err_len, const char *fmt,
+                                        ...) {
+  va_list ap;
+  if (err_len > 0) {
+    va_start(ap, fmt);
+    vsnprintf(err, err_len, fmt, ap);
+    va_end(ap);
+  }
+  dlclose(lib);
+  return NULL;
+}
+
 /* Returns the dlopen handle (pass to moe_ep_unload) and sets *table, or
  * returns NULL with a sentence in err (if err_len > 0). */
 static inline void *moe_ep_load(const char *path,
@@ -78,43 +93,31 @@ static inline void *moe_ep_load(const char *path,
     found = (const moe_ep_plugin_v1_t *)dlsym(lib, symbols[i]);
   }
   if (found == NULL) {
-    if (err_len > 0)
-      snprintf(err, err_len,
-               "moe_ep_load: '%s' exports no moe_ep_plugin_v1 table (not a "
-               "moe_ep library, or one older than ABI v1)",
-               path);
-    dlclose(lib);
-    return NULL;
+    return moe_ep_load_refuse_(lib, err, err_len,
+                               "moe_ep_load: '%s' exports no moe_ep_plugin_v1 table (not a "
+                               "moe_ep library, or one older than ABI v1)",
+                               path);
   }
   /* struct_size first: a table too short to hold abi_version must not
    * have it read (that would be past the exported object). */
   if (found->struct_size <
       offsetof(moe_ep_plugin_v1_t, abi_version) + sizeof(found->abi_version)) {
-    if (err_len > 0)
-      snprintf(err, err_len,
-               "moe_ep_load: '%s' table moe_ep_plugin_v1 is %zu bytes, too "
-               "short to hold abi_version; this engine needs at least %zu",
-               path, found->struct_size, (size_t)MOE_EP_LOADER_MIN_V1_SIZE);
-    dlclose(lib);
-    return NULL;
+    return moe_ep_load_refuse_(lib, err, err_len,
+                               "moe_ep_load: '%s' table moe_ep_plugin_v1 is %zu bytes, too "
+                               "short to hold abi_version; this engine needs at least %zu",
+                               path, found->struct_size, (size_t)MOE_EP_LOADER_MIN_V1_SIZE);
   }
   if (found->abi_version != MOE_EP_ABI_VERSION) {
-    if (err_len > 0)
-      snprintf(err, err_len,
-               "moe_ep_load: '%s' table moe_ep_plugin_v1 reports abi_version "
-               "%u, this engine was built for %u",
-               path, found->abi_version, MOE_EP_ABI_VERSION);
-    dlclose(lib);
-    return NULL;
+    return moe_ep_load_refuse_(lib, err, err_len,
+                               "moe_ep_load: '%s' table moe_ep_plugin_v1 reports abi_version "
+                               "%u, this engine was built for %u",
+                               path, found->abi_version, MOE_EP_ABI_VERSION);
   }
   if (found->struct_size < MOE_EP_LOADER_MIN_V1_SIZE) {
-    if (err_len > 0)
-      snprintf(err, err_len,
-               "moe_ep_load: '%s' table moe_ep_plugin_v1 is %zu bytes, too old: "
-               "this engine needs at least %zu",
-               path, found->struct_size, (size_t)MOE_EP_LOADER_MIN_V1_SIZE);
-    dlclose(lib);
-    return NULL;
+    return moe_ep_load_refuse_(lib, err, err_len,
+                               "moe_ep_load: '%s' table moe_ep_plugin_v1 is %zu bytes, too old: "
+                               "this engine needs at least %zu",
+                               path, found->struct_size, (size_t)MOE_EP_LOADER_MIN_V1_SIZE);
   }
   *table = found;
   return lib;

@@ -513,11 +513,10 @@ static moe_ep_status_t host_send(moe_ep_group_t *g, mep_op_t *op) {
   /* The combine sends straight from the caller's y: none of its sends may
    * outlive the failed call. Cutting the endpoints fails the group. */
   if (st != MOE_EP_OK && mep_host_mesh_quiesce(hs->mesh) && !mep_status_is_fatal(st)) {
-    char why[MEP_ERROR_MAX];
-    snprintf(why, sizeof why, "%s", mep_last_error());
-    st = mep_error(MOE_EP_ERR_INTERNAL,
-                   "%s; rank %d cancelled the sends still in flight, which leaves the group "
-                   "unusable", why, g->rank);
+    st = mep_error_suffix(MOE_EP_ERR_INTERNAL,
+                          "rank %d cancelled the sends still in flight, which leaves the group "
+                          "unusable",
+                          g->rank);
   }
   return st;
 }

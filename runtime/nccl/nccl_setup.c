@@ -152,12 +152,9 @@ static int in_lsa_team(ncclTeam_t lsa, int self, int peer) {
 static moe_ep_status_t adopted_step_stuck(mep_nccl_t *n, moe_ep_status_t st) {
   if (st != MOE_EP_ERR_TIMEOUT || n->owns_comm) return st;
   n->stuck = 1;
-  char why[MEP_ERROR_MAX];
-  snprintf(why, sizeof why, "%s", mep_last_error());
-  return mep_error(st,
-                   "%s; the step stays in flight on the engine's communicator (adopted), "
-                   "which the engine must abort (ncclCommAbort) before using it again",
-                   why);
+  return mep_error_suffix(st,
+                          "the step stays in flight on the engine's communicator (adopted), "
+                          "which the engine must abort (ncclCommAbort) before using it again");
 }
 
 /* A setup collective just enqueued on n->stream (its call returned r):
