@@ -1,6 +1,6 @@
 /* bootstrap.c: the bootstrap object's lifecycle: argument checks, the UCX
- * context and worker it owns, forming the
- * group (rank 0 listens, the others join), and a destroy that never hangs. */
+ * context and worker it owns, forming the group (rank 0 opens its gate, the
+ * others knock and join), and a destroy that never hangs. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +42,26 @@ static moe_ep_status_t bs_check_params(const mep_bootstrap_params_t *p,
   return MOE_EP_OK;
 }
 
+/* This worker's UCX address: what the knock carries (joiners) or the
+ * verdict answers with (rank 0). */
+static moe_ep_status_t bs_self_address(mep_bootstrap_t *bs) {
+  ucs_status_t st =
+      ucp_worker_get_address(bs->worker, &bs->self_addr, &bs->self_addr_len);
+  if (st != UCS_OK) {
+    bs->self_addr = NULL;
+    return mep_error(MOE_EP_ERR_UCX, "rank %d: ucp_worker_get_address: %s",
+                     bs->rank, ucs_status_string(st));
+  }
+  if (bs->self_addr_len > MEP_BS_ADDR_MAX) {
+    return mep_error(MOE_EP_ERR_UCX,
+                     "rank %d: its UCX worker address is %zu bytes; the "
+                     "bootstrap carries at most %d (UCX_TLS or "
+                     "UCX_NET_DEVICES can name fewer transports or devices)",
+                     bs->rank, bs->self_addr_len, MEP_BS_ADDR_MAX);
+  }
+  return MOE_EP_OK;
+}
+
 moe_ep_status_t mep_bootstrap_create(const mep_bootstrap_params_t *params,
                                      mep_bootstrap_t **out) {
   int64_t start = mep_bs_now_ms();
@@ -61,6 +81,8 @@ moe_ep_status_t mep_bootstrap_create(const mep_bootstrap_params_t *params,
   bs->world_size = params->world_size;
   bs->timeout_ms = params->timeout_ms;
   bs->fail_status = MOE_EP_OK;
+  bs->gate_fd = -1;
+  bs->hold_fd = -1;
   if (params->token != NULL) {
     snprintf(bs->token, sizeof(bs->token), "%s", params->token);
   }
@@ -82,6 +104,7 @@ moe_ep_status_t mep_bootstrap_create(const mep_bootstrap_params_t *params,
   bs->queue_cap = mep_bs_queue_cap(bs);
   MEP_CHECK_GOTO(mep_bs_worker_setup(bs), st, out_destroy);
   if (bs->world_size > 1) {
+    MEP_CHECK_GOTO(bs_self_address(bs), st, out_destroy);
     if (bs->rank == 0) {
       st = mep_bs_root_form(bs, start + bs->timeout_ms);
     } else {
@@ -103,14 +126,8 @@ out_destroy:
 
 void mep_bootstrap_destroy(mep_bootstrap_t *bs) {
   if (bs == NULL) return;
+  mep_bs_gate_close(bs, 0);
   if (bs->worker != NULL) {
-    if (bs->listener != NULL) {
-      for (int i = 0; i < bs->num_conn_reqs; i++) {
-        ucp_listener_reject(bs->listener, bs->conn_reqs[i]);
-      }
-      ucp_listener_destroy(bs->listener);
-      bs->listener = NULL;
-    }
     /* Flush to live peers, force where the peer is gone; bounded, since a
      * peer that stopped answering must not keep us here. A failed group
      * flushes too: a forced close resets the socket, and a survivor's
@@ -129,6 +146,7 @@ void mep_bootstrap_destroy(mep_bootstrap_t *bs) {
     if (m->rndv_desc != NULL) ucp_am_data_release(bs->worker, m->rndv_desc);
     m->rndv_desc = NULL;
   }
+  if (bs->self_addr != NULL) ucp_worker_release_address(bs->worker, bs->self_addr);
   if (bs->worker != NULL) ucp_worker_destroy(bs->worker);
   if (bs->context != NULL) ucp_cleanup(bs->context);
   /* After the worker: a receive still in flight may write into a node. */
@@ -140,9 +158,9 @@ void mep_bootstrap_destroy(mep_bootstrap_t *bs) {
   while (bs->peers != NULL) {
     mep_bs_peer_t *p = bs->peers;
     bs->peers = p->next;
+    free(p->addr);
     free(p);
   }
-  free(bs->conn_reqs);
   free(bs->by_rank);
   free(bs);
 }

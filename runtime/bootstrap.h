@@ -1,6 +1,8 @@
 /* bootstrap.h: UCX out-of-band bootstrap: rank 0 listens on
- * bootstrap.address, the others connect with retry; a job token is checked in
- * the handshake; allgather / broadcast / barrier over the resulting star.
+ * bootstrap.address with a plain socket that checks each joiner's job token
+ * before any UCX connection exists; the others knock with retry and then
+ * connect over UCX by worker address; allgather / broadcast / barrier over
+ * the resulting star.
  * Every wait is bounded by timeout_ms; a peer that dies turns into
  * MOE_EP_ERR_PEER_FAILED naming it on every surviving rank. */
 #ifndef MEP_BOOTSTRAP_H_

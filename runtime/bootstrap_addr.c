@@ -1,16 +1,14 @@
 /* bootstrap_addr.c: the bootstrap address ("host:port", "[v6]:port"):
- * parsing and resolution, the bind check rank 0 does before listening, and
- * the plain TCP probe joiners use before handing the address to UCX. */
+ * parsing and resolution, and the printed form of a socket address. */
 #define _GNU_SOURCE
+#include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <netdb.h>
-#include <poll.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include "runtime/bootstrap_types.h"
 #include "runtime/error.h"
@@ -82,61 +80,18 @@ moe_ep_status_t mep_bs_addr_parse(const char *address,
   return MOE_EP_OK;
 }
 
-moe_ep_status_t mep_bs_addr_check_bindable(const mep_bootstrap_t *bs) {
-  int fd = socket(bs->saddr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    return mep_error(MOE_EP_ERR_BOOTSTRAP,
-                     "cannot listen on %s: socket: %s", bs->address,
-                     strerror(errno));
+void mep_bs_addr_name(const struct sockaddr_storage *a, char *buf,
+                      size_t len) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (a->ss_family == AF_INET) {
+    const struct sockaddr_in *v4 = (const struct sockaddr_in *)a;
+    inet_ntop(AF_INET, &v4->sin_addr, host, sizeof(host));
+    snprintf(buf, len, "%s:%d", host, ntohs(v4->sin_port));
+  } else if (a->ss_family == AF_INET6) {
+    const struct sockaddr_in6 *v6 = (const struct sockaddr_in6 *)a;
+    inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof(host));
+    snprintf(buf, len, "[%s]:%d", host, ntohs(v6->sin6_port));
+  } else {
+    snprintf(buf, len, "an address of family %d", a->ss_family);
   }
-  /* Same option UCX sets, so a port in TIME_WAIT passes here and there. */
-  int one = 1;
-  (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (bind(fd, (const struct sockaddr *)&bs->saddr, bs->saddr_len) != 0) {
-    int err = errno;
-    close(fd);
-    return mep_error(MOE_EP_ERR_BOOTSTRAP,
-                     "rank 0 cannot listen on bootstrap address %s: bind: %s "
-                     "(errno %d)%s",
-                     bs->address, strerror(err), err,
-                     err == EADDRINUSE
-                         ? "; another group or program holds the port, or a group "
-                           "destroyed in the last minute left its connections in TCP "
-                           "TIME_WAIT (UCX's listener does not set SO_REUSEADDR): give "
-                           "each group its own port"
-                         : "");
-  }
-  /* bind alone succeeds when another socket holds the port with
-   * SO_REUSEADDR and is listening; listen() is what collides. */
-  if (listen(fd, 1) != 0) {
-    int err = errno;
-    close(fd);
-    return mep_error(MOE_EP_ERR_BOOTSTRAP,
-                     "rank 0 cannot listen on bootstrap address %s: listen: "
-                     "%s (errno %d)",
-                     bs->address, strerror(err), err);
-  }
-  close(fd);
-  return MOE_EP_OK;
-}
-
-int mep_bs_addr_probe(const mep_bootstrap_t *bs, int wait_ms) {
-  int fd = socket(bs->saddr.ss_family,
-                  SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return 0;
-  int ok = 0;
-  if (connect(fd, (const struct sockaddr *)&bs->saddr, bs->saddr_len) == 0) {
-    ok = 1;
-  } else if (errno == EINPROGRESS) {
-    struct pollfd pfd = {.fd = fd, .events = POLLOUT, .revents = 0};
-    if (poll(&pfd, 1, wait_ms) == 1) {
-      int err = 0;
-      socklen_t len = sizeof(err);
-      if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0) {
-        ok = 1;
-      }
-    }
-  }
-  close(fd);
-  return ok;
 }

@@ -123,10 +123,7 @@ static const char *msg_type_name(int type) {
 size_t mep_bs_queue_cap(const mep_bootstrap_t *bs) {
   size_t node = sizeof(mep_bs_msg_t);
   size_t world = (size_t)bs->world_size;
-  if (bs->rank == 0) {
-    return world * (MEP_BS_PAYLOAD_MAX + node) +
-           (size_t)MEP_BS_PENDING_HELLOS * (MEP_BS_TOKEN_MAX + node);
-  }
+  if (bs->rank == 0) return world * (MEP_BS_PAYLOAD_MAX + node);
   return (size_t)MEP_BS_ROOT_QUEUE_MSGS *
          (world * MEP_BS_PAYLOAD_MAX + MEP_BS_REASON_MAX + node);
 }
@@ -147,16 +144,13 @@ static mep_bs_peer_t *msg_sender(mep_bootstrap_t *bs,
 static int msg_admit_root(const mep_bootstrap_t *bs, const mep_bs_peer_t *peer,
                           const mep_bs_hdr_t *h, size_t length, char *why,
                           size_t n) {
-  if (peer->state == MEP_BS_PEER_REFUSED) {
-    snprintf(why, n, "sent a %s after its handshake was refused",
-             msg_type_name(h->type));
-  } else if (peer->state != MEP_BS_PEER_JOINED) {
+  if (peer->state != MEP_BS_PEER_JOINED) {
+    /* Admitted by the gate (which checked the token): only its HELLO. */
     if (h->type != MEP_BS_MSG_HELLO) {
       snprintf(why, n, "sent a %s (labelled rank %d) before joining",
                msg_type_name(h->type), h->src);
-    } else if (length >= MEP_BS_TOKEN_MAX) {
-      snprintf(why, n, "sent a %zu-byte HELLO; a job token is under %d bytes",
-               length, MEP_BS_TOKEN_MAX);
+    } else if (length != 0) {
+      snprintf(why, n, "sent a %zu-byte HELLO; a HELLO is empty", length);
     } else if (peer->queued_msgs >= MEP_BS_CONN_QUEUE_MSGS) {
       snprintf(why, n, "sent a second HELLO before the verdict on its first");
     } else {
@@ -515,13 +509,27 @@ mep_bs_peer_t *mep_bs_peer_new(mep_bootstrap_t *bs) {
   return p;
 }
 
-void mep_bs_peer_ep_params(mep_bs_peer_t *peer, ucp_ep_params_t *p) {
-  memset(p, 0, sizeof(*p));
-  p->field_mask =
-      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  p->err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  p->err_handler.cb = peer_err_cb;
-  p->err_handler.arg = peer;
+ucs_status_t mep_bs_peer_connect(mep_bootstrap_t *bs, mep_bs_peer_t *peer,
+                                 const void *addr) {
+  ucp_ep_params_t p;
+  memset(&p, 0, sizeof(p));
+  p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                 UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                 UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  p.address = (const ucp_address_t *)addr;
+  p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  p.err_handler.cb = peer_err_cb;
+  p.err_handler.arg = peer;
+  /* Both sides create one ep to the other's worker; UCX pairs them (its
+   * per-destination connection sequence numbers match), so a message from
+   * the peer names this ep as its reply ep (msg_sender). */
+  ucs_status_t st = ucp_ep_create(bs->worker, &p, &peer->ep);
+  if (st != UCS_OK) {
+    peer->ep = NULL;
+    return st;
+  }
+  peer->state = MEP_BS_PEER_CONNECTING;
+  return UCS_OK;
 }
 
 void mep_bs_peer_close(mep_bootstrap_t *bs, mep_bs_peer_t *peer, int force) {

@@ -1,10 +1,8 @@
-/* bootstrap_root.c: rank 0's side of forming the group: the listener,
- * accepting connections, checking each handshake (magic, version, rank,
- * world size, token), refusing strangers while waiting for the real ranks,
- * and telling everyone the group formed (or why it did not). */
+/* bootstrap_root.c: rank 0's side of forming the group: judging each knock
+ * the gate reads (rank, world size, token, the rank's slot), connecting to
+ * an admitted rank's worker, taking its HELLO, and telling everyone the
+ * group formed (or why it did not). */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,98 +10,6 @@
 #include "runtime/bootstrap_types.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
-
-static void root_conn_cb(ucp_conn_request_h req, void *arg) {
-  mep_bootstrap_t *bs = (mep_bootstrap_t *)arg;
-  if (bs->formed) {
-    ucp_listener_reject(bs->listener, req);
-    return;
-  }
-  if (bs->num_conn_reqs == bs->cap_conn_reqs) {
-    int cap = bs->cap_conn_reqs ? bs->cap_conn_reqs * 2 : 16;
-    void *n = realloc(bs->conn_reqs, (size_t)cap * sizeof(*bs->conn_reqs));
-    if (n == NULL) {
-      ucp_listener_reject(bs->listener, req);
-      return;
-    }
-    bs->conn_reqs = (ucp_conn_request_h *)n;
-    bs->cap_conn_reqs = cap;
-  }
-  /* Endpoints are created outside the callback, in the wait loop. */
-  bs->conn_reqs[bs->num_conn_reqs++] = req;
-}
-
-static moe_ep_status_t root_listen(mep_bootstrap_t *bs) {
-  MEP_CHECK(mep_bs_addr_check_bindable(bs));
-  ucp_listener_params_t lp;
-  memset(&lp, 0, sizeof(lp));
-  lp.field_mask =
-      UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-  lp.sockaddr.addr = (const struct sockaddr *)&bs->saddr;
-  lp.sockaddr.addrlen = bs->saddr_len;
-  lp.conn_handler.cb = root_conn_cb;
-  lp.conn_handler.arg = bs;
-  ucs_status_t st = ucp_listener_create(bs->worker, &lp, &bs->listener);
-  if (st != UCS_OK) {
-    bs->listener = NULL;
-    return mep_error(MOE_EP_ERR_BOOTSTRAP,
-                     "rank 0 cannot listen on bootstrap address %s: "
-                     "ucp_listener_create: %s",
-                     bs->address, ucs_status_string(st));
-  }
-  return MOE_EP_OK;
-}
-
-/* "127.0.0.1:40312": how the log names a connection before it joins. */
-static void root_name_client(ucp_conn_request_h req, char *buf, size_t len) {
-  ucp_conn_request_attr_t a;
-  memset(&a, 0, sizeof(a));
-  a.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
-  char host[INET6_ADDRSTRLEN] = "?";
-  if (ucp_conn_request_query(req, &a) != UCS_OK) {
-    snprintf(buf, len, "an unknown address");
-    return;
-  }
-  int port = 0;
-  if (a.client_address.ss_family == AF_INET) {
-    const struct sockaddr_in *v4 = (const struct sockaddr_in *)&a.client_address;
-    inet_ntop(AF_INET, &v4->sin_addr, host, sizeof(host));
-    port = ntohs(v4->sin_port);
-    snprintf(buf, len, "%s:%d", host, port);
-  } else if (a.client_address.ss_family == AF_INET6) {
-    const struct sockaddr_in6 *v6 =
-        (const struct sockaddr_in6 *)&a.client_address;
-    inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof(host));
-    port = ntohs(v6->sin6_port);
-    snprintf(buf, len, "[%s]:%d", host, port);
-  } else {
-    snprintf(buf, len, "an address of family %d", a.client_address.ss_family);
-  }
-}
-
-static void root_accept_conns(mep_bootstrap_t *bs) {
-  for (int i = 0; i < bs->num_conn_reqs; i++) {
-    mep_bs_peer_t *peer = mep_bs_peer_new(bs);
-    if (peer == NULL) {
-      ucp_listener_reject(bs->listener, bs->conn_reqs[i]);
-      continue;
-    }
-    root_name_client(bs->conn_reqs[i], peer->name, sizeof(peer->name));
-    ucp_ep_params_t p;
-    mep_bs_peer_ep_params(peer, &p);
-    p.field_mask |= UCP_EP_PARAM_FIELD_CONN_REQUEST;
-    p.conn_request = bs->conn_reqs[i];
-    ucs_status_t st = ucp_ep_create(bs->worker, &p, &peer->ep);
-    if (st != UCS_OK) {
-      peer->ep = NULL;
-      MEP_LOG_DEBUG("bootstrap", "rank 0: accepting a connection failed: %s",
-                    ucs_status_string(st));
-      continue;
-    }
-    peer->state = MEP_BS_PEER_CONNECTING;
-  }
-  bs->num_conn_reqs = 0;
-}
 
 /* Constant time, so a stranger cannot learn the token byte by byte. */
 static int token_equal(const char *a, size_t alen, const char *b, size_t blen) {
@@ -113,78 +19,127 @@ static int token_equal(const char *a, size_t alen, const char *b, size_t blen) {
   return diff == 0;
 }
 
-/* Returns 1 and fills `why` when the HELLO must be refused. */
-static int root_check_hello(const mep_bootstrap_t *bs, const mep_bs_msg_t *m,
+/* Returns 1 and fills `why` when the knock must be refused. */
+static int root_check_knock(const mep_bootstrap_t *bs,
+                            const mep_bs_knock_hdr_t *h, const char *token,
                             char *why, size_t why_len) {
-  const mep_bs_hdr_t *h = &m->hdr;
   size_t expected = strlen(bs->token);
-  if (h->version != MEP_BS_VERSION) {
-    snprintf(why, why_len, "protocol version %u, rank 0 speaks version %u",
-             h->version, MEP_BS_VERSION);
-  } else if (h->world_size != bs->world_size) {
+  if (h->world_size != bs->world_size) {
     snprintf(why, why_len,
              "world size mismatch: rank %d says world_size %d, rank 0 has %d",
-             h->src, h->world_size, bs->world_size);
-  } else if (h->src < 1 || h->src >= bs->world_size) {
-    snprintf(why, why_len, "rank %d is outside 1..%d", h->src,
+             h->rank, h->world_size, bs->world_size);
+  } else if (h->rank < 1 || h->rank >= bs->world_size) {
+    snprintf(why, why_len, "rank %d is outside 1..%d", h->rank,
              bs->world_size - 1);
-  } else if (expected != 0 && m->len == 0) {
+  } else if (expected != 0 && h->token_len == 0) {
     snprintf(why, why_len, "no job token presented; rank 0 expects one");
   } else if (expected != 0 &&
-             !token_equal((const char *)m->payload, m->len, bs->token,
-                          expected)) {
+             !token_equal(token, h->token_len, bs->token, expected)) {
     snprintf(why, why_len, "wrong job token");
-  } else if (expected == 0 && m->len != 0) {
+  } else if (expected == 0 && h->token_len != 0) {
     snprintf(why, why_len,
              "a job token was presented but rank 0 expects none");
-  } else if (bs->by_rank[h->src] != NULL) {
-    snprintf(why, why_len, "rank %d already joined", h->src);
   } else {
     return 0;
   }
   return 1;
 }
 
-static void root_reply(mep_bootstrap_t *bs, mep_bs_peer_t *peer, int type,
-                       const char *reason) {
-  mep_bs_hdr_t h;
-  mep_bs_hdr_init(bs, &h, type);
-  h.payload_len = reason != NULL ? strlen(reason) : 0;
-  (void)mep_bs_send(bs, peer, &h, reason, NULL);
+/* A slot already taken: the same process knocking again (its verdict was
+ * lost) keeps it; another process gets it only if the holder never said
+ * HELLO within MEP_BS_RESERVE_MS. Returns 1 when the knock is refused. */
+static int root_slot_taken(mep_bootstrap_t *bs, mep_bs_peer_t *p,
+                           const mep_bs_knock_hdr_t *h, const void *addr,
+                           int *same, char *why, size_t why_len) {
+  *same = p->state == MEP_BS_PEER_CONNECTING && p->ep != NULL &&
+          p->addr_len == h->body_len && memcmp(p->addr, addr, p->addr_len) == 0;
+  if (*same) return 0;
+  if (p->state == MEP_BS_PEER_CONNECTING &&
+      mep_bs_now_ms() - p->reserved_ms > MEP_BS_RESERVE_MS) {
+    MEP_LOG_WARN("bootstrap",
+                 "rank 0: rank %d was admitted from %s but never said HELLO "
+                 "within %d ms; another process takes its place",
+                 h->rank, p->name, MEP_BS_RESERVE_MS);
+    mep_bs_peer_close(bs, p, 1);
+    bs->by_rank[h->rank] = NULL;
+    return 0;
+  }
+  snprintf(why, why_len, "rank %d already joined", h->rank);
+  return 1;
 }
 
+int mep_bs_root_admit(mep_bootstrap_t *bs, const mep_bs_knock_hdr_t *h,
+                      const char *token, const void *addr, const char *name,
+                      char *why, size_t why_len) {
+  if (root_check_knock(bs, h, token, why, why_len)) return 1;
+  mep_bs_peer_t *held = bs->by_rank[h->rank];
+  if (held != NULL) {
+    int same = 0;
+    if (root_slot_taken(bs, held, h, addr, &same, why, why_len)) return 1;
+    if (same) return 0;
+  }
+  mep_bs_peer_t *peer = mep_bs_peer_new(bs);
+  void *copy = malloc(h->body_len);
+  if (peer == NULL || copy == NULL) {
+    free(copy);
+    snprintf(why, why_len, "rank 0 is out of memory");
+    return 1;
+  }
+  memcpy(copy, addr, h->body_len);
+  peer->addr = copy;
+  peer->addr_len = h->body_len;
+  snprintf(peer->name, sizeof(peer->name), "%s", name);
+  ucs_status_t st = mep_bs_peer_connect(bs, peer, addr);
+  if (st != UCS_OK) {
+    snprintf(why, why_len,
+             "rank 0 cannot create a UCX endpoint to the worker address "
+             "rank %d sent: %s",
+             h->rank, ucs_status_string(st));
+    return 1;
+  }
+  peer->rank = h->rank;
+  peer->reserved_ms = mep_bs_now_ms();
+  bs->by_rank[h->rank] = peer;
+  MEP_LOG_DEBUG("bootstrap", "rank 0: admitted rank %d from %s", h->rank,
+                name);
+  return 0;
+}
+
+static void root_reply(mep_bootstrap_t *bs, mep_bs_peer_t *peer, int type) {
+  mep_bs_hdr_t h;
+  mep_bs_hdr_init(bs, &h, type);
+  (void)mep_bs_send(bs, peer, &h, NULL, NULL);
+}
+
+/* An admitted rank's first word on its UCX connection: the ep pair works
+ * both ways once rank 0 has it and answers. */
 static void root_handle_hellos(mep_bootstrap_t *bs) {
   mep_bs_msg_t *m;
   while ((m = mep_bs_msg_take(bs, MEP_BS_MSG_HELLO, NULL)) != NULL) {
-    /* Only a connection still waiting for its verdict may send a HELLO
-     * (bootstrap_msg.c refuses the rest), and only one. */
     mep_bs_peer_t *peer = m->peer;
+    const mep_bs_hdr_t *h = &m->hdr;
     if (peer->ep == NULL || peer->state != MEP_BS_PEER_CONNECTING) {
       mep_bs_msg_free(m);
       continue;
     }
-    char why[MEP_BS_REASON_MAX];
-    if (root_check_hello(bs, m, why, sizeof(why))) {
-      MEP_LOG_WARN("bootstrap",
-                   "rank 0 refused a connection from %s claiming rank %d of "
-                   "%d on %s: %s",
-                   peer->name, m->hdr.src, m->hdr.world_size, bs->address,
-                   why);
-      /* The refused side closes; closing here could race the reply. */
-      root_reply(bs, peer, MEP_BS_MSG_REFUSE, why);
-      peer->state = MEP_BS_PEER_REFUSED;
+    if (h->version != MEP_BS_VERSION || h->world_size != bs->world_size ||
+        h->src != peer->rank) {
+      mep_bs_peer_evict(bs, peer,
+                        "said HELLO as rank %d of %d (version %u) after it "
+                        "was admitted as rank %d of %d",
+                        h->src, h->world_size, h->version, peer->rank,
+                        bs->world_size);
     } else {
-      peer->rank = m->hdr.src;
       peer->state = MEP_BS_PEER_JOINED;
-      bs->by_rank[peer->rank] = peer;
-      root_reply(bs, peer, MEP_BS_MSG_ACCEPT, NULL);
+      root_reply(bs, peer, MEP_BS_MSG_ACCEPT);
       MEP_LOG_DEBUG("bootstrap", "rank 0: rank %d joined", peer->rank);
     }
     mep_bs_msg_free(m);
   }
 }
 
-/* A rank that died before the group formed may come back: free its slot. */
+/* A rank that died (or was cut) before the group formed may come back:
+ * free its slot. */
 static void root_drop_failed(mep_bootstrap_t *bs) {
   for (int r = 1; r < bs->world_size; r++) {
     mep_bs_peer_t *p = bs->by_rank[r];
@@ -266,49 +221,47 @@ static moe_ep_status_t root_announce(mep_bootstrap_t *bs, int64_t deadline_ms) {
   return mep_error(MOE_EP_ERR_BOOTSTRAP, "%s", msg);
 }
 
-/* Strangers and silent connections are not part of the group. */
-static void root_close_others(mep_bootstrap_t *bs) {
-  for (int i = 0; i < bs->num_conn_reqs; i++) {
-    ucp_listener_reject(bs->listener, bs->conn_reqs[i]);
-  }
-  bs->num_conn_reqs = 0;
+/* No one else may join now: the gate stops listening, and admitted
+ * connections that never joined are closed. */
+static void root_close_others(mep_bootstrap_t *bs, int hold) {
+  mep_bs_gate_close(bs, hold);
   bs->formed = 1;
-  /* No one else may join now: close the listener, so the kernel refuses
-   * later connections instead of UCX holding (and, past about a thousand
-   * at once, crashing on) connections it would only reject. The joined
-   * ranks' accepted connections keep the port from being handed out as an
-   * ephemeral port until destroy (bootstrap_types.h). */
-  if (bs->listener != NULL) {
-    ucp_listener_destroy(bs->listener);
-    bs->listener = NULL;
-  }
   for (mep_bs_peer_t *p = bs->peers; p != NULL; p = p->next) {
     if (p->ep != NULL && p->state != MEP_BS_PEER_JOINED) {
-      mep_bs_peer_close(bs, p, p->state == MEP_BS_PEER_REFUSED);
+      mep_bs_peer_close(bs, p, 1);
     }
   }
 }
 
+static int root_joined(const mep_bootstrap_t *bs) {
+  int joined = 0;
+  for (int r = 1; r < bs->world_size; r++) {
+    const mep_bs_peer_t *p = bs->by_rank[r];
+    joined += p != NULL && p->state == MEP_BS_PEER_JOINED;
+  }
+  return joined;
+}
+
 moe_ep_status_t mep_bs_root_form(mep_bootstrap_t *bs, int64_t deadline_ms) {
-  MEP_CHECK(root_listen(bs));
+  MEP_CHECK(mep_bs_gate_open(bs));
   int idle = 0;
   int joined = 0;
   while (mep_bs_now_ms() < deadline_ms) {
     mep_bs_progress(bs, &idle);
-    root_accept_conns(bs);
+    mep_bs_gate_poll(bs);
     root_handle_hellos(bs);
     root_drop_failed(bs);
-    joined = 0;
-    for (int r = 1; r < bs->world_size; r++) joined += bs->by_rank[r] != NULL;
+    joined = root_joined(bs);
     if (joined == bs->world_size - 1) {
-      root_close_others(bs);
+      root_close_others(bs, 1);
       return root_announce(bs, deadline_ms);
     }
   }
   int missing[MEP_BS_MAX_RANKS] = {0};
   int n = 0;
   for (int r = 1; r < bs->world_size; r++) {
-    if (bs->by_rank[r] == NULL) missing[n++] = r;
+    const mep_bs_peer_t *p = bs->by_rank[r];
+    if (p == NULL || p->state != MEP_BS_PEER_JOINED) missing[n++] = r;
   }
   char list[256];
   mep_bs_format_ranks(list, sizeof(list), missing, n);
@@ -319,6 +272,6 @@ moe_ep_status_t mep_bs_root_form(mep_bootstrap_t *bs, int64_t deadline_ms) {
            bs->timeout_ms, bs->address, n == 1 ? "rank" : "ranks", list,
            joined + 1, bs->world_size);
   mep_bs_root_abort(bs, MOE_EP_ERR_BOOTSTRAP, n == 1 ? missing[0] : -1, msg);
-  root_close_others(bs);
+  root_close_others(bs, 0);
   return mep_error(MOE_EP_ERR_BOOTSTRAP, "%s", msg);
 }

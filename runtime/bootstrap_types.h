@@ -40,21 +40,70 @@
 /* Rank 0, per connection: a joined rank sends its next CONTRIB only after
  * the RESULT of the previous op, which rank 0 sends after taking that
  * CONTRIB, so one queued message is all a real rank ever has. A connection
- * that has not joined may queue one HELLO (token only). */
+ * the gate admitted but that has not joined may queue one empty HELLO. */
 #define MEP_BS_CONN_QUEUE_MSGS 1
 /* Non-zero ranks hear only rank 0, which may have ACCEPT, FORMED and a
  * RESULT (or REFUSE) in flight to a rank that has not looked yet. */
 #define MEP_BS_ROOT_QUEUE_MSGS 3
-/* Rank 0, all connections together: one full CONTRIB per rank plus one
- * HELLO for each of this many connections still waiting for a verdict
- * (bootstrap_msg.c: mep_bs_queue_cap). At 8 ranks that is about 0.6 MiB;
+/* Rank 0, all connections together: one full CONTRIB per rank
+ * (bootstrap_msg.c: mep_bs_queue_cap). At 8 ranks that is about 0.5 MiB;
  * at the 1024-rank maximum about 64 MiB. */
-#define MEP_BS_PENDING_HELLOS 64
+
+/* The gate (bootstrap_gate.c). Rank 0's bootstrap address is a plain TCP
+ * socket, not UCX: a joiner presents a knock (rank, world size, job token,
+ * its UCX worker address) and gets a verdict (rank 0's worker address, or
+ * the reason for a refusal) on it; only then do the two UCX workers connect,
+ * by worker address. Rank 0 reads at most this many unanswered connections
+ * at a time, each into a fixed buffer of MEP_BS_KNOCK_MAX bytes, and closes
+ * one that has not sent a whole knock within MEP_BS_KNOCK_WAIT_MS (a real
+ * joiner writes it at once); past the bound the oldest is closed. Together
+ * about 550 KiB, whatever outsiders send. */
+#define MEP_BS_PENDING_KNOCKS 64
+#define MEP_BS_KNOCK_WAIT_MS 2000
+/* A UCX worker address: twice the host backend's 4096-byte slot, since a
+ * bootstrap worker on a node with many NICs and GPUs lists them all. */
+#define MEP_BS_ADDR_MAX 8192
+/* A slot reserved for a rank by an admitted knock whose HELLO has not come
+ * is kept from a different process claiming the same rank for this long. */
+#define MEP_BS_RESERVE_MS 5000
+/* Rank 0 logs this many gate refusals one by one, then only counts them. */
+#define MEP_BS_GATE_LOG_MAX 16
+
+#define MEP_BS_KNOCK_MAGIC 0x4d45504bu /* "MEPK" */
+
+typedef enum mep_bs_knock_type {
+  MEP_BS_KNOCK = 1,       /* joiner -> 0: token + the joiner's worker address */
+  MEP_BS_KNOCK_OK = 2,    /* 0 -> joiner: rank 0's worker address */
+  MEP_BS_KNOCK_REFUSE = 3 /* 0 -> joiner: the reason */
+} mep_bs_knock_type_t;
+
+/* Gate records: this header, token_len token bytes, body_len body bytes. */
+typedef struct mep_bs_knock_hdr {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t type; /* mep_bs_knock_type_t */
+  int32_t rank;
+  int32_t world_size;
+  uint32_t token_len;
+  uint32_t body_len;
+} mep_bs_knock_hdr_t;
+
+#define MEP_BS_KNOCK_MAX \
+  (sizeof(mep_bs_knock_hdr_t) + MEP_BS_TOKEN_MAX + MEP_BS_ADDR_MAX)
+
+/* One gate connection rank 0 is reading a knock from. */
+typedef struct mep_bs_knocker {
+  int fd; /* -1: slot free */
+  int64_t accepted_ms;
+  size_t got;
+  char name[64]; /* "127.0.0.1:40312" */
+  unsigned char buf[MEP_BS_KNOCK_MAX];
+} mep_bs_knocker_t;
 
 typedef enum mep_bs_msg_type {
-  MEP_BS_MSG_HELLO = 1,   /* joiner -> 0: rank, world, token */
+  MEP_BS_MSG_HELLO = 1,   /* admitted joiner -> 0: first word on its ep */
   MEP_BS_MSG_ACCEPT = 2,  /* 0 -> joiner */
-  MEP_BS_MSG_REFUSE = 3,  /* 0 -> joiner, payload: reason */
+  MEP_BS_MSG_REFUSE = 3,  /* unused since the gate refuses; number kept */
   MEP_BS_MSG_FORMED = 4,  /* 0 -> all: every rank joined */
   MEP_BS_MSG_ABORT = 5,   /* 0 -> all: status + reason; the group is dead */
   MEP_BS_MSG_CONTRIB = 6, /* joiner -> 0: one collective's input */
@@ -87,15 +136,15 @@ typedef struct mep_bs_hdr {
 } mep_bs_hdr_t;
 
 typedef enum mep_bs_peer_state {
-  MEP_BS_PEER_CONNECTING = 0, /* ep exists, no verdict yet */
-  MEP_BS_PEER_JOINED = 1,     /* handshake accepted */
+  MEP_BS_PEER_CONNECTING = 0, /* ep exists, no HELLO / ACCEPT yet */
+  MEP_BS_PEER_JOINED = 1,     /* HELLO and ACCEPT exchanged */
   MEP_BS_PEER_REFUSED = 2,    /* rank 0 said no; closing */
   MEP_BS_PEER_CLOSED = 3      /* ep closed (or never opened) */
 } mep_bs_peer_state_t;
 
-/* One endpoint: on rank 0 every accepted connection (strangers too), on the
- * others each attempt to reach rank 0. Freed only in destroy, after its ep
- * is closed, because the ep's error callback holds a pointer to it. */
+/* One endpoint: on rank 0 one per knock the gate admitted, on the others
+ * the one to rank 0. Freed only in destroy, after its ep is closed,
+ * because the ep's error callback holds a pointer to it. */
 typedef struct mep_bs_peer {
   struct mep_bs_peer *next;
   struct mep_bootstrap *bs;
@@ -111,8 +160,13 @@ typedef struct mep_bs_peer {
   int evict;           /* close at the next progress pass (not in a callback) */
   int queued_msgs;     /* messages from this peer not yet taken */
   size_t queued_bytes; /* their payload bytes */
-  char name[64];       /* "127.0.0.1:40312" (rank 0: the client's address) */
+  char name[64];       /* "127.0.0.1:40312" (rank 0: the knock's address) */
   void *close_req; /* pending ucp_ep_close_nbx request */
+  /* Rank 0: the worker address the admitted knock carried and when, so the
+   * same process knocking again keeps its slot (and its ep). */
+  void *addr;
+  size_t addr_len;
+  int64_t reserved_ms;
 } mep_bs_peer_t;
 
 /* A received message; payload owned by the node. Its sender is the
@@ -149,11 +203,17 @@ struct mep_bootstrap {
 
   ucp_context_h context;
   ucp_worker_h worker;
-  ucp_listener_h listener;
-  /* Rank 0, once the group formed: the listener is closed (the accepted
-   * connections of the other ranks hold the port until destroy, so the
-   * kernel does not hand it out as an ephemeral port and the next group on
-   * the same address can listen; a group of one never listens). */
+  ucp_address_t *self_addr; /* this worker's address (ranks > 1 only) */
+  size_t self_addr_len;
+
+  /* Rank 0's gate: the listening socket while the group forms, then a
+   * bound socket that does not listen, so the kernel refuses connections
+   * and hands the port to no one else until destroy (a group of one
+   * never listens). -1 when closed. */
+  int gate_fd;
+  int hold_fd;
+  mep_bs_knocker_t *knockers; /* MEP_BS_PENDING_KNOCKS slots */
+  int64_t gate_refused;       /* connections refused or closed unanswered */
   int formed;
 
   mep_bs_peer_t *peers;    /* every peer struct ever made (freed in destroy) */
@@ -162,10 +222,6 @@ struct mep_bootstrap {
   size_t queued_bytes;     /* payload + node bytes of msgs, all peers */
   size_t queue_cap;        /* bound on queued_bytes (mep_bs_queue_cap) */
   int evict_pending;       /* a peer awaits its close (mep_bs_peer_evict) */
-
-  ucp_conn_request_h *conn_reqs; /* rank 0: connection requests to accept */
-  int num_conn_reqs;
-  int cap_conn_reqs;
 
   uint64_t seq;
   /* Sticky failure: once set, every later collective returns it. */
@@ -183,11 +239,32 @@ struct mep_bootstrap {
 moe_ep_status_t mep_bs_addr_parse(const char *address,
                                   struct sockaddr_storage *out,
                                   socklen_t *out_len);
-/* Binds a plain socket to the address (as UCX's listener will) so a port in
- * use is reported with errno text instead of a UCX log line. */
-moe_ep_status_t mep_bs_addr_check_bindable(const mep_bootstrap_t *bs);
-/* 1 when something accepts TCP connections at the address now. */
-int mep_bs_addr_probe(const mep_bootstrap_t *bs, int wait_ms);
+/* "127.0.0.1:40312" / "[::1]:40312". */
+void mep_bs_addr_name(const struct sockaddr_storage *a, char *buf, size_t len);
+
+/* ---- bootstrap_gate.c (rank 0) ---- */
+/* Listens on the bootstrap address (errno text when the port is taken). */
+moe_ep_status_t mep_bs_gate_open(mep_bootstrap_t *bs);
+/* Accepts, reads knocks, answers each complete one through
+ * mep_bs_root_admit; never blocks. */
+void mep_bs_gate_poll(mep_bootstrap_t *bs);
+/* Stops listening; with `hold`, keeps the port bound (see gate_fd). */
+void mep_bs_gate_close(mep_bootstrap_t *bs, int hold);
+
+/* ---- bootstrap_knock.c ---- */
+/* Fills a gate record's header. */
+void mep_bs_knock_hdr_init(mep_bs_knock_hdr_t *h, int type, int rank,
+                           int world_size, size_t token_len, size_t body_len);
+/* Writes all of buf to a non-blocking socket by the deadline; 0 or -1. */
+int mep_bs_fd_write(int fd, const void *buf, size_t len, int64_t deadline_ms);
+enum { MEP_BS_KNOCK_RETRY = 0, MEP_BS_KNOCK_ADMITTED = 1,
+       MEP_BS_KNOCK_REFUSED = 2 };
+/* A joiner's knock: connects to the gate, presents rank, world size, token
+ * and this worker's address, and reads the verdict. ADMITTED fills
+ * addr/addr_len (rank 0's worker address, addr holds MEP_BS_ADDR_MAX);
+ * REFUSED and RETRY fill `why`. */
+int mep_bs_knock(mep_bootstrap_t *bs, int64_t deadline_ms, void *addr,
+                 size_t *addr_len, char *why, size_t why_len);
 
 /* ---- bootstrap_msg.c ---- */
 int64_t mep_bs_now_ms(void);
@@ -211,8 +288,6 @@ mep_bs_msg_t *mep_bs_msg_take(mep_bootstrap_t *bs, int type,
                               const mep_bs_peer_t *from);
 void mep_bs_msg_free(mep_bs_msg_t *m);
 mep_bs_peer_t *mep_bs_peer_new(mep_bootstrap_t *bs);
-/* ep params shared by both sides: PEER error mode + our error callback. */
-void mep_bs_peer_ep_params(mep_bs_peer_t *peer, ucp_ep_params_t *p);
 /* Cuts a connection that broke the protocol or a bound: records `why`,
  * marks it failed (a joined rank then fails the group naming it), logs at
  * WARN naming it, and closes it at the next progress pass. */
@@ -227,15 +302,24 @@ const char *mep_bs_peer_label(const mep_bs_peer_t *peer, char *buf,
  * or -1 for no timing), or why this rank cut it. */
 void mep_bs_peer_describe_failure(const mep_bs_peer_t *peer, int64_t since_ms,
                                   char *buf, size_t len);
-/* Bound on all queued message bytes (see MEP_BS_PENDING_HELLOS). */
+/* Bound on all queued message bytes (see MEP_BS_CONN_QUEUE_MSGS). */
 size_t mep_bs_queue_cap(const mep_bootstrap_t *bs);
 /* Starts closing the peer's ep (force when failed); poll close_req. */
 void mep_bs_peer_close(mep_bootstrap_t *bs, mep_bs_peer_t *peer, int force);
 /* Waits for every started close, up to deadline. */
 void mep_bs_close_wait(mep_bootstrap_t *bs, int64_t deadline_ms);
 
+/* Creates the peer's ep to a worker address (error callback set). */
+ucs_status_t mep_bs_peer_connect(mep_bootstrap_t *bs, mep_bs_peer_t *peer,
+                                 const void *addr);
+
 /* ---- bootstrap_root.c / bootstrap_join.c ---- */
 moe_ep_status_t mep_bs_root_form(mep_bootstrap_t *bs, int64_t deadline_ms);
+/* The gate's verdict on a whole knock: 0 when admitted (the rank's slot is
+ * reserved and rank 0's ep to `addr` created), else 1 with `why`. */
+int mep_bs_root_admit(mep_bootstrap_t *bs, const mep_bs_knock_hdr_t *h,
+                      const char *token, const void *addr, const char *name,
+                      char *why, size_t why_len);
 moe_ep_status_t mep_bs_join(mep_bootstrap_t *bs, int64_t start_ms);
 /* Rank 0: tells every live joined rank the group is dead, briefly waiting
  * for the sends. */

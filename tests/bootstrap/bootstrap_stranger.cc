@@ -170,15 +170,10 @@ void Progress(ucp_worker_h w, int ms) {
 int main(int argc, char **argv) {
   Opts o = Parse(argc, argv);
   sockaddr_in a;
-  memset(&a, 0, sizeof(a));
-  a.sin_family = AF_INET;
-  size_t colon = o.address.rfind(':');
-  if (colon == std::string::npos ||
-      inet_pton(AF_INET, o.address.substr(0, colon).c_str(), &a.sin_addr) != 1) {
+  if (!mep_test::Ipv4Address(o.address, &a)) {
     fprintf(stderr, "bootstrap_stranger: bad --address %s\n", o.address.c_str());
     return 64;
   }
-  a.sin_port = htons((uint16_t)atoi(o.address.c_str() + colon + 1));
   if (!WaitListening(a, NowMs() + 10000)) {
     printf("STRANGER connected=0\n");
     return 2;

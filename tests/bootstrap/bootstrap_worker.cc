@@ -132,13 +132,8 @@ void Report(const Opts &o, moe_ep_status_t st, int64_t create_ms,
 // 1 when a TCP connection to host:port (IPv4) is accepted, 0 when refused
 // or unreachable.
 int AcceptsTcp(const std::string &address) {
-  size_t colon = address.rfind(':');
-  if (colon == std::string::npos) return 0;
   sockaddr_in a;
-  memset(&a, 0, sizeof(a));
-  a.sin_family = AF_INET;
-  a.sin_port = htons((uint16_t)atoi(address.c_str() + colon + 1));
-  if (inet_pton(AF_INET, address.substr(0, colon).c_str(), &a.sin_addr) != 1) return 0;
+  if (!mep_test::Ipv4Address(address, &a)) return 0;
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   int ok = fd >= 0 && connect(fd, (const sockaddr *)&a, sizeof(a)) == 0;
   if (fd >= 0) close(fd);

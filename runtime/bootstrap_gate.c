@@ -1,0 +1,281 @@
+/* bootstrap_gate.c: rank 0's gate, a plain TCP socket on the bootstrap
+ * address that stands in front of UCX. It reads each connection's knock
+ * into a fixed slot, has bootstrap_root.c judge a whole one, answers with
+ * the verdict and closes. Nothing a connection sends is allocated for: an
+ * outsider gets at most one of MEP_BS_PENDING_KNOCKS slots for at most
+ * MEP_BS_KNOCK_WAIT_MS, and never reaches UCX. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "runtime/bootstrap_types.h"
+#include "runtime/error.h"
+#include "runtime/log.h"
+
+/* Counts a connection rank 0 turned away; logs the first few at WARN (a
+ * flood must not turn into a flood of log lines). */
+static void gate_log(mep_bootstrap_t *bs, const mep_bs_knocker_t *k,
+                     const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void gate_log(mep_bootstrap_t *bs, const mep_bs_knocker_t *k,
+                     const char *fmt, ...) {
+  if (bs->gate_refused++ >= MEP_BS_GATE_LOG_MAX) return;
+  char why[MEP_BS_REASON_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, sizeof(why), fmt, ap);
+  va_end(ap);
+  MEP_LOG_WARN("bootstrap", "rank 0 refused a connection from %s on %s: %s",
+               k->name, bs->address, why);
+}
+
+static void knocker_close(mep_bs_knocker_t *k) {
+  close(k->fd);
+  k->fd = -1;
+  k->got = 0;
+}
+
+/* Sends one record without waiting: a fresh connection's send buffer
+ * takes a few KiB at once, and a peer that does not read gets nothing. */
+static int gate_send(mep_bs_knocker_t *k, int type, const void *body,
+                     size_t len) {
+  unsigned char rec[sizeof(mep_bs_knock_hdr_t) + MEP_BS_ADDR_MAX];
+  mep_bs_knock_hdr_t h;
+  mep_bs_knock_hdr_init(&h, type, 0, 0, 0, len);
+  memcpy(rec, &h, sizeof(h));
+  memcpy(rec + sizeof(h), body, len);
+  return mep_bs_fd_write(k->fd, rec, sizeof(h) + len, mep_bs_now_ms());
+}
+
+static void gate_refuse(mep_bootstrap_t *bs, mep_bs_knocker_t *k,
+                        const char *why) {
+  gate_log(bs, k, "%s", why);
+  size_t len = strnlen(why, MEP_BS_REASON_MAX - 1);
+  (void)gate_send(k, MEP_BS_KNOCK_REFUSE, why, len);
+  knocker_close(k);
+}
+
+/* A whole knock is in k->buf. */
+static void gate_answer(mep_bootstrap_t *bs, mep_bs_knocker_t *k) {
+  mep_bs_knock_hdr_t h;
+  memcpy(&h, k->buf, sizeof(h));
+  char token[MEP_BS_TOKEN_MAX];
+  memcpy(token, k->buf + sizeof(h), h.token_len);
+  token[h.token_len] = '\0';
+  const void *addr = k->buf + sizeof(h) + h.token_len;
+  char why[MEP_BS_REASON_MAX];
+  if (memchr(token, '\0', h.token_len) != NULL) {
+    gate_refuse(bs, k, "wrong job token");
+  } else if (mep_bs_root_admit(bs, &h, token, addr, k->name, why,
+                               sizeof(why))) {
+    gate_refuse(bs, k, why);
+  } else {
+    /* If the joiner does not get it, it knocks again and keeps its slot. */
+    if (gate_send(k, MEP_BS_KNOCK_OK, bs->self_addr, bs->self_addr_len) != 0) {
+      MEP_LOG_DEBUG("bootstrap", "rank 0: the verdict to %s was not sent",
+                    k->name);
+    }
+    knocker_close(k);
+  }
+}
+
+/* Checks a knock's header once it is in: 0, or 1 when the connection was
+ * refused. */
+static int gate_check_hdr(mep_bootstrap_t *bs, mep_bs_knocker_t *k) {
+  mep_bs_knock_hdr_t h;
+  memcpy(&h, k->buf, sizeof(h));
+  char why[MEP_BS_REASON_MAX];
+  if (h.magic != MEP_BS_KNOCK_MAGIC) {
+    /* Not this protocol (a port scan, a UCX client, an HTTP probe): no
+     * answer it could read. */
+    gate_log(bs, k, "sent %zu bytes that do not start a moe-ep knock",
+             k->got);
+    knocker_close(k);
+    return 1;
+  }
+  if (h.version != MEP_BS_VERSION || h.type != MEP_BS_KNOCK) {
+    snprintf(why, sizeof(why),
+             "protocol version %u record type %u, rank 0 speaks version %u "
+             "and expects a knock",
+             h.version, h.type, MEP_BS_VERSION);
+  } else if (h.token_len >= MEP_BS_TOKEN_MAX) {
+    snprintf(why, sizeof(why), "a %u-byte job token; at most %d bytes",
+             h.token_len, MEP_BS_TOKEN_MAX - 1);
+  } else if (h.body_len == 0 || h.body_len > MEP_BS_ADDR_MAX) {
+    snprintf(why, sizeof(why),
+             "a %u-byte UCX worker address; 1..%d bytes allowed", h.body_len,
+             MEP_BS_ADDR_MAX);
+  } else {
+    return 0;
+  }
+  gate_refuse(bs, k, why);
+  return 1;
+}
+
+/* Reads what the connection has sent; answers once the knock is whole. */
+static void gate_read(mep_bootstrap_t *bs, mep_bs_knocker_t *k) {
+  const size_t hdr = sizeof(mep_bs_knock_hdr_t);
+  for (;;) {
+    size_t need = hdr;
+    if (k->got >= hdr) {
+      mep_bs_knock_hdr_t h;
+      memcpy(&h, k->buf, sizeof(h));
+      need = hdr + h.token_len + h.body_len;
+    }
+    if (k->got == need) {
+      gate_answer(bs, k);
+      return;
+    }
+    ssize_t n = recv(k->fd, k->buf + k->got, need - k->got, MSG_DONTWAIT);
+    if (n > 0) {
+      k->got += (size_t)n;
+      if (k->got == hdr && gate_check_hdr(bs, k)) return;
+      continue;
+    }
+    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      gate_log(bs, k, "the connection ended after %zu bytes of a knock",
+               k->got);
+      knocker_close(k);
+      return;
+    }
+    if (errno == EINTR) continue;
+    if (mep_bs_now_ms() - k->accepted_ms > MEP_BS_KNOCK_WAIT_MS) {
+      gate_log(bs, k, "no whole knock within %d ms (%zu bytes)",
+               MEP_BS_KNOCK_WAIT_MS, k->got);
+      knocker_close(k);
+    }
+    return;
+  }
+}
+
+/* Takes the connections the kernel has queued, a slot each; when every
+ * slot is taken the oldest one gives its slot up. */
+static void gate_accept(mep_bootstrap_t *bs) {
+  for (int i = 0; i < MEP_BS_PENDING_KNOCKS; i++) {
+    struct sockaddr_storage from;
+    socklen_t len = sizeof(from);
+    int fd = accept4(bs->gate_fd, (struct sockaddr *)&from, &len,
+                     SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return; /* none queued, or out of descriptors for now */
+    mep_bs_knocker_t *slot = NULL;
+    mep_bs_knocker_t *oldest = NULL;
+    for (int j = 0; j < MEP_BS_PENDING_KNOCKS && slot == NULL; j++) {
+      mep_bs_knocker_t *k = &bs->knockers[j];
+      if (k->fd < 0) {
+        slot = k;
+      } else if (oldest == NULL || k->accepted_ms < oldest->accepted_ms) {
+        oldest = k;
+      }
+    }
+    if (slot == NULL) {
+      gate_log(bs, oldest,
+               "no whole knock when %d connections were open and another "
+               "came (%zu bytes)",
+               MEP_BS_PENDING_KNOCKS, oldest->got);
+      knocker_close(oldest);
+      slot = oldest;
+    }
+    slot->fd = fd;
+    slot->got = 0;
+    slot->accepted_ms = mep_bs_now_ms();
+    mep_bs_addr_name(&from, slot->name, sizeof(slot->name));
+  }
+}
+
+static void gate_read_all(mep_bootstrap_t *bs) {
+  for (int i = 0; i < MEP_BS_PENDING_KNOCKS; i++) {
+    if (bs->knockers[i].fd >= 0) gate_read(bs, &bs->knockers[i]);
+  }
+}
+
+void mep_bs_gate_poll(mep_bootstrap_t *bs) {
+  if (bs->gate_fd < 0) return;
+  gate_read_all(bs);
+  gate_accept(bs);
+  gate_read_all(bs);
+}
+
+moe_ep_status_t mep_bs_gate_open(mep_bootstrap_t *bs) {
+  bs->knockers = (mep_bs_knocker_t *)calloc(MEP_BS_PENDING_KNOCKS,
+                                            sizeof(*bs->knockers));
+  if (bs->knockers == NULL) {
+    return mep_error(MOE_EP_ERR_NO_MEMORY, "rank 0: out of memory");
+  }
+  for (int i = 0; i < MEP_BS_PENDING_KNOCKS; i++) bs->knockers[i].fd = -1;
+  int fd = socket(bs->saddr.ss_family,
+                  SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    return mep_error(MOE_EP_ERR_BOOTSTRAP,
+                     "rank 0 cannot listen on bootstrap address %s: socket: "
+                     "%s",
+                     bs->address, strerror(errno));
+  }
+  /* Connections of an earlier group on this port that linger in TIME_WAIT
+   * do not keep this one from listening. */
+  int one = 1;
+  (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  const char *step = "bind";
+  int rc = bind(fd, (const struct sockaddr *)&bs->saddr, bs->saddr_len);
+  if (rc == 0) {
+    step = "listen";
+    rc = listen(fd, 128);
+  }
+  if (rc != 0) {
+    int err = errno;
+    close(fd);
+    return mep_error(MOE_EP_ERR_BOOTSTRAP,
+                     "rank 0 cannot listen on bootstrap address %s: %s: %s "
+                     "(errno %d)%s",
+                     bs->address, step, strerror(err), err,
+                     err == EADDRINUSE ? "; another group or program holds "
+                                         "the port: give each group its own "
+                                         "port"
+                                       : "");
+  }
+  bs->gate_fd = fd;
+  return MOE_EP_OK;
+}
+
+void mep_bs_gate_close(mep_bootstrap_t *bs, int hold) {
+  if (bs->knockers != NULL) {
+    for (int i = 0; i < MEP_BS_PENDING_KNOCKS; i++) {
+      if (bs->knockers[i].fd >= 0) knocker_close(&bs->knockers[i]);
+    }
+    free(bs->knockers);
+    bs->knockers = NULL;
+  }
+  if (bs->gate_fd >= 0) {
+    close(bs->gate_fd);
+    bs->gate_fd = -1;
+    if (bs->gate_refused > MEP_BS_GATE_LOG_MAX) {
+      MEP_LOG_WARN("bootstrap",
+                   "rank 0 refused %lld connections on %s while the group "
+                   "formed (the first %d are logged above)",
+                   (long long)bs->gate_refused, bs->address,
+                   MEP_BS_GATE_LOG_MAX);
+    }
+  }
+  if (hold && bs->hold_fd < 0) {
+    /* Bound but not listening: connections are refused by the kernel, and
+     * the port is not handed out as another socket's ephemeral port, so
+     * the next group on this address finds it free. Best effort. */
+    int fd = socket(bs->saddr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (fd >= 0) {
+      (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+      if (bind(fd, (const struct sockaddr *)&bs->saddr, bs->saddr_len) != 0) {
+        close(fd);
+        fd = -1;
+      }
+    }
+    bs->hold_fd = fd;
+  }
+  if (!hold && bs->hold_fd >= 0) {
+    close(bs->hold_fd);
+    bs->hold_fd = -1;
+  }
+}
