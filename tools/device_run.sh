@@ -131,12 +131,17 @@ prepare_layout() {
   sanitize export_layout_memcheck memcheck 1 115 $B/export_layout_gpu_test
 }
 # A zero-token layer with NULL data dispatches and combines, and replaces
-# its set's layout (public API, one rank, one GPU).
+# its set's layout (public API, one rank, one GPU); every entry leaves the
+# calling thread's CUDA context as it was.
 set_reuse() {
   timeout 65 $B/moe_ep_run -n 1 --timeout_s 60 -- $B/set_reuse_gpu_test \
     > "$OUT/set_reuse.log" 2>&1
   summary set_reuse_gpu_test $? "$(gtest_key "$OUT/set_reuse.log")"
   grep -E "^\[  (PASSED|FAILED) |FAILED  \]" "$OUT/set_reuse.log" | head -4
+  timeout 65 $B/moe_ep_run -n 1 --timeout_s 60 -- $B/caller_context_gpu_test \
+    > "$OUT/caller_context.log" 2>&1
+  summary caller_context_gpu_test $? "$(gtest_key "$OUT/caller_context.log")"
+  grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure|context" "$OUT/caller_context.log" | head -8
 }
 # One SM: every local expert in one receive block (at 256 experts, several
 # list batches of the LSA receive, kMepBatchUnits); the hot-expert

@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T=(//plugin:libmoe_ep.so //tests/host:conformance_worker //tools/launcher:moe_ep_run
-   //tests/gpu:ll_gpu_test //tests/gpu:prepare_layout_gpu_test //tests/gpu:set_reuse_gpu_test
+   //tests/gpu:ll_gpu_test //tests/gpu:prepare_layout_gpu_test //tests/gpu:set_reuse_gpu_test //tests/gpu:caller_context_gpu_test
    //tests/gpu:export_layout_gpu_test //tests/gpu:ht_world_test
    //tests/gpu:ht_world_overlap_test //tests/gpu:ll_world_test //tests/gpu:libnccl_stall.so
    //integration:moe_ep_demo)
@@ -18,7 +18,7 @@ bazel build "${T[@]}"
 rm -rf .gpu_bundle && mkdir -p .gpu_bundle
 for f in plugin/libmoe_ep.so tests/host/conformance_worker tools/launcher/moe_ep_run \
          tests/gpu/ll_gpu_test tests/gpu/prepare_layout_gpu_test \
-         tests/gpu/set_reuse_gpu_test tests/gpu/export_layout_gpu_test \
+         tests/gpu/set_reuse_gpu_test tests/gpu/caller_context_gpu_test tests/gpu/export_layout_gpu_test \
          tests/gpu/ht_world_test tests/gpu/ht_world_overlap_test tests/gpu/ll_world_test \
          tests/gpu/libnccl_stall.so integration/moe_ep_demo \
          tools/bench/moe_ep_bench tools/bench/ll_kernel_bench; do

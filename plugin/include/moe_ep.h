@@ -395,6 +395,9 @@ typedef struct moe_ep_handle_layout_params {
  * - Log levels are per group: messages emitted while an entry works for a
  *   group (and by threads the library starts for it) use that group's
  *   log_level; other messages use warn. MOE_EP_LOG_LEVEL overrides both.
+ * - CUDA state (nccl backend): every entry, group_create and group_destroy
+ *   included, works on the group's device and leaves the calling thread's
+ *   current CUDA context as it found it, none included.
  */
 
 /* ---- the function table ------------------------------------------------ */

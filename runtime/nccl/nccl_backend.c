@@ -122,7 +122,12 @@ static void nccl_release(moe_ep_group_t *g, int abort) {
   g->impl = NULL;
 }
 
-static void nccl_destroy(moe_ep_group_t *g) { nccl_release(g, g->broken != MOE_EP_OK); }
+static moe_ep_status_t nccl_teardown(moe_ep_group_t *g) {
+  nccl_release(g, g->broken != MOE_EP_OK);
+  return MOE_EP_OK;
+}
+
+static void nccl_destroy(moe_ep_group_t *g) { (void)mep_nccl_as_caller(nccl_teardown, g); }
 
 static int ll_transport(const moe_ep_group_t *g, const nccl_state_t *s) {
   if (g->cfg.transport == MOE_EP_TRANSPORT_GIN_EMULATED) return MEP_LL_TRANSPORT_GIN_EMULATED;
@@ -157,7 +162,13 @@ static moe_ep_status_t alloc_device(nccl_state_t *s, const mep_ll_dims_t *d) {
   return mep_nccl_sent_create(&s->received);
 }
 
+static moe_ep_status_t nccl_create_here(moe_ep_group_t *g);
+
 static moe_ep_status_t nccl_create(moe_ep_group_t *g) {
+  return mep_nccl_as_caller(nccl_create_here, g);
+}
+
+static moe_ep_status_t nccl_create_here(moe_ep_group_t *g) {
   if (g->cfg.mode != MOE_EP_MODE_LOW_LATENCY) {
     return mep_error(MOE_EP_ERR_UNSUPPORTED,
                      "group_create: mode 'high_throughput' is not implemented on the "
@@ -312,17 +323,18 @@ static moe_ep_status_t nccl_poll_error(moe_ep_group_t *g) {
   return routing_notice(g, s);
 }
 
-/* Makes the group's GPU current for a launch; *prev is the engine's device,
- * restored by leave_device so moe_ep never changes the caller's device. */
-static moe_ep_status_t enter_device(moe_ep_group_t *g, nccl_state_t *s, int *prev) {
+/* Makes the group's GPU current for a launch; the engine's state, saved in
+ * *caller, is restored by leave_device (mep_nccl_caller_t). */
+static moe_ep_status_t enter_device(moe_ep_group_t *g, nccl_state_t *s,
+                                    mep_nccl_caller_t *caller) {
   MEP_CHECK(timeout_status(g, s));
-  MEP_CHECK(mep_nccl_enter(s->device, prev));
+  MEP_CHECK(mep_nccl_enter(s->device, caller));
   s->ctx.num_sms = g->num_sms > 0 ? g->num_sms : s->device_sms;
   return MOE_EP_OK;
 }
 
-static moe_ep_status_t leave_device(const nccl_state_t *s, int prev, moe_ep_status_t st) {
-  return mep_nccl_leave(s->device, prev, st);
+static moe_ep_status_t leave_device(const mep_nccl_caller_t *caller, moe_ep_status_t st) {
+  return mep_nccl_leave(caller, st);
 }
 
 /* The kernels' own statuses keep kernels/ free of the public ABI; the
@@ -431,20 +443,20 @@ static moe_ep_status_t send_half(moe_ep_group_t *g, nccl_state_t *s, mep_op_t *o
 
 static moe_ep_status_t nccl_send(moe_ep_group_t *g, mep_op_t *op) {
   nccl_state_t *s = g->impl;
-  int prev;
-  MEP_CHECK(enter_device(g, s, &prev));
+  mep_nccl_caller_t caller;
+  MEP_CHECK(enter_device(g, s, &caller));
   moe_ep_status_t st = mep_nccl_sent_order(&s->received, op->buffer_set, op->stream);
   if (st == MOE_EP_OK) st = send_half(g, s, op, 0);
   if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->sent, op->buffer_set, op->stream);
-  return leave_device(s, prev, st);
+  return leave_device(&caller, st);
 }
 
 static moe_ep_status_t nccl_recv(moe_ep_group_t *g, mep_op_t *op) {
   nccl_state_t *s = g->impl;
-  int prev;
-  MEP_CHECK(enter_device(g, s, &prev));
+  mep_nccl_caller_t caller;
+  MEP_CHECK(enter_device(g, s, &caller));
   moe_ep_status_t st = mep_nccl_sent_order(&s->sent, op->buffer_set, op->stream);
-  if (st != MOE_EP_OK) return leave_device(s, prev, st);
+  if (st != MOE_EP_OK) return leave_device(&caller, st);
   if (op->kind == MEP_OP_DISPATCH) {
     mep_ll_dispatch_args_t a;
     dispatch_args(g, s, op, &a);
@@ -455,17 +467,17 @@ static moe_ep_status_t nccl_recv(moe_ep_group_t *g, mep_op_t *op) {
     st = mep_nccl_launched(g, mep_ll_combine_recv(&s->ctx, &a, op->stream), "combine receive");
   }
   if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->received, op->buffer_set, op->stream);
-  return leave_device(s, prev, st);
+  return leave_device(&caller, st);
 }
 
 static moe_ep_status_t nccl_send_recv(moe_ep_group_t *g, mep_op_t *op) {
   nccl_state_t *s = g->impl;
-  int prev;
-  MEP_CHECK(enter_device(g, s, &prev));
+  mep_nccl_caller_t caller;
+  MEP_CHECK(enter_device(g, s, &caller));
   moe_ep_status_t st = mep_nccl_sent_order(&s->received, op->buffer_set, op->stream);
   if (st == MOE_EP_OK) st = send_half(g, s, op, 1);
   if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->received, op->buffer_set, op->stream);
-  return leave_device(s, prev, st);
+  return leave_device(&caller, st);
 }
 
 /* DeepEP's view of an LL handle's slots, from this set's handle storage
@@ -481,11 +493,11 @@ static moe_ep_status_t nccl_handle_layout(moe_ep_group_t *g, mep_handle_state_t 
     mep_error_prefix("handle_layout");
     return st;
   }
-  int prev;
-  MEP_CHECK(enter_device(g, s, &prev));
+  mep_nccl_caller_t caller;
+  MEP_CHECK(enter_device(g, s, &caller));
   const mep_ll_dims_t *d = &s->ctx.dims;
   return leave_device(
-      s, prev,
+      &caller,
       mep_nccl_launched(g,
                         mep_ll_export_layout(s->slot_src[nh->set], s->src_count[nh->set],
                                              g->num_local_experts, d->world, d->max_tokens,

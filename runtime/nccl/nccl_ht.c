@@ -97,7 +97,12 @@ static void ht_release(moe_ep_group_t *g, int abort) {
   g->impl = NULL;
 }
 
-static void ht_destroy(moe_ep_group_t *g) { ht_release(g, g->broken != MOE_EP_OK); }
+static moe_ep_status_t ht_teardown(moe_ep_group_t *g) {
+  ht_release(g, g->broken != MOE_EP_OK);
+  return MOE_EP_OK;
+}
+
+static void ht_destroy(moe_ep_group_t *g) { (void)mep_nccl_as_caller(ht_teardown, g); }
 
 static moe_ep_status_t alloc_device(ht_state_t *s) {
   cudaError_t e;
@@ -147,7 +152,11 @@ static moe_ep_status_t check_transport(const moe_ep_group_t *g, const ht_state_t
                    on ? "outside" : "inside");
 }
 
-static moe_ep_status_t ht_create(moe_ep_group_t *g) {
+static moe_ep_status_t ht_create_here(moe_ep_group_t *g);
+
+static moe_ep_status_t ht_create(moe_ep_group_t *g) { return mep_nccl_as_caller(ht_create_here, g); }
+
+static moe_ep_status_t ht_create_here(moe_ep_group_t *g) {
   if (g->world_size > MEP_HT_MAX_RANKS) {
     return mep_error(MOE_EP_ERR_UNSUPPORTED,
                      "group_create: world_size=%d; mode 'high_throughput' on the nccl backend "
@@ -268,9 +277,9 @@ static moe_ep_status_t ht_poll_error(moe_ep_group_t *g) {
   return capacity_notice(g, s);
 }
 
-static moe_ep_status_t enter(moe_ep_group_t *g, ht_state_t *s, int *prev) {
+static moe_ep_status_t enter(moe_ep_group_t *g, ht_state_t *s, mep_nccl_caller_t *caller) {
   MEP_CHECK(fatal_status(g, s));
-  MEP_CHECK(mep_nccl_enter(s->device, prev));
+  MEP_CHECK(mep_nccl_enter(s->device, caller));
   s->ctx.num_sms = g->num_sms > 0 ? g->num_sms : g->default_sms;
   return MOE_EP_OK;
 }
@@ -369,13 +378,13 @@ static moe_ep_status_t check_capturable(const moe_ep_group_t *g, const mep_op_t 
 
 static moe_ep_status_t ht_send(moe_ep_group_t *g, mep_op_t *op) {
   ht_state_t *s = g->impl;
-  int prev;
-  MEP_CHECK(enter(g, s, &prev));
+  mep_nccl_caller_t caller;
+  MEP_CHECK(enter(g, s, &caller));
   moe_ep_status_t st = check_capturable(g, op, "dispatch");
   if (st == MOE_EP_OK)
     st = op->kind == MEP_OP_DISPATCH ? launch_dispatch(g, s, op) : launch_combine(g, s, op);
   if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->sent, op->buffer_set, op->stream);
-  return mep_nccl_leave(s->device, prev, st);
+  return mep_nccl_leave(&caller, st);
 }
 
 /* N_recv reaches the host: wait for the dispatch kernel (the documented
@@ -393,8 +402,8 @@ static moe_ep_status_t learn_num_recv(moe_ep_group_t *g, ht_state_t *s, mep_op_t
 
 static moe_ep_status_t ht_recv(moe_ep_group_t *g, mep_op_t *op) {
   ht_state_t *s = g->impl;
-  int prev;
-  MEP_CHECK(enter(g, s, &prev));
+  mep_nccl_caller_t caller;
+  MEP_CHECK(enter(g, s, &caller));
   /* A hook run inside a capture: refused before the sync (its receive is
    * then abandoned, which HT survives: the receive half moves no data). */
   moe_ep_status_t st = check_capturable(g, op, "hook_run of a dispatch");
@@ -410,7 +419,7 @@ static moe_ep_status_t ht_recv(moe_ep_group_t *g, mep_op_t *op) {
       st = learn_num_recv(g, s, op);
     }
   }
-  return mep_nccl_leave(s->device, prev, st);
+  return mep_nccl_leave(&caller, st);
 }
 
 static int ht_peer_transport(const moe_ep_group_t *g, int peer) {

@@ -19,6 +19,7 @@
 #include "moe_ep.h"
 #include "tests/common/mirror.h"
 #include "tests/common/plugin_api.h"
+#include "tests/gpu/one_rank_ll.h"
 #include "tests/oracle/oracle.h"
 
 namespace {
@@ -30,63 +31,23 @@ namespace oracle = moe_ep_oracle;
 
 const char *g_argv0 = nullptr;
 constexpr uint64_t kSeed = 11;
-constexpr int kExperts = 8, kHidden = 256, kTopK = 4, kMaxTokens = 16;
-constexpr int kCuda = MOE_EP_DEVICE_CUDA;
-
-// The group's config; moe_ep_run's MOE_EP_BOOTSTRAP_ADDRESS overrides the
-// address when the test runs under it.
-std::string config_text() {
-  char y[512];
-  std::snprintf(y, sizeof y,
-                "moe_ep:\n  backend: nccl\n  num_experts: %d\n  hidden: %d\n  top_k: %d\n"
-                "  max_tokens_per_rank: %d\n  double_buffer: false\n"
-                "  timeouts:\n    kernel_ms: 10000\n"
-                "  bootstrap:\n    address: 127.0.0.1:%d\n    timeout_ms: 10000\n",
-                kExperts, kHidden, kTopK, kMaxTokens, 20000 + (int)(getpid() % 20000));
-  return y;
-}
+constexpr int kExperts = moe_ep_test::kOneExperts, kHidden = moe_ep_test::kOneHidden;
+constexpr int kTopK = moe_ep_test::kOneTopK, kCuda = MOE_EP_DEVICE_CUDA;
 
 TEST(SetReuse, ZeroTokenNullDispatchReplacesTheLayout) {
   const moe_ep_plugin_v1_t *api = moe_ep_test::load_plugin(moe_ep_test::plugin_path(g_argv0));
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-  moe_ep_config_t *cfg = nullptr;
-  ASSERT_EQ(api->config_from_yaml(config_text().c_str(), &cfg), MOE_EP_OK) << api->last_error();
-  moe_ep_group_params_t gp = moe_ep_group_params_init();
-  gp.config = cfg;
-  gp.rank = 0;
-  gp.world_size = 1;
-  gp.cuda_device = 0;
   moe_ep_group_t *g = nullptr;
-  const moe_ep_status_t created = api->group_create(&gp, &g);
-  api->config_free(cfg);
-  ASSERT_EQ(created, MOE_EP_OK) << "rank 0: " << api->last_error();
+  ASSERT_EQ(moe_ep_test::one_rank_group(api, "low_latency", &g), MOE_EP_OK)
+      << "rank 0: " << api->last_error();
 
-  oracle::Problem p;
-  p.world = 1;
-  p.num_experts = kExperts;
-  p.hidden = kHidden;
-  p.top_k = kTopK;
-  p.max_tokens_per_rank = kMaxTokens;
-  oracle::check_problem(p);
-  oracle::RankInputs in = oracle::make_inputs(p, 0, kSeed);
-  const int T = in.num_tokens, slots = kMaxTokens;  // world 1: R * max_tokens
-  std::vector<uint16_t> recv_x((size_t)kExperts * slots * kHidden, 0xffff);
-  std::vector<uint16_t> y(recv_x.size(), 0), out((size_t)T * kHidden, 0xffff);
-  std::vector<int32_t> count(kExperts, -1);
-  Mirror m_topk, m_x, m_w, m_rx, m_cnt, m_y, m_out;
-  m_topk.init(true, in.topk_idx.data(), in.topk_idx.size() * 8);
-  m_x.init(true, in.x.data(), in.x.size() * 2);
-  m_w.init(true, in.topk_weights.data(), in.topk_weights.size() * 4);
-  m_rx.init(true, recv_x.data(), recv_x.size() * 2);
-  m_cnt.init(true, count.data(), count.size() * 4);
-  m_y.init(true, y.data(), y.size() * 2);
-  m_out.init(true, out.data(), out.size() * 2);
-  Tensor t_topk(m_topk.ptr(), DT::kI64, {T, kTopK}, kCuda), t_x(m_x.ptr(), DT::kBf16, {T, kHidden}, kCuda);
-  Tensor t_w(m_w.ptr(), DT::kF32, {T, kTopK}, kCuda);
-  Tensor t_rx(m_rx.ptr(), DT::kBf16, {kExperts, slots, kHidden}, kCuda);
-  Tensor t_cnt(m_cnt.ptr(), DT::kI32, {kExperts}, kCuda);
-  Tensor t_y(m_y.ptr(), DT::kBf16, {kExperts, slots, kHidden}, kCuda);
-  Tensor t_out(m_out.ptr(), DT::kBf16, {T, kHidden}, kCuda);
+  moe_ep_test::OneRankLayer L(kSeed);
+  const int T = L.T;
+  std::vector<uint16_t> &recv_x = L.recv_x, &out = L.out;
+  std::vector<int32_t> &count = L.count;
+  Mirror &m_rx = L.m_rx, &m_cnt = L.m_cnt, &m_y = L.m_y, &m_out = L.m_out;
+  Tensor &t_topk = *L.t_topk, &t_x = *L.t_x, &t_w = *L.t_w, &t_rx = *L.t_rx;
+  Tensor &t_cnt = *L.t_cnt, &t_y = *L.t_y, &t_out = *L.t_out;
 
   // Handle A: prepare and dispatch (buffer set 0), checked exactly.
   moe_ep_prepare_params_t pp = moe_ep_prepare_params_init();
@@ -103,7 +64,7 @@ TEST(SetReuse, ZeroTokenNullDispatchReplacesTheLayout) {
   ASSERT_EQ(api->dispatch(g, a, &dp, nullptr), MOE_EP_OK) << "rank 0: " << api->last_error();
   m_cnt.download();
   m_rx.download();
-  const oracle::LlDispatchExpected want = oracle::ll_dispatch_expected(p, {in}, 0);
+  const oracle::LlDispatchExpected &want = L.want;
   ASSERT_EQ(oracle::compare_exact_i32("recv_count", count.data(), want.recv_count.data(),
                                       kExperts, kExperts), "")
       << "rank 0 seed " << kSeed;
@@ -128,14 +89,7 @@ TEST(SetReuse, ZeroTokenNullDispatchReplacesTheLayout) {
   m_cnt.download();
   for (int e = 0; e < kExperts; e++) EXPECT_EQ(count[e], 0) << "rank 0: expert " << e;
 
-  // y for A's slots, from the oracle's view of what A's dispatch delivered.
-  std::vector<float> row(kHidden);
-  for (int e = 0; e < kExperts; e++) {
-    for (int i = 0; i < want.recv_count[e]; i++) {
-      oracle::ll_received_row(p, want, want.row(e, i), row.data());
-      oracle::expert_fn_row(e, row.data(), kHidden, &y[want.full_row(e, i) * kHidden]);
-    }
-  }
+  // y for A's slots (the oracle's, from what A's dispatch delivered).
   m_y.upload();
   moe_ep_combine_params_t cp = moe_ep_combine_params_init();
   cp.hidden = kHidden;
@@ -163,7 +117,7 @@ TEST(SetReuse, ZeroTokenNullDispatchReplacesTheLayout) {
   ASSERT_EQ(api->dispatch(g, a, &dp, nullptr), MOE_EP_OK) << "rank 0: " << api->last_error();
   ASSERT_EQ(api->combine(g, a, &cp, nullptr), MOE_EP_OK) << "rank 0: " << api->last_error();
   m_out.download();
-  const std::vector<uint16_t> want_out = oracle::ll_combine_expected(p, in);
+  const std::vector<uint16_t> &want_out = L.want_out;
   EXPECT_EQ(oracle::compare_exact_u16("out", out.data(), want_out.data(), want_out.size(),
                                       kHidden), "")
       << "rank 0 seed " << kSeed;
