@@ -34,6 +34,13 @@ static moe_ep_status_t bs_check_params(const mep_bootstrap_params_t *p,
                      "bootstrap_create: timeout_ms %d is outside 1..%d",
                      p->timeout_ms, MEP_BS_MAX_TIMEOUT_MS);
   }
+  if (p->world_size > 1 && (p->token == NULL || p->token[0] == '\0')) {
+    /* Without a secret the gate could not tell a rank from an outsider. */
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "bootstrap_create: token is empty; a group of %d ranks "
+                     "admits only processes that present the job token",
+                     p->world_size);
+  }
   if (p->token != NULL && strlen(p->token) >= MEP_BS_TOKEN_MAX) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "bootstrap_create: token is %zu characters; at most %d",

@@ -69,18 +69,28 @@ static void gate_answer(mep_bootstrap_t *bs, mep_bs_knocker_t *k) {
   const void *addr = k->buf + sizeof(h) + h.token_len;
   char why[MEP_BS_REASON_MAX];
   if (memchr(token, '\0', h.token_len) != NULL) {
-    gate_refuse(bs, k, "wrong job token");
-  } else if (mep_bs_root_admit(bs, &h, token, addr, k->name, why,
-                               sizeof(why))) {
+    snprintf(why, sizeof(why),
+             "wrong job token (the knock claimed rank %d of %d)", h.rank,
+             h.world_size);
     gate_refuse(bs, k, why);
-  } else {
-    /* If the joiner does not get it, it knocks again and keeps its slot. */
-    if (gate_send(k, MEP_BS_KNOCK_OK, bs->self_addr, bs->self_addr_len) != 0) {
-      MEP_LOG_DEBUG("bootstrap", "rank 0: the verdict to %s was not sent",
-                    k->name);
-    }
-    knocker_close(k);
+    return;
   }
+  int verdict = mep_bs_root_admit(bs, &h, token, addr, k->name, why,
+                                  sizeof(why));
+  if (verdict == MEP_BS_KNOCK_REFUSE) {
+    gate_refuse(bs, k, why);
+    return;
+  }
+  if (verdict == MEP_BS_KNOCK_BUSY) {
+    MEP_LOG_DEBUG("bootstrap", "rank 0: %s: %s", k->name, why);
+    (void)gate_send(k, MEP_BS_KNOCK_BUSY, why, strnlen(why, sizeof(why) - 1));
+  } else if (gate_send(k, MEP_BS_KNOCK_OK, bs->self_addr,
+                       bs->self_addr_len) != 0) {
+    /* The joiner knocks again and keeps its slot. */
+    MEP_LOG_DEBUG("bootstrap", "rank 0: the verdict to %s was not sent",
+                  k->name);
+  }
+  knocker_close(k);
 }
 
 /* Checks a knock's header once it is in: 0, or 1 when the connection was
@@ -262,7 +272,9 @@ void mep_bs_gate_close(mep_bootstrap_t *bs, int hold) {
   if (hold && bs->hold_fd < 0) {
     /* Bound but not listening: connections are refused by the kernel, and
      * the port is not handed out as another socket's ephemeral port, so
-     * the next group on this address finds it free. Best effort. */
+     * the next group on this address finds it free. Best effort; with
+     * SO_REUSEADDR, since the gate's closed connections linger in
+     * TIME_WAIT on it. */
     int fd = socket(bs->saddr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int one = 1;
     if (fd >= 0) {

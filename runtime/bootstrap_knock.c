@@ -34,7 +34,9 @@ static int fd_wait(int fd, short events, int64_t deadline_ms) {
   if (left <= 0) return 0;
   struct pollfd p = {.fd = fd, .events = events, .revents = 0};
   int n = poll(&p, 1, left > 100 ? 100 : (int)left);
-  return n < 0 && errno != EINTR ? -1 : n;
+  /* A signal is not an error: the caller looks again. */
+  if (n < 0) return errno == EINTR ? 0 : -1;
+  return n;
 }
 
 int mep_bs_fd_write(int fd, const void *buf, size_t len, int64_t deadline_ms) {
@@ -121,7 +123,8 @@ static int knock_verdict(const mep_bootstrap_t *bs, int fd,
   if (fd_read(fd, &h, sizeof(h), deadline_ms, why, why_len) != 0) {
     return MEP_BS_KNOCK_RETRY;
   }
-  int refuse = h.type == MEP_BS_KNOCK_REFUSE;
+  /* REFUSE and BUSY carry a reason, OK rank 0's worker address. */
+  int refuse = h.type == MEP_BS_KNOCK_REFUSE || h.type == MEP_BS_KNOCK_BUSY;
   size_t max = refuse ? MEP_BS_REASON_MAX - 1 : MEP_BS_ADDR_MAX;
   if (h.magic != MEP_BS_KNOCK_MAGIC || h.version != MEP_BS_VERSION ||
       (h.type != MEP_BS_KNOCK_OK && !refuse) || h.token_len != 0 ||
@@ -142,7 +145,7 @@ static int knock_verdict(const mep_bootstrap_t *bs, int fd,
   if (refuse) {
     reason[h.body_len] = '\0';
     snprintf(why, why_len, "%s", reason);
-    return MEP_BS_KNOCK_REFUSED;
+    return h.type == MEP_BS_KNOCK_BUSY ? MEP_BS_KNOCK_RETRY : MEP_BS_KNOCK_REFUSED;
   }
   *addr_len = h.body_len;
   return MEP_BS_KNOCK_ADMITTED;

@@ -19,11 +19,11 @@ static int token_equal(const char *a, size_t alen, const char *b, size_t blen) {
   return diff == 0;
 }
 
-/* Returns 1 and fills `why` when the knock must be refused. */
+/* Returns 1 and fills `why` when the knock must be refused. A group of
+ * more than one rank always has a token (bootstrap.c). */
 static int root_check_knock(const mep_bootstrap_t *bs,
                             const mep_bs_knock_hdr_t *h, const char *token,
                             char *why, size_t why_len) {
-  size_t expected = strlen(bs->token);
   if (h->world_size != bs->world_size) {
     snprintf(why, why_len,
              "world size mismatch: rank %d says world_size %d, rank 0 has %d",
@@ -31,78 +31,110 @@ static int root_check_knock(const mep_bootstrap_t *bs,
   } else if (h->rank < 1 || h->rank >= bs->world_size) {
     snprintf(why, why_len, "rank %d is outside 1..%d", h->rank,
              bs->world_size - 1);
-  } else if (expected != 0 && h->token_len == 0) {
-    snprintf(why, why_len, "no job token presented; rank 0 expects one");
-  } else if (expected != 0 &&
-             !token_equal(token, h->token_len, bs->token, expected)) {
-    snprintf(why, why_len, "wrong job token");
-  } else if (expected == 0 && h->token_len != 0) {
+  } else if (h->token_len == 0) {
     snprintf(why, why_len,
-             "a job token was presented but rank 0 expects none");
+             "no job token presented (the knock claimed rank %d of %d)",
+             h->rank, h->world_size);
+  } else if (!token_equal(token, h->token_len, bs->token, strlen(bs->token))) {
+    snprintf(why, why_len, "wrong job token (the knock claimed rank %d of %d)",
+             h->rank, h->world_size);
   } else {
     return 0;
   }
   return 1;
 }
 
-/* A slot already taken: the same process knocking again (its verdict was
- * lost) keeps it; another process gets it only if the holder never said
- * HELLO within MEP_BS_RESERVE_MS. Returns 1 when the knock is refused. */
+/* The peer, other than `skip`, that was made for this worker address. */
+static mep_bs_peer_t *root_peer_by_addr(mep_bootstrap_t *bs, const void *addr,
+                                        size_t len, const mep_bs_peer_t *skip) {
+  for (mep_bs_peer_t *p = bs->peers; p != NULL; p = p->next) {
+    if (p != skip && p->addr_len == len && memcmp(p->addr, addr, len) == 0) {
+      return p;
+    }
+  }
+  return NULL;
+}
+
+/* A slot already taken. The same process knocking again (its verdict was
+ * lost) keeps it. A slot that is only reserved (admitted, no HELLO yet)
+ * passes to another process once MEP_BS_RESERVE_MS have gone by; before
+ * that the knock is answered BUSY and retried. A joined rank's slot is
+ * never given up. */
 static int root_slot_taken(mep_bootstrap_t *bs, mep_bs_peer_t *p,
                            const mep_bs_knock_hdr_t *h, const void *addr,
-                           int *same, char *why, size_t why_len) {
-  *same = p->state == MEP_BS_PEER_CONNECTING && p->ep != NULL &&
-          p->addr_len == h->body_len && memcmp(p->addr, addr, p->addr_len) == 0;
-  if (*same) return 0;
-  if (p->state == MEP_BS_PEER_CONNECTING &&
-      mep_bs_now_ms() - p->reserved_ms > MEP_BS_RESERVE_MS) {
-    MEP_LOG_WARN("bootstrap",
-                 "rank 0: rank %d was admitted from %s but never said HELLO "
-                 "within %d ms; another process takes its place",
-                 h->rank, p->name, MEP_BS_RESERVE_MS);
-    mep_bs_peer_close(bs, p, 1);
-    bs->by_rank[h->rank] = NULL;
-    return 0;
+                           char *why, size_t why_len) {
+  if (p->state == MEP_BS_PEER_JOINED) {
+    snprintf(why, why_len, "rank %d already joined", h->rank);
+    return MEP_BS_KNOCK_REFUSE;
   }
-  snprintf(why, why_len, "rank %d already joined", h->rank);
-  return 1;
+  if (p->ep != NULL && p->addr_len == h->body_len &&
+      memcmp(p->addr, addr, p->addr_len) == 0) {
+    return MEP_BS_KNOCK_OK;
+  }
+  int64_t held = mep_bs_now_ms() - p->reserved_ms;
+  if (held <= MEP_BS_RESERVE_MS) {
+    snprintf(why, why_len,
+             "rank %d is being admitted from another process (%s, %lld ms "
+             "ago); try again",
+             h->rank, p->name, (long long)held);
+    return MEP_BS_KNOCK_BUSY;
+  }
+  MEP_LOG_WARN("bootstrap",
+               "rank 0: rank %d was admitted from %s but never said HELLO "
+               "within %d ms; another process takes its place",
+               h->rank, p->name, MEP_BS_RESERVE_MS);
+  mep_bs_peer_close(bs, p, 1);
+  bs->by_rank[h->rank] = NULL;
+  return -1; /* free now */
 }
 
 int mep_bs_root_admit(mep_bootstrap_t *bs, const mep_bs_knock_hdr_t *h,
                       const char *token, const void *addr, const char *name,
                       char *why, size_t why_len) {
-  if (root_check_knock(bs, h, token, why, why_len)) return 1;
+  if (root_check_knock(bs, h, token, why, why_len)) return MEP_BS_KNOCK_REFUSE;
   mep_bs_peer_t *held = bs->by_rank[h->rank];
   if (held != NULL) {
-    int same = 0;
-    if (root_slot_taken(bs, held, h, addr, &same, why, why_len)) return 1;
-    if (same) return 0;
+    int r = root_slot_taken(bs, held, h, addr, why, why_len);
+    if (r >= 0) return r;
   }
-  mep_bs_peer_t *peer = mep_bs_peer_new(bs);
+  /* UCX pairs one ep per side; a second one from rank 0 to a worker whose
+   * first connection failed would never pair with the joiner's. */
+  if (root_peer_by_addr(bs, addr, h->body_len, NULL) != NULL) {
+    snprintf(why, why_len,
+             "rank %d's process already had a connection to rank 0 that "
+             "failed; restart that rank",
+             h->rank);
+    return MEP_BS_KNOCK_REFUSE;
+  }
   void *copy = malloc(h->body_len);
-  if (peer == NULL || copy == NULL) {
+  mep_bs_peer_t *peer = copy != NULL ? mep_bs_peer_new(bs) : NULL;
+  if (peer == NULL) {
     free(copy);
     snprintf(why, why_len, "rank 0 is out of memory");
-    return 1;
+    return MEP_BS_KNOCK_REFUSE;
+  }
+  ucs_status_t st = mep_bs_peer_connect(bs, peer, addr);
+  if (st != UCS_OK) {
+    /* Not kept: nothing refers to a peer without an ep. */
+    bs->peers = peer->next;
+    free(peer);
+    free(copy);
+    snprintf(why, why_len,
+             "rank 0 cannot create a UCX endpoint to the worker address "
+             "rank %d sent: %s",
+             h->rank, ucs_status_string(st));
+    return MEP_BS_KNOCK_REFUSE;
   }
   memcpy(copy, addr, h->body_len);
   peer->addr = copy;
   peer->addr_len = h->body_len;
   snprintf(peer->name, sizeof(peer->name), "%s", name);
-  ucs_status_t st = mep_bs_peer_connect(bs, peer, addr);
-  if (st != UCS_OK) {
-    snprintf(why, why_len,
-             "rank 0 cannot create a UCX endpoint to the worker address "
-             "rank %d sent: %s",
-             h->rank, ucs_status_string(st));
-    return 1;
-  }
   peer->rank = h->rank;
   peer->reserved_ms = mep_bs_now_ms();
   bs->by_rank[h->rank] = peer;
   MEP_LOG_DEBUG("bootstrap", "rank 0: admitted rank %d from %s", h->rank,
                 name);
-  return 0;
+  return MEP_BS_KNOCK_OK;
 }
 
 static void root_reply(mep_bootstrap_t *bs, mep_bs_peer_t *peer, int type) {

@@ -74,7 +74,8 @@
 typedef enum mep_bs_knock_type {
   MEP_BS_KNOCK = 1,       /* joiner -> 0: token + the joiner's worker address */
   MEP_BS_KNOCK_OK = 2,    /* 0 -> joiner: rank 0's worker address */
-  MEP_BS_KNOCK_REFUSE = 3 /* 0 -> joiner: the reason */
+  MEP_BS_KNOCK_REFUSE = 3, /* 0 -> joiner: the reason */
+  MEP_BS_KNOCK_BUSY = 4    /* 0 -> joiner: the reason; knock again */
 } mep_bs_knock_type_t;
 
 /* Gate records: this header, token_len token bytes, body_len body bytes. */
@@ -208,8 +209,10 @@ struct mep_bootstrap {
 
   /* Rank 0's gate: the listening socket while the group forms, then a
    * bound socket that does not listen, so the kernel refuses connections
-   * and hands the port to no one else until destroy (a group of one
-   * never listens). -1 when closed. */
+   * and does not hand the port out as an ephemeral port until destroy
+   * (both set SO_REUSEADDR, so a program that binds the port by number
+   * may still listen on it; a group of one never listens). -1 when
+   * closed. */
   int gate_fd;
   int hold_fd;
   mep_bs_knocker_t *knockers; /* MEP_BS_PENDING_KNOCKS slots */
@@ -315,8 +318,9 @@ ucs_status_t mep_bs_peer_connect(mep_bootstrap_t *bs, mep_bs_peer_t *peer,
 
 /* ---- bootstrap_root.c / bootstrap_join.c ---- */
 moe_ep_status_t mep_bs_root_form(mep_bootstrap_t *bs, int64_t deadline_ms);
-/* The gate's verdict on a whole knock: 0 when admitted (the rank's slot is
- * reserved and rank 0's ep to `addr` created), else 1 with `why`. */
+/* The gate's verdict on a whole knock: MEP_BS_KNOCK_OK when admitted (the
+ * rank's slot is reserved and rank 0's ep to `addr` created), else
+ * MEP_BS_KNOCK_REFUSE or MEP_BS_KNOCK_BUSY with `why`. */
 int mep_bs_root_admit(mep_bootstrap_t *bs, const mep_bs_knock_hdr_t *h,
                       const char *token, const void *addr, const char *name,
                       char *why, size_t why_len);

@@ -251,6 +251,18 @@ moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
   mep_log_thread_level(g->cfg.log_level);
 
   const char *token = getenv(g->cfg.bootstrap_token_env);
+  if (g->world_size > 1 && (token == NULL || token[0] == '\0')) {
+    st = mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                   "rank %d: group_create: the environment variable %s "
+                   "(bootstrap.token_env) is %s; a group of %d ranks admits "
+                   "only processes that present the job token, so set it to "
+                   "one secret shared by every rank (moe_ep_run sets one; "
+                   "moe_ep.deep_ep.Buffer agrees one over its "
+                   "torch.distributed group)",
+                   g->rank, g->cfg.bootstrap_token_env,
+                   token == NULL ? "unset" : "empty", g->world_size);
+    goto out_free_group;
+  }
   mep_bootstrap_params_t bp = {
       .rank = g->rank,
       .world_size = g->world_size,

@@ -1,10 +1,13 @@
 // bootstrap_knocker.cc: an outsider on rank 0's gate (the plain socket at
 // the bootstrap address), written against the record layout only. Modes:
 //   wrong    a well-formed knock as rank 1 with the wrong token
+//   notoken  the same with no token at all
 //   huge     a knock header that announces a 1 GiB worker address
 //   garbage  --bytes of 'x' (not a knock at all)
 //   silent   --conns connections that send half a header and wait
-// Each connection waits for rank 0 to answer or close it. Prints one
+// Each connection waits for rank 0 to answer or close it; with
+// --ready_file, that file is created once rank 0 has closed --ready_closed
+// of them (so a test knows the gate has been busy with the flood). Prints one
 // "KNOCKER mode=... opened=N closed=C refused=R admitted=A reason=..."
 // line: connections opened, closed by rank 0, answered with a refusal or
 // with an admission, and the first refusal's reason.
@@ -35,6 +38,8 @@ struct Opts {
   int conns = 1;
   size_t bytes = 1 << 20;
   int patience_ms = 60000;
+  std::string ready_file;
+  size_t ready_closed = 0;
 };
 
 struct Conn {
@@ -56,6 +61,8 @@ Opts Parse(int argc, char **argv) {
     else if (Flag(argv[i], "--conns", &v)) o.conns = atoi(v.c_str());
     else if (Flag(argv[i], "--bytes", &v)) o.bytes = strtoull(v.c_str(), 0, 10);
     else if (Flag(argv[i], "--patience_ms", &v)) o.patience_ms = atoi(v.c_str());
+    else if (Flag(argv[i], "--ready_file", &v)) o.ready_file = v;
+    else if (Flag(argv[i], "--ready_closed", &v)) o.ready_closed = strtoull(v.c_str(), 0, 10);
     else {
       fprintf(stderr, "bootstrap_knocker: unknown argument %s\n", argv[i]);
       exit(64);
@@ -76,8 +83,8 @@ std::vector<unsigned char> Payload(const Opts &o) {
   std::vector<unsigned char> out;
   if (o.mode == "garbage") return std::vector<unsigned char>(o.bytes, 'x');
   const std::string token = "not-the-job-token";
-  if (o.mode == "wrong") {
-    h.token_len = (uint32_t)token.size();
+  if (o.mode == "wrong" || o.mode == "notoken") {
+    h.token_len = o.mode == "wrong" ? (uint32_t)token.size() : 0;
     h.body_len = 64;  // a made-up worker address
   } else if (o.mode == "huge") {
     h.body_len = 1u << 30;
@@ -86,8 +93,8 @@ std::vector<unsigned char> Payload(const Opts &o) {
   memcpy(out.data(), &h, sizeof(h));
   if (o.mode == "silent") {
     out.resize(sizeof(h) / 2);
-  } else if (o.mode == "wrong") {
-    out.insert(out.end(), token.begin(), token.end());
+  } else if (o.mode == "wrong" || o.mode == "notoken") {
+    out.insert(out.end(), token.begin(), token.begin() + h.token_len);
     out.insert(out.end(), 64, 0x5a);
   }
   return out;
@@ -150,7 +157,13 @@ int main(int argc, char **argv) {
   }
   // Until rank 0 has closed every connection (or patience ends).
   size_t closed = 0;
+  bool ready = o.ready_file.empty();
   while (closed < conns.size() && NowMs() < end) {
+    if (!ready && closed >= o.ready_closed) {
+      FILE *f = fopen(o.ready_file.c_str(), "w");
+      if (f != nullptr) fclose(f);
+      ready = true;
+    }
     std::vector<pollfd> pfds;
     std::vector<Conn *> who;
     for (Conn &c : conns) {

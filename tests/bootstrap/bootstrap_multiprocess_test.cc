@@ -23,6 +23,7 @@ constexpr int kSlackMs = 250;
 // processes share 2 cores. Nothing asserts that a wait lasted at least
 // anything (a late-starting rank may hear rank 0's verdict early).
 constexpr int kLoadMarginMs = 5000;
+constexpr int kStatusInvalidArgument = 1;
 constexpr int kStatusBootstrap = 5;
 constexpr int kStatusPeerFailed = 6;
 
@@ -206,7 +207,6 @@ TEST_P(BootstrapGroup, StrangersAreRefusedAndTheGroupStillForms) {
   };
   const std::vector<Stranger> strangers = {
       {"stranger(wrong token)", w, "not-the-token", "wrong job token"},
-      {"stranger(no token)", w, "", "no job token presented"},
       {"stranger(world size)", w + 1, token, "world size mismatch"},
   };
   for (const Stranger &s : strangers) {
@@ -217,6 +217,15 @@ TEST_P(BootstrapGroup, StrangersAreRefusedAndTheGroupStillForms) {
     EXPECT_EQ(res["status"], "MOE_EP_ERR_BOOTSTRAP") << p->Describe();
     EXPECT_NE(res["msg"].find("refused"), std::string::npos) << p->Describe();
     EXPECT_NE(res["msg"].find(s.reason), std::string::npos) << p->Describe();
+  }
+
+  // A process without a token does not even knock.
+  {
+    auto p = Start(1, w, "form", "", 8000, {}, "stranger(no token)");
+    WaitOne(p.get(), NowMs() + 10000);
+    auto res = p->Result();
+    EXPECT_TRUE(p->Exited(kStatusInvalidArgument)) << p->Describe();
+    EXPECT_NE(res["msg"].find("token is empty"), std::string::npos) << p->Describe();
   }
 
   int first_real = 1;

@@ -6,6 +6,8 @@
 // The real ranks must form and get every collective's values right (the
 // worker checks each byte); rank 0 must turn each outsider away, say so
 // naming it, and stay within its memory bound.
+#include <unistd.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -125,6 +127,7 @@ class StrangerTest : public ::testing::TestWithParam<int> {
 TEST_P(StrangerTest, GateTurnsAwayEveryOutsider) {
   auto rank0 = StartRank(0);
   auto wrong = RunOutsider("bootstrap_knocker", {"--mode=wrong"});
+  auto notoken = RunOutsider("bootstrap_knocker", {"--mode=notoken"});
   auto huge = RunOutsider("bootstrap_knocker", {"--mode=huge"});
   auto garbage = RunOutsider("bootstrap_knocker", {"--mode=garbage"});
   std::vector<std::unique_ptr<Proc>> strangers;
@@ -136,13 +139,17 @@ TEST_P(StrangerTest, GateTurnsAwayEveryOutsider) {
   EXPECT_EQ(ExpectTurnedAway(*wrong), 1);
   EXPECT_NE(wrong->out.find("reason=wrong job token"), std::string::npos)
       << wrong->Describe();
+  EXPECT_EQ(ExpectTurnedAway(*notoken), 1);
+  EXPECT_NE(notoken->out.find("reason=no job token presented (the knock claimed rank 1"),
+            std::string::npos)
+      << notoken->Describe();
   EXPECT_EQ(ExpectTurnedAway(*huge), 1);
   EXPECT_NE(huge->out.find("a 1073741824-byte UCX worker address"),
             std::string::npos)
       << huge->Describe();
   EXPECT_EQ(ExpectTurnedAway(*garbage), 0);
   for (auto &s : strangers) ExpectShutOut(*s);
-  // Rank 0 names each connection it refused and why: the three knockers,
+  // Rank 0 names each connection it refused and why: the four knockers,
   // and per UCX stranger its probe (a connect that waits for the listener)
   // and its UCX connection, whose first bytes are no knock.
   const std::string &log0 = group[0]->err;
@@ -152,7 +159,7 @@ TEST_P(StrangerTest, GateTurnsAwayEveryOutsider) {
     return n;
   };
   EXPECT_EQ(count("rank 0 refused a connection from 127.0.0.1:"),
-            3 + 2 * strangers.size())
+            4 + 2 * strangers.size())
       << group[0]->Describe();
   EXPECT_EQ(count("wrong job token"), 1u) << group[0]->Describe();
   EXPECT_EQ(count("do not start a moe-ep knock"), 1 + strangers.size())
@@ -166,7 +173,19 @@ TEST_P(StrangerTest, GateTurnsAwayEveryOutsider) {
 // memory stays bounded.
 TEST_P(StrangerTest, FloodDuringFormationKeepsRankZeroBounded) {
   auto rank0 = StartRank(0);
-  auto silent = StartOutsider("bootstrap_knocker", {"--mode=silent", "--conns=512"});
+  // The other ranks start once rank 0 has closed 100 of the silent
+  // connections itself (the group cannot form before they start, so those
+  // were the gate's doing, not the kernel's after the gate closed).
+  const std::string ready = ::testing::TempDir() + "/flood_ready_" + std::to_string(World());
+  unlink(ready.c_str());
+  auto silent = StartOutsider("bootstrap_knocker", {"--mode=silent", "--conns=512",
+                                                    "--ready_file=" + ready,
+                                                    "--ready_closed=100"});
+  for (int64_t until = NowMs() + 60000; access(ready.c_str(), F_OK) != 0 && NowMs() < until;) {
+    usleep(20000);
+  }
+  ASSERT_EQ(access(ready.c_str(), F_OK), 0)
+      << "rank 0 did not close 100 silent connections within 60 s";
   std::vector<std::unique_ptr<Proc>> strangers;
   for (const char *proto : {"eager", "rndv"}) {
     strangers.push_back(RunOutsider(

@@ -75,6 +75,16 @@ TEST(BootstrapArgs, OneRanksOwnArgumentsNameTheRank) {
   EXPECT_EQ(mep_bootstrap_create(&p, &bs), MOE_EP_ERR_INVALID_ARGUMENT);
   msg = mep_last_error();
   EXPECT_EQ(msg.rfind("rank 1: bootstrap_create: token is 300 characters", 0), 0u) << msg;
+  // More than one rank: no token, no group (the gate could not tell a rank
+  // from an outsider).
+  for (const char *none : {"", static_cast<const char *>(nullptr)}) {
+    p = Params(1, 2, "127.0.0.1:1");
+    p.token = none;
+    EXPECT_EQ(mep_bootstrap_create(&p, &bs), MOE_EP_ERR_INVALID_ARGUMENT);
+    msg = mep_last_error();
+    EXPECT_EQ(msg.rfind("rank 1: bootstrap_create: token is empty; a group of 2 ranks", 0), 0u)
+        << msg;
+  }
 }
 
 TEST(BootstrapArgs, PortInUseIsBootstrapErrorNamingAddress) {

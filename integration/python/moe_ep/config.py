@@ -74,6 +74,7 @@ class Config:
         self.ranks_per_node = c.ranks_per_node if _abi.has_field(c, "ranks_per_node") else 0
         self.bootstrap_address = c.bootstrap_address.decode()
         self.bootstrap_timeout_ms = c.bootstrap_timeout_ms
+        self.bootstrap_token_env = c.bootstrap_token_env.decode()
         self.kernel_timeout_ms = c.kernel_timeout_ms
         self.log_level = _abi.LOG_LEVELS[c.log_level]
 

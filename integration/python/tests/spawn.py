@@ -72,8 +72,10 @@ def library_path():
                                                             "libmoe_ep.so")
 
 
-def run_ranks(world, worker, args=(), ports=4, timeout=120, extra_path=()):
-    """Runs workers/<worker> on `world` ranks; returns (ok, report) where
+def run_ranks(world, worker, args=(), ports=4, timeout=120, extra_path=(),
+              token="moe-ep-test-job"):
+    """Runs workers/<worker> on `world` ranks with `token` as their job
+    token (None: MOE_EP_JOB_TOKEN unset); returns (ok, report) where
     report holds every rank's exit code and output."""
     port_list = ",".join(str(p) for p in free_ports(ports))
     env = dict(os.environ)
@@ -82,6 +84,9 @@ def run_ranks(world, worker, args=(), ports=4, timeout=120, extra_path=()):
     env["MOE_EP_TEST_PORTS"] = port_list
     env["MOE_EP_WORLD_SIZE"] = str(world)
     env.pop("MOE_EP_BOOTSTRAP_ADDRESS", None)
+    env.pop("MOE_EP_JOB_TOKEN", None)
+    if token is not None:
+        env["MOE_EP_JOB_TOKEN"] = token
     script = os.path.join(HERE, "workers", worker)
     procs = []
     for r in range(world):

@@ -22,6 +22,7 @@ configured `bootstrap.address` serves the Buffer's first group; its second
 group (both modes on one Buffer) takes the next port.
 """
 import os
+import secrets
 import socket
 
 import torch
@@ -172,6 +173,7 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
             # Resolved once: both groups use the same opened library.
             lib = self._library = _library.resolve(self._library)
             config = MoeEpConfig(cfg, lib)
+            self._agree_token(config)
             if second and not agreed and not self._mode_sets_address(mode):
                 # A shared address (moe_ep_config's common keys,
                 # MOE_EP_BOOTSTRAP_ADDRESS or the default) serves the first
@@ -226,6 +228,23 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         everyone = [None] * self.group.size()
         dist.all_gather_object(everyone, mine, group=self.group)
         return everyone[0][0], (None if tokens is None else max(t for _, t in everyone))
+
+    def _agree_token(self, config):
+        """A group of more than one rank admits only processes that present
+        the job token (the variable config.bootstrap_token_env names). Over
+        the Buffer's torch.distributed group, ranks without one take rank
+        0's, drawn at random when rank 0 has none either. One collective;
+        without a torch group whoever starts the ranks sets the variable."""
+        if self.group is None or self.group.size() < 2:
+            return
+        import torch.distributed as dist
+        name = config.bootstrap_token_env
+        mine = os.environ.get(name) or None
+        offer = (mine or secrets.token_hex(16)) if self.group.rank() == 0 else None
+        everyone = [None] * self.group.size()
+        dist.all_gather_object(everyone, offer, group=self.group)
+        if mine is None:
+            os.environ[name] = everyone[0]
 
     def _wants_cuda(self):
         backend = os.environ.get("MOE_EP_BACKEND") or self._user_config.get("backend", "auto")

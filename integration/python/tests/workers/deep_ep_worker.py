@@ -513,7 +513,13 @@ def main():
         fail("EventOverlap release_handle", "-", "the event outlived the with block")
     expect_raises("enable_shrink", NotImplementedError, "enable_shrink",
                   lambda: deep_ep.Buffer(group, enable_shrink=True))
+    token_given = os.environ.get("MOE_EP_JOB_TOKEN")
     low_latency(group)
+    token = os.environ.get("MOE_EP_JOB_TOKEN")
+    if token_given is None and (token is None or len(token) != 32):
+        fail("job token", "-", "the Buffer agreed no 32-character token: %r" % (token,))
+    if token_given is not None and token != token_given:
+        fail("job token", "-", "the Buffer replaced the given token")
     normal(group)
     auto_mode(group)
     first_batches_differ(group)
