@@ -1,7 +1,8 @@
 /* bootstrap_gate.c: rank 0's gate, a plain TCP socket on the bootstrap
- * address that stands in front of UCX. It reads each connection's knock
- * into a fixed slot, has bootstrap_root.c judge a whole one, answers with
- * the verdict and closes. Nothing a connection sends is allocated for: an
+ * address that stands in front of UCX. It sends each connection a
+ * challenge, reads its knock into a fixed slot, checks the knock's proof of
+ * the job token, has bootstrap_root.c judge the rest, answers with the
+ * verdict (proven in turn) and closes. Nothing a connection sends is allocated for: an
  * outsider gets at most one of MEP_BS_PENDING_KNOCKS slots for at most
  * MEP_BS_KNOCK_WAIT_MS, and never reaches UCX. */
 #define _GNU_SOURCE
@@ -15,6 +16,7 @@
 
 #include "runtime/bootstrap_types.h"
 #include "runtime/error.h"
+#include "runtime/hmac.h"
 #include "runtime/log.h"
 
 /* Counts a connection rank 0 turned away; logs the first few at WARN (a
@@ -41,41 +43,51 @@ static void knocker_close(mep_bs_knocker_t *k) {
 
 /* Sends one record without waiting: a fresh connection's send buffer
  * takes a few KiB at once, and a peer that does not read gets nothing. */
-static int gate_send(mep_bs_knocker_t *k, int type, const void *body,
-                     size_t len) {
-  unsigned char rec[sizeof(mep_bs_knock_hdr_t) + MEP_BS_ADDR_MAX];
+static int gate_send(mep_bs_knocker_t *k, const mep_bs_knock_hdr_t *h,
+                     const void *proof, const void *body) {
+  unsigned char rec[sizeof(mep_bs_knock_hdr_t) + MEP_BS_PROOF_BYTES +
+                    MEP_BS_ADDR_MAX];
+  memcpy(rec, h, sizeof(*h));
+  memcpy(rec + sizeof(*h), proof, h->proof_len);
+  memcpy(rec + sizeof(*h) + h->proof_len, body, h->body_len);
+  return mep_bs_fd_write(k->fd, rec, sizeof(*h) + h->proof_len + h->body_len,
+                         mep_bs_now_ms());
+}
+
+/* A verdict that carries a reason (REFUSE or BUSY). */
+static void gate_send_reason(mep_bs_knocker_t *k, int type, const char *why) {
   mep_bs_knock_hdr_t h;
-  mep_bs_knock_hdr_init(&h, type, 0, 0, 0, len);
-  memcpy(rec, &h, sizeof(h));
-  memcpy(rec + sizeof(h), body, len);
-  return mep_bs_fd_write(k->fd, rec, sizeof(h) + len, mep_bs_now_ms());
+  mep_bs_knock_hdr_init(&h, type, 0, 0, 0, strnlen(why, MEP_BS_REASON_MAX - 1));
+  (void)gate_send(k, &h, NULL, why);
 }
 
 static void gate_refuse(mep_bootstrap_t *bs, mep_bs_knocker_t *k,
                         const char *why) {
   gate_log(bs, k, "%s", why);
-  size_t len = strnlen(why, MEP_BS_REASON_MAX - 1);
-  (void)gate_send(k, MEP_BS_KNOCK_REFUSE, why, len);
+  gate_send_reason(k, MEP_BS_KNOCK_REFUSE, why);
   knocker_close(k);
 }
 
-/* A whole knock is in k->buf. */
+/* A whole knock is in k->buf: proof, then the joiner's nonce and worker
+ * address. */
 static void gate_answer(mep_bootstrap_t *bs, mep_bs_knocker_t *k) {
   mep_bs_knock_hdr_t h;
   memcpy(&h, k->buf, sizeof(h));
-  char token[MEP_BS_TOKEN_MAX];
-  memcpy(token, k->buf + sizeof(h), h.token_len);
-  token[h.token_len] = '\0';
-  const void *addr = k->buf + sizeof(h) + h.token_len;
+  const uint8_t *proof = k->buf + sizeof(h);
+  const uint8_t *theirs = proof + MEP_BS_PROOF_BYTES;
+  const uint8_t *addr = theirs + MEP_BS_NONCE_BYTES;
+  const size_t addr_len = h.body_len - MEP_BS_NONCE_BYTES;
   char why[MEP_BS_REASON_MAX];
-  if (memchr(token, '\0', h.token_len) != NULL) {
+  uint8_t want[MEP_BS_PROOF_BYTES];
+  mep_bs_proof(bs, MEP_BS_PROOF_KNOCK, k->nonce, theirs, &h, theirs, want);
+  if (!mep_bytes_equal(proof, want, sizeof(want))) {
     snprintf(why, sizeof(why),
              "wrong job token (the knock claimed rank %d of %d)", h.rank,
              h.world_size);
     gate_refuse(bs, k, why);
     return;
   }
-  int verdict = mep_bs_root_admit(bs, &h, token, addr, k->name, why,
+  int verdict = mep_bs_root_admit(bs, &h, addr, addr_len, k->name, why,
                                   sizeof(why));
   if (verdict == MEP_BS_KNOCK_REFUSE) {
     gate_refuse(bs, k, why);
@@ -83,12 +95,19 @@ static void gate_answer(mep_bootstrap_t *bs, mep_bs_knocker_t *k) {
   }
   if (verdict == MEP_BS_KNOCK_BUSY) {
     MEP_LOG_DEBUG("bootstrap", "rank 0: %s: %s", k->name, why);
-    (void)gate_send(k, MEP_BS_KNOCK_BUSY, why, strnlen(why, sizeof(why) - 1));
-  } else if (gate_send(k, MEP_BS_KNOCK_OK, bs->self_addr,
-                       bs->self_addr_len) != 0) {
-    /* The joiner knocks again and keeps its slot. */
-    MEP_LOG_DEBUG("bootstrap", "rank 0: the verdict to %s was not sent",
-                  k->name);
+    gate_send_reason(k, MEP_BS_KNOCK_BUSY, why);
+  } else {
+    mep_bs_knock_hdr_t ok;
+    mep_bs_knock_hdr_init(&ok, MEP_BS_KNOCK_OK, 0, bs->world_size,
+                          MEP_BS_PROOF_BYTES, bs->self_addr_len);
+    uint8_t mine[MEP_BS_PROOF_BYTES];
+    mep_bs_proof(bs, MEP_BS_PROOF_VERDICT, theirs, k->nonce, &ok,
+                 bs->self_addr, mine);
+    if (gate_send(k, &ok, mine, bs->self_addr) != 0) {
+      /* The joiner knocks again and keeps its slot. */
+      MEP_LOG_DEBUG("bootstrap", "rank 0: the verdict to %s was not sent",
+                    k->name);
+    }
   }
   knocker_close(k);
 }
@@ -112,13 +131,19 @@ static int gate_check_hdr(mep_bootstrap_t *bs, mep_bs_knocker_t *k) {
              "protocol version %u record type %u, rank 0 speaks version %u "
              "and expects a knock",
              h.version, h.type, MEP_BS_VERSION);
-  } else if (h.token_len >= MEP_BS_TOKEN_MAX) {
-    snprintf(why, sizeof(why), "a %u-byte job token; at most %d bytes",
-             h.token_len, MEP_BS_TOKEN_MAX - 1);
-  } else if (h.body_len == 0 || h.body_len > MEP_BS_ADDR_MAX) {
+  } else if (h.proof_len == 0) {
     snprintf(why, sizeof(why),
-             "a %u-byte UCX worker address; 1..%d bytes allowed", h.body_len,
-             MEP_BS_ADDR_MAX);
+             "no job token presented (the knock claimed rank %d of %d)",
+             h.rank, h.world_size);
+  } else if (h.proof_len != MEP_BS_PROOF_BYTES) {
+    snprintf(why, sizeof(why), "a %u-byte proof of the job token; a proof "
+             "is %d bytes", h.proof_len, MEP_BS_PROOF_BYTES);
+  } else if (h.body_len <= MEP_BS_NONCE_BYTES ||
+             h.body_len > MEP_BS_NONCE_BYTES + MEP_BS_ADDR_MAX) {
+    snprintf(why, sizeof(why),
+             "a %u-byte knock body (a %d-byte nonce and a UCX worker "
+             "address of 1..%d bytes)",
+             h.body_len, MEP_BS_NONCE_BYTES, MEP_BS_ADDR_MAX);
   } else {
     return 0;
   }
@@ -134,7 +159,7 @@ static void gate_read(mep_bootstrap_t *bs, mep_bs_knocker_t *k) {
     if (k->got >= hdr) {
       mep_bs_knock_hdr_t h;
       memcpy(&h, k->buf, sizeof(h));
-      need = hdr + h.token_len + h.body_len;
+      need = hdr + h.proof_len + h.body_len;
     }
     if (k->got == need) {
       gate_answer(bs, k);
@@ -193,6 +218,15 @@ static void gate_accept(mep_bootstrap_t *bs) {
     slot->got = 0;
     slot->accepted_ms = mep_bs_now_ms();
     mep_bs_addr_name(&from, slot->name, sizeof(slot->name));
+    /* The challenge, at once: the knock must answer this nonce. */
+    mep_bs_knock_hdr_t h;
+    mep_bs_knock_hdr_init(&h, MEP_BS_CHALLENGE, 0, bs->world_size, 0,
+                          MEP_BS_NONCE_BYTES);
+    if (mep_bs_nonce(slot->nonce) != 0 ||
+        gate_send(slot, &h, NULL, slot->nonce) != 0) {
+      gate_log(bs, slot, "its challenge could not be made or sent");
+      knocker_close(slot);
+    }
   }
 }
 

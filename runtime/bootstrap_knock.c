@@ -1,32 +1,57 @@
-/* bootstrap_knock.c: the gate's records on the wire and a joiner's knock:
- * connect to rank 0's bootstrap address, present rank, world size, job
- * token and this worker's UCX address, and read rank 0's verdict. Every
- * step is bounded by the caller's deadline and by the record sizes. */
+/* bootstrap_knock.c: the gate's records on the wire, their proofs, and a
+ * joiner's knock: connect to rank 0's bootstrap address, take its
+ * challenge, present rank, world size and this worker's UCX address with a
+ * proof of the job token, and read (and check) rank 0's verdict. Every step
+ * is bounded by the caller's deadline and by the record sizes. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "runtime/bootstrap_types.h"
+#include "runtime/hmac.h"
 
-/* One attempt (connect, knock, verdict) takes this long at most: rank 0
- * answers or closes within MEP_BS_KNOCK_WAIT_MS of reading, so a longer
- * silence is a busy gate or not rank 0, and the next attempt starts over. */
+/* One attempt (connect, challenge, knock, verdict) takes this long at
+ * most: rank 0 answers or closes within MEP_BS_KNOCK_WAIT_MS of reading,
+ * so a longer silence is a busy gate or not rank 0, and the next attempt
+ * starts over. */
 #define KNOCK_ANSWER_MS 10000
 
 void mep_bs_knock_hdr_init(mep_bs_knock_hdr_t *h, int type, int rank,
-                           int world_size, size_t token_len, size_t body_len) {
+                           int world_size, size_t proof_len, size_t body_len) {
   memset(h, 0, sizeof(*h));
   h->magic = MEP_BS_KNOCK_MAGIC;
   h->version = MEP_BS_VERSION;
   h->type = (uint16_t)type;
   h->rank = rank;
   h->world_size = world_size;
-  h->token_len = (uint32_t)token_len;
+  h->proof_len = (uint32_t)proof_len;
   h->body_len = (uint32_t)body_len;
+}
+
+int mep_bs_nonce(uint8_t out[MEP_BS_NONCE_BYTES]) {
+  size_t got = 0;
+  while (got < MEP_BS_NONCE_BYTES) {
+    ssize_t n = getrandom(out + got, MEP_BS_NONCE_BYTES - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return -1;
+    got += (size_t)n;
+  }
+  return 0;
+}
+
+void mep_bs_proof(const mep_bootstrap_t *bs, const char *label,
+                  const uint8_t *a, const uint8_t *b,
+                  const mep_bs_knock_hdr_t *h, const void *body,
+                  uint8_t out[MEP_BS_PROOF_BYTES]) {
+  const void *parts[5] = {label, a, b, h, body};
+  const size_t lens[5] = {strlen(label) + 1, MEP_BS_NONCE_BYTES,
+                          MEP_BS_NONCE_BYTES, sizeof(*h), h->body_len};
+  mep_hmac_sha256(bs->token, strlen(bs->token), 5, parts, lens, out);
 }
 
 static int fd_wait(int fd, short events, int64_t deadline_ms) {
@@ -73,11 +98,11 @@ static int fd_read(int fd, void *buf, size_t len, int64_t deadline_ms,
       return -1;
     }
     if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      snprintf(why, why_len, "reading rank 0's verdict: %s", strerror(errno));
+      snprintf(why, why_len, "reading rank 0's answer: %s", strerror(errno));
       return -1;
     }
     if (mep_bs_now_ms() >= deadline_ms) {
-      snprintf(why, why_len, "no verdict from rank 0");
+      snprintf(why, why_len, "no answer from rank 0");
       return -1;
     }
     (void)fd_wait(fd, POLLIN, deadline_ms);
@@ -115,40 +140,85 @@ static int knock_connect(const mep_bootstrap_t *bs, int64_t deadline_ms,
   return -1;
 }
 
-/* Reads and checks the verdict record. */
+/* Reads a record header and checks it is a moe-ep gate record of one of
+ * the types allowed here; 0, or -1 with `why`. */
+static int knock_read_hdr(const mep_bootstrap_t *bs, int fd,
+                          int64_t deadline_ms, mep_bs_knock_hdr_t *h,
+                          char *why, size_t why_len) {
+  if (fd_read(fd, h, sizeof(*h), deadline_ms, why, why_len) != 0) return -1;
+  if (h->magic == MEP_BS_KNOCK_MAGIC && h->version == MEP_BS_VERSION) return 0;
+  /* Some other program on the port, or another protocol version. */
+  snprintf(why, why_len,
+           "the answer at %s is not a moe-ep gate of version %u (magic "
+           "0x%x, version %u)",
+           bs->address, MEP_BS_VERSION, h->magic, h->version);
+  return -1;
+}
+
+/* Reads and checks the verdict on the knock sent with nonce `mine` after
+ * challenge `theirs`. */
 static int knock_verdict(const mep_bootstrap_t *bs, int fd,
-                         int64_t deadline_ms, void *addr, size_t *addr_len,
+                         int64_t deadline_ms, const uint8_t *mine,
+                         const uint8_t *theirs, void *addr, size_t *addr_len,
                          char *why, size_t why_len) {
   mep_bs_knock_hdr_t h;
-  if (fd_read(fd, &h, sizeof(h), deadline_ms, why, why_len) != 0) {
+  if (knock_read_hdr(bs, fd, deadline_ms, &h, why, why_len) != 0) {
     return MEP_BS_KNOCK_RETRY;
   }
-  /* REFUSE and BUSY carry a reason, OK rank 0's worker address. */
+  /* REFUSE and BUSY carry a reason, OK a proof and rank 0's address. */
   int refuse = h.type == MEP_BS_KNOCK_REFUSE || h.type == MEP_BS_KNOCK_BUSY;
-  size_t max = refuse ? MEP_BS_REASON_MAX - 1 : MEP_BS_ADDR_MAX;
-  if (h.magic != MEP_BS_KNOCK_MAGIC || h.version != MEP_BS_VERSION ||
-      (h.type != MEP_BS_KNOCK_OK && !refuse) || h.token_len != 0 ||
-      h.body_len > max || (!refuse && h.body_len == 0)) {
-    /* Some other program on the port, or another protocol version. */
+  int ok = h.type == MEP_BS_KNOCK_OK;
+  if ((!refuse && !ok) || (refuse && (h.proof_len != 0 ||
+                                      h.body_len > MEP_BS_REASON_MAX - 1)) ||
+      (ok && (h.proof_len != MEP_BS_PROOF_BYTES || h.body_len == 0 ||
+              h.body_len > MEP_BS_ADDR_MAX))) {
     snprintf(why, why_len,
-             "the answer at %s is not a moe-ep verdict of version %u (magic "
-             "0x%x, version %u, type %u, %u bytes)",
-             bs->address, MEP_BS_VERSION, h.magic, h.version, h.type,
-             h.body_len);
-    return MEP_BS_KNOCK_RETRY;
-  }
-  char reason[MEP_BS_REASON_MAX];
-  void *body = refuse ? (void *)reason : addr;
-  if (fd_read(fd, body, h.body_len, deadline_ms, why, why_len) != 0) {
+             "the answer at %s is not a verdict (type %u, %u + %u bytes)",
+             bs->address, h.type, h.proof_len, h.body_len);
     return MEP_BS_KNOCK_RETRY;
   }
   if (refuse) {
+    char reason[MEP_BS_REASON_MAX];
+    if (fd_read(fd, reason, h.body_len, deadline_ms, why, why_len) != 0) {
+      return MEP_BS_KNOCK_RETRY;
+    }
     reason[h.body_len] = '\0';
     snprintf(why, why_len, "%s", reason);
-    return h.type == MEP_BS_KNOCK_BUSY ? MEP_BS_KNOCK_RETRY : MEP_BS_KNOCK_REFUSED;
+    return h.type == MEP_BS_KNOCK_BUSY ? MEP_BS_KNOCK_RETRY
+                                       : MEP_BS_KNOCK_REFUSED;
+  }
+  uint8_t proof[MEP_BS_PROOF_BYTES], want[MEP_BS_PROOF_BYTES];
+  if (fd_read(fd, proof, sizeof(proof), deadline_ms, why, why_len) != 0 ||
+      fd_read(fd, addr, h.body_len, deadline_ms, why, why_len) != 0) {
+    return MEP_BS_KNOCK_RETRY;
+  }
+  mep_bs_proof(bs, MEP_BS_PROOF_VERDICT, mine, theirs, &h, addr, want);
+  if (!mep_bytes_equal(proof, want, sizeof(want))) {
+    snprintf(why, why_len,
+             "the answer at %s did not prove it holds the job token (a "
+             "process other than this group's rank 0, or another token)",
+             bs->address);
+    return MEP_BS_KNOCK_RETRY;
   }
   *addr_len = h.body_len;
   return MEP_BS_KNOCK_ADMITTED;
+}
+
+/* Takes the gate's challenge; 0, or -1 with `why`. */
+static int knock_challenge(const mep_bootstrap_t *bs, int fd,
+                           int64_t deadline_ms, uint8_t *theirs, char *why,
+                           size_t why_len) {
+  mep_bs_knock_hdr_t h;
+  if (knock_read_hdr(bs, fd, deadline_ms, &h, why, why_len) != 0) return -1;
+  if (h.type != MEP_BS_CHALLENGE || h.proof_len != 0 ||
+      h.body_len != MEP_BS_NONCE_BYTES) {
+    snprintf(why, why_len,
+             "the gate at %s did not open with a challenge (type %u, %u + "
+             "%u bytes)",
+             bs->address, h.type, h.proof_len, h.body_len);
+    return -1;
+  }
+  return fd_read(fd, theirs, MEP_BS_NONCE_BYTES, deadline_ms, why, why_len);
 }
 
 int mep_bs_knock(mep_bootstrap_t *bs, int64_t deadline_ms, void *addr,
@@ -157,20 +227,28 @@ int mep_bs_knock(mep_bootstrap_t *bs, int64_t deadline_ms, void *addr,
   if (answer_by > deadline_ms) answer_by = deadline_ms;
   int fd = knock_connect(bs, answer_by, why, why_len);
   if (fd < 0) return MEP_BS_KNOCK_RETRY;
-  size_t token_len = strlen(bs->token);
+  int r = MEP_BS_KNOCK_RETRY;
+  uint8_t theirs[MEP_BS_NONCE_BYTES];
   unsigned char rec[MEP_BS_KNOCK_MAX];
   mep_bs_knock_hdr_t h;
-  mep_bs_knock_hdr_init(&h, MEP_BS_KNOCK, bs->rank, bs->world_size, token_len,
-                        bs->self_addr_len);
-  memcpy(rec, &h, sizeof(h));
-  memcpy(rec + sizeof(h), bs->token, token_len);
-  memcpy(rec + sizeof(h) + token_len, bs->self_addr, bs->self_addr_len);
-  size_t len = sizeof(h) + token_len + bs->self_addr_len;
-  int r = MEP_BS_KNOCK_RETRY;
-  if (mep_bs_fd_write(fd, rec, len, answer_by) != 0) {
-    snprintf(why, why_len, "rank 0 did not take the knock");
+  const size_t hdr = sizeof(h), body = MEP_BS_NONCE_BYTES + bs->self_addr_len;
+  mep_bs_knock_hdr_init(&h, MEP_BS_KNOCK, bs->rank, bs->world_size,
+                        MEP_BS_PROOF_BYTES, body);
+  uint8_t *mine = rec + hdr + MEP_BS_PROOF_BYTES;
+  if (knock_challenge(bs, fd, answer_by, theirs, why, why_len) != 0) {
+    /* why says */
+  } else if (mep_bs_nonce(mine) != 0) {
+    snprintf(why, why_len, "getrandom: %s", strerror(errno));
   } else {
-    r = knock_verdict(bs, fd, answer_by, addr, addr_len, why, why_len);
+    memcpy(rec, &h, hdr);
+    memcpy(mine + MEP_BS_NONCE_BYTES, bs->self_addr, bs->self_addr_len);
+    mep_bs_proof(bs, MEP_BS_PROOF_KNOCK, theirs, mine, &h, mine, rec + hdr);
+    if (mep_bs_fd_write(fd, rec, hdr + MEP_BS_PROOF_BYTES + body, answer_by) != 0) {
+      snprintf(why, why_len, "rank 0 did not take the knock");
+    } else {
+      r = knock_verdict(bs, fd, answer_by, mine, theirs, addr, addr_len, why,
+                        why_len);
+    }
   }
   close(fd);
   return r;

@@ -1,7 +1,7 @@
 /* bootstrap_root.c: rank 0's side of forming the group: judging each knock
- * the gate reads (rank, world size, token, the rank's slot), connecting to
- * an admitted rank's worker, taking its HELLO, and telling everyone the
- * group formed (or why it did not). */
+ * whose proof the gate checked (rank, world size, the rank's slot),
+ * connecting to an admitted rank's worker, taking its HELLO, and telling
+ * everyone the group formed (or why it did not). */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,19 +11,11 @@
 #include "runtime/error.h"
 #include "runtime/log.h"
 
-/* Constant time, so a stranger cannot learn the token byte by byte. */
-static int token_equal(const char *a, size_t alen, const char *b, size_t blen) {
-  unsigned char diff = (unsigned char)(alen != blen);
-  size_t n = alen < blen ? alen : blen;
-  for (size_t i = 0; i < n; i++) diff |= (unsigned char)(a[i] ^ b[i]);
-  return diff == 0;
-}
-
-/* Returns 1 and fills `why` when the knock must be refused. A group of
- * more than one rank always has a token (bootstrap.c). */
+/* Returns 1 and fills `why` when a proven knock must still be refused:
+ * a member of the job with the wrong group shape. */
 static int root_check_knock(const mep_bootstrap_t *bs,
-                            const mep_bs_knock_hdr_t *h, const char *token,
-                            char *why, size_t why_len) {
+                            const mep_bs_knock_hdr_t *h, char *why,
+                            size_t why_len) {
   if (h->world_size != bs->world_size) {
     snprintf(why, why_len,
              "world size mismatch: rank %d says world_size %d, rank 0 has %d",
@@ -31,13 +23,6 @@ static int root_check_knock(const mep_bootstrap_t *bs,
   } else if (h->rank < 1 || h->rank >= bs->world_size) {
     snprintf(why, why_len, "rank %d is outside 1..%d", h->rank,
              bs->world_size - 1);
-  } else if (h->token_len == 0) {
-    snprintf(why, why_len,
-             "no job token presented (the knock claimed rank %d of %d)",
-             h->rank, h->world_size);
-  } else if (!token_equal(token, h->token_len, bs->token, strlen(bs->token))) {
-    snprintf(why, why_len, "wrong job token (the knock claimed rank %d of %d)",
-             h->rank, h->world_size);
   } else {
     return 0;
   }
@@ -62,12 +47,12 @@ static mep_bs_peer_t *root_peer_by_addr(mep_bootstrap_t *bs, const void *addr,
  * never given up. */
 static int root_slot_taken(mep_bootstrap_t *bs, mep_bs_peer_t *p,
                            const mep_bs_knock_hdr_t *h, const void *addr,
-                           char *why, size_t why_len) {
+                           size_t addr_len, char *why, size_t why_len) {
   if (p->state == MEP_BS_PEER_JOINED) {
     snprintf(why, why_len, "rank %d already joined", h->rank);
     return MEP_BS_KNOCK_REFUSE;
   }
-  if (p->ep != NULL && p->addr_len == h->body_len &&
+  if (p->ep != NULL && p->addr_len == addr_len &&
       memcmp(p->addr, addr, p->addr_len) == 0) {
     return MEP_BS_KNOCK_OK;
   }
@@ -89,24 +74,24 @@ static int root_slot_taken(mep_bootstrap_t *bs, mep_bs_peer_t *p,
 }
 
 int mep_bs_root_admit(mep_bootstrap_t *bs, const mep_bs_knock_hdr_t *h,
-                      const char *token, const void *addr, const char *name,
+                      const void *addr, size_t addr_len, const char *name,
                       char *why, size_t why_len) {
-  if (root_check_knock(bs, h, token, why, why_len)) return MEP_BS_KNOCK_REFUSE;
+  if (root_check_knock(bs, h, why, why_len)) return MEP_BS_KNOCK_REFUSE;
   mep_bs_peer_t *held = bs->by_rank[h->rank];
   if (held != NULL) {
-    int r = root_slot_taken(bs, held, h, addr, why, why_len);
+    int r = root_slot_taken(bs, held, h, addr, addr_len, why, why_len);
     if (r >= 0) return r;
   }
   /* UCX pairs one ep per side; a second one from rank 0 to a worker whose
    * first connection failed would never pair with the joiner's. */
-  if (root_peer_by_addr(bs, addr, h->body_len, NULL) != NULL) {
+  if (root_peer_by_addr(bs, addr, addr_len, NULL) != NULL) {
     snprintf(why, why_len,
              "rank %d's process already had a connection to rank 0 that "
              "failed; restart that rank",
              h->rank);
     return MEP_BS_KNOCK_REFUSE;
   }
-  void *copy = malloc(h->body_len);
+  void *copy = malloc(addr_len);
   mep_bs_peer_t *peer = copy != NULL ? mep_bs_peer_new(bs) : NULL;
   if (peer == NULL) {
     free(copy);
@@ -125,9 +110,9 @@ int mep_bs_root_admit(mep_bootstrap_t *bs, const mep_bs_knock_hdr_t *h,
              h->rank, ucs_status_string(st));
     return MEP_BS_KNOCK_REFUSE;
   }
-  memcpy(copy, addr, h->body_len);
+  memcpy(copy, addr, addr_len);
   peer->addr = copy;
-  peer->addr_len = h->body_len;
+  peer->addr_len = addr_len;
   snprintf(peer->name, sizeof(peer->name), "%s", name);
   peer->rank = h->rank;
   peer->reserved_ms = mep_bs_now_ms();

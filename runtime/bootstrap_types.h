@@ -16,7 +16,7 @@
 /* The one active-message id the bootstrap registers on its worker. */
 #define MEP_BS_AM_ID 63u
 #define MEP_BS_MAGIC 0x4d455042u /* "MEPB" */
-#define MEP_BS_VERSION 1u
+#define MEP_BS_VERSION 2u
 /* Bounds the wire fields the handshake carries. */
 #define MEP_BS_TOKEN_MAX 256
 #define MEP_BS_REASON_MAX 512
@@ -50,12 +50,16 @@
  * at the 1024-rank maximum about 64 MiB. */
 
 /* The gate (bootstrap_gate.c). Rank 0's bootstrap address is a plain TCP
- * socket, not UCX: a joiner presents a knock (rank, world size, job token,
- * its UCX worker address) and gets a verdict (rank 0's worker address, or
- * the reason for a refusal) on it; only then do the two UCX workers connect,
- * by worker address. Rank 0 reads at most this many unanswered connections
- * at a time, each into a fixed buffer of MEP_BS_KNOCK_MAX bytes, and closes
- * one that has not sent a whole knock within MEP_BS_KNOCK_WAIT_MS (a real
+ * socket, not UCX. Rank 0 opens each connection with a challenge (a fresh
+ * random nonce); the joiner answers with a knock: rank, world size, a nonce
+ * of its own, its UCX worker address, and a proof, the HMAC-SHA-256 under
+ * the job token of the challenge and all of that. Rank 0's verdict is its
+ * own worker address with a proof over both nonces (so the joiner knows it
+ * reached the real rank 0), or the reason for a refusal. Only then do the
+ * two UCX workers connect, by worker address; the token never crosses the
+ * network. Rank 0 reads at most this many unanswered connections at a
+ * time, each into a fixed buffer of MEP_BS_KNOCK_MAX bytes, and closes one
+ * that has not sent a whole knock within MEP_BS_KNOCK_WAIT_MS (a real
  * joiner writes it at once); past the bound the oldest is closed. Together
  * about 550 KiB, whatever outsiders send. */
 #define MEP_BS_PENDING_KNOCKS 64
@@ -63,6 +67,8 @@
 /* A UCX worker address: twice the host backend's 4096-byte slot, since a
  * bootstrap worker on a node with many NICs and GPUs lists them all. */
 #define MEP_BS_ADDR_MAX 8192
+#define MEP_BS_NONCE_BYTES 32
+#define MEP_BS_PROOF_BYTES 32 /* MEP_SHA256_BYTES */
 /* A slot reserved for a rank by an admitted knock whose HELLO has not come
  * is kept from a different process claiming the same rank for this long. */
 #define MEP_BS_RESERVE_MS 5000
@@ -72,25 +78,27 @@
 #define MEP_BS_KNOCK_MAGIC 0x4d45504bu /* "MEPK" */
 
 typedef enum mep_bs_knock_type {
-  MEP_BS_KNOCK = 1,       /* joiner -> 0: token + the joiner's worker address */
-  MEP_BS_KNOCK_OK = 2,    /* 0 -> joiner: rank 0's worker address */
-  MEP_BS_KNOCK_REFUSE = 3, /* 0 -> joiner: the reason */
-  MEP_BS_KNOCK_BUSY = 4    /* 0 -> joiner: the reason; knock again */
+  MEP_BS_CHALLENGE = 1,    /* 0 -> joiner: nonce */
+  MEP_BS_KNOCK = 2,        /* joiner -> 0: proof; nonce + worker address */
+  MEP_BS_KNOCK_OK = 3,     /* 0 -> joiner: proof; rank 0's worker address */
+  MEP_BS_KNOCK_REFUSE = 4, /* 0 -> joiner: the reason */
+  MEP_BS_KNOCK_BUSY = 5    /* 0 -> joiner: the reason; knock again */
 } mep_bs_knock_type_t;
 
-/* Gate records: this header, token_len token bytes, body_len body bytes. */
+/* Gate records: this header, proof_len proof bytes, body_len body bytes. */
 typedef struct mep_bs_knock_hdr {
   uint32_t magic;
   uint16_t version;
   uint16_t type; /* mep_bs_knock_type_t */
   int32_t rank;
   int32_t world_size;
-  uint32_t token_len;
+  uint32_t proof_len;
   uint32_t body_len;
 } mep_bs_knock_hdr_t;
 
-#define MEP_BS_KNOCK_MAX \
-  (sizeof(mep_bs_knock_hdr_t) + MEP_BS_TOKEN_MAX + MEP_BS_ADDR_MAX)
+#define MEP_BS_KNOCK_MAX                                                \
+  (sizeof(mep_bs_knock_hdr_t) + MEP_BS_PROOF_BYTES + MEP_BS_NONCE_BYTES + \
+   MEP_BS_ADDR_MAX)
 
 /* One gate connection rank 0 is reading a knock from. */
 typedef struct mep_bs_knocker {
@@ -98,6 +106,7 @@ typedef struct mep_bs_knocker {
   int64_t accepted_ms;
   size_t got;
   char name[64]; /* "127.0.0.1:40312" */
+  uint8_t nonce[MEP_BS_NONCE_BYTES]; /* the challenge it was sent */
   unsigned char buf[MEP_BS_KNOCK_MAX];
 } mep_bs_knocker_t;
 
@@ -257,15 +266,25 @@ void mep_bs_gate_close(mep_bootstrap_t *bs, int hold);
 /* ---- bootstrap_knock.c ---- */
 /* Fills a gate record's header. */
 void mep_bs_knock_hdr_init(mep_bs_knock_hdr_t *h, int type, int rank,
-                           int world_size, size_t token_len, size_t body_len);
+                           int world_size, size_t proof_len, size_t body_len);
 /* Writes all of buf to a non-blocking socket by the deadline; 0 or -1. */
 int mep_bs_fd_write(int fd, const void *buf, size_t len, int64_t deadline_ms);
+/* A fresh random nonce; 0, or -1 when the kernel gives none. */
+int mep_bs_nonce(uint8_t out[MEP_BS_NONCE_BYTES]);
+/* The proof of a gate record: HMAC-SHA-256 under the job token of `label`,
+ * nonces a and b, the record's header and its body. */
+void mep_bs_proof(const mep_bootstrap_t *bs, const char *label,
+                  const uint8_t *a, const uint8_t *b,
+                  const mep_bs_knock_hdr_t *h, const void *body,
+                  uint8_t out[MEP_BS_PROOF_BYTES]);
+#define MEP_BS_PROOF_KNOCK "moe-ep knock"
+#define MEP_BS_PROOF_VERDICT "moe-ep verdict"
 enum { MEP_BS_KNOCK_RETRY = 0, MEP_BS_KNOCK_ADMITTED = 1,
        MEP_BS_KNOCK_REFUSED = 2 };
-/* A joiner's knock: connects to the gate, presents rank, world size, token
- * and this worker's address, and reads the verdict. ADMITTED fills
- * addr/addr_len (rank 0's worker address, addr holds MEP_BS_ADDR_MAX);
- * REFUSED and RETRY fill `why`. */
+/* A joiner's knock: connects to the gate, takes its challenge, presents
+ * rank, world size and this worker's address with the proof, and reads
+ * the verdict. ADMITTED fills addr/addr_len (rank 0's worker address,
+ * proven; addr holds MEP_BS_ADDR_MAX); REFUSED and RETRY fill `why`. */
 int mep_bs_knock(mep_bootstrap_t *bs, int64_t deadline_ms, void *addr,
                  size_t *addr_len, char *why, size_t why_len);
 
@@ -318,11 +337,11 @@ ucs_status_t mep_bs_peer_connect(mep_bootstrap_t *bs, mep_bs_peer_t *peer,
 
 /* ---- bootstrap_root.c / bootstrap_join.c ---- */
 moe_ep_status_t mep_bs_root_form(mep_bootstrap_t *bs, int64_t deadline_ms);
-/* The gate's verdict on a whole knock: MEP_BS_KNOCK_OK when admitted (the
- * rank's slot is reserved and rank 0's ep to `addr` created), else
- * MEP_BS_KNOCK_REFUSE or MEP_BS_KNOCK_BUSY with `why`. */
+/* The gate's verdict on a knock whose proof checked out: MEP_BS_KNOCK_OK
+ * when admitted (the rank's slot is reserved and rank 0's ep to `addr`
+ * created), else MEP_BS_KNOCK_REFUSE or MEP_BS_KNOCK_BUSY with `why`. */
 int mep_bs_root_admit(mep_bootstrap_t *bs, const mep_bs_knock_hdr_t *h,
-                      const char *token, const void *addr, const char *name,
+                      const void *addr, size_t addr_len, const char *name,
                       char *why, size_t why_len);
 moe_ep_status_t mep_bs_join(mep_bootstrap_t *bs, int64_t start_ms);
 /* Rank 0: tells every live joined rank the group is dead, briefly waiting

@@ -71,8 +71,10 @@ Opts Parse(int argc, char **argv) {
   return o;
 }
 
-// The bytes this mode sends on each connection.
+// The bytes this mode sends on each connection. A knock need not wait for
+// the gate's challenge: its proof is wrong (or absent) either way.
 std::vector<unsigned char> Payload(const Opts &o) {
+  if (o.mode == "garbage") return std::vector<unsigned char>(o.bytes, 'x');
   mep_bs_knock_hdr_t h;
   memset(&h, 0, sizeof(h));
   h.magic = MEP_BS_KNOCK_MAGIC;
@@ -80,24 +82,46 @@ std::vector<unsigned char> Payload(const Opts &o) {
   h.type = MEP_BS_KNOCK;
   h.rank = 1;
   h.world_size = o.world;
-  std::vector<unsigned char> out;
-  if (o.mode == "garbage") return std::vector<unsigned char>(o.bytes, 'x');
-  const std::string token = "not-the-job-token";
-  if (o.mode == "wrong" || o.mode == "notoken") {
-    h.token_len = o.mode == "wrong" ? (uint32_t)token.size() : 0;
-    h.body_len = 64;  // a made-up worker address
+  const size_t body = MEP_BS_NONCE_BYTES + 64;  // a nonce, a made-up address
+  if (o.mode == "wrong") {
+    h.proof_len = MEP_BS_PROOF_BYTES;
+    h.body_len = body;
+  } else if (o.mode == "notoken") {
+    h.body_len = body;
   } else if (o.mode == "huge") {
+    h.proof_len = MEP_BS_PROOF_BYTES;
     h.body_len = 1u << 30;
   }
-  out.resize(sizeof(h));
+  std::vector<unsigned char> out(sizeof(h));
   memcpy(out.data(), &h, sizeof(h));
   if (o.mode == "silent") {
     out.resize(sizeof(h) / 2);
   } else if (o.mode == "wrong" || o.mode == "notoken") {
-    out.insert(out.end(), token.begin(), token.begin() + h.token_len);
-    out.insert(out.end(), 64, 0x5a);
+    out.insert(out.end(), h.proof_len, 0x33);
+    out.insert(out.end(), body, 0x5a);
   }
   return out;
+}
+
+// The first record rank 0 sent that is not its challenge: its type and,
+// for a refusal, the reason. Type 0 when there is none.
+int Verdict(const std::vector<unsigned char> &in, std::string *reason) {
+  size_t at = 0;
+  while (at + sizeof(mep_bs_knock_hdr_t) <= in.size()) {
+    mep_bs_knock_hdr_t h;
+    memcpy(&h, in.data() + at, sizeof(h));
+    at += sizeof(h);
+    if (h.type != MEP_BS_CHALLENGE) {
+      size_t n = in.size() - at < h.proof_len + h.body_len ? in.size() - at
+                                                            : h.proof_len + h.body_len;
+      if (n > h.proof_len) {
+        reason->assign((const char *)in.data() + at + h.proof_len, n - h.proof_len);
+      }
+      return h.type;
+    }
+    at += h.proof_len + h.body_len;
+  }
+  return 0;
 }
 
 // Writes as much as the socket takes without blocking for long; a gate
@@ -187,16 +211,12 @@ int main(int argc, char **argv) {
   int refused = 0, admitted = 0;
   std::string reason;
   for (const Conn &c : conns) {
-    if (c.in.size() < sizeof(mep_bs_knock_hdr_t)) continue;
-    mep_bs_knock_hdr_t h;
-    memcpy(&h, c.in.data(), sizeof(h));
-    if (h.type == MEP_BS_KNOCK_OK) admitted++;
-    if (h.type == MEP_BS_KNOCK_REFUSE) {
+    std::string why;
+    int type = Verdict(c.in, &why);
+    if (type == MEP_BS_KNOCK_OK) admitted++;
+    if (type == MEP_BS_KNOCK_REFUSE) {
       refused++;
-      if (reason.empty()) {
-        reason.assign((const char *)c.in.data() + sizeof(h),
-                      c.in.size() - sizeof(h));
-      }
+      if (reason.empty()) reason = why;
     }
   }
   printf("KNOCKER mode=%s opened=%zu closed=%zu refused=%d admitted=%d "
