@@ -65,6 +65,7 @@ static moe_ep_status_t read_file(const char *path, char **text, size_t *len) {
   for (;;) {
     if (n == cap) {
       if (cap >= MEP_CONFIG_FILE_MAX) {
+        if (fgetc(f) == EOF) break; /* exactly the bound */
         st = mep_error(MOE_EP_ERR_CONFIG,
                        "config file '%s' is larger than %u bytes; a config "
                        "file is expected to be small",

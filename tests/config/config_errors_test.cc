@@ -2,6 +2,8 @@
 // a crash or a config) and a sentence naming the key's full path, its line
 // and what is allowed.
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "config_test_util.h"
@@ -196,6 +198,37 @@ TEST_F(ConfigErrors, MissingOrMisshapenSection) {
               {"'timeouts' is a sequence", "line 2", "kernel_ms"});
   ExpectError("moe_ep:\n  ? [a, b]\n  : 1\n",
               {"a key under moe_ep is a sequence", "line 2", "plain names"});
+}
+
+// A config file may be 16 MiB, not a byte more.
+TEST_F(ConfigErrors, FileSizeBoundIsInclusive) {
+  const std::string path = std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") +
+                           "/config_size_bound.yaml";
+  const std::string head = "moe_ep: {top_k: 4}\n#";
+  const size_t bound = 16u << 20;
+  for (size_t size : {bound, bound + 1}) {
+    std::string text = head + std::string(size - head.size() - 1, 'x') + "\n";
+    ASSERT_EQ(text.size(), size);
+    FILE *f = fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(fwrite(text.data(), 1, text.size(), f), text.size());
+    fclose(f);
+    moe_ep_config_t *cfg = nullptr;
+    const moe_ep_status_t st = mep_config_from_yaml(path.c_str(), &cfg);
+    if (size == bound) {
+      EXPECT_EQ(st, MOE_EP_OK) << mep_last_error();
+      if (cfg != nullptr) {
+        EXPECT_EQ(cfg->top_k, 4);
+      }
+      mep_config_free(cfg);
+    } else {
+      EXPECT_EQ(st, MOE_EP_ERR_CONFIG);
+      EXPECT_NE(std::string(mep_last_error()).find("is larger than 16777216 bytes"),
+                std::string::npos)
+          << mep_last_error();
+    }
+  }
+  remove(path.c_str());
 }
 
 TEST_F(ConfigErrors, DeepNestingAndAnchorFloodsFailFast) {
