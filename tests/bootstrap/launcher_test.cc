@@ -163,6 +163,17 @@ TEST(Launcher, RejectsBadUsage) {
   Proc q = Spawn("moe_ep_run no prog", {Launcher(), "-n", "2"});
   WaitOne(&q, NowMs() + 5000);
   EXPECT_TRUE(q.Exited(2)) << q.Describe();
+  EXPECT_NE(q.err.find("no program to run"), std::string::npos) << q.Describe();
+  // Each misuse is named, not only the usage printed.
+  Proc r = Spawn("moe_ep_run -n", {Launcher(), "-n"});
+  WaitOne(&r, NowMs() + 5000);
+  EXPECT_TRUE(r.Exited(2)) << r.Describe();
+  EXPECT_NE(r.err.find("-n needs a value"), std::string::npos) << r.Describe();
+  Proc t = Spawn("moe_ep_run no -n", {Launcher(), "--", "/bin/true"});
+  WaitOne(&t, NowMs() + 5000);
+  EXPECT_TRUE(t.Exited(2)) << t.Describe();
+  EXPECT_NE(t.err.find("-n N (the number of ranks) is required"), std::string::npos)
+      << t.Describe();
 }
 
 TEST(Launcher, RejectsNanDurations) {

@@ -178,13 +178,24 @@ int main(int argc, char **argv) {
     } else if (a == "-h" || a == "--help") {
       Usage();
       return 0;
+    } else if (a == "-n" || a == "--n" || a == "--np" || a == "--timeout_s" ||
+               a == "--grace_s") {
+      fprintf(stderr, "moe_ep_run: %s needs a value\n", a.c_str());
+      Usage();
+      return 2;
     } else {
       fprintf(stderr, "moe_ep_run: unknown argument '%s'\n", a.c_str());
       Usage();
       return 2;
     }
   }
-  if (n < 1 || i >= argc) {
+  if (n < 1) {
+    fprintf(stderr, "moe_ep_run: -n N (the number of ranks) is required\n");
+    Usage();
+    return 2;
+  }
+  if (i >= argc) {
+    fprintf(stderr, "moe_ep_run: no program to run; put it after --\n");
     Usage();
     return 2;
   }
