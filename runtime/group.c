@@ -253,12 +253,12 @@ moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
   const char *token = getenv(g->cfg.bootstrap_token_env);
   if (g->world_size > 1 && (token == NULL || token[0] == '\0')) {
     st = mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                   "rank %d: group_create: the environment variable %s "
+                   "group_create on rank %d: the environment variable %s "
                    "(bootstrap.token_env) is %s; a group of %d ranks admits "
-                   "only processes that present the job token, so set it to "
-                   "one secret shared by every rank (moe_ep_run sets one; "
-                   "moe_ep.deep_ep.Buffer agrees one over its "
-                   "torch.distributed group)",
+                   "only processes that prove they hold the job token, so set "
+                   "it to one secret shared by every rank (moe_ep_run sets "
+                   "MOE_EP_JOB_TOKEN; moe_ep.deep_ep.Buffer agrees one over "
+                   "its torch.distributed group)",
                    g->rank, g->cfg.bootstrap_token_env,
                    token == NULL ? "unset" : "empty", g->world_size);
     goto out_free_group;

@@ -103,7 +103,7 @@ static void nccl_release(moe_ep_group_t *g, int abort) {
     /* No kernel may still use the buffers. Without the NCCL side no
      * kernel of ours ran, and a failed setup may have left a collective
      * on an adopted communicator that only the engine can end. */
-    cudaSetDevice(s->device);
+    (void)mep_nccl_make_current(s->device);
     cudaDeviceSynchronize();
   }
   for (int i = 0; i < MEP_NUM_BUFFER_SETS; i++) {

@@ -3,7 +3,6 @@
 #include "runtime/nccl/nccl_common.h"
 
 #include <cuda_runtime_api.h>
-#include <pthread.h>
 #include <string.h>
 
 #include "kernels/common/prepare_layout.h"
@@ -37,7 +36,7 @@ moe_ep_status_t mep_nccl_pick_device(moe_ep_group_t *g, int *device, int *sms) {
                      "visible",
                      dev, count);
   }
-  if ((e = cudaSetDevice(dev)) != cudaSuccess) return mep_nccl_cuda_error("cudaSetDevice", e);
+  MEP_CHECK(mep_nccl_make_current(dev));
   *device = dev;
   g->cuda_device = dev; /* tensors are checked against it */
   if ((e = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) {
@@ -100,57 +99,6 @@ int mep_nccl_record_ready(const mep_error_record_t *r) {
   return __atomic_load_n(&r->flag, __ATOMIC_ACQUIRE) == 2;
 }
 
-/* CUresult cuCtxGetCurrent(CUcontext *) / cuCtxSetCurrent(CUcontext),
- * taken from the runtime's entry-point query: the library then needs no
- * libcuda at link time (a CPU-only machine loads it for the host backend). */
-typedef int (*ctx_get_fn)(void **);
-typedef int (*ctx_set_fn)(void *);
-static ctx_get_fn g_ctx_get;
-static ctx_set_fn g_ctx_set;
-static pthread_once_t g_ctx_once = PTHREAD_ONCE_INIT;
-enum { CU_SUCCESS = 0, CU_NOT_INITIALIZED = 3 };
-
-static void ctx_resolve(void) {
-  void *get = NULL, *set = NULL;
-  enum cudaDriverEntryPointQueryResult qg = cudaDriverEntryPointSymbolNotFound;
-  enum cudaDriverEntryPointQueryResult qs = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &get, 12000, cudaEnableDefault,
-                                       &qg) != cudaSuccess ||
-      cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &set, 12000, cudaEnableDefault,
-                                       &qs) != cudaSuccess ||
-      qg != cudaDriverEntryPointSuccess || qs != cudaDriverEntryPointSuccess) {
-    return;
-  }
-  g_ctx_get = (ctx_get_fn)get;
-  g_ctx_set = (ctx_set_fn)set;
-}
-
-void mep_nccl_caller_save(mep_nccl_caller_t *c) {
-  pthread_once(&g_ctx_once, ctx_resolve);
-  c->ctx = NULL;
-  c->have_ctx = 0;
-  c->device = -1;
-  if (g_ctx_get != NULL) {
-    int rc = g_ctx_get(&c->ctx);
-    /* Before the driver is initialised no thread has a context. */
-    if (rc == CU_NOT_INITIALIZED) c->ctx = NULL;
-    c->have_ctx = rc == CU_SUCCESS || rc == CU_NOT_INITIALIZED;
-  }
-  if (!c->have_ctx && cudaGetDevice(&c->device) != cudaSuccess) c->device = -1;
-}
-
-void mep_nccl_caller_restore(const mep_nccl_caller_t *c) {
-  if (c->have_ctx) {
-    void *now = NULL;
-    if (g_ctx_get(&now) != CU_SUCCESS || now != c->ctx) (void)g_ctx_set(c->ctx);
-    return;
-  }
-  int now = -1;
-  if (c->device >= 0 && (cudaGetDevice(&now) != cudaSuccess || now != c->device)) {
-    cudaSetDevice(c->device);
-  }
-}
-
 moe_ep_status_t mep_nccl_as_caller(moe_ep_status_t (*fn)(moe_ep_group_t *g), moe_ep_group_t *g) {
   mep_nccl_caller_t caller;
   mep_nccl_caller_save(&caller);
@@ -161,15 +109,9 @@ moe_ep_status_t mep_nccl_as_caller(moe_ep_status_t (*fn)(moe_ep_group_t *g), moe
 
 moe_ep_status_t mep_nccl_enter(int device, mep_nccl_caller_t *c) {
   mep_nccl_caller_save(c);
-  int now = -1;
-  if (cudaGetDevice(&now) != cudaSuccess || now != device) {
-    cudaError_t e = cudaSetDevice(device);
-    if (e != cudaSuccess) {
-      mep_nccl_caller_restore(c);
-      return mep_nccl_cuda_error("cudaSetDevice", e);
-    }
-  }
-  return MOE_EP_OK;
+  moe_ep_status_t st = mep_nccl_make_current(device);
+  if (st != MOE_EP_OK) mep_nccl_caller_restore(c);
+  return st;
 }
 
 moe_ep_status_t mep_nccl_leave(const mep_nccl_caller_t *c, moe_ep_status_t st) {

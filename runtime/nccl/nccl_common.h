@@ -12,6 +12,7 @@
 #include "kernels/common/error_record.h"
 #include "kernels/common/limits.h"
 #include "moe_ep.h"
+#include "runtime/nccl/nccl_context.h"
 #include "runtime/op.h"
 
 #ifdef __cplusplus
@@ -32,24 +33,12 @@ void mep_nccl_free_records(mep_error_record_t *host);
 /* A record the GPU finished writing (read fresh: host-mapped memory). */
 int mep_nccl_record_ready(const mep_error_record_t *r);
 
-/* The calling thread's CUDA state belongs to the engine: every entry that
- * touches the device saves the thread's current context first and puts it
- * back on the way out, none included, so a thread that never chose a
- * device does not come back holding one (on a multi-GPU node that would be
- * a context on GPU 0 for every process). Without the driver's context
- * calls it falls back to the current device. */
-typedef struct mep_nccl_caller {
-  void *ctx;    /* CUcontext; NULL: none */
-  int have_ctx; /* ctx is known */
-  int device;   /* fallback: the current device, or -1 */
-} mep_nccl_caller_t;
-void mep_nccl_caller_save(mep_nccl_caller_t *c);
-void mep_nccl_caller_restore(const mep_nccl_caller_t *c);
 /* Runs fn(g) (a create or a teardown, which switch to the group's device
  * on their own) and puts the caller's state back. */
 moe_ep_status_t mep_nccl_as_caller(moe_ep_status_t (*fn)(moe_ep_group_t *g), moe_ep_group_t *g);
-/* Saves the caller's state and makes `device` current for a launch;
- * mep_nccl_leave restores the caller's state and returns st. */
+/* Saves the caller's state and makes `device` current for a launch
+ * (nccl_context.h); mep_nccl_leave restores the caller's state and
+ * returns st. */
 moe_ep_status_t mep_nccl_enter(int device, mep_nccl_caller_t *c);
 moe_ep_status_t mep_nccl_leave(const mep_nccl_caller_t *c, moe_ep_status_t st);
 

@@ -85,7 +85,7 @@ static void ht_release(moe_ep_group_t *g, int abort) {
   if (s == NULL) return;
   if (s->device >= 0 && s->nccl != NULL) {
     /* as nccl_backend.c's nccl_release */
-    cudaSetDevice(s->device);
+    (void)mep_nccl_make_current(s->device);
     cudaDeviceSynchronize();
   }
   mep_nccl_sent_destroy(&s->sent);

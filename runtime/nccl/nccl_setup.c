@@ -20,6 +20,7 @@
 
 #include "kernels/common/limits.h"
 #include "runtime/error.h"
+#include "runtime/nccl/nccl_context.h"
 #include "runtime/log.h"
 #include "runtime/nccl/lsa_link.h"
 #include "runtime/nccl/nccl_dl.h"
@@ -345,8 +346,7 @@ moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *p, mep_nccl_t **out) {
                      (int)p->timeout_ms);
   MEP_CHECK(mep_nccl_dl_load());
   MEP_CHECK(check_version());
-  if (p->cuda_device >= 0 && (e = cudaSetDevice(p->cuda_device)) != cudaSuccess)
-    return cuda_fail("cudaSetDevice", e);
+  if (p->cuda_device >= 0) MEP_CHECK(mep_nccl_make_current(p->cuda_device));
 
   mep_nccl_t *n = calloc(1, sizeof *n);
   if (n == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "nccl_create: out of host memory");

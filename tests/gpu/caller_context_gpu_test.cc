@@ -5,8 +5,11 @@
 // current context (before, they left the group's device's context current:
 // on a multi-GPU node, a thread with no device came back holding one, and
 // a later restore of "device 0" made a context on GPU 0); called from a
-// thread whose context is current, they leave that context current. The
-// combine's values are checked against the oracle, bit for bit.
+// thread whose current context is one it created itself, they leave it
+// current and still run the group's work where the group's memory is (the
+// device's primary context; before, the work went to the thread's
+// context). The combine's values are checked against the oracle, bit for
+// bit.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -30,25 +33,28 @@ const char *g_argv0 = nullptr;
 constexpr uint64_t kSeed = 5;
 constexpr int kHidden = moe_ep_test::kOneHidden, kTopK = moe_ep_test::kOneTopK;
 
-// cuCtxGetCurrent through the runtime's entry-point query (no libcuda at
-// link time); NULL when the thread has no context.
+// A driver entry point through the runtime's query (no libcuda at link
+// time); NULL when it cannot be had.
+void *DriverEntry(const char *name) {
+  void *fn = nullptr;
+  enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess) {
+    return nullptr;
+  }
+  return fn;
+}
+
+// The calling thread's current context (cuCtxGetCurrent); NULL when none.
 void *CurrentContext() {
   using Get = int (*)(void **);
-  static Get get = [] {
-    void *fn = nullptr;
-    enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      fn = nullptr;
-    }
-    return reinterpret_cast<Get>(fn);
-  }();
+  static Get get = reinterpret_cast<Get>(DriverEntry("cuCtxGetCurrent"));
   void *ctx = nullptr;
   if (get == nullptr || get(&ctx) != 0) return nullptr;
   return ctx;
 }
 
+// One-rank group on GPU 0, created from the calling thread.
 moe_ep_group_t *Create(const moe_ep_plugin_v1_t *api, const char *mode) {
   moe_ep_group_t *g = nullptr;
   const moe_ep_status_t st = moe_ep_test::one_rank_group(api, mode, &g);
@@ -71,6 +77,7 @@ void *OnFreshThread(F f) {
 }
 
 TEST(CallerContext, LowLatencyEntriesLeaveTheThreadsContextAsItWas) {
+  ASSERT_NE(DriverEntry("cuCtxGetCurrent"), nullptr) << "cannot query the current context";
   const moe_ep_plugin_v1_t *api = moe_ep_test::load_plugin(moe_ep_test::plugin_path(g_argv0));
   moe_ep_group_t *g = nullptr;
   EXPECT_EQ(OnFreshThread([&] { g = Create(api, "low_latency"); }), nullptr)
@@ -118,16 +125,24 @@ TEST(CallerContext, LowLatencyEntriesLeaveTheThreadsContextAsItWas) {
                                       L.want_out.size(), kHidden), "")
       << "rank 0 seed " << kSeed << " (fresh thread)";
 
-  // A thread whose context is current keeps it.
+  // A thread whose current context is its own (not the device's primary
+  // one, where the group's memory lives) keeps it, and the group's work
+  // still runs in the primary context and gives the oracle's values.
+  using Create = int (*)(void **, unsigned, int);
+  using Destroy = int (*)(void *);
+  auto ctx_create = reinterpret_cast<Create>(DriverEntry("cuCtxCreate"));
+  auto ctx_destroy = reinterpret_cast<Destroy>(DriverEntry("cuCtxDestroy"));
+  ASSERT_NE(ctx_create, nullptr);
+  ASSERT_NE(ctx_destroy, nullptr);
   std::fill(L.out.begin(), L.out.end(), 0xffff);
   L.m_out.upload();
   std::vector<void *> own_after;
   void *own = nullptr;
   std::thread t([&] {
-    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-    ASSERT_EQ(cudaFree(nullptr), cudaSuccess);
-    own = CurrentContext();
+    ASSERT_EQ(ctx_create(&own, 0, 0), 0) << "cuCtxCreate";
+    ASSERT_EQ(CurrentContext(), own);
     layer(&own_after);
+    ctx_destroy(own);
   });
   t.join();
   ASSERT_NE(own, nullptr);
@@ -136,7 +151,7 @@ TEST(CallerContext, LowLatencyEntriesLeaveTheThreadsContextAsItWas) {
   L.m_out.download();
   EXPECT_EQ(oracle::compare_exact_u16("out", L.out.data(), L.want_out.data(),
                                       L.want_out.size(), kHidden), "")
-      << "rank 0 seed " << kSeed << " (thread with a context)";
+      << "rank 0 seed " << kSeed << " (thread with its own context)";
 
   moe_ep_status_t destroyed = MOE_EP_ERR_INTERNAL;
   EXPECT_EQ(OnFreshThread([&] { destroyed = api->group_destroy(g); }), nullptr)
@@ -145,6 +160,7 @@ TEST(CallerContext, LowLatencyEntriesLeaveTheThreadsContextAsItWas) {
 }
 
 TEST(CallerContext, HighThroughputCreateAndDestroyLeaveNoContext) {
+  ASSERT_NE(DriverEntry("cuCtxGetCurrent"), nullptr) << "cannot query the current context";
   const moe_ep_plugin_v1_t *api = moe_ep_test::load_plugin(moe_ep_test::plugin_path(g_argv0));
   moe_ep_group_t *g = nullptr;
   EXPECT_EQ(OnFreshThread([&] { g = Create(api, "high_throughput"); }), nullptr)

@@ -130,3 +130,19 @@ def test_a_host_group_refuses_a_communicator_before_any_bootstrap():
     with pytest.raises(moe_ep.InvalidArgumentError, match=r"params->nccl_comm=.* host") as e:
         moe_ep.Group(cfg, rank=0, world_size=1, nccl_comm=0x1000, library=lib)
     assert e.value.entry == "group_create"
+
+
+def test_a_group_of_two_ranks_needs_a_job_token(monkeypatch):
+    lib = moe_ep.Library(library_path())
+    cfg = moe_ep.Config({"backend": "host", "num_experts": 4, "hidden": 256, "top_k": 2,
+                         "max_tokens_per_rank": 8,
+                         "bootstrap": {"token_env": "MOE_EP_TEST_NO_SUCH_TOKEN"}}, lib)
+    monkeypatch.delenv("MOE_EP_TEST_NO_SUCH_TOKEN", raising=False)
+    with pytest.raises(moe_ep.InvalidArgumentError,
+                       match=r"group_create on rank 1: the environment variable "
+                             r"MOE_EP_TEST_NO_SUCH_TOKEN \(bootstrap.token_env\) is unset") as e:
+        moe_ep.Group(cfg, rank=1, world_size=2, library=lib)
+    assert e.value.entry == "group_create"
+    monkeypatch.setenv("MOE_EP_TEST_NO_SUCH_TOKEN", "")
+    with pytest.raises(moe_ep.InvalidArgumentError, match="is empty"):
+        moe_ep.Group(cfg, rank=1, world_size=2, library=lib)

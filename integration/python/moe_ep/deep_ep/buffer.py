@@ -49,6 +49,10 @@ def _next_port(address):
     return "%s:%d" % (host, int(port) + 1)
 
 
+# Job tokens the Buffers put into the environment: variable -> token.
+_AGREED_TOKENS = {}
+
+
 class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
     """DeepEP V1-compatible communication buffer over moe-ep."""
 
@@ -230,21 +234,40 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         return everyone[0][0], (None if tokens is None else max(t for _, t in everyone))
 
     def _agree_token(self, config):
-        """A group of more than one rank admits only processes that present
+        """A group of more than one rank admits only processes that hold
         the job token (the variable config.bootstrap_token_env names). Over
-        the Buffer's torch.distributed group, ranks without one take rank
-        0's, drawn at random when rank 0 has none either. One collective;
-        without a torch group whoever starts the ranks sets the variable."""
+        the Buffer's torch.distributed group, ranks without one take the
+        one the others were given, or one rank 0 draws at random when no
+        rank has one; ranks given different tokens raise here, all alike.
+        A token a Buffer put there counts as none, so a Buffer over other
+        ranks agrees afresh. One collective; without a torch group
+        whoever starts the ranks sets the variable. os.environ is written
+        while no other thread should be reading the environment: at group
+        creation, as DeepEP's Buffer constructor is."""
         if self.group is None or self.group.size() < 2:
             return
         import torch.distributed as dist
         name = config.bootstrap_token_env
         mine = os.environ.get(name) or None
-        offer = (mine or secrets.token_hex(16)) if self.group.rank() == 0 else None
+        if mine is not None and _AGREED_TOKENS.get(name) == mine:
+            mine = None
+        drawn = secrets.token_hex(16) if self.group.rank() == 0 else None
         everyone = [None] * self.group.size()
-        dist.all_gather_object(everyone, offer, group=self.group)
-        if mine is None:
-            os.environ[name] = everyone[0]
+        dist.all_gather_object(everyone, (mine, drawn), group=self.group)
+        given = {}
+        for r, (token, _) in enumerate(everyone):
+            if token is not None:
+                given.setdefault(token, []).append(r)
+        if len(given) > 1:
+            sets = "; ".join("ranks %s hold one" % ", ".join(map(str, ranks))
+                             for ranks in given.values())
+            raise ValueError("Buffer: the ranks' job tokens in %s differ (%s); set one "
+                             "secret on every rank, or on none and the Buffer agrees one"
+                             % (name, sets))
+        token = next(iter(given)) if given else everyone[0][1]
+        if os.environ.get(name) != token:
+            os.environ[name] = token
+            _AGREED_TOKENS[name] = token
 
     def _wants_cuda(self):
         backend = os.environ.get("MOE_EP_BACKEND") or self._user_config.get("backend", "auto")

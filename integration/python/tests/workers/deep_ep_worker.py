@@ -485,6 +485,26 @@ def env_address(group):
                   lambda: deep_ep.Buffer(group, moe_ep_config=dict(HOST, low_latency=5)))
 
 
+def tokens_differ(group):
+    """Ranks given different job tokens are told so when the group is made,
+    every rank alike, instead of the others waiting out the bootstrap."""
+    saved = os.environ.get("MOE_EP_JOB_TOKEN")
+    os.environ["MOE_EP_JOB_TOKEN"] = "given-on-rank-%d" % RANK
+    try:
+        buf = deep_ep.Buffer(group, 0, 0, low_latency_mode=True, num_qps_per_rank=P.local,
+                             explicitly_destroy=True, moe_ep_config=HOST)
+        _, x, idx, _ = inputs_for(7)
+        expect_raises("tokens differ", ValueError, "job tokens in MOE_EP_JOB_TOKEN differ",
+                      lambda: buf.low_latency_dispatch(x, idx, P.max_tokens, P.num_experts,
+                                                       use_fp8=False))
+        buf.destroy()
+    finally:
+        if saved is None:
+            os.environ.pop("MOE_EP_JOB_TOKEN", None)
+        else:
+            os.environ["MOE_EP_JOB_TOKEN"] = saved
+
+
 def main():
     if deep_ep.Buffer is not moe_ep.deep_ep.Buffer:
         fail("alias", "-", "deep_ep.Buffer is not moe_ep.deep_ep.Buffer")
@@ -524,6 +544,7 @@ def main():
     auto_mode(group)
     first_batches_differ(group)
     env_address(group)
+    tokens_differ(group)
     dist.destroy_process_group()
     common.finish()
 

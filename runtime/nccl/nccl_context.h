@@ -1,0 +1,37 @@
+/* nccl_context.h: the calling thread's CUDA state belongs to the engine.
+ * Every entry of the nccl backend that touches the device saves the
+ * thread's current context, makes the group's device's primary context
+ * current (the driver's call, so the runtime's per-thread device is not
+ * changed), and puts the saved context back on the way out, none
+ * included. A thread that never chose a device therefore does not come
+ * back holding one (on a multi-GPU node that would be a context on GPU 0
+ * for every process), and one that runs its own context on the group's
+ * GPU keeps it while the group's work goes to the primary context, where
+ * the group's memory lives. Without the driver's context calls it falls
+ * back to the runtime's current device. */
+#ifndef MEP_RUNTIME_NCCL_NCCL_CONTEXT_H_
+#define MEP_RUNTIME_NCCL_NCCL_CONTEXT_H_
+
+#include "moe_ep.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mep_nccl_caller {
+  void *ctx;    /* CUcontext; NULL: none */
+  int have_ctx; /* ctx is known (the driver's context calls resolved) */
+  int device;   /* fallback: the runtime's current device, or -1 */
+} mep_nccl_caller_t;
+
+void mep_nccl_caller_save(mep_nccl_caller_t *c);
+void mep_nccl_caller_restore(const mep_nccl_caller_t *c);
+/* Makes `device`'s primary context current (or, in the fallback, the
+ * device current). */
+moe_ep_status_t mep_nccl_make_current(int device);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MEP_RUNTIME_NCCL_NCCL_CONTEXT_H_ */
