@@ -108,14 +108,11 @@ moe_ep_status_t mep_nccl_as_caller(moe_ep_status_t (*fn)(moe_ep_group_t *g), moe
 }
 
 moe_ep_status_t mep_nccl_enter(int device, mep_nccl_caller_t *c) {
-  mep_nccl_caller_save(c);
-  moe_ep_status_t st = mep_nccl_make_current(device);
-  if (st != MOE_EP_OK) mep_nccl_caller_restore(c);
-  return st;
+  return mep_nccl_caller_enter(device, c);
 }
 
 moe_ep_status_t mep_nccl_leave(const mep_nccl_caller_t *c, moe_ep_status_t st) {
-  mep_nccl_caller_restore(c);
+  mep_nccl_caller_leave(c);
   return st;
 }
 

@@ -72,6 +72,7 @@ void mep_nccl_caller_save(mep_nccl_caller_t *c) {
   c->ctx = NULL;
   c->have_ctx = 0;
   c->device = -1;
+  c->switched = 1; /* restore checks */
   if (g_ctx_get != NULL) {
     int rc = g_ctx_get(&c->ctx);
     /* Before the driver is initialised no thread has a context. */
@@ -116,4 +117,22 @@ moe_ep_status_t mep_nccl_make_current(int device) {
                      cudaGetErrorString(e));
   }
   return MOE_EP_OK;
+}
+
+moe_ep_status_t mep_nccl_caller_enter(int device, mep_nccl_caller_t *c) {
+  mep_nccl_caller_save(c);
+  if (c->have_ctx) {
+    void *primary = primary_ctx(device);
+    if (primary != NULL && c->ctx == primary) {
+      c->switched = 0;
+      return MOE_EP_OK;
+    }
+  }
+  moe_ep_status_t st = mep_nccl_make_current(device);
+  if (st != MOE_EP_OK) mep_nccl_caller_restore(c);
+  return st;
+}
+
+void mep_nccl_caller_leave(const mep_nccl_caller_t *c) {
+  if (c->switched) mep_nccl_caller_restore(c);
 }

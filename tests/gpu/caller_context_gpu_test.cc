@@ -10,6 +10,7 @@
 // device's primary context; before, the work went to the thread's
 // context). The combine's values are checked against the oracle, bit for
 // bit.
+#include <cuda.h>  // driver types only; the calls go through entry points
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -35,10 +36,10 @@ constexpr int kHidden = moe_ep_test::kOneHidden, kTopK = moe_ep_test::kOneTopK;
 
 // A driver entry point through the runtime's query (no libcuda at link
 // time); NULL when it cannot be had.
-void *DriverEntry(const char *name) {
+void *DriverEntry(const char *name, unsigned version = 12000) {
   void *fn = nullptr;
   enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+  if (cudaGetDriverEntryPointByVersion(name, &fn, version, cudaEnableDefault, &q) != cudaSuccess ||
       q != cudaDriverEntryPointSuccess) {
     return nullptr;
   }
@@ -128,9 +129,11 @@ TEST(CallerContext, LowLatencyEntriesLeaveTheThreadsContextAsItWas) {
   // A thread whose current context is its own (not the device's primary
   // one, where the group's memory lives) keeps it, and the group's work
   // still runs in the primary context and gives the oracle's values.
-  using Create = int (*)(void **, unsigned, int);
+  // cuCtxCreate as CUDA 13 declares it (cuCtxCreate_v4: no affinity, no
+  // CIG parameters).
+  using Create = CUresult (*)(CUcontext *, CUctxCreateParams *, unsigned, CUdevice);
   using Destroy = int (*)(void *);
-  auto ctx_create = reinterpret_cast<Create>(DriverEntry("cuCtxCreate"));
+  auto ctx_create = reinterpret_cast<Create>(DriverEntry("cuCtxCreate", 13000));
   auto ctx_destroy = reinterpret_cast<Destroy>(DriverEntry("cuCtxDestroy"));
   ASSERT_NE(ctx_create, nullptr);
   ASSERT_NE(ctx_destroy, nullptr);
@@ -139,7 +142,10 @@ TEST(CallerContext, LowLatencyEntriesLeaveTheThreadsContextAsItWas) {
   std::vector<void *> own_after;
   void *own = nullptr;
   std::thread t([&] {
-    ASSERT_EQ(ctx_create(&own, 0, 0), 0) << "cuCtxCreate";
+    CUctxCreateParams none{};
+    CUcontext made = nullptr;
+    ASSERT_EQ(ctx_create(&made, &none, 0, 0), CUDA_SUCCESS) << "cuCtxCreate";
+    own = made;
     ASSERT_EQ(CurrentContext(), own);
     layer(&own_after);
     ctx_destroy(own);
