@@ -51,6 +51,36 @@ static inline moe_ep_status_t moe_ep_call_handle_layout(
   return table->handle_layout(handle, params);
 }
 
+/* The entries every v1 table has (get_version .. handle_free), in order. */
+static const char *const moe_ep_load_required_names_[] = {
+    "get_version",      "last_error", "status_string", "set_logger",   "config_from_yaml",
+    "config_free",      "buffer_size_hint", "group_create", "group_destroy", "group_info",
+    "group_poll_error", "set_num_sms", "max_sms_used", "prepare",      "dispatch",
+    "combine",          "hook_run",   "hook_free",     "handle_free"};
+#define MOE_EP_LOADER_REQUIRED_ \
+  (sizeof(moe_ep_load_required_names_) / sizeof(moe_ep_load_required_names_[0]))
+
+/* The index of the first required entry that is NULL, or
+ * MOE_EP_LOADER_REQUIRED_ when all are set. The entries are function
+ * pointers laid out one after another from get_version. */
+static inline size_t moe_ep_load_first_null_(const moe_ep_plugin_v1_t *t) {
+  typedef char moe_ep_loader_names_match_[
+      (offsetof(moe_ep_plugin_v1_t, handle_free) - offsetof(moe_ep_plugin_v1_t, get_version)) /
+                  sizeof(void (*)(void)) + 1 ==
+              MOE_EP_LOADER_REQUIRED_
+          ? 1
+          : -1];
+  const char *base = (const char *)t + offsetof(moe_ep_plugin_v1_t, get_version);
+  size_t i;
+  (void)sizeof(moe_ep_loader_names_match_);
+  for (i = 0; i < MOE_EP_LOADER_REQUIRED_; i++) {
+    void (*fn)(void);
+    memcpy(&fn, base + i * sizeof(fn), sizeof(fn));
+    if (fn == NULL) return i;
+  }
+  return i;
+}
+
 /* moe_ep_load's refusal: the sentence into err (if err_len > 0), the
  * library closed; returns NULL. */
 static inline void *moe_ep_load_refuse_(void *lib, char *err, size_t err_len, const char *fmt,
@@ -118,6 +148,13 @@ static inline void *moe_ep_load(const char *path,
                                "moe_ep_load: '%s' table moe_ep_plugin_v1 is %zu bytes, too old: "
                                "this engine needs at least %zu",
                                path, found->struct_size, (size_t)MOE_EP_LOADER_MIN_V1_SIZE);
+  }
+  i = moe_ep_load_first_null_(found);
+  if (i < MOE_EP_LOADER_REQUIRED_) {
+    return moe_ep_load_refuse_(lib, err, err_len,
+                               "moe_ep_load: '%s' table moe_ep_plugin_v1 has no '%s' entry "
+                               "(NULL); every entry up to handle_free is required",
+                               path, moe_ep_load_required_names_[i]);
   }
   *table = found;
   return lib;

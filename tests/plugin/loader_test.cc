@@ -182,6 +182,17 @@ TEST_F(Loaded, HandleLayoutThroughTheLoader) {
   EXPECT_NE(std::strstr(t->last_error(), "handle_layout: handle="), nullptr) << t->last_error();
 }
 
+// A table with a NULL entry is refused naming it (the engine would crash
+// on its first call through it).
+TEST(Loader, TableWithANullEntry) {
+  const moe_ep_plugin_v1_t* t = nullptr;
+  char err[512] = "";
+  std::string lib = moe_ep_test::runfile("tests/plugin/libfake_null_plugin.so");
+  EXPECT_EQ(moe_ep_load(lib.c_str(), &t, err, sizeof err), nullptr);
+  EXPECT_EQ(t, nullptr);
+  EXPECT_NE(std::strstr(err, "has no 'combine' entry (NULL)"), nullptr) << err;
+}
+
 TEST(Loader, TooOldTable) {
   const moe_ep_plugin_v1_t* t = nullptr;
   char err[512];

@@ -66,6 +66,12 @@ class Library:
             raise LoadError(
                 "moe_ep: '%s' table %s is %d bytes, too old: this package needs at "
                 "least %d" % (path, _abi.SYMBOL, head.struct_size, _abi.MIN_V1_SIZE))
+        names = [name for name, _ in _abi.PluginV1._fields_[3:]]
+        for name in names[:names.index("handle_free") + 1]:
+            if not getattr(head, name):
+                raise LoadError(
+                    "moe_ep: '%s' table %s has no '%s' entry (NULL); every entry up to "
+                    "handle_free is required" % (path, _abi.SYMBOL, name))
         self.path = path
         self._dll = dll  # keeps the library mapped while any object uses it
         self.table = head

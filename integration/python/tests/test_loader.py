@@ -34,9 +34,16 @@ def test_a_0_2_library_loads_without_the_later_entries():
     lib = moe_ep.Library(old)
     assert lib.version == (0, 2, 0)
     assert lib.table.struct_size == _abi.PluginV1.handle_layout.offset
-    assert lib.handle_layout is None and lib.handle_free is None  # the fake fills only get_version
+    assert lib.handle_layout is None and lib.handle_free is not None
     with pytest.raises(moe_ep.UnsupportedError, match="predates this entry; it needs moe-ep 0.3"):
         lib.entry("handle_layout")
+
+
+def test_a_table_with_a_null_entry_is_refused_naming_it():
+    bad = os.path.join(os.path.dirname(os.path.dirname(library_path())), "tests", "plugin",
+                       "libfake_null_plugin.so")
+    with pytest.raises(moe_ep.LoadError, match="has no 'combine' entry \\(NULL\\)"):
+        moe_ep.Library(bad)
 
 
 def test_missing_file_names_the_path():
