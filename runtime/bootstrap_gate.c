@@ -2,9 +2,9 @@
  * address that stands in front of UCX. It sends each connection a
  * challenge, reads its knock into a fixed slot, checks the knock's proof of
  * the job token, has bootstrap_root.c judge the rest, answers with the
- * verdict (proven in turn) and closes. Nothing a connection sends is allocated for: an
- * outsider gets at most one of MEP_BS_PENDING_KNOCKS slots for at most
- * MEP_BS_KNOCK_WAIT_MS, and never reaches UCX. */
+ * verdict (proven in turn) and closes. Nothing a connection sends is
+ * allocated for: an outsider gets at most one of MEP_BS_PENDING_KNOCKS
+ * slots for at most MEP_BS_KNOCK_WAIT_MS, and never reaches UCX. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdarg.h>
@@ -48,8 +48,8 @@ static int gate_send(mep_bs_knocker_t *k, const mep_bs_knock_hdr_t *h,
   unsigned char rec[sizeof(mep_bs_knock_hdr_t) + MEP_BS_PROOF_BYTES +
                     MEP_BS_ADDR_MAX];
   memcpy(rec, h, sizeof(*h));
-  memcpy(rec + sizeof(*h), proof, h->proof_len);
-  memcpy(rec + sizeof(*h) + h->proof_len, body, h->body_len);
+  if (h->proof_len != 0) memcpy(rec + sizeof(*h), proof, h->proof_len);
+  if (h->body_len != 0) memcpy(rec + sizeof(*h) + h->proof_len, body, h->body_len);
   return mep_bs_fd_write(k->fd, rec, sizeof(*h) + h->proof_len + h->body_len,
                          mep_bs_now_ms());
 }
