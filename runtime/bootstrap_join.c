@@ -86,6 +86,7 @@ moe_ep_status_t mep_bs_join(mep_bootstrap_t *bs, int64_t start_ms) {
   int64_t backoff = 5;
   int attempts = 0;
   char why[MEP_BS_REASON_MAX];
+  char unproven[MEP_BS_REASON_MAX] = "";
   unsigned char addr[MEP_BS_ADDR_MAX];
   size_t addr_len = 0;
   snprintf(why, sizeof(why), "nothing listening");
@@ -100,6 +101,7 @@ moe_ep_status_t mep_bs_join(mep_bootstrap_t *bs, int64_t start_ms) {
                        "%d: %s",
                        bs->rank, bs->address, bs->rank, bs->world_size, why);
     }
+    if (r == MEP_BS_KNOCK_UNPROVEN) snprintf(unproven, sizeof(unproven), "%s", why);
     MEP_LOG_DEBUG("bootstrap", "rank %d: attempt %d to reach %s: %s",
                   bs->rank, attempts, bs->address, why);
     int64_t now = mep_bs_now_ms();
@@ -107,8 +109,12 @@ moe_ep_status_t mep_bs_join(mep_bootstrap_t *bs, int64_t start_ms) {
     sleep_ms(nap);
     if (backoff < 100) backoff *= 2;
   }
+  /* An answer that did not prove the token says more than a later
+   * attempt's timeout. */
+  int keep = unproven[0] != '\0' && strcmp(unproven, why) != 0;
   return mep_error(MOE_EP_ERR_BOOTSTRAP,
                    "rank %d could not reach rank 0 at %s within %d ms "
-                   "(%d connection attempts; last: %s)",
-                   bs->rank, bs->address, bs->timeout_ms, attempts, why);
+                   "(%d connection attempts; last: %s%s%s)",
+                   bs->rank, bs->address, bs->timeout_ms, attempts, why,
+                   keep ? "; earlier: " : "", keep ? unproven : "");
 }

@@ -183,6 +183,11 @@ static int knock_verdict(const mep_bootstrap_t *bs, int fd,
       return MEP_BS_KNOCK_RETRY;
     }
     reason[h.body_len] = '\0';
+    /* Refusals are not proven (a joiner with the wrong token could not
+     * check one): print only what is printable. */
+    for (uint32_t i = 0; i < h.body_len; i++) {
+      if ((unsigned char)reason[i] < 0x20 || (unsigned char)reason[i] >= 0x7f) reason[i] = '?';
+    }
     snprintf(why, why_len, "%s", reason);
     return h.type == MEP_BS_KNOCK_BUSY ? MEP_BS_KNOCK_RETRY
                                        : MEP_BS_KNOCK_REFUSED;
@@ -198,7 +203,7 @@ static int knock_verdict(const mep_bootstrap_t *bs, int fd,
              "the answer at %s did not prove it holds the job token (a "
              "process other than this group's rank 0, or another token)",
              bs->address);
-    return MEP_BS_KNOCK_RETRY;
+    return MEP_BS_KNOCK_UNPROVEN;
   }
   *addr_len = h.body_len;
   return MEP_BS_KNOCK_ADMITTED;

@@ -57,7 +57,7 @@
  * own worker address with a proof over both nonces (so the joiner knows it
  * reached the real rank 0), or the reason for a refusal. Only then do the
  * two UCX workers connect, by worker address; the token never crosses the
- * network. Rank 0 reads at most this many unanswered connections at a
+ * gate. Rank 0 reads at most this many unanswered connections at a
  * time, each into a fixed buffer of MEP_BS_KNOCK_MAX bytes, and closes one
  * that has not sent a whole knock within MEP_BS_KNOCK_WAIT_MS (a real
  * joiner writes it at once); past the bound the oldest is closed. Together
@@ -279,12 +279,14 @@ void mep_bs_proof(const mep_bootstrap_t *bs, const char *label,
                   uint8_t out[MEP_BS_PROOF_BYTES]);
 #define MEP_BS_PROOF_KNOCK "moe-ep knock"
 #define MEP_BS_PROOF_VERDICT "moe-ep verdict"
+/* UNPROVEN: an admission rank 0 did not prove (retried, and named in the
+ * final error even if later attempts only time out). */
 enum { MEP_BS_KNOCK_RETRY = 0, MEP_BS_KNOCK_ADMITTED = 1,
-       MEP_BS_KNOCK_REFUSED = 2 };
+       MEP_BS_KNOCK_REFUSED = 2, MEP_BS_KNOCK_UNPROVEN = 3 };
 /* A joiner's knock: connects to the gate, takes its challenge, presents
  * rank, world size and this worker's address with the proof, and reads
  * the verdict. ADMITTED fills addr/addr_len (rank 0's worker address,
- * proven; addr holds MEP_BS_ADDR_MAX); REFUSED and RETRY fill `why`. */
+ * proven; addr holds MEP_BS_ADDR_MAX); the others fill `why`. */
 int mep_bs_knock(mep_bootstrap_t *bs, int64_t deadline_ms, void *addr,
                  size_t *addr_len, char *why, size_t why_len);
 

@@ -40,12 +40,16 @@ static void *entry(const char *name) {
   return fn;
 }
 
+/* Saving and restoring needs the first pair; switching to a primary
+ * context the second too (without it, switching falls back to
+ * cudaSetDevice while the caller's context is still restored). */
 static void resolve(void) {
   void *get = entry("cuCtxGetCurrent"), *set = entry("cuCtxSetCurrent");
-  void *dev = entry("cuDeviceGet"), *retain = entry("cuDevicePrimaryCtxRetain");
-  if (get == NULL || set == NULL || dev == NULL || retain == NULL) return;
+  if (get == NULL || set == NULL) return;
   g_ctx_get = (ctx_get_fn)get;
   g_ctx_set = (ctx_set_fn)set;
+  void *dev = entry("cuDeviceGet"), *retain = entry("cuDevicePrimaryCtxRetain");
+  if (dev == NULL || retain == NULL) return;
   g_dev_get = (dev_get_fn)dev;
   g_retain = (retain_fn)retain;
 }

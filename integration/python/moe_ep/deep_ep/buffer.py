@@ -21,6 +21,7 @@ rank 0 picks a free port for each group and the group learns it. A
 configured `bootstrap.address` serves the Buffer's first group; its second
 group (both modes on one Buffer) takes the next port.
 """
+import hashlib
 import os
 import secrets
 import socket
@@ -235,15 +236,17 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
 
     def _agree_token(self, config):
         """A group of more than one rank admits only processes that hold
-        the job token (the variable config.bootstrap_token_env names). Over
-        the Buffer's torch.distributed group, ranks without one take the
-        one the others were given, or one rank 0 draws at random when no
-        rank has one; ranks given different tokens raise here, all alike.
-        A token a Buffer put there counts as none, so a Buffer over other
-        ranks agrees afresh. One collective; without a torch group
-        whoever starts the ranks sets the variable. os.environ is written
-        while no other thread should be reading the environment: at group
-        creation, as DeepEP's Buffer constructor is."""
+        the job token (the variable config.bootstrap_token_env names). When
+        no rank has one, rank 0 draws one at random and the Buffer's
+        torch.distributed group carries it to the others (the one time a
+        token crosses the network: on that group's own connections). Ranks
+        that were given tokens compare only their SHA-256, and raise here,
+        every rank alike, when they differ or when some ranks have none. A
+        token a Buffer put there counts as none, so a Buffer over other
+        ranks agrees afresh. One collective; without a torch group whoever
+        starts the ranks sets the variable. os.environ is written at group
+        creation, when no other thread should be reading the environment
+        (as with DeepEP's Buffer constructor)."""
         if self.group is None or self.group.size() < 2:
             return
         import torch.distributed as dist
@@ -251,23 +254,33 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         mine = os.environ.get(name) or None
         if mine is not None and _AGREED_TOKENS.get(name) == mine:
             mine = None
+        digest = hashlib.sha256(mine.encode()).hexdigest() if mine is not None else None
         drawn = secrets.token_hex(16) if self.group.rank() == 0 else None
         everyone = [None] * self.group.size()
-        dist.all_gather_object(everyone, (mine, drawn), group=self.group)
-        given = {}
-        for r, (token, _) in enumerate(everyone):
-            if token is not None:
-                given.setdefault(token, []).append(r)
+        dist.all_gather_object(everyone, (digest, drawn if digest is None else None),
+                               group=self.group)
+        given, none = {}, []
+        for r, (d, _) in enumerate(everyone):
+            if d is None:
+                none.append(r)
+            else:
+                given.setdefault(d, []).append(r)
         if len(given) > 1:
             sets = "; ".join("ranks %s hold one" % ", ".join(map(str, ranks))
                              for ranks in given.values())
             raise ValueError("Buffer: the ranks' job tokens in %s differ (%s); set one "
                              "secret on every rank, or on none and the Buffer agrees one"
                              % (name, sets))
-        token = next(iter(given)) if given else everyone[0][1]
-        if os.environ.get(name) != token:
-            os.environ[name] = token
-            _AGREED_TOKENS[name] = token
+        if given and none:
+            raise ValueError("Buffer: ranks %s have a job token in %s and ranks %s have none; "
+                             "set one secret on every rank, or on none and the Buffer "
+                             "agrees one" % (", ".join(map(str, next(iter(given.values())))),
+                                             name, ", ".join(map(str, none))))
+        if given:
+            return
+        token = everyone[0][1]
+        os.environ[name] = token
+        _AGREED_TOKENS[name] = token
 
     def _wants_cuda(self):
         backend = os.environ.get("MOE_EP_BACKEND") or self._user_config.get("backend", "auto")
