@@ -20,6 +20,7 @@
 #include "runtime/bootstrap.h"
 #include "runtime/bootstrap_types.h"
 #include "runtime/error.h"
+#include "tests/bootstrap/gate_records.h"
 
 namespace {
 
@@ -31,11 +32,7 @@ void FakeGate(int lfd, std::atomic<bool> *stop, std::atomic<int> *served) {
     setsockopt(lfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     int fd = accept(lfd, nullptr, nullptr);
     if (fd < 0) continue;
-    mep_bs_knock_hdr_t h;
-    memset(&h, 0, sizeof(h));
-    h.magic = MEP_BS_KNOCK_MAGIC;
-    h.version = MEP_BS_VERSION;
-    h.type = MEP_BS_CHALLENGE;
+    mep_bs_knock_hdr_t h = mep_test::GateHeader(MEP_BS_CHALLENGE, 0, 2);
     h.body_len = MEP_BS_NONCE_BYTES;
     std::vector<unsigned char> out(sizeof(h));
     memcpy(out.data(), &h, sizeof(h));

@@ -28,6 +28,7 @@
 
 #include "runtime/bootstrap_types.h"
 #include "tests/bootstrap/flag_util.h"
+#include "tests/bootstrap/gate_records.h"
 
 namespace {
 
@@ -75,13 +76,7 @@ Opts Parse(int argc, char **argv) {
 // the gate's challenge: its proof is wrong (or absent) either way.
 std::vector<unsigned char> Payload(const Opts &o) {
   if (o.mode == "garbage") return std::vector<unsigned char>(o.bytes, 'x');
-  mep_bs_knock_hdr_t h;
-  memset(&h, 0, sizeof(h));
-  h.magic = MEP_BS_KNOCK_MAGIC;
-  h.version = MEP_BS_VERSION;
-  h.type = MEP_BS_KNOCK;
-  h.rank = 1;
-  h.world_size = o.world;
+  mep_bs_knock_hdr_t h = mep_test::GateHeader(MEP_BS_KNOCK, 1, o.world);
   const size_t body = MEP_BS_NONCE_BYTES + 64;  // a nonce, a made-up address
   if (o.mode == "wrong") {
     h.proof_len = MEP_BS_PROOF_BYTES;

@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "runtime/bootstrap_types.h"
 #include "tests/bootstrap/proc_util.h"
 #include "tests/common/ports.h"
 
@@ -164,6 +165,27 @@ TEST_P(StrangerTest, GateTurnsAwayEveryOutsider) {
   EXPECT_EQ(count("wrong job token"), 1u) << group[0]->Describe();
   EXPECT_EQ(count("do not start a moe-ep knock"), 1 + strangers.size())
       << group[0]->Describe();
+}
+
+// A proven knock replayed on another connection, and one altered after
+// proving, are refused as a wrong token: the proof binds the gate's fresh
+// challenge and every byte of the knock, so the altered worker address
+// never reaches UCX (a malformed one would abort rank 0 inside it).
+TEST_P(StrangerTest, GateRefusesReplayedAndAlteredKnocks) {
+  auto rank0 = StartRank(0);
+  auto replay = RunOutsider("bootstrap_forger", {"--mode=replay", std::string("--token=") + kToken});
+  auto tamper = RunOutsider("bootstrap_forger", {"--mode=tamper", std::string("--token=") + kToken});
+  auto group = FinishGroup(std::move(rank0));
+  const std::string refuse = std::to_string(MEP_BS_KNOCK_REFUSE) + ":";
+  EXPECT_TRUE(replay->Exited(0)) << replay->Describe();
+  // The original is proven (refused for its world size), its replay is not.
+  EXPECT_NE(replay->out.find("first=" + refuse + "world size mismatch"), std::string::npos)
+      << replay->Describe();
+  EXPECT_NE(replay->out.find("second=" + refuse + "wrong job token"), std::string::npos)
+      << replay->Describe();
+  EXPECT_TRUE(tamper->Exited(0)) << tamper->Describe();
+  EXPECT_NE(tamper->out.find("first=" + refuse + "wrong job token"), std::string::npos)
+      << tamper->Describe();
 }
 
 // While the group forms: 512 connections that never finish a knock (more
