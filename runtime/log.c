@@ -29,6 +29,11 @@ static __thread int thread_in_callback;
 static const char *const level_names[] = {"none", "error", "warn",
                                           "info", "debug", "trace"};
 
+/* A MOE_EP_LOG_LEVEL that names no level: ignored, and said once, at the
+ * first line the library logs (the environment cannot return an error). */
+static char env_bad[64];
+static int env_bad_told;
+
 /* MOE_EP_LOG_LEVEL accepts a name ("info") or a number (3). */
 static void log_init_from_env(void) {
   const char *env = getenv("MOE_EP_LOG_LEVEL");
@@ -43,7 +48,9 @@ static void log_init_from_env(void) {
   long v = strtol(env, &end, 10);
   if (end != env && *end == '\0' && v >= 0 && v <= MOE_EP_LOG_TRACE) {
     env_level = (int)v;
+    return;
   }
+  snprintf(env_bad, sizeof(env_bad), "%s", env);
 }
 
 int mep_log_level(void) {
@@ -88,7 +95,14 @@ static void write_stderr_line(const char *msg) {
 }
 
 void mep_log(int level, const char *subsys, const char *fmt, ...) {
-  if (level > mep_log_level() || level <= MOE_EP_LOG_NONE) return;
+  const int shown = mep_log_level();
+  if (env_bad[0] != '\0' && !__atomic_exchange_n(&env_bad_told, 1, __ATOMIC_ACQ_REL)) {
+    mep_log(MOE_EP_LOG_WARN, "log",
+            "MOE_EP_LOG_LEVEL='%s' is not a level (none, error, warn, info, debug, trace, "
+            "or 0..5); it is ignored",
+            env_bad);
+  }
+  if (level > shown || level <= MOE_EP_LOG_NONE) return;
   char msg[1280];
   int n = snprintf(msg, sizeof(msg), "moe_ep %s [%s] ", level_names[level],
                    subsys);
