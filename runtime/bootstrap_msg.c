@@ -540,7 +540,7 @@ void mep_bs_peer_close(mep_bootstrap_t *bs, mep_bs_peer_t *peer, int force) {
   p.flags = (force || peer->failed) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
   ucs_status_ptr_t r = ucp_ep_close_nbx(peer->ep, &p);
   peer->ep = NULL;
-  if (peer->state != MEP_BS_PEER_REFUSED) peer->state = MEP_BS_PEER_CLOSED;
+  peer->state = MEP_BS_PEER_CLOSED;
   if (UCS_PTR_IS_PTR(r)) peer->close_req = r;
   (void)bs;
 }

@@ -29,13 +29,11 @@ static int root_check_knock(const mep_bootstrap_t *bs,
   return 1;
 }
 
-/* The peer, other than `skip`, that was made for this worker address. */
+/* The peer made for this worker address, if any. */
 static mep_bs_peer_t *root_peer_by_addr(mep_bootstrap_t *bs, const void *addr,
-                                        size_t len, const mep_bs_peer_t *skip) {
+                                        size_t len) {
   for (mep_bs_peer_t *p = bs->peers; p != NULL; p = p->next) {
-    if (p != skip && p->addr_len == len && memcmp(p->addr, addr, len) == 0) {
-      return p;
-    }
+    if (p->addr_len == len && memcmp(p->addr, addr, len) == 0) return p;
   }
   return NULL;
 }
@@ -84,7 +82,7 @@ int mep_bs_root_admit(mep_bootstrap_t *bs, const mep_bs_knock_hdr_t *h,
   }
   /* UCX pairs one ep per side; a second one from rank 0 to a worker whose
    * first connection failed would never pair with the joiner's. */
-  if (root_peer_by_addr(bs, addr, addr_len, NULL) != NULL) {
+  if (root_peer_by_addr(bs, addr, addr_len) != NULL) {
     snprintf(why, why_len,
              "rank %d's process already had a connection to rank 0 that "
              "failed; restart that rank",

@@ -148,8 +148,7 @@ typedef struct mep_bs_hdr {
 typedef enum mep_bs_peer_state {
   MEP_BS_PEER_CONNECTING = 0, /* ep exists, no HELLO / ACCEPT yet */
   MEP_BS_PEER_JOINED = 1,     /* HELLO and ACCEPT exchanged */
-  MEP_BS_PEER_REFUSED = 2,    /* rank 0 said no; closing */
-  MEP_BS_PEER_CLOSED = 3      /* ep closed (or never opened) */
+  MEP_BS_PEER_CLOSED = 2      /* ep closed (or never opened) */
 } mep_bs_peer_state_t;
 
 /* One endpoint: on rank 0 one per knock the gate admitted, on the others

@@ -324,17 +324,13 @@ static moe_ep_status_t nccl_poll_error(moe_ep_group_t *g) {
 }
 
 /* Makes the group's GPU current for a launch; the engine's state, saved in
- * *caller, is restored by leave_device (mep_nccl_caller_t). */
+ * *caller, is restored by mep_nccl_leave (nccl_context.h). */
 static moe_ep_status_t enter_device(moe_ep_group_t *g, nccl_state_t *s,
                                     mep_nccl_caller_t *caller) {
   MEP_CHECK(timeout_status(g, s));
   MEP_CHECK(mep_nccl_enter(s->device, caller));
   s->ctx.num_sms = g->num_sms > 0 ? g->num_sms : s->device_sms;
   return MOE_EP_OK;
-}
-
-static moe_ep_status_t leave_device(const mep_nccl_caller_t *caller, moe_ep_status_t st) {
-  return mep_nccl_leave(caller, st);
 }
 
 /* The kernels' own statuses keep kernels/ free of the public ABI; the
@@ -448,7 +444,7 @@ static moe_ep_status_t nccl_send(moe_ep_group_t *g, mep_op_t *op) {
   moe_ep_status_t st = mep_nccl_sent_order(&s->received, op->buffer_set, op->stream);
   if (st == MOE_EP_OK) st = send_half(g, s, op, 0);
   if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->sent, op->buffer_set, op->stream);
-  return leave_device(&caller, st);
+  return mep_nccl_leave(&caller, st);
 }
 
 static moe_ep_status_t nccl_recv(moe_ep_group_t *g, mep_op_t *op) {
@@ -456,7 +452,7 @@ static moe_ep_status_t nccl_recv(moe_ep_group_t *g, mep_op_t *op) {
   mep_nccl_caller_t caller;
   MEP_CHECK(enter_device(g, s, &caller));
   moe_ep_status_t st = mep_nccl_sent_order(&s->sent, op->buffer_set, op->stream);
-  if (st != MOE_EP_OK) return leave_device(&caller, st);
+  if (st != MOE_EP_OK) return mep_nccl_leave(&caller, st);
   if (op->kind == MEP_OP_DISPATCH) {
     mep_ll_dispatch_args_t a;
     dispatch_args(g, s, op, &a);
@@ -467,7 +463,7 @@ static moe_ep_status_t nccl_recv(moe_ep_group_t *g, mep_op_t *op) {
     st = mep_nccl_launched(g, mep_ll_combine_recv(&s->ctx, &a, op->stream), "combine receive");
   }
   if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->received, op->buffer_set, op->stream);
-  return leave_device(&caller, st);
+  return mep_nccl_leave(&caller, st);
 }
 
 static moe_ep_status_t nccl_send_recv(moe_ep_group_t *g, mep_op_t *op) {
@@ -477,7 +473,7 @@ static moe_ep_status_t nccl_send_recv(moe_ep_group_t *g, mep_op_t *op) {
   moe_ep_status_t st = mep_nccl_sent_order(&s->received, op->buffer_set, op->stream);
   if (st == MOE_EP_OK) st = send_half(g, s, op, 1);
   if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->received, op->buffer_set, op->stream);
-  return leave_device(&caller, st);
+  return mep_nccl_leave(&caller, st);
 }
 
 /* DeepEP's view of an LL handle's slots, from this set's handle storage
@@ -496,7 +492,7 @@ static moe_ep_status_t nccl_handle_layout(moe_ep_group_t *g, mep_handle_state_t 
   mep_nccl_caller_t caller;
   MEP_CHECK(enter_device(g, s, &caller));
   const mep_ll_dims_t *d = &s->ctx.dims;
-  return leave_device(
+  return mep_nccl_leave(
       &caller,
       mep_nccl_launched(g,
                         mep_ll_export_layout(s->slot_src[nh->set], s->src_count[nh->set],

@@ -99,23 +99,6 @@ int mep_nccl_record_ready(const mep_error_record_t *r) {
   return __atomic_load_n(&r->flag, __ATOMIC_ACQUIRE) == 2;
 }
 
-moe_ep_status_t mep_nccl_as_caller(moe_ep_status_t (*fn)(moe_ep_group_t *g), moe_ep_group_t *g) {
-  mep_nccl_caller_t caller;
-  mep_nccl_caller_save(&caller);
-  moe_ep_status_t st = fn(g);
-  mep_nccl_caller_restore(&caller);
-  return st;
-}
-
-moe_ep_status_t mep_nccl_enter(int device, mep_nccl_caller_t *c) {
-  return mep_nccl_caller_enter(device, c);
-}
-
-moe_ep_status_t mep_nccl_leave(const mep_nccl_caller_t *c, moe_ep_status_t st) {
-  mep_nccl_caller_leave(c);
-  return st;
-}
-
 moe_ep_status_t mep_nccl_launched(const moe_ep_group_t *g, mep_kstatus_t k, const char *what) {
   if (k == MEP_KSTATUS_OK) return MOE_EP_OK;
   moe_ep_status_t st = k == MEP_KSTATUS_INVALID_ARGUMENT ? MOE_EP_ERR_INVALID_ARGUMENT

@@ -33,14 +33,6 @@ void mep_nccl_free_records(mep_error_record_t *host);
 /* A record the GPU finished writing (read fresh: host-mapped memory). */
 int mep_nccl_record_ready(const mep_error_record_t *r);
 
-/* Runs fn(g) (a create or a teardown, which switch to the group's device
- * on their own) and puts the caller's state back. */
-moe_ep_status_t mep_nccl_as_caller(moe_ep_status_t (*fn)(moe_ep_group_t *g), moe_ep_group_t *g);
-/* Saves the caller's state and makes `device` current for a launch
- * (nccl_context.h); mep_nccl_leave restores the caller's state and
- * returns st. */
-moe_ep_status_t mep_nccl_enter(int device, mep_nccl_caller_t *c);
-moe_ep_status_t mep_nccl_leave(const mep_nccl_caller_t *c, moe_ep_status_t st);
 
 /* A launcher's status as moe-ep's, with its sentence and this rank. */
 moe_ep_status_t mep_nccl_launched(const moe_ep_group_t *g, mep_kstatus_t k, const char *what);

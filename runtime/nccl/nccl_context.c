@@ -71,7 +71,7 @@ static void *primary_ctx(int device) {
   return ctx;
 }
 
-void mep_nccl_caller_save(mep_nccl_caller_t *c) {
+static void caller_save(mep_nccl_caller_t *c) {
   pthread_once(&g_once, resolve);
   c->ctx = NULL;
   c->have_ctx = 0;
@@ -86,7 +86,7 @@ void mep_nccl_caller_save(mep_nccl_caller_t *c) {
   if (!c->have_ctx && cudaGetDevice(&c->device) != cudaSuccess) c->device = -1;
 }
 
-void mep_nccl_caller_restore(const mep_nccl_caller_t *c) {
+static void caller_restore(const mep_nccl_caller_t *c) {
   if (c->have_ctx) {
     void *now = NULL;
     if (g_ctx_get(&now) != CU_SUCCESS || now != c->ctx) (void)g_ctx_set(c->ctx);
@@ -123,8 +123,8 @@ moe_ep_status_t mep_nccl_make_current(int device) {
   return MOE_EP_OK;
 }
 
-moe_ep_status_t mep_nccl_caller_enter(int device, mep_nccl_caller_t *c) {
-  mep_nccl_caller_save(c);
+moe_ep_status_t mep_nccl_enter(int device, mep_nccl_caller_t *c) {
+  caller_save(c);
   if (c->have_ctx) {
     void *primary = primary_ctx(device);
     if (primary != NULL && c->ctx == primary) {
@@ -133,10 +133,19 @@ moe_ep_status_t mep_nccl_caller_enter(int device, mep_nccl_caller_t *c) {
     }
   }
   moe_ep_status_t st = mep_nccl_make_current(device);
-  if (st != MOE_EP_OK) mep_nccl_caller_restore(c);
+  if (st != MOE_EP_OK) caller_restore(c);
   return st;
 }
 
-void mep_nccl_caller_leave(const mep_nccl_caller_t *c) {
-  if (c->switched) mep_nccl_caller_restore(c);
+moe_ep_status_t mep_nccl_leave(const mep_nccl_caller_t *c, moe_ep_status_t st) {
+  if (c->switched) caller_restore(c);
+  return st;
+}
+
+moe_ep_status_t mep_nccl_as_caller(moe_ep_status_t (*fn)(moe_ep_group_t *g), moe_ep_group_t *g) {
+  mep_nccl_caller_t caller;
+  caller_save(&caller);
+  moe_ep_status_t st = fn(g);
+  caller_restore(&caller);
+  return st;
 }

@@ -22,17 +22,18 @@ typedef struct mep_nccl_caller {
   void *ctx;    /* CUcontext; NULL: none */
   int have_ctx; /* ctx is known (the driver's context calls resolved) */
   int device;   /* fallback: the runtime's current device, or -1 */
-  int switched; /* set by mep_nccl_caller_enter: the context was changed */
+  int switched; /* set by mep_nccl_enter: the context was changed */
 } mep_nccl_caller_t;
 
-/* Around work that switches devices on its own (create, teardown). */
-void mep_nccl_caller_save(mep_nccl_caller_t *c);
-void mep_nccl_caller_restore(const mep_nccl_caller_t *c);
 /* Around one entry: saves the caller's state and makes `device`'s primary
- * context current; leave restores only what enter changed, so an engine
- * thread already on the group's device pays one context query per entry. */
-moe_ep_status_t mep_nccl_caller_enter(int device, mep_nccl_caller_t *c);
-void mep_nccl_caller_leave(const mep_nccl_caller_t *c);
+ * context current; leave restores only what enter changed (so an engine
+ * thread already on the group's device pays one context query per entry)
+ * and returns st. */
+moe_ep_status_t mep_nccl_enter(int device, mep_nccl_caller_t *c);
+moe_ep_status_t mep_nccl_leave(const mep_nccl_caller_t *c, moe_ep_status_t st);
+/* Runs fn(g) (a create or a teardown, which switch to the group's device
+ * on their own) and puts the caller's state back. */
+moe_ep_status_t mep_nccl_as_caller(moe_ep_status_t (*fn)(moe_ep_group_t *g), moe_ep_group_t *g);
 /* Makes `device`'s primary context current (or, in the fallback, the
  * device current). */
 moe_ep_status_t mep_nccl_make_current(int device);

@@ -115,45 +115,50 @@ TEST(CallerContext, LowLatencyEntriesLeaveTheThreadsContextAsItWas) {
   };
   const char *entry[] = {"prepare", "dispatch", "combine"};
 
-  std::vector<void *> fresh_after;
-  OnFreshThread([&] { layer(&fresh_after); });
-  ASSERT_EQ(fresh_after.size(), 3u);
-  for (int i = 0; i < 3; i++) {
-    EXPECT_EQ(fresh_after[i], nullptr) << entry[i] << " left a thread with no context holding one";
-  }
-  L.m_out.download();
-  EXPECT_EQ(oracle::compare_exact_u16("out", L.out.data(), L.want_out.data(),
-                                      L.want_out.size(), kHidden), "")
-      << "rank 0 seed " << kSeed << " (fresh thread)";
+  // On a new thread: `setup` gives it its context (and returns it), one
+  // layer runs, `done` tears the context down. Every entry must leave that
+  // context current, and the combine must give the oracle's values.
+  auto on_thread = [&](const char *who, auto setup, auto done) {
+    std::fill(L.out.begin(), L.out.end(), 0xffff);
+    L.m_out.upload();
+    std::vector<void *> after;
+    void *mine = reinterpret_cast<void *>(1);
+    std::thread t([&] {
+      mine = setup();
+      layer(&after);
+      done(mine);
+    });
+    t.join();
+    ASSERT_EQ(after.size(), 3u) << who;
+    for (int i = 0; i < 3; i++) {
+      EXPECT_EQ(after[i], mine) << entry[i] << " changed the context of a thread " << who;
+    }
+    L.m_out.download();
+    EXPECT_EQ(oracle::compare_exact_u16("out", L.out.data(), L.want_out.data(),
+                                        L.want_out.size(), kHidden), "")
+        << "rank 0 seed " << kSeed << " (a thread " << who << ")";
+  };
+  auto nothing = [](void *) {};
 
-  // A thread on the device's primary context (an engine thread after
-  // cudaSetDevice) stays on it; the entries take their fast path.
-  std::fill(L.out.begin(), L.out.end(), 0xffff);
-  L.m_out.upload();
-  std::vector<void *> primary_after;
-  void *primary = nullptr;
-  std::thread tp([&] {
-    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-    ASSERT_EQ(cudaFree(nullptr), cudaSuccess);
-    primary = CurrentContext();
-    layer(&primary_after);
-  });
-  tp.join();
-  ASSERT_NE(primary, nullptr);
-  ASSERT_EQ(primary_after.size(), 3u);
-  for (int i = 0; i < 3; i++) {
-    EXPECT_EQ(primary_after[i], primary) << entry[i] << " changed the primary context";
-  }
-  L.m_out.download();
-  EXPECT_EQ(oracle::compare_exact_u16("out", L.out.data(), L.want_out.data(),
-                                      L.want_out.size(), kHidden), "")
-      << "rank 0 seed " << kSeed << " (thread on the primary context)";
+  on_thread("with no context", [] {
+    EXPECT_EQ(CurrentContext(), nullptr) << "a new thread already has a context";
+    return static_cast<void *>(nullptr);
+  }, nothing);
 
-  // A thread whose current context is its own (not the device's primary
-  // one, where the group's memory lives) keeps it, and the group's work
-  // still runs in the primary context and gives the oracle's values.
-  // cuCtxCreate as CUDA 13 declares it (cuCtxCreate_v4: no affinity, no
-  // CIG parameters); an older driver lacks it, and this part is skipped.
+  // An engine thread after cudaSetDevice: the entries take their fast path.
+  on_thread("on the device's primary context", [] {
+    EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
+    EXPECT_EQ(cudaFree(nullptr), cudaSuccess);
+    void *primary = CurrentContext();
+    EXPECT_NE(primary, nullptr);
+    return primary;
+  }, nothing);
+
+  // A context of the thread's own (not the device's primary one, where the
+  // group's memory lives): it stays current and the group's work still
+  // runs in the primary context. cuCtxCreate as CUDA 13 declares it
+  // (cuCtxCreate_v4: no affinity, no CIG parameters); an older driver
+  // lacks it, and this case is skipped.
   using Create = CUresult (*)(CUcontext *, CUctxCreateParams *, unsigned, CUdevice);
   using Destroy = int (*)(void *);
   auto ctx_create = reinterpret_cast<Create>(DriverEntry("cuCtxCreate", 13000));
@@ -161,27 +166,14 @@ TEST(CallerContext, LowLatencyEntriesLeaveTheThreadsContextAsItWas) {
   if (ctx_create == nullptr || ctx_destroy == nullptr) {
     std::printf("note: the driver has no CUDA 13 cuCtxCreate; the own-context case is skipped\n");
   } else {
-    std::fill(L.out.begin(), L.out.end(), 0xffff);
-    L.m_out.upload();
-    std::vector<void *> own_after;
-    void *own = nullptr;
-    std::thread t([&] {
+    on_thread("with its own context", [&] {
       CUctxCreateParams none{};
       CUcontext made = nullptr;
-      ASSERT_EQ(ctx_create(&made, &none, 0, 0), CUDA_SUCCESS) << "cuCtxCreate";
-      own = made;
-      ASSERT_EQ(CurrentContext(), own);
-      layer(&own_after);
-      ctx_destroy(own);
-    });
-    t.join();
-    ASSERT_NE(own, nullptr);
-    ASSERT_EQ(own_after.size(), 3u);
-    for (int i = 0; i < 3; i++) EXPECT_EQ(own_after[i], own) << entry[i] << " changed the context";
-    L.m_out.download();
-    EXPECT_EQ(oracle::compare_exact_u16("out", L.out.data(), L.want_out.data(),
-                                        L.want_out.size(), kHidden), "")
-        << "rank 0 seed " << kSeed << " (thread with its own context)";
+      EXPECT_EQ(ctx_create(&made, &none, 0, 0), CUDA_SUCCESS) << "cuCtxCreate";
+      EXPECT_NE(made, nullptr);
+      EXPECT_EQ(CurrentContext(), static_cast<void *>(made));
+      return static_cast<void *>(made);
+    }, [&](void *made) { ctx_destroy(made); });
   }
 
   moe_ep_status_t destroyed = MOE_EP_ERR_INTERNAL;
