@@ -8,7 +8,6 @@
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -34,14 +33,7 @@ void mep_bs_knock_hdr_init(mep_bs_knock_hdr_t *h, int type, int rank,
 }
 
 int mep_bs_nonce(uint8_t out[MEP_BS_NONCE_BYTES]) {
-  size_t got = 0;
-  while (got < MEP_BS_NONCE_BYTES) {
-    ssize_t n = getrandom(out + got, MEP_BS_NONCE_BYTES - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return -1;
-    got += (size_t)n;
-  }
-  return 0;
+  return mep_random_bytes(out, MEP_BS_NONCE_BYTES);
 }
 
 void mep_bs_proof(const mep_bootstrap_t *bs, const char *label,

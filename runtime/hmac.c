@@ -1,8 +1,11 @@
 /* hmac.c: SHA-256 and HMAC-SHA-256 (see hmac.h), written from FIPS 180-4
- * and RFC 2104. */
+ * and RFC 2104, and the random bytes the gate's nonces and the host mesh's
+ * keys come from. */
 #include "runtime/hmac.h"
 
+#include <errno.h>
 #include <string.h>
+#include <sys/random.h>
 
 static const uint32_t K[64] = {
     0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1,
@@ -129,4 +132,19 @@ int mep_bytes_equal(const void *a, const void *b, size_t n) {
   uint8_t diff = 0;
   for (size_t i = 0; i < n; i++) diff |= (uint8_t)(x[i] ^ y[i]);
   return diff == 0;
+}
+
+int mep_random_bytes(void *out, size_t n) {
+  uint8_t *o = out;
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = getrandom(o + got, n - got, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      if (r == 0) errno = EIO;
+      return -1;
+    }
+    got += (size_t)r;
+  }
+  return 0;
 }

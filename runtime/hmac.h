@@ -1,7 +1,8 @@
-/* hmac.h: SHA-256 (FIPS 180-4) and HMAC-SHA-256 (RFC 2104), for the
- * bootstrap's gate: a joiner and rank 0 prove to each other that they hold
- * the job token without sending it. Small and dependency-free on purpose:
- * the plugin links no crypto library. */
+/* hmac.h: SHA-256 (FIPS 180-4), HMAC-SHA-256 (RFC 2104) and random bytes,
+ * for the bootstrap's gate (a joiner and rank 0 prove to each other that
+ * they hold the job token without sending it) and the host mesh's message
+ * keys. Small and dependency-free on purpose: the plugin links no crypto
+ * library. */
 #ifndef MEP_RUNTIME_HMAC_H_
 #define MEP_RUNTIME_HMAC_H_
 
@@ -33,6 +34,10 @@ void mep_hmac_sha256(const void *key, size_t key_len, int n,
 /* 1 when a and b hold the same n bytes; time independent of where they
  * differ. */
 int mep_bytes_equal(const void *a, const void *b, size_t n);
+
+/* n bytes from the kernel's random source (getrandom); 0, or -1 with errno
+ * set when it gives none. */
+int mep_random_bytes(void *out, size_t n);
 
 #ifdef __cplusplus
 }

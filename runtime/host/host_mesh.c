@@ -7,15 +7,17 @@
  * acknowledgements, and an acknowledgement to a peer that just died aborts
  * the process inside UCX; a failed active message is only a failed request. */
 #define _GNU_SOURCE /* posix_memalign under -std=c11 */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <ucp/api/ucp.h>
 
 #include "runtime/error.h"
+#include "runtime/hmac.h"
 #include "runtime/host/host_mesh_impl.h"
 #include "runtime/log.h"
 
-#define BLOB_MAX 4096 /* worker address exchange slot */
+#define BLOB_MAX 4096 /* a rank's slot in the key and address exchange */
 /* Bound on destroy's goodbye: peers that do not answer are gone or stuck. */
 #define GOODBYE_MAX_MS 2000
 
@@ -34,15 +36,20 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status) {
                 (int)(p - m->peers), ucs_status_string(status));
 }
 
-/* Allgathers a variable-size blob (a worker address) in fixed slots. */
-static moe_ep_status_t allgather_blob(mep_bootstrap_t *bs, int world, const void *blob,
-                                      size_t len, uint8_t **all) {
-  if (len + sizeof(uint64_t) > BLOB_MAX) {
-    return mep_error(MOE_EP_ERR_UCX, "host mesh: UCX blob of %zu bytes exceeds %d",
-                     len, BLOB_MAX);
+/* A rank's slot in the address exchange: the address's length, the key
+ * messages to the rank must carry, the address. */
+#define SLOT_KEY 8
+#define SLOT_ADDRESS (SLOT_KEY + MEP_HOST_KEY_BYTES)
+
+/* Allgathers every rank's key and worker address in fixed slots. */
+static moe_ep_status_t allgather_slots(struct mep_host_mesh *m, mep_bootstrap_t *bs,
+                                       const void *addr, size_t len, uint8_t **all) {
+  if (len + SLOT_ADDRESS > BLOB_MAX) {
+    return mep_error(MOE_EP_ERR_UCX, "host mesh: rank %d: UCX worker address of %zu bytes "
+                     "exceeds %d", m->rank, len, BLOB_MAX - SLOT_ADDRESS);
   }
   uint8_t *mine = calloc(1, BLOB_MAX);
-  *all = calloc((size_t)world, BLOB_MAX);
+  *all = calloc((size_t)m->world, BLOB_MAX);
   if (mine == NULL || *all == NULL) {
     free(mine);
     free(*all);
@@ -51,7 +58,8 @@ static moe_ep_status_t allgather_blob(mep_bootstrap_t *bs, int world, const void
   }
   uint64_t l = len;
   memcpy(mine, &l, sizeof(l));
-  memcpy(mine + sizeof(l), blob, len);
+  memcpy(mine + SLOT_KEY, m->key, MEP_HOST_KEY_BYTES);
+  memcpy(mine + SLOT_ADDRESS, addr, len);
   moe_ep_status_t st = mep_bootstrap_allgather(bs, mine, *all, BLOB_MAX);
   free(mine);
   if (st != MOE_EP_OK) {
@@ -84,28 +92,47 @@ static moe_ep_status_t open_worker(struct mep_host_mesh *m) {
   return MOE_EP_OK;
 }
 
-static moe_ep_status_t connect_peers(struct mep_host_mesh *m, mep_bootstrap_t *bs) {
+/* The worker's address, kept for mep_host_mesh_address, and this rank's
+ * key. */
+static moe_ep_status_t own_address_and_key(struct mep_host_mesh *m) {
+  if (mep_random_bytes(m->key, MEP_HOST_KEY_BYTES) != 0) {
+    return mep_error(MOE_EP_ERR_INTERNAL, "host mesh: rank %d cannot draw its message key: "
+                     "getrandom: %s", m->rank, strerror(errno));
+  }
   ucp_address_t *addr;
   size_t addr_len;
   ucs_status_t us = ucp_worker_get_address(m->worker, &addr, &addr_len);
   if (us != UCS_OK) {
-    return mep_error(MOE_EP_ERR_UCX, "host mesh: ucp_worker_get_address: %s",
-                     ucs_status_string(us));
+    return mep_error(MOE_EP_ERR_UCX, "host mesh: rank %d: ucp_worker_get_address: %s",
+                     m->rank, ucs_status_string(us));
   }
-  uint8_t *all;
-  moe_ep_status_t st = allgather_blob(bs, m->world, addr, addr_len, &all);
+  m->address = malloc(addr_len);
+  if (m->address != NULL) {
+    memcpy(m->address, addr, addr_len);
+    m->address_len = addr_len;
+  }
   ucp_worker_release_address(m->worker, addr);
+  if (m->address == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "host mesh: out of memory");
+  return MOE_EP_OK;
+}
+
+static moe_ep_status_t connect_peers(struct mep_host_mesh *m, mep_bootstrap_t *bs) {
+  MEP_CHECK(own_address_and_key(m));
+  uint8_t *all;
+  moe_ep_status_t st = allgather_slots(m, bs, m->address, m->address_len, &all);
   if (st != MOE_EP_OK) return st;
+  for (int p = 0; p < m->world; p++)
+    memcpy(m->peers[p].key, all + (size_t)p * BLOB_MAX + SLOT_KEY, MEP_HOST_KEY_BYTES);
   for (int p = 0; p < m->world && st == MOE_EP_OK; p++) {
     ucp_ep_params_t ep = {
         .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
                       UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER,
-        .address = (const ucp_address_t *)(all + (size_t)p * BLOB_MAX + 8),
+        .address = (const ucp_address_t *)(all + (size_t)p * BLOB_MAX + SLOT_ADDRESS),
         .err_mode = UCP_ERR_HANDLING_MODE_PEER,
         .err_handler = {.cb = on_ep_error, .arg = &m->peers[p]},
     };
-    us = ucp_ep_create(m->worker, &ep, &m->peers[p].ep);
+    ucs_status_t us = ucp_ep_create(m->worker, &ep, &m->peers[p].ep);
     if (us != UCS_OK) {
       st = mep_error(MOE_EP_ERR_UCX, "host mesh: rank %d cannot connect to rank %d: %s",
                      m->rank, p, ucs_status_string(us));
@@ -286,6 +313,11 @@ void mep_host_mesh_destroy(mep_host_mesh_t *m) {
     m->queue_head = next;
   }
   mep_host_mesh_recv_stop(m);
+  if (m->strangers > MEP_HOST_STRANGERS_LOGGED) {
+    MEP_LOG_WARN("host", "rank %d dropped %llu messages without its key in all (the first %d "
+                 "are logged above)", m->rank, (unsigned long long)m->strangers,
+                 MEP_HOST_STRANGERS_LOGGED);
+  }
   if (m->worker != NULL) ucp_worker_destroy(m->worker);
   if (m->context != NULL) ucp_cleanup(m->context);
   if (m->lock_ready) {
@@ -293,9 +325,19 @@ void mep_host_mesh_destroy(mep_host_mesh_t *m) {
     pthread_mutex_destroy(&m->lock);
   }
   free(m->region);
+  free(m->address);
   free(m->peers);
   free(m->last_op);
   free(m);
 }
 
 uint8_t *mep_host_mesh_local(mep_host_mesh_t *m) { return m->region; }
+
+const void *mep_host_mesh_address(const mep_host_mesh_t *m, size_t *len) {
+  *len = m->address_len;
+  return m->address;
+}
+
+uint64_t mep_host_mesh_strangers(const mep_host_mesh_t *m) {
+  return __atomic_load_n(&m->strangers, __ATOMIC_RELAXED);
+}

@@ -28,9 +28,20 @@ enum {
   MEP_HOST_MSG_BYE_ACK = 6
 };
 
+/* Each rank draws a random key at group creation and tells it to its
+ * peers over the bootstrap (whose records only admitted ranks send). The
+ * mesh's UCX worker accepts connections from any UCX process that reaches
+ * its port, so a message that does not carry the receiver's key comes from
+ * outside the group: it is counted and dropped before its header is
+ * believed or its data read. */
+#define MEP_HOST_KEY_BYTES 16
+/* Messages from outside the group logged at WARN; the rest are counted. */
+#define MEP_HOST_STRANGERS_LOGGED 16
+
 /* Header of every data-path message: "write these bytes (or this 64-bit
  * value) at this offset of my region", from rank src. */
 typedef struct mep_host_msg {
+  uint8_t key[MEP_HOST_KEY_BYTES]; /* the receiver's */
   uint64_t offset;
   uint64_t value; /* SIGNAL only */
   int32_t src;
@@ -67,6 +78,7 @@ typedef struct mep_host_cmd {
 /* What is known about a peer's connection; under the mesh lock. */
 typedef struct mep_host_peer {
   struct mep_host_mesh *mesh;
+  uint8_t key[MEP_HOST_KEY_BYTES]; /* what messages to it carry; set before any send */
   ucp_ep_h ep;             /* progress thread (or API thread when stopped) */
   int failed;              /* the endpoint reported an error */
   ucs_status_t fail_status;
@@ -87,6 +99,10 @@ struct mep_host_mesh {
   ucp_context_h context;
   ucp_worker_h worker;
   int handler_set;
+  uint8_t key[MEP_HOST_KEY_BYTES]; /* what messages to this rank must carry */
+  uint8_t *address;                /* this rank's worker address, as its peers got it */
+  size_t address_len;
+  uint64_t strangers;              /* messages dropped for want of the key; atomic */
   mep_host_source_t *sources; /* progress thread */
   int landed;                 /* progress thread: a signal landed this round */
   /* The highest operation number (signal value) applied from each source:

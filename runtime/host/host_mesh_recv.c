@@ -1,14 +1,17 @@
 /* host_mesh_recv.c: the receiving side of the host mesh, run by the
- * progress thread: one active-message handler writes incoming puts into
- * the local region (eager data copied at once, rendezvous data pulled
- * straight into place), applies signals only after every earlier put from
- * the same source has landed, and notes wire-up and goodbye messages. */
+ * progress thread: one active-message handler drops what does not carry
+ * this rank's key, writes incoming puts into the local region (eager data
+ * copied at once, rendezvous data pulled straight into place), applies
+ * signals only after every earlier put from the same source has landed,
+ * and notes wire-up and goodbye messages. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "runtime/error.h"
+#include "runtime/hmac.h"
 #include "runtime/host/host_mesh_impl.h"
+#include "runtime/log.h"
 
 static void recv_fail(struct mep_host_mesh *m, const char *fmt, int src, uint64_t off,
                       uint64_t len) {
@@ -95,16 +98,26 @@ static void on_control(struct mep_host_mesh *m, const mep_host_msg_t *h) {
   pthread_mutex_unlock(&m->lock);
 }
 
+/* A message from outside the group: nothing in it is believed. Returning
+ * UCS_OK drops its data, a rendezvous one's unfetched. */
+static ucs_status_t drop_stranger(struct mep_host_mesh *m, size_t header_length, size_t length) {
+  uint64_t n = __atomic_add_fetch(&m->strangers, 1, __ATOMIC_RELAXED);
+  if (n <= MEP_HOST_STRANGERS_LOGGED) {
+    MEP_LOG_WARN("host", "rank %d dropped a message without its key (header %zu bytes, data "
+                 "%zu bytes): a UCX process outside the group reached its data path",
+                 m->rank, header_length, length);
+  }
+  return UCS_OK;
+}
+
 static ucs_status_t on_message(void *arg, const void *header, size_t header_length,
                                void *data, size_t length, const ucp_am_recv_param_t *param) {
   struct mep_host_mesh *m = arg;
   mep_host_msg_t h;
-  if (header_length != sizeof(h)) {
-    recv_fail(m, "a message from rank %d had a header of %llu bytes (expected %llu)", -1,
-              header_length, sizeof(h));
-    return UCS_OK;
-  }
+  if (header_length != sizeof(h)) return drop_stranger(m, header_length, length);
   memcpy(&h, header, sizeof(h));
+  if (!mep_bytes_equal(h.key, m->key, MEP_HOST_KEY_BYTES))
+    return drop_stranger(m, header_length, length);
   if (h.src < 0 || h.src >= m->world) {
     recv_fail(m, "a message claimed to come from rank %d (offset %llu, %llu bytes)", h.src,
               h.offset, length);

@@ -54,6 +54,7 @@ moe_ep_status_t mep_host_mesh_enqueue(struct mep_host_mesh *m, int peer, int kin
                         .data = data,
                         .bytes = bytes,
                         .counted = counted};
+  memcpy(c->hdr.key, m->peers[peer].key, MEP_HOST_KEY_BYTES);
   pthread_mutex_lock(&m->lock);
   int was_empty = m->queue_head == NULL;
   if (was_empty) {

@@ -108,6 +108,27 @@ int main(int argc, char **argv) {
     timed(h.s, h.name, "cudaMemset (synchronous API)", [&] { CK(cudaMemset(dev, 0, 64)); });
     timed(h.s, h.name, "cudaMemcpy D2H", [&] { int x; CK(cudaMemcpy(&x, dev, 4,
                                                                         cudaMemcpyDeviceToHost)); });
+    /* Calls a teardown that must not wait for the engine could free with. */
+    timed(h.s, h.name, "cudaEventQuery (own stream's event)", [&] {
+      cudaEvent_t e; CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      CK(cudaEventRecord(e, own)); (void)cudaEventQuery(e); CK(cudaEventDestroy(e)); });
+    timed(h.s, h.name, "cudaMallocAsync 1 MiB (own) + sync", [&] {
+      CK(cudaMallocAsync(&p, 1 << 20, own)); CK(cudaStreamSynchronize(own)); });
+    timed(h.s, h.name, "cudaFreeAsync of it (own), no sync", [&] { CK(cudaFreeAsync(p, own)); });
+    CK(cudaStreamSynchronize(own));
+    timed(h.s, h.name, "cudaFreeAsync of cudaMalloc memory (own)", [&] {
+      void *q; CK(cudaMalloc(&q, 1 << 20));
+      const cudaError_t e = cudaFreeAsync(q, own);
+      if (e != cudaSuccess) { printf("  (refused: %s; left allocated)\n", cudaGetErrorString(e)); } });
+    CK(cudaStreamSynchronize(own));
+    void *hostmem = aligned_alloc(4096, 8192);
+    timed(h.s, h.name, "cudaHostRegister mapped 8 KiB", [&] {
+      CK(cudaHostRegister(hostmem, 8192, cudaHostRegisterMapped)); });
+    timed(h.s, h.name, "cudaHostUnregister", [&] { CK(cudaHostUnregister(hostmem)); });
+    free(hostmem);
+    timed(h.s, h.name, "cudaStreamDestroy (own-made, idle)", [&] {
+      cudaStream_t s; CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      CK(cudaStreamDestroy(s)); });
     if (nccl_alloc != nullptr) {
       timed(h.s, h.name, "ncclMemAlloc 64 MiB", [&] {
         if (nccl_alloc(&p, 64u << 20) != 0) p = nullptr; });
