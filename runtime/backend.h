@@ -25,7 +25,9 @@ typedef struct mep_backend_ops {
   uint64_t (*buffer_bytes)(const moe_ep_config_t *cfg, int world_size);
   /* Collective. Sets group->impl; on failure leaves nothing allocated. */
   moe_ep_status_t (*create)(moe_ep_group_t *group);
-  void (*destroy)(moe_ep_group_t *group); /* accepts impl == NULL */
+  /* Accepts impl == NULL. Frees everything, or returns an error sentence
+   * for what it had to leave (a backend whose kernels had not ended). */
+  moe_ep_status_t (*destroy)(moe_ep_group_t *group);
   /* Routing layout (HT exchanges counts here). */
   moe_ep_status_t (*prepare)(moe_ep_group_t *group, mep_handle_state_t *h);
   /* Optional, for a prepare that is collective: this rank refused the call

@@ -307,7 +307,7 @@ moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
   return MOE_EP_OK;
 
 out_destroy_backend:
-  g->ops->destroy(g);
+  (void)g->ops->destroy(g);
 out_destroy_lock:
   pthread_mutex_destroy(&g->lock);
 out_destroy_bootstrap:
@@ -349,11 +349,13 @@ moe_ep_status_t mep_group_destroy(moe_ep_group_t *group) {
     if (group->pending[i] != NULL) group->pending[i]->group = NULL;
   }
   pthread_mutex_unlock(&group->lock);
-  group->ops->destroy(group);
+  /* The group is gone either way; an error says what the backend had to
+   * leave allocated. */
+  moe_ep_status_t st = group->ops->destroy(group);
   mep_bootstrap_destroy(group->boot);
   pthread_mutex_destroy(&group->lock);
   free(group);
-  return MOE_EP_OK;
+  return st;
 }
 
 moe_ep_status_t mep_group_check(const moe_ep_group_t *g, const char *entry) {

@@ -442,12 +442,13 @@ rest_misc() {
   setup_stalls
   held_stream_creates
 }
-# hold: group_create while the engine's GPU work has not ended. A host
-# function holds the legacy default stream for up to 20 s
+# hold: group_create and group_destroy while the engine's GPU work has not
+# ended. A host function holds the legacy default stream for up to 20 s
 # (worker_hold.cc). On the engine's communicator (--adopt_comm=1, made and
-# used once before the hold) a rank whose group_create returns only after
-# the hold expired is a FAIL line: LL over LSA and GIN-emulated, HT, and LL
-# with a nonblocking stream held instead. On a communicator of its own,
+# used once before the hold) a rank whose group_create or group_destroy
+# returns only after the hold expired is a FAIL line: LL over LSA and
+# GIN-emulated, HT, and LL with a nonblocking stream held instead; then
+# group_destroy while the group's own dispatch waits behind a held stream. On a communicator of its own,
 # NCCL's ncclCommInitRankConfig waits for the whole device
 # (tools/bench/RESULTS.md): that create runs with every setup step logged
 # and stamped as it arrives, reported, not judged. Every group then runs
@@ -460,6 +461,10 @@ held_stream_creates() {
   api ht_${E}_adopted_create_held_stream $N 60 $a --adopt_comm=1 --mode=ht
   # an engine's side stream held instead (nonblocking)
   api ${E}_adopted_create_held_side_stream $N 60 $a --adopt_comm=1 --hold_stream=nonblocking
+  # group_destroy with the group's own dispatch queued behind a held
+  # stream: TIMEOUT within bootstrap.timeout_ms, the memory left for it.
+  api ${E}_destroy_behind_held_dispatch $N 60 --scenario=destroy_behind --hold_ms=8000 \
+    --boot_ms=3000 --experts=8 --max_tokens=8 --layers=128:2 --seeds=1
   # A bash read loop stamps the lines (awk reads a pipe in blocks).
   timeout 65 $B/moe_ep_run -n $N --timeout_s 60 -- $B/conformance_worker \
     --plugin=${PLUGIN:-$B/libmoe_ep.so} --backend=nccl --barrier_dir="$(mktemp -d)" $a \

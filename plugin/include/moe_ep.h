@@ -437,6 +437,12 @@ typedef struct moe_ep_plugin_v1 {
    * released with group_destroy (collective too). */
   moe_ep_status_t (*group_create)(const moe_ep_group_params_t *params,
                                   moe_ep_group_t **out);
+  /* The group is gone when it returns, whatever the status. On the nccl
+   * backend it waits for the group's last eager kernels only (not the
+   * rest of the device), within bootstrap.timeout_ms; past that it returns
+   * MOE_EP_ERR_TIMEOUT and leaves what those kernels may use allocated for
+   * the life of the process. CUDA graphs holding the group's calls must
+   * have finished running. */
   moe_ep_status_t (*group_destroy)(moe_ep_group_t *group);
   moe_ep_status_t (*group_info)(const moe_ep_group_t *group,
                                 moe_ep_group_info_t *info);

@@ -34,14 +34,15 @@ static uint64_t host_buffer_bytes(const moe_ep_config_t *cfg, int world) {
   return mep_host_layout_bytes(&l);
 }
 
-static void host_destroy(moe_ep_group_t *g) {
+static moe_ep_status_t host_destroy(moe_ep_group_t *g) {
   host_state_t *hs = g->impl;
-  if (hs == NULL) return;
+  if (hs == NULL) return MOE_EP_OK;
   mep_host_mesh_destroy(hs->mesh);
   free(hs->staging);
   free(hs->counts);
   free(hs);
   g->impl = NULL;
+  return MOE_EP_OK;
 }
 
 static moe_ep_status_t host_create(moe_ep_group_t *g) {
@@ -52,12 +53,12 @@ static moe_ep_status_t host_create(moe_ep_group_t *g) {
   hs->staging = malloc((size_t)g->cfg.max_tokens_per_rank * hs->layout.row_max);
   hs->counts = calloc((size_t)g->world_size, sizeof(uint64_t));
   if (hs->staging == NULL || hs->counts == NULL) {
-    host_destroy(g);
+    (void)host_destroy(g);
     return mep_error(MOE_EP_ERR_NO_MEMORY, "host backend: out of memory");
   }
   moe_ep_status_t st = mep_host_mesh_create(g->boot, mep_host_layout_bytes(&hs->layout),
                                             g->cfg.kernel_timeout_ms, &hs->mesh);
-  if (st != MOE_EP_OK) host_destroy(g);
+  if (st != MOE_EP_OK) (void)host_destroy(g);
   return st;
 }
 

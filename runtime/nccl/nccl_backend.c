@@ -46,6 +46,9 @@ typedef struct nccl_state {
    * receive of the last combine on the set (kernels/ll/PROTOCOL.md,
    * section 6); a hook's receive may run on another stream. */
   mep_nccl_sent_t received;
+  /* The last handle_layout kernel on each set: it reads the set's handle
+   * storage, which the set's next dispatch rewrites and teardown frees. */
+  mep_nccl_sent_t exported;
 } nccl_state_t;
 
 /* What a handle remembers of its dispatch (h->backend). */
@@ -95,39 +98,50 @@ static uint64_t nccl_buffer_bytes(const moe_ep_config_t *cfg, int world) {
 
 /* abort: the group failed, or this rank stops setting up while its peers
  * go on (mep_nccl_destroy aborts the communicator instead of a collective
- * teardown). */
-static void nccl_release(moe_ep_group_t *g, int abort) {
+ * teardown). Waits (bounded) for the group's last kernels, then frees in
+ * stream order; nothing here waits for the whole device. */
+static moe_ep_status_t nccl_release(moe_ep_group_t *g, int abort) {
   nccl_state_t *s = g->impl;
-  if (s == NULL) return;
+  if (s == NULL) return MOE_EP_OK;
+  moe_ep_status_t st = MOE_EP_OK;
+  int ended = 1;
   if (s->device >= 0 && s->nccl != NULL) {
-    /* No kernel may still use the buffers. Without the NCCL side no
-     * kernel of ours ran, and a failed setup may have left a collective
-     * on an adopted communicator that only the engine can end. */
+    /* Without the NCCL side no kernel of ours ran. */
     (void)mep_nccl_make_current(s->device);
-    cudaDeviceSynchronize();
+    const mep_nccl_sent_t *last[3] = {&s->sent, &s->received, &s->exported};
+    ended = mep_nccl_await_sent(last, 3, g->cfg.bootstrap_timeout_ms);
+    if (!ended) st = mep_nccl_abandoned(g, mep_nccl_bytes_allocated(s->nccl));
   }
-  for (int i = 0; i < MEP_NUM_BUFFER_SETS; i++) {
-    cudaFree(s->slot_src[i]);
-    cudaFree(s->src_count[i]);
-    cudaFree(s->route[i]);
-    cudaFree(s->src_tokens[i]);
+  if (ended) { /* else the kernels may still write the records and read the storage */
+    for (int i = 0; i < MEP_NUM_BUFFER_SETS; i++) {
+      mep_nccl_free(s->nccl, s->slot_src[i]);
+      mep_nccl_free(s->nccl, s->src_count[i]);
+      mep_nccl_free(s->nccl, s->route[i]);
+      mep_nccl_free(s->nccl, s->src_tokens[i]);
+    }
+    mep_nccl_free(s->nccl, s->ctx.state);
+    mep_nccl_free_records(s->rec);
   }
   mep_nccl_sent_destroy(&s->sent);
   mep_nccl_sent_destroy(&s->received);
-  cudaFree(s->ctx.state);
-  mep_nccl_free_records(s->rec);
-  mep_nccl_destroy(s->nccl, abort);
+  mep_nccl_sent_destroy(&s->exported);
+  if (ended)
+    mep_nccl_destroy(s->nccl, abort);
+  else
+    mep_nccl_abandon(s->nccl);
   free(s->peer_transport);
   free(s);
   g->impl = NULL;
+  return st;
 }
 
 static moe_ep_status_t nccl_teardown(moe_ep_group_t *g) {
-  nccl_release(g, g->broken != MOE_EP_OK);
-  return MOE_EP_OK;
+  return nccl_release(g, g->broken != MOE_EP_OK);
 }
 
-static void nccl_destroy(moe_ep_group_t *g) { (void)mep_nccl_as_caller(nccl_teardown, g); }
+static moe_ep_status_t nccl_destroy(moe_ep_group_t *g) {
+  return mep_nccl_as_caller(nccl_teardown, g);
+}
 
 static int ll_transport(const moe_ep_group_t *g, const nccl_state_t *s) {
   if (g->cfg.transport == MOE_EP_TRANSPORT_GIN_EMULATED) return MEP_LL_TRANSPORT_GIN_EMULATED;
@@ -141,24 +155,24 @@ static int ll_transport(const moe_ep_group_t *g, const nccl_state_t *s) {
 }
 
 static moe_ep_status_t alloc_device(nccl_state_t *s, const mep_ll_dims_t *d) {
-  cudaError_t e;
   MEP_CHECK(mep_nccl_alloc_zeroed(s->nccl, &s->ctx.state, mep_ll_state_bytes(d),
                                   "allocating and zeroing the LL device state"));
   MEP_CHECK(mep_nccl_alloc_records(&s->rec, &s->ctx.error_dev));
   s->ctx.notice_dev = s->ctx.error_dev + 1;
   size_t slots = (size_t)d->local_experts * (size_t)d->world * (size_t)d->max_tokens;
   size_t routes = (size_t)d->world * (size_t)d->max_tokens * (size_t)d->top_k;
+  const char *what = "allocating handle storage";
   for (int i = 0; i < MEP_NUM_BUFFER_SETS; i++) {
-    if ((e = cudaMalloc((void **)&s->slot_src[i], slots * 4u)) != cudaSuccess ||
-        (e = cudaMalloc((void **)&s->src_count[i],
-                        (size_t)d->local_experts * (size_t)d->world * 4u)) != cudaSuccess ||
-        (e = cudaMalloc((void **)&s->route[i], routes * sizeof(mep_ll_route_t))) !=
-            cudaSuccess ||
-        (e = cudaMalloc((void **)&s->src_tokens[i], (size_t)d->world * 4u)) != cudaSuccess) {
-      return mep_nccl_cuda_error("allocating handle storage", e);
-    }
+    MEP_CHECK(mep_nccl_alloc_zeroed(s->nccl, (void **)&s->slot_src[i], slots * 4u, what));
+    MEP_CHECK(mep_nccl_alloc_zeroed(s->nccl, (void **)&s->src_count[i],
+                                    (size_t)d->local_experts * (size_t)d->world * 4u, what));
+    MEP_CHECK(mep_nccl_alloc_zeroed(s->nccl, (void **)&s->route[i],
+                                    routes * sizeof(mep_ll_route_t), what));
+    MEP_CHECK(mep_nccl_alloc_zeroed(s->nccl, (void **)&s->src_tokens[i],
+                                    (size_t)d->world * 4u, what));
   }
   MEP_CHECK(mep_nccl_sent_create(&s->sent));
+  MEP_CHECK(mep_nccl_sent_create(&s->exported));
   return mep_nccl_sent_create(&s->received);
 }
 
@@ -250,7 +264,7 @@ static moe_ep_status_t nccl_create_here(moe_ep_group_t *g) {
   g->bytes_allocated = mep_nccl_bytes_allocated(s->nccl);
   return MOE_EP_OK;
 out_destroy:
-  nccl_release(g, 1); /* the peers go on to the closing agreement */
+  (void)nccl_release(g, 1); /* the peers go on to the closing agreement */
   return st;
 }
 
@@ -437,11 +451,19 @@ static moe_ep_status_t send_half(moe_ep_group_t *g, nccl_state_t *s, mep_op_t *o
                   "combine");
 }
 
+/* A send half comes after the set's last receive and last handle_layout
+ * kernel (which read the storage its dispatch rewrites), on whatever
+ * stream those ran. */
+static moe_ep_status_t order_send(nccl_state_t *s, const mep_op_t *op) {
+  MEP_CHECK(mep_nccl_sent_order(&s->received, op->buffer_set, op->stream));
+  return mep_nccl_sent_order(&s->exported, op->buffer_set, op->stream);
+}
+
 static moe_ep_status_t nccl_send(moe_ep_group_t *g, mep_op_t *op) {
   nccl_state_t *s = g->impl;
   mep_nccl_caller_t caller;
   MEP_CHECK(enter_device(g, s, &caller));
-  moe_ep_status_t st = mep_nccl_sent_order(&s->received, op->buffer_set, op->stream);
+  moe_ep_status_t st = order_send(s, op);
   if (st == MOE_EP_OK) st = send_half(g, s, op, 0);
   if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->sent, op->buffer_set, op->stream);
   return mep_nccl_leave(&caller, st);
@@ -470,7 +492,7 @@ static moe_ep_status_t nccl_send_recv(moe_ep_group_t *g, mep_op_t *op) {
   nccl_state_t *s = g->impl;
   mep_nccl_caller_t caller;
   MEP_CHECK(enter_device(g, s, &caller));
-  moe_ep_status_t st = mep_nccl_sent_order(&s->received, op->buffer_set, op->stream);
+  moe_ep_status_t st = order_send(s, op);
   if (st == MOE_EP_OK) st = send_half(g, s, op, 1);
   if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->received, op->buffer_set, op->stream);
   return mep_nccl_leave(&caller, st);
@@ -492,13 +514,13 @@ static moe_ep_status_t nccl_handle_layout(moe_ep_group_t *g, mep_handle_state_t 
   mep_nccl_caller_t caller;
   MEP_CHECK(enter_device(g, s, &caller));
   const mep_ll_dims_t *d = &s->ctx.dims;
-  return mep_nccl_leave(
-      &caller,
-      mep_nccl_launched(g,
-                        mep_ll_export_layout(s->slot_src[nh->set], s->src_count[nh->set],
-                                             g->num_local_experts, d->world, d->max_tokens,
-                                             src_info, layout_range, stream),
-                        "handle_layout"));
+  st = mep_nccl_launched(g,
+                         mep_ll_export_layout(s->slot_src[nh->set], s->src_count[nh->set],
+                                              g->num_local_experts, d->world, d->max_tokens,
+                                              src_info, layout_range, stream),
+                         "handle_layout");
+  if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->exported, nh->set, stream);
+  return mep_nccl_leave(&caller, st);
 }
 
 /* LL reaches every peer over the group's one transport (ll_transport):

@@ -1,9 +1,11 @@
 /* nccl_common.c: helpers both modes of the nccl backend share (see
  * nccl_common.h). */
+#define _GNU_SOURCE /* clock_gettime, nanosleep under -std=c11 */
 #include "runtime/nccl/nccl_common.h"
 
 #include <cuda_runtime_api.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels/common/prepare_layout.h"
 #include "kernels/ll/ll.h"
@@ -11,6 +13,7 @@
 #include "runtime/error.h"
 #include "runtime/group.h"
 #include "runtime/nccl/nccl_setup.h"
+#include "runtime/nccl/pinned_pool.h"
 
 moe_ep_status_t mep_nccl_cuda_error(const char *what, int e) {
   return mep_error(MOE_EP_ERR_CUDA, "backend nccl: %s failed: %s", what,
@@ -66,34 +69,12 @@ moe_ep_status_t mep_nccl_resolve_lsa(mep_nccl_t *n, int rank, uint64_t *base, ui
   return MOE_EP_OK;
 }
 
-moe_ep_status_t mep_nccl_alloc_zeroed(mep_nccl_t *n, void **dev, uint64_t bytes,
-                                      const char *what) {
-  cudaError_t e = cudaMalloc(dev, bytes);
-  if (e != cudaSuccess) {
-    *dev = NULL;
-    return mep_nccl_cuda_error(what, e);
-  }
-  return mep_nccl_zero(n, *dev, bytes, what);
-}
-
 moe_ep_status_t mep_nccl_alloc_records(mep_error_record_t **host,
                                        mep_error_record_t **dev) {
-  cudaError_t e;
-  if ((e = cudaHostAlloc((void **)host, 2 * sizeof(**host), cudaHostAllocMapped)) !=
-      cudaSuccess) {
-    *host = NULL;
-    return mep_nccl_cuda_error("cudaHostAlloc(error records)", e);
-  }
-  memset((void *)*host, 0, 2 * sizeof(**host));
-  if ((e = cudaHostGetDevicePointer((void **)dev, *host, 0)) != cudaSuccess) {
-    return mep_nccl_cuda_error("cudaHostGetDevicePointer(error records)", e);
-  }
-  return MOE_EP_OK;
+  return mep_pinned_take(2 * sizeof(**host), (void **)host, (void **)dev, "error records");
 }
 
-void mep_nccl_free_records(mep_error_record_t *host) {
-  if (host != NULL) cudaFreeHost(host);
-}
+void mep_nccl_free_records(mep_error_record_t *host) { mep_pinned_give(host); }
 
 int mep_nccl_record_ready(const mep_error_record_t *r) {
   return __atomic_load_n(&r->flag, __ATOMIC_ACQUIRE) == 2;
@@ -148,6 +129,35 @@ void mep_nccl_sent_destroy(mep_nccl_sent_t *sent) {
     if (sent->event[i] != NULL) cudaEventDestroy((cudaEvent_t)sent->event[i]);
     sent->event[i] = NULL;
   }
+}
+
+int mep_nccl_await_sent(const mep_nccl_sent_t *const *sent, int n, int timeout_ms) {
+  struct timespec now, nap = {0, 200000}; /* 0.2 ms between polls */
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  const int64_t deadline =
+      (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000 + (int64_t)timeout_ms;
+  for (int i = 0; i < n; i++) {
+    for (int set = 0; set < MEP_NUM_BUFFER_SETS; set++) {
+      cudaEvent_t ev = (cudaEvent_t)sent[i]->event[set];
+      if (ev == NULL) continue;
+      cudaError_t e;
+      while ((e = cudaEventQuery(ev)) == cudaErrorNotReady) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if ((int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000 > deadline) return 0;
+        nanosleep(&nap, NULL);
+      }
+    }
+  }
+  return 1;
+}
+
+moe_ep_status_t mep_nccl_abandoned(const moe_ep_group_t *g, uint64_t window_bytes) {
+  return mep_error(MOE_EP_ERR_TIMEOUT,
+                   "group_destroy on rank %d: the group's last kernels had not ended within "
+                   "bootstrap.timeout_ms=%d (they wait behind earlier work on their streams); "
+                   "its window (%llu bytes), device state and communicator are left allocated "
+                   "for the life of the process, since those kernels may still use them",
+                   g->rank, g->cfg.bootstrap_timeout_ms, (unsigned long long)window_bytes);
 }
 
 /* The id of the graph capture `stream` is in, 0 when none. */

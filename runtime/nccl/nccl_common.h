@@ -26,7 +26,9 @@ moe_ep_status_t mep_nccl_cuda_error(const char *what, int cuda_error);
 moe_ep_status_t mep_nccl_pick_device(moe_ep_group_t *g, int *device, int *sms);
 
 /* Two host-mapped records, zeroed: [0] a timed-out wait (fatal), [1] a
- * notice. *host is freed with mep_nccl_free_records; *dev is its alias. */
+ * notice. *host goes back with mep_nccl_free_records (to the process's
+ * pinned pool: cudaFreeHost waits for the whole device); *dev is its
+ * alias. */
 moe_ep_status_t mep_nccl_alloc_records(mep_error_record_t **host,
                                        mep_error_record_t **dev);
 void mep_nccl_free_records(mep_error_record_t *host);
@@ -59,6 +61,19 @@ moe_ep_status_t mep_nccl_sent_record(mep_nccl_sent_t *sent, int set, void *strea
  * the graph's launch is its stream's, the engine's to set. */
 moe_ep_status_t mep_nccl_sent_order(const mep_nccl_sent_t *sent, int set, void *stream);
 
+/* Teardown's wait for the group's last eager work: until the event of
+ * every set in each of the `n` trackers has completed, polled with short
+ * sleeps within timeout_ms (cudaEventSynchronize has no bound). An event
+ * recorded in the same stream after earlier halves, or ordered after them
+ * (mep_nccl_sent_order), covers those too. Work in CUDA graphs the engine
+ * launches is the engine's to have finished. 1 when everything ended (or
+ * the device reports an error: nothing more of it will run), 0 when the
+ * bound passed first. */
+int mep_nccl_await_sent(const mep_nccl_sent_t *const *sent, int n, int timeout_ms);
+/* group_destroy's TIMEOUT sentence when that wait ran out: the window of
+ * `window_bytes` and the rest stay allocated (mep_nccl_abandon). */
+moe_ep_status_t mep_nccl_abandoned(const moe_ep_group_t *g, uint64_t window_bytes);
+
 /* prepare's optional layout outputs (h->out_*): one kernel on the
  * caller's stream, no sync and no allocation, so prepare may be captured
  * in a CUDA graph. Both modes compute them alike. */
@@ -70,11 +85,6 @@ moe_ep_status_t mep_nccl_prepare_layout(moe_ep_group_t *g, int device, mep_handl
 struct mep_nccl;
 moe_ep_status_t mep_nccl_resolve_lsa(struct mep_nccl *nccl, int rank, uint64_t *base,
                                      uint64_t *stride, uint64_t *local);
-
-/* Device memory of `bytes` for a backend's state, zeroed on nccl's setup
- * stream within the setup bound (`what` names it in errors). */
-moe_ep_status_t mep_nccl_alloc_zeroed(struct mep_nccl *nccl, void **dev, uint64_t bytes,
-                                      const char *what);
 
 /* NCCL's unique id travels over the UCX bootstrap (user: mep_bootstrap_t). */
 moe_ep_status_t mep_nccl_share_uid(void *user, int32_t rank, int32_t world, void *uid,

@@ -16,6 +16,7 @@
 #include "runtime/nccl/layout_book.h"
 #include "runtime/nccl/nccl_common.h"
 #include "runtime/nccl/nccl_setup.h"
+#include "runtime/nccl/pinned_pool.h"
 
 /* SMs an HT group uses until set_num_sms says otherwise: engines give
  * communication about 24 SMs while experts compute. */
@@ -79,45 +80,47 @@ static uint64_t ht_buffer_bytes(const moe_ep_config_t *cfg, int world) {
 
 /* abort: the group failed, or this rank stops setting up while its peers
  * go on (mep_nccl_destroy aborts the communicator instead of a collective
- * teardown). */
-static void ht_release(moe_ep_group_t *g, int abort) {
+ * teardown). As nccl_backend.c's nccl_release: a bounded wait for the
+ * group's last kernels (only send halves launch any), then frees that do
+ * not wait for the whole device. */
+static moe_ep_status_t ht_release(moe_ep_group_t *g, int abort) {
   ht_state_t *s = g->impl;
-  if (s == NULL) return;
+  if (s == NULL) return MOE_EP_OK;
+  moe_ep_status_t st = MOE_EP_OK;
+  int ended = 1;
   if (s->device >= 0 && s->nccl != NULL) {
-    /* as nccl_backend.c's nccl_release */
     (void)mep_nccl_make_current(s->device);
-    cudaDeviceSynchronize();
+    const mep_nccl_sent_t *last[1] = {&s->sent};
+    ended = mep_nccl_await_sent(last, 1, g->cfg.bootstrap_timeout_ms);
+    if (!ended) st = mep_nccl_abandoned(g, mep_nccl_bytes_allocated(s->nccl));
   }
   mep_nccl_sent_destroy(&s->sent);
-  cudaFree(s->ctx.state);
-  if (s->num_recv != NULL) cudaFreeHost(s->num_recv);
-  mep_nccl_free_records(s->rec);
-  mep_nccl_destroy(s->nccl, abort);
+  if (ended) {
+    mep_nccl_free(s->nccl, s->ctx.state);
+    mep_pinned_give(s->num_recv);
+    mep_nccl_free_records(s->rec);
+    mep_nccl_destroy(s->nccl, abort);
+  } else {
+    mep_nccl_abandon(s->nccl);
+  }
   free(s);
   g->impl = NULL;
+  return st;
 }
 
 static moe_ep_status_t ht_teardown(moe_ep_group_t *g) {
-  ht_release(g, g->broken != MOE_EP_OK);
-  return MOE_EP_OK;
+  return ht_release(g, g->broken != MOE_EP_OK);
 }
 
-static void ht_destroy(moe_ep_group_t *g) { (void)mep_nccl_as_caller(ht_teardown, g); }
+static moe_ep_status_t ht_destroy(moe_ep_group_t *g) { return mep_nccl_as_caller(ht_teardown, g); }
 
 static moe_ep_status_t alloc_device(ht_state_t *s) {
-  cudaError_t e;
   MEP_CHECK(mep_nccl_alloc_zeroed(s->nccl, &s->ctx.state, mep_ht_state_bytes(&s->ctx.dims),
                                   "allocating and zeroing the HT device state"));
   MEP_CHECK(mep_nccl_alloc_records(&s->rec, &s->ctx.error_dev));
   s->ctx.notice_dev = s->ctx.error_dev + 1;
-  if ((e = cudaHostAlloc((void **)&s->num_recv, MEP_NUM_BUFFER_SETS * sizeof(int64_t),
-                         cudaHostAllocMapped)) != cudaSuccess) {
-    s->num_recv = NULL;
-    return mep_nccl_cuda_error("cudaHostAlloc(received row counts)", e);
-  }
-  if ((e = cudaHostGetDevicePointer((void **)&s->num_recv_dev, s->num_recv, 0)) != cudaSuccess) {
-    return mep_nccl_cuda_error("cudaHostGetDevicePointer(received row counts)", e);
-  }
+  MEP_CHECK(mep_pinned_take(MEP_NUM_BUFFER_SETS * sizeof(int64_t), (void **)&s->num_recv,
+                            (void **)&s->num_recv_dev, "received row counts"));
   return mep_nccl_sent_create(&s->sent);
 }
 
@@ -213,7 +216,7 @@ static moe_ep_status_t ht_create_here(moe_ep_group_t *g) {
   g->bytes_allocated = mep_nccl_bytes_allocated(s->nccl);
   return MOE_EP_OK;
 out_destroy:
-  ht_release(g, 1); /* the peers go on to the closing agreement */
+  (void)ht_release(g, 1); /* the peers go on to the closing agreement */
   return st;
 }
 

@@ -25,26 +25,30 @@
 #include "runtime/nccl/lsa_link.h"
 #include "runtime/nccl/nccl_dl.h"
 #include "runtime/nccl/nccl_wait.h"
+#include "runtime/nccl/pinned_pool.h"
 
 struct mep_nccl {
   ncclComm_t comm;
   int owns_comm;
   int32_t timeout_ms;  /* each collective step's bound (params' timeout_ms) */
-  cudaStream_t stream; /* the setup collectives' own stream */
+  /* The setup collectives' own stream; the backends' device memory is
+   * allocated and freed in its order too (mep_nccl_alloc_zeroed). */
+  cudaStream_t stream;
   /* The setup collectives' device buffer. Freed only once they are known
-   * to be done (drained, or their communicator aborted): cudaFree waits
-   * for the device, and a collective a lost peer never joins does not end. */
+   * to be done (drained, or their communicator aborted): a collective a
+   * lost peer never joins does not end. */
   void *scratch;
   /* Pinned staging for the setup's host <-> device copies (setup_copy),
-   * as large as scratch. */
+   * as large as scratch; from the process's pool (pinned_pool.h). */
   void *host_scratch;
   size_t scratch_bytes;
   int has_devcomm;
   int has_win;
   /* A setup step on an adopted communicator did not end within its bound
    * (adopted_step_stuck): it stays in flight on the engine's communicator
-   * until the engine aborts that, so what it may still touch is left
-   * allocated (cudaFree would wait for it). */
+   * until the engine aborts that; or the group's kernels had not ended at
+   * teardown (mep_nccl_abandon). What they may still touch is left
+   * allocated. */
   int stuck;
   void *buf;
   ncclWindow_t win;
@@ -318,10 +322,12 @@ static void teardown(mep_nccl_t *n, int abort) {
     }
   }
   /* The setup collectives have ended: drained, or aborted with their
-   * communicator. */
+   * communicator. The scratch is freed in stream order (cudaFree would
+   * wait for the whole device); a stream destroyed with work queued
+   * finishes it first. */
+  if (n->scratch != NULL) cudaFreeAsync(n->scratch, n->stream);
   if (n->stream != NULL) cudaStreamDestroy(n->stream);
-  cudaFree(n->scratch);
-  if (n->host_scratch != NULL) cudaFreeHost(n->host_scratch);
+  mep_pinned_give(n->host_scratch);
   if (n->buf != NULL) ncclMemFree(n->buf);
   free(n->peer_transport);
   free(n);
@@ -365,13 +371,14 @@ moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *p, mep_nccl_t **out) {
   n->scratch_bytes = (size_t)p->world * sizeof(mep_lsa_gpu_t) + 16;
   if (n->scratch_bytes < MEP_NCCL_SCRATCH_MIN) n->scratch_bytes = MEP_NCCL_SCRATCH_MIN;
   if ((e = cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking)) != cudaSuccess ||
-      (e = cudaMalloc(&n->scratch, n->scratch_bytes)) != cudaSuccess ||
-      (e = cudaHostAlloc(&n->host_scratch, n->scratch_bytes, cudaHostAllocDefault)) !=
-          cudaSuccess) {
-    n->host_scratch = NULL; /* the last call: it did not succeed */
-    st = cuda_fail("cudaStreamCreate/cudaMalloc/cudaHostAlloc (setup)", e);
+      (e = cudaMallocAsync(&n->scratch, n->scratch_bytes, n->stream)) != cudaSuccess) {
+    n->scratch = NULL;
+    st = cuda_fail("cudaStreamCreate/cudaMallocAsync (setup)", e);
     goto fail;
   }
+  MEP_CHECK_GOTO(mep_pinned_take(n->scratch_bytes, &n->host_scratch, NULL,
+                                 "nccl_create: the setup's staging"),
+                 st, fail);
   if (p->adopt_comm != NULL) {
     int count = 0, rank = 0;
     n->comm = (ncclComm_t)p->adopt_comm;
@@ -461,8 +468,27 @@ moe_ep_status_t mep_nccl_read_back(mep_nccl_t *n, void *host, const void *dev, s
 
 void mep_nccl_destroy(mep_nccl_t *n, int abort) {
   if (n == NULL) return;
-  cudaDeviceSynchronize(); /* no kernel may still use the window (every wait is bounded) */
   teardown(n, abort);
+}
+
+void mep_nccl_abandon(mep_nccl_t *n) {
+  if (n == NULL) return;
+  n->stuck = 1;
+  teardown(n, 0);
+}
+
+moe_ep_status_t mep_nccl_alloc_zeroed(mep_nccl_t *n, void **dev, uint64_t bytes,
+                                      const char *what) {
+  cudaError_t e = cudaMallocAsync(dev, bytes, n->stream);
+  if (e != cudaSuccess) {
+    *dev = NULL;
+    return cuda_fail(what, e);
+  }
+  return mep_nccl_zero(n, *dev, bytes, what);
+}
+
+void mep_nccl_free(mep_nccl_t *n, void *dev) {
+  if (dev != NULL) cudaFreeAsync(dev, n->stream);
 }
 
 void *mep_nccl_comm(const mep_nccl_t *n) { return n->comm; }

@@ -57,13 +57,24 @@ typedef struct mep_nccl mep_nccl_t; /* opaque */
  * released with mep_nccl_destroy (collective too). The window is zeroed
  * and every rank has zeroed its own before this returns on any rank. */
 moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *params, mep_nccl_t **out);
-/* Accepts NULL. Does not destroy an adopted communicator. */
-/* abort != 0 (a failed group: peers may be gone or stuck): the owned
+/* Accepts NULL. Does not destroy an adopted communicator. No kernel may
+ * still use the window or the backends' device memory: the backend waits
+ * for its last work first (mep_nccl_await_sent), and calls
+ * mep_nccl_abandon instead when that does not end. Nothing here waits for
+ * the whole device (no cudaDeviceSynchronize, cudaFree or cudaFreeHost),
+ * so other work of the engine's does not hold it; NCCL's own teardown of a
+ * communicator of its own may.
+ * abort != 0 (a failed group: peers may be gone or stuck): the owned
  * communicator is aborted (ncclCommAbort releases its windows and device
  * communicators without waiting for peers) instead of the collective
  * teardown. An adopted communicator belongs to the engine and is never
  * aborted here; its window is deregistered as usual. */
 void mep_nccl_destroy(mep_nccl_t *nccl, int abort);
+/* The group's kernels may still run (they wait behind work the engine
+ * queued first): frees this side's host state only. The communicator, the
+ * window, the device memory and the pinned staging stay as they are, for
+ * the life of the process. Accepts NULL. */
+void mep_nccl_abandon(mep_nccl_t *nccl);
 
 /* The backends' own setup work on the setup stream (nonblocking), each
  * waited for within params' timeout_ms (TIMEOUT naming `what` past it), so
@@ -72,6 +83,14 @@ void mep_nccl_destroy(mep_nccl_t *nccl, int abort);
  * MEP_NCCL_SCRATCH_MIN bytes of device memory. */
 #define MEP_NCCL_SCRATCH_MIN 64
 moe_ep_status_t mep_nccl_zero(mep_nccl_t *nccl, void *dev, size_t bytes, const char *what);
+/* Device memory for a backend's state, zeroed: allocated in stream order
+ * on the setup stream (cudaMallocAsync) and waited for, so it is usable on
+ * every stream, and freed the same way (mep_nccl_free, before
+ * mep_nccl_destroy), which unlike cudaFree does not wait for the whole
+ * device. */
+moe_ep_status_t mep_nccl_alloc_zeroed(mep_nccl_t *nccl, void **dev, uint64_t bytes,
+                                      const char *what);
+void mep_nccl_free(mep_nccl_t *nccl, void *dev); /* accepts NULL dev */
 moe_ep_status_t mep_nccl_read_back(mep_nccl_t *nccl, void *host, const void *dev, size_t bytes,
                                    const char *what);
 

@@ -1,20 +1,28 @@
-// worker_hold.cc: group_create while the engine's GPU work has not ended.
-// A host function holds the legacy default stream (--hold_stream=legacy)
-// until group_create has returned (or until --hold_ms passes): every
-// blocking stream's later work queues behind it, and so do cudaMemcpy,
-// launches on stream 0 and cudaDeviceSynchronize. With
+// worker_hold.cc: group_create and group_destroy while the engine's GPU
+// work has not ended. A host function holds the legacy default stream
+// (--hold_stream=legacy) until the call has returned (or until --hold_ms
+// passes): every blocking stream's later work queues behind it, and so do
+// cudaMemcpy, launches on stream 0 and cudaDeviceSynchronize. With
 // --hold_stream=nonblocking it holds a nonblocking stream of its own
 // instead, as an engine's side stream would: only what waits for the whole
 // device (cudaFree, cudaFreeHost, a module's first load) waits for that one.
 // group_create's own device work (zeroing the window and the state, the
 // link check's copies, reading the window's LSA addresses) runs on its
-// nonblocking setup stream. On a communicator it adopts (--adopt_comm=1)
-// that is all of its device work, so a create that returns only once the
-// hold has expired waited for the engine's work somewhere: this rank's
-// FAIL line. On a communicator of its own, NCCL's ncclCommInitRankConfig
-// waits for the whole device (tools/bench/RESULTS.md), so that create's
-// time is reported, not judged. Either way the group is then used as in
-// any conformance run (values against the oracle).
+// nonblocking setup stream, and group_destroy waits only for the group's
+// own kernels and frees in stream order. On a communicator the group
+// adopts (--adopt_comm=1) that is all of their device work, so a call that
+// returns only once the hold has expired waited for the engine's work
+// somewhere: this rank's FAIL line. On a communicator of its own, NCCL's
+// ncclCommInitRankConfig waits for the whole device (tools/bench/RESULTS.md),
+// and its teardown may, so those calls' times are reported, not judged.
+// Either way the group is used as in any conformance run in between
+// (values against the oracle).
+//
+// Scenario "destroy_behind": the group's own dispatch waits on a held
+// stream when group_destroy is called. group_destroy must return
+// MOE_EP_ERR_TIMEOUT naming this rank within bootstrap.timeout_ms, before
+// the hold ends, leaving what that dispatch uses allocated; once the hold
+// ends the dispatch runs on that memory and its values are checked.
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -25,6 +33,7 @@
 #include <cuda_runtime_api.h>
 
 #include "tests/common/mirror.h"
+#include "tests/host/ll_call.h"
 #include "tests/host/worker_common.h"
 
 namespace moe_ep_test {
@@ -54,7 +63,7 @@ void CUDART_CB hold_stream(void* arg) {
 
 }  // namespace
 
-StreamHold* start_hold(Ctx& c) {
+StreamHold* start_hold(Ctx& c, const char* what) {
   StreamHold* h = new StreamHold;
   h->ms = c.opt.hold_ms;
   h->name = c.opt.hold_stream == "nonblocking" ? "a nonblocking stream" : "the default stream";
@@ -67,14 +76,15 @@ StreamHold* start_hold(Ctx& c) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (h->state == kQueued && std::chrono::steady_clock::now() < end)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  std::fprintf(stderr, "rank %s: %s %s; group_create starts\n",
+  std::fprintf(stderr, "rank %s: %s %s; %s starts\n",
                std::getenv("MOE_EP_RANK") ? std::getenv("MOE_EP_RANK") : "?", h->name.c_str(),
                h->state == kQueued ? "is not held yet (the host function has not started)"
-                                   : "is held");
+                                   : "is held",
+               what);
   return h;
 }
 
-void end_hold(Ctx& c, StreamHold* h, double create_ms) {
+void end_hold(Ctx& c, StreamHold* h, double call_ms, const char* what) {
   const int state = h->state;
   const auto now = std::chrono::steady_clock::now();
   h->release = 1;
@@ -87,20 +97,81 @@ void end_hold(Ctx& c, StreamHold* h, double create_ms) {
   } else if (state != kHolding) {
     const double since_hold =
         std::chrono::duration<double, std::milli>(now - h->held_at).count();
-    const std::string took = "returned after " + std::to_string((int)create_ms) + " ms (" +
+    const std::string took = "returned after " + std::to_string((int)call_ms) + " ms (" +
                              std::to_string((int)since_hold) + " ms after the hold began), once the " +
                              std::to_string(h->ms) + " ms hold on " + h->name + " had expired";
     if (c.opt.adopt_comm)
-      fail(c, 0, "group_create", took + ": it waited for the engine's work");
+      fail(c, 0, what, took + ": it waited for the engine's work");
     else
       std::fprintf(stderr,
-                   "rank %d: group_create %s: its own communicator's NCCL initialisation waits "
-                   "for the whole device (not judged; --adopt_comm=1 is)\n",
-                   c.rank, took.c_str());
+                   "rank %d: %s %s: its own communicator's NCCL %s may wait for the whole "
+                   "device (not judged; --adopt_comm=1 is)\n",
+                   c.rank, what, took.c_str(),
+                   std::string(what) == "group_create" ? "initialisation" : "teardown");
   } else {
-    std::fprintf(stderr, "rank %d: group_create returned in %.0f ms with %s held\n", c.rank,
-                 create_ms, h->name.c_str());
+    std::fprintf(stderr, "rank %d: %s returned in %.0f ms with %s held\n", c.rank, what,
+                 call_ms, h->name.c_str());
   }
+  delete h;
+}
+
+void run_destroy_behind(Ctx& c) {
+  if (!runs_on_nccl(c, "destroy_behind")) return;
+  c.checks++;
+  if (c.opt.hold_ms <= c.opt.boot_ms) {
+    fail(c, 0, "destroy_behind", "needs --hold_ms above --boot_ms");
+    return;
+  }
+  StreamHold* h = new StreamHold;
+  h->ms = c.opt.hold_ms;
+  h->name = "the dispatch's stream";
+  cuda_check(cudaStreamCreateWithFlags(&h->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  const auto [hidden, top_k] = c.opt.layers.front();
+  const uint64_t seed = 1;
+  {
+    // The same dispatch once before the hold: a kernel's first launch
+    // loads its module, which waits for the whole device (the hold too).
+    LlCall warm(c, problem_for(c, hidden, top_k, moe_ep_oracle::Generator(seed + 1)), seed + 1);
+    warm.set_stream(h->stream);
+    if (!expect_status(c, seed + 1, "prepare", warm.prepare(), MOE_EP_OK) ||
+        !expect_status(c, seed + 1, "dispatch", warm.dispatch(0, nullptr), MOE_EP_OK))
+      return;
+    warm.check_dispatch();
+  }
+  LlCall call(c, problem_for(c, hidden, top_k, moe_ep_oracle::Generator(seed)), seed);
+  call.set_stream(h->stream);
+  // prepare's layout kernel has to run before the hold (its check waits).
+  if (!expect_status(c, seed, "prepare", call.prepare(), MOE_EP_OK)) return;
+  cuda_check(cudaLaunchHostFunc(h->stream, hold_stream, h), "cudaLaunchHostFunc");
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (h->state == kQueued && std::chrono::steady_clock::now() < end)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // Queued behind the hold: it cannot have run when group_destroy starts.
+  expect_status(c, seed, "dispatch", call.dispatch(0, nullptr), MOE_EP_OK);
+  const auto t0 = std::chrono::steady_clock::now();
+  const moe_ep_status_t st = c.api->group_destroy(c.group);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const std::string msg = c.api->last_error();
+  const int state = h->state;
+  c.group = nullptr;
+  const std::string me = "rank " + std::to_string(c.rank);
+  c.checks += 3;
+  if (st != MOE_EP_ERR_TIMEOUT)
+    fail(c, seed, "group_destroy", std::string("returned ") + c.api->status_string(st) +
+                                       ", expected MOE_EP_ERR_TIMEOUT: " + msg);
+  else if (msg.find(me) == std::string::npos || msg.find("left allocated") == std::string::npos)
+    fail(c, seed, "group_destroy", "the sentence does not name " + me + " and what it left: " + msg);
+  if (state != kHolding)
+    fail(c, seed, "group_destroy", "returned after " + std::to_string((int)ms) +
+                                       " ms, once the hold had ended: it waited for the kernel");
+  std::fprintf(stderr, "rank %d: group_destroy with its dispatch held returned in %.0f ms: %s\n",
+               c.rank, ms, msg.c_str());
+  h->release = 1;
+  cuda_check(cudaStreamSynchronize(h->stream), "cudaStreamSynchronize(the dispatch's stream)");
+  // The dispatch ran on the memory the group left: its values still hold.
+  call.check_dispatch();
+  cudaStreamDestroy(h->stream);
   delete h;
 }
 

@@ -193,6 +193,8 @@ static void run_scenario(Ctx& c) {
     run_layout(c);
   } else if (c.opt.scenario == "stoppedpeer") {
     run_stopped_peer(c);
+  } else if (c.opt.scenario == "destroy_behind") {
+    run_destroy_behind(c);
   } else if (c.opt.ht) {
     run_ht_conformance(c);
   } else {
@@ -277,7 +279,8 @@ int main(int argc, char** argv) {
     }
     gp.nccl_comm = comm;
   }
-  StreamHold* hold = c.opt.hold_ms > 0 ? start_hold(c) : nullptr;
+  const bool hold_calls = c.opt.hold_ms > 0 && c.opt.scenario != "destroy_behind";
+  StreamHold* hold = hold_calls ? start_hold(c, "group_create") : nullptr;
   if (std::getenv("MOE_EP_TEST_TRACE")) std::fprintf(stderr, "trace group_create\n");
   const auto create_start = std::chrono::steady_clock::now();
   moe_ep_status_t st = c.api->group_create(&gp, &c.group);
@@ -286,7 +289,7 @@ int main(int argc, char** argv) {
                                .count();
   if (std::getenv("MOE_EP_TEST_TRACE")) std::fprintf(stderr, "trace group_create done\n");
   std::string create_error = c.api->last_error();
-  if (hold != nullptr) end_hold(c, hold, create_ms);
+  if (hold != nullptr) end_hold(c, hold, create_ms, "group_create");
   uint64_t hint = 0;
   const char* ws = std::getenv("MOE_EP_WORLD_SIZE");
   moe_ep_status_t hint_st = c.api->buffer_size_hint(cfg, ws ? std::atoi(ws) : 1, &hint);
@@ -344,8 +347,14 @@ int main(int argc, char** argv) {
   } catch (const moe_ep_oracle::OracleError& e) {
     fail(c, 0, "oracle", e.what());
   }
+  hold = hold_calls && c.group != nullptr ? start_hold(c, "group_destroy") : nullptr;
+  const auto destroy_start = std::chrono::steady_clock::now();
   st = c.api->group_destroy(c.group);
+  const double destroy_ms = std::chrono::duration<double, std::milli>(
+                                std::chrono::steady_clock::now() - destroy_start)
+                                .count();
   if (st != MOE_EP_OK) fail(c, 0, "group_destroy", c.api->last_error());
+  if (hold != nullptr) end_hold(c, hold, destroy_ms, "group_destroy");
   adopt_comm_destroy(c, comm);  // after the group that borrowed it
   if (c.checks == 0) fail(c, 0, "worker", "ran no checks at all");
   std::fprintf(stderr, "%s rank=%d checks=%d failures=%d\n",

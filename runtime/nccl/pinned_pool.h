@@ -1,0 +1,30 @@
+/* pinned_pool.h: page-locked, device-mapped host memory the nccl backend
+ * keeps for the life of the process. cudaFreeHost (and
+ * cudaHostUnregister) wait for all work on the device, the engine's
+ * included (tools/probe/hold_probe.cu), so a group's teardown gives its
+ * blocks back here instead of freeing them, and a later group_create takes
+ * them again. The pool holds at most what the groups alive at one time
+ * held together. */
+#ifndef MEP_NCCL_PINNED_POOL_H_
+#define MEP_NCCL_PINNED_POOL_H_
+
+#include <stddef.h>
+
+#include "moe_ep.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* At least `bytes` of zeroed pinned memory, mapped for every device
+ * (portable), in *host; its device alias in *dev (NULL dev: not wanted).
+ * `what` names the use in a failure sentence. */
+moe_ep_status_t mep_pinned_take(size_t bytes, void **host, void **dev, const char *what);
+/* Back to the pool; no device work may still touch it. Accepts NULL. */
+void mep_pinned_give(void *host);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MEP_NCCL_PINNED_POOL_H_ */
