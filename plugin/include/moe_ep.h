@@ -438,11 +438,15 @@ typedef struct moe_ep_plugin_v1 {
   moe_ep_status_t (*group_create)(const moe_ep_group_params_t *params,
                                   moe_ep_group_t **out);
   /* The group is gone when it returns, whatever the status. On the nccl
-   * backend it waits for the group's last eager kernels only (not the
-   * rest of the device), within bootstrap.timeout_ms; past that it returns
-   * MOE_EP_ERR_TIMEOUT and leaves what those kernels may use allocated for
-   * the life of the process. CUDA graphs holding the group's calls must
-   * have finished running. */
+   * backend it waits for the group's last eager kernels, not for other
+   * work on the device: up to bootstrap.timeout_ms for the kernels, then
+   * each NCCL teardown step within that bound again. Past the first bound
+   * it returns MOE_EP_ERR_TIMEOUT and leaves what those kernels may use
+   * (window, device state, NCCL's device communicator) allocated for the
+   * life of the process; an adopted nccl_comm must then outlive them. A
+   * communicator the group made itself is torn down by NCCL, which waits
+   * for the whole device. CUDA graphs holding the group's calls must have
+   * finished running. */
   moe_ep_status_t (*group_destroy)(moe_ep_group_t *group);
   moe_ep_status_t (*group_info)(const moe_ep_group_t *group,
                                 moe_ep_group_info_t *info);

@@ -514,6 +514,10 @@ static moe_ep_status_t nccl_handle_layout(moe_ep_group_t *g, mep_handle_state_t 
   mep_nccl_caller_t caller;
   MEP_CHECK(enter_device(g, s, &caller));
   const mep_ll_dims_t *d = &s->ctx.dims;
+  /* After the set's last export, whatever its stream: the set's event then
+   * covers every export on it. */
+  st = mep_nccl_sent_order(&s->exported, nh->set, stream);
+  if (st != MOE_EP_OK) return mep_nccl_leave(&caller, st);
   st = mep_nccl_launched(g,
                          mep_ll_export_layout(s->slot_src[nh->set], s->src_count[nh->set],
                                               g->num_local_experts, d->world, d->max_tokens,

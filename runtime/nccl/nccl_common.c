@@ -119,6 +119,8 @@ moe_ep_status_t mep_nccl_sent_create(mep_nccl_sent_t *sent) {
   for (int i = 0; i < MEP_NUM_BUFFER_SETS; i++) {
     cudaError_t e = cudaEventCreateWithFlags((cudaEvent_t *)&sent->event[i],
                                              cudaEventDisableTiming);
+    if (e == cudaSuccess)
+      e = cudaEventCreateWithFlags((cudaEvent_t *)&sent->captured[i], cudaEventDisableTiming);
     if (e != cudaSuccess) return mep_nccl_cuda_error("cudaEventCreate", e);
   }
   return MOE_EP_OK;
@@ -127,25 +129,42 @@ moe_ep_status_t mep_nccl_sent_create(mep_nccl_sent_t *sent) {
 void mep_nccl_sent_destroy(mep_nccl_sent_t *sent) {
   for (int i = 0; i < MEP_NUM_BUFFER_SETS; i++) {
     if (sent->event[i] != NULL) cudaEventDestroy((cudaEvent_t)sent->event[i]);
-    sent->event[i] = NULL;
+    if (sent->captured[i] != NULL) cudaEventDestroy((cudaEvent_t)sent->captured[i]);
+    sent->event[i] = sent->captured[i] = NULL;
   }
 }
 
-int mep_nccl_await_sent(const mep_nccl_sent_t *const *sent, int n, int timeout_ms) {
-  struct timespec now, nap = {0, 200000}; /* 0.2 ms between polls */
+/* The event the set's last half was recorded into. */
+static cudaEvent_t last_event(const mep_nccl_sent_t *sent, int set) {
+  return (cudaEvent_t)(sent->capture[set] != 0 ? sent->captured[set] : sent->event[set]);
+}
+
+static int64_t now_ms(void) {
+  struct timespec now;
   clock_gettime(CLOCK_MONOTONIC, &now);
-  const int64_t deadline =
-      (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000 + (int64_t)timeout_ms;
+  return (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+}
+
+/* Polls until `ev` completes or the clock passes deadline_ms. */
+static int await_until(cudaEvent_t ev, int64_t deadline_ms) {
+  const struct timespec nap = {0, 200000}; /* 0.2 ms between polls */
+  while (cudaEventQuery(ev) == cudaErrorNotReady) {
+    if (now_ms() > deadline_ms) return 0;
+    nanosleep(&nap, NULL);
+  }
+  return 1;
+}
+
+int mep_nccl_await_event(void *event, int timeout_ms) {
+  return event == NULL || await_until((cudaEvent_t)event, now_ms() + timeout_ms);
+}
+
+int mep_nccl_await_sent(const mep_nccl_sent_t *const *sent, int n, int timeout_ms) {
+  const int64_t deadline = now_ms() + timeout_ms;
   for (int i = 0; i < n; i++) {
     for (int set = 0; set < MEP_NUM_BUFFER_SETS; set++) {
       cudaEvent_t ev = (cudaEvent_t)sent[i]->event[set];
-      if (ev == NULL) continue;
-      cudaError_t e;
-      while ((e = cudaEventQuery(ev)) == cudaErrorNotReady) {
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        if ((int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000 > deadline) return 0;
-        nanosleep(&nap, NULL);
-      }
+      if (ev != NULL && !await_until(ev, deadline)) return 0;
     }
   }
   return 1;
@@ -173,7 +192,7 @@ static cudaError_t capture_of(void *stream, unsigned long long *id) {
 moe_ep_status_t mep_nccl_sent_record(mep_nccl_sent_t *sent, int set, void *stream) {
   cudaError_t e = capture_of(stream, &sent->capture[set]);
   if (e != cudaSuccess) return mep_nccl_cuda_error("cudaStreamGetCaptureInfo", e);
-  e = cudaEventRecord((cudaEvent_t)sent->event[set], (cudaStream_t)stream);
+  e = cudaEventRecord(last_event(sent, set), (cudaStream_t)stream);
   sent->stream[set] = stream;
   return e == cudaSuccess ? MOE_EP_OK : mep_nccl_cuda_error("cudaEventRecord", e);
 }
@@ -184,6 +203,6 @@ moe_ep_status_t mep_nccl_sent_order(const mep_nccl_sent_t *sent, int set, void *
   cudaError_t e = capture_of(stream, &capture);
   if (e != cudaSuccess) return mep_nccl_cuda_error("cudaStreamGetCaptureInfo", e);
   if (capture != sent->capture[set]) return MOE_EP_OK;
-  e = cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)sent->event[set], 0);
+  e = cudaStreamWaitEvent((cudaStream_t)stream, last_event(sent, set), 0);
   return e == cudaSuccess ? MOE_EP_OK : mep_nccl_cuda_error("cudaStreamWaitEvent", e);
 }

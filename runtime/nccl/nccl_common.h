@@ -42,10 +42,14 @@ moe_ep_status_t mep_nccl_launched(const moe_ep_group_t *g, mep_kstatus_t k, cons
 /* What orders one half after an earlier one on the same buffer set (a
  * receive after its send; a send after the set's last receive): an event
  * per set recorded after the earlier half, the stream it was recorded on,
- * and the graph capture that stream was in then (0: none). */
+ * and the graph capture that stream was in then (0: none). An earlier half
+ * recorded in a capture goes to a second event, so `event` stays the last
+ * eager one: the host can wait for that (teardown, HT's row count), while
+ * an event last recorded in a capture can only be waited on inside it. */
 typedef struct mep_nccl_sent {
-  void *event[MEP_NUM_BUFFER_SETS];  /* cudaEvent_t */
-  void *stream[MEP_NUM_BUFFER_SETS]; /* the earlier half's stream */
+  void *event[MEP_NUM_BUFFER_SETS];    /* cudaEvent_t: the last eager half */
+  void *captured[MEP_NUM_BUFFER_SETS]; /* cudaEvent_t: the last captured half */
+  void *stream[MEP_NUM_BUFFER_SETS];   /* the earlier half's stream */
   unsigned long long capture[MEP_NUM_BUFFER_SETS];
 } mep_nccl_sent_t;
 
@@ -61,15 +65,18 @@ moe_ep_status_t mep_nccl_sent_record(mep_nccl_sent_t *sent, int set, void *strea
  * the graph's launch is its stream's, the engine's to set. */
 moe_ep_status_t mep_nccl_sent_order(const mep_nccl_sent_t *sent, int set, void *stream);
 
-/* Teardown's wait for the group's last eager work: until the event of
- * every set in each of the `n` trackers has completed, polled with short
- * sleeps within timeout_ms (cudaEventSynchronize has no bound). An event
- * recorded in the same stream after earlier halves, or ordered after them
- * (mep_nccl_sent_order), covers those too. Work in CUDA graphs the engine
- * launches is the engine's to have finished. 1 when everything ended (or
- * the device reports an error: nothing more of it will run), 0 when the
- * bound passed first. */
+/* Teardown's wait for the group's last eager work: until the eager event
+ * of every set in each of the `n` trackers has completed, polled with
+ * short sleeps within timeout_ms (cudaEventSynchronize has no bound). An
+ * event recorded in the same stream after earlier halves, or ordered after
+ * them (mep_nccl_sent_order), covers those too. Work in CUDA graphs the
+ * engine launches is the engine's to have finished. 1 when everything
+ * ended (or the device reports an error: nothing more of it will run), 0
+ * when the bound passed first. */
 int mep_nccl_await_sent(const mep_nccl_sent_t *const *sent, int n, int timeout_ms);
+/* One event (cudaEvent_t) the same way: 1 when it completed, 0 when
+ * timeout_ms passed first. */
+int mep_nccl_await_event(void *event, int timeout_ms);
 /* group_destroy's TIMEOUT sentence when that wait ran out: the window of
  * `window_bytes` and the rest stay allocated (mep_nccl_abandon). */
 moe_ep_status_t mep_nccl_abandoned(const moe_ep_group_t *g, uint64_t window_bytes);

@@ -391,10 +391,23 @@ static moe_ep_status_t ht_send(moe_ep_group_t *g, mep_op_t *op) {
 }
 
 /* N_recv reaches the host: wait for the dispatch kernel (the documented
- * sync of a dispatch without MOE_EP_FLAG_WORST_CASE). */
+ * sync of a dispatch without MOE_EP_FLAG_WORST_CASE), polling the event
+ * its send recorded: the kernel's own waits end within timeouts.kernel_ms
+ * of its start, so twice that bounds it and the work queued before it
+ * (cudaStreamSynchronize has no bound, and would wait for the engine's
+ * later work on the stream too). */
 static moe_ep_status_t learn_num_recv(moe_ep_group_t *g, ht_state_t *s, mep_op_t *op) {
-  cudaError_t e = cudaStreamSynchronize((cudaStream_t)op->stream);
-  if (e != cudaSuccess) return mep_nccl_cuda_error("cudaStreamSynchronize", e);
+  const int bound_ms = 2 * g->cfg.kernel_timeout_ms;
+  if (!mep_nccl_await_event(s->sent.event[op->buffer_set], bound_ms)) {
+    MEP_CHECK(fatal_status(g, s)); /* the kernel's own sentence, if it wrote one */
+    return mep_error(MOE_EP_ERR_TIMEOUT,
+                     "dispatch on rank %d: its kernel had not ended %d ms (2 x "
+                     "timeouts.kernel_ms) after the receive began waiting for the number of "
+                     "rows received; it waits behind earlier work on its stream, or the GPU is "
+                     "stuck", g->rank, bound_ms);
+  }
+  cudaError_t e = cudaEventQuery((cudaEvent_t)s->sent.event[op->buffer_set]);
+  if (e != cudaSuccess) return mep_nccl_cuda_error("the dispatch kernel", e);
   MEP_CHECK(fatal_status(g, s));
   MEP_CHECK(capacity_notice(g, s));
   const int64_t n = __atomic_load_n(&s->num_recv[op->buffer_set], __ATOMIC_ACQUIRE);

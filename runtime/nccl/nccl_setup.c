@@ -34,6 +34,10 @@ struct mep_nccl {
   /* The setup collectives' own stream; the backends' device memory is
    * allocated and freed in its order too (mep_nccl_alloc_zeroed). */
   cudaStream_t stream;
+  /* The device's default memory pool, which the stream-ordered allocations
+   * come from (not whichever pool the engine made current); NULL on a
+   * device without memory pools, where cudaMalloc and cudaFree serve. */
+  cudaMemPool_t pool;
   /* The setup collectives' device buffer. Freed only once they are known
    * to be done (drained, or their communicator aborted): a collective a
    * lost peer never joins does not end. */
@@ -295,6 +299,22 @@ static moe_ep_status_t barrier(mep_nccl_t *n) {
  * collective teardown runs, each step bounded where the communicator is
  * nonblocking; an owned communicator whose step fails is aborted. Quiet:
  * the error a caller is reporting stays the last one. */
+static cudaError_t find_pool(mep_nccl_t *n) {
+  int device = 0, pools = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device);
+  if (e == cudaSuccess && pools) e = cudaDeviceGetDefaultMemPool(&n->pool, device);
+  return e;
+}
+
+/* In the setup stream's order; usable on every stream once that stream
+ * has reached it (the callers wait for it: setup_wait). */
+static cudaError_t stream_alloc(mep_nccl_t *n, void **dev, size_t bytes) {
+  if (n->pool == NULL) return cudaMalloc(dev, bytes);
+  return cudaMallocFromPoolAsync(dev, bytes, n->pool, n->stream);
+}
+
 static void teardown(mep_nccl_t *n, int abort) {
   if (n->stuck) { /* see mep_nccl.stuck: the window, scratch and staging stay */
     free(n->peer_transport);
@@ -322,10 +342,16 @@ static void teardown(mep_nccl_t *n, int abort) {
     }
   }
   /* The setup collectives have ended: drained, or aborted with their
-   * communicator. The scratch is freed in stream order (cudaFree would
-   * wait for the whole device); a stream destroyed with work queued
-   * finishes it first. */
-  if (n->scratch != NULL) cudaFreeAsync(n->scratch, n->stream);
+   * communicator. The setup's own work (zeroing, copies) may still be
+   * queued where a create gave up waiting for it: until it drains, nothing
+   * it writes is freed (as stuck). The scratch is freed in stream order
+   * (cudaFree would wait for the whole device). */
+  if (n->stream != NULL && !mep_nccl_stream_drained(n->stream, n->timeout_ms)) {
+    free(n->peer_transport);
+    free(n);
+    return;
+  }
+  mep_nccl_free(n, n->scratch);
   if (n->stream != NULL) cudaStreamDestroy(n->stream);
   mep_pinned_give(n->host_scratch);
   if (n->buf != NULL) ncclMemFree(n->buf);
@@ -371,9 +397,10 @@ moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *p, mep_nccl_t **out) {
   n->scratch_bytes = (size_t)p->world * sizeof(mep_lsa_gpu_t) + 16;
   if (n->scratch_bytes < MEP_NCCL_SCRATCH_MIN) n->scratch_bytes = MEP_NCCL_SCRATCH_MIN;
   if ((e = cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking)) != cudaSuccess ||
-      (e = cudaMallocAsync(&n->scratch, n->scratch_bytes, n->stream)) != cudaSuccess) {
+      (e = find_pool(n)) != cudaSuccess ||
+      (e = stream_alloc(n, &n->scratch, n->scratch_bytes)) != cudaSuccess) {
     n->scratch = NULL;
-    st = cuda_fail("cudaStreamCreate/cudaMallocAsync (setup)", e);
+    st = cuda_fail("cudaStreamCreate/cudaMallocFromPoolAsync (setup)", e);
     goto fail;
   }
   MEP_CHECK_GOTO(mep_pinned_take(n->scratch_bytes, &n->host_scratch, NULL,
@@ -479,7 +506,7 @@ void mep_nccl_abandon(mep_nccl_t *n) {
 
 moe_ep_status_t mep_nccl_alloc_zeroed(mep_nccl_t *n, void **dev, uint64_t bytes,
                                       const char *what) {
-  cudaError_t e = cudaMallocAsync(dev, bytes, n->stream);
+  cudaError_t e = stream_alloc(n, dev, bytes);
   if (e != cudaSuccess) {
     *dev = NULL;
     return cuda_fail(what, e);
@@ -488,7 +515,11 @@ moe_ep_status_t mep_nccl_alloc_zeroed(mep_nccl_t *n, void **dev, uint64_t bytes,
 }
 
 void mep_nccl_free(mep_nccl_t *n, void *dev) {
-  if (dev != NULL) cudaFreeAsync(dev, n->stream);
+  if (dev == NULL) return;
+  if (n->pool != NULL)
+    cudaFreeAsync(dev, n->stream);
+  else
+    cudaFree(dev);
 }
 
 void *mep_nccl_comm(const mep_nccl_t *n) { return n->comm; }

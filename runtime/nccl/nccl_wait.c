@@ -101,3 +101,12 @@ moe_ep_status_t mep_nccl_stream_wait(ncclComm_t comm, cudaStream_t stream, const
 moe_ep_status_t mep_nccl_local_wait(cudaStream_t stream, const char *step, int32_t timeout_ms) {
   return mep_nccl_stream_wait(NULL, stream, step, timeout_ms);
 }
+
+int mep_nccl_stream_drained(cudaStream_t stream, int32_t timeout_ms) {
+  const int64_t deadline = mep_nccl_now_ms() + timeout_ms;
+  while (cudaStreamQuery(stream) == cudaErrorNotReady) {
+    if (mep_nccl_now_ms() >= deadline) return 0;
+    pause_poll();
+  }
+  return 1;
+}

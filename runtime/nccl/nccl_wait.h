@@ -45,6 +45,10 @@ moe_ep_status_t mep_nccl_stream_wait(ncclComm_t comm, cudaStream_t stream, const
 /* The same for `stream` running this rank's own work (`step`: a zeroing
  * or a copy; no peer takes part): an expiry says this GPU did not run it. */
 moe_ep_status_t mep_nccl_local_wait(cudaStream_t stream, const char *step, int32_t timeout_ms);
+/* Teardown's quiet form: 1 once `stream` has no work left (or reports a
+ * failure: nothing more of it runs), 0 when timeout_ms passed first. Sets
+ * no error sentence: the caller's stays the last one. */
+int mep_nccl_stream_drained(cudaStream_t stream, int32_t timeout_ms);
 
 #ifdef __cplusplus
 }

@@ -21,14 +21,35 @@ typedef struct block {
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static block_t *g_blocks;
 
-/* The smallest free block of at least `bytes`, marked taken; NULL if none. */
-static block_t *take_free(size_t bytes) {
-  block_t *best = NULL;
-  for (block_t *b = g_blocks; b != NULL; b = b->next) {
-    if (!b->taken && b->bytes >= bytes && (best == NULL || b->bytes < best->bytes)) best = b;
+/* Whether `host` is still page-locked host memory (a device reset frees
+ * pinned memory with its context). Does not wait for the device. */
+static int still_pinned(void *host) {
+  struct cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, host) != cudaSuccess) {
+    (void)cudaGetLastError(); /* not the engine's error to find later */
+    return 0;
   }
-  if (best != NULL) best->taken = 1;
-  return best;
+  return a.type == cudaMemoryTypeHost;
+}
+
+/* A free block of exactly `bytes`, marked taken; NULL if none. Blocks
+ * found no longer pinned are unlinked (their memory went with a reset). */
+static block_t *take_free(size_t bytes) {
+  for (block_t **link = &g_blocks; *link != NULL;) {
+    block_t *b = *link;
+    if (b->taken || b->bytes != bytes) {
+      link = &b->next;
+      continue;
+    }
+    if (!still_pinned(b->host)) {
+      *link = b->next;
+      free(b);
+      continue;
+    }
+    b->taken = 1;
+    return b;
+  }
+  return NULL;
 }
 
 moe_ep_status_t mep_pinned_take(size_t bytes, void **host, void **dev, const char *what) {

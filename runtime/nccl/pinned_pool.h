@@ -3,8 +3,10 @@
  * cudaHostUnregister) wait for all work on the device, the engine's
  * included (tools/probe/hold_probe.cu), so a group's teardown gives its
  * blocks back here instead of freeing them, and a later group_create takes
- * them again. The pool holds at most what the groups alive at one time
- * held together. */
+ * them again. Blocks are reused at their exact size only, so for each size
+ * the pool holds as many blocks as were taken at one time (a group takes
+ * three small ones). A block whose memory is no longer pinned (a
+ * cudaDeviceReset freed it with its context) is dropped, not handed out. */
 #ifndef MEP_NCCL_PINNED_POOL_H_
 #define MEP_NCCL_PINNED_POOL_H_
 

@@ -51,6 +51,7 @@ moe_ep_status_t HtCall::prepare(bool expect_ok) {
   pp.num_tokens = mine.num_tokens;
   pp.top_k = p_.top_k;
   pp.num_tokens_per_rank = t_per_rank.get();
+  pp.stream = stream_;
   moe_ep_status_t st = c_.api->prepare(c_.group, &pp, &h_);
   if (st != MOE_EP_OK) {
     if (expect_ok) expect_status(c_, seed_, "ht prepare", st, MOE_EP_OK);
@@ -88,6 +89,40 @@ moe_ep_status_t HtCall::run(moe_ep_status_t st, moe_ep_hook_t* hook, uint32_t fl
   return st;
 }
 
+std::unique_ptr<HtCall::Buffers> HtCall::make_buffers(int64_t rows) {
+  const RankInputs& mine = all_[c_.rank];
+  const int T = mine.num_tokens, K = p_.top_k, H = p_.hidden, el = p_.local_experts();
+  const bool f8 = fp8(p_);
+  const int cols = scale_cols(p_);
+  const size_t spare = static_cast<size_t>(rows) + 1;
+  std::unique_ptr<Buffers> b(new Buffers);
+  b->recv_x.assign(spare * H * (f8 ? 1 : 2), kPoison);
+  b->recv_scales.assign(f8 ? spare * cols * 4 : 4, kPoison);
+  b->recv_idx.assign(spare * K, -9);
+  b->recv_w.assign(spare * K, -9.0f);
+  b->recv_count.assign(el, -9);
+  const size_t xs_bytes = f8 ? static_cast<size_t>(T) * cols * 4 : 0;
+  if (f8)
+    place(b->x, q_.x.data(), static_cast<size_t>(T) * H);
+  else
+    place(b->x, mine.x.data(), mine.x.size() * 2);
+  place(b->xs, packed(p_) ? static_cast<const void*>(q_.packed.data())
+                          : static_cast<const void*>(q_.scales.data()),
+        xs_bytes);
+  place(b->w, mine.topk_weights.data(), mine.topk_weights.size() * 4);
+  place(b->rx, b->recv_x.data(), b->recv_x.size());
+  place(b->rs, b->recv_scales.data(), b->recv_scales.size());
+  place(b->ri, b->recv_idx.data(), b->recv_idx.size() * 4);
+  place(b->rw, b->recv_w.data(), b->recv_w.size() * 4);
+  place(b->rc, b->recv_count.data(), b->recv_count.size() * 4);
+  return b;
+}
+
+void HtCall::stage(int64_t rows) {
+  staged_ = make_buffers(rows);
+  staged_rows_ = rows;
+}
+
 moe_ep_status_t HtCall::dispatch(uint32_t flags, int64_t rows, bool count_out,
                                  const std::function<void(moe_ep_dispatch_params_t&)>& tweak,
                                  moe_ep_hook_t** hook_out) {
@@ -97,33 +132,21 @@ moe_ep_status_t HtCall::dispatch(uint32_t flags, int64_t rows, bool count_out,
   const int cols = scale_cols(p_);
   const int64_t n_before = n_recv_;
   n_recv_ = -1;
-  const size_t spare = static_cast<size_t>(rows) + 1;
-  std::unique_ptr<Buffers> b(new Buffers);
-  b->recv_x.assign(spare * H * (f8 ? 1 : 2), kPoison);
-  b->recv_scales.assign(f8 ? spare * cols * 4 : 4, kPoison);
-  b->recv_idx.assign(spare * K, -9);
-  b->recv_w.assign(spare * K, -9.0f);
-  b->recv_count.assign(el, -9);
-  const size_t xs_bytes = f8 ? static_cast<size_t>(T) * cols * 4 : 0;
-  void* x_dev = f8 ? place(b->x, q_.x.data(), static_cast<size_t>(T) * H)
-                   : place(b->x, mine.x.data(), mine.x.size() * 2);
-  void* xs_dev = place(b->xs, packed(p_) ? static_cast<const void*>(q_.packed.data())
-                                         : static_cast<const void*>(q_.scales.data()),
-                       xs_bytes);
+  std::unique_ptr<Buffers> b =
+      staged_ && staged_rows_ == rows ? std::move(staged_) : make_buffers(rows);
+  staged_.reset();
   const int d = dev(), g = c_.gpu;
-  Tensor x(x_dev, f8 ? DT::kFp8 : DT::kBf16, {T, H}, d, g);
-  Tensor xs(xs_dev, packed(p_) ? DT::kI32 : DT::kF32, {T, cols}, d, g);
-  Tensor w(place(b->w, mine.topk_weights.data(), mine.topk_weights.size() * 4), DT::kF32, {T, K},
-           d, g);
-  Tensor rx(place(b->rx, b->recv_x.data(), b->recv_x.size()), f8 ? DT::kFp8 : DT::kBf16,
-            {rows, H}, d, g);
-  Tensor rs(place(b->rs, b->recv_scales.data(), b->recv_scales.size()),
-            packed(p_) ? DT::kI32 : DT::kF32, {rows, cols}, d, g);
-  Tensor ri(place(b->ri, b->recv_idx.data(), b->recv_idx.size() * 4), DT::kI32, {rows, K}, d, g);
-  Tensor rw(place(b->rw, b->recv_w.data(), b->recv_w.size() * 4), DT::kF32, {rows, K}, d, g);
-  Tensor rc(place(b->rc, b->recv_count.data(), b->recv_count.size() * 4), DT::kI32, {el}, d, g);
+  Tensor x(b->x->ptr(), f8 ? DT::kFp8 : DT::kBf16, {T, H}, d, g);
+  Tensor xs(b->xs->ptr(), packed(p_) ? DT::kI32 : DT::kF32, {T, cols}, d, g);
+  Tensor w(b->w->ptr(), DT::kF32, {T, K}, d, g);
+  Tensor rx(b->rx->ptr(), f8 ? DT::kFp8 : DT::kBf16, {rows, H}, d, g);
+  Tensor rs(b->rs->ptr(), packed(p_) ? DT::kI32 : DT::kF32, {rows, cols}, d, g);
+  Tensor ri(b->ri->ptr(), DT::kI32, {rows, K}, d, g);
+  Tensor rw(b->rw->ptr(), DT::kF32, {rows, K}, d, g);
+  Tensor rc(b->rc->ptr(), DT::kI32, {el}, d, g);
   moe_ep_dispatch_params_t dp = MOE_EP_INIT(moe_ep_dispatch_params_t);
   dp.flags = flags;
+  dp.stream = stream_;
   dp.hidden = H;
   dp.x = x.get();
   dp.x_scales = f8 ? xs.get() : nullptr;
@@ -140,6 +163,9 @@ moe_ep_status_t HtCall::dispatch(uint32_t flags, int64_t rows, bool count_out,
   moe_ep_status_t st = c_.api->dispatch(c_.group, h_, &dp, &hook);
   if (st != MOE_EP_OK) {
     n_recv_ = n_before;
+    // A refusal after the launch (a receive that timed out) leaves a kernel
+    // that may still write them: kept until this call's end.
+    refused_.push_back(std::move(b));
   } else {
     buf_ = std::move(b);
     flags_ = flags;
@@ -233,6 +259,7 @@ moe_ep_status_t HtCall::combine(uint32_t flags, int64_t rows) {
   Tensor to(place(m_out_, out_.data(), out_.size() * 2), DT::kBf16, {T, H}, dev(), c_.gpu);
   moe_ep_combine_params_t cp = MOE_EP_INIT(moe_ep_combine_params_t);
   cp.flags = flags;
+  cp.stream = stream_;
   cp.hidden = H;
   cp.y = ty.get();
   cp.out = to.get();

@@ -37,12 +37,17 @@ class HtCall {
   moe_ep_status_t dispatch(uint32_t flags, int64_t rows, bool count_out = true,
                            const std::function<void(moe_ep_dispatch_params_t&)>& tweak = nullptr,
                            moe_ep_hook_t** hook_out = nullptr);
+  // Builds (and uploads) the next dispatch's buffers of `rows` receive rows
+  // now: an upload waits for the whole device, which a caller holding a
+  // stream may not want inside dispatch.
+  void stage(int64_t rows);
   void check_dispatch();
   // y: the oracle's partials of this rank's rows, in `rows` rows (rows past
   // N_recv are garbage the library must ignore).
   moe_ep_status_t combine(uint32_t flags, int64_t rows);
   void check_combine();
   int64_t num_recv() const { return want_.num_recv; }
+  void set_stream(void* stream) { stream_ = stream; }
   moe_ep_handle_t* handle() { return h_; }
   uint64_t seed() const { return seed_; }
 
@@ -70,6 +75,11 @@ class HtCall {
     std::unique_ptr<Mirror> x, xs, w, rx, rs, ri, rw, rc;
   };
   std::unique_ptr<Buffers> buf_;
+  std::vector<std::unique_ptr<Buffers>> refused_;
+  std::unique_ptr<Buffers> staged_;  // stage()'s, for a dispatch of staged_rows_
+  int64_t staged_rows_ = -1;
+  std::unique_ptr<Buffers> make_buffers(int64_t rows);
+  void* stream_ = nullptr;
   std::vector<uint16_t> out_;
   // Device twins (nccl backend) of what the library reads and writes; a
   // hook may still use them after dispatch returns.

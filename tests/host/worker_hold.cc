@@ -18,6 +18,12 @@
 // Either way the group is used as in any conformance run in between
 // (values against the oracle).
 //
+// Scenario "ht_count_behind" (HT): a dispatch whose kernel waits on a held
+// stream must return MOE_EP_ERR_TIMEOUT naming this rank once 2 x
+// timeouts.kernel_ms have passed, before the hold ends, instead of waiting
+// to learn how many rows it received; the group is then failed, and
+// group_destroy (after the hold) tears it down.
+//
 // Scenario "destroy_behind": the group's own dispatch waits on a held
 // stream when group_destroy is called. group_destroy must return
 // MOE_EP_ERR_TIMEOUT naming this rank within bootstrap.timeout_ms, before
@@ -33,6 +39,7 @@
 #include <cuda_runtime_api.h>
 
 #include "tests/common/mirror.h"
+#include "tests/host/ht_call.h"
 #include "tests/host/ll_call.h"
 #include "tests/host/worker_common.h"
 
@@ -115,6 +122,91 @@ void end_hold(Ctx& c, StreamHold* h, double call_ms, const char* what) {
   delete h;
 }
 
+namespace {
+
+// A nonblocking stream of its own, held by a host function for opt.hold_ms
+// from now (bounded wait for the hold to begin).
+StreamHold* hold_own_stream(Ctx& c, StreamHold* h) {
+  cuda_check(cudaLaunchHostFunc(h->stream, hold_stream, h), "cudaLaunchHostFunc");
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (h->state == kQueued && std::chrono::steady_clock::now() < end)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  c.checks++;
+  if (h->state == kQueued) fail(c, 0, "hold", "the host function did not start in 10 s");
+  return h;
+}
+
+StreamHold* new_own_hold(Ctx& c, const char* name) {
+  StreamHold* h = new StreamHold;
+  h->ms = c.opt.hold_ms;
+  h->name = name;
+  cuda_check(cudaStreamCreateWithFlags(&h->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  return h;
+}
+
+void free_own_hold(StreamHold* h) {
+  h->release = 1;
+  cuda_check(cudaStreamSynchronize(h->stream), "cudaStreamSynchronize(held)");
+  cudaStreamDestroy(h->stream);
+  delete h;
+}
+
+}  // namespace
+
+void run_ht_count_behind(Ctx& c) {
+  if (!runs_on_nccl(c, "ht_count_behind")) return;
+  c.checks++;
+  const int bound_ms = 2 * c.opt.kernel_ms;
+  if (!c.opt.ht || c.opt.hold_ms <= bound_ms) {
+    fail(c, 0, "ht_count_behind", "needs --mode=ht and --hold_ms above 2 x --kernel_ms");
+    return;
+  }
+  StreamHold* h = new_own_hold(c, "the dispatch's stream");
+  const auto [hidden, top_k] = c.opt.layers.front();
+  const uint64_t seed = 1;
+  {
+    // Loads the dispatch's kernels before the hold (see destroy_behind).
+    HtCall warm(c, problem_for(c, hidden, top_k, moe_ep_oracle::Generator(seed + 1)), seed + 1);
+    warm.set_stream(h->stream);
+    if (warm.prepare() != MOE_EP_OK ||
+        !expect_status(c, seed + 1, "dispatch", warm.dispatch(0, warm.num_recv()), MOE_EP_OK)) {
+      free_own_hold(h);
+      return;
+    }
+    warm.check_dispatch();
+  }
+  HtCall call(c, problem_for(c, hidden, top_k, moe_ep_oracle::Generator(seed)), seed);
+  call.set_stream(h->stream);
+  if (call.prepare() != MOE_EP_OK) {
+    free_own_hold(h);
+    return;
+  }
+  call.stage(call.num_recv());  // its uploads wait for the device: before the hold
+  hold_own_stream(c, h);
+  const auto t0 = std::chrono::steady_clock::now();
+  const moe_ep_status_t st = call.dispatch(0, call.num_recv());
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const std::string msg = c.api->last_error();
+  const int state = h->state;
+  const std::string me = "rank " + std::to_string(c.rank);
+  c.checks += 3;
+  if (st != MOE_EP_ERR_TIMEOUT)
+    fail(c, seed, "ht dispatch", std::string("returned ") + c.api->status_string(st) +
+                                     ", expected MOE_EP_ERR_TIMEOUT: " + msg);
+  else if (msg.find(me) == std::string::npos || msg.find("2 x timeouts.kernel_ms") == std::string::npos)
+    fail(c, seed, "ht dispatch", "the sentence does not name " + me + " and its bound: " + msg);
+  if (state != kHolding)
+    fail(c, seed, "ht dispatch", "returned after " + std::to_string((int)ms) +
+                                     " ms, once the hold had ended: it waited for the kernel");
+  std::fprintf(stderr, "rank %d: ht dispatch with its kernel held returned in %.0f ms: %s\n",
+               c.rank, ms, msg.c_str());
+  free_own_hold(h);
+  c.checks++;
+  if (c.api->group_poll_error(c.group) == MOE_EP_OK)
+    fail(c, seed, "group_poll_error", "the group is not failed after the dispatch timed out");
+}
+
 void run_destroy_behind(Ctx& c) {
   if (!runs_on_nccl(c, "destroy_behind")) return;
   c.checks++;
@@ -122,10 +214,7 @@ void run_destroy_behind(Ctx& c) {
     fail(c, 0, "destroy_behind", "needs --hold_ms above --boot_ms");
     return;
   }
-  StreamHold* h = new StreamHold;
-  h->ms = c.opt.hold_ms;
-  h->name = "the dispatch's stream";
-  cuda_check(cudaStreamCreateWithFlags(&h->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  StreamHold* h = new_own_hold(c, "the dispatch's stream");
   const auto [hidden, top_k] = c.opt.layers.front();
   const uint64_t seed = 1;
   {
@@ -134,18 +223,20 @@ void run_destroy_behind(Ctx& c) {
     LlCall warm(c, problem_for(c, hidden, top_k, moe_ep_oracle::Generator(seed + 1)), seed + 1);
     warm.set_stream(h->stream);
     if (!expect_status(c, seed + 1, "prepare", warm.prepare(), MOE_EP_OK) ||
-        !expect_status(c, seed + 1, "dispatch", warm.dispatch(0, nullptr), MOE_EP_OK))
+        !expect_status(c, seed + 1, "dispatch", warm.dispatch(0, nullptr), MOE_EP_OK)) {
+      free_own_hold(h);
       return;
+    }
     warm.check_dispatch();
   }
   LlCall call(c, problem_for(c, hidden, top_k, moe_ep_oracle::Generator(seed)), seed);
   call.set_stream(h->stream);
   // prepare's layout kernel has to run before the hold (its check waits).
-  if (!expect_status(c, seed, "prepare", call.prepare(), MOE_EP_OK)) return;
-  cuda_check(cudaLaunchHostFunc(h->stream, hold_stream, h), "cudaLaunchHostFunc");
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (h->state == kQueued && std::chrono::steady_clock::now() < end)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (!expect_status(c, seed, "prepare", call.prepare(), MOE_EP_OK)) {
+    free_own_hold(h);
+    return;
+  }
+  hold_own_stream(c, h);
   // Queued behind the hold: it cannot have run when group_destroy starts.
   expect_status(c, seed, "dispatch", call.dispatch(0, nullptr), MOE_EP_OK);
   const auto t0 = std::chrono::steady_clock::now();
@@ -167,12 +258,9 @@ void run_destroy_behind(Ctx& c) {
                                        " ms, once the hold had ended: it waited for the kernel");
   std::fprintf(stderr, "rank %d: group_destroy with its dispatch held returned in %.0f ms: %s\n",
                c.rank, ms, msg.c_str());
-  h->release = 1;
-  cuda_check(cudaStreamSynchronize(h->stream), "cudaStreamSynchronize(the dispatch's stream)");
+  free_own_hold(h);
   // The dispatch ran on the memory the group left: its values still hold.
   call.check_dispatch();
-  cudaStreamDestroy(h->stream);
-  delete h;
 }
 
 }  // namespace moe_ep_test

@@ -39,6 +39,18 @@ void reset(int polls_left, ncclResult_t settled, int queries_left = 0,
   mep_error_clear();
 }
 
+// Teardown's quiet wait: drained or not, within the bound, and no sentence.
+TEST(NcclWait, StreamDrainedIsQuietAndBounded) {
+  reset(0, ncclSuccess, 4);
+  EXPECT_EQ(mep_nccl_stream_drained(fake_stream(), 10000), 1);
+  EXPECT_EQ(g_queries_left, 0);
+  reset(0, ncclSuccess, -1);
+  EXPECT_EQ(mep_nccl_stream_drained(fake_stream(), 50), 0);
+  EXPECT_EQ(last(), "");
+  reset(0, ncclSuccess, 2, cudaErrorLaunchFailure);  // a failed stream runs nothing more
+  EXPECT_EQ(mep_nccl_stream_drained(fake_stream(), 10000), 1);
+}
+
 TEST(NcclWait, SuccessWithASettledCommunicatorReturnsAtOnce) {
   reset(0, ncclSuccess);
   EXPECT_EQ(mep_nccl_settle(fake_comm(), ncclSuccess, "step", 1000), MOE_EP_OK);
