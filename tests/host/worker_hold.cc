@@ -151,6 +151,32 @@ void free_own_hold(StreamHold* h) {
   delete h;
 }
 
+// Runs `call` while `h` holds a stream its kernel waits on: it must return
+// MOE_EP_ERR_TIMEOUT with a sentence naming this rank and `must`, before
+// the hold ends.
+template <typename Call>
+void timed_out_within_hold(Ctx& c, StreamHold* h, uint64_t seed, const std::string& what,
+                           const std::string& must, Call call) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const moe_ep_status_t st = call();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const std::string msg = c.api->last_error();
+  const int state = h->state;
+  const std::string me = "rank " + std::to_string(c.rank);
+  c.checks += 3;
+  if (st != MOE_EP_ERR_TIMEOUT)
+    fail(c, seed, what, std::string("returned ") + c.api->status_string(st) +
+                            ", expected MOE_EP_ERR_TIMEOUT: " + msg);
+  else if (msg.find(me) == std::string::npos || msg.find(must) == std::string::npos)
+    fail(c, seed, what, "the sentence does not name " + me + " and \"" + must + "\": " + msg);
+  if (state != kHolding)
+    fail(c, seed, what, "returned after " + std::to_string((int)ms) +
+                            " ms, once the hold had ended: it waited for the kernel");
+  std::fprintf(stderr, "rank %d: %s with its kernel held returned in %.0f ms: %s\n", c.rank,
+               what.c_str(), ms, msg.c_str());
+}
+
 }  // namespace
 
 void run_ht_count_behind(Ctx& c) {
@@ -183,24 +209,8 @@ void run_ht_count_behind(Ctx& c) {
   }
   call.stage(call.num_recv());  // its uploads wait for the device: before the hold
   hold_own_stream(c, h);
-  const auto t0 = std::chrono::steady_clock::now();
-  const moe_ep_status_t st = call.dispatch(0, call.num_recv());
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  const std::string msg = c.api->last_error();
-  const int state = h->state;
-  const std::string me = "rank " + std::to_string(c.rank);
-  c.checks += 3;
-  if (st != MOE_EP_ERR_TIMEOUT)
-    fail(c, seed, "ht dispatch", std::string("returned ") + c.api->status_string(st) +
-                                     ", expected MOE_EP_ERR_TIMEOUT: " + msg);
-  else if (msg.find(me) == std::string::npos || msg.find("2 x timeouts.kernel_ms") == std::string::npos)
-    fail(c, seed, "ht dispatch", "the sentence does not name " + me + " and its bound: " + msg);
-  if (state != kHolding)
-    fail(c, seed, "ht dispatch", "returned after " + std::to_string((int)ms) +
-                                     " ms, once the hold had ended: it waited for the kernel");
-  std::fprintf(stderr, "rank %d: ht dispatch with its kernel held returned in %.0f ms: %s\n",
-               c.rank, ms, msg.c_str());
+  timed_out_within_hold(c, h, seed, "ht dispatch", "2 x timeouts.kernel_ms",
+                        [&] { return call.dispatch(0, call.num_recv()); });
   free_own_hold(h);
   c.checks++;
   if (c.api->group_poll_error(c.group) == MOE_EP_OK)
@@ -239,25 +249,9 @@ void run_destroy_behind(Ctx& c) {
   hold_own_stream(c, h);
   // Queued behind the hold: it cannot have run when group_destroy starts.
   expect_status(c, seed, "dispatch", call.dispatch(0, nullptr), MOE_EP_OK);
-  const auto t0 = std::chrono::steady_clock::now();
-  const moe_ep_status_t st = c.api->group_destroy(c.group);
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  const std::string msg = c.api->last_error();
-  const int state = h->state;
+  timed_out_within_hold(c, h, seed, "group_destroy", "left allocated",
+                        [&] { return c.api->group_destroy(c.group); });
   c.group = nullptr;
-  const std::string me = "rank " + std::to_string(c.rank);
-  c.checks += 3;
-  if (st != MOE_EP_ERR_TIMEOUT)
-    fail(c, seed, "group_destroy", std::string("returned ") + c.api->status_string(st) +
-                                       ", expected MOE_EP_ERR_TIMEOUT: " + msg);
-  else if (msg.find(me) == std::string::npos || msg.find("left allocated") == std::string::npos)
-    fail(c, seed, "group_destroy", "the sentence does not name " + me + " and what it left: " + msg);
-  if (state != kHolding)
-    fail(c, seed, "group_destroy", "returned after " + std::to_string((int)ms) +
-                                       " ms, once the hold had ended: it waited for the kernel");
-  std::fprintf(stderr, "rank %d: group_destroy with its dispatch held returned in %.0f ms: %s\n",
-               c.rank, ms, msg.c_str());
   free_own_hold(h);
   // The dispatch ran on the memory the group left: its values still hold.
   call.check_dispatch();
