@@ -1,7 +1,6 @@
 // config_errors_test.cc: every rejected input gives MOE_EP_ERR_CONFIG (never
 // a crash or a config) and a sentence naming the key's full path, its line
 // and what is allowed.
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -233,8 +232,10 @@ TEST_F(ConfigErrors, FileSizeBoundIsInclusive) {
 
 TEST_F(ConfigErrors, DeepNestingAndAnchorFloodsFailFast) {
   // libyaml's scanner is O(depth) per token and its loader O(anchors) per
-  // anchor: 1 MiB of '[' took hours. Each must fail in well under a second.
-  auto t0 = std::chrono::steady_clock::now();
+  // anchor: 1 MiB of '[' took hours. The parse must stop where a limit is
+  // passed (the 65th level, the 1025th anchor), which the sentences show;
+  // a parse that went on would run into the test's own time limit instead
+  // (no clock is read here: a loaded machine must not fail this).
   ExpectError("moe_ep: {}\nx: " + std::string(1 << 20, '[') + "\n",
               {"nested more than 64 levels", "line 2"});
   std::string anchors = "moe_ep: {}\n";
@@ -242,7 +243,6 @@ TEST_F(ConfigErrors, DeepNestingAndAnchorFloodsFailFast) {
     anchors += "a" + std::to_string(i) + ": &x" + std::to_string(i) + " 1\n";
   }
   ExpectError(anchors, {"more than 1024 anchors", "line 1026"});
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
   // Within the limits, nesting and anchors still work.
   ASSERT_EQ(Parse("x: " + std::string(60, '[') + std::string(60, ']') +
                   "\nmoe_ep: {top_k: &k 4, hidden: 256}\ny: *k\n"),
