@@ -48,10 +48,7 @@ enum {
   /* A count word from a source that split its tokens into a different
    * number of channels (ranks called set_num_sms differently): expected =
    * this rank's channels, seen = the word; fatal. */
-  MEP_HT_OP_CHANNELS = 21,
-  /* Notice, not fatal: a dispatch received more rows than recv_x holds
-   * (expected = capacity, seen = rows); the rows were drained unwritten. */
-  MEP_HT_OP_CAPACITY = 22
+  MEP_HT_OP_CHANNELS = 21
 };
 
 /* Capacities the window and state are sized for. */

@@ -285,10 +285,9 @@ __device__ void mep_ht_dispatch_recv(const MepHtParams &p, const mep_ht_dispatch
       layout[(i / C) * MEP_HT_MAX_CHANNELS + i % C] = n_sh[i];
     if (threadIdx.x == 0) {
       reinterpret_cast<int32_t *>(p.state + p.st.layout_chan)[a.buffer_set] = C;
+      /* Past recv_capacity the rows are drained unwritten; the runtime
+       * compares N_recv with the capacity itself (it knows the call). */
       if (a.num_recv != nullptr) *a.num_recv = total;
-      if (drain && p.wc.notice != nullptr)
-        mep_publish_record(p.wc.notice, p.wc, MEP_HT_OP_CAPACITY, -1, -1,
-                           (uint64_t)a.recv_capacity, (uint64_t)total);
     }
   }
   if (a.pad && !drain) {

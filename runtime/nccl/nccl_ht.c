@@ -260,25 +260,7 @@ static moe_ep_status_t fatal_status(const moe_ep_group_t *g, const ht_state_t *s
   return mep_nccl_record_ready(&s->rec[0]) ? record_error(g, &s->rec[0]) : MOE_EP_OK;
 }
 
-/* A dispatch that received more rows than recv_x holds, reported once. */
-static moe_ep_status_t capacity_notice(const moe_ep_group_t *g, ht_state_t *s) {
-  mep_error_record_t *r = &s->rec[1];
-  if (!mep_nccl_record_ready(r)) return MOE_EP_OK;
-  moe_ep_status_t st = mep_error(
-      MOE_EP_ERR_INVALID_ARGUMENT,
-      "dispatch on rank %d received %llu rows but params->recv_x holds %llu; the rows were "
-      "dropped (size recv_x by world_size * max_tokens_per_rank, or by prepare's "
-      "num_tokens_per_rank summed over the sources)",
-      r->rank, (unsigned long long)r->seen, (unsigned long long)r->expected);
-  __atomic_store_n(&r->flag, 0, __ATOMIC_RELEASE);
-  return st;
-}
-
-static moe_ep_status_t ht_poll_error(moe_ep_group_t *g) {
-  ht_state_t *s = g->impl;
-  MEP_CHECK(fatal_status(g, s));
-  return capacity_notice(g, s);
-}
+static moe_ep_status_t ht_poll_error(moe_ep_group_t *g) { return fatal_status(g, g->impl); }
 
 static moe_ep_status_t enter(moe_ep_group_t *g, ht_state_t *s, mep_nccl_caller_t *caller) {
   MEP_CHECK(fatal_status(g, s));
@@ -409,8 +391,17 @@ static moe_ep_status_t learn_num_recv(moe_ep_group_t *g, ht_state_t *s, mep_op_t
   cudaError_t e = cudaEventQuery((cudaEvent_t)s->sent.event[op->buffer_set]);
   if (e != cudaSuccess) return mep_nccl_cuda_error("the dispatch kernel", e);
   MEP_CHECK(fatal_status(g, s));
-  MEP_CHECK(capacity_notice(g, s));
   const int64_t n = __atomic_load_n(&s->num_recv[op->buffer_set], __ATOMIC_ACQUIRE);
+  /* Checked here, for this call (a notice from the kernel would outlive a
+   * dispatch whose hook was freed unrun and be blamed on the next one). */
+  if (n > op->recv_capacity) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "dispatch on rank %d received %lld rows but params->recv_x holds %lld; "
+                     "the rows were dropped (size recv_x by world_size * max_tokens_per_rank, "
+                     "or by prepare's num_tokens_per_rank summed over the sources), and every "
+                     "rank must skip this layer call's combine",
+                     g->rank, (long long)n, (long long)op->recv_capacity);
+  }
   op->handle->num_recv = n;
   if (op->num_recv_tokens != NULL) *op->num_recv_tokens = n;
   return MOE_EP_OK;

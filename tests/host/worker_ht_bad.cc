@@ -1,7 +1,8 @@
 // worker_ht_bad.cc: bad input to HT dispatch on a live multi-rank group:
 // row format against x's dtype (bf16 and pre-quantised fp8), the scales'
-// shape and dtype, worst-case capacity, a second dispatch while the first's
-// hook is pending, handle_layout on an HT handle. Each is refused with the
+// shape and dtype, worst-case capacity, receive tensors too small for what
+// arrives, a second dispatch while the first's hook is pending,
+// handle_layout on an HT handle. Each is refused with the
 // right status and a sentence naming the argument, returns no hook, and the
 // group still works (verified round trips follow).
 #include <cuda_runtime_api.h>
@@ -246,6 +247,47 @@ void worst_case_then_exact(Ctx& c) {
   roundtrip(c, call, "cached dispatch of exactly the rows received, after a worst-case one");
 }
 
+// nccl: receive tensors one row short of what this rank receives (known
+// only once the dispatch kernel has counted): the call reports
+// INVALID_ARGUMENT with both numbers, every rank skips the combine, and a
+// dispatch of the right size on the same handle then works.
+void too_few_rows(Ctx& c) {
+  Problem p = problem_of(c, DispatchDtype::kBf16);
+  HtCall call(c, p, 78);
+  if (call.prepare() != MOE_EP_OK) return;
+  const int64_t n = call.num_recv();
+  c.checks++;
+  if (n < 1) {
+    fail(c, 78, "too few rows", "the routing gives this rank no rows to be short of");
+    return;
+  }
+  const std::string must = "received " + std::to_string(n) + " rows but params->recv_x holds " +
+                           std::to_string(n - 1);
+  expect_status(c, 78, "dispatch into too few rows", call.dispatch(0, n - 1),
+                MOE_EP_ERR_INVALID_ARGUMENT, must.c_str());
+  roundtrip(c, call, "dispatch of the rows received, after one into too few");
+}
+
+// The same with the receive deferred and the hook freed unrun: nothing
+// reads that dispatch's count, and nothing of it is blamed on the next
+// dispatch (once a notice its kernel left was).
+void too_few_rows_abandoned(Ctx& c) {
+  Problem p = problem_of(c, DispatchDtype::kBf16);
+  HtCall call(c, p, 80);
+  if (call.prepare() != MOE_EP_OK) return;
+  const int64_t n = call.num_recv();
+  if (n < 1) return;  // too_few_rows reports it
+  moe_ep_hook_t* hook = nullptr;
+  if (!expect_status(c, 80, "deferred dispatch into too few rows",
+                     call.dispatch(MOE_EP_FLAG_DEFER_RECV, n - 1, true, nullptr, &hook),
+                     MOE_EP_OK))
+    return;
+  c.api->hook_free(hook);
+  HtCall next(c, p, 81);
+  if (next.prepare() == MOE_EP_OK)
+    roundtrip(c, next, "dispatch after an abandoned one into too few rows");
+}
+
 }  // namespace
 
 void run_ht_bad_input(Ctx& c) {
@@ -258,6 +300,8 @@ void run_ht_bad_input(Ctx& c) {
   if (c.opt.backend == "nccl") {
     dispatch_in_capture(c);
     default_sms_again(c);
+    too_few_rows(c);
+    too_few_rows_abandoned(c);
   }
   moe_ep_group_info_t info = MOE_EP_INIT(moe_ep_group_info_t);
   expect_status(c, 0, "group_info", c.api->group_info(c.group, &info), MOE_EP_OK);
