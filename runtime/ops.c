@@ -113,7 +113,11 @@ static moe_ep_status_t dispatch_locked(moe_ep_group_t *g, moe_ep_handle_t *h,
   } else {
     MEP_CHECK(mep_check_ht_dispatch(g, p, hook, &op));
   }
+  const uint64_t seq = g->seq;
   moe_ep_status_t st = launch(g, &op, hook);
+  /* Sent but not received (the receive failed): no combine may follow on
+   * what an earlier dispatch of the handle left. */
+  if (st != MOE_EP_OK && g->seq != seq) h->dispatched = MEP_DISPATCH_ABANDONED;
   if (st == MOE_EP_OK) {
     h->dispatch_hidden = p->hidden;
     h->dispatched = (p->flags & MOE_EP_FLAG_DEFER_RECV) ? MEP_DISPATCH_PENDING : MEP_DISPATCHED;

@@ -465,10 +465,10 @@ held_stream_creates() {
   # stream: TIMEOUT within bootstrap.timeout_ms, the memory left for it.
   api ${E}_destroy_behind_held_dispatch $N 60 --scenario=destroy_behind --hold_ms=8000 \
     --boot_ms=3000 --experts=8 --max_tokens=8 --layers=128:2 --seeds=1
-  # An HT dispatch whose kernel waits behind a held stream: TIMEOUT after 2
-  # x timeouts.kernel_ms instead of waiting to learn its row count.
+  # An HT dispatch whose kernel waits behind a held stream: TIMEOUT after
+  # bootstrap.timeout_ms instead of waiting to learn its row count.
   api ht_${E}_count_behind_held_stream $N 60 --mode=ht --scenario=ht_count_behind \
-    --hold_ms=8000 --kernel_ms=1500 --experts=8 --max_tokens=8 --layers=128:2 --seeds=1
+    --hold_ms=8000 --boot_ms=3000 --experts=8 --max_tokens=8 --layers=128:2 --seeds=1
   # A bash read loop stamps the lines (awk reads a pipe in blocks).
   timeout 65 $B/moe_ep_run -n $N --timeout_s 60 -- $B/conformance_worker \
     --plugin=${PLUGIN:-$B/libmoe_ep.so} --backend=nccl --barrier_dir="$(mktemp -d)" $a \

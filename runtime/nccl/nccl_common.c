@@ -134,10 +134,7 @@ void mep_nccl_sent_destroy(mep_nccl_sent_t *sent) {
   }
 }
 
-/* The event the set's last half was recorded into. */
-static cudaEvent_t last_event(const mep_nccl_sent_t *sent, int set) {
-  return (cudaEvent_t)(sent->capture[set] != 0 ? sent->captured[set] : sent->event[set]);
-}
+
 
 static int64_t now_ms(void) {
   struct timespec now;
@@ -179,30 +176,49 @@ moe_ep_status_t mep_nccl_abandoned(const moe_ep_group_t *g, uint64_t window_byte
                    g->rank, g->cfg.bootstrap_timeout_ms, (unsigned long long)window_bytes);
 }
 
-/* The id of the graph capture `stream` is in, 0 when none. */
+/* The id of the graph capture `stream` is in, 0 when none. A capture
+ * already invalidated is an error: nothing recorded there would run. */
 static cudaError_t capture_of(void *stream, unsigned long long *id) {
   enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  *id = 0;
-  cudaError_t e = cudaStreamGetCaptureInfo((cudaStream_t)stream, &status, id, NULL, NULL, NULL,
+  unsigned long long got = 0;
+  cudaError_t e = cudaStreamGetCaptureInfo((cudaStream_t)stream, &status, &got, NULL, NULL, NULL,
                                            NULL);
-  if (status != cudaStreamCaptureStatusActive) *id = 0;
+  if (e == cudaSuccess && status == cudaStreamCaptureStatusInvalidated)
+    e = cudaErrorStreamCaptureInvalidated;
+  *id = status == cudaStreamCaptureStatusActive ? got : 0;
   return e;
 }
 
 moe_ep_status_t mep_nccl_sent_record(mep_nccl_sent_t *sent, int set, void *stream) {
-  cudaError_t e = capture_of(stream, &sent->capture[set]);
-  if (e != cudaSuccess) return mep_nccl_cuda_error("cudaStreamGetCaptureInfo", e);
-  e = cudaEventRecord(last_event(sent, set), (cudaStream_t)stream);
-  sent->stream[set] = stream;
-  return e == cudaSuccess ? MOE_EP_OK : mep_nccl_cuda_error("cudaEventRecord", e);
-}
-
-moe_ep_status_t mep_nccl_sent_order(const mep_nccl_sent_t *sent, int set, void *stream) {
-  if (stream == sent->stream[set]) return MOE_EP_OK;
   unsigned long long capture;
   cudaError_t e = capture_of(stream, &capture);
   if (e != cudaSuccess) return mep_nccl_cuda_error("cudaStreamGetCaptureInfo", e);
-  if (capture != sent->capture[set]) return MOE_EP_OK;
-  e = cudaStreamWaitEvent((cudaStream_t)stream, last_event(sent, set), 0);
+  cudaEvent_t ev = (cudaEvent_t)(capture != 0 ? sent->captured[set] : sent->event[set]);
+  e = cudaEventRecord(ev, (cudaStream_t)stream);
+  if (e != cudaSuccess) return mep_nccl_cuda_error("cudaEventRecord", e);
+  if (capture != 0) {
+    sent->captured_stream[set] = stream;
+    sent->capture[set] = capture;
+  } else {
+    sent->stream[set] = stream;
+  }
+  return MOE_EP_OK;
+}
+
+moe_ep_status_t mep_nccl_sent_order(const mep_nccl_sent_t *sent, int set, void *stream) {
+  unsigned long long capture;
+  cudaError_t e = capture_of(stream, &capture);
+  if (e != cudaSuccess) return mep_nccl_cuda_error("cudaStreamGetCaptureInfo", e);
+  cudaEvent_t ev;
+  if (capture == 0) {
+    /* Before any eager half the event was never recorded: waiting on it
+     * is a no-op (and NULL is the legacy default stream, not "none"). */
+    if (stream == sent->stream[set]) return MOE_EP_OK;
+    ev = (cudaEvent_t)sent->event[set];
+  } else {
+    if (capture != sent->capture[set] || stream == sent->captured_stream[set]) return MOE_EP_OK;
+    ev = (cudaEvent_t)sent->captured[set];
+  }
+  e = cudaStreamWaitEvent((cudaStream_t)stream, ev, 0);
   return e == cudaSuccess ? MOE_EP_OK : mep_nccl_cuda_error("cudaStreamWaitEvent", e);
 }

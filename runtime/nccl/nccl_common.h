@@ -48,9 +48,10 @@ moe_ep_status_t mep_nccl_launched(const moe_ep_group_t *g, mep_kstatus_t k, cons
  * an event last recorded in a capture can only be waited on inside it. */
 typedef struct mep_nccl_sent {
   void *event[MEP_NUM_BUFFER_SETS];    /* cudaEvent_t: the last eager half */
+  void *stream[MEP_NUM_BUFFER_SETS];   /* its stream */
   void *captured[MEP_NUM_BUFFER_SETS]; /* cudaEvent_t: the last captured half */
-  void *stream[MEP_NUM_BUFFER_SETS];   /* the earlier half's stream */
-  unsigned long long capture[MEP_NUM_BUFFER_SETS];
+  void *captured_stream[MEP_NUM_BUFFER_SETS];
+  unsigned long long capture[MEP_NUM_BUFFER_SETS]; /* that half's capture id */
 } mep_nccl_sent_t;
 
 moe_ep_status_t mep_nccl_sent_create(mep_nccl_sent_t *sent);
@@ -58,11 +59,12 @@ void mep_nccl_sent_destroy(mep_nccl_sent_t *sent); /* accepts a zeroed one */
 /* After the earlier half on `stream` into buffer set `set`. */
 moe_ep_status_t mep_nccl_sent_record(mep_nccl_sent_t *sent, int set, void *stream);
 /* Before the later half on `stream`: the same stream is already ordered;
- * another stream waits for the event when both halves are eager or in the
- * same graph capture. Across captures, or between eager work and a
- * capture, an event cannot order anything (CUDA refuses a capturing
- * stream's wait on an event recorded outside its capture): the order of
- * the graph's launch is its stream's, the engine's to set. */
+ * another eager stream waits for the last eager half's event, another
+ * stream in the same capture for the last captured half's. Across
+ * captures, or from a capture to eager work, an event cannot order
+ * anything (CUDA refuses a capturing stream's wait on an event recorded
+ * outside its capture): the order of the graph's launch is its stream's,
+ * the engine's to set. */
 moe_ep_status_t mep_nccl_sent_order(const mep_nccl_sent_t *sent, int set, void *stream);
 
 /* Teardown's wait for the group's last eager work: until the eager event

@@ -31,7 +31,12 @@ typedef struct ht_state {
   int64_t *num_recv;          /* host-mapped [MEP_NUM_BUFFER_SETS] */
   int64_t *num_recv_dev;
   mep_layout_book_t layouts;
+  /* Recorded after each send half (only sends launch kernels). */
   mep_nccl_sent_t sent;
+  /* Recorded just before each send half: when its stream reached it, so
+   * the row-count wait can tell the engine's earlier work from the
+   * kernel's own. */
+  mep_nccl_sent_t reached;
 } ht_state_t;
 
 /* What a handle remembers of its dispatch (h->backend). */
@@ -95,6 +100,7 @@ static moe_ep_status_t ht_release(moe_ep_group_t *g, int abort) {
     if (!ended) st = mep_nccl_abandoned(g, mep_nccl_bytes_allocated(s->nccl));
   }
   mep_nccl_sent_destroy(&s->sent);
+  mep_nccl_sent_destroy(&s->reached);
   if (ended) {
     mep_nccl_free(s->nccl, s->ctx.state);
     mep_pinned_give(s->num_recv);
@@ -121,6 +127,7 @@ static moe_ep_status_t alloc_device(ht_state_t *s) {
   s->ctx.notice_dev = s->ctx.error_dev + 1;
   MEP_CHECK(mep_pinned_take(MEP_NUM_BUFFER_SETS * sizeof(int64_t), (void **)&s->num_recv,
                             (void **)&s->num_recv_dev, "received row counts"));
+  MEP_CHECK(mep_nccl_sent_create(&s->reached));
   return mep_nccl_sent_create(&s->sent);
 }
 
@@ -366,6 +373,10 @@ static moe_ep_status_t ht_send(moe_ep_group_t *g, mep_op_t *op) {
   mep_nccl_caller_t caller;
   MEP_CHECK(enter(g, s, &caller));
   moe_ep_status_t st = check_capturable(g, op, "dispatch");
+  /* After the set's last send, whatever its stream: the set's event then
+   * covers every kernel on the set (teardown waits for it). */
+  if (st == MOE_EP_OK) st = mep_nccl_sent_order(&s->sent, op->buffer_set, op->stream);
+  if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->reached, op->buffer_set, op->stream);
   if (st == MOE_EP_OK)
     st = op->kind == MEP_OP_DISPATCH ? launch_dispatch(g, s, op) : launch_combine(g, s, op);
   if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->sent, op->buffer_set, op->stream);
@@ -373,25 +384,32 @@ static moe_ep_status_t ht_send(moe_ep_group_t *g, mep_op_t *op) {
 }
 
 /* N_recv reaches the host: wait for the dispatch kernel (the documented
- * sync of a dispatch without MOE_EP_FLAG_WORST_CASE), polling the event
- * its send recorded: the kernel's own waits end within timeouts.kernel_ms
- * of its start, so twice that bounds it and the work queued before it
+ * sync of a dispatch without MOE_EP_FLAG_WORST_CASE), polling events
  * (cudaStreamSynchronize has no bound, and would wait for the engine's
- * later work on the stream too). */
+ * later work on the stream too). First until the stream reached the
+ * dispatch, within bootstrap.timeout_ms (the engine's earlier work), then
+ * until the kernel ended, within 4 x timeouts.kernel_ms (its waits give up
+ * after kernel_ms each, a block's after four without progress). */
 static moe_ep_status_t learn_num_recv(moe_ep_group_t *g, ht_state_t *s, mep_op_t *op) {
-  const int bound_ms = 2 * g->cfg.kernel_timeout_ms;
-  if (!mep_nccl_await_event(s->sent.event[op->buffer_set], bound_ms)) {
+  const int set = op->buffer_set;
+  if (!mep_nccl_await_event(s->reached.event[set], g->cfg.bootstrap_timeout_ms)) {
+    return mep_error(MOE_EP_ERR_TIMEOUT,
+                     "dispatch on rank %d: its stream had not reached the dispatch kernel "
+                     "within bootstrap.timeout_ms=%d (earlier work on the stream has not "
+                     "ended)", g->rank, g->cfg.bootstrap_timeout_ms);
+  }
+  const int bound_ms = 4 * g->cfg.kernel_timeout_ms;
+  if (!mep_nccl_await_event(s->sent.event[set], bound_ms)) {
     MEP_CHECK(fatal_status(g, s)); /* the kernel's own sentence, if it wrote one */
     return mep_error(MOE_EP_ERR_TIMEOUT,
-                     "dispatch on rank %d: its kernel had not ended %d ms (2 x "
-                     "timeouts.kernel_ms) after the receive began waiting for the number of "
-                     "rows received; it waits behind earlier work on its stream, or the GPU is "
-                     "stuck", g->rank, bound_ms);
+                     "dispatch on rank %d: its kernel had not ended %d ms (4 x "
+                     "timeouts.kernel_ms) after it could start; the GPU is stuck",
+                     g->rank, bound_ms);
   }
-  cudaError_t e = cudaEventQuery((cudaEvent_t)s->sent.event[op->buffer_set]);
+  cudaError_t e = cudaEventQuery((cudaEvent_t)s->sent.event[set]);
   if (e != cudaSuccess) return mep_nccl_cuda_error("the dispatch kernel", e);
   MEP_CHECK(fatal_status(g, s));
-  const int64_t n = __atomic_load_n(&s->num_recv[op->buffer_set], __ATOMIC_ACQUIRE);
+  const int64_t n = __atomic_load_n(&s->num_recv[set], __ATOMIC_ACQUIRE);
   /* Checked here, for this call (a notice from the kernel would outlive a
    * dispatch whose hook was freed unrun and be blamed on the next one). */
   if (n > op->recv_capacity) {

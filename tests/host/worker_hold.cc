@@ -19,10 +19,11 @@
 // (values against the oracle).
 //
 // Scenario "ht_count_behind" (HT): a dispatch whose kernel waits on a held
-// stream must return MOE_EP_ERR_TIMEOUT naming this rank once 2 x
-// timeouts.kernel_ms have passed, before the hold ends, instead of waiting
-// to learn how many rows it received; the group is then failed, and
-// group_destroy (after the hold) tears it down.
+// stream must return MOE_EP_ERR_TIMEOUT naming this rank once
+// bootstrap.timeout_ms has passed without its stream reaching it, before
+// the hold ends, instead of waiting to learn how many rows it received;
+// the group is then failed, and group_destroy (after the hold) tears it
+// down.
 //
 // Scenario "destroy_behind": the group's own dispatch waits on a held
 // stream when group_destroy is called. group_destroy must return
@@ -163,7 +164,7 @@ void timed_out_within_hold(Ctx& c, StreamHold* h, uint64_t seed, const std::stri
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   const std::string msg = c.api->last_error();
   const int state = h->state;
-  const std::string me = "rank " + std::to_string(c.rank);
+  const std::string me = "rank " + std::to_string(c.rank) + ":";
   c.checks += 3;
   if (st != MOE_EP_ERR_TIMEOUT)
     fail(c, seed, what, std::string("returned ") + c.api->status_string(st) +
@@ -182,9 +183,8 @@ void timed_out_within_hold(Ctx& c, StreamHold* h, uint64_t seed, const std::stri
 void run_ht_count_behind(Ctx& c) {
   if (!runs_on_nccl(c, "ht_count_behind")) return;
   c.checks++;
-  const int bound_ms = 2 * c.opt.kernel_ms;
-  if (!c.opt.ht || c.opt.hold_ms <= bound_ms) {
-    fail(c, 0, "ht_count_behind", "needs --mode=ht and --hold_ms above 2 x --kernel_ms");
+  if (!c.opt.ht || c.opt.hold_ms < 2 * c.opt.boot_ms) {
+    fail(c, 0, "ht_count_behind", "needs --mode=ht and --hold_ms of at least 2 x --boot_ms");
     return;
   }
   StreamHold* h = new_own_hold(c, "the dispatch's stream");
@@ -209,7 +209,7 @@ void run_ht_count_behind(Ctx& c) {
   }
   call.stage(call.num_recv());  // its uploads wait for the device: before the hold
   hold_own_stream(c, h);
-  timed_out_within_hold(c, h, seed, "ht dispatch", "2 x timeouts.kernel_ms",
+  timed_out_within_hold(c, h, seed, "ht dispatch", "within bootstrap.timeout_ms",
                         [&] { return call.dispatch(0, call.num_recv()); });
   free_own_hold(h);
   c.checks++;
@@ -220,8 +220,8 @@ void run_ht_count_behind(Ctx& c) {
 void run_destroy_behind(Ctx& c) {
   if (!runs_on_nccl(c, "destroy_behind")) return;
   c.checks++;
-  if (c.opt.hold_ms <= c.opt.boot_ms) {
-    fail(c, 0, "destroy_behind", "needs --hold_ms above --boot_ms");
+  if (c.opt.hold_ms < 2 * c.opt.boot_ms) {
+    fail(c, 0, "destroy_behind", "needs --hold_ms of at least 2 x --boot_ms");
     return;
   }
   StreamHold* h = new_own_hold(c, "the dispatch's stream");
