@@ -256,7 +256,14 @@ typedef struct moe_ep_group_info {
  * handle then takes y with N_recv rows or more (rows past N_recv are
  * ignored), e.g. the dispatch's fixed-size output; on the nccl backend,
  * where N_recv stays on the GPU, y needs the dispatch's full row count.
- * Low-latency dispatch (always fixed-size) refuses it. */
+ * Low-latency dispatch (always fixed-size) refuses it.
+ * Without the flag, the nccl backend's HT receive learns N_recv on the
+ * host: it waits until the dispatch's stream has reached the kernel
+ * (within bootstrap.timeout_ms: the engine's earlier work on that stream),
+ * then until the kernel ends (within 4 x timeouts.kernel_ms), and returns
+ * MOE_EP_ERR_TIMEOUT past either; a receive tensor with fewer rows than
+ * N_recv makes it return MOE_EP_ERR_INVALID_ARGUMENT for that call (the
+ * rows were dropped; every rank skips that combine). */
 #define MOE_EP_FLAG_WORST_CASE (1u << 2)
 
 typedef struct moe_ep_prepare_params {
