@@ -2,9 +2,10 @@
 moe_ep_config, without ranks: common keys, then the mode's own section, a
 nested section merged key by key; the second group's address."""
 import pytest
+import torch
 
 import moe_ep.deep_ep.buffer as buffer_module
-from moe_ep.deep_ep import Buffer
+from moe_ep.deep_ep import Buffer, Config
 
 
 def test_mode_section_merges_nested_keys_into_the_common_ones():
@@ -54,3 +55,70 @@ def test_second_group_address(monkeypatch, case):
     b._group_for("low_latency", keys)
     b._group_for("high_throughput", keys)
     assert [c.bootstrap_address for c in _FakeGroup.made] == want
+
+
+def test_ht_token_cap_from_its_own_variable(monkeypatch):
+    """MOE_EP_HT_MAX_TOKENS_PER_RANK sizes the normal-mode group alone (the
+    low-latency group keeps num_max_dispatch_tokens_per_rank), over
+    moe_ep_config; a value that is not a positive integer is refused, named."""
+    monkeypatch.setenv("MOE_EP_HT_MAX_TOKENS_PER_RANK", "16384")
+    b = Buffer(None, moe_ep_config={"high_throughput": {"max_tokens_per_rank": 1024}})
+    assert b._mode_config("high_throughput")["max_tokens_per_rank"] == 16384
+    assert "max_tokens_per_rank" not in b._mode_config("low_latency")
+    monkeypatch.setenv("MOE_EP_HT_MAX_TOKENS_PER_RANK", "lots")
+    with pytest.raises(ValueError, match="MOE_EP_HT_MAX_TOKENS_PER_RANK='lots' must be a "
+                                         "positive integer"):
+        b._mode_config("high_throughput")
+
+
+@pytest.mark.parametrize("batch,worst,want", [(5, 0, 1024), (3000, 0, 4096), (5, 5000, 2500),
+                                              (5, 1000, 1024)])
+def test_ht_token_cap_from_the_first_call(monkeypatch, batch, worst, want):
+    """The first normal-mode call's batch, rounded up to a power of two (at
+    least 1024), or num_worst_tokens / world_size when that is larger."""
+    _FakeGroup.made = []
+    monkeypatch.setattr(buffer_module, "Group", _FakeGroup)
+    monkeypatch.delenv("MOE_EP_HT_MAX_TOKENS_PER_RANK", raising=False)
+    b = Buffer(None, moe_ep_config={"backend": "host"})
+    b.group_size = 2
+    b._ht_group("dispatch", 8, 256, torch.zeros((batch, 2), dtype=torch.int64), worst)
+    assert _FakeGroup.made[-1].max_tokens_per_rank == want
+
+
+def test_bootstrap_host(monkeypatch):
+    """The host rank 0 publishes with its port: MOE_EP_BOOTSTRAP_HOST, else
+    its own address on the route toward MASTER_ADDR, else 127.0.0.1."""
+    monkeypatch.delenv("MOE_EP_BOOTSTRAP_HOST", raising=False)
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    assert buffer_module._bootstrap_host() == "127.0.0.1"
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    assert buffer_module._bootstrap_host() == "127.0.0.1"
+    monkeypatch.setenv("MOE_EP_BOOTSTRAP_HOST", "10.9.8.7")
+    assert buffer_module._bootstrap_host() == "10.9.8.7"
+
+
+class _SmsGroup:
+    backend = "nccl"
+
+    def __init__(self):
+        self.calls = []
+
+    def set_num_sms(self, n):
+        self.calls.append(n)
+
+
+def test_ht_follows_set_num_sms_and_config(monkeypatch):
+    """A normal dispatch applies config.num_sms, else the class's
+    set_num_sms value, whenever it differs from the group's (DeepEP sizes
+    every call so); unchanged, nothing is called."""
+    monkeypatch.setattr(Buffer, "num_sms", 20)
+    b = Buffer(None)
+    g = _SmsGroup()
+    b._ht_num_sms = 20
+    b._ht_sms(g, None)
+    Buffer.set_num_sms(24)
+    b._ht_sms(g, None)
+    b._ht_sms(g, None)
+    b._ht_sms(g, Config(32))
+    b._ht_sms(g, Config(32))
+    assert g.calls == [24, 32]

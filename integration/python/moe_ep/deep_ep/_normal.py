@@ -122,11 +122,28 @@ def _torch_layout(topk_idx, num_experts, world):
 
 class NormalMixin:
 
-    def _ht_group(self, entry, num_experts, hidden, topk_idx):
+    def _ht_group(self, entry, num_experts, hidden, topk_idx, num_worst_tokens=0):
+        """The normal-mode group, created from the first call's shapes. Its
+        token cap: the batch rounded up (_max_tokens), or what
+        num_worst_tokens (world_size * the most tokens a rank sends) says,
+        whichever is larger; moe_ep_config or MOE_EP_HT_MAX_TOKENS_PER_RANK
+        override it."""
+        tokens = _max_tokens(int(topk_idx.shape[0]))
+        if num_worst_tokens > 0 and self.group_size > 0:
+            tokens = max(tokens, -(-int(num_worst_tokens) // self.group_size))
         return self._group_for("high_throughput", {
             "num_experts": int(num_experts), "hidden": int(hidden),
-            "top_k": int(topk_idx.shape[-1]),
-            "max_tokens_per_rank": _max_tokens(int(topk_idx.shape[0]))})
+            "top_k": int(topk_idx.shape[-1]), "max_tokens_per_rank": tokens})
+
+    def _ht_sms(self, g, config):
+        """DeepEP sizes each normal dispatch by config.num_sms, else the
+        class's set_num_sms value: the group follows when that changes (its
+        combine repeats its dispatch's split, so only dispatch applies it).
+        Engines change it on every rank alike, as DeepEP needs too."""
+        want = int(config.num_sms) if config is not None else type(self).num_sms
+        if g.backend == "nccl" and want != getattr(self, "_ht_num_sms", None):
+            g.set_num_sms(want)
+            self._ht_num_sms = want
 
     def _ht_prepare(self, g, topk_idx):
         """The handle prepared by get_dispatch_layout for this very topk_idx,
@@ -236,7 +253,8 @@ class NormalMixin:
                 raise ValueError("%s: the Buffer's first normal-mode call must show num_experts: "
                                  "call get_dispatch_layout first, pass num_tokens_per_expert, or "
                                  "give moe_ep_config={'num_experts': ...}" % entry)
-            g = self._ht_group(entry, num_experts, x.shape[-1], topk_idx)
+            g = self._ht_group(entry, num_experts, x.shape[-1], topk_idx, num_worst_tokens)
+        self._ht_sms(g, config)
         ep_handle = handle.moe_ep if cached else self._ht_prepare(g, topk_idx)
         worst_rows = 0
         try:

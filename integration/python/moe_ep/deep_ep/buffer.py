@@ -41,6 +41,49 @@ from ._refuse import refuse as _refuse
 _MODE_SECTIONS = ("low_latency", "high_throughput")
 
 
+# The normal-mode (high-throughput) group's max_tokens_per_rank alone:
+# MOE_EP_MAX_TOKENS_PER_RANK would set the low-latency group's too, whose
+# range (1..1024) and num_max_dispatch_tokens_per_rank it must keep.
+_HT_TOKENS_ENV = "MOE_EP_HT_MAX_TOKENS_PER_RANK"
+# The host rank 0 publishes with the port it picks for a group.
+_HOST_ENV = "MOE_EP_BOOTSTRAP_HOST"
+
+
+def _ht_tokens_from_env():
+    v = os.environ.get(_HT_TOKENS_ENV)
+    if v is None or v == "":
+        return None
+    try:
+        n = int(v)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError("Buffer: %s=%r must be a positive integer (the normal-mode group's "
+                         "max_tokens_per_rank)" % (_HT_TOKENS_ENV, v))
+    return n
+
+
+def _bootstrap_host():
+    """The host rank 0 publishes with the port it picked:
+    MOE_EP_BOOTSTRAP_HOST, else this machine's address on its route toward
+    MASTER_ADDR (rank 0 of an expert-parallel group need not run on
+    MASTER_ADDR's host), else 127.0.0.1 (one host)."""
+    host = os.environ.get(_HOST_ENV)
+    if host:
+        return host
+    master = os.environ.get("MASTER_ADDR")
+    if not master:
+        return "127.0.0.1"
+    try:
+        # Connecting a UDP socket sends nothing: it only chooses the route,
+        # and with it this end's address.
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((master, 9))
+            return s.getsockname()[0]
+    except OSError:
+        return master
+
+
 def _next_port(address):
     """host:port+1: the second group's address when one is configured."""
     host, _, port = address.rpartition(":")
@@ -112,9 +155,10 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
 
     @classmethod
     def set_num_sms(cls, new_num_sms):
-        """SMs for normal-mode kernels (DeepEP: even). Applied to
-        high-throughput groups created afterwards; LL kernels size their
-        grid themselves, as in DeepEP (moe_ep.Group.set_num_sms bounds them)."""
+        """SMs for normal-mode kernels (DeepEP: even). Applied to a
+        high-throughput group at its next dispatch without a config (a
+        config's num_sms wins, as in DeepEP); LL kernels size their grid
+        themselves, as in DeepEP (moe_ep.Group.set_num_sms bounds them)."""
         if new_num_sms % 2 != 0:
             raise ValueError("set_num_sms: new_num_sms=%d must be even" % new_num_sms)
         cls.num_sms = new_num_sms
@@ -148,13 +192,18 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         """moe_ep_config as it applies to `mode`: its common keys, then the
         keys of its "low_latency" or "high_throughput" section, a nested
         section (bootstrap, timeouts) merged key by key, so a mode that sets
-        bootstrap.timeout_ms keeps the common bootstrap.address."""
+        bootstrap.timeout_ms keeps the common bootstrap.address; then, for
+        high_throughput, MOE_EP_HT_MAX_TOKENS_PER_RANK."""
         cfg = {k: v for k, v in self._user_config.items() if k not in _MODE_SECTIONS}
         for key, value in self._user_config.get(mode, {}).items():
             if isinstance(value, dict) and isinstance(cfg.get(key), dict):
                 cfg[key] = {**cfg[key], **value}
             else:
                 cfg[key] = value
+        if mode == "high_throughput":
+            tokens = _ht_tokens_from_env()
+            if tokens is not None:
+                cfg["max_tokens_per_rank"] = tokens
         return cfg
 
     def _mode_sets_address(self, mode):
@@ -193,7 +242,8 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
             setattr(self, attr, g)
             self.rank, self.group_size = g.rank, g.world_size
             if mode == "high_throughput" and g.backend == "nccl":
-                g.set_num_sms(Buffer.num_sms)
+                g.set_num_sms(type(self).num_sms)
+                self._ht_num_sms = type(self).num_sms
         return g
 
     def _config_for(self, mode, derived):
@@ -226,7 +276,7 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         import torch.distributed as dist
         mine = [None, tokens]
         if want_address and self.group.rank() == 0:
-            host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+            host = _bootstrap_host()
             with socket.socket() as s:
                 s.bind(("", 0))
                 mine[0] = "%s:%d" % (host, s.getsockname()[1])
