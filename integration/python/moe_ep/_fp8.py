@@ -122,3 +122,21 @@ def quantize(x, scale_format="f32", name="x", native=None):
     exps = torch.zeros((t, 4 * words), dtype=torch.uint8, device=x.device)
     exps[:, :groups] = (s.view(torch.int32) >> 23).to(torch.uint8)  # UE8M0: the biased exponent
     return q, exps.view(torch.int32)
+
+
+def column_major_like(scales):
+    """An empty tensor of scales' shape [E, R*N, C] in DeepEP's layout for
+    low-latency receive scales: transposed storage (each expert's [C, R*N]
+    block contiguous), the view DeepGEMM's masked grouped GEMM reads. The
+    library's own are row-major; fill it with .copy_(scales) once the
+    receive has completed. None for None."""
+    if scales is None:
+        return None
+    e, s, c = scales.shape
+    return torch.empty((e, c, s), dtype=scales.dtype, device=scales.device).transpose(1, 2)
+
+
+def column_major(scales):
+    """scales (a completed receive's) in DeepEP's column-major layout."""
+    out = column_major_like(scales)
+    return None if out is None else out.copy_(scales)

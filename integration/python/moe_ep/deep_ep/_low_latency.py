@@ -4,6 +4,7 @@ import operator
 
 import torch
 
+from .. import _fp8
 from .event import EventOverlap, record_event
 from ._refuse import refuse as _refuse
 
@@ -118,11 +119,7 @@ class LowLatencyMixin:
             raise
         if return_recv_hook:
             ep_hook, res = res, res.result
-        scales_cm = None
-        if res.recv_scales is not None:
-            e, s, c = res.recv_scales.shape
-            scales_cm = torch.empty((e, c, s), dtype=res.recv_scales.dtype,
-                                    device=res.recv_scales.device).transpose(1, 2)
+        scales_cm = _fp8.column_major_like(res.recv_scales)
         stats = cumulative_local_expert_recv_stats
 
         def finish():

@@ -7,6 +7,7 @@ import collections
 
 import torch
 
+from .. import _fp8
 from .._overlap import Once, group_recv_ring
 from ._inputs import same_shape
 from ._types import low_latency_format
@@ -77,8 +78,10 @@ class LowLatencyPath:
         return op
 
     def output(self, op, res):
-        return LowLatencyOutput(res.recv_x, res.recv_scales, op.topk_ids, op.topk_weights,
-                                res.recv_count, op.expected_m)
+        # fp8 scales in DeepEP's column-major layout, as SGLang's masked
+        # grouped GEMM takes them from DeepEP.
+        return LowLatencyOutput(res.recv_x, _fp8.column_major(res.recv_scales), op.topk_ids,
+                                op.topk_weights, res.recv_count, op.expected_m)
 
     def combine(self, entry, op, sub, hidden_states, topk_ids, topk_weights):
         """Sends the expert outputs [E_local, R*N, H] bf16 back; returns the

@@ -161,8 +161,9 @@ class PrepareAndFinalize:
         def receiver():
             res = op.recv()
             if not box:
-                box.append((res.recv_x, res.recv_scales) if after is None else
-                           _received.batched(res.recv_x, res.recv_count, after))
+                # As received: fp8 scales in DeepEP's column-major layout.
+                box.append((res.recv_x, _fp8.column_major(res.recv_scales)) if after is None
+                           else _received.batched(res.recv_x, res.recv_count, after))
             meta = meta_cls(expert_num_tokens=res.recv_count,
                             expert_num_tokens_cpu=res.recv_count if on_host else None)
             return box[0][0], box[0][1], meta, None, None
