@@ -8,6 +8,8 @@ import threading
 
 import torch
 
+from . import _fp8
+from ._results import DispatchResult
 from .errors import TimeoutError as MoeEpTimeoutError
 
 
@@ -15,6 +17,21 @@ def wait_bound_s(group):
     """How long a thread may wait for another thread's hook: the library
     bounds the hook itself by kernel_ms, so twice that plus slack."""
     return 2.0 * group.config.kernel_timeout_ms / 1000.0 + 5.0
+
+
+def column_major_receive(hook):
+    """hook, whose result's fp8 scales are then copied, in the same call
+    (so on the stream its receive ran on), into DeepEP's column-major
+    layout: a low-latency receive as DeepEP hands it to the engines'
+    grouped GEMMs. The result is otherwise the hook's."""
+    def run():
+        res = hook()
+        if res.recv_scales is None:
+            return res
+        return DispatchResult(res.recv_x, _fp8.column_major(res.recv_scales), res.recv_count,
+                              res.recv_topk_idx, res.recv_topk_weights, res.num_recv_tokens,
+                              res.buffers)
+    return run
 
 
 class Once:

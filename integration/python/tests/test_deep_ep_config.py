@@ -1,8 +1,12 @@
 """How the DeepEP-compatible Buffer builds each mode's moe_ep: section from
 moe_ep_config, without ranks: common keys, then the mode's own section, a
 nested section merged key by key; the second group's address."""
+import ipaddress
+import socket
+
 import pytest
 import torch
+import torch.distributed
 
 import moe_ep.deep_ep.buffer as buffer_module
 from moe_ep.deep_ep import Buffer, Config
@@ -93,8 +97,48 @@ def test_bootstrap_host(monkeypatch):
     assert buffer_module._bootstrap_host() == "127.0.0.1"
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     assert buffer_module._bootstrap_host() == "127.0.0.1"
+    # A host name that resolves to loopback here (Debian maps its own name
+    # to 127.0.1.1) is published as the name, which other hosts resolve.
+    name = socket.gethostname()
+    monkeypatch.setenv("MASTER_ADDR", name)
+    got = buffer_module._bootstrap_host()
+    assert got == name or not ipaddress.ip_address(got).is_loopback, got
     monkeypatch.setenv("MOE_EP_BOOTSTRAP_HOST", "10.9.8.7")
     assert buffer_module._bootstrap_host() == "10.9.8.7"
+
+
+class _OneGroup:
+    def __init__(self, rank, size):
+        self._rank, self._size = rank, size
+
+    def rank(self):
+        return self._rank
+
+    def size(self):
+        return self._size
+
+
+@pytest.mark.parametrize("given,want", [
+    ([None, None], 4096), ([8192, 8192], None),
+    ([None, 8192], "rank 0 none, rank 1 8192"), ([4096, 8192], "rank 0 4096, rank 1 8192")])
+def test_ranks_agree_on_the_normal_mode_cap(monkeypatch, given, want):
+    """The derived caps' largest serves every rank; caps given to ranks
+    (moe_ep_config, MOE_EP_HT_MAX_TOKENS_PER_RANK) must be alike, and every
+    rank raises naming each rank's when they are not."""
+    derived = [1024, 4096] if given[0] is None else [None, None]
+
+    def gather(out, mine, group=None):
+        for r in range(2):
+            out[r] = [None, derived[r], given[r]]
+    monkeypatch.setattr(torch.distributed, "all_gather_object", gather)
+    for rank in range(2):
+        b = Buffer(None)
+        b.group = _OneGroup(rank, 2)
+        if isinstance(want, str):
+            with pytest.raises(ValueError, match=want):
+                b._agree(False, derived[rank], given[rank], True)
+        else:
+            assert b._agree(False, derived[rank], given[rank], True) == (None, want)
 
 
 class _SmsGroup:

@@ -22,6 +22,7 @@ configured `bootstrap.address` serves the Buffer's first group; its second
 group (both modes on one Buffer) takes the next port.
 """
 import hashlib
+import ipaddress
 import os
 import secrets
 import socket
@@ -79,9 +80,22 @@ def _bootstrap_host():
         # and with it this end's address.
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.connect((master, 9))
-            return s.getsockname()[0]
+            found = s.getsockname()[0]
     except OSError:
         return master
+    # A name that resolves to loopback here (127.0.1.1 for the host's own
+    # name on Debian) may resolve to a routable address elsewhere: publish
+    # the name, as given, unless it is itself a loopback address.
+    if ipaddress.ip_address(found).is_loopback and not _is_loopback(master):
+        return master
+    return found
+
+
+def _is_loopback(host):
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name
+        return host == "localhost"
 
 
 def _next_port(address):
@@ -255,9 +269,11 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         cfg["mode"] = mode
         boot = dict(user.get("bootstrap", {}))
         want_address = "address" not in boot and not os.environ.get("MOE_EP_BOOTSTRAP_ADDRESS")
-        tokens = cfg.get("max_tokens_per_rank") if mode == "high_throughput" and \
-            "max_tokens_per_rank" not in user else None
-        address, tokens = self._agree(want_address, tokens)
+        ht = mode == "high_throughput"
+        tokens = cfg.get("max_tokens_per_rank") if ht and "max_tokens_per_rank" not in user \
+            else None
+        given = user.get("max_tokens_per_rank") if ht else None
+        address, tokens = self._agree(want_address, tokens, given, ht)
         if tokens is not None:
             cfg["max_tokens_per_rank"] = tokens
         if address is not None:
@@ -265,16 +281,19 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
             cfg["bootstrap"] = boot
         return cfg, address is not None
 
-    def _agree(self, want_address, tokens):
+    def _agree(self, want_address, tokens, given=None, check_given=False):
         """One collective over the Buffer's torch.distributed group when a
-        group is created: rank 0's free port (want_address) and the largest
-        of the ranks' token caps (tokens, or None), so ranks whose first
-        batches differ still create one configuration. Without a torch
-        group: (None, tokens)."""
-        if self.group is None or (not want_address and tokens is None):
+        group is created: rank 0's free port (want_address), the largest of
+        the ranks' derived token caps (tokens, or None), so ranks whose
+        first batches differ still create one configuration, and, with
+        check_given (the normal-mode group, whose cap a rank may be given by
+        moe_ep_config or MOE_EP_HT_MAX_TOKENS_PER_RANK), the given caps,
+        which must be the same on every rank (every rank raises alike when
+        not). Without a torch group: (None, tokens)."""
+        if self.group is None or (not want_address and not check_given and tokens is None):
             return None, tokens
         import torch.distributed as dist
-        mine = [None, tokens]
+        mine = [None, tokens, given]
         if want_address and self.group.rank() == 0:
             host = _bootstrap_host()
             with socket.socket() as s:
@@ -282,7 +301,15 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
                 mine[0] = "%s:%d" % (host, s.getsockname()[1])
         everyone = [None] * self.group.size()
         dist.all_gather_object(everyone, mine, group=self.group)
-        return everyone[0][0], (None if tokens is None else max(t for _, t in everyone))
+        givens = [e[2] for e in everyone]
+        if check_given and len(set(givens)) > 1:
+            raise ValueError(
+                "Buffer: the ranks were given different normal-mode max_tokens_per_rank "
+                "(moe_ep_config or %s): %s; give every rank the same"
+                % (_HT_TOKENS_ENV, ", ".join("rank %d %s" % (r, "none" if v is None else v)
+                                             for r, v in enumerate(givens))))
+        derived = [e[1] for e in everyone if e[1] is not None]
+        return everyone[0][0], (max(derived) if derived else None)
 
     def _agree_token(self, config):
         """A group of more than one rank admits only processes that hold

@@ -7,8 +7,7 @@ import collections
 
 import torch
 
-from .. import _fp8
-from .._overlap import Once, group_recv_ring
+from .._overlap import Once, column_major_receive, group_recv_ring
 from ._inputs import same_shape
 from ._types import low_latency_format
 
@@ -71,17 +70,18 @@ class LowLatencyPath:
             raise
         op = LowLatencyOp()
         op.mode = self.mode
-        op.handle, op.recv, op.topk_ids, op.topk_weights = handle, Once(hook, self._bound_s), ids, w
+        # fp8 scales in DeepEP's column-major layout, as SGLang's masked
+        # grouped GEMM takes them from DeepEP.
+        op.handle, op.topk_ids, op.topk_weights = handle, ids, w
+        op.recv = Once(column_major_receive(hook), self._bound_s)
         t, k = (int(n) for n in ids.shape)
         e = g.config.num_experts
         op.expected_m = (t * g.world_size * k + e) // e
         return op
 
     def output(self, op, res):
-        # fp8 scales in DeepEP's column-major layout, as SGLang's masked
-        # grouped GEMM takes them from DeepEP.
-        return LowLatencyOutput(res.recv_x, _fp8.column_major(res.recv_scales), op.topk_ids,
-                                op.topk_weights, res.recv_count, op.expected_m)
+        return LowLatencyOutput(res.recv_x, res.recv_scales, op.topk_ids, op.topk_weights,
+                                res.recv_count, op.expected_m)
 
     def combine(self, entry, op, sub, hidden_states, topk_ids, topk_weights):
         """Sends the expert outputs [E_local, R*N, H] bf16 back; returns the

@@ -12,7 +12,8 @@ are quantised (in, before or after the dispatch) is _quant's rule."""
 import torch
 
 from .. import _fp8
-from .._overlap import ExpertMapCheck, InFlight, Once, group_recv_ring, wait_bound_s
+from .._overlap import (ExpertMapCheck, InFlight, Once, column_major_receive, group_recv_ring,
+                        wait_bound_s)
 from ..group import Group
 from . import _quant, _received, _types
 
@@ -144,6 +145,8 @@ class PrepareAndFinalize:
         except BaseException:
             handle.free()
             raise
+        if self._ll:  # as received: fp8 scales in DeepEP's column-major layout
+            hook = column_major_receive(hook)
         op = _Op(handle, Once(hook, self._bound_s), w_combine,
                  bool(apply_router_weight_on_input), [topk_ids])
         self._inflight.add(op, topk_ids)
@@ -161,9 +164,8 @@ class PrepareAndFinalize:
         def receiver():
             res = op.recv()
             if not box:
-                # As received: fp8 scales in DeepEP's column-major layout.
-                box.append((res.recv_x, _fp8.column_major(res.recv_scales)) if after is None
-                           else _received.batched(res.recv_x, res.recv_count, after))
+                box.append((res.recv_x, res.recv_scales) if after is None else
+                           _received.batched(res.recv_x, res.recv_count, after))
             meta = meta_cls(expert_num_tokens=res.recv_count,
                             expert_num_tokens_cpu=res.recv_count if on_host else None)
             return box[0][0], box[0][1], meta, None, None
