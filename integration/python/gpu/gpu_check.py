@@ -9,6 +9,7 @@ which makes three groups, has rank 0 pick a port for each):
   tools/launcher/moe_ep_run -n 2 --timeout_s 300 -- python3 integration/python/gpu/gpu_check.py deep_ep_fp8
   tools/launcher/moe_ep_run -n 2 --timeout_s 300 -- python3 integration/python/gpu/gpu_check.py ht
   tools/launcher/moe_ep_run -n 2 --timeout_s 300 -- python3 integration/python/gpu/gpu_check.py auto
+  tools/launcher/moe_ep_run -n 2 --timeout_s 300 -- python3 integration/python/gpu/gpu_check.py deep_ep_graph
 
 `group`: CUDA tensors on the current stream; eager dispatch rows
 bit-exact against a torch reference built from every rank's seeded inputs;
@@ -19,7 +20,10 @@ and compared with eager results bit for bit. `deep_ep`: the
 DeepEP-compatible Buffer's LL dispatch (receive hook) and combine
 (async_finish event) against the same reference; `deep_ep_fp8`: fp8
 dispatch with DeepEP's column-major scales, dequantised rows within e4m3's
-precision. `ht`: high-throughput groups (256 and 64 experts) through the
+precision. `deep_ep_graph` (`_fp8`): that Buffer's LL dispatch and combine
+captured in one CUDA graph, as vLLM and SGLang decode, replayed on new
+inputs and checked against the reference (bf16: and against an eager call
+bit for bit). `ht`: high-throughput groups (256 and 64 experts) through the
 Group API, then the Buffer's normal mode: bf16 dispatch of 0 to 4096
 tokens per rank, hidden 7168 and 2880, top-k 8 and 1 (recv_x rows, local
 expert ids, weights, per-expert counts, num_recv_tokens; the Buffer's
@@ -311,6 +315,58 @@ def part_deep_ep(use_fp8=False):
     sync()
     if not use_fp8:
         check_combine("deep_ep", out, *all_in[RANK])
+    buf.destroy()
+
+
+def part_deep_ep_graph(use_fp8=False):
+    """The Buffer's LL dispatch and combine in one CUDA graph, as vLLM and
+    SGLang decode: captured once on static inputs, replayed on new ones
+    copied in, each replay's receive and combine checked against the
+    reference and (bf16) against an eager call bit for bit."""
+    import moe_ep.deep_ep as deep_ep
+    if not ON_GPU:
+        return
+    dev = device()
+    buf = deep_ep.Buffer(None, low_latency_mode=True, explicitly_destroy=True,
+                         moe_ep_config={"backend": BACKEND})
+    tokens = N // 2
+    all_in = [inputs(30, r, tokens=tokens) for r in range(WORLD)]
+    sx, sidx, sw = (t.to(dev).clone() for t in all_in[RANK])
+
+    def layer():
+        recv_x, count, handle, _, _ = buf.low_latency_dispatch(sx, sidx, N, E, use_fp8=use_fp8)
+        if use_fp8:
+            q, scales = recv_x
+            recv_x = (fp8_values(q).view(EL, WORLD * N, H // 128, 128) *
+                      scales[..., None]).view(EL, WORLD * N, H).to(torch.bfloat16)
+        out, _, _ = buf.low_latency_combine(experts(recv_x), sidx, sw, handle)
+        return recv_x, count, out
+    layer()  # eager first: creates the group and loads its kernels
+    sync()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_recv, g_count, g_out = layer()
+    what = "deep_ep graph" + (" fp8" if use_fp8 else "")
+    for seed in (31, 32, 33):
+        all_in = [inputs(seed, r, tokens=tokens) for r in range(WORLD)]
+        nx, nidx, nw = (t.to(dev) for t in all_in[RANK])
+        sx.copy_(nx)
+        sidx.copy_(nidx)
+        sw.copy_(nw)
+        graph.replay()
+        sync()
+        if use_fp8:
+            rows = expected_recv(all_in)
+            if g_count.cpu().tolist() != [len(r) for r in rows]:
+                fail(what + " recv_count", "replay seed %d: %s" % (seed, g_count.cpu().tolist()))
+            continue
+        check_recv("%s replay seed %d" % (what, seed), g_recv, g_count, all_in)
+        check_combine("%s replay seed %d" % (what, seed), g_out, *all_in[RANK])
+        e_recv, e_count, e_out = layer()
+        sync()
+        if not torch.equal(e_out.view(torch.int16), g_out.view(torch.int16)):
+            fail(what, "replay seed %d differs from the eager call" % seed)
+    print("rank %d %s: %d replays checked" % (RANK, what, 3))
     buf.destroy()
 
 
@@ -851,7 +907,8 @@ def main():
     part = sys.argv[1] if len(sys.argv) > 1 else "group"
     {"group": part_group, "deep_ep": part_deep_ep,
      "deep_ep_fp8": lambda: part_deep_ep(use_fp8=True), "ht": part_ht,
-     "auto": part_auto}[part]()
+     "auto": part_auto, "deep_ep_graph": part_deep_ep_graph,
+     "deep_ep_graph_fp8": lambda: part_deep_ep_graph(use_fp8=True)}[part]()
     print("rank %d: %s" % (RANK, "ok" if not failures else "%d failures" % len(failures)),
           flush=True)
     sys.exit(1 if failures else 0)
