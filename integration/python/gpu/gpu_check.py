@@ -209,6 +209,19 @@ def check_combine(what, out, x, idx, w):
         fail(what + " combine", "max %d bf16 ulp from the reference" % d)
 
 
+def replay_on(graph, statics, seed, tokens, dev):
+    """Every rank's inputs of `seed` (tokens each); this rank's copied into
+    the captured graph's static tensors, the graph replayed and waited
+    for. Returns (every rank's inputs, this rank's on the device)."""
+    all_in = [inputs(seed, r, tokens=tokens) for r in range(WORLD)]
+    mine = tuple(t.to(dev) for t in all_in[RANK])
+    for static, new in zip(statics, mine):
+        static.copy_(new)
+    graph.replay()
+    sync()
+    return all_in, mine
+
+
 def part_group():
     dev = device()
     cfg = {"backend": BACKEND, "num_experts": E, "hidden": H, "top_k": K, "max_tokens_per_rank": N}
@@ -264,13 +277,7 @@ def part_group():
             g.dispatch(gh, sx, out=recv)
             g.combine(gh, experts(recv.recv_x), topk_weights=sw, out=sout)
         for seed in (3, 4, 5):
-            all_in = [inputs(seed, r, tokens=x.shape[0]) for r in range(WORLD)]
-            nx, nidx, nw = (t.to(dev) for t in all_in[RANK])
-            sx.copy_(nx)
-            sidx.copy_(nidx)
-            sw.copy_(nw)
-            graph.replay()
-            sync()
+            all_in, (nx, nidx, nw) = replay_on(graph, (sx, sidx, sw), seed, x.shape[0], dev)
             check_combine("graph replay seed %d" % seed, sout, *all_in[RANK])
             eh = g.prepare(nidx)
             eres = g.dispatch(eh, nx)
@@ -348,13 +355,7 @@ def part_deep_ep_graph(use_fp8=False):
         g_recv, g_count, g_out = layer()
     what = "deep_ep graph" + (" fp8" if use_fp8 else "")
     for seed in (31, 32, 33):
-        all_in = [inputs(seed, r, tokens=tokens) for r in range(WORLD)]
-        nx, nidx, nw = (t.to(dev) for t in all_in[RANK])
-        sx.copy_(nx)
-        sidx.copy_(nidx)
-        sw.copy_(nw)
-        graph.replay()
-        sync()
+        all_in, _ = replay_on(graph, (sx, sidx, sw), seed, tokens, dev)
         if use_fp8:
             rows = expected_recv(all_in)
             if g_count.cpu().tolist() != [len(r) for r in rows]:
