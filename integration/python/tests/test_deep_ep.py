@@ -35,7 +35,10 @@ def test_alias_is_found_the_way_vllm_looks():
 
 
 def test_alias_is_opt_in():
-    code = "import importlib.util; print(importlib.util.find_spec('deep_ep') is None)"
+    """Importing the package does not make `deep_ep` resolve to moe-ep's
+    Buffer (a real DeepEP installed elsewhere may still be found)."""
+    code = ("import importlib.util, moe_ep; s = importlib.util.find_spec('deep_ep'); "
+            "print(s is None or not (s.origin or '').startswith(%r))" % PY_ROOT)
     env = dict(os.environ, PYTHONPATH=PY_ROOT)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=120)
