@@ -1,6 +1,6 @@
 /* nccl_common.c: helpers both modes of the nccl backend share (see
  * nccl_common.h). */
-#define _GNU_SOURCE /* clock_gettime, nanosleep under -std=c11 */
+#define _GNU_SOURCE /* nanosleep under -std=c11 */
 #include "runtime/nccl/nccl_common.h"
 
 #include <cuda_runtime_api.h>
@@ -13,6 +13,7 @@
 #include "runtime/error.h"
 #include "runtime/group.h"
 #include "runtime/nccl/nccl_setup.h"
+#include "runtime/nccl/nccl_wait.h"
 #include "runtime/nccl/pinned_pool.h"
 
 moe_ep_status_t mep_nccl_cuda_error(const char *what, int e) {
@@ -134,30 +135,22 @@ void mep_nccl_sent_destroy(mep_nccl_sent_t *sent) {
   }
 }
 
-
-
-static int64_t now_ms(void) {
-  struct timespec now;
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  return (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000;
-}
-
 /* Polls until `ev` completes or the clock passes deadline_ms. */
 static int await_until(cudaEvent_t ev, int64_t deadline_ms) {
   const struct timespec nap = {0, 200000}; /* 0.2 ms between polls */
   while (cudaEventQuery(ev) == cudaErrorNotReady) {
-    if (now_ms() > deadline_ms) return 0;
+    if (mep_nccl_now_ms() > deadline_ms) return 0;
     nanosleep(&nap, NULL);
   }
   return 1;
 }
 
 int mep_nccl_await_event(void *event, int timeout_ms) {
-  return event == NULL || await_until((cudaEvent_t)event, now_ms() + timeout_ms);
+  return event == NULL || await_until((cudaEvent_t)event, mep_nccl_now_ms() + timeout_ms);
 }
 
 int mep_nccl_await_sent(const mep_nccl_sent_t *const *sent, int n, int timeout_ms) {
-  const int64_t deadline = now_ms() + timeout_ms;
+  const int64_t deadline = mep_nccl_now_ms() + timeout_ms;
   for (int i = 0; i < n; i++) {
     for (int set = 0; set < MEP_NUM_BUFFER_SETS; set++) {
       cudaEvent_t ev = (cudaEvent_t)sent[i]->event[set];

@@ -291,14 +291,6 @@ static moe_ep_status_t barrier(mep_nccl_t *n) {
   return run_collective(n, r, "ncclAllReduce (barrier)");
 }
 
-/* Releases what create made, in reverse, and n itself. abort (a failed
- * create, or a failed group, whose ranks are out of step): an owned
- * communicator is aborted, which ends its collectives and releases its
- * windows and device communicators without waiting for peers. Otherwise
- * (and always for an adopted communicator, which is the engine's) the
- * collective teardown runs, each step bounded where the communicator is
- * nonblocking; an owned communicator whose step fails is aborted. Quiet:
- * the error a caller is reporting stays the last one. */
 static cudaError_t find_pool(mep_nccl_t *n) {
   int device = 0, pools = 0;
   cudaError_t e = cudaGetDevice(&device);
@@ -315,15 +307,20 @@ static cudaError_t stream_alloc(mep_nccl_t *n, void **dev, size_t bytes) {
   return cudaMallocFromPoolAsync(dev, bytes, n->pool, n->stream);
 }
 
+/* Releases what create made, in reverse, and n itself. abort (a failed
+ * create, or a failed group, whose ranks are out of step): an owned
+ * communicator is aborted, which ends its collectives and releases its
+ * windows and device communicators without waiting for peers. Otherwise
+ * (and always for an adopted communicator, which is the engine's) the
+ * collective teardown runs, each step bounded where the communicator is
+ * nonblocking; an owned communicator whose step fails is aborted. Quiet:
+ * the error a caller is reporting stays the last one. */
 static void teardown(mep_nccl_t *n, int abort) {
-  if (n->stuck) { /* see mep_nccl.stuck: the window, scratch and staging stay */
-    free(n->peer_transport);
-    free(n);
-    return;
-  }
-  if (n->comm != NULL && abort && n->owns_comm) {
+  /* stuck (see mep_nccl.stuck): the communicator, window, scratch and
+   * staging stay as they are. */
+  if (!n->stuck && n->comm != NULL && abort && n->owns_comm) {
     ncclCommAbort(n->comm);
-  } else if (n->comm != NULL) {
+  } else if (!n->stuck && n->comm != NULL) {
     /* Each step is tried whatever the one before it gave: a communicator
      * keeps an earlier step's error, and the window must not be freed
      * while still registered on a communicator that lives on (adopted). */
@@ -343,18 +340,16 @@ static void teardown(mep_nccl_t *n, int abort) {
   }
   /* The setup collectives have ended: drained, or aborted with their
    * communicator. The setup's own work (zeroing, copies) may still be
-   * queued where a create gave up waiting for it: until it drains, nothing
-   * it writes is freed (as stuck). The scratch is freed in stream order
-   * (cudaFree would wait for the whole device). */
-  if (n->stream != NULL && !mep_nccl_stream_drained(n->stream, n->timeout_ms)) {
-    free(n->peer_transport);
-    free(n);
-    return;
+   * queued where a create gave up waiting for it: until it drains, what
+   * it writes stays, as when stuck. */
+  if (!n->stuck && n->stream != NULL && !mep_nccl_stream_drained(n->stream, n->timeout_ms))
+    n->stuck = 1;
+  if (!n->stuck) {
+    mep_nccl_free(n, n->scratch); /* in stream order: cudaFree would wait for the device */
+    if (n->stream != NULL) cudaStreamDestroy(n->stream);
+    mep_pinned_give(n->host_scratch);
+    if (n->buf != NULL) ncclMemFree(n->buf);
   }
-  mep_nccl_free(n, n->scratch);
-  if (n->stream != NULL) cudaStreamDestroy(n->stream);
-  mep_pinned_give(n->host_scratch);
-  if (n->buf != NULL) ncclMemFree(n->buf);
   free(n->peer_transport);
   free(n);
 }

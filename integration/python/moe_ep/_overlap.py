@@ -4,12 +4,12 @@ itself may run first, the operations in flight between an engine's
 prepare and finalize, LL receive buffers reused in turn (one ring per
 group, whichever adapters use it), and the check that the engine places
 experts the way moe-ep does."""
+import copy
 import threading
 
 import torch
 
 from . import _fp8
-from ._results import DispatchResult
 from .errors import TimeoutError as MoeEpTimeoutError
 
 
@@ -28,9 +28,9 @@ def column_major_receive(hook):
         res = hook()
         if res.recv_scales is None:
             return res
-        return DispatchResult(res.recv_x, _fp8.column_major(res.recv_scales), res.recv_count,
-                              res.recv_topk_idx, res.recv_topk_weights, res.num_recv_tokens,
-                              res.buffers)
+        out = copy.copy(res)  # res may be a ring's reused output: left as it is
+        out.recv_scales = _fp8.column_major(res.recv_scales)
+        return out
     return run
 
 
