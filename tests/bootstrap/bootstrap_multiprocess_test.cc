@@ -17,6 +17,8 @@ namespace mep_test {
 namespace {
 
 constexpr int kShortTimeoutMs = 2000;
+// Groups whose failures must come from a broken connection, not a timeout.
+constexpr int kDeathTimeoutMs = 60000;
 // Non-root ranks wait timeout/8 (>= 50 ms) longer for rank 0's verdict.
 constexpr int kSlackMs = 250;
 // Upper bounds only, and generous: the machine runs other builds, and 8 UCX
@@ -137,7 +139,10 @@ TEST_P(BootstrapGroup, MissingRankZeroFailsEveryoneWithinTimeout) {
 }
 
 // The victim SIGKILLs itself after its 20th barrier; every survivor's next
-// barrier must fail with PEER_FAILED naming it, well within the timeout.
+// barrier must fail with PEER_FAILED naming it, from the broken connection,
+// not from the timeout. The timeout is long, so that eight ranks forming on
+// a loaded machine never meet it: a failure that came from it would take
+// the whole kDeathTimeoutMs.
 TEST_P(BootstrapGroup, KilledRankFailsSurvivorsWithPeerFailed) {
   const int w = World();
   for (int victim : {w - 1, 0}) {
@@ -146,11 +151,11 @@ TEST_P(BootstrapGroup, KilledRankFailsSurvivorsWithPeerFailed) {
     address_ = "127.0.0.1:" + std::to_string(port_);
     std::vector<std::unique_ptr<Proc>> procs;
     for (int r = 0; r < w; r++) {
-      procs.push_back(Start(r, w, "barrier_loop", "tok", kShortTimeoutMs,
+      procs.push_back(Start(r, w, "barrier_loop", "tok", kDeathTimeoutMs,
                             {"--die_rank=" + std::to_string(victim),
-                             "--die_at=20", "--max_ms=15000"}));
+                             "--die_at=20", "--max_ms=" + std::to_string(kDeathTimeoutMs)}));
     }
-    WaitAll(Ptrs(procs), NowMs() + 30000);
+    WaitAll(Ptrs(procs), NowMs() + 2 * kDeathTimeoutMs);
     for (int r = 0; r < w; r++) {
       Proc *p = procs[r].get();
       if (r == victim) {
@@ -182,13 +187,11 @@ TEST_P(BootstrapGroup, KilledRankFailsSurvivorsWithPeerFailed) {
       } else {
         EXPECT_EQ(iters, 20) << p->Describe();
       }
-      // The failing barrier's wait is bounded by the timeout (plus slack),
-      // counted from that barrier's start; destroy by its 1 s close wait.
-      EXPECT_LE(p->ResultInt("op_ms"),
-                kShortTimeoutMs + kSlackMs + kLoadMarginMs)
-          << p->Describe();
-      EXPECT_LE(p->ResultInt("destroy_ms"), 1000 + kLoadMarginMs)
-          << p->Describe();
+      // The failing barrier ended before its timeout could (the death was
+      // heard, not waited out), and destroy did not wait it out either
+      // (its close wait is 1 s).
+      EXPECT_LT(p->ResultInt("op_ms"), kDeathTimeoutMs) << p->Describe();
+      EXPECT_LT(p->ResultInt("destroy_ms"), kDeathTimeoutMs) << p->Describe();
     }
   }
 }

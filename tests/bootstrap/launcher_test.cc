@@ -106,12 +106,12 @@ TEST(Launcher, SetsRankEnvironmentAndKeepsAGivenToken) {
 
 TEST(Launcher, FailingRankFailsTheJobAfterGrace) {
   // Rank 1 exits 3 at once; the others wait for it in bootstrap_create
-  // (30 s timeout) until the 1 s grace period ends and they are killed.
+  // (120 s timeout) until the 1 s grace period ends and they are killed.
   int64_t t0 = NowMs();
   Proc p = Spawn("moe_ep_run failing rank",
                  {Launcher(), "-n", "3", "--grace_s", "1", "--", Worker(),
-                  "--scenario=form", "--fail_rank=1", "--timeout_ms=30000"});
-  WaitOne(&p, NowMs() + 40000);
+                  "--scenario=form", "--fail_rank=1", "--timeout_ms=120000"});
+  WaitOne(&p, NowMs() + 150000);
   int64_t took = NowMs() - t0;
   EXPECT_TRUE(p.Exited(3)) << p.Describe();
   EXPECT_NE(p.err.find("rank 1 (pid"), std::string::npos) << p.Describe();
@@ -119,8 +119,8 @@ TEST(Launcher, FailingRankFailsTheJobAfterGrace) {
       << p.Describe();
   EXPECT_NE(p.err.find("job failed: rank 1"), std::string::npos) << p.Describe();
   // Upper bound only, generous for a loaded machine, yet well short of the
-  // 30 s the others would wait without the grace period.
-  EXPECT_LT(took, 20000) << p.Describe();
+  // 120 s the others would wait without the grace period.
+  EXPECT_LT(took, 60000) << p.Describe();
 }
 
 TEST(Launcher, TimeoutKillsEverything) {
@@ -145,15 +145,14 @@ TEST(Launcher, ForwardsSigterm) {
     ASSERT_EQ(WaitAny({&p}, NowMs() + 50), -1) << p.Describe();
   }
   ASSERT_EQ(Count(p.out, "SLEEPING"), 2) << p.Describe();
-  int64_t t0 = NowMs();
   kill(p.pid, SIGTERM);
-  WaitOne(&p, NowMs() + 10000);
+  WaitOne(&p, NowMs() + 30000);
   EXPECT_TRUE(p.Exited(128 + SIGTERM)) << p.Describe();
   EXPECT_NE(p.err.find("forwarding to 2 rank(s)"), std::string::npos)
       << p.Describe();
+  // Both ranks ended by the forwarded SIGTERM, not by the launcher's own
+  // SIGKILL that follows it after 10 s.
   EXPECT_EQ(Count(p.err, "killed by signal 15"), 2) << p.Describe();
-  // Well before the launcher's own SIGKILL, 10 s after the SIGTERM.
-  EXPECT_LT(NowMs() - t0, 8000) << p.Describe();
 }
 
 TEST(Launcher, RejectsBadUsage) {
@@ -210,7 +209,7 @@ TEST(Launcher, RanksDoNotOutliveTheLauncher) {
     ASSERT_EQ(ranks.size(), 2u) << p.Describe();
     kill(p.pid, sig);
     WaitOne(&p, NowMs() + 10000);
-    EXPECT_TRUE(AllGone(ranks, 5000)) << "signal " << sig << ": " << p.Describe();
+    EXPECT_TRUE(AllGone(ranks, 30000)) << "signal " << sig << ": " << p.Describe();
   }
 }
 
@@ -225,7 +224,7 @@ TEST(Launcher, DeadRanksChildrenDoNotOutliveTheJob) {
   EXPECT_TRUE(p.Exited(128 + SIGKILL)) << p.Describe();
   std::vector<pid_t> child = Pids(p.out, "CHILD=");
   ASSERT_EQ(child.size(), 1u) << p.Describe();
-  EXPECT_TRUE(AllGone(child, 5000)) << p.Describe();
+  EXPECT_TRUE(AllGone(child, 30000)) << p.Describe();
 }
 
 }  // namespace

@@ -4,10 +4,8 @@
 // host backend must land the peer's data and complete this rank's sends on
 // its own; every run forms fresh groups, so the first operation after
 // group_create is exercised each time. Values are checked against the oracle.
-#include <chrono>
 #include <cstdio>
 #include <string>
-#include <thread>
 
 #include "tests/host/ll_call.h"
 #include "tests/host/worker_common.h"
@@ -57,8 +55,8 @@ void report_runs(Ctx& c, int passed) {
 }
 
 // One run of pattern (a). The busy rank sends first, then waits outside
-// moe-ep until the others have sent and received; the others start a
-// second later. For combine the roles swap.
+// moe-ep until the others have sent and received; the others start once
+// it has sent. For combine the roles swap.
 bool busy_peer_run(Ctx& parent, int run) {
   moe_ep_group_t* g = create_group_on_port(parent, parent.opt.ports[run]);
   if (g == nullptr) return false;
@@ -82,11 +80,12 @@ bool busy_peer_run(Ctx& parent, int run) {
   if (busy) {
     ok = expect_status(c, seed, "dispatch send half", call.dispatch(MOE_EP_FLAG_DEFER_RECV, &hook),
                        MOE_EP_OK);
+    ok = outside_wait_for(c, "sent" + tag, c.rank) && ok;  // marks it: sent, now busy
     ok = outside_barrier(c, "dispatch" + tag) && ok;
     ok = ok && run_hook(c, seed, "dispatch hook", hook);
   } else {
-    std::this_thread::sleep_for(std::chrono::seconds(1));
-    ok = expect_status(c, seed, "dispatch send half (busy peer)",
+    ok = outside_wait_for(c, "sent" + tag, c.world - 1);
+    ok = ok && expect_status(c, seed, "dispatch send half (busy peer)",
                        call.dispatch(MOE_EP_FLAG_DEFER_RECV, &hook), MOE_EP_OK) &&
          run_hook(c, seed, "dispatch hook (busy peer)", hook);
     ok = outside_barrier(c, "dispatch" + tag) && ok;

@@ -138,6 +138,9 @@ void adopt_comm_destroy(Ctx& c, void* comm);
 // All ranks meet at `name` (files under barrier_dir; polls with sleeps, so
 // it never calls into moe-ep). False (and a FAIL line) after 120 s.
 bool outside_barrier(Ctx& c, const std::string& name);
+// Ranks 0 .. ranks-1 meet at `name` (same bound): the survivors when the
+// ranks from `ranks` on are dead.
+bool outside_barrier_first(Ctx& c, const std::string& name, int ranks);
 // Arrives at `name` and waits for `rank` alone to arrive there (same bound).
 bool outside_wait_for(Ctx& c, const std::string& name, int rank);
 // Forms a group of the same config on 127.0.0.1:port (nullptr and a FAIL

@@ -45,6 +45,10 @@ bool outside_barrier(Ctx& c, const std::string& name) {
   return arrive_and_wait(c, name, 0, c.world);
 }
 
+bool outside_barrier_first(Ctx& c, const std::string& name, int ranks) {
+  return arrive_and_wait(c, name, 0, ranks);
+}
+
 bool outside_wait_for(Ctx& c, const std::string& name, int rank) {
   return arrive_and_wait(c, name, rank, rank + 1);
 }

@@ -60,8 +60,8 @@ void run_skip(Ctx& c) {
   }
   int victim = c.world - 1;
   if (c.rank == victim) {
-    // Alive but absent from the operation; outlive the others' timeout.
-    std::this_thread::sleep_for(std::chrono::milliseconds(2 * c.opt.kernel_ms + 1000));
+    // Alive but absent from the operation: it stays connected until every
+    // other rank has timed out and arrived here.
     outside_barrier(c, "skip_done");
     return;
   }
@@ -74,7 +74,9 @@ void run_skip(Ctx& c) {
     std::string absent = want + " is alive (connected) but did not take part";
     expect_status(c, 32, "dispatch with an absent peer", st, MOE_EP_ERR_TIMEOUT, absent.c_str());
   }
-  if (ms > c.opt.kernel_ms * 2 + 2000) {
+  // Bounded: ended near kernel_ms, not hung (the margin is for a loaded
+  // machine; the wait itself ends at its deadline).
+  if (ms > c.opt.kernel_ms * 2 + 10000) {
     fail(c, 32, "timeout detection", "took " + std::to_string(ms) + " ms, timeout is " +
                                          std::to_string(c.opt.kernel_ms) + " ms");
   }
