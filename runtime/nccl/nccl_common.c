@@ -169,6 +169,18 @@ moe_ep_status_t mep_nccl_abandoned(const moe_ep_group_t *g, uint64_t window_byte
                    g->rank, g->cfg.bootstrap_timeout_ms, (unsigned long long)window_bytes);
 }
 
+moe_ep_status_t mep_nccl_left_registered(const moe_ep_group_t *g, uint64_t window_bytes) {
+  return mep_error(MOE_EP_ERR_TIMEOUT,
+                   "group_destroy on rank %d: releasing the window (its device communicator and "
+                   "registration, or the setup stream's last work) failed or did not end within "
+                   "bootstrap.timeout_ms=%d; the window (%llu bytes) and the group's device "
+                   "memory are left allocated for the life of the process%s",
+                   g->rank, g->cfg.bootstrap_timeout_ms, (unsigned long long)window_bytes,
+                   g->nccl_comm != NULL ? ", and stay registered on the engine's communicator, "
+                                          "which the engine must abort (ncclCommAbort) before "
+                                          "using it again" : "");
+}
+
 /* The id of the graph capture `stream` is in, 0 when none. A capture
  * already invalidated is an error: nothing recorded there would run. */
 static cudaError_t capture_of(void *stream, unsigned long long *id) {

@@ -315,7 +315,7 @@ static cudaError_t stream_alloc(mep_nccl_t *n, void **dev, size_t bytes) {
  * collective teardown runs, each step bounded where the communicator is
  * nonblocking; an owned communicator whose step fails is aborted. Quiet:
  * the error a caller is reporting stays the last one. */
-static void teardown(mep_nccl_t *n, int abort) {
+static int teardown(mep_nccl_t *n, int abort) {
   /* stuck (see mep_nccl.stuck): the communicator, window, scratch and
    * staging stay as they are. */
   if (!n->stuck && n->comm != NULL && abort && n->owns_comm) {
@@ -336,6 +336,11 @@ static void teardown(mep_nccl_t *n, int abort) {
         ncclCommDestroy(n->comm);
       else
         ncclCommAbort(n->comm);
+    } else if (!ok) {
+      /* The engine's communicator may still hold the window's
+       * registration (or a device communicator over it): freeing it would
+       * leave that pointing at freed memory. */
+      n->stuck = 1;
     }
   }
   /* The setup collectives have ended: drained, or aborted with their
@@ -350,8 +355,10 @@ static void teardown(mep_nccl_t *n, int abort) {
     mep_pinned_give(n->host_scratch);
     if (n->buf != NULL) ncclMemFree(n->buf);
   }
+  const int released = !n->stuck;
   free(n->peer_transport);
   free(n);
+  return released;
 }
 
 moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *p, mep_nccl_t **out) {
@@ -488,15 +495,15 @@ moe_ep_status_t mep_nccl_read_back(mep_nccl_t *n, void *host, const void *dev, s
   return setup_copy(n, host, dev, bytes, 0, what);
 }
 
-void mep_nccl_destroy(mep_nccl_t *n, int abort) {
-  if (n == NULL) return;
-  teardown(n, abort);
+int mep_nccl_destroy(mep_nccl_t *n, int abort) {
+  if (n == NULL) return 1;
+  return teardown(n, abort);
 }
 
 void mep_nccl_abandon(mep_nccl_t *n) {
   if (n == NULL) return;
   n->stuck = 1;
-  teardown(n, 0);
+  (void)teardown(n, 0);
 }
 
 moe_ep_status_t mep_nccl_alloc_zeroed(mep_nccl_t *n, void **dev, uint64_t bytes,

@@ -57,7 +57,12 @@ typedef struct mep_nccl mep_nccl_t; /* opaque */
  * released with mep_nccl_destroy (collective too). The window is zeroed
  * and every rank has zeroed its own before this returns on any rank. */
 moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *params, mep_nccl_t **out);
-/* Accepts NULL. Does not destroy an adopted communicator. No kernel may
+/* Accepts NULL. Does not destroy an adopted communicator. Returns 1 when
+ * everything was released; 0 when a teardown step on an adopted
+ * communicator failed or did not end in time (or the setup stream did not
+ * drain), so the window, device memory and staging were left allocated
+ * (and, adopted, registered on the engine's communicator) for the life of
+ * the process; the caller reports it (mep_nccl_left_registered). No kernel may
  * still use the window or the backends' device memory: the backend waits
  * for its last work first (mep_nccl_await_sent), and calls
  * mep_nccl_abandon instead when that does not end. Nothing here waits for
@@ -69,7 +74,7 @@ moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *params, mep_nccl_t **ou
  * communicators without waiting for peers) instead of the collective
  * teardown. An adopted communicator belongs to the engine and is never
  * aborted here; its window is deregistered as usual. */
-void mep_nccl_destroy(mep_nccl_t *nccl, int abort);
+int mep_nccl_destroy(mep_nccl_t *nccl, int abort);
 /* The group's kernels may still run (they wait behind work the engine
  * queued first): frees this side's host state only. The communicator, the
  * window, the device memory and the pinned staging stay as they are, for
