@@ -85,6 +85,10 @@ static moe_ep_status_t check_configs_agree(moe_ep_group_t *g) {
     free(all);
     return st;
   }
+  /* A rank sends its text with the NUL within its block, but the diff
+   * below reads up to a NUL: a block without one (another build's) must
+   * not lead it into the next rank's block or past the end. */
+  for (int r = 0; r < g->world_size; r++) all[(size_t)r * CANON_BYTES + CANON_BYTES - 1] = '\0';
   for (int r = 0; r < g->world_size; r++) {
     const char *theirs = all + (size_t)r * CANON_BYTES;
     if (strncmp(all, theirs, CANON_BYTES) != 0) {
@@ -327,6 +331,8 @@ moe_ep_status_t mep_group_destroy(moe_ep_group_t *group) {
                      "destroyed, or not from group_create)",
                      (void *)group);
   }
+  /* Its barrier's and teardown's lines log at the group's level. */
+  mep_log_thread_level(group->cfg.log_level);
   /* Collective: wait (bounded) until every rank is done with the data path
    * before closing endpoints, so a fast rank does not look like a dead
    * peer to a slow one. A failed group skips it: peers may be gone. */
@@ -355,6 +361,7 @@ moe_ep_status_t mep_group_destroy(moe_ep_group_t *group) {
   mep_bootstrap_destroy(group->boot);
   pthread_mutex_destroy(&group->lock);
   free(group);
+  mep_log_thread_level(-1);
   return st;
 }
 

@@ -65,6 +65,8 @@ void mep_log_thread_level(int level) {
   thread_level = level >= MOE_EP_LOG_NONE && level <= MOE_EP_LOG_TRACE ? level : -1;
 }
 
+int mep_log_thread_level_now(void) { return thread_level; }
+
 void mep_log_set_logger(moe_ep_logger_fn fn, void *user) {
   pthread_mutex_lock(&log_lock);
   log_fn = fn;

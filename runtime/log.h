@@ -18,6 +18,9 @@ int mep_log_level(void);
  * Group entries set it while they hold the group's lock; a thread the
  * library starts for a group sets it once. */
 void mep_log_thread_level(int level);
+/* The level this thread works at (-1: for no group): what a thread the
+ * library starts while working for a group passes on to it. */
+int mep_log_thread_level_now(void);
 /* Installs fn (NULL: stderr) and returns once every callback already
  * running on another thread has returned. */
 void mep_log_set_logger(moe_ep_logger_fn fn, void *user);

@@ -93,6 +93,7 @@ typedef struct mep_host_peer {
 struct mep_host_mesh {
   int rank, world;
   int timeout_ms;
+  int log_level; /* the group's, for the progress thread (-1: none known) */
   int64_t deadline_ns; /* of the current send or receive half; API thread */
   uint8_t *region;
   size_t region_bytes;

@@ -188,6 +188,7 @@ int mep_host_mesh_quiesce(struct mep_host_mesh *m) {
 
 static void *progress_main(void *arg) {
   struct mep_host_mesh *m = arg;
+  mep_log_thread_level(m->log_level); /* it works for the group that started it */
   for (;;) {
     cut_if_asked(m);
     int stop = drain_queue(m);
@@ -220,6 +221,7 @@ moe_ep_status_t mep_host_mesh_thread_start(struct mep_host_mesh *m) {
                        m->rank, fds[i]);
     }
   }
+  m->log_level = mep_log_thread_level_now(); /* group_create's: the group's level */
   /* The engine's signal handlers stay on its own threads. */
   sigset_t all, old;
   sigfillset(&all);
