@@ -169,6 +169,9 @@ void mep_bootstrap_destroy(mep_bootstrap_t *bs) {
     free(p);
   }
   free(bs->by_rank);
+  /* The job token admits to every group of the job: it does not outlive
+   * this one in freed memory. */
+  explicit_bzero(bs->token, sizeof(bs->token));
   free(bs);
 }
 

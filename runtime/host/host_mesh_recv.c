@@ -4,6 +4,7 @@
  * copied at once, rendezvous data pulled straight into place), applies
  * signals only after every earlier put from the same source has landed,
  * and notes wire-up and goodbye messages. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,13 +14,16 @@
 #include "runtime/host/host_mesh_impl.h"
 #include "runtime/log.h"
 
-static void recv_fail(struct mep_host_mesh *m, const char *fmt, int src, uint64_t off,
-                      uint64_t len) {
+static void recv_fail(struct mep_host_mesh *m, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void recv_fail(struct mep_host_mesh *m, const char *fmt, ...) {
   pthread_mutex_lock(&m->lock);
   if (!m->recv_error) {
     m->recv_error = 1;
-    snprintf(m->recv_error_msg, sizeof m->recv_error_msg, fmt, src, (unsigned long long)off,
-             (unsigned long long)len);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m->recv_error_msg, sizeof m->recv_error_msg, fmt, ap);
+    va_end(ap);
     pthread_cond_broadcast(&m->cond);
   }
   pthread_mutex_unlock(&m->lock);
@@ -56,8 +60,8 @@ static void on_rndv_done(void *request, ucs_status_t status, size_t length,
   if (status != UCS_OK) {
     /* Never announce data that did not land: the queued signals stay
      * unapplied and the waiter reports recv_error. */
-    recv_fail(s->mesh, "receiving rank %d's data at offset %llu (%llu bytes) failed", s->rank,
-              0, length);
+    recv_fail(s->mesh, "receiving rank %d's rendezvous data (%llu bytes) failed: %s", s->rank,
+              (unsigned long long)length, ucs_status_string(status));
   }
   if (--s->inflight == 0 && !has_recv_error(s->mesh)) apply_queued(s);
   ucp_request_free(request);
@@ -68,8 +72,8 @@ static void queue_signal(mep_host_source_t *s, uint64_t off, uint64_t value) {
     size_t cap = s->capqueued ? s->capqueued * 2 : 16;
     mep_host_signal_t *grown = realloc(s->queued, cap * sizeof(*grown));
     if (grown == NULL) {
-      recv_fail(s->mesh, "out of memory queueing rank %d's signal at %llu (%llu)", s->rank, off,
-                value);
+      recv_fail(s->mesh, "out of memory queueing rank %d's signal at %llu (%llu)", s->rank,
+                (unsigned long long)off, (unsigned long long)value);
       return;
     }
     s->queued = grown;
@@ -120,7 +124,7 @@ static ucs_status_t on_message(void *arg, const void *header, size_t header_leng
     return drop_stranger(m, header_length, length);
   if (h.src < 0 || h.src >= m->world) {
     recv_fail(m, "a message claimed to come from rank %d (offset %llu, %llu bytes)", h.src,
-              h.offset, length);
+              (unsigned long long)h.offset, (unsigned long long)length);
     return UCS_OK;
   }
   if (h.kind != MEP_HOST_MSG_PUT && h.kind != MEP_HOST_MSG_SIGNAL) {
@@ -130,7 +134,7 @@ static ucs_status_t on_message(void *arg, const void *header, size_t header_leng
   size_t span = h.kind == MEP_HOST_MSG_SIGNAL ? sizeof(uint64_t) : length;
   if (h.offset > m->region_bytes || span > m->region_bytes - h.offset) {
     recv_fail(m, "rank %d sent a put outside the region (offset %llu, %llu bytes)", h.src,
-              h.offset, span);
+              (unsigned long long)h.offset, (unsigned long long)span);
     return UCS_OK;
   }
   mep_host_source_t *s = &m->sources[h.src];
@@ -158,8 +162,9 @@ static ucs_status_t on_message(void *arg, const void *header, size_t header_leng
     if (--s->inflight == 0) apply_queued(s);
   } else if (UCS_PTR_IS_ERR(req)) {
     s->inflight--;
-    recv_fail(m, "pulling rank %d's data at offset %llu (%llu bytes) failed", h.src, h.offset,
-              length);
+    recv_fail(m, "pulling rank %d's data at offset %llu (%llu bytes) failed: %s", h.src,
+              (unsigned long long)h.offset, (unsigned long long)length,
+              ucs_status_string(UCS_PTR_STATUS(req)));
   }
   return UCS_OK;
 }
