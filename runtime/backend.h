@@ -34,6 +34,13 @@ typedef struct mep_backend_ops {
    * before `prepare` (bad arguments); joins the exchange marked refused, so
    * the peers' prepares fail naming this rank instead of waiting for it. */
   moe_ep_status_t (*prepare_refused)(moe_ep_group_t *group);
+  /* Optional: this rank refused a dispatch or combine before sending
+   * anything (bad arguments) and reads no buffer set any more (no hook
+   * pending). Takes the operation's place (op: kind, seq, buffer_set):
+   * tells every peer, whose receive of it then fails naming this rank,
+   * instead of waiting for it until timeouts.kernel_ms and failing the
+   * group. */
+  moe_ep_status_t (*op_refused)(moe_ep_group_t *group, const mep_op_t *op);
   /* Send half of an operation into buffer set op->buffer_set. */
   moe_ep_status_t (*send)(moe_ep_group_t *group, mep_op_t *op);
   /* Receive half; for deferred ops it runs from hook_run, maybe on another

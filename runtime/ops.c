@@ -1,6 +1,7 @@
 /* ops.c: dispatch / combine / hooks: argument validation common to every
  * backend, buffer-set alternation and pending-hook bookkeeping. A backend
  * only sees requests that passed these checks. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -131,11 +132,48 @@ static moe_ep_status_t dispatch_locked(moe_ep_group_t *g, moe_ep_handle_t *h,
   return st;
 }
 
+/* A dispatch or combine this rank refused before sending anything (bad
+ * arguments; the operation number did not move): where the backend can,
+ * its peers, which made the call, are told in the operation's place, so
+ * their receive fails naming this rank at once instead of timing out and
+ * failing the group. Not while a hook of this rank is pending: its receive
+ * still reads a buffer set, and the peers, once past this operation,
+ * could write that set again. */
+static moe_ep_status_t refused_in_step(moe_ep_group_t *g, int kind, uint64_t seq_before,
+                                       moe_ep_status_t st) {
+  if (st != MOE_EP_ERR_INVALID_ARGUMENT || g->seq != seq_before || g->ops->op_refused == NULL ||
+      g->broken != MOE_EP_OK)
+    return st;
+  for (int i = 0; i < MEP_NUM_BUFFER_SETS; i++) {
+    if (g->pending[i] != NULL) return st;
+  }
+  char why[MEP_ERROR_MAX];
+  snprintf(why, sizeof why, "%s", mep_last_error());
+  const int nsets = g->cfg.double_buffer ? MEP_NUM_BUFFER_SETS : 1;
+  mep_op_t op = {.kind = kind, .mode = g->cfg.mode, .seq = g->seq,
+                 .buffer_set = (int32_t)(g->seq % (uint64_t)nsets)};
+  moe_ep_status_t told = g->ops->op_refused(g, &op);
+  if (told != MOE_EP_OK) {
+    return mep_error_suffix(told, "while telling its peers that rank %d refused its %s (%s)",
+                            g->rank, kind == MEP_OP_DISPATCH ? "dispatch" : "combine", why);
+  }
+  g->seq++;
+  return mep_error(st, "%s; its peers were told, so their call of this operation fails naming "
+                   "rank %d and the group stays usable",
+                   why, g->rank);
+}
+
+static moe_ep_status_t dispatch_entry(moe_ep_group_t *g, moe_ep_handle_t *h,
+                                      const moe_ep_dispatch_params_t *p, moe_ep_hook_t **hook) {
+  const uint64_t seq = g->seq;
+  return refused_in_step(g, MEP_OP_DISPATCH, seq, dispatch_locked(g, h, p, hook));
+}
+
 moe_ep_status_t mep_dispatch(moe_ep_group_t *g, moe_ep_handle_t *h,
                              const moe_ep_dispatch_params_t *p,
                              moe_ep_hook_t **hook) {
   if (hook != NULL) *hook = NULL;
-  MEP_LOCKED_ENTRY(g, "dispatch", dispatch_locked(g, h, p, hook));
+  MEP_LOCKED_ENTRY(g, "dispatch", dispatch_entry(g, h, p, hook));
 }
 
 /* LL combine's weights: required, unless the dispatch carried them; then
@@ -213,11 +251,17 @@ static moe_ep_status_t combine_locked(moe_ep_group_t *g, moe_ep_handle_t *h,
   return launch(g, &op, hook);
 }
 
+static moe_ep_status_t combine_entry(moe_ep_group_t *g, moe_ep_handle_t *h,
+                                     const moe_ep_combine_params_t *p, moe_ep_hook_t **hook) {
+  const uint64_t seq = g->seq;
+  return refused_in_step(g, MEP_OP_COMBINE, seq, combine_locked(g, h, p, hook));
+}
+
 moe_ep_status_t mep_combine(moe_ep_group_t *g, moe_ep_handle_t *h,
                             const moe_ep_combine_params_t *p,
                             moe_ep_hook_t **hook) {
   if (hook != NULL) *hook = NULL;
-  MEP_LOCKED_ENTRY(g, "combine", combine_locked(g, h, p, hook));
+  MEP_LOCKED_ENTRY(g, "combine", combine_entry(g, h, p, hook));
 }
 
 /* The hook's checks and its receive; under the group lock. */

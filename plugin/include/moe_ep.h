@@ -480,7 +480,16 @@ typedef struct moe_ep_plugin_v1 {
                              moe_ep_handle_t **handle);
   /* With MOE_EP_FLAG_DEFER_RECV, *hook receives a hook to run later;
    * otherwise *hook (if hook is non-NULL) is set to NULL. On error no hook
-   * is returned and no work stays queued. */
+   * is returned and no work stays queued.
+   * A dispatch or combine one rank refuses for its arguments
+   * (INVALID_ARGUMENT before anything is sent) is an operation its peers
+   * still make. On the host backend, when no hook of that rank is pending,
+   * the refusal takes the operation's place: the peers' call of it fails at
+   * once with INVALID_ARGUMENT naming that rank, the group stays usable and
+   * every rank's next call is the next operation (a refused call is not
+   * retried on one rank alone). Otherwise (the nccl backend, or a hook
+   * pending) the peers wait for it until timeouts.kernel_ms and fail with
+   * TIMEOUT, which fails the group: check arguments alike on every rank. */
   moe_ep_status_t (*dispatch)(moe_ep_group_t *group, moe_ep_handle_t *handle,
                               const moe_ep_dispatch_params_t *params,
                               moe_ep_hook_t **hook);

@@ -237,26 +237,47 @@ static moe_ep_status_t dispatch_send(moe_ep_group_t *g, mep_op_t *op) {
   return mep_host_mesh_complete(hs->mesh, "dispatch");
 }
 
+static size_t flag_off(const host_state_t *hs, int combine, int set, int src) {
+  return combine ? mep_host_off_combine_flag(&hs->layout, set, src)
+                 : mep_host_off_dispatch_flag(&hs->layout, set, src);
+}
+
+/* Every source's signal of this operation, or its refusal of it
+ * (host_op_refused); then the first source that refused is named. Every
+ * source is waited for first, so the operation ends for this rank as it
+ * does without refusals. */
 static moe_ep_status_t wait_all(moe_ep_group_t *g, mep_op_t *op, int combine) {
   host_state_t *hs = g->impl;
+  const char *kind = combine ? "combine" : "dispatch";
   char what[64];
-  snprintf(what, sizeof what, "%s (operation %llu, buffer set %d)",
-           combine ? "combine" : "dispatch", (unsigned long long)op->seq, op->buffer_set);
+  snprintf(what, sizeof what, "%s (operation %llu, buffer set %d)", kind,
+           (unsigned long long)op->seq, op->buffer_set);
+  int refused_by = -1;
   for (int s = 0; s < g->world_size; s++) {
-    size_t off = combine ? mep_host_off_combine_flag(&hs->layout, op->buffer_set, s)
-                         : mep_host_off_dispatch_flag(&hs->layout, op->buffer_set, s);
-    MEP_CHECK(mep_host_mesh_wait(hs->mesh, off, op->seq + 1, s, what));
+    int refused = 0;
+    MEP_CHECK(mep_host_mesh_wait_either(hs->mesh, flag_off(hs, combine, op->buffer_set, s),
+                                        mep_host_off_refusal(&hs->layout, op->buffer_set, s),
+                                        op->seq + 1, s, what, &refused));
+    if (refused && refused_by < 0) refused_by = s;
+  }
+  if (refused_by >= 0) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "%s on rank %d: rank %d refused its own call of this %s (operation %llu; "
+                     "its error says why), so this rank received nothing from it; the group "
+                     "stays usable",
+                     kind, g->rank, refused_by, kind, (unsigned long long)op->seq);
   }
   return MOE_EP_OK;
 }
 
-/* host_abandon: every peer has signalled the abandoned combine or a later
- * operation. A peer that ran something else there is out of step; its next
+/* host_abandon, host_op_refused: every peer has signalled the operation
+ * this rank did not receive (an abandoned combine, or one it refused) or a
+ * later one. A peer that ran something else there is out of step; its next
  * wait says so, this one need not. */
 static moe_ep_status_t wait_owed(moe_ep_group_t *g) {
   host_state_t *hs = g->impl;
   char what[96];
-  snprintf(what, sizeof what, "combine (operation %llu, its receive abandoned)",
+  snprintf(what, sizeof what, "operation %llu (which this rank did not receive)",
            (unsigned long long)(hs->owed - 1));
   for (int s = 0; s < g->world_size; s++) {
     MEP_CHECK(mep_host_mesh_wait_progress(hs->mesh, hs->owed, s, what));
@@ -496,6 +517,32 @@ static moe_ep_status_t combine_recv(moe_ep_group_t *g, mep_op_t *op) {
   return MOE_EP_OK;
 }
 
+/* Takes the refused operation's place: the refusal word, which ends every
+ * peer's wait for this rank's signal of the operation (wait_all). No rows
+ * are sent, and the operation's flags are left alone: a peer may still be
+ * about to read them for the set's previous operation, which this rank,
+ * having waited for nothing, does not know. Its receive would have ordered
+ * this rank's next writes after the peers' reads of the operation before
+ * (each peer signals after its own receive of that one), so, as for an
+ * abandoned combine, the next send first waits for every peer's signal of
+ * this operation (owed). As host_send, it first waits for what is owed. */
+static moe_ep_status_t host_op_refused(moe_ep_group_t *g, const mep_op_t *op) {
+  host_state_t *hs = g->impl;
+  const int combine = op->kind == MEP_OP_COMBINE;
+  mep_host_mesh_begin(hs->mesh);
+  if (hs->owed != 0) MEP_CHECK(wait_owed(g));
+  /* Itself too: its signals to itself are its progress, which the next
+   * send's wait for what is owed counts like any peer's. */
+  for (int d = 0; d < g->world_size; d++) {
+    MEP_CHECK(mep_host_mesh_signal(hs->mesh, d,
+                                   mep_host_off_refusal(&hs->layout, op->buffer_set, g->rank),
+                                   op->seq + 1));
+  }
+  MEP_CHECK(mep_host_mesh_complete(hs->mesh, combine ? "combine (refused)" : "dispatch (refused)"));
+  if (op->seq + 1 > hs->owed) hs->owed = op->seq + 1;
+  return MOE_EP_OK;
+}
+
 /* A later dispatch on the handle's buffer set replaced its layout (the
  * header's promise, as on the nccl backend): combine is refused before
  * anything is sent, so the group stays usable. */
@@ -593,6 +640,7 @@ const mep_backend_ops_t mep_host_backend = {
     .destroy = host_destroy,
     .prepare = host_prepare,
     .prepare_refused = host_prepare_refused,
+    .op_refused = host_op_refused,
     .send = host_send,
     .recv = host_recv,
     .poll_error = host_poll_error,

@@ -59,6 +59,12 @@ moe_ep_status_t mep_host_mesh_complete(mep_host_mesh_t *m, const char *what);
  * operation elsewhere or a later one, since this signal cannot come. */
 moe_ep_status_t mep_host_mesh_wait(mep_host_mesh_t *m, size_t local_off,
                                    uint64_t value, int peer, const char *what);
+/* As mep_host_mesh_wait, also ended by the u64 at alt_off reaching value
+ * instead (*took_alt = 1 then, else 0): a peer's other answer for the same
+ * operation (its refusal). */
+moe_ep_status_t mep_host_mesh_wait_either(mep_host_mesh_t *m, size_t local_off, size_t alt_off,
+                                          uint64_t value, int peer, const char *what,
+                                          int *took_alt);
 
 /* Waits until `peer` has signalled this rank for its operation value - 1
  * or a later one, whatever the signal (its sends of those operations have

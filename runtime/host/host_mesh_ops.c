@@ -77,19 +77,33 @@ moe_ep_status_t mep_host_mesh_complete(mep_host_mesh_t *m, const char *what) {
   return st;
 }
 
+static int reached(const uint64_t *word, uint64_t value) {
+  return word != NULL && __atomic_load_n(word, __ATOMIC_ACQUIRE) == value;
+}
+
 /* flag: the signal word that must reach `value` exactly; NULL: any signal
- * of `peer`'s for that operation or a later one. */
-static moe_ep_status_t wait_signal(mep_host_mesh_t *m, const uint64_t *flag, uint64_t value,
-                                   int peer, const char *what) {
+ * of `peer`'s for that operation or a later one. alt (may be NULL): a word
+ * that ends the wait as well (*took_alt). */
+static moe_ep_status_t wait_signal(mep_host_mesh_t *m, const uint64_t *flag, const uint64_t *alt,
+                                   uint64_t value, int peer, const char *what, int *took_alt) {
   moe_ep_status_t st = MOE_EP_OK;
+  if (took_alt != NULL) *took_alt = 0;
   pthread_mutex_lock(&m->lock);
   for (;;) {
-    if (flag != NULL && __atomic_load_n(flag, __ATOMIC_ACQUIRE) == value) break;
+    if (reached(flag, value)) break;
+    if (reached(alt, value)) {
+      *took_alt = 1;
+      break;
+    }
     /* Signals from one rank land in order: once it has signalled this
      * operation or a later one elsewhere, this one is never coming. */
     uint64_t last = __atomic_load_n(&m->last_op[peer], __ATOMIC_ACQUIRE);
     if (last >= value) {
-      if (flag == NULL || __atomic_load_n(flag, __ATOMIC_ACQUIRE) == value) break;
+      if (flag == NULL || reached(flag, value)) break;
+      if (reached(alt, value)) {
+        *took_alt = 1;
+        break;
+      }
       st = mep_host_blame_ahead(m, peer, value, last, what);
       break;
     }
@@ -116,10 +130,17 @@ static moe_ep_status_t wait_signal(mep_host_mesh_t *m, const uint64_t *flag, uin
 
 moe_ep_status_t mep_host_mesh_wait(mep_host_mesh_t *m, size_t local_off,
                                    uint64_t value, int peer, const char *what) {
-  return wait_signal(m, (const uint64_t *)(m->region + local_off), value, peer, what);
+  return wait_signal(m, (const uint64_t *)(m->region + local_off), NULL, value, peer, what, NULL);
+}
+
+moe_ep_status_t mep_host_mesh_wait_either(mep_host_mesh_t *m, size_t local_off, size_t alt_off,
+                                          uint64_t value, int peer, const char *what,
+                                          int *took_alt) {
+  return wait_signal(m, (const uint64_t *)(m->region + local_off),
+                     (const uint64_t *)(m->region + alt_off), value, peer, what, took_alt);
 }
 
 moe_ep_status_t mep_host_mesh_wait_progress(mep_host_mesh_t *m, uint64_t value, int peer,
                                             const char *what) {
-  return wait_signal(m, NULL, value, peer, what);
+  return wait_signal(m, NULL, NULL, value, peer, what, NULL);
 }

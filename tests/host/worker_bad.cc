@@ -135,6 +135,43 @@ void dispatch_hook_freed(Ctx& c, const Problem& p, uint64_t seed) {
                 MOE_EP_ERR_INVALID_ARGUMENT, "a dispatch whose receive was abandoned");
 }
 
+// The last rank alone refuses a dispatch, then a combine, that its peers
+// make (an unknown flag on that rank only): the peers' call fails at once
+// naming it (INVALID_ARGUMENT, where waiting for it would end in TIMEOUT
+// and a failed group), and every rank goes on in step.
+void refused_on_one_rank(Ctx& c, const Problem& p, uint64_t seed) {
+  const int odd = c.world - 1;
+  const std::string named = "rank " + std::to_string(odd) + " refused its own call of this ";
+  const uint32_t unknown_flag = 0x80;
+  auto expect_refusal = [&](uint64_t s, const char* op, moe_ep_status_t st) {
+    if (c.rank == odd) {
+      expect_status(c, s, std::string(op) + " refused on this rank alone", st,
+                    MOE_EP_ERR_INVALID_ARGUMENT, "its peers were told");
+    } else {
+      expect_status(c, s, std::string(op) + " whose peer refused its call", st,
+                    MOE_EP_ERR_INVALID_ARGUMENT, (named + op).c_str());
+    }
+  };
+  {
+    LlCall a(c, p, seed);
+    if (a.prepare() != MOE_EP_OK) return;
+    expect_refusal(seed, "dispatch", a.dispatch(c.rank == odd ? unknown_flag : 0, nullptr));
+  }
+  still_usable(c, seed + 1);
+  {
+    LlCall a(c, p, seed + 2);
+    if (a.prepare() != MOE_EP_OK ||
+        !expect_status(c, seed + 2, "dispatch before a refused combine", a.dispatch(0, nullptr),
+                       MOE_EP_OK)) {
+      return;
+    }
+    a.check_dispatch();
+    a.make_y();
+    expect_refusal(seed + 2, "combine", a.combine(c.rank == odd ? unknown_flag : 0, nullptr));
+  }
+  still_usable(c, seed + 3);
+}
+
 }  // namespace
 
 void run_bad_input(Ctx& c) {
@@ -223,6 +260,7 @@ void run_bad_input(Ctx& c) {
     still_usable(c, 25);
     dispatch_hook_freed(c, p, 26);
     still_usable(c, 27);
+    refused_on_one_rank(c, p, 40);
   }
   // A double-buffered round with a refused third operation, hook run twice.
   ll_roundtrip(c, p, 15, true);
