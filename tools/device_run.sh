@@ -902,7 +902,7 @@ if [ "$MODE" = one ]; then
   exit 0
 fi
 # full = quick, then rest: rest runs the steps after quick's, so the
-# whole suite fits two device calls of at most 10 minutes each.
+# whole suite also runs as two shorter runs.
 if [ "$MODE" != rest ]; then
 timeout $((120 * S)) $B/ll_gpu_test > "$OUT/ll_gpu_test.log" 2>&1
 summary ll_gpu_test $? "$(gtest_key "$OUT/ll_gpu_test.log")"

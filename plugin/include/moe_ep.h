@@ -5,7 +5,7 @@
  * Every public struct starts with `size_t struct_size`: the library reads
  * only the fields that fit in that size and uses defaults for the rest, so
  * old engines keep working when fields are appended. Fields are only ever
- * appended; tests/abi_layout_test.cc pins every offset.
+ * appended; tests/plugin/abi_layout_test.cc pins every offset.
  */
 #ifndef MOE_EP_H_
 #define MOE_EP_H_
@@ -44,7 +44,7 @@ typedef enum moe_ep_status {
 
 /* ---- tensors ----------------------------------------------------------- */
 
-/* Layout-identical to DLPack's DLTensor (tests/abi_layout_test.cc checks
+/* Layout-identical to DLPack's DLTensor (tests/plugin/abi_layout_test.cc checks
  * this against <dlpack/dlpack.h>), so a DLTensor* casts to it directly. */
 typedef enum moe_ep_device_type {
   MOE_EP_DEVICE_CPU = 1,       /* kDLCPU */
@@ -122,7 +122,7 @@ typedef enum moe_ep_transport {
   MOE_EP_TRANSPORT_LSA = 1,
   MOE_EP_TRANSPORT_GIN = 2,
   MOE_EP_TRANSPORT_GIN_EMULATED = 3,
-  MOE_EP_TRANSPORT_UCX_HOST = 4 /* host backend: UCX RMA (reported only) */
+  MOE_EP_TRANSPORT_UCX_HOST = 4 /* host backend: UCX active messages (reported only) */
 } moe_ep_transport_t;
 
 typedef enum moe_ep_log_level {
