@@ -392,13 +392,18 @@ typedef struct moe_ep_handle_layout_params {
  *   safe: the entry finishes with it first, or finds it gone and returns
  *   INVALID_ARGUMENT. Entries on different groups never wait for each other.
  * - group_create is collective and group_destroy must not race any other
- *   entry on the same group; handles and hooks may outlive their group
- *   (free them after group_destroy; a hook of a destroyed group reports it).
+ *   entry on the same group, handle_free and hook_free of its handles and
+ *   hooks included; handles and hooks may outlive their group (free them
+ *   after group_destroy has returned; a hook of a destroyed group reports
+ *   it).
  * - last_error is per thread: read it on the thread whose entry failed.
- * - set_logger returns only after every logger call already running on
- *   other threads has returned, so after set_logger(NULL, NULL) the old
- *   `user` may be freed. Called from inside the logger itself, it swaps
- *   the logger without waiting (it would wait for itself).
+ * - set_logger returns only after every call of the logger it replaced
+ *   that is running on other threads has returned, so after
+ *   set_logger(NULL, NULL) the old `user` may be freed; calls that start
+ *   after the swap go to the new logger and are not waited for. A logger
+ *   must not wait for the thread that calls set_logger. Called from inside
+ *   the logger itself, it swaps the logger without waiting (it would wait
+ *   for itself).
  * - Log levels are per group: messages emitted while an entry works for a
  *   group (and by threads the library starts for it) use that group's
  *   log_level; other messages use warn. MOE_EP_LOG_LEVEL overrides both.

@@ -67,6 +67,80 @@ TEST(Log, SetLoggerWaitsForRunningCallbacks) {
   EXPECT_EQ(gate.lines[0].rfind("1 ", 0), 0u) << gate.lines[0];  // MOE_EP_LOG_ERROR
 }
 
+// A logger that records every line and holds only the calls whose message
+// contains "hold", until released.
+struct HoldGate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool held = false, released = false;
+  std::vector<std::string> lines;
+};
+
+void hold_gate_logger(void* user, int, const char* message) {
+  HoldGate* g = static_cast<HoldGate*>(user);
+  std::unique_lock<std::mutex> l(g->mu);
+  g->lines.push_back(message);
+  if (std::string(message).find("hold") == std::string::npos) return;
+  g->held = true;
+  g->cv.notify_all();
+  g->cv.wait(l, [g] { return g->released; });
+}
+
+void wait_held(HoldGate& g) {
+  std::unique_lock<std::mutex> l(g.mu);
+  g.cv.wait(l, [&] { return g.held; });
+}
+
+void release(HoldGate& g) {
+  {
+    std::lock_guard<std::mutex> l(g.mu);
+    g.released = true;
+  }
+  g.cv.notify_all();
+}
+
+// set_logger waits for the replaced logger's calls only: a call that began
+// on the new logger after the swap, and still runs, does not hold it (else
+// steady logging through the new logger could keep it waiting for ever).
+TEST(Log, SetLoggerWaitsOnlyForTheReplacedLoggersCalls) {
+  HoldGate old_gate, new_gate;
+  mep_log_set_logger(hold_gate_logger, &old_gate);
+  std::thread old_call([] { MEP_LOG_ERROR("test", "hold: through the old logger"); });
+  wait_held(old_gate);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool set_returned = false;
+  std::thread setter([&] {
+    mep_log_set_logger(hold_gate_logger, &new_gate);
+    std::lock_guard<std::mutex> l(mu);
+    set_returned = true;
+    cv.notify_all();
+  });
+  // Probes until one reaches the new logger (the swap is done), then a call
+  // held inside it.
+  for (bool swapped = false; !swapped;) {
+    MEP_LOG_ERROR("test", "probe");
+    std::lock_guard<std::mutex> l(new_gate.mu);
+    swapped = !new_gate.lines.empty();
+  }
+  std::thread new_call([] { MEP_LOG_ERROR("test", "hold: through the new logger"); });
+  wait_held(new_gate);
+  release(old_gate);
+  old_call.join();
+  bool returned;
+  {
+    // Bounded only so that the old behaviour fails instead of hanging: a
+    // correct set_logger returns as soon as old_call has.
+    std::unique_lock<std::mutex> l(mu);
+    returned = cv.wait_for(l, std::chrono::seconds(60), [&] { return set_returned; });
+  }
+  EXPECT_TRUE(returned) << "set_logger still waits, for a call of the logger it installed";
+  release(new_gate);
+  new_call.join();
+  setter.join();
+  mep_log_set_logger(nullptr, nullptr);
+}
+
 int self_replacing_calls = 0;
 void self_replacing_logger(void*, int, const char*) {
   self_replacing_calls++;
