@@ -254,6 +254,22 @@ void run_bad_input(Ctx& c) {
                   MOE_EP_ERR_INVALID_ARGUMENT, "not a live hook");
   }
   still_usable(c, 14);
+  {
+    // A low-latency handle takes one dispatch; the refused second one
+    // leaves the first's receive and layout for the combine.
+    LlCall a(c, p, 30);
+    if (a.prepare() == MOE_EP_OK &&
+        expect_status(c, 30, "dispatch", a.dispatch(0, nullptr), MOE_EP_OK)) {
+      a.check_dispatch();
+      expect_status(c, 30, "a second dispatch on a low-latency handle", a.dispatch(0, nullptr),
+                    MOE_EP_ERR_INVALID_ARGUMENT, "a low-latency handle takes one dispatch");
+      a.make_y();
+      if (expect_status(c, 30, "combine after the refused second dispatch",
+                        a.combine(0, nullptr), MOE_EP_OK)) {
+        a.check_combine();
+      }
+    }
+  }
   // Abandoning a receive breaks an nccl group by design: host backend only.
   if (c.opt.backend == "host") {
     hook_after_handle_address_reused(c, p, 23);

@@ -158,14 +158,16 @@ bool two_groups_run(Ctx& parent, int run) {
   return a.ctx.failures == 0 && b.ctx.failures == 0;
 }
 
-// A handle kept past its group's destroy and passed to the next group,
-// which the allocator may place at the old group's address: refused as a
-// destroyed group's, freed without touching that group, and the new group
-// still works.
+// A handle and a pending hook kept past their group's destroy, the handle
+// passed to the next group, which the allocator may place at the old
+// group's address: refused as a destroyed group's (the hook's run too),
+// freed without touching that group, and the new group still works.
 bool stale_handle_run(Ctx& parent, int port_a, int port_b) {
   auto& layer = parent.opt.layers[0];
   const uint64_t seed = 950;
   moe_ep_handle_t* stale = nullptr;
+  moe_ep_hook_t* stale_hook = nullptr;
+  moe_ep_handle_t* hooked = nullptr;
   {
     moe_ep_group_t* g = create_group_on_port(parent, port_a);
     if (g == nullptr) return false;
@@ -177,7 +179,24 @@ bool stale_handle_run(Ctx& parent, int port_a, int port_b) {
       return false;
     }
     stale = call.release_handle();
+    // Its buffers go before the group: the hook never receives into them.
+    LlCall pending(a.ctx, problem_for(a.ctx, layer.first, layer.second, Generator::kUniform),
+                   seed + 2);
+    if (pending.prepare() != MOE_EP_OK ||
+        !expect_status(a.ctx, seed + 2, "deferred dispatch (its hook to outlive the group)",
+                       pending.dispatch(MOE_EP_FLAG_DEFER_RECV, &stale_hook), MOE_EP_OK)) {
+      parent.api->handle_free(stale);
+      return false;
+    }
+    hooked = pending.release_handle();
   }
+  // The group is destroyed; its hook reports that and runs nothing.
+  parent.checks++;
+  expect_status(parent, seed + 2, "hook_run of a destroyed group's hook",
+                parent.api->hook_run(stale_hook, nullptr), MOE_EP_ERR_INVALID_ARGUMENT,
+                "destroyed");
+  parent.api->hook_free(stale_hook);
+  parent.api->handle_free(hooked);
   moe_ep_group_t* g = create_group_on_port(parent, port_b);
   if (g == nullptr) {
     parent.api->handle_free(stale);

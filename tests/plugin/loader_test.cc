@@ -201,6 +201,16 @@ TEST(Loader, TooOldTable) {
   EXPECT_NE(std::strstr(err, "too old"), nullptr) << err;
 }
 
+TEST(Loader, OtherAbiVersion) {
+  const moe_ep_plugin_v1_t* t = nullptr;
+  char err[512] = "";
+  std::string lib = moe_ep_test::runfile("tests/plugin/libfake_abi2_plugin.so");
+  EXPECT_EQ(moe_ep_load(lib.c_str(), &t, err, sizeof err), nullptr);
+  EXPECT_EQ(t, nullptr);
+  const std::string want = "reports abi_version " + std::to_string(MOE_EP_ABI_VERSION + 1);
+  EXPECT_NE(std::strstr(err, want.c_str()), nullptr) << err;
+}
+
 TEST(Loader, TableTooShortForAbiVersion) {
   const moe_ep_plugin_v1_t* t = nullptr;
   char err[512] = "";
