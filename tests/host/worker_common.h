@@ -95,8 +95,8 @@ bool expect_status(Ctx& c, uint64_t seed, const std::string& what, moe_ep_status
 moe_ep_oracle::Problem problem_for(const Ctx& c, int hidden, int top_k,
                                    moe_ep_oracle::Generator gen);
 // Scenarios that need the GPU backend: true on --backend=nccl; otherwise a
-// "<scenario> scenario needs --backend=nccl; skipped" line and false.
-bool runs_on_nccl(const Ctx& c, const char* scenario);
+// FAIL line (a wrong command line is not a pass) and false.
+bool runs_on_nccl(Ctx& c, const char* scenario);
 std::string config_yaml(const Options& o);
 
 // Scenarios (worker_ll.cc, worker_ht.cc, worker_bad.cc).
