@@ -31,18 +31,6 @@ bool bits_equal(T a, T b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
 }  // namespace
 
-bool e4m3_adjacent(uint8_t got, uint8_t want) {
-  if (got == want) return true;
-  int gm = got & 0x7F, wm = want & 0x7F;
-  if (gm == 0 && wm == 0) return true;  // +0 / -0
-  if ((got & 0x80) != (want & 0x80) || gm == 0x7F || wm == 0x7F) return false;
-  return gm - wm == 1 || wm - gm == 1;
-}
-
-std::string compare_e4m3_adjacent(const char* what, const uint8_t* got, const uint8_t* want,
-                                  size_t n, size_t row_len) {
-  return compare(what, got, want, n, row_len, e4m3_adjacent, [](uint8_t v) { return int(v); });
-}
 
 std::string compare_exact_u8(const char* what, const uint8_t* got, const uint8_t* want,
                              size_t n, size_t row_len) {

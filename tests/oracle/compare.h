@@ -9,17 +9,10 @@
 
 namespace moe_ep_oracle {
 
-// fp8 payloads: codes equal, or neighbours of the same sign (|magnitude code
-// difference| == 1), or +0/-0. Why: q = e4m3(x / scale) is the reference, but
-// a kernel computing x * (1 / scale) differs from it by one float ulp before
-// rounding, which flips the e4m3 rounding of ~1 value in 2^20 when scales are
-// not powers of two. With power-of-two scales (UE8M0) compare exactly.
-bool e4m3_adjacent(uint8_t got, uint8_t want);
-std::string compare_e4m3_adjacent(const char* what, const uint8_t* got, const uint8_t* want,
-                                  size_t n, size_t row_len);
-
-// Bit-exact comparisons (dispatch payloads, counts, and combine outputs,
-// whose summation order is documented), same message shape.
+// Bit-exact comparisons (dispatch payloads, fp8 codes included: the
+// kernels quantise by an exact division, q = e4m3(x / scale), as the oracle
+// does (tests/kernels/fp8_div_test.cc); counts; combine outputs, whose
+// summation order is documented), with the same message shape.
 std::string compare_exact_u8(const char* what, const uint8_t* got, const uint8_t* want,
                              size_t n, size_t row_len);
 std::string compare_exact_u16(const char* what, const uint16_t* got, const uint16_t* want,
