@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "runtime/bootstrap_types.h"
+#include "runtime/progress.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
 
@@ -76,8 +77,11 @@ static void peers_close_evicted(mep_bootstrap_t *bs) {
 void mep_bs_progress(mep_bootstrap_t *bs, int *idle) {
   unsigned n = 0;
   /* A condemned connection is closed before more is read from it: a flood
-   * would otherwise keep this loop (and UCX's reassembly buffers) busy. */
-  while (!bs->evict_pending && ucp_worker_progress(bs->worker) != 0) n++;
+   * would otherwise keep this loop (and UCX's reassembly buffers) busy. The
+   * pass is capped too, so that traffic which keeps the worker busy cannot
+   * keep the caller from its deadline. */
+  while (n < MEP_PROGRESS_PASS_MAX && !bs->evict_pending && ucp_worker_progress(bs->worker) != 0)
+    n++;
   msgs_start_rndv(bs);
   peers_close_evicted(bs);
   if (n != 0) {

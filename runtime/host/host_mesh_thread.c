@@ -15,6 +15,7 @@
 
 #include "runtime/error.h"
 #include "runtime/host/host_mesh_impl.h"
+#include "runtime/progress.h"
 #include "runtime/log.h"
 
 /* Longest sleep: a UCX event that never fires only delays progress by
@@ -192,7 +193,10 @@ static void *progress_main(void *arg) {
   for (;;) {
     cut_if_asked(m);
     int stop = drain_queue(m);
-    while (ucp_worker_progress(m->worker) != 0) {
+    /* Capped, so that a busy worker (a peer's stream of messages, or
+     * outsiders' dropped ones) cannot keep the thread from its queue, its
+     * cut and its stop. */
+    for (unsigned n = 0; n < MEP_PROGRESS_PASS_MAX && ucp_worker_progress(m->worker) != 0; n++) {
     }
     if (m->landed) {
       m->landed = 0;
