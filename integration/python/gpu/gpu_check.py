@@ -2,7 +2,7 @@
 """GPU check of the Python front end on the nccl backend (not run by CI).
 One process per GPU, started by the launcher, which also sets the
 bootstrap address (one group per run: run each part separately; `ht`,
-which makes three groups, has rank 0 pick a port for each):
+which makes four groups, has rank 0 pick a port for each):
 
   tools/launcher/moe_ep_run -n 2 --timeout_s 300 -- python3 integration/python/gpu/gpu_check.py group
   tools/launcher/moe_ep_run -n 2 --timeout_s 300 -- python3 integration/python/gpu/gpu_check.py deep_ep
@@ -33,7 +33,10 @@ a cached layout (a second tensor on one handle), and combine (with
 DeepEP's bias pair after the cached dispatch), all
 bit-exact against an expectation built from every rank's seeded inputs;
 a worst-case dispatch + combine captured in a CUDA graph and replayed on
-new inputs. `auto`: SGLang's deepep_mode auto, both modes through one
+new inputs (num_worst_tokens at and below the library's rows, and a
+Buffer whose group that dispatch sized: max_tokens_per_rank
+num_worst_tokens / world_size); vLLM's HT prepare with its counts on the
+host (expert_num_tokens_cpu). `auto`: SGLang's deepep_mode auto, both modes through one
 low-latency Buffer. `ht` prints one line per check. Each rank prints "rank R: ok"
 or its failures, and exits non-zero on any failure.
 """
@@ -815,10 +818,11 @@ def buffer_cached(buf, experts, seed, tokens):
              ((bias[0].float() + bias[1].float()) + combined).to(torch.bfloat16))
 
 
-def buffer_graph(buf, experts, tokens):
-    """dispatch(num_worst_tokens = world_size * max_tokens_per_rank, which
-    takes no host sync) + combine in one CUDA graph."""
-    nw = WORLD * HT_TOKENS
+def buffer_graph(buf, experts, tokens, nw=WORLD * HT_TOKENS):
+    """dispatch(num_worst_tokens) + combine in one CUDA graph. At world_size
+    * max_tokens_per_rank rows nothing is checked; below, the capture must
+    not read the host (nw then bounds every seed's receive: the sum of the
+    ranks' tokens)."""
 
     def step(x, idx, w):
         recv_x, recv_idx, recv_w, _, handle, _ = buf.dispatch(
@@ -834,6 +838,53 @@ def buffer_graph(buf, experts, tokens):
                 tokens, 45, step, check)
 
 
+def buffer_worst_sized(address, experts, tokens):
+    """A Buffer whose normal-mode group is created by a dispatch with
+    num_worst_tokens = world_size * 300 (below the 1024 a batch would
+    give): max_tokens_per_rank becomes 300, the library's rows are
+    num_worst_tokens, and the dispatch + combine capture without a host
+    read."""
+    import moe_ep.deep_ep as deep_ep
+    cfg = ht_config(address, num_experts=experts)
+    del cfg["max_tokens_per_rank"]
+    buf = deep_ep.Buffer(None, low_latency_mode=False, explicitly_destroy=True, moe_ep_config=cfg)
+    nw = WORLD * 300
+    what = "deep_ep num_worst_tokens=%d sizes the group" % nw
+    with case(what):  # the first dispatch creates the group
+        all_in = ht_inputs(38, tokens, HT_HIDDEN, experts)
+        x, idx, w = on_device(all_in[RANK])
+        recv_x, recv_idx, recv_w, _, handle, _ = buf.dispatch(
+            x, topk_idx=idx, topk_weights=w, num_worst_tokens=nw)
+        g = buf.moe_ep_normal_group
+        if g.config.max_tokens_per_rank != 300 or handle.worst_rows != nw:
+            fail(what, "max_tokens_per_rank %d, %d library rows" % (g.config.max_tokens_per_rank,
+                                                                   handle.worst_rows))
+        check_rows(what, ht_expected(all_in, experts), recv_x, recv_idx, recv_w, rows=nw,
+                   idx_dtype=idx.dtype)
+        out, _, _ = buf.combine(partial(recv_x, RANK), handle, topk_weights=recv_w)
+        same(what + " combine", out, ht_combined(*all_in[RANK][:2], experts))
+    buffer_graph(buf, experts, tokens, nw)
+    buf.destroy()
+
+
+def vllm_ht_meta(g, experts, seed, tokens):
+    """vLLM's HT prepare: expert_num_tokens_cpu holds the counts on the host."""
+    import moe_ep.vllm
+    what = "vllm ht E%d expert_num_tokens_cpu T=%s" % (experts, tokens)
+    with case(what):
+        pf = moe_ep.vllm.PrepareAndFinalize(g)
+        all_in = ht_inputs(seed, tokens, HT_HIDDEN, experts)
+        x, idx, w = on_device(all_in[RANK])
+        _, _, meta, ids, wts = pf.prepare(x, w, idx, experts, None, False, None)
+        cpu = meta.expert_num_tokens_cpu
+        if cpu is None or cpu.device.type != "cpu":
+            fail(what, "want host counts, got %r" % (cpu,))
+        else:
+            same(what, cpu, ht_expected(all_in, experts)["count"])
+        pf.finalize(torch.empty_like(x), torch.zeros((len(ids), HT_HIDDEN), dtype=torch.bfloat16,
+                                                     device=x.device), wts, ids, False, None)
+
+
 def part_buffer_normal(address):
     import moe_ep.deep_ep as deep_ep
     experts = 256
@@ -846,6 +897,7 @@ def part_buffer_normal(address):
     buffer_worst(buf, experts, 36, (512, 4096))
     buffer_cached(buf, experts, 37, (4096, 512))
     buffer_graph(buf, experts, (300, 512))
+    buffer_graph(buf, experts, (300, 512), nw=sum((300, 512)[r % 2] for r in range(WORLD)))
     buf.destroy()
 
 
@@ -853,7 +905,7 @@ def part_ht():
     """The Group API on two expert counts, then the Buffer's normal mode,
     each a group of its own."""
     device()
-    addresses = group_addresses(3)
+    addresses = group_addresses(4)
     for experts, address in zip((256, 64), addresses):
         with moe_ep.Group(ht_config(address, num_experts=experts),
                           device=LOCAL if ON_GPU else None) as g:
@@ -866,9 +918,11 @@ def part_ht():
                 ht_worst(g, experts, 19, (512, 4096))
                 ht_cached(g, experts, 20, (4096, 7))
                 ht_graph(g, experts, (512, 300))
+                vllm_ht_meta(g, experts, 26, (512, 7))
             with case("ht E%d poll_error" % experts):
                 g.poll_error()
     part_buffer_normal(addresses[2])
+    buffer_worst_sized(addresses[3], 256, (300, 200))
 
 
 def part_auto():

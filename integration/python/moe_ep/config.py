@@ -89,6 +89,27 @@ class Config:
         self._ptr.contents.bootstrap_address = raw
         self.bootstrap_address = address
 
+    # Keys pin() sets: the struct's int fields, and `mode` by name.
+    _PINNABLE = ("mode", "num_experts", "hidden", "top_k", "max_tokens_per_rank")
+
+    def pin(self, **keys):
+        """Sets these keys after the YAML and the MOE_EP_* overrides, as
+        set_bootstrap_address does: for a caller whose values must not be
+        changed by the environment (group_create still checks them)."""
+        c = self._ptr.contents
+        for key, value in keys.items():
+            if key not in self._PINNABLE:
+                raise ValueError("moe_ep config: pin(%s=%r): only %s can be pinned"
+                                 % (key, value, ", ".join(self._PINNABLE)))
+            if key == "mode":
+                if value not in _abi.MODES:
+                    raise ValueError("moe_ep config: pin(mode=%r): mode is one of %s"
+                                     % (value, ", ".join(_abi.MODES)))
+                c.mode = _abi.MODES.index(value)
+            else:
+                setattr(c, key, int(value))
+            setattr(self, key, value if key == "mode" else int(value))
+
     @property
     def fp8(self):
         return self.dispatch_dtype == "fp8_e4m3"

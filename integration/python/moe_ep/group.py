@@ -58,11 +58,19 @@ class Group:
     torch.distributed when initialised, else MOE_EP_RANK /
     MOE_EP_WORLD_SIZE. device: the CUDA device of an nccl group (default
     the current one). nccl_comm: an ncclComm_t (int) for the EP group.
-    library: a path or moe_ep Library (default: see moe_ep.load)."""
+    library: a path or moe_ep Library (default: see moe_ep.load).
+
+    close_at_gc (default True): whether the garbage collector closes a
+    group nobody closed. Closing is collective (group_destroy waits for
+    every rank, up to bootstrap.timeout_ms), so an owner that closes its
+    groups itself on every rank sets it False: a group then dropped
+    without close() stays allocated until the process ends instead of
+    waiting at collection for peers that may never come."""
 
     def __init__(self, config, rank=None, world_size=None, device=None, nccl_comm=None,
                  library=None):
         self._g = None
+        self.close_at_gc = True
         self._lib = resolve(library)
         self.config = config if isinstance(config, Config) else Config(config, self._lib)
         rank, world_size = _rank_world(rank, world_size)
@@ -122,6 +130,8 @@ class Group:
         self.close()
 
     def __del__(self):
+        if not getattr(self, "close_at_gc", True):
+            return  # the owner closes it (see the class comment); else it is left allocated
         try:
             self.close()
         except Exception:

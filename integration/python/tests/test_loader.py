@@ -2,13 +2,22 @@
 configurations parsed by the library, in this process (no group)."""
 import ctypes.util
 import os
+import re
 
 import pytest
 
 import moe_ep
 from moe_ep import _abi
 from moe_ep.config import dict_to_yaml
-from spawn import library_path
+from spawn import REPO, library_path
+
+
+def header_version():
+    """(major, minor, patch) of plugin/include/moe_ep.h's MOE_EP_VERSION_*."""
+    with open(os.path.join(REPO, "plugin", "include", "moe_ep.h")) as f:
+        text = f.read()
+    return tuple(int(re.search(r"#define MOE_EP_VERSION_%s (\d+)" % part, text).group(1))
+                 for part in ("MAJOR", "MINOR", "PATCH"))
 
 
 def test_loads_the_table_and_reports_the_version():
@@ -16,7 +25,7 @@ def test_loads_the_table_and_reports_the_version():
     assert lib.table.abi_version == _abi.ABI_VERSION
     assert lib.table.struct_size >= _abi.MIN_V1_SIZE
     assert lib.table.name == b"moe_ep"
-    assert lib.version[0] >= 0
+    assert lib.version == header_version()
 
 
 def test_the_table_has_the_entries_of_0_3():

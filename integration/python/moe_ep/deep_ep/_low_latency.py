@@ -187,7 +187,7 @@ class LowLatencyMixin:
                              "routes the combine by the dispatch's topk_idx, which topk_idx must "
                              "repeat" % (entry, tuple(topk_idx.shape),
                                          tuple(ep_handle.topk_idx.shape)))
-        g = self._ll_ep
+        g = self._live_group("low_latency", entry)
         result = g.combine(ep_handle, x, topk_weights=topk_weights, out=out,
                            defer=return_recv_hook)
         hook = None
@@ -221,10 +221,11 @@ class LowLatencyMixin:
         it into the peers' windows), so the experts' output is never copied
         on the way; two buffers alternate, so two micro-batches' combines
         may be in flight."""
+        entry = "get_next_low_latency_combine_buffer"
         if not isinstance(handle, LowLatencyHandle):
-            raise TypeError("get_next_low_latency_combine_buffer: handle must be the handle "
-                            "low_latency_dispatch returned, got %s" % type(handle).__name__)
-        g = self._ll_ep
+            raise TypeError("%s: handle must be the handle low_latency_dispatch returned, got %s"
+                            % (entry, type(handle).__name__))
+        g = self._live_group("low_latency", entry)
         shape = (g.num_local_experts, g.world_size * g.config.max_tokens_per_rank, handle[3])
         bufs = self._combine_buffers()
         if not bufs or tuple(bufs[0].shape) != shape:

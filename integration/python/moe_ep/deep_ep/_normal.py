@@ -2,6 +2,7 @@
 combine) on a moe-ep high-throughput group."""
 import torch
 
+from . import _agree as agreement
 from .event import EventOverlap, record_event, wait_previous
 from ._refuse import refuse as _refuse
 
@@ -30,10 +31,54 @@ def _split_x(entry, x):
         raise ValueError("%s: x must be a tensor or (x_fp8, scales), got a tuple of %d"
                          % (entry, len(x)))
     x_fp8, scales = x
+    for name, t in (("x[0] (x_fp8)", x_fp8), ("x[1] (scales)", scales)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError("%s: %s must be a torch.Tensor, got %s; pre-quantised x is the pair "
+                            "(x_fp8, scales)" % (entry, name, type(t).__name__))
+    if scales.dim() != 2:
+        # DeepEP also takes one scale per token ([T]); moe-ep carries one
+        # per 128 channels (or four UE8M0 exponents per int32).
+        _refuse(entry, "x[1] (scales) of shape", tuple(scales.shape), "scales are [num_tokens, "
+                "hidden/128] float32 or [num_tokens, hidden/512] int32 (UE8M0 packed)")
     return x_fp8, scales if scales.is_contiguous() else scales.contiguous()
 
 
-def _worst_case(g, ep_handle, x, x_scales, topk_weights, num_worst_tokens):
+def _capturing():
+    """Whether the current CUDA stream is being captured into a graph
+    (torch >= 1.10 says; older torch cannot capture through this path)."""
+    fn = getattr(torch.cuda, "is_current_stream_capturing", None)
+    return bool(fn()) if fn is not None else False
+
+
+def _receive_fits(buf, res, num_worst_tokens, rows):
+    """After a worst-case dispatch of `rows` > num_worst_tokens rows: raises
+    ValueError on every rank when any rank received more than
+    num_worst_tokens, so that no rank goes on to a combine its peers skip.
+    A host group reports its count; a CUDA group's count stays on the
+    device, read here with a host sync on an eager stream and not at all
+    while the stream is being captured (a graph cannot sync: the caller's
+    num_worst_tokens is then trusted, as DeepEP trusts it). The ranks
+    compare over the Buffer's torch group or comm; without either, only
+    the rank that overflowed raises (its peers then time out in combine)."""
+    n = res.num_recv_tokens
+    if n is None:  # CUDA group
+        if _capturing():
+            return
+        over = bool((res.recv_topk_idx[num_worst_tokens:] >= 0).any())
+    else:
+        over = n > num_worst_tokens
+    ranks = agreement.ranks_with(buf._channel(), over, buf.rank)
+    if ranks:
+        raise ValueError(
+            "dispatch: rank%s %s received more than num_worst_tokens=%d tokens (this rank: %s); "
+            "num_worst_tokens must bound every rank's receive (world_size * the most tokens a "
+            "rank sends; %d rows, world_size * max_tokens_per_rank, always do); every rank "
+            "raises, and none combines this dispatch"
+            % ("s" if len(ranks) > 1 else "", ", ".join(map(str, ranks)), num_worst_tokens,
+               ("more" if n is None else n) if over else "within it", rows))
+
+
+def _worst_case(buf, g, ep_handle, x, x_scales, topk_weights, num_worst_tokens):
     """(recv_x, recv_scales, recv_topk_idx, recv_topk_weights) of
     num_worst_tokens rows, and the rows the library's worst-case dispatch
     filled: world_size * max_tokens_per_rank (or more), of which these are
@@ -42,16 +87,7 @@ def _worst_case(g, ep_handle, x, x_scales, topk_weights, num_worst_tokens):
     res = g.dispatch(ep_handle, x, x_scales=x_scales, topk_weights=topk_weights, worst_case=True,
                      recv_capacity=rows)
     if num_worst_tokens < rows:
-        n = res.num_recv_tokens
-        if n is None:  # a CUDA group reports no count: a received row names an expert
-            past = bool((res.recv_topk_idx[num_worst_tokens:] >= 0).any())
-        else:
-            past = n > num_worst_tokens
-        if past:
-            raise ValueError("dispatch: this rank received %s tokens, more than "
-                             "num_worst_tokens=%d; num_worst_tokens >= %d (world_size * "
-                             "max_tokens_per_rank) bounds every receive"
-                             % ("more" if n is None else n, num_worst_tokens, rows))
+        _receive_fits(buf, res, num_worst_tokens, rows)
     k = slice(0, num_worst_tokens)
     scales = res.recv_scales[k] if res.recv_scales is not None else None
     return res.recv_x[k], scales, res.recv_topk_idx[k], res.recv_topk_weights[k], rows
@@ -61,10 +97,12 @@ def _library_rows(y, rows):
     """y as combine hands it to the library after a worst-case dispatch of
     `rows` rows: a GPU group never learns the receive count on the host, so
     it takes y of all those rows. A y of num_worst_tokens rows holds the
-    receive (dispatch checked it); the rows added past it are never read."""
+    receive (dispatch checked it, or, under graph capture, the caller
+    promised it); the rows added past it are zeros, so a receive that broke
+    that promise adds nothing rather than stale memory."""
     if y.shape[0] >= rows:
         return y
-    full = y.new_empty((rows,) + tuple(y.shape[1:]))
+    full = y.new_zeros((rows,) + tuple(y.shape[1:]))
     full[:y.shape[0]] = y
     return full
 
@@ -124,23 +162,31 @@ class NormalMixin:
 
     def _ht_group(self, entry, num_experts, hidden, topk_idx, num_worst_tokens=0):
         """The normal-mode group, created from the first call's shapes. Its
-        token cap: the batch rounded up (_max_tokens), or what
-        num_worst_tokens (world_size * the most tokens a rank sends) says,
-        whichever is larger; moe_ep_config or MOE_EP_HT_MAX_TOKENS_PER_RANK
-        override it."""
-        tokens = _max_tokens(int(topk_idx.shape[0]))
-        if num_worst_tokens > 0 and self.group_size > 0:
-            tokens = max(tokens, -(-int(num_worst_tokens) // self.group_size))
+        token cap: with num_worst_tokens (world_size * the most tokens a
+        rank sends), ceil(num_worst_tokens / world_size), or the batch when
+        larger, so that the library's world_size * max_tokens_per_rank rows
+        are num_worst_tokens rows and the dispatch needs no host check
+        (CUDA-graph capturable); else the batch rounded up (_max_tokens).
+        The ranks then agree on the largest; moe_ep_config or
+        MOE_EP_HT_MAX_TOKENS_PER_RANK override it."""
+        t = int(topk_idx.shape[0])
+        if num_worst_tokens > 0:
+            tokens = max(t, -(-int(num_worst_tokens) // self.group_size), 1)
+        else:
+            tokens = _max_tokens(t)
         return self._group_for("high_throughput", {
             "num_experts": int(num_experts), "hidden": int(hidden),
             "top_k": int(topk_idx.shape[-1]), "max_tokens_per_rank": tokens})
 
     def _ht_sms(self, g, config):
-        """DeepEP sizes each normal dispatch by config.num_sms, else the
-        class's set_num_sms value: the group follows when that changes (its
-        combine repeats its dispatch's split, so only dispatch applies it).
-        Engines change it on every rank alike, as DeepEP needs too."""
-        want = int(config.num_sms) if config is not None else type(self).num_sms
+        """DeepEP sizes each normal dispatch by config.num_sms, else by
+        get_dispatch_config's (Buffer.num_sms, which set_num_sms writes):
+        the group follows when that changes (its combine repeats its
+        dispatch's split, so only dispatch applies it). Engines change it
+        on every rank alike, as DeepEP needs too."""
+        if config is None:
+            config = self.get_dispatch_config(self.group_size)
+        want = int(config.num_sms)
         if g.backend == "nccl" and want != getattr(self, "_ht_num_sms", None):
             g.set_num_sms(want)
             self._ht_num_sms = want
@@ -167,7 +213,7 @@ class NormalMixin:
         wait_previous(previous_event)
         g = self._ht_ep
         user = self._mode_config("high_throughput")
-        if g is None and "hidden" not in user and self.group_size > 0:
+        if g is None and "hidden" not in user:
             if num_experts % self.group_size != 0:
                 raise ValueError("%s: num_experts=%d must be a multiple of the group's %d ranks"
                                  % (entry, num_experts, self.group_size))
@@ -179,8 +225,8 @@ class NormalMixin:
             self._layout_cache = (topk_idx, None, num_experts)
             event = EventOverlap(record_event(async_finish and topk_idx.is_cuda))
             return per_rank, None, per_expert, in_rank, event
-        if g is None:
-            g = self._ht_group(entry, num_experts, user.get("hidden", 7168), topk_idx)
+        if g is None:  # moe_ep_config names the hidden size: the group can be made now
+            g = self._ht_group(entry, num_experts, user["hidden"], topk_idx)
         if num_experts != g.config.num_experts:
             raise ValueError("%s: num_experts=%d differs from the group's num_experts=%d"
                              % (entry, num_experts, g.config.num_experts))
@@ -206,13 +252,15 @@ class NormalMixin:
         is copied to row-major); recv_x is then (recv_x_fp8, recv_scales),
         rows and scales exactly as sent. num_worst_tokens > 0: outputs of
         num_worst_tokens rows, padding rows with recv_topk_idx -1 and
-        weight 0, and an empty per-expert list, as DeepEP's. At
-        world_size * max_tokens_per_rank or more it takes no host sync (a
-        CUDA graph can capture the dispatch and its combine). A smaller
-        num_worst_tokens gets views of the library's world_size *
-        max_tokens_per_rank rows: checking that the receive fits takes a
-        host sync on GPUs (a receive past it raises ValueError), and combine
-        copies its x into rows of the library's size. handle= repeats the
+        weight 0, and an empty per-expert list, as DeepEP's. A dispatch
+        that creates the group sizes it so that world_size *
+        max_tokens_per_rank is num_worst_tokens where it can (_ht_group);
+        at that many rows or more it takes no host sync (a CUDA graph can
+        capture the dispatch and its combine). A smaller num_worst_tokens
+        gets views of the library's rows, and combine copies its x into
+        rows of the library's size; whether every rank's receive fits is
+        checked on every rank alike (_receive_fits: a host sync on an eager
+        CUDA stream, nothing while capturing). handle= repeats the
         handle's dispatch layout (DeepEP's cached dispatch) with this x and
         returns (recv_x, None, None, None, None, event), as DeepEP's cached
         dispatch does (the handle passed in serves its combine)."""
@@ -260,7 +308,7 @@ class NormalMixin:
         try:
             if num_worst_tokens:
                 recv_x, recv_scales, recv_idx, recv_w, worst_rows = _worst_case(
-                    g, ep_handle, x, x_scales, topk_weights, num_worst_tokens)
+                    self, g, ep_handle, x, x_scales, topk_weights, num_worst_tokens)
                 per_expert_list = []
             else:
                 res = g.dispatch(ep_handle, x, x_scales=x_scales, topk_weights=topk_weights)
@@ -307,7 +355,7 @@ class NormalMixin:
             w = handle.topk_weights
             combined_w = torch.where(handle.topk_idx >= 0, w, torch.zeros_like(w))
         wait_previous(previous_event)
-        g = self._ht_ep
+        g = self._live_group("high_throughput", entry)
         out = g.combine(handle.moe_ep, _library_rows(x, handle.worst_rows))
         if bias:
             acc = bias[0].float()

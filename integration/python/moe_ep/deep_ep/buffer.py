@@ -12,27 +12,27 @@ call is on every rank). Its `moe_ep:` configuration is the constructor's
 first call shows: num_experts, hidden, top_k, max_tokens_per_rank (LL:
 num_max_dispatch_tokens_per_rank; HT: the largest first batch over the
 Buffer's torch.distributed group, rounded up to a power of two, at least
-1024), dispatch_dtype and fp8_scale (LL: use_fp8, use_ue8m0).
+1024, or num_worst_tokens / world_size when the dispatch that creates the
+group passes it), dispatch_dtype and fp8_scale (LL: use_fp8, use_ue8m0).
 MOE_EP_<KEY> environment variables override any key (the library applies
-them).
+them) except those the Buffer pins (_pin: each group's mode, the
+low-latency group's max_tokens_per_rank).
 
-Bootstrap ports: with a torch.distributed group and no configured address,
-rank 0 picks a free port for each group and the group learns it. A
-configured `bootstrap.address` serves the Buffer's first group; its second
-group (both modes on one Buffer) takes the next port.
+Bootstrap ports: with a torch.distributed group (or an mpi4py `comm`) and
+no configured address, rank 0 picks a free port for each group and the
+group learns it (_agree). A configured `bootstrap.address` serves the
+Buffer's first group; its second group (both modes on one Buffer) takes
+the next port.
 """
-import hashlib
-import ipaddress
+import functools
 import os
-import secrets
-import socket
 
 import torch
 
 from .. import _library
-from ..config import Config as MoeEpConfig
 from ..group import Group
-from . import _low_latency, _normal
+from . import _agree as agreement
+from . import _low_latency, _normal, _pin
 from .config import Config
 from .event import capture
 from ._refuse import refuse as _refuse
@@ -43,11 +43,9 @@ _MODE_SECTIONS = ("low_latency", "high_throughput")
 
 
 # The normal-mode (high-throughput) group's max_tokens_per_rank alone:
-# MOE_EP_MAX_TOKENS_PER_RANK would set the low-latency group's too, whose
-# range (1..1024) and num_max_dispatch_tokens_per_rank it must keep.
-_HT_TOKENS_ENV = "MOE_EP_HT_MAX_TOKENS_PER_RANK"
-# The host rank 0 publishes with the port it picks for a group.
-_HOST_ENV = "MOE_EP_BOOTSTRAP_HOST"
+# MOE_EP_MAX_TOKENS_PER_RANK sets it too, but is read by the library for
+# every group (the Buffer pins the low-latency group's, _pin).
+_HT_TOKENS_ENV = agreement.HT_TOKENS_ENV
 
 
 def _ht_tokens_from_env():
@@ -64,38 +62,44 @@ def _ht_tokens_from_env():
     return n
 
 
-def _bootstrap_host():
-    """The host rank 0 publishes with the port it picked:
-    MOE_EP_BOOTSTRAP_HOST, else this machine's address on its route toward
-    MASTER_ADDR (rank 0 of an expert-parallel group need not run on
-    MASTER_ADDR's host), else 127.0.0.1 (one host)."""
-    host = os.environ.get(_HOST_ENV)
-    if host:
-        return host
-    master = os.environ.get("MASTER_ADDR")
-    if not master:
-        return "127.0.0.1"
-    try:
-        # Connecting a UDP socket sends nothing: it only chooses the route,
-        # and with it this end's address.
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((master, 9))
-            found = s.getsockname()[0]
-    except OSError:
-        return master
-    # A name that resolves to loopback here (127.0.1.1 for the host's own
-    # name on Debian) may resolve to a routable address elsewhere: publish
-    # the name, as given, unless it is itself a loopback address.
-    if ipaddress.ip_address(found).is_loopback and not _is_loopback(master):
-        return master
-    return found
+def _env_rank_world():
+    """(rank, world size) from MOE_EP_RANK / MOE_EP_WORLD_SIZE (the
+    launcher's), else from an initialised torch.distributed, else None."""
+    rank, world = os.environ.get("MOE_EP_RANK"), os.environ.get("MOE_EP_WORLD_SIZE")
+    if rank and world:
+        try:
+            return int(rank), int(world)
+        except ValueError:
+            raise ValueError("Buffer: MOE_EP_RANK=%r and MOE_EP_WORLD_SIZE=%r must be integers "
+                             "(this process's rank and the number of ranks)"
+                             % (rank, world)) from None
+    dist = getattr(torch, "distributed", None)
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return None
 
 
-def _is_loopback(host):
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a name
-        return host == "localhost"
+class _StaticWithLibrary:
+    """A static method, as DeepEP's (engines call it on the class, before
+    any Buffer exists), that called on a Buffer uses that Buffer's
+    library=: fn(library_or_None, *args)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.__doc__ = fn.__doc__
+
+    def __get__(self, obj, owner=None):
+        return functools.partial(self.fn, getattr(obj, "_library", None))
+
+
+def _low_latency_rdma_size_hint(library, num_max_dispatch_tokens_per_rank, hidden, num_ranks,
+                                num_experts):
+    """Bytes one rank's moe-ep LL buffers take for these maxima (bf16 and
+    fp8 rows fit the same buffers; top_k: the config default). The values
+    given are kept whatever MOE_EP_<KEY> overrides say (_pin), and a
+    Buffer's library= is used when called on that Buffer."""
+    return _pin.ll_size_hint(_library.resolve(library), num_max_dispatch_tokens_per_rank,
+                             hidden, num_ranks, num_experts)
 
 
 def _next_port(address):
@@ -105,10 +109,6 @@ def _next_port(address):
         raise ValueError("Buffer: bootstrap.address=%s serves the Buffer's first group and the "
                          "next port its second; that needs a port below 65535" % address)
     return "%s:%d" % (host, int(port) + 1)
-
-
-# Job tokens the Buffers put into the environment: variable -> token.
-_AGREED_TOKENS = {}
 
 
 class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
@@ -149,8 +149,17 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         elif comm is not None:
             self.rank, self.group_size = comm.Get_rank(), comm.Get_size()
         else:
-            self.rank = int(os.environ.get("MOE_EP_RANK", "-1"))
-            self.group_size = int(os.environ.get("MOE_EP_WORLD_SIZE", "-1"))
+            found = _env_rank_world()
+            if found is None:
+                # DeepEP raises here too ("Either 'group' or 'comm' must be
+                # provided"): every later default (the normal-mode layout,
+                # the groups' world size) needs the rank count.
+                raise ValueError(
+                    "Buffer: group=None and comm=None, and neither MOE_EP_RANK / "
+                    "MOE_EP_WORLD_SIZE nor an initialised torch.distributed give this "
+                    "process's rank and world size; pass group= (a torch.distributed group) "
+                    "or comm= (an mpi4py communicator)")
+            self.rank, self.group_size = found
         self.num_nvl_bytes = num_nvl_bytes
         self.num_rdma_bytes = num_rdma_bytes
         self.low_latency_mode = low_latency_mode
@@ -167,15 +176,18 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
 
     # ---- class side ------------------------------------------------------
 
-    @classmethod
-    def set_num_sms(cls, new_num_sms):
-        """SMs for normal-mode kernels (DeepEP: even). Applied to a
+    @staticmethod
+    def set_num_sms(new_num_sms):
+        """SMs for normal-mode kernels (DeepEP: even). Written to
+        Buffer.num_sms, as DeepEP's staticmethod does, whether called on
+        the class, a subclass or an instance (vLLM calls it on its Buffer),
+        and read back through get_dispatch_config. Applied to a
         high-throughput group at its next dispatch without a config (a
         config's num_sms wins, as in DeepEP); LL kernels size their grid
         themselves, as in DeepEP (moe_ep.Group.set_num_sms bounds them)."""
         if new_num_sms % 2 != 0:
             raise ValueError("set_num_sms: new_num_sms=%d must be even" % new_num_sms)
-        cls.num_sms = new_num_sms
+        Buffer.num_sms = new_num_sms
 
     @staticmethod
     def capture():
@@ -189,16 +201,9 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
     def get_combine_config(num_ranks):
         return Config(Buffer.num_sms)
 
-    @staticmethod
-    def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks,
-                                       num_experts):
-        """Bytes one rank's moe-ep LL buffers take for these maxima (bf16 and
-        fp8 rows fit the same buffers; top_k: the config default)."""
-        cfg = MoeEpConfig({"mode": "low_latency", "num_experts": int(num_experts),
-                           "hidden": int(hidden),
-                           "max_tokens_per_rank": int(num_max_dispatch_tokens_per_rank)},
-                          _library.load())
-        return cfg.buffer_size_hint(num_ranks)
+    # Buffer.get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank,
+    # hidden, num_ranks, num_experts), as DeepEP's static method.
+    get_low_latency_rdma_size_hint = _StaticWithLibrary(_low_latency_rdma_size_hint)
 
     # ---- lifecycle -------------------------------------------------------
 
@@ -240,7 +245,7 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
             cfg, agreed = self._config_for(mode, derived)
             # Resolved once: both groups use the same opened library.
             lib = self._library = _library.resolve(self._library)
-            config = MoeEpConfig(cfg, lib)
+            config = _pin.group_config(cfg, lib, mode)
             self._agree_token(config)
             if second and not agreed and not self._mode_sets_address(mode):
                 # A shared address (moe_ep_config's common keys,
@@ -253,11 +258,28 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
             device = torch.cuda.current_device() if torch.cuda.is_available() else None
             g = Group(config, rank=rank, world_size=world,
                       device=device if self._wants_cuda() else None, library=lib)
+            # explicitly_destroy: destroy() is the one collective teardown
+            # (DeepEP's rule); a Buffer dropped on one rank leaves its
+            # groups allocated rather than wait in GC for peers.
+            g.close_at_gc = not self.explicitly_destroy
             setattr(self, attr, g)
             self.rank, self.group_size = g.rank, g.world_size
             if mode == "high_throughput" and g.backend == "nccl":
-                g.set_num_sms(type(self).num_sms)
-                self._ht_num_sms = type(self).num_sms
+                want = int(self.get_dispatch_config(self.group_size).num_sms)
+                g.set_num_sms(want)
+                self._ht_num_sms = want
+        return g
+
+    def _live_group(self, mode, entry):
+        """The group of `mode` a call on a handle needs: it exists once a
+        dispatch of that mode made it, until destroy()."""
+        g = self._ll_ep if mode == "low_latency" else self._ht_ep
+        if g is None:
+            raise RuntimeError(
+                "%s: this Buffer has no %s group (%s); the handle must come from this "
+                "Buffer's %s" % (entry, mode, "destroy() was called" if self._destroyed else
+                                 "no dispatch of that mode ran on it yet",
+                                 "low_latency_dispatch" if mode == "low_latency" else "dispatch"))
         return g
 
     def _config_for(self, mode, derived):
@@ -281,83 +303,17 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
             cfg["bootstrap"] = boot
         return cfg, address is not None
 
+    def _channel(self):
+        return agreement.channel(self.group, self.comm)
+
     def _agree(self, want_address, tokens, given=None, check_given=False):
-        """One collective over the Buffer's torch.distributed group when a
-        group is created: rank 0's free port (want_address), the largest of
-        the ranks' derived token caps (tokens, or None), so ranks whose
-        first batches differ still create one configuration, and, with
-        check_given (the normal-mode group, whose cap a rank may be given by
-        moe_ep_config or MOE_EP_HT_MAX_TOKENS_PER_RANK), the given caps,
-        which must be the same on every rank (every rank raises alike when
-        not). Without a torch group: (None, tokens)."""
-        if self.group is None or (not want_address and not check_given and tokens is None):
-            return None, tokens
-        import torch.distributed as dist
-        mine = [None, tokens, given]
-        if want_address and self.group.rank() == 0:
-            host = _bootstrap_host()
-            with socket.socket() as s:
-                s.bind(("", 0))
-                mine[0] = "%s:%d" % (host, s.getsockname()[1])
-        everyone = [None] * self.group.size()
-        dist.all_gather_object(everyone, mine, group=self.group)
-        givens = [e[2] for e in everyone]
-        if check_given and len(set(givens)) > 1:
-            raise ValueError(
-                "Buffer: the ranks were given different normal-mode max_tokens_per_rank "
-                "(moe_ep_config or %s): %s; give every rank the same"
-                % (_HT_TOKENS_ENV, ", ".join("rank %d %s" % (r, "none" if v is None else v)
-                                             for r, v in enumerate(givens))))
-        derived = [e[1] for e in everyone if e[1] is not None]
-        return everyone[0][0], (max(derived) if derived else None)
+        """(rank 0's address, the ranks' largest token cap): _agree.group_keys
+        over the Buffer's torch group or comm."""
+        return agreement.group_keys(self._channel(), want_address, tokens, given, check_given)
 
     def _agree_token(self, config):
-        """A group of more than one rank admits only processes that hold
-        the job token (the variable config.bootstrap_token_env names). When
-        no rank has one, rank 0 draws one at random and the Buffer's
-        torch.distributed group carries it to the others (the one time a
-        token crosses the network: on that group's own connections). Ranks
-        that were given tokens compare only their SHA-256, and raise here,
-        every rank alike, when they differ or when some ranks have none. A
-        token a Buffer put there counts as none, so a Buffer over other
-        ranks agrees afresh. One collective; without a torch group whoever
-        starts the ranks sets the variable. os.environ is written at group
-        creation, when no other thread should be reading the environment
-        (as with DeepEP's Buffer constructor)."""
-        if self.group is None or self.group.size() < 2:
-            return
-        import torch.distributed as dist
-        name = config.bootstrap_token_env
-        mine = os.environ.get(name) or None
-        if mine is not None and _AGREED_TOKENS.get(name) == mine:
-            mine = None
-        digest = hashlib.sha256(mine.encode()).hexdigest() if mine is not None else None
-        drawn = secrets.token_hex(16) if self.group.rank() == 0 else None
-        everyone = [None] * self.group.size()
-        dist.all_gather_object(everyone, (digest, drawn if digest is None else None),
-                               group=self.group)
-        given, none = {}, []
-        for r, (d, _) in enumerate(everyone):
-            if d is None:
-                none.append(r)
-            else:
-                given.setdefault(d, []).append(r)
-        if len(given) > 1:
-            sets = "; ".join("ranks %s hold one" % ", ".join(map(str, ranks))
-                             for ranks in given.values())
-            raise ValueError("Buffer: the ranks' job tokens in %s differ (%s); set one "
-                             "secret on every rank, or on none and the Buffer agrees one"
-                             % (name, sets))
-        if given and none:
-            raise ValueError("Buffer: ranks %s have a job token in %s and ranks %s have none; "
-                             "set one secret on every rank, or on none and the Buffer "
-                             "agrees one" % (", ".join(map(str, next(iter(given.values())))),
-                                             name, ", ".join(map(str, none))))
-        if given:
-            return
-        token = everyone[0][1]
-        os.environ[name] = token
-        _AGREED_TOKENS[name] = token
+        """The job token of config.bootstrap_token_env: _agree.job_token."""
+        agreement.job_token(self._channel(), config.bootstrap_token_env)
 
     def _wants_cuda(self):
         backend = os.environ.get("MOE_EP_BACKEND") or self._user_config.get("backend", "auto")

@@ -173,7 +173,6 @@ class PrepareAndFinalize:
 
     def _ht_receiver(self, op, ids_dtype, after):
         meta_cls = _types.engine_types()[1]
-        on_host = not self.group._is_cuda
         box = []
 
         def receiver():
@@ -182,11 +181,15 @@ class PrepareAndFinalize:
                 box.append((res.recv_x, res.recv_scales) if after is None else
                            _received.standard(res.recv_x, after))
                 box.append(self._global_ids(res.recv_topk_idx, ids_dtype))
+                # The HT receive has already waited for the dispatch on the
+                # host (it learnt N_recv), so the counts are final: the host
+                # copy vLLM's DeepEP HT path gives its experts
+                # (make_from_list), which size their workspace from it.
+                box.append(res.recv_count.cpu())
                 if not op.finalized:  # vLLM hands these back to finalize
                     op.keys += [box[1], res.recv_topk_weights]
                     self._inflight.add(op, box[1], res.recv_topk_weights)
-            meta = meta_cls(expert_num_tokens=res.recv_count,
-                            expert_num_tokens_cpu=res.recv_count if on_host else None)
+            meta = meta_cls(expert_num_tokens=res.recv_count, expert_num_tokens_cpu=box[2])
             return box[0][0], box[0][1], meta, box[1], res.recv_topk_weights
         return receiver
 

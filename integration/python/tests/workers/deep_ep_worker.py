@@ -2,10 +2,12 @@
 torch.distributed (gloo) group: LL bf16 and fp8 (DeepEP's shapes, dtypes,
 column-major scales, handle tuple with src_info and layout_range), combine
 bit-exact, the receive hook on a second thread, arguments moe-ep refuses;
-normal mode (HT) layout, dispatch and combine bit-exact, pre-quantised
-(x_fp8, scales) input, num_worst_tokens, cached dispatch (handle=),
-combine with a bias (one tensor or DeepEP's pair); SGLang's `auto` mode:
-both modes through one low-latency Buffer, created the way SGLang does."""
+an mpi4py-style comm= instead of a group; normal mode (HT) layout,
+dispatch and combine bit-exact, pre-quantised (x_fp8, scales) input,
+num_worst_tokens (the group it sizes; a receive past it raising on every
+rank), cached dispatch (handle=), combine with a bias (one tensor or
+DeepEP's pair); SGLang's `auto` mode: both modes through one low-latency
+Buffer, created the way SGLang does."""
 import gc
 import os
 
@@ -298,7 +300,8 @@ def normal_fp8(buf, seed, fmt):
 def normal_worst(buf, seed):
     """num_worst_tokens: fixed-size outputs (beyond and below the library's
     world * max_tokens rows), padding rows -1 / 0, an empty per-expert list;
-    a receive larger than num_worst_tokens raises on that rank."""
+    a receive larger than num_worst_tokens on some rank raises on every
+    rank."""
     inputs, x, idx, w = inputs_for(seed)
     g = buf.moe_ep_group
     src, want_idx, want_w, _ = oracle.ht_dispatch(P, inputs, RANK)
@@ -329,14 +332,79 @@ def normal_worst(buf, seed):
             fail("deep_ep HT worst combine y", seed, "%d rows reached the library after a "
                  "dispatch of %d rows" % (y_rows[-1], filled))
     del g.combine
-    # Every rank dispatches; a rank that received more than one row raises.
-    try:
-        buf.dispatch(x, topk_idx=idx, topk_weights=w, num_worst_tokens=1)
-        if n > 1:
-            fail("deep_ep HT num_worst_tokens=1", seed, "received %d rows without an error" % n)
-    except ValueError as e:
-        if n <= 1 or "more than num_worst_tokens=1" not in str(e):
-            fail("deep_ep HT num_worst_tokens=1", seed, "%d rows, raised %r" % (n, str(e)))
+    # num_worst_tokens below one rank's receive: every token of every rank
+    # goes to expert 0, so rank 0 receives WORLD * 3 rows and the others
+    # none. Every rank raises, naming rank 0, so that none goes on to a
+    # combine the others skip.
+    idx = torch.full((3, P.top_k), -1, dtype=torch.int64)
+    idx[:, 0] = 0
+    nw = 3
+    expect_raises("deep_ep HT num_worst_tokens=%d, rank 0 receives %d" % (nw, 3 * WORLD),
+                  ValueError, "rank 0 received more than num_worst_tokens=3 tokens (this rank: "
+                  "%s)" % (3 * WORLD if RANK == 0 else "within it"),
+                  lambda: buf.dispatch(x[:3], topk_idx=idx, topk_weights=w[:3],
+                                       num_worst_tokens=nw))
+
+
+def worst_sizes_the_group(group):
+    """A first dispatch with num_worst_tokens creates the group with
+    max_tokens_per_rank = num_worst_tokens / world_size, so the library's
+    rows are exactly num_worst_tokens: nothing checked, no rows added."""
+    buf = deep_ep.Buffer(group, low_latency_mode=False, explicitly_destroy=True,
+                         moe_ep_config=HOST)
+    seed = 17
+    inputs, x, idx, w = inputs_for(seed)
+    nw = WORLD * P.max_tokens
+    buf.get_dispatch_layout(idx, P.num_experts)
+    recv_x, recv_idx, recv_w, _, handle, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w,
+                                                          num_worst_tokens=nw)
+    g = buf.moe_ep_normal_group
+    if g.config.max_tokens_per_rank != P.max_tokens or recv_x.shape[0] != nw or \
+            handle.worst_rows != nw:
+        fail("num_worst_tokens sizes the group", seed, "max_tokens_per_rank %d (want %d), %d "
+             "rows, %d library rows (want %d)" % (g.config.max_tokens_per_rank, P.max_tokens,
+                                                  recv_x.shape[0], handle.worst_rows, nw))
+    y = (recv_x.float() * float(oracle.ht_partial_scale(RANK))).to(torch.bfloat16)
+    out, _, _ = buf.combine(y, handle, topk_weights=recv_w)
+    same("num_worst_tokens-sized group combine", seed, bits(out),
+         oracle.ht_combine(P, inputs[RANK]))
+    buf.destroy()
+
+
+class GlooComm:
+    """What DeepEP reads of an mpi4py communicator (comm=), over a gloo group."""
+
+    def __init__(self, group):
+        self.group = group
+
+    def Get_rank(self):
+        return dist.get_rank(self.group)
+
+    def Get_size(self):
+        return dist.get_world_size(self.group)
+
+    def allgather(self, obj):
+        out = [None] * self.Get_size()
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+
+def comm_buffer(group):
+    """Buffer(comm=...) without a bootstrap address or job token configured:
+    the ranks agree both through the communicator, as over a torch group."""
+    buf = deep_ep.Buffer(None, 0, 0, True, comm=GlooComm(group), moe_ep_config=HOST)
+    inputs, x, idx, w = inputs_for(18)
+    recv_x, count, handle, _, _ = buf.low_latency_dispatch(x, idx, P.max_tokens, P.num_experts,
+                                                           use_fp8=False)
+    check_ll_recv(18, inputs, recv_x, count)
+    out, _, _ = buf.low_latency_combine(expert_outputs(recv_x), idx, w, handle)
+    same("comm= LL combine", 18, bits(out), oracle.ll_combine(P, inputs[RANK]))
+    address = buf.moe_ep_group.config.bootstrap_address
+    everyone = [None] * WORLD
+    dist.all_gather_object(everyone, address, group=group)
+    if len(set(everyone)) != 1 or address.endswith(":29500"):
+        fail("comm= address", 18, "want one address rank 0 picked, got %s" % everyone)
+    buf.destroy()
 
 
 def normal_cached(buf, seed):
@@ -535,6 +603,7 @@ def main():
     expect_raises("enable_shrink", NotImplementedError, "enable_shrink",
                   lambda: deep_ep.Buffer(group, enable_shrink=True))
     token_given = os.environ.get("MOE_EP_JOB_TOKEN")
+    comm_buffer(group)  # first: no Buffer has agreed a token yet
     low_latency(group)
     token = os.environ.get("MOE_EP_JOB_TOKEN")
     if token_given is None and (token is None or len(token) != 32):
@@ -544,6 +613,7 @@ def main():
     normal(group)
     auto_mode(group)
     first_batches_differ(group)
+    worst_sizes_the_group(group)
     env_address(group)
     tokens_differ(group)
     dist.destroy_process_group()

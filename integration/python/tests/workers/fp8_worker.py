@@ -1,10 +1,11 @@
-"""fp8 worker (1 rank): moe_ep's Python quantiser (moe_ep._fp8, what the
-vLLM adapter uses before an HT dispatch) against the library's own: rows
-with ties, subnormals, +-0, values that saturate, +-inf, NaN of either
-sign, groups under the amax floor and groups of NaN alone go through a
-low-latency dispatch with each per-call fp8 format (the library
-quantises), and the received codes and scales must equal quantize()'s
-bit for bit."""
+"""fp8 worker (1 rank): the library's quantiser and moe_ep's Python one
+(moe_ep._fp8, what the vLLM adapter uses before an HT dispatch), each
+against the tests' oracle (oracle.fp8_quantize): rows with ties,
+subnormals, +-0, values that saturate, +-inf, NaN of either sign (a
+signalling one too), groups under the amax floor and groups of NaN alone
+go through a low-latency dispatch with each per-call fp8 format (the
+library quantises) and through quantize(); both codes and scales must
+equal the oracle's bit for bit."""
 import numpy as np
 import torch
 
@@ -17,6 +18,16 @@ from moe_ep import _fp8
 HIDDEN = 640  # five 128-channel groups: the packed scales end in a padded word
 SEED = 7
 FORMATS = (("f32", "fp8"), ("ue8m0", "fp8_ue8m0"), ("ue8m0_packed", "fp8_ue8m0_packed"))
+
+
+def expected(rows, scale_format):
+    """The oracle's (codes [T, H] uint8, scales) of bf16 rows: f32 scales
+    [T, H/128], powers of two for the UE8M0 formats, packed four exponents
+    to an int32 [T, ceil(H/512)] for ue8m0_packed."""
+    pow2 = scale_format != "f32"
+    q = [oracle.fp8_quantize(r, pow2) for r in rows]
+    scales = [oracle.ue8m0_pack(s) if scale_format == "ue8m0_packed" else s for _, s in q]
+    return np.stack([c for c, _ in q]), np.stack(scales)
 
 
 def special_rows():
@@ -53,15 +64,15 @@ def main():
     with moe_ep.Group(common.config(0, num_experts=2, hidden=HIDDEN, top_k=1,
                                     max_tokens_per_rank=t)) as g:
         for scale_format, fmt in FORMATS:
+            want_q, want_s = expected(rows, scale_format)
             h = g.prepare(idx)
             res = g.dispatch(h, x, format=fmt)
-            q, s = _fp8.quantize(x, scale_format)
-            # got: the Python quantiser; want: what the library produced
-            same("quantize codes vs the library's (%s)" % fmt, SEED, bits(q),
-                 bits(res.recv_x[0, :t]))
-            same("quantize scales vs the library's (%s)" % fmt, SEED, bits(s),
-                 bits(res.recv_scales[0, :t]))
+            same("library codes (%s)" % fmt, SEED, bits(res.recv_x[0, :t]), want_q)
+            same("library scales (%s)" % fmt, SEED, bits(res.recv_scales[0, :t]), want_s)
             h.free()
+            q, s = _fp8.quantize(x, scale_format)
+            same("quantize() codes (%s)" % scale_format, SEED, bits(q), want_q)
+            same("quantize() scales (%s)" % scale_format, SEED, bits(s), want_s)
     common.finish()
 
 

@@ -183,9 +183,15 @@ def bad_input(g):
                   lambda: g.dispatch(h, x, topk_weights=w1, round_scale=True))
     expect_raises("handle_layout of an HT handle", moe_ep.UnsupportedError, "LL only",
                   lambda: g.handle_layout(h))
+    # A dispatch one rank refuses is an operation its peers still make: they
+    # call it alike, and on the host backend theirs fails naming that rank.
     if RANK == 0:  # every rank sends this token to rank 0 only
         expect_raises("ht capacity", moe_ep.InvalidArgumentError, "rows but this rank receives",
                       lambda: g.dispatch(h, x, topk_weights=torch.ones((1, 4)), recv_capacity=0))
+    else:
+        expect_raises("ht capacity refused by rank 0", moe_ep.InvalidArgumentError,
+                      "rank 0 refused its own call of this dispatch",
+                      lambda: g.dispatch(h, x, topk_weights=torch.ones((1, 4))))
     h.free()
 
 

@@ -1,0 +1,181 @@
+"""What a Buffer's ranks agree on over the channel the engine gave it (a
+torch.distributed group, or an mpi4py communicator as DeepEP's `comm=`):
+rank 0's bootstrap address, the normal-mode token cap, the job token, and
+whether a worst-case receive overflowed anywhere."""
+import hashlib
+import ipaddress
+import os
+import secrets
+import socket
+
+# The host rank 0 publishes with the port it picks for a group.
+HOST_ENV = "MOE_EP_BOOTSTRAP_HOST"
+# The normal-mode group's cap a rank may be given (compared across ranks).
+HT_TOKENS_ENV = "MOE_EP_HT_MAX_TOKENS_PER_RANK"
+
+# Job tokens the Buffers put into the environment: variable -> token.
+_AGREED_TOKENS = {}
+
+
+class Channel:
+    """rank, size and gather(obj) -> every rank's obj, over a torch group
+    (all_gather_object) or an mpi4py communicator (allgather)."""
+
+    def __init__(self, group, comm):
+        self.group, self.comm = group, comm
+        if group is not None:
+            self.rank, self.size = group.rank(), group.size()
+        else:
+            self.rank, self.size = comm.Get_rank(), comm.Get_size()
+
+    def gather(self, obj):
+        if self.group is None:
+            return list(self.comm.allgather(obj))
+        import torch.distributed as dist
+        everyone = [None] * self.size
+        dist.all_gather_object(everyone, obj, group=self.group)
+        return everyone
+
+
+def channel(group, comm):
+    """The Buffer's Channel, or None when it was given neither."""
+    return Channel(group, comm) if group is not None or comm is not None else None
+
+
+def is_loopback(host):
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name
+        return host == "localhost"
+
+
+def store_host():
+    """The host of torch.distributed's default store when it is a TCPStore
+    (or a PrefixStore over one): the address an engine passed as
+    init_method tcp://host:port, where vLLM and SGLang export no
+    MASTER_ADDR. None otherwise (not initialised, a file or hash store)."""
+    try:
+        import torch.distributed as dist
+        if not dist.is_available() or not dist.is_initialized():
+            return None
+        from torch.distributed import distributed_c10d
+        store = distributed_c10d._get_default_store()
+    except (ImportError, AttributeError, RuntimeError, ValueError):
+        return None
+    tcp = getattr(dist, "TCPStore", None)
+    for _ in range(8):  # PrefixStores may nest; each one names its underlying store
+        if tcp is not None and isinstance(store, tcp):
+            return getattr(store, "host", None) or None
+        store = getattr(store, "underlying_store", None)
+        if store is None:
+            return None
+    return None
+
+
+def bootstrap_host():
+    """The host rank 0 publishes with the port it picked:
+    MOE_EP_BOOTSTRAP_HOST, else this machine's address on its route toward
+    MASTER_ADDR or, without it, toward the default store's host (rank 0 of
+    an expert-parallel group need not run on that host), else 127.0.0.1
+    (one host)."""
+    host = os.environ.get(HOST_ENV)
+    if host:
+        return host
+    master = os.environ.get("MASTER_ADDR") or store_host()
+    if not master:
+        return "127.0.0.1"
+    try:
+        # Connecting a UDP socket sends nothing: it only chooses the route,
+        # and with it this end's address.
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((master, 9))
+            found = s.getsockname()[0]
+    except OSError:
+        return master
+    # A name that resolves to loopback here (127.0.1.1 for the host's own
+    # name on Debian) may resolve to a routable address elsewhere: publish
+    # the name, as given, unless it is itself a loopback address.
+    if ipaddress.ip_address(found).is_loopback and not is_loopback(master):
+        return master
+    return found
+
+
+def group_keys(ch, want_address, tokens, given=None, check_given=False):
+    """One round over `ch` when a group is created: rank 0's free port
+    (want_address), the largest of the ranks' derived token caps (tokens,
+    or None), so ranks whose first batches differ still create one
+    configuration, and, with check_given (the normal-mode group, whose cap
+    a rank may be given by moe_ep_config or MOE_EP_HT_MAX_TOKENS_PER_RANK),
+    the given caps, which must be the same on every rank (every rank raises
+    alike when not). Without a channel: (None, tokens)."""
+    if ch is None or (not want_address and not check_given and tokens is None):
+        return None, tokens
+    mine = [None, tokens, given]
+    if want_address and ch.rank == 0:
+        host = bootstrap_host()
+        with socket.socket() as s:
+            s.bind(("", 0))
+            mine[0] = "%s:%d" % (host, s.getsockname()[1])
+    everyone = ch.gather(mine)
+    givens = [e[2] for e in everyone]
+    if check_given and len(set(givens)) > 1:
+        raise ValueError(
+            "Buffer: the ranks were given different normal-mode max_tokens_per_rank "
+            "(moe_ep_config or %s): %s; give every rank the same"
+            % (HT_TOKENS_ENV, ", ".join("rank %d %s" % (r, "none" if v is None else v)
+                                        for r, v in enumerate(givens))))
+    derived = [e[1] for e in everyone if e[1] is not None]
+    return everyone[0][0], (max(derived) if derived else None)
+
+
+def job_token(ch, name):
+    """A group of more than one rank admits only processes that hold the
+    job token (the variable `name`). When no rank has one, rank 0 draws one
+    at random and the channel carries it to the others (the one time a
+    token crosses the network: on the engine's own connections). Ranks
+    that were given tokens compare only their SHA-256, and raise here,
+    every rank alike, when they differ or when some ranks have none. A
+    token a Buffer put there counts as none, so a Buffer over other ranks
+    agrees afresh. One round; without a channel whoever starts the ranks
+    sets the variable. os.environ is written at group creation, when no
+    other thread should be reading the environment (as with DeepEP's Buffer
+    constructor)."""
+    if ch is None or ch.size < 2:
+        return
+    mine = os.environ.get(name) or None
+    if mine is not None and _AGREED_TOKENS.get(name) == mine:
+        mine = None
+    digest = hashlib.sha256(mine.encode()).hexdigest() if mine is not None else None
+    drawn = secrets.token_hex(16) if ch.rank == 0 else None
+    everyone = ch.gather((digest, drawn if digest is None else None))
+    given, none = {}, []
+    for r, (d, _) in enumerate(everyone):
+        if d is None:
+            none.append(r)
+        else:
+            given.setdefault(d, []).append(r)
+    if len(given) > 1:
+        sets = "; ".join("ranks %s hold one" % ", ".join(map(str, ranks))
+                         for ranks in given.values())
+        raise ValueError("Buffer: the ranks' job tokens in %s differ (%s); set one "
+                         "secret on every rank, or on none and the Buffer agrees one"
+                         % (name, sets))
+    if given and none:
+        raise ValueError("Buffer: ranks %s have a job token in %s and ranks %s have none; "
+                         "set one secret on every rank, or on none and the Buffer "
+                         "agrees one" % (", ".join(map(str, next(iter(given.values())))),
+                                         name, ", ".join(map(str, none))))
+    if given:
+        return
+    token = everyone[0][1]
+    os.environ[name] = token
+    _AGREED_TOKENS[name] = token
+
+
+def ranks_with(ch, mine, my_rank):
+    """The ranks for which `mine` is true: every rank's answer over the
+    channel (so every rank learns the same list), or this rank's alone
+    without one."""
+    if ch is None:
+        return [my_rank] if mine else []
+    return [r for r, v in enumerate(ch.gather(bool(mine))) if v]

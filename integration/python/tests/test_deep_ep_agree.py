@@ -1,0 +1,127 @@
+"""What a Buffer's ranks agree on, without ranks: the host rank 0
+publishes (MOE_EP_BOOTSTRAP_HOST, MASTER_ADDR, else torch.distributed's
+TCPStore host), the address and job token over an mpi4py-style `comm`,
+and the overflow of a worst-case receive, learnt by every rank."""
+import ipaddress
+import os
+import socket
+import types
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d
+
+import moe_ep.deep_ep._agree as agree
+import moe_ep.deep_ep._normal as normal
+from moe_ep.deep_ep import Buffer
+from spawn import free_ports
+
+
+@pytest.fixture(autouse=True)
+def no_host_variables(monkeypatch):
+    for name in ("MOE_EP_BOOTSTRAP_HOST", "MASTER_ADDR", "MOE_EP_BOOTSTRAP_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MOE_EP_RANK", "0")
+    monkeypatch.setenv("MOE_EP_WORLD_SIZE", "2")
+
+
+def test_bootstrap_host(monkeypatch):
+    """MOE_EP_BOOTSTRAP_HOST, else rank 0's own address on the route toward
+    MASTER_ADDR, else 127.0.0.1."""
+    monkeypatch.setattr(agree, "store_host", lambda: None)
+    assert agree.bootstrap_host() == "127.0.0.1"
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    assert agree.bootstrap_host() == "127.0.0.1"
+    # A host name that resolves to loopback here (Debian maps its own name
+    # to 127.0.1.1) is published as the name, which other hosts resolve.
+    name = socket.gethostname()
+    monkeypatch.setenv("MASTER_ADDR", name)
+    got = agree.bootstrap_host()
+    assert got == name or not ipaddress.ip_address(got).is_loopback, got
+    monkeypatch.setenv("MOE_EP_BOOTSTRAP_HOST", "10.9.8.7")
+    assert agree.bootstrap_host() == "10.9.8.7"
+
+
+def test_store_host_is_the_tcp_init_method(monkeypatch):
+    """Without MASTER_ADDR (vLLM and SGLang initialise with tcp://host:port
+    and export none), the default store's TCPStore host, found through the
+    PrefixStore torch wraps it in, is what the route is taken toward."""
+    port = free_ports(1)[0]
+    store = dist.TCPStore("127.0.0.2", port, 1, True)  # all of 127/8 is this host
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    for wrapped in (store, dist.PrefixStore("default_pg", dist.PrefixStore("inner", store))):
+        monkeypatch.setattr(distributed_c10d, "_get_default_store", lambda: wrapped)
+        assert agree.store_host() == "127.0.0.2"
+    monkeypatch.setattr(distributed_c10d, "_get_default_store", lambda: dist.HashStore())
+    assert agree.store_host() is None
+    # The published host comes from the store's: a routable name stays
+    # routable (here: the route toward an address of another network).
+    monkeypatch.setattr(agree, "store_host", lambda: "10.9.8.6")
+    assert not agree.is_loopback(agree.bootstrap_host())
+
+
+class FakeComm:
+    """mpi4py's surface DeepEP's comm= uses: Get_rank, Get_size and
+    allgather, here answering with the other ranks' values given."""
+
+    def __init__(self, rank, others):
+        self.rank, self.others, self.sent = rank, others, []
+
+    def Get_rank(self):
+        return self.rank
+
+    def Get_size(self):
+        return len(self.others) + 1
+
+    def allgather(self, obj):
+        self.sent.append(obj)
+        out = list(self.others)
+        out.insert(self.rank, obj)
+        return out
+
+
+def test_comm_agrees_address_and_token(monkeypatch):
+    """With comm= (no torch group), rank 0's free port and a job token drawn
+    on rank 0 reach every rank, as over a torch group."""
+    monkeypatch.delenv("MOE_EP_JOB_TOKEN", raising=False)
+    b = Buffer(None, comm=FakeComm(1, [["10.1.1.1:4242", None, None]]))
+    assert b._agree(True, None) == ("10.1.1.1:4242", None)
+    b.comm = FakeComm(1, [(None, "f" * 32)])
+    b._agree_token(types.SimpleNamespace(bootstrap_token_env="MOE_EP_JOB_TOKEN"))
+    assert os.environ["MOE_EP_JOB_TOKEN"] == "f" * 32
+    monkeypatch.delenv("MOE_EP_JOB_TOKEN")
+    b = Buffer(None, comm=FakeComm(0, [[None, None, None]]))
+    address, _ = b._agree(True, None)
+    host, port = address.rsplit(":", 1)
+    assert host == "127.0.0.1" and 0 < int(port) < 65536
+
+
+def receive(rows_over):
+    """A CUDA-like worst-case result: no count, ids -1 past the receive."""
+    idx = torch.full((8, 2), -1, dtype=torch.int32)
+    idx[:4 + rows_over] = 0
+    return types.SimpleNamespace(num_recv_tokens=None, recv_topk_idx=idx)
+
+
+def test_worst_case_overflow_raises_on_every_rank(monkeypatch):
+    """A receive past num_worst_tokens raises on every rank, naming the
+    ranks that overflowed, so that no rank goes on to a combine its peers
+    skip; while the stream is captured nothing is read."""
+    monkeypatch.setattr(normal, "_capturing", lambda: False)
+    b = Buffer(None, comm=FakeComm(0, [True]))  # rank 1 overflowed, this rank did not
+    with pytest.raises(ValueError, match="rank 1 received more than num_worst_tokens=4 tokens "
+                                         r"\(this rank: within it\)"):
+        normal._receive_fits(b, receive(0), 4, 8)
+    b = Buffer(None, comm=FakeComm(0, [False]))
+    normal._receive_fits(b, receive(0), 4, 8)
+    with pytest.raises(ValueError, match="rank 0 received more"):
+        normal._receive_fits(b, receive(1), 4, 8)
+    # A host group's count decides alike.
+    normal._receive_fits(b, types.SimpleNamespace(num_recv_tokens=4), 4, 8)
+    # Captured: no host read, no collective (the result has nothing to read).
+    monkeypatch.setattr(normal, "_capturing", lambda: True)
+    comm = FakeComm(0, [True])
+    b = Buffer(None, comm=comm)
+    normal._receive_fits(b, types.SimpleNamespace(num_recv_tokens=None), 4, 8)
+    assert comm.sent == []

@@ -1,0 +1,96 @@
+"""The DeepEP-compatible Buffer on one real rank (host backend, in this
+process): who runs the collective group_destroy (explicitly_destroy), and
+a low-latency group that keeps num_max_dispatch_tokens_per_rank under
+MOE_EP_MAX_TOKENS_PER_RANK while the normal-mode group takes it."""
+import gc
+
+import pytest
+import torch
+
+import moe_ep
+from moe_ep.deep_ep import Buffer
+from spawn import free_ports, library_path
+
+E, H, K, N = 4, 128, 2, 8
+
+
+@pytest.fixture
+def lib(monkeypatch):
+    """A library whose group_destroy calls are recorded (group pointers)."""
+    monkeypatch.setenv("MOE_EP_RANK", "0")
+    monkeypatch.setenv("MOE_EP_WORLD_SIZE", "1")
+    for name in ("MOE_EP_MODE", "MOE_EP_MAX_TOKENS_PER_RANK", "MOE_EP_HT_MAX_TOKENS_PER_RANK",
+                 "MOE_EP_BOOTSTRAP_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
+    lib = moe_ep.Library(library_path())
+    lib.destroyed = []
+    real = lib.group_destroy
+    lib.real_group_destroy = real
+    lib.group_destroy = lambda g: lib.destroyed.append(g) or real(g)
+    return lib
+
+
+def make_buffer(lib, explicitly_destroy):
+    cfg = {"backend": "host", "bootstrap": {"address": "127.0.0.1:%d" % free_ports(1)[0]}}
+    return Buffer(None, low_latency_mode=True, explicitly_destroy=explicitly_destroy,
+                  moe_ep_config=cfg, library=lib)
+
+
+def inputs(t=4):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn((t, H), generator=gen).to(torch.bfloat16)
+    idx = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(t)])
+    return x, idx, torch.rand((t, K), generator=gen)
+
+
+def ll_round_trip(buf):
+    """One LL dispatch and combine (creates the LL group); returns its pointer."""
+    x, idx, w = inputs()
+    recv_x, _, handle, _, _ = buf.low_latency_dispatch(x, idx, N, E, use_fp8=False)
+    buf.low_latency_combine(recv_x, idx, w, handle)
+    return buf.moe_ep_group.pointer
+
+
+@pytest.mark.parametrize("explicitly_destroy", [True, False])
+def test_gc_destroys_only_without_explicitly_destroy(lib, explicitly_destroy):
+    """explicitly_destroy=True (vLLM's): dropping the Buffer leaves its group
+    allocated, no collective from the garbage collector; False: the
+    collection destroys it, as before."""
+    buf = make_buffer(lib, explicitly_destroy)
+    ptr = ll_round_trip(buf)
+    del buf
+    gc.collect()
+    if explicitly_destroy:
+        assert lib.destroyed == []
+        lib.check(lib.real_group_destroy(ptr), "group_destroy")  # the test's own cleanup
+    else:
+        assert lib.destroyed == [ptr]
+
+
+def test_destroy_runs_the_collective(lib):
+    buf = make_buffer(lib, True)
+    ptr = ll_round_trip(buf)
+    buf.destroy()
+    assert lib.destroyed == [ptr]
+    del buf
+    gc.collect()
+    assert lib.destroyed == [ptr]
+
+
+def test_max_tokens_override_sets_the_normal_mode_group_only(lib, monkeypatch):
+    """Under MOE_EP_MAX_TOKENS_PER_RANK=8192 (above the low-latency range)
+    the LL group still forms with num_max_dispatch_tokens_per_rank and
+    dispatches; the normal-mode group takes 8192."""
+    monkeypatch.setenv("MOE_EP_MAX_TOKENS_PER_RANK", "8192")
+    buf = make_buffer(lib, True)
+    ll_round_trip(buf)
+    info = buf.moe_ep_group.config
+    assert (info.mode, info.max_tokens_per_rank) == ("low_latency", N)
+    x, idx, w = inputs(6)
+    buf.get_dispatch_layout(idx, E)
+    recv_x, _, _, _, handle, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+    out, _, _ = buf.combine(recv_x, handle)
+    assert torch.equal(out.view(torch.int16), x.view(torch.int16))  # one rank: the row itself
+    ht = buf.moe_ep_normal_group.config
+    assert (ht.mode, ht.max_tokens_per_rank) == ("high_throughput", 8192)
+    buf.destroy()
