@@ -6,6 +6,7 @@
 
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,11 +24,13 @@ static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t log_idle = PTHREAD_COND_INITIALIZER;
 static moe_ep_logger_fn log_fn;
 static void *log_user;
-/* Calls running per logger generation (its parity): set_logger waits only
- * for the calls of the logger it replaced, so messages that keep coming
- * through the new one cannot keep it waiting. */
-static unsigned log_gen;
-static int log_inflight[2];
+/* Calls running through the installed logger (current, made in generation
+ * log_gen) and through loggers already replaced (replaced): set_logger
+ * moves the current count to the replaced one and waits for that alone,
+ * so messages that keep coming through the new logger cannot keep it
+ * waiting, also when several setters overlap. */
+static uint64_t log_gen;
+static int log_current, log_replaced;
 static __thread int thread_in_callback;
 
 static const char *const level_names[] = {"none", "error", "warn",
@@ -75,11 +78,12 @@ void mep_log_set_logger(moe_ep_logger_fn fn, void *user) {
   pthread_mutex_lock(&log_lock);
   log_fn = fn;
   log_user = user;
-  const unsigned replaced = log_gen & 1u;
+  log_replaced += log_current;
+  log_current = 0;
   log_gen++;
   /* A logger that replaces itself from inside its own callback would wait
    * for itself: from a callback, the swap is all that happens. */
-  while (log_inflight[replaced] > 0 && thread_in_callback == 0) {
+  while (log_replaced > 0 && thread_in_callback == 0) {
     pthread_cond_wait(&log_idle, &log_lock);
   }
   pthread_mutex_unlock(&log_lock);
@@ -125,8 +129,8 @@ void mep_log(int level, const char *subsys, const char *fmt, ...) {
   pthread_mutex_lock(&log_lock);
   moe_ep_logger_fn fn = log_fn;
   void *user = log_user;
-  const unsigned gen = log_gen & 1u;
-  if (fn != NULL) log_inflight[gen]++;
+  const uint64_t gen = log_gen;
+  if (fn != NULL) log_current++;
   pthread_mutex_unlock(&log_lock);
   if (fn == NULL) {
     write_stderr_line(msg);
@@ -136,6 +140,10 @@ void mep_log(int level, const char *subsys, const char *fmt, ...) {
   fn(user, level, msg);
   thread_in_callback--;
   pthread_mutex_lock(&log_lock);
-  if (--log_inflight[gen] == 0) pthread_cond_broadcast(&log_idle);
+  if (gen == log_gen) {
+    log_current--;
+  } else if (--log_replaced == 0) {
+    pthread_cond_broadcast(&log_idle);
+  }
   pthread_mutex_unlock(&log_lock);
 }

@@ -133,7 +133,9 @@ static moe_ep_status_t dispatch_locked(moe_ep_group_t *g, moe_ep_handle_t *h,
 }
 
 /* A dispatch or combine this rank refused before sending anything (bad
- * arguments; the operation number did not move): where the backend can,
+ * arguments: INVALID_ARGUMENT, or UNSUPPORTED for a request this build or
+ * group cannot serve; the operation number did not move; BUSY is not a
+ * refusal, the same operation is tried again): where the backend can,
  * its peers, which made the call, are told in the operation's place, so
  * their receive fails naming this rank at once instead of timing out and
  * failing the group. Not while a hook of this rank is pending: its receive
@@ -141,13 +143,14 @@ static moe_ep_status_t dispatch_locked(moe_ep_group_t *g, moe_ep_handle_t *h,
  * could write that set again. */
 static moe_ep_status_t refused_in_step(moe_ep_group_t *g, int kind, uint64_t seq_before,
                                        moe_ep_status_t st) {
-  if (st != MOE_EP_ERR_INVALID_ARGUMENT || g->seq != seq_before || g->ops->op_refused == NULL ||
-      g->broken != MOE_EP_OK)
+  if ((st != MOE_EP_ERR_INVALID_ARGUMENT && st != MOE_EP_ERR_UNSUPPORTED) ||
+      g->seq != seq_before || g->ops->op_refused == NULL || g->broken != MOE_EP_OK)
     return st;
   for (int i = 0; i < MEP_NUM_BUFFER_SETS; i++) {
     if (g->pending[i] != NULL) return st;
   }
-  char why[MEP_ERROR_MAX];
+  /* Room for what follows it in the same sentence. */
+  char why[MEP_ERROR_MAX - 200];
   snprintf(why, sizeof why, "%s", mep_last_error());
   const int nsets = g->cfg.double_buffer ? MEP_NUM_BUFFER_SETS : 1;
   mep_op_t op = {.kind = kind, .mode = g->cfg.mode, .seq = g->seq,

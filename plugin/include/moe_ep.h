@@ -487,8 +487,8 @@ typedef struct moe_ep_plugin_v1 {
    * otherwise *hook (if hook is non-NULL) is set to NULL. On error no hook
    * is returned and no work stays queued.
    * A dispatch or combine one rank refuses for its arguments
-   * (INVALID_ARGUMENT before anything is sent) is an operation its peers
-   * still make. On the host backend, when no hook of that rank is pending,
+   * (INVALID_ARGUMENT or UNSUPPORTED before anything is sent) is an
+   * operation its peers still make. On the host backend, when no hook of that rank is pending,
    * the refusal takes the operation's place: the peers' call of it fails at
    * once with INVALID_ARGUMENT naming that rank, the group stays usable and
    * every rank's next call is the next operation (a refused call is not

@@ -252,20 +252,23 @@ static moe_ep_status_t wait_all(moe_ep_group_t *g, mep_op_t *op, int combine) {
   char what[64];
   snprintf(what, sizeof what, "%s (operation %llu, buffer set %d)", kind,
            (unsigned long long)op->seq, op->buffer_set);
-  int refused_by = -1;
+  int refused_by = -1, refusals = 0;
   for (int s = 0; s < g->world_size; s++) {
     int refused = 0;
-    MEP_CHECK(mep_host_mesh_wait_either(hs->mesh, flag_off(hs, combine, op->buffer_set, s),
-                                        mep_host_off_refusal(&hs->layout, op->buffer_set, s),
-                                        op->seq + 1, s, what, &refused));
-    if (refused && refused_by < 0) refused_by = s;
+    MEP_CHECK(mep_host_mesh_wait_either(
+        hs->mesh, flag_off(hs, combine, op->buffer_set, s),
+        mep_host_off_refusal(&hs->layout, op->buffer_set, combine, s), op->seq + 1, s, what,
+        &refused));
+    if (refused && refusals++ == 0) refused_by = s;
   }
   if (refused_by >= 0) {
+    char more[48] = "";
+    if (refusals > 1) snprintf(more, sizeof more, " (and %d more ranks)", refusals - 1);
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                     "%s on rank %d: rank %d refused its own call of this %s (operation %llu; "
-                     "its error says why), so this rank received nothing from it; the group "
+                     "%s on rank %d: rank %d%s refused its own call of this %s (operation %llu; "
+                     "its error says why), so this call wrote none of its outputs; the group "
                      "stays usable",
-                     kind, g->rank, refused_by, kind, (unsigned long long)op->seq);
+                     kind, g->rank, refused_by, more, kind, (unsigned long long)op->seq);
   }
   return MOE_EP_OK;
 }
@@ -517,15 +520,16 @@ static moe_ep_status_t combine_recv(moe_ep_group_t *g, mep_op_t *op) {
   return MOE_EP_OK;
 }
 
-/* Takes the refused operation's place: the refusal word, which ends every
- * peer's wait for this rank's signal of the operation (wait_all). No rows
- * are sent, and the operation's flags are left alone: a peer may still be
- * about to read them for the set's previous operation, which this rank,
- * having waited for nothing, does not know. Its receive would have ordered
- * this rank's next writes after the peers' reads of the operation before
- * (each peer signals after its own receive of that one), so, as for an
- * abandoned combine, the next send first waits for every peer's signal of
- * this operation (owed). As host_send, it first waits for what is owed. */
+/* Takes the refused operation's place: the refusal word of its kind,
+ * which ends every peer's wait for this rank's signal of the operation
+ * (wait_all). No rows are sent, and the operation's flags are left alone:
+ * a peer may still be about to read them for the set's previous operation,
+ * which this rank, having waited for nothing, does not know. The next send
+ * first waits for every peer's signal of this operation (owed), the order
+ * its receive of it would have given (as for an abandoned combine). As
+ * host_send, it first waits for what is owed, and a refused dispatch is
+ * recorded in the layout book as the peers' sends of it are, so every
+ * rank refuses a combine whose layout it replaced. */
 static moe_ep_status_t host_op_refused(moe_ep_group_t *g, const mep_op_t *op) {
   host_state_t *hs = g->impl;
   const int combine = op->kind == MEP_OP_COMBINE;
@@ -534,10 +538,11 @@ static moe_ep_status_t host_op_refused(moe_ep_group_t *g, const mep_op_t *op) {
   /* Itself too: its signals to itself are its progress, which the next
    * send's wait for what is owed counts like any peer's. */
   for (int d = 0; d < g->world_size; d++) {
-    MEP_CHECK(mep_host_mesh_signal(hs->mesh, d,
-                                   mep_host_off_refusal(&hs->layout, op->buffer_set, g->rank),
-                                   op->seq + 1));
+    MEP_CHECK(mep_host_mesh_signal(
+        hs->mesh, d, mep_host_off_refusal(&hs->layout, op->buffer_set, combine, g->rank),
+        op->seq + 1));
   }
+  if (!combine) MEP_CHECK(mep_layout_book_record(&hs->book, op->buffer_set, op->seq, MOE_EP_OK));
   MEP_CHECK(mep_host_mesh_complete(hs->mesh, combine ? "combine (refused)" : "dispatch (refused)"));
   if (op->seq + 1 > hs->owed) hs->owed = op->seq + 1;
   return MOE_EP_OK;

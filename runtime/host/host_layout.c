@@ -30,8 +30,9 @@ void mep_host_layout_init(mep_host_layout_t *l, const moe_ep_config_t *cfg,
   l->dispatch_flags = 0;
   l->dispatch_counts = ALIGN64(w * 8u);
   l->combine_flags = l->dispatch_counts + ALIGN64(w * 8u);
-  l->refusals = l->combine_flags + ALIGN64(w * 8u);
-  l->dispatch_rows = l->refusals + ALIGN64(w * 8u);
+  l->dispatch_refusals = l->combine_flags + ALIGN64(w * 8u);
+  l->combine_refusals = l->dispatch_refusals + ALIGN64(w * 8u);
+  l->dispatch_rows = l->combine_refusals + ALIGN64(w * 8u);
   l->combine_area = l->dispatch_rows + ALIGN64(w * m * l->row_max);
   l->set_bytes = l->combine_area + l->combine_rows * l->combine_row_bytes;
 }
@@ -52,8 +53,9 @@ size_t mep_host_off_combine_flag(const mep_host_layout_t *l, int set, int src) {
   return (size_t)set * l->set_bytes + l->combine_flags + (size_t)src * 8u;
 }
 
-size_t mep_host_off_refusal(const mep_host_layout_t *l, int set, int src) {
-  return (size_t)set * l->set_bytes + l->refusals + (size_t)src * 8u;
+size_t mep_host_off_refusal(const mep_host_layout_t *l, int set, int combine, int src) {
+  return (size_t)set * l->set_bytes + (combine ? l->combine_refusals : l->dispatch_refusals) +
+         (size_t)src * 8u;
 }
 
 /* Rows of one source use the op's row size, packed from the source's slot

@@ -21,8 +21,8 @@ typedef struct mep_host_layout {
   size_t combine_row_bytes;
   size_t set_bytes;
   /* offsets inside one set */
-  size_t dispatch_flags, dispatch_counts, combine_flags, refusals, dispatch_rows,
-      combine_area;
+  size_t dispatch_flags, dispatch_counts, combine_flags, dispatch_refusals,
+      combine_refusals, dispatch_rows, combine_area;
 } mep_host_layout_t;
 
 void mep_host_layout_init(mep_host_layout_t *l, const moe_ep_config_t *cfg,
@@ -33,9 +33,10 @@ size_t mep_host_layout_bytes(const mep_host_layout_t *l);
 size_t mep_host_off_dispatch_flag(const mep_host_layout_t *l, int set, int src);
 size_t mep_host_off_dispatch_count(const mep_host_layout_t *l, int set, int src);
 size_t mep_host_off_combine_flag(const mep_host_layout_t *l, int set, int src);
-/* The operation (seq + 1) src refused in this set, signalled before that
- * operation's flag (host_backend.c: host_op_refused). */
-size_t mep_host_off_refusal(const mep_host_layout_t *l, int set, int src);
+/* The operation (seq + 1) of this kind (combine: 1) that src refused in
+ * this set, signalled in place of that operation's flag (host_backend.c:
+ * host_op_refused); one word per kind, as the flags are. */
+size_t mep_host_off_refusal(const mep_host_layout_t *l, int set, int combine, int src);
 size_t mep_host_off_dispatch_row(const mep_host_layout_t *l, int set, int src,
                                  int max_tokens, int row, size_t row_bytes);
 size_t mep_host_off_combine_row(const mep_host_layout_t *l, int set, size_t row);

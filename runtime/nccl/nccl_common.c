@@ -173,8 +173,8 @@ moe_ep_status_t mep_nccl_left_registered(const moe_ep_group_t *g, uint64_t windo
   return mep_error(MOE_EP_ERR_TIMEOUT,
                    "group_destroy on rank %d: releasing the window (its device communicator and "
                    "registration, or the setup stream's last work) failed or did not end within "
-                   "bootstrap.timeout_ms=%d; the window (%llu bytes) and the group's device "
-                   "memory are left allocated for the life of the process%s",
+                   "bootstrap.timeout_ms=%d; the window (%llu bytes), the setup's scratch and "
+                   "its stream are left allocated for the life of the process%s",
                    g->rank, g->cfg.bootstrap_timeout_ms, (unsigned long long)window_bytes,
                    g->nccl_comm != NULL ? ", and stay registered on the engine's communicator, "
                                           "which the engine must abort (ncclCommAbort) before "

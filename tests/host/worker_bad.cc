@@ -170,6 +170,29 @@ void refused_on_one_rank(Ctx& c, const Problem& p, uint64_t seed) {
     expect_refusal(seed + 2, "combine", a.combine(c.rank == odd ? unknown_flag : 0, nullptr));
   }
   still_usable(c, seed + 3);
+  // Twice in a row on one buffer set's turn: each refusal is its own
+  // operation, and the second does not overwrite what the first said.
+  for (uint64_t s : {seed + 4, seed + 5}) {
+    LlCall a(c, p, s);
+    if (a.prepare() != MOE_EP_OK) return;
+    expect_refusal(s, "dispatch", a.dispatch(c.rank == odd ? unknown_flag : 0, nullptr));
+  }
+  still_usable(c, seed + 6);
+  if (c.world < 3) return;
+  // Two ranks refuse; the others' call names the first and counts the
+  // other.
+  {
+    LlCall a(c, p, seed + 7);
+    if (a.prepare() != MOE_EP_OK) return;
+    const bool refuses = c.rank >= c.world - 2;
+    moe_ep_status_t st = a.dispatch(refuses ? unknown_flag : 0, nullptr);
+    const std::string first = "rank " + std::to_string(c.world - 2) +
+                              " (and 1 more ranks) refused its own call of this dispatch";
+    expect_status(c, seed + 7, refuses ? "dispatch refused on two ranks" : "dispatch two peers refused",
+                  st, MOE_EP_ERR_INVALID_ARGUMENT,
+                  refuses ? "its peers were told" : first.c_str());
+  }
+  still_usable(c, seed + 8);
 }
 
 }  // namespace
