@@ -1,7 +1,8 @@
 """What a Buffer's ranks agree on over the channel the engine gave it (a
 torch.distributed group, or an mpi4py communicator as DeepEP's `comm=`):
-rank 0's bootstrap address, the normal-mode token cap, the job token, and
-whether a worst-case receive overflowed anywhere."""
+rank 0's bootstrap address, the normal-mode token cap, the job token,
+whether a worst-case receive overflowed anywhere, and the largest batch of
+a normal-mode layer call (whether a derived cap must grow)."""
 import hashlib
 import ipaddress
 import os
@@ -12,14 +13,37 @@ import socket
 HOST_ENV = "MOE_EP_BOOTSTRAP_HOST"
 # The normal-mode group's cap a rank may be given (compared across ranks).
 HT_TOKENS_ENV = "MOE_EP_HT_MAX_TOKENS_PER_RANK"
+# The library's cap of every group (it wins over the rest for the
+# normal-mode group; the Buffer pins the low-latency group's).
+TOKENS_ENV = "MOE_EP_MAX_TOKENS_PER_RANK"
 
 # Job tokens the Buffers put into the environment: variable -> token.
 _AGREED_TOKENS = {}
 
 
+def reduce_device(backend):
+    """The device a torch group of `backend` (dist.get_backend's or
+    get_backend_config's string) all-reduces a tensor on: "cpu" where it has a CPU backend (gloo, mpi,
+    ucc, or torch 2's "cpu:gloo,cuda:nccl"), "cuda" for nccl alone, None
+    for any other (the caller then gathers objects instead)."""
+    name = str(backend).lower()
+    if ":" in name:  # torch 2: "device:backend" pairs
+        devices = {}
+        for pair in name.split(","):
+            device, _, b = pair.partition(":")
+            devices[device.strip()] = b.strip()
+        if "cpu" in devices:
+            return "cpu"
+        return "cuda" if "cuda" in devices else None
+    if name in ("gloo", "mpi", "ucc"):
+        return "cpu"
+    return "cuda" if name == "nccl" else None
+
+
 class Channel:
-    """rank, size and gather(obj) -> every rank's obj, over a torch group
-    (all_gather_object) or an mpi4py communicator (allgather)."""
+    """rank, size, gather(obj) -> every rank's obj, and max(n) -> the
+    largest of the ranks' ints, over a torch group (all_gather_object,
+    all_reduce) or an mpi4py communicator (allgather)."""
 
     def __init__(self, group, comm):
         self.group, self.comm = group, comm
@@ -35,6 +59,32 @@ class Channel:
         everyone = [None] * self.size
         dist.all_gather_object(everyone, obj, group=self.group)
         return everyone
+
+    def max(self, value):
+        """The largest of the ranks' ints `value`. A torch group: one
+        all_reduce (op MAX) of a 1-element int64 tensor on the device its
+        backend supports (CPU for gloo, the current CUDA device for nccl,
+        whose .item() waits for the current stream; get_backend_config
+        decides where get_backend says "undefined"), else a gather; a comm:
+        its allgather."""
+        value = int(value)
+        if self.group is None:
+            return max(int(v) for v in self.comm.allgather(value))
+        import torch
+        import torch.distributed as dist
+        device = reduce_device(dist.get_backend(self.group))
+        config = getattr(dist, "get_backend_config", None)  # torch >= 2.1
+        if device is None and config is not None:
+            # A group made without naming its backend is "undefined" to
+            # get_backend; its config maps devices ("cuda:nccl").
+            device = reduce_device(config(self.group))
+        if device is None:
+            return max(int(v) for v in self.gather(value))
+        if device == "cuda":
+            device = torch.device("cuda", torch.cuda.current_device())
+        t = torch.tensor([value], dtype=torch.int64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return int(t.item())
 
 
 def channel(group, comm):
@@ -107,7 +157,9 @@ def group_keys(ch, want_address, tokens, given=None, check_given=False):
     configuration, and, with check_given (the normal-mode group, whose cap
     a rank may be given by moe_ep_config or MOE_EP_HT_MAX_TOKENS_PER_RANK),
     the given caps, which must be the same on every rank (every rank raises
-    alike when not). Without a channel: (None, tokens)."""
+    alike when not: a cap the Buffer derived may grow later, a given one
+    never does, and that choice takes the channel on every rank or on
+    none). Without a channel: (None, tokens)."""
     if ch is None or (not want_address and not check_given and tokens is None):
         return None, tokens
     mine = [None, tokens, given]
@@ -121,8 +173,8 @@ def group_keys(ch, want_address, tokens, given=None, check_given=False):
     if check_given and len(set(givens)) > 1:
         raise ValueError(
             "Buffer: the ranks were given different normal-mode max_tokens_per_rank "
-            "(moe_ep_config or %s): %s; give every rank the same"
-            % (HT_TOKENS_ENV, ", ".join("rank %d %s" % (r, "none" if v is None else v)
+            "(moe_ep_config, %s or %s): %s; give every rank the same"
+            % (HT_TOKENS_ENV, TOKENS_ENV, ", ".join("rank %d %s" % (r, "none" if v is None else v)
                                         for r, v in enumerate(givens))))
     derived = [e[1] for e in everyone if e[1] is not None]
     return everyone[0][0], (max(derived) if derived else None)

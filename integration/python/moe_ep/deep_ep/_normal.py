@@ -1,5 +1,8 @@
 """Buffer's normal-mode entries (DeepEP's get_dispatch_layout / dispatch /
-combine) on a moe-ep high-throughput group."""
+combine) on a moe-ep high-throughput group, and the growth of that group
+when its token cap was derived by the Buffer (NormalMixin._ht_fit)."""
+import weakref
+
 import torch
 
 from . import _agree as agreement
@@ -12,7 +15,8 @@ class NormalHandle:
     dispatch) needs. DeepEP's own handle holds its kernels' prefix
     matrices, which moe-ep does not have."""
 
-    __slots__ = ("moe_ep", "topk_idx", "topk_weights", "recv_topk_weights", "worst_rows")
+    __slots__ = ("moe_ep", "topk_idx", "topk_weights", "recv_topk_weights", "worst_rows",
+                 "__weakref__")
 
     def __init__(self, ep_handle, topk_idx, topk_weights, recv_topk_weights, worst_rows):
         self.moe_ep = ep_handle
@@ -45,9 +49,24 @@ def _split_x(entry, x):
 
 def _capturing():
     """Whether the current CUDA stream is being captured into a graph
-    (torch >= 1.10 says; older torch cannot capture through this path)."""
+    (torch >= 1.10 says; older torch cannot capture through this path).
+    Nothing captures before CUDA is initialised (and a torch built without
+    CUDA raises when asked)."""
     fn = getattr(torch.cuda, "is_current_stream_capturing", None)
-    return bool(fn()) if fn is not None else False
+    if fn is None or not torch.cuda.is_initialized():
+        return False
+    return bool(fn())
+
+
+def _batch(topk_idx):
+    """The tokens of a layer call's topk_idx [T, K] (0 for another shape,
+    which prepare refuses with the library's sentence)."""
+    shape = getattr(topk_idx, "shape", ())
+    return int(shape[0]) if len(shape) == 2 else 0
+
+
+def _ranks(rs):
+    return "rank%s %s" % ("s" if len(rs) > 1 else "", ", ".join(map(str, rs)))
 
 
 def _receive_fits(buf, res, num_worst_tokens, rows):
@@ -167,16 +186,106 @@ class NormalMixin:
         larger, so that the library's world_size * max_tokens_per_rank rows
         are num_worst_tokens rows and the dispatch needs no host check
         (CUDA-graph capturable); else the batch rounded up (_max_tokens).
-        The ranks then agree on the largest; moe_ep_config or
-        MOE_EP_HT_MAX_TOKENS_PER_RANK override it."""
+        The ranks then agree on the largest; moe_ep_config,
+        MOE_EP_HT_MAX_TOKENS_PER_RANK or MOE_EP_MAX_TOKENS_PER_RANK override
+        it. A derived cap may grow later (_ht_fit), a given one never."""
         t = int(topk_idx.shape[0])
         if num_worst_tokens > 0:
             tokens = max(t, -(-int(num_worst_tokens) // self.group_size), 1)
         else:
             tokens = _max_tokens(t)
-        return self._group_for("high_throughput", {
-            "num_experts": int(num_experts), "hidden": int(hidden),
-            "top_k": int(topk_idx.shape[-1]), "max_tokens_per_rank": tokens})
+        derived = {"num_experts": int(num_experts), "hidden": int(hidden),
+                   "top_k": int(topk_idx.shape[-1]), "max_tokens_per_rank": tokens}
+        g = self._group_for("high_throughput", derived)
+        self._ht_derived = derived
+        self._ht_grows = self._ht_given_tokens() is None
+        self._ht_pending = weakref.WeakSet()
+        self._ht_captured = False
+        return g
+
+    def _ht_fit(self, entry, topk_idx):
+        """The normal-mode group for a call that starts a new layout (a
+        get_dispatch_layout, or a dispatch that does not reuse one): when
+        the Buffer derived its cap and has a channel (torch group or comm),
+        the ranks first agree on their largest batch (one all-reduce of one
+        integer); above the cap, every rank grows the group (_ht_grow).
+        Nothing is agreed for a given cap, without a channel (a batch above
+        the cap is then refused by the library, as for a given cap), or
+        while the current CUDA stream is being captured (a graph cannot
+        take a collective with a host read)."""
+        g = self._ht_ep
+        if not self._ht_grows:
+            return g
+        ch = self._channel()
+        if ch is None or _capturing():
+            return g
+        t = _batch(topk_idx)
+        largest = ch.max(t)
+        if largest <= g.config.max_tokens_per_rank:
+            return g
+        return self._ht_grow(entry, ch, g, t, largest)
+
+    def _ht_grow(self, entry, ch, g, t, largest):
+        """Closes the normal-mode group and creates it again with
+        max_tokens_per_rank = `largest` rounded up (_max_tokens), the other
+        keys as before, its address agreed again (or the configured one
+        reused), on every rank alike. Refused on every rank (RuntimeError,
+        the group unchanged) while any rank holds a dispatch of the group
+        whose combine has not run (closing would orphan it) or has captured
+        a normal-mode call of it in a CUDA graph (a replay would use the
+        closed group's buffers)."""
+        cap = g.config.max_tokens_per_rank
+        new_cap = _max_tokens(largest)
+        everyone = ch.gather((t, len(self._ht_pending), bool(self._ht_captured)))
+        over = [r for r, e in enumerate(everyone) if e[0] > cap]
+        held = [r for r, e in enumerate(everyone) if e[1]]
+        captured = [r for r, e in enumerate(everyone) if e[2]]
+        if held or captured:
+            why = []
+            if held:
+                why.append("%s still hold%s a dispatch of it whose combine has not run (%s); "
+                           "combine (or drop) those handles first"
+                           % (_ranks(held), "s" if len(held) == 1 else "",
+                              ", ".join("rank %d: %d" % (r, everyone[r][1]) for r in held)))
+            if captured:
+                why.append("%s captured normal-mode calls of it in a CUDA graph, whose replay "
+                           "would use the closed group's buffers" % _ranks(captured))
+            raise RuntimeError(
+                "%s: topk_idx has %s (this rank: %d), above the normal-mode group's "
+                "max_tokens_per_rank=%d, which the Buffer derived from an earlier batch; it "
+                "grows such a group (closes it and creates it with max_tokens_per_rank=%d, "
+                "every rank alike) only when that orphans nothing, but %s; or give every rank "
+                "the cap of the largest batch (moe_ep_config={'high_throughput': "
+                "{'max_tokens_per_rank': %d}} or %s=%d). Every rank raises; the group is "
+                "unchanged" % (entry, ", ".join("%d tokens on rank %d" % (everyone[r][0], r)
+                                                for r in over), t, cap, new_cap,
+                               "; ".join(why), new_cap, agreement.HT_TOKENS_ENV, new_cap))
+        cached, self._layout_cache = getattr(self, "_layout_cache", None), None
+        if cached is not None and cached[1] is not None:
+            cached[1].free()  # prepared, never dispatched: nothing waits on it
+        keep = None if self._ht_address_agreed else g.config.bootstrap_address
+        self._ht_ep = None
+        self._ht_pending = weakref.WeakSet()
+        g.close()
+        derived = dict(self._ht_derived, max_tokens_per_rank=new_cap)
+        g = self._group_for("high_throughput", derived, keep_address=keep)
+        self._ht_derived = derived
+        return g
+
+    def _ht_owns(self, entry, g, handle):
+        """Raises RuntimeError when `handle` comes from a normal-mode group
+        this Buffer has since replaced (grown)."""
+        if handle.moe_ep._group is not g:
+            raise RuntimeError(
+                "%s: handle comes from the normal-mode group this Buffer replaced when a batch "
+                "outgrew its derived max_tokens_per_rank (now %d); dispatch afresh with "
+                "topk_idx= and use that dispatch's handle" % (entry, g.config.max_tokens_per_rank))
+
+    def _note_capture(self):
+        """Records a normal-mode call made while the current CUDA stream is
+        being captured (its graph may replay on the group: _ht_grow)."""
+        if self._ht_grows and not self._ht_captured and _capturing():
+            self._ht_captured = True
 
     def _ht_sms(self, g, config):
         """DeepEP sizes each normal dispatch by config.num_sms, else by
@@ -208,7 +317,8 @@ class NormalMixin:
         first normal-mode dispatch the layout is computed in torch (that
         dispatch creates the group, with x's hidden); afterwards by the
         group's prepare, whose handle the next dispatch of this topk_idx
-        reuses."""
+        reuses. A group whose cap the Buffer derived first grows when some
+        rank's batch exceeds it (_ht_fit)."""
         entry = "get_dispatch_layout"
         wait_previous(previous_event)
         g = self._ht_ep
@@ -227,9 +337,12 @@ class NormalMixin:
             return per_rank, None, per_expert, in_rank, event
         if g is None:  # moe_ep_config names the hidden size: the group can be made now
             g = self._ht_group(entry, num_experts, user["hidden"], topk_idx)
+        elif num_experts == g.config.num_experts:
+            g = self._ht_fit(entry, topk_idx)
         if num_experts != g.config.num_experts:
             raise ValueError("%s: num_experts=%d differs from the group's num_experts=%d"
                              % (entry, num_experts, g.config.num_experts))
+        self._note_capture()
         handle = g.prepare(topk_idx, layout=True)
         self._layout_cache = (topk_idx, handle, num_experts)
         per_rank, per_expert, in_rank = handle.layout
@@ -263,7 +376,10 @@ class NormalMixin:
         CUDA stream, nothing while capturing). handle= repeats the
         handle's dispatch layout (DeepEP's cached dispatch) with this x and
         returns (recv_x, None, None, None, None, event), as DeepEP's cached
-        dispatch does (the handle passed in serves its combine)."""
+        dispatch does (the handle passed in serves its combine). A dispatch
+        that starts a new layout on a group whose cap the Buffer derived
+        first grows it when some rank's batch exceeds it (_ht_fit); a
+        cached or num_worst_tokens dispatch does not."""
         entry = "dispatch"
         x, x_scales = _split_x(entry, x)
         if num_worst_tokens < 0:
@@ -302,7 +418,15 @@ class NormalMixin:
                                  "call get_dispatch_layout first, pass num_tokens_per_expert, or "
                                  "give moe_ep_config={'num_experts': ...}" % entry)
             g = self._ht_group(entry, num_experts, x.shape[-1], topk_idx, num_worst_tokens)
+        elif cached:
+            self._ht_owns(entry, g, handle)
+        elif not num_worst_tokens and not (layout_cache is not None and layout_cache[0] is topk_idx
+                                           and layout_cache[1] is not None):
+            # A new layout (get_dispatch_layout's would have agreed already);
+            # num_worst_tokens sized the group that serves it.
+            g = self._ht_fit(entry, topk_idx)
         self._ht_sms(g, config)
+        self._note_capture()
         ep_handle = handle.moe_ep if cached else self._ht_prepare(g, topk_idx)
         worst_rows = 0
         try:
@@ -326,8 +450,12 @@ class NormalMixin:
         event = EventOverlap(record_event(async_finish and g._is_cuda))
         if cached:
             handle.worst_rows = worst_rows  # combine follows the latest dispatch
+            if self._ht_grows:
+                self._ht_pending.add(handle)
             return recv_x, None, None, None, None, event
         new_handle = NormalHandle(ep_handle, topk_idx, topk_weights, recv_w, worst_rows)
+        if self._ht_grows:
+            self._ht_pending.add(new_handle)  # until its combine: the group must not grow
         return recv_x, recv_idx.to(topk_idx.dtype), recv_w, per_expert_list, new_handle, event
 
     def combine(self, x, handle, topk_weights=None, bias=None, config=None, previous_event=None,
@@ -356,7 +484,10 @@ class NormalMixin:
             combined_w = torch.where(handle.topk_idx >= 0, w, torch.zeros_like(w))
         wait_previous(previous_event)
         g = self._live_group("high_throughput", entry)
+        self._ht_owns(entry, g, handle)
+        self._note_capture()
         out = g.combine(handle.moe_ep, _library_rows(x, handle.worst_rows))
+        self._ht_pending.discard(handle)
         if bias:
             acc = bias[0].float()
             for b in bias[1:]:

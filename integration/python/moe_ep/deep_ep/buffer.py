@@ -16,7 +16,9 @@ Buffer's torch.distributed group, rounded up to a power of two, at least
 group passes it), dispatch_dtype and fp8_scale (LL: use_fp8, use_ue8m0).
 MOE_EP_<KEY> environment variables override any key (the library applies
 them) except those the Buffer pins (_pin: each group's mode, the
-low-latency group's max_tokens_per_rank).
+low-latency group's max_tokens_per_rank). A normal-mode cap the Buffer
+derived grows when a later layer call's batch exceeds it (_normal: the
+group is closed and created again); a given one never does.
 
 Bootstrap ports: with a torch.distributed group (or an mpi4py `comm`) and
 no configured address, rank 0 picks a free port for each group and the
@@ -26,6 +28,7 @@ the next port.
 """
 import functools
 import os
+import weakref
 
 import torch
 
@@ -173,6 +176,15 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         self._ll_ep = None  # the moe_ep.Groups, created by each mode's first call
         self._ht_ep = None
         self._destroyed = False
+        # The normal-mode group's growth (_normal): whether its cap was
+        # derived (and may grow), the keys it was created from, whether its
+        # address was agreed, its NormalHandles whose combine has not run,
+        # and whether a normal-mode call of it was captured in a CUDA graph.
+        self._ht_grows = False
+        self._ht_derived = None
+        self._ht_address_agreed = False
+        self._ht_pending = weakref.WeakSet()
+        self._ht_captured = False
 
     # ---- class side ------------------------------------------------------
 
@@ -233,9 +245,26 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         boot = self._user_config.get(mode, {}).get("bootstrap")
         return isinstance(boot, dict) and "address" in boot
 
-    def _group_for(self, mode, derived):
+    def _ht_given_tokens(self, user=None):
+        """The normal-mode cap given to this rank, or None when the Buffer
+        derives it: MOE_EP_MAX_TOKENS_PER_RANK (the library applies it over
+        the rest), else moe_ep_config's or MOE_EP_HT_MAX_TOKENS_PER_RANK
+        (`user`: _mode_config("high_throughput"))."""
+        env = os.environ.get(agreement.TOKENS_ENV)
+        if env:
+            try:
+                return int(env)
+            except ValueError:
+                return env  # the library refuses it, naming the variable
+        if user is None:
+            user = self._mode_config("high_throughput")
+        return user.get("max_tokens_per_rank")
+
+    def _group_for(self, mode, derived, keep_address=None):
         """The group of `mode` ("low_latency" or "high_throughput"), created
-        on first use from `derived` (keys the first call shows)."""
+        on first use from `derived` (keys the first call shows).
+        keep_address: the address of the group this one replaces, when it
+        was configured rather than agreed (the normal-mode group grown)."""
         if self._destroyed:
             raise RuntimeError("Buffer: destroy() was called; create a new Buffer")
         attr = "_ll_ep" if mode == "low_latency" else "_ht_ep"
@@ -247,7 +276,9 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
             lib = self._library = _library.resolve(self._library)
             config = _pin.group_config(cfg, lib, mode)
             self._agree_token(config)
-            if second and not agreed and not self._mode_sets_address(mode):
+            if keep_address is not None and not agreed:
+                config.set_bootstrap_address(keep_address)
+            elif second and not agreed and not self._mode_sets_address(mode):
                 # A shared address (moe_ep_config's common keys,
                 # MOE_EP_BOOTSTRAP_ADDRESS or the default) serves the first
                 # group; the port after it serves the second, on every rank
@@ -264,10 +295,12 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
             g.close_at_gc = not self.explicitly_destroy
             setattr(self, attr, g)
             self.rank, self.group_size = g.rank, g.world_size
-            if mode == "high_throughput" and g.backend == "nccl":
-                want = int(self.get_dispatch_config(self.group_size).num_sms)
-                g.set_num_sms(want)
-                self._ht_num_sms = want
+            if mode == "high_throughput":
+                self._ht_address_agreed = agreed
+                if g.backend == "nccl":
+                    want = int(self.get_dispatch_config(self.group_size).num_sms)
+                    g.set_num_sms(want)
+                    self._ht_num_sms = want
         return g
 
     def _live_group(self, mode, entry):
@@ -294,7 +327,7 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         ht = mode == "high_throughput"
         tokens = cfg.get("max_tokens_per_rank") if ht and "max_tokens_per_rank" not in user \
             else None
-        given = user.get("max_tokens_per_rank") if ht else None
+        given = self._ht_given_tokens(user) if ht else None
         address, tokens = self._agree(want_address, tokens, given, ht)
         if tokens is not None:
             cfg["max_tokens_per_rank"] = tokens
@@ -336,6 +369,8 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         self._destroyed = True
         groups = [g for g in (self._ll_ep, self._ht_ep) if g is not None]
         self._ll_ep = self._ht_ep = None
+        self._layout_cache = None
+        self._ht_pending = weakref.WeakSet()
         try:
             if groups:
                 groups[0].close()
