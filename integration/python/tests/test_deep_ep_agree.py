@@ -87,7 +87,7 @@ def test_comm_agrees_address_and_token(monkeypatch):
     monkeypatch.delenv("MOE_EP_JOB_TOKEN", raising=False)
     b = Buffer(None, comm=FakeComm(1, [["10.1.1.1:4242", None, None]]))
     assert b._agree(True, None) == ("10.1.1.1:4242", None)
-    b.comm = FakeComm(1, [(None, "f" * 32)])
+    b.comm = FakeComm(1, [(None, "f" * 32, None)])
     b._agree_token(types.SimpleNamespace(bootstrap_token_env="MOE_EP_JOB_TOKEN"))
     assert os.environ["MOE_EP_JOB_TOKEN"] == "f" * 32
     monkeypatch.delenv("MOE_EP_JOB_TOKEN")
@@ -95,6 +95,37 @@ def test_comm_agrees_address_and_token(monkeypatch):
     address, _ = b._agree(True, None)
     host, port = address.rsplit(":", 1)
     assert host == "127.0.0.1" and 0 < int(port) < 65536
+
+
+# A CUDA group's surface _receive_fits uses: nothing recorded.
+GROUP = types.SimpleNamespace(poll_error=lambda: None)
+
+
+def test_config_failure_rides_in_the_token_round(monkeypatch):
+    """A rank whose environment makes its group's config fail still takes
+    the token round, carrying the failure: it raises its own exception, its
+    peers a ValueError naming it, and none waits for a round it skipped."""
+    monkeypatch.delenv("MOE_EP_JOB_TOKEN", raising=False)
+    own = ValueError("Buffer: MOE_EP_MODE=high_throughput would make ...")
+    comm = FakeComm(1, [(None, "f" * 32, None)])
+    b = Buffer(None, comm=comm)
+    with pytest.raises(ValueError, match="MOE_EP_MODE=high_throughput"):
+        b._agree_token(None, own)
+    assert len(comm.sent) == 1 and "MOE_EP_MODE" in comm.sent[0][2]
+    b.comm = FakeComm(1, [(None, "f" * 32, "ValueError: bad key")])
+    with pytest.raises(ValueError, match=r"rank 0 could not build its group's config \(ValueError: "
+                                         r"bad key\); every rank raises"):
+        b._agree_token(types.SimpleNamespace(bootstrap_token_env="MOE_EP_JOB_TOKEN"))
+    assert "MOE_EP_JOB_TOKEN" not in os.environ
+
+
+def test_every_rank_takes_the_address_round():
+    """A rank that wants no address (its own MOE_EP_BOOTSTRAP_ADDRESS, say)
+    still takes the round its peers take."""
+    comm = FakeComm(1, [[None, None, None]])
+    b = Buffer(None, comm=comm)
+    assert b._agree(False, None) == (None, None)
+    assert len(comm.sent) == 1
 
 
 def receive(rows_over):
@@ -112,16 +143,16 @@ def test_worst_case_overflow_raises_on_every_rank(monkeypatch):
     b = Buffer(None, comm=FakeComm(0, [True]))  # rank 1 overflowed, this rank did not
     with pytest.raises(ValueError, match="rank 1 received more than num_worst_tokens=4 tokens "
                                          r"\(this rank: within it\)"):
-        normal._receive_fits(b, receive(0), 4, 8)
+        normal._receive_fits(b, GROUP, receive(0), 4, 8)
     b = Buffer(None, comm=FakeComm(0, [False]))
-    normal._receive_fits(b, receive(0), 4, 8)
+    normal._receive_fits(b, GROUP, receive(0), 4, 8)
     with pytest.raises(ValueError, match="rank 0 received more"):
-        normal._receive_fits(b, receive(1), 4, 8)
+        normal._receive_fits(b, GROUP, receive(1), 4, 8)
     # A host group's count decides alike.
-    normal._receive_fits(b, types.SimpleNamespace(num_recv_tokens=4), 4, 8)
+    normal._receive_fits(b, GROUP, types.SimpleNamespace(num_recv_tokens=4), 4, 8)
     # Captured: no host read, no collective (the result has nothing to read).
     monkeypatch.setattr(normal, "_capturing", lambda: True)
     comm = FakeComm(0, [True])
     b = Buffer(None, comm=comm)
-    normal._receive_fits(b, types.SimpleNamespace(num_recv_tokens=None), 4, 8)
+    normal._receive_fits(b, GROUP, types.SimpleNamespace(num_recv_tokens=None), 4, 8)
     assert comm.sent == []

@@ -159,8 +159,11 @@ def group_keys(ch, want_address, tokens, given=None, check_given=False):
     the given caps, which must be the same on every rank (every rank raises
     alike when not: a cap the Buffer derived may grow later, a given one
     never does, and that choice takes the channel on every rank or on
-    none). Without a channel: (None, tokens)."""
-    if ch is None or (not want_address and not check_given and tokens is None):
+    none). Every rank takes the round, whatever it wants from it (ranks
+    whose environments differ, one with MOE_EP_BOOTSTRAP_ADDRESS and one
+    without, must not split between gathering and not). Without a channel:
+    (None, tokens)."""
+    if ch is None:
         return None, tokens
     mine = [None, tokens, given]
     if want_address and ch.rank == 0:
@@ -180,7 +183,7 @@ def group_keys(ch, want_address, tokens, given=None, check_given=False):
     return everyone[0][0], (max(derived) if derived else None)
 
 
-def job_token(ch, name):
+def job_token(ch, name, failure=None):
     """A group of more than one rank admits only processes that hold the
     job token (the variable `name`). When no rank has one, rank 0 draws one
     at random and the channel carries it to the others (the one time a
@@ -191,17 +194,31 @@ def job_token(ch, name):
     agrees afresh. One round; without a channel whoever starts the ranks
     sets the variable. os.environ is written at group creation, when no
     other thread should be reading the environment (as with DeepEP's Buffer
-    constructor)."""
+    constructor). failure: the exception this rank met building its
+    group's config since the round before (its environment, which may
+    differ from its peers'): it rides in this round, so every rank raises
+    (this one its own exception, the others a ValueError naming it)
+    instead of the others waiting in a round it skipped."""
     if ch is None or ch.size < 2:
+        if failure is not None:
+            raise failure
         return
-    mine = os.environ.get(name) or None
+    mine = os.environ.get(name) or None if name else None
     if mine is not None and _AGREED_TOKENS.get(name) == mine:
         mine = None
     digest = hashlib.sha256(mine.encode()).hexdigest() if mine is not None else None
     drawn = secrets.token_hex(16) if ch.rank == 0 else None
-    everyone = ch.gather((digest, drawn if digest is None else None))
+    everyone = ch.gather((digest, drawn if digest is None else None,
+                          None if failure is None else str(failure)))
+    failed = [(r, e[2]) for r, e in enumerate(everyone) if e[2] is not None]
+    if failure is not None:
+        raise failure
+    if failed:
+        raise ValueError("Buffer: rank %d could not build its group's config (%s); every rank "
+                         "raises, and no group is created" % failed[0])
     given, none = {}, []
-    for r, (d, _) in enumerate(everyone):
+    for r, e in enumerate(everyone):
+        d = e[0]
         if d is None:
             none.append(r)
         else:

@@ -5,6 +5,7 @@ import weakref
 
 import torch
 
+from .. import errors as moe_ep_errors
 from . import _agree as agreement
 from .event import EventOverlap, record_event, wait_previous
 from ._refuse import refuse as _refuse
@@ -69,7 +70,7 @@ def _ranks(rs):
     return "rank%s %s" % ("s" if len(rs) > 1 else "", ", ".join(map(str, rs)))
 
 
-def _receive_fits(buf, res, num_worst_tokens, rows):
+def _receive_fits(buf, g, res, num_worst_tokens, rows):
     """After a worst-case dispatch of `rows` > num_worst_tokens rows: raises
     ValueError on every rank when any rank received more than
     num_worst_tokens, so that no rank goes on to a combine its peers skip.
@@ -80,13 +81,26 @@ def _receive_fits(buf, res, num_worst_tokens, rows):
     compare over the Buffer's torch group or comm; without either, only
     the rank that overflowed raises (its peers then time out in combine)."""
     n = res.num_recv_tokens
+    notice = None
     if n is None:  # CUDA group
         if _capturing():
             return
         over = bool((res.recv_topk_idx[num_worst_tokens:] >= 0).any())
+        # A dispatch whose kernel timed out (a peer that never called)
+        # raises its recorded error here, as its peers' do, rather than
+        # enter a round the missing peer never reaches. Another notice (a
+        # routing id the GPU dropped, reported once) waits for the round.
+        try:
+            g.poll_error()
+        except (moe_ep_errors.TimeoutError, moe_ep_errors.PeerFailedError):
+            raise
+        except moe_ep_errors.Error as e:
+            notice = e
     else:
         over = n > num_worst_tokens
     ranks = agreement.ranks_with(buf._channel(), over, buf.rank)
+    if notice is not None and not ranks:
+        raise notice
     if ranks:
         raise ValueError(
             "dispatch: rank%s %s received more than num_worst_tokens=%d tokens (this rank: %s); "
@@ -106,7 +120,7 @@ def _worst_case(buf, g, ep_handle, x, x_scales, topk_weights, num_worst_tokens):
     res = g.dispatch(ep_handle, x, x_scales=x_scales, topk_weights=topk_weights, worst_case=True,
                      recv_capacity=rows)
     if num_worst_tokens < rows:
-        _receive_fits(buf, res, num_worst_tokens, rows)
+        _receive_fits(buf, g, res, num_worst_tokens, rows)
     k = slice(0, num_worst_tokens)
     scales = res.recv_scales[k] if res.recv_scales is not None else None
     return res.recv_x[k], scales, res.recv_topk_idx[k], res.recv_topk_weights[k], rows

@@ -33,6 +33,7 @@ import weakref
 import torch
 
 from .. import _library
+from .. import errors as moe_ep_errors
 from ..group import Group
 from . import _agree as agreement
 from . import _low_latency, _normal, _pin
@@ -274,8 +275,14 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
             cfg, agreed = self._config_for(mode, derived)
             # Resolved once: both groups use the same opened library.
             lib = self._library = _library.resolve(self._library)
-            config = _pin.group_config(cfg, lib, mode)
-            self._agree_token(config)
+            # What the environment makes of the config may differ by rank:
+            # a failure here rides in the token round, which every rank
+            # takes, so every rank raises instead of its peers waiting.
+            try:
+                config, failure = _pin.group_config(cfg, lib, mode), None
+            except (ValueError, moe_ep_errors.Error) as e:
+                config, failure = None, e
+            self._agree_token(config, failure)
             if keep_address is not None and not agreed:
                 config.set_bootstrap_address(keep_address)
             elif second and not agreed and not self._mode_sets_address(mode):
@@ -344,9 +351,12 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         over the Buffer's torch group or comm."""
         return agreement.group_keys(self._channel(), want_address, tokens, given, check_given)
 
-    def _agree_token(self, config):
-        """The job token of config.bootstrap_token_env: _agree.job_token."""
-        agreement.job_token(self._channel(), config.bootstrap_token_env)
+    def _agree_token(self, config, failure=None):
+        """The job token of config.bootstrap_token_env: _agree.job_token
+        (config None: this rank's failure to build it, which every rank then
+        raises)."""
+        name = config.bootstrap_token_env if config is not None else None
+        agreement.job_token(self._channel(), name, failure)
 
     def _wants_cuda(self):
         backend = os.environ.get("MOE_EP_BACKEND") or self._user_config.get("backend", "auto")
