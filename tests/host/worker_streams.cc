@@ -1,13 +1,16 @@
 // worker_streams.cc: hooks on a second stream (nccl backend), in two-batch
 // overlap's order: combine A's send deferred, dispatch B, then A's receive
 // hook on another stream held back by a host function, then combine B on
-// the same buffer set as A. Combine B's send must wait for A's receive
-// (the runtime's order of a send after its set's last receive, which the
+// the same buffer set as A, issued while the hold lasts. Combine B's send
+// must wait for A's receive (the runtime's order of a send after its
+// set's last receive, which the
 // two halves of the combine regions rest on: kernels/ll/PROTOCOL.md,
 // section 6); otherwise B's send moves the set's combine epoch before A's
 // receive reads it. Both combines are checked against the oracle.
 #include <cuda_runtime_api.h>
 #include <unistd.h>
+
+#include <atomic>
 
 #include "tests/common/mirror.h"
 #include "tests/host/ll_call.h"
@@ -17,7 +20,67 @@ namespace moe_ep_test {
 
 namespace {
 
-void CUDART_CB hold_back(void*) { usleep(100 * 1000); }
+// Holds the hook stream until released (at most 60 s, then `expired`):
+// A's receive stays queued behind it until combine B has been issued,
+// however slowly this thread gets there.
+struct Hold {
+  std::atomic<int> release{0};
+  std::atomic<int> expired{0};
+};
+
+void CUDART_CB hold_back(void* p) {
+  Hold* h = static_cast<Hold*>(p);
+  for (int ms = 0; ms < 60000 && h->release.load() == 0; ms++) usleep(1000);
+  if (h->release.load() == 0) h->expired = 1;
+}
+
+// One round: combine A deferred, dispatch B, A's receive on the hook
+// stream, combine B on the op stream. held: the hook stream is held until
+// combine B has been issued. False when a step failed (its FAIL line
+// printed).
+bool streams_round(Ctx& c, const moe_ep_oracle::Problem& p, cudaStream_t ops,
+                   cudaStream_t hooks, uint64_t seed, bool held) {
+  LlCall a(c, p, seed), b(c, p, seed + 1);
+  a.set_stream(ops);
+  b.set_stream(ops);
+  if (a.prepare() != MOE_EP_OK || b.prepare() != MOE_EP_OK) return false;
+  if (!expect_status(c, seed, "dispatch A", a.dispatch(0, nullptr), MOE_EP_OK)) return false;
+  a.check_dispatch();
+  a.make_y();
+  moe_ep_hook_t* ha = nullptr;
+  if (!expect_status(c, seed, "combine A, receive deferred",
+                     a.combine(MOE_EP_FLAG_DEFER_RECV, &ha), MOE_EP_OK))
+    return false;
+  if (!expect_status(c, seed, "dispatch B, A's receive pending", b.dispatch(0, nullptr),
+                     MOE_EP_OK)) {
+    c.api->hook_free(ha);
+    return false;
+  }
+  // (these wait for the whole device: before A's receive is issued)
+  b.check_dispatch();
+  b.make_y();
+  // A's receive on the hook stream, behind a host function that holds
+  // that stream until combine B, on the op stream, has been issued:
+  // without the runtime's order B would run first.
+  Hold hold;
+  if (!held) hold.release = 1;
+  cuda_check(cudaLaunchHostFunc(hooks, hold_back, &hold), "cudaLaunchHostFunc");
+  const moe_ep_status_t sa = c.api->hook_run(ha, hooks);
+  c.api->hook_free(ha);
+  const moe_ep_status_t sb = sa == MOE_EP_OK ? b.combine(0, nullptr) : MOE_EP_ERR_INTERNAL;
+  hold.release = 1;
+  cuda_check(cudaStreamSynchronize(hooks), "cudaStreamSynchronize(hooks)");
+  if (!expect_status(c, seed, "combine A's hook on another stream", sa, MOE_EP_OK)) return false;
+  if (!expect_status(c, seed, "combine B on A's buffer set", sb, MOE_EP_OK)) return false;
+  c.checks++;
+  if (hold.expired.load()) {
+    fail(c, seed, "hook stream hold", "combine B was not issued within 60 s of the hold");
+    return false;
+  }
+  a.check_combine();
+  b.check_combine();
+  return true;
+}
 
 }  // namespace
 
@@ -28,39 +91,14 @@ void run_streams(Ctx& c) {
   cudaStream_t ops, hooks;
   cuda_check(cudaStreamCreateWithFlags(&ops, cudaStreamNonBlocking), "cudaStreamCreate");
   cuda_check(cudaStreamCreateWithFlags(&hooks, cudaStreamNonBlocking), "cudaStreamCreate");
-  for (int s = 0; s < c.opt.seeds && c.failures == 0; s++) {
-    const uint64_t seed = 700 + 2 * (uint64_t)s;
-    LlCall a(c, p, seed), b(c, p, seed + 1);
-    a.set_stream(ops);
-    b.set_stream(ops);
-    if (a.prepare() != MOE_EP_OK || b.prepare() != MOE_EP_OK) break;
-    if (!expect_status(c, seed, "dispatch A", a.dispatch(0, nullptr), MOE_EP_OK)) break;
-    a.check_dispatch();
-    a.make_y();
-    moe_ep_hook_t* ha = nullptr;
-    if (!expect_status(c, seed, "combine A, receive deferred",
-                       a.combine(MOE_EP_FLAG_DEFER_RECV, &ha), MOE_EP_OK))
-      break;
-    if (!expect_status(c, seed, "dispatch B, A's receive pending", b.dispatch(0, nullptr),
-                       MOE_EP_OK)) {
-      c.api->hook_free(ha);
-      break;
+  // First every round unheld: CUDA loads a kernel at its first launch, and
+  // that load waits for the whole device, so a first launch behind the
+  // hold would wait for the hold's release, which comes after it. The
+  // same seeds then pick the same, loaded kernels when held.
+  for (bool held : {false, true}) {
+    for (int s = 0; s < c.opt.seeds && c.failures == 0; s++) {
+      if (!streams_round(c, p, ops, hooks, 700 + 2 * (uint64_t)s, held)) break;
     }
-    // (these wait for the whole device: before A's receive is issued)
-    b.check_dispatch();
-    b.make_y();
-    // A's receive on the hook stream, after a host function holds that
-    // stream back 100 ms; combine B, issued right after on the op stream
-    // with no host wait between, would otherwise run first.
-    cuda_check(cudaLaunchHostFunc(hooks, hold_back, nullptr), "cudaLaunchHostFunc");
-    const moe_ep_status_t sa = c.api->hook_run(ha, hooks);
-    c.api->hook_free(ha);
-    if (!expect_status(c, seed, "combine A's hook on another stream", sa, MOE_EP_OK)) break;
-    if (!expect_status(c, seed, "combine B on A's buffer set", b.combine(0, nullptr), MOE_EP_OK))
-      break;
-    cuda_check(cudaStreamSynchronize(hooks), "cudaStreamSynchronize(hooks)");
-    a.check_combine();
-    b.check_combine();
   }
   expect_status(c, 0, "poll_error after the rounds", c.api->group_poll_error(c.group), MOE_EP_OK);
   cudaStreamDestroy(ops);
