@@ -144,8 +144,14 @@ class LlGpu : public ::testing::Test {
                 << "rank " << g_rank << " expert " << le << " slot " << i << " seed " << c.seed;
             const uint16_t *xr = &all[r].x[(size_t)t * H];
             if (!c.fp8) {
-              if (memcmp(&rx[s * row_bytes], xr, row_bytes) != 0 && bad++ < 3)
-                ADD_FAILURE() << "bf16 row differs: rank " << g_rank << " expert " << le << " slot " << i;
+              if (memcmp(&rx[s * row_bytes], xr, row_bytes) != 0 && bad++ < 3) {
+                const uint16_t *got = reinterpret_cast<const uint16_t *>(&rx[s * row_bytes]);
+                int h = 0;
+                while (h < H && got[h] == xr[h]) ++h;
+                ADD_FAILURE() << "bf16 row differs: rank " << g_rank << " expert " << le << " slot "
+                              << i << " seed " << c.seed << ", first at channel " << h << ": got 0x"
+                              << std::hex << got[h] << " want 0x" << xr[h] << std::dec;
+              }
             } else {
               // Exact: the oracle's scale and e4m3 bytes (x / scale, IEEE).
               const moe_ep_oracle::ScaleFormat fmt =
@@ -183,7 +189,8 @@ class LlGpu : public ::testing::Test {
                   if (!std::isfinite(xv)) continue;  // the exact code above is the check
                   if (std::fabs(q - xv) > std::fabs(xv) * 0.0625f + got_sc * 0.002f + 1e-7f && bad++ < 3)
                     ADD_FAILURE() << "fp8 value " << q << " want ~" << xv << " rank " << g_rank
-                                  << " expert " << le << " slot " << i << " channel " << h;
+                                  << " expert " << le << " slot " << i << " channel " << h
+                                  << " seed " << c.seed;
                 }
               }
               if (c.scale_mode == MOE_EP_FP8_SCALE_UE8M0_PACKED)
@@ -195,11 +202,13 @@ class LlGpu : public ::testing::Test {
             for (int h = 0; h < H; ++h) yh[s * H + h] = f2bf(y_val(y_seed, r, t, e, h));
             ++i;
           }
-        ASSERT_EQ(srcc[(size_t)le * g_world + r], from_r) << "src_count rank " << g_rank << " expert " << le << " src " << r;
+        ASSERT_EQ(srcc[(size_t)le * g_world + r], from_r)
+            << "src_count rank " << g_rank << " expert " << le << " src " << r << " seed " << c.seed;
       }
       ASSERT_EQ(cnt[le], i) << "recv_count rank " << g_rank << " expert " << le << " seed " << c.seed;
     }
-    ASSERT_EQ(bad, 0);
+    ASSERT_EQ(bad, 0) << "dispatch rows and scales differ (first 3 above), rank " << g_rank
+                      << " seed " << c.seed;
     ASSERT_EQ(cudaMemcpy(g.y, yh.data(), yh.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
   }
 
@@ -242,7 +251,8 @@ class LlGpu : public ::testing::Test {
           ADD_FAILURE() << "combine out[" << t << "][" << h << "] = " << got << " want " << want
                         << " rank " << g_rank << " seed " << c.seed << " weighted " << weighted_;
       }
-    ASSERT_EQ(bad, 0);
+    ASSERT_EQ(bad, 0) << "combine values differ (first 3 above), rank " << g_rank << " seed "
+                      << c.seed;
   }
 
   void repeated_expert(int transport);  // RepeatedExpertKeepsFirstMaxTokensPerSource
