@@ -245,22 +245,39 @@ static size_t flag_off(const host_state_t *hs, int combine, int set, int src) {
 /* Every source's signal of this operation, or its refusal of it
  * (host_op_refused); then the first source that refused is named. Every
  * source is waited for first, so the operation ends for this rank as it
- * does without refusals. */
+ * does without refusals. A source already past this operation (MISMATCH)
+ * is named only once the others are in: when some rank refused the
+ * operation, every other rank's call of it failed at once and may have
+ * gone on to its next operation, on this set when it has only one, before
+ * this rank read its signal; this rank reads no rows of a refused
+ * operation, so the refusal is what it reports. */
 static moe_ep_status_t wait_all(moe_ep_group_t *g, mep_op_t *op, int combine) {
   host_state_t *hs = g->impl;
   const char *kind = combine ? "combine" : "dispatch";
   char what[64];
   snprintf(what, sizeof what, "%s (operation %llu, buffer set %d)", kind,
            (unsigned long long)op->seq, op->buffer_set);
-  int refused_by = -1, refusals = 0;
+  int refused_by = -1, refusals = 0, ahead = 0;
+  char ahead_msg[MEP_ERROR_MAX];
   for (int s = 0; s < g->world_size; s++) {
     int refused = 0;
-    MEP_CHECK(mep_host_mesh_wait_either(
+    moe_ep_status_t st = mep_host_mesh_wait_either(
         hs->mesh, flag_off(hs, combine, op->buffer_set, s),
         mep_host_off_refusal(&hs->layout, op->buffer_set, combine, s), op->seq + 1, s, what,
-        &refused));
+        &refused);
+    if (st == MOE_EP_ERR_MISMATCH && !ahead) {
+      ahead = 1;
+      snprintf(ahead_msg, sizeof ahead_msg, "%s", mep_last_error());
+      continue;
+    }
+    if (st != MOE_EP_OK) {
+      /* The first cause: a peer ahead, unless some rank refused. */
+      if (ahead && refusals == 0) return mep_error(MOE_EP_ERR_MISMATCH, "%s", ahead_msg);
+      return st;
+    }
     if (refused && refusals++ == 0) refused_by = s;
   }
+  if (ahead && refused_by < 0) return mep_error(MOE_EP_ERR_MISMATCH, "%s", ahead_msg);
   if (refused_by >= 0) {
     char more[48] = "";
     if (refusals > 1) snprintf(more, sizeof more, " (and %d more ranks)", refusals - 1);
@@ -527,9 +544,12 @@ static moe_ep_status_t combine_recv(moe_ep_group_t *g, mep_op_t *op) {
  * which this rank, having waited for nothing, does not know. The next send
  * first waits for every peer's signal of this operation (owed), the order
  * its receive of it would have given (as for an abandoned combine). As
- * host_send, it first waits for what is owed, and a refused dispatch is
- * recorded in the layout book as the peers' sends of it are, so every
- * rank refuses a combine whose layout it replaced. */
+ * host_send, it first waits for what is owed. A refused dispatch replaced
+ * no layout here, so it is not recorded in the layout book: where every
+ * rank refused it (the same bad argument everywhere), the earlier handle
+ * on its set still combines; where only this rank did, its peers' sends
+ * replaced theirs, and this rank's combine of that handle meets their
+ * refusals and fails naming them, its own layout intact. */
 static moe_ep_status_t host_op_refused(moe_ep_group_t *g, const mep_op_t *op) {
   host_state_t *hs = g->impl;
   const int combine = op->kind == MEP_OP_COMBINE;
@@ -542,7 +562,6 @@ static moe_ep_status_t host_op_refused(moe_ep_group_t *g, const mep_op_t *op) {
         hs->mesh, d, mep_host_off_refusal(&hs->layout, op->buffer_set, combine, g->rank),
         op->seq + 1));
   }
-  if (!combine) MEP_CHECK(mep_layout_book_record(&hs->book, op->buffer_set, op->seq, MOE_EP_OK));
   MEP_CHECK(mep_host_mesh_complete(hs->mesh, combine ? "combine (refused)" : "dispatch (refused)"));
   if (op->seq + 1 > hs->owed) hs->owed = op->seq + 1;
   return MOE_EP_OK;

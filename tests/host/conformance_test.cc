@@ -178,6 +178,9 @@ const Case kCases[] = {
     {"ranks_per_node_ht_auto_whole_group_r2", 2, {"--mode=ht", "--ranks_per_node=2", "--experts=8", "--max_tokens=16", "--seeds=1", "--layers=256:2"}},
     {"ranks_per_node_ll_lsa_r2", 2, {"--transport=lsa", "--ranks_per_node=1", "--experts=8", "--max_tokens=16", "--seeds=1", "--layers=256:2"}},
     {"bad_input_r4_bf16", 4, {"--scenario=badinput", "--experts=8", "--max_tokens=16", "--layers=128:2"}},
+    // One buffer set: every operation, refused ones included, takes the
+    // same set, so a refusal sits right after the operation it follows.
+    {"bad_input_r4_single_set", 4, {"--scenario=badinput", "--double_buffer=0", "--experts=8", "--max_tokens=16", "--layers=128:2"}},
     {"bad_input_r8_fp8", 8, {"--scenario=badinput", "--experts=16", "--max_tokens=8", "--dtype=fp8", "--layers=256:2"}},
     // A bf16 group whose every dispatch names its own fp8 format
     // (params->format, as DeepEP's per-call use_fp8 / use_ue8m0).
