@@ -16,10 +16,15 @@ static int is_ll(const moe_ep_group_t *g) {
   return g->cfg.mode == MOE_EP_MODE_LOW_LATENCY;
 }
 
+/* The buffer set the next operation uses: sets alternate per operation. */
+static int32_t next_buffer_set(const moe_ep_group_t *g) {
+  return (int32_t)(g->seq % (uint64_t)(g->cfg.double_buffer ? MEP_NUM_BUFFER_SETS : 1));
+}
+
 static moe_ep_status_t reserve_buffer_set(moe_ep_group_t *g, const char *entry,
                                           int32_t *set) {
   int nsets = g->cfg.double_buffer ? MEP_NUM_BUFFER_SETS : 1;
-  *set = (int32_t)(g->seq % (uint64_t)nsets);
+  *set = next_buffer_set(g);
   if (g->pending[*set] != NULL) {
     return mep_error(MOE_EP_ERR_BUSY,
                      "%s: the next operation uses buffer set %d, which still holds a "
@@ -152,9 +157,8 @@ static moe_ep_status_t refused_in_step(moe_ep_group_t *g, int kind, uint64_t seq
   /* Room for what follows it in the same sentence. */
   char why[MEP_ERROR_MAX - 200];
   snprintf(why, sizeof why, "%s", mep_last_error());
-  const int nsets = g->cfg.double_buffer ? MEP_NUM_BUFFER_SETS : 1;
   mep_op_t op = {.kind = kind, .mode = g->cfg.mode, .seq = g->seq,
-                 .buffer_set = (int32_t)(g->seq % (uint64_t)nsets)};
+                 .buffer_set = next_buffer_set(g)};
   moe_ep_status_t told = g->ops->op_refused(g, &op);
   if (told != MOE_EP_OK) {
     return mep_error_suffix(told, "while telling its peers that rank %d refused its %s (%s)",

@@ -81,6 +81,14 @@ static int reached(const uint64_t *word, uint64_t value) {
   return word != NULL && __atomic_load_n(word, __ATOMIC_ACQUIRE) == value;
 }
 
+/* The flag reached value, or else alt did (*took_alt). */
+static int answered(const uint64_t *flag, const uint64_t *alt, uint64_t value, int *took_alt) {
+  if (reached(flag, value)) return 1;
+  if (!reached(alt, value)) return 0;
+  *took_alt = 1;
+  return 1;
+}
+
 /* flag: the signal word that must reach `value` exactly; NULL: any signal
  * of `peer`'s for that operation or a later one. alt (may be NULL): a word
  * that ends the wait as well (*took_alt). */
@@ -90,20 +98,12 @@ static moe_ep_status_t wait_signal(mep_host_mesh_t *m, const uint64_t *flag, con
   if (took_alt != NULL) *took_alt = 0;
   pthread_mutex_lock(&m->lock);
   for (;;) {
-    if (reached(flag, value)) break;
-    if (reached(alt, value)) {
-      *took_alt = 1;
-      break;
-    }
+    if (answered(flag, alt, value, took_alt)) break;
     /* Signals from one rank land in order: once it has signalled this
      * operation or a later one elsewhere, this one is never coming. */
     uint64_t last = __atomic_load_n(&m->last_op[peer], __ATOMIC_ACQUIRE);
     if (last >= value) {
-      if (flag == NULL || reached(flag, value)) break;
-      if (reached(alt, value)) {
-        *took_alt = 1;
-        break;
-      }
+      if (flag == NULL || answered(flag, alt, value, took_alt)) break;
       st = mep_host_blame_ahead(m, peer, value, last, what);
       break;
     }

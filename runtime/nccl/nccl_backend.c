@@ -125,13 +125,7 @@ static moe_ep_status_t nccl_release(moe_ep_group_t *g, int abort) {
   mep_nccl_sent_destroy(&s->sent);
   mep_nccl_sent_destroy(&s->received);
   mep_nccl_sent_destroy(&s->exported);
-  if (ended) {
-    const uint64_t bytes = s->nccl != NULL ? mep_nccl_bytes_allocated(s->nccl) : 0;
-    if (!mep_nccl_destroy(s->nccl, abort) && st == MOE_EP_OK)
-      st = mep_nccl_left_registered(g, bytes);
-  } else {
-    mep_nccl_abandon(s->nccl);
-  }
+  st = mep_nccl_release(g, s->nccl, ended, abort, st);
   free(s->peer_transport);
   free(s);
   g->impl = NULL;

@@ -169,7 +169,7 @@ moe_ep_status_t mep_nccl_abandoned(const moe_ep_group_t *g, uint64_t window_byte
                    g->rank, g->cfg.bootstrap_timeout_ms, (unsigned long long)window_bytes);
 }
 
-moe_ep_status_t mep_nccl_left_registered(const moe_ep_group_t *g, uint64_t window_bytes) {
+static moe_ep_status_t left_registered(const moe_ep_group_t *g, uint64_t window_bytes) {
   return mep_error(MOE_EP_ERR_TIMEOUT,
                    "group_destroy on rank %d: releasing the window (its device communicator and "
                    "registration, or the setup stream's last work) failed or did not end within "
@@ -179,6 +179,17 @@ moe_ep_status_t mep_nccl_left_registered(const moe_ep_group_t *g, uint64_t windo
                    g->nccl_comm != NULL ? ", and stay registered on the engine's communicator, "
                                           "which the engine must abort (ncclCommAbort) before "
                                           "using it again" : "");
+}
+
+moe_ep_status_t mep_nccl_release(const moe_ep_group_t *g, mep_nccl_t *nccl, int ended, int abort,
+                                 moe_ep_status_t st) {
+  if (!ended) {
+    mep_nccl_abandon(nccl);
+    return st;
+  }
+  const uint64_t bytes = nccl != NULL ? mep_nccl_bytes_allocated(nccl) : 0;
+  if (!mep_nccl_destroy(nccl, abort) && st == MOE_EP_OK) return left_registered(g, bytes);
+  return st;
 }
 
 /* The id of the graph capture `stream` is in, 0 when none. A capture

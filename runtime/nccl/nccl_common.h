@@ -82,9 +82,13 @@ int mep_nccl_await_event(void *event, int timeout_ms);
 /* group_destroy's TIMEOUT sentence when that wait ran out: the window of
  * `window_bytes` and the rest stay allocated (mep_nccl_abandon). */
 moe_ep_status_t mep_nccl_abandoned(const moe_ep_group_t *g, uint64_t window_bytes);
-/* group_destroy's sentence when mep_nccl_destroy left the window of
- * `window_bytes` in place (its teardown on the communicator did not end). */
-moe_ep_status_t mep_nccl_left_registered(const moe_ep_group_t *g, uint64_t window_bytes);
+struct mep_nccl; /* nccl_setup.h */
+/* The backends' last teardown step: nccl's communicator side torn down
+ * (ended: the group's kernels ended, mep_nccl_await_sent) or abandoned
+ * (they may still run). Returns st, or, when st is OK and the teardown
+ * left the window in place (mep_nccl_destroy), TIMEOUT saying so. */
+moe_ep_status_t mep_nccl_release(const moe_ep_group_t *g, struct mep_nccl *nccl, int ended, int abort,
+                                 moe_ep_status_t st);
 
 /* prepare's optional layout outputs (h->out_*): one kernel on the
  * caller's stream, no sync and no allocation, so prepare may be captured

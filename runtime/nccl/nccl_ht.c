@@ -105,12 +105,8 @@ static moe_ep_status_t ht_release(moe_ep_group_t *g, int abort) {
     mep_nccl_free(s->nccl, s->ctx.state);
     mep_pinned_give(s->num_recv);
     mep_nccl_free_records(s->rec);
-    const uint64_t bytes = s->nccl != NULL ? mep_nccl_bytes_allocated(s->nccl) : 0;
-    if (!mep_nccl_destroy(s->nccl, abort) && st == MOE_EP_OK)
-      st = mep_nccl_left_registered(g, bytes);
-  } else {
-    mep_nccl_abandon(s->nccl);
   }
+  st = mep_nccl_release(g, s->nccl, ended, abort, st);
   free(s);
   g->impl = NULL;
   return st;

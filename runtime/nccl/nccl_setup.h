@@ -62,7 +62,7 @@ moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *params, mep_nccl_t **ou
  * communicator failed or did not end in time (or the setup stream did not
  * drain), so the window, device memory and staging were left allocated
  * (and, adopted, registered on the engine's communicator) for the life of
- * the process; the caller reports it (mep_nccl_left_registered). No kernel may
+ * the process; the caller reports it (mep_nccl_release). No kernel may
  * still use the window or the backends' device memory: the backend waits
  * for its last work first (mep_nccl_await_sent), and calls
  * mep_nccl_abandon instead when that does not end. Nothing here waits for

@@ -15,6 +15,7 @@ from torch.distributed import distributed_c10d
 import moe_ep.deep_ep._agree as agree
 import moe_ep.deep_ep._normal as normal
 from moe_ep.deep_ep import Buffer
+from fake_comm import FakeComm
 from spawn import free_ports
 
 
@@ -59,26 +60,6 @@ def test_store_host_is_the_tcp_init_method(monkeypatch):
     # routable (here: the route toward an address of another network).
     monkeypatch.setattr(agree, "store_host", lambda: "10.9.8.6")
     assert not agree.is_loopback(agree.bootstrap_host())
-
-
-class FakeComm:
-    """mpi4py's surface DeepEP's comm= uses: Get_rank, Get_size and
-    allgather, here answering with the other ranks' values given."""
-
-    def __init__(self, rank, others):
-        self.rank, self.others, self.sent = rank, others, []
-
-    def Get_rank(self):
-        return self.rank
-
-    def Get_size(self):
-        return len(self.others) + 1
-
-    def allgather(self, obj):
-        self.sent.append(obj)
-        out = list(self.others)
-        out.insert(self.rank, obj)
-        return out
 
 
 def test_comm_agrees_address_and_token(monkeypatch):

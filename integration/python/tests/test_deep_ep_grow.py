@@ -11,6 +11,7 @@ import torch
 import moe_ep.deep_ep._agree as agree
 import moe_ep.deep_ep._normal as normal
 from moe_ep.deep_ep import Buffer
+from fake_comm import FakeComm
 from spawn import run_ranks
 
 
@@ -34,25 +35,6 @@ def test_reduce_device(backend, want):
     """A torch group all-reduces on CPU where its backend has one, on the
     current CUDA device for nccl alone, and gathers for any other."""
     assert agree.reduce_device(backend) == want
-
-
-class FakeComm:
-    """mpi4py's allgather, the other ranks' values given."""
-
-    def __init__(self, rank, others):
-        self.rank, self.others, self.sent = rank, others, []
-
-    def Get_rank(self):
-        return self.rank
-
-    def Get_size(self):
-        return len(self.others) + 1
-
-    def allgather(self, obj):
-        self.sent.append(obj)
-        out = list(self.others)
-        out.insert(self.rank, obj)
-        return out
 
 
 class OneGroup:

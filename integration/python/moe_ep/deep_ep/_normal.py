@@ -103,11 +103,11 @@ def _receive_fits(buf, g, res, num_worst_tokens, rows):
         raise notice
     if ranks:
         raise ValueError(
-            "dispatch: rank%s %s received more than num_worst_tokens=%d tokens (this rank: %s); "
+            "dispatch: %s received more than num_worst_tokens=%d tokens (this rank: %s); "
             "num_worst_tokens must bound every rank's receive (world_size * the most tokens a "
             "rank sends; %d rows, world_size * max_tokens_per_rank, always do); every rank "
             "raises, and none combines this dispatch"
-            % ("s" if len(ranks) > 1 else "", ", ".join(map(str, ranks)), num_worst_tokens,
+            % (_ranks(ranks), num_worst_tokens,
                ("more" if n is None else n) if over else "within it", rows))
 
 

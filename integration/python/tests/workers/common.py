@@ -6,6 +6,7 @@ import threading
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 RANK = int(os.environ["MOE_EP_RANK"])
 WORLD = int(os.environ["MOE_EP_WORLD_SIZE"])
@@ -114,6 +115,24 @@ def run_on_thread(hook, seed="-"):
     if "e" in box or t.is_alive():
         fail("hook thread", seed, box.get("e", "still running after 120 s"))
     return box.get("r")
+
+
+class GlooComm:
+    """What DeepEP reads of an mpi4py communicator (comm=), over a gloo group."""
+
+    def __init__(self, group):
+        self.group = group
+
+    def Get_rank(self):
+        return dist.get_rank(self.group)
+
+    def Get_size(self):
+        return dist.get_world_size(self.group)
+
+    def allgather(self, obj):
+        out = [None] * self.Get_size()
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
 
 
 def finish():

@@ -152,27 +152,9 @@ def derived_cap_grows(group):
     buf.destroy()
 
 
-class GlooComm:
-    """What DeepEP reads of an mpi4py communicator (comm=), over a gloo group."""
-
-    def __init__(self, group):
-        self.group = group
-
-    def Get_rank(self):
-        return dist.get_rank(self.group)
-
-    def Get_size(self):
-        return dist.get_world_size(self.group)
-
-    def allgather(self, obj):
-        out = [None] * self.Get_size()
-        dist.all_gather_object(out, obj, group=self.group)
-        return out
-
-
 def comm_grows(group):
     """comm= and a configured address: the grown group keeps the address."""
-    buf = Buffer(None, comm=GlooComm(group), explicitly_destroy=True,
+    buf = Buffer(None, comm=common.GlooComm(group), explicitly_destroy=True,
                  moe_ep_config=common.config(1))
     roundtrip(buf, 11, tokens_on(0, 4))
     address = buf.moe_ep_normal_group.config.bootstrap_address

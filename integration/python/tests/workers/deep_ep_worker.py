@@ -371,28 +371,10 @@ def worst_sizes_the_group(group):
     buf.destroy()
 
 
-class GlooComm:
-    """What DeepEP reads of an mpi4py communicator (comm=), over a gloo group."""
-
-    def __init__(self, group):
-        self.group = group
-
-    def Get_rank(self):
-        return dist.get_rank(self.group)
-
-    def Get_size(self):
-        return dist.get_world_size(self.group)
-
-    def allgather(self, obj):
-        out = [None] * self.Get_size()
-        dist.all_gather_object(out, obj, group=self.group)
-        return out
-
-
 def comm_buffer(group):
     """Buffer(comm=...) without a bootstrap address or job token configured:
     the ranks agree both through the communicator, as over a torch group."""
-    buf = deep_ep.Buffer(None, 0, 0, True, comm=GlooComm(group), moe_ep_config=HOST)
+    buf = deep_ep.Buffer(None, 0, 0, True, comm=common.GlooComm(group), moe_ep_config=HOST)
     inputs, x, idx, w = inputs_for(18)
     recv_x, count, handle, _, _ = buf.low_latency_dispatch(x, idx, P.max_tokens, P.num_experts,
                                                            use_fp8=False)
