@@ -271,6 +271,42 @@ moe_ep_status_t mep_combine(moe_ep_group_t *g, moe_ep_handle_t *h,
   MEP_LOCKED_ENTRY(g, "combine", combine_entry(g, h, p, hook));
 }
 
+/* Abandons an unrun hook's receive (hook_free, or hook_run of a hook whose
+ * handle is gone); `why` opens the failed group's sentence. The host
+ * backend matches each signal to its operation exactly, so dropping the
+ * peers' data keeps the group usable (its next send still waits for every
+ * rank to have sent an abandoned combine: host_abandon); the GPU signals
+ * accumulate, so there the ranks' signal state no longer agrees and the
+ * group is marked failed (MISMATCH: fatal, as a failed group's status must
+ * be; INVALID_ARGUMENT would read as "refused, group usable"). */
+static moe_ep_status_t hook_abandon(moe_ep_group_t *g, moe_ep_hook_t *hook,
+                                    const char *why) {
+  if (hook->ran) return MOE_EP_OK;
+  hook->ran = 1;
+  if (g->pending[hook->op.buffer_set] == hook) g->pending[hook->op.buffer_set] = NULL;
+  /* The handle, still live (handle_free clears op.handle), never gets this
+   * dispatch's receive: its refusals say so. */
+  if (hook->op.kind == MEP_OP_DISPATCH && hook->op.handle != NULL) {
+    hook->op.handle->dispatched = MEP_DISPATCH_ABANDONED;
+  }
+  if (g->ops->abandon_is_safe) {
+    if (g->ops->abandon != NULL) g->ops->abandon(g, &hook->op);
+    return MOE_EP_OK;
+  }
+  return mep_group_break(g, mep_error(MOE_EP_ERR_MISMATCH,
+                                      "%s; its receive was abandoned and the %s backend "
+                                      "cannot resynchronise its signals: destroy the group",
+                                      why, g->ops->name));
+}
+
+static void hook_abandon_locked(moe_ep_group_t *g, void *obj) {
+  moe_ep_hook_t *hook = obj;
+  if (hook->group != g) return;
+  char why[96];
+  snprintf(why, sizeof(why), "hook_free: hook=%p was freed before it ran", (void *)hook);
+  (void)hook_abandon(g, hook, why);
+}
+
 /* The hook's checks and its receive; under the group lock. */
 static moe_ep_status_t hook_run_locked(moe_ep_group_t *g, moe_ep_hook_t *hook, void *stream) {
   /* Looked up again under the lock: another thread may have freed it. */
@@ -289,12 +325,17 @@ static moe_ep_status_t hook_run_locked(moe_ep_group_t *g, moe_ep_hook_t *hook, v
                      (void *)hook);
   }
   /* handle_free clears op.handle of a pending hook (a later handle may
-   * reuse the address, so the registry alone cannot tell). */
+   * reuse the address, so the registry alone cannot tell). The receive is
+   * abandoned here, as hook_free would: left pending, the hook would hold
+   * its buffer set against every later operation, which could only be
+   * told to run a hook that can never run. */
   if (hook->op.handle == NULL || !mep_registry_contains(hook->op.handle, MEP_OBJ_HANDLE)) {
+    char why[160];
+    snprintf(why, sizeof(why), "hook_run: the handle of hook=%p was freed before the hook ran",
+             (void *)hook);
+    MEP_CHECK(hook_abandon(g, hook, why));
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                     "hook_run: the handle of hook=%p was freed before the "
-                     "hook ran",
-                     (void *)hook);
+                     "%s; its receive was abandoned (nothing ran)", why);
   }
   hook->ran = 1;
   g->pending[hook->op.buffer_set] = NULL;
@@ -310,32 +351,6 @@ moe_ep_status_t mep_hook_run(moe_ep_hook_t *hook, void *stream) {
   moe_ep_group_t *g;
   MEP_CHECK(mep_owner_group(hook, MEP_OBJ_HOOK, "hook_run", &g));
   MEP_LOCKED_ENTRY(g, "hook_run", hook_run_locked(g, hook, stream));
-}
-
-/* Freeing an unrun hook abandons its receive. The host backend matches
- * each signal to its operation exactly, so dropping the peers' data keeps
- * the group usable (its next send still waits for every rank to have sent
- * an abandoned combine: host_abandon); the GPU signals
- * accumulate, so there the group's signal state is no longer consistent
- * and the group is marked failed. */
-static void hook_abandon_locked(moe_ep_group_t *g, void *obj) {
-  moe_ep_hook_t *hook = obj;
-  if (hook->group != g || hook->ran) return;
-  if (g->pending[hook->op.buffer_set] == hook) g->pending[hook->op.buffer_set] = NULL;
-  /* The handle, still live (handle_free clears op.handle), never gets this
-   * dispatch's receive: its refusals say so. */
-  if (hook->op.kind == MEP_OP_DISPATCH && hook->op.handle != NULL) {
-    hook->op.handle->dispatched = MEP_DISPATCH_ABANDONED;
-  }
-  if (g->ops->abandon_is_safe) {
-    if (g->ops->abandon != NULL) g->ops->abandon(g, &hook->op);
-  } else {
-    mep_group_break(g, mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                                 "hook_free: hook=%p was freed before it ran; its "
-                                 "receive was abandoned and the %s backend cannot "
-                                 "resynchronise its signals: destroy the group",
-                                 (void *)hook, g->ops->name));
-  }
 }
 
 void mep_hook_free(moe_ep_hook_t *hook) {

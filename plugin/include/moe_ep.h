@@ -510,10 +510,11 @@ typedef struct moe_ep_plugin_v1 {
    * hook that never ran abandons its receive: the host backend stays
    * usable (after an abandoned combine its next send first waits, bounded,
    * for every rank to have sent that combine), the nccl backend marks the
-   * group failed; the
-   * handle of an abandoned dispatch is refused by combine. A hook whose
-   * handle was freed before it ran reports that and runs nothing. See
-   * "threads" above for what may run concurrently. */
+   * group failed (MOE_EP_ERR_MISMATCH: the ranks' signals no longer agree);
+   * the handle of an abandoned dispatch is refused by combine. A hook whose
+   * handle was freed before it ran returns INVALID_ARGUMENT saying so, runs
+   * nothing and abandons its receive as hook_free would (its buffer set is
+   * free again). See "threads" above for what may run concurrently. */
   moe_ep_status_t (*hook_run)(moe_ep_hook_t *hook, void *stream);
   void (*hook_free)(moe_ep_hook_t *hook);
   void (*handle_free)(moe_ep_handle_t *handle);

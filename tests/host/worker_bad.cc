@@ -115,6 +115,10 @@ void hook_after_handle_address_reused(Ctx& c, const Problem& p, uint64_t seed) {
   expect_status(c, seed, "hook_run after its handle was freed and its address reused",
                 c.api->hook_run(hook, nullptr), MOE_EP_ERR_INVALID_ARGUMENT,
                 "was freed before the hook ran");
+  // That hook_run abandoned the receive: with the hook not yet freed, the
+  // operations of two round trips (both buffer sets) go through.
+  still_usable(c, seed + 40);
+  still_usable(c, seed + 41);
   c.api->hook_free(hook);
   for (moe_ep_handle_t* h : fresh) c.api->handle_free(h);
 }
