@@ -21,6 +21,9 @@ typedef struct mep_backend_ops {
    * the group lock) so that what that receive would have ordered is still
    * ordered. */
   void (*abandon)(moe_ep_group_t *group, const mep_op_t *op);
+  /* The most ranks a group may have, 0 for MEP_MAX_RANKS: group_create
+   * and buffer_size_hint refuse more with UNSUPPORTED. */
+  int max_ranks;
   /* Exact bytes of communication buffers for the config and world size. */
   uint64_t (*buffer_bytes)(const moe_ep_config_t *cfg, int world_size);
   /* Collective. Sets group->impl; on failure leaves nothing allocated. */

@@ -136,6 +136,41 @@ static moe_ep_status_t check_ranks_per_node(const moe_ep_config_t *cfg,
   return MOE_EP_OK;
 }
 
+/* What group_create and buffer_size_hint both refuse for a world size:
+ * out of range, experts not dealt evenly, too many experts per rank,
+ * ranks_per_node breaking its rules. `who` starts the sentence. */
+static moe_ep_status_t check_world(const moe_ep_config_t *cfg, int32_t world_size,
+                                   const char *who) {
+  if (world_size < 1 || world_size > MEP_MAX_RANKS) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "%s: world_size=%d must be in [1, %d]", who,
+                     world_size, MEP_MAX_RANKS);
+  }
+  if (cfg->num_experts % world_size != 0) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "%s: num_experts=%d is not divisible by world_size=%d; every rank must "
+                     "hold the same number of experts",
+                     who, cfg->num_experts, world_size);
+  }
+  if (cfg->num_experts / world_size > MEP_MAX_LOCAL_EXPERTS) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "%s: num_experts/world_size=%d local experts exceeds the limit %d", who,
+                     cfg->num_experts / world_size, MEP_MAX_LOCAL_EXPERTS);
+  }
+  return check_ranks_per_node(cfg, world_size, who);
+}
+
+/* The backend's own limit on the world size (nccl HT: one warp group per
+ * peer in each block). */
+static moe_ep_status_t check_backend_world(const mep_backend_ops_t *ops, const moe_ep_config_t *cfg,
+                                           int32_t world_size, const char *who) {
+  if (ops->max_ranks == 0 || world_size <= ops->max_ranks) return MOE_EP_OK;
+  return mep_error(MOE_EP_ERR_UNSUPPORTED,
+                   "%s: world_size=%d; mode '%s' on the %s backend takes at most %d ranks", who,
+                   world_size, cfg->mode == MOE_EP_MODE_LOW_LATENCY ? "low_latency"
+                                                                     : "high_throughput",
+                   ops->name, ops->max_ranks);
+}
+
 static moe_ep_status_t validate_params(const moe_ep_group_params_t *p,
                                        moe_ep_group_t *g) {
   if (!MEP_HAS_FIELD(p, world_size)) {
@@ -150,40 +185,22 @@ static moe_ep_status_t validate_params(const moe_ep_group_params_t *p,
                      "group_create: params->config is NULL; build one with "
                      "config_from_yaml");
   }
-  MEP_CHECK(mep_config_import(p->config, &g->cfg));
+  /* The rank first: every later failure names it (mep_group_create). */
   g->rank = p->rank;
   g->world_size = p->world_size;
   if (g->rank < 0) MEP_CHECK(env_int("MOE_EP_RANK", &g->rank));
   if (g->world_size < 0) MEP_CHECK(env_int("MOE_EP_WORLD_SIZE", &g->world_size));
-  if (g->world_size < 1 || g->world_size > MEP_MAX_RANKS) {
-    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                     "group_create: world_size=%d must be in [1, %d]",
-                     g->world_size, MEP_MAX_RANKS);
-  }
-  if (g->rank >= g->world_size) {
-    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                     "group_create: rank=%d must be in [0, world_size=%d)",
-                     g->rank, g->world_size);
-  }
-  if (g->cfg.num_experts % g->world_size != 0) {
-    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                     "group_create: num_experts=%d is not divisible by "
-                     "world_size=%d; every rank must hold the same number of "
-                     "experts",
-                     g->cfg.num_experts, g->world_size);
-  }
+  MEP_CHECK(mep_config_import(p->config, &g->cfg));
   char who[48];
   snprintf(who, sizeof(who), "group_create on rank %d", g->rank);
-  MEP_CHECK(check_ranks_per_node(&g->cfg, g->world_size, who));
+  MEP_CHECK(check_world(&g->cfg, g->world_size, who));
+  if (g->rank >= g->world_size) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "%s: rank=%d must be in [0, world_size=%d)",
+                     who, g->rank, g->world_size);
+  }
   g->num_local_experts = g->cfg.num_experts / g->world_size;
   g->cuda_device = MEP_HAS_FIELD(p, cuda_device) ? p->cuda_device : -1;
   g->nccl_comm = MEP_HAS_FIELD(p, nccl_comm) ? p->nccl_comm : NULL;
-  if (g->num_local_experts > MEP_MAX_LOCAL_EXPERTS) {
-    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                     "group_create: num_experts/world_size=%d local experts "
-                     "exceeds the limit %d",
-                     g->num_local_experts, MEP_MAX_LOCAL_EXPERTS);
-  }
   return MOE_EP_OK;
 }
 
@@ -234,12 +251,14 @@ moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
   if (g == NULL) {
     return mep_error(MOE_EP_ERR_NO_MEMORY, "group_create: out of host memory");
   }
-  int rank_known = 0; /* a failure from here on names this rank */
+  g->rank = -1; /* named by every failure once known (validate_params) */
   MEP_CHECK_GOTO(validate_params(params, g), st, out_free_group);
-  rank_known = 1;
   const int requested = g->cfg.backend;
   MEP_CHECK_GOTO(mep_backend_select(g->cfg.backend, g->cfg.mode, &g->ops, &g->cfg.backend), st,
                  out_free_group);
+  char who[48];
+  snprintf(who, sizeof(who), "group_create on rank %d", g->rank);
+  MEP_CHECK_GOTO(check_backend_world(g->ops, &g->cfg, g->world_size, who), st, out_free_group);
   /* Only the nccl backend adopts a communicator: a host group would drop
    * the engine's one without a word. */
   if (g->nccl_comm != NULL && g->cfg.backend == MOE_EP_BACKEND_HOST) {
@@ -317,7 +336,7 @@ out_destroy_lock:
 out_destroy_bootstrap:
   mep_bootstrap_destroy(g->boot);
 out_free_group:
-  if (rank_known) mep_error_name_rank(g->rank);
+  if (g->rank >= 0) mep_error_name_rank(g->rank);
   mep_log_thread_level(-1);
   free(g);
   return st;
@@ -564,17 +583,11 @@ moe_ep_status_t mep_buffer_size_hint(const moe_ep_config_t *config,
                      "buffer_size_hint: %s is NULL", config ? "bytes" : "config");
   }
   MEP_CHECK(mep_config_import(config, &cfg));
-  if (world_size < 1 || world_size > MEP_MAX_RANKS ||
-      cfg.num_experts % world_size != 0) {
-    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                     "buffer_size_hint: world_size=%d must be in [1, %d] and "
-                     "divide num_experts=%d",
-                     world_size, MEP_MAX_RANKS, cfg.num_experts);
-  }
-  MEP_CHECK(check_ranks_per_node(&cfg, world_size, "buffer_size_hint"));
+  MEP_CHECK(check_world(&cfg, world_size, "buffer_size_hint"));
   const mep_backend_ops_t *ops;
   int resolved;
   MEP_CHECK(mep_backend_select(cfg.backend, cfg.mode, &ops, &resolved));
+  MEP_CHECK(check_backend_world(ops, &cfg, world_size, "buffer_size_hint"));
   *bytes = ops->buffer_bytes(&cfg, world_size);
   return MOE_EP_OK;
 }

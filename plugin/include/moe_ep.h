@@ -187,8 +187,10 @@ typedef struct moe_ep_config {
    * so HT takes only 0 or world_size. Set, it also fixes HT combine's sum
    * order on every backend (per node, then across nodes: see
    * moe_ep_combine_params_t.out). LL ignores it (one transport to every
-   * peer). group_create refuses a value breaking these rules with
-   * INVALID_ARGUMENT. */
+   * peer). A value outside 0..1024 is a config value rejected
+   * (MOE_EP_ERR_CONFIG, as every out-of-range field, from YAML or from a
+   * struct the engine filled); group_create refuses one that breaks these
+   * rules for its world size with INVALID_ARGUMENT. */
   int32_t ranks_per_node;
   int32_t reserved1;        /* never read; names the tail padding (8-byte
                                alignment), so the next field goes after it */
@@ -387,7 +389,9 @@ typedef struct moe_ep_handle_layout_params {
  *   dispatches or combines micro-batch B, and may free handles and hooks
  *   from either thread. The lock is held while a backend launches (nccl) or moves
  *   (host) a send or receive half, so a concurrent entry waits for it
- *   (bounded by timeouts.kernel_ms on the host backend).
+ *   (bounded by timeouts.kernel_ms on the host backend; a high-throughput
+ *   prepare there exchanges counts over the bootstrap, bounded by
+ *   bootstrap.timeout_ms).
  * - Freeing a handle or hook while another thread uses it in an entry is
  *   safe: the entry finishes with it first, or finds it gone and returns
  *   INVALID_ARGUMENT. Entries on different groups never wait for each other.
@@ -441,7 +445,9 @@ typedef struct moe_ep_plugin_v1 {
    * domains uses GIN and allocates what transport gin would, and one whose
    * load/store peers are not all joined by NVLink (PCIe peer-to-peer; see
    * MOE_EP_LSA_LINK in the README) uses gin_emulated and allocates what
-   * that would (the hint too, under MOE_EP_LSA_LINK=pcie). */
+   * that would (the hint too, under MOE_EP_LSA_LINK=pcie). A world size
+   * group_create would refuse for this config is refused here too, with
+   * the same status and sentence, and *bytes is left alone. */
   moe_ep_status_t (*buffer_size_hint)(const moe_ep_config_t *config,
                                       int32_t world_size, uint64_t *bytes);
 

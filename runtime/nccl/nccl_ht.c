@@ -165,12 +165,6 @@ static moe_ep_status_t ht_create_here(moe_ep_group_t *g);
 static moe_ep_status_t ht_create(moe_ep_group_t *g) { return mep_nccl_as_caller(ht_create_here, g); }
 
 static moe_ep_status_t ht_create_here(moe_ep_group_t *g) {
-  if (g->world_size > MEP_HT_MAX_RANKS) {
-    return mep_error(MOE_EP_ERR_UNSUPPORTED,
-                     "group_create: world_size=%d; mode 'high_throughput' on the nccl backend "
-                     "takes at most %d ranks (one warp group per peer in each block)",
-                     g->world_size, MEP_HT_MAX_RANKS);
-  }
   ht_state_t *s = calloc(1, sizeof(*s));
   if (s == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "group_create: out of memory");
   g->impl = s;
@@ -455,6 +449,7 @@ static int ht_peer_transport(const moe_ep_group_t *g, int peer) {
 const mep_backend_ops_t mep_nccl_ht_backend = {
     .name = "nccl",
     .abandon_is_safe = 1, /* the receive half moves no data */
+    .max_ranks = MEP_HT_MAX_RANKS, /* one warp group per peer in each block */
     .buffer_bytes = ht_buffer_bytes,
     .create = ht_create,
     .destroy = ht_destroy,

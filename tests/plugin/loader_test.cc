@@ -86,6 +86,43 @@ TEST_F(Loaded, OneRankGroupThroughTheTable) {
   gp.world_size = 3;
   EXPECT_EQ(t->group_create(&gp, &g), MOE_EP_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::strstr(t->last_error(), "divisible"), nullptr) << t->last_error();
+  // ... naming the rank that was refused, as every group_create failure does.
+  gp.rank = 2;
+  EXPECT_EQ(t->group_create(&gp, &g), MOE_EP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(t->last_error(), "rank 2"), nullptr) << t->last_error();
+  t->config_free(cfg);
+}
+
+// buffer_size_hint refuses what group_create refuses, with the same
+// status: no byte count for a group that could never be made.
+TEST_F(Loaded, BufferSizeHintRefusesWhatGroupCreateRefuses) {
+  moe_ep_config_t* cfg = nullptr;
+  ASSERT_EQ(t->config_from_yaml("moe_ep:\n  backend: host\n  num_experts: 2048\n", &cfg),
+            MOE_EP_OK)
+      << t->last_error();
+  uint64_t bytes = 7;
+  EXPECT_EQ(t->buffer_size_hint(cfg, 1, &bytes), MOE_EP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(t->last_error(), "2048 local experts exceeds the limit 1024"), nullptr)
+      << t->last_error();
+  EXPECT_EQ(bytes, 7u);
+  ASSERT_EQ(t->buffer_size_hint(cfg, 2, &bytes), MOE_EP_OK) << t->last_error();
+  moe_ep_group_params_t gp = MOE_EP_INIT(moe_ep_group_params_t);
+  gp.config = cfg;
+  gp.rank = 0;
+  gp.world_size = 1;
+  moe_ep_group_t* g = nullptr;
+  EXPECT_EQ(t->group_create(&gp, &g), MOE_EP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(t->last_error(), "rank 0"), nullptr) << t->last_error();
+  EXPECT_NE(std::strstr(t->last_error(), "exceeds the limit 1024"), nullptr) << t->last_error();
+  // nccl HT takes at most 16 ranks; the refusal needs no GPU.
+  cfg->backend = MOE_EP_BACKEND_NCCL;
+  cfg->mode = MOE_EP_MODE_HIGH_THROUGHPUT;
+  cfg->num_experts = 256;
+  ASSERT_EQ(t->buffer_size_hint(cfg, 16, &bytes), MOE_EP_OK) << t->last_error();
+  EXPECT_EQ(t->buffer_size_hint(cfg, 32, &bytes), MOE_EP_ERR_UNSUPPORTED);
+  EXPECT_NE(std::strstr(t->last_error(), "'high_throughput' on the nccl backend takes at most 16"),
+            nullptr)
+      << t->last_error();
   t->config_free(cfg);
 }
 
