@@ -19,6 +19,26 @@ def wait_bound_s(group):
     return 2.0 * group.config.kernel_timeout_ms / 1000.0 + 5.0
 
 
+def on_send_stream(group, hook):
+    """hook, run with the stream that is current now (its send's) as the
+    calling thread's current stream, whichever thread calls it later: a
+    DeepEP receive hook launches on the stream its dispatch or combine was
+    issued on, so the micro-batch's later work on that stream is ordered
+    after the receive even when the other micro-batch's thread, with
+    another stream current, runs the hook (vLLM's dual-batch overlap). Work
+    chained in the same call (the scales' copy, statistics) lands on that
+    stream too. A group whose tensors live on the host gets its hook back
+    as it is."""
+    if group.device.type != "cuda":
+        return hook
+    stream = torch.cuda.current_stream(group.device)
+
+    def run():
+        with torch.cuda.stream(stream):
+            return hook()
+    return run
+
+
 def column_major_receive(hook):
     """hook, whose result's fp8 scales are then copied, in the same call
     (so on the stream its receive ran on), into DeepEP's column-major
@@ -37,12 +57,14 @@ def column_major_receive(hook):
 class Once:
     """A moe_ep.Hook that runs exactly once, from whichever thread calls
     first (the engine's other micro-batch, or the receiver when the engine
-    ran nothing); later calls wait for that run and return its result."""
+    ran nothing), on the stream that was current when the Once was made
+    (its send's: on_send_stream); later calls wait for that run and return
+    its result."""
 
     __slots__ = ("_hook", "_lock", "_done", "_bound_s", "result")
 
-    def __init__(self, hook, bound_s):
-        self._hook = hook
+    def __init__(self, hook, bound_s, group):
+        self._hook = on_send_stream(group, hook)
         self._lock = threading.Lock()
         self._done = False
         self._bound_s = bound_s

@@ -1,10 +1,12 @@
 """Buffer's low-latency entries (DeepEP's low_latency_dispatch/combine) on
 a moe-ep LL group, with DeepEP's shapes, dtypes and layouts."""
 import operator
+import threading
 
 import torch
 
 from .. import _fp8
+from .._overlap import on_send_stream
 from .event import EventOverlap, record_event
 from ._refuse import refuse as _refuse
 
@@ -130,11 +132,13 @@ class LowLatencyMixin:
 
         hook = None
         if return_recv_hook:
-            def hook():
+            def receive():
                 ep_hook()
                 finish()
+            hook = on_send_stream(g, receive)
         else:
             finish()
+        self._zero_copy_state().pass_turn()
         recv_x = (res.recv_x, scales_cm) if scales_cm is not None else res.recv_x
         ll_handle = LowLatencyHandle(g, handle, num_max_dispatch_tokens_per_rank,
                                      int(x.shape[-1]), num_experts)
@@ -166,9 +170,9 @@ class LowLatencyMixin:
                         "are not read")
         if use_logfmt:
             _refuse(entry, "use_logfmt", True, "combine sends bf16 rows")
-        if zero_copy and not any(x.data_ptr() == b.data_ptr() for b in self._combine_buffers()):
-            raise ValueError("%s: zero_copy=True needs x to be the tensor "
-                             "get_next_low_latency_combine_buffer returned" % entry)
+        turns = self._zero_copy_state()
+        if zero_copy:
+            x = turns.source(entry, x)
         if combine_wait_recv_cost_stats is not None:
             _refuse(entry, "combine_wait_recv_cost_stats", "<tensor>",
                     "per-rank wait-time statistics are not collected")
@@ -190,9 +194,10 @@ class LowLatencyMixin:
         g = self._live_group("low_latency", entry)
         result = g.combine(ep_handle, x, topk_weights=topk_weights, out=out,
                            defer=return_recv_hook)
+        turns.pass_turn()
         hook = None
         if return_recv_hook:
-            hook, result = result, result.result
+            hook, result = on_send_stream(g, result), result.result
         event = EventOverlap(record_event(async_finish and g._is_cuda))
         return result, event, hook
 
@@ -211,31 +216,28 @@ class LowLatencyMixin:
                                      g.config.max_tokens_per_rank, g.config.hidden,
                                      g.config.num_experts))
 
-    def _combine_buffers(self):
-        return getattr(self, "_zero_copy_y", None) or ()
+    def _zero_copy_state(self):
+        turns = getattr(self, "_zero_copy", None)
+        if turns is None:
+            turns = self._zero_copy = _CombineBuffers()
+        return turns
 
     def get_next_low_latency_combine_buffer(self, handle):
         """[E_local, R*N, H] bf16: where the experts may write their outputs
         for the next low_latency_combine(..., zero_copy=True). moe-ep's
         combine reads its input in place (the send half stores straight from
         it into the peers' windows), so the experts' output is never copied
-        on the way; two buffers alternate, so two micro-batches' combines
-        may be in flight."""
+        on the way. Two buffers take turns as DeepEP's do: every LL dispatch
+        and combine passes the turn, and until then every call returns the
+        same buffer, so two micro-batches whose operations alternate write
+        different ones."""
         entry = "get_next_low_latency_combine_buffer"
         if not isinstance(handle, LowLatencyHandle):
             raise TypeError("%s: handle must be the handle low_latency_dispatch returned, got %s"
                             % (entry, type(handle).__name__))
         g = self._live_group("low_latency", entry)
         shape = (g.num_local_experts, g.world_size * g.config.max_tokens_per_rank, handle[3])
-        bufs = self._combine_buffers()
-        if not bufs or tuple(bufs[0].shape) != shape:
-            bufs = tuple(torch.empty(shape, dtype=torch.bfloat16, device=g.device)
-                         for _ in range(2))
-            self._zero_copy_y = bufs
-            self._zero_copy_next = 0
-        i = self._zero_copy_next
-        self._zero_copy_next = 1 - i
-        return bufs[i]
+        return self._zero_copy_state().current(shape, g.device)
 
     def low_latency_update_mask_buffer(self, rank_to_mask, mask=False):
         _refuse("low_latency_update_mask_buffer", "rank_to_mask", rank_to_mask,
@@ -247,3 +249,49 @@ class LowLatencyMixin:
 
     def low_latency_clean_mask_buffer(self):
         _refuse("low_latency_clean_mask_buffer", "mask", None, "rank masking is not available")
+
+
+class _CombineBuffers:
+    """The two zero-copy combine buffers and whose turn it is (DeepEP's
+    low_latency_buffer_idx): get_next_low_latency_combine_buffer hands out
+    the current one, a zero_copy combine reads it, and each LL dispatch or
+    combine passes the turn."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._bufs = ()
+        self._turn = 0
+
+    def current(self, shape, device):
+        with self._lock:
+            if not self._bufs or tuple(self._bufs[0].shape) != shape:
+                self._bufs = tuple(torch.empty(shape, dtype=torch.bfloat16, device=device)
+                                   for _ in range(2))
+            return self._bufs[self._turn]
+
+    def pass_turn(self):
+        with self._lock:
+            self._turn ^= 1
+
+    def source(self, entry, x):
+        """The buffer a zero_copy combine reads: the current one, which x
+        (DeepEP's callers pass the experts' output or the buffer itself)
+        must match in shape. x being the other buffer means it was handed
+        out before the last LL operation passed the turn: refused, since
+        DeepEP would read the current one and combine stale rows."""
+        with self._lock:
+            if not self._bufs:
+                raise ValueError("%s: zero_copy=True but get_next_low_latency_combine_buffer "
+                                 "was never called on this Buffer, so no buffer holds the "
+                                 "experts' output" % entry)
+            cur, other = self._bufs[self._turn], self._bufs[self._turn ^ 1]
+        if x is not cur and x.data_ptr() == other.data_ptr():
+            raise ValueError("%s: zero_copy=True with x the combine buffer handed out before the "
+                             "last low-latency dispatch or combine passed the turn; the combine "
+                             "reads the buffer get_next_low_latency_combine_buffer returns now "
+                             "(ask for it after the dispatch, right before its combine)" % entry)
+        if tuple(x.shape) != tuple(cur.shape):
+            raise ValueError("%s: zero_copy=True with x of shape %s, but the combine buffer is %s "
+                             "([num_local_experts, num_ranks * num_max_dispatch_tokens_per_rank, "
+                             "hidden])" % (entry, tuple(x.shape), tuple(cur.shape)))
+        return cur

@@ -16,14 +16,18 @@ class NormalHandle:
     dispatch) needs. DeepEP's own handle holds its kernels' prefix
     matrices, which moe-ep does not have."""
 
-    __slots__ = ("moe_ep", "topk_idx", "topk_weights", "recv_topk_weights", "worst_rows",
-                 "__weakref__")
+    __slots__ = ("moe_ep", "topk_idx", "topk_weights", "recv_topk_weights", "recv_weights_version",
+                 "worst_rows", "__weakref__")
 
     def __init__(self, ep_handle, topk_idx, topk_weights, recv_topk_weights, worst_rows):
         self.moe_ep = ep_handle
         self.topk_idx = topk_idx
         self.topk_weights = topk_weights
         self.recv_topk_weights = recv_topk_weights
+        # torch counts in-place writes: combine returns the dispatch's own
+        # weights, so it must know whether the caller changed them since.
+        self.recv_weights_version = None if recv_topk_weights is None else \
+            recv_topk_weights._version
         self.worst_rows = worst_rows  # rows of the latest dispatch's worst-case outputs, or 0
 
 
@@ -494,6 +498,12 @@ class NormalMixin:
                 _refuse(entry, "topk_weights", "<tensor>", "only the recv_topk_weights this "
                         "handle's dispatch returned can be combined (they come back as the "
                         "dispatch's weights); moe-ep's combine carries no weights")
+            if topk_weights._version != handle.recv_weights_version:
+                _refuse(entry, "topk_weights", "<recv_topk_weights written in place>",
+                        "moe-ep's combine carries no weights: it returns the weights the "
+                        "dispatch sent, which no longer match the tensor after that write "
+                        "(DeepEP would reduce the written values); pass topk_weights=None and "
+                        "reduce them yourself, or combine the weights unchanged")
             w = handle.topk_weights
             combined_w = torch.where(handle.topk_idx >= 0, w, torch.zeros_like(w))
         wait_previous(previous_event)

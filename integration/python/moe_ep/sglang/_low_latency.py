@@ -73,7 +73,7 @@ class LowLatencyPath:
         # fp8 scales in DeepEP's column-major layout, as SGLang's masked
         # grouped GEMM takes them from DeepEP.
         op.handle, op.topk_ids, op.topk_weights = handle, ids, w
-        op.recv = Once(column_major_receive(hook), self._bound_s)
+        op.recv = Once(column_major_receive(hook), self._bound_s, self.group)
         t, k = (int(n) for n in ids.shape)
         e = g.config.num_experts
         op.expected_m = (t * g.world_size * k + e) // e
@@ -100,4 +100,4 @@ class LowLatencyPath:
         else:
             w = topk_weights
         hook = self.group.combine(op.handle, hidden_states, topk_weights=w, defer=True)
-        return Once(hook, self._bound_s)
+        return Once(hook, self._bound_s, self.group)

@@ -94,7 +94,7 @@ class NormalPath:
             raise
         op = NormalOp()
         op.mode = self.mode
-        op.handle, op.recv = handle, Once(hook, self._bound_s)
+        op.handle, op.recv = handle, Once(hook, self._bound_s, self.group)
         op.num_recv = op.recv_ids = op.recv_weights = None
         return op
 
@@ -122,4 +122,4 @@ class NormalPath:
         same_shape(entry, sub, topk_ids=(topk_ids, op.recv_ids),
                    topk_weights=(topk_weights, op.recv_weights))
         hook = self.group.combine(op.handle, hidden_states, defer=True)
-        return Once(hook, self._bound_s)
+        return Once(hook, self._bound_s, self.group)

@@ -121,8 +121,8 @@ class PrepareAndFinalize:
     def prepare_async(self, a1, topk_weights, topk_ids, num_experts, expert_map,
                       apply_router_weight_on_input, quant_config, defer_input_quant=False):
         """Sends, and returns (hook, receiver): hook() receives (any thread,
-        once); receiver() returns prepare's tuple, running the hook first
-        if nobody has."""
+        once, on this call's stream); receiver() returns prepare's tuple,
+        running the hook first if nobody has."""
         entry = "prepare"
         x, w_dispatch, w_combine, quant = self._check_prepare(
             entry, a1, topk_weights, topk_ids, num_experts, expert_map,
@@ -147,7 +147,7 @@ class PrepareAndFinalize:
             raise
         if self._ll:  # as received: fp8 scales in DeepEP's column-major layout
             hook = column_major_receive(hook)
-        op = _Op(handle, Once(hook, self._bound_s), w_combine,
+        op = _Op(handle, Once(hook, self._bound_s, g), w_combine,
                  bool(apply_router_weight_on_input), [topk_ids])
         self._inflight.add(op, topk_ids)
         receiver = self._ll_receiver(op, quant.after) if self._ll else \
@@ -248,7 +248,7 @@ class PrepareAndFinalize:
     def finalize_async(self, output, fused_expert_output, topk_weights, topk_ids,
                        apply_router_weight_on_input, weight_and_reduce_impl):
         """Sends the expert outputs back; returns (hook, receiver): hook()
-        receives into output (any thread, once); receiver() runs the hook
+        receives into output (any thread, once, on this call's stream); receiver() runs the hook
         if nobody has, frees the routing and returns output."""
         entry = "finalize"
         _tensor("fused_expert_output", fused_expert_output, entry)
@@ -273,7 +273,7 @@ class PrepareAndFinalize:
             self._inflight.add(op, *op.keys)  # bad input: the layer call stays finalizable
             raise
         op.finalized = True
-        done = Once(hook, self._bound_s)
+        done = Once(hook, self._bound_s, self.group)
 
         def receiver():
             out = done()

@@ -134,8 +134,38 @@ def low_latency(group):
     y.copy_(expert_outputs(recv_x))
     out, _, _ = buf.low_latency_combine(y, idx, w, handle, zero_copy=True)
     same("deep_ep LL combine (zero copy)", 11, bits(out), oracle.ll_combine(P, inputs[RANK]))
-    expect_raises("zero_copy on another tensor", ValueError, "get_next_low_latency_combine_buffer",
-                  lambda: buf.low_latency_combine(y.clone(), idx, w, handle, zero_copy=True))
+    # DeepEP's own pattern: the outputs copied into the buffer, the
+    # experts' tensor passed as x (only its shape counts); asking twice
+    # with no LL operation between gives the same buffer.
+    inputs, x, idx, w = inputs_for(13)
+    recv_x, count, handle, _, _ = buf.low_latency_dispatch(
+        x, idx, P.max_tokens, P.num_experts, use_fp8=False)
+    y = expert_outputs(recv_x)
+    first = buf.get_next_low_latency_combine_buffer(handle)
+    again = buf.get_next_low_latency_combine_buffer(handle)
+    if again.data_ptr() != first.data_ptr():
+        fail("deep_ep zero-copy buffer asked twice", 13, "two buffers: %#x, then %#x"
+             % (first.data_ptr(), again.data_ptr()))
+    again.copy_(y)
+    out, _, _ = buf.low_latency_combine(y, idx, w, handle, zero_copy=True)
+    same("deep_ep LL combine (zero copy, x the experts' tensor)", 13, bits(out),
+         oracle.ll_combine(P, inputs[RANK]))
+    # A buffer handed out before another LL operation passed the turn is
+    # not the one the combine would read: refused, not combined stale.
+    inputs, x, idx, w = inputs_for(14)
+    recv_x, count, handle, _, _ = buf.low_latency_dispatch(
+        x, idx, P.max_tokens, P.num_experts, use_fp8=False)
+    stale = buf.get_next_low_latency_combine_buffer(handle)
+    stale.copy_(expert_outputs(recv_x))
+    _, _, other, _, _ = buf.low_latency_dispatch(x, idx, P.max_tokens, P.num_experts,
+                                                  use_fp8=False)
+    expect_raises("zero_copy with a buffer from before the last LL operation", ValueError,
+                  "handed out before the last low-latency dispatch or combine",
+                  lambda: buf.low_latency_combine(stale, idx, w, handle, zero_copy=True))
+    expect_raises("zero_copy with x of another shape", ValueError, "x of shape",
+                  lambda: buf.low_latency_combine(torch.zeros((1, 1, P.hidden), dtype=torch.bfloat16),
+                                                  idx, w, other, zero_copy=True))
+    other = None
 
     # use_fp8 switches per call on the same Buffer, as in DeepEP.
     inputs, x, idx, w = inputs_for(10)
@@ -233,6 +263,10 @@ def normal(group):
     same("deep_ep HT combine", 9, bits(out), oracle.ht_combine(P, inputs[RANK]))
     same("deep_ep HT combined weights", 9, combined_w.numpy(),
          np.where(inputs[RANK]["topk_idx"] >= 0, inputs[RANK]["weights"], 0).astype(np.float32))
+    # Weights changed after dispatch would not be what combine returns.
+    recv_w.mul_(2.0)
+    expect_raises("HT combine of recv_topk_weights written in place", NotImplementedError,
+                  "written in place", lambda: buf.combine(y, handle, topk_weights=recv_w))
     expect_raises("HT bias shape", ValueError, "bias[1] is (%d, 8)" % len(x),
                   lambda: buf.combine(y, handle, bias=(None, torch.zeros((len(x), 8),
                                                                          dtype=torch.bfloat16))))
