@@ -47,7 +47,13 @@ enum {
    * LSA) or line partials (mep_ll_line_row_bytes, larger calls) to carry
    * this combine's epoch: expected = the epoch, seen = the epoch found (a
    * line's flag word: the epoch in both halves). */
-  MEP_LL_OP_COMBINE_FLAGGED = 9
+  MEP_LL_OP_COMBINE_FLAGGED = 9,
+  /* Not a wait: a dispatch receive found source `peer` listing more than
+   * max_tokens slots for local expert `expert`, which only an expert
+   * repeated within a token makes; the slots past the first max_tokens in
+   * (token, k) order were dropped (MEP_LL_ROUTE_DROPPED). expected =
+   * max_tokens, seen = the slots listed. Written into the notice record. */
+  MEP_LL_OP_REPEATED_EXPERT = 10
 };
 
 /* The LL kernels' records (kernels/common/error_record.h), op MEP_LL_OP_*. */

@@ -292,7 +292,10 @@ __device__ __forceinline__ void mep_dispatch_recv_staged(const MepLLParams &p,
 #pragma unroll
         for (int e = 0; e < kMepScanPer; ++e) ent[e] = nxt[e];
       }
-      if (hits > M) hits = M;
+      if (hits > M) { /* an expert repeated within r's tokens: the excess was dropped */
+        if (threadIdx.x == 0) mep_record_repeated_expert(p, r, le, hits);
+        hits = M;
+      }
       if (threadIdx.x == 0) a.src_count[le * R + r] = hits;
       filled += hits;
     }

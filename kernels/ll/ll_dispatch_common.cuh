@@ -135,6 +135,16 @@ static __device__ __noinline__ void mep_record_bad_routing(const MepLLParams &p,
                        (uint64_t)k);
 }
 
+/* Notes that source r listed `listed` (> max_tokens) slots for local
+ * expert le, the excess dropped (an expert repeated within a token); the
+ * runtime reports it once through group_poll_error, as a bad id. */
+static __device__ __noinline__ void mep_record_repeated_expert(const MepLLParams &p, int r, int le,
+                                                               int listed) {
+  if (p.wc.notice != nullptr)
+    mep_publish_record(p.wc.notice, p.wc, MEP_LL_OP_REPEATED_EXPERT, r, le,
+                       (uint64_t)p.dims.max_tokens, (uint64_t)listed);
+}
+
 /* Lane k < K: the destination rank of token t's slot k (-1: no expert or an
  * invalid id, which is dropped) and, through *le, its local expert there. */
 template <typename IdxT>

@@ -149,14 +149,16 @@ __device__ __forceinline__ int mep_elist_offset(const int *cnt, int r, int M) {
   return __reduce_add_sync(0xffffffffu, s);
 }
 
-/* Only with an expert repeated within tokens: source r listed more than
- * max_tokens hits for local expert le; its slots past the first max_tokens
- * in (token, k) order route DROPPED (their weights come with the marks).
- * Walks r's slot list. Whole warp. */
+/* Only with an expert repeated within tokens: source r listed `listed`
+ * (more than max_tokens) hits for local expert le; its slots past the
+ * first max_tokens in (token, k) order route DROPPED (their weights come
+ * with the marks), and the notice says so. Walks r's slot list. Whole
+ * warp. */
 __device__ __forceinline__ void mep_mark_dropped(const MepLLParams &p, const MepDispatchArgs &a,
                                                  const uint64_t *words, int le, int r, int tokens,
-                                                 uint32_t tag, int *failed) {
+                                                 int listed, uint32_t tag, int *failed) {
   const int lane = threadIdx.x & 31, M = p.dims.max_tokens, n = tokens * a.top_k;
+  if (lane == 0) mep_record_repeated_expert(p, r, le, listed);
   const unsigned lower = (1u << lane) - 1u;
   int seen = 0;
   for (int i0 = 0; i0 < n; i0 += 32) {
@@ -317,8 +319,8 @@ __device__ __forceinline__ void mep_elist_batch_take(const MepLLParams &p,
     mep_elist_piece(p, a, b->cnt + i * R, le_of(i), r, 0, b->words[u][lane], tokens, tag,
                     first && i == 0, slot_cache, failed);
     if (b->cnt[u] > M)
-      mep_mark_dropped(p, a, mep_list_words(p, r), le_of(i), r, tokens[r], (uint32_t)tag[r],
-                       failed);
+      mep_mark_dropped(p, a, mep_list_words(p, r), le_of(i), r, tokens[r], b->cnt[u],
+                       (uint32_t)tag[r], failed);
   }
   if (b->longer) /* block-uniform: the rest of the long lists, piece by piece */
     for (int q = warp; q < units * (pieces - 1); q += kMepListWarps) {
@@ -475,7 +477,8 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
                                                  : 0u;
         mep_elist_piece(p, a, cnt, le, r, c, w, tokens, tag, first_le, slot_cache, &scan_failed);
         if (c == 0 && cnt[r] > M)
-          mep_mark_dropped(p, a, words_of(r), le, r, tokens[r], (uint32_t)tag[r], &scan_failed);
+          mep_mark_dropped(p, a, words_of(r), le, r, tokens[r], cnt[r], (uint32_t)tag[r],
+                           &scan_failed);
       }
       if (warp == 0) {
         const int filled = mep_elist_offset(cnt, R, M);

@@ -470,9 +470,12 @@ typedef struct moe_ep_plugin_v1 {
                                 moe_ep_group_info_t *info);
   /* OK, or the asynchronous error a kernel recorded: TIMEOUT (the group is
    * then failed), or INVALID_ARGUMENT once for a GPU dispatch that met a
-   * topk_idx value outside -1..num_experts-1 and dropped that slot (the
-   * group stays usable; device-resident routing cannot be checked before
-   * the launch without a sync). */
+   * topk_idx value outside -1..num_experts-1 and dropped that slot, or
+   * whose source named one expert in more than max_tokens_per_rank slots
+   * (a repeat within a token) and dropped the excess (the group stays
+   * usable; device-resident routing cannot be checked before the launch
+   * without a sync). Reported by the rank that dropped them, naming the
+   * source rank. */
   moe_ep_status_t (*group_poll_error)(moe_ep_group_t *group);
   moe_ep_status_t (*set_num_sms)(moe_ep_group_t *group, int32_t num_sms);
   moe_ep_status_t (*max_sms_used)(const moe_ep_group_t *group,
@@ -483,7 +486,9 @@ typedef struct moe_ep_plugin_v1 {
    * the recv_count tensor its dispatch wrote: both must stay valid and
    * unchanged until the combine on this handle has completed. Each token's
    * experts must be distinct (the host backend rejects a repeat; the GPU
-   * kernels drop the extra slot). Combine a handle before the dispatch after
+   * kernels keep a source's first max_tokens_per_rank slots of an expert in
+   * (token, k) order, drop the rest, whose share of the combine is then not
+   * defined, and report it through group_poll_error). Combine a handle before the dispatch after
    * next: buffer sets alternate, and a later dispatch on the same set
    * replaces the layout (combine then fails with a sentence saying so). */
   moe_ep_status_t (*prepare)(moe_ep_group_t *group,

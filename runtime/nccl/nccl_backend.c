@@ -317,13 +317,27 @@ static moe_ep_status_t timeout_status(moe_ep_group_t *g, nccl_state_t *s) {
 static moe_ep_status_t routing_notice(moe_ep_group_t *g, nccl_state_t *s) {
   mep_ll_error_record_t *r = &s->rec[1];
   if (!mep_nccl_record_ready(r)) return MOE_EP_OK;
-  moe_ep_status_t st = mep_error(
-      MOE_EP_ERR_INVALID_ARGUMENT,
-      "dispatch on rank %d: topk_idx[%llu][%llu] = %d is outside -1..%d (num_experts - 1); "
-      "that slot was dropped as if it were -1 (the first such entry of an earlier call; "
-      "others may follow it)",
-      r->rank, (unsigned long long)r->expected, (unsigned long long)r->seen, r->expert,
-      g->cfg.num_experts - 1);
+  moe_ep_status_t st;
+  if (r->op == MEP_LL_OP_REPEATED_EXPERT) {
+    st = mep_error(
+        MOE_EP_ERR_INVALID_ARGUMENT,
+        "dispatch on rank %d: rank %d's topk_idx named local expert %d (expert %d) in %llu "
+        "slots of one call, more than max_tokens_per_rank=%llu: an expert repeated within a "
+        "token (each token's experts must be distinct); the slots past the first %llu in "
+        "(token, k) order were dropped, and their share of the combine is not defined (the "
+        "first such case of an earlier call; others may follow it)",
+        r->rank, r->peer, r->expert, r->rank * g->num_local_experts + r->expert,
+        (unsigned long long)r->seen, (unsigned long long)r->expected,
+        (unsigned long long)r->expected);
+  } else {
+    st = mep_error(
+        MOE_EP_ERR_INVALID_ARGUMENT,
+        "dispatch on rank %d: topk_idx[%llu][%llu] = %d is outside -1..%d (num_experts - 1); "
+        "that slot was dropped as if it were -1 (the first such entry of an earlier call; "
+        "others may follow it)",
+        r->rank, (unsigned long long)r->expected, (unsigned long long)r->seen, r->expert,
+        g->cfg.num_experts - 1);
+  }
   __atomic_store_n(&r->flag, 0, __ATOMIC_RELEASE);
   return st;
 }

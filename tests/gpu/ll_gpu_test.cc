@@ -859,10 +859,11 @@ TEST_F(LlGpu, LsaListWordsAllCarryTheLastTag) {
   }
 }
 
-// An expert repeated within tokens (the public API refuses it at prepare;
-// the kernels must stay exact and in bounds anyway): every rank sends
-// max_tokens tokens naming expert 0 top_k times, so rank 0's expert 0 gets
-// max_tokens * top_k hits per source. LSA: the expert list holds the first
+// An expert repeated within tokens (the host backend refuses it at prepare,
+// the nccl backend reports it after the dispatch; the kernels must stay
+// exact and in bounds anyway): every rank sends max_tokens tokens naming
+// expert 0 top_k times, so rank 0's expert 0 gets max_tokens * top_k hits
+// per source. LSA: the expert list holds the first
 // max_tokens and the receive marks the rest from the slot list; staged:
 // the scan caps each source. Each source keeps its first max_tokens slots
 // in (token, k) order, the rest route DROPPED. The fused kernel and the

@@ -176,6 +176,16 @@ bool LlCall::corrupt_first_slot(int64_t value) {
   return true;
 }
 
+bool LlCall::repeat_expert_everywhere(int source, int64_t expert) {
+  RankInputs& m = all_[source];
+  std::fill(m.topk_idx.begin(), m.topk_idx.end(), expert);
+  if (source == c_.rank) {
+    std::fill(topk32_.begin(), topk32_.end(), static_cast<int32_t>(expert));
+    m_topk_.upload();
+  }
+  return static_cast<int64_t>(m.num_tokens) * p_.top_k > p_.max_tokens_per_rank;
+}
+
 moe_ep_status_t LlCall::prepare(bool check) {
   trace(c_, "prepare", seed_);
   c_.api->handle_free(h_);

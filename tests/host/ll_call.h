@@ -47,6 +47,11 @@ class LlCall {
   // plugin reads (the oracle's expectation is not updated: only the
   // routing-notice scenario uses it). False when the rank has no tokens.
   bool corrupt_first_slot(int64_t value);
+  // Names `expert` in every slot of every token of rank `source` (in the
+  // copy the plugin reads when `source` is this rank; routing-notice
+  // scenario). Whether that is more slots than max_tokens_per_rank, the
+  // most one expert takes from one source.
+  bool repeat_expert_everywhere(int source, int64_t expert);
   uint64_t seed() const { return seed_; }
   // Pass prepare / dispatch / combine params with these struct_size values
   // (0: the full size), the bytes past them garbage, as an engine built

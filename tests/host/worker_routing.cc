@@ -37,6 +37,36 @@ void run_routing(Ctx& c) {
                   c.api->group_poll_error(c.group), MOE_EP_OK);
   }
   ll_roundtrip(c, p, 53, false);
+  {
+    // Rank 0 names one expert in all its slots: more than
+    // max_tokens_per_rank from one source, which only a repeat within a
+    // token makes. The host backend refuses that at prepare; the kernel
+    // keeps the first max_tokens_per_rank, drops the rest and notes it, and
+    // the expert's rank reports it once, naming rank 0.
+    const int64_t expert = p.num_experts - 1;
+    const int owner = static_cast<int>(expert / p.local_experts());
+    LlCall call(c, p, 54);
+    const bool over = call.repeat_expert_everywhere(0, expert);
+    if (call.prepare() != MOE_EP_OK) {
+      fail(c, 54, "prepare", c.api->last_error());
+      return;
+    }
+    expect_status(c, 54, "dispatch with an expert repeated in device memory",
+                  call.dispatch(0, nullptr), MOE_EP_OK);
+    call.make_y();
+    expect_status(c, 54, "combine after it", call.combine(0, nullptr), MOE_EP_OK);
+    call.check_dispatch_quietly();  // waits for the device
+    if (c.rank == owner && over) {
+      const std::string want = "rank 0's topk_idx named local expert " +
+                               std::to_string(expert % p.local_experts()) + " (expert " +
+                               std::to_string(expert) + ")";
+      expect_status(c, 54, "group_poll_error after the repeated expert",
+                    c.api->group_poll_error(c.group), MOE_EP_ERR_INVALID_ARGUMENT, want.c_str());
+    }
+    expect_status(c, 54, "group_poll_error again (reported once)",
+                  c.api->group_poll_error(c.group), MOE_EP_OK);
+  }
+  ll_roundtrip(c, p, 55, false);
 }
 
 }  // namespace moe_ep_test
