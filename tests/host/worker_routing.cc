@@ -1,14 +1,39 @@
 // worker_routing.cc: a device-resident topk_idx with an out-of-range expert
-// id (nccl backend). The dispatch cannot check it before launching (that
-// would need a sync); the kernel drops the slot and notes it, and
-// group_poll_error reports it once as INVALID_ARGUMENT naming the entry.
-// The group stays usable: a verified round trip follows.
+// id, then one with an expert repeated within tokens (nccl backend). The
+// dispatch cannot check either before launching (that would need a sync);
+// the kernel drops the slots and notes it, and group_poll_error reports it
+// once as INVALID_ARGUMENT naming the entry or the source rank. The group
+// stays usable: a verified round trip follows each. Last, an abandoned
+// receive, which fails an nccl group for good.
 #include <string>
 
 #include "tests/host/ll_call.h"
 #include "tests/host/worker_common.h"
 
 namespace moe_ep_test {
+
+// On the nccl backend an abandoned receive fails the group for good (its
+// GPU signals accumulate): the status is the fatal MISMATCH, returned by
+// every later call and poll alike, never the "refused, group usable"
+// INVALID_ARGUMENT. The group is unusable after this: run it last.
+static void abandoned_receive_fails_gpu_group(Ctx& c, const moe_ep_oracle::Problem& p,
+                                              uint64_t seed) {
+  LlCall a(c, p, seed);
+  if (a.prepare() != MOE_EP_OK) return;
+  moe_ep_hook_t* hook = nullptr;
+  if (!expect_status(c, seed, "deferred dispatch (its hook to be freed unrun)",
+                     a.dispatch(MOE_EP_FLAG_DEFER_RECV, &hook), MOE_EP_OK)) {
+    return;
+  }
+  c.api->hook_free(hook);
+  for (int i = 0; i < 2; i++) {
+    expect_status(c, seed, "poll_error after an abandoned receive",
+                  c.api->group_poll_error(c.group), MOE_EP_ERR_MISMATCH,
+                  "cannot resynchronise its signals");
+  }
+  expect_status(c, seed, "dispatch after an abandoned receive", a.dispatch(0, nullptr),
+                MOE_EP_ERR_MISMATCH, "the group failed earlier");
+}
 
 void run_routing(Ctx& c) {
   using moe_ep_oracle::Generator;
@@ -67,6 +92,7 @@ void run_routing(Ctx& c) {
                   c.api->group_poll_error(c.group), MOE_EP_OK);
   }
   ll_roundtrip(c, p, 55, false);
+  abandoned_receive_fails_gpu_group(c, p, 56);
 }
 
 }  // namespace moe_ep_test
