@@ -325,38 +325,49 @@ def part_deep_ep(use_fp8=False):
     sync()
     if not use_fp8:
         check_combine("deep_ep", out, *all_in[RANK])
-        hooks_on_dispatch_stream(buf, x, idx, w, all_in)
+        if ON_GPU:  # streams and sleeps: CUDA only
+            hooks_on_dispatch_stream(buf, x, idx, w, all_in)
     buf.destroy()
 
 
-def run_held(hook):
-    """Runs hook on another thread whose current stream is held by a 0.2 s
-    sleep: a receive launched there would land after the caller's reads."""
-    def held():
-        other = torch.cuda.Stream(device())
-        with torch.cuda.stream(other):
-            torch.cuda._sleep(400_000_000)
+def run_elsewhere(hook):
+    """Runs hook on another thread, with a side stream of its own current."""
+    def other():
+        with torch.cuda.stream(torch.cuda.Stream(device())):
             hook()
-    t = threading.Thread(target=held)
+    t = threading.Thread(target=other)
     t.start()
     t.join()
 
 
 def hooks_on_dispatch_stream(buf, x, idx, w, all_in):
     """DeepEP's receive hooks launch on the stream their dispatch or combine
-    was called on, whichever thread runs them: the outputs, overwritten on
-    that stream after the send, read right after a hook run from a thread
-    with a held stream must be the receive's."""
-    recv_x, count, handle, _, hook = buf.low_latency_dispatch(
-        x, idx, N, E, use_fp8=False, return_recv_hook=True)
-    recv_x.fill_(float("nan"))
-    count.fill_(-1)
-    run_held(hook)
-    check_recv("deep_ep dispatch hook run on a held stream's thread", recv_x, count, all_in)
-    out, _, hook = buf.low_latency_combine(experts(recv_x), idx, w, handle, return_recv_hook=True)
-    out.fill_(float("nan"))
-    run_held(hook)
-    check_combine("deep_ep combine hook run on a held stream's thread", out, *all_in[RANK])
+    was called on, whichever thread runs them, so what that stream queued
+    before the hook ran comes before the receive. Here that work, held
+    back by a 0.5 s sleep, overwrites the outputs, and the hook runs on a
+    thread with another stream current: the receive must still follow the
+    overwrite. A first pass holds nothing: a kernel's first launch (CUDA's
+    lazy module loading) waits for the device, which would hide the order."""
+    with torch.cuda.stream(torch.cuda.Stream(device())):
+        for hold in (False, True):
+            what = "hook run from another thread%s" % (" after held work" if hold else "")
+            recv_x, count, handle, _, hook = buf.low_latency_dispatch(
+                x, idx, N, E, use_fp8=False, return_recv_hook=True)
+            if hold:
+                torch.cuda._sleep(1_000_000_000)
+            recv_x.fill_(float("nan"))
+            count.fill_(-1)
+            run_elsewhere(hook)
+            sync()
+            check_recv("deep_ep dispatch " + what, recv_x, count, all_in)
+            out, _, hook = buf.low_latency_combine(experts(recv_x), idx, w, handle,
+                                                   return_recv_hook=True)
+            if hold:
+                torch.cuda._sleep(1_000_000_000)
+            out.fill_(float("nan"))
+            run_elsewhere(hook)
+            sync()
+            check_combine("deep_ep combine " + what, out, *all_in[RANK])
 
 
 def part_deep_ep_graph(use_fp8=False):
