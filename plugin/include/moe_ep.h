@@ -214,9 +214,11 @@ typedef struct moe_ep_group_params {
   int32_t cuda_device;           /* < 0: current device (nccl backend) */
   int32_t reserved0;
   /* Optional engine ncclComm_t for the EP group (nccl backend), borrowed.
-   * Its blocking calls during group_create are bounded only as the engine
-   * configured it; a communicator moe-ep creates is nonblocking and every
-   * setup step is bounded by bootstrap.timeout_ms. */
+   * NCCL's collective steps on it during group_create and group_destroy
+   * (window registration, device communicator) are bounded only as the
+   * engine configured it: on a blocking communicator they wait for every
+   * peer, a dead one too. A communicator moe-ep creates is nonblocking and
+   * every such step is bounded by bootstrap.timeout_ms. */
   void *nccl_comm;
 } moe_ep_group_params_t;
 

@@ -584,10 +584,18 @@ static moe_ep_status_t host_send(moe_ep_group_t *g, mep_op_t *op) {
           : mep_layout_book_record(&hs->book, op->buffer_set, op->seq, dispatch_send(g, op));
   /* The combine sends straight from the caller's y: none of its sends may
    * outlive the failed call. Cutting the endpoints fails the group. */
-  if (st != MOE_EP_OK && mep_host_mesh_quiesce(hs->mesh) && !mep_status_is_fatal(st)) {
+  const int cut = st != MOE_EP_OK ? mep_host_mesh_quiesce(hs->mesh) : 0;
+  if (cut != 0 && !mep_status_is_fatal(st)) {
     st = mep_error_suffix(MOE_EP_ERR_INTERNAL,
                           "rank %d cancelled the sends still in flight, which leaves the group "
                           "unusable",
+                          g->rank);
+  }
+  if (cut == 2) {
+    st = mep_error_suffix(st,
+                          "some of rank %d's cancelled sends had not ended within the bound: "
+                          "UCX may read this call's input tensors until group_destroy, so keep "
+                          "them alive until it returns",
                           g->rank);
   }
   return st;

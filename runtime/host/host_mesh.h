@@ -75,8 +75,10 @@ moe_ep_status_t mep_host_mesh_wait_progress(mep_host_mesh_t *m, uint64_t value, 
 /* After a failed send half: while any of its sends has not left, UCX may
  * still read the caller's buffers (the engine frees them once the call has
  * failed). Force-closes every endpoint, ending those sends as canceled, and
- * waits (bounded) for them; returns 1 when it did (the mesh is then
- * unusable), 0 when nothing was outstanding. */
+ * waits (bounded) for them; returns 0 when nothing was outstanding, 1 when
+ * every send ended, 2 when some had not by the bound (UCX may still read
+ * their buffers until the mesh is destroyed). The mesh is unusable after
+ * 1 or 2. */
 int mep_host_mesh_quiesce(mep_host_mesh_t *m);
 
 /* A receive half has finished reading the region: peers' later puts land

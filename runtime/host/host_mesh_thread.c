@@ -183,8 +183,9 @@ int mep_host_mesh_quiesce(struct mep_host_mesh *m) {
     struct timespec ts = {deadline / 1000000000LL, deadline % 1000000000LL};
     pthread_cond_timedwait(&m->cond, &m->lock, &ts);
   }
+  const int ended = m->cut == 2 && m->completed == m->issued;
   pthread_mutex_unlock(&m->lock);
-  return 1;
+  return ended ? 1 : 2;
 }
 
 static void *progress_main(void *arg) {
