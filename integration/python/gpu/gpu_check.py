@@ -330,44 +330,55 @@ def part_deep_ep(use_fp8=False):
     buf.destroy()
 
 
-def run_elsewhere(hook):
-    """Runs hook on another thread, with a side stream of its own current."""
-    def other():
-        with torch.cuda.stream(torch.cuda.Stream(device())):
-            hook()
-    t = threading.Thread(target=other)
-    t.start()
-    t.join()
-
-
 def hooks_on_dispatch_stream(buf, x, idx, w, all_in):
     """DeepEP's receive hooks launch on the stream their dispatch or combine
-    was called on, whichever thread runs them, so what that stream queued
-    before the hook ran comes before the receive. Here that work, held
-    back by a 0.5 s sleep, overwrites the outputs, and the hook runs on a
-    thread with another stream current: the receive must still follow the
-    overwrite. A first pass holds nothing: a kernel's first launch (CUDA's
-    lazy module loading) waits for the device, which would hide the order."""
-    with torch.cuda.stream(torch.cuda.Stream(device())):
-        for hold in (False, True):
-            what = "hook run from another thread%s" % (" after held work" if hold else "")
-            recv_x, count, handle, _, hook = buf.low_latency_dispatch(
-                x, idx, N, E, use_fp8=False, return_recv_hook=True)
-            if hold:
-                torch.cuda._sleep(1_000_000_000)
-            recv_x.fill_(float("nan"))
-            count.fill_(-1)
-            run_elsewhere(hook)
-            sync()
-            check_recv("deep_ep dispatch " + what, recv_x, count, all_in)
-            out, _, hook = buf.low_latency_combine(experts(recv_x), idx, w, handle,
-                                                   return_recv_hook=True)
-            if hold:
-                torch.cuda._sleep(1_000_000_000)
-            out.fill_(float("nan"))
-            run_elsewhere(hook)
-            sync()
-            check_combine("deep_ep combine " + what, out, *all_in[RANK])
+    was called on, whatever stream is current where they run and on
+    whichever thread. The calls run on a side stream s1; a second side
+    stream s2 is current where the hooks run. Three passes, each reading
+    the outputs on s1: the hooks run from another thread (a kernel's first
+    launch, CUDA's lazy module loading, waits for the device: this pass
+    loads them); run with s2 current and held by a sleep, the receive must
+    not wait for it (the outputs are read before the hold ends); run from
+    another thread after s1 queued held work that overwrites the outputs,
+    the receive must still follow that work."""
+    dev = device()
+    s1, s2 = torch.cuda.Stream(dev), torch.cuda.Stream(dev)
+
+    def on_s2(hold):
+        def run(hook):
+            with torch.cuda.stream(s2):
+                if hold:
+                    torch.cuda._sleep(1_000_000_000)
+                hook()
+        return run
+
+    def elsewhere(hook):
+        t = threading.Thread(target=on_s2(False), args=(hook,))
+        t.start()
+        t.join()
+
+    def one_pass(what, run, hold_s1):
+        recv_x, count, handle, _, hook = buf.low_latency_dispatch(
+            x, idx, N, E, use_fp8=False, return_recv_hook=True)
+        if hold_s1:
+            torch.cuda._sleep(1_000_000_000)
+        recv_x.fill_(float("nan"))
+        count.fill_(-1)
+        run(hook)
+        check_recv("deep_ep dispatch " + what, recv_x, count, all_in)
+        out, _, hook = buf.low_latency_combine(experts(recv_x), idx, w, handle,
+                                               return_recv_hook=True)
+        if hold_s1:
+            torch.cuda._sleep(1_000_000_000)
+        out.fill_(float("nan"))
+        run(hook)
+        check_combine("deep_ep combine " + what, out, *all_in[RANK])
+        sync()
+
+    with torch.cuda.stream(s1):
+        one_pass("hook run from another thread", elsewhere, False)
+        one_pass("hook run with a held stream current", on_s2(True), False)
+        one_pass("hook run from another thread after held work", elsewhere, True)
 
 
 def part_deep_ep_graph(use_fp8=False):
