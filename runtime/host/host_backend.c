@@ -186,6 +186,37 @@ static void row_layout_for(const mep_op_t *op, mep_row_layout_t *rl) {
   mep_row_layout_init(rl, op->hidden, op->handle->top_k, op->fp8, pow2);
 }
 
+/* What one call's rows look like, sent in the upper half of each count
+ * word: a receiver parses a source's rows with its own call's layout, so a
+ * peer that made the call with another hidden, top_k or row format would
+ * be read at the wrong stride (rows silently wrong, or a header read out
+ * of a payload). Bit 31 marks a word that carries one. */
+#define ROW_DESC_SET (1u << 31)
+
+static uint32_t row_desc(const mep_op_t *op) {
+  uint32_t d = ROW_DESC_SET | (uint32_t)op->hidden | (uint32_t)op->handle->top_k << 16;
+  if (op->fp8) {
+    d |= 1u << 22;
+    if (op->scale_format != MOE_EP_FP8_SCALE_F32 || (op->flags & MOE_EP_FLAG_ROUND_SCALE))
+      d |= 1u << 23;
+    if (op->scale_format == MOE_EP_FP8_SCALE_UE8M0_PACKED) d |= 1u << 24;
+  }
+  return d;
+}
+
+static void row_desc_text(uint32_t d, char *out, size_t len) {
+  if (!(d & ROW_DESC_SET)) {
+    snprintf(out, len, "no row description (0x%08x)", (unsigned)d);
+    return;
+  }
+  const char *fmt = !(d >> 22 & 1u) ? "bf16"
+                    : (d >> 24 & 1u) ? "fp8 with packed UE8M0 scales"
+                    : (d >> 23 & 1u) ? "fp8 with power-of-two scales"
+                                     : "fp8 with f32 scales";
+  snprintf(out, len, "hidden=%u, top_k=%u, %s rows", (unsigned)(d & 0xffffu),
+           (unsigned)(d >> 16 & 0x3fu), fmt);
+}
+
 static moe_ep_status_t dispatch_send(moe_ep_group_t *g, mep_op_t *op) {
   host_state_t *hs = g->impl;
   const mep_handle_state_t *h = op->handle;
@@ -219,7 +250,7 @@ static moe_ep_status_t dispatch_send(moe_ep_group_t *g, mep_op_t *op) {
       }
       n++;
     }
-    hs->counts[d] = (uint64_t)n;
+    hs->counts[d] = (uint64_t)row_desc(op) << 32 | (uint64_t)n;
     size_t off = mep_host_off_dispatch_row(&hs->layout, op->buffer_set, g->rank,
                                            g->cfg.max_tokens_per_rank, 0, rl.row_bytes);
     MEP_CHECK(mep_host_mesh_put(hs->mesh, d, hs->staging, (size_t)n * rl.row_bytes, off));
@@ -314,12 +345,38 @@ static const uint8_t *source_row(host_state_t *hs, const moe_ep_group_t *g,
                                    g->cfg.max_tokens_per_rank, i, rl->row_bytes);
 }
 
-static int64_t source_count(host_state_t *hs, const mep_op_t *op, int s) {
-  uint64_t n;
-  memcpy(&n, mep_host_mesh_local(hs->mesh) +
+static uint64_t count_word(host_state_t *hs, const mep_op_t *op, int s) {
+  uint64_t w;
+  memcpy(&w, mep_host_mesh_local(hs->mesh) +
                  mep_host_off_dispatch_count(&hs->layout, op->buffer_set, s),
          8);
-  return (int64_t)n;
+  return w;
+}
+
+static int64_t source_count(host_state_t *hs, const mep_op_t *op, int s) {
+  return (int64_t)(count_word(hs, op, s) & 0xffffffffu);
+}
+
+/* Every source made this call with this rank's hidden, top_k and row
+ * format, or the call is refused naming the first that did not. Every
+ * rank's signals of it are in and no row is read, so the group stays
+ * usable; each rank whose sources differ refuses alike. */
+static moe_ep_status_t check_descs(moe_ep_group_t *g, const mep_op_t *op) {
+  host_state_t *hs = g->impl;
+  const uint32_t mine = row_desc(op);
+  for (int s = 0; s < g->world_size; s++) {
+    const uint32_t theirs = (uint32_t)(count_word(hs, op, s) >> 32);
+    if (theirs == mine) continue;
+    char a[96], b[96];
+    row_desc_text(theirs, a, sizeof a);
+    row_desc_text(mine, b, sizeof b);
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "dispatch on rank %d: rank %d made this call with %s, this rank with %s; "
+                     "every rank must make a call with the same hidden, top_k and row format "
+                     "(no rows were read; the group stays usable)",
+                     g->rank, s, a, b);
+  }
+  return MOE_EP_OK;
 }
 
 /* Rows come from another process: check every field that becomes an index
@@ -606,6 +663,7 @@ static moe_ep_status_t recv_half(moe_ep_group_t *g, mep_op_t *op) {
   mep_row_layout_t rl;
   row_layout_for(op, &rl);
   MEP_CHECK(wait_all(g, op, 0));
+  MEP_CHECK(check_descs(g, op));
   MEP_CHECK(check_rows(g, op, &rl, combine_width(g, op)));
   MEP_CHECK(op->mode == MOE_EP_MODE_LOW_LATENCY ? dispatch_recv_ll(g, op, &rl)
                                                 : dispatch_recv_ht(g, op, &rl));

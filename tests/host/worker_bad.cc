@@ -139,6 +139,34 @@ void dispatch_hook_freed(Ctx& c, const Problem& p, uint64_t seed) {
                 MOE_EP_ERR_INVALID_ARGUMENT, "a dispatch whose receive was abandoned");
 }
 
+// The last rank makes a dispatch with a smaller hidden than its peers
+// (each rank's own arguments are valid): a peer would parse its rows at
+// the wrong stride, so every rank's receive refuses the call, naming the
+// rank that differs and both calls' shapes, reads no row, and the group
+// goes on in step.
+void hidden_differs_on_one_rank(Ctx& c, const Problem& p, uint64_t seed) {
+  const int odd = c.world - 1;
+  const int step = c.opt.dtype == "fp8" ? 128 : 8;
+  if (p.hidden <= step) return;
+  {
+    Dispatch d(c);
+    if (c.rank == odd) {
+      d.dp.hidden = p.hidden - step;
+      d.t_x.shape[1] = d.dp.hidden;
+      d.t_rx.shape[2] = d.dp.hidden;
+      d.t_sc.shape[2] = d.dp.hidden / 128;
+    }
+    const std::string theirs = c.rank == odd ? "hidden=" + std::to_string(p.hidden)
+                                             : "rank " + std::to_string(odd) +
+                                                   " made this call with hidden=" +
+                                                   std::to_string(p.hidden - step);
+    expect_status(c, seed, "dispatch whose hidden differs on one rank",
+                  c.api->dispatch(c.group, d.h, &d.dp, nullptr), MOE_EP_ERR_INVALID_ARGUMENT,
+                  theirs.c_str());
+  }
+  still_usable(c, seed + 1);
+}
+
 // The last rank alone refuses a dispatch, then a combine, that its peers
 // make (an unknown flag on that rank only): the peers' call fails at once
 // naming it (INVALID_ARGUMENT, where waiting for it would end in TIMEOUT
@@ -308,6 +336,7 @@ void run_bad_input(Ctx& c) {
     dispatch_hook_freed(c, p, 26);
     still_usable(c, 27);
     refused_on_one_rank(c, p, 40);
+    hidden_differs_on_one_rank(c, p, 50);
   }
   // A double-buffered round with a refused third operation, hook run twice.
   ll_roundtrip(c, p, 15, true);
