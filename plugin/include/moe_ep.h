@@ -505,10 +505,11 @@ typedef struct moe_ep_plugin_v1 {
    * the refusal takes the operation's place: the peers' call of it fails at
    * once with INVALID_ARGUMENT naming that rank, the group stays usable and
    * every rank's next call is the next operation (a refused call is not
-   * retried on one rank alone). With one buffer set, a rank's second
-   * refusal of the same kind in a row may overwrite its first before a
-   * slow peer has read it; that peer then fails with MISMATCH, which
-   * fails the group. Otherwise (the nccl backend, or a hook pending) the
+   * retried on one rank alone). A rank's refusal that would overwrite its
+   * own earlier refusal a peer may not have read yet (one buffer set, the
+   * same kind) first waits, bounded by timeouts.kernel_ms, until every
+   * peer that did not refuse that one too has made this operation.
+   * Otherwise (the nccl backend, or a hook pending) the
    * peers wait for it until timeouts.kernel_ms and fail with TIMEOUT,
    * which fails the group: check arguments alike on every rank. */
   moe_ep_status_t (*dispatch)(moe_ep_group_t *group, moe_ep_handle_t *handle,

@@ -26,6 +26,10 @@ typedef struct host_state {
   /* seq + 1 of the last combine whose receive was abandoned, until this
    * rank's next send has waited for every peer to reach it (0: none). */
   uint64_t owed;
+  /* Per buffer set and kind (dispatch, combine): seq + 1 of this rank's
+   * refusal in that word that a peer may not have read yet, 0 when every
+   * peer is past it (host_op_refused). */
+  uint64_t refusal_unread[MEP_NUM_BUFFER_SETS][2];
 } host_state_t;
 
 static uint64_t host_buffer_bytes(const moe_ep_config_t *cfg, int world) {
@@ -296,9 +300,12 @@ static moe_ep_status_t wait_all(moe_ep_group_t *g, mep_op_t *op, int combine) {
         hs->mesh, flag_off(hs, combine, op->buffer_set, s),
         mep_host_off_refusal(&hs->layout, op->buffer_set, combine, s), op->seq + 1, s, what,
         &refused);
-    if (st == MOE_EP_ERR_MISMATCH && !ahead) {
+    /* Every peer ahead is passed over alike (with one buffer set, all the
+     * peers of a refused operation may be ahead): the first is named if no
+     * source refused. */
+    if (st == MOE_EP_ERR_MISMATCH) {
+      if (!ahead) snprintf(ahead_msg, sizeof ahead_msg, "%s", mep_last_error());
       ahead = 1;
-      snprintf(ahead_msg, sizeof ahead_msg, "%s", mep_last_error());
       continue;
     }
     if (st != MOE_EP_OK) {
@@ -309,6 +316,9 @@ static moe_ep_status_t wait_all(moe_ep_group_t *g, mep_op_t *op, int combine) {
     if (refused && refusals++ == 0) refused_by = s;
   }
   if (ahead && refused_by < 0) return mep_error(MOE_EP_ERR_MISMATCH, "%s", ahead_msg);
+  /* Every peer made this operation: none still reads an earlier refusal of
+   * this rank's on this set. */
+  memset(hs->refusal_unread[op->buffer_set], 0, sizeof hs->refusal_unread[op->buffer_set]);
   if (refused_by >= 0) {
     char more[48] = "";
     if (refusals > 1) snprintf(more, sizeof more, " (and %d more ranks)", refusals - 1);
@@ -612,6 +622,30 @@ static moe_ep_status_t host_op_refused(moe_ep_group_t *g, const mep_op_t *op) {
   const int combine = op->kind == MEP_OP_COMBINE;
   mep_host_mesh_begin(hs->mesh);
   if (hs->owed != 0) MEP_CHECK(wait_owed(g));
+  /* This set's refusal word of this kind may still hold an earlier
+   * refusal that a slow peer's receive has yet to read (with one buffer
+   * set, the operation just before this one): overwritten first, that
+   * peer would see a later operation and fail with MISMATCH. A peer makes
+   * an operation on a set only after its receives on that set have run,
+   * so its signal of this one says it is done with the earlier refusal. A
+   * peer that refused that operation too never reads this rank's word of
+   * it (and may itself be here, waiting): its refusal word says so, since
+   * every peer's signal of that operation has landed (wait_owed above). */
+  uint64_t *unread = &hs->refusal_unread[op->buffer_set][combine];
+  if (*unread != 0) {
+    char what[80];
+    snprintf(what, sizeof what, "%s (operation %llu, refused after an earlier refusal)",
+             combine ? "combine" : "dispatch", (unsigned long long)op->seq);
+    for (int s = 0; s < g->world_size; s++) {
+      if (s == g->rank) continue;
+      const uint64_t *theirs = (const uint64_t *)(mep_host_mesh_local(hs->mesh) +
+                                                  mep_host_off_refusal(&hs->layout, op->buffer_set,
+                                                                       combine, s));
+      if (__atomic_load_n(theirs, __ATOMIC_ACQUIRE) >= *unread) continue;
+      MEP_CHECK(mep_host_mesh_wait_progress(hs->mesh, op->seq + 1, s, what));
+    }
+  }
+  *unread = op->seq + 1;
   /* Itself too: its signals to itself are its progress, which the next
    * send's wait for what is owed counts like any peer's. */
   for (int d = 0; d < g->world_size; d++) {
