@@ -51,6 +51,17 @@ static inline mep_kstatus_t mep_ll_check_ctx(const char *op, const mep_ll_ctx_t 
                              "%s: the context's dims hold max_tokens %d and local_experts %d; "
                              "they must be in 1..%d and 1..%d", op, ctx->dims.max_tokens,
                              ctx->dims.local_experts, MEP_MAX_TOKENS_LL, MEP_MAX_LOCAL_EXPERTS);
+  /* The slot-list words and slot_src hold the rank in 16 bits; the
+   * receive's shared memory grows with the world; top_k and hidden bound
+   * the call's own (mep_ll_check_shape) and the rows' strides. */
+  if (ctx->dims.world < 1 || ctx->dims.world > MEP_MAX_RANKS || ctx->dims.top_k < 1 ||
+      ctx->dims.top_k > MEP_MAX_TOP_K || ctx->dims.hidden < 8 ||
+      ctx->dims.hidden > MEP_MAX_HIDDEN || ctx->dims.hidden % 8 != 0)
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
+                             "%s: the context's dims hold world %d, top_k %d and hidden %d; "
+                             "they must be in 1..%d, 1..%d and 8..%d (a multiple of 8)", op,
+                             ctx->dims.world, ctx->dims.top_k, ctx->dims.hidden, MEP_MAX_RANKS,
+                             MEP_MAX_TOP_K, MEP_MAX_HIDDEN);
   if (ctx->num_sms <= 0)
     return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "%s: num_sms is %d; it must be positive", op, ctx->num_sms);

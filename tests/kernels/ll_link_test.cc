@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "kernels/common/limits.h"
 #include "kernels/common/prepare_layout.h"
 #include "kernels/ll/ll.h"
 #include "tests/kernels/fake_ctx.h"
@@ -130,6 +131,32 @@ TEST(LlLink, LsaOnlyWindowRefusesStagedTransports) {
   EXPECT_NE(std::string(mep_kernels_last_error()).find("smaller than the LL buffer"),
             std::string::npos)
       << mep_kernels_last_error();
+}
+
+// Capacities outside the limits the kernels index by (the rank's 16-bit
+// field, top_k, hidden) are refused before any launch, naming them.
+TEST(LlLink, ContextDimsOutsideTheLimitsAreRefused) {
+  mep_ll_dispatch_args_t d = {};
+  struct Bad {
+    const char *what;
+    void (*breaks)(mep_ll_dims_t *);
+  };
+  const Bad bad[] = {
+      {"world 0", [](mep_ll_dims_t *x) { x->world = 0; }},
+      {"world 1025", [](mep_ll_dims_t *x) { x->world = MEP_MAX_RANKS + 1; }},
+      {"top_k 33", [](mep_ll_dims_t *x) { x->top_k = MEP_MAX_TOP_K + 1; }},
+      {"hidden 129", [](mep_ll_dims_t *x) { x->hidden = 129; }},
+      {"hidden 32776", [](mep_ll_dims_t *x) { x->hidden = MEP_MAX_HIDDEN + 8; }},
+  };
+  for (const Bad &b : bad) {
+    mep_ll_ctx_t ctx = TinyLsaOnlyCtx();
+    ctx.transport = MEP_LL_TRANSPORT_LSA;
+    b.breaks(&ctx.dims);
+    ctx.window_bytes = ~0ull;  // the size check is not what refuses it
+    EXPECT_EQ(mep_ll_dispatch_send(&ctx, &d, nullptr), MEP_KSTATUS_INVALID_ARGUMENT) << b.what;
+    const std::string e = mep_kernels_last_error();
+    EXPECT_NE(e.find("the context's dims hold world"), std::string::npos) << b.what << ": " << e;
+  }
 }
 
 // The library's kernels carry no phase stamps (only //kernels/ll:ll_stamped
