@@ -479,6 +479,10 @@ typedef struct moe_ep_plugin_v1 {
    * without a sync). Reported by the rank that dropped them, naming the
    * source rank. */
   moe_ep_status_t (*group_poll_error)(moe_ep_group_t *group);
+  /* The SMs the group's kernels may use from the next launch on (0: the
+   * backend's default). An HT combine repeats its dispatch's split of the
+   * tokens, so it runs on the SMs its dispatch ran on, whatever was set in
+   * between; every rank of an HT group must set the same value. */
   moe_ep_status_t (*set_num_sms)(moe_ep_group_t *group, int32_t num_sms);
   moe_ep_status_t (*max_sms_used)(const moe_ep_group_t *group,
                                   int32_t *num_sms);
