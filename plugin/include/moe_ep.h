@@ -449,7 +449,7 @@ typedef struct moe_ep_plugin_v1 {
    * MOE_EP_LSA_LINK in the README) uses gin_emulated and allocates what
    * that would (the hint too, under MOE_EP_LSA_LINK=pcie). A world size
    * group_create would refuse for this config is refused here too, with
-   * the same status and sentence, and *bytes is left alone. */
+   * the same status and reason, and *bytes is left alone. */
   moe_ep_status_t (*buffer_size_hint)(const moe_ep_config_t *config,
                                       int32_t world_size, uint64_t *bytes);
 
@@ -510,9 +510,10 @@ typedef struct moe_ep_plugin_v1 {
    * once with INVALID_ARGUMENT naming that rank, the group stays usable and
    * every rank's next call is the next operation (a refused call is not
    * retried on one rank alone). A rank's refusal that would overwrite its
-   * own earlier refusal a peer may not have read yet (one buffer set, the
-   * same kind) first waits, bounded by timeouts.kernel_ms, until every
-   * peer that did not refuse that one too has made this operation.
+   * own earlier refusal of the same kind on the same buffer set, which a
+   * peer may not have read yet, first waits, bounded by
+   * timeouts.kernel_ms, until every peer that did not refuse that one too
+   * has made the set's next operation after it.
    * Otherwise (the nccl backend, or a hook pending) the
    * peers wait for it until timeouts.kernel_ms and fail with TIMEOUT,
    * which fails the group: check arguments alike on every rank. */
@@ -527,12 +528,14 @@ typedef struct moe_ep_plugin_v1 {
    * hook runs once; it stays owned by the caller until hook_free. Freeing a
    * hook that never ran abandons its receive: the host backend stays
    * usable (after an abandoned combine its next send first waits, bounded,
-   * for every rank to have sent that combine), the nccl backend marks the
-   * group failed (MOE_EP_ERR_MISMATCH: the ranks' signals no longer agree);
-   * the handle of an abandoned dispatch is refused by combine. A hook whose
-   * handle was freed before it ran returns INVALID_ARGUMENT saying so, runs
-   * nothing and abandons its receive as hook_free would (its buffer set is
-   * free again). See "threads" above for what may run concurrently. */
+   * for every rank to have sent that combine), and so does nccl
+   * high_throughput (its receive half moves no data); nccl low_latency
+   * marks the group failed (MOE_EP_ERR_MISMATCH: the ranks' signals no
+   * longer agree). The handle of an abandoned dispatch is refused by
+   * combine. A hook whose handle was freed before it ran runs nothing and
+   * abandons its receive as hook_free would (its buffer set is free
+   * again): INVALID_ARGUMENT saying so, or on nccl low_latency the
+   * MISMATCH that fails the group. See "threads" above for what may run concurrently. */
   moe_ep_status_t (*hook_run)(moe_ep_hook_t *hook, void *stream);
   void (*hook_free)(moe_ep_hook_t *hook);
   void (*handle_free)(moe_ep_handle_t *handle);

@@ -626,13 +626,16 @@ static moe_ep_status_t host_op_refused(moe_ep_group_t *g, const mep_op_t *op) {
    * refusal that a slow peer's receive has yet to read (with one buffer
    * set, the operation just before this one): overwritten first, that
    * peer would see a later operation and fail with MISMATCH. A peer makes
-   * an operation on a set only after its receives on that set have run,
-   * so its signal of this one says it is done with the earlier refusal. A
-   * peer that refused that operation too never reads this rank's word of
-   * it (and may itself be here, waiting): its refusal word says so, since
-   * every peer's signal of that operation has landed (wait_owed above). */
+   * an operation on a set only after its receives on that set have run
+   * (or were abandoned), so its signal of the set's next operation after
+   * the refused one says it is done with it. That operation is at most
+   * this one; when it is this one, a peer that refused the earlier one
+   * too (and may itself be here, waiting for this rank) never reads this
+   * rank's word of it, which its own refusal word shows: every peer's
+   * signal of that operation has landed (wait_owed above). */
   uint64_t *unread = &hs->refusal_unread[op->buffer_set][combine];
   if (*unread != 0) {
+    const uint64_t next_on_set = *unread + (uint64_t)hs->layout.nsets;
     char what[80];
     snprintf(what, sizeof what, "%s (operation %llu, refused after an earlier refusal)",
              combine ? "combine" : "dispatch", (unsigned long long)op->seq);
@@ -642,7 +645,7 @@ static moe_ep_status_t host_op_refused(moe_ep_group_t *g, const mep_op_t *op) {
                                                   mep_host_off_refusal(&hs->layout, op->buffer_set,
                                                                        combine, s));
       if (__atomic_load_n(theirs, __ATOMIC_ACQUIRE) >= *unread) continue;
-      MEP_CHECK(mep_host_mesh_wait_progress(hs->mesh, op->seq + 1, s, what));
+      MEP_CHECK(mep_host_mesh_wait_progress(hs->mesh, next_on_set, s, what));
     }
   }
   *unread = op->seq + 1;
@@ -683,11 +686,19 @@ static moe_ep_status_t host_send(moe_ep_group_t *g, mep_op_t *op) {
                           g->rank);
   }
   if (cut == 2) {
-    st = mep_error_suffix(st,
-                          "some of rank %d's cancelled sends had not ended within the bound: "
-                          "UCX may read this call's input tensors until group_destroy, so keep "
-                          "them alive until it returns",
-                          g->rank);
+    /* A combine sends from the caller's y; a dispatch only from the
+     * group's own staging. */
+    st = op->kind == MEP_OP_COMBINE
+             ? mep_error_suffix(st,
+                                "some of rank %d's cancelled sends had not ended within the "
+                                "bound: UCX may read this combine's y until group_destroy, so "
+                                "keep it alive until that returns",
+                                g->rank)
+             : mep_error_suffix(st,
+                                "some of rank %d's cancelled sends had not ended within the "
+                                "bound; they read only the group's own buffers, freed by "
+                                "group_destroy",
+                                g->rank);
   }
   return st;
 }

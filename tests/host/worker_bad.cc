@@ -1,7 +1,10 @@
 // worker_bad.cc: bad input on a live multi-rank group: each mistake returns
 // the right status with a sentence naming the problem, returns no hook, and
 // the group still works (a verified round trip follows each case).
+#include <chrono>
 #include <cstring>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/common/plugin_api.h"
@@ -139,6 +142,64 @@ void dispatch_hook_freed(Ctx& c, const Problem& p, uint64_t seed) {
                 MOE_EP_ERR_INVALID_ARGUMENT, "a dispatch whose receive was abandoned");
 }
 
+// One buffer set: the last rank (B) refuses a dispatch, makes the next one
+// deferred and frees its hook unrun (so it never receives on the set after
+// its refusal), then refuses the one after. Rank 0 (A), 200 ms late,
+// refuses those last two. Neither rank may wait for the other's signal of
+// the last operation, which each sends only after its own wait: B waits
+// for A's signal of the operation after its earlier refusal, A for B's.
+void refusal_after_abandoned_receive(Ctx& c, const Problem& p, uint64_t seed) {
+  const int b = c.world - 1;
+  if (c.world < 2 || c.opt.double_buffer) return;
+  const uint32_t unknown_flag = 0x80;
+  auto told = [&](uint64_t s, const char* what, moe_ep_status_t st) {
+    expect_status(c, s, what, st, MOE_EP_ERR_INVALID_ARGUMENT, "its peers were told");
+  };
+  auto named = [&](uint64_t s, const char* what, moe_ep_status_t st, const std::string& who) {
+    expect_status(c, s, what, st, MOE_EP_ERR_INVALID_ARGUMENT, who.c_str());
+  };
+  const std::string by_b = "rank " + std::to_string(b) + " refused its own call";
+  {
+    LlCall a(c, p, seed);
+    if (a.prepare() != MOE_EP_OK) return;
+    moe_ep_status_t st = a.dispatch(c.rank == b ? unknown_flag : 0, nullptr);
+    if (c.rank == b) {
+      told(seed, "B's first refusal", st);
+    } else {
+      named(seed, "dispatch B refused", st, by_b);
+    }
+  }
+  {
+    LlCall a(c, p, seed + 1);
+    if (a.prepare() != MOE_EP_OK) return;
+    if (c.rank == b) {
+      moe_ep_hook_t* hook = nullptr;
+      if (!expect_status(c, seed + 1, "B's deferred dispatch (its hook freed unrun)",
+                         a.dispatch(MOE_EP_FLAG_DEFER_RECV, &hook), MOE_EP_OK)) {
+        return;
+      }
+      c.api->hook_free(hook);
+    } else if (c.rank == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      told(seed + 1, "A's late refusal", a.dispatch(unknown_flag, nullptr));
+    } else {
+      named(seed + 1, "dispatch A refused", a.dispatch(0, nullptr), "rank 0 refused its own call");
+    }
+  }
+  {
+    LlCall a(c, p, seed + 2);
+    if (a.prepare() != MOE_EP_OK) return;
+    const bool refuses = c.rank == 0 || c.rank == b;
+    moe_ep_status_t st = a.dispatch(refuses ? unknown_flag : 0, nullptr);
+    if (refuses) {
+      told(seed + 2, "A's and B's refusal after their earlier ones", st);
+    } else {
+      named(seed + 2, "dispatch A and B refused", st, "rank 0 (and 1 more ranks) refused");
+    }
+  }
+  still_usable(c, seed + 3);
+}
+
 // The last rank makes a dispatch with a smaller hidden than its peers
 // (each rank's own arguments are valid): a peer would parse its rows at
 // the wrong stride, so every rank's receive refuses the call, naming the
@@ -149,7 +210,7 @@ void hidden_differs_on_one_rank(Ctx& c, const Problem& p, uint64_t seed) {
   const int step = c.opt.dtype == "fp8" ? 128 : 8;
   // With one buffer set the dispatch after this failed one would follow
   // it on the same set with no combine between (README, "Limits").
-  if (p.hidden <= step || !c.opt.double_buffer) return;
+  if (c.world < 2 || p.hidden <= step || !c.opt.double_buffer) return;
   {
     Dispatch d(c);
     if (c.rank == odd) {
@@ -341,6 +402,7 @@ void run_bad_input(Ctx& c) {
     still_usable(c, 27);
     refused_on_one_rank(c, p, 40);
     hidden_differs_on_one_rank(c, p, 50);
+    refusal_after_abandoned_receive(c, p, 60);
   }
   // A double-buffered round with a refused third operation, hook run twice.
   ll_roundtrip(c, p, 15, true);

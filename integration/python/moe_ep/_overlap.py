@@ -34,7 +34,10 @@ def on_send_stream(group, hook):
     stream = torch.cuda.current_stream(group.device)
 
     def run():
-        with torch.cuda.stream(stream):
+        # The device first: a stream context alone would restore the
+        # calling thread's stream of its own current device on exit, which
+        # can create a CUDA context on a GPU the process never used.
+        with torch.cuda.device(stream.device), torch.cuda.stream(stream):
             return hook()
     return run
 

@@ -26,9 +26,17 @@ class NormalHandle:
         self.recv_topk_weights = recv_topk_weights
         # torch counts in-place writes: combine returns the dispatch's own
         # weights, so it must know whether the caller changed them since.
-        self.recv_weights_version = None if recv_topk_weights is None else \
-            recv_topk_weights._version
+        self.recv_weights_version = _version_or_none(recv_topk_weights)
         self.worst_rows = worst_rows  # rows of the latest dispatch's worst-case outputs, or 0
+
+
+def _version_or_none(t):
+    """t's count of in-place writes, or None for no tensor or one made under
+    torch.inference_mode() (engines run their forward pass so), which keeps
+    no such count."""
+    if t is None or (hasattr(t, "is_inference") and t.is_inference()):
+        return None
+    return t._version
 
 
 def _split_x(entry, x):
@@ -498,7 +506,9 @@ class NormalMixin:
                 _refuse(entry, "topk_weights", "<tensor>", "only the recv_topk_weights this "
                         "handle's dispatch returned can be combined (they come back as the "
                         "dispatch's weights); moe-ep's combine carries no weights")
-            if topk_weights._version != handle.recv_weights_version:
+            now = _version_or_none(topk_weights)
+            if now is not None and handle.recv_weights_version is not None and \
+                    now != handle.recv_weights_version:
                 _refuse(entry, "topk_weights", "<recv_topk_weights written in place>",
                         "moe-ep's combine carries no weights: it returns the weights the "
                         "dispatch sent, which no longer match the tensor after that write "

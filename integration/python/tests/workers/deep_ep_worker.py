@@ -267,6 +267,16 @@ def normal(group):
     recv_w.mul_(2.0)
     expect_raises("HT combine of recv_topk_weights written in place", NotImplementedError,
                   "written in place", lambda: buf.combine(y, handle, topk_weights=recv_w))
+    # Engines run under inference mode, whose tensors count no writes: the
+    # same round trip goes through there, weights and all.
+    with torch.inference_mode():
+        _, _, rw, _, h, _ = buf.dispatch(
+            x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w, expert_alignment=4)
+        out, combined_w, _ = buf.combine(y, h, topk_weights=rw)
+    same("deep_ep HT combine (inference mode)", 9, bits(out), oracle.ht_combine(P, inputs[RANK]))
+    same("deep_ep HT combined weights (inference mode)", 9, combined_w.numpy(),
+         np.where(inputs[RANK]["topk_idx"] >= 0, inputs[RANK]["weights"], 0).astype(np.float32))
     expect_raises("HT bias shape", ValueError, "bias[1] is (%d, 8)" % len(x),
                   lambda: buf.combine(y, handle, bias=(None, torch.zeros((len(x), 8),
                                                                          dtype=torch.bfloat16))))
