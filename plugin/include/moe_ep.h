@@ -465,8 +465,10 @@ typedef struct moe_ep_plugin_v1 {
    * (window, device state, NCCL's device communicator) allocated for the
    * life of the process; an adopted nccl_comm must then outlive them. A
    * communicator the group made itself is torn down by NCCL, which waits
-   * for the whole device. CUDA graphs holding the group's calls must have
-   * finished running. */
+   * for the whole device; so does freeing the group's device memory on a
+   * device without memory pools (some vGPU or MIG setups), where cudaFree
+   * stands in for the stream-ordered free. CUDA graphs holding the
+   * group's calls must have finished running. */
   moe_ep_status_t (*group_destroy)(moe_ep_group_t *group);
   moe_ep_status_t (*group_info)(const moe_ep_group_t *group,
                                 moe_ep_group_info_t *info);
