@@ -166,9 +166,7 @@ static moe_ep_status_t check_backend_world(const mep_backend_ops_t *ops, const m
   if (ops->max_ranks == 0 || world_size <= ops->max_ranks) return MOE_EP_OK;
   return mep_error(MOE_EP_ERR_UNSUPPORTED,
                    "%s: world_size=%d; mode '%s' on the %s backend takes at most %d ranks", who,
-                   world_size, cfg->mode == MOE_EP_MODE_LOW_LATENCY ? "low_latency"
-                                                                     : "high_throughput",
-                   ops->name, ops->max_ranks);
+                   world_size, mep_mode_name(cfg->mode), ops->name, ops->max_ranks);
 }
 
 static moe_ep_status_t validate_params(const moe_ep_group_params_t *p,

@@ -186,6 +186,15 @@ bool LlCall::repeat_expert_everywhere(int source, int64_t expert) {
   return static_cast<int64_t>(m.num_tokens) * p_.top_k > p_.max_tokens_per_rank;
 }
 
+bool LlCall::dispatch_abandoned(const char* what) {
+  moe_ep_hook_t* hook = nullptr;
+  if (!expect_status(c_, seed_, what, dispatch(MOE_EP_FLAG_DEFER_RECV, &hook), MOE_EP_OK)) {
+    return false;
+  }
+  c_.api->hook_free(hook);
+  return true;
+}
+
 moe_ep_status_t LlCall::prepare(bool check) {
   trace(c_, "prepare", seed_);
   c_.api->handle_free(h_);

@@ -52,6 +52,9 @@ class LlCall {
   // scenario). Whether that is more slots than max_tokens_per_rank, the
   // most one expert takes from one source.
   bool repeat_expert_everywhere(int source, int64_t expert);
+  // A deferred dispatch whose hook is freed unrun (its receive abandoned);
+  // false when the dispatch did not return OK (reported as `what`).
+  bool dispatch_abandoned(const char* what);
   uint64_t seed() const { return seed_; }
   // Pass prepare / dispatch / combine params with these struct_size values
   // (0: the full size), the bytes past them garbage, as an engine built

@@ -131,13 +131,9 @@ void hook_after_handle_address_reused(Ctx& c, const Problem& p, uint64_t seed) {
 // to run.
 void dispatch_hook_freed(Ctx& c, const Problem& p, uint64_t seed) {
   LlCall a(c, p, seed);
-  if (a.prepare() != MOE_EP_OK) return;
-  moe_ep_hook_t* hook = nullptr;
-  if (!expect_status(c, seed, "deferred dispatch (its hook to be freed)",
-                     a.dispatch(MOE_EP_FLAG_DEFER_RECV, &hook), MOE_EP_OK)) {
+  if (a.prepare() != MOE_EP_OK || !a.dispatch_abandoned("deferred dispatch (its hook to be freed)")) {
     return;
   }
-  c.api->hook_free(hook);
   expect_status(c, seed, "combine after its dispatch's hook was freed", a.combine(0, nullptr),
                 MOE_EP_ERR_INVALID_ARGUMENT, "a dispatch whose receive was abandoned");
 }
@@ -173,12 +169,7 @@ void refusal_after_abandoned_receive(Ctx& c, const Problem& p, uint64_t seed) {
     LlCall a(c, p, seed + 1);
     if (a.prepare() != MOE_EP_OK) return;
     if (c.rank == b) {
-      moe_ep_hook_t* hook = nullptr;
-      if (!expect_status(c, seed + 1, "B's deferred dispatch (its hook freed unrun)",
-                         a.dispatch(MOE_EP_FLAG_DEFER_RECV, &hook), MOE_EP_OK)) {
-        return;
-      }
-      c.api->hook_free(hook);
+      if (!a.dispatch_abandoned("B's deferred dispatch (its hook freed unrun)")) return;
     } else if (c.rank == 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
       told(seed + 1, "A's late refusal", a.dispatch(unknown_flag, nullptr));

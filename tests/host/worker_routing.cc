@@ -19,13 +19,10 @@ namespace moe_ep_test {
 static void abandoned_receive_fails_gpu_group(Ctx& c, const moe_ep_oracle::Problem& p,
                                               uint64_t seed) {
   LlCall a(c, p, seed);
-  if (a.prepare() != MOE_EP_OK) return;
-  moe_ep_hook_t* hook = nullptr;
-  if (!expect_status(c, seed, "deferred dispatch (its hook to be freed unrun)",
-                     a.dispatch(MOE_EP_FLAG_DEFER_RECV, &hook), MOE_EP_OK)) {
+  if (a.prepare() != MOE_EP_OK ||
+      !a.dispatch_abandoned("deferred dispatch (its hook to be freed unrun)")) {
     return;
   }
-  c.api->hook_free(hook);
   for (int i = 0; i < 2; i++) {
     expect_status(c, seed, "poll_error after an abandoned receive",
                   c.api->group_poll_error(c.group), MOE_EP_ERR_MISMATCH,
@@ -33,6 +30,29 @@ static void abandoned_receive_fails_gpu_group(Ctx& c, const moe_ep_oracle::Probl
   }
   expect_status(c, seed, "dispatch after an abandoned receive", a.dispatch(0, nullptr),
                 MOE_EP_ERR_MISMATCH, "the group failed earlier");
+}
+
+// A round trip on `call` whose routing the kernel drops part of and notes:
+// dispatch and combine succeed; where `noted`, group_poll_error then
+// reports it once, naming `want`, and a second poll is clean. False when
+// prepare failed (reported).
+static bool noted_round_trip(Ctx& c, LlCall& call, uint64_t seed, const char* dispatch_what,
+                             bool noted, const char* poll_what, const std::string& want) {
+  if (call.prepare() != MOE_EP_OK) {
+    fail(c, seed, "prepare", c.api->last_error());
+    return false;
+  }
+  expect_status(c, seed, dispatch_what, call.dispatch(0, nullptr), MOE_EP_OK);
+  call.make_y();
+  expect_status(c, seed, "combine after it", call.combine(0, nullptr), MOE_EP_OK);
+  call.check_dispatch_quietly();  // waits for the device
+  if (noted) {
+    expect_status(c, seed, poll_what, c.api->group_poll_error(c.group),
+                  MOE_EP_ERR_INVALID_ARGUMENT, want.c_str());
+  }
+  expect_status(c, seed, "group_poll_error again (reported once)",
+                c.api->group_poll_error(c.group), MOE_EP_OK);
+  return true;
 }
 
 void run_routing(Ctx& c) {
@@ -44,22 +64,11 @@ void run_routing(Ctx& c) {
   {
     LlCall call(c, p, 52);
     const bool corrupted = call.corrupt_first_slot(bad);
-    if (call.prepare() != MOE_EP_OK) {
-      fail(c, 52, "prepare", c.api->last_error());
+    if (!noted_round_trip(c, call, 52, "dispatch with an out-of-range id in device memory",
+                          corrupted, "group_poll_error after the bad id",
+                          "topk_idx[0][0] = " + std::to_string(bad))) {
       return;
     }
-    expect_status(c, 52, "dispatch with an out-of-range id in device memory",
-                  call.dispatch(0, nullptr), MOE_EP_OK);
-    call.make_y();
-    expect_status(c, 52, "combine after it", call.combine(0, nullptr), MOE_EP_OK);
-    call.check_dispatch_quietly();  // waits for the device
-    if (corrupted) {
-      const std::string want = "topk_idx[0][0] = " + std::to_string(bad);
-      expect_status(c, 52, "group_poll_error after the bad id", c.api->group_poll_error(c.group),
-                    MOE_EP_ERR_INVALID_ARGUMENT, want.c_str());
-    }
-    expect_status(c, 52, "group_poll_error again (reported once)",
-                  c.api->group_poll_error(c.group), MOE_EP_OK);
   }
   ll_roundtrip(c, p, 53, false);
   {
@@ -72,24 +81,13 @@ void run_routing(Ctx& c) {
     const int owner = static_cast<int>(expert / p.local_experts());
     LlCall call(c, p, 54);
     const bool over = call.repeat_expert_everywhere(0, expert);
-    if (call.prepare() != MOE_EP_OK) {
-      fail(c, 54, "prepare", c.api->last_error());
+    if (!noted_round_trip(c, call, 54, "dispatch with an expert repeated in device memory",
+                          c.rank == owner && over, "group_poll_error after the repeated expert",
+                          "rank 0's topk_idx named local expert " +
+                              std::to_string(expert % p.local_experts()) + " (expert " +
+                              std::to_string(expert) + ")")) {
       return;
     }
-    expect_status(c, 54, "dispatch with an expert repeated in device memory",
-                  call.dispatch(0, nullptr), MOE_EP_OK);
-    call.make_y();
-    expect_status(c, 54, "combine after it", call.combine(0, nullptr), MOE_EP_OK);
-    call.check_dispatch_quietly();  // waits for the device
-    if (c.rank == owner && over) {
-      const std::string want = "rank 0's topk_idx named local expert " +
-                               std::to_string(expert % p.local_experts()) + " (expert " +
-                               std::to_string(expert) + ")";
-      expect_status(c, 54, "group_poll_error after the repeated expert",
-                    c.api->group_poll_error(c.group), MOE_EP_ERR_INVALID_ARGUMENT, want.c_str());
-    }
-    expect_status(c, 54, "group_poll_error again (reported once)",
-                  c.api->group_poll_error(c.group), MOE_EP_OK);
   }
   ll_roundtrip(c, p, 55, false);
   abandoned_receive_fails_gpu_group(c, p, 56);
