@@ -51,7 +51,7 @@ static moe_ep_status_t handle_layout_locked(moe_ep_group_t *g, moe_ep_handle_t *
   }
   if (g->ops->handle_layout == NULL) {
     return mep_error(MOE_EP_ERR_UNSUPPORTED,
-                     "handle_layout: the %s backend does not export the slot layout yet",
+                     "handle_layout: the %s backend does not export the slot layout",
                      g->ops->name);
   }
   int32_t *src_info = NULL;

@@ -3,9 +3,11 @@
  * An engine dlopens the library, looks up the exported table
  * `moe_ep_plugin_v1` (see moe_ep_loader.h) and calls everything through it.
  * Every public struct starts with `size_t struct_size`: the library reads
- * only the fields that fit in that size and uses defaults for the rest, so
- * old engines keep working when fields are appended. Fields are only ever
- * appended; tests/plugin/abi_layout_test.cc pins every offset.
+ * only the fields that fit in that size and uses defaults for the fields
+ * past it, so old engines keep working when fields are appended. Fields
+ * within the size are read as written: MOE_EP_INIT zeroes them, and a zero
+ * is not a default where the field says so (see moe_ep_config_t). Fields
+ * are only ever appended; tests/plugin/abi_layout_test.cc pins every offset.
  */
 #ifndef MOE_EP_H_
 #define MOE_EP_H_
@@ -37,10 +39,26 @@ typedef enum moe_ep_status {
   MOE_EP_ERR_CUDA = 9,
   MOE_EP_ERR_NCCL = 10,
   MOE_EP_ERR_UCX = 11,
-  MOE_EP_ERR_BUSY = 12,            /* e.g. a third pending double-buffered op */
+  MOE_EP_ERR_BUSY = 12,            /* the op's buffer set still holds an unrun hook */
   MOE_EP_ERR_INTERNAL = 13,
   MOE_EP_STATUS_COUNT_ = 14
 } moe_ep_status_t;
+
+/* Which statuses fail a group: PEER_FAILED, TIMEOUT, MISMATCH, CUDA, NCCL,
+ * UCX and INTERNAL. When an entry on a group returns one of them, or
+ * hook_free abandons an nccl low_latency receive (MISMATCH; see hook_run),
+ * the group is failed for good: from then on prepare, dispatch, combine,
+ * hook_run, handle_layout and group_poll_error return that status with the
+ * first failure's sentence, and the engine destroys the group
+ * (group_destroy). group_info, set_num_sms and max_sms_used still answer.
+ * The other statuses (INVALID_ARGUMENT, CONFIG, UNSUPPORTED, NO_MEMORY,
+ * BUSY) do not fail the group.
+ *
+ * BUSY: operations take the group's buffer sets in turn (two with
+ * double_buffer, else one), and an operation whose set still holds a
+ * deferred operation whose hook has not run is refused. With double_buffer
+ * that is the third operation while the first hook is pending; without it,
+ * the second. */
 
 /* ---- tensors ----------------------------------------------------------- */
 
@@ -81,10 +99,24 @@ typedef struct moe_ep_tensor {
   uint64_t byte_offset;
 } moe_ep_tensor_t;
 
+/* What every entry checks of a tensor, refusing a break with
+ * MOE_EP_ERR_INVALID_ARGUMENT:
+ *   - memory: on the host backend CPU or CUDA_HOST (pinned) memory; on the
+ *     nccl backend CUDA memory of the group's device (device_id checked);
+ *   - dtype with lanes 1, and the shape the entry names;
+ *   - compact row-major layout: strides NULL, or the compact strides (a
+ *     dimension of size 1 may have any stride; other views are refused);
+ *   - alignment of data + byte_offset: 16 bytes for bf16 and fp8 tensors
+ *     (the kernels move whole 16-byte vectors), the element size for the
+ *     others. */
+
 /* ---- configuration ----------------------------------------------------- */
 
 typedef enum moe_ep_backend {
-  MOE_EP_BACKEND_AUTO = 0, /* nccl when a CUDA device is present, else host */
+  MOE_EP_BACKEND_AUTO = 0, /* nccl when a CUDA device is present, else host;
+                              nccl then needs libnccl.so.2: without it
+                              group_create returns MOE_EP_ERR_NCCL (no
+                              fallback to host) */
   MOE_EP_BACKEND_HOST = 1,
   MOE_EP_BACKEND_NCCL = 2
 } moe_ep_backend_t;
@@ -135,10 +167,16 @@ typedef enum moe_ep_log_level {
 } moe_ep_log_level_t;
 
 /* A dispatch's row format, chosen per call (moe_ep_dispatch_params_t.format,
- * as DeepEP's use_fp8 / use_ue8m0 are). A group's buffers hold rows of its
- * configured dispatch_dtype: fp8 rows fit a bf16 group's buffers, so a group
- * configured bf16 takes every format; a group configured fp8 takes the fp8
- * formats only. */
+ * as DeepEP's use_fp8 / use_ue8m0 are). Low latency: a group's buffers hold
+ * rows of its configured dispatch_dtype, and fp8 rows fit a bf16 group's
+ * buffers, so a group configured bf16 takes every format; a group
+ * configured fp8 refuses format BF16 with MOE_EP_ERR_UNSUPPORTED. An fp8
+ * format needs the call's hidden to be a multiple of 128 (one scale per 128
+ * channels), else INVALID_ARGUMENT: a bf16 group whose hidden is 2880 takes
+ * bf16 rows only. High throughput ignores dispatch_dtype: its rows follow
+ * x's dtype (see x_scales), and fp8_scale names the scales of format GROUP
+ * with an fp8 x. An HT group configured fp8_e4m3 still needs its config
+ * hidden to be a multiple of 128. */
 typedef enum moe_ep_dispatch_format {
   MOE_EP_FORMAT_GROUP = 0,          /* the group's dispatch_dtype and fp8_scale */
   MOE_EP_FORMAT_BF16 = 1,
@@ -153,7 +191,21 @@ typedef enum moe_ep_dispatch_format {
 /* The effective configuration: what the engine's YAML `moe_ep:` section
  * says, with defaults filled in and MOE_EP_<KEY> environment overrides
  * applied. Build one with `config_from_yaml` (the text "moe_ep: {}" gives
- * every default). */
+ * every default); only it applies the overrides, and an empty variable
+ * counts as unset.
+ * A struct the engine fills itself gets no MOE_EP_<KEY> overrides
+ * (MOE_EP_LOG_LEVEL still sets the log level: the logger reads it), and gets
+ * defaults only for the fields past its struct_size; every field within it
+ * is read as written and checked (MOE_EP_ERR_CONFIG naming the key, as for
+ * YAML): a struct from MOE_EP_INIT has num_experts 0 and is refused. To
+ * start from the defaults, set fields in the struct
+ * config_from_yaml("moe_ep: {}") returns. A struct_size that does not reach
+ * through log_level is INVALID_ARGUMENT.
+ * Ranks must agree on every key but bootstrap.address,
+ * bootstrap.timeout_ms, bootstrap.token_env and log_level: group_create
+ * compares the others (backend as resolved from auto) and fails with
+ * MOE_EP_ERR_MISMATCH naming the first key that differs. Ranks with
+ * different bootstrap.timeout_ms give up at different times. */
 typedef struct moe_ep_config {
   size_t struct_size;
   int32_t backend;          /* moe_ep_backend_t */
@@ -218,7 +270,10 @@ typedef struct moe_ep_group_params {
    * (window registration, device communicator) are bounded only as the
    * engine configured it: on a blocking communicator they wait for every
    * peer, a dead one too. A communicator moe-ep creates is nonblocking and
-   * every such step is bounded by bootstrap.timeout_ms. */
+   * every such step is bounded by bootstrap.timeout_ms. One whose rank or
+   * rank count differs from the group's: MOE_EP_ERR_MISMATCH. Set on a group
+   * whose backend is host (configured, or auto without a CUDA device):
+   * MOE_EP_ERR_INVALID_ARGUMENT. */
   void *nccl_comm;
 } moe_ep_group_params_t;
 
@@ -245,8 +300,11 @@ typedef struct moe_ep_group_info {
 /* ---- operations -------------------------------------------------------- */
 
 #define MOE_EP_FLAG_DEFER_RECV (1u << 0) /* launch send half, return a hook */
-#define MOE_EP_FLAG_ROUND_SCALE (1u << 1) /* fp8: power-of-two scales (LL:
-                                             HT never quantises) */
+#define MOE_EP_FLAG_ROUND_SCALE (1u << 1) /* LL dispatch of fp8 rows:
+                                             power-of-two scales. Accepted
+                                             and ignored by HT dispatch
+                                             (HT never quantises), by bf16
+                                             rows and by combine */
 /* 0.3, HT dispatch only (DeepEP's num_worst_tokens > 0): outputs sized for
  * the worst case, so the call needs no receive count on the host and can be
  * captured in a CUDA graph. The receive tensors (recv_x, recv_scales,
@@ -276,7 +334,7 @@ typedef struct moe_ep_prepare_params {
   int32_t num_tokens;              /* T; <= max_tokens_per_rank */
   int32_t top_k;                   /* K; <= config top_k */
   void *stream;                    /* cudaStream_t (nccl); ignored on host */
-  /* HT outputs (optional, may be NULL): */
+  /* Layout outputs, both modes (optional, may be NULL): */
   moe_ep_tensor_t *num_tokens_per_rank;   /* [R] int32 */
   moe_ep_tensor_t *num_tokens_per_expert; /* [E] int32 */
   moe_ep_tensor_t *is_token_in_rank;      /* [T, R] uint8 */
@@ -300,9 +358,10 @@ typedef struct moe_ep_dispatch_params {
   moe_ep_tensor_t *recv_x;      /* [E_local, R*max_tokens, H] bf16 or fp8;
                                    HT: [cap, H], x's dtype */
   moe_ep_tensor_t *recv_scales; /* [E_local, R*max_tokens, H/128] f32, or
-                                   [E_local, R*max_tokens, H/512] int32;
-                                   HT with fp8 x: [cap, H/128] f32 or
-                                   [cap, H/512] int32, as x_scales */
+                                   [E_local, R*max_tokens, H/512 rounded
+                                   up] int32; HT with fp8 x: [cap, H/128]
+                                   f32 or [cap, H/512 rounded up] int32,
+                                   as x_scales */
   moe_ep_tensor_t *recv_count;  /* [E_local] int32 */
   /* [T, K] f32. HT: required input. LL: optional; when given, the weights
    * travel with the tokens and combine sums each token's experts on the
@@ -338,13 +397,15 @@ typedef struct moe_ep_dispatch_params {
 
 typedef struct moe_ep_combine_params {
   size_t struct_size;
-  uint32_t flags;
-  int32_t hidden;
+  uint32_t flags;                      /* DEFER_RECV; ROUND_SCALE is ignored */
+  int32_t hidden;                      /* the dispatch's hidden on this handle,
+                                          else INVALID_ARGUMENT */
   const moe_ep_tensor_t *y;            /* LL: [E_local, R*max_tokens, H];
                                           HT: [N_recv, H] bf16 */
   /* LL: [T, K] f32. Required unless the dispatch on this handle was given
    * topk_weights; then NULL or that same tensor (another tensor is
-   * INVALID_ARGUMENT: the weights were already applied). */
+   * INVALID_ARGUMENT: the weights were already applied). HT: not read (the
+   * experts applied the weights to y). */
   const moe_ep_tensor_t *topk_weights;
   /* [T, H] bf16 = sum_k w_k * y_k, in a fixed order (bit-identical on
    * every backend and transport, and wherever the weights were given):
@@ -454,7 +515,16 @@ typedef struct moe_ep_plugin_v1 {
                                       int32_t world_size, uint64_t *bytes);
 
   /* Collective over all ranks. On success *out is owned by the caller and
-   * released with group_destroy (collective too). */
+   * released with group_destroy (collective too). Refusals beside the
+   * config's own rules: INVALID_ARGUMENT for a world size outside 1..1024,
+   * num_experts not divisible by it or more than 1024 experts per rank, a
+   * rank outside the world, a ranks_per_node that breaks its rules,
+   * nccl_comm on a host group, or, with more than one rank, no job token
+   * (the variable bootstrap.token_env names is unset or empty);
+   * UNSUPPORTED for nccl high_throughput beyond 16 ranks; MISMATCH for
+   * configs that differ in a key the ranks must agree on, an NCCL other
+   * than the one the kernels were built against, or an adopted nccl_comm of
+   * another rank or size; NCCL when libnccl.so.2 cannot be loaded. */
   moe_ep_status_t (*group_create)(const moe_ep_group_params_t *params,
                                   moe_ep_group_t **out);
   /* The group is gone when it returns, whatever the status. On the nccl
@@ -472,14 +542,25 @@ typedef struct moe_ep_plugin_v1 {
   moe_ep_status_t (*group_destroy)(moe_ep_group_t *group);
   moe_ep_status_t (*group_info)(const moe_ep_group_t *group,
                                 moe_ep_group_info_t *info);
-  /* OK, or the asynchronous error a kernel recorded: TIMEOUT (the group is
-   * then failed), or INVALID_ARGUMENT once for a GPU dispatch that met a
-   * topk_idx value outside -1..num_experts-1 and dropped that slot, or
-   * whose source named one expert in more than max_tokens_per_rank slots
-   * (a repeat within a token) and dropped the excess (the group stays
-   * usable; device-resident routing cannot be checked before the launch
-   * without a sync). Reported by the rank that dropped them, naming the
-   * source rank. */
+  /* OK, the status that failed the group earlier (see "Which statuses fail
+   * a group" at the status enum), or an error a kernel recorded since:
+   * - nccl low_latency: TIMEOUT (a wait expired) or INTERNAL (a receive read
+   *   a signal or list value no sender produces), both failing the group; or
+   *   INVALID_ARGUMENT, leaving the group usable, for the first drop since
+   *   the last report (only this entry reports it): a dispatch that met a
+   *   topk_idx value outside -1..num_experts-1 and dropped that slot
+   *   (reported by the rank whose topk_idx it was), or that received from
+   *   one source more than max_tokens_per_rank slots of one expert (a
+   *   repeat within a token) and dropped the excess (reported by the
+   *   receiving rank, naming the source rank). Device-resident routing
+   *   cannot be checked before the launch without a sync.
+   * - nccl high_throughput: TIMEOUT; MISMATCH (ranks called set_num_sms
+   *   with different values); INTERNAL (a combine launched with another
+   *   channel count than its dispatch's layout). All fail the group. HT
+   *   kernels treat a topk_idx value outside -1..num_experts-1 as -1 and
+   *   carry a repeated expert as given; neither is reported.
+   * - host backend: nothing beyond the group's failure (its prepare
+   *   refuses a bad topk_idx value or a repeat with INVALID_ARGUMENT). */
   moe_ep_status_t (*group_poll_error)(moe_ep_group_t *group);
   /* The SMs the group's kernels may use from the next launch on (0: the
    * backend's default). An HT combine repeats its dispatch's split of the
@@ -492,13 +573,19 @@ typedef struct moe_ep_plugin_v1 {
   /* Routing layout for one layer call; *handle is owned by the caller
    * (handle_free). The handle refers to the engine's topk_idx tensor and to
    * the recv_count tensor its dispatch wrote: both must stay valid and
-   * unchanged until the combine on this handle has completed. Each token's
-   * experts must be distinct (the host backend rejects a repeat; the GPU
-   * kernels keep a source's first max_tokens_per_rank slots of an expert in
-   * (token, k) order, drop the rest, whose share of the combine is then not
-   * defined, and report it through group_poll_error). Combine a handle before the dispatch after
-   * next: buffer sets alternate, and a later dispatch on the same set
-   * replaces the layout (combine then fails with a sentence saying so). */
+   * unchanged until the combine on this handle has completed. Each
+   * topk_idx value must be -1 or an expert id, and each token's experts must
+   * be distinct. The host backend's prepare refuses a break of either with
+   * INVALID_ARGUMENT. On the nccl backend prepare checks neither (the ids
+   * are in device memory); its kernels drop a bad id as -1, and:
+   * low_latency keeps a source's first max_tokens_per_rank slots of an
+   * expert in (token, k) order and drops the rest, whose share of the
+   * combine is then not defined; it reports both through group_poll_error.
+   * high_throughput reports neither, and a repeated expert arrives as given
+   * (recv_topk_idx names it in both slots, recv_count counts both). Combine
+   * a handle before the dispatch after next: buffer sets alternate, and a
+   * later dispatch on the same set replaces the layout (combine then fails
+   * with a sentence saying so). */
   moe_ep_status_t (*prepare)(moe_ep_group_t *group,
                              const moe_ep_prepare_params_t *params,
                              moe_ep_handle_t **handle);

@@ -7,10 +7,11 @@
  *   ...
  *   moe_ep_unload(lib);
  *
- * It dlopens the file, probes the newest table this header understands down
- * to the oldest, and checks abi_version and struct_size, so a too-old or
- * foreign library is refused with a sentence instead of a crash. Link the
- * engine with -ldl on older glibc. */
+ * It dlopens the file, looks up the one table symbol (moe_ep_plugin_v1),
+ * checks that the table's struct_size holds abi_version before reading it,
+ * then abi_version, then that struct_size reaches handle_free and that no
+ * entry up to there is NULL, so a too-old or foreign library is refused with
+ * a sentence instead of a crash. Link the engine with -ldl on older glibc. */
 #ifndef MOE_EP_LOADER_H_
 #define MOE_EP_LOADER_H_
 

@@ -159,8 +159,19 @@ class Group:
         return n.value
 
     def poll_error(self):
-        """Raises the asynchronous error a kernel recorded (TIMEOUT, or a bad
-        device-resident topk_idx); returns None when there is none."""
+        """Raises the error that failed the group earlier, or one a kernel
+        recorded since; returns None when there is none.
+
+        nccl low_latency: TimeoutError or InternalError (both fail the
+        group), or InvalidArgumentError once for a dispatch that dropped a
+        topk_idx slot outside -1..num_experts-1 or, from one source, the
+        slots of an expert past max_tokens_per_rank (a repeat within a
+        token); the group stays usable. nccl high_throughput: TimeoutError,
+        MismatchError (ranks called set_num_sms differently) or
+        InternalError, all failing the group; its kernels neither check nor
+        report topk_idx. Host backend: only the group's failure (its
+        prepare refuses a bad topk_idx). A failed group raises the same
+        error from every later operation: close it."""
         self._lib.check(self._lib.group_poll_error(self.pointer), "group_poll_error")
 
     # ---- operations --------------------------------------------------------
