@@ -77,7 +77,9 @@ TEST(BootstrapJoin, AnswerWithoutProofOfTheTokenIsNotTrusted) {
   p.rank = 1;
   p.world_size = 2;
   p.address = addr.c_str();
-  p.timeout_ms = 1500;
+  // Long enough for the joiner to be served at least once however slowly
+  // it starts; it gives up at this bound either way.
+  p.timeout_ms = 10000;
   p.token = "the-real-token";
   mep_bootstrap_t *bs = nullptr;
   const moe_ep_status_t st = mep_bootstrap_create(&p, &bs);

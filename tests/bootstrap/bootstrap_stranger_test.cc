@@ -25,6 +25,8 @@ namespace {
 // are done (they run one after another, each given up to 90 s, and the
 // flood waits up to 60 s for the gate): its formation deadline covers the
 // test's own waits, so a loaded machine slows the test but cannot fail it.
+// Those waits only guard against a hang, and the target is sized "large"
+// (900 s) so that a case that meets them still ends inside Bazel's bound.
 constexpr int kTimeoutMs = 600000;
 constexpr int kIters = 3;
 const char kToken[] = "job-5e1d07";
@@ -37,6 +39,22 @@ const char kToken[] = "job-5e1d07";
 // bootstrap bounded its queues, and still by one eager message per
 // connection after.
 constexpr long kRssGrowthBoundKb = 32 * 1024;
+// The bound holds for the plain build only. Under AddressSanitizer RSS also
+// counts shadow memory and the freed-block quarantine, and how much of the
+// flood is queued when rank 0 drains it is then up to the scheduler; under
+// ThreadSanitizer shadow memory again. The test and rank 0's worker are
+// built in one configuration, so the test's own build tells.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitizedBuild = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kSanitizedBuild = true;
+#else
+constexpr bool kSanitizedBuild = false;
+#endif
+#else
+constexpr bool kSanitizedBuild = false;
+#endif
 
 class StrangerTest : public ::testing::TestWithParam<int> {
  protected:
@@ -230,9 +248,11 @@ TEST_P(StrangerTest, FloodDuringFormationKeepsRankZeroBounded) {
   long hwm_kb = p0.ResultInt("hwm_kb");
   ASSERT_GT(start_kb, 0) << p0.Describe();
   ASSERT_GT(hwm_kb, 0) << p0.Describe();
-  EXPECT_LE(hwm_kb - start_kb, kRssGrowthBoundKb)
-      << "rank 0's peak RSS grew by " << (hwm_kb - start_kb) << " kB\n"
-      << p0.Describe();
+  if (!kSanitizedBuild) {
+    EXPECT_LE(hwm_kb - start_kb, kRssGrowthBoundKb)
+        << "rank 0's peak RSS grew by " << (hwm_kb - start_kb) << " kB\n"
+        << p0.Describe();
+  }
   // The flood is counted, not logged line by line.
   EXPECT_NE(p0.err.find("connections on " + address_ + " while the group formed"),
             std::string::npos)

@@ -228,13 +228,4 @@ std::vector<std::string> WorkerArgv(int rank, int world,
   return argv;
 }
 
-int64_t LatestStartMs(const std::vector<Proc *> &procs) {
-  int64_t latest = -1;
-  for (const Proc *p : procs) {
-    int64_t t = p->ResultInt("start_mono_ms");
-    if (t > latest) latest = t;
-  }
-  return latest;
-}
-
 }  // namespace mep_test

@@ -53,10 +53,6 @@ std::vector<std::string> WorkerArgv(int rank, int world,
                                     const std::string &scenario,
                                     const std::string &address,
                                     const std::string &token, int timeout_ms);
-// The latest start_mono_ms among the workers' RESULT lines: by then every
-// rank had started, so it is a reference all of them share for bounding
-// how long a failure may take (-1 if none reported).
-int64_t LatestStartMs(const std::vector<Proc *> &procs);
 
 }  // namespace mep_test
 

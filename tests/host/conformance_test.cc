@@ -10,7 +10,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <random>
 #include <set>
@@ -39,14 +41,19 @@ std::string describe(const std::vector<RankExit>& exits) {
   return s;
 }
 
-// A fresh folder for the workers' barriers outside moe-ep.
-std::string barrier_dir() {
+// A fresh folder for the workers' barriers outside moe-ep, or "" and why
+// not. No shared folder stands in for it: another run's barrier files there
+// would let a barrier pass before its ranks arrived.
+std::string barrier_dir(std::string* why) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   std::string pattern = std::string(tmp ? tmp : "/tmp") + "/barrier.XXXXXX";
   std::vector<char> buf(pattern.begin(), pattern.end());
   buf.push_back('\0');
-  const char* dir = mkdtemp(buf.data());
-  return dir ? dir : "/tmp";
+  if (mkdtemp(buf.data()) == nullptr) {
+    *why = "mkdtemp " + pattern + ": " + std::strerror(errno);
+    return "";
+  }
+  return buf.data();
 }
 
 bool listenable(int port) {
@@ -93,10 +100,10 @@ std::string distinct_ports(int n) {
   return list;
 }
 
-std::vector<std::string> worker_argv(const Case& c) {
+std::vector<std::string> worker_argv(const Case& c, const std::string& barriers) {
   std::vector<std::string> a = {runfile("tests/host/conformance_worker"),
                                 "--plugin=" + runfile("plugin/libmoe_ep.so"),
-                                "--barrier_dir=" + barrier_dir()};
+                                "--barrier_dir=" + barriers};
   if (c.ports > 0) a.push_back("--ports=" + distinct_ports(c.ports));
   a.insert(a.end(), c.args.begin(), c.args.end());
   return a;
@@ -104,9 +111,19 @@ std::vector<std::string> worker_argv(const Case& c) {
 
 class Conformance : public testing::TestWithParam<Case> {};
 
+// Each case's bound on its ranks, a guard against a hang only: a whole
+// shard of cases has taken at most about 200 s under ThreadSanitizer on two
+// loaded cores, and a shard (900 s, size "large") with a hung case reaches
+// this bound first, so the case fails with its ranks' logs instead of the
+// shard being killed without them.
+constexpr int kCaseDeadlineS = 300;
+
 TEST_P(Conformance, MatchesOracleOnEveryRank) {
   const Case& c = GetParam();
-  std::vector<RankExit> exits = run_ranks(c.world, worker_argv(c), 600);
+  std::string why;
+  const std::string barriers = barrier_dir(&why);
+  ASSERT_FALSE(barriers.empty()) << "no folder for the ranks' barriers: " << why;
+  std::vector<RankExit> exits = run_ranks(c.world, worker_argv(c, barriers), kCaseDeadlineS);
   for (int r = 0; r < c.world; r++) {
     ASSERT_EQ(exits[r].code, 0) << "rank " << r << " failed\n" << describe(exits);
   }
@@ -157,9 +174,12 @@ const Case kCases[] = {
     {"layout_r4_fp8", 4, {"--scenario=layout", "--experts=16", "--max_tokens=8", "--dtype=fp8", "--layers=512:4"}},
     {"layout_r8", 8, {"--scenario=layout", "--experts=32", "--max_tokens=8", "--layers=256:8"}},
     {"bad_input_r2_fp8", 2, {"--scenario=badinput", "--experts=8", "--max_tokens=16", "--dtype=fp8", "--layers=256:2"}},
-    {"absent_peer_timeout_r2", 2, {"--scenario=skip", "--experts=8", "--max_tokens=8", "--layers=128:2", "--kernel_ms=1500"}},
+    // The last rank skips a dispatch and the others time out. kernel_ms
+    // also bounds the wire-up and the round trip before it, which must
+    // succeed however slowly loaded cores run sanitizer ranks.
+    {"absent_peer_timeout_r2", 2, {"--scenario=skip", "--experts=8", "--max_tokens=8", "--layers=128:2", "--kernel_ms=10000"}},
     // At 4 ranks three wait on the absent last one: each names it.
-    {"absent_peer_timeout_r4", 4, {"--scenario=skip", "--experts=16", "--max_tokens=8", "--layers=128:2", "--kernel_ms=1500"}},
+    {"absent_peer_timeout_r4", 4, {"--scenario=skip", "--experts=16", "--max_tokens=8", "--layers=128:2", "--kernel_ms=10000"}},
     {"config_mismatch_r2", 2, {"--scenario=mismatch", "--max_tokens=16"}},
     {"config_mismatch_r8", 8, {"--scenario=mismatch", "--max_tokens=16"}},
     // ranks_per_node: disagreeing ranks are refused like any agreed key;
@@ -206,9 +226,12 @@ const Case kCases[] = {
     {"reuse_r2_single_buffer", 2, {"--scenario=reuse", "--double_buffer=0", "--experts=8", "--max_tokens=8", "--layers=384:4"}},
     {"reuse_r4_single_buffer", 4, {"--scenario=reuse", "--double_buffer=0", "--experts=16", "--max_tokens=8", "--layers=384:4"}},
     // Rank 0 one operation ahead: rank 1 is told so at once; rank 0 then
-    // hears that rank 1 left (destroyed its group).
-    {"ahead_r2_single_buffer", 2, {"--scenario=ahead", "--double_buffer=0", "--experts=8", "--max_tokens=8", "--layers=128:2", "--kernel_ms=10000"}},
-    {"ahead_r4_single_buffer", 4, {"--scenario=ahead", "--double_buffer=0", "--experts=16", "--max_tokens=8", "--layers=128:2", "--kernel_ms=10000"}},
+    // hears that rank 1 left (destroyed its group). Rank 0's wait ends when
+    // the leaver gets to group_destroy, however late a loaded machine lets
+    // it: the long kernel_ms keeps that from turning into a TIMEOUT, and
+    // costs nothing when the leaver is prompt.
+    {"ahead_r2_single_buffer", 2, {"--scenario=ahead", "--double_buffer=0", "--experts=8", "--max_tokens=8", "--layers=128:2", "--kernel_ms=120000"}},
+    {"ahead_r4_single_buffer", 4, {"--scenario=ahead", "--double_buffer=0", "--experts=16", "--max_tokens=8", "--layers=128:2", "--kernel_ms=120000"}},
     // The peer busy outside moe-ep between its send half and its hook (a
     // barrier of the engine's own), 50 fresh groups, each run's first
     // operation, then a handle kept past its group's destroy; then two live groups whose deferred dispatches interleave
@@ -219,7 +242,10 @@ const Case kCases[] = {
     {"busy_peer_r2_50_runs", 2, {"--scenario=busypeer", "--runs=50", "--experts=8", "--max_tokens=8", "--layers=7168:8", "--kernel_ms=30000"}, 52},
     // A combine whose receiver is stopped (SIGSTOP) times out; its caller
     // frees y at once and resumes the receiver: no send may still read y.
-    {"stopped_peer_combine_r2", 2, {"--scenario=stoppedpeer", "--experts=16", "--max_tokens=512", "--layers=4096:8", "--kernel_ms=1000", "--boot_ms=5000"}},
+    // kernel_ms also bounds the group's wire-up and the 32 MiB dispatch
+    // before it, which must succeed on two sanitizer processes on loaded
+    // cores: the expected timeout costs those 10 s.
+    {"stopped_peer_combine_r2", 2, {"--scenario=stoppedpeer", "--experts=16", "--max_tokens=512", "--layers=4096:8", "--kernel_ms=10000"}},
     {"two_groups_r2_50_runs", 2, {"--scenario=twogroups", "--runs=50", "--experts=8", "--max_tokens=8", "--layers=7168:8", "--kernel_ms=30000"}, 100},
 };
 
@@ -233,7 +259,10 @@ TEST_P(Fault, SurvivorsReportPeerFailed) {
   int world = GetParam();
   Case c{"fault", world, {"--scenario=fault", "--experts=8", "--max_tokens=8",
                           "--layers=128:2", "--kernel_ms=60000"}};
-  std::vector<RankExit> exits = run_ranks(world, worker_argv(c), 120);
+  std::string why;
+  const std::string barriers = barrier_dir(&why);
+  ASSERT_FALSE(barriers.empty()) << "no folder for the ranks' barriers: " << why;
+  std::vector<RankExit> exits = run_ranks(world, worker_argv(c, barriers), 120);
   EXPECT_EQ(exits[world - 1].signal, SIGKILL) << describe(exits);
   for (int r = 0; r + 1 < world; r++) {
     EXPECT_EQ(exits[r].code, 0) << "survivor rank " << r << "\n" << describe(exits);

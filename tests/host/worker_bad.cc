@@ -1,10 +1,8 @@
 // worker_bad.cc: bad input on a live multi-rank group: each mistake returns
 // the right status with a sentence naming the problem, returns no hook, and
 // the group still works (a verified round trip follows each case).
-#include <chrono>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "tests/common/plugin_api.h"
@@ -140,8 +138,9 @@ void dispatch_hook_freed(Ctx& c, const Problem& p, uint64_t seed) {
 
 // One buffer set: the last rank (B) refuses a dispatch, makes the next one
 // deferred and frees its hook unrun (so it never receives on the set after
-// its refusal), then refuses the one after. Rank 0 (A), 200 ms late,
-// refuses those last two. Neither rank may wait for the other's signal of
+// its refusal), then refuses the one after. Rank 0 (A) refuses those last
+// two, late: only once B has abandoned its receive (a barrier outside
+// moe-ep orders that). Neither rank may wait for the other's signal of
 // the last operation, which each sends only after its own wait: B waits
 // for A's signal of the operation after its earlier refusal, A for B's.
 void refusal_after_abandoned_receive(Ctx& c, const Problem& p, uint64_t seed) {
@@ -170,8 +169,9 @@ void refusal_after_abandoned_receive(Ctx& c, const Problem& p, uint64_t seed) {
     if (a.prepare() != MOE_EP_OK) return;
     if (c.rank == b) {
       if (!a.dispatch_abandoned("B's deferred dispatch (its hook freed unrun)")) return;
+      outside_wait_for(c, "b_abandoned", b);  // marks B's arrival; waits for no one
     } else if (c.rank == 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      if (!outside_wait_for(c, "b_abandoned", b)) return;
       told(seed + 1, "A's late refusal", a.dispatch(unknown_flag, nullptr));
     } else {
       named(seed + 1, "dispatch A refused", a.dispatch(0, nullptr), "rank 0 refused its own call");

@@ -1,8 +1,7 @@
 // worker_fault.cc: the last rank dies (SIGKILL) in the middle of a layer
-// call; every survivor must report MOE_EP_ERR_PEER_FAILED naming it before
-// the timeout, say that it died, keep reporting it, and destroy the group
-// cleanly.
-#include <chrono>
+// call; every survivor must report MOE_EP_ERR_PEER_FAILED naming it (heard,
+// not waited out), say that it died, keep reporting it, and destroy the
+// group cleanly.
 #include <csignal>
 #include <string>
 
@@ -19,20 +18,14 @@ void run_fault(Ctx& c) {
   LlCall call(c, p, 22);
   if (call.prepare() != MOE_EP_OK) return;
   if (c.rank == victim) std::raise(SIGKILL);
-  auto t0 = std::chrono::steady_clock::now();
   moe_ep_status_t st = call.dispatch(0, nullptr);
-  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  // Named as dead (its connection closed without a goodbye), by this rank.
+  // Named as dead (its connection closed without a goodbye), by this rank:
+  // heard from the closed connection, since a wait that ran out would say
+  // TIMEOUT.
   std::string want_rank = "rank " + std::to_string(victim);
   std::string want_died = "rank " + std::to_string(c.rank) + " lost " + want_rank + ": " +
                           want_rank + " died";
   expect_status(c, 22, "dispatch with a dead peer", st, MOE_EP_ERR_PEER_FAILED, want_died.c_str());
-  // Heard from the closed connection, not waited out: a timeout would end
-  // no sooner than kernel_ms (and say TIMEOUT).
-  if (ms >= c.opt.kernel_ms) {
-    fail(c, 22, "dead peer detection", "took " + std::to_string(ms) + " ms, timeout is " +
-                                           std::to_string(c.opt.kernel_ms) + " ms");
-  }
   expect_status(c, 22, "poll_error after the fault", c.api->group_poll_error(c.group),
                 MOE_EP_ERR_PEER_FAILED, want_rank.c_str());
   // Stay up until every survivor has noticed the victim, as an engine

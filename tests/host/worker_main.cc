@@ -243,6 +243,8 @@ int main(int argc, char** argv) {
   bool refused = mismatch || c.opt.scenario == "refused";
   const char* env_rank = std::getenv("MOE_EP_RANK");
   const char* env_world = std::getenv("MOE_EP_WORLD_SIZE");
+  // Until group_info says, this process's rank is the launcher's word for it.
+  const char* rank_s = env_rank ? env_rank : "?";
   std::string want_status = c.opt.expect_status, want_error = c.opt.expect_error;
   if (mismatch) {
     int& key = c.opt.differ == "ranks_per_node" ? c.opt.ranks_per_node : c.opt.max_tokens;
@@ -256,7 +258,7 @@ int main(int argc, char** argv) {
   moe_ep_config_t* cfg = nullptr;
   std::string yaml = config_yaml(c.opt);
   if (c.api->config_from_yaml(yaml.c_str(), &cfg) != MOE_EP_OK) {
-    std::fprintf(stderr, "FAIL config: %s\n", c.api->last_error());
+    std::fprintf(stderr, "FAIL rank=%s config: %s\n", rank_s, c.api->last_error());
     return 1;
   }
   moe_ep_group_params_t gp = MOE_EP_INIT(moe_ep_group_params_t);
@@ -273,7 +275,8 @@ int main(int argc, char** argv) {
   void* comm = nullptr;
   if (c.opt.adopt_comm) {
     if (c.opt.backend != "nccl") {
-      std::fprintf(stderr, "FAIL adopt_comm: --adopt_comm=1 needs --backend=nccl\n");
+      std::fprintf(stderr, "FAIL rank=%s adopt_comm: --adopt_comm=1 needs --backend=nccl\n",
+                   rank_s);
       return 1;
     }
     comm = adopt_comm_create(c);
@@ -302,8 +305,8 @@ int main(int argc, char** argv) {
   if (refused) return expect_refused(c, st, create_error, want_status, want_error);
   if (c.opt.scenario == "setup_stall") return expect_setup_stall(c, st, create_error, create_ms);
   if (st != MOE_EP_OK) {
-    std::fprintf(stderr, "FAIL group_create: %s: %s\n", c.api->status_string(st),
-                 c.api->last_error());
+    std::fprintf(stderr, "FAIL rank=%s group_create: %s: %s\n", rank_s,
+                 c.api->status_string(st), create_error.c_str());
     return 1;
   }
   moe_ep_group_info_t info = MOE_EP_INIT(moe_ep_group_info_t);

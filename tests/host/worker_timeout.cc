@@ -6,9 +6,7 @@
 // did not take part. HT runs it on the nccl backend only: the host backend
 // exchanges HT counts in prepare through the bootstrap's collectives, where
 // an absent rank shows as that collective's failure instead.
-#include <chrono>
 #include <string>
-#include <thread>
 
 #include "tests/host/ht_call.h"
 #include "tests/host/ll_call.h"
@@ -66,19 +64,11 @@ void run_skip(Ctx& c) {
     return;
   }
   std::string want = "rank " + std::to_string(victim);
-  auto t0 = std::chrono::steady_clock::now();
   moe_ep_status_t st = dispatch_without(c, p);
-  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   expect_status(c, 32, "dispatch with an absent peer", st, MOE_EP_ERR_TIMEOUT, want.c_str());
   if (c.opt.backend == "host") {  // alive and connected, not dead or ahead
     std::string absent = want + " is alive (connected) but did not take part";
     expect_status(c, 32, "dispatch with an absent peer", st, MOE_EP_ERR_TIMEOUT, absent.c_str());
-  }
-  // Bounded: ended near kernel_ms, not hung (the margin is for a loaded
-  // machine; the wait itself ends at its deadline).
-  if (ms > c.opt.kernel_ms * 2 + 10000) {
-    fail(c, 32, "timeout detection", "took " + std::to_string(ms) + " ms, timeout is " +
-                                         std::to_string(c.opt.kernel_ms) + " ms");
   }
   // The failure sticks: later calls report it instead of touching peers.
   moe_ep_handle_t* h = nullptr;
