@@ -6,6 +6,7 @@ import random
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -88,22 +89,39 @@ def run_ranks(world, worker, args=(), ports=4, timeout=120, extra_path=(),
     if token is not None:
         env["MOE_EP_JOB_TOKEN"] = token
     script = os.path.join(HERE, "workers", worker)
-    procs = []
-    for r in range(world):
-        env_r = dict(env, MOE_EP_RANK=str(r))
-        procs.append(subprocess.Popen([sys.executable, script] + [str(a) for a in args],
-                                      env=env_r, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    deadline = time.monotonic() + timeout
-    outputs = []
-    for r, proc in enumerate(procs):
-        try:
-            out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
-            out += "\n[rank %d killed after the %d s deadline]" % (r, timeout)
-        outputs.append(out)
+    # Each rank writes to a file of its own, not a pipe: a rank whose output
+    # outgrew a pipe would block in its write while this process waits for
+    # another rank, and its peers would then wait for it until the deadline.
+    procs, logs, killed = [], [], set()
+    try:
+        for r in range(world):
+            env_r = dict(env, MOE_EP_RANK=str(r))
+            logs.append(tempfile.TemporaryFile())
+            procs.append(subprocess.Popen([sys.executable, script] + [str(a) for a in args],
+                                          env=env_r, stdout=logs[r],
+                                          stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + timeout
+        for r, proc in enumerate(procs):
+            try:
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                killed.add(r)
+        outputs = []
+        for r, log in enumerate(logs):
+            log.seek(0)
+            out = log.read().decode(errors="replace")
+            if r in killed:
+                out += "\n[rank %d killed after the %d s deadline]" % (r, timeout)
+            outputs.append(out)
+    finally:
+        for proc in procs:  # none outlives a failure here (an exception, ^C)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for log in logs:
+            log.close()
     codes = [p.returncode for p in procs]
     report = "\n".join("---- rank %d exit %s ----\n%s" % (r, codes[r], outputs[r])
                        for r in range(world))
