@@ -461,6 +461,13 @@ held_stream_creates() {
   api ht_${E}_adopted_create_held_stream $N 60 $a --adopt_comm=1 --mode=ht
   # an engine's side stream held instead (nonblocking)
   api ${E}_adopted_create_held_side_stream $N 60 $a --adopt_comm=1 --hold_stream=nonblocking
+  # Every kernel loaded at group_create on a communicator of the group's
+  # own: LL round trips (fused and hooks, every routing) with an engine's
+  # side stream held return, call by call, while it is held.
+  api ${E}_first_launch_held_side_stream $N 60 --scenario=first_launch_held --hold_ms=20000 \
+    --experts=64 --max_tokens=64 --layers=2048:8 --seeds=1
+  api ${E}_ginemu_first_launch_held_side_stream $N 60 --scenario=first_launch_held \
+    --hold_ms=20000 --transport=gin_emulated --experts=64 --max_tokens=64 --layers=2048:8 --seeds=1
   # group_destroy with the group's own dispatch queued behind a held
   # stream: TIMEOUT within bootstrap.timeout_ms, the memory left for it.
   api ${E}_destroy_behind_held_dispatch $N 60 --scenario=destroy_behind --hold_ms=8000 \

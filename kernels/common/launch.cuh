@@ -11,6 +11,7 @@
 
 #include "kernels/common/kernels_error.h"
 #include "kernels/common/limits.h"
+#include "kernels/common/load.cuh"
 
 static_assert(sizeof(ncclDevComm) <= MEP_DEVCOMM_BYTES,
               "ncclDevComm outgrew MEP_DEVCOMM_BYTES in kernels/common/limits.h");

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/common/kernels_error.h"
+#include "kernels/common/load.cuh"
 #include "kernels/common/limits.h"
 #include "kernels/common/prepare_layout.h"
 
@@ -89,6 +90,12 @@ __global__ void __launch_bounds__(kThreads) prepare_layout_kernel(mep_prepare_la
 }
 
 }  // namespace
+
+extern "C" mep_kstatus_t mep_prepare_layout_load(void) {
+  return mep_kernels_cuda_check(
+      "prepare_layout: loading its kernels",
+      mep_load_kernels(prepare_layout_kernel<int32_t>, prepare_layout_kernel<int64_t>));
+}
 
 extern "C" mep_kstatus_t mep_prepare_layout(const mep_prepare_layout_args_t *a, void *stream) {
   if (a == nullptr)

@@ -33,6 +33,11 @@ typedef struct mep_prepare_layout_args {
  * may be captured in a CUDA graph. Deterministic (integer counts). */
 mep_kstatus_t mep_prepare_layout(const mep_prepare_layout_args_t *args, void *stream);
 
+/* Loads mep_prepare_layout's kernels on the current device (both index
+ * widths) before their first launch, whose load would wait for the
+ * device's running work (kernels/ll/ll.h, mep_ll_load). */
+mep_kstatus_t mep_prepare_layout_load(void);
+
 #ifdef __cplusplus
 }
 #endif

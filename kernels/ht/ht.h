@@ -153,6 +153,10 @@ mep_kstatus_t mep_ht_dispatch(const mep_ht_ctx_t *ctx, const mep_ht_dispatch_arg
                               void *stream);
 mep_kstatus_t mep_ht_combine(const mep_ht_ctx_t *ctx, const mep_ht_combine_args_t *args,
                              void *stream);
+/* Loads both kernels for every transport on the current device before
+ * their first launch, whose load would wait for the device's running work
+ * (kernels/ll/ll.h, mep_ll_load). */
+mep_kstatus_t mep_ht_load(void);
 
 #ifdef __cplusplus
 }

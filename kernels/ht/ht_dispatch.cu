@@ -379,6 +379,12 @@ __global__ void __launch_bounds__(MEP_HT_THREADS, 1)
 
 }  // namespace
 
+/* Both transports' and the emulation's instances (mep_ht_load). */
+extern "C" cudaError_t mep_ht_dispatch_load(void) {
+  return mep_load_kernels(mep_ht_dispatch_kernel<MepLsa>, mep_ht_dispatch_kernel<MepGin>,
+                          mep_ht_dispatch_kernel<MepGinEmu>);
+}
+
 extern "C" mep_kstatus_t mep_ht_dispatch(const mep_ht_ctx_t *ctx,
                                          const mep_ht_dispatch_args_t *a, void *stream) {
   mep_kstatus_t st = mep_ht_check_dispatch(ctx, a);

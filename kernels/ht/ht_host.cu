@@ -1,8 +1,17 @@
 /* ht_host.cu: host-side helpers of the HT path: window and state sizing,
- * the channel count a launch uses. No kernels. */
+ * the channel count a launch uses, loading the kernels. No kernels. */
 #include <cuda_runtime.h>
 
 #include "kernels/ht/ht_launch.cuh"
+
+extern "C" cudaError_t mep_ht_dispatch_load(void);
+extern "C" cudaError_t mep_ht_combine_load(void);
+
+extern "C" mep_kstatus_t mep_ht_load(void) {
+  cudaError_t e = mep_ht_dispatch_load();
+  if (e == cudaSuccess) e = mep_ht_combine_load();
+  return mep_kernels_cuda_check("ht: loading its kernels", e);
+}
 
 extern "C" uint64_t mep_ht_buffer_bytes(const mep_ht_dims_t *dims) {
   return mep_ht_window_layout(dims).bytes;

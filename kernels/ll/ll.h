@@ -271,25 +271,32 @@ mep_kstatus_t mep_ll_dispatch(const mep_ll_ctx_t *ctx, const mep_ll_dispatch_arg
                                 void *stream);
 mep_kstatus_t mep_ll_combine(const mep_ll_ctx_t *ctx, const mep_ll_combine_args_t *args,
                                void *stream);
-/* Loads every kernel mep_ll_combine may pick, for every transport, on the
- * current device. CUDA loads a kernel at its first launch by default, and
- * that load waits for the device's running work; mep_ll_combine picks its
- * kernel by the call's token count, so ranks of one call may launch
- * different kernels. Ranks that share a device (one process driving
- * several ranks on one GPU, as the world tests do) call this before any
- * rank launches: otherwise a rank's first launch of one kernel waits for
- * another rank's kernel that spins until this rank sends. A group has one
- * rank per device (NCCL allows no more), so group_create does not call it:
- * a first load there would wait for the engine's GPU work. */
+/* Loads every kernel mep_ll_combine, mep_ll_combine_send and
+ * mep_ll_combine_recv may pick, for every transport and both index widths,
+ * on the current device. CUDA loads a kernel at its first launch by
+ * default, and that load waits for the device's running work; the
+ * launchers pick their kernel by the call's token count, so ranks of one
+ * call may launch different kernels, and a rank's first launch of one
+ * kernel can come in the middle of a run. Ranks that share a device (one
+ * process driving several ranks on one GPU, as the world tests do) call
+ * this before any rank launches: otherwise a rank's first launch of one
+ * kernel waits for another rank's kernel that spins until this rank
+ * sends. */
 mep_kstatus_t mep_ll_combine_load(void);
 
-/* The same for the dispatch: every kernel mep_ll_dispatch and
- * mep_ll_dispatch_recv may pick, for every transport, both row dtypes and
- * both index widths. They pick by this rank's token count (the receive's
- * rows shared between blocks) and the grid (several experts per block), so
- * ranks of one call with different token counts launch different
- * kernels. */
+/* The same for the dispatch: every kernel mep_ll_dispatch,
+ * mep_ll_dispatch_send and mep_ll_dispatch_recv may pick, for every
+ * transport, both row dtypes and both index widths. They pick by this
+ * rank's token count (the receive's rows shared between blocks) and the
+ * grid (several experts per block), so ranks of one call with different
+ * token counts launch different kernels. */
 mep_kstatus_t mep_ll_dispatch_load(void);
+
+/* Both of the above and mep_ll_export_layout's kernel: every LL kernel of
+ * the library. The runtime calls it (bounded, on a thread of its own) when
+ * it creates a group on a communicator of its own, whose creation waits
+ * for the whole device anyway (nccl_backend.c). */
+mep_kstatus_t mep_ll_load(void);
 
 /* The layout a dispatch receive left in its handle (slot_src [e_local,
  * world * max_tokens] and src_count [e_local, world], max_tokens the

@@ -41,17 +41,14 @@ cudaError_t launch_idx(const MepLLParams &p, const MepCombineArgs &a, int grid, 
 
 template <class Tp>
 cudaError_t load_tp() {
-  cudaFuncAttributes f;
-  cudaError_t e = cudaFuncGetAttributes(&f, ll_combine_kernel<Tp, int32_t, MEP_COMB_RECV_ANY>);
-  if (e == cudaSuccess)
-    e = cudaFuncGetAttributes(&f, ll_combine_kernel<Tp, int64_t, MEP_COMB_RECV_ANY>);
-  if constexpr (!Tp::kStaged) {
-    if (e == cudaSuccess)
-      e = cudaFuncGetAttributes(&f, ll_combine_kernel<Tp, int32_t, MEP_COMB_RECV_LINES>);
-    if (e == cudaSuccess)
-      e = cudaFuncGetAttributes(&f, ll_combine_kernel<Tp, int64_t, MEP_COMB_RECV_LINES>);
-  }
-  return e;
+  if constexpr (Tp::kStaged)
+    return mep_load_kernels(ll_combine_kernel<Tp, int32_t, MEP_COMB_RECV_ANY>,
+                            ll_combine_kernel<Tp, int64_t, MEP_COMB_RECV_ANY>);
+  else
+    return mep_load_kernels(ll_combine_kernel<Tp, int32_t, MEP_COMB_RECV_ANY>,
+                            ll_combine_kernel<Tp, int64_t, MEP_COMB_RECV_ANY>,
+                            ll_combine_kernel<Tp, int32_t, MEP_COMB_RECV_LINES>,
+                            ll_combine_kernel<Tp, int64_t, MEP_COMB_RECV_LINES>);
 }
 
 template <class Tp>
@@ -63,10 +60,15 @@ cudaError_t launch_tp(const MepLLParams &p, const MepCombineArgs &a, int idx_byt
 
 }  // namespace
 
+extern "C" cudaError_t mep_ll_combine_send_load(void);
+extern "C" cudaError_t mep_ll_combine_recv_load(void);
+
 extern "C" mep_kstatus_t mep_ll_combine_load(void) {
   cudaError_t e = load_tp<MepLsa>();
   if (e == cudaSuccess) e = load_tp<MepGin>();
   if (e == cudaSuccess) e = load_tp<MepGinEmu>();
+  if (e == cudaSuccess) e = mep_ll_combine_send_load();
+  if (e == cudaSuccess) e = mep_ll_combine_recv_load();
   return mep_kernels_cuda_check("combine: loading its kernels", e);
 }
 

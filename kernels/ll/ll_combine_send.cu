@@ -14,6 +14,12 @@ __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
 
 }  // namespace
 
+/* Every send kernel mep_ll_combine_send may pick (mep_ll_combine_load). */
+extern "C" cudaError_t mep_ll_combine_send_load(void) {
+  return mep_load_kernels(ll_combine_send_kernel<MepLsa>, ll_combine_send_kernel<MepGin>,
+                          ll_combine_send_kernel<MepGinEmu>);
+}
+
 extern "C" mep_kstatus_t mep_ll_combine_check(const char *op, const mep_ll_ctx_t *ctx,
                                                 const mep_ll_combine_args_t *a) {
   mep_kstatus_t st = mep_ll_check_call(op, ctx, a);

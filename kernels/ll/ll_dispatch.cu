@@ -48,15 +48,12 @@ cudaError_t launch_tp(const MepLLParams &p, const MepDispatchArgs &a, bool fp8, 
 
 template <class Tp, bool kFp8, typename IdxT>
 cudaError_t load_idx() {
-  cudaFuncAttributes f;
-  cudaError_t e = cudaFuncGetAttributes(&f, ll_dispatch_kernel<Tp, kFp8, IdxT, false, false>);
-  if constexpr (!Tp::kStaged) {
-    if (e == cudaSuccess)
-      e = cudaFuncGetAttributes(&f, ll_dispatch_kernel<Tp, kFp8, IdxT, true, false>);
-    if (e == cudaSuccess)
-      e = cudaFuncGetAttributes(&f, ll_dispatch_kernel<Tp, kFp8, IdxT, false, true>);
-  }
-  return e;
+  if constexpr (Tp::kStaged)
+    return mep_load_kernels(ll_dispatch_kernel<Tp, kFp8, IdxT, false, false>);
+  else
+    return mep_load_kernels(ll_dispatch_kernel<Tp, kFp8, IdxT, false, false>,
+                            ll_dispatch_kernel<Tp, kFp8, IdxT, true, false>,
+                            ll_dispatch_kernel<Tp, kFp8, IdxT, false, true>);
 }
 
 template <class Tp>
@@ -70,12 +67,14 @@ cudaError_t load_tp() {
 
 }  // namespace
 
+extern "C" cudaError_t mep_ll_dispatch_send_load(void);
 extern "C" cudaError_t mep_ll_dispatch_recv_load(void);
 
 extern "C" mep_kstatus_t mep_ll_dispatch_load(void) {
   cudaError_t e = load_tp<MepLsa>();
   if (e == cudaSuccess) e = load_tp<MepGin>();
   if (e == cudaSuccess) e = load_tp<MepGinEmu>();
+  if (e == cudaSuccess) e = mep_ll_dispatch_send_load();
   if (e == cudaSuccess) e = mep_ll_dispatch_recv_load();
   return mep_kernels_cuda_check("dispatch: loading its kernels", e);
 }

@@ -37,11 +37,8 @@ cudaError_t launch_tp(const MepLLParams &p, const MepDispatchArgs &a, bool fp8, 
 
 template <class Tp, bool kBatched, bool kShare>
 cudaError_t load() {
-  cudaFuncAttributes f;
-  cudaError_t e = cudaFuncGetAttributes(&f, ll_dispatch_recv_kernel<Tp, true, kBatched, kShare>);
-  if (e == cudaSuccess)
-    e = cudaFuncGetAttributes(&f, ll_dispatch_recv_kernel<Tp, false, kBatched, kShare>);
-  return e;
+  return mep_load_kernels(ll_dispatch_recv_kernel<Tp, true, kBatched, kShare>,
+                          ll_dispatch_recv_kernel<Tp, false, kBatched, kShare>);
 }
 
 template <class Tp>

@@ -27,7 +27,22 @@ cudaError_t launch_tp(const MepLLParams &p, const MepDispatchArgs &a, bool fp8, 
                         : launch<Tp, false, int32_t>(p, a, grid, s);
 }
 
+template <class Tp>
+cudaError_t load_tp() {
+  return mep_load_kernels(
+      ll_dispatch_send_kernel<Tp, true, int32_t>, ll_dispatch_send_kernel<Tp, true, int64_t>,
+      ll_dispatch_send_kernel<Tp, false, int32_t>, ll_dispatch_send_kernel<Tp, false, int64_t>);
+}
+
 }  // namespace
+
+/* Every send kernel mep_ll_dispatch_send may pick (mep_ll_dispatch_load). */
+extern "C" cudaError_t mep_ll_dispatch_send_load(void) {
+  cudaError_t e = load_tp<MepLsa>();
+  if (e == cudaSuccess) e = load_tp<MepGin>();
+  if (e == cudaSuccess) e = load_tp<MepGinEmu>();
+  return e;
+}
 
 extern "C" mep_kstatus_t mep_ll_dispatch_check(const char *op, const mep_ll_ctx_t *ctx,
                                                  const mep_ll_dispatch_args_t *a) {

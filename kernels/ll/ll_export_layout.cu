@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "kernels/common/kernels_error.h"
+#include "kernels/common/load.cuh"
 #include "kernels/common/limits.h"
 #include "kernels/ll/ll.h"
 
@@ -63,6 +64,10 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 }  // namespace
+
+extern "C" cudaError_t mep_ll_export_layout_load(void) {
+  return mep_load_kernels(export_layout_kernel);
+}
 
 extern "C" mep_kstatus_t mep_ll_export_layout(const int32_t *slot_src, const int32_t *src_count,
                                                 int32_t e_local, int32_t world,

@@ -1,5 +1,6 @@
-/* ll_host.cu: host-side helpers of the LL path: buffer/state sizing, timeout
- * conversion, the abort reset and LSA address resolution. */
+/* ll_host.cu: host-side helpers of the LL path: loading every kernel,
+ * buffer/state sizing, timeout conversion, the abort reset and LSA address
+ * resolution. */
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <nccl_device.h>
@@ -9,6 +10,16 @@
 #include "kernels/common/kernels_error.h"
 #include "kernels/common/limits.h"
 #include "kernels/ll/ll.h"
+
+extern "C" cudaError_t mep_ll_export_layout_load(void);
+
+extern "C" mep_kstatus_t mep_ll_load(void) {
+  mep_kstatus_t st = mep_ll_dispatch_load();
+  if (st == MEP_KSTATUS_OK) st = mep_ll_combine_load();
+  if (st == MEP_KSTATUS_OK)
+    st = mep_kernels_cuda_check("export_layout: loading its kernel", mep_ll_export_layout_load());
+  return st;
+}
 
 extern "C" uint64_t mep_ll_buffer_bytes(const mep_ll_dims_t *dims) {
   return (uint64_t)mep_ll_num_sets(dims) * mep_ll_set_layout(dims).set_bytes;

@@ -524,7 +524,19 @@ typedef struct moe_ep_plugin_v1 {
    * UNSUPPORTED for nccl high_throughput beyond 16 ranks; MISMATCH for
    * configs that differ in a key the ranks must agree on, an NCCL other
    * than the one the kernels were built against, or an adopted nccl_comm of
-   * another rank or size; NCCL when libnccl.so.2 cannot be loaded. */
+   * another rank or size; NCCL when libnccl.so.2 cannot be loaded.
+   * Kernels (nccl backend): CUDA loads a kernel at its first launch, and
+   * that load waits for every kernel running on the device; the kernels
+   * are picked per call (token count, grid, index width), so a first
+   * launch can come in the middle of a run, behind the engine's work or
+   * behind this group's own receive of the other micro-batch. A group on a
+   * communicator of its own (nccl_comm NULL), whose creation waits for the
+   * device in NCCL's initialisation anyway, loads every kernel of its mode
+   * here, bounded by bootstrap.timeout_ms (TIMEOUT when some work on the
+   * GPU did not end by then). On the engine's communicator group_create
+   * does not wait for the engine's GPU work, so each kernel loads at its
+   * first launch: such an engine sets CUDA_MODULE_LOADING=EAGER or warms
+   * the group up with its call shapes before serving. */
   moe_ep_status_t (*group_create)(const moe_ep_group_params_t *params,
                                   moe_ep_group_t **out);
   /* The group is gone when it returns, whatever the status. On the nccl

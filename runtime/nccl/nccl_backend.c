@@ -15,6 +15,7 @@
 #include "runtime/error.h"
 #include "runtime/group.h"
 #include "runtime/log.h"
+#include "runtime/nccl/kernel_load.h"
 #include "runtime/nccl/layout_book.h"
 #include "runtime/nccl/lsa_link.h"
 #include "runtime/nccl/nccl_common.h"
@@ -221,6 +222,7 @@ static moe_ep_status_t nccl_create_here(moe_ep_group_t *g) {
       .timeout_ms = g->cfg.bootstrap_timeout_ms,
   };
   MEP_CHECK_GOTO(mep_nccl_create(&np, &s->nccl), st, out_destroy);
+  MEP_CHECK_GOTO(mep_nccl_group_load_kernels(g, s->device, mep_ll_load, "LL"), st, out_destroy);
   mep_nccl_peer_transports(s->nccl, s->peer_transport, g->world_size);
   if ((st = alloc_device(s, &d)) != MOE_EP_OK) {
     mep_error_prefix("group_create on rank %d", g->rank);

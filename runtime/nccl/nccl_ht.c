@@ -13,6 +13,7 @@
 #include "runtime/config.h"
 #include "runtime/error.h"
 #include "runtime/group.h"
+#include "runtime/nccl/kernel_load.h"
 #include "runtime/nccl/layout_book.h"
 #include "runtime/nccl/nccl_common.h"
 #include "runtime/nccl/nccl_setup.h"
@@ -186,6 +187,7 @@ static moe_ep_status_t ht_create_here(moe_ep_group_t *g) {
       .timeout_ms = g->cfg.bootstrap_timeout_ms,
   };
   MEP_CHECK_GOTO(mep_nccl_create(&np, &s->nccl), st, out_destroy);
+  MEP_CHECK_GOTO(mep_nccl_group_load_kernels(g, s->device, mep_ht_load, "HT"), st, out_destroy);
   ht_dims(&g->cfg, g->world_size, mep_nccl_lsa_size(s->nccl), &s->ctx.dims);
   MEP_CHECK_GOTO(check_transport(g, s), st, out_destroy);
   s->ctx.transport = g->cfg.transport == MOE_EP_TRANSPORT_GIN ? MEP_HT_TRANSPORT_GIN

@@ -120,13 +120,15 @@ int expect_setup_stall(Ctx& c, moe_ep_status_t st, const std::string& msg, doubl
 
 // worker_hold.cc: a stream held across group_create or group_destroy
 // (`what`; opt.hold_ms, opt.hold_stream); end_hold releases it and checks
-// the call returned while it was still held. run_destroy_behind and
-// run_ht_count_behind: scenarios "destroy_behind" and "ht_count_behind".
+// the call returned while it was still held. run_destroy_behind,
+// run_ht_count_behind and run_first_launch_held: the scenarios of those
+// names.
 struct StreamHold;
 StreamHold* start_hold(Ctx& c, const char* what);
 void end_hold(Ctx& c, StreamHold* h, double call_ms, const char* what);
 void run_destroy_behind(Ctx& c);
 void run_ht_count_behind(Ctx& c);
+void run_first_launch_held(Ctx& c);
 
 // worker_adopt.cc: the engine's NCCL communicator for --adopt_comm=1
 // (nullptr and a FAIL line when it cannot be made); destroyed after the

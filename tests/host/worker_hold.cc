@@ -25,6 +25,15 @@
 // the group is then failed, and group_destroy (after the hold) tears it
 // down.
 //
+// Scenario "first_launch_held" (LL, a communicator of the group's own):
+// group_create loads every kernel, so no call's first launch waits for the
+// device's running work. LL round trips on the calls' own stream, fused
+// and through hooks, with every routing generator (so different token
+// counts, which pick different kernels): every library call (prepare,
+// dispatch, combine, hook_run) runs while a nonblocking stream of the
+// engine's is held and must return while it still is. Values are checked
+// against the oracle between the holds.
+//
 // Scenario "destroy_behind": the group's own dispatch waits on a held
 // stream when group_destroy is called. group_destroy must return
 // MOE_EP_ERR_TIMEOUT naming this rank within bootstrap.timeout_ms, before
@@ -34,8 +43,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 
@@ -179,6 +190,78 @@ void timed_out_within_hold(Ctx& c, StreamHold* h, uint64_t seed, const std::stri
 }
 
 }  // namespace
+
+void run_first_launch_held(Ctx& c) {
+  if (!runs_on_nccl(c, "first_launch_held")) return;
+  c.checks++;
+  if (c.opt.ht || c.opt.adopt_comm) {
+    fail(c, 0, "first_launch_held", "needs LL on a communicator of the group's own "
+                                    "(--adopt_comm=0)");
+    return;
+  }
+  const auto [hidden, top_k] = c.opt.layers.front();
+  using moe_ep_oracle::Generator;
+  const Generator generators[] = {Generator::kUniform, Generator::kSkewed,
+                                  Generator::kAllToOneRank, Generator::kEmptyRanks,
+                                  Generator::kMasked};
+  std::vector<std::unique_ptr<LlCall>> calls;
+  uint64_t seed = 1;
+  for (Generator g : generators)
+    for (int defer = 0; defer < 2; defer++)
+      calls.push_back(std::make_unique<LlCall>(c, problem_for(c, hidden, top_k, g), seed++));
+  // The library's calls run while a nonblocking stream of the engine's is
+  // held; the harness's own uploads and checks (cudaDeviceSynchronize)
+  // between holds. A call that returned once its hold had ended waited for
+  // the held stream, which only a kernel's first load does among them.
+  StreamHold* h = nullptr;
+  const char* held_name = "a nonblocking stream of the engine's";
+  auto hold = [&] { h = hold_own_stream(c, new_own_hold(c, held_name)); };
+  auto release = [&] {
+    const bool on = h->state == kHolding;
+    free_own_hold(h);
+    return on;
+  };
+  auto held = [&](uint64_t s, const char* what, moe_ep_status_t st) {
+    c.checks++;
+    if (h->state != kHolding)
+      fail(c, s, what, "returned once the " + std::to_string(h->ms) + " ms hold on " + h->name +
+                           " had ended: it waited for the device's running work (a kernel "
+                           "loaded at its first launch)");
+    return expect_status(c, s, what, st, MOE_EP_OK);
+  };
+  auto hook_ran = [&](uint64_t s, const char* what, moe_ep_hook_t* hook) {
+    const moe_ep_status_t st = c.api->hook_run(hook, nullptr);
+    c.api->hook_free(hook);
+    return held(s, what, st);
+  };
+  int on_throughout = 0, holds = 0;
+  for (size_t i = 0; i < calls.size() && c.failures == 0; i++) {
+    LlCall& call = *calls[i];
+    const uint64_t s = call.seed();
+    const bool defer = i % 2 == 1;
+    const uint32_t flags = defer ? MOE_EP_FLAG_DEFER_RECV : 0;
+    moe_ep_hook_t* hook = nullptr;
+    hold();
+    bool ok = held(s, "prepare", call.prepare(false)) &&
+              held(s, "dispatch", call.dispatch(flags, defer ? &hook : nullptr)) &&
+              (!defer || hook_ran(s, "dispatch hook_run", hook));
+    on_throughout += release();
+    holds++;
+    if (!ok) break;
+    call.check_prepare();
+    call.check_dispatch();
+    call.make_y();
+    hold();
+    ok = held(s, "combine", call.combine(flags, defer ? &hook : nullptr)) &&
+         (!defer || hook_ran(s, "combine hook_run", hook));
+    on_throughout += release();
+    holds++;
+    if (!ok) break;
+    call.check_combine();
+  }
+  std::fprintf(stderr, "rank %d: %zu round trips; the hold on %s lasted through the calls of "
+               "%d of %d holds\n", c.rank, calls.size(), held_name, on_throughout, holds);
+}
 
 void run_ht_count_behind(Ctx& c) {
   if (!runs_on_nccl(c, "ht_count_behind")) return;

@@ -199,6 +199,8 @@ static void run_scenario(Ctx& c) {
     run_destroy_behind(c);
   } else if (c.opt.scenario == "ht_count_behind") {
     run_ht_count_behind(c);
+  } else if (c.opt.scenario == "first_launch_held") {
+    run_first_launch_held(c);
   } else if (c.opt.ht) {
     run_ht_conformance(c);
   } else {
@@ -287,7 +289,8 @@ int main(int argc, char** argv) {
     gp.nccl_comm = comm;
   }
   const bool hold_calls = c.opt.hold_ms > 0 && c.opt.scenario != "destroy_behind" &&
-                          c.opt.scenario != "ht_count_behind";
+                          c.opt.scenario != "ht_count_behind" &&
+                          c.opt.scenario != "first_launch_held";
   StreamHold* hold = hold_calls ? start_hold(c, "group_create") : nullptr;
   if (std::getenv("MOE_EP_TEST_TRACE")) std::fprintf(stderr, "trace group_create\n");
   const auto create_start = std::chrono::steady_clock::now();
