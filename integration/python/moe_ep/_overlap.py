@@ -14,9 +14,17 @@ from .errors import TimeoutError as MoeEpTimeoutError
 
 
 def wait_bound_s(group):
-    """How long a thread may wait for another thread's hook: the library
-    bounds the hook itself by kernel_ms, so twice that plus slack."""
-    return 2.0 * group.config.kernel_timeout_ms / 1000.0 + 5.0
+    """How long a thread may wait for another thread's hook, plus slack: the
+    longest the library's own bounds let a receive run. An LL receive waits
+    at most timeouts.kernel_ms for its kernel; an HT receive on the nccl
+    backend also learns its row count on the host, within
+    bootstrap.timeout_ms plus four kernel_ms."""
+    c = group.config
+    return (c.bootstrap_timeout_ms + 4.0 * c.kernel_timeout_ms) / 1000.0 + 5.0
+
+
+def _bound_words(bound_s):
+    return "%.0f s (bootstrap.timeout_ms plus four timeouts.kernel_ms, plus 5 s)" % bound_s
 
 
 def on_send_stream(group, hook):
@@ -64,19 +72,20 @@ class Once:
     (its send's: on_send_stream); later calls wait for that run and return
     its result."""
 
-    __slots__ = ("_hook", "_lock", "_done", "_bound_s", "result")
+    __slots__ = ("_hook", "_lock", "_done", "_bound_s", "_rank", "result")
 
     def __init__(self, hook, bound_s, group):
         self._hook = on_send_stream(group, hook)
         self._lock = threading.Lock()
         self._done = False
         self._bound_s = bound_s
+        self._rank = group.rank
         self.result = None
 
     def __call__(self):
         if not self._lock.acquire(timeout=self._bound_s):
-            raise MoeEpTimeoutError("hook: another thread has run this receive for more than "
-                                    "%.0f s (twice timeouts.kernel_ms plus 5 s)" % self._bound_s)
+            raise MoeEpTimeoutError("rank %d: hook: another thread has run this receive for "
+                                    "more than %s" % (self._rank, _bound_words(self._bound_s)))
         try:
             if not self._done:
                 self.result = self._hook()  # raises with the library's sentence, stays not done
@@ -157,8 +166,8 @@ class RecvRing:
         take one set; the turn passes only when dispatch returned, so a
         refused dispatch does not skip a set."""
         if not self._lock.acquire(timeout=bound_s):
-            raise RuntimeError("%s: another thread held this group's receive buffers for %.0f s"
-                               % (entry, bound_s))
+            raise MoeEpTimeoutError("%s: another thread held this group's receive buffers for "
+                                    "more than %s" % (entry, _bound_words(bound_s)))
         try:
             s = self._sets.get(hidden)
             if s is None:

@@ -16,7 +16,7 @@ import moe_ep.deep_ep._agree as agree
 import moe_ep.deep_ep._normal as normal
 from moe_ep.deep_ep import Buffer
 from fake_comm import FakeComm
-from spawn import free_ports
+from spawn import free_ports, run_ranks
 
 
 @pytest.fixture(autouse=True)
@@ -137,3 +137,12 @@ def test_worst_case_overflow_raises_on_every_rank(monkeypatch):
     b = Buffer(None, comm=comm)
     normal._receive_fits(b, GROUP, types.SimpleNamespace(num_recv_tokens=None), 4, 8)
     assert comm.sent == []
+
+
+def test_channel_rounds_over_gloo(tmp_path):
+    """Real processes over torch.distributed (gloo): gather and max agree
+    on every rank, and a round a peer skips raises moe_ep.TimeoutError
+    naming the rank once the channel's bound passed
+    (workers/agree_worker.py)."""
+    ok, report = run_ranks(2, "agree_worker.py", args=[str(tmp_path)], timeout=300)
+    assert ok, report

@@ -48,20 +48,28 @@ class OneGroup:
 def test_channel_max(monkeypatch):
     """comm=: the largest of allgather's values; a gloo torch group (or
     torch 2's "undefined" one whose config has a CPU backend): one
-    all_reduce (MAX) of a 1-element int64 CPU tensor; another backend: a
-    gather."""
+    all_reduce (MAX) of a 1-element int64 CPU tensor, started asynchronously
+    (its wait is bounded); another backend: a gather."""
     assert agree.Channel(None, FakeComm(1, [4096])).max(7) == 4096
     dist = torch.distributed
     reduced = []
 
-    def all_reduce(t, op=None, group=None):
-        reduced.append((tuple(t.shape), t.dtype, t.device.type, op))
+    class Done:  # a collective started with async_op=True that has completed
+        def is_completed(self):
+            return True
+
+        def wait(self):
+            return True
+
+    def all_reduce(t, op=None, group=None, async_op=False):
+        reduced.append((tuple(t.shape), t.dtype, t.device.type, op, async_op))
         t.fill_(max(int(t.item()), 3000))
+        return Done() if async_op else None
     monkeypatch.setattr(dist, "all_reduce", all_reduce)
     monkeypatch.setattr(dist, "get_backend", lambda group=None: "gloo")
     ch = agree.Channel(OneGroup(), None)
     assert ch.max(12) == 3000 and ch.max(5000) == 5000
-    assert reduced == [((1,), torch.int64, "cpu", dist.ReduceOp.MAX)] * 2
+    assert reduced == [((1,), torch.int64, "cpu", dist.ReduceOp.MAX, True)] * 2
 
     # torch 2: a group made without naming its backend is "undefined" to
     # get_backend, and its config maps devices.

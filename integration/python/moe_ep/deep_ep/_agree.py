@@ -40,36 +40,35 @@ def reduce_device(backend):
     return "cuda" if name == "nccl" else None
 
 
+# How long a round over the channel may wait for the other ranks when the
+# Buffer gives no bound: the library's default bootstrap.timeout_ms.
+DEFAULT_TIMEOUT_S = 30.0
+# How often a round in flight is looked at.
+_POLL_S = 0.0005
+
+
 class Channel:
     """rank, size, gather(obj) -> every rank's obj, and max(n) -> the
-    largest of the ranks' ints, over a torch group (all_gather_object,
-    all_reduce) or an mpi4py communicator (allgather)."""
+    largest of the ranks' ints, over a torch group (all_gather and
+    all_reduce, or all_gather_object) or an mpi4py communicator
+    (allgather). A round over a torch group whose backend runs on the CPU
+    or on CUDA waits for the other ranks at most timeout_s, then raises
+    moe_ep.TimeoutError naming this rank (a peer that died, or skipped the
+    call, would otherwise hold this rank until torch's own watchdog); the
+    group is then out of step and the engine's to tear down. A backend of
+    another kind, and an mpi4py communicator, block as they do."""
 
-    def __init__(self, group, comm):
+    def __init__(self, group, comm, timeout_s=None):
         self.group, self.comm = group, comm
+        self.timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
         if group is not None:
             self.rank, self.size = group.rank(), group.size()
         else:
             self.rank, self.size = comm.Get_rank(), comm.Get_size()
 
-    def gather(self, obj):
-        if self.group is None:
-            return list(self.comm.allgather(obj))
-        import torch.distributed as dist
-        everyone = [None] * self.size
-        dist.all_gather_object(everyone, obj, group=self.group)
-        return everyone
-
-    def max(self, value):
-        """The largest of the ranks' ints `value`. A torch group: one
-        all_reduce (op MAX) of a 1-element int64 tensor on the device its
-        backend supports (CPU for gloo, the current CUDA device for nccl,
-        whose .item() waits for the current stream; get_backend_config
-        decides where get_backend says "undefined"), else a gather; a comm:
-        its allgather."""
-        value = int(value)
-        if self.group is None:
-            return max(int(v) for v in self.comm.allgather(value))
+    def _device(self):
+        """The device the torch group's collectives run on (reduce_device),
+        None when its backend is of another kind."""
         import torch
         import torch.distributed as dist
         device = reduce_device(dist.get_backend(self.group))
@@ -78,18 +77,81 @@ class Channel:
             # A group made without naming its backend is "undefined" to
             # get_backend; its config maps devices ("cuda:nccl").
             device = reduce_device(config(self.group))
-        if device is None:
-            return max(int(v) for v in self.gather(value))
         if device == "cuda":
             device = torch.device("cuda", torch.cuda.current_device())
+        return device
+
+    def _await(self, work, what):
+        """Waits for a collective started with async_op=True: at most
+        timeout_s, then moe_ep.TimeoutError. Once complete, work.wait()
+        orders the current stream after it (a CUDA collective runs on a
+        stream of its backend's)."""
+        import time
+        deadline = time.monotonic() + self.timeout_s
+        while not work.is_completed():
+            if time.monotonic() >= deadline:
+                from ..errors import TimeoutError as MoeEpTimeoutError
+                raise MoeEpTimeoutError(
+                    "rank %d: Buffer: %s over the engine's process group did not complete "
+                    "within %.0f s (bootstrap.timeout_ms): a rank of the group died or did not "
+                    "make the same call; the group is out of step" % (self.rank, what,
+                                                                       self.timeout_s))
+            time.sleep(_POLL_S)
+        work.wait()
+
+    def gather(self, obj):
+        if self.group is None:
+            return list(self.comm.allgather(obj))
+        import pickle
+        import torch
+        import torch.distributed as dist
+        device = self._device()
+        if device is None:
+            everyone = [None] * self.size
+            dist.all_gather_object(everyone, obj, group=self.group)
+            return everyone
+        # Two rounds: the sizes, then the bytes padded to the largest.
+        data = pickle.dumps(obj)
+        size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+        sizes = [torch.empty_like(size) for _ in range(self.size)]
+        self._await(dist.all_gather(sizes, size, group=self.group, async_op=True),
+                    "gathering every rank's answer")
+        sizes = [int(n.item()) for n in sizes]
+        mine = torch.zeros(max(sizes), dtype=torch.uint8)
+        if data:
+            mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        mine = mine.to(device)
+        rows = [torch.empty_like(mine) for _ in range(self.size)]
+        self._await(dist.all_gather(rows, mine, group=self.group, async_op=True),
+                    "gathering every rank's answer")
+        return [pickle.loads(bytes(r[:n].cpu().tolist())) for r, n in zip(rows, sizes)]
+
+    def max(self, value):
+        """The largest of the ranks' ints `value`. A torch group: one
+        all_reduce (op MAX) of a 1-element int64 tensor on the device its
+        backend supports (CPU for gloo, the current CUDA device for nccl,
+        whose result is read once the current stream has reached it;
+        get_backend_config decides where get_backend says "undefined"), else
+        a gather; a comm: its allgather."""
+        value = int(value)
+        if self.group is None:
+            return max(int(v) for v in self.comm.allgather(value))
+        import torch
+        import torch.distributed as dist
+        device = self._device()
+        if device is None:
+            return max(int(v) for v in self.gather(value))
         t = torch.tensor([value], dtype=torch.int64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        self._await(dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group, async_op=True),
+                    "agreeing on the largest batch")
         return int(t.item())
 
 
-def channel(group, comm):
+def channel(group, comm, timeout_s=None):
     """The Buffer's Channel, or None when it was given neither."""
-    return Channel(group, comm) if group is not None or comm is not None else None
+    if group is None and comm is None:
+        return None
+    return Channel(group, comm, timeout_s)
 
 
 def is_loopback(host):

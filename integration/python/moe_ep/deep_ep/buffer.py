@@ -344,7 +344,20 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         return cfg, address is not None
 
     def _channel(self):
-        return agreement.channel(self.group, self.comm)
+        """The rounds over the engine's group or comm, each bounded by the
+        Buffer's bootstrap.timeout_ms (its configuration's, else
+        MOE_EP_BOOTSTRAP_TIMEOUT_MS, else the library's default)."""
+        return agreement.channel(self.group, self.comm, self._channel_timeout_s())
+
+    def _channel_timeout_s(self):
+        boot = self._user_config.get("bootstrap")
+        ms = boot.get("timeout_ms") if isinstance(boot, dict) else None
+        if ms is None:
+            ms = os.environ.get("MOE_EP_BOOTSTRAP_TIMEOUT_MS") or None
+        try:
+            return float(ms) / 1000.0 if ms is not None else None
+        except ValueError:
+            return None  # the library refuses the value, with its sentence, at group creation
 
     def _agree(self, want_address, tokens, given=None, check_given=False):
         """(rank 0's address, the ranks' largest token cap): _agree.group_keys

@@ -22,7 +22,7 @@ P = oracle.Problem(WORLD, num_experts=4 * WORLD, hidden=128, top_k=4, max_tokens
 HOST = {"backend": "host", "bootstrap": {"timeout_ms": 60000}, "timeouts": {"kernel_ms": 60000}}
 
 # Collectives over the torch group, counted (the agreement's cost).
-calls = {"all_reduce": 0, "all_gather_object": 0}
+calls = {"all_reduce": 0, "all_gather": 0, "all_gather_object": 0}
 
 
 def _counted(name):
@@ -102,13 +102,13 @@ def derived_cap_grows(group):
     # dispatch or a combine.
     n = counting()
     old = roundtrip(buf, 2, tokens_on(1, 9))
-    if n != {"all_reduce": 1, "all_gather_object": 0}:
+    if n != {"all_reduce": 1, "all_gather": 0, "all_gather_object": 0}:
         fail("collectives of a layout + dispatch + combine", 2, repr(n))
     n = counting()
     inputs, recv_x, handle = dispatch(buf, 3, tokens_on(0, 4), layout=False)
     buf.dispatch(bf16_tensor(inputs[RANK]["x"]), handle=handle)
     combine(buf, 3, inputs, recv_x, handle)
-    if n != {"all_reduce": 1, "all_gather_object": 0}:
+    if n != {"all_reduce": 1, "all_gather": 0, "all_gather_object": 0}:
         fail("collectives of a dispatch, a cached dispatch and a combine", 3, repr(n))
 
     # 1500 tokens on the last rank only: get_dispatch_layout grows the
@@ -174,7 +174,7 @@ def given_cap_stays(group):
     roundtrip(buf, 21, tokens_on(0, 4))
     n = counting()
     roundtrip(buf, 22, tokens_on(0, 7))
-    if n != {"all_reduce": 0, "all_gather_object": 0}:
+    if n != {"all_reduce": 0, "all_gather": 0, "all_gather_object": 0}:
         fail("collectives with a given cap", 22, repr(n))
     _, _, idx, _ = inputs_for(23, tokens_on(WORLD - 1, 1500))
     if RANK == WORLD - 1:
