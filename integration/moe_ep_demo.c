@@ -274,14 +274,21 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--config") && i + 1 < argc) config = argv[++i];
     else if (!strcmp(argv[i], "--plugin") && i + 1 < argc) plugin = argv[++i];
-    else if (!strcmp(argv[i], "--steps") && i + 1 < argc) d->steps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--steps") && i + 1 < argc) {
+      char *end = NULL;
+      const long n = strtol(argv[++i], &end, 10);
+      if (end == argv[i] || *end != '\0' || n < 1 || n > MAX_STEPS) {
+        fprintf(stderr, "--steps is '%s'; it must be an integer in 1..%d\n", argv[i], MAX_STEPS);
+        return 2;
+      }
+      d->steps = (int)n;
+    }
     else if (!strcmp(argv[i], "--verify")) d->verify = 1;
     else {
       fprintf(stderr, "usage: %s [--config FILE] [--plugin PATH] [--steps N] [--verify]\n", argv[0]);
       return 2;
     }
   }
-  if (d->steps < 1 || d->steps > MAX_STEPS) d->steps = 50;
   char err[512];
   void *lib = moe_ep_load(plugin, &d->ep, err, sizeof err);
   if (lib == NULL) {
