@@ -198,6 +198,11 @@ ll_scenarios() {
 }
 world_tests() {
   ll_world
+  # A dispatch reusing its set while the combine of the set's last dispatch
+  # is still to be received and a peer has yet to receive that dispatch.
+  timeout 120 $B/ll_world_reuse_test > "$OUT/ll_world_reuse_test.log" 2>&1
+  summary ll_world_reuse_test $? "$(gtest_key "$OUT/ll_world_reuse_test.log")"
+  grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure|rank [0-9]+" "$OUT/ll_world_reuse_test.log" | head -12
   timeout 300 $B/ht_world_test > "$OUT/ht_world_test.log" 2>&1
   summary ht_world_test $? "$(gtest_key "$OUT/ht_world_test.log")"
   grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure|rank [0-9]+" "$OUT/ht_world_test.log" | head -12

@@ -53,7 +53,12 @@ enum {
    * repeated within a token makes; the slots past the first max_tokens in
    * (token, k) order were dropped (MEP_LL_ROUTE_DROPPED). expected =
    * max_tokens, seen = the slots listed. Written into the notice record. */
-  MEP_LL_OP_REPEATED_EXPERT = 10
+  MEP_LL_OP_REPEATED_EXPERT = 10,
+  /* A dispatch, before its send, waiting for rank `peer` to have started
+   * the combine of the buffer set's previous dispatch, which shows that
+   * the peer received that dispatch (mep_ll_await_combine): expected /
+   * seen are that combine's count signal values. */
+  MEP_LL_OP_DISPATCH_REUSE = 11
 };
 
 /* The LL kernels' records (kernels/common/error_record.h), op MEP_LL_OP_*. */
@@ -265,6 +270,13 @@ mep_kstatus_t mep_ll_combine_send(const mep_ll_ctx_t *ctx,
                                     const mep_ll_combine_args_t *args, void *stream);
 mep_kstatus_t mep_ll_combine_recv(const mep_ll_ctx_t *ctx,
                                     const mep_ll_combine_args_t *args, void *stream);
+/* Waits, in one small kernel on `stream`, for every rank's count signal of
+ * the last combine on buffer set `set` (this rank's send of it must come
+ * first on `stream`; its receive must not have run): so every peer has
+ * received the dispatch that combine combined. Ordered before a dispatch
+ * whose send reuses that dispatch's set while that combine's receive is
+ * still to run (PROTOCOL.md, section 6). Moves no shadow. */
+mep_kstatus_t mep_ll_await_combine(const mep_ll_ctx_t *ctx, int set, void *stream);
 /* Both halves in one launch (no deferred receive): one kernel instead of
  * two. Same arguments and results as send followed by recv. */
 mep_kstatus_t mep_ll_dispatch(const mep_ll_ctx_t *ctx, const mep_ll_dispatch_args_t *args,
@@ -292,8 +304,8 @@ mep_kstatus_t mep_ll_combine_load(void);
  * token counts launch different kernels. */
 mep_kstatus_t mep_ll_dispatch_load(void);
 
-/* Both of the above and mep_ll_export_layout's kernel: every LL kernel of
- * the library. The runtime calls it (bounded, on a thread of its own) when
+/* Both of the above, mep_ll_export_layout's and mep_ll_await_combine's
+ * kernels: every LL kernel of the library. The runtime calls it (bounded, on a thread of its own) when
  * it creates a group on a communicator of its own, whose creation waits
  * for the whole device anyway (nccl_backend.c). */
 mep_kstatus_t mep_ll_load(void);

@@ -12,12 +12,15 @@
 #include "kernels/ll/ll.h"
 
 extern "C" cudaError_t mep_ll_export_layout_load(void);
+extern "C" cudaError_t mep_ll_await_load(void);
 
 extern "C" mep_kstatus_t mep_ll_load(void) {
   mep_kstatus_t st = mep_ll_dispatch_load();
   if (st == MEP_KSTATUS_OK) st = mep_ll_combine_load();
   if (st == MEP_KSTATUS_OK)
     st = mep_kernels_cuda_check("export_layout: loading its kernel", mep_ll_export_layout_load());
+  if (st == MEP_KSTATUS_OK)
+    st = mep_kernels_cuda_check("await_combine: loading its kernels", mep_ll_await_load());
   return st;
 }
 

@@ -13,6 +13,9 @@
 /* Threads per LL block: 16 warps; one block per SM so spinning warps never
  * wait on a block that cannot become resident. */
 #define MEP_LL_THREADS 512
+/* The dispatch's wait for its peers' combine (ll_await.cu): one thread per
+ * source, in turns. */
+#define MEP_LL_AWAIT_THREADS 128
 
 /* This warp's place in a block-minor order over the grid (warp w of block
  * b is b + w * gridDim.x): a loop over work units striding by the grid's

@@ -50,6 +50,17 @@ typedef struct nccl_state {
   /* The last handle_layout kernel on each set: it reads the set's handle
    * storage, which the set's next dispatch rewrites and teardown frees. */
   mep_nccl_sent_t exported;
+  /* Per dispatch buffer set: the combine this rank sent of the set's last
+   * dispatch (the set it ran on, and whether its receive was issued). Every
+   * peer received that dispatch before starting that combine; a dispatch
+   * that reuses the set comes after that combine's receive, or, while the
+   * receive is still to run, after a wait for the peers' count signals of
+   * that combine (order_reuse; kernels/ll/PROTOCOL.md, section 6). */
+  struct {
+    int32_t sent;
+    int32_t received;
+    int32_t comb_set;
+  } reuse[MEP_NUM_BUFFER_SETS];
 } nccl_state_t;
 
 /* What a handle remembers of its dispatch (h->backend). */
@@ -296,6 +307,15 @@ static moe_ep_status_t timeout_error(const moe_ep_group_t *g, const nccl_state_t
                      r->buffer_set, list ? "list tag" : "combine epoch",
                      (unsigned long long)r->expected, (unsigned long long)r->seen);
   }
+  if (r->op == MEP_LL_OP_DISPATCH_REUSE) {
+    return mep_error(MOE_EP_ERR_TIMEOUT,
+                     "a dispatch on rank %d waited timeouts.kernel_ms=%d for rank %d to start "
+                     "the combine (buffer set %d) of the last dispatch on the set it reuses "
+                     "(expected signal %llu, saw %llu): that peer did not receive and combine "
+                     "that dispatch",
+                     r->rank, g->cfg.kernel_timeout_ms, r->peer, r->buffer_set,
+                     (unsigned long long)r->expected, (unsigned long long)r->seen);
+  }
   const char *op = r->op == MEP_LL_OP_DISPATCH_RECV  ? "dispatch receive"
                    : r->op == MEP_LL_OP_COMBINE_RECV ? "combine receive"
                                                      : "receive";
@@ -459,9 +479,46 @@ static moe_ep_status_t send_half(moe_ep_group_t *g, nccl_state_t *s, mep_op_t *o
   MEP_CHECK(mep_layout_book_check(&s->layouts, g->rank, nh->set, nh->seq));
   mep_ll_combine_args_t a;
   combine_args(g, s, op, &a);
-  return mep_nccl_launched(g, fused ? mep_ll_combine(&s->ctx, &a, op->stream)
-                        : mep_ll_combine_send(&s->ctx, &a, op->stream),
-                  "combine");
+  MEP_CHECK(mep_nccl_launched(g, fused ? mep_ll_combine(&s->ctx, &a, op->stream)
+                                       : mep_ll_combine_send(&s->ctx, &a, op->stream),
+                              "combine"));
+  s->reuse[nh->set].sent = 1;
+  s->reuse[nh->set].received = fused;
+  s->reuse[nh->set].comb_set = op->buffer_set;
+  return MOE_EP_OK;
+}
+
+/* Before a dispatch's send: a peer may still have to read the set's
+ * previous dispatch (its receive hook not run yet) unless this rank's
+ * receive of that dispatch's combine, which waited for every peer's
+ * combine, comes first. When that receive ran, on whatever stream, the
+ * send waits for it; while it is still to run (two-batch overlap's order),
+ * a small kernel waits for the peers' count signals of that combine
+ * without consuming them. Nothing to order before the set's first
+ * dispatch's combine was sent. */
+static moe_ep_status_t order_reuse(moe_ep_group_t *g, nccl_state_t *s, const mep_op_t *op) {
+  if (op->kind != MEP_OP_DISPATCH || !s->reuse[op->buffer_set].sent) return MOE_EP_OK;
+  const int comb_set = s->reuse[op->buffer_set].comb_set;
+  if (s->reuse[op->buffer_set].received)
+    return mep_nccl_sent_order(&s->received, comb_set, op->stream);
+  MEP_CHECK(mep_nccl_sent_order(&s->sent, comb_set, op->stream));
+  return mep_nccl_launched(g, mep_ll_await_combine(&s->ctx, comb_set, op->stream),
+                           "dispatch (waiting for the peers' combine of the set's last dispatch)");
+}
+
+/* A dispatch's send was launched: its set starts a new round. */
+static void reuse_restart(nccl_state_t *s, const mep_op_t *op) {
+  if (op->kind != MEP_OP_DISPATCH) return;
+  s->reuse[op->buffer_set].sent = 0;
+  s->reuse[op->buffer_set].received = 0;
+}
+
+/* A combine's receive was launched. */
+static void reuse_received(nccl_state_t *s, const mep_op_t *op) {
+  if (op->kind != MEP_OP_COMBINE) return;
+  const nccl_handle_t *nh = op->handle->backend;
+  if (s->reuse[nh->set].sent && s->reuse[nh->set].comb_set == op->buffer_set)
+    s->reuse[nh->set].received = 1;
 }
 
 /* A send half comes after the set's last receive and last handle_layout
@@ -477,7 +534,9 @@ static moe_ep_status_t nccl_send(moe_ep_group_t *g, mep_op_t *op) {
   mep_nccl_caller_t caller;
   MEP_CHECK(enter_device(g, s, &caller));
   moe_ep_status_t st = order_send(s, op);
+  if (st == MOE_EP_OK) st = order_reuse(g, s, op);
   if (st == MOE_EP_OK) st = send_half(g, s, op, 0);
+  if (st == MOE_EP_OK) reuse_restart(s, op);
   if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->sent, op->buffer_set, op->stream);
   return mep_nccl_leave(&caller, st);
 }
@@ -496,6 +555,7 @@ static moe_ep_status_t nccl_recv(moe_ep_group_t *g, mep_op_t *op) {
     mep_ll_combine_args_t a;
     combine_args(g, s, op, &a);
     st = mep_nccl_launched(g, mep_ll_combine_recv(&s->ctx, &a, op->stream), "combine receive");
+    if (st == MOE_EP_OK) reuse_received(s, op);
   }
   if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->received, op->buffer_set, op->stream);
   return mep_nccl_leave(&caller, st);
@@ -506,7 +566,9 @@ static moe_ep_status_t nccl_send_recv(moe_ep_group_t *g, mep_op_t *op) {
   mep_nccl_caller_t caller;
   MEP_CHECK(enter_device(g, s, &caller));
   moe_ep_status_t st = order_send(s, op);
+  if (st == MOE_EP_OK) st = order_reuse(g, s, op);
   if (st == MOE_EP_OK) st = send_half(g, s, op, 1);
+  if (st == MOE_EP_OK) reuse_restart(s, op);
   if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->received, op->buffer_set, op->stream);
   return mep_nccl_leave(&caller, st);
 }

@@ -14,14 +14,17 @@
 
 #include "kernels/ll/ll.h"
 #include "tests/gpu/cuda_ok.h"
+#include "tests/gpu/ll_world_check.h"
 #include "tests/gpu/one_gpu_world.h"
 #include "tests/oracle/oracle.h"
 
 namespace {
 
 namespace o = moe_ep_oracle;
+using mep_world::CheckReceiveMakeY;
 using mep_world::Dev;
 using mep_world::Download;
+using mep_world::RankBufs;
 
 struct Case {
   const char *name;
@@ -48,14 +51,6 @@ int ScaleMode(o::ScaleFormat f) {
          : f == o::ScaleFormat::kUe8m0 ? MEP_FP8_SCALE_UE8M0
                                        : MEP_FP8_SCALE_UE8M0_PACKED;
 }
-
-struct RankBufs {
-  mep_ll_ctx_t ctx = {};
-  void *recv_x = nullptr, *recv_scales = nullptr, *y = nullptr, *out = nullptr;
-  int32_t *recv_count = nullptr, *slot_src = nullptr, *src_count = nullptr;
-  int32_t *src_tokens = nullptr;
-  mep_ll_route_t *route = nullptr;
-};
 
 class LlWorld : public ::testing::TestWithParam<Case> {};
 
@@ -206,68 +201,12 @@ TEST_P(LlWorld, MatchesOracle) {
     for (int s = 0; s < R; ++s)
       y_of_slot[s].assign(static_cast<size_t>(all[s].num_tokens) * K, nullptr);
     for (int r = 0; r < R; ++r) {
-      const o::LlDispatchExpected d = o::ll_dispatch_expected(p, all, r);
-      const std::string where = "rank " + std::to_string(r) + ", call " +
-                                std::to_string(call) + ", seed " +
-                                std::to_string(seed) + ": ";
-      const auto cnt = Download<int32_t>(rb[r].recv_count, EL);
-      ASSERT_EQ(o::compare_exact_i32("recv_count", cnt.data(),
-                                     d.recv_count.data(), EL, 0),
-                "")
-          << where;
-      const auto src = Download<int32_t>(rb[r].slot_src, slots);
-      const auto rx = Download<uint8_t>(rb[r].recv_x, slots * row_bytes);
-      const auto rs =
-          Download<int32_t>(rb[r].recv_scales, c.fp8 ? slots * words : 0);
-      y[r].assign(static_cast<size_t>(slots) * H, 0);
-      std::vector<float> f(H), sc(G);
-      for (int e = 0; e < EL; ++e) {
-        for (int i = 0; i < cnt[e]; ++i) {
-          const o::LlSlot &sl = d.slots[d.row(e, i)];
-          const int64_t full = d.full_row(e, i), row = d.row(e, i);
-          ASSERT_EQ(src[full],
-                    MEP_LL_SLOT_PACK(sl.src_rank, sl.src_token, sl.k))
-              << where << "slot_src of expert " << e << " slot " << i;
-          const uint8_t *got = &rx[full * row_bytes];
-          if (c.fp8) {
-            const uint8_t *want = &d.x_fp8[row * H];
-            // Every scale format quantises by an exact division, as the
-            // oracle does (compare.h).
-            const std::string m = o::compare_exact_u8("recv_x", got, want, H, H);
-            ASSERT_EQ(m, "") << where << "expert " << e << " slot " << i;
-            const int32_t *gs = &rs[full * words];
-            if (packed) {
-              ASSERT_EQ(o::compare_exact_i32("recv_scales", gs,
-                                             &d.scales_packed[row * words],
-                                             words, words),
-                        "")
-                  << where << "expert " << e;
-              o::unpack_ue8m0(gs, G, sc.data());
-            } else {
-              const float *gf = reinterpret_cast<const float *>(gs);
-              ASSERT_EQ(o::compare_exact_f32("recv_scales", gf,
-                                             &d.scales[row * G], G, G),
-                        "")
-                  << where << "expert " << e;
-              sc.assign(gf, gf + G);
-            }
-            o::dequantize_row(got, sc.data(), H, f.data());
-          } else {
-            const uint16_t *g16 = reinterpret_cast<const uint16_t *>(got);
-            ASSERT_EQ(
-                o::compare_exact_u16("recv_x", g16, &d.x_bf16[row * H], H, H),
-                "")
-                << where << "expert " << e << " slot " << i;
-            for (int h = 0; h < H; ++h) f[h] = o::bf16_to_float(g16[h]);
-          }
-          uint16_t *yr = &y[r][full * H];
-          o::expert_fn_row(r * EL + e, f.data(), H, yr);
-          y_of_slot[sl.src_rank][static_cast<size_t>(sl.src_token) * K + sl.k] =
-              yr;
-        }
-      }
-      CUDA_OK(cudaMemcpy(rb[r].y, y[r].data(), y[r].size() * 2,
-                         cudaMemcpyHostToDevice));
+      CheckReceiveMakeY(p, all, r, rb[r],
+                        "rank " + std::to_string(r) + ", call " +
+                            std::to_string(call) + ", seed " +
+                            std::to_string(seed) + ": ",
+                        &y[r], &y_of_slot);
+      if (HasFatalFailure()) return;
     }
 
     ASSERT_EQ(world->Settle(), "");

@@ -1,0 +1,82 @@
+// ll_world_check.cc: see ll_world_check.h.
+#include "tests/gpu/ll_world_check.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/gpu/cuda_ok.h"
+#include "tests/gpu/one_gpu_world.h"
+
+namespace mep_world {
+
+namespace o = moe_ep_oracle;
+
+void CheckReceiveMakeY(const o::Problem &p,
+                       const std::vector<o::RankInputs> &all, int r,
+                       const RankBufs &b, const std::string &where,
+                       std::vector<uint16_t> *y,
+                       std::vector<std::vector<const uint16_t *>> *y_of_slot) {
+  const int R = p.world, H = p.hidden, EL = p.num_experts / R;
+  const bool fp8 = p.dispatch_dtype == o::DispatchDtype::kFp8;
+  const bool packed = fp8 && p.scale_format == o::ScaleFormat::kUe8m0Packed;
+  const int G = H / 128, words = packed ? (G + 3) / 4 : G;
+  const size_t row_bytes = fp8 ? H : 2 * H;
+  const int64_t slots = EL * static_cast<int64_t>(R) * p.max_tokens_per_rank;
+  const int K = p.top_k;
+  const o::LlDispatchExpected d = o::ll_dispatch_expected(p, all, r);
+  const auto cnt = Download<int32_t>(b.recv_count, EL);
+  ASSERT_EQ(o::compare_exact_i32("recv_count", cnt.data(), d.recv_count.data(),
+                                 EL, 0),
+            "")
+      << where;
+  const auto src = Download<int32_t>(b.slot_src, slots);
+  const auto rx = Download<uint8_t>(b.recv_x, slots * row_bytes);
+  const auto rs = Download<int32_t>(b.recv_scales, fp8 ? slots * words : 0);
+  y->assign(static_cast<size_t>(slots) * H, 0);
+  std::vector<float> f(H), sc(G);
+  for (int e = 0; e < EL; ++e) {
+    for (int i = 0; i < cnt[e]; ++i) {
+      const o::LlSlot &sl = d.slots[d.row(e, i)];
+      const int64_t full = d.full_row(e, i), row = d.row(e, i);
+      ASSERT_EQ(src[full], MEP_LL_SLOT_PACK(sl.src_rank, sl.src_token, sl.k))
+          << where << "slot_src of expert " << e << " slot " << i;
+      const uint8_t *got = &rx[full * row_bytes];
+      if (fp8) {
+        const uint8_t *want = &d.x_fp8[row * H];
+        // Every scale format quantises by an exact division, as the
+        // oracle does (compare.h).
+        const std::string m = o::compare_exact_u8("recv_x", got, want, H, H);
+        ASSERT_EQ(m, "") << where << "expert " << e << " slot " << i;
+        const int32_t *gs = &rs[full * words];
+        if (packed) {
+          ASSERT_EQ(
+              o::compare_exact_i32("recv_scales", gs,
+                                   &d.scales_packed[row * words], words, words),
+              "")
+              << where << "expert " << e;
+          o::unpack_ue8m0(gs, G, sc.data());
+        } else {
+          const float *gf = reinterpret_cast<const float *>(gs);
+          ASSERT_EQ(
+              o::compare_exact_f32("recv_scales", gf, &d.scales[row * G], G, G),
+              "")
+              << where << "expert " << e;
+          sc.assign(gf, gf + G);
+        }
+        o::dequantize_row(got, sc.data(), H, f.data());
+      } else {
+        const uint16_t *g16 = reinterpret_cast<const uint16_t *>(got);
+        ASSERT_EQ(o::compare_exact_u16("recv_x", g16, &d.x_bf16[row * H], H, H),
+                  "")
+            << where << "expert " << e << " slot " << i;
+        for (int h = 0; h < H; ++h) f[h] = o::bf16_to_float(g16[h]);
+      }
+      uint16_t *yr = &(*y)[full * H];
+      o::expert_fn_row(r * EL + e, f.data(), H, yr);
+      (*y_of_slot)[sl.src_rank][static_cast<size_t>(sl.src_token) * K + sl.k] =
+          yr;
+    }
+  }
+  CUDA_OK(cudaMemcpy(b.y, y->data(), y->size() * 2, cudaMemcpyHostToDevice));
+}
+
+}  // namespace mep_world

@@ -1,0 +1,39 @@
+// ll_world_check.h: what the LL one-GPU world tests share: a rank's
+// receive and combine buffers, and the check of a rank's receive against
+// the oracle that also makes the expert outputs y from the rows received.
+#ifndef MEP_TESTS_GPU_LL_WORLD_CHECK_H_
+#define MEP_TESTS_GPU_LL_WORLD_CHECK_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/ll/ll.h"
+#include "tests/oracle/oracle.h"
+
+namespace mep_world {
+
+// One rank's context, receive buffers, handle storage and combine output.
+struct RankBufs {
+  mep_ll_ctx_t ctx = {};
+  void *recv_x = nullptr, *recv_scales = nullptr, *y = nullptr, *out = nullptr;
+  int32_t *recv_count = nullptr, *slot_src = nullptr, *src_count = nullptr;
+  int32_t *src_tokens = nullptr;
+  mep_ll_route_t *route = nullptr;
+};
+
+// Rank r's receive against the oracle (counts, slot sources, rows and
+// scales bit for bit), then y from the rows as received
+// (moe_ep_oracle::expert_fn_row), uploaded to b.y (cudaMemcpy from pageable
+// memory: the caller orders the uploads before the ranks' streams use y)
+// and indexed for the combine oracle by (source, token, k) in *y_of_slot.
+// Fatal gtest failures name `where`.
+void CheckReceiveMakeY(const moe_ep_oracle::Problem &p,
+                       const std::vector<moe_ep_oracle::RankInputs> &all, int r,
+                       const RankBufs &b, const std::string &where,
+                       std::vector<uint16_t> *y,
+                       std::vector<std::vector<const uint16_t *>> *y_of_slot);
+
+}  // namespace mep_world
+
+#endif  // MEP_TESTS_GPU_LL_WORLD_CHECK_H_

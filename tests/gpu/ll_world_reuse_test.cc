@@ -1,0 +1,262 @@
+// ll_world_reuse_test.cc: a dispatch that reuses its buffer set while this
+// rank's receive of the combine of the set's last dispatch is still to run
+// (two-batch overlap's order: dispatch A, combine A, dispatch B, then
+// combine A's hook), with a peer that still has to receive dispatch A.
+// Two ranks on one GPU (one_gpu_world.h), weights at dispatch (nothing is
+// pushed, so no combine wait orders the ranks), LSA and GIN-emulated.
+// Rank 0 receives A, sends combine A, then launches
+// mep_ll_await_combine and dispatch B's send: they must not end while rank
+// 1 has not started combine A, and rank 1's receive of A, made only then,
+// must be A's rows bit for bit; then both combines and dispatch B against
+// the oracle.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/ll/ll.h"
+#include "tests/gpu/cuda_ok.h"
+#include "tests/gpu/ll_world_check.h"
+#include "tests/gpu/one_gpu_world.h"
+#include "tests/oracle/oracle.h"
+
+namespace {
+
+namespace o = moe_ep_oracle;
+using mep_world::CheckReceiveMakeY;
+using mep_world::Dev;
+using mep_world::Download;
+using mep_world::RankBufs;
+
+constexpr int kR = 2, kExperts = 16, kHidden = 2048, kTopK = 8, kMaxTokens = 16;
+constexpr int kTimeoutMs = 20000;
+// How long rank 0's dispatch B is given to finish on its own while rank 1
+// holds back: it must not (it waits for rank 1's combine A, which has not
+// been launched), whatever the machine's load.
+constexpr int kHoldMs = 300;
+
+struct Call {
+  std::vector<o::RankInputs> all;
+  std::vector<mep_ll_dispatch_args_t> da;
+  std::vector<mep_ll_combine_args_t> ca;
+  std::vector<std::vector<uint16_t>> y;
+  std::vector<std::vector<const uint16_t *>> y_of_slot;
+};
+
+// Every rank's arguments for a dispatch on `set` and its combine on
+// `comb_set`, their handle storage the set's (as the runtime keeps it).
+void MakeCall(const o::Problem &p, uint64_t seed, int set, int comb_set,
+              std::vector<RankBufs> &rb, Dev *dev, Call *c) {
+  c->all = o::make_all_inputs(p, seed);
+  c->da.assign(kR, {});
+  c->ca.assign(kR, {});
+  c->y.assign(kR, {});
+  c->y_of_slot.assign(kR, {});
+  for (int r = 0; r < kR; ++r) {
+    const o::RankInputs &in = c->all[r];
+    c->y_of_slot[r].assign(static_cast<size_t>(in.num_tokens) * kTopK, nullptr);
+    const void *topk = dev->upload(in.topk_idx);
+    mep_ll_dispatch_args_t &a = c->da[r];
+    a.x = dev->upload(in.x);
+    a.topk_idx = topk;
+    a.topk_idx_bytes = 8;
+    a.num_tokens = in.num_tokens;
+    a.hidden = kHidden;
+    a.top_k = kTopK;
+    a.num_experts = kExperts;
+    a.buffer_set = set;
+    a.recv_x = rb[r].recv_x;
+    a.recv_scales = rb[r].recv_scales;
+    a.recv_count = rb[r].recv_count;
+    a.slot_src = rb[r].slot_src;
+    a.src_count = rb[r].src_count;
+    a.route = rb[r].route;
+    a.src_tokens = rb[r].src_tokens;
+    a.weighted = 1;
+    a.topk_weights = dev->upload(in.topk_weights);
+    mep_ll_combine_args_t &b = c->ca[r];
+    b.y = rb[r].y;
+    b.topk_idx = topk;
+    b.topk_idx_bytes = 8;
+    b.out = rb[r].out;
+    b.num_tokens = in.num_tokens;
+    b.hidden = kHidden;
+    b.top_k = kTopK;
+    b.num_experts = kExperts;
+    b.buffer_set = comb_set;
+    b.recv_count = rb[r].recv_count;
+    b.slot_src = rb[r].slot_src;
+    b.src_count = rb[r].src_count;
+    b.route = rb[r].route;
+    b.src_tokens = rb[r].src_tokens;
+    b.partials = 1;
+  }
+}
+
+void CheckCombine(const o::Problem &p, const Call &c,
+                  const std::vector<RankBufs> &rb, uint64_t seed) {
+  for (int s = 0; s < kR; ++s) {
+    const auto &slot_y = c.y_of_slot[s];
+    const std::vector<uint16_t> want =
+        o::ll_combine_reduce(p, c.all[s], [&](int t, int k) {
+          return slot_y[static_cast<size_t>(t) * kTopK + k];
+        });
+    const auto got = Download<uint16_t>(rb[s].out, want.size());
+    EXPECT_EQ(o::compare_exact_bf16("combine out", got.data(), want.data(),
+                                    want.size(), kHidden),
+              "")
+        << "rank " << s << ", seed " << seed;
+  }
+}
+
+std::string Where(int r, const char *what, uint64_t seed) {
+  return "rank " + std::to_string(r) + ", " + what + ", seed " +
+         std::to_string(seed) + ": ";
+}
+
+class LlWorldReuse : public ::testing::TestWithParam<int> {};
+
+TEST_P(LlWorldReuse, DispatchWaitsForThePeersCombineOfTheSetsLastDispatch) {
+  const int transport = GetParam();
+  o::Problem p;
+  p.world = kR;
+  p.num_experts = kExperts;
+  p.hidden = kHidden;
+  p.top_k = kTopK;
+  p.max_tokens_per_rank = kMaxTokens;
+  p.generator = o::Generator::kUniform;
+  p.dispatch_dtype = o::DispatchDtype::kBf16;
+  const int EL = kExperts / kR;
+  const int64_t slots = static_cast<int64_t>(EL) * kR * kMaxTokens;
+  mep_ll_dims_t dims = {};
+  dims.local_experts = EL;
+  dims.world = kR;
+  dims.max_tokens = kMaxTokens;
+  dims.hidden = kHidden;
+  dims.top_k = kTopK;
+  dims.num_sets = 2;
+  dims.lsa_only = transport == MEP_LL_TRANSPORT_LSA;
+  std::string err;
+  auto world = mep_world::World::Create(kR, mep_ll_buffer_bytes(&dims), &err);
+  ASSERT_NE(world, nullptr) << err;
+  int device = 0, sms = 0;
+  CUDA_OK(cudaGetDevice(&device));
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  uint64_t cycles = 0;
+  ASSERT_EQ(mep_ll_timeout_cycles(device, kTimeoutMs, &cycles), MEP_KSTATUS_OK);
+  // Loaded before any launch: a kernel's first load waits for the device,
+  // here for rank 0's spinning wait (ll.h, mep_ll_load).
+  ASSERT_EQ(mep_ll_load(), MEP_KSTATUS_OK) << mep_kernels_last_error();
+  Dev dev;
+  std::vector<RankBufs> rb(kR);
+  for (int r = 0; r < kR; ++r) {
+    mep_ll_ctx_t &x = rb[r].ctx;
+    x.dims = dims;
+    x.transport = transport;
+    x.num_sms = std::max(1, std::min(32, sms / (kR + 1)));
+    x.timeout_cycles = cycles;
+    ASSERT_EQ(
+        mep_world::PointAtRank(*world, r, mep_ll_state_bytes(&dims), &dev, &x),
+        "");
+    rb[r].recv_x = dev.alloc<uint16_t>(slots * kHidden);
+    rb[r].recv_scales = dev.alloc<int32_t>(slots * (kHidden / 128));
+    rb[r].y = dev.alloc<uint16_t>(slots * kHidden);
+    rb[r].out = dev.alloc<uint16_t>(static_cast<size_t>(kMaxTokens) * kHidden);
+    rb[r].recv_count = dev.alloc<int32_t>(EL);
+    rb[r].slot_src = dev.alloc<int32_t>(slots);
+    rb[r].src_count = dev.alloc<int32_t>(static_cast<size_t>(EL) * kR);
+    rb[r].src_tokens = dev.alloc<int32_t>(kR);
+    rb[r].route =
+        dev.alloc<mep_ll_route_t>(static_cast<size_t>(kR) * kMaxTokens * kTopK);
+    ASSERT_TRUE(rb[r].recv_x && rb[r].recv_scales && rb[r].y && rb[r].out &&
+                rb[r].recv_count && rb[r].slot_src && rb[r].src_count &&
+                rb[r].src_tokens && rb[r].route);
+  }
+  const uint64_t seed_a = 11, seed_b = 12;
+  Call a, b;
+  MakeCall(p, seed_a, 0, 1, rb, &dev, &a);
+  MakeCall(p, seed_b, 0, 1, rb, &dev, &b);
+  const cudaStream_t s0 = world->stream(0), s1 = world->stream(1);
+
+  // Dispatch A's send on both ranks; rank 0 receives it, rank 1 not yet.
+  ASSERT_EQ(world->Settle(), "");
+  ASSERT_EQ(world->LaunchAll([&](int r, cudaStream_t s) {
+    return mep_ll_dispatch_send(&rb[r].ctx, &a.da[r], s);
+  }),
+            "");
+  ASSERT_EQ(mep_ll_dispatch_recv(&rb[0].ctx, &a.da[0], s0), MEP_KSTATUS_OK)
+      << mep_kernels_last_error();
+  CUDA_OK(cudaStreamSynchronize(s0));
+  CheckReceiveMakeY(p, a.all, 0, rb[0], Where(0, "dispatch A", seed_a), &a.y[0],
+                    &a.y_of_slot);
+  if (HasFatalFailure()) return;
+  ASSERT_EQ(world->Settle(), "");  // y's upload before the combine reads it
+
+  // Rank 0: combine A's send, then dispatch B on A's set behind the wait.
+  ASSERT_EQ(mep_ll_combine_send(&rb[0].ctx, &a.ca[0], s0), MEP_KSTATUS_OK)
+      << mep_kernels_last_error();
+  ASSERT_EQ(mep_ll_await_combine(&rb[0].ctx, 1, s0), MEP_KSTATUS_OK)
+      << mep_kernels_last_error();
+  ASSERT_EQ(mep_ll_dispatch_send(&rb[0].ctx, &b.da[0], s0), MEP_KSTATUS_OK)
+      << mep_kernels_last_error();
+  std::this_thread::sleep_for(std::chrono::milliseconds(kHoldMs));
+  EXPECT_EQ(cudaStreamQuery(s0), cudaErrorNotReady)
+      << "rank 0's dispatch B ended before rank 1 started combine A: it did "
+         "not wait for rank "
+         "1 to receive dispatch A, whose rows it overwrites";
+
+  // Rank 1 receives A only now: A's rows, not B's.
+  ASSERT_EQ(mep_ll_dispatch_recv(&rb[1].ctx, &a.da[1], s1), MEP_KSTATUS_OK)
+      << mep_kernels_last_error();
+  CUDA_OK(cudaStreamSynchronize(s1));
+  ASSERT_EQ(world->Records(), "");
+  CheckReceiveMakeY(p, a.all, 1, rb[1],
+                    Where(1, "dispatch A, received late", seed_a), &a.y[1],
+                    &a.y_of_slot);
+  if (HasFatalFailure()) return;
+  // The upload is on the legacy stream; rank 0's stream still spins, so
+  // not the whole device.
+  CUDA_OK(cudaStreamSynchronize(cudaStreamLegacy));
+  ASSERT_EQ(mep_ll_combine_send(&rb[1].ctx, &a.ca[1], s1), MEP_KSTATUS_OK)
+      << mep_kernels_last_error();
+  ASSERT_EQ(world->Sync(), "")
+      << "rank 0's wait and dispatch B, rank 1's combine A";
+  ASSERT_EQ(world->Records(), "");
+
+  // Both receive combine A, then rank 1 sends dispatch B (its combine A
+  // was received: nothing to wait for) and both receive it.
+  ASSERT_EQ(world->LaunchAll([&](int r, cudaStream_t s) {
+    return mep_ll_combine_recv(&rb[r].ctx, &a.ca[r], s);
+  }),
+            "");
+  ASSERT_EQ(world->Sync(), "");
+  ASSERT_EQ(world->Records(), "");
+  CheckCombine(p, a, rb, seed_a);
+  ASSERT_EQ(mep_ll_dispatch_send(&rb[1].ctx, &b.da[1], s1), MEP_KSTATUS_OK)
+      << mep_kernels_last_error();
+  ASSERT_EQ(world->LaunchAll([&](int r, cudaStream_t s) {
+    return mep_ll_dispatch_recv(&rb[r].ctx, &b.da[r], s);
+  }),
+            "");
+  ASSERT_EQ(world->Sync(), "");
+  ASSERT_EQ(world->Records(), "");
+  for (int r = 0; r < kR; ++r) {
+    CheckReceiveMakeY(p, b.all, r, rb[r], Where(r, "dispatch B", seed_b),
+                      &b.y[r], &b.y_of_slot);
+    if (HasFatalFailure()) return;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, LlWorldReuse,
+                         ::testing::Values(MEP_LL_TRANSPORT_LSA,
+                                           MEP_LL_TRANSPORT_GIN_EMULATED),
+                         [](const ::testing::TestParamInfo<int> &i) {
+                           return std::string(i.param == MEP_LL_TRANSPORT_LSA
+                                                  ? "lsa"
+                                                  : "gin_emulated");
+                         });
+
+}  // namespace
