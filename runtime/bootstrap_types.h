@@ -18,7 +18,7 @@
 #define MEP_BS_MAGIC 0x4d455042u /* "MEPB" */
 /* The protocol version, the bootstrap's and the host data path's (its
  * region layout): ranks of different versions are refused at the gate. */
-#define MEP_BS_VERSION 4u
+#define MEP_BS_VERSION 5u
 /* Bounds the wire fields the handshake carries. */
 #define MEP_BS_TOKEN_MAX 256
 #define MEP_BS_REASON_MAX 512

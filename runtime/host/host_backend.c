@@ -30,6 +30,17 @@ typedef struct host_state {
    * refusal in that word that a peer may not have read yet, 0 when every
    * peer is past it (host_op_refused). */
   uint64_t refusal_unread[MEP_NUM_BUFFER_SETS][2];
+  /* Per dispatch buffer set: the combine this rank sent of the set's last
+   * dispatch (its operation and set), and whether this rank has received
+   * it. A peer signals that combine only after receiving the dispatch, so
+   * a dispatch reusing the set waits for those signals while this rank's
+   * receive of the combine is still to run (wait_reuse). */
+  struct {
+    uint64_t comb_seq;
+    int32_t comb_set;
+    int32_t sent;
+    int32_t received;
+  } reuse[MEP_NUM_BUFFER_SETS];
 } host_state_t;
 
 static uint64_t host_buffer_bytes(const moe_ep_config_t *cfg, int world) {
@@ -272,9 +283,10 @@ static moe_ep_status_t dispatch_send(moe_ep_group_t *g, mep_op_t *op) {
   return mep_host_mesh_complete(hs->mesh, "dispatch");
 }
 
-static size_t flag_off(const host_state_t *hs, int combine, int set, int src) {
-  return combine ? mep_host_off_combine_flag(&hs->layout, set, src)
-                 : mep_host_off_dispatch_flag(&hs->layout, set, src);
+static size_t flag_off(const host_state_t *hs, const mep_op_t *op, int combine, int src) {
+  return combine ? mep_host_off_combine_flag(&hs->layout, op->buffer_set,
+                                             mep_host_combine_half(&hs->layout, op->seq), src)
+                 : mep_host_off_dispatch_flag(&hs->layout, op->buffer_set, src);
 }
 
 /* Every source's signal of this operation, or its refusal of it
@@ -297,7 +309,7 @@ static moe_ep_status_t wait_all(moe_ep_group_t *g, mep_op_t *op, int combine) {
   for (int s = 0; s < g->world_size; s++) {
     int refused = 0;
     moe_ep_status_t st = mep_host_mesh_wait_either(
-        hs->mesh, flag_off(hs, combine, op->buffer_set, s),
+        hs->mesh, flag_off(hs, op, combine, s),
         mep_host_off_refusal(&hs->layout, op->buffer_set, combine, s), op->seq + 1, s, what,
         &refused);
     /* Every peer ahead is passed over alike (with one buffer set, all the
@@ -542,6 +554,7 @@ static moe_ep_status_t combine_send(moe_ep_group_t *g, mep_op_t *op) {
   host_state_t *hs = g->impl;
   const slot_table_t *tab = op->handle->backend;
   int W = combine_width(g, op);
+  const int half = mep_host_combine_half(&hs->layout, op->seq);
   size_t row_bytes = (size_t)op->hidden * 2u;
   int64_t slots = (int64_t)g->world_size * g->cfg.max_tokens_per_rank;
   /* LL records are grouped by expert (expert_start); HT records are the
@@ -557,12 +570,10 @@ static moe_ep_status_t combine_send(moe_ep_group_t *g, mep_op_t *op) {
     const uint16_t *y = (const uint16_t *)op->y + y_row * (size_t)op->hidden;
     size_t row = (size_t)rec[1] * (size_t)W + (size_t)rec[2];
     MEP_CHECK(mep_host_mesh_put(hs->mesh, rec[0], y, row_bytes,
-                                mep_host_off_combine_row(&hs->layout, op->buffer_set, row)));
+                                mep_host_off_combine_row(&hs->layout, op->buffer_set, half, row)));
   }
   for (int s = 0; s < g->world_size; s++) {
-    MEP_CHECK(mep_host_mesh_signal(
-        hs->mesh, s, mep_host_off_combine_flag(&hs->layout, op->buffer_set, g->rank),
-        op->seq + 1));
+    MEP_CHECK(mep_host_mesh_signal(hs->mesh, s, flag_off(hs, op, 1, g->rank), op->seq + 1));
   }
   return mep_host_mesh_complete(hs->mesh, "combine");
 }
@@ -571,6 +582,7 @@ static moe_ep_status_t combine_recv(moe_ep_group_t *g, mep_op_t *op) {
   host_state_t *hs = g->impl;
   const mep_handle_state_t *h = op->handle;
   int K = h->top_k, W = combine_width(g, op);
+  const int half = mep_host_combine_half(&hs->layout, op->seq);
   const uint16_t *rows[MEP_MAX_TOP_K];
   MEP_CHECK(wait_all(g, op, 1));
   for (int t = 0; t < h->num_tokens; t++) {
@@ -581,6 +593,7 @@ static moe_ep_status_t combine_recv(moe_ep_group_t *g, mep_op_t *op) {
       int used = op->mode == MOE_EP_MODE_HIGH_THROUGHPUT || tk[j] >= 0;
       rows[j] = used ? (const uint16_t *)(mep_host_mesh_local(hs->mesh) +
                                           mep_host_off_combine_row(&hs->layout, op->buffer_set,
+                                                                   half,
                                                                    (size_t)t * (size_t)W + (size_t)j))
                      : NULL;
     }
@@ -661,6 +674,31 @@ static moe_ep_status_t host_op_refused(moe_ep_group_t *g, const mep_op_t *op) {
   return MOE_EP_OK;
 }
 
+/* Before a dispatch reuses its buffer set while this rank's receive of the
+ * combine of the set's last dispatch is still to run (two-batch overlap's
+ * order: dispatch A, combine A, dispatch B, then combine A's hook): a peer
+ * may still be reading dispatch A there. Each peer's signal of that
+ * combine (or its refusal of it, which a rank with a hook pending does not
+ * send) comes after its receive of dispatch A; the flags stay for the
+ * combine's receive (the halves keep the next combine's apart). */
+static moe_ep_status_t wait_reuse(moe_ep_group_t *g, const mep_op_t *op) {
+  host_state_t *hs = g->impl;
+  if (!hs->reuse[op->buffer_set].sent || hs->reuse[op->buffer_set].received) return MOE_EP_OK;
+  const mep_op_t comb = {.kind = MEP_OP_COMBINE, .seq = hs->reuse[op->buffer_set].comb_seq,
+                         .buffer_set = hs->reuse[op->buffer_set].comb_set};
+  char what[112];
+  snprintf(what, sizeof what, "dispatch (operation %llu, reusing buffer set %d after combine %llu)",
+           (unsigned long long)op->seq, op->buffer_set, (unsigned long long)comb.seq);
+  for (int s = 0; s < g->world_size; s++) {
+    if (s == g->rank) continue;
+    int refused = 0;
+    MEP_CHECK(mep_host_mesh_wait_either(hs->mesh, flag_off(hs, &comb, 1, s),
+                                        mep_host_off_refusal(&hs->layout, comb.buffer_set, 1, s),
+                                        comb.seq + 1, s, what, &refused));
+  }
+  return MOE_EP_OK;
+}
+
 /* A later dispatch on the handle's buffer set replaced its layout (the
  * header's promise, as on the nccl backend): combine is refused before
  * anything is sent, so the group stays usable. */
@@ -672,10 +710,20 @@ static moe_ep_status_t host_send(moe_ep_group_t *g, mep_op_t *op) {
   }
   mep_host_mesh_begin(hs->mesh);
   if (hs->owed != 0) MEP_CHECK(wait_owed(g));
+  if (op->kind == MEP_OP_DISPATCH) MEP_CHECK(wait_reuse(g, op));
   moe_ep_status_t st =
       op->kind == MEP_OP_COMBINE
           ? combine_send(g, op)
           : mep_layout_book_record(&hs->book, op->buffer_set, op->seq, dispatch_send(g, op));
+  if (st == MOE_EP_OK && op->kind == MEP_OP_DISPATCH) {
+    hs->reuse[op->buffer_set].sent = 0;
+  } else if (st == MOE_EP_OK) {
+    const slot_table_t *tab = op->handle->backend;
+    hs->reuse[tab->set].comb_seq = op->seq;
+    hs->reuse[tab->set].comb_set = op->buffer_set;
+    hs->reuse[tab->set].sent = 1;
+    hs->reuse[tab->set].received = 0;
+  }
   /* The combine sends straight from the caller's y: none of its sends may
    * outlive the failed call. Cutting the endpoints fails the group. */
   const int cut = st != MOE_EP_OK ? mep_host_mesh_quiesce(hs->mesh) : 0;
@@ -704,7 +752,13 @@ static moe_ep_status_t host_send(moe_ep_group_t *g, mep_op_t *op) {
 }
 
 static moe_ep_status_t recv_half(moe_ep_group_t *g, mep_op_t *op) {
-  if (op->kind == MEP_OP_COMBINE) return combine_recv(g, op);
+  if (op->kind == MEP_OP_COMBINE) {
+    host_state_t *hs = g->impl;
+    const slot_table_t *tab = op->handle->backend;
+    if (hs->reuse[tab->set].sent && hs->reuse[tab->set].comb_seq == op->seq)
+      hs->reuse[tab->set].received = 1;
+    return combine_recv(g, op);
+  }
   mep_row_layout_t rl;
   row_layout_for(op, &rl);
   MEP_CHECK(wait_all(g, op, 0));

@@ -30,11 +30,16 @@ void mep_host_layout_init(mep_host_layout_t *l, const moe_ep_config_t *cfg,
   l->dispatch_flags = 0;
   l->dispatch_counts = ALIGN64(w * 8u);
   l->combine_flags = l->dispatch_counts + ALIGN64(w * 8u);
-  l->dispatch_refusals = l->combine_flags + ALIGN64(w * 8u);
+  /* two halves of combine flags and rows (mep_host_combine_half) */
+  l->dispatch_refusals = l->combine_flags + 2u * ALIGN64(w * 8u);
   l->combine_refusals = l->dispatch_refusals + ALIGN64(w * 8u);
   l->dispatch_rows = l->combine_refusals + ALIGN64(w * 8u);
   l->combine_area = l->dispatch_rows + ALIGN64(w * m * l->row_max);
-  l->set_bytes = l->combine_area + l->combine_rows * l->combine_row_bytes;
+  l->set_bytes = l->combine_area + 2u * l->combine_rows * l->combine_row_bytes;
+}
+
+int mep_host_combine_half(const mep_host_layout_t *l, uint64_t seq) {
+  return (int)((seq / (uint64_t)l->nsets) & 1u);
 }
 
 size_t mep_host_layout_bytes(const mep_host_layout_t *l) {
@@ -49,8 +54,9 @@ size_t mep_host_off_dispatch_count(const mep_host_layout_t *l, int set, int src)
   return (size_t)set * l->set_bytes + l->dispatch_counts + (size_t)src * 8u;
 }
 
-size_t mep_host_off_combine_flag(const mep_host_layout_t *l, int set, int src) {
-  return (size_t)set * l->set_bytes + l->combine_flags + (size_t)src * 8u;
+size_t mep_host_off_combine_flag(const mep_host_layout_t *l, int set, int half, int src) {
+  return (size_t)set * l->set_bytes + l->combine_flags + (size_t)half * ALIGN64(l->world * 8u) +
+         (size_t)src * 8u;
 }
 
 size_t mep_host_off_refusal(const mep_host_layout_t *l, int set, int combine, int src) {
@@ -66,6 +72,7 @@ size_t mep_host_off_dispatch_row(const mep_host_layout_t *l, int set, int src,
          (size_t)src * (size_t)max_tokens * l->row_max + (size_t)row * row_bytes;
 }
 
-size_t mep_host_off_combine_row(const mep_host_layout_t *l, int set, size_t row) {
-  return (size_t)set * l->set_bytes + l->combine_area + row * l->combine_row_bytes;
+size_t mep_host_off_combine_row(const mep_host_layout_t *l, int set, int half, size_t row) {
+  return (size_t)set * l->set_bytes + l->combine_area +
+         ((size_t)half * l->combine_rows + row) * l->combine_row_bytes;
 }

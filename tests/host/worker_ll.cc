@@ -87,6 +87,37 @@ static void ll_double_buffered(Ctx& c, const moe_ep_oracle::Problem& p, uint64_t
   b.check_combine();
 }
 
+// A's combine receive still to run when B's dispatch reuses A's dispatch's
+// buffer set (two-batch overlap's order: A dispatch, A combine, B
+// dispatch, then A's combine hook). A peer may still be reading A's
+// dispatch there; B's dispatch waits for every peer's combine of A (the
+// nccl backend's order_reuse). Values of both round trips against the
+// oracle.
+static void ll_combine_received_after_next_dispatch(Ctx& c, const moe_ep_oracle::Problem& p,
+                                                    uint64_t seed) {
+  LlCall a(c, p, seed), b(c, p, seed + 1000);
+  if (a.prepare() || b.prepare()) return;
+  if (!expect_status(c, seed, "dispatch A", a.dispatch(0, nullptr), MOE_EP_OK)) return;
+  a.check_dispatch();
+  a.make_y();
+  moe_ep_hook_t *ha = nullptr, *hb = nullptr;
+  if (!expect_status(c, seed, "combine A (receive deferred)",
+                     a.combine(MOE_EP_FLAG_DEFER_RECV, &ha), MOE_EP_OK))
+    return;
+  // B's dispatch lands on A's dispatch's set while A's combine hook waits.
+  const moe_ep_status_t sb = b.dispatch(MOE_EP_FLAG_DEFER_RECV, &hb);
+  expect_status(c, seed, "combine hook A (after dispatch B)", c.api->hook_run(ha, nullptr),
+                MOE_EP_OK);
+  c.api->hook_free(ha);
+  a.check_combine();
+  if (!expect_status(c, seed, "dispatch B (reusing A's set)", sb, MOE_EP_OK)) return;
+  expect_status(c, seed, "dispatch hook B", c.api->hook_run(hb, nullptr), MOE_EP_OK);
+  c.api->hook_free(hb);
+  b.check_dispatch();
+  b.make_y();
+  if (expect_status(c, seed, "combine B", b.combine(0, nullptr), MOE_EP_OK)) b.check_combine();
+}
+
 void run_ll_conformance(Ctx& c) {
   for (auto& layer : c.opt.layers) {
     for (Generator g : kGenerators) {
@@ -104,6 +135,8 @@ void run_ll_conformance(Ctx& c) {
       auto& layer = c.opt.layers[i];
       ll_double_buffered(c, problem_for(c, layer.first, layer.second, Generator::kMasked),
                          40 + i);
+      ll_combine_received_after_next_dispatch(
+          c, problem_for(c, layer.first, layer.second, Generator::kUniform), 60 + i);
     }
   }
 }
