@@ -474,6 +474,11 @@ typedef struct moe_ep_handle_layout_params {
  * - Log levels are per group: messages emitted while an entry works for a
  *   group (and by threads the library starts for it) use that group's
  *   log_level; other messages use warn. MOE_EP_LOG_LEVEL overrides both.
+ *   UCX (the bootstrap, the host backend) logs through its own handler,
+ *   which is process-wide and may be the engine's: on a peer's failure it
+ *   prints its warnings and errors to stderr unless UCX_LOG_LEVEL (or the
+ *   engine's own UCX log handler) says otherwise; the library installs
+ *   none, and what it reports goes through its own logger.
  * - CUDA state (nccl backend): every entry, group_create and group_destroy
  *   included, works on the group's device and leaves the calling thread's
  *   current CUDA context as it found it, none included.
