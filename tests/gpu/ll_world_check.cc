@@ -3,12 +3,53 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "tests/gpu/cuda_ok.h"
 #include "tests/gpu/one_gpu_world.h"
 
 namespace mep_world {
 
 namespace o = moe_ep_oracle;
+
+std::string MakeRanks(const World &w, const mep_ll_dims_t &dims, int transport,
+                      int num_sms, int timeout_ms, Dev *dev,
+                      std::vector<RankBufs> *rb) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return "cudaGetDevice failed";
+  uint64_t cycles = 0;
+  if (mep_ll_timeout_cycles(device, timeout_ms, &cycles) != MEP_KSTATUS_OK)
+    return mep_kernels_last_error();
+  const int R = dims.world, H = dims.hidden;
+  const int64_t slots =
+      static_cast<int64_t>(dims.local_experts) * R * dims.max_tokens;
+  rb->assign(R, RankBufs());
+  for (int r = 0; r < R; ++r) {
+    RankBufs &b = (*rb)[r];
+    b.ctx.dims = dims;
+    b.ctx.transport = transport;
+    b.ctx.num_sms = num_sms;
+    b.ctx.timeout_cycles = cycles;
+    const std::string st =
+        PointAtRank(w, r, mep_ll_state_bytes(&dims), dev, &b.ctx);
+    if (!st.empty()) return "rank " + std::to_string(r) + ": " + st;
+    b.recv_x = dev->alloc<uint16_t>(slots * H);  // a bf16 row holds an fp8 one
+    b.recv_scales = dev->alloc<int32_t>(slots * std::max(H / 128, 1));
+    b.y = dev->alloc<uint16_t>(slots * H);
+    b.out = dev->alloc<uint16_t>(static_cast<size_t>(dims.max_tokens) * H);
+    b.recv_count = dev->alloc<int32_t>(dims.local_experts);
+    b.slot_src = dev->alloc<int32_t>(slots);
+    b.src_count =
+        dev->alloc<int32_t>(static_cast<size_t>(dims.local_experts) * R);
+    b.src_tokens = dev->alloc<int32_t>(R);
+    b.route = dev->alloc<mep_ll_route_t>(static_cast<size_t>(R) *
+                                         dims.max_tokens * dims.top_k);
+    if (!(b.recv_x && b.recv_scales && b.y && b.out && b.recv_count &&
+          b.slot_src && b.src_count && b.src_tokens && b.route))
+      return "rank " + std::to_string(r) + ": cudaMalloc failed";
+  }
+  return "";
+}
 
 void CheckReceiveMakeY(const o::Problem &p,
                        const std::vector<o::RankInputs> &all, int r,

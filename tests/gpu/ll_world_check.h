@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/ll/ll.h"
+#include "tests/gpu/one_gpu_world.h"
 #include "tests/oracle/oracle.h"
 
 namespace mep_world {
@@ -21,6 +22,13 @@ struct RankBufs {
   int32_t *src_tokens = nullptr;
   mep_ll_route_t *route = nullptr;
 };
+
+// Every rank of `w`: its context (PointAtRank, `transport`, `num_sms`, the
+// kernels' bound from timeout_ms) and its buffers, sized for dims' rows of
+// either dtype. "" or the first failure's sentence.
+std::string MakeRanks(const World &w, const mep_ll_dims_t &dims, int transport,
+                      int num_sms, int timeout_ms, Dev *dev,
+                      std::vector<RankBufs> *rb);
 
 // Rank r's receive against the oracle (counts, slot sources, rows and
 // scales bit for bit), then y from the rows as received

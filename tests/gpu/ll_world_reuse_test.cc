@@ -130,7 +130,6 @@ TEST_P(LlWorldReuse, DispatchWaitsForThePeersCombineOfTheSetsLastDispatch) {
   p.generator = o::Generator::kUniform;
   p.dispatch_dtype = o::DispatchDtype::kBf16;
   const int EL = kExperts / kR;
-  const int64_t slots = static_cast<int64_t>(EL) * kR * kMaxTokens;
   mep_ll_dims_t dims = {};
   dims.local_experts = EL;
   dims.world = kR;
@@ -145,36 +144,16 @@ TEST_P(LlWorldReuse, DispatchWaitsForThePeersCombineOfTheSetsLastDispatch) {
   int device = 0, sms = 0;
   CUDA_OK(cudaGetDevice(&device));
   CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  uint64_t cycles = 0;
-  ASSERT_EQ(mep_ll_timeout_cycles(device, kTimeoutMs, &cycles), MEP_KSTATUS_OK);
   // Loaded before any launch: a kernel's first load waits for the device,
   // here for rank 0's spinning wait (ll.h, mep_ll_load).
   ASSERT_EQ(mep_ll_load(), MEP_KSTATUS_OK) << mep_kernels_last_error();
   Dev dev;
-  std::vector<RankBufs> rb(kR);
-  for (int r = 0; r < kR; ++r) {
-    mep_ll_ctx_t &x = rb[r].ctx;
-    x.dims = dims;
-    x.transport = transport;
-    x.num_sms = std::max(1, std::min(32, sms / (kR + 1)));
-    x.timeout_cycles = cycles;
-    ASSERT_EQ(
-        mep_world::PointAtRank(*world, r, mep_ll_state_bytes(&dims), &dev, &x),
-        "");
-    rb[r].recv_x = dev.alloc<uint16_t>(slots * kHidden);
-    rb[r].recv_scales = dev.alloc<int32_t>(slots * (kHidden / 128));
-    rb[r].y = dev.alloc<uint16_t>(slots * kHidden);
-    rb[r].out = dev.alloc<uint16_t>(static_cast<size_t>(kMaxTokens) * kHidden);
-    rb[r].recv_count = dev.alloc<int32_t>(EL);
-    rb[r].slot_src = dev.alloc<int32_t>(slots);
-    rb[r].src_count = dev.alloc<int32_t>(static_cast<size_t>(EL) * kR);
-    rb[r].src_tokens = dev.alloc<int32_t>(kR);
-    rb[r].route =
-        dev.alloc<mep_ll_route_t>(static_cast<size_t>(kR) * kMaxTokens * kTopK);
-    ASSERT_TRUE(rb[r].recv_x && rb[r].recv_scales && rb[r].y && rb[r].out &&
-                rb[r].recv_count && rb[r].slot_src && rb[r].src_count &&
-                rb[r].src_tokens && rb[r].route);
-  }
+  std::vector<RankBufs> rb;
+  // Room beside both ranks' grids for the wait's block.
+  ASSERT_EQ(mep_world::MakeRanks(*world, dims, transport,
+                                 std::max(1, std::min(32, sms / (kR + 1))),
+                                 kTimeoutMs, &dev, &rb),
+            "");
   const uint64_t seed_a = 11, seed_b = 12;
   Call a, b;
   MakeCall(p, seed_a, 0, 1, rb, &dev, &a);

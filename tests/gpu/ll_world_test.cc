@@ -66,11 +66,6 @@ TEST_P(LlWorld, MatchesOracle) {
   p.dispatch_dtype = c.fp8 ? o::DispatchDtype::kFp8 : o::DispatchDtype::kBf16;
   p.scale_format = c.scales;
   const int R = c.world, H = c.hidden, K = c.top_k, EL = c.experts / R;
-  const bool packed = c.fp8 && c.scales == o::ScaleFormat::kUe8m0Packed;
-  const int G = H / 128, words = packed ? (G + 3) / 4 : G;
-  const size_t row_bytes = c.fp8 ? H : 2 * H;
-  const int64_t slots_per_expert = static_cast<int64_t>(R) * c.max_tokens;
-  const int64_t slots = EL * slots_per_expert;
 
   mep_ll_dims_t dims = {};
   dims.local_experts = EL;
@@ -86,39 +81,18 @@ TEST_P(LlWorld, MatchesOracle) {
   int device = 0, sms = 0;
   CUDA_OK(cudaGetDevice(&device));
   CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  uint64_t cycles = 0;
-  ASSERT_EQ(mep_ll_timeout_cycles(device, kTimeoutMs, &cycles), MEP_KSTATUS_OK);
   /* the ranks share this device, and in one call they may launch
    * different dispatch and combine kernels (ll.h, mep_ll_combine_load) */
   ASSERT_EQ(mep_ll_dispatch_load(), MEP_KSTATUS_OK) << mep_kernels_last_error();
   ASSERT_EQ(mep_ll_combine_load(), MEP_KSTATUS_OK) << mep_kernels_last_error();
 
   Dev dev;
-  std::vector<RankBufs> rb(R);
-  for (int r = 0; r < R; ++r) {
-    mep_ll_ctx_t &x = rb[r].ctx;
-    x.dims = dims;
-    x.transport = c.transport;
-    // Every rank's grid resident at once: the fused kernels wait for peers.
-    x.num_sms = std::max(1, std::min(32, sms / R));
-    x.timeout_cycles = cycles;
-    ASSERT_EQ(
-        mep_world::PointAtRank(*world, r, mep_ll_state_bytes(&dims), &dev, &x),
-        "");
-    rb[r].recv_x = dev.alloc<uint8_t>(slots * row_bytes);
-    rb[r].recv_scales = dev.alloc<int32_t>(slots * std::max(words, 1));
-    rb[r].y = dev.alloc<uint16_t>(slots * H);
-    rb[r].out = dev.alloc<uint16_t>(static_cast<size_t>(c.max_tokens) * H);
-    rb[r].recv_count = dev.alloc<int32_t>(EL);
-    rb[r].slot_src = dev.alloc<int32_t>(slots);
-    rb[r].src_count = dev.alloc<int32_t>(static_cast<size_t>(EL) * R);
-    rb[r].src_tokens = dev.alloc<int32_t>(R);
-    rb[r].route =
-        dev.alloc<mep_ll_route_t>(static_cast<size_t>(R) * c.max_tokens * K);
-    ASSERT_TRUE(rb[r].recv_x && rb[r].recv_scales && rb[r].y && rb[r].out &&
-                rb[r].recv_count && rb[r].slot_src && rb[r].src_count &&
-                rb[r].src_tokens && rb[r].route);
-  }
+  std::vector<RankBufs> rb;
+  // Every rank's grid resident at once: the fused kernels wait for peers.
+  ASSERT_EQ(mep_world::MakeRanks(*world, dims, c.transport,
+                                 std::max(1, std::min(32, sms / R)), kTimeoutMs,
+                                 &dev, &rb),
+            "");
 
   for (int call = 0; call < kCalls; ++call) {
     const uint64_t seed = 100 * (call + 1) + R;
