@@ -8,6 +8,7 @@ from threading import get_ident as _thread_id
 import torch
 
 from . import _abi, _ht, _ll
+from ._rank_named import name_rank_in
 from ._library import resolve
 from ._torch import TensorSlot, stream_reader
 from .config import Config
@@ -307,3 +308,6 @@ class Group:
         if ops is None:
             ops = self._ops()
         return ops.combine(handle, y, topk_weights, out, defer)
+
+
+name_rank_in(Group, lambda g: g.rank)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import moe_ep
+from moe_ep import _rank_named
 from moe_ep.deep_ep import Buffer
 from spawn import free_ports, library_path
 
@@ -93,4 +94,21 @@ def test_max_tokens_override_sets_the_normal_mode_group_only(lib, monkeypatch):
     assert torch.equal(out.view(torch.int16), x.view(torch.int16))  # one rank: the row itself
     ht = buf.moe_ep_normal_group.config
     assert (ht.mode, ht.max_tokens_per_rank) == ("high_throughput", 8192)
+    buf.destroy()
+
+
+def test_failures_name_the_rank(lib):
+    """What the package raises itself names the rank, as the library's
+    sentences do, and a sentence that names it already is left alone."""
+    buf = make_buffer(lib, True)
+    with pytest.raises(NotImplementedError, match=r"^rank 0: get_local_buffer_tensor"):
+        buf.get_local_buffer_tensor()
+    ll_round_trip(buf)
+    x, idx, _ = inputs()
+    with pytest.raises(ValueError, match=r"^rank 0: low_latency_dispatch: num_experts=5 differs"):
+        buf.low_latency_dispatch(x, idx, N, E + 1, use_fp8=False)
+    # A sentence that names this rank (the library's) keeps its own words.
+    e = moe_ep.InvalidArgumentError("dispatch on rank 0: params->x is NULL")
+    _rank_named._name(e, 0)
+    assert str(e) == "dispatch on rank 0: params->x is NULL"
     buf.destroy()

@@ -35,6 +35,7 @@ import torch
 from .. import _library
 from .. import errors as moe_ep_errors
 from ..group import Group
+from .._rank_named import name_rank_in
 from . import _agree as agreement
 from . import _low_latency, _normal, _pin
 from .config import Config
@@ -433,3 +434,5 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         _refuse("get_local_buffer_tensor", "buffer", "local", "the communication buffers "
                 "belong to the library and are not exposed as tensors")
 
+
+name_rank_in(Buffer, lambda b: b.rank if b.rank >= 0 else None)

@@ -6,6 +6,7 @@ dispatch_b / combine_a / combine_b) for two-batch overlap, which keeps two
 operations in flight: each sub-batch (tbo_subbatch_index 0 or 1) has its
 own stage, and each group's two buffer sets carry them."""
 from .._overlap import wait_bound_s
+from .._rank_named import name_rank_in
 from . import _inputs, _mode, _setup
 from ._low_latency import LowLatencyOutput, LowLatencyPath
 from ._normal import NormalOutput, NormalPath
@@ -198,3 +199,6 @@ class Dispatcher:
             return st.result
         raise RuntimeError("pending_hook: sub-batch %d is at stage '%s' with no receive pending"
                            % (tbo_subbatch_index or 0, st.name))
+
+
+name_rank_in(Dispatcher, lambda d: (d.group or d.normal_group).rank)

@@ -15,6 +15,7 @@ from .. import _fp8
 from .._overlap import (ExpertMapCheck, InFlight, Once, column_major_receive, group_recv_ring,
                         wait_bound_s)
 from ..group import Group
+from .._rank_named import name_rank_in
 from . import _quant, _received, _types
 
 
@@ -300,3 +301,6 @@ class PrepareAndFinalize:
         for k in range(fused.shape[1]):  # k order, f32
             acc += (fused[:, k].float() * w[:, k:k + 1]).masked_fill(~valid[:, k:k + 1], 0.0)
         return acc.to(torch.bfloat16)
+
+
+name_rank_in(PrepareAndFinalize, lambda p: p.group.rank)
