@@ -16,17 +16,36 @@
 namespace {
 
 /* One block: thread r waits for source r's count signal of the set's last
- * combine (the epoch this rank's send of it stored), against block 0's
- * shadow, which that combine's receive reads too. */
+ * combine (epoch E, the one this rank's send of it stored) against block
+ * 0's shadow, or for block 0's received-epoch word to carry E: this
+ * rank's own receive of that combine, which waited for every source's
+ * signal, ran meanwhile on another stream and moved the shadows past the
+ * values read here. */
 template <class Tp>
 __global__ void __launch_bounds__(MEP_LL_AWAIT_THREADS)
     ll_await_combine_kernel(const __grid_constant__ MepLLParams p) {
   const int R = p.dims.world;
-  const int half = mep_ll_comb_half(mep_tag(p, R + 1));
+  const uint32_t epoch = mep_tag(p, R + 1);
+  const int half = mep_ll_comb_half(epoch);
+  const volatile uint32_t *received =
+      p.tags + (uint64_t)blockIdx.x * mep_ll_tag_words(R) + (uint32_t)(R + 2);
+  /* A value no signal reaches: the receive's word ended the wait. */
+  constexpr uint64_t kReceived = ~0ull;
   for (int r = threadIdx.x; r < R; r += blockDim.x) {
-    uint64_t base = 0, increase = 0, code = 0;
-    (void)mep_wait_count<Tp>(p, mep_ll_sig_comb_cnt(&p.dims, half, r),
-                             MEP_LL_OP_DISPATCH_REUSE, r, &base, &increase, &code);
+    const uint32_t sig = mep_ll_sig_comb_cnt(&p.dims, half, r);
+    const uint64_t base = mep_shadow(p, sig);
+    auto read = [&] { return *received == epoch ? kReceived : Tp::read_signal(p.xp, sig); };
+    /* staged: the last block's add after its puts; LSA: every block's
+     * arrival (mep_wait_count's rules, the shadow left as it is) */
+    auto came = [&](uint64_t v) {
+      uint64_t code = 0;
+      if (v == kReceived) return true;
+      if constexpr (Tp::kRowSignals) return (int64_t)(v - (base + 1)) >= 0;
+      return mep_ll_arrival_state(v - base, &code) != 0;
+    };
+    uint64_t seen = 0;
+    (void)mep_wait(p.wc, read, came, Tp::kRowSignals ? base + 1 : base + MEP_LL_ARRIVAL_ONE,
+                   MEP_LL_OP_DISPATCH_REUSE, r, -1, &seen);
   }
 }
 

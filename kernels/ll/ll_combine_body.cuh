@@ -604,9 +604,13 @@ __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
                                           a.top_k, a.num_experts, a.local_experts, a.hidden,
                                           half, !flagged);
     }
-  /* Only this block reads its shadow copies: no grid-wide ticket. */
+  /* Only this block reads its shadow copies: no grid-wide ticket. The
+   * epoch received beside them: a dispatch's wait that read them before
+   * they moved ends on it (mep_ll_await_combine). */
   mep_store_shadows<Tp>(p, next, [&](int r) { return mep_ll_sig_comb_cnt(&p.dims, half, r); },
                         [&](int r) { return mep_ll_sig_comb_row(&p.dims, half, r); });
+  mep_slots_store(p.tags, mep_ll_tag_words(R), 1, [&](int) { return R + 2; },
+                  [&](int) { return epoch; });
 }
 
 #endif /* MEP_LL_COMBINE_BODY_CUH_ */

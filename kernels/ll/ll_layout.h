@@ -213,8 +213,10 @@ static inline MEP_HD uint64_t mep_ll_line_row_bytes(int hidden) {
 }
 
 /* Per-block state words beside the shadows: the last list tag received
- * from each source [R], the last sent [1], the last combine epoch [1]. */
-static inline MEP_HD uint32_t mep_ll_tag_words(int world) { return (uint32_t)world + 2u; }
+ * from each source [R], the last sent [1], the last combine epoch sent [1]
+ * and received [1] (the combine receive's, which mep_ll_await_combine
+ * reads: the shadows it read may already have moved past that combine). */
+static inline MEP_HD uint32_t mep_ll_tag_words(int world) { return (uint32_t)world + 3u; }
 
 /* One buffer set, offsets relative to the set's start. Dispatch sends each
  * token once per destination rank (not once per expert): the receiver gets

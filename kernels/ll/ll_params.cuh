@@ -64,7 +64,8 @@ __device__ __forceinline__ void mep_stamp(const MepLLParams &p, int point) {
 }
 
 /* This block's copy of signal `sig`'s shadow, and of tag word i (list tag
- * of source i < R received, R sent; R + 1 the combine epoch); see
+ * of source i < R received, R sent; R + 1 the combine epoch sent, R + 2
+ * received); see
  * MEP_LL_SHADOW_SLOTS. */
 __device__ __forceinline__ uint64_t mep_shadow(const MepLLParams &p, uint32_t sig) {
   return p.shadows[(uint64_t)blockIdx.x * p.lay.num_signals + sig];

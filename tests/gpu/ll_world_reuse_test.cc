@@ -8,7 +8,10 @@
 // mep_ll_await_combine and dispatch B's send: they must not end while rank
 // 1 has not started combine A, and rank 1's receive of A, made only then,
 // must be A's rows bit for bit; then both combines and dispatch B against
-// the oracle.
+// the oracle. In the second order rank 0's receive of combine A runs on
+// another stream before the wait starts (its stream held meanwhile), so
+// the wait finds the shadows already past combine A and must end all the
+// same.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -117,10 +120,25 @@ std::string Where(int r, const char *what, uint64_t seed) {
          std::to_string(seed) + ": ";
 }
 
-class LlWorldReuse : public ::testing::TestWithParam<int> {};
+struct ReuseCase {
+  int transport;
+  // Rank 0's receive of combine A, on a stream of its own, runs (and
+  // moves the shadows) before the wait starts: the engine ran the hook on
+  // another stream while dispatch B's stream was busy.
+  bool received_first;
+};
+
+// Holds a stream until *release is set (a host function on it).
+void CUDART_CB HoldUntil(void *release) {
+  while (!__atomic_load_n(static_cast<int *>(release), __ATOMIC_ACQUIRE))
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+class LlWorldReuse : public ::testing::TestWithParam<ReuseCase> {};
 
 TEST_P(LlWorldReuse, DispatchWaitsForThePeersCombineOfTheSetsLastDispatch) {
-  const int transport = GetParam();
+  const int transport = GetParam().transport;
+  const bool received_first = GetParam().received_first;
   o::Problem p;
   p.world = kR;
   p.num_experts = kExperts;
@@ -174,9 +192,20 @@ TEST_P(LlWorldReuse, DispatchWaitsForThePeersCombineOfTheSetsLastDispatch) {
   if (HasFatalFailure()) return;
   ASSERT_EQ(world->Settle(), "");  // y's upload before the combine reads it
 
-  // Rank 0: combine A's send, then dispatch B on A's set behind the wait.
+  // Rank 0: combine A's send, then dispatch B on A's set behind the wait
+  // (behind a hold, when its receive of combine A is to come first).
   ASSERT_EQ(mep_ll_combine_send(&rb[0].ctx, &a.ca[0], s0), MEP_KSTATUS_OK)
       << mep_kernels_last_error();
+  cudaStream_t s2 = nullptr;
+  cudaEvent_t sent_a = nullptr;
+  int release = 0;
+  if (received_first) {
+    CUDA_OK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    CUDA_OK(cudaEventCreateWithFlags(&sent_a, cudaEventDisableTiming));
+    CUDA_OK(cudaEventRecord(sent_a, s0));
+    CUDA_OK(cudaStreamWaitEvent(s2, sent_a, 0));
+    CUDA_OK(cudaLaunchHostFunc(s0, HoldUntil, &release));
+  }
   ASSERT_EQ(mep_ll_await_combine(&rb[0].ctx, 1, s0), MEP_KSTATUS_OK)
       << mep_kernels_last_error();
   ASSERT_EQ(mep_ll_dispatch_send(&rb[0].ctx, &b.da[0], s0), MEP_KSTATUS_OK)
@@ -184,8 +213,7 @@ TEST_P(LlWorldReuse, DispatchWaitsForThePeersCombineOfTheSetsLastDispatch) {
   std::this_thread::sleep_for(std::chrono::milliseconds(kHoldMs));
   EXPECT_EQ(cudaStreamQuery(s0), cudaErrorNotReady)
       << "rank 0's dispatch B ended before rank 1 started combine A: it did "
-         "not wait for rank "
-         "1 to receive dispatch A, whose rows it overwrites";
+         "not wait for rank 1 to receive dispatch A, whose rows it overwrites";
 
   // Rank 1 receives A only now: A's rows, not B's.
   ASSERT_EQ(mep_ll_dispatch_recv(&rb[1].ctx, &a.da[1], s1), MEP_KSTATUS_OK)
@@ -196,20 +224,36 @@ TEST_P(LlWorldReuse, DispatchWaitsForThePeersCombineOfTheSetsLastDispatch) {
                     Where(1, "dispatch A, received late", seed_a), &a.y[1],
                     &a.y_of_slot);
   if (HasFatalFailure()) return;
-  // The upload is on the legacy stream; rank 0's stream still spins, so
-  // not the whole device.
+  // The upload is on the legacy stream; rank 0's stream is still held or
+  // spinning, so not the whole device.
   CUDA_OK(cudaStreamSynchronize(cudaStreamLegacy));
   ASSERT_EQ(mep_ll_combine_send(&rb[1].ctx, &a.ca[1], s1), MEP_KSTATUS_OK)
       << mep_kernels_last_error();
+  if (received_first) {
+    // Rank 0's receive of combine A ends before its wait starts; the wait
+    // then finds the shadows moved past combine A and must end on the
+    // receive's epoch word, not wait for a signal no rank sends.
+    ASSERT_EQ(mep_ll_combine_recv(&rb[0].ctx, &a.ca[0], s2), MEP_KSTATUS_OK)
+        << mep_kernels_last_error();
+    CUDA_OK(cudaStreamSynchronize(s2));
+    __atomic_store_n(&release, 1, __ATOMIC_RELEASE);
+  }
   ASSERT_EQ(world->Sync(), "")
       << "rank 0's wait and dispatch B, rank 1's combine A";
   ASSERT_EQ(world->Records(), "");
+  if (received_first) {
+    CUDA_OK(cudaEventDestroy(sent_a));
+    CUDA_OK(cudaStreamDestroy(s2));
+  }
 
-  // Both receive combine A, then rank 1 sends dispatch B (its combine A
-  // was received: nothing to wait for) and both receive it.
-  ASSERT_EQ(world->LaunchAll([&](int r, cudaStream_t s) {
-    return mep_ll_combine_recv(&rb[r].ctx, &a.ca[r], s);
-  }),
+  // Both receive combine A (rank 0 did already when it came first), then
+  // rank 1 sends dispatch B (its combine A was received: nothing to wait
+  // for) and both receive it.
+  ASSERT_EQ(world->LaunchAll(
+                [&](int r, cudaStream_t s) {
+                  return mep_ll_combine_recv(&rb[r].ctx, &a.ca[r], s);
+                },
+                received_first ? 0 : -1),
             "");
   ASSERT_EQ(world->Sync(), "");
   ASSERT_EQ(world->Records(), "");
@@ -229,13 +273,17 @@ TEST_P(LlWorldReuse, DispatchWaitsForThePeersCombineOfTheSetsLastDispatch) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, LlWorldReuse,
-                         ::testing::Values(MEP_LL_TRANSPORT_LSA,
-                                           MEP_LL_TRANSPORT_GIN_EMULATED),
-                         [](const ::testing::TestParamInfo<int> &i) {
-                           return std::string(i.param == MEP_LL_TRANSPORT_LSA
-                                                  ? "lsa"
-                                                  : "gin_emulated");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Orders, LlWorldReuse,
+    ::testing::Values(ReuseCase{MEP_LL_TRANSPORT_LSA, false},
+                      ReuseCase{MEP_LL_TRANSPORT_GIN_EMULATED, false},
+                      ReuseCase{MEP_LL_TRANSPORT_LSA, true},
+                      ReuseCase{MEP_LL_TRANSPORT_GIN_EMULATED, true}),
+    [](const ::testing::TestParamInfo<ReuseCase> &i) {
+      return std::string(i.param.transport == MEP_LL_TRANSPORT_LSA
+                             ? "lsa"
+                             : "gin_emulated") +
+             (i.param.received_first ? "_combine_received_first" : "");
+    });
 
 }  // namespace
