@@ -1,8 +1,9 @@
 /* kernel_load.c: a group's kernels loaded on a thread of its own, waited
  * for with a deadline (kernel_load.h). */
-#define _GNU_SOURCE /* nanosleep under -std=c11 */
+#define _GNU_SOURCE /* nanosleep under -std=c11, dladdr */
 #include "runtime/nccl/kernel_load.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -35,6 +36,14 @@ typedef struct load_job {
 
 static void job_release(load_job_t *j) {
   if (atomic_fetch_sub(&j->refs, 1) == 1) free(j);
+}
+
+/* Keeps this library loaded for the life of the process (a dlclose no
+ * longer unmaps it). */
+static void pin_library(void) {
+  Dl_info info;
+  if (dladdr((void *)&pin_library, &info) != 0 && info.dli_fname != NULL)
+    (void)dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
 }
 
 static void *load_main(void *arg) {
@@ -72,14 +81,8 @@ static moe_ep_status_t load_kernels(int device, const mep_kernel_load_fn *loads,
   j->device = device;
   j->n = n;
   memcpy(j->loads, loads, (size_t)n * sizeof(*loads));
-  pthread_attr_t attr;
   pthread_t thread;
-  int rc = pthread_attr_init(&attr);
-  if (rc == 0) {
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    rc = pthread_create(&thread, &attr, load_main, j);
-    pthread_attr_destroy(&attr);
-  }
+  const int rc = pthread_create(&thread, NULL, load_main, j);
   if (rc != 0) {
     free(j);
     return mep_error(MOE_EP_ERR_INTERNAL, "rank %d: cannot start a thread to load the %s kernels "
@@ -92,15 +95,21 @@ static moe_ep_status_t load_kernels(int device, const mep_kernel_load_fn *loads,
   }
   moe_ep_status_t st;
   if (!atomic_load(&j->done)) {
+    /* The thread goes on inside the library's code: the library must stay
+     * mapped after an engine's dlclose. */
+    pthread_detach(thread);
+    pin_library();
     st = mep_error(MOE_EP_ERR_TIMEOUT,
                    "rank %d: loading the %s kernels did not end within bootstrap.timeout_ms "
                    "(%d ms): a kernel's first load waits for every kernel running on the "
                    "device, and some work on this GPU did not end",
                    rank, what, (int)timeout_ms);
-  } else if (j->status != MOE_EP_OK) {
-    st = mep_error(j->status, "rank %d: loading the %s kernels failed: %s", rank, what, j->why);
   } else {
-    st = MOE_EP_OK;
+    pthread_join(thread, NULL); /* it has published its result: it is returning */
+    st = j->status == MOE_EP_OK
+             ? MOE_EP_OK
+             : mep_error(j->status, "rank %d: loading the %s kernels failed: %s", rank, what,
+                         j->why);
   }
   job_release(j);
   return st;

@@ -28,7 +28,9 @@ typedef mep_kstatus_t (*mep_kernel_load_fn)(void);
  * bootstrap.timeout_ms. OK once they are loaded; MOE_EP_ERR_CUDA with the
  * loader's sentence when one failed; MOE_EP_ERR_TIMEOUT when they had not
  * loaded by then (some work on the GPU did not end): the loads go on in
- * the background, on memory the thread owns. On the engine's communicator
+ * the background, on memory the thread owns, and the library stays mapped
+ * for the life of the process (an engine's dlclose cannot unmap the
+ * thread's code). On the engine's communicator
  * (nccl_comm set) it loads nothing and returns OK: group_create must not
  * wait for the engine's GPU work there, so each kernel loads at its first
  * launch (moe_ep.h, group_create). `what` names the mode ("LL", "HT"). */
