@@ -699,6 +699,13 @@ static moe_ep_status_t wait_reuse(moe_ep_group_t *g, const mep_op_t *op) {
   return MOE_EP_OK;
 }
 
+/* The combine of operation `seq` was received (or its receive abandoned,
+ * which the owed wait stands in for): no dispatch waits for it any more. */
+static void reuse_received(host_state_t *hs, uint64_t seq) {
+  for (int i = 0; i < MEP_NUM_BUFFER_SETS; i++)
+    if (hs->reuse[i].sent && hs->reuse[i].comb_seq == seq) hs->reuse[i].received = 1;
+}
+
 /* A later dispatch on the handle's buffer set replaced its layout (the
  * header's promise, as on the nccl backend): combine is refused before
  * anything is sent, so the group stays usable. */
@@ -753,10 +760,7 @@ static moe_ep_status_t host_send(moe_ep_group_t *g, mep_op_t *op) {
 
 static moe_ep_status_t recv_half(moe_ep_group_t *g, mep_op_t *op) {
   if (op->kind == MEP_OP_COMBINE) {
-    host_state_t *hs = g->impl;
-    const slot_table_t *tab = op->handle->backend;
-    if (hs->reuse[tab->set].sent && hs->reuse[tab->set].comb_seq == op->seq)
-      hs->reuse[tab->set].received = 1;
+    reuse_received(g->impl, op->seq);
     return combine_recv(g, op);
   }
   mep_row_layout_t rl;
@@ -810,8 +814,10 @@ static moe_ep_status_t host_handle_layout(moe_ep_group_t *g, mep_handle_state_t 
 static void host_abandon(moe_ep_group_t *g, const mep_op_t *op) {
   host_state_t *hs = g->impl;
   /* The latest such combine: its wait covers the earlier ones (hooks may
-   * be freed in any order). */
+   * be freed in any order). It orders the next send after every peer's
+   * progress past it, which stands in for its receive in wait_reuse too. */
   if (op->kind == MEP_OP_COMBINE && op->seq + 1 > hs->owed) hs->owed = op->seq + 1;
+  if (op->kind == MEP_OP_COMBINE) reuse_received(hs, op->seq);
 }
 
 static moe_ep_status_t host_poll_error(moe_ep_group_t *g) { return MOE_EP_OK; }
