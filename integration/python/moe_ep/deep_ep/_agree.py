@@ -55,8 +55,12 @@ class Channel:
     or on CUDA waits for the other ranks at most timeout_s, then raises
     moe_ep.TimeoutError naming this rank (a peer that died, or skipped the
     call, would otherwise hold this rank until torch's own watchdog); the
-    group is then out of step and the engine's to tear down. A backend of
-    another kind, and an mpi4py communicator, block as they do."""
+    group is then out of step, and on nccl the collective stays queued on
+    its stream: the engine aborts the group. Not bounded: a torch nccl
+    group's first collective, which creates its communicator inside the
+    call and waits there for every rank (unless the engine initialised it
+    eagerly, init_process_group's device_id); a backend of another kind;
+    an mpi4py communicator."""
 
     def __init__(self, group, comm, timeout_s=None):
         self.group, self.comm = group, comm

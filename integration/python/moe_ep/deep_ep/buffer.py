@@ -346,18 +346,25 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
 
     def _channel(self):
         """The rounds over the engine's group or comm, each bounded by the
-        Buffer's bootstrap.timeout_ms (its configuration's, else
-        MOE_EP_BOOTSTRAP_TIMEOUT_MS, else the library's default)."""
+        Buffer's bootstrap.timeout_ms (_channel_timeout_s)."""
         return agreement.channel(self.group, self.comm, self._channel_timeout_s())
 
     def _channel_timeout_s(self):
-        boot = self._user_config.get("bootstrap")
-        ms = boot.get("timeout_ms") if isinstance(boot, dict) else None
-        if ms is None:
-            ms = os.environ.get("MOE_EP_BOOTSTRAP_TIMEOUT_MS") or None
+        """MOE_EP_BOOTSTRAP_TIMEOUT_MS where set (it overrides the
+        configuration, as in the library), else the largest
+        bootstrap.timeout_ms of moe_ep_config's common and per-mode
+        sections, else the library's default (None)."""
+        env = os.environ.get("MOE_EP_BOOTSTRAP_TIMEOUT_MS")
+        values = [env] if env else []
+        if not values:
+            for section in (self._user_config, self._user_config.get("low_latency"),
+                            self._user_config.get("high_throughput")):
+                boot = section.get("bootstrap") if isinstance(section, dict) else None
+                if isinstance(boot, dict) and boot.get("timeout_ms") is not None:
+                    values.append(boot["timeout_ms"])
         try:
-            return float(ms) / 1000.0 if ms is not None else None
-        except ValueError:
+            return max(float(v) for v in values) / 1000.0 if values else None
+        except (TypeError, ValueError):
             return None  # the library refuses the value, with its sentence, at group creation
 
     def _agree(self, want_address, tokens, given=None, check_given=False):

@@ -24,8 +24,9 @@ def rounds_every_rank_makes(group):
     want = [{"rank": r, "text": "r" * (17 * r), "none": None} for r in range(WORLD)]
     if everyone != want:
         fail("gather", "-", "got %r want %r" % (everyone, want))
-    if ch.gather(None) != [None] * WORLD:
-        fail("gather of None", "-", "got %r" % (ch.gather(None),))
+    nones = ch.gather(None)
+    if nones != [None] * WORLD:
+        fail("gather of None", "-", "got %r" % (nones,))
     got = ch.max(10 * RANK + 3)
     if got != 10 * (WORLD - 1) + 3:
         fail("max", "-", "got %d want %d" % (got, 10 * (WORLD - 1) + 3))
