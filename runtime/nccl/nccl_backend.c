@@ -502,8 +502,12 @@ static moe_ep_status_t order_reuse(moe_ep_group_t *g, nccl_state_t *s, const mep
   if (s->reuse[op->buffer_set].received)
     return mep_nccl_sent_order(&s->received, comb_set, op->stream);
   MEP_CHECK(mep_nccl_sent_order(&s->sent, comb_set, op->stream));
-  return mep_nccl_launched(g, mep_ll_await_combine(&s->ctx, comb_set, op->stream),
-                           "dispatch (waiting for the peers' combine of the set's last dispatch)");
+  MEP_CHECK(mep_nccl_launched(g, mep_ll_await_combine(&s->ctx, comb_set, op->stream),
+                              "dispatch (waiting for the peers' combine of the set's last "
+                              "dispatch)"));
+  /* Teardown waits for the wait kernel too, should the send that follows
+   * it be refused at launch. */
+  return mep_nccl_sent_record(&s->sent, op->buffer_set, op->stream);
 }
 
 /* A dispatch's send was launched: its set starts a new round. */
