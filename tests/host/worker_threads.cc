@@ -174,6 +174,34 @@ bool free_while_hook_runs(Ctx& c, SecondThread& t2, const moe_ep_oracle::Problem
   return true;
 }
 
+// last_error is per thread (moe_ep.h, "Threads"): a refusal on the second
+// thread leaves this thread's sentence as it was, and each thread reads its
+// own. Both calls are refused before anything is sent (the group stays
+// usable, no peer takes part).
+void last_error_per_thread(Ctx& c, SecondThread& t2) {
+  const moe_ep_status_t mine = c.api->hook_run(nullptr, nullptr);
+  const std::string before = c.api->last_error();
+  Outcome theirs;
+  t2.post([&] {
+    moe_ep_handle_t* h = nullptr;
+    theirs.st = c.api->prepare(c.group, nullptr, &h);
+    theirs.msg = c.api->last_error();
+  });
+  t2.drain();
+  const std::string after = c.api->last_error();
+  c.checks += 3;
+  if (mine != MOE_EP_ERR_INVALID_ARGUMENT || theirs.st != MOE_EP_ERR_INVALID_ARGUMENT)
+    fail(c, 0, "last_error per thread",
+         std::string("the two refusals returned ") + c.api->status_string(mine) + " and " +
+             c.api->status_string(theirs.st) + ", expected MOE_EP_ERR_INVALID_ARGUMENT");
+  if (before == theirs.msg)
+    fail(c, 0, "last_error per thread", "both threads read the same sentence: " + before);
+  if (after != before)
+    fail(c, 0, "last_error per thread",
+         "this thread's sentence changed after the second thread's refusal: got \"" + after +
+             "\", expected \"" + before + "\"");
+}
+
 }  // namespace
 
 void run_threads(Ctx& c) {
@@ -183,6 +211,7 @@ void run_threads(Ctx& c) {
   SecondThread t2;
   // Abandoning a receive breaks an nccl group by design: host backend only.
   const bool race_frees = c.opt.backend == "host";
+  last_error_per_thread(c, t2);
   for (int i = 0; i < c.opt.iterations && c.failures == 0; i++) {
     uint64_t seed = 500 + 2 * static_cast<uint64_t>(i);
     if (race_frees && i % 10 == 5 && !free_while_hook_runs(c, t2, p, seed + 100000)) break;
