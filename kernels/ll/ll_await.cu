@@ -52,8 +52,9 @@ __global__ void __launch_bounds__(MEP_LL_AWAIT_THREADS)
 }  // namespace
 
 extern "C" cudaError_t mep_ll_await_load(void) {
-  return mep_load_kernels(ll_await_combine_kernel<MepLsa>, ll_await_combine_kernel<MepGin>,
-                          ll_await_combine_kernel<MepGinEmu>);
+  return mep_ll_each_transport([](auto tp) {
+    return mep_load_kernels(ll_await_combine_kernel<typename decltype(tp)::type>);
+  });
 }
 
 extern "C" mep_kstatus_t mep_ll_await_combine(const mep_ll_ctx_t *ctx, int set, void *stream) {

@@ -64,9 +64,8 @@ extern "C" cudaError_t mep_ll_combine_send_load(void);
 extern "C" cudaError_t mep_ll_combine_recv_load(void);
 
 extern "C" mep_kstatus_t mep_ll_combine_load(void) {
-  cudaError_t e = load_tp<MepLsa>();
-  if (e == cudaSuccess) e = load_tp<MepGin>();
-  if (e == cudaSuccess) e = load_tp<MepGinEmu>();
+  cudaError_t e =
+      mep_ll_each_transport([](auto tp) { return load_tp<typename decltype(tp)::type>(); });
   if (e == cudaSuccess) e = mep_ll_combine_send_load();
   if (e == cudaSuccess) e = mep_ll_combine_recv_load();
   return mep_kernels_cuda_check("combine: loading its kernels", e);

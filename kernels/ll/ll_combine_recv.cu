@@ -30,10 +30,11 @@ cudaError_t launch_tp(const MepLLParams &p, const MepCombineArgs &a, int idx_byt
 
 /* Every receive kernel mep_ll_combine_recv may pick (mep_ll_combine_load). */
 extern "C" cudaError_t mep_ll_combine_recv_load(void) {
-  return mep_load_kernels(
-      ll_combine_recv_kernel<MepLsa, int32_t>, ll_combine_recv_kernel<MepLsa, int64_t>,
-      ll_combine_recv_kernel<MepGin, int32_t>, ll_combine_recv_kernel<MepGin, int64_t>,
-      ll_combine_recv_kernel<MepGinEmu, int32_t>, ll_combine_recv_kernel<MepGinEmu, int64_t>);
+  return mep_ll_each_transport([](auto tp) {
+    using Tp = typename decltype(tp)::type;
+    return mep_load_kernels(ll_combine_recv_kernel<Tp, int32_t>,
+                            ll_combine_recv_kernel<Tp, int64_t>);
+  });
 }
 
 extern "C" mep_kstatus_t mep_ll_combine_recv(const mep_ll_ctx_t *ctx,

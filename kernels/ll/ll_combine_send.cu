@@ -16,8 +16,9 @@ __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
 
 /* Every send kernel mep_ll_combine_send may pick (mep_ll_combine_load). */
 extern "C" cudaError_t mep_ll_combine_send_load(void) {
-  return mep_load_kernels(ll_combine_send_kernel<MepLsa>, ll_combine_send_kernel<MepGin>,
-                          ll_combine_send_kernel<MepGinEmu>);
+  return mep_ll_each_transport([](auto tp) {
+    return mep_load_kernels(ll_combine_send_kernel<typename decltype(tp)::type>);
+  });
 }
 
 extern "C" mep_kstatus_t mep_ll_combine_check(const char *op, const mep_ll_ctx_t *ctx,

@@ -55,10 +55,7 @@ cudaError_t load_tp() {
 
 /* Every receive kernel mep_ll_dispatch_recv may pick (mep_ll_dispatch_load). */
 extern "C" cudaError_t mep_ll_dispatch_recv_load(void) {
-  cudaError_t e = load_tp<MepLsa>();
-  if (e == cudaSuccess) e = load_tp<MepGin>();
-  if (e == cudaSuccess) e = load_tp<MepGinEmu>();
-  return e;
+  return mep_ll_each_transport([](auto tp) { return load_tp<typename decltype(tp)::type>(); });
 }
 
 extern "C" mep_kstatus_t mep_ll_dispatch_recv(const mep_ll_ctx_t *ctx,

@@ -38,10 +38,7 @@ cudaError_t load_tp() {
 
 /* Every send kernel mep_ll_dispatch_send may pick (mep_ll_dispatch_load). */
 extern "C" cudaError_t mep_ll_dispatch_send_load(void) {
-  cudaError_t e = load_tp<MepLsa>();
-  if (e == cudaSuccess) e = load_tp<MepGin>();
-  if (e == cudaSuccess) e = load_tp<MepGinEmu>();
-  return e;
+  return mep_ll_each_transport([](auto tp) { return load_tp<typename decltype(tp)::type>(); });
 }
 
 extern "C" mep_kstatus_t mep_ll_dispatch_check(const char *op, const mep_ll_ctx_t *ctx,

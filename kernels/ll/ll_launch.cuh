@@ -147,6 +147,17 @@ static inline cudaError_t mep_ll_with_transport(int transport, Fn &&fn) {
   }
 }
 
+/* fn(MepType<Tp>{}) for every transport type, LSA, GIN and GIN-emulated,
+ * until one fails (the kernels' loads: every instance, whatever the
+ * group's transport). */
+template <typename Fn>
+static inline cudaError_t mep_ll_each_transport(Fn &&fn) {
+  cudaError_t e = fn(MepType<MepLsa>{});
+  if (e == cudaSuccess) e = fn(MepType<MepGin>{});
+  if (e == cudaSuccess) e = fn(MepType<MepGinEmu>{});
+  return e;
+}
+
 /* Blocks per launch: the caller's SM budget, never more than the device's
  * SM count (co-residency of spinning blocks) or the receive blocks' shadow
  * copies (MEP_LL_SHADOW_SLOTS). */

@@ -8,7 +8,6 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
 
 #include "kernels/common/prepare_layout.h"
@@ -17,7 +16,6 @@
 #include "runtime/nccl/nccl_context.h"
 #include "runtime/nccl/nccl_wait.h"
 
-#define MEP_MAX_KERNEL_LOADS 4
 /* A load takes milliseconds: polling every 200 us keeps the wait's own
  * delay negligible without spinning a core. */
 #define MEP_LOAD_POLL_NS 200000L
@@ -28,8 +26,7 @@ typedef struct load_job {
   atomic_int refs;
   atomic_int done;
   int device;
-  int n;
-  mep_kernel_load_fn loads[MEP_MAX_KERNEL_LOADS];
+  mep_kernel_load_fn mode_load; /* then prepare's (mep_prepare_layout_load) */
   moe_ep_status_t status;
   char why[512]; /* the failed step's sentence (thread-local on the thread) */
 } load_job_t;
@@ -51,14 +48,9 @@ static void *load_main(void *arg) {
   moe_ep_status_t st = mep_nccl_make_current(j->device);
   if (st != MOE_EP_OK) {
     snprintf(j->why, sizeof(j->why), "%s", mep_last_error());
-  } else {
-    for (int i = 0; i < j->n; i++) {
-      if (j->loads[i]() != MEP_KSTATUS_OK) {
-        snprintf(j->why, sizeof(j->why), "%s", mep_kernels_last_error());
-        st = MOE_EP_ERR_CUDA;
-        break;
-      }
-    }
+  } else if (j->mode_load() != MEP_KSTATUS_OK || mep_prepare_layout_load() != MEP_KSTATUS_OK) {
+    snprintf(j->why, sizeof(j->why), "%s", mep_kernels_last_error());
+    st = MOE_EP_ERR_CUDA;
   }
   j->status = st;
   atomic_store(&j->done, 1); /* publishes status and why */
@@ -66,21 +58,17 @@ static void *load_main(void *arg) {
   return NULL;
 }
 
-/* Runs loads[0..n) on a thread of its own with `device`'s primary context
- * current, waiting at most timeout_ms (mep_nccl_group_load_kernels). */
-static moe_ep_status_t load_kernels(int device, const mep_kernel_load_fn *loads, int n,
-                                    int32_t timeout_ms, int rank, const char *what) {
-  if (n < 0 || n > MEP_MAX_KERNEL_LOADS) {
-    return mep_error(MOE_EP_ERR_INTERNAL, "rank %d: loading the %s kernels: %d loads, at most %d",
-                     rank, what, n, MEP_MAX_KERNEL_LOADS);
-  }
+/* Runs mode_load and prepare's load on a thread of its own with `device`'s
+ * primary context current, waiting at most timeout_ms
+ * (mep_nccl_group_load_kernels). */
+static moe_ep_status_t load_kernels(int device, mep_kernel_load_fn mode_load, int32_t timeout_ms,
+                                    int rank, const char *what) {
   load_job_t *j = calloc(1, sizeof(*j));
   if (j == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "rank %d: out of memory", rank);
   atomic_init(&j->refs, 2);
   atomic_init(&j->done, 0);
   j->device = device;
-  j->n = n;
-  memcpy(j->loads, loads, (size_t)n * sizeof(*loads));
+  j->mode_load = mode_load;
   pthread_t thread;
   const int rc = pthread_create(&thread, NULL, load_main, j);
   if (rc != 0) {
@@ -118,9 +106,8 @@ static moe_ep_status_t load_kernels(int device, const mep_kernel_load_fn *loads,
 moe_ep_status_t mep_nccl_group_load_kernels(const moe_ep_group_t *g, int device,
                                             mep_kernel_load_fn mode_load, const char *what) {
   if (g->nccl_comm != NULL) return MOE_EP_OK;
-  const mep_kernel_load_fn loads[] = {mode_load, mep_prepare_layout_load};
   const int64_t t0 = mep_nccl_now_ms();
-  moe_ep_status_t st = load_kernels(device, loads, 2, g->cfg.bootstrap_timeout_ms, g->rank, what);
+  moe_ep_status_t st = load_kernels(device, mode_load, g->cfg.bootstrap_timeout_ms, g->rank, what);
   if (st != MOE_EP_OK) {
     mep_error_prefix("group_create");
     return st;

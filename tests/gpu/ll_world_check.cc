@@ -12,6 +12,18 @@ namespace mep_world {
 
 namespace o = moe_ep_oracle;
 
+mep_ll_dims_t DimsFor(const o::Problem &p, int transport) {
+  mep_ll_dims_t dims = {};
+  dims.local_experts = p.num_experts / p.world;
+  dims.world = p.world;
+  dims.max_tokens = p.max_tokens_per_rank;
+  dims.hidden = p.hidden;
+  dims.top_k = p.top_k;
+  dims.num_sets = 2;
+  dims.lsa_only = transport == MEP_LL_TRANSPORT_LSA;
+  return dims;
+}
+
 std::string MakeRanks(const World &w, const mep_ll_dims_t &dims, int transport,
                       int num_sms, int timeout_ms, Dev *dev,
                       std::vector<RankBufs> *rb) {

@@ -23,6 +23,9 @@ struct RankBufs {
   mep_ll_route_t *route = nullptr;
 };
 
+// The LL dims of problem p's shape, both buffer sets, over `transport`.
+mep_ll_dims_t DimsFor(const moe_ep_oracle::Problem &p, int transport);
+
 // Every rank of `w`: its context (PointAtRank, `transport`, `num_sms`, the
 // kernels' bound from timeout_ms) and its buffers, sized for dims' rows of
 // either dtype. "" or the first failure's sentence.

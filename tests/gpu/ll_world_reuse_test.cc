@@ -147,15 +147,7 @@ TEST_P(LlWorldReuse, DispatchWaitsForThePeersCombineOfTheSetsLastDispatch) {
   p.max_tokens_per_rank = kMaxTokens;
   p.generator = o::Generator::kUniform;
   p.dispatch_dtype = o::DispatchDtype::kBf16;
-  const int EL = kExperts / kR;
-  mep_ll_dims_t dims = {};
-  dims.local_experts = EL;
-  dims.world = kR;
-  dims.max_tokens = kMaxTokens;
-  dims.hidden = kHidden;
-  dims.top_k = kTopK;
-  dims.num_sets = 2;
-  dims.lsa_only = transport == MEP_LL_TRANSPORT_LSA;
+  const mep_ll_dims_t dims = mep_world::DimsFor(p, transport);
   std::string err;
   auto world = mep_world::World::Create(kR, mep_ll_buffer_bytes(&dims), &err);
   ASSERT_NE(world, nullptr) << err;

@@ -65,16 +65,8 @@ TEST_P(LlWorld, MatchesOracle) {
   p.generator = c.gen;
   p.dispatch_dtype = c.fp8 ? o::DispatchDtype::kFp8 : o::DispatchDtype::kBf16;
   p.scale_format = c.scales;
-  const int R = c.world, H = c.hidden, K = c.top_k, EL = c.experts / R;
-
-  mep_ll_dims_t dims = {};
-  dims.local_experts = EL;
-  dims.world = R;
-  dims.max_tokens = c.max_tokens;
-  dims.hidden = H;
-  dims.top_k = K;
-  dims.num_sets = 2;
-  dims.lsa_only = c.transport == kLsa;
+  const int R = c.world, H = c.hidden, K = c.top_k;
+  const mep_ll_dims_t dims = mep_world::DimsFor(p, c.transport);
   std::string err;
   auto world = mep_world::World::Create(R, mep_ll_buffer_bytes(&dims), &err);
   ASSERT_NE(world, nullptr) << err;
