@@ -247,33 +247,87 @@ const Case kCases[] = {
     // cores: the expected timeout costs those 10 s.
     {"stopped_peer_combine_r2", 2, {"--scenario=stoppedpeer", "--experts=16", "--max_tokens=512", "--layers=4096:8", "--kernel_ms=10000"}},
     {"two_groups_r2_50_runs", 2, {"--scenario=twogroups", "--runs=50", "--experts=8", "--max_tokens=8", "--layers=7168:8", "--kernel_ms=30000"}, 100},
+    // Two groups over the same ranks, each created, used (LL layers
+    // against the oracle) and destroyed by its own thread, concurrently;
+    // fresh groups each run (two ports per run).
+    {"two_groups_threads_r2", 2, {"--scenario=twogroups_threads", "--runs=3", "--iterations=10", "--experts=8", "--max_tokens=16", "--layers=1024:4,256:2", "--kernel_ms=30000"}, 6},
+    {"two_groups_threads_r4_fp8", 4, {"--scenario=twogroups_threads", "--runs=2", "--iterations=5", "--experts=16", "--max_tokens=16", "--dtype=fp8", "--layers=1024:4,256:2", "--dispatch_weights=mixed", "--kernel_ms=30000"}, 4},
 };
 
 INSTANTIATE_TEST_SUITE_P(Host, Conformance, testing::ValuesIn(kCases),
                          [](const testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
-// A rank killed mid-dispatch: survivors report PEER_FAILED and exit 0.
-class Fault : public testing::TestWithParam<int> {};
+// A rank killed (the case's victim) in an LL dispatch or around an HT
+// prepare: the survivors report PEER_FAILED naming it and exit 0.
+struct FaultCase {
+  const char* name;
+  int world;
+  int victim;
+  std::vector<std::string> args;
+};
+
+class Fault : public testing::TestWithParam<FaultCase> {};
 
 TEST_P(Fault, SurvivorsReportPeerFailed) {
-  int world = GetParam();
-  Case c{"fault", world, {"--scenario=fault", "--experts=8", "--max_tokens=8",
-                          "--layers=128:2", "--kernel_ms=60000"}};
+  const FaultCase& f = GetParam();
+  Case c{f.name, f.world, f.args};
+  c.args.push_back("--victim=" + std::to_string(f.victim));
   std::string why;
   const std::string barriers = barrier_dir(&why);
-  ASSERT_FALSE(barriers.empty()) << "no folder for the ranks' barriers: " << why;
-  std::vector<RankExit> exits = run_ranks(world, worker_argv(c, barriers), 120);
-  EXPECT_EQ(exits[world - 1].signal, SIGKILL) << describe(exits);
-  for (int r = 0; r + 1 < world; r++) {
-    EXPECT_EQ(exits[r].code, 0) << "survivor rank " << r << "\n" << describe(exits);
+  ASSERT_FALSE(barriers.empty())
+      << "no folder for the ranks' barriers: " << why;
+  std::vector<RankExit> exits =
+      run_ranks(f.world, worker_argv(c, barriers), 120);
+  EXPECT_EQ(exits[f.victim].signal, SIGKILL)
+      << "victim rank " << f.victim << " was to die of SIGKILL\n"
+      << describe(exits);
+  for (int r = 0; r < f.world; r++) {
+    if (r == f.victim) continue;
+    EXPECT_EQ(exits[r].code, 0) << "survivor rank " << r << "\n"
+                                << describe(exits);
   }
 }
 
-// Named by world size (fault_r2 .. fault_r8), so test.sh's -*_r8* leaves the
-// 8-rank case out of the ThreadSanitizer pass as it does the others.
-INSTANTIATE_TEST_SUITE_P(Host, Fault, testing::Values(2, 4, 8),
-                         [](const testing::TestParamInfo<int>& i) {
-                           return "fault_r" + std::to_string(i.param);
+const std::vector<std::string> kLlFault = {"--scenario=fault", "--experts=8",
+                                           "--max_tokens=8", "--layers=128:2",
+                                           "--kernel_ms=60000"};
+
+// The HT prepare's count exchange (host backend: the bootstrap's
+// collectives through rank 0) with the victim dead before it, dying while
+// the others wait in it, or dying inside its own prepare (worker_ht_fault.cc).
+std::vector<std::string> ht_fault(const std::string& at) {
+  std::vector<std::string> a = {"--scenario=htfault", "--mode=ht",
+                                "--experts=8",        "--max_tokens=8",
+                                "--layers=128:2",     "--kernel_ms=60000"};
+  a.push_back("--fault_at=" + at);
+  return a;
+}
+
+// Every name ends in its world size (_r2 .. _r8; "rank0" when rank 0 is
+// the victim), so test.sh's -*_r8* leaves the 8-rank case out of the
+// ThreadSanitizer pass as it does the others.
+const FaultCase kFaults[] = {
+    {"fault_r2", 2, 1, kLlFault},
+    {"fault_r4", 4, 3, kLlFault},
+    {"fault_r8", 8, 7, kLlFault},
+    // Rank 0, which ran the bootstrap's gate and is its collectives' hub.
+    {"fault_rank0_r2", 2, 0, kLlFault},
+    {"fault_rank0_r4", 4, 0, kLlFault},
+    {"ht_prepare_fault_before_r2", 2, 1, ht_fault("before")},
+    {"ht_prepare_fault_before_rank0_r4", 4, 0, ht_fault("before")},
+    {"ht_prepare_fault_waiting_r4", 4, 3, ht_fault("waiting")},
+    {"ht_prepare_fault_waiting_rank0_r2", 2, 0, ht_fault("waiting")},
+    // Inside: rank 0 (rank 1 when rank 0 is the victim) joins the exchange
+    // only once the victim has died, so rank 0 may find the victim's part
+    // already there beside its dead connection; at 4 ranks a middle rank.
+    {"ht_prepare_fault_inside_r2", 2, 1, ht_fault("inside")},
+    {"ht_prepare_fault_inside_r4", 4, 2, ht_fault("inside")},
+    {"ht_prepare_fault_inside_rank0_r4", 4, 0, ht_fault("inside")},
+};
+
+INSTANTIATE_TEST_SUITE_P(Host, Fault, testing::ValuesIn(kFaults),
+                         [](const testing::TestParamInfo<FaultCase>& i) {
+                           return std::string(i.param.name);
                          });
 
 }  // namespace

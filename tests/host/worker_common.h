@@ -71,6 +71,10 @@ struct Options {
   // max_tokens rows).
   bool worst_case = false;
   std::string log_level = "warn";
+  // Fault scenarios: the rank that dies (-1: the last), and when, for the
+  // HT prepare fault (worker_ht_fault.cc): before, waiting or inside.
+  int victim = -1;
+  std::string fault_at = "before";
 };
 
 struct Ctx {
@@ -104,6 +108,13 @@ void run_ll_conformance(Ctx& c);
 void run_ht_conformance(Ctx& c);
 void run_bad_input(Ctx& c);
 void run_fault(Ctx& c);
+// worker_fault.cc: the rank --victim names (the last one when unset), or
+// -1 and a FAIL line when it is not a rank of this group; whether `msg`
+// names `rank` as the one that died or failed.
+int fault_victim(Ctx& c);
+bool names_dead_rank(const std::string& msg, int rank);
+void run_ht_prepare_fault(Ctx& c);    // worker_ht_fault.cc
+void run_two_groups_threads(Ctx& c);  // worker_two_groups_threads.cc
 void run_skip(Ctx& c);
 void run_graph(Ctx& c);
 void run_routing(Ctx& c);
@@ -145,6 +156,17 @@ bool outside_barrier(Ctx& c, const std::string& name);
 bool outside_barrier_first(Ctx& c, const std::string& name, int ranks);
 // Arrives at `name` and waits for `rank` alone to arrive there (same bound).
 bool outside_wait_for(Ctx& c, const std::string& name, int rank);
+// Arrives at `name` and waits for `ranks` (same bound).
+bool outside_barrier_among(Ctx& c, const std::string& name,
+                           const std::vector<int>& ranks);
+// Every rank but `absent` meets at `name` (same bound): the survivors when
+// `absent` is dead, whichever rank it was.
+bool outside_barrier_without(Ctx& c, const std::string& name, int absent);
+// A rank about to die leaves its process id at `name`; another waits until
+// that process has ended (its sockets closed), not merely until it said it
+// would (same bound).
+void outside_announce_pid(Ctx& c, const std::string& name);
+bool outside_wait_ended(Ctx& c, const std::string& name, int rank);
 // Forms a group of the same config on 127.0.0.1:port (nullptr and a FAIL
 // line on error); the caller destroys it.
 moe_ep_group_t* create_group_on_port(Ctx& c, int port);

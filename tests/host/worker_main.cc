@@ -145,6 +145,8 @@ static bool parse(int argc, char** argv, Options* o) {
     else if (k == "non_finite") o->non_finite = v == "1";
     else if (k == "worst_case") o->worst_case = v == "1";
     else if (k == "log_level") o->log_level = v;
+    else if (k == "victim") o->victim = std::atoi(v.c_str());
+    else if (k == "fault_at") o->fault_at = v;
     else if (k == "layers") {  // "7168:8,2048:1"
       o->layers.clear();
       std::stringstream ss(v);
@@ -167,6 +169,10 @@ static void run_scenario(Ctx& c) {
     run_bad_input(c);
   } else if (c.opt.scenario == "fault") {
     run_fault(c);
+  } else if (c.opt.scenario == "htfault") {
+    run_ht_prepare_fault(c);
+  } else if (c.opt.scenario == "twogroups_threads") {
+    run_two_groups_threads(c);
   } else if (c.opt.scenario == "skip") {
     run_skip(c);
   } else if (c.opt.scenario == "routing") {
