@@ -9,9 +9,11 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -28,7 +30,14 @@ std::vector<RankExit> run_ranks(int n, const std::vector<std::string>& argv, int
   const char* tmp = std::getenv("TEST_TMPDIR");
   std::string dir = tmp ? tmp : "/tmp";
   std::string addr = "127.0.0.1:" + std::to_string(free_loopback_port());
-  std::string token = "tok" + std::to_string(getpid()) + "x" + std::to_string(rand());
+  // From the kernel's entropy, not the pid: two copies of one test run at
+  // once in sandboxes that both see the same pid would otherwise share a
+  // token, and one copy's rank could join the other's group.
+  std::random_device entropy;
+  char token_hex[33];
+  snprintf(token_hex, sizeof token_hex, "%08x%08x%08x%08x", entropy(), entropy(), entropy(),
+           entropy());
+  std::string token = std::string("tok") + token_hex;
   std::vector<pid_t> pids(n);
   std::vector<std::string> logs(n);
   for (int r = 0; r < n; r++) {

@@ -13,7 +13,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <random>
 #include <set>
 #include <string>
@@ -88,7 +87,10 @@ std::string distinct_ports(int n) {
   const int top = std::min(moe_ep_test::kFreePortLow, moe_ep_test::ephemeral_port_low());
   const int span = std::max(4 * n, (top - 10000) / shards);
   int low = 10000 + shard * span, high = low + span;
-  std::mt19937 rng(static_cast<unsigned>(getpid()) ^ static_cast<unsigned>(time(nullptr)));
+  // Seeded from the kernel's entropy: copies of one shard run at once
+  // (--runs_per_test) may see the same pid and start in the same second.
+  std::random_device entropy;
+  std::mt19937 rng(entropy());
   std::set<int> seen;
   std::string list;
   while (static_cast<int>(seen.size()) < n) {
