@@ -120,24 +120,22 @@ def test_what_agrees_nothing(monkeypatch):
 
 
 def test_growth_refused_on_every_rank(monkeypatch):
-    """A peer that holds a dispatch whose combine has not run, or captured
-    a normal-mode call in a CUDA graph, makes this rank refuse too, naming
-    them, and nothing is closed."""
+    """A peer that captured a normal-mode call in a CUDA graph makes this
+    rank refuse too, naming it, and nothing is closed or retired (a held
+    dispatch alone retires the group instead: deep_ep_grow_worker.py)."""
     monkeypatch.setattr(normal, "_capturing", lambda: False)
 
     class Gathers(FakeComm):
         def allgather(self, obj):
             self.sent.append(obj)
-            return [obj, 3000] if len(self.sent) == 1 else [obj, (3000, 2, True)]
+            return [obj, 3000] if len(self.sent) == 1 else [obj, (3000, 2, True, None)]
     b = growable(Gathers(0, [None]))
     with pytest.raises(RuntimeError, match=r"dispatch: topk_idx has 3000 tokens on rank 1 \(this "
                                            r"rank: 10\), above the normal-mode group's "
-                                           r"max_tokens_per_rank=1024.*rank 1 still holds a "
-                                           r"dispatch of it whose combine has not run \(rank 1: "
-                                           r"2\).*rank 1 captured normal-mode calls.*"
-                                           r"'max_tokens_per_rank': 4096"):
+                                           r"max_tokens_per_rank=1024.*but rank 1 captured "
+                                           r"normal-mode calls.*'max_tokens_per_rank': 4096"):
         b._ht_fit("dispatch", torch.zeros((10, 2), dtype=torch.int64))
-    assert isinstance(b._ht_ep, CappedGroup)
+    assert isinstance(b._ht_ep, CappedGroup) and b._ht_retired == []
 
 
 def test_given_caps(monkeypatch):

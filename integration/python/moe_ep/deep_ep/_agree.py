@@ -216,6 +216,14 @@ def bootstrap_host():
     return found
 
 
+def free_port():
+    """A TCP port free on this machine now (the kernel's pick), for rank 0
+    to publish: a group's bootstrap listens there."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
 def group_keys(ch, want_address, tokens, given=None, check_given=False):
     """One round over `ch` when a group is created: rank 0's free port
     (want_address), the largest of the ranks' derived token caps (tokens,
@@ -233,10 +241,7 @@ def group_keys(ch, want_address, tokens, given=None, check_given=False):
         return None, tokens
     mine = [None, tokens, given]
     if want_address and ch.rank == 0:
-        host = bootstrap_host()
-        with socket.socket() as s:
-            s.bind(("", 0))
-            mine[0] = "%s:%d" % (host, s.getsockname()[1])
+        mine[0] = "%s:%d" % (bootstrap_host(), free_port())
     everyone = ch.gather(mine)
     givens = [e[2] for e in everyone]
     if check_given and len(set(givens)) > 1:

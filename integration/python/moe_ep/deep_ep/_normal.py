@@ -247,65 +247,94 @@ class NormalMixin:
             return g
         t = _batch(topk_idx)
         largest = ch.max(t)
+        if self._ht_retired:
+            self._ht_reap(ch)
         if largest <= g.config.max_tokens_per_rank:
             return g
         return self._ht_grow(entry, ch, g, t, largest)
 
+    def _ht_reap(self, ch):
+        """Closes each retired group (_ht_grow) none of whose dispatches
+        still waits for its combine on any rank: one round over the channel,
+        taken by every rank alike (the retired list is the same everywhere),
+        so the collective closes run at the same call on every rank."""
+        everyone = ch.gather([len(pending) for _, pending in self._ht_retired])
+        keep = []
+        for i, (old, pending) in enumerate(self._ht_retired):
+            if any(e[i] for e in everyone):
+                keep.append((old, pending))
+            else:
+                old.close()
+        self._ht_retired = keep
+
     def _ht_grow(self, entry, ch, g, t, largest):
-        """Closes the normal-mode group and creates it again with
-        max_tokens_per_rank = `largest` rounded up (_max_tokens), the other
-        keys as before, its address agreed again (or the configured one
-        reused), on every rank alike. Refused on every rank (RuntimeError,
-        the group unchanged) while any rank holds a dispatch of the group
-        whose combine has not run (closing would orphan it) or has captured
-        a normal-mode call of it in a CUDA graph (a replay would use the
-        closed group's buffers)."""
+        """Replaces the normal-mode group with one of max_tokens_per_rank =
+        `largest` rounded up (_max_tokens), the other keys as before, its
+        address agreed again (or the configured one reused), on every rank
+        alike. The old group is closed, or, while any rank holds a dispatch
+        of it whose combine has not run (two-batch overlap's other
+        micro-batch), retired: that combine still runs on it, and the group
+        is closed at the first agreement after every rank's last such
+        combine (_ht_reap). A retired group's rank 0 still listens on its
+        address, so a configured address then gets a port rank 0 picks.
+        Refused on every rank (RuntimeError, the group unchanged) while any
+        rank has captured a normal-mode call of the group in a CUDA graph (a
+        replay would use the replaced group's buffers)."""
         cap = g.config.max_tokens_per_rank
         new_cap = _max_tokens(largest)
-        everyone = ch.gather((t, len(self._ht_pending), bool(self._ht_captured)))
+        everyone = ch.gather((t, len(self._ht_pending), bool(self._ht_captured),
+                              agreement.free_port() if ch.rank == 0 else None))
         over = [r for r, e in enumerate(everyone) if e[0] > cap]
-        held = [r for r, e in enumerate(everyone) if e[1]]
+        held = any(e[1] for e in everyone)
         captured = [r for r, e in enumerate(everyone) if e[2]]
-        if held or captured:
-            why = []
-            if held:
-                why.append("%s still hold%s a dispatch of it whose combine has not run (%s); "
-                           "combine (or drop) those handles first"
-                           % (_ranks(held), "s" if len(held) == 1 else "",
-                              ", ".join("rank %d: %d" % (r, everyone[r][1]) for r in held)))
-            if captured:
-                why.append("%s captured normal-mode calls of it in a CUDA graph, whose replay "
-                           "would use the closed group's buffers" % _ranks(captured))
+        if captured:
             raise RuntimeError(
                 "%s: topk_idx has %s (this rank: %d), above the normal-mode group's "
                 "max_tokens_per_rank=%d, which the Buffer derived from an earlier batch; it "
-                "grows such a group (closes it and creates it with max_tokens_per_rank=%d, "
-                "every rank alike) only when that orphans nothing, but %s; or give every rank "
-                "the cap of the largest batch (moe_ep_config={'high_throughput': "
-                "{'max_tokens_per_rank': %d}} or %s=%d). Every rank raises; the group is "
-                "unchanged" % (entry, ", ".join("%d tokens on rank %d" % (everyone[r][0], r)
-                                                for r in over), t, cap, new_cap,
-                               "; ".join(why), new_cap, agreement.HT_TOKENS_ENV, new_cap))
+                "grows such a group (replaces it with one of max_tokens_per_rank=%d, every "
+                "rank alike), but %s captured normal-mode calls of it in a CUDA graph, whose "
+                "replay would use the replaced group's buffers; give every rank the cap of the "
+                "largest batch (moe_ep_config={'high_throughput': {'max_tokens_per_rank': %d}} "
+                "or %s=%d). Every rank raises; the group is unchanged"
+                % (entry, ", ".join("%d tokens on rank %d" % (everyone[r][0], r) for r in over),
+                   t, cap, new_cap, _ranks(captured), new_cap, agreement.HT_TOKENS_ENV, new_cap))
         cached, self._layout_cache = getattr(self, "_layout_cache", None), None
         if cached is not None and cached[1] is not None:
             cached[1].free()  # prepared, never dispatched: nothing waits on it
-        keep = None if self._ht_address_agreed else g.config.bootstrap_address
+        keep = None
+        if not self._ht_address_agreed:
+            keep = g.config.bootstrap_address
+            if held:
+                keep = "%s:%d" % (keep.rpartition(":")[0], everyone[0][3])
         self._ht_ep = None
+        if held:
+            self._ht_retired.append((g, self._ht_pending))
+        else:
+            g.close()
         self._ht_pending = weakref.WeakSet()
-        g.close()
         derived = dict(self._ht_derived, max_tokens_per_rank=new_cap)
         g = self._group_for("high_throughput", derived, keep_address=keep)
         self._ht_derived = derived
         return g
 
-    def _ht_owns(self, entry, g, handle):
-        """Raises RuntimeError when `handle` comes from a normal-mode group
-        this Buffer has since replaced (grown)."""
-        if handle.moe_ep._group is not g:
-            raise RuntimeError(
-                "%s: handle comes from the normal-mode group this Buffer replaced when a batch "
-                "outgrew its derived max_tokens_per_rank (now %d); dispatch afresh with "
-                "topk_idx= and use that dispatch's handle" % (entry, g.config.max_tokens_per_rank))
+    def _ht_owns(self, entry, g, handle, retired_ok=False):
+        """The group `handle` belongs to: `g`, or with retired_ok a retired
+        one (_ht_grow) whose combine of it has still to run. Raises
+        RuntimeError when it comes from a normal-mode group this Buffer has
+        since replaced (grown) and closed, or, for a cached dispatch,
+        retired."""
+        mine = handle.moe_ep._group
+        if mine is g:
+            return g
+        if retired_ok and any(old is mine for old, _ in self._ht_retired):
+            return mine
+        raise RuntimeError(
+            "%s: handle comes from the normal-mode group this Buffer replaced when a batch "
+            "outgrew its derived max_tokens_per_rank (now %d)%s; dispatch afresh with "
+            "topk_idx= and use that dispatch's handle"
+            % (entry, g.config.max_tokens_per_rank,
+               "" if retired_ok else " (a replaced group runs only the combines of the "
+               "dispatches it had made)"))
 
     def _note_capture(self):
         """Records a normal-mode call made while the current CUDA stream is
@@ -517,11 +546,13 @@ class NormalMixin:
             w = handle.topk_weights
             combined_w = torch.where(handle.topk_idx >= 0, w, torch.zeros_like(w))
         wait_previous(previous_event)
-        g = self._live_group("high_throughput", entry)
-        self._ht_owns(entry, g, handle)
+        g = self._ht_owns(entry, self._live_group("high_throughput", entry), handle,
+                          retired_ok=True)
         self._note_capture()
         out = g.combine(handle.moe_ep, _library_rows(x, handle.worst_rows))
         self._ht_pending.discard(handle)
+        for _, pending in self._ht_retired:
+            pending.discard(handle)
         if bias:
             acc = bias[0].float()
             for b in bias[1:]:

@@ -116,6 +116,20 @@ def _next_port(address):
     return "%s:%d" % (host, int(port) + 1)
 
 
+def _close_all(groups):
+    """Closes every group in order, each even if closing an earlier one
+    raised; the first error is raised after the last close."""
+    first = None
+    for g in groups:
+        try:
+            g.close()
+        except BaseException as e:  # noqa: B902 - re-raised below
+            if first is None:
+                first = e
+    if first is not None:
+        raise first
+
+
 class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
     """DeepEP V1-compatible communication buffer over moe-ep."""
 
@@ -187,6 +201,9 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         self._ht_address_agreed = False
         self._ht_pending = weakref.WeakSet()
         self._ht_captured = False
+        # Normal-mode groups replaced while a combine of theirs was still to
+        # run: (group, its NormalHandles still to combine), oldest first.
+        self._ht_retired = []
 
     # ---- class side ------------------------------------------------------
 
@@ -395,19 +412,18 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         return self._ht_ep
 
     def destroy(self):
-        """Releases the moe-ep groups (collective). Both are closed even if
-        closing the first raises; the Buffer is unusable afterwards."""
+        """Releases the moe-ep groups (collective): the low-latency group, the
+        normal-mode group and any it replaced that still waited for a
+        combine, each closed even if closing an earlier one raises; the
+        Buffer is unusable afterwards."""
         self._destroyed = True
         groups = [g for g in (self._ll_ep, self._ht_ep) if g is not None]
+        groups += [g for g, _ in self._ht_retired]
         self._ll_ep = self._ht_ep = None
+        self._ht_retired = []
         self._layout_cache = None
         self._ht_pending = weakref.WeakSet()
-        try:
-            if groups:
-                groups[0].close()
-        finally:
-            if len(groups) > 1:
-                groups[1].close()
+        _close_all(groups)
 
     def __del__(self):
         if not getattr(self, "explicitly_destroy", True):

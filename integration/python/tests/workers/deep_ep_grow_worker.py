@@ -4,8 +4,10 @@ small batch (SGLang's warm-up prefill, then a large chunk on one rank):
 the ranks agree on the largest batch (one all-reduce per layer call) and
 grow the group, and dispatch and combine match the oracle; a handle of the
 replaced group is refused by name; a dispatch whose combine has not run
-makes every rank refuse to grow, the group unchanged; over comm= (mpi4py's
-allgather) with a configured address, which the grown group keeps; a
+when the group grows keeps the replaced group open for that combine,
+until the next agreement; over comm= (mpi4py's allgather) with a
+configured address, which the grown group keeps (another port of its host
+while the replaced one waits for a combine); a
 given cap (moe_ep_config) never grows, agrees nothing, and a batch above
 it is refused as before."""
 import numpy as np
@@ -130,26 +132,36 @@ def derived_cap_grows(group):
     roundtrip(buf, 5, tokens_on(0, 3000), layout=False)
     want_cap("grown by dispatch", buf, 4096)
 
-    # A dispatch whose combine has not run: every rank refuses to grow,
-    # naming the ranks, and the group is kept for that combine.
+    retired_grows(buf)
+    buf.destroy()
+
+
+def retired_grows(buf):
+    """Two-batch overlap: micro-batch A's dispatch has not been combined
+    when micro-batch B outgrows the cap. Every rank grows anyway: the old
+    group is retired, A's combine still runs on it (against the oracle),
+    a cached dispatch of A's handle is refused, and the first agreement
+    after A's combine closes the retired group on every rank."""
     inputs_a, recv_a, handle_a = dispatch(buf, 6, tokens_on(0, 6))
     kept = buf.moe_ep_normal_group
-    _, _, idx, _ = inputs_for(7, tokens_on(0, 5000))
-    holders = ", ".join("rank %d: 1" % r for r in range(WORLD))
-    expect_raises("grow with a combine pending", RuntimeError,
-                  "topk_idx has 5000 tokens on rank 0 (this rank: %d), above the normal-mode "
-                  "group's max_tokens_per_rank=4096" % len(idx),
-                  lambda: buf.get_dispatch_layout(idx, P.num_experts))
-    expect_raises("grow with a combine pending", RuntimeError,
-                  "still hold a dispatch of it whose combine has not run (%s)" % holders,
-                  lambda: buf.get_dispatch_layout(idx, P.num_experts))
-    if buf.moe_ep_normal_group is not kept:
-        fail("refused growth", 7, "the group was replaced")
-    want_cap("refused growth", buf, 4096)
-    combine(buf, 6, inputs_a, recv_a, handle_a)
-    roundtrip(buf, 7, tokens_on(0, 5000))  # combined: it grows now
-    want_cap("grown after the combine", buf, 8192)
-    buf.destroy()
+    inputs_b, recv_b, handle_b = dispatch(buf, 7, tokens_on(0, 5000))
+    want_cap("grown with a combine pending", buf, 8192)
+    if buf.moe_ep_normal_group is kept or kept._g is None:
+        fail("retired group", 7, "the group was not replaced, or was closed before its combine")
+    expect_raises("cached dispatch of a retired group", RuntimeError,
+                  "a replaced group runs only the combines of the dispatches it had made",
+                  lambda: buf.dispatch(bf16_tensor(inputs_a[RANK]["x"]), handle=handle_a))
+    combine(buf, 6, inputs_a, recv_a, handle_a)  # on the retired group
+    if kept._g is None:
+        fail("retired group", 6, "closed by its own combine, before any agreement")
+    combine(buf, 7, inputs_b, recv_b, handle_b)
+    roundtrip(buf, 8, tokens_on(1, 7))  # the next agreement closes it
+    if kept._g is not None:
+        fail("retired group", 8, "still open after every rank combined its last dispatch")
+    want_cap("after the retired group closed", buf, 8192)
+    expect_raises("combine of a closed retired group", RuntimeError,
+                  "handle comes from the normal-mode group this Buffer replaced",
+                  lambda: buf.combine(torch.zeros((0, P.hidden), dtype=torch.bfloat16), handle_a))
 
 
 def comm_grows(group):
@@ -163,7 +175,18 @@ def comm_grows(group):
     if buf.moe_ep_normal_group.config.bootstrap_address != address:
         fail("grown group's address", 12, "%s, want the configured %s"
              % (buf.moe_ep_normal_group.config.bootstrap_address, address))
-    buf.destroy()
+    # Grown while a combine is pending: the retired group still listens on
+    # the configured address, so the new one takes rank 0's spare port on
+    # the configured host.
+    inputs_a, recv_a, handle_a = dispatch(buf, 13, tokens_on(0, 6))
+    roundtrip(buf, 14, tokens_on(0, 3000))
+    want_cap("grown over comm= with a combine pending", buf, 4096)
+    grown = buf.moe_ep_normal_group.config.bootstrap_address
+    if grown == address or grown.rpartition(":")[0] != address.rpartition(":")[0]:
+        fail("address of a group grown past a retired one", 14,
+             "%s, want another port on the host of %s" % (grown, address))
+    combine(buf, 13, inputs_a, recv_a, handle_a)
+    buf.destroy()  # closes the retired group too
 
 
 def given_cap_stays(group):
