@@ -5,6 +5,8 @@ them per batch. dispatch / combine, and their halves (dispatch_a /
 dispatch_b / combine_a / combine_b) for two-batch overlap, which keeps two
 operations in flight: each sub-batch (tbo_subbatch_index 0 or 1) has its
 own stage, and each group's two buffer sets carry them."""
+import torch
+
 from .._overlap import wait_bound_s
 from .._rank_named import name_rank_in
 from . import _inputs, _mode, _setup
@@ -87,17 +89,23 @@ class Dispatcher:
                                % (entry, index, st.name, entry, want))
         return st
 
-    def dispatch_a(self, hidden_states, topk_output=None, *, topk_idx=None, topk_weights=None,
-                   forward_batch=None, is_extend_in_batch=None, forward_mode=None,
+    def dispatch_a(self, hidden_states, topk_output=None, topk_weights=None, forward_batch=None,
+                   *, topk_idx=None, is_extend_in_batch=None, forward_mode=None,
                    tbo_subbatch_index=None):
         """Sends hidden_states to the experts' ranks: [T, H] bf16, or in
         normal mode the pair (x_fp8 [T, H], scales [T, H/128] float32 or
         [T, H/512] int32) quantised by the caller. The routing is SGLang's
-        TopKOutput (topk_ids, topk_weights) or the keywords topk_idx=,
-        topk_weights=. With deepep_mode 'auto', is_extend_in_batch /
-        forward_batch / forward_mode (or SGLang's global) choose the mode;
-        with a fixed mode they are accepted and not read."""
+        TopKOutput (topk_ids, topk_weights), the keywords topk_idx=,
+        topk_weights= of older SGLang, or its positional form
+        (hidden_states, topk_idx, topk_weights, forward_batch). With
+        deepep_mode 'auto', is_extend_in_batch / forward_batch /
+        forward_mode (or SGLang's global) choose the mode; with a fixed
+        mode they are accepted and not read."""
         entry = "dispatch_a"
+        if isinstance(topk_output, torch.Tensor):  # older SGLang's positional topk_idx
+            if topk_idx is not None:
+                raise TypeError("%s: topk_idx given twice (positionally and by keyword)" % entry)
+            topk_output, topk_idx = None, topk_output
         st = self._stage(entry, tbo_subbatch_index, "idle")
         ids, w = _inputs.routing(entry, topk_output, topk_idx, topk_weights)
         mode = _mode.resolve(self.deepep_mode, entry, is_extend_in_batch, forward_batch,
@@ -114,17 +122,16 @@ class Dispatcher:
         st.name = "received"
         return self._paths[op.mode].output(op, res)
 
-    def dispatch(self, hidden_states, topk_output=None, *, tbo_subbatch_index=None, **keywords):
+    def dispatch(self, hidden_states, *args, tbo_subbatch_index=None, **keywords):
         """dispatch_a then dispatch_b: SGLang's call without two-batch
-        overlap."""
-        self.dispatch_a(hidden_states, topk_output, tbo_subbatch_index=tbo_subbatch_index,
-                        **keywords)
+        overlap, in any of dispatch_a's forms."""
+        self.dispatch_a(hidden_states, *args, tbo_subbatch_index=tbo_subbatch_index, **keywords)
         return self.dispatch_b(tbo_subbatch_index=tbo_subbatch_index)
 
-    def combine(self, combine_input=None, *, tbo_subbatch_index=None, **inputs):
+    def combine(self, *args, tbo_subbatch_index=None, **inputs):
         """combine_a then combine_b: SGLang's call without two-batch
-        overlap. Returns [T, H] bf16."""
-        self.combine_a(combine_input, tbo_subbatch_index=tbo_subbatch_index, **inputs)
+        overlap, in any of combine_a's forms. Returns [T, H] bf16."""
+        self.combine_a(*args, tbo_subbatch_index=tbo_subbatch_index, **inputs)
         return self.combine_b(tbo_subbatch_index=tbo_subbatch_index)
 
     def combine_a(self, combine_input=None, topk_ids=None, topk_weights=None, overlap_args=None,
@@ -133,7 +140,8 @@ class Dispatcher:
         """Sends the experts' outputs back. Takes SGLang's combine input (a
         tuple with hidden_states, topk_ids and topk_weights), the keywords
         of older SGLang (hidden_states=, topk_idx=, topk_weights=,
-        forward_batch=), or the three tensors positionally.
+        forward_batch=), or its positional form (hidden_states, topk_idx,
+        topk_weights, forward_batch).
 
         Low latency: hidden_states [E_local, R*N, H] bf16; topk_ids must
         repeat the dispatch's routing (a copy is accepted; its shape is
@@ -145,6 +153,14 @@ class Dispatcher:
         The mode is the sub-batch's dispatch's; under 'auto' a mode hint
         given here must agree with it."""
         entry = "combine_a"
+        if overlap_args is not None and (hasattr(overlap_args, "forward_mode") or
+                                         hasattr(overlap_args, "is_extend_in_batch")):
+            # The fourth positional is older SGLang's ForwardBatch (later
+            # versions pass their combine overlap arguments there).
+            if forward_batch is not None:
+                raise TypeError("%s: forward_batch given twice (positionally and by keyword)"
+                                % entry)
+            forward_batch, overlap_args = overlap_args, None
         if overlap_args is not None:
             _refuse_overlap(entry, "overlap_args=%r" % (overlap_args,))
         hidden_states, topk_ids, topk_weights = _inputs.combine_input(

@@ -235,9 +235,39 @@ def sglang_single(d, seed):
     check_combine("sglang combine()", seed, d.combine(combine_input=CombineInput(y, idx, w)), inp)
 
 
+class ForwardBatch:
+    """Older SGLang's ForwardBatch, which it passed fourth positionally."""
+
+    def __init__(self):
+        self.forward_mode = None
+
+
+def sglang_positional(d, seed):
+    """Older SGLang's positional forms: dispatch(hidden_states, topk_idx,
+    topk_weights, forward_batch) and combine(hidden_states, topk_idx,
+    topk_weights, forward_batch); then dispatch_a / combine_a with the
+    three tensors and combine() with them alone."""
+    inp = oracle.make_inputs(P, seed, RANK)
+    x, idx, w = torch_inputs(inp)
+    everyone = oracle.all_inputs(P, seed)
+    o = d.dispatch(x, idx, w, ForwardBatch())
+    check_dispatch(seed, everyone, moe_ep.DispatchResult(o.hidden_states, None, o.masked_m),
+                   P.hidden)
+    y = expert_outputs(d.group, o.hidden_states)
+    check_combine("sglang positional combine() with forward_batch", seed,
+                  d.combine(y, idx, w, ForwardBatch()), inp)
+    expect_raises("forward_batch twice", TypeError, "forward_batch given twice",
+                  lambda: d.combine_a(y, idx, w, ForwardBatch(), forward_batch=ForwardBatch()))
+    d.dispatch_a(x, idx, w)
+    o = d.dispatch_b()
+    y = expert_outputs(d.group, o.hidden_states)
+    check_combine("sglang positional combine()", seed, d.combine(y, idx, w), inp)
+
+
 def sglang(g):
     sglang_tbo(moe_ep.sglang.Dispatcher(g), 201)
     sglang_single(moe_ep.sglang.Dispatcher(g), 231)
+    sglang_positional(moe_ep.sglang.Dispatcher(g), 241)
     if FULL:
         sglang_tbo(moe_ep.sglang.Dispatcher(g, weights_at_dispatch=False), 211)
         sglang_single(moe_ep.sglang.Dispatcher(g, weights_at_dispatch=False), 232)
