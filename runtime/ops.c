@@ -341,6 +341,15 @@ static moe_ep_status_t hook_run_locked(moe_ep_group_t *g, moe_ep_hook_t *hook, v
   g->pending[hook->op.buffer_set] = NULL;
   hook->op.stream = stream;
   moe_ep_status_t st = g->ops->recv(g, &hook->op);
+  if (st != MOE_EP_OK && !mep_status_is_fatal(st) && !g->ops->abandon_is_safe) {
+    /* The send half went out, so the peers' signals of this operation
+     * stay unconsumed, as after an abandoned receive. The backend checks
+     * a receive's arguments with its send's, so this is not expected. */
+    st = mep_error_suffix(MOE_EP_ERR_MISMATCH,
+                          "rank %d's receive was refused after its send half went out, and the "
+                          "%s backend cannot resynchronise its signals: destroy the group",
+                          g->rank, g->ops->name);
+  }
   if (hook->op.kind == MEP_OP_DISPATCH) {
     hook->op.handle->dispatched = st == MOE_EP_OK ? MEP_DISPATCHED : MEP_DISPATCH_ABANDONED;
   }

@@ -1,4 +1,5 @@
-/* load.cuh: loading kernels before their first launch. */
+/* load.cuh: loading kernels before their first launch, and launching them
+ * with the launch's own status. */
 #ifndef MEP_COMMON_LOAD_CUH_
 #define MEP_COMMON_LOAD_CUH_
 
@@ -15,6 +16,21 @@ static cudaError_t mep_load_kernels(Kernels... kernels) {
   cudaFuncAttributes f;
   ((e = e == cudaSuccess ? cudaFuncGetAttributes(&f, kernels) : e), ...);
   return e;
+}
+
+/* Launches a kernel and returns that launch's status. `<<<>>>` followed by
+ * cudaGetLastError() would also return (and clear) an error the engine's
+ * own code left pending on this thread, and a queued kernel, a send that
+ * has gone out to the peers, would be reported as failed. */
+template <typename... Params, typename... Args>
+static cudaError_t mep_launch(void (*kernel)(Params...), int grid, int threads, size_t smem,
+                              cudaStream_t s, Args &&...args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)grid);
+  cfg.blockDim = dim3((unsigned)threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...);
 }
 
 #endif /* MEP_COMMON_LOAD_CUH_ */

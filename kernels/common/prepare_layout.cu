@@ -129,9 +129,8 @@ extern "C" mep_kstatus_t mep_prepare_layout(const mep_prepare_layout_args_t *a, 
   const int chunk = a->num_experts < kExpertChunk ? a->num_experts : kExpertChunk;
   const size_t smem = ((size_t)a->world + (a->num_tokens_per_expert ? (size_t)chunk : 0)) * 4u;
   cudaStream_t s = (cudaStream_t)stream;
-  if (a->topk_idx_bytes == 8)
-    prepare_layout_kernel<int64_t><<<1, kThreads, smem, s>>>(*a);
-  else
-    prepare_layout_kernel<int32_t><<<1, kThreads, smem, s>>>(*a);
-  return mep_kernels_cuda_check("prepare_layout: launch", cudaGetLastError());
+  const cudaError_t e = a->topk_idx_bytes == 8
+                            ? mep_launch(prepare_layout_kernel<int64_t>, 1, kThreads, smem, s, *a)
+                            : mep_launch(prepare_layout_kernel<int32_t>, 1, kThreads, smem, s, *a);
+  return mep_kernels_cuda_check("prepare_layout: launch", e);
 }

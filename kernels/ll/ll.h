@@ -259,6 +259,17 @@ mep_kstatus_t mep_ll_resolve_lsa(mep_ll_ctx_t *ctx);
  * runtime reports TIMEOUT on every later call). */
 mep_kstatus_t mep_ll_clear_abort(const mep_ll_ctx_t *ctx, void *stream);
 
+/* Every rule the launchers of a call's halves check (shape, context and the
+ * pointers of both the send and the receive), without touching the GPU;
+ * `op` names the call in the sentence. The runtime asks before it queues
+ * anything for the call (stream waits, mep_ll_await_combine): a refusal
+ * then leaves no work queued, and a deferred receive is never refused
+ * after its send half went out. */
+mep_kstatus_t mep_ll_dispatch_validate(const char *op, const mep_ll_ctx_t *ctx,
+                                       const mep_ll_dispatch_args_t *args);
+mep_kstatus_t mep_ll_combine_validate(const char *op, const mep_ll_ctx_t *ctx,
+                                      const mep_ll_combine_args_t *args);
+
 /* Launchers: validate, launch on `stream` (cudaStream_t), return at once.
  * INVALID_ARGUMENT without touching the GPU when an argument breaks a rule;
  * mep_kernels_last_error() then says which. */

@@ -19,11 +19,9 @@ __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
 template <class Tp>
 cudaError_t launch_tp(const MepLLParams &p, const MepCombineArgs &a, int idx_bytes, int grid,
                       size_t smem, cudaStream_t s) {
-  if (idx_bytes == 8)
-    ll_combine_recv_kernel<Tp, int64_t><<<grid, MEP_LL_THREADS, smem, s>>>(a, p);
-  else
-    ll_combine_recv_kernel<Tp, int32_t><<<grid, MEP_LL_THREADS, smem, s>>>(a, p);
-  return cudaGetLastError();
+  return idx_bytes == 8
+             ? mep_launch(ll_combine_recv_kernel<Tp, int64_t>, grid, MEP_LL_THREADS, smem, s, a, p)
+             : mep_launch(ll_combine_recv_kernel<Tp, int32_t>, grid, MEP_LL_THREADS, smem, s, a, p);
 }
 
 }  // namespace

@@ -32,6 +32,14 @@ extern "C" mep_kstatus_t mep_ll_combine_check(const char *op, const mep_ll_ctx_t
   return MEP_KSTATUS_OK;
 }
 
+extern "C" mep_kstatus_t mep_ll_combine_validate(const char *op, const mep_ll_ctx_t *ctx,
+                                                   const mep_ll_combine_args_t *a) {
+  mep_kstatus_t st = mep_ll_combine_check(op, ctx, a);
+  if (st == MEP_KSTATUS_OK) st = mep_combine_check_send_ptrs(op, ctx, a);
+  if (st == MEP_KSTATUS_OK) st = mep_combine_check_recv_ptrs(op, a);
+  return st;
+}
+
 extern "C" mep_kstatus_t mep_ll_combine_send(const mep_ll_ctx_t *ctx,
                                                const mep_ll_combine_args_t *a, void *stream) {
   mep_kstatus_t st = mep_ll_combine_check("combine_send", ctx, a);
@@ -44,8 +52,8 @@ extern "C" mep_kstatus_t mep_ll_combine_send(const mep_ll_ctx_t *ctx,
   const size_t smem = mep_combine_send_smem(ctx, &k);
   cudaStream_t s = (cudaStream_t)stream;
   const cudaError_t e = mep_ll_with_transport(ctx->transport, [&](auto tp) {
-    ll_combine_send_kernel<typename decltype(tp)::type><<<grid, MEP_LL_THREADS, smem, s>>>(k, p);
-    return cudaGetLastError();
+    return mep_launch(ll_combine_send_kernel<typename decltype(tp)::type>, grid, MEP_LL_THREADS,
+                      smem, s, k, p);
   });
   return mep_kernels_cuda_check("combine_send: launch", e);
 }

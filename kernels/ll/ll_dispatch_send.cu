@@ -14,8 +14,7 @@ __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
 
 template <class Tp, bool kFp8, typename IdxT>
 cudaError_t launch(const MepLLParams &p, const MepDispatchArgs &a, int grid, cudaStream_t s) {
-  ll_dispatch_send_kernel<Tp, kFp8, IdxT><<<grid, MEP_LL_THREADS, 0, s>>>(a, p);
-  return cudaGetLastError();
+  return mep_launch(ll_dispatch_send_kernel<Tp, kFp8, IdxT>, grid, MEP_LL_THREADS, 0, s, a, p);
 }
 
 template <class Tp>
@@ -64,6 +63,14 @@ extern "C" mep_kstatus_t mep_ll_dispatch_check(const char *op, const mep_ll_ctx_
                              "hidden %d", op, a->fp8 ? "fp8" : "bf16", a->hidden,
                              ctx->dims.fp8 ? "fp8" : "bf16", ctx->dims.hidden);
   return MEP_KSTATUS_OK;
+}
+
+extern "C" mep_kstatus_t mep_ll_dispatch_validate(const char *op, const mep_ll_ctx_t *ctx,
+                                                    const mep_ll_dispatch_args_t *a) {
+  mep_kstatus_t st = mep_ll_dispatch_check(op, ctx, a);
+  if (st == MEP_KSTATUS_OK) st = mep_dispatch_check_send_ptrs(op, a);
+  if (st == MEP_KSTATUS_OK) st = mep_dispatch_check_recv_ptrs(op, a);
+  return st;
 }
 
 extern "C" mep_kstatus_t mep_ll_dispatch_send(const mep_ll_ctx_t *ctx,

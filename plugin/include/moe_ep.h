@@ -630,7 +630,8 @@ typedef struct moe_ep_plugin_v1 {
                              const moe_ep_combine_params_t *params,
                              moe_ep_hook_t **hook);
   /* Finish the deferred receive on `stream` (any host thread; on the nccl
-   * backend it is ordered after the send half even on another stream). A
+   * backend it is ordered after the send half even on another stream,
+   * cudaStreamPerThread of another thread included). A
    * hook runs once; it stays owned by the caller until hook_free. Freeing a
    * hook that never ran abandons its receive: the host backend stays
    * usable (after an abandoned combine its next send first waits, bounded,

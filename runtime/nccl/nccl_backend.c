@@ -451,16 +451,38 @@ static void combine_args(moe_ep_group_t *g, nccl_state_t *s, const mep_op_t *op,
   };
 }
 
-/* The send half, or with fused != 0 both halves in one kernel. A dispatch
- * takes over its buffer set's handle storage only once its launch was
- * accepted: a refused dispatch leaves the older handle on that set valid. */
-static moe_ep_status_t send_half(moe_ep_group_t *g, nccl_state_t *s, mep_op_t *op, int fused) {
+/* Every refusal of the call, before anything is queued for it (the stream
+ * waits of order_send, order_reuse's wait kernel): a refused call leaves
+ * no work behind, and a deferred receive, whose pointers are checked here
+ * with the send's, is not refused after its send went out. */
+static moe_ep_status_t send_checks(moe_ep_group_t *g, nccl_state_t *s, mep_op_t *op, int fused) {
   if (op->kind == MEP_OP_DISPATCH) {
     nccl_handle_t *nh = op->handle->backend;
     if (nh == NULL && (nh = calloc(1, sizeof(*nh))) == NULL) {
       return mep_error(MOE_EP_ERR_NO_MEMORY, "dispatch on rank %d: out of memory", g->rank);
     }
     op->handle->backend = nh;
+    mep_ll_dispatch_args_t a;
+    dispatch_args(g, s, op, &a);
+    return mep_nccl_launched(
+        g, mep_ll_dispatch_validate(fused ? "dispatch" : "dispatch_send", &s->ctx, &a),
+        "dispatch");
+  }
+  const nccl_handle_t *nh = op->handle->backend;
+  MEP_CHECK(mep_layout_book_check(&s->layouts, g->rank, nh->set, nh->seq));
+  mep_ll_combine_args_t a;
+  combine_args(g, s, op, &a);
+  return mep_nccl_launched(
+      g, mep_ll_combine_validate(fused ? "combine" : "combine_send", &s->ctx, &a), "combine");
+}
+
+/* The send half, or with fused != 0 both halves in one kernel, after
+ * send_checks. A dispatch takes over its buffer set's handle storage only
+ * once its launch was accepted: a refused dispatch leaves the older handle
+ * on that set valid. */
+static moe_ep_status_t send_half(moe_ep_group_t *g, nccl_state_t *s, mep_op_t *op, int fused) {
+  if (op->kind == MEP_OP_DISPATCH) {
+    nccl_handle_t *nh = op->handle->backend;
     mep_ll_dispatch_args_t a;
     dispatch_args(g, s, op, &a);
     moe_ep_status_t st = mep_layout_book_record(
@@ -476,7 +498,6 @@ static moe_ep_status_t send_half(moe_ep_group_t *g, nccl_state_t *s, mep_op_t *o
     return st;
   }
   const nccl_handle_t *nh = op->handle->backend;
-  MEP_CHECK(mep_layout_book_check(&s->layouts, g->rank, nh->set, nh->seq));
   mep_ll_combine_args_t a;
   combine_args(g, s, op, &a);
   MEP_CHECK(mep_nccl_launched(g, fused ? mep_ll_combine(&s->ctx, &a, op->stream)
@@ -499,7 +520,10 @@ static moe_ep_status_t send_half(moe_ep_group_t *g, nccl_state_t *s, mep_op_t *o
 static moe_ep_status_t order_reuse(moe_ep_group_t *g, nccl_state_t *s, const mep_op_t *op) {
   if (op->kind != MEP_OP_DISPATCH || !s->reuse[op->buffer_set].sent) return MOE_EP_OK;
   const int comb_set = s->reuse[op->buffer_set].comb_set;
-  if (s->reuse[op->buffer_set].received)
+  /* An event orders the dispatch after that receive only when both are
+   * eager or in one capture; otherwise the wait kernel, which reads the
+   * device's state, orders it whichever ran first. */
+  if (s->reuse[op->buffer_set].received && mep_nccl_sent_orders(&s->received, comb_set, op->stream))
     return mep_nccl_sent_order(&s->received, comb_set, op->stream);
   MEP_CHECK(mep_nccl_sent_order(&s->sent, comb_set, op->stream));
   MEP_CHECK(mep_nccl_launched(g, mep_ll_await_combine(&s->ctx, comb_set, op->stream),
@@ -527,9 +551,16 @@ static void reuse_received(nccl_state_t *s, const mep_op_t *op) {
 
 /* A send half comes after the set's last receive and last handle_layout
  * kernel (which read the storage its dispatch rewrites), on whatever
- * stream those ran. */
+ * stream those ran; a combine's also after the receive of its dispatch,
+ * whose handle storage and receive count it reads (an engine's expert
+ * work orders it so, unless it ran on another stream than the combine's;
+ * PROTOCOL.md, section 6, counts on it for the set's reuse). */
 static moe_ep_status_t order_send(nccl_state_t *s, const mep_op_t *op) {
   MEP_CHECK(mep_nccl_sent_order(&s->received, op->buffer_set, op->stream));
+  if (op->kind == MEP_OP_COMBINE) {
+    const nccl_handle_t *nh = op->handle->backend;
+    MEP_CHECK(mep_nccl_sent_order(&s->received, nh->set, op->stream));
+  }
   return mep_nccl_sent_order(&s->exported, op->buffer_set, op->stream);
 }
 
@@ -537,7 +568,8 @@ static moe_ep_status_t nccl_send(moe_ep_group_t *g, mep_op_t *op) {
   nccl_state_t *s = g->impl;
   mep_nccl_caller_t caller;
   MEP_CHECK(enter_device(g, s, &caller));
-  moe_ep_status_t st = order_send(s, op);
+  moe_ep_status_t st = send_checks(g, s, op, 0);
+  if (st == MOE_EP_OK) st = order_send(s, op);
   if (st == MOE_EP_OK) st = order_reuse(g, s, op);
   if (st == MOE_EP_OK) st = send_half(g, s, op, 0);
   if (st == MOE_EP_OK) reuse_restart(s, op);
@@ -569,7 +601,8 @@ static moe_ep_status_t nccl_send_recv(moe_ep_group_t *g, mep_op_t *op) {
   nccl_state_t *s = g->impl;
   mep_nccl_caller_t caller;
   MEP_CHECK(enter_device(g, s, &caller));
-  moe_ep_status_t st = order_send(s, op);
+  moe_ep_status_t st = send_checks(g, s, op, 1);
+  if (st == MOE_EP_OK) st = order_send(s, op);
   if (st == MOE_EP_OK) st = order_reuse(g, s, op);
   if (st == MOE_EP_OK) st = send_half(g, s, op, 1);
   if (st == MOE_EP_OK) reuse_restart(s, op);
@@ -593,9 +626,11 @@ static moe_ep_status_t nccl_handle_layout(moe_ep_group_t *g, mep_handle_state_t 
   mep_nccl_caller_t caller;
   MEP_CHECK(enter_device(g, s, &caller));
   const mep_ll_dims_t *d = &s->ctx.dims;
-  /* After the set's last export, whatever its stream: the set's event then
-   * covers every export on it. */
-  st = mep_nccl_sent_order(&s->exported, nh->set, stream);
+  /* After the dispatch receive that filled the storage and the set's last
+   * export, whatever their streams: the set's event then covers every
+   * export on it. */
+  st = mep_nccl_sent_order(&s->received, nh->set, stream);
+  if (st == MOE_EP_OK) st = mep_nccl_sent_order(&s->exported, nh->set, stream);
   if (st != MOE_EP_OK) return mep_nccl_leave(&caller, st);
   st = mep_nccl_launched(g,
                          mep_ll_export_layout(s->slot_src[nh->set], s->src_count[nh->set],

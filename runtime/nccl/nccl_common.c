@@ -218,7 +218,19 @@ moe_ep_status_t mep_nccl_sent_record(mep_nccl_sent_t *sent, int set, void *strea
   } else {
     sent->stream[set] = stream;
   }
+  sent->last_capture[set] = capture;
   return MOE_EP_OK;
+}
+
+/* Whether two halves on `a` and `b` are in stream order without an event.
+ * cudaStreamPerThread names a different stream on every host thread, so
+ * two halves given it may be on two streams. */
+static int same_stream(void *a, void *b) { return a == b && a != (void *)cudaStreamPerThread; }
+
+int mep_nccl_sent_orders(const mep_nccl_sent_t *sent, int set, void *stream) {
+  unsigned long long capture;
+  if (capture_of(stream, &capture) != cudaSuccess) return 0;
+  return capture == sent->last_capture[set];
 }
 
 moe_ep_status_t mep_nccl_sent_order(const mep_nccl_sent_t *sent, int set, void *stream) {
@@ -229,10 +241,11 @@ moe_ep_status_t mep_nccl_sent_order(const mep_nccl_sent_t *sent, int set, void *
   if (capture == 0) {
     /* Before any eager half the event was never recorded: waiting on it
      * is a no-op (and NULL is the legacy default stream, not "none"). */
-    if (stream == sent->stream[set]) return MOE_EP_OK;
+    if (same_stream(stream, sent->stream[set])) return MOE_EP_OK;
     ev = (cudaEvent_t)sent->event[set];
   } else {
-    if (capture != sent->capture[set] || stream == sent->captured_stream[set]) return MOE_EP_OK;
+    if (capture != sent->capture[set] || same_stream(stream, sent->captured_stream[set]))
+      return MOE_EP_OK;
     ev = (cudaEvent_t)sent->captured[set];
   }
   e = cudaStreamWaitEvent((cudaStream_t)stream, ev, 0);

@@ -52,6 +52,9 @@ typedef struct mep_nccl_sent {
   void *captured[MEP_NUM_BUFFER_SETS]; /* cudaEvent_t: the last captured half */
   void *captured_stream[MEP_NUM_BUFFER_SETS];
   unsigned long long capture[MEP_NUM_BUFFER_SETS]; /* that half's capture id */
+  /* The capture id of the set's last half, eager or captured (0: eager,
+   * or none yet): whether an event can order a later half after it. */
+  unsigned long long last_capture[MEP_NUM_BUFFER_SETS];
 } mep_nccl_sent_t;
 
 moe_ep_status_t mep_nccl_sent_create(mep_nccl_sent_t *sent);
@@ -66,6 +69,11 @@ moe_ep_status_t mep_nccl_sent_record(mep_nccl_sent_t *sent, int set, void *strea
  * outside its capture): the order of the graph's launch is its stream's,
  * the engine's to set. */
 moe_ep_status_t mep_nccl_sent_order(const mep_nccl_sent_t *sent, int set, void *stream);
+/* 1 when mep_nccl_sent_order on `stream` orders it after the set's last
+ * half (both eager, or both in the capture `stream` is in), 0 when no event
+ * can (a capture and eager work, or two captures), or on an error
+ * (mep_nccl_sent_order then reports it). */
+int mep_nccl_sent_orders(const mep_nccl_sent_t *sent, int set, void *stream);
 
 /* Teardown's wait for the group's last eager work: until the eager event
  * of every set in each of the `n` trackers has completed, polled with

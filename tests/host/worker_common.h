@@ -5,6 +5,7 @@
 #define MOE_EP_TESTS_HOST_WORKER_COMMON_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -124,6 +125,13 @@ void run_ahead(Ctx& c);        // worker_blame.cc
 void run_reuse(Ctx& c);        // worker_reuse.cc
 void run_ht_bad_input(Ctx& c); // worker_ht_bad.cc
 void run_layout(Ctx& c);       // worker_layout.cc
+class LlCall;
+// worker_layout.cc: handle_layout of call's handle, on `stream`, against
+// the oracle's slot layout; before_download runs right after the call,
+// before its outputs are read (where a test releases a held stream).
+void check_layout(Ctx& c, LlCall& call, const moe_ep_oracle::Problem& p, const std::string& what,
+                  bool with_src, bool with_range, void* stream = nullptr,
+                  const std::function<void()>& before_download = {});
 void run_streams(Ctx& c);      // worker_streams.cc
 // worker_stall.cc: group_create's verdict when one rank stalls in NCCL
 // setup (MEP_STALL); `ms` is how long group_create took. 0 if as expected.

@@ -4,6 +4,7 @@
 // before the dispatch's receive, for malformed outputs, for a handle whose
 // buffer set a later dispatch reused, for a freed handle; the group stays
 // usable.
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,11 +55,15 @@ std::string range_text(int64_t v) {
          std::to_string(v & 0xffffffff) + ")";
 }
 
+}  // namespace
+
 void check_layout(Ctx& c, LlCall& call, const Problem& p, const std::string& what, bool with_src,
-                  bool with_range) {
+                  bool with_range, void* stream, const std::function<void()>& before_download) {
   LayoutOut o(c, p, with_src, with_range);
-  if (!expect_status(c, call.seed(), what, c.api->handle_layout(call.handle(), &o.lp), MOE_EP_OK))
-    return;
+  o.lp.stream = stream;
+  const moe_ep_status_t st = c.api->handle_layout(call.handle(), &o.lp);
+  if (before_download) before_download();
+  if (!expect_status(c, call.seed(), what, st, MOE_EP_OK)) return;
   o.download();
   LlHandleLayout want = ll_handle_layout(p, call.expected());
   const size_t n_src = want.src_info.size(), n_range = want.layout_range.size();
@@ -85,6 +90,8 @@ void check_layout(Ctx& c, LlCall& call, const Problem& p, const std::string& wha
                                    " past its end or while it was NULL");
   }
 }
+
+namespace {
 
 void refused(Ctx& c, uint64_t seed, const std::string& what, moe_ep_handle_t* h,
              const moe_ep_handle_layout_params_t* lp, moe_ep_status_t want, const char* must) {

@@ -6,11 +6,15 @@
 // set's last receive, which the
 // two halves of the combine regions rest on: kernels/ll/PROTOCOL.md,
 // section 6); otherwise B's send moves the set's combine epoch before A's
-// receive reads it. Both combines are checked against the oracle.
+// receive reads it. Both combines are checked against the oracle. Then
+// handle_layout on another stream than a held dispatch receive, and each
+// half's hook on another host thread's per-thread default stream, with an
+// error of the engine's own left pending on the calling thread.
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <thread>
 
 #include "tests/common/mirror.h"
 #include "tests/host/ll_call.h"
@@ -82,6 +86,102 @@ bool streams_round(Ctx& c, const moe_ep_oracle::Problem& p, cudaStream_t ops,
   return true;
 }
 
+// Runs `hook` on a second host thread, on that thread's per-thread default
+// stream, while this thread's per-thread stream, where the hook's send half
+// was queued, is held: cudaStreamPerThread is one handle value naming
+// another stream on every thread, so the receive must wait for the send by
+// an event, not by stream order. Released once the hook has been issued.
+moe_ep_status_t run_on_other_thread_held(Ctx& c, moe_ep_hook_t* hook, Hold* hold) {
+  moe_ep_status_t st = MOE_EP_ERR_INTERNAL;
+  std::thread t([&] { st = c.api->hook_run(hook, cudaStreamPerThread); });
+  t.join();
+  hold->release = 1;
+  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  c.api->hook_free(hook);
+  return st;
+}
+
+// handle_layout on the op stream while the deferred dispatch's receive
+// waits on the hook stream behind a hold: the layout is read only after
+// that receive wrote it, whatever stream each ran on.
+bool layout_round(Ctx& c, const moe_ep_oracle::Problem& p, cudaStream_t ops, cudaStream_t hooks,
+                  uint64_t seed) {
+  LlCall a(c, p, seed);
+  a.set_stream(ops);
+  if (a.prepare() != MOE_EP_OK) return false;
+  moe_ep_hook_t* hd = nullptr;
+  if (!expect_status(c, seed, "dispatch, receive deferred", a.dispatch(MOE_EP_FLAG_DEFER_RECV, &hd),
+                     MOE_EP_OK))
+    return false;
+  Hold hold;
+  cuda_check(cudaLaunchHostFunc(hooks, hold_back, &hold), "cudaLaunchHostFunc");
+  const moe_ep_status_t sd = c.api->hook_run(hd, hooks);
+  c.api->hook_free(hd);
+  if (!expect_status(c, seed, "dispatch hook on the held stream", sd, MOE_EP_OK)) {
+    hold.release = 1;
+    return false;
+  }
+  const int before = c.failures;
+  check_layout(c, a, p, "handle_layout on another stream than the held receive", true, true, ops,
+               [&] {
+                 hold.release = 1;
+                 cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+               });
+  if (hold.expired.load()) {
+    fail(c, seed, "hook stream hold", "handle_layout was not issued within 60 s of the hold");
+    return false;
+  }
+  a.check_dispatch();
+  a.make_y();
+  if (!expect_status(c, seed, "combine after handle_layout", a.combine(0, nullptr), MOE_EP_OK))
+    return false;
+  a.check_combine();
+  return c.failures == before;
+}
+
+// Per-thread default streams: dispatch and combine deferred on this
+// thread's cudaStreamPerThread behind a hold, each receive hook run on
+// another thread's. Without the event order the combine's receive starts
+// before its send stored the combine's epoch.
+bool perthread_round(Ctx& c, const moe_ep_oracle::Problem& p, uint64_t seed) {
+  LlCall a(c, p, seed);
+  a.set_stream(cudaStreamPerThread);
+  // An error the engine's own code left pending on this thread must not
+  // fail the library's launches: their status is the launch's own.
+  if (cudaSetDevice(1 << 20) == cudaSuccess) fail(c, seed, "stale error", "device 2^20 exists");
+  if (a.prepare() != MOE_EP_OK) return false;
+  Hold hold_d, hold_c;
+  cuda_check(cudaLaunchHostFunc(cudaStreamPerThread, hold_back, &hold_d), "cudaLaunchHostFunc");
+  moe_ep_hook_t* hd = nullptr;
+  if (!expect_status(c, seed, "dispatch, receive deferred, per-thread stream held",
+                     a.dispatch(MOE_EP_FLAG_DEFER_RECV, &hd), MOE_EP_OK)) {
+    hold_d.release = 1;
+    return false;
+  }
+  if (!expect_status(c, seed, "dispatch hook on another thread's per-thread stream",
+                     run_on_other_thread_held(c, hd, &hold_d), MOE_EP_OK))
+    return false;
+  a.check_dispatch();
+  a.make_y();
+  cuda_check(cudaLaunchHostFunc(cudaStreamPerThread, hold_back, &hold_c), "cudaLaunchHostFunc");
+  moe_ep_hook_t* hc = nullptr;
+  if (!expect_status(c, seed, "combine, receive deferred, per-thread stream held",
+                     a.combine(MOE_EP_FLAG_DEFER_RECV, &hc), MOE_EP_OK)) {
+    hold_c.release = 1;
+    return false;
+  }
+  if (!expect_status(c, seed, "combine hook on another thread's per-thread stream",
+                     run_on_other_thread_held(c, hc, &hold_c), MOE_EP_OK))
+    return false;
+  c.checks++;
+  if (hold_d.expired.load() || hold_c.expired.load()) {
+    fail(c, seed, "per-thread stream hold", "a hook was not issued within 60 s of its hold");
+    return false;
+  }
+  a.check_combine();
+  return true;
+}
+
 }  // namespace
 
 void run_streams(Ctx& c) {
@@ -99,6 +199,12 @@ void run_streams(Ctx& c) {
     for (int s = 0; s < c.opt.seeds && c.failures == 0; s++) {
       if (!streams_round(c, p, ops, hooks, 700 + 2 * (uint64_t)s, held)) break;
     }
+  }
+  for (int s = 0; s < c.opt.seeds && c.failures == 0; s++) {
+    if (!layout_round(c, p, ops, hooks, 900 + (uint64_t)s)) break;
+  }
+  for (int s = 0; s < c.opt.seeds && c.failures == 0; s++) {
+    if (!perthread_round(c, p, 800 + (uint64_t)s)) break;
   }
   expect_status(c, 0, "poll_error after the rounds", c.api->group_poll_error(c.group), MOE_EP_OK);
   cudaStreamDestroy(ops);
