@@ -127,10 +127,13 @@ void run_ht_bad_input(Ctx& c); // worker_ht_bad.cc
 void run_layout(Ctx& c);       // worker_layout.cc
 class LlCall;
 // worker_layout.cc: handle_layout of call's handle, on `stream`, against
-// the oracle's slot layout; before_download runs right after the call,
-// before its outputs are read (where a test releases a held stream).
+// the oracle's slot layout. before_call runs once the outputs exist (making
+// them synchronizes the device), right before the call; before_download
+// right after it, before its outputs are read (where a test holds a stream
+// and releases it).
 void check_layout(Ctx& c, LlCall& call, const moe_ep_oracle::Problem& p, const std::string& what,
                   bool with_src, bool with_range, void* stream = nullptr,
+                  const std::function<void()>& before_call = {},
                   const std::function<void()>& before_download = {});
 void run_streams(Ctx& c);      // worker_streams.cc
 // worker_stall.cc: group_create's verdict when one rank stalls in NCCL

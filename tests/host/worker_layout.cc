@@ -58,9 +58,11 @@ std::string range_text(int64_t v) {
 }  // namespace
 
 void check_layout(Ctx& c, LlCall& call, const Problem& p, const std::string& what, bool with_src,
-                  bool with_range, void* stream, const std::function<void()>& before_download) {
+                  bool with_range, void* stream, const std::function<void()>& before_call,
+                  const std::function<void()>& before_download) {
   LayoutOut o(c, p, with_src, with_range);
   o.lp.stream = stream;
+  if (before_call) before_call();
   const moe_ep_status_t st = c.api->handle_layout(call.handle(), &o.lp);
   if (before_download) before_download();
   if (!expect_status(c, call.seed(), what, st, MOE_EP_OK)) return;

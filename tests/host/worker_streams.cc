@@ -93,9 +93,16 @@ bool streams_round(Ctx& c, const moe_ep_oracle::Problem& p, cudaStream_t ops,
 // an event, not by stream order. Released once the hook has been issued.
 moe_ep_status_t run_on_other_thread_held(Ctx& c, moe_ep_hook_t* hook, Hold* hold) {
   moe_ep_status_t st = MOE_EP_ERR_INTERNAL;
-  std::thread t([&] { st = c.api->hook_run(hook, cudaStreamPerThread); });
-  t.join();
+  std::atomic<int> issued{0};
+  // The thread outlives its receive: it waits for its own stream.
+  std::thread t([&] {
+    st = c.api->hook_run(hook, cudaStreamPerThread);
+    issued = 1;
+    cuda_check(cudaStreamSynchronize(cudaStreamPerThread), "cudaStreamSynchronize(per-thread)");
+  });
+  for (int ms = 0; ms < 60000 && issued.load() == 0; ms++) usleep(1000);
   hold->release = 1;
+  t.join();
   cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   c.api->hook_free(hook);
   return st;
@@ -114,19 +121,20 @@ bool layout_round(Ctx& c, const moe_ep_oracle::Problem& p, cudaStream_t ops, cud
                      MOE_EP_OK))
     return false;
   Hold hold;
-  cuda_check(cudaLaunchHostFunc(hooks, hold_back, &hold), "cudaLaunchHostFunc");
-  const moe_ep_status_t sd = c.api->hook_run(hd, hooks);
-  c.api->hook_free(hd);
-  if (!expect_status(c, seed, "dispatch hook on the held stream", sd, MOE_EP_OK)) {
-    hold.release = 1;
-    return false;
-  }
+  moe_ep_status_t sd = MOE_EP_ERR_INTERNAL;
   const int before = c.failures;
-  check_layout(c, a, p, "handle_layout on another stream than the held receive", true, true, ops,
-               [&] {
-                 hold.release = 1;
-                 cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-               });
+  check_layout(
+      c, a, p, "handle_layout on another stream than the held receive", true, true, ops,
+      [&] {
+        cuda_check(cudaLaunchHostFunc(hooks, hold_back, &hold), "cudaLaunchHostFunc");
+        sd = c.api->hook_run(hd, hooks);
+      },
+      [&] {
+        hold.release = 1;
+        cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+      });
+  c.api->hook_free(hd);
+  if (!expect_status(c, seed, "dispatch hook on the held stream", sd, MOE_EP_OK)) return false;
   if (hold.expired.load()) {
     fail(c, seed, "hook stream hold", "handle_layout was not issued within 60 s of the hold");
     return false;
