@@ -363,5 +363,6 @@ moe_ep_status_t mep_hook_run(moe_ep_hook_t *hook, void *stream) {
 }
 
 void mep_hook_free(moe_ep_hook_t *hook) {
-  if (mep_group_take(hook, MEP_OBJ_HOOK, "hook_free", hook_abandon_locked)) free(hook);
+  if (mep_group_take(hook, MEP_OBJ_HOOK, "hook_free", hook_abandon_locked))
+    mep_registry_retire(hook);
 }

@@ -77,7 +77,7 @@ static moe_ep_status_t check_layout_outputs(moe_ep_group_t *g,
 static void handle_release(mep_handle_state_t *h) {
   free(h->topk_host);
   free(h->backend);
-  free(h);
+  mep_registry_retire(h); /* its address stays unused a while (registry.h) */
 }
 
 /* *reached: the backend's prepare ran (it joined any exchange the

@@ -76,3 +76,16 @@ void mep_registry_orphan(const void *owner) {
   }
   pthread_mutex_unlock(&reg_lock);
 }
+
+static void *retired[MEP_REGISTRY_RETIRED];
+static size_t retired_next;
+
+void mep_registry_retire(void *mem) {
+  if (mem == NULL) return;
+  pthread_mutex_lock(&reg_lock);
+  void *oldest = retired[retired_next];
+  retired[retired_next] = mem;
+  retired_next = (retired_next + 1) % MEP_REGISTRY_RETIRED;
+  pthread_mutex_unlock(&reg_lock);
+  free(oldest);
+}

@@ -28,6 +28,13 @@ int mep_registry_owner(const void *obj, mep_obj_kind_t kind, void **owner);
  * group was destroyed): a later group that the allocator places at the
  * same address does not inherit them. */
 void mep_registry_orphan(const void *owner);
+/* Frees the memory of an object taken from the registry only after the
+ * next MEP_REGISTRY_RETIRED retirements: until then the allocator cannot
+ * give its address to a new object, so a stale pointer that another thread
+ * still passes (an entry racing the object's free) is found gone, not
+ * taken for a new object at the same address. NULL is ignored. */
+#define MEP_REGISTRY_RETIRED 256
+void mep_registry_retire(void *mem);
 
 #ifdef __cplusplus
 }

@@ -457,7 +457,10 @@ typedef struct moe_ep_handle_layout_params {
  *   bootstrap.timeout_ms).
  * - Freeing a handle or hook while another thread uses it in an entry is
  *   safe: the entry finishes with it first, or finds it gone and returns
- *   INVALID_ARGUMENT. Entries on different groups never wait for each other.
+ *   INVALID_ARGUMENT (a freed handle's or hook's address is kept from new
+ *   ones for the next 256 frees, so a stale pointer is not taken for a new
+ *   object at the same address). Entries on different groups never wait
+ *   for each other.
  * - group_create is collective and group_destroy must not race any other
  *   entry on the same group, handle_free and hook_free of its handles and
  *   hooks included; handles and hooks may outlive their group (free them
