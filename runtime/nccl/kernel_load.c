@@ -27,6 +27,7 @@ typedef struct load_job {
   atomic_int done;
   int device;
   mep_kernel_load_fn mode_load; /* then prepare's (mep_prepare_layout_load) */
+  int log_level;                /* the group's: the thread works for it */
   moe_ep_status_t status;
   char why[512]; /* the failed step's sentence (thread-local on the thread) */
 } load_job_t;
@@ -45,6 +46,7 @@ static void pin_library(void) {
 
 static void *load_main(void *arg) {
   load_job_t *j = arg;
+  mep_log_thread_level(j->log_level);
   moe_ep_status_t st = mep_nccl_make_current(j->device);
   if (st != MOE_EP_OK) {
     snprintf(j->why, sizeof(j->why), "%s", mep_last_error());
@@ -69,6 +71,7 @@ static moe_ep_status_t load_kernels(int device, mep_kernel_load_fn mode_load, in
   atomic_init(&j->done, 0);
   j->device = device;
   j->mode_load = mode_load;
+  j->log_level = mep_log_thread_level_now(); /* group_create's: the group's level */
   pthread_t thread;
   const int rc = pthread_create(&thread, NULL, load_main, j);
   if (rc != 0) {

@@ -164,7 +164,8 @@ moe_ep_status_t mep_nccl_abandoned(const moe_ep_group_t *g, uint64_t window_byte
   return mep_error(MOE_EP_ERR_TIMEOUT,
                    "group_destroy on rank %d: the group's last kernels had not ended within "
                    "bootstrap.timeout_ms=%d (they wait behind earlier work on their streams); "
-                   "its window (%llu bytes), device state and communicator are left allocated "
+                   "its window (%llu bytes), device state, handle storage, error records and "
+                   "communicator are left allocated "
                    "for the life of the process, since those kernels may still use them",
                    g->rank, g->cfg.bootstrap_timeout_ms, (unsigned long long)window_bytes);
 }
