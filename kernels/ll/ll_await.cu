@@ -64,8 +64,8 @@ extern "C" mep_kstatus_t mep_ll_await_combine(const mep_ll_ctx_t *ctx, int set, 
   mep_ll_make_params(ctx, set, &p);
   cudaStream_t s = (cudaStream_t)stream;
   const cudaError_t e = mep_ll_with_transport(ctx->transport, [&](auto tp) {
-    return mep_launch(ll_await_combine_kernel<typename decltype(tp)::type>, 1,
-                      MEP_LL_AWAIT_THREADS, 0, s, p);
+    return mep_launch(ll_await_combine_kernel<typename decltype(tp)::type>, 1, MEP_LL_AWAIT_THREADS,
+                      0, s, p);
   });
   return mep_kernels_cuda_check("await_combine: launch", e);
 }

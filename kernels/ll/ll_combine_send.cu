@@ -33,7 +33,7 @@ extern "C" mep_kstatus_t mep_ll_combine_check(const char *op, const mep_ll_ctx_t
 }
 
 extern "C" mep_kstatus_t mep_ll_combine_validate(const char *op, const mep_ll_ctx_t *ctx,
-                                                   const mep_ll_combine_args_t *a) {
+                                                 const mep_ll_combine_args_t *a) {
   mep_kstatus_t st = mep_ll_combine_check(op, ctx, a);
   if (st == MEP_KSTATUS_OK) st = mep_combine_check_send_ptrs(op, ctx, a);
   if (st == MEP_KSTATUS_OK) st = mep_combine_check_recv_ptrs(op, a);

@@ -18,8 +18,8 @@ __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
 template <class Tp, bool kBatched, bool kShare>
 cudaError_t launch(const MepLLParams &p, const MepDispatchArgs &a, bool fp8, int grid,
                    size_t smem, cudaStream_t s) {
-  return fp8 ? mep_launch(ll_dispatch_recv_kernel<Tp, true, kBatched, kShare>, grid,
-                          MEP_LL_THREADS, smem, s, a, p)
+  return fp8 ? mep_launch(ll_dispatch_recv_kernel<Tp, true, kBatched, kShare>, grid, MEP_LL_THREADS,
+                          smem, s, a, p)
              : mep_launch(ll_dispatch_recv_kernel<Tp, false, kBatched, kShare>, grid,
                           MEP_LL_THREADS, smem, s, a, p);
 }

@@ -66,7 +66,7 @@ extern "C" mep_kstatus_t mep_ll_dispatch_check(const char *op, const mep_ll_ctx_
 }
 
 extern "C" mep_kstatus_t mep_ll_dispatch_validate(const char *op, const mep_ll_ctx_t *ctx,
-                                                    const mep_ll_dispatch_args_t *a) {
+                                                  const mep_ll_dispatch_args_t *a) {
   mep_kstatus_t st = mep_ll_dispatch_check(op, ctx, a);
   if (st == MEP_KSTATUS_OK) st = mep_dispatch_check_send_ptrs(op, a);
   if (st == MEP_KSTATUS_OK) st = mep_dispatch_check_recv_ptrs(op, a);

@@ -91,8 +91,7 @@ extern "C" mep_kstatus_t mep_ll_export_layout(const int32_t *slot_src, const int
   if (src_info != nullptr && slot_src == nullptr)
     return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "export_layout: slot_src is NULL with src_info asked for");
-  const cudaError_t e = mep_launch(export_layout_kernel, e_local, kThreads, 0,
-                                   (cudaStream_t)stream, slot_src, src_count, world, max_tokens,
-                                   src_info, layout_range);
+  const cudaError_t e = mep_launch(export_layout_kernel, e_local, kThreads, 0, (cudaStream_t)stream,
+                                   slot_src, src_count, world, max_tokens, src_info, layout_range);
   return mep_kernels_cuda_check("export_layout: launch", e);
 }

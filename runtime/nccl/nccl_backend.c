@@ -465,8 +465,7 @@ static moe_ep_status_t send_checks(moe_ep_group_t *g, nccl_state_t *s, mep_op_t 
     mep_ll_dispatch_args_t a;
     dispatch_args(g, s, op, &a);
     return mep_nccl_launched(
-        g, mep_ll_dispatch_validate(fused ? "dispatch" : "dispatch_send", &s->ctx, &a),
-        "dispatch");
+        g, mep_ll_dispatch_validate(fused ? "dispatch" : "dispatch_send", &s->ctx, &a), "dispatch");
   }
   const nccl_handle_t *nh = op->handle->backend;
   MEP_CHECK(mep_layout_book_check(&s->layouts, g->rank, nh->set, nh->seq));

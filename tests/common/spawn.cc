@@ -1,8 +1,6 @@
 // spawn.cc: fork/exec of rank processes for multi-process tests.
 #include "tests/common/spawn.h"
 
-#include "tests/common/ports.h"
-
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -16,6 +14,8 @@
 #include <random>
 #include <sstream>
 #include <thread>
+
+#include "tests/common/ports.h"
 
 namespace moe_ep_test {
 

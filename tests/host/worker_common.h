@@ -168,8 +168,7 @@ bool outside_barrier_first(Ctx& c, const std::string& name, int ranks);
 // Arrives at `name` and waits for `rank` alone to arrive there (same bound).
 bool outside_wait_for(Ctx& c, const std::string& name, int rank);
 // Arrives at `name` and waits for `ranks` (same bound).
-bool outside_barrier_among(Ctx& c, const std::string& name,
-                           const std::vector<int>& ranks);
+bool outside_barrier_among(Ctx& c, const std::string& name, const std::vector<int>& ranks);
 // Every rank but `absent` meets at `name` (same bound): the survivors when
 // `absent` is dead, whichever rank it was.
 bool outside_barrier_without(Ctx& c, const std::string& name, int absent);

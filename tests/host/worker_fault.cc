@@ -17,15 +17,14 @@ int fault_victim(Ctx& c) {
   c.checks++;
   if (victim < c.world) return victim;
   fail(c, 0, "--victim",
-       "rank " + std::to_string(victim) + " is not in a group of " +
-           std::to_string(c.world) + " ranks");
+       "rank " + std::to_string(victim) + " is not in a group of " + std::to_string(c.world) +
+           " ranks");
   return -1;
 }
 
 bool names_dead_rank(const std::string& msg, int rank) {
   const std::string r = "rank " + std::to_string(rank);
-  return msg.find(r + " died") != std::string::npos ||
-         msg.find(r + " failed") != std::string::npos;
+  return msg.find(r + " died") != std::string::npos || msg.find(r + " failed") != std::string::npos;
 }
 
 void run_fault(Ctx& c) {
@@ -48,9 +47,8 @@ void run_fault(Ctx& c) {
   // "rank N died", not "rank N" alone, which a sentence holds for other
   // reasons too when N is 0 ("rank 0 reports").
   const std::string still_dead = want_rank + " died";
-  expect_status(c, 22, "poll_error after the fault",
-                c.api->group_poll_error(c.group), MOE_EP_ERR_PEER_FAILED,
-                still_dead.c_str());
+  expect_status(c, 22, "poll_error after the fault", c.api->group_poll_error(c.group),
+                MOE_EP_ERR_PEER_FAILED, still_dead.c_str());
   // Stay up until every survivor has noticed the victim, as an engine
   // would: a survivor that exits at once is itself a lost peer to the ranks
   // that have not (the host mesh does not forward who failed first).

@@ -36,13 +36,13 @@ using moe_ep_oracle::Generator;
 bool ht_works(Ctx& c, const moe_ep_oracle::Problem& p, uint64_t seed) {
   HtCall call(c, p, seed);
   if (call.prepare() != MOE_EP_OK) return false;
-  if (!expect_status(c, seed, "ht dispatch before the fault",
-                     call.dispatch(0, call.num_recv()), MOE_EP_OK)) {
+  if (!expect_status(c, seed, "ht dispatch before the fault", call.dispatch(0, call.num_recv()),
+                     MOE_EP_OK)) {
     return false;
   }
   call.check_dispatch();
-  if (!expect_status(c, seed, "ht combine before the fault",
-                     call.combine(0, call.num_recv()), MOE_EP_OK)) {
+  if (!expect_status(c, seed, "ht combine before the fault", call.combine(0, call.num_recv()),
+                     MOE_EP_OK)) {
     return false;
   }
   call.check_combine();
@@ -52,15 +52,15 @@ bool ht_works(Ctx& c, const moe_ep_oracle::Problem& p, uint64_t seed) {
 // A survivor's verdict on the call that had to report the death: status
 // PEER_FAILED and a sentence naming the victim as the rank that died or
 // failed. `msg` is that call's last_error.
-void check_reported(Ctx& c, uint64_t seed, const std::string& what,
-                    moe_ep_status_t st, const std::string& msg, int victim) {
+void check_reported(Ctx& c, uint64_t seed, const std::string& what, moe_ep_status_t st,
+                    const std::string& msg, int victim) {
   c.checks++;
-  const std::string want = "MOE_EP_ERR_PEER_FAILED naming rank " +
-                           std::to_string(victim) + " as died or failed";
+  const std::string want =
+      "MOE_EP_ERR_PEER_FAILED naming rank " + std::to_string(victim) + " as died or failed";
   if (st != MOE_EP_ERR_PEER_FAILED) {
     fail(c, seed, what,
-         std::string("status ") + c.api->status_string(st) + ", expected " +
-             want + " (last_error: " + msg + ")");
+         std::string("status ") + c.api->status_string(st) + ", expected " + want +
+             " (last_error: " + msg + ")");
   } else if (!names_dead_rank(msg, victim)) {
     fail(c, seed, what, "last_error \"" + msg + "\", expected " + want);
   }
@@ -88,10 +88,8 @@ void run_ht_prepare_fault(Ctx& c) {
   const std::string& at = c.opt.fault_at;
   c.checks++;
   if (!c.opt.ht || (at != "before" && at != "waiting" && at != "inside")) {
-    const std::string got =
-        std::string(c.opt.ht ? "ht" : "ll") + " mode, --fault_at=" + at;
-    fail(c, 0, "htfault",
-         "expected --mode=ht and --fault_at=before|waiting|inside, got " + got);
+    const std::string got = std::string(c.opt.ht ? "ht" : "ll") + " mode, --fault_at=" + at;
+    fail(c, 0, "htfault", "expected --mode=ht and --fault_at=before|waiting|inside, got " + got);
     return;
   }
   const int victim = fault_victim(c);
@@ -110,19 +108,16 @@ void run_ht_prepare_fault(Ctx& c) {
   }
   HtCall call(c, p, 42);
   if (c.rank == victim) die(c, call, early);
-  const bool wait_for_death =
-      at == "before" || (at == "inside" && c.rank == late);
+  const bool wait_for_death = at == "before" || (at == "inside" && c.rank == late);
   if (wait_for_death && !outside_wait_ended(c, "ht_victim", victim)) return;
   if (!wait_for_death) outside_barrier_among(c, "ht_prepare", {});  // arrived
   const auto start = std::chrono::steady_clock::now();
   moe_ep_status_t st = call.prepare(false);
   std::string msg = c.api->last_error();
-  const double ms = std::chrono::duration<double, std::milli>(
-                        std::chrono::steady_clock::now() - start)
-                        .count();
-  std::fprintf(stderr,
-               "rank %d: ht prepare, rank %d dead (%s): %s after %.0f ms: %s\n",
-               c.rank, victim, at.c_str(), c.api->status_string(st), ms,
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr, "rank %d: ht prepare, rank %d dead (%s): %s after %.0f ms: %s\n", c.rank,
+               victim, at.c_str(), c.api->status_string(st), ms,
                st == MOE_EP_OK ? "" : msg.c_str());
   const std::string dead = "rank " + std::to_string(victim) + " dead";
   if (st == MOE_EP_OK && at == "inside") {
@@ -131,15 +126,12 @@ void run_ht_prepare_fault(Ctx& c) {
     msg = c.api->last_error();
     std::fprintf(stderr, "rank %d: ht dispatch after it: %s: %s\n", c.rank,
                  c.api->status_string(st), msg.c_str());
-    check_reported(c, 42, "ht dispatch after a complete exchange, " + dead, st,
-                   msg, victim);
+    check_reported(c, 42, "ht dispatch after a complete exchange, " + dead, st, msg, victim);
   } else {
-    check_reported(c, 42, "ht prepare, " + dead + " (" + at + ")", st, msg,
-                   victim);
+    check_reported(c, 42, "ht prepare, " + dead + " (" + at + ")", st, msg, victim);
   }
   st = c.api->group_poll_error(c.group);
-  check_reported(c, 42, "group_poll_error after the fault", st,
-                 c.api->last_error(), victim);
+  check_reported(c, 42, "group_poll_error after the fault", st, c.api->last_error(), victim);
   // Every survivor stays until all have heard (as worker_fault.cc): one
   // that left at once would be a lost peer, or a lost rank 0, to the rest.
   outside_barrier_without(c, "ht_fault_noticed", victim);

@@ -145,8 +145,10 @@ static bool parse(int argc, char** argv, Options* o) {
     else if (k == "non_finite") o->non_finite = v == "1";
     else if (k == "worst_case") o->worst_case = v == "1";
     else if (k == "log_level") o->log_level = v;
-    else if (k == "victim") o->victim = std::atoi(v.c_str());
-    else if (k == "fault_at") o->fault_at = v;
+    else if (k == "victim")
+      o->victim = std::atoi(v.c_str());
+    else if (k == "fault_at")
+      o->fault_at = v;
     else if (k == "layers") {  // "7168:8,2048:1"
       o->layers.clear();
       std::stringstream ss(v);

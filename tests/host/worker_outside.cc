@@ -1,6 +1,9 @@
 // worker_outside.cc: what an engine does between moe-ep calls: waiting in
 // a collective of its own (here a barrier on files, which never calls into
 // moe-ep), and forming further groups on ports of their own.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -8,9 +11,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "tests/host/worker_common.h"
 
@@ -22,8 +22,7 @@ static bool exists(const std::string& path) {
 }
 
 // Marks this rank's arrival at `name`, then waits for `ranks`.
-static bool arrive_and_wait(Ctx& c, const std::string& name,
-                            const std::vector<int>& ranks) {
+static bool arrive_and_wait(Ctx& c, const std::string& name, const std::vector<int>& ranks) {
   if (c.opt.barrier_dir.empty()) {
     fail(c, 0, "outside barrier " + name, "--barrier_dir is not set");
     return false;
@@ -58,8 +57,7 @@ bool outside_barrier_first(Ctx& c, const std::string& name, int ranks) {
   return arrive_and_wait(c, name, span(0, ranks));
 }
 
-bool outside_barrier_among(Ctx& c, const std::string& name,
-                           const std::vector<int>& ranks) {
+bool outside_barrier_among(Ctx& c, const std::string& name, const std::vector<int>& ranks) {
   return arrive_and_wait(c, name, ranks);
 }
 
@@ -77,8 +75,7 @@ bool outside_wait_for(Ctx& c, const std::string& name, int rank) {
 
 void outside_announce_pid(Ctx& c, const std::string& name) {
   // Written whole, then renamed: a reader never sees a partial number.
-  std::string path =
-      c.opt.barrier_dir + "/" + name + "." + std::to_string(c.rank);
+  std::string path = c.opt.barrier_dir + "/" + name + "." + std::to_string(c.rank);
   std::ofstream(path + ".tmp") << getpid() << "\n";
   std::rename((path + ".tmp").c_str(), path.c_str());
 }
@@ -101,8 +98,7 @@ bool outside_wait_ended(Ctx& c, const std::string& name, int rank) {
     fail(c, 0, what, "--barrier_dir is not set");
     return false;
   }
-  std::string path =
-      c.opt.barrier_dir + "/" + name + "." + std::to_string(rank);
+  std::string path = c.opt.barrier_dir + "/" + name + "." + std::to_string(rank);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   long pid = 0;
   while (pid <= 0 || !ended(pid)) {
@@ -110,8 +106,7 @@ bool outside_wait_ended(Ctx& c, const std::string& name, int rank) {
     if (std::chrono::steady_clock::now() > deadline) {
       fail(c, 0, what,
            pid <= 0 ? "it announced no pid at " + name + " within 120 s"
-                    : "its process " + std::to_string(pid) +
-                          " was still running after 120 s");
+                    : "its process " + std::to_string(pid) + " was still running after 120 s");
       return false;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));

@@ -20,8 +20,7 @@ namespace {
 
 using moe_ep_oracle::Generator;
 
-const Generator kGenerators[] = {Generator::kUniform, Generator::kSkewed,
-                                 Generator::kAllToOneRank,
+const Generator kGenerators[] = {Generator::kUniform, Generator::kSkewed, Generator::kAllToOneRank,
                                  Generator::kEmptyRanks, Generator::kMasked};
 
 // The group of lane `lane` on 127.0.0.1:port. The address is set in the
@@ -29,8 +28,8 @@ const Generator kGenerators[] = {Generator::kUniform, Generator::kSkewed,
 // create_group_on_port does): setenv on one thread while the other reads
 // the environment (config_from_yaml, group_create) is a data race.
 moe_ep_group_t* create_on(Ctx& c, int lane, int port) {
-  const std::string what = "lane " + std::to_string(lane) +
-                           " group_create on 127.0.0.1:" + std::to_string(port);
+  const std::string what =
+      "lane " + std::to_string(lane) + " group_create on 127.0.0.1:" + std::to_string(port);
   moe_ep_config_t* cfg = nullptr;
   const std::string yaml = config_yaml(c.opt);
   c.checks++;
@@ -38,8 +37,7 @@ moe_ep_group_t* create_on(Ctx& c, int lane, int port) {
     fail(c, 0, what, std::string("config: ") + c.api->last_error());
     return nullptr;
   }
-  std::snprintf(cfg->bootstrap_address, sizeof cfg->bootstrap_address,
-                "127.0.0.1:%d", port);
+  std::snprintf(cfg->bootstrap_address, sizeof cfg->bootstrap_address, "127.0.0.1:%d", port);
   moe_ep_group_params_t gp = MOE_EP_INIT(moe_ep_group_params_t);
   gp.config = cfg;
   gp.rank = -1;
@@ -55,8 +53,8 @@ moe_ep_group_t* create_on(Ctx& c, int lane, int port) {
   if (info.rank != c.rank || info.world_size != c.world) {
     fail(c, 0, what,
          "group_info says rank " + std::to_string(info.rank) + " of " +
-             std::to_string(info.world_size) + ", expected rank " +
-             std::to_string(c.rank) + " of " + std::to_string(c.world));
+             std::to_string(info.world_size) + ", expected rank " + std::to_string(c.rank) +
+             " of " + std::to_string(c.world));
   }
   return g;
 }
@@ -71,17 +69,14 @@ void lane_round(Ctx& c, int lane, int run, int port) {
     for (Generator g : kGenerators) {
       const int gi = static_cast<int>(g);
       const uint64_t seed = 7000 + 100000 * static_cast<uint64_t>(lane) +
-                            1000 * static_cast<uint64_t>(run) +
-                            10 * static_cast<uint64_t>(it) + gi;
+                            1000 * static_cast<uint64_t>(run) + 10 * static_cast<uint64_t>(it) + gi;
       const bool defer = (it + gi + lane) % 2 == 1;
-      ll_roundtrip(c, problem_for(c, layer.first, layer.second, g), seed,
-                   defer);
+      ll_roundtrip(c, problem_for(c, layer.first, layer.second, g), seed, defer);
     }
   }
   const moe_ep_status_t st = c.api->group_destroy(c.group);
   c.group = nullptr;
-  expect_status(c, 0, "lane " + std::to_string(lane) + " group_destroy", st,
-                MOE_EP_OK);
+  expect_status(c, 0, "lane " + std::to_string(lane) + " group_destroy", st, MOE_EP_OK);
 }
 
 }  // namespace
@@ -91,8 +86,7 @@ void run_two_groups_threads(Ctx& c) {
   c.checks++;
   if (c.opt.ports.size() < need) {
     fail(c, 0, c.opt.scenario,
-         "needs " + std::to_string(need) + " --ports, got " +
-             std::to_string(c.opt.ports.size()));
+         "needs " + std::to_string(need) + " --ports, got " + std::to_string(c.opt.ports.size()));
     return;
   }
   int passed = 0;
@@ -103,8 +97,7 @@ void run_two_groups_threads(Ctx& c) {
       l.failures = 0;
       l.checks = 0;
     }
-    std::thread second(lane_round, std::ref(lane[1]), 1, run,
-                       c.opt.ports[2 * run + 1]);
+    std::thread second(lane_round, std::ref(lane[1]), 1, run, c.opt.ports[2 * run + 1]);
     lane_round(lane[0], 0, run, c.opt.ports[2 * run]);
     second.join();
     for (const Ctx& l : lane) {
@@ -113,8 +106,8 @@ void run_two_groups_threads(Ctx& c) {
     }
     passed += lane[0].failures == 0 && lane[1].failures == 0;
   }
-  std::fprintf(stderr, "rank %d: %s: %d of %d runs passed\n", c.rank,
-               c.opt.scenario.c_str(), passed, c.opt.runs);
+  std::fprintf(stderr, "rank %d: %s: %d of %d runs passed\n", c.rank, c.opt.scenario.c_str(),
+               passed, c.opt.runs);
 }
 
 }  // namespace moe_ep_test

@@ -1,12 +1,12 @@
 // registry_test.cc: the live-object registry's answers, and the retirement
 // of a freed object's memory that keeps its address from new objects.
+#include "runtime/registry.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <set>
 #include <vector>
-
-#include "runtime/registry.h"
 
 namespace {
 
