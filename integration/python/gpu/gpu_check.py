@@ -9,6 +9,7 @@ which makes four groups, has rank 0 pick a port for each):
   tools/launcher/moe_ep_run -n 2 --timeout_s 300 -- python3 integration/python/gpu/gpu_check.py deep_ep_fp8
   tools/launcher/moe_ep_run -n 2 --timeout_s 300 -- python3 integration/python/gpu/gpu_check.py ht
   tools/launcher/moe_ep_run -n 2 --timeout_s 300 -- python3 integration/python/gpu/gpu_check.py auto
+  tools/launcher/moe_ep_run -n 2 --timeout_s 300 -- python3 integration/python/gpu/gpu_check.py grow
   tools/launcher/moe_ep_run -n 2 --timeout_s 300 -- python3 integration/python/gpu/gpu_check.py deep_ep_graph
 
 `group`: CUDA tensors on the current stream; eager dispatch rows
@@ -37,7 +38,9 @@ new inputs (num_worst_tokens at and below the library's rows, and a
 Buffer whose group that dispatch sized: max_tokens_per_rank
 num_worst_tokens / world_size); vLLM's HT prepare with its counts on the
 host (expert_num_tokens_cpu). `auto`: SGLang's deepep_mode auto, both modes through one
-low-latency Buffer. `ht` prints one line per check. Each rank prints "rank R: ok"
+low-latency Buffer. `grow`: a Buffer over a gloo group grows its derived
+normal-mode cap while a combine is pending, that combine running on the
+replaced group, which the next agreement closes. `ht` prints one line per check. Each rank prints "rank R: ok"
 or its failures, and exits non-zero on any failure.
 """
 import contextlib
@@ -978,6 +981,53 @@ def part_ht():
     buffer_worst_sized(addresses[3], 256, (300, 200))
 
 
+def part_grow():
+    """A Buffer over a torch (gloo) group, its normal-mode cap derived from
+    a small first batch, grows while micro-batch A's combine is pending:
+    the replaced group (a communicator of its own, its rank 0 still
+    listening on the configured address) runs A's combine beside the new
+    group, and the next agreement closes it on every rank."""
+    import torch.distributed as dist
+    import moe_ep.deep_ep as deep_ep
+    device()
+    address, store = group_addresses(2)
+    dist.init_process_group("gloo", init_method="tcp://" + store, rank=RANK, world_size=WORLD)
+    experts = 256
+    cfg = ht_config(address, num_experts=experts)
+    del cfg["max_tokens_per_rank"]
+    buf = deep_ep.Buffer(dist.group.WORLD, low_latency_mode=False, explicitly_destroy=True,
+                         moe_ep_config=cfg)
+    buffer_bf16(buf, experts, 61, (8, 5), HT_HIDDEN, HT_TOP_K, 1)
+    first = buf.moe_ep_normal_group
+    what = "grow: micro-batch A dispatched, B outgrows the cap"
+    with case(what):
+        if first.config.max_tokens_per_rank != 1024:
+            fail(what, "derived cap %d, want 1024" % first.config.max_tokens_per_rank)
+        a_in = ht_inputs(62, (6, 9), HT_HIDDEN, experts)
+        x, idx, w = on_device(a_in[RANK])
+        recv_a, recv_idx, recv_w, _, handle_a, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+        check_rows(what + " A", ht_expected(a_in, experts), recv_a, recv_idx, recv_w,
+                   idx_dtype=idx.dtype)
+    buffer_bf16(buf, experts, 63, (3000, 7), HT_HIDDEN, HT_TOP_K, 1)
+    grown = buf.moe_ep_normal_group
+    what = "grow: A's combine on the replaced group"
+    with case(what):
+        if grown is first or grown.config.max_tokens_per_rank != 4096 or first._g is None:
+            fail(what, "want a new group of cap 4096 and the first still open; cap %d, %s"
+                 % (grown.config.max_tokens_per_rank, "same group" if grown is first else
+                    "first closed" if first._g is None else "first open"))
+        if grown.config.bootstrap_address == address:
+            fail(what, "the new group took the retired group's address %s" % address)
+        out, _, _ = buf.combine(partial(recv_a, RANK), handle_a, topk_weights=recv_w)
+        same(what, out, ht_combined(*a_in[RANK][:2], experts))
+    buffer_bf16(buf, experts, 64, (7, 8), HT_HIDDEN, HT_TOP_K, 1)
+    with case("grow: the replaced group closed at the next agreement"):
+        if first._g is not None:
+            fail("grow", "the replaced group is still open after its last combine")
+    buf.destroy()
+    dist.destroy_process_group()
+
+
 def part_auto():
     """SGLang's deepep_mode auto: one Buffer(low_latency_mode=True), made
     with SGLang's positional arguments and allow_mnnvl=True, decodes
@@ -1015,7 +1065,7 @@ def main():
     part = sys.argv[1] if len(sys.argv) > 1 else "group"
     {"group": part_group, "deep_ep": part_deep_ep,
      "deep_ep_fp8": lambda: part_deep_ep(use_fp8=True), "ht": part_ht,
-     "auto": part_auto, "deep_ep_graph": part_deep_ep_graph,
+     "auto": part_auto, "grow": part_grow, "deep_ep_graph": part_deep_ep_graph,
      "deep_ep_graph_fp8": lambda: part_deep_ep_graph(use_fp8=True)}[part]()
     print("rank %d: %s" % (RANK, "ok" if not failures else "%d failures" % len(failures)),
           flush=True)
