@@ -228,6 +228,31 @@ def replay_on(graph, statics, seed, tokens, dev):
     return all_in, mine
 
 
+def hook_stream_keeps_inputs(g, dev):
+    """A combine hook run on another stream than its send, that stream
+    still busy: the weights its receive reads, dropped by the caller right
+    after hook() returns, stay allocated until that stream's work ended
+    (record_stream), so a new tensor of their size on the send stream gets
+    other memory; the combine matches the reference."""
+    all_in = [inputs(6, r) for r in range(WORLD)]
+    x, idx, w = (t.to(dev) for t in all_in[RANK])
+    h = g.prepare(idx)
+    res = g.dispatch(h, x)
+    hook = g.combine(h, experts(res.recv_x), topk_weights=w, defer=True)
+    other = torch.cuda.Stream()
+    with torch.cuda.stream(other):
+        torch.cuda._sleep(int(5e8))  # keeps the receive queued well past the checks below
+        out = hook()
+    w_ptr, shape = w.data_ptr(), w.shape
+    del w
+    fresh = torch.empty(shape, dtype=torch.float32, device=dev)
+    if fresh.data_ptr() == w_ptr:
+        fail("hook on another stream", "the weights' memory was handed out again while that "
+             "stream's receive still read it")
+    other.synchronize()
+    check_combine("hook on another stream", out, *all_in[RANK])
+
+
 def part_group():
     dev = device()
     cfg = {"backend": BACKEND, "num_experts": E, "hidden": H, "top_k": K, "max_tokens_per_rank": N}
@@ -270,6 +295,7 @@ def part_group():
 
         if not ON_GPU:
             return
+        hook_stream_keeps_inputs(g, dev)
         # One CUDA graph: prepare + dispatch + combine, outputs passed in.
         sx, sidx, sw = (t.clone() for t in (x, idx, w))
         sout = torch.empty_like(sx)

@@ -117,12 +117,13 @@ class Calls:
             p.hidden = self.last_combine_hidden = hidden
         if topk_weights is not None or self.cw.attached:
             self.cw.attach(topk_weights)
-        p.stream = self.stream()
+        p.stream = stream = self.stream()  # (a c_void_p field reads 0 as None)
         hook = self.hook
         hook.value = None
         st = self.lib.combine(self.group_ref().pointer, handle.pointer, self.cp_ptr, self.hook_ref)
         if st != 0:
             raise self.lib.error(st, "combine")
         if defer:  # the handle and inputs the deferred receive still reads
-            return Hook(self.group_ref(), hook.value, out, keep=(handle, y, topk_weights))
+            return Hook(self.group_ref(), hook.value, out, keep=(handle, y, topk_weights),
+                        sent_on=stream)
         return out

@@ -76,7 +76,7 @@ class HighThroughputCalls(Calls):
         self.recv_w.attach(rw)
         self.recv_count.attach(rc)
         p.num_recv_tokens = ctypes.pointer(n) if count else None
-        p.stream = self.stream()
+        p.stream = stream = self.stream()  # (a c_void_p field reads 0 as None)
         hook = self.call_dispatch(handle)
         handle.recv_count = rc
         handle.dispatch_weights = topk_weights
@@ -94,7 +94,9 @@ class HighThroughputCalls(Calls):
             res.recv_scales = rs[:rows] if rs is not None else None
 
         if defer:
-            return Hook(self.group_ref(), hook, res, finish=finish, keep=(handle, x, x_scales, topk_weights, n))
+            return Hook(self.group_ref(), hook, res, finish=finish,
+                        keep=(handle, x, x_scales, topk_weights, n),
+                        sent_on=stream)
         finish()
         return res
 

@@ -107,7 +107,7 @@ class LowLatencyCalls(Calls):
             self.x_scales.attach(x_scales)
         if topk_weights is not None or self.dw.attached:
             self.dw.attach(topk_weights)
-        p.stream = self.stream()
+        p.stream = stream = self.stream()  # (a c_void_p field reads 0 as None)
         hook = self.hook
         hook.value = None
         st = self.lib.dispatch(self.group_ref().pointer, handle.pointer, self.dp_ptr, self.hook_ref)
@@ -118,5 +118,6 @@ class LowLatencyCalls(Calls):
         handle.dispatch_weights = topk_weights
         handle.hidden = hidden
         if defer:  # the receive runs on the handle: an engine may drop its own reference first
-            return Hook(self.group_ref(), hook.value, res, keep=(handle,))
+            return Hook(self.group_ref(), hook.value, res, keep=(handle,),
+                        sent_on=stream)
         return res

@@ -2,6 +2,8 @@
 receive). Both own a library object and free it exactly once."""
 import threading
 
+import torch
+
 from .errors import InvalidArgumentError
 
 
@@ -50,20 +52,48 @@ class Handle:
             pass
 
 
+def _used_on(stream, *objs):
+    """Marks the CUDA tensors among objs (and one level into tuples, lists
+    and objects with __slots__: a Handle, a DispatchResult) as used by work
+    on `stream` (a cudaStream_t), which a receive run there reads or writes:
+    the caching allocator then reuses their memory only once that work has
+    ended, not as soon as the stream that allocated them moves on."""
+    on = {}  # device -> the stream as a torch Stream of that device
+    seen = set()
+
+    def mark(t):
+        if isinstance(t, torch.Tensor) and t.is_cuda and id(t) not in seen:
+            seen.add(id(t))
+            s = on.get(t.device)
+            if s is None:
+                s = on[t.device] = torch.cuda.ExternalStream(stream, device=t.device)
+            t.record_stream(s)
+
+    for obj in objs:
+        for item in obj if isinstance(obj, (tuple, list)) else (obj,):
+            mark(item)
+            for name in getattr(type(item), "__slots__", ()):
+                value = getattr(item, name, None)
+                for v in value if isinstance(value, (tuple, list)) else (value,):
+                    mark(v)
+
+
 class Hook:
     """A deferred receive. hook() runs it on the current stream of the
     calling thread (any thread) and returns `result`, the outputs the
     receive fills. A hook runs once; dropping one that never ran abandons
     its receive (the nccl backend then marks the group failed)."""
 
-    __slots__ = ("_group", "_ptr", "result", "_finish", "_lock", "_keep")
+    __slots__ = ("_group", "_ptr", "result", "_finish", "_lock", "_keep", "_failed", "_sent_on")
 
-    def __init__(self, group, ptr, result, finish=None, keep=None):
+    def __init__(self, group, ptr, result, finish=None, keep=None, sent_on=None):
         self._group = group
         self._ptr = ptr
         self.result = result
         self._finish = finish
         self._keep = keep  # inputs the receive still reads
+        self._failed = None  # the error of a run that failed, raised again by later calls
+        self._sent_on = sent_on  # the send's stream (cudaStream_t), None on the host
         self._lock = threading.Lock()
 
     def __call__(self, stream=None):
@@ -72,6 +102,8 @@ class Hook:
         with self._lock:
             ptr = self._ptr
             if ptr is None:
+                if self._failed is not None:
+                    raise self._failed
                 raise InvalidArgumentError(
                     "hook_run: this hook already ran; a hook runs exactly once")
             group = self._group
@@ -81,11 +113,18 @@ class Hook:
                 stream = stream.cuda_stream
             lib = group._lib
             st = lib.hook_run(ptr, stream)
-            if st != 0:
-                raise lib.error(st, "hook_run")
+            # Run or refused, the hook is spent (the library runs a hook at
+            # most once, and abandons one it cannot run).
             self._ptr = None
-            self._keep = None
+            if st != 0:
+                self._failed = lib.error(st, "hook_run")
+                self._keep = None
+                lib.hook_free(ptr)
+                raise self._failed
+            keep, self._keep = self._keep, None
             lib.hook_free(ptr)
+            if self._sent_on is not None and stream != self._sent_on:
+                _used_on(stream, keep, self.result)
         if self._finish is not None:
             self._finish()
         return self.result

@@ -1,0 +1,47 @@
+"""A hook whose run failed raises that failure again on every later call,
+not "already ran", so the thread that calls it second (the engine's other
+micro-batch) sees the cause; the group stays usable where the backend
+allows it. One real rank on the host backend, in this process."""
+import pytest
+import torch
+
+import moe_ep
+from spawn import free_ports
+
+E, H, K = 4, 128, 2
+
+
+@pytest.fixture
+def group(monkeypatch):
+    monkeypatch.delenv("MOE_EP_BOOTSTRAP_ADDRESS", raising=False)
+    cfg = {"backend": "host", "mode": "low_latency", "num_experts": E, "hidden": H, "top_k": K,
+           "max_tokens_per_rank": 8, "bootstrap": {"address": "127.0.0.1:%d" % free_ports(1)[0]}}
+    with moe_ep.Group(cfg, rank=0, world_size=1) as g:
+        yield g
+
+
+def inputs(seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn((5, H), generator=gen).to(torch.bfloat16)
+    idx = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(5)])
+    return x, idx
+
+
+def test_failed_hook_raises_its_own_error_again(group):
+    x, idx = inputs(7)
+    handle = group.prepare(idx)
+    hook = group.dispatch(handle, x, defer=True)
+    handle.free()  # before the hook ran: its receive is abandoned (host backend: safe)
+    with pytest.raises(moe_ep.InvalidArgumentError, match="freed before the hook ran") as first:
+        hook()
+    with pytest.raises(moe_ep.InvalidArgumentError) as again:
+        hook()
+    assert str(again.value) == str(first.value), \
+        "rank 0: a second call raised %r, want the first failure %r" % (str(again.value),
+                                                                         str(first.value))
+    # The group goes on: a whole round trip after the abandoned receive.
+    x, idx = inputs(8)
+    with group.prepare(idx) as h:
+        res = group.dispatch(h, x)
+        out = group.combine(h, res.recv_x, topk_weights=torch.ones((5, K)))
+    assert out.shape == (5, H)
