@@ -59,8 +59,12 @@ __device__ bool mep_ht_read_counts(const MepHtParams &p, uint32_t tag, int parit
     n[i] = 0;
     bool got;
     if (net) {
-      got = mep_wait_ge(
-          p.wc, [&] { return mep_ht_sig_read<Tp>(p, MEP_HT_SIG_CNT, s, cc); }, (uint64_t)tag,
+      /* The signal counts every call of s (each adds 1 to all of its
+       * channels' signals), so its low 32 bits reach the tag with this
+       * call's put; compared modulo 2^32, as the tag wraps. */
+      got = mep_wait(
+          p.wc, [&] { return mep_ht_sig_read<Tp>(p, MEP_HT_SIG_CNT, s, cc); },
+          [&](uint64_t v) { return (int32_t)((uint32_t)v - tag) >= 0; }, tag,
           MEP_HT_OP_DISPATCH_COUNTS, s, -1, &seen);
       seen = got ? mep_ld_acquire_sys(w) : seen;
       if (got && MEP_HT_CNT_TAG(seen) != tag) {
@@ -228,6 +232,12 @@ __device__ void mep_ht_dispatch_send(const MepHtParams &p, const mep_ht_dispatch
       Tp::put_warp(p.xp, d, mep_ht_cnt16_off(p, p.win.cnt_net, parity, p.xp.rank, c), nullptr,
                    stage, 16u,
                    mep_ht_sig(R, MEP_HT_SIG_CNT, p.xp.rank, c));
+      /* The channels this call does not use count it too (blocks c, c + C,
+       * ... below MEP_HT_MAX_CHANNELS): a later call with more channels
+       * (set_num_sms) then finds each signal at its tag as well. */
+      if ((threadIdx.x & 31) == 0)
+        for (int cc = c + p.chan; cc < MEP_HT_MAX_CHANNELS; cc += p.chan)
+          Tp::signal(p.xp, d, mep_ht_sig(R, MEP_HT_SIG_CNT, p.xp.rank, cc), 1u);
       /* No flush: this slot is staged again two calls later, after d has
        * used the word (its call finished before its next one fed ours). */
     } else if ((threadIdx.x & 31) == 0) {

@@ -33,6 +33,9 @@ struct Case {
   // GIN-emulated with ranks_per_node set: combine sums per node (on the
   // relays when nodes have 2 or more ranks), then across nodes.
   bool sum_nodes = false;
+  // Nonzero: odd calls run with this many SMs (another channel count, as
+  // after set_num_sms), even calls with num_sms.
+  int later_sms = 0;
 };
 
 std::ostream &operator<<(std::ostream &os, const Case &c);

@@ -28,6 +28,7 @@ using ht_world::RankIo;
 using mep_world::Dev;
 
 constexpr int kCalls = 3;  // per group: epochs 0..2 (both count-word parities)
+constexpr int kCallsAlternating = 5;  // later_sms: channels up, down, up, down
 constexpr int kTimeoutMs = 20000;
 
 class HtWorld : public ::testing::TestWithParam<Case> {};
@@ -45,7 +46,10 @@ TEST_P(HtWorld, MatchesOracle) {
   // Combined values where the per-node order differs from one ascending
   // sum: the check can only tell the orders apart where there are some.
   int64_t order_matters = 0;
-  for (int call = 0; call < kCalls; ++call) {
+  const int calls = c.later_sms != 0 ? kCallsAlternating : kCalls;
+  for (int call = 0; call < calls; ++call) {
+    for (int r = 0; r < R; ++r)
+      io[r].ctx.num_sms = call % 2 && c.later_sms ? c.later_sms : c.num_sms;
     const CallData d = MakeCall(c, p, call);
     Dev call_dev;
     std::vector<mep_ht_dispatch_args_t> da(R);
@@ -184,55 +188,56 @@ const Case kCases[] = {
     // name, world, node_ranks, transport, experts, hidden, top_k, tokens,
     // generator,
     // fp8, scales, num_sms, pad[, sum_nodes]
-    {"ep4_lsa_bf16_t512", 4, 0, kLsa, 256, 2048, 8, 512, G::kUniform, false,
-     S::kF32, 16, false},
-    {"ep4_lsa_fp8_t512_skewed", 4, 0, kLsa, 256, 7168, 8, 512, G::kSkewed, true,
-     S::kF32, 16, false},
-    {"ep4_lsa_bf16_h2880_k32_empty", 4, 0, kLsa, 128, 2880, 32, 300,
-     G::kEmptyRanks, false, S::kF32, 8, true},
-    {"ep4_lsa_bf16_t1_k1", 4, 0, kLsa, 64, 2048, 1, 1, G::kUniform, false,
-     S::kF32, 16, false},
-    {"ep4_emu_nodes1_fp8packed_t512", 4, 1, kEmu, 256, 7168, 8, 512,
-     G::kUniform, true, S::kUe8m0Packed, 16, false},
-    {"ep4_emu_nodes2_bf16_t7_hot", 4, 2, kEmu, 256, 2048, 6, 7,
-     G::kAllToOneRank, false, S::kF32, 16, false},
-    {"ep4_emu_nodes2_bf16_t700_masked", 4, 2, kEmu, 256, 4096, 8, 700,
-     G::kMasked, false, S::kF32, 12, true, true},
-    {"ep8_lsa_bf16_t512", 8, 0, kLsa, 256, 2048, 8, 512, G::kUniform, false,
-     S::kF32, 8, false},
-    {"ep8_lsa_fp8ue8m0_t256_empty", 8, 0, kLsa, 256, 7168, 8, 256,
-     G::kEmptyRanks, true, S::kUe8m0, 8, false},
-    {"ep8_emu_nodes4_bf16_t300", 8, 4, kEmu, 256, 2048, 8, 300, G::kUniform,
-     false, S::kF32, 8, false, true},
-    {"ep8_emu_nodes2_fp8_t64_skewed", 8, 2, kEmu, 256, 7168, 8, 64, G::kSkewed,
-     true, S::kF32, 8, false, true},
-    {"ep8_emu_nodes1_bf16_t33_k1", 8, 1, kEmu, 64, 2048, 1, 33, G::kUniform,
-     false, S::kF32, 4, false, true},
+    {"ep4_lsa_bf16_t512", 4, 0, kLsa, 256, 2048, 8, 512, G::kUniform, false, S::kF32, 16, false},
+    {"ep4_lsa_fp8_t512_skewed", 4, 0, kLsa, 256, 7168, 8, 512, G::kSkewed, true, S::kF32, 16,
+     false},
+    {"ep4_lsa_bf16_h2880_k32_empty", 4, 0, kLsa, 128, 2880, 32, 300, G::kEmptyRanks, false, S::kF32,
+     8, true},
+    {"ep4_lsa_bf16_t1_k1", 4, 0, kLsa, 64, 2048, 1, 1, G::kUniform, false, S::kF32, 16, false},
+    {"ep4_emu_nodes1_fp8packed_t512", 4, 1, kEmu, 256, 7168, 8, 512, G::kUniform, true,
+     S::kUe8m0Packed, 16, false},
+    {"ep4_emu_nodes2_bf16_t7_hot", 4, 2, kEmu, 256, 2048, 6, 7, G::kAllToOneRank, false, S::kF32,
+     16, false},
+    {"ep4_emu_nodes2_bf16_t700_masked", 4, 2, kEmu, 256, 4096, 8, 700, G::kMasked, false, S::kF32,
+     12, true, true},
+    {"ep8_lsa_bf16_t512", 8, 0, kLsa, 256, 2048, 8, 512, G::kUniform, false, S::kF32, 8, false},
+    {"ep8_lsa_fp8ue8m0_t256_empty", 8, 0, kLsa, 256, 7168, 8, 256, G::kEmptyRanks, true, S::kUe8m0,
+     8, false},
+    {"ep8_emu_nodes4_bf16_t300", 8, 4, kEmu, 256, 2048, 8, 300, G::kUniform, false, S::kF32, 8,
+     false, true},
+    {"ep8_emu_nodes2_fp8_t64_skewed", 8, 2, kEmu, 256, 7168, 8, 64, G::kSkewed, true, S::kF32, 8,
+     false, true},
+    {"ep8_emu_nodes1_bf16_t33_k1", 8, 1, kEmu, 64, 2048, 1, 33, G::kUniform, false, S::kF32, 4,
+     false, true},
     // MEP_HT_MAX_RANKS: one warp per peer at both ends of every ring.
-    {"ep16_lsa_bf16_t64", 16, 0, kLsa, 256, 2048, 8, 64, G::kUniform, false,
-     S::kF32, 4, false},
-    {"ep16_emu_nodes4_fp8_t40_empty", 16, 4, kEmu, 256, 2048, 8, 40,
-     G::kEmptyRanks, true, S::kF32, 4, true, true},
+    {"ep16_lsa_bf16_t64", 16, 0, kLsa, 256, 2048, 8, 64, G::kUniform, false, S::kF32, 4, false},
+    {"ep16_emu_nodes4_fp8_t40_empty", 16, 4, kEmu, 256, 2048, 8, 40, G::kEmptyRanks, true, S::kF32,
+     4, true, true},
     // Two nodes of 8: each relay fans a token out to up to 7 other ranks.
-    {"ep16_emu_nodes8_bf16_t200", 16, 8, kEmu, 256, 2048, 8, 200, G::kUniform,
-     false, S::kF32, 4, false, true},
+    {"ep16_emu_nodes8_bf16_t200", 16, 8, kEmu, 256, 2048, 8, 200, G::kUniform, false, S::kF32, 4,
+     false, true},
     // Every token to one rank: one relay forwards everything to it.
-    {"ep8_emu_nodes4_fp8_t600_hot", 8, 4, kEmu, 256, 2048, 8, 600,
-     G::kAllToOneRank, true, S::kUe8m0, 8, false, true},
-    {"ep3_lsa_bf16_t100", 3, 0, kLsa, 48, 2048, 8, 100, G::kUniform, false,
-     S::kF32, 16, false},
+    {"ep8_emu_nodes4_fp8_t600_hot", 8, 4, kEmu, 256, 2048, 8, 600, G::kAllToOneRank, true,
+     S::kUe8m0, 8, false, true},
+    {"ep3_lsa_bf16_t100", 3, 0, kLsa, 48, 2048, 8, 100, G::kUniform, false, S::kF32, 16, false},
     // Node counts that are not powers of two, nodes of 3, top-k 32 and
     // hidden 2880 through relays, top-1 with nodes of 2, one node holding
     // the whole group under the network transport (every route direct),
     // and nodes where some ranks send nothing.
-    {"ep6_emu_nodes3_bf16_h2880_k32", 6, 3, kEmu, 96, 2880, 32, 100,
-     G::kUniform, false, S::kF32, 8, false, true},
-    {"ep6_emu_nodes2_fp8packed_t200_k1", 6, 2, kEmu, 96, 2048, 1, 200,
-     G::kUniform, true, S::kUe8m0Packed, 8, false, true},
-    {"ep12_emu_nodes4_bf16_t64_empty", 12, 4, kEmu, 192, 2048, 8, 64,
-     G::kEmptyRanks, false, S::kF32, 4, true, true},
-    {"ep4_emu_one_node_bf16_t128", 4, 4, kEmu, 64, 2048, 8, 128, G::kUniform,
-     false, S::kF32, 16, false, true},
+    {"ep6_emu_nodes3_bf16_h2880_k32", 6, 3, kEmu, 96, 2880, 32, 100, G::kUniform, false, S::kF32, 8,
+     false, true},
+    {"ep6_emu_nodes2_fp8packed_t200_k1", 6, 2, kEmu, 96, 2048, 1, 200, G::kUniform, true,
+     S::kUe8m0Packed, 8, false, true},
+    {"ep12_emu_nodes4_bf16_t64_empty", 12, 4, kEmu, 192, 2048, 8, 64, G::kEmptyRanks, false,
+     S::kF32, 4, true, true},
+    {"ep4_emu_one_node_bf16_t128", 4, 4, kEmu, 64, 2048, 8, 128, G::kUniform, false, S::kF32, 16,
+     false, true},
+    // The channel count changing between calls (set_num_sms): 4 and 16
+    // channels over the network, then 12 and 2 through relays.
+    {"ep4_emu_nodes1_bf16_t300_sms8_32", 4, 1, kEmu, 256, 2048, 8, 300, G::kUniform, false, S::kF32,
+     8, false, false, 32},
+    {"ep4_emu_nodes2_fp8_t200_sms24_4", 4, 2, kEmu, 256, 7168, 8, 200, G::kSkewed, true, S::kF32,
+     24, false, true, 4},
 };
 
 INSTANTIATE_TEST_SUITE_P(Cases, HtWorld, ::testing::ValuesIn(kCases),
