@@ -367,9 +367,18 @@ static moe_ep_status_t ht_send(moe_ep_group_t *g, mep_op_t *op) {
   mep_nccl_caller_t caller;
   MEP_CHECK(enter(g, s, &caller));
   moe_ep_status_t st = check_capturable(g, op, "dispatch");
-  /* After the set's last send, whatever its stream: the set's event then
-   * covers every kernel on the set (teardown waits for it). */
-  if (st == MOE_EP_OK) st = mep_nccl_sent_order(&s->sent, op->buffer_set, op->stream);
+  if (st == MOE_EP_OK && op->kind == MEP_OP_COMBINE) {
+    /* Refused before anything is queued for the call. */
+    const ht_handle_t *hh = op->handle->backend;
+    st = mep_layout_book_check(&s->layouts, g->rank, hh->set, hh->seq);
+  }
+  /* After every set's last send, whatever its stream: the kernels share
+   * the group's epoch and ring positions, so one runs after the other
+   * (free on one stream; two-batch overlap with a stream per micro-batch
+   * runs them in turn), and the set's event covers every kernel on the
+   * set (teardown waits for it). */
+  for (int set = 0; st == MOE_EP_OK && set < MEP_NUM_BUFFER_SETS; set++)
+    st = mep_nccl_sent_order(&s->sent, set, op->stream);
   if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->reached, op->buffer_set, op->stream);
   if (st == MOE_EP_OK)
     st = op->kind == MEP_OP_DISPATCH ? launch_dispatch(g, s, op) : launch_combine(g, s, op);

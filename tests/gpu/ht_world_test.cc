@@ -187,7 +187,7 @@ using S = o::ScaleFormat;
 const Case kCases[] = {
     // name, world, node_ranks, transport, experts, hidden, top_k, tokens,
     // generator,
-    // fp8, scales, num_sms, pad[, sum_nodes]
+    // fp8, scales, num_sms, pad[, sum_nodes[, later_sms]]
     {"ep4_lsa_bf16_t512", 4, 0, kLsa, 256, 2048, 8, 512, G::kUniform, false, S::kF32, 16, false},
     {"ep4_lsa_fp8_t512_skewed", 4, 0, kLsa, 256, 7168, 8, 512, G::kSkewed, true, S::kF32, 16,
      false},
