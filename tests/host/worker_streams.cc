@@ -14,6 +14,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
+#include <string>
 #include <thread>
 
 #include "tests/common/mirror.h"
@@ -147,6 +149,21 @@ bool layout_round(Ctx& c, const moe_ep_oracle::Problem& p, cudaStream_t ops, cud
   return c.failures == before;
 }
 
+// One deferred half sent on this thread's per-thread stream behind `hold`,
+// its hook run on another thread's (run_on_other_thread_held).
+bool held_half(Ctx& c, uint64_t seed, const std::string& what,
+               const std::function<moe_ep_status_t(moe_ep_hook_t**)>& send, Hold* hold) {
+  cuda_check(cudaLaunchHostFunc(cudaStreamPerThread, hold_back, hold), "cudaLaunchHostFunc");
+  moe_ep_hook_t* hook = nullptr;
+  if (!expect_status(c, seed, what + ", receive deferred, per-thread stream held", send(&hook),
+                     MOE_EP_OK)) {
+    hold->release = 1;
+    return false;
+  }
+  return expect_status(c, seed, what + " hook on another thread's per-thread stream",
+                       run_on_other_thread_held(c, hook, hold), MOE_EP_OK);
+}
+
 // Per-thread default streams: dispatch and combine deferred on this
 // thread's cudaStreamPerThread behind a hold, each receive hook run on
 // another thread's. Without the event order the combine's receive starts
@@ -159,27 +176,15 @@ bool perthread_round(Ctx& c, const moe_ep_oracle::Problem& p, uint64_t seed) {
   if (cudaSetDevice(1 << 20) == cudaSuccess) fail(c, seed, "stale error", "device 2^20 exists");
   if (a.prepare() != MOE_EP_OK) return false;
   Hold hold_d, hold_c;
-  cuda_check(cudaLaunchHostFunc(cudaStreamPerThread, hold_back, &hold_d), "cudaLaunchHostFunc");
-  moe_ep_hook_t* hd = nullptr;
-  if (!expect_status(c, seed, "dispatch, receive deferred, per-thread stream held",
-                     a.dispatch(MOE_EP_FLAG_DEFER_RECV, &hd), MOE_EP_OK)) {
-    hold_d.release = 1;
-    return false;
-  }
-  if (!expect_status(c, seed, "dispatch hook on another thread's per-thread stream",
-                     run_on_other_thread_held(c, hd, &hold_d), MOE_EP_OK))
+  if (!held_half(
+          c, seed, "dispatch",
+          [&](moe_ep_hook_t** h) { return a.dispatch(MOE_EP_FLAG_DEFER_RECV, h); }, &hold_d))
     return false;
   a.check_dispatch();
   a.make_y();
-  cuda_check(cudaLaunchHostFunc(cudaStreamPerThread, hold_back, &hold_c), "cudaLaunchHostFunc");
-  moe_ep_hook_t* hc = nullptr;
-  if (!expect_status(c, seed, "combine, receive deferred, per-thread stream held",
-                     a.combine(MOE_EP_FLAG_DEFER_RECV, &hc), MOE_EP_OK)) {
-    hold_c.release = 1;
-    return false;
-  }
-  if (!expect_status(c, seed, "combine hook on another thread's per-thread stream",
-                     run_on_other_thread_held(c, hc, &hold_c), MOE_EP_OK))
+  if (!held_half(
+          c, seed, "combine",
+          [&](moe_ep_hook_t** h) { return a.combine(MOE_EP_FLAG_DEFER_RECV, h); }, &hold_c))
     return false;
   c.checks++;
   if (hold_d.expired.load() || hold_c.expired.load()) {
