@@ -33,6 +33,20 @@ def _naming(fn, rank_of):
     return named
 
 
+def naming(fn, rank):
+    """fn, with what it raises naming `rank`: for the closures an adapter
+    hands an engine (a receiver), which it calls outside any public
+    method."""
+    @functools.wraps(fn)
+    def named(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - re-raised as it is, named
+            _name(e, rank)
+            raise
+    return named
+
+
 def name_rank_in(cls, rank_of):
     """Wraps every public plain method of cls (its own and its bases')
     so that what it raises names rank_of(self) (None: nothing known yet).

@@ -15,7 +15,7 @@ from .. import _fp8
 from .._overlap import (ExpertMapCheck, InFlight, Once, column_major_receive, group_recv_ring,
                         wait_bound_s)
 from ..group import Group
-from .._rank_named import name_rank_in
+from .._rank_named import name_rank_in, naming
 from . import _quant, _received, _types
 
 
@@ -153,7 +153,7 @@ class PrepareAndFinalize:
         self._inflight.add(op, topk_ids)
         receiver = self._ll_receiver(op, quant.after) if self._ll else \
             self._ht_receiver(op, topk_ids.dtype, quant.after)
-        return op.recv, receiver
+        return op.recv, naming(receiver, g.rank)
 
     def _ll_receiver(self, op, after):
         """after: the received rows' quantisation (_quant.AfterReceive), or
@@ -280,7 +280,7 @@ class PrepareAndFinalize:
             out = done()
             op.handle.free()
             return out
-        return done, receiver
+        return done, naming(receiver, self.group.rank)
 
     def _ht_partials(self, op, fused, impl):
         """[N_recv, H] bf16 partials: fused as given when the experts
