@@ -454,7 +454,9 @@ typedef struct moe_ep_handle_layout_params {
  *   (host) a send or receive half, so a concurrent entry waits for it
  *   (bounded by timeouts.kernel_ms on the host backend; a high-throughput
  *   prepare there exchanges counts over the bootstrap, bounded by
- *   bootstrap.timeout_ms).
+ *   bootstrap.timeout_ms; an nccl high-throughput dispatch that learns its
+ *   received row count on the host holds it until that count is in, up to
+ *   bootstrap.timeout_ms plus 4 x timeouts.kernel_ms).
  * - Freeing a handle or hook while another thread uses it in an entry is
  *   safe: the entry finishes with it first, or finds it gone and returns
  *   INVALID_ARGUMENT (a freed handle's or hook's address is kept from new

@@ -250,6 +250,14 @@ static moe_ep_status_t record_error(const moe_ep_group_t *g, const mep_error_rec
                      (unsigned long long)((r->seen >> 24) & 0xffu),
                      (unsigned long long)r->seen);
   }
+  if (r->peer < 0) { /* a block's wait on its warps' rows of every source (mep_ht_wait_block) */
+    return mep_error(MOE_EP_ERR_TIMEOUT,
+                     "the %s every rank, on rank %d, saw no progress for 4 x "
+                     "timeouts.kernel_ms=%d (expected %llu rows, saw %llu): a peer did not take "
+                     "part in the operation",
+                     ht_op_name(r->op), r->rank, g->cfg.kernel_timeout_ms,
+                     (unsigned long long)r->expected, (unsigned long long)r->seen);
+  }
   return mep_error(MOE_EP_ERR_TIMEOUT,
                    "the %s rank %d, on rank %d, waited timeouts.kernel_ms=%d (expected %llu, "
                    "saw %llu): the peer did not take part in the operation",
