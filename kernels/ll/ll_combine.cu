@@ -5,9 +5,6 @@
  * (staged): a cooperative launch. */
 #include "kernels/ll/ll_combine_body.cuh"
 
-extern "C" mep_kstatus_t mep_ll_combine_check(const char *op, const mep_ll_ctx_t *ctx,
-                                                const mep_ll_combine_args_t *a);
-
 namespace {
 
 template <class Tp, typename IdxT, int kKind>
@@ -73,10 +70,8 @@ extern "C" mep_kstatus_t mep_ll_combine_load(void) {
 
 extern "C" mep_kstatus_t mep_ll_combine(const mep_ll_ctx_t *ctx, const mep_ll_combine_args_t *a,
                                           void *stream) {
-  mep_kstatus_t st = mep_ll_combine_check("combine", ctx, a);
+  const mep_kstatus_t st = mep_ll_combine_validate("combine", ctx, a);
   if (st != MEP_KSTATUS_OK) return st;
-  if ((st = mep_combine_check_send_ptrs("combine", ctx, a)) != MEP_KSTATUS_OK) return st;
-  if ((st = mep_combine_check_recv_ptrs("combine", a)) != MEP_KSTATUS_OK) return st;
   MepLLParams p;
   mep_ll_make_params(ctx, a->buffer_set, &p);
   /* The send half walks every expert's slots: the whole grid. */

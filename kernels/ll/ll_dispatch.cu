@@ -6,9 +6,6 @@
  * one block per SM). */
 #include "kernels/ll/ll_dispatch_body.cuh"
 
-extern "C" mep_kstatus_t mep_ll_dispatch_check(const char *op, const mep_ll_ctx_t *ctx,
-                                                 const mep_ll_dispatch_args_t *a);
-
 namespace {
 
 template <class Tp, bool kFp8, typename IdxT, bool kBatched, bool kShare>
@@ -80,10 +77,8 @@ extern "C" mep_kstatus_t mep_ll_dispatch_load(void) {
 
 extern "C" mep_kstatus_t mep_ll_dispatch(const mep_ll_ctx_t *ctx,
                                            const mep_ll_dispatch_args_t *a, void *stream) {
-  mep_kstatus_t st = mep_ll_dispatch_check("dispatch", ctx, a);
+  const mep_kstatus_t st = mep_ll_dispatch_validate("dispatch", ctx, a);
   if (st != MEP_KSTATUS_OK) return st;
-  if ((st = mep_dispatch_check_send_ptrs("dispatch", a)) != MEP_KSTATUS_OK) return st;
-  if ((st = mep_dispatch_check_recv_ptrs("dispatch", a)) != MEP_KSTATUS_OK) return st;
   MepLLParams p;
   mep_ll_make_params(ctx, a->buffer_set, &p);
   const MepDispatchArgs k = mep_dispatch_send_args(ctx, a);

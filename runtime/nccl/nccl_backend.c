@@ -522,8 +522,11 @@ static moe_ep_status_t order_reuse(moe_ep_group_t *g, nccl_state_t *s, const mep
   /* An event orders the dispatch after that receive only when both are
    * eager or in one capture; otherwise the wait kernel, which reads the
    * device's state, orders it whichever ran first. */
-  if (s->reuse[op->buffer_set].received && mep_nccl_sent_orders(&s->received, comb_set, op->stream))
-    return mep_nccl_sent_order(&s->received, comb_set, op->stream);
+  if (s->reuse[op->buffer_set].received) {
+    int ordered;
+    MEP_CHECK(mep_nccl_sent_order_if(&s->received, comb_set, op->stream, &ordered));
+    if (ordered) return MOE_EP_OK;
+  }
   MEP_CHECK(mep_nccl_sent_order(&s->sent, comb_set, op->stream));
   MEP_CHECK(mep_nccl_launched(g, mep_ll_await_combine(&s->ctx, comb_set, op->stream),
                               "dispatch (waiting for the peers' combine of the set's last "

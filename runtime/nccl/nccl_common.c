@@ -228,16 +228,18 @@ moe_ep_status_t mep_nccl_sent_record(mep_nccl_sent_t *sent, int set, void *strea
  * two halves given it may be on two streams. */
 static int same_stream(void *a, void *b) { return a == b && a != (void *)cudaStreamPerThread; }
 
-int mep_nccl_sent_orders(const mep_nccl_sent_t *sent, int set, void *stream) {
-  unsigned long long capture;
-  if (capture_of(stream, &capture) != cudaSuccess) return 0;
-  return capture == sent->last_capture[set];
+moe_ep_status_t mep_nccl_sent_order(const mep_nccl_sent_t *sent, int set, void *stream) {
+  int ordered;
+  return mep_nccl_sent_order_if(sent, set, stream, &ordered);
 }
 
-moe_ep_status_t mep_nccl_sent_order(const mep_nccl_sent_t *sent, int set, void *stream) {
+moe_ep_status_t mep_nccl_sent_order_if(const mep_nccl_sent_t *sent, int set, void *stream,
+                                       int *ordered) {
   unsigned long long capture;
   cudaError_t e = capture_of(stream, &capture);
+  *ordered = 0;
   if (e != cudaSuccess) return mep_nccl_cuda_error("cudaStreamGetCaptureInfo", e);
+  *ordered = capture == sent->last_capture[set];
   cudaEvent_t ev;
   if (capture == 0) {
     /* Before any eager half the event was never recorded: waiting on it

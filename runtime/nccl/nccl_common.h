@@ -69,11 +69,11 @@ moe_ep_status_t mep_nccl_sent_record(mep_nccl_sent_t *sent, int set, void *strea
  * outside its capture): the order of the graph's launch is its stream's,
  * the engine's to set. */
 moe_ep_status_t mep_nccl_sent_order(const mep_nccl_sent_t *sent, int set, void *stream);
-/* 1 when mep_nccl_sent_order on `stream` orders it after the set's last
+/* The same, and *ordered: 1 when `stream` now comes after the set's last
  * half (both eager, or both in the capture `stream` is in), 0 when no event
- * can (a capture and eager work, or two captures), or on an error
- * (mep_nccl_sent_order then reports it). */
-int mep_nccl_sent_orders(const mep_nccl_sent_t *sent, int set, void *stream);
+ * could order them (a capture and eager work, or two captures). */
+moe_ep_status_t mep_nccl_sent_order_if(const mep_nccl_sent_t *sent, int set, void *stream,
+                                       int *ordered);
 
 /* Teardown's wait for the group's last eager work: until the eager event
  * of every set in each of the `n` trackers has completed, polled with

@@ -19,13 +19,14 @@ def _name(e, rank):
 
 
 def _naming(fn, rank_of):
+    """fn, with what it raises naming rank_of(*args) (asked only then)."""
     @functools.wraps(fn)
-    def named(self, *args, **kwargs):
+    def named(*args, **kwargs):
         try:
-            return fn(self, *args, **kwargs)
+            return fn(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - re-raised as it is, named
             try:
-                rank = rank_of(self)
+                rank = rank_of(*args)
             except Exception:  # noqa: BLE001 - an object half made: no rank to name
                 rank = None
             _name(e, rank)
@@ -37,14 +38,7 @@ def naming(fn, rank):
     """fn, with what it raises naming `rank`: for the closures an adapter
     hands an engine (a receiver), which it calls outside any public
     method."""
-    @functools.wraps(fn)
-    def named(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except Exception as e:  # noqa: BLE001 - re-raised as it is, named
-            _name(e, rank)
-            raise
-    return named
+    return _naming(fn, lambda *args: rank)
 
 
 def name_rank_in(cls, rank_of):
@@ -56,5 +50,5 @@ def name_rank_in(cls, rank_of):
             continue
         raw = inspect.getattr_static(cls, attr)
         if isinstance(raw, types.FunctionType):
-            setattr(cls, attr, _naming(raw, rank_of))
+            setattr(cls, attr, _naming(raw, lambda self, *args: rank_of(self)))
     return cls

@@ -6,18 +6,14 @@ import pytest
 import torch
 
 import moe_ep
-from spawn import free_ports
 
 E, H, K = 4, 128, 2
 
 
 @pytest.fixture
-def group(monkeypatch):
-    monkeypatch.delenv("MOE_EP_BOOTSTRAP_ADDRESS", raising=False)
-    cfg = {"backend": "host", "mode": "low_latency", "num_experts": E, "hidden": H, "top_k": K,
-           "max_tokens_per_rank": 8, "bootstrap": {"address": "127.0.0.1:%d" % free_ports(1)[0]}}
-    with moe_ep.Group(cfg, rank=0, world_size=1) as g:
-        yield g
+def group(one_rank_group):
+    return one_rank_group(mode="low_latency", num_experts=E, hidden=H, top_k=K,
+                          max_tokens_per_rank=8)
 
 
 def inputs(seed):

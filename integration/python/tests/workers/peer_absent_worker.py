@@ -176,13 +176,25 @@ def rank0_after_failure(scenario, buf, first, seed):
     expect_again(scenario + ": poll_error", first, lambda: buf.moe_ep_group.poll_error())
 
 
+def while_rank1_skips(scenario, doing, rank0):
+    """rank0() on rank 0, while rank 1 skips the call (`doing`) until
+    rank 0's marker says it gave up."""
+    if RANK == 0:
+        rank0()
+        mark(scenario)
+    else:
+        log("%s: %s until rank 0 gave up" % (scenario, doing))
+        await_mark(scenario)
+
+
 # ---- scenarios --------------------------------------------------------------
 
 def buffer_skip():
     s = "buffer_skip"
     buf = make_buffer(0)
     round_trip(buf, 1)
-    if RANK == 0:
+
+    def rank0():
         _, x, idx, _ = inputs(2)
         first = expect_failure(s + ": low_latency_dispatch rank 1 skips",
                                lambda: buf.low_latency_dispatch(x, idx, P.max_tokens,
@@ -190,10 +202,7 @@ def buffer_skip():
                                (moe_ep.TimeoutError,))
         if first is not None:
             rank0_after_failure(s, buf, first, 3)
-        mark(s)
-    else:
-        log("%s: skipping the dispatch until rank 0 gave up" % s)
-        await_mark(s)
+    while_rank1_skips(s, "skipping the dispatch", rank0)
     expect_returns(s + ": destroy", buf.destroy)
 
 
@@ -202,7 +211,8 @@ def group_skip():
     g = moe_ep.Group(config(1, num_experts=P.num_experts, hidden=P.hidden, top_k=P.top_k,
                             max_tokens_per_rank=P.max_tokens))
     g.close_at_gc = False  # closed below on every rank
-    if RANK == 0:
+
+    def rank0():
         _, x, idx, w = inputs(4)
         h = g.prepare(idx)
         first = expect_failure(s + ": Group.dispatch rank 1 skips", lambda: g.dispatch(h, x),
@@ -216,10 +226,7 @@ def group_skip():
             expect_again(s + ": Group.combine", first, lambda: g.combine(h, y, topk_weights=w))
             expect_again(s + ": Group.poll_error", first, g.poll_error)
         h.free()
-        mark(s)
-    else:
-        log("%s: never dispatching until rank 0 gave up" % s)
-        await_mark(s)
+    while_rank1_skips(s, "never dispatching", rank0)
     expect_returns(s + ": Group.close", g.close)
 
 
