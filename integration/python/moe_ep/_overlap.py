@@ -102,46 +102,88 @@ class Once:
 class InFlight:
     """Operations between prepare and finalize, found again by the topk_ids
     tensor the engine hands to both (vLLM passes the prepare's result on,
-    so an operation may be registered under more than one tensor)."""
+    so an operation may be registered under more than one tensor). Two
+    operations registered under one tensor are taken oldest first.
 
-    def __init__(self):
+    The library fails the combine of a dispatch that two later dispatches
+    on its group followed (buffer sets alternate), so an adapter needs at
+    most two operations in flight (two micro-batches), and one it holds
+    when a third prepare starts is a layer call the engine gave up (an
+    exception between its prepare and its finalize). stale() hands that
+    one out to be given up, so what an adapter holds stays bounded
+    whatever the engine drops."""
+
+    def __init__(self, live=2):
         self._lock = threading.Lock()
-        self._ops = {}  # id(tensor) -> (tensor, op); the tensor pins the id
+        self._live = live
+        self._made = 0  # operations added so far: an operation's stamp is its place among them
+        self._order = []  # operations, oldest (lowest stamp) first
+        self._ops = {}  # id(tensor) -> [(tensor, op), ...] oldest first; the tensor pins the id
 
     def add(self, op, *tensors):
+        """Registers op under tensors. An op added again (a finalize that
+        was refused puts it back) keeps its place: op.stamp, given on its
+        first add, orders it."""
         with self._lock:
+            if op.stamp is None:
+                op.stamp = self._made
+                self._made += 1
+            if not any(o is op for o in self._order):
+                self._order.append(op)
+                self._order.sort(key=lambda o: o.stamp)
             for t in tensors:
                 if t is not None:
-                    self._ops[id(t)] = (t, op)
+                    self._ops.setdefault(id(t), []).append((t, op))
 
     def take(self, topk_ids, entry, arg="topk_ids"):
-        """Removes and returns the operation registered under topk_ids (the
-        same object, else a tensor with the same storage and shape)."""
+        """Removes and returns the oldest operation registered under
+        topk_ids (the same object, else a tensor with the same storage and
+        shape)."""
         with self._lock:
-            hit = self._ops.get(id(topk_ids))
-            if hit is None or hit[0] is not topk_ids:
-                hit = self._by_storage(topk_ids)
-            if hit is None:
+            op = next((o for t, o in self._ops.get(id(topk_ids), ()) if t is topk_ids), None)
+            if op is None:
+                op = self._by_storage(topk_ids)
+            if op is None:
                 raise ValueError(
                     "%s: %s (shape %s) is not a tensor that a pending prepare got or returned; "
-                    "%d operation(s) are in flight" % (entry, arg, tuple(getattr(topk_ids, "shape", ())),
-                                                       len({id(o) for _, o in self._ops.values()})))
-            op = hit[1]
-            for key in [k for k, (_, o) in self._ops.items() if o is op]:
-                del self._ops[key]
+                    "%d operation(s) are in flight (a prepare gives up the oldest of two it "
+                    "finds in flight: finalize each before the prepare after next)" % (entry, arg, tuple(getattr(topk_ids, "shape", ())),
+                                     len(self._order)))
+            self._remove(op)
             return op
+
+    def stale(self):
+        """Removes and returns, oldest first, the operations a prepare
+        about to dispatch finds beyond the newest live - 1: once it has
+        dispatched they could no longer be combined."""
+        with self._lock:
+            old = self._order[:max(0, len(self._order) - self._live + 1)]
+            for op in old:
+                self._remove(op)
+            return old
+
+    def _remove(self, op):
+        self._order = [o for o in self._order if o is not op]
+        for key in list(self._ops):
+            kept = [(t, o) for t, o in self._ops[key] if o is not op]
+            if kept:
+                self._ops[key] = kept
+            else:
+                del self._ops[key]
 
     def _by_storage(self, t):
         if not isinstance(t, torch.Tensor) or t.numel() == 0:
             return None
-        for held, op in self._ops.values():
-            if held.data_ptr() == t.data_ptr() and held.shape == t.shape:
-                return held, op
+        for op in self._order:  # oldest first
+            for entries in self._ops.values():
+                for held, o in entries:
+                    if o is op and held.data_ptr() == t.data_ptr() and held.shape == t.shape:
+                        return op
         return None
 
     def __len__(self):
         with self._lock:
-            return len({id(o) for _, o in self._ops.values()})
+            return len(self._order)
 
 
 class RecvRing:

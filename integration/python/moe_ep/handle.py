@@ -129,6 +129,19 @@ class Hook:
             self._finish()
         return self.result
 
+    def abandon(self):
+        """Gives up a receive that never ran, as dropping the hook would
+        (see the class); later calls raise saying so. Nothing happens to a
+        hook that ran."""
+        with self._lock:
+            ptr, self._ptr = self._ptr, None
+            if ptr is None:
+                return
+            self._keep = None
+            self._failed = InvalidArgumentError(
+                "hook_run: this hook's receive was abandoned before it ran; it cannot run now")
+            self._group._lib.hook_free(ptr)
+
     def __del__(self):
         ptr = getattr(self, "_ptr", None)
         if ptr is not None:

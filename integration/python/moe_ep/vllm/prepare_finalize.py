@@ -25,14 +25,17 @@ def _tensor(name, t, entry):
 
 
 class _Op:
-    """One layer call between prepare and finalize."""
-    __slots__ = ("handle", "recv", "combine_weights", "on_input", "keys", "finalized")
+    """One layer call between prepare and finalize: sent, its moe_ep.Hook;
+    recv, the Once that runs it (stamp: InFlight's)."""
+    __slots__ = ("handle", "sent", "recv", "combine_weights", "on_input", "keys", "finalized",
+                 "stamp")
 
-    def __init__(self, handle, recv, combine_weights, on_input, keys):
-        self.handle, self.recv = handle, recv
+    def __init__(self, handle, sent, recv, combine_weights, on_input, keys):
+        self.handle, self.sent, self.recv = handle, sent, recv
         self.combine_weights, self.on_input = combine_weights, on_input
         self.keys = list(keys)
         self.finalized = False
+        self.stamp = None
 
 
 class PrepareAndFinalize:
@@ -52,7 +55,13 @@ class PrepareAndFinalize:
 
     Every operation between prepare and finalize is found again by the
     topk_ids tensor vLLM passes to both, so two micro-batches may be in
-    flight at once (the group's double_buffer). The LL receive buffers
+    flight at once (the group's double_buffer); one tensor given to two
+    prepares is finalized oldest first. A prepare that finds two
+    operations in flight gives up the older: the engine dropped that layer
+    call, and after this dispatch the library could no longer combine it.
+    Its handle is freed, and a receive of it that never ran is abandoned
+    as a dropped hook is (moe_ep.Hook: on the nccl backend in low-latency
+    mode that fails the group). The LL receive buffers
     (a1q, its scale, when the dispatch delivers them) are the group's two
     sets, used in turn by every prepare/finalize (one per MoE layer) and
     SGLang dispatcher on the group: valid until the group's dispatch after
@@ -133,6 +142,8 @@ class PrepareAndFinalize:
             x = _fp8.quantize(x, quant.before, name="a1")
             fmt = _fp8.ROW_FORMATS[quant.before]
         g = self.group
+        for old in self._inflight.stale():
+            self._give_up(old)
         handle = g.prepare(topk_ids)
         try:
             if self._ll:
@@ -146,14 +157,26 @@ class PrepareAndFinalize:
         except BaseException:
             handle.free()
             raise
+        sent = hook
         if self._ll:  # as received: fp8 scales in DeepEP's column-major layout
             hook = column_major_receive(hook)
-        op = _Op(handle, Once(hook, self._bound_s, g), w_combine,
+        op = _Op(handle, sent, Once(hook, self._bound_s, g), w_combine,
                  bool(apply_router_weight_on_input), [topk_ids])
         self._inflight.add(op, topk_ids)
         receiver = self._ll_receiver(op, quant.after) if self._ll else \
             self._ht_receiver(op, topk_ids.dtype, quant.after)
         return op.recv, naming(receiver, g.rank)
+
+    @staticmethod
+    def _give_up(op):
+        """Frees a layer call the engine gave up (InFlight.stale). A
+        receive it never ran is abandoned, as dropping its hook would
+        (moe_ep.Hook): left pending, it would hold its buffer set, and the
+        group would refuse every later operation there. Running it here
+        instead would race the other ranks, which may already be sending
+        the next operation into that set."""
+        op.sent.abandon()
+        op.handle.free()
 
     def _ll_receiver(self, op, after):
         """after: the received rows' quantisation (_quant.AfterReceive), or

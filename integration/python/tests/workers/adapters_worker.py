@@ -133,6 +133,54 @@ def vllm_bad_input(pf, seed):
     check_combine("vllm finalize after refusals", seed, out, inputs[RANK])
 
 
+def vllm_same_ids_twice(pf, seed):
+    """Two prepares given one topk_ids tensor (different rows and weights):
+    finalize takes them oldest first, each combine the sum of its own."""
+    batches = [oracle.all_inputs(P, seed + i, num_tokens=P.max_tokens // 2) for i in (0, 1)]
+    for r in range(WORLD):
+        batches[1][r]["topk_idx"] = batches[0][r]["topk_idx"]
+    t = [torch_inputs(b[RANK]) for b in batches]
+    idx = t[0][1]
+    a1q = []
+    for i in (0, 1):
+        hook, receiver = pf.prepare_async(t[i][0], t[i][2], idx, P.num_experts, None, False, None)
+        hook()
+        a1q.append(receiver()[0].clone())  # the ring's set: read before a later dispatch reuses it
+    for i in (0, 1):
+        out = torch.empty_like(t[i][0])
+        pf.finalize(out, expert_outputs(pf.group, a1q[i]), t[i][2], idx, False, None)
+        check_combine("vllm same topk_ids, finalize %d" % i, seed + i, out, batches[i][RANK])
+
+
+def vllm_dropped(g, seed):
+    """Layer calls the engine gave up between prepare and finalize, one with
+    its receive never run: a third prepare gives up the oldest (runs its
+    receive, frees it), so the group is not left busy and the adapter
+    holds two at most; the given-up call's finalize is refused."""
+    pf = moe_ep.vllm.PrepareAndFinalize(g)
+    batches = [oracle.all_inputs(P, seed + i) for i in range(3)]
+    t = [torch_inputs(b[RANK]) for b in batches]
+    dropped = pf.prepare_async(t[0][0], t[0][2], t[0][1], P.num_experts, None, False, None)
+    hook, receiver = pf.prepare_async(t[1][0], t[1][2], t[1][1], P.num_experts, None, False, None)
+    hook()
+    receiver()  # received, then dropped
+    x, idx, w = t[2]
+    a1q, _, meta, _, _ = pf.prepare(x, w, idx, P.num_experts, None, False, None)
+    check_dispatch(seed + 2, batches[2], moe_ep.DispatchResult(a1q, None, meta.expert_num_tokens),
+                   P.hidden)
+    out = torch.empty_like(x)
+    pf.finalize(out, expert_outputs(g, a1q), w, idx, False, None)
+    check_combine("vllm finalize after two dropped calls", seed + 2, out, batches[2][RANK])
+    expect_raises("vllm given-up finalize", ValueError, "gives up the oldest of two",
+                  lambda: pf.finalize(torch.empty_like(t[0][0]), a1q, t[0][2], t[0][1], False,
+                                      None))
+    expect_raises("vllm given-up hook", moe_ep.InvalidArgumentError, "abandoned before it ran",
+                  dropped[0])
+    if len(pf._inflight) != 1:
+        fail("vllm dropped", seed, "the adapter holds %d operations, want 1 (the second dropped "
+             "call)" % len(pf._inflight))
+
+
 def vllm_ll(g):
     pf = moe_ep.vllm.PrepareAndFinalize(g)
     fmt = moe_ep.vllm.FusedMoEActivationFormat
@@ -147,6 +195,8 @@ def vllm_ll(g):
     if FULL:
         vllm_ll_weight_on_input(pf, 131)
         vllm_bad_input(pf, 141)
+        vllm_same_ids_twice(pf, 151)
+        vllm_dropped(g, 161)
 
 
 # ---- SGLang -----------------------------------------------------------------------
