@@ -48,7 +48,12 @@ enum {
   /* A count word from a source that split its tokens into a different
    * number of channels (ranks called set_num_sms differently): expected =
    * this rank's channels, seen = the word; fatal. */
-  MEP_HT_OP_CHANNELS = 21
+  MEP_HT_OP_CHANNELS = 21,
+  /* A network source's count signal counted this call on a channel whose
+   * count word it did not send with it (it split its tokens into fewer
+   * channels): expected = this rank's channels, seen = the stale word;
+   * fatal. */
+  MEP_HT_OP_CHANNEL_UNSENT = 22
 };
 
 /* Capacities the window and state are sized for. */

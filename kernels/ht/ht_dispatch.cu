@@ -68,8 +68,9 @@ __device__ bool mep_ht_read_counts(const MepHtParams &p, uint32_t tag, int parit
           MEP_HT_OP_DISPATCH_COUNTS, s, -1, &seen);
       seen = got ? mep_ld_acquire_sys(w) : seen;
       if (got && MEP_HT_CNT_TAG(seen) != tag) {
-        /* The signal counted this call but the word is another's. */
-        mep_record_timeout(p.wc, MEP_HT_OP_DISPATCH_COUNTS, s, -1, (uint64_t)tag, seen);
+        /* The signal counted this call but the word is another's: s sent
+         * none on this channel (every call adds 1 to all of its signals). */
+        mep_record_timeout(p.wc, MEP_HT_OP_CHANNEL_UNSENT, s, -1, (uint64_t)C, seen);
         got = false;
       }
     } else {

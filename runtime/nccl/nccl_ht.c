@@ -250,6 +250,16 @@ static moe_ep_status_t record_error(const moe_ep_group_t *g, const mep_error_rec
                      (unsigned long long)((r->seen >> 24) & 0xffu),
                      (unsigned long long)r->seen);
   }
+  if (r->op == MEP_HT_OP_CHANNEL_UNSENT) {
+    return mep_error(MOE_EP_ERR_MISMATCH,
+                     "an HT dispatch kernel on rank %d split its tokens into %llu channels but "
+                     "rank %d sent count words on fewer (its signal counted this call on a "
+                     "channel whose count word carries tag %u instead, word %#llx): every rank of a "
+                     "high-throughput group must call set_num_sms with the same value; destroy "
+                     "the group",
+                     r->rank, (unsigned long long)r->expected, r->peer,
+                     (unsigned)(r->seen >> 32), (unsigned long long)r->seen);
+  }
   if (r->peer < 0) { /* a block's wait on its warps' rows of every source (mep_ht_wait_block) */
     return mep_error(MOE_EP_ERR_TIMEOUT,
                      "the %s every rank, on rank %d, saw no progress for 4 x "

@@ -182,6 +182,54 @@ INSTANTIATE_TEST_SUITE_P(LsaAndNodesOfTwo, HtWorldFailure,
                                                : std::string("emu_nodes2");
                          });
 
+// Ranks that split their tokens into different numbers of channels
+// (set_num_sms called with different values): every rank's dispatch ends
+// at once with a record of the mismatch naming a rank of the other count,
+// none waits for its timeout. Over NVLink, and over GIN-emulated with a
+// node per rank, where a source's count signal counts each call on every
+// channel but its count word comes only on the channels it used.
+class HtWorldChannels : public ::testing::TestWithParam<int> {};
+
+TEST_P(HtWorldChannels, DifferentChannelCountsAreAMismatch) {
+  const int node_ranks = GetParam();
+  const Case c = {"ep4_channels",        4,     node_ranks, node_ranks == 0 ? kLsa : kEmu,
+                  64,                    2048,  8,          64,
+                  o::Generator::kUniform, false, o::ScaleFormat::kF32,
+                  16,                    false};
+  constexpr int kFewer = 4;  // num_sms of ranks 2 and 3
+  HtGroup grp;
+  ASSERT_EQ(MakeGroup(c, kTimeoutMs, &grp), "");
+  const o::Problem p = ProblemOf(c);
+  for (int r = 2; r < c.world; ++r) grp.io[r].ctx.num_sms = kFewer;
+  const CallData d = MakeCall(c, p, 0);
+  Dev call_dev;
+  std::vector<mep_ht_dispatch_args_t> da(c.world);
+  for (int r = 0; r < c.world; ++r) da[r] = DispatchArgs(c, p, d, r, grp.io[r], &call_dev);
+  ASSERT_EQ(grp.world->Settle(), "");
+  ASSERT_EQ(grp.world->LaunchAll([&](int r, cudaStream_t s) {
+    return mep_ht_dispatch(&grp.io[r].ctx, &da[r], s);
+  }),
+            "");
+  ASSERT_EQ(grp.world->Sync(), "");
+  for (int r = 0; r < c.world; ++r) {
+    const mep_error_record_t &rec = grp.world->records(r)[0];
+    ASSERT_EQ(rec.flag, 2) << "rank " << r << " has no record: " << grp.world->Records();
+    EXPECT_EQ(rec.rank, r) << grp.world->Records();
+    EXPECT_TRUE(rec.op == MEP_HT_OP_CHANNELS || rec.op == MEP_HT_OP_CHANNEL_UNSENT)
+        << "rank " << r << " recorded op " << rec.op << ", not a channel mismatch: "
+        << grp.world->Records();
+    EXPECT_NE(rec.peer < 2, r < 2)
+        << "rank " << r << " named rank " << rec.peer << ", which uses its channel count: "
+        << grp.world->Records();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(LsaAndNodesOfOne, HtWorldChannels, ::testing::Values(0, 1),
+                         [](const ::testing::TestParamInfo<int> &i) {
+                           return i.param == 0 ? std::string("lsa")
+                                               : std::string("emu_nodes1");
+                         });
+
 using G = o::Generator;
 using S = o::ScaleFormat;
 const Case kCases[] = {
