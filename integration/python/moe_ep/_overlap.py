@@ -10,6 +10,7 @@ import threading
 import torch
 
 from . import _fp8
+from ._per_group import kept_on
 from .errors import TimeoutError as MoeEpTimeoutError
 
 
@@ -125,6 +126,8 @@ class InFlight:
         was refused puts it back) keeps its place: op.stamp, given on its
         first add, orders it."""
         with self._lock:
+            if getattr(op, "given_up", False):
+                return  # stale() handed it out: a late receiver or refused finalize brings it back
             if op.stamp is None:
                 op.stamp = self._made
                 self._made += 1
@@ -140,7 +143,8 @@ class InFlight:
         topk_ids (the same object, else a tensor with the same storage and
         shape)."""
         with self._lock:
-            op = next((o for t, o in self._ops.get(id(topk_ids), ()) if t is topk_ids), None)
+            op = min((o for t, o in self._ops.get(id(topk_ids), ()) if t is topk_ids),
+                     key=lambda o: o.stamp, default=None)
             if op is None:
                 op = self._by_storage(topk_ids)
             if op is None:
@@ -160,6 +164,7 @@ class InFlight:
             old = self._order[:max(0, len(self._order) - self._live + 1)]
             for op in old:
                 self._remove(op)
+                op.given_up = True
             return old
 
     def _remove(self, op):
@@ -223,22 +228,10 @@ class RecvRing:
             self._lock.release()
 
 
-_RING_ATTRIBUTE = "_moe_ep_recv_ring"
-_ring_creation = threading.Lock()
-
-
 def group_recv_ring(group):
-    """The RecvRing of a moe_ep.Group, made on first use and kept on the
-    group (it lives and dies with it). Safe from any thread: two first
-    calls at once get the same ring."""
-    ring = getattr(group, _RING_ATTRIBUTE, None)
-    if ring is None:
-        with _ring_creation:
-            ring = getattr(group, _RING_ATTRIBUTE, None)
-            if ring is None:
-                ring = RecvRing()
-                setattr(group, _RING_ATTRIBUTE, ring)
-    return ring
+    """The RecvRing of a moe_ep.Group, kept on the group (every adapter on
+    it uses the one ring)."""
+    return kept_on(group, "_moe_ep_recv_ring", RecvRing)
 
 
 def contiguous_expert_map(group):

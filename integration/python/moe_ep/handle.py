@@ -84,7 +84,8 @@ class Hook:
     receive fills. A hook runs once; dropping one that never ran abandons
     its receive (the nccl backend then marks the group failed)."""
 
-    __slots__ = ("_group", "_ptr", "result", "_finish", "_lock", "_keep", "_failed", "_sent_on")
+    __slots__ = ("_group", "_ptr", "result", "_finish", "_lock", "_keep", "_failed", "_sent_on",
+                 "__weakref__")
 
     def __init__(self, group, ptr, result, finish=None, keep=None, sent_on=None):
         self._group = group
@@ -128,6 +129,11 @@ class Hook:
         if self._finish is not None:
             self._finish()
         return self.result
+
+    @property
+    def pending(self):
+        """Whether the receive has neither run nor been abandoned."""
+        return self._ptr is not None
 
     def abandon(self):
         """Gives up a receive that never ran, as dropping the hook would

@@ -66,3 +66,23 @@ def test_given_up_operation_is_not_found():
         assert "gives up the oldest of two" in str(e), e
     else:
         raise AssertionError("take found an operation that stale() gave up")
+
+
+def test_refused_finalize_of_one_tensor_keeps_its_place():
+    book, ids = InFlight(), torch.zeros((4, 2), dtype=torch.int64)
+    a, b = Op("a"), Op("b")
+    book.add(a, ids)
+    book.add(b, ids)
+    book.add(book.take(ids, "finalize"), ids)  # a's finalize refused, put back behind b
+    got = book.take(ids, "finalize")
+    assert got is a, "took %s, want a (the older)" % got
+
+
+def test_given_up_operation_is_not_put_back():
+    book, ids = InFlight(), torch.zeros(3)
+    a = Op("a")
+    book.add(a, ids)
+    book.add(Op("b"), torch.zeros(3))
+    assert book.stale() == [a]
+    book.add(a, ids)  # a late receiver or a refused finalize registering it again
+    assert len(book) == 1, "a given-up operation came back: %d in flight" % len(book)

@@ -6,6 +6,7 @@ import threading
 import torch
 
 from .. import _fp8
+from .._dropped import group_dropped_hooks
 from .._overlap import on_send_stream
 from .event import EventOverlap, record_event
 from ._refuse import refuse as _refuse
@@ -114,8 +115,9 @@ class LowLatencyMixin:
                                 num_experts, use_fp8, use_ue8m0)
         handle = g.prepare(topk_idx)
         try:
-            res = g.dispatch(handle, x, defer=return_recv_hook, round_scale=bool(round_scale),
-                             format=fmt)
+            res = group_dropped_hooks(g).send(
+                lambda: g.dispatch(handle, x, defer=return_recv_hook,
+                                   round_scale=bool(round_scale), format=fmt))
         except BaseException:  # the handle now, not whenever the traceback goes
             handle.free()
             raise
@@ -192,8 +194,9 @@ class LowLatencyMixin:
                              "repeat" % (entry, tuple(topk_idx.shape),
                                          tuple(ep_handle.topk_idx.shape)))
         g = self._live_group("low_latency", entry)
-        result = g.combine(ep_handle, x, topk_weights=topk_weights, out=out,
-                           defer=return_recv_hook)
+        result = group_dropped_hooks(g).send(
+            lambda: g.combine(ep_handle, x, topk_weights=topk_weights, out=out,
+                              defer=return_recv_hook))
         turns.pass_turn()
         hook = None
         if return_recv_hook:

@@ -7,6 +7,7 @@ import collections
 
 import torch
 
+from .._dropped import group_dropped_hooks
 from .._overlap import Once, column_major_receive, group_recv_ring
 from ._inputs import same_shape
 from ._types import low_latency_format
@@ -45,6 +46,7 @@ class LowLatencyPath:
         self.group = group
         self.weights_at_dispatch = bool(weights_at_dispatch)
         self._ring = group_recv_ring(group)
+        self._sends = group_dropped_hooks(group)
         self._bound_s = bound_s
 
     def send(self, entry, hidden_states, ids, w):
@@ -62,8 +64,9 @@ class LowLatencyPath:
         try:
             hook = self._ring.send(
                 int(hidden_states.shape[-1]),
-                lambda buffers: g.dispatch(handle, hidden_states, out=buffers, defer=True,
-                                           topk_weights=weights),
+                lambda buffers: self._sends.send(
+                    lambda: g.dispatch(handle, hidden_states, out=buffers, defer=True,
+                                       topk_weights=weights)),
                 self._bound_s, entry)
         except BaseException:
             handle.free()
@@ -99,5 +102,6 @@ class LowLatencyPath:
                                  "(weights_at_dispatch=True)" % (entry, sub))
         else:
             w = topk_weights
-        hook = self.group.combine(op.handle, hidden_states, topk_weights=w, defer=True)
+        hook = self._sends.send(
+            lambda: self.group.combine(op.handle, hidden_states, topk_weights=w, defer=True))
         return Once(hook, self._bound_s, self.group)

@@ -9,6 +9,7 @@ import collections
 import torch
 
 from .. import _fp8
+from .._dropped import group_dropped_hooks
 from .._overlap import Once
 from ._inputs import same_shape
 from ._types import normal_format
@@ -69,6 +70,7 @@ class NormalPath:
         self.expert_alignment = expert_alignment
         self._row_format = _fp8.ROW_FORMATS[fp8] if fp8 is not None else None
         self._bound_s = bound_s
+        self._sends = group_dropped_hooks(group)
 
     def _rows(self, entry, hidden_states):
         """(x, scales or None, format or None) to dispatch."""
@@ -88,7 +90,9 @@ class NormalPath:
         g = self.group
         handle = g.prepare(ids, layout=False)  # DeepEP's layout tensors: nobody reads them here
         try:
-            hook = g.dispatch(handle, x, x_scales=scales, topk_weights=w, format=fmt, defer=True)
+            hook = self._sends.send(
+                lambda: g.dispatch(handle, x, x_scales=scales, topk_weights=w, format=fmt,
+                                   defer=True))
         except BaseException:
             handle.free()
             raise
@@ -121,5 +125,5 @@ class NormalPath:
                              % (entry, rows, sub, op.num_recv))
         same_shape(entry, sub, topk_ids=(topk_ids, op.recv_ids),
                    topk_weights=(topk_weights, op.recv_weights))
-        hook = self.group.combine(op.handle, hidden_states, defer=True)
+        hook = self._sends.send(lambda: self.group.combine(op.handle, hidden_states, defer=True))
         return Once(hook, self._bound_s, self.group)

@@ -14,6 +14,7 @@ import torch
 from .. import _fp8
 from .._overlap import (ExpertMapCheck, InFlight, Once, column_major_receive, group_recv_ring,
                         wait_bound_s)
+from .._dropped import group_dropped_hooks
 from ..group import Group
 from .._rank_named import name_rank_in, naming
 from . import _quant, _received, _types
@@ -28,7 +29,7 @@ class _Op:
     """One layer call between prepare and finalize: sent, its moe_ep.Hook;
     recv, the Once that runs it (stamp: InFlight's)."""
     __slots__ = ("handle", "sent", "recv", "combine_weights", "on_input", "keys", "finalized",
-                 "stamp")
+                 "stamp", "given_up")
 
     def __init__(self, handle, sent, recv, combine_weights, on_input, keys):
         self.handle, self.sent, self.recv = handle, sent, recv
@@ -36,6 +37,7 @@ class _Op:
         self.keys = list(keys)
         self.finalized = False
         self.stamp = None
+        self.given_up = False
 
 
 class PrepareAndFinalize:
@@ -87,6 +89,7 @@ class PrepareAndFinalize:
                              "choice; high_throughput dispatch always carries the weights")
         self._weights_at_dispatch = bool(weights_at_dispatch)
         self._inflight = InFlight()
+        self._sends = group_dropped_hooks(group)
         self._ring = group_recv_ring(group) if self._ll else None
         self._expert_map = ExpertMapCheck(group)
         self._bound_s = wait_bound_s(group)
@@ -149,11 +152,13 @@ class PrepareAndFinalize:
             if self._ll:
                 hook = self._ring.send(
                     int(x.shape[-1]),
-                    lambda buffers: g.dispatch(handle, x, topk_weights=w_dispatch, out=buffers,
-                                               defer=True),
+                    lambda buffers: self._sends.send(
+                        lambda: g.dispatch(handle, x, topk_weights=w_dispatch, out=buffers,
+                                           defer=True)),
                     self._bound_s, entry)
             else:
-                hook = g.dispatch(handle, x, topk_weights=w_dispatch, defer=True, format=fmt)
+                hook = self._sends.send(
+                    lambda: g.dispatch(handle, x, topk_weights=w_dispatch, defer=True, format=fmt))
         except BaseException:
             handle.free()
             raise
@@ -291,8 +296,9 @@ class PrepareAndFinalize:
                 y = fused_expert_output
             else:
                 y = self._ht_partials(op, fused_expert_output, weight_and_reduce_impl)
-            hook = self.group.combine(op.handle, y, topk_weights=op.combine_weights, out=output,
-                                      defer=True)
+            hook = self._sends.send(
+                lambda: self.group.combine(op.handle, y, topk_weights=op.combine_weights,
+                                           out=output, defer=True))
         except BaseException:
             self._inflight.add(op, *op.keys)  # bad input: the layer call stays finalizable
             raise

@@ -154,9 +154,10 @@ def vllm_same_ids_twice(pf, seed):
 
 def vllm_dropped(g, seed):
     """Layer calls the engine gave up between prepare and finalize, one with
-    its receive never run: a third prepare gives up the oldest (runs its
-    receive, frees it), so the group is not left busy and the adapter
-    holds two at most; the given-up call's finalize is refused."""
+    its receive never run: the group's next operation that needs that
+    receive's buffer set abandons it, and a third prepare gives up the
+    oldest call (frees it), so the adapter holds two at most; the given-up
+    call's finalize and hook are refused."""
     pf = moe_ep.vllm.PrepareAndFinalize(g)
     batches = [oracle.all_inputs(P, seed + i) for i in range(3)]
     t = [torch_inputs(b[RANK]) for b in batches]
@@ -181,6 +182,34 @@ def vllm_dropped(g, seed):
              "call)" % len(pf._inflight))
 
 
+def dropped_across_adapters(g, seed):
+    """One layer's dispatch dropped with its receive never run, in a vLLM
+    adapter and then in an SGLang dispatcher (an exception between
+    dispatch_a and dispatch_b): the other adapters on the group go on (the
+    operation that needs that buffer set abandons the receive), at once,
+    with the values of their own calls."""
+    layers = [moe_ep.vllm.PrepareAndFinalize(g) for _ in range(2)]
+    d = moe_ep.sglang.Dispatcher(g)
+    for step in range(4):
+        inputs = oracle.all_inputs(P, seed + step)
+        x, idx, w = torch_inputs(inputs[RANK])
+        if step == 1:
+            layers[1].prepare_async(x, w, idx, P.num_experts, None, False, None)
+            continue
+        if step == 2:
+            d.dispatch_a(x, TopKOutput(w, idx))
+            d = moe_ep.sglang.Dispatcher(g)  # the engine gives up that dispatcher's layer
+            continue
+        a1q, _, meta, _, _ = layers[0].prepare(x, w, idx, P.num_experts, None, False, None)
+        check_dispatch(seed + step, inputs, moe_ep.DispatchResult(a1q, None,
+                                                                  meta.expert_num_tokens),
+                       P.hidden)
+        out = torch.empty_like(x)
+        layers[0].finalize(out, expert_outputs(g, a1q), w, idx, False, None)
+        check_combine("layer 0 after a dropped dispatch (step %d)" % step, seed + step, out,
+                      inputs[RANK])
+
+
 def vllm_ll(g):
     pf = moe_ep.vllm.PrepareAndFinalize(g)
     fmt = moe_ep.vllm.FusedMoEActivationFormat
@@ -197,6 +226,7 @@ def vllm_ll(g):
         vllm_bad_input(pf, 141)
         vllm_same_ids_twice(pf, 151)
         vllm_dropped(g, 161)
+        dropped_across_adapters(g, 171)
 
 
 # ---- SGLang -----------------------------------------------------------------------
