@@ -14,7 +14,7 @@ mkdir -p "$O"  # the logs go here; OUT may name a folder not made yet
 N=${MEP_RANKS:-$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")}
 [ "$N" -ge 1 ] 2>/dev/null || N=1
 # MEP_PY_PARTS picks gpu_check.py's parts (a short run: "group deep_ep").
-for part in ${MEP_PY_PARTS:-group deep_ep deep_ep_fp8 deep_ep_graph deep_ep_graph_fp8 ht auto}; do
+for part in ${MEP_PY_PARTS:-group deep_ep deep_ep_fp8 deep_ep_graph deep_ep_graph_fp8 ht auto dropped}; do
   timeout 200 $B/moe_ep_run -n $N --timeout_s 190 -- python3 integration/python/gpu/gpu_check.py $part > $O/py_$part.log 2>&1
   # The per-check "ok" lines (ht prints one per check) stay in the log.
   echo "py_$part: exit $?"; grep -E "ok|FAIL|bit-exact|ulp|Error|skipped|failures" $O/py_$part.log \

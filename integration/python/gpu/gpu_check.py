@@ -11,6 +11,7 @@ which makes four groups, has rank 0 pick a port for each):
   tools/launcher/moe_ep_run -n 2 --timeout_s 300 -- python3 integration/python/gpu/gpu_check.py auto
   tools/launcher/moe_ep_run -n 2 --timeout_s 300 -- python3 integration/python/gpu/gpu_check.py grow
   tools/launcher/moe_ep_run -n 2 --timeout_s 300 -- python3 integration/python/gpu/gpu_check.py deep_ep_graph
+  tools/launcher/moe_ep_run -n 2 --timeout_s 300 -- python3 integration/python/gpu/gpu_check.py dropped
 
 `group`: CUDA tensors on the current stream; eager dispatch rows
 bit-exact against a torch reference built from every rank's seeded inputs;
@@ -40,7 +41,10 @@ num_worst_tokens / world_size); vLLM's HT prepare with its counts on the
 host (expert_num_tokens_cpu). `auto`: SGLang's deepep_mode auto, both modes through one
 low-latency Buffer. `grow`: a Buffer over a gloo group grows its derived
 normal-mode cap while a combine is pending, that combine running on the
-replaced group, which the next agreement closes. `ht` prints one line per check. Each rank prints "rank R: ok"
+replaced group, which the next agreement closes. `dropped`: a vLLM
+prepare whose receive is never run, then a whole layer call: on an HT
+group that call matches bit for bit, on an LL group its finalize raises
+MismatchError (the abandoned receive fails the group). `ht` prints one line per check. Each rank prints "rank R: ok"
 or its failures, and exits non-zero on any failure.
 """
 import contextlib
@@ -1087,11 +1091,56 @@ def part_auto():
     buf.destroy()
 
 
+def part_dropped():
+    """Receives an engine never ran (README, "Receives an engine never
+    runs"), through the vLLM adapter: a prepare whose receive is dropped,
+    then a whole layer call. High throughput survives the abandon, so that
+    call matches bit for bit; in low latency on the nccl backend the
+    abandon fails the group, and the call's finalize raises MismatchError
+    naming this rank instead of waiting."""
+    import moe_ep.vllm
+    ht_address, ll_address = group_addresses(2)
+    dev_index = LOCAL if ON_GPU else None
+    with moe_ep.Group(ht_config(ht_address, num_experts=64), device=dev_index) as g:
+        what = "dropped: vllm ht layer call after a dropped prepare"
+        with case(what):
+            pf = moe_ep.vllm.PrepareAndFinalize(g)
+            x, idx, w = on_device(ht_inputs(51, (100,), HT_HIDDEN, 64)[RANK])
+            pf.prepare_async(x, w, idx, 64, None, False, None)  # its receive never runs
+            all_in = ht_inputs(52, (120,), HT_HIDDEN, 64)
+            x, idx, w = on_device(all_in[RANK])
+            a1q, _, _, ids, wts = pf.prepare(x, w, idx, 64, None, False, None)
+            same(what + " a1q", a1q, ht_expected(all_in, 64)["x"])
+            out = torch.empty_like(x)
+            pf.finalize(out, partial(a1q, RANK), wts, ids, False, None)
+            same(what + " finalize", out, ht_combined(*all_in[RANK][:2], 64))
+    if not ON_GPU:
+        return  # the host backend survives an abandoned LL receive (the CPU tests check it)
+    cfg = {"backend": BACKEND, "num_experts": E, "hidden": H, "top_k": K,
+           "max_tokens_per_rank": N, "bootstrap": {"address": ll_address, "timeout_ms": 60000}}
+    with moe_ep.Group(cfg, device=dev_index) as g:
+        what = "dropped: vllm ll, the abandoned receive fails the group"
+        with case(what):
+            pf = moe_ep.vllm.PrepareAndFinalize(g)
+            x, idx, w = on_device(inputs(53, RANK))
+            pf.prepare_async(x, w, idx, E, None, False, None)  # its receive never runs
+            x, idx, w = on_device(inputs(54, RANK))
+            a1q, _, _, _, _ = pf.prepare(x, w, idx, E, None, False, None)
+            try:
+                pf.finalize(torch.empty_like(x), experts(a1q), w, idx, False, None)
+                fail(what, "finalize went on; want MismatchError from the abandoned receive")
+            except moe_ep.MismatchError as e:
+                if "rank %d" % RANK not in str(e):
+                    fail(what, "the error does not name rank %d: %s" % (RANK, e))
+                print("rank %d %s: %s" % (RANK, what, e), flush=True)
+
+
 def main():
     part = sys.argv[1] if len(sys.argv) > 1 else "group"
     {"group": part_group, "deep_ep": part_deep_ep,
      "deep_ep_fp8": lambda: part_deep_ep(use_fp8=True), "ht": part_ht,
      "auto": part_auto, "grow": part_grow, "deep_ep_graph": part_deep_ep_graph,
+     "dropped": part_dropped,
      "deep_ep_graph_fp8": lambda: part_deep_ep_graph(use_fp8=True)}[part]()
     print("rank %d: %s" % (RANK, "ok" if not failures else "%d failures" % len(failures)),
           flush=True)
