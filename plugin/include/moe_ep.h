@@ -607,7 +607,12 @@ typedef struct moe_ep_plugin_v1 {
    * (recv_topk_idx names it in both slots, recv_count counts both). Combine
    * a handle before the dispatch after next: buffer sets alternate, and a
    * later dispatch on the same set replaces the layout (combine then fails
-   * with a sentence saying so). */
+   * with a sentence saying so). That check counts dispatches as they are
+   * called or captured: the replay of a CUDA graph re-runs its captured
+   * dispatches on their captured buffer sets unseen by the host, so a
+   * handle dispatched outside the graph is combined before any replay
+   * whose captured dispatch uses its set (else its combine reads the
+   * replay's layout, unreported). */
   moe_ep_status_t (*prepare)(moe_ep_group_t *group,
                              const moe_ep_prepare_params_t *params,
                              moe_ep_handle_t **handle);
