@@ -57,4 +57,5 @@ MEP_EXPORT const moe_ep_plugin_v1_t moe_ep_plugin_v1 = {
     .hook_free = mep_hook_free,
     .handle_free = mep_handle_free,
     .handle_layout = mep_handle_layout,
+    .group_busy_hook = mep_group_busy_hook,
 };

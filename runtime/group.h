@@ -119,6 +119,7 @@ moe_ep_status_t mep_combine(moe_ep_group_t *group, moe_ep_handle_t *handle,
                             const moe_ep_combine_params_t *params,
                             moe_ep_hook_t **hook);
 moe_ep_status_t mep_hook_run(moe_ep_hook_t *hook, void *stream);
+moe_ep_status_t mep_group_busy_hook(moe_ep_group_t *group, moe_ep_hook_t **hook);
 /* handle_layout.c */
 moe_ep_status_t mep_handle_layout(moe_ep_handle_t *handle,
                                   const moe_ep_handle_layout_params_t *params);

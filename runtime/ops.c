@@ -37,6 +37,19 @@ static moe_ep_status_t reserve_buffer_set(moe_ep_group_t *g, const char *entry,
   return MOE_EP_OK;
 }
 
+static moe_ep_status_t busy_hook_locked(moe_ep_group_t *g, moe_ep_hook_t **hook) {
+  if (hook == NULL) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "group_busy_hook: hook must be non-NULL");
+  }
+  *hook = g->pending[next_buffer_set(g)];
+  return MOE_EP_OK;
+}
+
+moe_ep_status_t mep_group_busy_hook(moe_ep_group_t *g, moe_ep_hook_t **hook) {
+  if (hook != NULL) *hook = NULL;
+  MEP_LOCKED_ENTRY(g, "group_busy_hook", busy_hook_locked(g, hook));
+}
+
 /* Sends, then either receives now or parks the op in a hook. Called with
  * validated arguments, under the group lock. */
 static moe_ep_status_t launch(moe_ep_group_t *g, mep_op_t *op,

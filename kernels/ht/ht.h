@@ -53,7 +53,12 @@ enum {
    * count word it did not send with it (it split its tokens into fewer
    * channels): expected = this rank's channels, seen = the stale word;
    * fatal. */
-  MEP_HT_OP_CHANNEL_UNSENT = 22
+  MEP_HT_OP_CHANNEL_UNSENT = 22,
+  /* A relay found a source's node word of this call stale although the
+   * source's count words of every channel were this call's (they come in
+   * one put): the ranks disagree on the node layout, or a bug; expected =
+   * this call's tag, seen = the node word; fatal. */
+  MEP_HT_OP_RELAY_WORD = 23
 };
 
 /* Capacities the window and state are sized for. */

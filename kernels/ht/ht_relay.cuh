@@ -61,7 +61,7 @@ __device__ bool mep_ht_relay_ring(const MepHtParams &p, const mep_ht_dispatch_ar
       1);
   if (MEP_HT_CNT_TAG(w) != tag) {
     if (g.index == 0 && lane == 0)
-      mep_record_timeout(p.wc, MEP_HT_OP_CHANNEL_UNSENT, s, -1, (uint64_t)p.chan, w);
+      mep_record_timeout(p.wc, MEP_HT_OP_RELAY_WORD, s, -1, (uint64_t)tag, w);
     return false;
   }
   const int expect = MEP_HT_CNT_ROWS(w);

@@ -21,7 +21,7 @@ extern "C" {
 
 #define MOE_EP_ABI_VERSION 1u
 #define MOE_EP_VERSION_MAJOR 0
-#define MOE_EP_VERSION_MINOR 3
+#define MOE_EP_VERSION_MINOR 4
 #define MOE_EP_VERSION_PATCH 0
 
 /* ---- status ------------------------------------------------------------ */
@@ -667,6 +667,17 @@ typedef struct moe_ep_plugin_v1 {
    * only); a backend without it: UNSUPPORTED. */
   moe_ep_status_t (*handle_layout)(moe_ep_handle_t *handle,
                                    const moe_ep_handle_layout_params_t *params);
+
+  /* ---- appended in 0.4 (check with MOE_EP_HAS_ENTRY before calling) ---- */
+
+  /* *hook = the hook whose unrun receive holds the buffer set that the
+   * group's next dispatch or combine uses (the hook that operation is
+   * refused MOE_EP_ERR_BUSY for), or NULL when that set is free. For a
+   * caller that keeps the hooks it made: after BUSY it learns whether the
+   * blocker is one of its own, to run it or abandon it (hook_free). The
+   * pointer is only to be compared; it may be another caller's hook. A
+   * failed group still answers. */
+  moe_ep_status_t (*group_busy_hook)(moe_ep_group_t *group, moe_ep_hook_t **hook);
 } moe_ep_plugin_v1_t;
 
 #define MOE_EP_PLUGIN_V1_SYMBOL "moe_ep_plugin_v1"

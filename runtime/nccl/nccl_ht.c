@@ -232,6 +232,11 @@ static const char *ht_op_name(int op) {
   }
 }
 
+/* What two ranks whose channel counts differ broke. */
+static const char kSameChannels[] =
+    "every rank of a high-throughput group must call set_num_sms with the same value, on "
+    "devices alike in SM count below 32 (which caps the channels); destroy the group";
+
 /* A kernel's fatal record, as a sentence. */
 static moe_ep_status_t record_error(const moe_ep_group_t *g, const mep_error_record_t *r) {
   if (r->op == MEP_HT_OP_CHANNELS && r->peer < 0) {
@@ -244,21 +249,27 @@ static moe_ep_status_t record_error(const moe_ep_group_t *g, const mep_error_rec
   if (r->op == MEP_HT_OP_CHANNELS) {
     return mep_error(MOE_EP_ERR_MISMATCH,
                      "an HT kernel on rank %d split its tokens into %llu channels but rank %d "
-                     "used %llu (count word %#llx): every rank of a high-throughput group must "
-                     "call set_num_sms with the same value; destroy the group",
+                     "used %llu (count word %#llx): %s",
                      r->rank, (unsigned long long)r->expected, r->peer,
                      (unsigned long long)((r->seen >> 24) & 0xffu),
-                     (unsigned long long)r->seen);
+                     (unsigned long long)r->seen, kSameChannels);
   }
   if (r->op == MEP_HT_OP_CHANNEL_UNSENT) {
     return mep_error(MOE_EP_ERR_MISMATCH,
                      "an HT dispatch kernel on rank %d split its tokens into %llu channels but "
                      "rank %d sent count words on fewer (its signal counted this call on a "
-                     "channel whose count word carries tag %u instead, word %#llx): every rank of a "
-                     "high-throughput group must call set_num_sms with the same value; destroy "
-                     "the group",
+                     "channel whose count word carries tag %u instead, word %#llx): %s",
                      r->rank, (unsigned long long)r->expected, r->peer,
-                     (unsigned)(r->seen >> 32), (unsigned long long)r->seen);
+                     (unsigned)(r->seen >> 32), (unsigned long long)r->seen, kSameChannels);
+  }
+  if (r->op == MEP_HT_OP_RELAY_WORD) {
+    return mep_error(MOE_EP_ERR_INTERNAL,
+                     "an HT dispatch kernel on rank %d, relaying for rank %d, found its node word "
+                     "of another call (tag %u, word %#llx; this call's tag is %llu) although its "
+                     "count words were this call's: the ranks disagree on ranks_per_node, or "
+                     "the relay protocol broke; destroy the group",
+                     r->rank, r->peer, (unsigned)(r->seen >> 32), (unsigned long long)r->seen,
+                     (unsigned long long)r->expected);
   }
   if (r->peer < 0) { /* a block's wait on its warps' rows of every source (mep_ht_wait_block) */
     return mep_error(MOE_EP_ERR_TIMEOUT,

@@ -54,6 +54,17 @@ static void ll_double_buffered(Ctx& c, const moe_ep_oracle::Problem& p, uint64_t
   expect_status(c, seed, "third pending dispatch", third.dispatch(MOE_EP_FLAG_DEFER_RECV, &hc),
                 MOE_EP_ERR_BUSY, "pending");
   if (hc != nullptr) fail(c, seed, "third pending dispatch", "returned a hook on failure");
+  // group_busy_hook names the hook BUSY waits for: A's, whose receive holds
+  // the buffer set the third dispatch uses.
+  moe_ep_hook_t* busy = nullptr;
+  if (expect_status(c, seed, "group_busy_hook", c.api->group_busy_hook(c.group, &busy),
+                    MOE_EP_OK) &&
+      busy != ha) {
+    fail(c, seed, "group_busy_hook", "did not name dispatch A's hook, whose set is next");
+  }
+  expect_status(c, seed, "group_busy_hook without an output",
+                c.api->group_busy_hook(c.group, nullptr), MOE_EP_ERR_INVALID_ARGUMENT,
+                "hook must be non-NULL");
   // A's receive runs on a second thread while this thread runs B's: the two
   // entries really overlap, as in an engine's two-batch overlap.
   moe_ep_status_t sa = MOE_EP_ERR_INTERNAL, sb = MOE_EP_ERR_INTERNAL;
@@ -64,6 +75,11 @@ static void ll_double_buffered(Ctx& c, const moe_ep_oracle::Problem& p, uint64_t
   expect_status(c, seed, "hook B (concurrently, first thread)", sb, MOE_EP_OK);
   expect_status(c, seed, "hook A run twice", c.api->hook_run(ha, nullptr),
                 MOE_EP_ERR_INVALID_ARGUMENT, "already ran");
+  if (expect_status(c, seed, "group_busy_hook after the receives",
+                    c.api->group_busy_hook(c.group, &busy), MOE_EP_OK) &&
+      busy != nullptr) {
+    fail(c, seed, "group_busy_hook after the receives", "named a hook; both sets are free");
+  }
   c.api->hook_free(ha);
   c.api->hook_free(hb);
   a.check_dispatch();

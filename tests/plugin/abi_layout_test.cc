@@ -147,7 +147,7 @@ TEST(AbiLayout, InitializersFromCxx) {
 
 TEST(AbiLayout, PluginTableV1) {
   EXPECT_EQ(MOE_EP_ABI_VERSION, 1u);
-  EXPECT_EQ(sizeof(moe_ep_plugin_v1_t), 184u);
+  EXPECT_EQ(sizeof(moe_ep_plugin_v1_t), 192u);
   PIN(moe_ep_plugin_v1_t, struct_size, 0);
   PIN(moe_ep_plugin_v1_t, abi_version, 8);
   PIN(moe_ep_plugin_v1_t, name, 16);
@@ -171,4 +171,5 @@ TEST(AbiLayout, PluginTableV1) {
   PIN(moe_ep_plugin_v1_t, hook_free, 160);
   PIN(moe_ep_plugin_v1_t, handle_free, 168);
   PIN(moe_ep_plugin_v1_t, handle_layout, 176);  // appended in 0.3
+  PIN(moe_ep_plugin_v1_t, group_busy_hook, 184);  // appended in 0.4
 }

@@ -1,9 +1,10 @@
-"""ctypes mirror of plugin/include/moe_ep.h (ABI v1, version 0.3).
+"""ctypes mirror of plugin/include/moe_ep.h (ABI v1, version 0.4).
 
 Field order and types follow the header exactly; tests/abi_layout_test.cc
 pins the C side, and test_abi.py checks these sizes against it. Entries
-appended after 0.2 (handle_layout) may be missing from an older library's
-table: _library.Library reads only what the table's struct_size covers.
+appended after 0.2 (handle_layout, group_busy_hook) may be missing from an
+older library's table: _library.Library reads only what the table's
+struct_size covers.
 """
 import ctypes
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_int,
@@ -209,8 +210,13 @@ class PluginV1(Structure):
         ("handle_free", CFUNCTYPE(None, _G)),
         # appended in 0.3
         ("handle_layout", CFUNCTYPE(_status, _G, POINTER(HandleLayoutParams))),
+        # appended in 0.4
+        ("group_busy_hook", CFUNCTYPE(_status, _G, POINTER(_G))),
     ]
 
+
+# The version that appended each optional entry.
+ENTRY_SINCE = {"handle_layout": "0.3", "group_busy_hook": "0.4"}
 
 # The smallest v1 table usable here: everything up to handle_free
 # (MOE_EP_LOADER_MIN_V1_SIZE, a 0.2 library); later entries are optional.

@@ -6,66 +6,83 @@ whether or not the hook of the earlier one ran. The library instead keeps a
 buffer set whose receive has not run, and refuses the operation that needs
 that set next (BusyError: "run that hook first"). An engine that dropped
 the hook (an exception between a layer call's two halves) could never run
-it, and every adapter on the group would be refused from then on. So an
-operation made through DroppedHooks.send that the library refuses as busy
-abandons the oldest receive still pending on the group (moe_ep.Hook.abandon:
-on the nccl backend in low-latency mode that fails the group with
-MismatchError, as dropping the hook would; elsewhere the group goes on)
-and is made again. A flow that runs its hooks in time is never refused, so
-it never gets here."""
+it, and every adapter on the group would be refused from then on. So when
+the library refuses an operation made through DroppedHooks.send as busy,
+and the hook it waits for (group_busy_hook) is one that send recorded, that
+receive is abandoned (moe_ep.Hook.abandon: on the nccl backend in
+low-latency mode that fails the group with MismatchError, as dropping the
+hook would; elsewhere the group goes on) and the operation is made again.
+A hook made elsewhere (Group.dispatch or Group.combine called directly)
+is never abandoned: that caller keeps the BusyError. Nor is any with
+double_buffer false: there one set serves every operation, so two
+micro-batches in flight is a turn error to report, not a dropped hook."""
+import ctypes
 import threading
 import weakref
 
-from .errors import BusyError
 from ._per_group import kept_on
+from .errors import BusyError
 from .handle import Hook
 
-_SETS = 2  # buffer sets a group alternates: at most this many receives pending
+_SETS = 2  # buffer sets a double-buffered group alternates: so many blockers at most
 
 
 class DroppedHooks:
-    """The pending receives made through send() on one group, oldest
-    first. Held weakly: a hook the engine lets go abandons its own receive
-    when collected (moe_ep.Hook); a hook that ran leaves at the next send."""
+    """The pending receives made through send() on one group. Held weakly:
+    a hook the engine lets go abandons its own receive when collected
+    (moe_ep.Hook); a hook that ran leaves at the next send."""
 
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._pending = []  # weakref(Hook), oldest first
+    def __init__(self, group):
+        self._group = weakref.ref(group)  # the group keeps the book, not the other way
+        self._lock = threading.Lock()  # one send at a time: the library serialises them anyway
+        self._pending = []  # weakref(Hook)
 
     def send(self, call):
-        """Returns call() (a group's dispatch or combine), made again after
-        abandoning the oldest pending receive each time the library
-        refuses it as busy; a Hook it returns is recorded."""
-        for _ in range(_SETS):
-            try:
-                result = call()
-                break
-            except BusyError:
-                if not self._abandon_oldest():
-                    raise
-        else:
-            result = call()  # every pending receive abandoned: the library's verdict stands
-        if isinstance(result, Hook):
-            with self._lock:
-                self._prune()
-                self._pending.append(weakref.ref(result))
-        return result
-
-    def _prune(self):
-        self._pending = [r for r in self._pending if r() is not None and r().pending]
-
-    def _abandon_oldest(self):
+        """Returns call() (a dispatch or combine on the group), made again
+        after abandoning the recorded receive the library refused it for;
+        a Hook it returns is recorded."""
         with self._lock:
-            self._prune()
-            if not self._pending:
-                return False
-            hook = self._pending.pop(0)()
-        if hook is not None:
-            hook.abandon()
-        return True
+            for attempt in range(_SETS + 1):
+                try:
+                    result = call()
+                except BusyError:
+                    if attempt == _SETS or not self._abandon_blocker():
+                        raise
+                    continue
+                if isinstance(result, Hook):
+                    self._pending = [r for r in self._pending if _pending(r)]
+                    self._pending.append(weakref.ref(result))
+                return result
+
+    def _abandon_blocker(self):
+        """Whether the operation may be made again: the hook the group's
+        next operation waits for was recorded here and is now abandoned,
+        or the set was freed meanwhile."""
+        group = self._group()
+        if group is None or not group.config.double_buffer:
+            return False
+        fn = group._lib.group_busy_hook  # None: a library older than 0.4 cannot say
+        if fn is None:
+            return False
+        out = ctypes.c_void_p()
+        if fn(group.pointer, ctypes.byref(out)) != 0:
+            return False
+        if out.value is None:
+            return True  # its receive ran meanwhile
+        for ref in self._pending:
+            hook = ref()
+            if hook is not None and hook._ptr == out.value:
+                hook.abandon()
+                return True
+        return False
+
+
+def _pending(ref):
+    hook = ref()
+    return hook is not None and hook.pending
 
 
 def group_dropped_hooks(group):
     """The DroppedHooks of a moe_ep.Group: one book for every adapter and
     Buffer on it."""
-    return kept_on(group, "_moe_ep_dropped_hooks", DroppedHooks)
+    return kept_on(group, "_moe_ep_dropped_hooks", lambda: DroppedHooks(group))

@@ -91,7 +91,8 @@ class Library:
         if fn is None:
             raise UnsupportedError(
                 "moe_ep: %s: the library '%s' (version %d.%d.%d) predates this entry; it "
-                "needs moe-ep 0.3 or later" % ((name, self.path) + tuple(self.version)), name)
+                "needs moe-ep %s or later"
+                % ((name, self.path) + tuple(self.version) + (_abi.ENTRY_SINCE[name],)), name)
         return fn
 
     def error(self, status, entry):

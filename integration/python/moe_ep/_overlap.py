@@ -106,11 +106,11 @@ class InFlight:
     so an operation may be registered under more than one tensor). Two
     operations registered under one tensor are taken oldest first.
 
-    The library fails the combine of a dispatch that two later dispatches
-    on its group followed (buffer sets alternate), so an adapter needs at
-    most two operations in flight (two micro-batches), and one it holds
-    when a third prepare starts is a layer call the engine gave up (an
-    exception between its prepare and its finalize). stale() hands that
+    An adapter needs at most two operations in flight (two micro-batches;
+    the library fails a combine once a later dispatch lands on its buffer
+    set, and sets alternate), so one it holds when a third prepare starts
+    is a layer call the engine gave up (an exception between its prepare
+    and its finalize). stale() hands that
     one out to be given up, so what an adapter holds stays bounded
     whatever the engine drops."""
 

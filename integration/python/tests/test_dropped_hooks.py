@@ -1,7 +1,8 @@
 """moe_ep._dropped: a receive left pending through DroppedHooks is
 abandoned when the library refuses the group's next operation on its
-buffer set as busy; a hook made outside the book keeps the library's
-BusyError. One real rank on the host backend, in this process."""
+buffer set as busy for it; a hook made outside the book, or any on a group
+with one buffer set, keeps the library's BusyError. One real rank on the
+host backend, in this process."""
 import pytest
 import torch
 
@@ -42,14 +43,28 @@ def test_busy_set_abandons_the_oldest_pending_receive(group):
 
 def test_hook_outside_the_book_keeps_busy(group):
     book = group_dropped_hooks(group)
-    held = send(group, 1, True)[2]  # not through the book: the caller still owns the turn
-    send(group, 2, False)
+    held = send(group, 1, True)[2]  # set 0, not through the book: its caller keeps the turn
+    live = book.send(lambda: send(group, 2, True)[2])  # set 1, recorded
     with pytest.raises(moe_ep.BusyError) as e:
-        book.send(lambda: send(group, 3, False))
+        book.send(lambda: send(group, 3, False))  # set 0
     assert "run that hook first" in str(e.value), str(e.value)
     assert held.pending, "a hook made outside the book was abandoned"
-    held()  # run, the group goes on
-    send(group, 4, False)
+    assert live.pending, "the book abandoned a receive that did not block the call"
+    held()
+    live()
+    book.send(lambda: send(group, 4, False))
+
+
+def test_one_buffer_set_keeps_busy(one_rank_group):
+    g = one_rank_group(mode="low_latency", num_experts=E, hidden=H, top_k=K,
+                       max_tokens_per_rank=16, double_buffer=False)
+    book = group_dropped_hooks(g)
+    first = book.send(lambda: send(g, 1, True)[2])
+    with pytest.raises(moe_ep.BusyError) as e:
+        book.send(lambda: send(g, 2, True)[2])  # two micro-batches need two sets
+    assert "double_buffer=false" in str(e.value), str(e.value)
+    assert first.pending, "with one buffer set the book abandoned the first receive"
+    first()
 
 
 def test_hooks_that_ran_leave_the_book(group):

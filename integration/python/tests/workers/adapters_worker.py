@@ -189,7 +189,7 @@ def dropped_across_adapters(g, seed):
     operation that needs that buffer set abandons the receive), at once,
     with the values of their own calls."""
     layers = [moe_ep.vllm.PrepareAndFinalize(g) for _ in range(2)]
-    d = moe_ep.sglang.Dispatcher(g)
+    d = moe_ep.sglang.Dispatcher(g)  # alive to the end: its hook is abandoned, not collected
     for step in range(4):
         inputs = oracle.all_inputs(P, seed + step)
         x, idx, w = torch_inputs(inputs[RANK])
@@ -197,8 +197,7 @@ def dropped_across_adapters(g, seed):
             layers[1].prepare_async(x, w, idx, P.num_experts, None, False, None)
             continue
         if step == 2:
-            d.dispatch_a(x, TopKOutput(w, idx))
-            d = moe_ep.sglang.Dispatcher(g)  # the engine gives up that dispatcher's layer
+            d.dispatch_a(x, TopKOutput(w, idx))  # stays at "dispatched", as SGLang's own would
             continue
         a1q, _, meta, _, _ = layers[0].prepare(x, w, idx, P.num_experts, None, False, None)
         check_dispatch(seed + step, inputs, moe_ep.DispatchResult(a1q, None,
@@ -208,6 +207,8 @@ def dropped_across_adapters(g, seed):
         layers[0].finalize(out, expert_outputs(g, a1q), w, idx, False, None)
         check_combine("layer 0 after a dropped dispatch (step %d)" % step, seed + step, out,
                       inputs[RANK])
+    expect_raises("the dropped SGLang receive", moe_ep.InvalidArgumentError,
+                  "abandoned before it ran", d.dispatch_b)
 
 
 def vllm_ll(g):
