@@ -30,7 +30,8 @@ _SETS = 2  # buffer sets a double-buffered group alternates: so many blockers at
 class DroppedHooks:
     """The pending receives made through send() on one group. Held weakly:
     a hook the engine lets go abandons its own receive when collected
-    (moe_ep.Hook); a hook that ran leaves at the next send."""
+    (moe_ep.Hook); hooks that ran leave once a few have gathered (at most
+    _SETS are pending in the library at once)."""
 
     def __init__(self, group):
         self._group = weakref.ref(group)  # the group keeps the book, not the other way
@@ -42,17 +43,28 @@ class DroppedHooks:
         after abandoning the recorded receive the library refused it for;
         a Hook it returns is recorded."""
         with self._lock:
-            for attempt in range(_SETS + 1):
-                try:
-                    result = call()
-                except BusyError:
-                    if attempt == _SETS or not self._abandon_blocker():
-                        raise
-                    continue
-                if isinstance(result, Hook):
+            try:
+                result = call()
+            except BusyError as busy:
+                result = self._again(call, busy)
+            if result.__class__ is Hook:
+                if len(self._pending) >= 2 * _SETS:  # receives that ran leave now and then
                     self._pending = [r for r in self._pending if _pending(r)]
-                    self._pending.append(weakref.ref(result))
-                return result
+                self._pending.append(weakref.ref(result))
+            return result
+
+    def _again(self, call, busy):
+        """call() once the receive it was refused for is abandoned (one per
+        buffer set at most); the BusyError stands where no recorded receive
+        blocks it."""
+        for _ in range(_SETS):
+            if not self._abandon_blocker():
+                raise busy
+            try:
+                return call()
+            except BusyError as e:
+                busy = e
+        raise busy
 
     def _abandon_blocker(self):
         """Whether the operation may be made again: the hook the group's
