@@ -50,7 +50,8 @@ typedef enum moe_ep_status {
  * the group is failed for good: from then on prepare, dispatch, combine,
  * hook_run, handle_layout and group_poll_error return that status with the
  * first failure's sentence, and the engine destroys the group
- * (group_destroy). group_info, set_num_sms and max_sms_used still answer.
+ * (group_destroy). group_info, set_num_sms, max_sms_used and
+ * group_busy_hook still answer.
  * The other statuses (INVALID_ARGUMENT, CONFIG, UNSUPPORTED, NO_MEMORY,
  * BUSY) do not fail the group.
  *
@@ -58,7 +59,7 @@ typedef enum moe_ep_status {
  * double_buffer, else one), and an operation whose set still holds a
  * deferred operation whose hook has not run is refused. With double_buffer
  * that is the third operation while the first hook is pending; without it,
- * the second. */
+ * the second. group_busy_hook (0.4) names the hook a refusal waits for. */
 
 /* ---- tensors ----------------------------------------------------------- */
 
@@ -446,7 +447,8 @@ typedef struct moe_ep_handle_layout_params {
  * Every entry may be called from any host thread.
  * - Entries that take a group, handle or hook (prepare, dispatch, combine,
  *   hook_run, hook_free, handle_free, handle_layout, group_poll_error,
- *   group_info, set_num_sms, max_sms_used) are serialised per group by one
+ *   group_info, set_num_sms, max_sms_used, group_busy_hook) are serialised
+ *   per group by one
  *   lock, so they may run concurrently on one group: an engine's overlap
  *   scheduler may run micro-batch A's hook on thread B while thread A
  *   dispatches or combines micro-batch B, and may free handles and hooks

@@ -52,6 +52,18 @@ static inline moe_ep_status_t moe_ep_call_handle_layout(
   return table->handle_layout(handle, params);
 }
 
+/* group_busy_hook (0.4) through a table of any size: MOE_EP_ERR_UNSUPPORTED
+ * (and *hook NULL) for a library whose table predates the entry. */
+static inline moe_ep_status_t moe_ep_call_group_busy_hook(const moe_ep_plugin_v1_t *table,
+                                                          moe_ep_group_t *group,
+                                                          moe_ep_hook_t **hook) {
+  if (table == NULL || !MOE_EP_HAS_ENTRY(table, group_busy_hook)) {
+    if (hook != NULL) *hook = NULL;
+    return MOE_EP_ERR_UNSUPPORTED;
+  }
+  return table->group_busy_hook(group, hook);
+}
+
 /* The entries every v1 table has (get_version .. handle_free), in order. */
 static const char *const moe_ep_load_required_names_[] = {
     "get_version",      "last_error", "status_string", "set_logger",   "config_from_yaml",

@@ -12,7 +12,9 @@ int moe_ep_c99_probe(void) {
   char err[64];
   moe_ep_handle_layout_params_t layout = MOE_EP_INIT(moe_ep_handle_layout_params_t);
   void *lib = moe_ep_load("/nonexistent/libmoe_ep.so", &table, err, sizeof err);
+  moe_ep_hook_t *busy = NULL;
   moe_ep_status_t st = moe_ep_call_handle_layout(table, NULL, &layout);
+  st = (moe_ep_status_t)(st + moe_ep_call_group_busy_hook(table, NULL, &busy));
   moe_ep_unload(lib);
   return (int)(params.struct_size + dispatch.struct_size) + (table != NULL) + (int)st;
 }

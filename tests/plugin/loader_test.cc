@@ -196,8 +196,9 @@ TEST(Loader, LibraryWithoutTable) {
   EXPECT_NE(std::strstr(err, "exports no moe_ep_plugin_v1"), nullptr) << err;
 }
 
-// A 0.2 library (table up to handle_free) loads; handle_layout, appended in
-// 0.3, is reported absent and the loader's wrapper answers UNSUPPORTED.
+// A 0.2 library (table up to handle_free) loads; handle_layout (0.3) and
+// group_busy_hook (0.4) are reported absent and the loader's wrappers
+// answer UNSUPPORTED.
 TEST(Loader, TableWithoutLaterEntries) {
   const moe_ep_plugin_v1_t* t = nullptr;
   char err[512] = "";
@@ -208,6 +209,10 @@ TEST(Loader, TableWithoutLaterEntries) {
   EXPECT_FALSE(MOE_EP_HAS_ENTRY(t, handle_layout));
   moe_ep_handle_layout_params_t p = moe_ep_handle_layout_params_init();
   EXPECT_EQ(moe_ep_call_handle_layout(t, nullptr, &p), MOE_EP_ERR_UNSUPPORTED);
+  EXPECT_FALSE(MOE_EP_HAS_ENTRY(t, group_busy_hook));
+  moe_ep_hook_t* busy = reinterpret_cast<moe_ep_hook_t*>(&p);
+  EXPECT_EQ(moe_ep_call_group_busy_hook(t, nullptr, &busy), MOE_EP_ERR_UNSUPPORTED);
+  EXPECT_EQ(busy, nullptr);
   moe_ep_unload(h);
 }
 
@@ -217,6 +222,9 @@ TEST_F(Loaded, HandleLayoutThroughTheLoader) {
   // The real entry runs: a bogus handle is refused with a sentence.
   EXPECT_EQ(moe_ep_call_handle_layout(t, nullptr, &p), MOE_EP_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::strstr(t->last_error(), "handle_layout: handle="), nullptr) << t->last_error();
+  EXPECT_TRUE(MOE_EP_HAS_ENTRY(t, group_busy_hook));
+  moe_ep_hook_t* busy = nullptr;
+  EXPECT_EQ(moe_ep_call_group_busy_hook(t, nullptr, &busy), MOE_EP_ERR_INVALID_ARGUMENT);
 }
 
 // A table with a NULL entry is refused naming it (the engine would crash

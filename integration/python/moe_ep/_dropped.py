@@ -59,12 +59,12 @@ class DroppedHooks:
         blocks it."""
         for _ in range(_SETS):
             if not self._abandon_blocker():
-                raise busy
+                raise busy from None  # the last refusal alone: the earlier ones were retried
             try:
                 return call()
             except BusyError as e:
                 busy = e
-        raise busy
+        raise busy from None
 
     def _abandon_blocker(self):
         """Whether the operation may be made again: the hook the group's
@@ -77,15 +77,16 @@ class DroppedHooks:
         if fn is None:
             return False
         out = ctypes.c_void_p()
-        if fn(group.pointer, ctypes.byref(out)) != 0:
-            return False
-        if out.value is None:
-            return True  # its receive ran meanwhile
-        for ref in self._pending:
-            hook = ref()
-            if hook is not None and hook._ptr == out.value:
-                hook.abandon()
-                return True
+        for _ in range(2):  # twice: a blocker run by another thread meanwhile matches nothing
+            if fn(group.pointer, ctypes.byref(out)) != 0:
+                return False
+            if out.value is None:
+                return True  # its receive ran meanwhile
+            for ref in self._pending:
+                hook = ref()
+                if hook is not None and hook._ptr == out.value:
+                    hook.abandon()
+                    return True
         return False
 
 

@@ -92,7 +92,8 @@ class Library:
             raise UnsupportedError(
                 "moe_ep: %s: the library '%s' (version %d.%d.%d) predates this entry; it "
                 "needs moe-ep %s or later"
-                % ((name, self.path) + tuple(self.version) + (_abi.ENTRY_SINCE[name],)), name)
+                % ((name, self.path) + tuple(self.version)
+                   + (_abi.ENTRY_SINCE.get(name, "a later version"),)), name)
         return fn
 
     def error(self, status, entry):

@@ -67,6 +67,18 @@ def test_one_buffer_set_keeps_busy(one_rank_group):
     first()
 
 
+def test_library_without_the_entry_keeps_busy(group, monkeypatch):
+    """A library older than 0.4 cannot name the blocker: nothing is abandoned."""
+    monkeypatch.setattr(group._lib, "group_busy_hook", None)
+    book = group_dropped_hooks(group)
+    dropped = book.send(lambda: send(group, 1, True)[2])
+    send(group, 2, False)
+    with pytest.raises(moe_ep.BusyError):
+        book.send(lambda: send(group, 3, False))
+    assert dropped.pending, "the book abandoned a receive the library could not name"
+    dropped()
+
+
 def test_hooks_that_ran_leave_the_book(group):
     book = group_dropped_hooks(group)
     for seed in range(8):

@@ -28,11 +28,12 @@ def test_loads_the_table_and_reports_the_version():
     assert lib.version == header_version()
 
 
-def test_the_table_has_the_entries_of_0_3():
+def test_the_table_has_the_entries_of_0_4():
     lib = moe_ep.Library(library_path())
-    assert lib.version[:2] >= (0, 3)
+    assert lib.version[:2] >= (0, 4)
     assert lib.handle_layout is not None
     assert lib.entry("handle_layout") is lib.handle_layout
+    assert lib.entry("group_busy_hook") is lib.group_busy_hook is not None
 
 
 def test_a_0_2_library_loads_without_the_later_entries():
@@ -46,6 +47,9 @@ def test_a_0_2_library_loads_without_the_later_entries():
     assert lib.handle_layout is None and lib.handle_free is not None
     with pytest.raises(moe_ep.UnsupportedError, match="predates this entry; it needs moe-ep 0.3"):
         lib.entry("handle_layout")
+    assert lib.group_busy_hook is None
+    with pytest.raises(moe_ep.UnsupportedError, match="predates this entry; it needs moe-ep 0.4"):
+        lib.entry("group_busy_hook")
 
 
 def test_a_table_with_a_null_entry_is_refused_naming_it():
