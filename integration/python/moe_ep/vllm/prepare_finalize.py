@@ -60,10 +60,11 @@ class PrepareAndFinalize:
     flight at once (the group's double_buffer); one tensor given to two
     prepares is finalized oldest first. A prepare that finds two
     operations in flight gives up the older: the engine dropped that layer
-    call, and after this dispatch the library could no longer combine it.
-    Its handle is freed, and a receive of it that never ran is abandoned
-    as a dropped hook is (moe_ep.Hook: on the nccl backend in low-latency
-    mode that fails the group). The LL receive buffers
+    call (the library refuses a combine once a later dispatch lands on its
+    buffer set). Its handle is freed, and a receive of it that never ran
+    is abandoned as a dropped hook is (moe_ep.Hook: on the nccl backend in
+    low-latency mode that fails the group); receives the engine dropped
+    are mostly abandoned earlier, by the group's book (moe_ep._dropped). The LL receive buffers
     (a1q, its scale, when the dispatch delivers them) are the group's two
     sets, used in turn by every prepare/finalize (one per MoE layer) and
     SGLang dispatcher on the group: valid until the group's dispatch after
