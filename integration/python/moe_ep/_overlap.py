@@ -110,9 +110,8 @@ class InFlight:
     the library fails a combine once a later dispatch lands on its buffer
     set, and sets alternate), so one it holds when a third prepare starts
     is a layer call the engine gave up (an exception between its prepare
-    and its finalize). stale() hands that
-    one out to be given up, so what an adapter holds stays bounded
-    whatever the engine drops."""
+    and its finalize). stale() hands that one out to be given up, so what
+    an adapter holds stays bounded whatever the engine drops."""
 
     def __init__(self, live=2):
         self._lock = threading.Lock()
@@ -143,16 +142,15 @@ class InFlight:
         topk_ids (the same object, else a tensor with the same storage and
         shape)."""
         with self._lock:
-            op = min((o for t, o in self._ops.get(id(topk_ids), ()) if t is topk_ids),
-                     key=lambda o: o.stamp, default=None)
+            op = _oldest(o for t, o in self._ops.get(id(topk_ids), ()) if t is topk_ids)
             if op is None:
                 op = self._by_storage(topk_ids)
             if op is None:
                 raise ValueError(
                     "%s: %s (shape %s) is not a tensor that a pending prepare got or returned; "
                     "%d operation(s) are in flight (a prepare gives up the oldest of two it "
-                    "finds in flight: finalize each before the prepare after next)" % (entry, arg, tuple(getattr(topk_ids, "shape", ())),
-                                     len(self._order)))
+                    "finds in flight: finalize each before the prepare after next)"
+                    % (entry, arg, tuple(getattr(topk_ids, "shape", ())), len(self._order)))
             self._remove(op)
             return op
 
@@ -179,16 +177,17 @@ class InFlight:
     def _by_storage(self, t):
         if not isinstance(t, torch.Tensor) or t.numel() == 0:
             return None
-        for op in self._order:  # oldest first
-            for entries in self._ops.values():
-                for held, o in entries:
-                    if o is op and held.data_ptr() == t.data_ptr() and held.shape == t.shape:
-                        return op
-        return None
+        return _oldest(o for entries in self._ops.values() for held, o in entries
+                       if held.data_ptr() == t.data_ptr() and held.shape == t.shape)
 
     def __len__(self):
         with self._lock:
             return len(self._order)
+
+
+def _oldest(ops):
+    """The operation of lowest stamp among ops, or None."""
+    return min(ops, key=lambda o: o.stamp, default=None)
 
 
 class RecvRing:
