@@ -12,10 +12,15 @@ and the hook it waits for (group_busy_hook) is one that send recorded, that
 receive is abandoned (moe_ep.Hook.abandon: on the nccl backend in
 low-latency mode that fails the group with MismatchError, as dropping the
 hook would; elsewhere the group goes on) and the operation is made again.
-A hook made elsewhere (Group.dispatch or Group.combine called directly)
-is never abandoned: that caller keeps the BusyError. Nor is any with
-double_buffer false: there one set serves every operation, so two
-micro-batches in flight is a turn error to report, not a dropped hook."""
+Only receives an adapter holds on the engine's behalf are recorded (the
+vLLM and SGLang adapters keep their layer calls' hooks, so one the engine
+dropped stays alive in the adapter). A hook the engine holds itself (the
+Buffer's return_recv_hook, Group.dispatch or Group.combine called
+directly) is never abandoned: its holder may still run it, and keeps the
+BusyError; one it lets go abandons its own receive when collected. Nor is
+anything abandoned with double_buffer false: there one set serves every
+operation, so two micro-batches in flight is a turn error to report, not a
+dropped hook."""
 import ctypes
 import threading
 import weakref
@@ -38,16 +43,18 @@ class DroppedHooks:
         self._lock = threading.Lock()  # one send at a time: the library serialises them anyway
         self._pending = []  # weakref(Hook)
 
-    def send(self, call):
+    def send(self, call, record=True):
         """Returns call() (a dispatch or combine on the group), made again
-        after abandoning the recorded receive the library refused it for;
-        a Hook it returns is recorded."""
+        after abandoning the recorded receive the library refused it for.
+        A Hook it returns is recorded when record is true (the adapter
+        holds it for the engine); False for one handed to the engine to
+        hold and run itself."""
         with self._lock:
             try:
                 result = call()
             except BusyError as busy:
                 result = self._again(call, busy)
-            if result.__class__ is Hook:
+            if record and result.__class__ is Hook:
                 if len(self._pending) >= 2 * _SETS:  # receives that ran leave now and then
                     self._pending = [r for r in self._pending if _pending(r)]
                 self._pending.append(weakref.ref(result))

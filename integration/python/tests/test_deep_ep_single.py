@@ -112,3 +112,28 @@ def test_failures_name_the_rank(lib):
     _rank_named._name(e, 0)
     assert str(e) == "dispatch on rank 0: params->x is NULL"
     buf.destroy()
+
+
+def test_held_hooks_keep_busy(lib):
+    """A third LL operation while the engine holds both earlier hooks is
+    refused with BusyError and the group stays usable: the engine may still
+    run those hooks, so nothing abandons them (an adapter's book abandons
+    only receives an adapter holds for the engine). Once the blocking hook
+    ran, the same operation goes through, and each hook's rows are its own
+    call's."""
+    buf = make_buffer(lib, True)
+    ll_round_trip(buf)
+    calls = [inputs(t) for t in (3, 5)]
+    held = [buf.low_latency_dispatch(x, idx, N, E, use_fp8=False, return_recv_hook=True)
+            for x, idx, _ in calls]
+    x, idx, w = inputs()
+    with pytest.raises(moe_ep.BusyError, match="run that hook first"):
+        buf.low_latency_dispatch(x, idx, N, E, use_fp8=False)
+    for (recv_x, count, _, _, hook), (cx, cidx, _) in zip(held, calls):
+        hook()
+        assert int(count.sum()) == cidx.numel(), \
+            "a held hook received %d slots, want %d" % (int(count.sum()), cidx.numel())
+    recv_x, _, handle, _, _ = buf.low_latency_dispatch(x, idx, N, E, use_fp8=False)
+    out, _, _ = buf.low_latency_combine(recv_x, idx, w, handle)
+    assert out.shape == x.shape
+    buf.destroy()

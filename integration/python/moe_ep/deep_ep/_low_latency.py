@@ -115,9 +115,10 @@ class LowLatencyMixin:
                                 num_experts, use_fp8, use_ue8m0)
         handle = g.prepare(topk_idx)
         try:
+            # Not recorded: the engine holds the hook and may still run it.
             res = group_dropped_hooks(g).send(
                 lambda: g.dispatch(handle, x, defer=return_recv_hook,
-                                   round_scale=bool(round_scale), format=fmt))
+                                   round_scale=bool(round_scale), format=fmt), record=False)
         except BaseException:  # the handle now, not whenever the traceback goes
             handle.free()
             raise
@@ -140,7 +141,7 @@ class LowLatencyMixin:
             hook = on_send_stream(g, receive)
         else:
             finish()
-        self._zero_copy_state().pass_turn()
+        self._zero_copy.pass_turn()
         recv_x = (res.recv_x, scales_cm) if scales_cm is not None else res.recv_x
         ll_handle = LowLatencyHandle(g, handle, num_max_dispatch_tokens_per_rank,
                                      int(x.shape[-1]), num_experts)
@@ -172,7 +173,7 @@ class LowLatencyMixin:
                         "are not read")
         if use_logfmt:
             _refuse(entry, "use_logfmt", True, "combine sends bf16 rows")
-        turns = self._zero_copy_state()
+        turns = self._zero_copy
         if zero_copy:
             x = turns.source(entry, x)
         if combine_wait_recv_cost_stats is not None:
@@ -196,7 +197,7 @@ class LowLatencyMixin:
         g = self._live_group("low_latency", entry)
         result = group_dropped_hooks(g).send(
             lambda: g.combine(ep_handle, x, topk_weights=topk_weights, out=out,
-                              defer=return_recv_hook))
+                              defer=return_recv_hook), record=False)
         turns.pass_turn()
         hook = None
         if return_recv_hook:
@@ -219,12 +220,6 @@ class LowLatencyMixin:
                                      g.config.max_tokens_per_rank, g.config.hidden,
                                      g.config.num_experts))
 
-    def _zero_copy_state(self):
-        turns = getattr(self, "_zero_copy", None)
-        if turns is None:
-            turns = self._zero_copy = _CombineBuffers()
-        return turns
-
     def get_next_low_latency_combine_buffer(self, handle):
         """[E_local, R*N, H] bf16: where the experts may write their outputs
         for the next low_latency_combine(..., zero_copy=True). moe-ep's
@@ -240,7 +235,7 @@ class LowLatencyMixin:
                             % (entry, type(handle).__name__))
         g = self._live_group("low_latency", entry)
         shape = (g.num_local_experts, g.world_size * g.config.max_tokens_per_rank, handle[3])
-        return self._zero_copy_state().current(shape, g.device)
+        return self._zero_copy.current(shape, g.device)
 
     def low_latency_update_mask_buffer(self, rank_to_mask, mask=False):
         _refuse("low_latency_update_mask_buffer", "rank_to_mask", rank_to_mask,
@@ -254,7 +249,7 @@ class LowLatencyMixin:
         _refuse("low_latency_clean_mask_buffer", "mask", None, "rank masking is not available")
 
 
-class _CombineBuffers:
+class CombineBuffers:
     """The two zero-copy combine buffers and whose turn it is (DeepEP's
     low_latency_buffer_idx): get_next_low_latency_combine_buffer hands out
     the current one, a zero_copy combine reads it, and each LL dispatch or

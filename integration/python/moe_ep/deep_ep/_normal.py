@@ -516,7 +516,8 @@ class NormalMixin:
     def combine(self, x, handle, topk_weights=None, bias=None, config=None, previous_event=None,
                 async_finish=False, allocate_on_comm_stream=False):
         """Returns (combined_x [T, H] bf16, combined_topk_weights, event):
-        the partials x summed over ranks ascending in f32, then bf16.
+        the partials x summed over ranks ascending in f32, then bf16 (with
+        ranks_per_node set, each node's first, then the node sums: moe_ep.h).
         bias (a [T, H] bf16 tensor, or DeepEP's pair (bias_0, bias_1)) is
         then added: bf16((bias_0 + bias_1) + combined) in f32. DeepEP adds
         the bias inside its f32 sum and rounds once; here the sum of the

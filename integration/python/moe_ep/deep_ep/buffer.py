@@ -191,6 +191,9 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         self._library = library
         self._ll_ep = None  # the moe_ep.Groups, created by each mode's first call
         self._ht_ep = None
+        # Made here, not at the first LL call: two micro-batch threads'
+        # first calls would each make one and lose a turn.
+        self._zero_copy = _low_latency.CombineBuffers()
         self._destroyed = False
         # The normal-mode group's growth (_normal): whether its cap was
         # derived (and may grow), the keys it was created from, whether its

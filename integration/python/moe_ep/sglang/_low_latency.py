@@ -33,7 +33,8 @@ class LowLatencyOutput(collections.namedtuple(
 
 class LowLatencyOp:
     """One layer call from dispatch_a to combine_b."""
-    __slots__ = ("mode", "handle", "recv", "topk_ids", "topk_weights", "expected_m")
+    __slots__ = ("mode", "handle", "sent", "recv", "combine_sent", "topk_ids", "topk_weights",
+                 "expected_m")
 
 
 class LowLatencyPath:
@@ -76,6 +77,7 @@ class LowLatencyPath:
         # fp8 scales in DeepEP's column-major layout, as SGLang's masked
         # grouped GEMM takes them from DeepEP.
         op.handle, op.topk_ids, op.topk_weights = handle, ids, w
+        op.sent, op.combine_sent = hook, None  # the Hooks, for a give-up (dispatcher._give_up)
         op.recv = Once(column_major_receive(hook), self._bound_s, self.group)
         t, k = (int(n) for n in ids.shape)
         e = g.config.num_experts
@@ -104,4 +106,5 @@ class LowLatencyPath:
             w = topk_weights
         hook = self._sends.send(
             lambda: self.group.combine(op.handle, hidden_states, topk_weights=w, defer=True))
+        op.combine_sent = hook
         return Once(hook, self._bound_s, self.group)

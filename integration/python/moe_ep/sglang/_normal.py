@@ -3,7 +3,8 @@
 each token travels once per destination rank into packed rows [N_recv, H]
 with its top-k ids (local, -1 elsewhere) and weights; the experts apply
 the weights, and combine sums the returned rows back onto their source
-tokens (over ranks ascending, f32, one bf16 rounding)."""
+tokens (over ranks ascending, f32, one bf16 rounding; with ranks_per_node
+set, each node's rows first, then the node sums: moe_ep.h)."""
 import collections
 
 import torch
@@ -37,7 +38,8 @@ class NormalOutput(collections.namedtuple(
 
 class NormalOp:
     """One layer call from dispatch_a to combine_b."""
-    __slots__ = ("mode", "handle", "recv", "num_recv", "recv_ids", "recv_weights")
+    __slots__ = ("mode", "handle", "sent", "recv", "combine_sent", "num_recv", "recv_ids",
+                 "recv_weights")
 
 
 def _pair(entry, rows):
@@ -99,6 +101,7 @@ class NormalPath:
         op = NormalOp()
         op.mode = self.mode
         op.handle, op.recv = handle, Once(hook, self._bound_s, self.group)
+        op.sent, op.combine_sent = hook, None  # the Hooks, for a give-up (dispatcher._give_up)
         op.num_recv = op.recv_ids = op.recv_weights = None
         return op
 
@@ -126,4 +129,5 @@ class NormalPath:
         same_shape(entry, sub, topk_ids=(topk_ids, op.recv_ids),
                    topk_weights=(topk_weights, op.recv_weights))
         hook = self._sends.send(lambda: self.group.combine(op.handle, hidden_states, defer=True))
+        op.combine_sent = hook
         return Once(hook, self._bound_s, self.group)

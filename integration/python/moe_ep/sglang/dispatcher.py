@@ -52,10 +52,17 @@ class Dispatcher:
     them). expert_alignment (normal mode, default 1): per-expert counts
     rounded up to it (SGLang passes 128 for DeepGEMM).
 
-    dispatch_b and combine_b may run on any thread; each half checks the
-    sub-batch's stage and raises RuntimeError naming it when called out of
-    order. Low-latency hidden_states are two buffer sets used in turn,
-    valid until the dispatch after next (as DeepEP's LL buffers)."""
+    dispatch_b and combine_b may run on any thread; dispatch_b, combine_a
+    and combine_b check the sub-batch's stage and raise RuntimeError
+    naming it when called out of order. A dispatch_a on a sub-batch that is
+    not idle gives up the layer call the sub-batch holds (the engine
+    dropped it, as a vLLM prepare gives up the older of two pending
+    calls), and so does a receive that raises, whose call cannot go on: a
+    receive of it that never ran is abandoned (moe_ep.Hook: on the nccl
+    backend in low-latency mode that fails the group), its handle freed,
+    and the sub-batch is idle again. Low-latency hidden_states are two
+    buffer sets used in turn, valid until the dispatch after next (as
+    DeepEP's LL buffers)."""
 
     def __init__(self, group=None, *, normal_group=None, deepep_mode=None,
                  weights_at_dispatch=True, normal_fp8=None, expert_alignment=1):
@@ -77,12 +84,17 @@ class Dispatcher:
         }
         self._stages = (_Stage(), _Stage())
 
-    def _stage(self, entry, index, want):
+    @staticmethod
+    def _index(entry, index):
         if index is None:
-            index = 0
+            return 0
         if index not in (0, 1):
             raise ValueError("%s: tbo_subbatch_index=%r; two-batch overlap has sub-batches 0 "
                              "and 1" % (entry, index))
+        return index
+
+    def _stage(self, entry, index, want):
+        index = self._index(entry, index)
         st = self._stages[index]
         if st.name != want:
             raise RuntimeError("%s: sub-batch %d is at stage '%s', %s needs '%s'"
@@ -106,10 +118,12 @@ class Dispatcher:
             if topk_idx is not None:
                 raise TypeError("%s: topk_idx given twice (positionally and by keyword)" % entry)
             topk_output, topk_idx = None, topk_output
-        st = self._stage(entry, tbo_subbatch_index, "idle")
+        st = self._stages[self._index(entry, tbo_subbatch_index)]
         ids, w = _inputs.routing(entry, topk_output, topk_idx, topk_weights)
         mode = _mode.resolve(self.deepep_mode, entry, is_extend_in_batch, forward_batch,
                              forward_mode)
+        if st.name != "idle":
+            _give_up(st)
         op = self._paths[mode].send(entry, hidden_states, ids, w)
         st.name, st.op = "dispatched", op
 
@@ -118,7 +132,11 @@ class Dispatcher:
         LowLatencyOutput or a NormalOutput, per the dispatch's mode."""
         st = self._stage("dispatch_b", tbo_subbatch_index, "dispatched")
         op = st.op
-        res = op.recv()
+        try:
+            res = op.recv()
+        except BaseException:
+            _give_up(st)
+            raise
         st.name = "received"
         return self._paths[op.mode].output(op, res)
 
@@ -181,9 +199,10 @@ class Dispatcher:
     def combine_b(self, *, tbo_subbatch_index=None):
         """Receives the combine; returns [T, H] bf16."""
         st = self._stage("combine_b", tbo_subbatch_index, "combining")
-        out = st.result()
-        st.op.handle.free()
-        st.name, st.op, st.result = "idle", None, None
+        try:
+            out = st.result()
+        finally:
+            _give_up(st)  # the receive ran (or failed): only the handle is left to free
         return out
 
     def set_quant_config(self, quant_config):
@@ -208,13 +227,28 @@ class Dispatcher:
     def pending_hook(self, tbo_subbatch_index=None):
         """The receive of the sub-batch's latest half, for another thread
         to run (it runs once; dispatch_b / combine_b then only collect)."""
-        st = self._stages[tbo_subbatch_index or 0]
+        index = self._index("pending_hook", tbo_subbatch_index)
+        st = self._stages[index]
         if st.name == "dispatched":
             return st.op.recv
         if st.name == "combining":
             return st.result
         raise RuntimeError("pending_hook: sub-batch %d is at stage '%s' with no receive pending"
-                           % (tbo_subbatch_index or 0, st.name))
+                           % (index, st.name))
+
+
+def _give_up(st):
+    """Frees the layer call a sub-batch holds and makes it idle: a receive
+    of it that never ran is abandoned (left pending, it would hold its
+    buffer set; running it here would race the other ranks, which may be
+    sending the next operation into that set already)."""
+    op, st.name, st.op, st.result = st.op, "idle", None, None
+    if op is None:
+        return
+    for hook in (op.sent, op.combine_sent):
+        if hook is not None:
+            hook.abandon()  # nothing happens to one that ran or failed
+    op.handle.free()
 
 
 name_rank_in(Dispatcher, lambda d: (d.group or d.normal_group).rank)

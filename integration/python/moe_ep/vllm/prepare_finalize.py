@@ -44,8 +44,10 @@ class PrepareAndFinalize:
     """vLLM's FusedMoEPrepareAndFinalize over `group` (a moe_ep.Group; its
     mode picks the format). weights_at_dispatch (low latency; default
     True): the router weights go with the dispatch and combine sums on the
-    experts' ranks; False sends them with the combine instead (one row
-    back per (token, expert), as DeepEP). scale_format (high throughput):
+    experts' ranks; False sends them with the combine instead, as DeepEP
+    (over NVLink they are pushed to the experts' ranks, which still
+    pre-reduce; over the network transports one row per (token, expert)
+    comes back; the sum is the same). scale_format (high throughput):
     the scales of rows an fp8 quant_config has quantised before the
     dispatch, "f32", "ue8m0" (powers of two in f32, for UE8M0 experts) or
     "ue8m0_packed" (four exponents per int32); default the group's

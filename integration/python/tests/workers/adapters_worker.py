@@ -209,6 +209,8 @@ def dropped_across_adapters(g, seed):
                       inputs[RANK])
     expect_raises("the dropped SGLang receive", moe_ep.InvalidArgumentError,
                   "abandoned before it ran", d.dispatch_b)
+    # The receive that raised gave its layer call up: the dispatcher goes on.
+    sglang_single(d, seed + 4)
 
 
 def vllm_ll(g):
@@ -345,6 +347,31 @@ def sglang_positional(d, seed):
     check_combine("sglang positional combine()", seed, d.combine(y, idx, w), inp)
 
 
+def sglang_redispatch(d, seed):
+    """A sub-batch dispatched again before its receive ran (the engine
+    dropped that layer call): the earlier call is given up, its receive
+    abandoned, and the new one is received and combined with its own
+    values. A sub-batch index out of range is refused by name."""
+    first = torch_inputs(oracle.make_inputs(P, seed, RANK))
+    d.dispatch_a(first[0], TopKOutput(first[2], first[1]), tbo_subbatch_index=1)
+    dropped = d.pending_hook(1)
+    inp = oracle.make_inputs(P, seed + 1, RANK)
+    x, idx, w = torch_inputs(inp)
+    d.dispatch_a(x, TopKOutput(w, idx), tbo_subbatch_index=1)
+    expect_raises("the given-up sub-batch's receive", moe_ep.InvalidArgumentError,
+                  "abandoned before it ran", dropped)
+    o = d.dispatch_b(tbo_subbatch_index=1)
+    check_dispatch(seed + 1, oracle.all_inputs(P, seed + 1),
+                   moe_ep.DispatchResult(o.hidden_states, None, o.masked_m), P.hidden)
+    y = expert_outputs(d.group, o.hidden_states)
+    d.combine_a(y, idx, w, tbo_subbatch_index=1)
+    check_combine("sglang combine after a redispatch", seed + 1,
+                  d.combine_b(tbo_subbatch_index=1), inp)
+    for bad in (2, -1):
+        expect_raises("pending_hook(%d)" % bad, ValueError, "tbo_subbatch_index=%d" % bad,
+                      lambda: d.pending_hook(bad))
+
+
 def sglang(g):
     sglang_tbo(moe_ep.sglang.Dispatcher(g), 201)
     sglang_single(moe_ep.sglang.Dispatcher(g), 231)
@@ -353,6 +380,7 @@ def sglang(g):
         sglang_tbo(moe_ep.sglang.Dispatcher(g, weights_at_dispatch=False), 211)
         sglang_single(moe_ep.sglang.Dispatcher(g, weights_at_dispatch=False), 232)
         sglang_bad_input(moe_ep.sglang.Dispatcher(g), 221)
+        sglang_redispatch(moe_ep.sglang.Dispatcher(g), 251)
 
 
 # ---- vLLM, high throughput -----------------------------------------------------------
