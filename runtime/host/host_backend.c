@@ -22,6 +22,10 @@ typedef struct host_state {
   mep_host_layout_t layout;
   uint8_t *staging;  /* one destination's rows */
   uint64_t *counts;  /* [R] stable sources of the row-count puts */
+  /* [R] each source's count word of the dispatch being received, read
+   * once (recv_half): a later operation's puts may land in the region
+   * while it is read, so every use reads this copy. */
+  uint64_t *recv_words;
   mep_layout_book_t book; /* which dispatch's layout each buffer set holds */
   /* seq + 1 of the last combine whose receive was abandoned, until this
    * rank's next send has waited for every peer to reach it (0: none). */
@@ -41,6 +45,10 @@ typedef struct host_state {
     int32_t sent;
     int32_t received;
   } reuse[MEP_NUM_BUFFER_SETS];
+  /* Per buffer set: seq + 1 of this rank's last dispatch sent into it (0:
+   * none), whose rows every peer must have read before the set's next
+   * dispatch overwrites them (wait_read). */
+  uint64_t read_due[MEP_NUM_BUFFER_SETS];
 } host_state_t;
 
 static uint64_t host_buffer_bytes(const moe_ep_config_t *cfg, int world) {
@@ -55,6 +63,7 @@ static moe_ep_status_t host_destroy(moe_ep_group_t *g) {
   mep_host_mesh_destroy(hs->mesh);
   free(hs->staging);
   free(hs->counts);
+  free(hs->recv_words);
   free(hs);
   g->impl = NULL;
   return MOE_EP_OK;
@@ -67,7 +76,8 @@ static moe_ep_status_t host_create(moe_ep_group_t *g) {
   mep_host_layout_init(&hs->layout, &g->cfg, g->world_size);
   hs->staging = malloc((size_t)g->cfg.max_tokens_per_rank * hs->layout.row_max);
   hs->counts = calloc((size_t)g->world_size, sizeof(uint64_t));
-  if (hs->staging == NULL || hs->counts == NULL) {
+  hs->recv_words = calloc((size_t)g->world_size, sizeof(uint64_t));
+  if (hs->staging == NULL || hs->counts == NULL || hs->recv_words == NULL) {
     (void)host_destroy(g);
     return mep_error(MOE_EP_ERR_NO_MEMORY, "host backend: out of memory");
   }
@@ -367,16 +377,54 @@ static const uint8_t *source_row(host_state_t *hs, const moe_ep_group_t *g,
                                    g->cfg.max_tokens_per_rank, i, rl->row_bytes);
 }
 
-static uint64_t count_word(host_state_t *hs, const mep_op_t *op, int s) {
-  uint64_t w;
-  memcpy(&w, mep_host_mesh_local(hs->mesh) +
-                 mep_host_off_dispatch_count(&hs->layout, op->buffer_set, s),
-         8);
-  return w;
+/* Rows of one token's combine: one per slot (LL), one per distinct
+ * destination rank (HT); a dispatch row's ordinal indexes them. */
+static int combine_width(const moe_ep_group_t *g, const mep_op_t *op) {
+  int K = op->handle->top_k;
+  if (op->mode == MOE_EP_MODE_LOW_LATENCY) return K;
+  return K < g->world_size ? K : g->world_size;
 }
 
-static int64_t source_count(host_state_t *hs, const mep_op_t *op, int s) {
-  return (int64_t)(count_word(hs, op, s) & 0xffffffffu);
+/* Each source's count word, read once into recv_words. */
+static void read_count_words(moe_ep_group_t *g, const mep_op_t *op) {
+  host_state_t *hs = g->impl;
+  for (int s = 0; s < g->world_size; s++) {
+    hs->recv_words[s] = __atomic_load_n(
+        (const uint64_t *)(mep_host_mesh_local(hs->mesh) +
+                           mep_host_off_dispatch_count(&hs->layout, op->buffer_set, s)),
+        __ATOMIC_ACQUIRE);
+  }
+}
+
+static int64_t source_count(const host_state_t *hs, int s) {
+  return (int64_t)(hs->recv_words[s] & 0xffffffffu);
+}
+
+/* One row's header, copied out of the region and checked; every use of a
+ * header field reads such a copy, so a field that changes under the reader
+ * cannot index past what was checked. */
+typedef struct row_head {
+  int32_t token, ordinal;
+  int32_t lids[MEP_MAX_TOP_K];
+} row_head_t;
+
+static int read_head(const uint8_t *row, int K, int M, int width, int E_l, row_head_t *h) {
+  h->token = mep_row_token(row);
+  h->ordinal = mep_row_ordinal(row);
+  memcpy(h->lids, mep_row_lids(row), (size_t)K * sizeof(int32_t));
+  int ok = h->token >= 0 && h->token < M && h->ordinal >= 0 && h->ordinal < width;
+  for (int k = 0; k < K && ok; k++) ok = h->lids[k] >= -1 && h->lids[k] < E_l;
+  return ok;
+}
+
+/* A row that passed check_rows and failed at its use: a peer's puts of a
+ * later operation landed while this rank read the set. */
+static moe_ep_status_t rows_changed(const moe_ep_group_t *g, const mep_op_t *op, int s) {
+  return mep_error(MOE_EP_ERR_INTERNAL,
+                   "dispatch on rank %d: rank %d's rows in buffer set %d changed while this "
+                   "rank read them (operation %llu): a later operation's data landed before "
+                   "this rank had read the set",
+                   g->rank, s, op->buffer_set, (unsigned long long)op->seq);
 }
 
 /* Every source made this call with this rank's hidden, top_k and row
@@ -387,7 +435,7 @@ static moe_ep_status_t check_descs(moe_ep_group_t *g, const mep_op_t *op) {
   host_state_t *hs = g->impl;
   const uint32_t mine = row_desc(op);
   for (int s = 0; s < g->world_size; s++) {
-    const uint32_t theirs = (uint32_t)(count_word(hs, op, s) >> 32);
+    const uint32_t theirs = (uint32_t)(hs->recv_words[s] >> 32);
     if (theirs == mine) continue;
     char a[96], b[96];
     row_desc_text(theirs, a, sizeof a);
@@ -407,25 +455,21 @@ static moe_ep_status_t check_rows(moe_ep_group_t *g, const mep_op_t *op,
                                   const mep_row_layout_t *rl, int width) {
   host_state_t *hs = g->impl;
   int M = g->cfg.max_tokens_per_rank, K = op->handle->top_k, E_l = g->num_local_experts;
+  row_head_t head;
   for (int s = 0; s < g->world_size; s++) {
-    int64_t n = source_count(hs, op, s);
+    int64_t n = source_count(hs, s);
     if (n < 0 || n > M) {
       return mep_error(MOE_EP_ERR_INTERNAL,
-                       "dispatch: rank %d announced %lld rows, more than "
+                       "dispatch on rank %d: rank %d announced %lld rows, more than "
                        "max_tokens_per_rank=%d (corrupt or mismatched peer)",
-                       s, (long long)n, M);
+                       g->rank, s, (long long)n, M);
     }
     for (int64_t i = 0; i < n; i++) {
-      const uint8_t *row = source_row(hs, g, op, rl, s, (int)i);
-      const int32_t *lids = mep_row_lids(row);
-      int bad = mep_row_token(row) < 0 || mep_row_token(row) >= M ||
-                mep_row_ordinal(row) < 0 || mep_row_ordinal(row) >= width;
-      for (int k = 0; k < K && !bad; k++) bad = lids[k] < -1 || lids[k] >= E_l;
-      if (bad) {
+      if (!read_head(source_row(hs, g, op, rl, s, (int)i), K, M, width, E_l, &head)) {
         return mep_error(MOE_EP_ERR_INTERNAL,
-                         "dispatch: row %lld from rank %d is malformed (token %d, ordinal "
-                         "%d, or a local expert outside [-1, %d))",
-                         (long long)i, s, mep_row_token(row), mep_row_ordinal(row), E_l);
+                         "dispatch on rank %d: row %lld from rank %d is malformed (token %d, "
+                         "ordinal %d, or a local expert outside [-1, %d))",
+                         g->rank, (long long)i, s, head.token, head.ordinal, E_l);
       }
     }
   }
@@ -436,13 +480,16 @@ static moe_ep_status_t dispatch_recv_ll(moe_ep_group_t *g, mep_op_t *op,
                                         const mep_row_layout_t *rl) {
   host_state_t *hs = g->impl;
   int R = g->world_size, K = op->handle->top_k, E_l = g->num_local_experts;
+  int M = g->cfg.max_tokens_per_rank, W = combine_width(g, op);
   int64_t total = 0;
+  row_head_t head;
   memset(op->recv_count, 0, (size_t)E_l * 4u);
   for (int s = 0; s < R; s++) {
-    for (int64_t i = 0; i < source_count(hs, op, s); i++) {
-      const int32_t *lids = mep_row_lids(source_row(hs, g, op, rl, s, (int)i));
+    for (int64_t i = 0; i < source_count(hs, s); i++) {
+      if (!read_head(source_row(hs, g, op, rl, s, (int)i), K, M, W, E_l, &head))
+        return rows_changed(g, op, s);
       for (int k = 0; k < K; k++) {
-        if (lids[k] >= 0) op->recv_count[lids[k]]++, total++;
+        if (head.lids[k] >= 0) op->recv_count[head.lids[k]]++, total++;
       }
     }
   }
@@ -467,13 +514,18 @@ static moe_ep_status_t dispatch_recv_ll(moe_ep_group_t *g, mep_op_t *op,
     free(tab);
     return mep_error(MOE_EP_ERR_NO_MEMORY, "dispatch: out of memory");
   }
-  for (int s = 0; s < R; s++) {
-    for (int64_t i = 0; i < source_count(hs, op, s); i++) {
+  moe_ep_status_t st = MOE_EP_OK;
+  for (int s = 0; s < R && st == MOE_EP_OK; s++) {
+    for (int64_t i = 0; i < source_count(hs, s) && st == MOE_EP_OK; i++) {
       const uint8_t *row = source_row(hs, g, op, rl, s, (int)i);
-      const int32_t *lids = mep_row_lids(row);
-      for (int k = 0; k < K; k++) {
-        int e = lids[k];
+      if (!read_head(row, K, M, W, E_l, &head)) st = rows_changed(g, op, s);
+      for (int k = 0; k < K && st == MOE_EP_OK; k++) {
+        int e = head.lids[k];
         if (e < 0) continue;
+        if (cursor[e] >= op->recv_count[e]) {
+          st = rows_changed(g, op, s); /* more rows name e than the first pass counted */
+          break;
+        }
         int slot = cursor[e]++;
         size_t flat = (size_t)e * (size_t)slots + (size_t)slot;
         mep_row_unpack_ll(rl, row, (uint8_t *)op->recv_x + flat * x_row,
@@ -481,12 +533,16 @@ static moe_ep_status_t dispatch_recv_ll(moe_ep_group_t *g, mep_op_t *op,
                           packed);
         int32_t *rec = tab->rec[tab->expert_start[e] + slot];
         rec[0] = s;
-        rec[1] = mep_row_token(row);
+        rec[1] = head.token;
         rec[2] = k;
       }
     }
   }
   free(cursor);
+  if (st != MOE_EP_OK) {
+    free(tab);
+    return st;
+  }
   free(op->handle->backend);
   op->handle->backend = tab;
   return MOE_EP_OK;
@@ -496,8 +552,10 @@ static moe_ep_status_t dispatch_recv_ht(moe_ep_group_t *g, mep_op_t *op,
                                         const mep_row_layout_t *rl) {
   host_state_t *hs = g->impl;
   int R = g->world_size, K = op->handle->top_k, E_l = g->num_local_experts;
+  int M = g->cfg.max_tokens_per_rank, W = combine_width(g, op);
+  row_head_t head;
   int64_t total = 0;
-  for (int s = 0; s < R; s++) total += source_count(hs, op, s);
+  for (int s = 0; s < R; s++) total += source_count(hs, s);
   if (total > op->recv_capacity) {
     return mep_error(MOE_EP_ERR_INTERNAL,
                      "dispatch on rank %d: received %lld rows but recv_x holds %lld (prepare "
@@ -512,9 +570,13 @@ static moe_ep_status_t dispatch_recv_ht(moe_ep_group_t *g, mep_op_t *op,
   size_t s_row = rl->fp8 ? scale_row_bytes(op) : 0;
   int64_t n = 0;
   for (int s = 0; s < R; s++) {
-    for (int64_t i = 0; i < source_count(hs, op, s); i++, n++) {
+    for (int64_t i = 0; i < source_count(hs, s); i++, n++) {
       const uint8_t *row = source_row(hs, g, op, rl, s, (int)i);
-      const int32_t *lids = mep_row_lids(row);
+      if (!read_head(row, K, M, W, E_l, &head)) {
+        free(tab);
+        return rows_changed(g, op, s);
+      }
+      const int32_t *lids = head.lids;
       const float *w = mep_row_weights(rl, row);
       mep_row_unpack_ht(rl, row, (uint8_t *)op->recv_x + (size_t)n * x_row,
                         rl->fp8 ? (uint8_t *)op->recv_scales + (size_t)n * s_row : NULL,
@@ -525,8 +587,8 @@ static moe_ep_status_t dispatch_recv_ht(moe_ep_group_t *g, mep_op_t *op,
         if (lids[k] >= 0) op->recv_count[lids[k]]++;
       }
       tab->rec[n][0] = s;
-      tab->rec[n][1] = mep_row_token(row);
-      tab->rec[n][2] = mep_row_ordinal(row);
+      tab->rec[n][1] = head.token;
+      tab->rec[n][2] = head.ordinal;
     }
   }
   /* Worst-case sizing: the rows past the receive name no expert, so a
@@ -542,12 +604,6 @@ static moe_ep_status_t dispatch_recv_ht(moe_ep_group_t *g, mep_op_t *op,
   free(op->handle->backend);
   op->handle->backend = tab;
   return MOE_EP_OK;
-}
-
-static int combine_width(const moe_ep_group_t *g, const mep_op_t *op) {
-  int K = op->handle->top_k;
-  if (op->mode == MOE_EP_MODE_LOW_LATENCY) return K;
-  return K < g->world_size ? K : g->world_size;
 }
 
 static moe_ep_status_t combine_send(moe_ep_group_t *g, mep_op_t *op) {
@@ -699,6 +755,46 @@ static moe_ep_status_t wait_reuse(moe_ep_group_t *g, const mep_op_t *op) {
   return MOE_EP_OK;
 }
 
+/* Before a dispatch writes its buffer set: every peer has read this rank's
+ * previous dispatch there (its read word), or refused that dispatch (its
+ * refusal word: it reads nothing). Usually a combine between the two has
+ * ordered them already (each peer signals it after its dispatch receive);
+ * this covers a second dispatch with none between (a cached dispatch
+ * again on one buffer set, a dispatch receive a peer abandoned), where a
+ * fast rank's rows would otherwise land while a slow peer still reads the
+ * previous ones. A peer answers after its receive, which needs nothing of
+ * this rank's after that dispatch, so waiting here cannot close a
+ * cycle. */
+static moe_ep_status_t wait_read(moe_ep_group_t *g, const mep_op_t *op) {
+  host_state_t *hs = g->impl;
+  const uint64_t due = hs->read_due[op->buffer_set];
+  if (due == 0) return MOE_EP_OK;
+  char what[112];
+  snprintf(what, sizeof what, "dispatch (operation %llu, buffer set %d, after dispatch %llu there)",
+           (unsigned long long)op->seq, op->buffer_set, (unsigned long long)(due - 1));
+  for (int s = 0; s < g->world_size; s++) {
+    if (s == g->rank) continue; /* its own receive ran first (the set was not busy) */
+    MEP_CHECK(mep_host_mesh_wait_read(hs->mesh,
+                                      mep_host_off_dispatch_read(&hs->layout, op->buffer_set, s),
+                                      mep_host_off_refusal(&hs->layout, op->buffer_set, 0, s),
+                                      due, s, what));
+  }
+  return MOE_EP_OK;
+}
+
+/* This rank is done reading the sources' rows of dispatch `op` (it read
+ * them, or will not): each source may write the set again (wait_read).
+ * Quiet: the receive's own status is what the caller reports. */
+static void say_read(moe_ep_group_t *g, const mep_op_t *op) {
+  host_state_t *hs = g->impl;
+  for (int s = 0; s < g->world_size; s++) {
+    if (s == g->rank) continue;
+    mep_host_mesh_signal_quiet(hs->mesh, s,
+                               mep_host_off_dispatch_read(&hs->layout, op->buffer_set, g->rank),
+                               op->seq + 1);
+  }
+}
+
 /* The combine of operation `seq` was received (or its receive abandoned,
  * which the owed wait stands in for): no dispatch waits for it any more. */
 static void reuse_received(host_state_t *hs, uint64_t seq) {
@@ -717,13 +813,17 @@ static moe_ep_status_t host_send(moe_ep_group_t *g, mep_op_t *op) {
   }
   mep_host_mesh_begin(hs->mesh);
   if (hs->owed != 0) MEP_CHECK(wait_owed(g));
-  if (op->kind == MEP_OP_DISPATCH) MEP_CHECK(wait_reuse(g, op));
+  if (op->kind == MEP_OP_DISPATCH) {
+    MEP_CHECK(wait_reuse(g, op));
+    MEP_CHECK(wait_read(g, op));
+  }
   moe_ep_status_t st =
       op->kind == MEP_OP_COMBINE
           ? combine_send(g, op)
           : mep_layout_book_record(&hs->book, op->buffer_set, op->seq, dispatch_send(g, op));
   if (st == MOE_EP_OK && op->kind == MEP_OP_DISPATCH) {
     hs->reuse[op->buffer_set].sent = 0;
+    hs->read_due[op->buffer_set] = op->seq + 1;
   } else if (st == MOE_EP_OK) {
     const slot_table_t *tab = op->handle->backend;
     hs->reuse[tab->set].comb_seq = op->seq;
@@ -765,11 +865,18 @@ static moe_ep_status_t recv_half(moe_ep_group_t *g, mep_op_t *op) {
   }
   mep_row_layout_t rl;
   row_layout_for(op, &rl);
-  MEP_CHECK(wait_all(g, op, 0));
-  MEP_CHECK(check_descs(g, op));
-  MEP_CHECK(check_rows(g, op, &rl, combine_width(g, op)));
-  MEP_CHECK(op->mode == MOE_EP_MODE_LOW_LATENCY ? dispatch_recv_ll(g, op, &rl)
-                                                : dispatch_recv_ht(g, op, &rl));
+  moe_ep_status_t st = wait_all(g, op, 0);
+  if (st == MOE_EP_OK) {
+    read_count_words(g, op);
+    st = check_descs(g, op);
+  }
+  if (st == MOE_EP_OK) st = check_rows(g, op, &rl, combine_width(g, op));
+  if (st == MOE_EP_OK)
+    st = op->mode == MOE_EP_MODE_LOW_LATENCY ? dispatch_recv_ll(g, op, &rl)
+                                             : dispatch_recv_ht(g, op, &rl);
+  /* Read, or refused: either way this rank reads no more of it. */
+  say_read(g, op);
+  if (st != MOE_EP_OK) return st;
   slot_table_t *tab = op->handle->backend;
   tab->set = op->buffer_set;
   tab->seq = op->seq;
@@ -809,8 +916,9 @@ static moe_ep_status_t host_handle_layout(moe_ep_group_t *g, mep_handle_state_t 
  * is abandoned, the next send waits for each peer to have signalled that
  * combine instead, or a fast rank could overwrite rows a slow one is still
  * reading. An abandoned
- * dispatch receive needs nothing: its peers' combine of it then waits for
- * this rank's combine, which never comes, and reports it. */
+ * dispatch receive tells its sources it is done reading (say_read); its
+ * peers' combine of it then waits for this rank's combine, which never
+ * comes, and reports it. */
 static void host_abandon(moe_ep_group_t *g, const mep_op_t *op) {
   host_state_t *hs = g->impl;
   /* The latest such combine: its wait covers the earlier ones (hooks may
@@ -818,6 +926,9 @@ static void host_abandon(moe_ep_group_t *g, const mep_op_t *op) {
    * progress past it, which stands in for its receive in wait_reuse too. */
   if (op->kind == MEP_OP_COMBINE && op->seq + 1 > hs->owed) hs->owed = op->seq + 1;
   if (op->kind == MEP_OP_COMBINE) reuse_received(hs, op->seq);
+  /* This rank will not read that dispatch's rows: the sources may write
+   * the set again. */
+  if (op->kind == MEP_OP_DISPATCH) say_read(g, op);
 }
 
 static moe_ep_status_t host_poll_error(moe_ep_group_t *g) { return MOE_EP_OK; }

@@ -33,7 +33,8 @@ void mep_host_layout_init(mep_host_layout_t *l, const moe_ep_config_t *cfg,
   /* two halves of combine flags and rows (mep_host_combine_half) */
   l->dispatch_refusals = l->combine_flags + 2u * ALIGN64(w * 8u);
   l->combine_refusals = l->dispatch_refusals + ALIGN64(w * 8u);
-  l->dispatch_rows = l->combine_refusals + ALIGN64(w * 8u);
+  l->dispatch_reads = l->combine_refusals + ALIGN64(w * 8u);
+  l->dispatch_rows = l->dispatch_reads + ALIGN64(w * 8u);
   l->combine_area = l->dispatch_rows + ALIGN64(w * m * l->row_max);
   l->set_bytes = l->combine_area + 2u * l->combine_rows * l->combine_row_bytes;
 }
@@ -62,6 +63,10 @@ size_t mep_host_off_combine_flag(const mep_host_layout_t *l, int set, int half, 
 size_t mep_host_off_refusal(const mep_host_layout_t *l, int set, int combine, int src) {
   return (size_t)set * l->set_bytes + (combine ? l->combine_refusals : l->dispatch_refusals) +
          (size_t)src * 8u;
+}
+
+size_t mep_host_off_dispatch_read(const mep_host_layout_t *l, int set, int src) {
+  return (size_t)set * l->set_bytes + l->dispatch_reads + (size_t)src * 8u;
 }
 
 /* Rows of one source use the op's row size, packed from the source's slot

@@ -24,7 +24,7 @@ typedef struct mep_host_layout {
   size_t set_bytes;
   /* offsets inside one set */
   size_t dispatch_flags, dispatch_counts, combine_flags, dispatch_refusals,
-      combine_refusals, dispatch_rows, combine_area;
+      combine_refusals, dispatch_reads, dispatch_rows, combine_area;
 } mep_host_layout_t;
 
 void mep_host_layout_init(mep_host_layout_t *l, const moe_ep_config_t *cfg,
@@ -48,6 +48,10 @@ size_t mep_host_off_combine_flag(const mep_host_layout_t *l, int set, int half, 
  * this set, signalled in place of that operation's flag (host_backend.c:
  * host_op_refused); one word per kind, as the flags are. */
 size_t mep_host_off_refusal(const mep_host_layout_t *l, int set, int combine, int src);
+/* The dispatch (seq + 1) of this rank's that src has finished reading in
+ * this set (or will not read: it abandoned that receive): this rank's next
+ * dispatch into the set waits for it (host_backend.c: wait_read). */
+size_t mep_host_off_dispatch_read(const mep_host_layout_t *l, int set, int src);
 size_t mep_host_off_dispatch_row(const mep_host_layout_t *l, int set, int src,
                                  int max_tokens, int row, size_t row_bytes);
 size_t mep_host_off_combine_row(const mep_host_layout_t *l, int set, int half, size_t row);

@@ -312,13 +312,16 @@ void mep_host_mesh_destroy(mep_host_mesh_t *m) {
     free(m->queue_head);
     m->queue_head = next;
   }
-  mep_host_mesh_recv_stop(m);
   if (m->strangers > MEP_HOST_STRANGERS_LOGGED) {
     MEP_LOG_WARN("host", "rank %d dropped %llu messages without its key in all (the first %d "
                  "are logged above)", m->rank, (unsigned long long)m->strangers,
                  MEP_HOST_STRANGERS_LOGGED);
   }
   if (m->worker != NULL) ucp_worker_destroy(m->worker);
+  /* After the worker: a rendezvous receive close_endpoints gave up on may
+   * complete as canceled while the worker is destroyed, and its callback
+   * reads its source. */
+  mep_host_mesh_recv_stop(m);
   if (m->context != NULL) ucp_cleanup(m->context);
   if (m->lock_ready) {
     pthread_cond_destroy(&m->cond);

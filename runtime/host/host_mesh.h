@@ -50,6 +50,11 @@ moe_ep_status_t mep_host_mesh_put(mep_host_mesh_t *m, int peer, const void *src,
  * after every put this rank sent it before. */
 moe_ep_status_t mep_host_mesh_signal(mep_host_mesh_t *m, int peer,
                                      size_t remote_off, uint64_t value);
+/* As mep_host_mesh_signal, for a signal whose failure is another wait's to
+ * report: sets no error. A peer already lost is skipped (what waits on it
+ * reports that); a send that fails is reported by this rank's next
+ * mep_host_mesh_complete. */
+void mep_host_mesh_signal_quiet(mep_host_mesh_t *m, int peer, size_t remote_off, uint64_t value);
 /* Waits until every put and signal issued so far has left this rank (their
  * source buffers may be reused); bounded by the half's deadline. */
 moe_ep_status_t mep_host_mesh_complete(mep_host_mesh_t *m, const char *what);
@@ -65,6 +70,15 @@ moe_ep_status_t mep_host_mesh_wait(mep_host_mesh_t *m, size_t local_off,
 moe_ep_status_t mep_host_mesh_wait_either(mep_host_mesh_t *m, size_t local_off, size_t alt_off,
                                           uint64_t value, int peer, const char *what,
                                           int *took_alt);
+
+/* Waits until the local u64 at local_off, or the one at alt_off, has
+ * reached at least value: a word `peer` raises out of step with its
+ * operations (it answers an earlier operation of this rank's after its own
+ * later ones), so peers ahead are not an error here; bounded by the half's
+ * deadline, and blamed on `peer` as not having read this rank's operation
+ * value - 1. */
+moe_ep_status_t mep_host_mesh_wait_read(mep_host_mesh_t *m, size_t local_off, size_t alt_off,
+                                        uint64_t value, int peer, const char *what);
 
 /* Waits until `peer` has signalled this rank for its operation value - 1
  * or a later one, whatever the signal (its sends of those operations have

@@ -55,6 +55,19 @@ moe_ep_status_t mep_host_blame_absent(struct mep_host_mesh *m, int peer, uint64_
                    m->rank, (unsigned long long)(last - 1));
 }
 
+/* The peer took part in operation `want` but has not finished reading
+ * what this rank sent it there (mep_host_mesh_wait_read). */
+moe_ep_status_t mep_host_blame_unread(struct mep_host_mesh *m, int peer, uint64_t want,
+                                      const char *what) {
+  return mep_error(MOE_EP_ERR_TIMEOUT,
+                   "%s: rank %d waited timeouts.kernel_ms=%d for rank %d to finish reading rank "
+                   "%d's operation %llu in this buffer set, which this dispatch would overwrite; "
+                   "rank %d is alive (connected) but has not run that receive (its hook is "
+                   "still pending, or its process is stalled)",
+                   what, m->rank, m->timeout_ms, peer, m->rank, (unsigned long long)(want - 1),
+                   peer);
+}
+
 moe_ep_status_t mep_host_blame_not_receiving(struct mep_host_mesh *m, const char *what) {
   int peer = 0;
   while (peer + 1 < m->world && m->peers[peer].unsent == 0) peer++;

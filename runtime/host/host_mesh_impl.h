@@ -150,6 +150,9 @@ void mep_host_mesh_close_ep(struct mep_host_mesh *m, int p);
 moe_ep_status_t mep_host_mesh_enqueue(struct mep_host_mesh *m, int peer, int kind,
                                       uint64_t offset, uint64_t value, const void *data,
                                       size_t bytes, int counted);
+/* As mep_host_mesh_enqueue, reporting nothing: -1 when out of memory. */
+int mep_host_mesh_enqueue_quiet(struct mep_host_mesh *m, int peer, int kind, uint64_t offset,
+                                uint64_t value, const void *data, size_t bytes, int counted);
 /* Wakes waiters after the progress thread changed shared state. */
 void mep_host_mesh_notify(struct mep_host_mesh *m);
 int64_t mep_host_now_ns(void);
@@ -162,6 +165,8 @@ moe_ep_status_t mep_host_blame_ahead(struct mep_host_mesh *m, int peer, uint64_t
 moe_ep_status_t mep_host_blame_absent(struct mep_host_mesh *m, int peer, uint64_t want,
                                       uint64_t last, const char *what);
 moe_ep_status_t mep_host_blame_not_receiving(struct mep_host_mesh *m, const char *what);
+moe_ep_status_t mep_host_blame_unread(struct mep_host_mesh *m, int peer, uint64_t want,
+                                      const char *what);
 moe_ep_status_t mep_host_blame_recv_error(struct mep_host_mesh *m, const char *what);
 
 #endif /* MEP_HOST_MESH_IMPL_H_ */

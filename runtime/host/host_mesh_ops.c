@@ -45,6 +45,14 @@ moe_ep_status_t mep_host_mesh_signal(mep_host_mesh_t *m, int peer,
   return queue_send(m, peer, MEP_HOST_MSG_SIGNAL, remote_off, value, NULL, 0, "signal");
 }
 
+void mep_host_mesh_signal_quiet(mep_host_mesh_t *m, int peer, size_t remote_off, uint64_t value) {
+  pthread_mutex_lock(&m->lock);
+  const int gone = lost(&m->peers[peer]);
+  pthread_mutex_unlock(&m->lock);
+  if (!gone)
+    (void)mep_host_mesh_enqueue_quiet(m, peer, MEP_HOST_MSG_SIGNAL, remote_off, value, NULL, 0, 1);
+}
+
 /* Lock held: the first send that failed, blamed on its peer. */
 static moe_ep_status_t send_failure(mep_host_mesh_t *m, const char *what) {
   for (int p = 0; p < m->world; p++) {
@@ -77,33 +85,40 @@ moe_ep_status_t mep_host_mesh_complete(mep_host_mesh_t *m, const char *what) {
   return st;
 }
 
-static int reached(const uint64_t *word, uint64_t value) {
-  return word != NULL && __atomic_load_n(word, __ATOMIC_ACQUIRE) == value;
+/* at_least: the word may have passed value (mep_host_mesh_wait_read). */
+static int reached(const uint64_t *word, uint64_t value, int at_least) {
+  if (word == NULL) return 0;
+  const uint64_t w = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+  return at_least ? w >= value : w == value;
 }
 
 /* The flag reached value, or else alt did (*took_alt). */
-static int answered(const uint64_t *flag, const uint64_t *alt, uint64_t value, int *took_alt) {
-  if (reached(flag, value)) return 1;
-  if (!reached(alt, value)) return 0;
-  *took_alt = 1;
+static int answered(const uint64_t *flag, const uint64_t *alt, uint64_t value, int at_least,
+                    int *took_alt) {
+  if (reached(flag, value, at_least)) return 1;
+  if (!reached(alt, value, at_least)) return 0;
+  if (took_alt != NULL) *took_alt = 1;
   return 1;
 }
 
 /* flag: the signal word that must reach `value` exactly; NULL: any signal
  * of `peer`'s for that operation or a later one. alt (may be NULL): a word
- * that ends the wait as well (*took_alt). */
+ * that ends the wait as well (*took_alt). at_least: a read word
+ * (mep_host_mesh_wait_read), which may pass value and lags the peer's
+ * signals of its own operations. */
 static moe_ep_status_t wait_signal(mep_host_mesh_t *m, const uint64_t *flag, const uint64_t *alt,
-                                   uint64_t value, int peer, const char *what, int *took_alt) {
+                                   uint64_t value, int peer, const char *what, int at_least,
+                                   int *took_alt) {
   moe_ep_status_t st = MOE_EP_OK;
   if (took_alt != NULL) *took_alt = 0;
   pthread_mutex_lock(&m->lock);
   for (;;) {
-    if (answered(flag, alt, value, took_alt)) break;
+    if (answered(flag, alt, value, at_least, took_alt)) break;
     /* Signals from one rank land in order: once it has signalled this
      * operation or a later one elsewhere, this one is never coming. */
     uint64_t last = __atomic_load_n(&m->last_op[peer], __ATOMIC_ACQUIRE);
-    if (last >= value) {
-      if (flag == NULL || answered(flag, alt, value, took_alt)) break;
+    if (last >= value && !at_least) {
+      if (flag == NULL || answered(flag, alt, value, 0, took_alt)) break;
       st = mep_host_blame_ahead(m, peer, value, last, what);
       break;
     }
@@ -118,7 +133,8 @@ static moe_ep_status_t wait_signal(mep_host_mesh_t *m, const uint64_t *flag, con
     }
     if (m->recv_error) break;
     if (mep_host_now_ns() > m->deadline_ns) {
-      st = mep_host_blame_absent(m, peer, value, last, what);
+      st = at_least && last >= value ? mep_host_blame_unread(m, peer, value, what)
+                                     : mep_host_blame_absent(m, peer, value, last, what);
       break;
     }
     wait_for_news(m, m->deadline_ns);
@@ -130,17 +146,24 @@ static moe_ep_status_t wait_signal(mep_host_mesh_t *m, const uint64_t *flag, con
 
 moe_ep_status_t mep_host_mesh_wait(mep_host_mesh_t *m, size_t local_off,
                                    uint64_t value, int peer, const char *what) {
-  return wait_signal(m, (const uint64_t *)(m->region + local_off), NULL, value, peer, what, NULL);
+  return wait_signal(m, (const uint64_t *)(m->region + local_off), NULL, value, peer, what, 0,
+                     NULL);
 }
 
 moe_ep_status_t mep_host_mesh_wait_either(mep_host_mesh_t *m, size_t local_off, size_t alt_off,
                                           uint64_t value, int peer, const char *what,
                                           int *took_alt) {
   return wait_signal(m, (const uint64_t *)(m->region + local_off),
-                     (const uint64_t *)(m->region + alt_off), value, peer, what, took_alt);
+                     (const uint64_t *)(m->region + alt_off), value, peer, what, 0, took_alt);
+}
+
+moe_ep_status_t mep_host_mesh_wait_read(mep_host_mesh_t *m, size_t local_off, size_t alt_off,
+                                        uint64_t value, int peer, const char *what) {
+  return wait_signal(m, (const uint64_t *)(m->region + local_off),
+                     (const uint64_t *)(m->region + alt_off), value, peer, what, 1, NULL);
 }
 
 moe_ep_status_t mep_host_mesh_wait_progress(mep_host_mesh_t *m, uint64_t value, int peer,
                                             const char *what) {
-  return wait_signal(m, NULL, NULL, value, peer, what, NULL);
+  return wait_signal(m, NULL, NULL, value, peer, what, 0, NULL);
 }

@@ -192,7 +192,7 @@ moe_ep_status_t mep_host_mesh_recv_start(struct mep_host_mesh *m) {
   return MOE_EP_OK;
 }
 
-/* After the progress thread stopped; the worker is destroyed next. */
+/* After the progress thread stopped and the worker was destroyed. */
 void mep_host_mesh_recv_stop(struct mep_host_mesh *m) {
   m->handler_set = 0;
   for (int r = 0; m->sources != NULL && r < m->world; r++) free(m->sources[r].queued);

@@ -44,11 +44,17 @@ void mep_host_mesh_notify(struct mep_host_mesh *m) {
 moe_ep_status_t mep_host_mesh_enqueue(struct mep_host_mesh *m, int peer, int kind,
                                       uint64_t offset, uint64_t value, const void *data,
                                       size_t bytes, int counted) {
-  mep_host_cmd_t *c = malloc(sizeof(*c));
-  if (c == NULL) {
+  if (mep_host_mesh_enqueue_quiet(m, peer, kind, offset, value, data, bytes, counted) != 0) {
     return mep_error(MOE_EP_ERR_NO_MEMORY, "host mesh: rank %d: out of memory queueing a send "
                      "to rank %d", m->rank, peer);
   }
+  return MOE_EP_OK;
+}
+
+int mep_host_mesh_enqueue_quiet(struct mep_host_mesh *m, int peer, int kind, uint64_t offset,
+                                uint64_t value, const void *data, size_t bytes, int counted) {
+  mep_host_cmd_t *c = malloc(sizeof(*c));
+  if (c == NULL) return -1;
   *c = (mep_host_cmd_t){.mesh = m,
                         .hdr = {.offset = offset, .value = value, .src = m->rank, .kind = kind},
                         .peer = peer,
@@ -70,7 +76,7 @@ moe_ep_status_t mep_host_mesh_enqueue(struct mep_host_mesh *m, int peer, int kin
   }
   pthread_mutex_unlock(&m->lock);
   if (was_empty) wake(m);
-  return MOE_EP_OK;
+  return 0;
 }
 
 /* A send left this rank (or failed): account for it, wake a waiter when
