@@ -255,13 +255,18 @@ static moe_ep_status_t coll_member(mep_bootstrap_t *bs, coll_t *c) {
   h.bytes = c->bytes;
   h.payload_len = c->send_len;
   const ucs_status_t sent = mep_bs_send(bs, peer, &h, c->send, NULL);
-  /* A send this rank had no memory for is its own failure, named now. Any
-   * other failed send may be rank 0's connection breaking: the loop below
-   * reads what rank 0 said last and who failed, and bounds the wait. */
+  /* A send this rank had no memory for is its own failure, named now. It
+   * fails the group: this rank's part never reaches rank 0, whose
+   * collective then ends without it, so every later one would be out of
+   * step (UCX, a fatal status, not NO_MEMORY, which leaves a group
+   * usable). Any other failed send may be rank 0's connection breaking:
+   * the loop below reads what rank 0 said last and who failed, and bounds
+   * the wait. */
   if (sent == UCS_ERR_NO_MEMORY) {
-    return coll_fail(bs, MOE_EP_ERR_NO_MEMORY,
-                     "rank %d: %s #%llu: no memory to send its part to rank 0", bs->rank,
-                     op_name(c->op), (unsigned long long)c->seq);
+    return coll_fail(bs, MOE_EP_ERR_UCX,
+                     "rank %d: %s #%llu: no memory to send its part to rank 0 "
+                     "(UCS_ERR_NO_MEMORY); the bootstrap's collectives cannot go on",
+                     bs->rank, op_name(c->op), (unsigned long long)c->seq);
   }
   int64_t deadline = c->start_ms + bs->timeout_ms + mep_bs_slack_ms(bs);
   int idle = 0;

@@ -60,6 +60,8 @@ const char *mep_last_error(void) { return tls_error; }
 
 void mep_error_clear(void) { tls_error[0] = '\0'; }
 
+void mep_error_restore(const char *saved) { snprintf(tls_error, sizeof(tls_error), "%s", saved); }
+
 const char *mep_status_string(moe_ep_status_t status) {
   switch (status) {
     case MOE_EP_OK: return "MOE_EP_OK";

@@ -31,6 +31,9 @@ void mep_error_name_rank(int rank);
 
 const char *mep_last_error(void); /* never NULL */
 void mep_error_clear(void);
+/* Puts back a sentence saved from mep_last_error (the logger's calls into
+ * the library must not replace the error of the entry that is logging). */
+void mep_error_restore(const char *saved);
 const char *mep_status_string(moe_ep_status_t status);
 
 /* Propagation helper: evaluate, return on failure. */

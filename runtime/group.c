@@ -301,7 +301,17 @@ moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
     goto out_destroy_bootstrap;
   }
   MEP_LOG_DEBUG("group", "rank %d: setup: the %s backend", g->rank, g->ops->name);
-  const moe_ep_status_t made = g->ops->create(g);
+  moe_ep_status_t made = g->ops->create(g);
+  /* Registered before the closing agreement, so that failing to register
+   * is this rank's part of it: registered after, a failure here would
+   * leave the peers with a group this rank gave up. */
+  if (made == MOE_EP_OK && !mep_registry_add(g, MEP_OBJ_GROUP, NULL)) {
+    made = mep_error(MOE_EP_ERR_NO_MEMORY,
+                     "group_create on rank %d: out of host memory registering the group",
+                     g->rank);
+    g->broken = made; /* no collective teardown step: the peers are in the agreement */
+    (void)g->ops->destroy(g);
+  }
   MEP_LOG_DEBUG("group", "rank %d: setup: the closing agreement", g->rank);
   st = agree_formed(g, made);
   if (st != MOE_EP_OK) {
@@ -309,15 +319,12 @@ moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
      * formed while a peer did not tears down as a failed group (no
      * collective steps: the peers are not in them). */
     if (made != MOE_EP_OK) goto out_destroy_lock;
+    (void)mep_registry_take(g, MEP_OBJ_GROUP);
     g->broken = st;
     goto out_destroy_backend;
   }
   if (g->bytes_allocated == 0) {
     g->bytes_allocated = g->ops->buffer_bytes(&g->cfg, g->world_size);
-  }
-  if (!mep_registry_add(g, MEP_OBJ_GROUP, NULL)) {
-    st = mep_error(MOE_EP_ERR_NO_MEMORY, "group_create: out of host memory");
-    goto out_destroy_backend;
   }
   MEP_LOG_INFO("group", "rank %d/%d formed: backend %s, %d local experts, %llu "
                "buffer bytes",
@@ -340,6 +347,20 @@ out_free_group:
   return st;
 }
 
+/* The group whose lock this thread holds. Entries never nest, so an entry
+ * that finds its own group here was called from inside another one: from
+ * the engine's logger, which runs inside the entry that logs. Its lock is
+ * not recursive: taking it again would wait for ever. */
+static __thread const moe_ep_group_t *held_here;
+
+static moe_ep_status_t called_inside(const moe_ep_group_t *g, const char *entry) {
+  return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                   "%s on rank %d: called from inside another entry on the same group on this "
+                   "thread, which holds the group's lock (the engine's logger runs inside the "
+                   "library's entries and must not call them)",
+                   entry, g->rank);
+}
+
 moe_ep_status_t mep_group_destroy(moe_ep_group_t *group) {
   if (group == NULL) return MOE_EP_OK;
   if (!mep_registry_contains(group, MEP_OBJ_GROUP)) {
@@ -348,6 +369,7 @@ moe_ep_status_t mep_group_destroy(moe_ep_group_t *group) {
                      "destroyed, or not from group_create)",
                      (void *)group);
   }
+  if (held_here == group) return called_inside(group, "group_destroy");
   /* Its barrier's and teardown's lines log at the group's level. */
   mep_log_thread_level(group->cfg.log_level);
   /* Collective: wait (bounded) until every rank is done with the data path
@@ -398,13 +420,16 @@ moe_ep_status_t mep_group_broken_error(const moe_ep_group_t *g, const char *entr
 
 moe_ep_status_t mep_group_lock(moe_ep_group_t *g, const char *entry) {
   MEP_CHECK(mep_group_check(g, entry));
+  if (held_here == g) return called_inside(g, entry);
   pthread_mutex_lock(&g->lock);
+  held_here = g;
   mep_log_thread_level(g->cfg.log_level);
   return MOE_EP_OK;
 }
 
 void mep_group_unlock(moe_ep_group_t *g) {
   mep_log_thread_level(-1);
+  held_here = NULL;
   pthread_mutex_unlock(&g->lock);
 }
 
@@ -544,6 +569,12 @@ moe_ep_status_t mep_group_poll_error(moe_ep_group_t *g) {
 }
 
 static moe_ep_status_t set_num_sms_locked(moe_ep_group_t *g, int32_t num_sms) {
+  if (num_sms < 0 && g->max_sms == 0) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "set_num_sms: num_sms=%d must be >= 0 (the %s backend uses no SMs and "
+                     "records any count; 0 = the backend's default)",
+                     num_sms, g->ops->name);
+  }
   if (num_sms < 0 || (g->max_sms > 0 && num_sms > g->max_sms)) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "set_num_sms: num_sms=%d must be in [0, %d] (0 = the "

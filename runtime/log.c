@@ -13,6 +13,8 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "runtime/error.h"
+
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 static int env_level = -1; /* MOE_EP_LOG_LEVEL, or -1 when unset */
 /* The level of the group this thread works for, or -1. */
@@ -115,6 +117,10 @@ void mep_log(int level, const char *subsys, const char *fmt, ...) {
             env_bad);
   }
   if (level > shown || level <= MOE_EP_LOG_NONE) return;
+  /* A line of an entry the logger itself called (which fails at once on
+   * the group whose entry is logging): not handed to the logger again,
+   * whose every line could otherwise call it once more. */
+  if (thread_in_callback > 0) return;
   char msg[1280];
   int n = snprintf(msg, sizeof(msg), "moe_ep %s [%s] ", level_names[level],
                    subsys);
@@ -136,9 +142,15 @@ void mep_log(int level, const char *subsys, const char *fmt, ...) {
     write_stderr_line(msg);
     return;
   }
+  /* The logger may call into the library (last_error, or an entry that
+   * fails at once): the sentence of the entry that is logging stays this
+   * thread's last error. */
+  char saved[MEP_ERROR_MAX];
+  snprintf(saved, sizeof saved, "%s", mep_last_error());
   thread_in_callback++;
   fn(user, level, msg);
   thread_in_callback--;
+  mep_error_restore(saved);
   pthread_mutex_lock(&log_lock);
   if (gen == log_gen) {
     log_current--;

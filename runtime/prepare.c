@@ -153,7 +153,11 @@ static moe_ep_status_t prepare_locked(moe_ep_group_t *g, const moe_ep_prepare_pa
     char why[MEP_ERROR_MAX];
     snprintf(why, sizeof why, "%s", mep_last_error());
     moe_ep_status_t joined = g->ops->prepare_refused(g);
-    if (mep_status_is_fatal(joined)) return joined;
+    if (mep_status_is_fatal(joined)) {
+      /* The failed exchange fails the group; the argument this rank
+       * refused is still said, after it. */
+      return mep_error_suffix(joined, "this rank had refused its prepare: %s", why);
+    }
     st = mep_error(st, "%s", why);
   }
   return st;

@@ -454,7 +454,9 @@ typedef struct moe_ep_handle_layout_params {
  *   dispatches or combines micro-batch B, and may free handles and hooks
  *   from either thread. The lock is held while a backend launches (nccl) or moves
  *   (host) a send or receive half, so a concurrent entry waits for it
- *   (bounded by timeouts.kernel_ms on the host backend; a high-throughput
+ *   (bounded by timeouts.kernel_ms on the host backend, plus up to
+ *   world_size + 2 seconds after a send that failed, while it cuts its
+ *   connections so that no send outlives the call; a high-throughput
  *   prepare there exchanges counts over the bootstrap, bounded by
  *   bootstrap.timeout_ms; an nccl high-throughput dispatch that learns its
  *   received row count on the host holds it until that count is in, up to
@@ -478,6 +480,15 @@ typedef struct moe_ep_handle_layout_params {
  *   must not wait for the thread that calls set_logger. Called from inside
  *   the logger itself, it swaps the logger without waiting (it would wait
  *   for itself).
+ * - The logger runs on the thread that logs: often inside an entry, which
+ *   holds its group's lock, and on the library's own threads (the host
+ *   backend's progress thread). It may call get_version, last_error,
+ *   status_string and set_logger, and must not call entries that take a
+ *   group, handle or hook: on the group whose entry is logging, on the
+ *   same thread, they return INVALID_ARGUMENT at once (the lock is not
+ *   recursive), and elsewhere they may wait for a lock the logging thread
+ *   holds. The logger's own calls leave the logging entry's last_error as
+ *   it was, and what they log is not passed to the logger again.
  * - Log levels are per group: messages emitted while an entry works for a
  *   group (and by threads the library starts for it) use that group's
  *   log_level; other messages use warn. MOE_EP_LOG_LEVEL overrides both.

@@ -4,6 +4,9 @@
 // DEBUG line carrying last_error's sentence (before the entry names its
 // rank in front), each with its level; after
 // set_logger(NULL) messages go to stderr again and the logger gets none.
+// A logger that calls an entry on the group whose entry is logging gets
+// INVALID_ARGUMENT at once (the group's lock is held: it would wait for
+// ever), and the logging entry's last_error is left as it was.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -85,6 +88,45 @@ std::string capture_stderr(F call) {
   return text;
 }
 
+// What a logger that calls back into the library saw (reentrant_logger).
+struct Reentry {
+  Ctx* c = nullptr;
+  bool called = false;
+  moe_ep_status_t status = MOE_EP_OK;
+  std::string error;
+} g_reentry;
+
+void reentrant_logger(void*, int, const char* message) {
+  if (g_reentry.called || std::string(message).find("set_num_sms") == std::string::npos) return;
+  g_reentry.called = true;
+  g_reentry.status = g_reentry.c->api->group_poll_error(g_reentry.c->group);
+  g_reentry.error = g_reentry.c->api->last_error();
+}
+
+void check_reentrant_logger(Ctx& c) {
+  g_reentry.c = &c;
+  expect_status(c, 0, "set_logger(reentrant)", c.api->set_logger(reentrant_logger, nullptr),
+                MOE_EP_OK);
+  expect_status(c, 0, "set_num_sms(-5) under a logger that calls group_poll_error",
+                c.api->set_num_sms(c.group, -5), MOE_EP_ERR_INVALID_ARGUMENT, "set_num_sms");
+  c.checks++;
+  if (std::string(c.api->last_error()).find("called from inside") != std::string::npos)
+    fail(c, 0, "reentrant logger", std::string("the logger's own call replaced the entry's "
+                                               "last_error: \"") + c.api->last_error() + "\"");
+  c.checks++;
+  if (!g_reentry.called) {
+    fail(c, 0, "reentrant logger", "the logger never saw the set_num_sms refusal");
+  } else if (g_reentry.status != MOE_EP_ERR_INVALID_ARGUMENT ||
+             g_reentry.error.find("called from inside another entry") == std::string::npos) {
+    fail(c, 0, "reentrant logger",
+         std::string("group_poll_error from inside the logger returned ") +
+             c.api->status_string(g_reentry.status) + " \"" + g_reentry.error +
+             "\", want MOE_EP_ERR_INVALID_ARGUMENT saying it was called from inside another "
+             "entry");
+  }
+  expect_status(c, 0, "set_logger(NULL)", c.api->set_logger(nullptr, nullptr), MOE_EP_OK);
+}
+
 }  // namespace
 
 void install_test_logger(Ctx& c) {
@@ -126,6 +168,7 @@ void run_logger(Ctx& c) {
     fail(c, 0, "after set_logger(NULL)",
          "stderr did not get the refusal \"" + std::string(c.api->last_error()) + "\"; it got \"" +
              err + "\"");
+  check_reentrant_logger(c);
   // The group is still fine after all that.
   auto p = problem_for(c, c.opt.layers[0].first, c.opt.layers[0].second,
                        moe_ep_oracle::Generator::kUniform);
