@@ -347,11 +347,12 @@ out_free_group:
   return st;
 }
 
-/* The group whose lock this thread holds. Entries never nest, so an entry
- * that finds its own group here was called from inside another one: from
- * the engine's logger, which runs inside the entry that logs. Its lock is
- * not recursive: taking it again would wait for ever. */
-static __thread const moe_ep_group_t *held_here;
+/* The group an entry on this thread works in: its lock held, or its
+ * group_destroy running. Entries never nest, so an entry that finds its own
+ * group here was called from inside another one: from the engine's
+ * logger, which runs inside the entry that logs. The lock is not
+ * recursive: taking it again would wait for ever. */
+static __thread moe_ep_group_t *held_here;
 
 static moe_ep_status_t called_inside(const moe_ep_group_t *g, const char *entry) {
   return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
@@ -359,6 +360,69 @@ static moe_ep_status_t called_inside(const moe_ep_group_t *g, const char *entry)
                    "thread, which holds the group's lock (the engine's logger runs inside the "
                    "library's entries and must not call them)",
                    entry, g->rank);
+}
+
+/* A free asked for from inside an entry on the object's own group
+ * (mep_group_free), done when that entry lets the lock go. */
+typedef struct deferred_free {
+  moe_ep_group_t *group;
+  void *obj;
+  mep_obj_kind_t kind;
+  void (*then)(moe_ep_group_t *group, void *obj);
+  void (*release)(void *obj);
+  struct deferred_free *next;
+} deferred_free_t;
+static __thread deferred_free_t *deferred;
+
+/* The deferred frees of g, out of this thread's list (which a `then` may
+ * add to while they run). */
+static deferred_free_t *deferred_of(const moe_ep_group_t *g) {
+  deferred_free_t *mine = NULL, **p = &deferred;
+  while (*p != NULL) {
+    deferred_free_t *d = *p;
+    if (d->group != g) {
+      p = &d->next;
+      continue;
+    }
+    *p = d->next;
+    d->next = mine;
+    mine = d;
+  }
+  return mine;
+}
+
+/* Under g's lock (live: `then` runs) or once g is destroyed (gone: only
+ * taken): takes g's deferred objects; returns those taken, for release
+ * after the lock. What they report is theirs: the entry's last_error
+ * stays. */
+static deferred_free_t *take_deferred(moe_ep_group_t *g, int live) {
+  char saved[MEP_ERROR_MAX];
+  snprintf(saved, sizeof saved, "%s", mep_last_error());
+  deferred_free_t *taken = NULL, *todo;
+  while ((todo = deferred_of(g)) != NULL) {
+    while (todo != NULL) {
+      deferred_free_t *d = todo;
+      todo = d->next;
+      if (mep_registry_take(d->obj, d->kind)) {
+        if (live && d->then != NULL) d->then(g, d->obj);
+        d->next = taken;
+        taken = d;
+      } else {
+        free(d);
+      }
+    }
+  }
+  mep_error_restore(saved);
+  return taken;
+}
+
+static void release_taken(deferred_free_t *d) {
+  while (d != NULL) {
+    deferred_free_t *next = d->next;
+    d->release(d->obj);
+    free(d);
+    d = next;
+  }
 }
 
 moe_ep_status_t mep_group_destroy(moe_ep_group_t *group) {
@@ -370,7 +434,11 @@ moe_ep_status_t mep_group_destroy(moe_ep_group_t *group) {
                      (void *)group);
   }
   if (held_here == group) return called_inside(group, "group_destroy");
-  /* Its barrier's and teardown's lines log at the group's level. */
+  /* Its barrier's and teardown's lines log at the group's level, and an
+   * entry the logger calls on it meanwhile is refused (called_inside). */
+  moe_ep_group_t *held_prev = held_here;
+  const int level_prev = mep_log_thread_level_now();
+  held_here = group;
   mep_log_thread_level(group->cfg.log_level);
   /* Collective: wait (bounded) until every rank is done with the data path
    * before closing endpoints, so a fast rank does not look like a dead
@@ -398,9 +466,12 @@ moe_ep_status_t mep_group_destroy(moe_ep_group_t *group) {
    * leave allocated. */
   moe_ep_status_t st = group->ops->destroy(group);
   mep_bootstrap_destroy(group->boot);
+  /* Frees the logger asked for meanwhile: of a destroyed group's objects. */
+  release_taken(deferred != NULL ? take_deferred(group, 0) : NULL);
+  held_here = held_prev;
   pthread_mutex_destroy(&group->lock);
   free(group);
-  mep_log_thread_level(-1);
+  mep_log_thread_level(level_prev);
   return st;
 }
 
@@ -422,29 +493,42 @@ moe_ep_status_t mep_group_lock(moe_ep_group_t *g, const char *entry) {
   MEP_CHECK(mep_group_check(g, entry));
   if (held_here == g) return called_inside(g, entry);
   pthread_mutex_lock(&g->lock);
+  g->held_prev = held_here;
+  g->level_prev = mep_log_thread_level_now();
   held_here = g;
   mep_log_thread_level(g->cfg.log_level);
   return MOE_EP_OK;
 }
 
 void mep_group_unlock(moe_ep_group_t *g) {
-  mep_log_thread_level(-1);
-  held_here = NULL;
+  deferred_free_t *taken = deferred != NULL ? take_deferred(g, 1) : NULL;
+  held_here = g->held_prev;
+  mep_log_thread_level(g->level_prev);
   pthread_mutex_unlock(&g->lock);
+  release_taken(taken);
 }
 
-int mep_group_take(void *obj, mep_obj_kind_t kind, const char *entry,
-                   void (*then)(moe_ep_group_t *g, void *obj)) {
+void mep_group_free(void *obj, mep_obj_kind_t kind, const char *entry,
+                    void (*then)(moe_ep_group_t *g, void *obj), void (*release)(void *obj)) {
   void *owner = NULL;
-  if (obj == NULL || !mep_registry_owner(obj, kind, &owner)) return 0;
+  if (obj == NULL || !mep_registry_owner(obj, kind, &owner)) return;
   moe_ep_group_t *g = owner;
-  if (!mep_registry_contains(g, MEP_OBJ_GROUP) || mep_group_lock(g, entry) != MOE_EP_OK) {
-    return mep_registry_take(obj, kind); /* its group is gone */
+  if (g == held_here) {
+    deferred_free_t *d = malloc(sizeof(*d));
+    if (d == NULL) return; /* left allocated: freed now, it would go from under that entry */
+    *d = (deferred_free_t){g, obj, kind, then, release, deferred};
+    deferred = d;
+    return;
   }
-  int taken = mep_registry_take(obj, kind);
-  if (taken && then != NULL) then(g, obj);
-  mep_group_unlock(g);
-  return taken;
+  int taken;
+  if (!mep_registry_contains(g, MEP_OBJ_GROUP) || mep_group_lock(g, entry) != MOE_EP_OK) {
+    taken = mep_registry_take(obj, kind); /* its group is gone */
+  } else {
+    taken = mep_registry_take(obj, kind);
+    if (taken && then != NULL) then(g, obj);
+    mep_group_unlock(g);
+  }
+  if (taken) release(obj);
 }
 
 moe_ep_status_t mep_owner_group(const void *obj, mep_obj_kind_t kind, const char *entry,

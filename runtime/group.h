@@ -45,6 +45,11 @@ struct moe_ep_group {
   pthread_mutex_t lock;
   uint64_t seq;                                   /* operations launched */
   moe_ep_hook_t *pending[MEP_NUM_BUFFER_SETS];    /* deferred receives */
+  /* What the lock's holder had before it took the lock (an entry the
+   * engine's logger called on another group's behalf), given back at
+   * unlock: the group its thread was in and that thread's log level. */
+  struct moe_ep_group *held_prev;
+  int level_prev;
   /* A peer failure or timeout breaks the group for good: later calls
    * return the same status and sentence. */
   moe_ep_status_t broken;
@@ -85,13 +90,16 @@ void mep_group_unlock(moe_ep_group_t *group);
     mep_group_unlock(g);                                   \
     return st_;                                            \
   } while (0)
-/* Takes a handle or hook out of the registry under its group's lock, so an
- * entry on another thread finishes with it first or finds it gone; `then`
- * (may be NULL) runs under that lock when this call took it. A destroyed
- * group's object is only taken. Returns 1 when this call took it: of two
- * threads freeing one object, exactly one does. */
-int mep_group_take(void *obj, mep_obj_kind_t kind, const char *entry,
-                   void (*then)(moe_ep_group_t *group, void *obj));
+/* Frees a handle or hook: takes it out of the registry under its group's
+ * lock, so an entry on another thread finishes with it first or finds it
+ * gone; `then` (may be NULL) runs under that lock, and `release` after it,
+ * when this call took it (of two threads freeing one object, exactly one
+ * does). A destroyed group's object is only taken and released. Asked for
+ * from inside an entry on the object's own group on this thread (the
+ * engine's logger, or a garbage collector running in it), the free is done
+ * when that entry lets the lock go, not in the middle of its work. */
+void mep_group_free(void *obj, mep_obj_kind_t kind, const char *entry,
+                    void (*then)(moe_ep_group_t *group, void *obj), void (*release)(void *obj));
 /* The live group owning a live handle or hook, for the entries that take
  * no group (hook_run, handle_layout); INVALID_ARGUMENT naming `entry` and
  * the object otherwise. Call before taking the lock. */

@@ -376,6 +376,5 @@ moe_ep_status_t mep_hook_run(moe_ep_hook_t *hook, void *stream) {
 }
 
 void mep_hook_free(moe_ep_hook_t *hook) {
-  if (mep_group_take(hook, MEP_OBJ_HOOK, "hook_free", hook_abandon_locked))
-    mep_registry_retire(hook);
+  mep_group_free(hook, MEP_OBJ_HOOK, "hook_free", hook_abandon_locked, mep_registry_retire);
 }

@@ -80,6 +80,8 @@ static void handle_release(mep_handle_state_t *h) {
   mep_registry_retire(h); /* its address stays unused a while (registry.h) */
 }
 
+static void handle_release_obj(void *h) { handle_release(h); }
+
 /* *reached: the backend's prepare ran (it joined any exchange the
  * backend's prepare makes). */
 static moe_ep_status_t prepare_checked(moe_ep_group_t *g, const moe_ep_prepare_params_t *p,
@@ -182,5 +184,5 @@ static void handle_detach_hooks(moe_ep_group_t *g, void *obj) {
 /* Under the group's lock, so a hook_run or combine on another thread
  * either finishes with the handle first or finds it gone. */
 void mep_handle_free(moe_ep_handle_t *h) {
-  if (mep_group_take(h, MEP_OBJ_HANDLE, "handle_free", handle_detach_hooks)) handle_release(h);
+  mep_group_free(h, MEP_OBJ_HANDLE, "handle_free", handle_detach_hooks, handle_release_obj);
 }

@@ -222,6 +222,18 @@ static moe_ep_status_t dispatch_recv_ll(moe_ep_group_t *g, mep_op_t *op,
       }
     }
   }
+  /* Fewer rows naming an expert than the first pass counted leave slots
+   * (and their records) unwritten. */
+  for (int e = 0; e < E_l && st == MOE_EP_OK; e++) {
+    if (cursor[e] != op->recv_count[e]) {
+      st = mep_error(MOE_EP_ERR_INTERNAL,
+                     "dispatch on rank %d: the rows in buffer set %d changed while this rank "
+                     "read them (operation %llu): local expert %d was named by %d rows, then "
+                     "by %d",
+                     g->rank, op->buffer_set, (unsigned long long)op->seq, e,
+                     op->recv_count[e], cursor[e]);
+    }
+  }
   free(cursor);
   if (st != MOE_EP_OK) {
     free(tab);

@@ -49,8 +49,18 @@ void mep_host_mesh_signal_quiet(mep_host_mesh_t *m, int peer, size_t remote_off,
   pthread_mutex_lock(&m->lock);
   const int gone = lost(&m->peers[peer]);
   pthread_mutex_unlock(&m->lock);
-  if (!gone)
-    (void)mep_host_mesh_enqueue_quiet(m, peer, MEP_HOST_MSG_SIGNAL, remote_off, value, NULL, 0, 1);
+  if (gone) return;
+  if (mep_host_mesh_enqueue_quiet(m, peer, MEP_HOST_MSG_SIGNAL, remote_off, value, NULL, 0, 1) ==
+      0)
+    return;
+  /* Not sent for want of memory: reported by the next complete, as a send
+   * that failed (send_failure). */
+  pthread_mutex_lock(&m->lock);
+  if (!m->peers[peer].send_failed) {
+    m->peers[peer].send_failed = 1;
+    m->peers[peer].send_status = UCS_ERR_NO_MEMORY;
+  }
+  pthread_mutex_unlock(&m->lock);
 }
 
 /* Lock held: the first send that failed, blamed on its peer. */

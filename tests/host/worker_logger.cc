@@ -6,7 +6,10 @@
 // set_logger(NULL) messages go to stderr again and the logger gets none.
 // A logger that calls an entry on the group whose entry is logging gets
 // INVALID_ARGUMENT at once (the group's lock is held: it would wait for
-// ever), and the logging entry's last_error is left as it was.
+// ever), and the logging entry's last_error is left as it was; a hook and
+// a handle it frees there (a garbage collector running in a Python
+// logger) are freed once that entry lets the lock go: the hook's receive
+// is abandoned and its buffer set is free again.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -16,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/host/ll_call.h"
 #include "tests/host/worker_common.h"
 
 namespace moe_ep_test {
@@ -91,6 +95,8 @@ std::string capture_stderr(F call) {
 // What a logger that calls back into the library saw (reentrant_logger).
 struct Reentry {
   Ctx* c = nullptr;
+  moe_ep_hook_t* hook = nullptr;      // freed from inside the logger
+  moe_ep_handle_t* handle = nullptr;  // likewise
   bool called = false;
   moe_ep_status_t status = MOE_EP_OK;
   std::string error;
@@ -99,12 +105,25 @@ struct Reentry {
 void reentrant_logger(void*, int, const char* message) {
   if (g_reentry.called || std::string(message).find("set_num_sms") == std::string::npos) return;
   g_reentry.called = true;
-  g_reentry.status = g_reentry.c->api->group_poll_error(g_reentry.c->group);
-  g_reentry.error = g_reentry.c->api->last_error();
+  const moe_ep_plugin_v1_t* api = g_reentry.c->api;
+  g_reentry.status = api->group_poll_error(g_reentry.c->group);
+  g_reentry.error = api->last_error();
+  api->hook_free(g_reentry.hook);
+  api->handle_free(g_reentry.handle);
 }
 
 void check_reentrant_logger(Ctx& c) {
   g_reentry.c = &c;
+  auto p = problem_for(c, c.opt.layers[0].first, c.opt.layers[0].second,
+                       moe_ep_oracle::Generator::kUniform);
+  LlCall pending(c, p, 61), spare(c, p, 62);
+  if (pending.prepare() != MOE_EP_OK || spare.prepare() != MOE_EP_OK) return;
+  if (!expect_status(c, 61, "deferred dispatch", pending.dispatch(MOE_EP_FLAG_DEFER_RECV,
+                                                                  &g_reentry.hook),
+                     MOE_EP_OK)) {
+    return;
+  }
+  g_reentry.handle = spare.release_handle();
   expect_status(c, 0, "set_logger(reentrant)", c.api->set_logger(reentrant_logger, nullptr),
                 MOE_EP_OK);
   expect_status(c, 0, "set_num_sms(-5) under a logger that calls group_poll_error",
@@ -125,6 +144,14 @@ void check_reentrant_logger(Ctx& c) {
              "entry");
   }
   expect_status(c, 0, "set_logger(NULL)", c.api->set_logger(nullptr, nullptr), MOE_EP_OK);
+  // Both frees were done when set_num_sms let the lock go: the handle is
+  // gone, and the hook's buffer set takes the next operations.
+  moe_ep_dispatch_params_t dp = MOE_EP_INIT(moe_ep_dispatch_params_t);
+  expect_status(c, 62, "dispatch on the handle the logger freed",
+                c.api->dispatch(c.group, g_reentry.handle, &dp, nullptr),
+                MOE_EP_ERR_INVALID_ARGUMENT, "handle");
+  ll_roundtrip(c, p, 63, false);
+  ll_roundtrip(c, p, 64, false);
 }
 
 }  // namespace
