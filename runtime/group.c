@@ -241,6 +241,7 @@ static moe_ep_status_t agree_formed(moe_ep_group_t *g, moe_ep_status_t mine) {
 moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
                                  moe_ep_group_t **out) {
   moe_ep_status_t st;
+  int level_prev = -2; /* the thread's log level, once this group's replaces it */
   if (params == NULL || out == NULL) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "group_create: %s is NULL", params ? "out" : "params");
@@ -269,6 +270,7 @@ moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
     goto out_free_group;
   }
   /* Bootstrap and backend setup log at this group's level. */
+  level_prev = mep_log_thread_level_now();
   mep_log_thread_level(g->cfg.log_level);
 
   const char *token = getenv(g->cfg.bootstrap_token_env);
@@ -330,7 +332,7 @@ moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
                "buffer bytes",
                g->rank, g->world_size, g->ops->name, g->num_local_experts,
                (unsigned long long)g->bytes_allocated);
-  mep_log_thread_level(-1);
+  mep_log_thread_level(level_prev);
   *out = g;
   return MOE_EP_OK;
 
@@ -342,7 +344,7 @@ out_destroy_bootstrap:
   mep_bootstrap_destroy(g->boot);
 out_free_group:
   if (g->rank >= 0) mep_error_name_rank(g->rank);
-  mep_log_thread_level(-1);
+  if (level_prev != -2) mep_log_thread_level(level_prev); /* -2: not changed yet */
   free(g);
   return st;
 }
@@ -513,7 +515,7 @@ void mep_group_free(void *obj, mep_obj_kind_t kind, const char *entry,
   void *owner = NULL;
   if (obj == NULL || !mep_registry_owner(obj, kind, &owner)) return;
   moe_ep_group_t *g = owner;
-  if (g == held_here) {
+  if (g != NULL && g == held_here) { /* NULL: the group was destroyed */
     deferred_free_t *d = malloc(sizeof(*d));
     if (d == NULL) return; /* left allocated: freed now, it would go from under that entry */
     *d = (deferred_free_t){g, obj, kind, then, release, deferred};

@@ -196,6 +196,10 @@ bool stale_handle_run(Ctx& parent, int port_a, int port_b) {
                 "destroyed");
   parent.api->hook_free(stale_hook);
   parent.api->handle_free(hooked);
+  // Freed at once, although no group holds them any more.
+  expect_status(parent, seed + 2, "hook_run after hook_free of a destroyed group's hook",
+                parent.api->hook_run(stale_hook, nullptr), MOE_EP_ERR_INVALID_ARGUMENT,
+                "not a live hook");
   moe_ep_group_t* g = create_group_on_port(parent, port_b);
   if (g == nullptr) {
     parent.api->handle_free(stale);
