@@ -43,8 +43,12 @@ bazel test --config=asan //... --test_tag_filters=-gpu,-fuzz --test_output=error
 # handles freed on other threads, the logger's callbacks. UCX's memory hooks
 # (libucm) call into TSan while a thread is torn down and crash it, so the
 # TSan pass runs with them off (UCX_MEM_EVENTS=no). The 8-rank conformance
-# cases are left to the plain and ASan passes: eight instrumented processes
-# on two cores add minutes and no thread a 2- or 4-rank case lacks.
+# cases and the 64-expert fp8 LL ones are left to the plain and ASan
+# passes: eight instrumented processes on two cores add minutes, and the
+# host's fp8 quantiser under TSan took 150 s alone and over the cases' 300 s
+# deadline beside another shard (ll_r2_e64_fp8), with no thread that the
+# smaller fp8 cases (ll_r4_fp8_packed_non_finite, two_groups_threads_r4_fp8)
+# lack.
 bazel test --config=tsan --test_env=UCX_MEM_EVENTS=no //tests/host/... //tests/runtime/... \
   --test_tag_filters=-gpu,-fuzz --test_output=errors --local_test_jobs=2 --build_tests_only \
-  --test_arg=--gtest_filter=-*_r8*
+  --test_arg=--gtest_filter=-*_r8*:*_e64_fp8*
