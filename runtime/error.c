@@ -60,7 +60,13 @@ const char *mep_last_error(void) { return tls_error; }
 
 void mep_error_clear(void) { tls_error[0] = '\0'; }
 
-void mep_error_restore(const char *saved) { snprintf(tls_error, sizeof(tls_error), "%s", saved); }
+void mep_error_save(mep_error_saved_t *saved) {
+  snprintf(saved->text, sizeof(saved->text), "%s", tls_error);
+}
+
+void mep_error_restore(const mep_error_saved_t *saved) {
+  snprintf(tls_error, sizeof(tls_error), "%s", saved->text);
+}
 
 const char *mep_status_string(moe_ep_status_t status) {
   switch (status) {

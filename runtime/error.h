@@ -31,9 +31,13 @@ void mep_error_name_rank(int rank);
 
 const char *mep_last_error(void); /* never NULL */
 void mep_error_clear(void);
-/* Puts back a sentence saved from mep_last_error (the logger's calls into
- * the library must not replace the error of the entry that is logging). */
-void mep_error_restore(const char *saved);
+/* This thread's sentence, kept across code whose errors are not the
+ * entry's own: the logger's calls into the library, the deferred frees. */
+typedef struct mep_error_saved {
+  char text[MEP_ERROR_MAX];
+} mep_error_saved_t;
+void mep_error_save(mep_error_saved_t *saved);
+void mep_error_restore(const mep_error_saved_t *saved);
 const char *mep_status_string(moe_ep_status_t status);
 
 /* Propagation helper: evaluate, return on failure. */

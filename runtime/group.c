@@ -241,7 +241,9 @@ static moe_ep_status_t agree_formed(moe_ep_group_t *g, moe_ep_status_t mine) {
 moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
                                  moe_ep_group_t **out) {
   moe_ep_status_t st;
-  int level_prev = -2; /* the thread's log level, once this group's replaces it */
+  /* Setup logs at the group's level once its config is read; every exit
+   * gives the thread its own level back. */
+  const int level_prev = mep_log_thread_level_now();
   if (params == NULL || out == NULL) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "group_create: %s is NULL", params ? "out" : "params");
@@ -270,7 +272,6 @@ moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
     goto out_free_group;
   }
   /* Bootstrap and backend setup log at this group's level. */
-  level_prev = mep_log_thread_level_now();
   mep_log_thread_level(g->cfg.log_level);
 
   const char *token = getenv(g->cfg.bootstrap_token_env);
@@ -344,7 +345,7 @@ out_destroy_bootstrap:
   mep_bootstrap_destroy(g->boot);
 out_free_group:
   if (g->rank >= 0) mep_error_name_rank(g->rank);
-  if (level_prev != -2) mep_log_thread_level(level_prev); /* -2: not changed yet */
+  mep_log_thread_level(level_prev);
   free(g);
   return st;
 }
@@ -364,25 +365,19 @@ static moe_ep_status_t called_inside(const moe_ep_group_t *g, const char *entry)
                    entry, g->rank);
 }
 
-/* A free asked for from inside an entry on the object's own group
- * (mep_group_free), done when that entry lets the lock go. */
-typedef struct deferred_free {
-  moe_ep_group_t *group;
-  void *obj;
-  mep_obj_kind_t kind;
-  void (*then)(moe_ep_group_t *group, void *obj);
-  void (*release)(void *obj);
-  struct deferred_free *next;
-} deferred_free_t;
-static __thread deferred_free_t *deferred;
+/* This thread's frees asked for from inside an entry (mep_group_free).
+ * Each object is taken out of the registry when it is queued, so it is
+ * this thread's alone: no other free takes it, no entry finds it live. It
+ * is linked through itself, so queueing cannot fail. */
+static __thread mep_deferred_free_t *deferred;
 
-/* The deferred frees of g, out of this thread's list (which a `then` may
- * add to while they run). */
-static deferred_free_t *deferred_of(const moe_ep_group_t *g) {
-  deferred_free_t *mine = NULL, **p = &deferred;
+/* Out of this thread's list: the queued frees of g, or of every group
+ * (g NULL). A `then` may queue more while they run. */
+static mep_deferred_free_t *deferred_of(const moe_ep_group_t *g) {
+  mep_deferred_free_t *mine = NULL, **p = &deferred;
   while (*p != NULL) {
-    deferred_free_t *d = *p;
-    if (d->group != g) {
+    mep_deferred_free_t *d = *p;
+    if (g != NULL && d->group != g) {
       p = &d->next;
       continue;
     }
@@ -393,38 +388,59 @@ static deferred_free_t *deferred_of(const moe_ep_group_t *g) {
   return mine;
 }
 
-/* Under g's lock (live: `then` runs) or once g is destroyed (gone: only
- * taken): takes g's deferred objects; returns those taken, for release
- * after the lock. What they report is theirs: the entry's last_error
- * stays. */
-static deferred_free_t *take_deferred(moe_ep_group_t *g, int live) {
-  char saved[MEP_ERROR_MAX];
-  snprintf(saved, sizeof saved, "%s", mep_last_error());
-  deferred_free_t *taken = NULL, *todo;
+/* Under g's lock (live: each `then` runs) or in g's destroy (only
+ * gathered): g's queued frees, for release after the lock. What they
+ * report is theirs: the entry's last_error stays. */
+static mep_deferred_free_t *gather_deferred(moe_ep_group_t *g, int live) {
+  mep_error_saved_t saved;
+  mep_error_save(&saved);
+  mep_deferred_free_t *gathered = NULL, *todo;
   while ((todo = deferred_of(g)) != NULL) {
     while (todo != NULL) {
-      deferred_free_t *d = todo;
+      mep_deferred_free_t *d = todo;
       todo = d->next;
-      if (mep_registry_take(d->obj, d->kind)) {
-        if (live && d->then != NULL) d->then(g, d->obj);
-        d->next = taken;
-        taken = d;
-      } else {
-        free(d);
-      }
+      if (live && d->then != NULL) d->then(g, d->obj);
+      d->next = gathered;
+      gathered = d;
     }
   }
-  mep_error_restore(saved);
-  return taken;
+  mep_error_restore(&saved);
+  return gathered;
 }
 
-static void release_taken(deferred_free_t *d) {
+static void release_deferred(mep_deferred_free_t *d) {
   while (d != NULL) {
-    deferred_free_t *next = d->next;
+    mep_deferred_free_t *next = d->next; /* release frees the link with its object */
     d->release(d->obj);
-    free(d);
     d = next;
   }
+}
+
+static void enter_locked(moe_ep_group_t *g);
+
+/* Once this thread is in no entry: the frees it queued for groups it did
+ * not hold, each finished under its group's lock (now that waiting for it
+ * holds no other lock), or only released when that group is gone. */
+static void finish_deferred_elsewhere(void) {
+  if (held_here != NULL || deferred == NULL) return;
+  mep_error_saved_t saved;
+  mep_error_save(&saved);
+  mep_deferred_free_t *todo;
+  while ((todo = deferred_of(NULL)) != NULL) {
+    while (todo != NULL) {
+      mep_deferred_free_t *d = todo;
+      todo = d->next;
+      moe_ep_group_t *g = d->group;
+      if (mep_registry_contains(g, MEP_OBJ_GROUP)) {
+        pthread_mutex_lock(&g->lock);
+        enter_locked(g);
+        if (d->then != NULL) d->then(g, d->obj);
+        mep_group_unlock(g); /* what `then` queued on g is done there */
+      }
+      d->release(d->obj);
+    }
+  }
+  mep_error_restore(&saved);
 }
 
 moe_ep_status_t mep_group_destroy(moe_ep_group_t *group) {
@@ -469,11 +485,12 @@ moe_ep_status_t mep_group_destroy(moe_ep_group_t *group) {
   moe_ep_status_t st = group->ops->destroy(group);
   mep_bootstrap_destroy(group->boot);
   /* Frees the logger asked for meanwhile: of a destroyed group's objects. */
-  release_taken(deferred != NULL ? take_deferred(group, 0) : NULL);
+  release_deferred(deferred != NULL ? gather_deferred(group, 0) : NULL);
   held_here = held_prev;
   pthread_mutex_destroy(&group->lock);
   free(group);
   mep_log_thread_level(level_prev);
+  finish_deferred_elsewhere();
   return st;
 }
 
@@ -495,31 +512,51 @@ moe_ep_status_t mep_group_lock(moe_ep_group_t *g, const char *entry) {
   MEP_CHECK(mep_group_check(g, entry));
   if (held_here == g) return called_inside(g, entry);
   pthread_mutex_lock(&g->lock);
+  enter_locked(g);
+  return MOE_EP_OK;
+}
+
+/* g's lock just taken by this thread: it works in g now. */
+static void enter_locked(moe_ep_group_t *g) {
   g->held_prev = held_here;
   g->level_prev = mep_log_thread_level_now();
   held_here = g;
   mep_log_thread_level(g->cfg.log_level);
-  return MOE_EP_OK;
 }
 
 void mep_group_unlock(moe_ep_group_t *g) {
-  deferred_free_t *taken = deferred != NULL ? take_deferred(g, 1) : NULL;
+  mep_deferred_free_t *gathered = deferred != NULL ? gather_deferred(g, 1) : NULL;
   held_here = g->held_prev;
   mep_log_thread_level(g->level_prev);
   pthread_mutex_unlock(&g->lock);
-  release_taken(taken);
+  release_deferred(gathered);
+  finish_deferred_elsewhere();
 }
 
-void mep_group_free(void *obj, mep_obj_kind_t kind, const char *entry,
-                    void (*then)(moe_ep_group_t *g, void *obj), void (*release)(void *obj)) {
+void mep_group_free(void *obj, mep_obj_kind_t kind, mep_deferred_free_t *link,
+                    const char *entry, void (*then)(moe_ep_group_t *g, void *obj),
+                    void (*release)(void *obj)) {
   void *owner = NULL;
   if (obj == NULL || !mep_registry_owner(obj, kind, &owner)) return;
-  moe_ep_group_t *g = owner;
-  if (g != NULL && g == held_here) { /* NULL: the group was destroyed */
-    deferred_free_t *d = malloc(sizeof(*d));
-    if (d == NULL) return; /* left allocated: freed now, it would go from under that entry */
-    *d = (deferred_free_t){g, obj, kind, then, release, deferred};
-    deferred = d;
+  moe_ep_group_t *g = owner; /* NULL: the group was destroyed */
+  /* Inside an entry on this thread (the engine's logger, or a garbage
+   * collector running in it), a free never waits for a lock: its own
+   * group's would be this thread's (not recursive), and another group's
+   * may be held by a thread waiting for this one's. Unless that lock is
+   * free now, the free is taken here and finished once it can be. */
+  if (g != NULL && held_here != NULL) {
+    if (g != held_here && mep_registry_contains(g, MEP_OBJ_GROUP) &&
+        pthread_mutex_trylock(&g->lock) == 0) {
+      enter_locked(g);
+      const int taken = mep_registry_take(obj, kind);
+      if (taken && then != NULL) then(g, obj);
+      mep_group_unlock(g);
+      if (taken) release(obj);
+      return;
+    }
+    if (!mep_registry_take(obj, kind)) return; /* another thread freed it */
+    *link = (mep_deferred_free_t){g, obj, (int32_t)kind, then, release, deferred};
+    deferred = link;
     return;
   }
   int taken;

@@ -21,6 +21,7 @@ struct moe_ep_hook {
   moe_ep_group_t *group;
   mep_op_t op;
   int32_t ran; /* hook_run already called */
+  mep_deferred_free_t deferred; /* hook_free from inside an entry */
 };
 
 struct moe_ep_group {
@@ -98,7 +99,7 @@ void mep_group_unlock(moe_ep_group_t *group);
  * from inside an entry on the object's own group on this thread (the
  * engine's logger, or a garbage collector running in it), the free is done
  * when that entry lets the lock go, not in the middle of its work. */
-void mep_group_free(void *obj, mep_obj_kind_t kind, const char *entry,
+void mep_group_free(void *obj, mep_obj_kind_t kind, mep_deferred_free_t *link, const char *entry,
                     void (*then)(moe_ep_group_t *group, void *obj), void (*release)(void *obj));
 /* The live group owning a live handle or hook, for the entries that take
  * no group (hook_run, handle_layout); INVALID_ARGUMENT naming `entry` and

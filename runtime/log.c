@@ -145,12 +145,12 @@ void mep_log(int level, const char *subsys, const char *fmt, ...) {
   /* The logger may call into the library (last_error, or an entry that
    * fails at once): the sentence of the entry that is logging stays this
    * thread's last error. */
-  char saved[MEP_ERROR_MAX];
-  snprintf(saved, sizeof saved, "%s", mep_last_error());
+  mep_error_saved_t saved;
+  mep_error_save(&saved);
   thread_in_callback++;
   fn(user, level, msg);
   thread_in_callback--;
-  mep_error_restore(saved);
+  mep_error_restore(&saved);
   pthread_mutex_lock(&log_lock);
   if (gen == log_gen) {
     log_current--;

@@ -15,6 +15,19 @@ extern "C" {
 
 typedef struct moe_ep_handle mep_handle_state_t;
 
+/* A free asked for from inside an entry on the object's own group (the
+ * engine's logger on that entry's thread), queued in the object itself so
+ * that queueing cannot fail, and done when the entry lets the lock go
+ * (group.c, mep_group_free). Zero while not queued. */
+typedef struct mep_deferred_free {
+  struct moe_ep_group *group; /* non-NULL: queued on this thread */
+  void *obj;                  /* the object holding this link */
+  int32_t kind;               /* mep_obj_kind_t */
+  void (*then)(struct moe_ep_group *group, void *obj);
+  void (*release)(void *obj);
+  struct mep_deferred_free *next;
+} mep_deferred_free_t;
+
 /* The routing layout of one layer call (public type moe_ep_handle_t). */
 /* A handle's dispatch state (moe_ep_handle.dispatched). */
 enum {
@@ -62,6 +75,7 @@ struct moe_ep_handle {
   int32_t *out_tokens_per_expert; /* [E] */
   uint8_t *out_is_token_in_rank;  /* [T, R] */
   void *prepare_stream;           /* params->stream (nccl computes them there) */
+  mep_deferred_free_t deferred; /* handle_free from inside an entry */
 };
 
 typedef enum mep_op_kind { MEP_OP_DISPATCH = 0, MEP_OP_COMBINE = 1 } mep_op_kind_t;

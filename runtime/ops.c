@@ -376,5 +376,6 @@ moe_ep_status_t mep_hook_run(moe_ep_hook_t *hook, void *stream) {
 }
 
 void mep_hook_free(moe_ep_hook_t *hook) {
-  mep_group_free(hook, MEP_OBJ_HOOK, "hook_free", hook_abandon_locked, mep_registry_retire);
+  mep_group_free(hook, MEP_OBJ_HOOK, hook != NULL ? &hook->deferred : NULL, "hook_free",
+                 hook_abandon_locked, mep_registry_retire);
 }

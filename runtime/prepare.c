@@ -184,5 +184,6 @@ static void handle_detach_hooks(moe_ep_group_t *g, void *obj) {
 /* Under the group's lock, so a hook_run or combine on another thread
  * either finishes with the handle first or finds it gone. */
 void mep_handle_free(moe_ep_handle_t *h) {
-  mep_group_free(h, MEP_OBJ_HANDLE, "handle_free", handle_detach_hooks, handle_release_obj);
+  mep_group_free(h, MEP_OBJ_HANDLE, h != NULL ? &h->deferred : NULL, "handle_free",
+                 handle_detach_hooks, handle_release_obj);
 }

@@ -487,11 +487,14 @@ typedef struct moe_ep_handle_layout_params {
  *   group, handle or hook: on the group whose entry is logging, on the
  *   same thread, they return INVALID_ARGUMENT at once (the lock is not
  *   recursive), and elsewhere they may wait for a lock the logging thread
- *   holds. hook_free and handle_free of that group's objects, called by
- *   the logger on the thread of the entry that logs (a garbage collector
- *   running in it), are done when that entry returns; on the library's
- *   own threads the logger must not free them (that thread would wait for
- *   the group's lock, held by an entry that waits for it). The logger's own calls leave the logging entry's last_error
+ *   holds. hook_free and handle_free, called by the logger on the thread of
+ *   the entry that logs (a garbage collector running in it), never wait
+ *   for a lock: an object of that entry's group is freed when the entry
+ *   returns, one of another group at once when that group's lock is free,
+ *   and otherwise once the entry has returned; from then on the object is
+ *   gone to every other call. On the library's own threads the logger
+ *   must not free them (that thread would wait for the group's lock, held
+ *   by an entry that waits for it). The logger's own calls leave the logging entry's last_error
  *   as it was, and what they log is not passed to the logger again.
  * - Log levels are per group: messages emitted while an entry works for a
  *   group (and by threads the library starts for it) use that group's

@@ -187,6 +187,9 @@ void run_abi_sizes(Ctx& c);
 // The logger scenario: installed before group_create, checked after.
 void install_test_logger(Ctx& c);
 void run_logger(Ctx& c);
+// worker_logger_groups.cc: two threads' loggers each freeing the other
+// thread's group's objects from inside an entry (needs one --ports).
+void check_logger_across_groups(Ctx& c);
 
 // One LL layer call (prepare, dispatch, check, expert, combine, check);
 // `defer` exercises the hook path run from another thread.

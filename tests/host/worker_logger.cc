@@ -108,8 +108,12 @@ void reentrant_logger(void*, int, const char* message) {
   const moe_ep_plugin_v1_t* api = g_reentry.c->api;
   g_reentry.status = api->group_poll_error(g_reentry.c->group);
   g_reentry.error = api->last_error();
-  api->hook_free(g_reentry.hook);
-  api->handle_free(g_reentry.handle);
+  // Each twice: the second free of an object already queued must be a
+  // no-op, as a second free is outside the logger.
+  for (int i = 0; i < 2; i++) {
+    api->hook_free(g_reentry.hook);
+    api->handle_free(g_reentry.handle);
+  }
 }
 
 void check_reentrant_logger(Ctx& c) {
@@ -196,6 +200,7 @@ void run_logger(Ctx& c) {
          "stderr did not get the refusal \"" + std::string(c.api->last_error()) + "\"; it got \"" +
              err + "\"");
   check_reentrant_logger(c);
+  check_logger_across_groups(c);
   // The group is still fine after all that.
   auto p = problem_for(c, c.opt.layers[0].first, c.opt.layers[0].second,
                        moe_ep_oracle::Generator::kUniform);
