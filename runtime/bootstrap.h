@@ -52,6 +52,12 @@ moe_ep_status_t mep_bootstrap_barrier(mep_bootstrap_t *bs);
  * its status (and that rank's call returns the same), not a mismatch. */
 moe_ep_status_t mep_bootstrap_agree(mep_bootstrap_t *bs, int32_t mine,
                                     int32_t *statuses);
+/* This rank cannot make its part of the next collective step (say, no
+ * memory for its receive buffer): an agreement carrying `status` in its
+ * place, which needs no allocation, so the peers fail at once naming this
+ * rank and the status instead of waiting for it. Returns what the
+ * agreement returned. */
+moe_ep_status_t mep_bootstrap_fail_step(mep_bootstrap_t *bs, moe_ep_status_t status);
 
 
 #ifdef __cplusplus

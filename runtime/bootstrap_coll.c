@@ -204,11 +204,23 @@ static void root_deliver(mep_bootstrap_t *bs, const coll_t *c,
   h.op = c->op;
   h.root = c->root;
   h.bytes = c->bytes;
+  /* Every rank but a broadcast's root gets the same bytes: one copy sent
+   * to all of them (world_size copies of an allgather's world-sized
+   * result would grow with world_size squared). */
+  const int common = c->op == MEP_BS_OP_BROADCAST && c->root == 1 ? 2 : 1;
+  h.payload_len = result_len(c, common, bs->world_size);
+  mep_bs_blob_t *shared = mep_bs_blob_new(&h, c->out);
   for (int r = 1; r < bs->world_size; r++) {
-    h.payload_len = result_len(c, r, bs->world_size);
     sends[r] = NULL;
-    (void)mep_bs_send(bs, bs->by_rank[r], &h, c->out, &sends[r]);
+    if (result_len(c, r, bs->world_size) == h.payload_len && shared != NULL) {
+      (void)mep_bs_send_blob(bs, bs->by_rank[r], shared, &sends[r]);
+    } else {
+      mep_bs_hdr_t own = h;
+      own.payload_len = result_len(c, r, bs->world_size);
+      (void)mep_bs_send(bs, bs->by_rank[r], &own, c->out, &sends[r]);
+    }
   }
+  mep_bs_blob_drop(shared);
   /* A failed delivery means that rank died after contributing: the others
    * already have their result, so the failure surfaces in the next op. */
   for (int r = 1; r < bs->world_size; r++) {
@@ -399,4 +411,9 @@ moe_ep_status_t mep_bootstrap_agree(mep_bootstrap_t *bs, int32_t mine,
   coll_t c = {.op = MEP_BS_OP_AGREE, .root = 0, .bytes = sizeof mine,
               .send = &mine, .out = statuses};
   return coll_run(bs, &c);
+}
+
+moe_ep_status_t mep_bootstrap_fail_step(mep_bootstrap_t *bs, moe_ep_status_t status) {
+  int32_t statuses[MEP_BS_MAX_RANKS]; /* world_size <= MEP_BS_MAX_RANKS (bootstrap_create) */
+  return mep_bootstrap_agree(bs, (int32_t)status, statuses);
 }

@@ -4,7 +4,10 @@
  * the job token, has bootstrap_root.c judge the rest, answers with the
  * verdict (proven in turn) and closes. Nothing a connection sends is
  * allocated for: an outsider gets at most one of MEP_BS_PENDING_KNOCKS
- * slots for at most MEP_BS_KNOCK_WAIT_MS, and never reaches UCX. */
+ * slots for at most MEP_BS_KNOCK_WAIT_MS, and no endpoint of rank 0's is
+ * made for it. (UCX's own listening ports are another way in, which the
+ * gate does not cover: the message handlers drop what an unadmitted
+ * connection sends; README, "Limits".) */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdarg.h>

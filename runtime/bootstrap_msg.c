@@ -260,7 +260,11 @@ static ucs_status_t msg_am_cb(void *arg, const void *header,
   if (m == NULL || (length != 0 && payload == NULL)) {
     free(m);
     free(payload);
-    /* Lost message: the wait for it will time out and say so. */
+    /* A lost message leaves the protocol out of step with this peer: cut
+     * it, so the wait for it fails now, naming this rank's memory as the
+     * cause, rather than timing out and blaming the sender. */
+    mep_bs_peer_evict(bs, peer, "its %zu-byte %s was lost: rank %d ran out of memory receiving it",
+                      length, msg_type_name(h.type), bs->rank);
     return UCS_OK;
   }
   m->hdr = h;
@@ -336,35 +340,50 @@ void mep_bs_hdr_init(const mep_bootstrap_t *bs, mep_bs_hdr_t *hdr, int type) {
   hdr->failed_rank = -1;
 }
 
+static void send_release(mep_bs_send_t *s);
+
 static void send_done(void *request, ucs_status_t status, void *user_data) {
   mep_bs_send_t *s = (mep_bs_send_t *)user_data;
   ucp_request_free(request);
   if (s->orphaned) {
-    free(s->buf);
-    free(s);
+    send_release(s);
     return;
   }
   s->status = status;
   s->done = 1;
 }
 
-ucs_status_t mep_bs_send(mep_bootstrap_t *bs, mep_bs_peer_t *peer,
-                         const mep_bs_hdr_t *hdr, const void *payload,
-                         mep_bs_send_t **out) {
+mep_bs_blob_t *mep_bs_blob_new(const mep_bs_hdr_t *hdr, const void *payload) {
+  const size_t len = sizeof(*hdr) + (size_t)hdr->payload_len;
+  mep_bs_blob_t *b = (mep_bs_blob_t *)malloc(sizeof(*b) + len);
+  if (b == NULL) return NULL;
+  b->refs = 1;
+  b->len = len;
+  memcpy(b + 1, hdr, sizeof(*hdr));
+  if (hdr->payload_len != 0) memcpy((char *)(b + 1) + sizeof(*hdr), payload, hdr->payload_len);
+  return b;
+}
+
+void mep_bs_blob_drop(mep_bs_blob_t *b) {
+  if (b != NULL && --b->refs == 0) free(b);
+}
+
+static void send_release(mep_bs_send_t *s) {
+  mep_bs_blob_drop(s->blob);
+  free(s);
+}
+
+ucs_status_t mep_bs_send_blob(mep_bootstrap_t *bs, mep_bs_peer_t *peer, mep_bs_blob_t *blob,
+                              mep_bs_send_t **out) {
+  (void)bs;
   if (out != NULL) *out = NULL;
   if (peer == NULL || peer->ep == NULL) return UCS_ERR_NOT_CONNECTED;
-  size_t len = (size_t)hdr->payload_len;
   mep_bs_send_t *s = (mep_bs_send_t *)calloc(1, sizeof(*s));
-  void *buf = malloc(sizeof(*hdr) + len);
-  if (s == NULL || buf == NULL) {
-    free(s);
-    free(buf);
-    return UCS_ERR_NO_MEMORY;
-  }
-  memcpy(buf, hdr, sizeof(*hdr));
-  if (len != 0) memcpy((char *)buf + sizeof(*hdr), payload, len);
-  s->buf = buf;
+  if (s == NULL) return UCS_ERR_NO_MEMORY;
+  blob->refs++;
+  s->blob = blob;
   s->orphaned = (out == NULL);
+  const char *bytes = (const char *)(blob + 1);
   ucp_request_param_t p;
   memset(&p, 0, sizeof(p));
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
@@ -374,9 +393,9 @@ ucs_status_t mep_bs_send(mep_bootstrap_t *bs, mep_bs_peer_t *peer,
   /* Eager only: the receive side then always gets whole, inline data. The
    * reply flag lets rank 0 tie a HELLO to the endpoint it arrived on. */
   p.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
-  ucs_status_ptr_t r = ucp_am_send_nbx(peer->ep, MEP_BS_AM_ID, buf,
-                                       sizeof(*hdr), (char *)buf + sizeof(*hdr),
-                                       len, &p);
+  ucs_status_ptr_t r = ucp_am_send_nbx(peer->ep, MEP_BS_AM_ID, bytes, sizeof(mep_bs_hdr_t),
+                                       bytes + sizeof(mep_bs_hdr_t),
+                                       blob->len - sizeof(mep_bs_hdr_t), &p);
   if (UCS_PTR_IS_PTR(r)) {
     if (out != NULL) *out = s;
     return UCS_INPROGRESS;
@@ -387,9 +406,20 @@ ucs_status_t mep_bs_send(mep_bootstrap_t *bs, mep_bs_peer_t *peer,
     s->status = st;
     *out = s;
   } else {
-    free(buf);
-    free(s);
+    send_release(s);
   }
+  return st;
+}
+
+ucs_status_t mep_bs_send(mep_bootstrap_t *bs, mep_bs_peer_t *peer,
+                         const mep_bs_hdr_t *hdr, const void *payload,
+                         mep_bs_send_t **out) {
+  if (out != NULL) *out = NULL;
+  if (peer == NULL || peer->ep == NULL) return UCS_ERR_NOT_CONNECTED;
+  mep_bs_blob_t *blob = mep_bs_blob_new(hdr, payload);
+  if (blob == NULL) return UCS_ERR_NO_MEMORY;
+  ucs_status_t st = mep_bs_send_blob(bs, peer, blob, out);
+  mep_bs_blob_drop(blob);
   return st;
 }
 
@@ -404,8 +434,7 @@ ucs_status_t mep_bs_send_wait(mep_bootstrap_t *bs, mep_bs_send_t *s,
     return UCS_ERR_TIMED_OUT;
   }
   ucs_status_t st = s->status;
-  free(s->buf);
-  free(s);
+  send_release(s);
   return st;
 }
 

@@ -196,8 +196,17 @@ typedef struct mep_bs_msg {
 /* A send in flight. The message buffer is a private copy, freed by whoever
  * sees the completion last, so a send abandoned at a deadline never reads
  * freed caller memory. */
+/* A message's bytes (header, then payload), shared by the sends of one
+ * result to every rank: rank 0 keeps one copy of a world-sized result, not
+ * one per rank. Only the bootstrap's own thread touches the count. */
+typedef struct mep_bs_blob {
+  int refs;
+  size_t len;
+  /* len bytes follow */
+} mep_bs_blob_t;
+
 typedef struct mep_bs_send {
-  void *buf;
+  mep_bs_blob_t *blob;
   int done;
   int orphaned;
   ucs_status_t status;
@@ -303,6 +312,13 @@ moe_ep_status_t mep_bs_worker_setup(mep_bootstrap_t *bs);
 ucs_status_t mep_bs_send(mep_bootstrap_t *bs, mep_bs_peer_t *peer,
                          const mep_bs_hdr_t *hdr, const void *payload,
                          mep_bs_send_t **out);
+/* A blob of hdr and its payload_len bytes of payload (one reference, the
+ * caller's), or NULL when out of memory; mep_bs_send_blob sends one more
+ * reference, and mep_bs_blob_drop gives one back. */
+mep_bs_blob_t *mep_bs_blob_new(const mep_bs_hdr_t *hdr, const void *payload);
+void mep_bs_blob_drop(mep_bs_blob_t *b);
+ucs_status_t mep_bs_send_blob(mep_bootstrap_t *bs, mep_bs_peer_t *peer, mep_bs_blob_t *blob,
+                              mep_bs_send_t **out);
 /* Waits until done or deadline (UCS_ERR_TIMED_OUT); releases the send. */
 ucs_status_t mep_bs_send_wait(mep_bootstrap_t *bs, mep_bs_send_t *s,
                               int64_t deadline_ms);

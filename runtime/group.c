@@ -75,9 +75,11 @@ static moe_ep_status_t check_configs_agree(moe_ep_group_t *g) {
   }
   char *all = calloc((size_t)g->world_size, CANON_BYTES);
   if (all == NULL) {
+    /* The peers hear it in the exchange's place rather than wait for it. */
+    (void)mep_bootstrap_fail_step(g->boot, MOE_EP_ERR_NO_MEMORY);
     return mep_error(MOE_EP_ERR_NO_MEMORY,
-                     "group_create: cannot allocate %d config texts",
-                     g->world_size);
+                     "group_create on rank %d: cannot allocate %d config texts",
+                     g->rank, g->world_size);
   }
   moe_ep_status_t st = mep_bootstrap_allgather(g->boot, mine, all, CANON_BYTES);
   if (st != MOE_EP_OK) {
@@ -214,10 +216,7 @@ static moe_ep_status_t validate_params(const moe_ep_group_params_t *p,
 static moe_ep_status_t agree_formed(moe_ep_group_t *g, moe_ep_status_t mine) {
   char kept[MEP_ERROR_MAX] = "";
   if (mine != MOE_EP_OK) snprintf(kept, sizeof kept, "%s", mep_last_error());
-  int32_t *all = calloc((size_t)g->world_size, sizeof(int32_t));
-  if (all == NULL)
-    return mine != MOE_EP_OK ? mep_error(mine, "%s", kept)
-                             : mep_error(MOE_EP_ERR_NO_MEMORY, "group_create: out of host memory");
+  int32_t all[MEP_MAX_RANKS]; /* on the stack: no failure can skip the agreement */
   moe_ep_status_t st = mep_bootstrap_agree(g->boot, (int32_t)mine, all);
   if (mine != MOE_EP_OK) {
     st = mep_error(mine, "%s", kept); /* this rank's own failure is its report */
@@ -234,7 +233,6 @@ static moe_ep_status_t agree_formed(moe_ep_group_t *g, moe_ep_status_t mine) {
       break;
     }
   }
-  free(all);
   return st;
 }
 
@@ -300,7 +298,10 @@ moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
   g->config_hash = mep_config_hash(&g->cfg);
 
   if (pthread_mutex_init(&g->lock, NULL) != 0) {
-    st = mep_error(MOE_EP_ERR_INTERNAL, "group_create: pthread_mutex_init failed");
+    /* Still this rank's part of the closing agreement: the peers form
+     * their backends meanwhile and then learn that this rank failed. */
+    st = agree_formed(g, mep_error(MOE_EP_ERR_INTERNAL,
+                                   "group_create on rank %d: pthread_mutex_init failed", g->rank));
     goto out_destroy_bootstrap;
   }
   MEP_LOG_DEBUG("group", "rank %d: setup: the %s backend", g->rank, g->ops->name);

@@ -89,3 +89,12 @@ void mep_registry_retire(void *mem) {
   pthread_mutex_unlock(&reg_lock);
   free(oldest);
 }
+
+/* The library unloaded (an engine's dlclose): the retired memory goes with
+ * it; no pointer into it can be checked any more. */
+__attribute__((destructor)) static void registry_unload(void) {
+  for (size_t i = 0; i < MEP_REGISTRY_RETIRED; i++) {
+    free(retired[i]);
+    retired[i] = NULL;
+  }
+}

@@ -99,7 +99,16 @@ static moe_ep_status_t exchange_counts(moe_ep_group_t *g, const int32_t *mine,
                                        int64_t *num_recv) {
   int R = g->world_size;
   int32_t *all = calloc((size_t)R * (size_t)R, sizeof(int32_t));
-  if (all == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "prepare: out of memory");
+  if (all == NULL) {
+    /* The peers fail their exchange naming this rank at once, so this
+     * rank's group fails with theirs (MISMATCH, fatal: a NO_MEMORY would
+     * read as "refused, group usable"). */
+    (void)mep_bootstrap_fail_step(g->boot, MOE_EP_ERR_NO_MEMORY);
+    return mep_error(MOE_EP_ERR_MISMATCH,
+                     "prepare on rank %d: out of memory for the %d x %d count exchange; the "
+                     "peers' exchange failed naming this rank, so the group fails on every rank",
+                     g->rank, R, R);
+  }
   moe_ep_status_t st = mep_bootstrap_allgather(g->boot, mine, all, (size_t)R * 4u);
   if (st != MOE_EP_OK) {
     mep_error_prefix("prepare: exchanging per-rank token counts");
@@ -122,8 +131,7 @@ static moe_ep_status_t exchange_counts(moe_ep_group_t *g, const int32_t *mine,
 
 static moe_ep_status_t host_prepare(moe_ep_group_t *g, mep_handle_state_t *h) {
   int R = g->world_size, K = h->top_k;
-  int32_t *per_rank = calloc((size_t)R, sizeof(int32_t));
-  if (per_rank == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "prepare: out of memory");
+  int32_t per_rank[MEP_MAX_RANKS] = {0}; /* no allocation to fail before the count exchange */
   if (h->out_tokens_per_expert) {
     memset(h->out_tokens_per_expert, 0, (size_t)g->cfg.num_experts * 4u);
   }
@@ -148,7 +156,6 @@ static moe_ep_status_t host_prepare(moe_ep_group_t *g, mep_handle_state_t *h) {
     st = exchange_counts(g, per_rank, &num_recv);
     h->num_recv = num_recv;
   }
-  free(per_rank);
   return st;
 }
 
@@ -156,12 +163,9 @@ static moe_ep_status_t host_prepare(moe_ep_group_t *g, mep_handle_state_t *h) {
  * its row all REFUSED_COUNT, so the peers' prepares fail naming it. */
 static moe_ep_status_t host_prepare_refused(moe_ep_group_t *g) {
   if (g->cfg.mode != MOE_EP_MODE_HIGH_THROUGHPUT) return MOE_EP_OK;
-  int32_t *row = malloc((size_t)g->world_size * sizeof(int32_t));
-  if (row == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "prepare: out of memory");
+  int32_t row[MEP_MAX_RANKS];
   for (int d = 0; d < g->world_size; d++) row[d] = REFUSED_COUNT;
-  moe_ep_status_t st = exchange_counts(g, row, NULL);
-  free(row);
-  return st;
+  return exchange_counts(g, row, NULL);
 }
 
 static moe_ep_status_t dispatch_send(moe_ep_group_t *g, mep_op_t *op) {

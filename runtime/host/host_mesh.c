@@ -54,7 +54,10 @@ static moe_ep_status_t allgather_slots(struct mep_host_mesh *m, mep_bootstrap_t 
     free(mine);
     free(*all);
     *all = NULL;
-    return mep_error(MOE_EP_ERR_NO_MEMORY, "host mesh: out of memory");
+    (void)mep_bootstrap_fail_step(bs, MOE_EP_ERR_NO_MEMORY); /* the peers hear it at once */
+    return mep_error(MOE_EP_ERR_NO_MEMORY,
+                     "host mesh: rank %d: out of memory for %d ranks' worker addresses", m->rank,
+                     m->world);
   }
   uint64_t l = len;
   memcpy(mine, &l, sizeof(l));

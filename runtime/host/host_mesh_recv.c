@@ -67,7 +67,19 @@ static void on_rndv_done(void *request, ucs_status_t status, size_t length,
   ucp_request_free(request);
 }
 
+/* Signals one source may have waiting behind its rendezvous data. An
+ * honest peer has a few per operation in flight and runs at most its
+ * buffer sets ahead; the bound keeps a peer that streams signals from
+ * growing this rank's memory. */
+#define MAX_QUEUED_SIGNALS 1024
+
 static void queue_signal(mep_host_source_t *s, uint64_t off, uint64_t value) {
+  if (s->nqueued >= MAX_QUEUED_SIGNALS) {
+    recv_fail(s->mesh, "rank %d sent more than %d signals ahead of its rendezvous data still "
+              "landing (the latest at %llu)", s->rank, MAX_QUEUED_SIGNALS,
+              (unsigned long long)off);
+    return;
+  }
   if (s->nqueued == s->capqueued) {
     size_t cap = s->capqueued ? s->capqueued * 2 : 16;
     mep_host_signal_t *grown = realloc(s->queued, cap * sizeof(*grown));
@@ -135,6 +147,12 @@ static ucs_status_t on_message(void *arg, const void *header, size_t header_leng
   if (h.offset > m->region_bytes || span > m->region_bytes - h.offset) {
     recv_fail(m, "rank %d sent a put outside the region (offset %llu, %llu bytes)", h.src,
               (unsigned long long)h.offset, (unsigned long long)span);
+    return UCS_OK;
+  }
+  if (h.kind == MEP_HOST_MSG_SIGNAL && h.offset % sizeof(uint64_t) != 0) {
+    /* A signal is one atomic 8-byte store: misaligned, it would not be. */
+    recv_fail(m, "rank %d sent a signal at offset %llu, not a multiple of 8", h.src,
+              (unsigned long long)h.offset);
     return UCS_OK;
   }
   mep_host_source_t *s = &m->sources[h.src];

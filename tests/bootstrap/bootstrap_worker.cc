@@ -286,7 +286,11 @@ int main(int argc, char **argv) {
       st = mep_bootstrap_broadcast(bs, &v, sizeof v, 0);
       if (st == MOE_EP_OK && v != 0x5eedull) rc = 100;
     }
-    if (st == MOE_EP_OK) {
+    if (quits && o.quit_early) {
+      // What a rank does when it cannot make the step the others are in
+      // (out of memory for its receive buffer): fails it in their place.
+      st = mep_bootstrap_fail_step(bs, MOE_EP_ERR_CUDA);
+    } else if (st == MOE_EP_OK) {
       std::vector<int32_t> all(o.world, -1);
       st = mep_bootstrap_agree(bs, quits ? MOE_EP_ERR_CUDA : MOE_EP_OK, all.data());
       for (int r = 0; st == MOE_EP_OK && r < o.world; r++) {

@@ -225,4 +225,24 @@ TEST_F(HostMeshStranger, RendezvousFloodIsNotFetched) {
   ExpectOwnPutLands();
 }
 
+// A member's signal (the receiving rank's key) at an offset that is not a
+// multiple of 8: one atomic 8-byte store could not carry it, so the mesh
+// fails naming the sender instead of storing it torn.
+TEST_F(HostMeshStranger, MisalignedSignalFailsTheMesh) {
+  size_t len = 0;
+  const void *addr = mep_host_mesh_address(mesh_, &len);
+  Stranger s;
+  ASSERT_EQ(s.Open(addr), "");
+  mep_host_msg_t sig = Forged(MEP_HOST_MSG_SIGNAL, 8192 + 4, 1, 0);
+  memcpy(sig.key, mesh_->key, sizeof(sig.key));
+  ASSERT_EQ(s.Send(&sig, sizeof(sig), nullptr, 0, false), UCS_OK);
+  mep_host_mesh_begin(mesh_);  // the wait's deadline
+  EXPECT_NE(mep_host_mesh_wait(mesh_, 8192, 1, 0, "misaligned signal wait"), MOE_EP_OK);
+  EXPECT_NE(std::string(mep_last_error()).find("rank 0 sent a signal at offset 8196, not a "
+                                               "multiple of 8"),
+            std::string::npos)
+      << mep_last_error();
+  EXPECT_EQ(FirstNonZero(), -1);
+}
+
 }  // namespace
