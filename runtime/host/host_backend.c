@@ -318,9 +318,38 @@ static moe_ep_status_t combine_send(moe_ep_group_t *g, mep_op_t *op) {
                                 mep_host_off_combine_row(&hs->layout, op->buffer_set, half, row)));
   }
   for (int s = 0; s < g->world_size; s++) {
+    MEP_CHECK(mep_host_mesh_signal(
+        hs->mesh, s, mep_host_off_combine_dispatch(&hs->layout, op->buffer_set, half, g->rank),
+        tab->seq + 1));
     MEP_CHECK(mep_host_mesh_signal(hs->mesh, s, flag_off(hs, op, 1, g->rank), op->seq + 1));
   }
   return mep_host_mesh_complete(hs->mesh, "combine");
+}
+
+/* Every source's combine returns the rows of the dispatch this rank's
+ * handle holds: ranks that combine different layer calls at the same
+ * operation (two micro-batches in another order) would sum rows of other
+ * tokens without a word. Refused before any output is written; every rank
+ * took part in the operation, so the group stays usable. */
+static moe_ep_status_t check_same_dispatch(moe_ep_group_t *g, const mep_op_t *op, int half) {
+  host_state_t *hs = g->impl;
+  const slot_table_t *tab = op->handle->backend;
+  uint8_t *local = mep_host_mesh_local(hs->mesh);
+  for (int s = 0; s < g->world_size; s++) {
+    const uint64_t theirs = __atomic_load_n(
+        (const uint64_t *)(local +
+                           mep_host_off_combine_dispatch(&hs->layout, op->buffer_set, half, s)),
+        __ATOMIC_ACQUIRE);
+    if (theirs == tab->seq + 1) continue;
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "combine on rank %d: rank %d's combine (operation %llu) returned the rows "
+                     "of its dispatch operation %llu, this rank's handle those of operation "
+                     "%llu; every rank must combine the same layer call at the same operation "
+                     "(the group stays usable)",
+                     g->rank, s, (unsigned long long)op->seq,
+                     (unsigned long long)(theirs - 1), (unsigned long long)tab->seq);
+  }
+  return MOE_EP_OK;
 }
 
 static moe_ep_status_t combine_recv(moe_ep_group_t *g, mep_op_t *op) {
@@ -330,6 +359,7 @@ static moe_ep_status_t combine_recv(moe_ep_group_t *g, mep_op_t *op) {
   const int half = mep_host_combine_half(&hs->layout, op->seq);
   const uint16_t *rows[MEP_MAX_TOP_K];
   MEP_CHECK(wait_all(g, op, 1));
+  MEP_CHECK(check_same_dispatch(g, op, half));
   for (int t = 0; t < h->num_tokens; t++) {
     const int64_t *tk = h->topk_host + (size_t)t * (size_t)K;
     uint16_t *out = (uint16_t *)op->out + (size_t)t * (size_t)op->hidden;

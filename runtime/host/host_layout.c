@@ -31,7 +31,8 @@ void mep_host_layout_init(mep_host_layout_t *l, const moe_ep_config_t *cfg,
   l->dispatch_counts = ALIGN64(w * 8u);
   l->combine_flags = l->dispatch_counts + ALIGN64(w * 8u);
   /* two halves of combine flags and rows (mep_host_combine_half) */
-  l->dispatch_refusals = l->combine_flags + 2u * ALIGN64(w * 8u);
+  l->combine_dispatches = l->combine_flags + 2u * ALIGN64(w * 8u);
+  l->dispatch_refusals = l->combine_dispatches + 2u * ALIGN64(w * 8u);
   l->combine_refusals = l->dispatch_refusals + ALIGN64(w * 8u);
   l->dispatch_reads = l->combine_refusals + ALIGN64(w * 8u);
   l->dispatch_rows = l->dispatch_reads + ALIGN64(w * 8u);
@@ -58,6 +59,11 @@ size_t mep_host_off_dispatch_count(const mep_host_layout_t *l, int set, int src)
 size_t mep_host_off_combine_flag(const mep_host_layout_t *l, int set, int half, int src) {
   return (size_t)set * l->set_bytes + l->combine_flags + (size_t)half * ALIGN64(l->world * 8u) +
          (size_t)src * 8u;
+}
+
+size_t mep_host_off_combine_dispatch(const mep_host_layout_t *l, int set, int half, int src) {
+  return (size_t)set * l->set_bytes + l->combine_dispatches +
+         (size_t)half * ALIGN64(l->world * 8u) + (size_t)src * 8u;
 }
 
 size_t mep_host_off_refusal(const mep_host_layout_t *l, int set, int combine, int src) {

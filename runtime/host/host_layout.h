@@ -23,7 +23,7 @@ typedef struct mep_host_layout {
   size_t combine_row_bytes;
   size_t set_bytes;
   /* offsets inside one set */
-  size_t dispatch_flags, dispatch_counts, combine_flags, dispatch_refusals,
+  size_t dispatch_flags, dispatch_counts, combine_flags, combine_dispatches, dispatch_refusals,
       combine_refusals, dispatch_reads, dispatch_rows, combine_area;
 } mep_host_layout_t;
 
@@ -44,6 +44,10 @@ int mep_host_combine_half(const mep_host_layout_t *l, uint64_t seq);
 size_t mep_host_off_dispatch_flag(const mep_host_layout_t *l, int set, int src);
 size_t mep_host_off_dispatch_count(const mep_host_layout_t *l, int set, int src);
 size_t mep_host_off_combine_flag(const mep_host_layout_t *l, int set, int half, int src);
+/* Which dispatch (its seq + 1) src's combine in this half returns the rows
+ * of, signalled before its flag: a receive checks that every rank combined
+ * the same layer call. */
+size_t mep_host_off_combine_dispatch(const mep_host_layout_t *l, int set, int half, int src);
 /* The operation (seq + 1) of this kind (combine: 1) that src refused in
  * this set, signalled in place of that operation's flag (host_backend.c:
  * host_op_refused); one word per kind, as the flags are. */

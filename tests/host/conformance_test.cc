@@ -228,6 +228,9 @@ const Case kCases[] = {
     {"reuse_r2_double_buffer", 2, {"--scenario=reuse", "--experts=8", "--max_tokens=8", "--layers=384:4"}},
     {"reuse_r2_single_buffer", 2, {"--scenario=reuse", "--double_buffer=0", "--experts=8", "--max_tokens=8", "--layers=384:4"}},
     {"reuse_r4_single_buffer", 4, {"--scenario=reuse", "--double_buffer=0", "--experts=16", "--max_tokens=8", "--layers=384:4"}},
+    // Ranks combining two layer calls in different orders: refused.
+    {"combine_order_r2", 2, {"--scenario=combine_order", "--experts=8", "--max_tokens=8", "--layers=384:4"}},
+    {"combine_order_r3", 3, {"--scenario=combine_order", "--experts=12", "--max_tokens=8", "--layers=384:4"}},
     // A dispatch reusing a set waits for a slow peer to read the last one.
     {"slow_reader_r2_single_buffer", 2, {"--scenario=slow_reader", "--double_buffer=0", "--experts=8", "--max_tokens=8", "--layers=384:4", "--kernel_ms=60000"}},
     {"slow_reader_r3_single_buffer", 3, {"--scenario=slow_reader", "--double_buffer=0", "--experts=12", "--max_tokens=8", "--layers=384:4", "--kernel_ms=60000"}},

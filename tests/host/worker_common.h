@@ -124,6 +124,7 @@ void run_two_groups(Ctx& c);   // worker_busy.cc
 void run_ahead(Ctx& c);        // worker_blame.cc
 void run_reuse(Ctx& c);        // worker_reuse.cc
 void run_slow_reader(Ctx& c);  // worker_reuse.cc
+void run_combine_order(Ctx& c);  // worker_combine_order.cc
 void run_ht_bad_input(Ctx& c); // worker_ht_bad.cc
 void run_layout(Ctx& c);       // worker_layout.cc
 class LlCall;

@@ -197,6 +197,8 @@ static void run_scenario(Ctx& c) {
     run_ahead(c);
   } else if (c.opt.scenario == "reuse") {
     run_reuse(c);
+  } else if (c.opt.scenario == "combine_order") {
+    run_combine_order(c);
   } else if (c.opt.scenario == "slow_reader") {
     run_slow_reader(c);
   } else if (c.opt.scenario == "htbad") {
