@@ -25,8 +25,9 @@ import ctypes
 import threading
 import weakref
 
+from ._bound import bound_words, wait_bound_s
 from ._per_group import kept_on
-from .errors import BusyError
+from .errors import BusyError, TimeoutError as MoeEpTimeoutError
 from .handle import Hook
 
 _SETS = 2  # buffer sets a double-buffered group alternates: so many blockers at most
@@ -41,6 +42,8 @@ class DroppedHooks:
     def __init__(self, group):
         self._group = weakref.ref(group)  # the group keeps the book, not the other way
         self._lock = threading.Lock()  # one send at a time: the library serialises them anyway
+        self._bound_s = wait_bound_s(group)  # the longest wait for another thread's send
+        self._rank = group.rank
         self._pending = []  # weakref(Hook)
 
     def send(self, call, record=True):
@@ -49,7 +52,13 @@ class DroppedHooks:
         A Hook it returns is recorded when record is true (the adapter
         holds it for the engine); False for one handed to the engine to
         hold and run itself."""
-        with self._lock:
+        # Bounded: the holder may be stuck abandoning a hook whose receive
+        # hangs on a third thread; every send on the group would hang too.
+        if not self._lock.acquire(timeout=self._bound_s):
+            raise MoeEpTimeoutError(
+                "rank %d: another thread's dispatch or combine on this group held its turn for "
+                "more than %s" % (self._rank, bound_words(self._bound_s)))
+        try:
             try:
                 result = call()
             except BusyError as busy:
@@ -59,6 +68,8 @@ class DroppedHooks:
                     self._pending = [r for r in self._pending if _pending(r)]
                 self._pending.append(weakref.ref(result))
             return result
+        finally:
+            self._lock.release()
 
     def _again(self, call, busy):
         """call() once the receive it was refused for is abandoned (one per

@@ -10,22 +10,9 @@ import threading
 import torch
 
 from . import _fp8
+from ._bound import bound_words
 from ._per_group import kept_on
 from .errors import TimeoutError as MoeEpTimeoutError
-
-
-def wait_bound_s(group):
-    """How long a thread may wait for another thread's hook, plus slack: the
-    longest the library's own bounds let a receive run. An LL receive waits
-    at most timeouts.kernel_ms for its kernel; an HT receive on the nccl
-    backend also learns its row count on the host, within
-    bootstrap.timeout_ms plus four kernel_ms."""
-    c = group.config
-    return (c.bootstrap_timeout_ms + 4.0 * c.kernel_timeout_ms) / 1000.0 + 5.0
-
-
-def _bound_words(bound_s):
-    return "%.0f s (bootstrap.timeout_ms plus four timeouts.kernel_ms, plus 5 s)" % bound_s
 
 
 def on_send_stream(group, hook):
@@ -86,7 +73,7 @@ class Once:
     def __call__(self):
         if not self._lock.acquire(timeout=self._bound_s):
             raise MoeEpTimeoutError("rank %d: hook: another thread has run this receive for "
-                                    "more than %s" % (self._rank, _bound_words(self._bound_s)))
+                                    "more than %s" % (self._rank, bound_words(self._bound_s)))
         try:
             if not self._done:
                 self.result = self._hook()  # raises with the library's sentence, stays not done
@@ -213,7 +200,7 @@ class RecvRing:
         refused dispatch does not skip a set."""
         if not self._lock.acquire(timeout=bound_s):
             raise MoeEpTimeoutError("%s: another thread held this group's receive buffers for "
-                                    "more than %s" % (entry, _bound_words(bound_s)))
+                                    "more than %s" % (entry, bound_words(bound_s)))
         try:
             s = self._sets.get(hidden)
             if s is None:

@@ -4,7 +4,8 @@ import threading
 
 import torch
 
-from .errors import InvalidArgumentError
+from ._bound import bound_words, wait_bound_s
+from .errors import InvalidArgumentError, TimeoutError as MoeEpTimeoutError
 
 
 class Handle:
@@ -14,10 +15,16 @@ class Handle:
     `with` block, or by dropping it; keep it alive while a CUDA graph that
     used it may still be replayed."""
 
-    __slots__ = ("_group", "_ptr", "topk_idx", "num_tokens", "top_k", "layout",
+    __slots__ = ("_lock", "_group", "_ptr", "topk_idx", "num_tokens", "top_k", "layout",
                  "recv_count", "dispatch_weights", "hidden", "__weakref__")
 
     def __init__(self, group, ptr, topk_idx, layout):
+        # Two threads may free one handle (an adapter giving up a layer call
+        # while another thread's failing call frees it too). The pointer is
+        # taken under the lock, so only one of them frees it: a second
+        # handle_free could free another handle the library has since
+        # placed at that address.
+        self._lock = threading.Lock()
         self._group = group
         self._ptr = ptr
         self.topk_idx = topk_idx
@@ -35,7 +42,8 @@ class Handle:
         return self._ptr
 
     def free(self):
-        ptr, self._ptr = self._ptr, None
+        with self._lock:
+            ptr, self._ptr = self._ptr, None
         if ptr is not None:
             self._group._lib.handle_free(ptr)
 
@@ -82,7 +90,9 @@ class Hook:
     """A deferred receive. hook() runs it on the current stream of the
     calling thread (any thread) and returns `result`, the outputs the
     receive fills. A hook runs once; dropping one that never ran abandons
-    its receive (the nccl backend then marks the group failed)."""
+    its receive (the nccl backend then marks the group failed). A thread
+    that finds another running it waits at most the group's wait bound
+    (moe_ep._bound), then raises moe_ep.TimeoutError."""
 
     __slots__ = ("_group", "_ptr", "result", "_finish", "_lock", "_keep", "_failed", "_sent_on",
                  "__weakref__")
@@ -100,7 +110,8 @@ class Hook:
     def __call__(self, stream=None):
         """stream: a cudaStream_t (int) or torch.cuda.Stream; default the
         current stream of the group's device (None on the host backend)."""
-        with self._lock:
+        self._hold("hook_run")
+        try:
             ptr = self._ptr
             if ptr is None:
                 if self._failed is not None:
@@ -126,6 +137,8 @@ class Hook:
             lib.hook_free(ptr)
             if self._sent_on is not None and stream != self._sent_on:
                 _used_on(stream, keep, self.result)
+        finally:
+            self._lock.release()
         if self._finish is not None:
             self._finish()
         return self.result
@@ -139,7 +152,8 @@ class Hook:
         """Gives up a receive that never ran, as dropping the hook would
         (see the class); later calls raise saying so. Nothing happens to a
         hook that ran."""
-        with self._lock:
+        self._hold("hook_abandon")
+        try:
             ptr, self._ptr = self._ptr, None
             if ptr is None:
                 return
@@ -147,6 +161,20 @@ class Hook:
             self._failed = InvalidArgumentError(
                 "hook_run: this hook's receive was abandoned before it ran; it cannot run now")
             self._group._lib.hook_free(ptr)
+        finally:
+            self._lock.release()
+
+    def _hold(self, entry):
+        """Takes the hook's lock, waiting at most the group's wait bound: a
+        receive another thread runs under it ends within the library's own
+        bounds, so a longer wait means that thread is stuck, and waiting on
+        would hang this one too (a caller giving up after its own bounded
+        wait expired)."""
+        bound_s = wait_bound_s(self._group)
+        if not self._lock.acquire(timeout=bound_s):
+            raise MoeEpTimeoutError(
+                "rank %d: %s: another thread has been running this hook's receive for more "
+                "than %s" % (self._group.rank, entry, bound_words(bound_s)))
 
     def __del__(self):
         ptr = getattr(self, "_ptr", None)

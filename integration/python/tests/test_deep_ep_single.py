@@ -1,8 +1,10 @@
 """The DeepEP-compatible Buffer on one real rank (host backend, in this
 process): who runs the collective group_destroy (explicitly_destroy), and
 a low-latency group that keeps num_max_dispatch_tokens_per_rank under
-MOE_EP_MAX_TOKENS_PER_RANK while the normal-mode group takes it."""
+MOE_EP_MAX_TOKENS_PER_RANK while the normal-mode group takes it, and two
+threads' first calls creating one group."""
 import gc
+import threading
 
 import pytest
 import torch
@@ -10,6 +12,8 @@ import torch
 import moe_ep
 from moe_ep import _rank_named
 from moe_ep.deep_ep import Buffer
+from moe_ep.deep_ep import buffer as buffer_module
+from interleave import Runner, second_while_first_stopped, wait_for, watch_locks
 from spawn import free_ports, library_path
 
 E, H, K, N = 4, 128, 2, 8
@@ -136,4 +140,36 @@ def test_held_hooks_keep_busy(lib):
     recv_x, _, handle, _, _ = buf.low_latency_dispatch(x, idx, N, E, use_fp8=False)
     out, _, _ = buf.low_latency_combine(recv_x, idx, w, handle)
     assert out.shape == x.shape
+    buf.destroy()
+
+
+def test_two_first_calls_create_one_group(lib, monkeypatch):
+    """Two threads' first low-latency calls at once (two micro-batches):
+    the first stops once it has found no group and is configuring one; the
+    second then waits for that group instead of creating another (a second
+    collective group_create on the same address), and both use it."""
+    either = threading.Event()  # the second call returned, or waits for the first's group
+    watch_locks(monkeypatch, buffer_module, either)
+    buf = make_buffer(lib, True)
+    created, create = [], lib.group_create
+    lib.group_create = lambda *args: created.append(args) or create(*args)
+    configuring, configure = threading.Event(), buf._config_for
+
+    def config_for(mode, derived):
+        if threading.current_thread() is first:
+            configuring.set()
+            wait_for(either, "the second first call returning or waiting")
+        return configure(mode, derived)
+
+    buf._config_for = config_for
+    x, idx, _ = inputs()
+
+    def first_call():  # what low_latency_dispatch does first: find or create the group
+        return buf._ll_group("low_latency_dispatch", x, idx, N, E, False, False)[0]
+
+    first = Runner(first_call)
+    groups = second_while_first_stopped(first, first_call, configuring, either, "first call")
+    assert len(created) == 1, "rank 0: two first calls created %d groups" % len(created)
+    assert groups[0] is groups[1] is buf.moe_ep_group, "rank 0: the two calls got different groups"
+    ll_round_trip(buf)
     buf.destroy()

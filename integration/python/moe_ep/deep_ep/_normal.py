@@ -306,14 +306,15 @@ class NormalMixin:
             keep = g.config.bootstrap_address
             if held:
                 keep = "%s:%d" % (keep.rpartition(":")[0], everyone[0][3])
-        self._ht_ep = None
-        if held:
-            self._ht_retired.append((g, self._ht_pending))
-        else:
-            g.close()
-        self._ht_pending = weakref.WeakSet()
         derived = dict(self._ht_derived, max_tokens_per_rank=new_cap)
-        g = self._group_for("high_throughput", derived, keep_address=keep)
+        with self._create:  # a thread finding no group meanwhile waits for this one (_group_for)
+            self._ht_ep = None
+            if held:
+                self._ht_retired.append((g, self._ht_pending))
+            else:
+                g.close()
+            self._ht_pending = weakref.WeakSet()
+            g = self._group_for("high_throughput", derived, keep_address=keep)
         self._ht_derived = derived
         return g
 

@@ -28,6 +28,7 @@ the next port.
 """
 import functools
 import os
+import threading
 import weakref
 
 import torch
@@ -191,6 +192,11 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         self._library = library
         self._ll_ep = None  # the moe_ep.Groups, created by each mode's first call
         self._ht_ep = None
+        # Held from "no group yet" to the group set (_group_for): two threads'
+        # first calls would otherwise both create one, two collective
+        # group_creates on one address. Re-entrant: _ht_grow holds it from
+        # dropping the normal-mode group to creating its successor.
+        self._create = threading.RLock()
         # Made here, not at the first LL call: two micro-batch threads'
         # first calls would each make one and lose a turn.
         self._zero_copy = _low_latency.CombineBuffers()
@@ -291,44 +297,53 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
             raise RuntimeError("Buffer: destroy() was called; create a new Buffer")
         attr = "_ll_ep" if mode == "low_latency" else "_ht_ep"
         g = getattr(self, attr)
-        if g is None:
-            second = self._ll_ep is not None or self._ht_ep is not None
-            cfg, agreed = self._config_for(mode, derived)
-            # Resolved once: both groups use the same opened library.
-            lib = self._library = _library.resolve(self._library)
-            # What the environment makes of the config may differ by rank:
-            # a failure here rides in the token round, which every rank
-            # takes, so every rank raises instead of its peers waiting.
-            try:
-                config, failure = _pin.group_config(cfg, lib, mode), None
-            except (ValueError, moe_ep_errors.Error) as e:
-                config, failure = None, e
-            self._agree_token(config, failure)
-            if keep_address is not None and not agreed:
-                config.set_bootstrap_address(keep_address)
-            elif second and not agreed and not self._mode_sets_address(mode):
-                # A shared address (moe_ep_config's common keys,
-                # MOE_EP_BOOTSTRAP_ADDRESS or the default) serves the first
-                # group; the port after it serves the second, on every rank
-                # alike. An address in the mode's own section is its own.
-                config.set_bootstrap_address(_next_port(config.bootstrap_address))
-            rank = self.rank if self.rank >= 0 else None
-            world = self.group_size if self.group_size >= 0 else None
-            device = torch.cuda.current_device() if torch.cuda.is_available() else None
-            g = Group(config, rank=rank, world_size=world,
-                      device=device if self._wants_cuda() else None, library=lib)
-            # explicitly_destroy: destroy() is the one collective teardown
-            # (DeepEP's rule); a Buffer dropped on one rank leaves its
-            # groups allocated rather than wait in GC for peers.
-            g.close_at_gc = not self.explicitly_destroy
-            setattr(self, attr, g)
-            self.rank, self.group_size = g.rank, g.world_size
-            if mode == "high_throughput":
-                self._ht_address_agreed = agreed
-                if g.backend == "nccl":
-                    want = int(self.get_dispatch_config(self.group_size).num_sms)
-                    g.set_num_sms(want)
-                    self._ht_num_sms = want
+        if g is not None:
+            return g
+        with self._create:
+            g = getattr(self, attr)  # another thread's first call may have made it meanwhile
+            if g is None:
+                g = self._create_group(mode, attr, derived, keep_address)
+        return g
+
+    def _create_group(self, mode, attr, derived, keep_address):
+        """_group_for's creation (in self._create)."""
+        second = self._ll_ep is not None or self._ht_ep is not None
+        cfg, agreed = self._config_for(mode, derived)
+        # Resolved once: both groups use the same opened library.
+        lib = self._library = _library.resolve(self._library)
+        # What the environment makes of the config may differ by rank:
+        # a failure here rides in the token round, which every rank
+        # takes, so every rank raises instead of its peers waiting.
+        try:
+            config, failure = _pin.group_config(cfg, lib, mode), None
+        except (ValueError, moe_ep_errors.Error) as e:
+            config, failure = None, e
+        self._agree_token(config, failure)
+        if keep_address is not None and not agreed:
+            config.set_bootstrap_address(keep_address)
+        elif second and not agreed and not self._mode_sets_address(mode):
+            # A shared address (moe_ep_config's common keys,
+            # MOE_EP_BOOTSTRAP_ADDRESS or the default) serves the first
+            # group; the port after it serves the second, on every rank
+            # alike. An address in the mode's own section is its own.
+            config.set_bootstrap_address(_next_port(config.bootstrap_address))
+        rank = self.rank if self.rank >= 0 else None
+        world = self.group_size if self.group_size >= 0 else None
+        device = torch.cuda.current_device() if torch.cuda.is_available() else None
+        g = Group(config, rank=rank, world_size=world,
+                  device=device if self._wants_cuda() else None, library=lib)
+        # explicitly_destroy: destroy() is the one collective teardown
+        # (DeepEP's rule); a Buffer dropped on one rank leaves its
+        # groups allocated rather than wait in GC for peers.
+        g.close_at_gc = not self.explicitly_destroy
+        setattr(self, attr, g)
+        self.rank, self.group_size = g.rank, g.world_size
+        if mode == "high_throughput":
+            self._ht_address_agreed = agreed
+            if g.backend == "nccl":
+                want = int(self.get_dispatch_config(self.group_size).num_sms)
+                g.set_num_sms(want)
+                self._ht_num_sms = want
         return g
 
     def _live_group(self, mode, entry):

@@ -7,7 +7,7 @@ operations in flight: each sub-batch (tbo_subbatch_index 0 or 1) has its
 own stage, and each group's two buffer sets carry them."""
 import torch
 
-from .._overlap import wait_bound_s
+from .._bound import wait_bound_s
 from .._rank_named import name_rank_in
 from . import _inputs, _mode, _setup
 from ._low_latency import LowLatencyOutput, LowLatencyPath

@@ -9,12 +9,15 @@ rank). High throughput gives the Standard format: the received rows
 [N_recv, H] (bf16, or fp8 with their scales) with their top-k ids
 (global) and weights; finalize sums the per-rank partials. Where fp8 rows
 are quantised (in, before or after the dispatch) is _quant's rule."""
+import threading
+
 import torch
 
 from .. import _fp8
-from .._overlap import (ExpertMapCheck, InFlight, Once, column_major_receive, group_recv_ring,
-                        wait_bound_s)
+from .._bound import bound_words, wait_bound_s
+from .._overlap import ExpertMapCheck, InFlight, Once, column_major_receive, group_recv_ring
 from .._dropped import group_dropped_hooks
+from ..errors import TimeoutError as MoeEpTimeoutError
 from ..group import Group
 from .._rank_named import name_rank_in, naming
 from . import _quant, _received, _types
@@ -96,6 +99,10 @@ class PrepareAndFinalize:
         self._ring = group_recv_ring(group) if self._ll else None
         self._expert_map = ExpertMapCheck(group)
         self._bound_s = wait_bound_s(group)
+        # Held by a prepare from its stale check to its InFlight add: InFlight
+        # stamps ops in add order, and stale() must give up the op the library
+        # dispatched first (the next dispatch overwrites that one's buffer set).
+        self._turn = threading.Lock()
 
     # ---- what vLLM asks of a prepare/finalize -------------------------------
 
@@ -148,6 +155,26 @@ class PrepareAndFinalize:
             x = _fp8.quantize(x, quant.before, name="a1")
             fmt = _fp8.ROW_FORMATS[quant.before]
         g = self.group
+        # Lock order: _turn, then the ring, the group's DroppedHooks, a Hook;
+        # none of those is held by anything that then waits for _turn.
+        if not self._turn.acquire(timeout=self._bound_s):
+            raise MoeEpTimeoutError(
+                "rank %d: %s: another thread's prepare on this PrepareAndFinalize held its turn "
+                "(from giving up stale operations to recording its dispatch) for more than %s"
+                % (g.rank, entry, bound_words(self._bound_s)))
+        try:
+            op = self._dispatch(x, topk_ids, w_dispatch, w_combine, fmt,
+                                bool(apply_router_weight_on_input), entry)
+        finally:
+            self._turn.release()
+        receiver = self._ll_receiver(op, quant.after) if self._ll else \
+            self._ht_receiver(op, topk_ids.dtype, quant.after)
+        return op.recv, naming(receiver, g.rank)
+
+    def _dispatch(self, x, topk_ids, w_dispatch, w_combine, fmt, on_input, entry):
+        """Gives up what InFlight holds beyond the live operations, sends,
+        and records the new operation (in _turn: see __init__)."""
+        g = self.group
         for old in self._inflight.stale():
             self._give_up(old)
         handle = g.prepare(topk_ids)
@@ -168,12 +195,9 @@ class PrepareAndFinalize:
         sent = hook
         if self._ll:  # as received: fp8 scales in DeepEP's column-major layout
             hook = column_major_receive(hook)
-        op = _Op(handle, sent, Once(hook, self._bound_s, g), w_combine,
-                 bool(apply_router_weight_on_input), [topk_ids])
+        op = _Op(handle, sent, Once(hook, self._bound_s, g), w_combine, on_input, [topk_ids])
         self._inflight.add(op, topk_ids)
-        receiver = self._ll_receiver(op, quant.after) if self._ll else \
-            self._ht_receiver(op, topk_ids.dtype, quant.after)
-        return op.recv, naming(receiver, g.rank)
+        return op
 
     @staticmethod
     def _give_up(op):
@@ -192,12 +216,14 @@ class PrepareAndFinalize:
         meta_cls = _types.engine_types()[1]
         on_host = not self.group._is_cuda
         box = []
+        filling = threading.Lock()  # the engine's two micro-batch threads may both call receiver
 
         def receiver():
             res = op.recv()
-            if not box:
-                box.append((res.recv_x, res.recv_scales) if after is None else
-                           _received.batched(res.recv_x, res.recv_count, after))
+            with filling:
+                if not box:
+                    box.append((res.recv_x, res.recv_scales) if after is None else
+                               _received.batched(res.recv_x, res.recv_count, after))
             meta = meta_cls(expert_num_tokens=res.recv_count,
                             expert_num_tokens_cpu=res.recv_count if on_host else None)
             return box[0][0], box[0][1], meta, None, None
@@ -206,21 +232,23 @@ class PrepareAndFinalize:
     def _ht_receiver(self, op, ids_dtype, after):
         meta_cls = _types.engine_types()[1]
         box = []
+        filling = threading.Lock()  # the engine's two micro-batch threads may both call receiver
 
         def receiver():
             res = op.recv()
-            if not box:
-                box.append((res.recv_x, res.recv_scales) if after is None else
-                           _received.standard(res.recv_x, after))
-                box.append(self._global_ids(res.recv_topk_idx, ids_dtype))
-                # The HT receive has already waited for the dispatch on the
-                # host (it learnt N_recv), so the counts are final: the host
-                # copy vLLM's DeepEP HT path gives its experts
-                # (make_from_list), which size their workspace from it.
-                box.append(res.recv_count.cpu())
-                if not op.finalized:  # vLLM hands these back to finalize
-                    op.keys += [box[1], res.recv_topk_weights]
-                    self._inflight.add(op, box[1], res.recv_topk_weights)
+            with filling:
+                if not box:
+                    rows = ((res.recv_x, res.recv_scales) if after is None else
+                            _received.standard(res.recv_x, after))
+                    ids = self._global_ids(res.recv_topk_idx, ids_dtype)
+                    # The HT receive has already waited for the dispatch on
+                    # the host (it learnt N_recv), so the counts are final:
+                    # the host copy vLLM's DeepEP HT path gives its experts
+                    # (make_from_list), which size their workspace from it.
+                    box.extend((rows, ids, res.recv_count.cpu()))
+                    if not op.finalized:  # vLLM hands these back to finalize
+                        op.keys += [ids, res.recv_topk_weights]
+                        self._inflight.add(op, ids, res.recv_topk_weights)
             meta = meta_cls(expert_num_tokens=res.recv_count, expert_num_tokens_cpu=box[2])
             return box[0][0], box[0][1], meta, box[1], res.recv_topk_weights
         return receiver
