@@ -550,6 +550,15 @@ static moe_ep_status_t host_send(moe_ep_group_t *g, mep_op_t *op) {
     hs->reuse[tab->set].sent = 1;
     hs->reuse[tab->set].received = 0;
   }
+  /* Out of memory queueing a put or signal: some peers may already have
+   * part of the operation, and the others wait for it; no retry can mend
+   * that, so the group fails (a NO_MEMORY would read as "group usable"). */
+  if (st == MOE_EP_ERR_NO_MEMORY) {
+    st = mep_error_suffix(MOE_EP_ERR_INTERNAL,
+                          "rank %d's %s was cut short, so its peers hold part of it: the group "
+                          "fails",
+                          g->rank, op->kind == MEP_OP_COMBINE ? "combine" : "dispatch");
+  }
   /* The combine sends straight from the caller's y: none of its sends may
    * outlive the failed call. Cutting the endpoints fails the group. */
   const int cut = st != MOE_EP_OK ? mep_host_mesh_quiesce(hs->mesh) : 0;
