@@ -263,7 +263,9 @@ static ucs_status_t msg_am_cb(void *arg, const void *header,
     /* A lost message leaves the protocol out of step with this peer: cut
      * it, so the wait for it fails now, naming this rank's memory as the
      * cause, rather than timing out and blaming the sender. */
-    mep_bs_peer_evict(bs, peer, "its %zu-byte %s was lost: rank %d ran out of memory receiving it",
+    mep_bs_peer_evict(bs, peer,
+                      "sent a %zu-byte %s that rank %d had no memory to receive (not the "
+                      "sender's fault; the message was lost)",
                       length, msg_type_name(h.type), bs->rank);
     return UCS_OK;
   }

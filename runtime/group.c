@@ -366,82 +366,46 @@ static moe_ep_status_t called_inside(const moe_ep_group_t *g, const char *entry)
                    entry, g->rank);
 }
 
-/* This thread's frees asked for from inside an entry (mep_group_free).
- * Each object is taken out of the registry when it is queued, so it is
- * this thread's alone: no other free takes it, no entry finds it live. It
- * is linked through itself, so queueing cannot fail. */
-static __thread mep_deferred_free_t *deferred;
-
-/* Out of this thread's list: the queued frees of g, or of every group
- * (g NULL). A `then` may queue more while they run. */
-static mep_deferred_free_t *deferred_of(const moe_ep_group_t *g) {
-  mep_deferred_free_t *mine = NULL, **p = &deferred;
-  while (*p != NULL) {
-    mep_deferred_free_t *d = *p;
-    if (g != NULL && d->group != g) {
-      p = &d->next;
-      continue;
-    }
-    *p = d->next;
-    d->next = mine;
-    mine = d;
-  }
-  return mine;
+/* A free queued on g (mep_group_free): pushed by any thread, without g's
+ * lock; the queue is only ever taken whole, by the lock's holder. */
+static void push_free(moe_ep_group_t *g, mep_deferred_free_t *link) {
+  mep_deferred_free_t *head = __atomic_load_n(&g->frees_pending, __ATOMIC_RELAXED);
+  do {
+    link->next = head;
+  } while (!__atomic_compare_exchange_n(&g->frees_pending, &head, link, 1, __ATOMIC_RELEASE,
+                                        __ATOMIC_RELAXED));
 }
 
 /* Under g's lock (live: each `then` runs) or in g's destroy (only
- * gathered): g's queued frees, for release after the lock. What they
- * report is theirs: the entry's last_error stays. */
-static mep_deferred_free_t *gather_deferred(moe_ep_group_t *g, int live) {
+ * gathered): takes g's queued frees into frees_taken, for release once the
+ * lock is let go. What they report is theirs: the entry's last_error
+ * stays. */
+static void take_frees(moe_ep_group_t *g, int live) {
+  if (__atomic_load_n(&g->frees_pending, __ATOMIC_RELAXED) == NULL) return;
   mep_error_saved_t saved;
   mep_error_save(&saved);
-  mep_deferred_free_t *gathered = NULL, *todo;
-  while ((todo = deferred_of(g)) != NULL) {
+  mep_deferred_free_t *todo;
+  /* A `then` may queue more. */
+  while ((todo = __atomic_exchange_n(&g->frees_pending, NULL, __ATOMIC_ACQUIRE)) != NULL) {
     while (todo != NULL) {
       mep_deferred_free_t *d = todo;
       todo = d->next;
       if (live && d->then != NULL) d->then(g, d->obj);
-      d->next = gathered;
-      gathered = d;
+      d->next = g->frees_taken;
+      g->frees_taken = d;
     }
   }
   mep_error_restore(&saved);
-  return gathered;
 }
 
-static void release_deferred(mep_deferred_free_t *d) {
+static void enter_locked(moe_ep_group_t *g);
+
+static void release_frees(mep_deferred_free_t *d) {
   while (d != NULL) {
     mep_deferred_free_t *next = d->next; /* release frees the link with its object */
     d->release(d->obj);
     d = next;
   }
-}
-
-static void enter_locked(moe_ep_group_t *g);
-
-/* Once this thread is in no entry: the frees it queued for groups it did
- * not hold, each finished under its group's lock (now that waiting for it
- * holds no other lock), or only released when that group is gone. */
-static void finish_deferred_elsewhere(void) {
-  if (held_here != NULL || deferred == NULL) return;
-  mep_error_saved_t saved;
-  mep_error_save(&saved);
-  mep_deferred_free_t *todo;
-  while ((todo = deferred_of(NULL)) != NULL) {
-    while (todo != NULL) {
-      mep_deferred_free_t *d = todo;
-      todo = d->next;
-      moe_ep_group_t *g = d->group;
-      if (mep_registry_contains(g, MEP_OBJ_GROUP)) {
-        pthread_mutex_lock(&g->lock);
-        enter_locked(g);
-        if (d->then != NULL) d->then(g, d->obj);
-        mep_group_unlock(g); /* what `then` queued on g is done there */
-      }
-      d->release(d->obj);
-    }
-  }
-  mep_error_restore(&saved);
 }
 
 moe_ep_status_t mep_group_destroy(moe_ep_group_t *group) {
@@ -486,12 +450,12 @@ moe_ep_status_t mep_group_destroy(moe_ep_group_t *group) {
   moe_ep_status_t st = group->ops->destroy(group);
   mep_bootstrap_destroy(group->boot);
   /* Frees the logger asked for meanwhile: of a destroyed group's objects. */
-  release_deferred(deferred != NULL ? gather_deferred(group, 0) : NULL);
+  take_frees(group, 0);
+  release_frees(group->frees_taken);
   held_here = held_prev;
   pthread_mutex_destroy(&group->lock);
   free(group);
   mep_log_thread_level(level_prev);
-  finish_deferred_elsewhere();
   return st;
 }
 
@@ -517,21 +481,25 @@ moe_ep_status_t mep_group_lock(moe_ep_group_t *g, const char *entry) {
   return MOE_EP_OK;
 }
 
-/* g's lock just taken by this thread: it works in g now. */
+/* g's lock just taken by this thread: it works in g now, after the frees
+ * queued meanwhile (a hook freed from another group's logger no longer
+ * holds its buffer set against this entry). */
 static void enter_locked(moe_ep_group_t *g) {
   g->held_prev = held_here;
   g->level_prev = mep_log_thread_level_now();
   held_here = g;
   mep_log_thread_level(g->cfg.log_level);
+  take_frees(g, 1);
 }
 
 void mep_group_unlock(moe_ep_group_t *g) {
-  mep_deferred_free_t *gathered = deferred != NULL ? gather_deferred(g, 1) : NULL;
+  take_frees(g, 1);
+  mep_deferred_free_t *taken = g->frees_taken;
+  g->frees_taken = NULL;
   held_here = g->held_prev;
   mep_log_thread_level(g->level_prev);
   pthread_mutex_unlock(&g->lock);
-  release_deferred(gathered);
-  finish_deferred_elsewhere();
+  release_frees(taken);
 }
 
 void mep_group_free(void *obj, mep_obj_kind_t kind, mep_deferred_free_t *link,
@@ -544,30 +512,26 @@ void mep_group_free(void *obj, mep_obj_kind_t kind, mep_deferred_free_t *link,
    * collector running in it), a free never waits for a lock: its own
    * group's would be this thread's (not recursive), and another group's
    * may be held by a thread waiting for this one's. Unless that lock is
-   * free now, the free is taken here and finished once it can be. */
+   * free now, the object is taken here and queued on its group, whose next
+   * lock holder (maybe the entry holding it now) finishes it; this thread
+   * does not touch that group again. */
   if (g != NULL && held_here != NULL) {
     if (g != held_here && mep_registry_contains(g, MEP_OBJ_GROUP) &&
         pthread_mutex_trylock(&g->lock) == 0) {
       enter_locked(g);
-      const int taken = mep_registry_take(obj, kind);
-      if (taken && then != NULL) then(g, obj);
-      mep_group_unlock(g);
-      if (taken) release(obj);
+    } else {
+      if (!mep_registry_take(obj, kind)) return; /* another thread freed it */
+      *link = (mep_deferred_free_t){obj, then, release, NULL};
+      push_free(g, link);
       return;
     }
-    if (!mep_registry_take(obj, kind)) return; /* another thread freed it */
-    *link = (mep_deferred_free_t){g, obj, (int32_t)kind, then, release, deferred};
-    deferred = link;
+  } else if (!mep_registry_contains(g, MEP_OBJ_GROUP) || mep_group_lock(g, entry) != MOE_EP_OK) {
+    if (mep_registry_take(obj, kind)) release(obj); /* its group is gone */
     return;
   }
-  int taken;
-  if (!mep_registry_contains(g, MEP_OBJ_GROUP) || mep_group_lock(g, entry) != MOE_EP_OK) {
-    taken = mep_registry_take(obj, kind); /* its group is gone */
-  } else {
-    taken = mep_registry_take(obj, kind);
-    if (taken && then != NULL) then(g, obj);
-    mep_group_unlock(g);
-  }
+  const int taken = mep_registry_take(obj, kind);
+  if (taken && then != NULL) then(g, obj);
+  mep_group_unlock(g);
   if (taken) release(obj);
 }
 

@@ -46,6 +46,11 @@ struct moe_ep_group {
   pthread_mutex_t lock;
   uint64_t seq;                                   /* operations launched */
   moe_ep_hook_t *pending[MEP_NUM_BUFFER_SETS];    /* deferred receives */
+  /* Frees queued from inside entries (mep_group_free): pushed without the
+   * lock, taken by the lock's holder (atomic); those taken wait in
+   * frees_taken, under the lock, for release once it is let go. */
+  mep_deferred_free_t *frees_pending;
+  mep_deferred_free_t *frees_taken;
   /* What the lock's holder had before it took the lock (an entry the
    * engine's logger called on another group's behalf), given back at
    * unlock: the group its thread was in and that thread's log level. */
@@ -96,9 +101,11 @@ void mep_group_unlock(moe_ep_group_t *group);
  * gone; `then` (may be NULL) runs under that lock, and `release` after it,
  * when this call took it (of two threads freeing one object, exactly one
  * does). A destroyed group's object is only taken and released. Asked for
- * from inside an entry on the object's own group on this thread (the
- * engine's logger, or a garbage collector running in it), the free is done
- * when that entry lets the lock go, not in the middle of its work. */
+ * from inside an entry on this thread (the engine's logger, or a garbage
+ * collector running in it), it never waits for a lock: unless the group's
+ * lock is free, the object is taken and queued through `link` on its
+ * group, whose lock holder finishes it before letting the lock go (or the
+ * next one right after taking it, or group_destroy). */
 void mep_group_free(void *obj, mep_obj_kind_t kind, mep_deferred_free_t *link, const char *entry,
                     void (*then)(moe_ep_group_t *group, void *obj), void (*release)(void *obj));
 /* The live group owning a live handle or hook, for the entries that take

@@ -15,14 +15,13 @@ extern "C" {
 
 typedef struct moe_ep_handle mep_handle_state_t;
 
-/* A free asked for from inside an entry on the object's own group (the
- * engine's logger on that entry's thread), queued in the object itself so
- * that queueing cannot fail, and done when the entry lets the lock go
- * (group.c, mep_group_free). Zero while not queued. */
+/* A free asked for from inside an entry (the engine's logger, or a garbage
+ * collector running in it), which must not wait for a lock there. The
+ * object is taken out of the registry at once (gone to every other call)
+ * and queued on its group through this link, so queueing cannot fail; the
+ * next holder of that group's lock finishes it (group.c, mep_group_free). */
 typedef struct mep_deferred_free {
-  struct moe_ep_group *group; /* non-NULL: queued on this thread */
-  void *obj;                  /* the object holding this link */
-  int32_t kind;               /* mep_obj_kind_t */
+  void *obj; /* the object holding this link */
   void (*then)(struct moe_ep_group *group, void *obj);
   void (*release)(void *obj);
   struct mep_deferred_free *next;

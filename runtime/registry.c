@@ -93,8 +93,10 @@ void mep_registry_retire(void *mem) {
 /* The library unloaded (an engine's dlclose): the retired memory goes with
  * it; no pointer into it can be checked any more. */
 __attribute__((destructor)) static void registry_unload(void) {
+  pthread_mutex_lock(&reg_lock); /* a thread still freeing at exit */
   for (size_t i = 0; i < MEP_REGISTRY_RETIRED; i++) {
     free(retired[i]);
     retired[i] = NULL;
   }
+  pthread_mutex_unlock(&reg_lock);
 }

@@ -489,10 +489,12 @@ typedef struct moe_ep_handle_layout_params {
  *   recursive), and elsewhere they may wait for a lock the logging thread
  *   holds. hook_free and handle_free, called by the logger on the thread of
  *   the entry that logs (a garbage collector running in it), never wait
- *   for a lock: an object of that entry's group is freed when the entry
- *   returns, one of another group at once when that group's lock is free,
- *   and otherwise once the entry has returned; from then on the object is
- *   gone to every other call. On the library's own threads the logger
+ *   for a lock: the object is gone to every other call at once, and its
+ *   freeing (an unrun hook's receive abandoned, its buffer set given back)
+ *   is done at once when its group's lock is free, and otherwise by the
+ *   thread holding that lock (the entry that logs, when it is the same
+ *   group) before it lets the lock go, or by the group's next entry before
+ *   its own work, or by group_destroy. On the library's own threads the logger
  *   must not free them (that thread would wait for the group's lock, held
  *   by an entry that waits for it). The logger's own calls leave the logging entry's last_error
  *   as it was, and what they log is not passed to the logger again.

@@ -440,9 +440,14 @@ static moe_ep_status_t host_op_refused(moe_ep_group_t *g, const mep_op_t *op) {
   /* Itself too: its signals to itself are its progress, which the next
    * send's wait for what is owed counts like any peer's. */
   for (int d = 0; d < g->world_size; d++) {
-    MEP_CHECK(mep_host_mesh_signal(
+    moe_ep_status_t st = mep_host_mesh_signal(
         hs->mesh, d, mep_host_off_refusal(&hs->layout, op->buffer_set, combine, g->rank),
-        op->seq + 1));
+        op->seq + 1);
+    if (st == MOE_EP_ERR_NO_MEMORY) { /* some peers have the refusal, others wait for it */
+      return mep_error_suffix(MOE_EP_ERR_INTERNAL, "rank %d's refusal reached only some peers",
+                              g->rank);
+    }
+    MEP_CHECK(st);
   }
   MEP_CHECK(mep_host_mesh_complete(hs->mesh, combine ? "combine (refused)" : "dispatch (refused)"));
   if (op->seq + 1 > hs->owed) hs->owed = op->seq + 1;

@@ -189,7 +189,7 @@ void run_abi_sizes(Ctx& c);
 void install_test_logger(Ctx& c);
 void run_logger(Ctx& c);
 // worker_logger_groups.cc: two threads' loggers each freeing the other
-// thread's group's objects from inside an entry (needs one --ports).
+// thread's group's objects from inside an entry (needs two --ports).
 void check_logger_across_groups(Ctx& c);
 
 // One LL layer call (prepare, dispatch, check, expert, combine, check);

@@ -1,11 +1,13 @@
-// worker_logger_groups.cc: a logger that frees another group's hook and
-// handle (a garbage collector running in it), on two threads at once, each
-// inside an entry on its own group. A free there must not wait for the
-// other group's lock: each thread holds the lock the other would wait for,
-// and neither entry would ever return. Both frees are done by the time the
-// entries have returned, and both groups go on working.
+// worker_logger_groups.cc: loggers that free another group's hook and
+// handle (a garbage collector running in them), each inside an entry on
+// its own group on a thread of its own. Such a free must not wait for the
+// other group's lock: two threads, each holding the lock the other would
+// wait for, would never return. The freed objects are gone at once, and
+// their freeing is finished on their own group (by its lock holder, its
+// next entry, or its group_destroy), never by the freeing thread later.
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -22,33 +24,51 @@ struct Victims {
   moe_ep_handle_t* handle = nullptr;
 };
 
-struct Rendezvous {
-  std::mutex m;
-  std::condition_variable cv;
-  int inside = 0;
-  bool timed_out = false;
-} g_meet;
-
-const moe_ep_plugin_v1_t* g_api = nullptr;
-thread_local Victims* tl_victims = nullptr;  // armed on the two test threads only
-
-// Waits (bounded) until both threads are inside their entries' logger
-// calls, each holding its own group's lock, then frees the other group's
-// objects, each twice (the second free of a queued object is a no-op).
-void cross_logger(void*, int, const char* message) {
-  Victims* v = tl_victims;
-  if (v == nullptr || std::string(message).find("set_num_sms") == std::string::npos) return;
-  tl_victims = nullptr;
-  {
-    std::unique_lock<std::mutex> l(g_meet.m);
-    g_meet.inside++;
-    g_meet.cv.notify_all();
-    if (!g_meet.cv.wait_for(l, std::chrono::seconds(30), [] { return g_meet.inside >= 2; }))
-      g_meet.timed_out = true;
+// Named points the two threads wait for, each wait bounded.
+class Points {
+ public:
+  void reach(int bit) {
+    std::lock_guard<std::mutex> l(m_);
+    reached_ |= 1 << bit;
+    cv_.notify_all();
   }
+  bool await(int bit) {
+    std::unique_lock<std::mutex> l(m_);
+    return cv_.wait_for(l, std::chrono::seconds(30), [&] { return (reached_ >> bit) & 1; });
+  }
+  void reset() {
+    std::lock_guard<std::mutex> l(m_);
+    reached_ = 0;
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  int reached_ = 0;
+};
+
+Points g_points;
+bool g_missed = false;  // a wait for a point ran out
+const moe_ep_plugin_v1_t* g_api = nullptr;
+// This thread's logger action, run once, on the set_num_sms refusal.
+thread_local std::function<void()> tl_action;
+
+void acting_logger(void*, int, const char* message) {
+  if (!tl_action || std::string(message).find("set_num_sms") == std::string::npos) return;
+  std::function<void()> act;
+  act.swap(tl_action);
+  act();
+}
+
+void await_point(int bit) {
+  if (!g_points.await(bit)) g_missed = true;
+}
+
+// Each twice: the second free of an object already taken is a no-op.
+void free_victims(const Victims& v) {
   for (int i = 0; i < 2; i++) {
-    g_api->hook_free(v->hook);
-    g_api->handle_free(v->handle);
+    g_api->hook_free(v.hook);
+    g_api->handle_free(v.handle);
   }
 }
 
@@ -64,11 +84,13 @@ bool make_victims(Ctx& c, LlCall& pending, LlCall& spare, uint64_t seed, Victims
   return true;
 }
 
-void refuse_under_logger(Ctx& c, Victims* free_these, const std::string& who) {
-  tl_victims = free_these;
-  expect_status(c, 0, who + " set_num_sms(-5) under a logger freeing the other group's objects",
+// An entry on c's group whose logger runs `action` (set_num_sms(-5),
+// refused while the group's lock is held).
+void refuse_acting(Ctx& c, std::function<void()> action, const std::string& who) {
+  tl_action = std::move(action);
+  expect_status(c, 0, who + " set_num_sms(-5) under an acting logger",
                 c.api->set_num_sms(c.group, -5), MOE_EP_ERR_INVALID_ARGUMENT, "set_num_sms");
-  tl_victims = nullptr;
+  tl_action = nullptr;
 }
 
 // The freed handle is refused, and the freed hook's buffer set takes the
@@ -83,43 +105,98 @@ void expect_freed(Ctx& c, const moe_ep_oracle::Problem& p, const Victims& v, uin
   ll_roundtrip(c, p, seed + 2, false);
 }
 
+// Both loggers inside their entries at once, each freeing the other
+// group's objects.
+void crossed_frees(Ctx& a, Ctx& b, const moe_ep_oracle::Problem& p) {
+  LlCall pending_a(a, p, 81), spare_a(a, p, 82);
+  LlCall pending_b(b, p, 83), spare_b(b, p, 84);
+  Victims va, vb;
+  if (!make_victims(a, pending_a, spare_a, 81, va) || !make_victims(b, pending_b, spare_b, 83, vb))
+    return;
+  g_points.reset();
+  auto meet_then_free = [](int mine, int theirs, Victims v) {
+    return [=] {
+      g_points.reach(mine);
+      await_point(theirs);
+      free_victims(v);
+    };
+  };
+  std::thread second(refuse_acting, std::ref(b), meet_then_free(1, 0, va), "second thread:");
+  refuse_acting(a, meet_then_free(0, 1, vb), "first thread:");
+  second.join();
+  expect_freed(a, p, va, 85, "first group:");
+  expect_freed(b, p, vb, 88, "second group:");
+}
+
+// The second thread holds b's lock while the first thread's logger frees
+// b's objects (queued on b, finished by the second thread as it lets b's
+// lock go), then destroys b while the first thread is still inside its
+// entry, which then returns without touching b (under ASan a leak, or a
+// use of the freed group, fails the run).
+void free_then_destroy(Ctx& a, Ctx& b, const moe_ep_oracle::Problem& p) {
+  Victims vb;
+  {
+    LlCall pending_b(b, p, 91), spare_b(b, p, 92);
+    if (!make_victims(b, pending_b, spare_b, 91, vb)) return;
+    g_points.reset();
+    enum { kHeld, kFreed, kDestroyed };
+    auto hold = [] {
+      g_points.reach(kHeld);
+      await_point(kFreed);
+    };
+    auto free_and_wait = [vb] {
+      await_point(kHeld);
+      free_victims(vb);
+      g_points.reach(kFreed);
+      await_point(kDestroyed);
+    };
+    std::thread second([&] {
+      refuse_acting(b, hold, "second thread:");
+      // pending_b's buffers outlive b: its hook never receives into them.
+      expect_status(b, 0, "second group's group_destroy with frees queued on it",
+                    b.api->group_destroy(b.group), MOE_EP_OK);
+      b.group = nullptr;
+      g_points.reach(kDestroyed);
+    });
+    refuse_acting(a, free_and_wait, "first thread:");
+    second.join();
+  }
+  ll_roundtrip(a, p, 95, false);
+}
+
 }  // namespace
 
 void check_logger_across_groups(Ctx& c) {
   c.checks++;
-  if (c.opt.ports.empty()) {
-    fail(c, 0, "logger across groups", "needs one --ports for the second group");
+  if (c.opt.ports.size() < 2) {
+    fail(c, 0, "logger across groups", "needs two --ports for the other groups");
     return;
   }
-  Ctx other = c;
-  other.failures = 0;
-  other.checks = 0;
-  other.group = create_group_on_port(c, c.opt.ports[0]);
-  if (other.group == nullptr) return;
   g_api = c.api;
   const auto& layer = c.opt.layers[0];
   auto p = problem_for(c, layer.first, layer.second, moe_ep_oracle::Generator::kUniform);
-  {
-    LlCall pending_a(c, p, 81), spare_a(c, p, 82);
-    LlCall pending_b(other, p, 83), spare_b(other, p, 84);
-    Victims a, b;  // a: this group's objects, b: the other group's
-    if (make_victims(c, pending_a, spare_a, 81, a) && make_victims(other, pending_b, spare_b, 83, b)) {
-      expect_status(c, 0, "set_logger(cross)", c.api->set_logger(cross_logger, nullptr), MOE_EP_OK);
-      std::thread second(refuse_under_logger, std::ref(other), &a, "second thread:");
-      refuse_under_logger(c, &b, "first thread:");
-      second.join();
-      expect_status(c, 0, "set_logger(NULL)", c.api->set_logger(nullptr, nullptr), MOE_EP_OK);
-      c.checks++;
-      if (g_meet.timed_out)
-        fail(c, 0, "logger across groups", "the two loggers did not meet within 30 s");
-      expect_freed(c, p, a, 85, "first group:");
-      expect_freed(other, p, b, 88, "second group:");
+  expect_status(c, 0, "set_logger(acting)", c.api->set_logger(acting_logger, nullptr), MOE_EP_OK);
+  for (int round = 0; round < 2; round++) {
+    Ctx other = c;
+    other.failures = 0;
+    other.checks = 0;
+    other.group = create_group_on_port(c, c.opt.ports[round]);
+    if (other.group == nullptr) break;
+    if (round == 0) {
+      crossed_frees(c, other, p);
+    } else {
+      free_then_destroy(c, other, p);
     }
+    if (other.group != nullptr) {
+      expect_status(c, 0, "other group's group_destroy", c.api->group_destroy(other.group),
+                    MOE_EP_OK);
+    }
+    c.failures += other.failures;
+    c.checks += other.checks;
   }
-  expect_status(c, 0, "second group's group_destroy", c.api->group_destroy(other.group),
-                MOE_EP_OK);
-  c.failures += other.failures;
-  c.checks += other.checks;
+  expect_status(c, 0, "set_logger(NULL)", c.api->set_logger(nullptr, nullptr), MOE_EP_OK);
+  c.checks++;
+  if (g_missed) fail(c, 0, "logger across groups", "a thread waited 30 s for the other");
 }
 
 }  // namespace moe_ep_test
