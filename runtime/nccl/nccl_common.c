@@ -138,7 +138,7 @@ void mep_nccl_sent_destroy(mep_nccl_sent_t *sent) {
 /* Polls until `ev` completes or the clock passes deadline_ms. */
 static int await_until(cudaEvent_t ev, int64_t deadline_ms) {
   const struct timespec nap = {0, 200000}; /* 0.2 ms between polls */
-  while (cudaEventQuery(ev) == cudaErrorNotReady) {
+  while (!mep_nccl_query_ended(mep_nccl_event_query(ev))) {
     if (mep_nccl_now_ms() > deadline_ms) return 0;
     nanosleep(&nap, NULL);
   }
@@ -206,6 +206,25 @@ static cudaError_t capture_of(void *stream, unsigned long long *id) {
   return e;
 }
 
+/* The engine's stream refused by CUDA where a call first asks about it,
+ * before anything is queued there (mep_nccl_sent_order_if): bad input,
+ * not a failure of the group (a destroyed stream, or one in a graph capture
+ * an earlier call invalidated). */
+static moe_ep_status_t stream_refused(void *stream, cudaError_t e) {
+  (void)cudaGetLastError(); /* not sticky: no later check may read it as its own */
+  if (e == cudaErrorStreamCaptureInvalidated) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "params->stream=%p is in a CUDA graph capture that an earlier call "
+                     "invalidated; nothing queued there would run (end that capture and "
+                     "capture again)",
+                     stream);
+  }
+  return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                   "params->stream=%p is not a stream CUDA accepts on the group's device "
+                   "(cudaStreamGetCaptureInfo: %s); pass a live stream of the group's GPU",
+                   stream, cudaGetErrorString(e));
+}
+
 moe_ep_status_t mep_nccl_sent_record(mep_nccl_sent_t *sent, int set, void *stream) {
   unsigned long long capture;
   cudaError_t e = capture_of(stream, &capture);
@@ -238,7 +257,7 @@ moe_ep_status_t mep_nccl_sent_order_if(const mep_nccl_sent_t *sent, int set, voi
   unsigned long long capture;
   cudaError_t e = capture_of(stream, &capture);
   *ordered = 0;
-  if (e != cudaSuccess) return mep_nccl_cuda_error("cudaStreamGetCaptureInfo", e);
+  if (e != cudaSuccess) return stream_refused(stream, e);
   *ordered = capture == sent->last_capture[set];
   cudaEvent_t ev;
   if (capture == 0) {

@@ -67,7 +67,9 @@ moe_ep_status_t mep_nccl_sent_record(mep_nccl_sent_t *sent, int set, void *strea
  * captures, or from a capture to eager work, an event cannot order
  * anything (CUDA refuses a capturing stream's wait on an event recorded
  * outside its capture): the order of the graph's launch is its stream's,
- * the engine's to set. */
+ * the engine's to set. A stream CUDA refuses is INVALID_ARGUMENT naming
+ * params->stream: the first question a call asks about its stream, before
+ * it queues anything. */
 moe_ep_status_t mep_nccl_sent_order(const mep_nccl_sent_t *sent, int set, void *stream);
 /* The same, and *ordered: 1 when `stream` now comes after the set's last
  * half (both eager, or both in the capture `stream` is in), 0 when no event

@@ -18,6 +18,7 @@
 #include "runtime/nccl/nccl_common.h"
 #include "runtime/nccl/nccl_setup.h"
 #include "runtime/nccl/pinned_pool.h"
+#include "runtime/nccl/nccl_wait.h"
 
 /* SMs an HT group uses until set_num_sms says otherwise: engines give
  * communication about 24 SMs while experts compute. */
@@ -437,7 +438,7 @@ static moe_ep_status_t learn_num_recv(moe_ep_group_t *g, ht_state_t *s, mep_op_t
                      "timeouts.kernel_ms) after it could start; the GPU is stuck",
                      g->rank, bound_ms);
   }
-  cudaError_t e = cudaEventQuery((cudaEvent_t)s->sent.event[set]);
+  cudaError_t e = mep_nccl_event_query((cudaEvent_t)s->sent.event[set]);
   if (e != cudaSuccess) return mep_nccl_cuda_error("the dispatch kernel", e);
   MEP_CHECK(fatal_status(g, s));
   const int64_t n = __atomic_load_n(&s->num_recv[set], __ATOMIC_ACQUIRE);

@@ -147,8 +147,20 @@ static moe_ep_status_t init_comm(const mep_nccl_params_t *p, ncclComm_t *comm) {
   return st;
 }
 
+/* This rank's LSA team. When NCCL's device runtime failed to start,
+ * ncclTeamLsa returns an empty team (stride 0; the failure surfaces only
+ * in a later call), which must not reach in_lsa_team's division. */
+static moe_ep_status_t lsa_team_of(mep_nccl_t *n, ncclTeam_t *lsa) {
+  *lsa = ncclTeamLsa(n->comm);
+  if (lsa->nRanks >= 1 && lsa->stride >= 1 && lsa->rank >= 0 && lsa->rank < lsa->nRanks)
+    return MOE_EP_OK;
+  return mep_nccl_error(n->comm, "ncclTeamLsa (NCCL's device runtime did not start)",
+                        ncclInternalError);
+}
+
 /* World ranks of the LSA team are an arithmetic progression through us. */
 static int in_lsa_team(ncclTeam_t lsa, int self, int peer) {
+  if (lsa.stride < 1) return peer == self;
   const int first = self - lsa.rank * lsa.stride;
   const int d = peer - first;
   return d >= 0 && d % lsa.stride == 0 && d / lsa.stride < lsa.nRanks;
@@ -185,7 +197,8 @@ static moe_ep_status_t check_lsa_links(mep_nccl_t *n, const mep_nccl_params_t *p
       (p->transport != MOE_EP_TRANSPORT_LSA && p->transport != MOE_EP_TRANSPORT_AUTO))
     return MOE_EP_OK;
   log_step(n, "the LSA link check");
-  const ncclTeam_t lsa = ncclTeamLsa(n->comm);
+  ncclTeam_t lsa;
+  MEP_CHECK(lsa_team_of(n, &lsa));
   const size_t rec = sizeof(mep_lsa_gpu_t);
   mep_lsa_gpu_t *gpus = calloc((size_t)p->world, rec);
   if (gpus == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "nccl_create: out of host memory");
@@ -238,7 +251,8 @@ out:
  * staged transports' size (GIN, or gin_emulated taken by auto). */
 static moe_ep_status_t choose_transports(mep_nccl_t *n, const mep_nccl_params_t *p,
                                          int *need_gin, int *need_staging) {
-  ncclTeam_t lsa = ncclTeamLsa(n->comm);
+  ncclTeam_t lsa;
+  MEP_CHECK(lsa_team_of(n, &lsa));
   n->lsa_size = lsa.nRanks;
   *need_gin = *need_staging = 0;
   const int nvlink = n->lsa_link == MEP_LSA_LINK_NVLINK;

@@ -17,6 +17,40 @@ int64_t mep_nccl_now_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+static enum cudaStreamCaptureMode capture_mode_thread_local(void) {
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
+  (void)cudaThreadExchangeStreamCaptureMode(&mode);
+  return mode; /* the thread's mode before */
+}
+
+cudaError_t mep_nccl_event_query(cudaEvent_t event) {
+  enum cudaStreamCaptureMode mode = capture_mode_thread_local();
+  const cudaError_t e = cudaEventQuery(event);
+  (void)cudaThreadExchangeStreamCaptureMode(&mode);
+  return e;
+}
+
+cudaError_t mep_nccl_stream_query(cudaStream_t stream) {
+  enum cudaStreamCaptureMode mode = capture_mode_thread_local();
+  const cudaError_t e = cudaStreamQuery(stream);
+  (void)cudaThreadExchangeStreamCaptureMode(&mode);
+  return e;
+}
+
+int mep_nccl_query_ended(cudaError_t e) {
+  switch (e) {
+    case cudaErrorNotReady:
+    case cudaErrorStreamCaptureUnsupported:
+    case cudaErrorStreamCaptureInvalidated:
+    case cudaErrorStreamCaptureImplicit:
+    case cudaErrorStreamCaptureWrongThread:
+    case cudaErrorCapturedEvent:
+      return 0;
+    default:
+      return 1;
+  }
+}
+
 static void pause_poll(void) {
   const struct timespec ts = {0, MEP_NCCL_POLL_NS};
   nanosleep(&ts, NULL);
@@ -77,9 +111,9 @@ moe_ep_status_t mep_nccl_stream_wait(ncclComm_t comm, cudaStream_t stream, const
                                      int32_t timeout_ms) {
   const int64_t deadline = mep_nccl_now_ms() + timeout_ms;
   for (;;) {
-    cudaError_t e = cudaStreamQuery(stream);
+    cudaError_t e = mep_nccl_stream_query(stream);
     if (e == cudaSuccess) return MOE_EP_OK;
-    if (e != cudaErrorNotReady)
+    if (mep_nccl_query_ended(e))
       return mep_error(MOE_EP_ERR_CUDA, "%s failed on the GPU: %s", step, cudaGetErrorString(e));
     if (comm != NULL) {
       ncclResult_t a = ncclSuccess;
@@ -104,7 +138,7 @@ moe_ep_status_t mep_nccl_local_wait(cudaStream_t stream, const char *step, int32
 
 int mep_nccl_stream_drained(cudaStream_t stream, int32_t timeout_ms) {
   const int64_t deadline = mep_nccl_now_ms() + timeout_ms;
-  while (cudaStreamQuery(stream) == cudaErrorNotReady) {
+  while (!mep_nccl_query_ended(mep_nccl_stream_query(stream))) {
     if (mep_nccl_now_ms() >= deadline) return 0;
     pause_poll();
   }

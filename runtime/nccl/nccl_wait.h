@@ -21,6 +21,17 @@ extern "C" {
 /* Milliseconds on a monotonic clock. */
 int64_t mep_nccl_now_ms(void);
 
+/* cudaEventQuery / cudaStreamQuery made in thread-local capture mode:
+ * while another thread captures a graph in global mode (torch.cuda.graph's
+ * default), a query in the default mode is refused and invalidates that
+ * capture. */
+cudaError_t mep_nccl_event_query(cudaEvent_t event);
+cudaError_t mep_nccl_stream_query(cudaStream_t stream);
+/* A query's answer that is not "not ready" and not a refusal tied to a
+ * graph capture (which says nothing of the work): the work has ended, or
+ * failed on the device and runs no further. */
+int mep_nccl_query_ended(cudaError_t e);
+
 /* MOE_EP_ERR_NCCL: "`step` failed: " NCCL's reason for r and its last
  * error on `comm` (NULL: outside a communicator). */
 moe_ep_status_t mep_nccl_error(ncclComm_t comm, const char *step, ncclResult_t r);

@@ -9,7 +9,8 @@
 // receive reads it. Both combines are checked against the oracle. Then
 // handle_layout on another stream than a held dispatch receive, and each
 // half's hook on another host thread's per-thread default stream, with an
-// error of the engine's own left pending on the calling thread.
+// error of the engine's own left pending on the calling thread. At one
+// rank, a stream in an invalidated capture is refused as bad input.
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
@@ -195,6 +196,36 @@ bool perthread_round(Ctx& c, const moe_ep_oracle::Problem& p, uint64_t seed) {
   return true;
 }
 
+// A dispatch on a stream whose graph capture an earlier call invalidated:
+// refused as bad input naming params->stream before anything is queued
+// (not a CUDA failure of the group). At one rank no peer waits for the
+// refused call, so the group goes on: the same call on a live stream.
+bool invalidated_capture_round(Ctx& c, const moe_ep_oracle::Problem& p, cudaStream_t ops,
+                               uint64_t seed) {
+  LlCall call(c, p, seed);
+  if (call.prepare() != MOE_EP_OK) return false;
+  cuda_check(cudaStreamBeginCapture(ops, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+  // Synchronising a capturing stream is refused and invalidates the capture.
+  c.checks++;
+  if (cudaStreamSynchronize(ops) == cudaSuccess)
+    fail(c, seed, "invalidated capture", "cudaStreamSynchronize in a capture succeeded");
+  call.set_stream(ops);
+  expect_status(c, seed, "dispatch on a stream in an invalidated capture", call.dispatch(0, nullptr),
+                MOE_EP_ERR_INVALID_ARGUMENT, "params->stream");
+  cudaGraph_t graph = nullptr;
+  (void)cudaStreamEndCapture(ops, &graph);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  (void)cudaGetLastError();
+  if (!expect_status(c, seed, "dispatch on the same stream after the capture ended",
+                     call.dispatch(0, nullptr), MOE_EP_OK))
+    return false;
+  call.check_dispatch();
+  call.make_y();
+  if (!expect_status(c, seed, "combine", call.combine(0, nullptr), MOE_EP_OK)) return false;
+  call.check_combine();
+  return c.failures == 0;
+}
+
 }  // namespace
 
 void run_streams(Ctx& c) {
@@ -219,6 +250,7 @@ void run_streams(Ctx& c) {
   for (int s = 0; s < c.opt.seeds && c.failures == 0; s++) {
     if (!perthread_round(c, p, 800 + (uint64_t)s)) break;
   }
+  if (c.world == 1 && c.failures == 0) invalidated_capture_round(c, p, ops, 990);
   expect_status(c, 0, "poll_error after the rounds", c.api->group_poll_error(c.group), MOE_EP_OK);
   cudaStreamDestroy(ops);
   cudaStreamDestroy(hooks);

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 
 #include "runtime/error.h"
 
@@ -25,6 +26,12 @@ FakeComm g_comm;
 // (for ever when negative), then `drained`.
 int g_queries_left = 0;
 cudaError_t g_drained = cudaSuccess;
+// Another thread capturing a graph in global mode: a query made in any
+// mode but thread-local is refused (and would invalidate that capture);
+// g_refused_queries counts those.
+bool g_foreign_capture = false;
+int g_refused_queries = 0;
+cudaStreamCaptureMode g_mode = cudaStreamCaptureModeGlobal;  // this thread's
 
 ncclComm_t fake_comm() { return reinterpret_cast<ncclComm_t>(&g_comm); }
 cudaStream_t fake_stream() { return reinterpret_cast<cudaStream_t>(&g_queries_left); }
@@ -36,6 +43,9 @@ void reset(int polls_left, ncclResult_t settled, int queries_left = 0,
   g_comm = FakeComm{polls_left, settled, 0};
   g_queries_left = queries_left;
   g_drained = drained;
+  g_foreign_capture = false;
+  g_refused_queries = 0;
+  g_mode = cudaStreamCaptureModeGlobal;
   mep_error_clear();
 }
 
@@ -49,6 +59,24 @@ TEST(NcclWait, StreamDrainedIsQuietAndBounded) {
   EXPECT_EQ(last(), "");
   reset(0, ncclSuccess, 2, cudaErrorLaunchFailure);  // a failed stream runs nothing more
   EXPECT_EQ(mep_nccl_stream_drained(fake_stream(), 10000), 1);
+}
+
+// While another thread captures in global mode, the queries are made in
+// thread-local mode (refused otherwise, breaking that capture), the
+// thread's mode is put back, and a refusal tied to capture is not taken
+// for the end of the work.
+TEST(NcclWait, QueriesLeaveAnotherThreadsCaptureAlone) {
+  reset(0, ncclSuccess, 3);
+  g_foreign_capture = true;
+  EXPECT_EQ(mep_nccl_stream_drained(fake_stream(), 10000), 1);
+  EXPECT_EQ(g_queries_left, 0);
+  EXPECT_EQ(g_refused_queries, 0);
+  EXPECT_EQ(g_mode, cudaStreamCaptureModeGlobal);
+  EXPECT_EQ(mep_nccl_stream_wait(nullptr, fake_stream(), "step", 1000), MOE_EP_OK);
+  reset(0, ncclSuccess, 0, cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(mep_nccl_stream_drained(fake_stream(), 50), 0);
+  EXPECT_EQ(mep_nccl_query_ended(cudaErrorStreamCaptureInvalidated), 0);
+  EXPECT_EQ(mep_nccl_query_ended(cudaErrorIllegalAddress), 1);
 }
 
 TEST(NcclWait, SuccessWithASettledCommunicatorReturnsAtOnce) {
@@ -174,7 +202,16 @@ const char *ncclGetErrorString(ncclResult_t r) {
     default: return "other";
   }
 }
+cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode *mode) {
+  std::swap(*mode, g_mode);
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaStreamQuery(cudaStream_t) {
+  if (g_foreign_capture && g_mode != cudaStreamCaptureModeThreadLocal) {
+    g_refused_queries++;
+    return cudaErrorStreamCaptureUnsupported;
+  }
   if (g_queries_left != 0) {
     if (g_queries_left > 0) g_queries_left--;
     return cudaErrorNotReady;
