@@ -2,7 +2,8 @@
 process): who runs the collective group_destroy (explicitly_destroy), and
 a low-latency group that keeps num_max_dispatch_tokens_per_rank under
 MOE_EP_MAX_TOKENS_PER_RANK while the normal-mode group takes it, and two
-threads' first calls creating one group."""
+threads' first calls creating one group, and normal-mode layouts kept per
+thread."""
 import gc
 import threading
 
@@ -172,4 +173,43 @@ def test_two_first_calls_create_one_group(lib, monkeypatch):
     assert len(created) == 1, "rank 0: two first calls created %d groups" % len(created)
     assert groups[0] is groups[1] is buf.moe_ep_group, "rank 0: the two calls got different groups"
     ll_round_trip(buf)
+    buf.destroy()
+
+
+def test_layouts_are_kept_per_thread(lib, monkeypatch):
+    """Two micro-batch threads each call get_dispatch_layout, then dispatch
+    the same topk_idx: each dispatch takes its own thread's prepared handle
+    (one slot shared by both made both dispatches prepare again, count
+    exchanges that ranks not interleaved this way do not make)."""
+    buf = make_buffer(lib, True)
+    x, idx, w = inputs(6)
+    buf.get_dispatch_layout(idx, E)  # the first normal-mode dispatch makes the group
+    recv_x, _, _, _, handle, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+    buf.combine(recv_x, handle)
+    g, prepared = buf.moe_ep_normal_group, []
+    real = g.prepare
+    monkeypatch.setattr(g, "prepare", lambda *a, **k: prepared.append(1) or real(*a, **k))
+    calls = [inputs(6), inputs(5)]
+    laid_out, go_on = threading.Event(), threading.Event()
+
+    def other():
+        xb, idxb, wb = calls[1]
+        buf.get_dispatch_layout(idxb, E)
+        laid_out.set()
+        wait_for(go_on, "the first thread's dispatch and combine")
+        recv, _, _, _, h, _ = buf.dispatch(xb, topk_idx=idxb, topk_weights=wb)
+        return buf.combine(recv, h)[0], xb
+
+    xa, idxa, wa = calls[0]
+    buf.get_dispatch_layout(idxa, E)
+    second = Runner(other)
+    second.start()
+    wait_for(laid_out, "the second thread's get_dispatch_layout")
+    recv, _, _, _, h, _ = buf.dispatch(xa, topk_idx=idxa, topk_weights=wa)
+    out_a = buf.combine(recv, h)[0]
+    go_on.set()
+    out_b, xb = second.outcome("the second thread")
+    assert len(prepared) == 2, "rank 0: %d prepares for two layer calls, want 2" % len(prepared)
+    for out, want in ((out_a, xa), (out_b, xb)):  # one rank: the row itself
+        assert torch.equal(out.view(torch.int16), want.view(torch.int16))
     buf.destroy()

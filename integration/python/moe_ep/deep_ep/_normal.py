@@ -1,6 +1,7 @@
 """Buffer's normal-mode entries (DeepEP's get_dispatch_layout / dispatch /
 combine) on a moe-ep high-throughput group, and the growth of that group
 when its token cap was derived by the Buffer (NormalMixin._ht_fit)."""
+import threading
 import weakref
 
 import torch
@@ -298,9 +299,9 @@ class NormalMixin:
                 "or %s=%d). Every rank raises; the group is unchanged"
                 % (entry, ", ".join("%d tokens on rank %d" % (everyone[r][0], r) for r in over),
                    t, cap, new_cap, _ranks(captured), new_cap, agreement.HT_TOKENS_ENV, new_cap))
-        cached, self._layout_cache = getattr(self, "_layout_cache", None), None
-        if cached is not None and cached[1] is not None:
-            cached[1].free()  # prepared, never dispatched: nothing waits on it
+        for cached in self._layouts_take_all():
+            if cached[1] is not None:
+                cached[1].free()  # prepared, never dispatched: nothing waits on it
         keep = None
         if not self._ht_address_agreed:
             keep = g.config.bootstrap_address
@@ -356,12 +357,33 @@ class NormalMixin:
             g.set_num_sms(want)
             self._ht_num_sms = want
 
+    # get_dispatch_layout's handle, kept for the next dispatch of the same
+    # topk_idx on the same thread: two micro-batch threads each get their
+    # own (one slot shared by both would make one thread's dispatch miss
+    # and prepare again, a count exchange its peers do not make).
+    def _layouts(self):
+        return self._layout_by_thread  # made in Buffer.__init__
+
+    def _layout_put(self, cached):
+        self._layouts()[threading.get_ident()] = cached
+
+    def _layout_peek(self):
+        return self._layouts().get(threading.get_ident())
+
+    def _layout_take(self):
+        return self._layouts().pop(threading.get_ident(), None)
+
+    def _layouts_take_all(self):
+        layouts = self._layouts()
+        taken = list(layouts.values())
+        layouts.clear()
+        return taken
+
     def _ht_prepare(self, g, topk_idx):
         """The handle prepared by get_dispatch_layout for this very topk_idx,
         else a new one (prepare exchanges counts: every rank must take the
         same branch, as engines call both entries symmetrically)."""
-        cached = getattr(self, "_layout_cache", None)
-        self._layout_cache = None
+        cached = self._layout_take()
         if cached is not None and cached[0] is topk_idx and cached[1] is not None:
             return cached[1]
         return g.prepare(topk_idx)
@@ -388,7 +410,7 @@ class NormalMixin:
                                  % (entry, num_experts, user["num_experts"]))
             per_rank, per_expert, in_rank = _torch_layout(topk_idx, num_experts,
                                                           self.group_size)
-            self._layout_cache = (topk_idx, None, num_experts)
+            self._layout_put((topk_idx, None, num_experts))
             event = EventOverlap(record_event(async_finish and topk_idx.is_cuda))
             return per_rank, None, per_expert, in_rank, event
         if g is None:  # moe_ep_config names the hidden size: the group can be made now
@@ -400,7 +422,7 @@ class NormalMixin:
                              % (entry, num_experts, g.config.num_experts))
         self._note_capture()
         handle = g.prepare(topk_idx, layout=True)
-        self._layout_cache = (topk_idx, handle, num_experts)
+        self._layout_put((topk_idx, handle, num_experts))
         per_rank, per_expert, in_rank = handle.layout
         event = EventOverlap(record_event(async_finish and g._is_cuda))
         return per_rank, None, per_expert, in_rank, event
@@ -460,7 +482,7 @@ class NormalMixin:
             _refuse(entry, "topk_weights", None, "high-throughput dispatch carries the weights "
                     "with topk_idx (zeros where the caller has none)")
         g = self._ht_ep
-        layout_cache = getattr(self, "_layout_cache", None)
+        layout_cache = self._layout_peek()
         if g is None:
             user = self._mode_config("high_throughput")
             if layout_cache is not None and layout_cache[0] is topk_idx:

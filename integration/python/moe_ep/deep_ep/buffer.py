@@ -209,6 +209,7 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         self._ht_derived = None
         self._ht_address_agreed = False
         self._ht_pending = weakref.WeakSet()
+        self._layout_by_thread = {}  # NormalMixin._layout_put: per thread
         self._ht_captured = False
         # Normal-mode groups replaced while a combine of theirs was still to
         # run: (group, its NormalHandles still to combine), oldest first.
@@ -439,7 +440,7 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         groups += [g for g, _ in self._ht_retired]
         self._ll_ep = self._ht_ep = None
         self._ht_retired = []
-        self._layout_cache = None
+        self._layouts_take_all()
         self._ht_pending = weakref.WeakSet()
         _close_all(groups)
 
