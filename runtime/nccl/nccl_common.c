@@ -211,6 +211,11 @@ static cudaError_t capture_of(void *stream, unsigned long long *id) {
  * not a failure of the group (a destroyed stream, or one in a graph capture
  * an earlier call invalidated). */
 static moe_ep_status_t stream_refused(void *stream, cudaError_t e) {
+  /* Only the stream's own refusals; anything else (a sticky error an
+   * earlier kernel left) is the device's, and fatal. */
+  if (e != cudaErrorInvalidResourceHandle && e != cudaErrorInvalidValue &&
+      e != cudaErrorStreamCaptureInvalidated && e != cudaErrorStreamCaptureImplicit)
+    return mep_nccl_cuda_error("cudaStreamGetCaptureInfo", e);
   (void)cudaGetLastError(); /* not sticky: no later check may read it as its own */
   if (e == cudaErrorStreamCaptureInvalidated) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,

@@ -17,23 +17,35 @@ int64_t mep_nccl_now_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static enum cudaStreamCaptureMode capture_mode_thread_local(void) {
-  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
-  (void)cudaThreadExchangeStreamCaptureMode(&mode);
-  return mode; /* the thread's mode before */
+/* The thread's capture mode made thread-local for one query, unless it is
+ * relaxed already (more permissive: left as it is). Returns whether
+ * leave_thread_local must put *before back. */
+static int enter_thread_local(enum cudaStreamCaptureMode *before) {
+  *before = cudaStreamCaptureModeThreadLocal;
+  if (cudaThreadExchangeStreamCaptureMode(before) != cudaSuccess) return 0;
+  if (*before != cudaStreamCaptureModeRelaxed) return 1;
+  enum cudaStreamCaptureMode relaxed = cudaStreamCaptureModeRelaxed;
+  (void)cudaThreadExchangeStreamCaptureMode(&relaxed);
+  return 0;
+}
+
+static void leave_thread_local(int swapped, enum cudaStreamCaptureMode before) {
+  if (swapped) (void)cudaThreadExchangeStreamCaptureMode(&before);
 }
 
 cudaError_t mep_nccl_event_query(cudaEvent_t event) {
-  enum cudaStreamCaptureMode mode = capture_mode_thread_local();
+  enum cudaStreamCaptureMode before;
+  const int swapped = enter_thread_local(&before);
   const cudaError_t e = cudaEventQuery(event);
-  (void)cudaThreadExchangeStreamCaptureMode(&mode);
+  leave_thread_local(swapped, before);
   return e;
 }
 
 cudaError_t mep_nccl_stream_query(cudaStream_t stream) {
-  enum cudaStreamCaptureMode mode = capture_mode_thread_local();
+  enum cudaStreamCaptureMode before;
+  const int swapped = enter_thread_local(&before);
   const cudaError_t e = cudaStreamQuery(stream);
-  (void)cudaThreadExchangeStreamCaptureMode(&mode);
+  leave_thread_local(swapped, before);
   return e;
 }
 

@@ -223,12 +223,17 @@ class NormalMixin:
             tokens = _max_tokens(t)
         derived = {"num_experts": int(num_experts), "hidden": int(hidden),
                    "top_k": int(topk_idx.shape[-1]), "max_tokens_per_rank": tokens}
-        g = self._group_for("high_throughput", derived)
+        return self._group_for("high_throughput", derived)
+
+    def _ht_made(self, derived):
+        """The state of a first normal-mode group, set by the call that
+        creates it (Buffer._create_group, in self._create) before another
+        thread can find the group: a second thread's first call, which waited
+        for it, leaves it alone."""
         self._ht_derived = derived
         self._ht_grows = self._ht_given_tokens() is None
         self._ht_pending = weakref.WeakSet()
         self._ht_captured = False
-        return g
 
     def _ht_fit(self, entry, topk_idx):
         """The normal-mode group for a call that starts a new layout (a

@@ -337,14 +337,17 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         # (DeepEP's rule); a Buffer dropped on one rank leaves its
         # groups allocated rather than wait in GC for peers.
         g.close_at_gc = not self.explicitly_destroy
-        setattr(self, attr, g)
         self.rank, self.group_size = g.rank, g.world_size
         if mode == "high_throughput":
             self._ht_address_agreed = agreed
+            if keep_address is None:  # the first normal-mode group, not a grown one
+                self._ht_made(derived)
             if g.backend == "nccl":
                 want = int(self.get_dispatch_config(self.group_size).num_sms)
                 g.set_num_sms(want)
                 self._ht_num_sms = want
+        # Published last: another thread's call finds it only once it is set up.
+        setattr(self, attr, g)
         return g
 
     def _live_group(self, mode, entry):
