@@ -1,5 +1,6 @@
 """What every worker shares: its rank, its ports, a config per group, and
 failure reports that carry rank, seed, first bad index, expected and got."""
+import faulthandler
 import os
 import sys
 import threading
@@ -7,6 +8,10 @@ import threading
 import numpy as np
 import torch
 import torch.distributed as dist
+
+# A rank that dies of a signal (SIGSEGV in native code) prints every
+# thread's Python stack into its report first.
+faulthandler.enable()
 
 RANK = int(os.environ["MOE_EP_RANK"])
 WORLD = int(os.environ["MOE_EP_WORLD_SIZE"])
