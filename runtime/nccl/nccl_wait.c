@@ -17,37 +17,24 @@ int64_t mep_nccl_now_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* The thread's capture mode made thread-local for one query, unless it is
- * relaxed already (more permissive: left as it is). Returns whether
- * leave_thread_local must put *before back. */
-static int enter_thread_local(enum cudaStreamCaptureMode *before) {
-  *before = cudaStreamCaptureModeThreadLocal;
-  if (cudaThreadExchangeStreamCaptureMode(before) != cudaSuccess) return 0;
-  if (*before != cudaStreamCaptureModeRelaxed) return 1;
-  enum cudaStreamCaptureMode relaxed = cudaStreamCaptureModeRelaxed;
-  (void)cudaThreadExchangeStreamCaptureMode(&relaxed);
-  return 0;
-}
-
-static void leave_thread_local(int swapped, enum cudaStreamCaptureMode before) {
+/* An event's (or, event NULL, a stream's) query with the thread's capture
+ * mode made thread-local for it, unless it is relaxed already (more
+ * permissive: left as it is); the mode is put back after. */
+static cudaError_t query_thread_local(cudaEvent_t event, cudaStream_t stream) {
+  enum cudaStreamCaptureMode before = cudaStreamCaptureModeThreadLocal;
+  int swapped = cudaThreadExchangeStreamCaptureMode(&before) == cudaSuccess;
+  if (swapped && before == cudaStreamCaptureModeRelaxed) {
+    (void)cudaThreadExchangeStreamCaptureMode(&before); /* relaxed again */
+    swapped = 0;
+  }
+  const cudaError_t e = event != NULL ? cudaEventQuery(event) : cudaStreamQuery(stream);
   if (swapped) (void)cudaThreadExchangeStreamCaptureMode(&before);
-}
-
-cudaError_t mep_nccl_event_query(cudaEvent_t event) {
-  enum cudaStreamCaptureMode before;
-  const int swapped = enter_thread_local(&before);
-  const cudaError_t e = cudaEventQuery(event);
-  leave_thread_local(swapped, before);
   return e;
 }
 
-cudaError_t mep_nccl_stream_query(cudaStream_t stream) {
-  enum cudaStreamCaptureMode before;
-  const int swapped = enter_thread_local(&before);
-  const cudaError_t e = cudaStreamQuery(stream);
-  leave_thread_local(swapped, before);
-  return e;
-}
+cudaError_t mep_nccl_event_query(cudaEvent_t event) { return query_thread_local(event, NULL); }
+
+cudaError_t mep_nccl_stream_query(cudaStream_t stream) { return query_thread_local(NULL, stream); }
 
 int mep_nccl_query_ended(cudaError_t e) {
   switch (e) {
