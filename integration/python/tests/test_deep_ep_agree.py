@@ -62,6 +62,48 @@ def test_store_host_is_the_tcp_init_method(monkeypatch):
     assert not agree.is_loopback(agree.bootstrap_host())
 
 
+class _Picks:
+    """randrange's stand-in: the given indices in turn."""
+
+    def __init__(self, picks):
+        self.picks = list(picks)
+
+    def randrange(self, n):
+        i = self.picks.pop(0)
+        assert 0 <= i < n, (i, n)
+        return i
+
+
+def test_free_port_is_outside_the_ephemeral_range():
+    """The port rank 0 publishes is one the kernel never hands a
+    connection's local end (bind(0) picks from that range, where an
+    outgoing connection could take the port before the group listens),
+    and one nothing is bound to: a held port is passed over."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low, high = (int(v) for v in f.read().split()[:2])
+    ranges = agree._port_ranges()
+    assert ranges, (low, high)
+    for _ in range(50):
+        port = agree.free_port()
+        assert port < low or port > high, (port, low, high)
+    a, b = ranges[0]
+    held = socket.socket()
+    try:
+        for port in range(a, b):
+            try:
+                held.bind(("", port))
+                break
+            except OSError:
+                continue
+        held.listen(1)
+        got = agree.free_port(_Picks([port - a, port - a] + [i - a for i in range(port + 1, b)]))
+        assert got != port and a <= got < b, (got, port)
+    finally:
+        held.close()
+    with socket.socket() as s:
+        s.bind(("", got))  # free indeed
+
+
 def test_comm_agrees_address_and_token(monkeypatch):
     """With comm= (no torch group), rank 0's free port and a job token drawn
     on rank 0 reach every rank, as over a torch group."""

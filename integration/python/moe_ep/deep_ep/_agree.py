@@ -216,9 +216,47 @@ def bootstrap_host():
     return found
 
 
-def free_port():
-    """A TCP port free on this machine now (the kernel's pick), for rank 0
-    to publish: a group's bootstrap listens there."""
+def _port_ranges():
+    """The ports rank 0 may pick from: [20000, the kernel's lowest
+    ephemeral port) and above its highest one (ip_local_port_range), so the
+    local end of a connection this host opens meanwhile (the agreement
+    round's own, UCX's, the engine's) cannot take the port before the group
+    listens, as it can one bind(0) reported free."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(v) for v in f.read().split()[:2])
+    except (OSError, ValueError):
+        low, high = 32768, 60999  # Linux's default range
+    return [(a, b) for a, b in ((20000, low), (high + 1, 65536)) if b - a >= 64]
+
+
+# Ports tried before falling back to the kernel's pick.
+_PORT_TRIES = 256
+
+
+def free_port(rng=None):
+    """A TCP port nothing on this machine is bound to now, outside the
+    kernel's ephemeral range (_port_ranges), for rank 0 to publish: a
+    group's bootstrap listens there. The kernel's pick (bind(0)) only when
+    no port outside that range is free. rng: randrange's source (a
+    random.SystemRandom by default)."""
+    import random
+    rng = rng or random.SystemRandom()
+    ranges = _port_ranges()
+    total = sum(b - a for a, b in ranges)
+    for _ in range(_PORT_TRIES if ranges else 0):
+        i = rng.randrange(total)
+        for a, b in ranges:
+            if i < b - a:
+                port = a + i
+                break
+            i -= b - a
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
