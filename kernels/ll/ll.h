@@ -58,8 +58,17 @@ enum {
    * the combine of the buffer set's previous dispatch, which shows that
    * the peer received that dispatch (mep_ll_await_combine): expected /
    * seen are that combine's count signal values. */
-  MEP_LL_OP_DISPATCH_REUSE = 11
+  MEP_LL_OP_DISPATCH_REUSE = 11,
+  /* A combine receive found that rank `peer`'s combine answered another
+   * dispatch than this rank's (mep_ll_combine_args_t.dispatch_tag: the
+   * ranks combined two pending dispatches in different orders): expected
+   * = this rank's tag, seen = the peer's (both masked to
+   * MEP_LL_DISPATCH_TAG_MASK); nothing of that peer was read. Fatal. */
+  MEP_LL_OP_COMBINE_OTHER_DISPATCH = 12
 };
+
+/* The bits of a dispatch tag a combine's count signal carries. */
+#define MEP_LL_DISPATCH_TAG_MASK 0x3fffffffu
 
 /* The LL kernels' records (kernels/common/error_record.h), op MEP_LL_OP_*. */
 typedef mep_error_record_t mep_ll_error_record_t;
@@ -207,7 +216,12 @@ typedef struct mep_ll_combine_args {
   int32_t top_k;
   int32_t num_experts;
   int32_t buffer_set;
-  int32_t reserved0;
+  /* Which dispatch this combine answers, the same number on every rank
+   * (the runtime: the dispatch's operation number). Every rank's combine
+   * tells each source this tag, and a source's receive that finds
+   * another tag than its own records MEP_LL_OP_COMBINE_OTHER_DISPATCH
+   * before it reads that rank's rows. */
+  uint32_t dispatch_tag;
   const int32_t *recv_count; /* handle, from dispatch */
   const int32_t *slot_src;
   const int32_t *src_count;

@@ -36,6 +36,7 @@ struct MepCombineArgs {
   int push_weights; /* mep_combine_pushes */
   int idx_bytes;    /* topk's element size: 4 or 8 */
   int recv_steps;   /* 256-channel steps per receive unit */
+  uint32_t dispatch_tag; /* masked (MEP_LL_DISPATCH_TAG_MASK) */
 };
 
 /* Whether this rank's combine pushes its weights to the expert ranks
@@ -56,9 +57,20 @@ static inline int mep_combine_pushes(const mep_ll_ctx_t *ctx, const mep_ll_combi
 /* The code of an LSA combine arrival (block 0's): the sender's view of the
  * source, line partials or flagged words, checked by the source's receive
  * (a disagreement is recorded as MEP_LL_OP_BAD_SIGNAL instead of reading
- * the wrong region). */
+ * the wrong region), and above those two bits the dispatch tag the
+ * sender's combine answers (mep_ll_comb_code). */
 #define MEP_LL_COMB_LINES 1u
 #define MEP_LL_COMB_FLAGGED 2u
+#define MEP_LL_COMB_KIND_BITS 2
+static inline MEP_HD uint32_t mep_ll_comb_code(uint32_t kind, uint32_t tag) {
+  return kind | (tag << MEP_LL_COMB_KIND_BITS);
+}
+/* A staged combine's count add: 1 + the rows to wait for (below bit 32),
+ * and the dispatch tag above. */
+#define MEP_LL_COMB_TAG_SHIFT 32
+static inline MEP_HD uint64_t mep_ll_comb_count(uint32_t rows, uint32_t tag) {
+  return (uint64_t)rows + 1u + ((uint64_t)tag << MEP_LL_COMB_TAG_SHIFT);
+}
 
 /* Whether a combine's source with `tokens` tokens gets flagged partials
  * (mep_ll_flag_word): over LSA, small calls. The source decides from its
@@ -110,6 +122,7 @@ static inline MepCombineArgs mep_combine_args(const mep_ll_ctx_t *ctx,
   k.partials = a->partials != 0 || k.push_weights;
   k.idx_bytes = a->topk_idx_bytes;
   k.recv_steps = mep_combine_recv_steps(grid_max, a, k.partials);
+  k.dispatch_tag = a->dispatch_tag & MEP_LL_DISPATCH_TAG_MASK;
   return k;
 }
 
@@ -241,9 +254,11 @@ __device__ __forceinline__ uint32_t mep_combine_send_body(const MepLLParams &p,
   if constexpr (!Tp::kStaged)
     for (int d = threadIdx.x; d < R; d += blockDim.x) {
       /* block 0's add carries the code */
-      const uint32_t code = blockIdx.x != 0                 ? 0u
-                            : src_s[d] & MEP_LL_SRC_FLAGGED ? MEP_LL_COMB_FLAGGED
-                                                            : MEP_LL_COMB_LINES;
+      const uint32_t code =
+          blockIdx.x != 0 ? 0u
+                          : mep_ll_comb_code(src_s[d] & MEP_LL_SRC_FLAGGED ? MEP_LL_COMB_FLAGGED
+                                                                           : MEP_LL_COMB_LINES,
+                                             a.dispatch_tag);
       Tp::signal_relaxed(p.xp, d, cnt_sig, mep_ll_arrival_add(code, blockIdx.x, gridDim.x));
     }
   /* The epoch is stored at the end (the dispatch stores its tag last
@@ -287,7 +302,7 @@ __device__ __forceinline__ uint32_t mep_combine_send_body(const MepLLParams &p,
     return epoch;
   }
   /* Staged: one count signal per source, 1 + the rows it must wait for
-   * (partial puts, or every slot row from it). */
+   * (partial puts, or every slot row from it), with the dispatch tag. */
   if (mep_last_block(&p.tickets[MEP_LL_TICKET_COMBINE_SEND])) {
     for (int r = threadIdx.x / 32; r < R; r += MEP_LL_THREADS / 32) {
       int count = 0;
@@ -302,7 +317,7 @@ __device__ __forceinline__ uint32_t mep_combine_send_body(const MepLLParams &p,
         for (int m = 16; m >= 1; m >>= 1) count += __shfl_xor_sync(0xffffffffu, count, m);
       }
       if (lane == 0)
-        Tp::signal(p.xp, r, cnt_sig, (uint64_t)count + 1);
+        Tp::signal(p.xp, r, cnt_sig, mep_ll_comb_count((uint32_t)count, a.dispatch_tag));
     }
   }
   store_epoch();
@@ -444,33 +459,44 @@ __device__ __forceinline__ void mep_combine_sum_slots(const MepLLParams &p,
     mep_combine_sum_slots_wide<IdxT>(p, a, half);
 }
 
+/* Whether source r's combine answered this rank's dispatch: its tag (from
+ * its count) is ours. Else recorded (MEP_LL_OP_COMBINE_OTHER_DISPATCH). */
+__device__ __forceinline__ bool mep_combine_same_dispatch(const MepLLParams &p, int r,
+                                                          uint64_t theirs, uint32_t ours) {
+  if (theirs == ours) return true;
+  mep_record_timeout(p.wc, MEP_LL_OP_COMBINE_OTHER_DISPATCH, r, -1, ours, theirs);
+  return false;
+}
+
 /* Source r's count of this combine over LSA: waits it, keeps its shadow
- * in next[r] and checks the code against what this rank takes (want:
- * flagged words or lines). False when the wait failed or the code differs
- * (recorded). */
+ * in next[r] and checks the code against what this rank takes (kind:
+ * flagged words or lines) and the dispatch it answers (tag). False when
+ * the wait failed or the code differs (recorded). */
 template <class Tp>
 __device__ __forceinline__ bool mep_combine_lsa_count(const MepLLParams &p, int half, int r,
-                                                   uint64_t want, uint64_t *next) {
+                                                   uint32_t kind, uint32_t tag,
+                                                   uint64_t *next) {
   uint64_t base = 0, increase = 0, code = 0;
   if (!mep_wait_count<Tp>(p, mep_ll_sig_comb_cnt(&p.dims, half, r), MEP_LL_OP_COMBINE_RECV, r,
                           &base, &increase, &code))
     return false;
   next[r] = base + increase;
-  if (code != want) { /* the sender's view of this rank differs from ours */
-    mep_record_timeout(p.wc, MEP_LL_OP_BAD_SIGNAL, r, -1, want, code);
-    return false;
-  }
-  return true;
+  const uint64_t want = mep_ll_comb_code(kind, tag);
+  if (code == want) return true;
+  if (!mep_combine_same_dispatch(p, r, code >> MEP_LL_COMB_KIND_BITS, tag)) return false;
+  /* the sender's view of this rank differs from ours */
+  mep_record_timeout(p.wc, MEP_LL_OP_BAD_SIGNAL, r, -1, want, code);
+  return false;
 }
 
 /* One warp of an LSA receive of line partials: every source's count (its
  * lanes take the sources in turn). False, in every lane, when one failed. */
 template <class Tp>
 __device__ __forceinline__ bool mep_combine_line_counts(const MepLLParams &p, int half,
-                                                     uint64_t *next) {
+                                                     uint32_t tag, uint64_t *next) {
   bool ok = true;
   for (int r = threadIdx.x & 31; r < p.dims.world; r += 32)
-    if (!mep_combine_lsa_count<Tp>(p, half, r, MEP_LL_COMB_LINES, next)) ok = false;
+    if (!mep_combine_lsa_count<Tp>(p, half, r, MEP_LL_COMB_LINES, tag, next)) ok = false;
   return __all_sync(0xffffffffu, ok);
 }
 
@@ -485,12 +511,12 @@ __device__ __forceinline__ bool mep_combine_line_counts(const MepLLParams &p, in
  * claimer publishes a verdict on every path. */
 template <class Tp>
 __device__ __forceinline__ bool mep_combine_line_block_counts(const MepLLParams &p, int half,
-                                                           uint64_t *next,
+                                                           uint32_t tag, uint64_t *next,
                                                            volatile int *state) {
   int claimed = 0;
   if ((threadIdx.x & 31) == 0) claimed = atomicCAS((int *)state, 0, 1) == 0;
   if (__shfl_sync(0xffffffffu, claimed, 0)) {
-    const bool ok = mep_combine_line_counts<Tp>(p, half, next);
+    const bool ok = mep_combine_line_counts<Tp>(p, half, tag, next);
     __syncwarp();
     __threadfence_block(); /* next[] before the verdict */
     if ((threadIdx.x & 31) == 0) *state = ok ? 2 : 3;
@@ -540,7 +566,7 @@ __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
     const bool sums = mep_ll_spread_warp() < mep_combine_line_units(a);
     bool ok = true;
     if (sums || threadIdx.x < 32)
-      ok = mep_combine_line_block_counts<Tp>(p, half, next, smem + 4 * R + 1);
+      ok = mep_combine_line_block_counts<Tp>(p, half, a.dispatch_tag, next, smem + 4 * R + 1);
     if (ok && sums) ok = mep_combine_sum_lines<IdxT>(p, a, epoch);
     volatile int *failed = smem + 4 * R;
     if (!ok) *failed = 1;
@@ -556,16 +582,18 @@ __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
     for (int r = threadIdx.x; r < R; r += blockDim.x) {
       if constexpr (!Tp::kRowSignals) {
         if (!mep_combine_lsa_count<Tp>(p, half, r,
-                                       flagged ? MEP_LL_COMB_FLAGGED : MEP_LL_COMB_LINES, next))
+                                       flagged ? MEP_LL_COMB_FLAGGED : MEP_LL_COMB_LINES,
+                                       a.dispatch_tag, next))
           failed = 1;
       } else {
         uint64_t base = 0, increase = 0, code = 0;
         if (mep_wait_count<Tp>(p, mep_ll_sig_comb_cnt(&p.dims, half, r), MEP_LL_OP_COMBINE_RECV,
-                               r, &base, &increase, &code)) {
+                               r, &base, &increase, &code) &&
+            mep_combine_same_dispatch(p, r, code >> MEP_LL_COMB_TAG_SHIFT, a.dispatch_tag)) {
           next[r] = base + increase;
-          /* the code is 1 + the rows to wait for */
+          /* the code is 1 + the rows to wait for (mep_ll_comb_count) */
           const uint32_t rs = mep_ll_sig_comb_row(&p.dims, half, r);
-          next[R + r] = mep_shadow(p, rs) + (code - 1);
+          next[R + r] = mep_shadow(p, rs) + ((code & 0xffffffffu) - 1);
           uint64_t rseen;
           if (!mep_wait_ge(p.wc, [&] { return Tp::read_signal(p.xp, rs); }, next[R + r],
                            MEP_LL_OP_COMBINE_RECV, r, -1, &rseen))

@@ -307,6 +307,18 @@ static moe_ep_status_t timeout_error(const moe_ep_group_t *g, const nccl_state_t
                      r->buffer_set, list ? "list tag" : "combine epoch",
                      (unsigned long long)r->expected, (unsigned long long)r->seen);
   }
+  if (r->op == MEP_LL_OP_COMBINE_OTHER_DISPATCH) {
+    return mep_error(MOE_EP_ERR_MISMATCH,
+                     "a combine receive on rank %d (buffer set %d) found that rank %d combined "
+                     "another dispatch than this rank: its combine answers the dispatch of "
+                     "operation %llu, this rank's the dispatch of operation %llu (operation "
+                     "numbers modulo 2^30); every rank must combine its pending dispatches in "
+                     "the same order (two micro-batches combined in different orders on "
+                     "different ranks). Nothing of that rank's combine was summed; destroy the "
+                     "group",
+                     r->rank, r->buffer_set, r->peer, (unsigned long long)r->seen,
+                     (unsigned long long)r->expected);
+  }
   if (r->op == MEP_LL_OP_DISPATCH_REUSE) {
     return mep_error(MOE_EP_ERR_TIMEOUT,
                      "a dispatch on rank %d waited timeouts.kernel_ms=%d for rank %d to start "
@@ -442,6 +454,8 @@ static void combine_args(moe_ep_group_t *g, nccl_state_t *s, const mep_op_t *op,
       .top_k = h->top_k,
       .num_experts = g->cfg.num_experts,
       .buffer_set = op->buffer_set,
+      /* every rank numbers its operations alike (ops.c) */
+      .dispatch_tag = (uint32_t)nh->seq,
       .recv_count = nh->recv_count,
       .slot_src = s->slot_src[nh->set],
       .src_count = s->src_count[nh->set],

@@ -32,9 +32,7 @@ std::string MakeRanks(const World &w, const mep_ll_dims_t &dims, int transport,
   uint64_t cycles = 0;
   if (mep_ll_timeout_cycles(device, timeout_ms, &cycles) != MEP_KSTATUS_OK)
     return mep_kernels_last_error();
-  const int R = dims.world, H = dims.hidden;
-  const int64_t slots =
-      static_cast<int64_t>(dims.local_experts) * R * dims.max_tokens;
+  const int R = dims.world;
   rb->assign(R, RankBufs());
   for (int r = 0; r < R; ++r) {
     RankBufs &b = (*rb)[r];
@@ -45,22 +43,29 @@ std::string MakeRanks(const World &w, const mep_ll_dims_t &dims, int transport,
     const std::string st =
         PointAtRank(w, r, mep_ll_state_bytes(&dims), dev, &b.ctx);
     if (!st.empty()) return "rank " + std::to_string(r) + ": " + st;
-    b.recv_x = dev->alloc<uint16_t>(slots * H);  // a bf16 row holds an fp8 one
-    b.recv_scales = dev->alloc<int32_t>(slots * std::max(H / 128, 1));
-    b.y = dev->alloc<uint16_t>(slots * H);
-    b.out = dev->alloc<uint16_t>(static_cast<size_t>(dims.max_tokens) * H);
-    b.recv_count = dev->alloc<int32_t>(dims.local_experts);
-    b.slot_src = dev->alloc<int32_t>(slots);
-    b.src_count =
-        dev->alloc<int32_t>(static_cast<size_t>(dims.local_experts) * R);
-    b.src_tokens = dev->alloc<int32_t>(R);
-    b.route = dev->alloc<mep_ll_route_t>(static_cast<size_t>(R) *
-                                         dims.max_tokens * dims.top_k);
-    if (!(b.recv_x && b.recv_scales && b.y && b.out && b.recv_count &&
-          b.slot_src && b.src_count && b.src_tokens && b.route))
+    if (!AllocCallBuffers(dims, dev, &b))
       return "rank " + std::to_string(r) + ": cudaMalloc failed";
   }
   return "";
+}
+
+bool AllocCallBuffers(const mep_ll_dims_t &dims, Dev *dev, RankBufs *b) {
+  const int R = dims.world, H = dims.hidden;
+  const int64_t slots =
+      static_cast<int64_t>(dims.local_experts) * R * dims.max_tokens;
+  b->recv_x = dev->alloc<uint16_t>(slots * H);  // a bf16 row holds an fp8 one
+  b->recv_scales = dev->alloc<int32_t>(slots * std::max(H / 128, 1));
+  b->y = dev->alloc<uint16_t>(slots * H);
+  b->out = dev->alloc<uint16_t>(static_cast<size_t>(dims.max_tokens) * H);
+  b->recv_count = dev->alloc<int32_t>(dims.local_experts);
+  b->slot_src = dev->alloc<int32_t>(slots);
+  b->src_count =
+      dev->alloc<int32_t>(static_cast<size_t>(dims.local_experts) * R);
+  b->src_tokens = dev->alloc<int32_t>(R);
+  b->route = dev->alloc<mep_ll_route_t>(static_cast<size_t>(R) *
+                                        dims.max_tokens * dims.top_k);
+  return b->recv_x && b->recv_scales && b->y && b->out && b->recv_count &&
+         b->slot_src && b->src_count && b->src_tokens && b->route;
 }
 
 void CheckReceiveMakeY(const o::Problem &p,
@@ -130,6 +135,81 @@ void CheckReceiveMakeY(const o::Problem &p,
     }
   }
   CUDA_OK(cudaMemcpy(b.y, y->data(), y->size() * 2, cudaMemcpyHostToDevice));
+}
+
+void UseBuffers(const RankBufs &b, mep_ll_dispatch_args_t *a) {
+  a->recv_x = b.recv_x;
+  a->recv_scales = b.recv_scales;
+  a->recv_count = b.recv_count;
+  a->slot_src = b.slot_src;
+  a->src_count = b.src_count;
+  a->route = b.route;
+  a->src_tokens = b.src_tokens;
+}
+
+void UseBuffers(const RankBufs &b, mep_ll_combine_args_t *a) {
+  a->y = b.y;
+  a->out = b.out;
+  a->recv_count = b.recv_count;
+  a->slot_src = b.slot_src;
+  a->src_count = b.src_count;
+  a->route = b.route;
+  a->src_tokens = b.src_tokens;
+}
+
+void MakeCall(const o::Problem &p, uint64_t seed, int set, int comb_set,
+              uint32_t tag, const std::vector<RankBufs> &rb, Dev *dev, Call *c) {
+  const int R = p.world, K = p.top_k;
+  c->all = o::make_all_inputs(p, seed);
+  c->da.assign(R, {});
+  c->ca.assign(R, {});
+  c->y.assign(R, {});
+  c->y_of_slot.assign(R, {});
+  for (int r = 0; r < R; ++r) {
+    const o::RankInputs &in = c->all[r];
+    c->y_of_slot[r].assign(static_cast<size_t>(in.num_tokens) * K, nullptr);
+    const void *topk = dev->upload(in.topk_idx);
+    mep_ll_dispatch_args_t &a = c->da[r];
+    a.x = dev->upload(in.x);
+    a.topk_idx = topk;
+    a.topk_idx_bytes = 8;
+    a.num_tokens = in.num_tokens;
+    a.hidden = p.hidden;
+    a.top_k = K;
+    a.num_experts = p.num_experts;
+    a.buffer_set = set;
+    UseBuffers(rb[r], &a);
+    a.weighted = 1;
+    a.topk_weights = dev->upload(in.topk_weights);
+    mep_ll_combine_args_t &b = c->ca[r];
+    UseBuffers(rb[r], &b);
+    b.topk_idx = topk;
+    b.topk_idx_bytes = 8;
+    b.num_tokens = in.num_tokens;
+    b.hidden = p.hidden;
+    b.top_k = K;
+    b.num_experts = p.num_experts;
+    b.buffer_set = comb_set;
+    b.dispatch_tag = tag;
+    b.partials = 1;
+  }
+}
+
+void CheckCombine(const o::Problem &p, const Call &c,
+                  const std::vector<RankBufs> &rb, uint64_t seed) {
+  const int K = p.top_k;
+  for (int s = 0; s < p.world; ++s) {
+    const auto &slot_y = c.y_of_slot[s];
+    const std::vector<uint16_t> want =
+        o::ll_combine_reduce(p, c.all[s], [&](int t, int k) {
+          return slot_y[static_cast<size_t>(t) * K + k];
+        });
+    const auto got = Download<uint16_t>(rb[s].out, want.size());
+    EXPECT_EQ(o::compare_exact_bf16("combine out", got.data(), want.data(),
+                                    want.size(), p.hidden),
+              "")
+        << "rank " << s << ", seed " << seed;
+  }
 }
 
 }  // namespace mep_world

@@ -33,6 +33,11 @@ std::string MakeRanks(const World &w, const mep_ll_dims_t &dims, int transport,
                       int num_sms, int timeout_ms, Dev *dev,
                       std::vector<RankBufs> *rb);
 
+// A second call's receive buffers, handle storage and combine output for
+// b (its context untouched): a rank with two dispatches pending. False
+// when an allocation failed.
+bool AllocCallBuffers(const mep_ll_dims_t &dims, Dev *dev, RankBufs *b);
+
 // Rank r's receive against the oracle (counts, slot sources, rows and
 // scales bit for bit), then y from the rows as received
 // (moe_ep_oracle::expert_fn_row), uploaded to b.y (cudaMemcpy from pageable
@@ -44,6 +49,31 @@ void CheckReceiveMakeY(const moe_ep_oracle::Problem &p,
                        const RankBufs &b, const std::string &where,
                        std::vector<uint16_t> *y,
                        std::vector<std::vector<const uint16_t *>> *y_of_slot);
+
+// The handle storage and buffers of b in a dispatch's or a combine's
+// arguments (the rest of the arguments untouched).
+void UseBuffers(const RankBufs &b, mep_ll_dispatch_args_t *a);
+void UseBuffers(const RankBufs &b, mep_ll_combine_args_t *a);
+
+// One layer call of every rank: the inputs, the dispatch and combine
+// arguments, and the expert outputs y made from each rank's receive.
+struct Call {
+  std::vector<moe_ep_oracle::RankInputs> all;
+  std::vector<mep_ll_dispatch_args_t> da;
+  std::vector<mep_ll_combine_args_t> ca;
+  std::vector<std::vector<uint16_t>> y;
+  std::vector<std::vector<const uint16_t *>> y_of_slot;
+};
+
+// Every rank's arguments for a weighted dispatch (bf16 rows) on `set` and
+// its combine on `comb_set` answering dispatch `tag`, their handle storage
+// rb[r]'s (as the runtime keeps it per buffer set).
+void MakeCall(const moe_ep_oracle::Problem &p, uint64_t seed, int set, int comb_set,
+              uint32_t tag, const std::vector<RankBufs> &rb, Dev *dev, Call *c);
+
+// Every rank's combine output (rb[s].out) against the oracle, bit for bit.
+void CheckCombine(const moe_ep_oracle::Problem &p, const Call &c,
+                  const std::vector<RankBufs> &rb, uint64_t seed);
 
 }  // namespace mep_world
 

@@ -29,8 +29,11 @@
 namespace {
 
 namespace o = moe_ep_oracle;
+using mep_world::Call;
+using mep_world::CheckCombine;
 using mep_world::CheckReceiveMakeY;
 using mep_world::Dev;
+using mep_world::MakeCall;
 using mep_world::Download;
 using mep_world::RankBufs;
 
@@ -40,80 +43,6 @@ constexpr int kTimeoutMs = 20000;
 // holds back: it must not (it waits for rank 1's combine A, which has not
 // been launched), whatever the machine's load.
 constexpr int kHoldMs = 300;
-
-struct Call {
-  std::vector<o::RankInputs> all;
-  std::vector<mep_ll_dispatch_args_t> da;
-  std::vector<mep_ll_combine_args_t> ca;
-  std::vector<std::vector<uint16_t>> y;
-  std::vector<std::vector<const uint16_t *>> y_of_slot;
-};
-
-// Every rank's arguments for a dispatch on `set` and its combine on
-// `comb_set`, their handle storage the set's (as the runtime keeps it).
-void MakeCall(const o::Problem &p, uint64_t seed, int set, int comb_set,
-              std::vector<RankBufs> &rb, Dev *dev, Call *c) {
-  c->all = o::make_all_inputs(p, seed);
-  c->da.assign(kR, {});
-  c->ca.assign(kR, {});
-  c->y.assign(kR, {});
-  c->y_of_slot.assign(kR, {});
-  for (int r = 0; r < kR; ++r) {
-    const o::RankInputs &in = c->all[r];
-    c->y_of_slot[r].assign(static_cast<size_t>(in.num_tokens) * kTopK, nullptr);
-    const void *topk = dev->upload(in.topk_idx);
-    mep_ll_dispatch_args_t &a = c->da[r];
-    a.x = dev->upload(in.x);
-    a.topk_idx = topk;
-    a.topk_idx_bytes = 8;
-    a.num_tokens = in.num_tokens;
-    a.hidden = kHidden;
-    a.top_k = kTopK;
-    a.num_experts = kExperts;
-    a.buffer_set = set;
-    a.recv_x = rb[r].recv_x;
-    a.recv_scales = rb[r].recv_scales;
-    a.recv_count = rb[r].recv_count;
-    a.slot_src = rb[r].slot_src;
-    a.src_count = rb[r].src_count;
-    a.route = rb[r].route;
-    a.src_tokens = rb[r].src_tokens;
-    a.weighted = 1;
-    a.topk_weights = dev->upload(in.topk_weights);
-    mep_ll_combine_args_t &b = c->ca[r];
-    b.y = rb[r].y;
-    b.topk_idx = topk;
-    b.topk_idx_bytes = 8;
-    b.out = rb[r].out;
-    b.num_tokens = in.num_tokens;
-    b.hidden = kHidden;
-    b.top_k = kTopK;
-    b.num_experts = kExperts;
-    b.buffer_set = comb_set;
-    b.recv_count = rb[r].recv_count;
-    b.slot_src = rb[r].slot_src;
-    b.src_count = rb[r].src_count;
-    b.route = rb[r].route;
-    b.src_tokens = rb[r].src_tokens;
-    b.partials = 1;
-  }
-}
-
-void CheckCombine(const o::Problem &p, const Call &c,
-                  const std::vector<RankBufs> &rb, uint64_t seed) {
-  for (int s = 0; s < kR; ++s) {
-    const auto &slot_y = c.y_of_slot[s];
-    const std::vector<uint16_t> want =
-        o::ll_combine_reduce(p, c.all[s], [&](int t, int k) {
-          return slot_y[static_cast<size_t>(t) * kTopK + k];
-        });
-    const auto got = Download<uint16_t>(rb[s].out, want.size());
-    EXPECT_EQ(o::compare_exact_bf16("combine out", got.data(), want.data(),
-                                    want.size(), kHidden),
-              "")
-        << "rank " << s << ", seed " << seed;
-  }
-}
 
 std::string Where(int r, const char *what, uint64_t seed) {
   return "rank " + std::to_string(r) + ", " + what + ", seed " +
@@ -166,8 +95,8 @@ TEST_P(LlWorldReuse, DispatchWaitsForThePeersCombineOfTheSetsLastDispatch) {
             "");
   const uint64_t seed_a = 11, seed_b = 12;
   Call a, b;
-  MakeCall(p, seed_a, 0, 1, rb, &dev, &a);
-  MakeCall(p, seed_b, 0, 1, rb, &dev, &b);
+  MakeCall(p, seed_a, 0, 1, 0, rb, &dev, &a);
+  MakeCall(p, seed_b, 0, 1, 2, rb, &dev, &b);
   const cudaStream_t s0 = world->stream(0), s1 = world->stream(1);
 
   // Dispatch A's send on both ranks; rank 0 receives it, rank 1 not yet.

@@ -115,32 +115,21 @@ TEST_P(LlWorld, MatchesOracle) {
       a.fp8 = c.fp8;
       a.scale_mode = c.fp8 ? ScaleMode(c.scales) : 0;
       a.buffer_set = set;
-      a.recv_x = rb[r].recv_x;
-      a.recv_scales = rb[r].recv_scales;
-      a.recv_count = rb[r].recv_count;
-      a.slot_src = rb[r].slot_src;
-      a.src_count = rb[r].src_count;
-      a.route = rb[r].route;
-      a.src_tokens = rb[r].src_tokens;
+      mep_world::UseBuffers(rb[r], &a);
       a.weighted = c.weighted;
       a.topk_weights = c.weighted ? w : nullptr;
       mep_ll_combine_args_t &b = ca[r];
       b = {};
-      b.y = rb[r].y;
+      mep_world::UseBuffers(rb[r], &b);
       b.topk_idx = topk;
       b.topk_idx_bytes = c.idx_bytes;
       b.topk_weights = c.weighted ? nullptr : w;
-      b.out = rb[r].out;
       b.num_tokens = in.num_tokens;
       b.hidden = H;
       b.top_k = K;
       b.num_experts = c.experts;
       b.buffer_set = set;
-      b.recv_count = rb[r].recv_count;
-      b.slot_src = rb[r].slot_src;
-      b.src_count = rb[r].src_count;
-      b.route = rb[r].route;
-      b.src_tokens = rb[r].src_tokens;
+      b.dispatch_tag = static_cast<uint32_t>(call);  // the same on every rank
       b.partials = c.weighted;
     }
     ASSERT_EQ(world->Settle(), "");
