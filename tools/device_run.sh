@@ -207,6 +207,10 @@ world_tests() {
   timeout 120 $B/ll_world_order_test > "$OUT/ll_world_order_test.log" 2>&1
   summary ll_world_order_test $? "$(gtest_key "$OUT/ll_world_order_test.log")"
   grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure|rank [0-9]+" "$OUT/ll_world_order_test.log" | head -12
+  # The abort flag a failed group's teardown raises ends a waiting receive.
+  timeout 120 $B/ll_world_abort_test > "$OUT/ll_world_abort_test.log" 2>&1
+  summary ll_world_abort_test $? "$(gtest_key "$OUT/ll_world_abort_test.log")"
+  grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure|rank [0-9]+" "$OUT/ll_world_abort_test.log" | head -12
   timeout 300 $B/ht_world_test > "$OUT/ht_world_test.log" 2>&1
   summary ht_world_test $? "$(gtest_key "$OUT/ht_world_test.log")"
   grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure|rank [0-9]+" "$OUT/ht_world_test.log" | head -12

@@ -154,6 +154,10 @@ uint64_t mep_ht_buffer_bytes(const mep_ht_dims_t *dims);
  * ginSignalCount); 0 when dims->node_ranks is 0. */
 int32_t mep_ht_gin_signals(const mep_ht_dims_t *dims);
 uint64_t mep_ht_state_bytes(const mep_ht_dims_t *dims);
+/* Raises the abort flag in ctx->state (queued on stream, a copy engine's
+ * work): every wait of a kernel in flight gives up at its next check. For
+ * the teardown of a failed group. */
+mep_kstatus_t mep_ht_raise_abort(const mep_ht_ctx_t *ctx, void *stream);
 /* Channels a launch with ctx->num_sms uses (what every rank must agree on). */
 int32_t mep_ht_channels(const mep_ht_ctx_t *ctx);
 

@@ -272,6 +272,11 @@ mep_kstatus_t mep_ll_resolve_lsa(mep_ll_ctx_t *ctx);
  * not repaired, so after a real timeout the group is destroyed (the
  * runtime reports TIMEOUT on every later call). */
 mep_kstatus_t mep_ll_clear_abort(const mep_ll_ctx_t *ctx, void *stream);
+/* Raises the abort flag in this rank's device state (queued on stream, a
+ * copy engine's work): every wait of a kernel in flight gives up at its
+ * next check instead of running to timeout_cycles. For the teardown of a
+ * failed group; the state is then good for nothing but freeing. */
+mep_kstatus_t mep_ll_raise_abort(const mep_ll_ctx_t *ctx, void *stream);
 
 /* Every rule the launchers of a call's halves check (shape, context and the
  * pointers of both the send and the receive), without touching the GPU;

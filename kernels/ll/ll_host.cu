@@ -10,6 +10,7 @@
 #include "kernels/common/kernels_error.h"
 #include "kernels/common/limits.h"
 #include "kernels/ll/ll.h"
+#include "kernels/transport/wait.cuh"
 
 extern "C" cudaError_t mep_ll_export_layout_load(void);
 extern "C" cudaError_t mep_ll_await_load(void);
@@ -59,6 +60,15 @@ extern "C" mep_kstatus_t mep_ll_clear_abort(const mep_ll_ctx_t *ctx, void *strea
       "clear_abort: cudaMemsetAsync",
       cudaMemsetAsync((char *)ctx->state + s.puts, 0, s.abort_flag + 4 - s.puts,
                       (cudaStream_t)stream));
+}
+
+extern "C" mep_kstatus_t mep_ll_raise_abort(const mep_ll_ctx_t *ctx, void *stream) {
+  if (ctx == nullptr || ctx->state == nullptr)
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT, "raise_abort: ctx/state is NULL");
+  const mep_ll_state_layout_t s = mep_ll_state_layout(&ctx->dims);
+  return mep_kernels_cuda_check(
+      "raise_abort: cudaMemcpyAsync",
+      mep_raise_abort_flag((uint32_t *)((char *)ctx->state + s.abort_flag), (cudaStream_t)stream));
 }
 
 /* NCCL 2.28's device API computes a peer's LSA address as the window's

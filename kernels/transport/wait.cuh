@@ -87,4 +87,14 @@ __device__ __forceinline__ bool mep_wait_ge(const MepWaitCtx &w, Read read, uint
                   peer, expert, seen);
 }
 
+/* From the host: raises the abort flag at `flag` (device memory), so every
+ * wait in flight gives up at its next check (a failed group's teardown).
+ * A copy, queued on `stream`: the copy engine carries it while kernels
+ * spin on every SM, where a memset kernel could wait for an SM. The source
+ * is static: a pageable copy is staged before the call returns anyway. */
+static inline cudaError_t mep_raise_abort_flag(uint32_t *flag, cudaStream_t stream) {
+  static const uint32_t kRaised = 1u;
+  return cudaMemcpyAsync(flag, &kRaised, sizeof kRaised, cudaMemcpyHostToDevice, stream);
+}
+
 #endif /* MEP_TRANSPORT_WAIT_CUH_ */

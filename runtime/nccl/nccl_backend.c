@@ -20,6 +20,7 @@
 #include "runtime/nccl/lsa_link.h"
 #include "runtime/nccl/nccl_common.h"
 #include "runtime/nccl/nccl_setup.h"
+#include "runtime/nccl/nccl_wait.h"
 
 typedef struct nccl_state {
   mep_nccl_t *nccl;
@@ -108,10 +109,17 @@ static uint64_t nccl_buffer_bytes(const moe_ep_config_t *cfg, int world) {
   return ll_window_bytes(cfg, world, lsa_capable(cfg));
 }
 
+static void raise_abort(void *ctx, cudaStream_t stream) {
+  (void)mep_ll_raise_abort((const mep_ll_ctx_t *)ctx, stream);
+}
+
 /* abort: the group failed, or this rank stops setting up while its peers
  * go on (mep_nccl_destroy aborts the communicator instead of a collective
  * teardown). Waits (bounded) for the group's last kernels, then frees in
- * stream order; nothing here waits for the whole device. */
+ * stream order; nothing here waits for the whole device. A failed group's
+ * kernels still waiting for peers first get the abort flag, so they end
+ * at their next check instead of after timeouts.kernel_ms (or, when that
+ * is the longer, instead of the group being left allocated). */
 static moe_ep_status_t nccl_release(moe_ep_group_t *g, int abort) {
   nccl_state_t *s = g->impl;
   if (s == NULL) return MOE_EP_OK;
@@ -120,6 +128,7 @@ static moe_ep_status_t nccl_release(moe_ep_group_t *g, int abort) {
   if (s->device >= 0 && s->nccl != NULL) {
     /* Without the NCCL side no kernel of ours ran. */
     (void)mep_nccl_make_current(s->device);
+    if (abort && s->ctx.state != NULL) mep_nccl_on_side_stream(raise_abort, &s->ctx);
     const mep_nccl_sent_t *last[3] = {&s->sent, &s->received, &s->exported};
     ended = mep_nccl_await_sent(last, 3, g->cfg.bootstrap_timeout_ms);
     if (!ended) st = mep_nccl_abandoned(g, mep_nccl_bytes_allocated(s->nccl));

@@ -230,6 +230,13 @@ static moe_ep_status_t stream_refused(void *stream, cudaError_t e) {
                    stream, cudaGetErrorString(e));
 }
 
+moe_ep_status_t mep_nccl_stream_capture(void *stream, int *capturing) {
+  unsigned long long capture;
+  const cudaError_t e = capture_of(stream, &capture);
+  *capturing = e == cudaSuccess && capture != 0;
+  return e == cudaSuccess ? MOE_EP_OK : stream_refused(stream, e);
+}
+
 moe_ep_status_t mep_nccl_sent_record(mep_nccl_sent_t *sent, int set, void *stream) {
   unsigned long long capture;
   cudaError_t e = capture_of(stream, &capture);

@@ -71,7 +71,13 @@ moe_ep_status_t mep_nccl_sent_record(mep_nccl_sent_t *sent, int set, void *strea
  * params->stream: the first question a call asks about its stream, before
  * it queues anything. */
 moe_ep_status_t mep_nccl_sent_order(const mep_nccl_sent_t *sent, int set, void *stream);
-/* The same, and *ordered: 1 when `stream` now comes after the set's last
+/* Whether the engine's `stream` is capturing a CUDA graph (*capturing),
+ * asked before anything is queued there: a stream CUDA refuses (destroyed,
+ * or in a capture an earlier call invalidated) is INVALID_ARGUMENT naming
+ * params->stream, as in mep_nccl_sent_order_if; a device error stays a
+ * fatal CUDA error. */
+moe_ep_status_t mep_nccl_stream_capture(void *stream, int *capturing);
+/* mep_nccl_sent_order, and *ordered: 1 when `stream` now comes after the set's last
  * half (both eager, or both in the capture `stream` is in), 0 when no event
  * could order them (a capture and eager work, or two captures). */
 moe_ep_status_t mep_nccl_sent_order_if(const mep_nccl_sent_t *sent, int set, void *stream,

@@ -85,11 +85,16 @@ static uint64_t ht_buffer_bytes(const moe_ep_config_t *cfg, int world) {
   return mep_ht_buffer_bytes(&d);
 }
 
+static void raise_abort(void *ctx, cudaStream_t stream) {
+  (void)mep_ht_raise_abort((const mep_ht_ctx_t *)ctx, stream);
+}
+
 /* abort: the group failed, or this rank stops setting up while its peers
  * go on (mep_nccl_destroy aborts the communicator instead of a collective
- * teardown). As nccl_backend.c's nccl_release: a bounded wait for the
- * group's last kernels (only send halves launch any), then frees that do
- * not wait for the whole device. */
+ * teardown). As nccl_backend.c's nccl_release: the abort flag for a
+ * failed group's kernels, a bounded wait for the group's last kernels
+ * (only send halves launch any), then frees that do not wait for the
+ * whole device. */
 static moe_ep_status_t ht_release(moe_ep_group_t *g, int abort) {
   ht_state_t *s = g->impl;
   if (s == NULL) return MOE_EP_OK;
@@ -97,6 +102,7 @@ static moe_ep_status_t ht_release(moe_ep_group_t *g, int abort) {
   int ended = 1;
   if (s->device >= 0 && s->nccl != NULL) {
     (void)mep_nccl_make_current(s->device);
+    if (abort && s->ctx.state != NULL) mep_nccl_on_side_stream(raise_abort, &s->ctx);
     const mep_nccl_sent_t *last[1] = {&s->sent};
     ended = mep_nccl_await_sent(last, 1, g->cfg.bootstrap_timeout_ms);
     if (!ended) st = mep_nccl_abandoned(g, mep_nccl_bytes_allocated(s->nccl));
@@ -379,10 +385,9 @@ static moe_ep_status_t launch_combine(moe_ep_group_t *g, ht_state_t *s, mep_op_t
 static moe_ep_status_t check_capturable(const moe_ep_group_t *g, const mep_op_t *op,
                                         const char *entry) {
   if (op->kind != MEP_OP_DISPATCH || (op->flags & MOE_EP_FLAG_WORST_CASE)) return MOE_EP_OK;
-  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  cudaError_t e = cudaStreamIsCapturing((cudaStream_t)op->stream, &cs);
-  if (e != cudaSuccess) return mep_nccl_cuda_error("cudaStreamIsCapturing", e);
-  if (cs == cudaStreamCaptureStatusNone) return MOE_EP_OK;
+  int capturing = 0;
+  MEP_CHECK(mep_nccl_stream_capture(op->stream, &capturing));
+  if (!capturing) return MOE_EP_OK;
   return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                    "%s on rank %d: the stream is capturing a CUDA graph but params->flags=0x%x "
                    "lacks MOE_EP_FLAG_WORST_CASE; without it a high-throughput dispatch learns "

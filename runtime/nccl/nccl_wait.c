@@ -17,19 +17,42 @@ int64_t mep_nccl_now_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* An event's (or, event NULL, a stream's) query with the thread's capture
- * mode made thread-local for it, unless it is relaxed already (more
- * permissive: left as it is); the mode is put back after. */
-static cudaError_t query_thread_local(cudaEvent_t event, cudaStream_t stream) {
-  enum cudaStreamCaptureMode before = cudaStreamCaptureModeThreadLocal;
-  int swapped = cudaThreadExchangeStreamCaptureMode(&before) == cudaSuccess;
-  if (swapped && before == cudaStreamCaptureModeRelaxed) {
-    (void)cudaThreadExchangeStreamCaptureMode(&before); /* relaxed again */
+/* Makes the thread's capture mode thread-local, unless it is relaxed
+ * already (more permissive: left as it is). Returns whether
+ * thread_local_leave must put *before back. */
+static int thread_local_enter(enum cudaStreamCaptureMode *before) {
+  *before = cudaStreamCaptureModeThreadLocal;
+  int swapped = cudaThreadExchangeStreamCaptureMode(before) == cudaSuccess;
+  if (swapped && *before == cudaStreamCaptureModeRelaxed) {
+    (void)cudaThreadExchangeStreamCaptureMode(before); /* relaxed again */
     swapped = 0;
   }
+  return swapped;
+}
+
+static void thread_local_leave(int swapped, enum cudaStreamCaptureMode *before) {
+  if (swapped) (void)cudaThreadExchangeStreamCaptureMode(before);
+}
+
+/* An event's (or, event NULL, a stream's) query in thread-local capture
+ * mode (thread_local_enter). */
+static cudaError_t query_thread_local(cudaEvent_t event, cudaStream_t stream) {
+  enum cudaStreamCaptureMode before;
+  const int swapped = thread_local_enter(&before);
   const cudaError_t e = event != NULL ? cudaEventQuery(event) : cudaStreamQuery(stream);
-  if (swapped) (void)cudaThreadExchangeStreamCaptureMode(&before);
+  thread_local_leave(swapped, &before);
   return e;
+}
+
+void mep_nccl_on_side_stream(void (*work)(void *arg, cudaStream_t stream), void *arg) {
+  enum cudaStreamCaptureMode before;
+  const int swapped = thread_local_enter(&before);
+  cudaStream_t side = NULL;
+  if (cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) == cudaSuccess) {
+    work(arg, side);
+    (void)cudaStreamDestroy(side); /* returns at once; the queued work still runs */
+  }
+  thread_local_leave(swapped, &before);
 }
 
 cudaError_t mep_nccl_event_query(cudaEvent_t event) { return query_thread_local(event, NULL); }

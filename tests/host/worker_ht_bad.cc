@@ -204,6 +204,21 @@ void dispatch_in_capture(Ctx& c) {
     fail(c, 78, "captured dispatch refused", std::string("the capture was invalidated: ") +
                                                  cudaGetErrorString(ended) + " (" + msg + ")");
   if (graph != nullptr) cudaGraphDestroy(graph);
+  // A stream whose capture an earlier call invalidated (a synchronisation,
+  // refused in global mode): refused as bad input naming params->stream,
+  // not as the WORST_CASE rule nor as a CUDA failure of the group.
+  cuda_check(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+  c.checks++;
+  if (cudaStreamSynchronize(s) == cudaSuccess)
+    fail(c, 78, "invalidated capture", "cudaStreamSynchronize in a capture succeeded");
+  hook = nullptr;
+  const moe_ep_status_t inval = c.api->dispatch(c.group, call.handle(), &dp, &hook);
+  graph = nullptr;
+  (void)cudaStreamEndCapture(s, &graph);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  (void)cudaGetLastError();
+  expect_status(c, 78, "dispatch on a stream in an invalidated capture", inval,
+                MOE_EP_ERR_INVALID_ARGUMENT, "capture that an earlier call invalidated");
   cudaStreamDestroy(s);
   for (void* b : d) cudaFree(b);
   expect_status(c, 78, "poll_error after the refused capture", c.api->group_poll_error(c.group),

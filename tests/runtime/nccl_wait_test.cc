@@ -33,6 +33,13 @@ bool g_foreign_capture = false;
 int g_refused_queries = 0;
 cudaStreamCaptureMode g_mode = cudaStreamCaptureModeGlobal;  // this thread's
 
+// The stand-in streams cudaStreamCreateWithFlags makes (refused while
+// g_refuse_streams), and what they saw.
+bool g_refuse_streams = false;
+int g_streams_made = 0, g_streams_destroyed = 0;
+unsigned g_stream_flags = 0;
+char g_side_stream;
+
 ncclComm_t fake_comm() { return reinterpret_cast<ncclComm_t>(&g_comm); }
 cudaStream_t fake_stream() { return reinterpret_cast<cudaStream_t>(&g_queries_left); }
 
@@ -59,6 +66,49 @@ TEST(NcclWait, StreamDrainedIsQuietAndBounded) {
   EXPECT_EQ(last(), "");
   reset(0, ncclSuccess, 2, cudaErrorLaunchFailure);  // a failed stream runs nothing more
   EXPECT_EQ(mep_nccl_stream_drained(fake_stream(), 10000), 1);
+}
+
+// A teardown's side work runs on a non-blocking stream of its own, in
+// thread-local capture mode (another thread's global-mode capture must not
+// be broken by the stream's creation or the copy), and the stream is
+// destroyed after it; the thread's mode is put back. A stream CUDA
+// refuses means no work, quietly.
+TEST(NcclWait, SideWorkRunsOnAStreamOfItsOwnInThreadLocalMode) {
+  reset(0, ncclSuccess);
+  g_refuse_streams = false;
+  g_streams_made = g_streams_destroyed = 0;
+  struct Seen {
+    cudaStream_t stream = nullptr;
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+    int calls = 0;
+  } seen;
+  auto work = [](void *arg, cudaStream_t s) {
+    Seen *w = static_cast<Seen *>(arg);
+    w->stream = s;
+    w->mode = g_mode;
+    w->calls++;
+  };
+  mep_nccl_on_side_stream(work, &seen);
+  EXPECT_EQ(seen.calls, 1);
+  EXPECT_EQ(seen.stream, reinterpret_cast<cudaStream_t>(&g_side_stream));
+  EXPECT_EQ(g_stream_flags, static_cast<unsigned>(cudaStreamNonBlocking));
+  EXPECT_EQ(seen.mode, cudaStreamCaptureModeThreadLocal);
+  EXPECT_EQ(g_streams_made, 1);
+  EXPECT_EQ(g_streams_destroyed, 1);
+  EXPECT_EQ(g_mode, cudaStreamCaptureModeGlobal);
+  g_mode = cudaStreamCaptureModeRelaxed;  // left as it is
+  mep_nccl_on_side_stream(work, &seen);
+  EXPECT_EQ(seen.mode, cudaStreamCaptureModeRelaxed);
+  EXPECT_EQ(g_mode, cudaStreamCaptureModeRelaxed);
+  g_mode = cudaStreamCaptureModeGlobal;
+  g_refuse_streams = true;
+  mep_nccl_on_side_stream(work, &seen);
+  EXPECT_EQ(seen.calls, 2);
+  EXPECT_EQ(g_streams_made, 2);
+  EXPECT_EQ(g_streams_destroyed, 2);
+  EXPECT_EQ(g_mode, cudaStreamCaptureModeGlobal);
+  EXPECT_EQ(last(), "");
+  g_refuse_streams = false;
 }
 
 // While another thread captures in global mode, the queries are made in
@@ -214,6 +264,17 @@ cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode *mode) {
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
+  if (g_refuse_streams) return cudaErrorMemoryAllocation;
+  g_stream_flags = flags;
+  g_streams_made++;
+  *s = reinterpret_cast<cudaStream_t>(&g_side_stream);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  if (s == reinterpret_cast<cudaStream_t>(&g_side_stream)) g_streams_destroyed++;
+  return cudaSuccess;
+}
 cudaError_t cudaStreamQuery(cudaStream_t) {
   if (g_foreign_capture && g_mode == cudaStreamCaptureModeGlobal) {
     g_refused_queries++;
