@@ -86,7 +86,8 @@ static const char *agreed_status(const void *payload, size_t len) {
 /* Checks one CONTRIB against what rank 0 is doing: MOE_EP_OK when it
  * matches, else the status the group fails with, `why` and the rank to
  * blame (*culprit). One side in an agreement while the other is still in
- * a collective of the same phase is a rank that gave up its setup:
+ * a collective of the same phase is a rank that gave up its part (a setup
+ * it could not finish, or mep_bootstrap_fail_step in any step):
  * PEER_FAILED naming it. */
 static moe_ep_status_t root_check_contrib(const mep_bootstrap_t *bs, const coll_t *c,
                                           const mep_bs_msg_t *m, char *why, size_t n,
@@ -102,8 +103,9 @@ static moe_ep_status_t root_check_contrib(const mep_bootstrap_t *bs, const coll_
     const int other_op = quit_is_root ? h->op : c->op;
     const uint64_t other_seq = quit_is_root ? h->seq : c->seq;
     snprintf(why, n,
-             "rank %d's setup failed (%s) while rank %d was in %s #%llu of the same "
-             "setup; rank %d's own error says why",
+             "rank %d gave up its part (%s) while rank %d was in %s #%llu of the same "
+             "step (a setup, or a collective step such as a prepare's count exchange); rank "
+             "%d's own error says why",
              *culprit, status, other, op_name(other_op), (unsigned long long)other_seq,
              *culprit);
     return MOE_EP_ERR_PEER_FAILED;

@@ -294,7 +294,7 @@ TEST_P(BootstrapGroup, AgreementDuringAnotherStepNamesTheRankThatGaveUp) {
     }
     WaitAll(Ptrs(procs), NowMs() + kHangGuardMs);
     const std::string named = "rank " + std::to_string(quit) +
-                              "'s setup failed (MOE_EP_ERR_CUDA) while rank ";
+                              " gave up its part (MOE_EP_ERR_CUDA) while rank ";
     for (auto &p : procs) {
       auto res = p->Result();
       EXPECT_TRUE(p->Exited(kStatusPeerFailed)) << "quit " << quit << ": " << p->Describe();
