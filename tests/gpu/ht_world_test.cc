@@ -109,70 +109,101 @@ TEST_P(HtWorld, MatchesOracle) {
 // of hanging; the kernels end and the streams drain. Over NVLink, and over
 // GIN-emulated as two nodes of two, where the absent rank is the relay of
 // rank 0 and a direct peer of rank 3.
-class HtWorldFailure : public ::testing::TestWithParam<int> {};
+class HtWorldFailure : public ::testing::TestWithParam<int> {
+ protected:
+  static constexpr int kAbsent = 2;
+  // The case's group (waits bounded by timeout_ms) with every rank but
+  // kAbsent's dispatch launched.
+  void LaunchWithoutOne(int timeout_ms) {
+    const int node_ranks = GetParam();
+    c_ = {"ep4_absent",
+          4,
+          node_ranks,
+          node_ranks == 0 ? kLsa : kEmu,
+          64,
+          2048,
+          8,
+          16,
+          o::Generator::kUniform,
+          false,
+          o::ScaleFormat::kF32,
+          8,
+          false};
+    ASSERT_EQ(MakeGroup(c_, timeout_ms, &grp_), "");
+    const o::Problem p = ProblemOf(c_);
+    const std::vector<o::RankInputs> all = o::make_all_inputs(p, 7);
+    std::vector<mep_ht_dispatch_args_t> da(c_.world);
+    for (int r = 0; r < c_.world; ++r) {
+      mep_ht_dispatch_args_t &a = da[r];
+      a = {};
+      a.x = call_dev_.upload(all[r].x);
+      a.topk_idx = call_dev_.upload(all[r].topk_idx);
+      a.topk_idx_bytes = 8;
+      a.num_tokens = all[r].num_tokens;
+      a.hidden = c_.hidden;
+      a.top_k = c_.top_k;
+      a.num_experts = c_.experts;
+      a.topk_weights = call_dev_.upload(all[r].topk_weights);
+      a.recv_x = grp_.io[r].recv_x;
+      a.recv_topk_idx = static_cast<int32_t *>(grp_.io[r].recv_idx);
+      a.recv_topk_weights = static_cast<float *>(grp_.io[r].recv_w);
+      a.recv_count = grp_.io[r].recv_count;
+      a.recv_capacity = static_cast<int64_t>(c_.world) * c_.max_tokens;
+      a.num_recv = grp_.io[r].num_recv;
+    }
+    ASSERT_EQ(grp_.world->Settle(), "");
+    ASSERT_EQ(grp_.world->LaunchAll(
+                  [&](int r, cudaStream_t s) {
+                    return mep_ht_dispatch(&grp_.io[r].ctx, &da[r], s);
+                  },
+                  kAbsent),
+              "");
+  }
+
+  Case c_;
+  HtGroup grp_;
+  Dev call_dev_;
+};
 
 TEST_P(HtWorldFailure, AbsentRankIsNamedByEveryWaitingRank) {
-  const int node_ranks = GetParam();
-  const Case c = {"ep4_absent",
-                  4,
-                  node_ranks,
-                  node_ranks == 0 ? kLsa : kEmu,
-                  64,
-                  2048,
-                  8,
-                  16,
-                  o::Generator::kUniform,
-                  false,
-                  o::ScaleFormat::kF32,
-                  8,
-                  false};
-  constexpr int kAbsent = 2;
-  HtGroup grp;
-  ASSERT_EQ(MakeGroup(c, 300, &grp), "");
-  const o::Problem p = ProblemOf(c);
-  const std::vector<o::RankInputs> all = o::make_all_inputs(p, 7);
-  Dev call_dev;
-  std::vector<mep_ht_dispatch_args_t> da(c.world);
-  for (int r = 0; r < c.world; ++r) {
-    mep_ht_dispatch_args_t &a = da[r];
-    a = {};
-    a.x = call_dev.upload(all[r].x);
-    a.topk_idx = call_dev.upload(all[r].topk_idx);
-    a.topk_idx_bytes = 8;
-    a.num_tokens = all[r].num_tokens;
-    a.hidden = c.hidden;
-    a.top_k = c.top_k;
-    a.num_experts = c.experts;
-    a.topk_weights = call_dev.upload(all[r].topk_weights);
-    a.recv_x = grp.io[r].recv_x;
-    a.recv_topk_idx = static_cast<int32_t *>(grp.io[r].recv_idx);
-    a.recv_topk_weights = static_cast<float *>(grp.io[r].recv_w);
-    a.recv_count = grp.io[r].recv_count;
-    a.recv_capacity = static_cast<int64_t>(c.world) * c.max_tokens;
-    a.num_recv = grp.io[r].num_recv;
-  }
-  ASSERT_EQ(grp.world->Settle(), "");
-  ASSERT_EQ(grp.world->LaunchAll(
-                [&](int r, cudaStream_t s) {
-                  return mep_ht_dispatch(&grp.io[r].ctx, &da[r], s);
-                },
-                kAbsent),
-            "");
-  ASSERT_EQ(grp.world->Sync(), "");
-  for (int r = 0; r < c.world; ++r) {
-    const mep_error_record_t &rec = grp.world->records(r)[0];
+  LaunchWithoutOne(300);
+  if (HasFatalFailure()) return;
+  ASSERT_EQ(grp_.world->Sync(), "");
+  for (int r = 0; r < c_.world; ++r) {
+    const mep_error_record_t &rec = grp_.world->records(r)[0];
     if (r == kAbsent) {
       EXPECT_EQ(rec.flag, 0) << "rank " << r << " never ran but has a record";
       continue;
     }
     ASSERT_EQ(rec.flag, 2) << "rank " << r << " has no timeout record: "
-                           << grp.world->Records();
-    EXPECT_EQ(rec.rank, r) << grp.world->Records();
+                           << grp_.world->Records();
+    EXPECT_EQ(rec.rank, r) << grp_.world->Records();
     EXPECT_EQ(rec.peer, kAbsent)
-        << "rank " << r << ": " << grp.world->Records();
+        << "rank " << r << ": " << grp_.world->Records();
     EXPECT_EQ(rec.op, MEP_HT_OP_DISPATCH_COUNTS)
-        << "rank " << r << ": " << grp.world->Records();
+        << "rank " << r << ": " << grp_.world->Records();
   }
+}
+
+// The abort flag a failed group's teardown raises (mep_ht_raise_abort,
+// from a stream of its own while the kernels spin): every waiting rank's
+// dispatch ends at its next check, with no record (a wait that ran out its
+// 20 s bound would leave one).
+TEST_P(HtWorldFailure, RaisedAbortFlagEndsEveryWaitingRank) {
+  LaunchWithoutOne(20000);
+  if (HasFatalFailure()) return;
+  cudaStream_t side = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
+  for (int r = 0; r < c_.world; ++r) {
+    if (r == kAbsent) continue;
+    ASSERT_EQ(cudaStreamQuery(grp_.world->stream(r)), cudaErrorNotReady)
+        << "rank " << r << "'s dispatch did not wait for rank " << kAbsent;
+    ASSERT_EQ(mep_ht_raise_abort(&grp_.io[r].ctx, side), MEP_KSTATUS_OK)
+        << mep_kernels_last_error();
+  }
+  ASSERT_EQ(grp_.world->Sync(), "");
+  cudaStreamDestroy(side);
+  EXPECT_EQ(grp_.world->Records(), "") << "a dispatch ran out its bound: the flag did not end it";
 }
 
 INSTANTIATE_TEST_SUITE_P(LsaAndNodesOfTwo, HtWorldFailure,
