@@ -59,16 +59,15 @@ enum {
    * the peer received that dispatch (mep_ll_await_combine): expected /
    * seen are that combine's count signal values. */
   MEP_LL_OP_DISPATCH_REUSE = 11,
-  /* A combine receive found that rank `peer`'s combine answered another
-   * dispatch than this rank's (mep_ll_combine_args_t.dispatch_tag: the
-   * ranks combined two pending dispatches in different orders): expected
-   * = this rank's tag, seen = the peer's (both masked to
-   * MEP_LL_DISPATCH_TAG_MASK); nothing of that peer was read. Fatal. */
+  /* A combine found that rank `peer`'s combine answers another dispatch
+   * than this rank's (the ranks combined two pending dispatches in
+   * different orders): expected = this rank's dispatch code, seen = the
+   * peer's, each (the dispatch's list tag on its set << 1) | that set
+   * (mep_ll_disp_ident); nothing of that peer's combine was summed. Found
+   * by the receive's count check, or by the send half while it waits for
+   * that peer's pushed weights. Fatal. */
   MEP_LL_OP_COMBINE_OTHER_DISPATCH = 12
 };
-
-/* The bits of a dispatch tag a combine's count signal carries. */
-#define MEP_LL_DISPATCH_TAG_MASK 0x3fffffffu
 
 /* The LL kernels' records (kernels/common/error_record.h), op MEP_LL_OP_*. */
 typedef mep_error_record_t mep_ll_error_record_t;
@@ -216,12 +215,14 @@ typedef struct mep_ll_combine_args {
   int32_t top_k;
   int32_t num_experts;
   int32_t buffer_set;
-  /* Which dispatch this combine answers, the same number on every rank
-   * (the runtime: the dispatch's operation number). Every rank's combine
-   * tells each source this tag, and a source's receive that finds
-   * another tag than its own records MEP_LL_OP_COMBINE_OTHER_DISPATCH
-   * before it reads that rank's rows. */
-  uint32_t dispatch_tag;
+  /* The buffer set of the dispatch this combine answers (the runtime: the
+   * handle's). With that dispatch's list tag, which the set's state holds
+   * until the set's next dispatch, it names the dispatch alike on every
+   * rank, graph replays included; every rank's combine tells each source
+   * which dispatch it answers, and a source that finds another than its
+   * own records MEP_LL_OP_COMBINE_OTHER_DISPATCH before it sums that
+   * rank's rows. */
+  int32_t dispatch_set;
   const int32_t *recv_count; /* handle, from dispatch */
   const int32_t *slot_src;
   const int32_t *src_count;

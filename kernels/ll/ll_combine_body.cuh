@@ -36,7 +36,8 @@ struct MepCombineArgs {
   int push_weights; /* mep_combine_pushes */
   int idx_bytes;    /* topk's element size: 4 or 8 */
   int recv_steps;   /* 256-channel steps per receive unit */
-  uint32_t dispatch_tag; /* masked (MEP_LL_DISPATCH_TAG_MASK) */
+  int dispatch_set;
+  const uint32_t *disp_tags; /* the dispatch set's tag words (ll_launch.cuh's p.tags) */
 };
 
 /* Whether this rank's combine pushes its weights to the expert ranks
@@ -57,8 +58,8 @@ static inline int mep_combine_pushes(const mep_ll_ctx_t *ctx, const mep_ll_combi
 /* The code of an LSA combine arrival (block 0's): the sender's view of the
  * source, line partials or flagged words, checked by the source's receive
  * (a disagreement is recorded as MEP_LL_OP_BAD_SIGNAL instead of reading
- * the wrong region), and above those two bits the dispatch tag the
- * sender's combine answers (mep_ll_comb_code). */
+ * the wrong region), and above those two bits the dispatch the sender's
+ * combine answers (mep_ll_disp_ident: 17 bits). */
 #define MEP_LL_COMB_LINES 1u
 #define MEP_LL_COMB_FLAGGED 2u
 #define MEP_LL_COMB_KIND_BITS 2
@@ -66,11 +67,17 @@ static inline MEP_HD uint32_t mep_ll_comb_code(uint32_t kind, uint32_t tag) {
   return kind | (tag << MEP_LL_COMB_KIND_BITS);
 }
 /* A staged combine's count add: 1 + the rows to wait for (below bit 32),
- * and the dispatch tag above. */
+ * and the dispatch it answers above. */
 #define MEP_LL_COMB_TAG_SHIFT 32
 static inline MEP_HD uint64_t mep_ll_comb_count(uint32_t rows, uint32_t tag) {
   return (uint64_t)rows + 1u + ((uint64_t)tag << MEP_LL_COMB_TAG_SHIFT);
 }
+
+/* The dispatch this block's combine answers (mep_ll_disp_ident), set by
+ * thread 0 at the start of the send half, read after its first barrier:
+ * in shared memory rather than a register that would be live across the
+ * whole send half (it made the fused line kernel spill). */
+static __shared__ uint32_t mep_comb_dident;
 
 /* Whether a combine's source with `tokens` tokens gets flagged partials
  * (mep_ll_flag_word): over LSA, small calls. The source decides from its
@@ -122,7 +129,11 @@ static inline MepCombineArgs mep_combine_args(const mep_ll_ctx_t *ctx,
   k.partials = a->partials != 0 || k.push_weights;
   k.idx_bytes = a->topk_idx_bytes;
   k.recv_steps = mep_combine_recv_steps(grid_max, a, k.partials);
-  k.dispatch_tag = a->dispatch_tag & MEP_LL_DISPATCH_TAG_MASK;
+  k.dispatch_set = a->dispatch_set;
+  k.disp_tags = (const uint32_t *)((const char *)ctx->state +
+                                   mep_ll_state_layout(&ctx->dims).tags) +
+                (uint64_t)a->dispatch_set * MEP_LL_SHADOW_SLOTS *
+                    mep_ll_tag_words(ctx->dims.world);
   return k;
 }
 
@@ -187,7 +198,9 @@ static inline int64_t mep_combine_recv_units(const MepCombineArgs *k) {
  * then each source's src_tokens word). Sources whose dispatch was weighted,
  * and over LSA every source (the others push their weights), get
  * pre-reduced partials; over staged transports the others one row per
- * slot. */
+ * slot. Returns the epoch. The dispatch this combine answers
+ * (mep_comb_dident) is read at the start: the set's next dispatch may
+ * start once this half's arrivals are in, and replaces its tag. */
 template <class Tp>
 __device__ __forceinline__ uint32_t mep_combine_send_body(const MepLLParams &p,
                                                       const MepCombineArgs &a, int *smem) {
@@ -202,6 +215,9 @@ __device__ __forceinline__ uint32_t mep_combine_send_body(const MepLLParams &p,
   /* This combine's epoch: every rank counts the combines on the set. Its
    * parity picks the half of the combine regions and signals. */
   const uint32_t epoch = mep_ll_next_epoch(mep_tag(p, R + 1));
+  if (threadIdx.x == 0)
+    mep_comb_dident = mep_ll_disp_ident(
+        a.disp_tags[(uint64_t)blockIdx.x * mep_ll_tag_words(R) + (uint32_t)R], a.dispatch_set);
   const int half = mep_ll_comb_half(epoch);
   const uint32_t row_sig = mep_ll_sig_comb_row(&p.dims, half, p.xp.rank);
   const uint32_t cnt_sig = mep_ll_sig_comb_cnt(&p.dims, half, p.xp.rank);
@@ -213,7 +229,8 @@ __device__ __forceinline__ uint32_t mep_combine_send_body(const MepLLParams &p,
    * expert (or source): no dependent global load per visited slot. */
   __shared__ int longest, longest_tokens, any_partials, any_plain, kinds;
   if (threadIdx.x == 0) longest = longest_tokens = any_partials = any_plain = kinds = 0;
-  __syncthreads(); /* also: every thread has read this block's epoch copy */
+  __syncthreads(); /* also: every thread has read this block's epoch copy, and
+                    * mep_comb_dident is set */
   /* Over LSA every source gets partials (weighted, or pushing): the
    * per-slot pass and its counts are compiled out of those kernels. */
   if constexpr (Tp::kStaged)
@@ -258,11 +275,13 @@ __device__ __forceinline__ uint32_t mep_combine_send_body(const MepLLParams &p,
           blockIdx.x != 0 ? 0u
                           : mep_ll_comb_code(src_s[d] & MEP_LL_SRC_FLAGGED ? MEP_LL_COMB_FLAGGED
                                                                            : MEP_LL_COMB_LINES,
-                                             a.dispatch_tag);
+                                             mep_comb_dident);
       Tp::signal_relaxed(p.xp, d, cnt_sig, mep_ll_arrival_add(code, blockIdx.x, gridDim.x));
     }
   /* The epoch is stored at the end (the dispatch stores its tag last
-   * too). */
+   * too); the send kernel also stores the dispatch answered, for its
+   * separate receive (ll_combine_send.cu: here it made the fused line
+   * kernel spill). */
   auto store_epoch = [&] {
     mep_slots_store(p.tags, mep_ll_tag_words(R), 1, [&](int) { return R + 1; },
                     [&](int) { return epoch; });
@@ -270,7 +289,8 @@ __device__ __forceinline__ uint32_t mep_combine_send_body(const MepLLParams &p,
   /* Weighted and pushing sources in one pass: separate passes (one without
    * the pushed words' code) made the LSA send kernel spill, and the pushed
    * combine 3 / 12 us slower at 128 / 256 tokens (EP2, H200). */
-  if (any_partials) mep_combine_send_partials<Tp>(p, a, src_s, longest_tokens, epoch, kinds);
+  if (any_partials)
+    mep_combine_send_partials<Tp>(p, a, src_s, longest_tokens, epoch, kinds);
 
   /* Slots are visited slot-index-major (u = s * E_local + le), so the first
    * pass of the grid covers the first few rows of every expert, where the
@@ -317,7 +337,7 @@ __device__ __forceinline__ uint32_t mep_combine_send_body(const MepLLParams &p,
         for (int m = 16; m >= 1; m >>= 1) count += __shfl_xor_sync(0xffffffffu, count, m);
       }
       if (lane == 0)
-        Tp::signal(p.xp, r, cnt_sig, mep_ll_comb_count((uint32_t)count, a.dispatch_tag));
+        Tp::signal(p.xp, r, cnt_sig, mep_ll_comb_count((uint32_t)count, mep_comb_dident));
     }
   }
   store_epoch();
@@ -468,6 +488,16 @@ __device__ __forceinline__ bool mep_combine_same_dispatch(const MepLLParams &p, 
   return false;
 }
 
+/* Records why source r's LSA combine code is not `want` (out of line: the
+ * cold path of every count check): another dispatch than ours, else
+ * another view of what this rank takes (BAD_SIGNAL). */
+static __device__ __noinline__ void mep_combine_code_refused(const MepLLParams &p, int r,
+                                                             uint64_t want, uint64_t code) {
+  if (mep_combine_same_dispatch(p, r, code >> MEP_LL_COMB_KIND_BITS,
+                                (uint32_t)want >> MEP_LL_COMB_KIND_BITS))
+    mep_record_timeout(p.wc, MEP_LL_OP_BAD_SIGNAL, r, -1, want, code);
+}
+
 /* Source r's count of this combine over LSA: waits it, keeps its shadow
  * in next[r] and checks the code against what this rank takes (kind:
  * flagged words or lines) and the dispatch it answers (tag). False when
@@ -483,9 +513,7 @@ __device__ __forceinline__ bool mep_combine_lsa_count(const MepLLParams &p, int 
   next[r] = base + increase;
   const uint64_t want = mep_ll_comb_code(kind, tag);
   if (code == want) return true;
-  if (!mep_combine_same_dispatch(p, r, code >> MEP_LL_COMB_KIND_BITS, tag)) return false;
-  /* the sender's view of this rank differs from ours */
-  mep_record_timeout(p.wc, MEP_LL_OP_BAD_SIGNAL, r, -1, want, code);
+  mep_combine_code_refused(p, r, want, code);
   return false;
 }
 
@@ -493,10 +521,11 @@ __device__ __forceinline__ bool mep_combine_lsa_count(const MepLLParams &p, int 
  * lanes take the sources in turn). False, in every lane, when one failed. */
 template <class Tp>
 __device__ __forceinline__ bool mep_combine_line_counts(const MepLLParams &p, int half,
-                                                     uint32_t tag, uint64_t *next) {
+                                                     uint64_t *next) {
   bool ok = true;
   for (int r = threadIdx.x & 31; r < p.dims.world; r += 32)
-    if (!mep_combine_lsa_count<Tp>(p, half, r, MEP_LL_COMB_LINES, tag, next)) ok = false;
+    if (!mep_combine_lsa_count<Tp>(p, half, r, MEP_LL_COMB_LINES, mep_comb_dident, next))
+      ok = false;
   return __all_sync(0xffffffffu, ok);
 }
 
@@ -511,12 +540,12 @@ __device__ __forceinline__ bool mep_combine_line_counts(const MepLLParams &p, in
  * claimer publishes a verdict on every path. */
 template <class Tp>
 __device__ __forceinline__ bool mep_combine_line_block_counts(const MepLLParams &p, int half,
-                                                           uint32_t tag, uint64_t *next,
+                                                           uint64_t *next,
                                                            volatile int *state) {
   int claimed = 0;
   if ((threadIdx.x & 31) == 0) claimed = atomicCAS((int *)state, 0, 1) == 0;
   if (__shfl_sync(0xffffffffu, claimed, 0)) {
-    const bool ok = mep_combine_line_counts<Tp>(p, half, tag, next);
+    const bool ok = mep_combine_line_counts<Tp>(p, half, next);
     __syncwarp();
     __threadfence_block(); /* next[] before the verdict */
     if ((threadIdx.x & 31) == 0) *state = ok ? 2 : 3;
@@ -545,7 +574,9 @@ enum { MEP_COMB_RECV_ANY = 0, MEP_COMB_RECV_LINES = 1 };
  * (mep_combine_recv_flag_zero); apart from the send half's in the fused
  * kernel (mep_combine_recv_smem_off). epoch: this combine's
  * (mep_combine_send_body's result, or its copy in this block's tag words
- * once the send half has run). */
+ * once the send half has run); the dispatch it answers is in
+ * mep_comb_dident (set by the send half in a fused kernel, else by the
+ * receive kernel before this body's first barrier). */
 template <class Tp, typename IdxT, int kKind>
 __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
                                                       const MepCombineArgs &a, int *smem,
@@ -566,7 +597,7 @@ __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
     const bool sums = mep_ll_spread_warp() < mep_combine_line_units(a);
     bool ok = true;
     if (sums || threadIdx.x < 32)
-      ok = mep_combine_line_block_counts<Tp>(p, half, a.dispatch_tag, next, smem + 4 * R + 1);
+      ok = mep_combine_line_block_counts<Tp>(p, half, next, smem + 4 * R + 1);
     if (ok && sums) ok = mep_combine_sum_lines<IdxT>(p, a, epoch);
     volatile int *failed = smem + 4 * R;
     if (!ok) *failed = 1;
@@ -583,13 +614,13 @@ __device__ __forceinline__ void mep_combine_recv_body(const MepLLParams &p,
       if constexpr (!Tp::kRowSignals) {
         if (!mep_combine_lsa_count<Tp>(p, half, r,
                                        flagged ? MEP_LL_COMB_FLAGGED : MEP_LL_COMB_LINES,
-                                       a.dispatch_tag, next))
+                                       mep_comb_dident, next))
           failed = 1;
       } else {
         uint64_t base = 0, increase = 0, code = 0;
         if (mep_wait_count<Tp>(p, mep_ll_sig_comb_cnt(&p.dims, half, r), MEP_LL_OP_COMBINE_RECV,
                                r, &base, &increase, &code) &&
-            mep_combine_same_dispatch(p, r, code >> MEP_LL_COMB_TAG_SHIFT, a.dispatch_tag)) {
+            mep_combine_same_dispatch(p, r, code >> MEP_LL_COMB_TAG_SHIFT, mep_comb_dident)) {
           next[r] = base + increase;
           /* the code is 1 + the rows to wait for (mep_ll_comb_count) */
           const uint32_t rs = mep_ll_sig_comb_row(&p.dims, half, r);

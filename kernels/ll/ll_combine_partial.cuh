@@ -145,15 +145,32 @@ __device__ __forceinline__ void mep_combine_push_weights(const MepLLParams &p,
 }
 
 /* The slow path of a pushed weight's read, out of line: source `src`'s
- * word at w once it carries `epoch`. An expired wait is recorded (fatal)
- * and gives weight 0. */
+ * word at w once it carries `epoch`. A word that never comes because the
+ * source combines another dispatch (its arrival, sent right after its
+ * pushes, names another than this block's mep_comb_dident:
+ * mep_ll_comb_code) is recorded as
+ * MEP_LL_OP_COMBINE_OTHER_DISPATCH at once; an expired wait as
+ * COMBINE_WEIGHTS. Both are fatal and give weight 0. */
+template <class Tp>
 static __device__ __noinline__ uint32_t mep_weight_wait(const MepLLParams &p, const uint64_t *w,
                                                         uint32_t epoch, int src) {
+  const uint32_t dident = mep_comb_dident;
+  const uint32_t sig = mep_ll_sig_comb_cnt(&p.dims, mep_ll_comb_half(epoch), src);
+  const uint64_t base = mep_shadow(p, sig);
+  /* the dispatch the source's block 0 arrival names, or dident before it came */
+  auto theirs = [&] {
+    const uint64_t inc = Tp::read_signal(p.xp, sig) - base;
+    const bool coded = ((inc >> MEP_LL_ARRIVAL_GRID_SHIFT) & 0xffffu) != 0;
+    return coded ? (uint32_t)(inc & 0xffffffffu) >> MEP_LL_COMB_KIND_BITS : dident;
+  };
   uint64_t seen = 0;
   if (mep_wait(p.wc, [&] { return (uint64_t)(uint32_t)mep_ld_relaxed_sys(w); },
-               [&](uint64_t v) { return v == epoch; }, epoch, MEP_LL_OP_COMBINE_WEIGHTS, src, -1,
-               &seen))
-    return (uint32_t)(mep_ld_relaxed_sys(w) >> 32);
+               [&](uint64_t v) { return v == epoch || theirs() != dident; }, epoch,
+               MEP_LL_OP_COMBINE_WEIGHTS, src, -1, &seen)) {
+    const uint64_t word = mep_ld_relaxed_sys(w);
+    if ((uint32_t)word == epoch) return (uint32_t)(word >> 32);
+    mep_record_timeout(p.wc, MEP_LL_OP_COMBINE_OTHER_DISPATCH, src, -1, dident, theirs());
+  }
   return 0u;
 }
 
@@ -206,7 +223,7 @@ __device__ __forceinline__ void mep_combine_send_partials_at(const MepLLParams &
     if (pushed && entry.slot >= 0)
       entry.weight_bits = (int32_t)(own || (uint32_t)word == epoch
                                         ? (uint32_t)(word >> 32)
-                                        : mep_weight_wait(p, wp, epoch, s));
+                                        : mep_weight_wait<Tp>(p, wp, epoch, s));
     const unsigned live = __ballot_sync(0xffffffffu, entry.slot >= 0);
     const int kf = __ffs(mine) - 1;
     const int c0 = pc * piece;

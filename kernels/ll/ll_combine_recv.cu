@@ -12,7 +12,10 @@ template <class Tp, typename IdxT>
 __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
     ll_combine_recv_kernel(const MepCombineArgs a, const __grid_constant__ MepLLParams p) {
   extern __shared__ int smem[];
-  /* the epoch the send half of this combine stored in this block's copy */
+  /* the epoch and the dispatch answered that the send half of this
+   * combine stored in this block's copy (the body's first barrier comes
+   * before mep_comb_dident is read) */
+  if (threadIdx.x == 0) mep_comb_dident = mep_tag(p, p.dims.world + 3);
   mep_combine_recv_body<Tp, IdxT, MEP_COMB_RECV_ANY>(p, a, smem, mep_tag(p, p.dims.world + 1));
 }
 

@@ -10,6 +10,9 @@ __global__ void __launch_bounds__(MEP_LL_THREADS, 1)
     ll_combine_send_kernel(const MepCombineArgs a, const __grid_constant__ MepLLParams p) {
   extern __shared__ int smem[];
   mep_combine_send_body<Tp>(p, a, smem);
+  /* the dispatch answered, for the receive kernel (mep_comb_dident) */
+  mep_slots_store(p.tags, mep_ll_tag_words(p.dims.world), 1,
+                  [&](int) { return p.dims.world + 3; }, [&](int) { return mep_comb_dident; });
 }
 
 }  // namespace

@@ -215,8 +215,16 @@ static inline MEP_HD uint64_t mep_ll_line_row_bytes(int hidden) {
 /* Per-block state words beside the shadows: the last list tag received
  * from each source [R], the last sent [1], the last combine epoch sent [1]
  * and received [1] (the combine receive's, which mep_ll_await_combine
- * reads: the shadows it read may already have moved past that combine). */
-static inline MEP_HD uint32_t mep_ll_tag_words(int world) { return (uint32_t)world + 3u; }
+ * reads: the shadows it read may already have moved past that combine),
+ * and the dispatch the last combine sent answers [1] (mep_ll_disp_ident,
+ * for that combine's separate receive). */
+static inline MEP_HD uint32_t mep_ll_tag_words(int world) { return (uint32_t)world + 4u; }
+/* A dispatch as every rank names it: its list tag on its buffer set (the
+ * set's tag word R, from its send until the set's next dispatch) and the
+ * set. */
+static inline MEP_HD uint32_t mep_ll_disp_ident(uint32_t list_tag, int set) {
+  return (list_tag << 1) | ((uint32_t)set & 1u);
+}
 
 /* One buffer set, offsets relative to the set's start. Dispatch sends each
  * token once per destination rank (not once per expert): the receiver gets

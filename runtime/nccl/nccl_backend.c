@@ -128,9 +128,12 @@ static moe_ep_status_t nccl_release(moe_ep_group_t *g, int abort) {
   if (s->device >= 0 && s->nccl != NULL) {
     /* Without the NCCL side no kernel of ours ran. */
     (void)mep_nccl_make_current(s->device);
-    if (abort && s->ctx.state != NULL) mep_nccl_on_side_stream(raise_abort, &s->ctx);
     const mep_nccl_sent_t *last[3] = {&s->sent, &s->received, &s->exported};
-    ended = mep_nccl_await_sent(last, 3, g->cfg.bootstrap_timeout_ms);
+    /* only while a kernel may still run; the flag's copy lands before the
+     * state is freed */
+    if (abort && s->ctx.state != NULL && !mep_nccl_await_sent(last, 3, 0))
+      ended = mep_nccl_on_side_stream(raise_abort, &s->ctx, g->cfg.bootstrap_timeout_ms);
+    if (ended) ended = mep_nccl_await_sent(last, 3, g->cfg.bootstrap_timeout_ms);
     if (!ended) st = mep_nccl_abandoned(g, mep_nccl_bytes_allocated(s->nccl));
   }
   if (ended) { /* else the kernels may still write the records and read the storage */
@@ -317,16 +320,17 @@ static moe_ep_status_t timeout_error(const moe_ep_group_t *g, const nccl_state_t
                      (unsigned long long)r->expected, (unsigned long long)r->seen);
   }
   if (r->op == MEP_LL_OP_COMBINE_OTHER_DISPATCH) {
+    /* mep_ll_disp_ident: list tag << 1 | buffer set */
     return mep_error(MOE_EP_ERR_MISMATCH,
-                     "a combine receive on rank %d (buffer set %d) found that rank %d combined "
-                     "another dispatch than this rank: its combine answers the dispatch of "
-                     "operation %llu, this rank's the dispatch of operation %llu (operation "
-                     "numbers modulo 2^30); every rank must combine its pending dispatches in "
-                     "the same order (two micro-batches combined in different orders on "
-                     "different ranks). Nothing of that rank's combine was summed; destroy the "
-                     "group",
-                     r->rank, r->buffer_set, r->peer, (unsigned long long)r->seen,
-                     (unsigned long long)r->expected);
+                     "a combine on rank %d (buffer set %d) found that rank %d combined another "
+                     "dispatch than this rank: its combine answers the dispatch on buffer set "
+                     "%llu (list tag %llu), this rank's the one on buffer set %llu (list tag "
+                     "%llu); every rank must combine its pending dispatches in the same order "
+                     "(two micro-batches combined in different orders on different ranks). "
+                     "Nothing of that rank's combine was summed; destroy the group",
+                     r->rank, r->buffer_set, r->peer, (unsigned long long)(r->seen & 1u),
+                     (unsigned long long)(r->seen >> 1), (unsigned long long)(r->expected & 1u),
+                     (unsigned long long)(r->expected >> 1));
   }
   if (r->op == MEP_LL_OP_DISPATCH_REUSE) {
     return mep_error(MOE_EP_ERR_TIMEOUT,
@@ -463,8 +467,7 @@ static void combine_args(moe_ep_group_t *g, nccl_state_t *s, const mep_op_t *op,
       .top_k = h->top_k,
       .num_experts = g->cfg.num_experts,
       .buffer_set = op->buffer_set,
-      /* every rank numbers its operations alike (ops.c) */
-      .dispatch_tag = (uint32_t)nh->seq,
+      .dispatch_set = nh->set,
       .recv_count = nh->recv_count,
       .slot_src = s->slot_src[nh->set],
       .src_count = s->src_count[nh->set],

@@ -102,9 +102,12 @@ static moe_ep_status_t ht_release(moe_ep_group_t *g, int abort) {
   int ended = 1;
   if (s->device >= 0 && s->nccl != NULL) {
     (void)mep_nccl_make_current(s->device);
-    if (abort && s->ctx.state != NULL) mep_nccl_on_side_stream(raise_abort, &s->ctx);
     const mep_nccl_sent_t *last[1] = {&s->sent};
-    ended = mep_nccl_await_sent(last, 1, g->cfg.bootstrap_timeout_ms);
+    /* only while a kernel may still run; the flag's copy lands before the
+     * state is freed */
+    if (abort && s->ctx.state != NULL && !mep_nccl_await_sent(last, 1, 0))
+      ended = mep_nccl_on_side_stream(raise_abort, &s->ctx, g->cfg.bootstrap_timeout_ms);
+    if (ended) ended = mep_nccl_await_sent(last, 1, g->cfg.bootstrap_timeout_ms);
     if (!ended) st = mep_nccl_abandoned(g, mep_nccl_bytes_allocated(s->nccl));
   }
   mep_nccl_sent_destroy(&s->sent);

@@ -44,15 +44,19 @@ static cudaError_t query_thread_local(cudaEvent_t event, cudaStream_t stream) {
   return e;
 }
 
-void mep_nccl_on_side_stream(void (*work)(void *arg, cudaStream_t stream), void *arg) {
+int mep_nccl_on_side_stream(void (*work)(void *arg, cudaStream_t stream), void *arg,
+                            int timeout_ms) {
   enum cudaStreamCaptureMode before;
   const int swapped = thread_local_enter(&before);
   cudaStream_t side = NULL;
+  int done = 1;
   if (cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) == cudaSuccess) {
     work(arg, side);
-    (void)cudaStreamDestroy(side); /* returns at once; the queued work still runs */
+    done = mep_nccl_stream_drained(side, timeout_ms);
+    (void)cudaStreamDestroy(side);
   }
   thread_local_leave(swapped, &before);
+  return done;
 }
 
 cudaError_t mep_nccl_event_query(cudaEvent_t event) { return query_thread_local(event, NULL); }

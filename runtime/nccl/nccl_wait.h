@@ -27,12 +27,15 @@ int64_t mep_nccl_now_ms(void);
  * capture. */
 cudaError_t mep_nccl_event_query(cudaEvent_t event);
 cudaError_t mep_nccl_stream_query(cudaStream_t stream);
-/* work(arg, s) on a non-blocking stream s made for it and destroyed after
- * (its queued work still runs), in thread-local capture mode as above:
- * for a teardown's copy that neither the engine's streams nor another
- * thread's capture may hold back. Best effort: when CUDA refuses the
- * stream, work is not called. */
-void mep_nccl_on_side_stream(void (*work)(void *arg, cudaStream_t stream), void *arg);
+/* work(arg, s) on a non-blocking stream s made for it, in thread-local
+ * capture mode as above, then a wait (bounded by timeout_ms) for s to
+ * drain, and s destroyed: for a teardown's copy that neither the engine's
+ * streams nor another thread's capture may hold back, and that must have
+ * landed before what it writes is freed. 0 when the work was queued but
+ * had not ended within the bound (its target must then stay allocated),
+ * else 1; when CUDA refuses the stream, work is not called. */
+int mep_nccl_on_side_stream(void (*work)(void *arg, cudaStream_t stream), void *arg,
+                            int timeout_ms);
 /* A query's answer that is not "not ready" and not a refusal tied to a
  * graph capture (which says nothing of the work): the work has ended, or
  * failed on the device and runs no further. */

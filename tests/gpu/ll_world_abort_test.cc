@@ -57,7 +57,7 @@ TEST_P(LlWorldAbort, RaisedFlagEndsAWaitingReceive) {
   std::vector<mep_world::RankBufs> rb;
   ASSERT_EQ(mep_world::MakeRanks(*world, dims, transport, 8, kTimeoutMs, &dev, &rb), "");
   mep_world::Call c;
-  mep_world::MakeCall(p, 41, 0, 1, 0, rb, &dev, &c);
+  mep_world::MakeCall(p, 41, 0, 1, rb, &dev, &c);
   const cudaStream_t s0 = world->stream(0);
   ASSERT_EQ(world->Settle(), "");
   // The dispatch: rank 0 alone.
@@ -72,7 +72,7 @@ TEST_P(LlWorldAbort, RaisedFlagEndsAWaitingReceive) {
   ASSERT_EQ(mep_ll_clear_abort(&rb[0].ctx, s0), MEP_KSTATUS_OK) << mep_kernels_last_error();
   ASSERT_EQ(world->ZeroWindows(), "");
   mep_world::Call d;
-  mep_world::MakeCall(p, 42, 1, 0, 1, rb, &dev, &d);
+  mep_world::MakeCall(p, 42, 1, 0, rb, &dev, &d);
   ASSERT_EQ(world->Settle(), "");
   ASSERT_EQ(world->LaunchAll([&](int r, cudaStream_t s) {
     return mep_ll_dispatch(&rb[r].ctx, &d.da[r], s);

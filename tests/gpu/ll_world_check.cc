@@ -158,7 +158,8 @@ void UseBuffers(const RankBufs &b, mep_ll_combine_args_t *a) {
 }
 
 void MakeCall(const o::Problem &p, uint64_t seed, int set, int comb_set,
-              uint32_t tag, const std::vector<RankBufs> &rb, Dev *dev, Call *c) {
+              const std::vector<RankBufs> &rb, Dev *dev, Call *c,
+              bool weights_at_dispatch) {
   const int R = p.world, K = p.top_k;
   c->all = o::make_all_inputs(p, seed);
   c->da.assign(R, {});
@@ -179,8 +180,9 @@ void MakeCall(const o::Problem &p, uint64_t seed, int set, int comb_set,
     a.num_experts = p.num_experts;
     a.buffer_set = set;
     UseBuffers(rb[r], &a);
-    a.weighted = 1;
-    a.topk_weights = dev->upload(in.topk_weights);
+    const float *w = dev->upload(in.topk_weights);
+    a.weighted = weights_at_dispatch;
+    a.topk_weights = weights_at_dispatch ? w : nullptr;
     mep_ll_combine_args_t &b = c->ca[r];
     UseBuffers(rb[r], &b);
     b.topk_idx = topk;
@@ -190,8 +192,9 @@ void MakeCall(const o::Problem &p, uint64_t seed, int set, int comb_set,
     b.top_k = K;
     b.num_experts = p.num_experts;
     b.buffer_set = comb_set;
-    b.dispatch_tag = tag;
-    b.partials = 1;
+    b.topk_weights = weights_at_dispatch ? nullptr : w;
+    b.dispatch_set = set;
+    b.partials = weights_at_dispatch;
   }
 }
 

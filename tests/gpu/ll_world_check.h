@@ -65,11 +65,13 @@ struct Call {
   std::vector<std::vector<const uint16_t *>> y_of_slot;
 };
 
-// Every rank's arguments for a weighted dispatch (bf16 rows) on `set` and
-// its combine on `comb_set` answering dispatch `tag`, their handle storage
-// rb[r]'s (as the runtime keeps it per buffer set).
+// Every rank's arguments for a dispatch (bf16 rows) on `set` and its
+// combine on `comb_set`, their handle storage rb[r]'s (as the runtime keeps
+// it per buffer set); the weights go with the dispatch, or with
+// weights_at_dispatch false with the combine.
 void MakeCall(const moe_ep_oracle::Problem &p, uint64_t seed, int set, int comb_set,
-              uint32_t tag, const std::vector<RankBufs> &rb, Dev *dev, Call *c);
+              const std::vector<RankBufs> &rb, Dev *dev, Call *c,
+              bool weights_at_dispatch = true);
 
 // Every rank's combine output (rb[s].out) against the oracle, bit for bit.
 void CheckCombine(const moe_ep_oracle::Problem &p, const Call &c,

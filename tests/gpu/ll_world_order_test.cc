@@ -1,15 +1,18 @@
 // ll_world_order_test.cc: ranks that combine two pending dispatches in
 // different orders. Two ranks on one GPU (one_gpu_world.h) dispatch A on
-// set 0 and B on set 1 (weights at dispatch), as the runtime numbers
-// them: operations 0 and 1, combined at operations 2 (set 0) and 3 (set
-// 1). In the same order on both ranks, both combines match the oracle bit
-// for bit. Then A' and B' (operations 4 and 5), and rank 0 combines A' on
-// set 0 while rank 1 combines B' there: each rank's receive must record
-// that the peer's combine answers another dispatch
-// (MEP_LL_OP_COMBINE_OTHER_DISPATCH, naming the peer and both tags) and
-// leave its output unwritten, where it used to sum the other call's rows.
-// LSA with flagged partials (16 tokens) and line partials (32), and
-// GIN-emulated (staged count signals).
+// set 0 and B on set 1, as the runtime gives them sets (operations 0 and
+// 1), combined at operations 2 (set 0) and 3 (set 1). In the same order on
+// both ranks, both combines match the oracle bit for bit. Then A' and B'
+// (operations 4 and 5), and rank 0 combines A' on set 0 while rank 1
+// combines B' there: each rank must record that the peer's combine answers
+// another dispatch (MEP_LL_OP_COMBINE_OTHER_DISPATCH, naming the peer and
+// both dispatches: their list tag and set) and leave its output
+// unwritten, where it used to sum the other call's rows. LSA with flagged
+// partials (16 tokens) and line partials (32), and GIN-emulated (staged
+// count signals); weights at dispatch, and at combine (over LSA pushed to
+// the expert ranks, whose send half waits for them: the mismatch must be
+// found there too, not after timeouts.kernel_ms); fused and separate
+// halves.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -40,6 +43,8 @@ constexpr uint16_t kUnwritten = 0x7fc1;  // a bf16 NaN no sum produces
 struct OrderCase {
   int transport;
   int tokens;  // per rank (uniform routing): 16 flagged over LSA, 32 lines
+  bool weights_at_dispatch;
+  bool split;  // send halves, then receive halves, as separate kernels
 };
 
 class LlWorldOrder : public ::testing::TestWithParam<OrderCase> {
@@ -88,6 +93,20 @@ class LlWorldOrder : public ::testing::TestWithParam<OrderCase> {
     }
   }
 
+  // Every rank's combine of args(r) on ctx(r): fused, or (split) every
+  // send half, then every receive half. "" or the first refusal.
+  template <typename Ctx, typename Args>
+  std::string Combine(Ctx ctx, Args args) {
+    if (!GetParam().split)
+      return world_->LaunchAll(
+          [&](int r, cudaStream_t s) { return mep_ll_combine(ctx(r), args(r), s); });
+    const std::string sent = world_->LaunchAll(
+        [&](int r, cudaStream_t s) { return mep_ll_combine_send(ctx(r), args(r), s); });
+    if (!sent.empty()) return sent;
+    return world_->LaunchAll(
+        [&](int r, cudaStream_t s) { return mep_ll_combine_recv(ctx(r), args(r), s); });
+  }
+
   o::Problem p_;
   std::unique_ptr<mep_world::World> world_;
   Dev dev_;
@@ -98,8 +117,9 @@ TEST_P(LlWorldOrder, CombinesOfAnotherDispatchAreRefused) {
   const uint64_t seed_a = 31, seed_b = 32, seed_a2 = 33, seed_b2 = 34;
   // Round 1: same order on both ranks.
   Call a, b;
-  MakeCall(p_, seed_a, 0, 0, 0, rb_a_, &dev_, &a);
-  MakeCall(p_, seed_b, 1, 1, 1, rb_b_, &dev_, &b);
+  const bool at_dispatch = GetParam().weights_at_dispatch;
+  MakeCall(p_, seed_a, 0, 0, rb_a_, &dev_, &a, at_dispatch);
+  MakeCall(p_, seed_b, 1, 1, rb_b_, &dev_, &b, at_dispatch);
   Dispatch(&a, rb_a_, seed_a);
   if (HasFatalFailure()) return;
   Dispatch(&b, rb_b_, seed_b);
@@ -107,10 +127,7 @@ TEST_P(LlWorldOrder, CombinesOfAnotherDispatchAreRefused) {
   for (Call *c : {&a, &b}) {
     const std::vector<RankBufs> &rb = c == &a ? rb_a_ : rb_b_;
     ASSERT_EQ(world_->Settle(), "");  // y's uploads
-    ASSERT_EQ(world_->LaunchAll([&](int r, cudaStream_t s) {
-      return mep_ll_combine(&rb[r].ctx, &c->ca[r], s);
-    }),
-              "");
+    ASSERT_EQ(Combine([&](int r) { return &rb[r].ctx; }, [&](int r) { return &c->ca[r]; }), "");
     ASSERT_EQ(world_->Sync(), "");
     ASSERT_EQ(world_->Records(), "") << "combine in the same order";
     CheckCombine(p_, *c, rb, c == &a ? seed_a : seed_b);
@@ -118,8 +135,8 @@ TEST_P(LlWorldOrder, CombinesOfAnotherDispatchAreRefused) {
 
   // Round 2: rank 0 combines A' first, rank 1 B'.
   Call a2, b2;
-  MakeCall(p_, seed_a2, 0, 0, 4, rb_a_, &dev_, &a2);
-  MakeCall(p_, seed_b2, 1, 0, 5, rb_b_, &dev_, &b2);
+  MakeCall(p_, seed_a2, 0, 0, rb_a_, &dev_, &a2, at_dispatch);
+  MakeCall(p_, seed_b2, 1, 0, rb_b_, &dev_, &b2, at_dispatch);
   Dispatch(&a2, rb_a_, seed_a2);
   if (HasFatalFailure()) return;
   Dispatch(&b2, rb_b_, seed_b2);
@@ -132,12 +149,12 @@ TEST_P(LlWorldOrder, CombinesOfAnotherDispatchAreRefused) {
     CUDA_OK(cudaMemcpy((*first_rb[r])[r].out, unwritten.data(), out_elems * 2,
                        cudaMemcpyHostToDevice));
   ASSERT_EQ(world_->Settle(), "");
-  ASSERT_EQ(world_->LaunchAll([&](int r, cudaStream_t s) {
-    return mep_ll_combine(&(*first_rb[r])[r].ctx, &first[r]->ca[r], s);
-  }),
+  ASSERT_EQ(Combine([&](int r) { return &(*first_rb[r])[r].ctx; },
+                    [&](int r) { return &first[r]->ca[r]; }),
             "");
   ASSERT_EQ(world_->Sync(), "") << "the crossed combines must end on their own";
-  const uint32_t tags[kR] = {4, 5};
+  // Each set's second dispatch (list tag 2): A' on set 0, B' on set 1.
+  const uint32_t tags[kR] = {mep_ll_disp_ident(2, 0), mep_ll_disp_ident(2, 1)};
   for (int r = 0; r < kR; ++r) {
     const mep_error_record_t &rec = world_->records(r)[0];
     const int peer = 1 - r;
@@ -160,11 +177,18 @@ TEST_P(LlWorldOrder, CombinesOfAnotherDispatchAreRefused) {
 
 INSTANTIATE_TEST_SUITE_P(
     Transports, LlWorldOrder,
-    ::testing::Values(OrderCase{MEP_LL_TRANSPORT_LSA, 16}, OrderCase{MEP_LL_TRANSPORT_LSA, 32},
-                      OrderCase{MEP_LL_TRANSPORT_GIN_EMULATED, 16}),
+    ::testing::Values(OrderCase{MEP_LL_TRANSPORT_LSA, 16, true, false},
+                      OrderCase{MEP_LL_TRANSPORT_LSA, 32, true, false},
+                      OrderCase{MEP_LL_TRANSPORT_GIN_EMULATED, 16, true, false},
+                      OrderCase{MEP_LL_TRANSPORT_LSA, 16, false, false},
+                      OrderCase{MEP_LL_TRANSPORT_LSA, 32, false, true},
+                      OrderCase{MEP_LL_TRANSPORT_LSA, 16, true, true},
+                      OrderCase{MEP_LL_TRANSPORT_GIN_EMULATED, 16, false, true}),
     [](const ::testing::TestParamInfo<OrderCase> &i) {
       return std::string(i.param.transport == MEP_LL_TRANSPORT_LSA ? "lsa" : "gin_emulated") +
-             "_" + std::to_string(i.param.tokens) + "_tokens";
+             "_" + std::to_string(i.param.tokens) + "_tokens" +
+             (i.param.weights_at_dispatch ? "" : "_weights_at_combine") +
+             (i.param.split ? "_split" : "");
     });
 
 }  // namespace

@@ -95,8 +95,8 @@ TEST_P(LlWorldReuse, DispatchWaitsForThePeersCombineOfTheSetsLastDispatch) {
             "");
   const uint64_t seed_a = 11, seed_b = 12;
   Call a, b;
-  MakeCall(p, seed_a, 0, 1, 0, rb, &dev, &a);
-  MakeCall(p, seed_b, 0, 1, 2, rb, &dev, &b);
+  MakeCall(p, seed_a, 0, 1, rb, &dev, &a);
+  MakeCall(p, seed_b, 0, 1, rb, &dev, &b);
   const cudaStream_t s0 = world->stream(0), s1 = world->stream(1);
 
   // Dispatch A's send on both ranks; rank 0 receives it, rank 1 not yet.

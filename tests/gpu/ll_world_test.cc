@@ -129,7 +129,7 @@ TEST_P(LlWorld, MatchesOracle) {
       b.top_k = K;
       b.num_experts = c.experts;
       b.buffer_set = set;
-      b.dispatch_tag = static_cast<uint32_t>(call);  // the same on every rank
+      b.dispatch_set = set;
       b.partials = c.weighted;
     }
     ASSERT_EQ(world->Settle(), "");

@@ -70,9 +70,10 @@ TEST(NcclWait, StreamDrainedIsQuietAndBounded) {
 
 // A teardown's side work runs on a non-blocking stream of its own, in
 // thread-local capture mode (another thread's global-mode capture must not
-// be broken by the stream's creation or the copy), and the stream is
-// destroyed after it; the thread's mode is put back. A stream CUDA
-// refuses means no work, quietly.
+// be broken by the stream's creation or the copy), is waited for (bounded:
+// what it writes may be freed next), and the stream is destroyed after
+// it; the thread's mode is put back. A stream CUDA refuses means no work,
+// quietly; work that does not drain within the bound says so.
 TEST(NcclWait, SideWorkRunsOnAStreamOfItsOwnInThreadLocalMode) {
   reset(0, ncclSuccess);
   g_refuse_streams = false;
@@ -88,7 +89,7 @@ TEST(NcclWait, SideWorkRunsOnAStreamOfItsOwnInThreadLocalMode) {
     w->mode = g_mode;
     w->calls++;
   };
-  mep_nccl_on_side_stream(work, &seen);
+  EXPECT_EQ(mep_nccl_on_side_stream(work, &seen, 1000), 1);
   EXPECT_EQ(seen.calls, 1);
   EXPECT_EQ(seen.stream, reinterpret_cast<cudaStream_t>(&g_side_stream));
   EXPECT_EQ(g_stream_flags, static_cast<unsigned>(cudaStreamNonBlocking));
@@ -97,15 +98,22 @@ TEST(NcclWait, SideWorkRunsOnAStreamOfItsOwnInThreadLocalMode) {
   EXPECT_EQ(g_streams_destroyed, 1);
   EXPECT_EQ(g_mode, cudaStreamCaptureModeGlobal);
   g_mode = cudaStreamCaptureModeRelaxed;  // left as it is
-  mep_nccl_on_side_stream(work, &seen);
+  g_queries_left = 3;                      // drains after a few polls
+  EXPECT_EQ(mep_nccl_on_side_stream(work, &seen, 10000), 1);
+  EXPECT_EQ(g_queries_left, 0);
   EXPECT_EQ(seen.mode, cudaStreamCaptureModeRelaxed);
   EXPECT_EQ(g_mode, cudaStreamCaptureModeRelaxed);
   g_mode = cudaStreamCaptureModeGlobal;
+  g_queries_left = -1;  // never drains
+  EXPECT_EQ(mep_nccl_on_side_stream(work, &seen, 50), 0);
+  EXPECT_EQ(seen.calls, 3);
+  EXPECT_EQ(g_streams_destroyed, 3);
+  g_queries_left = 0;
   g_refuse_streams = true;
-  mep_nccl_on_side_stream(work, &seen);
-  EXPECT_EQ(seen.calls, 2);
-  EXPECT_EQ(g_streams_made, 2);
-  EXPECT_EQ(g_streams_destroyed, 2);
+  EXPECT_EQ(mep_nccl_on_side_stream(work, &seen, 1000), 1);
+  EXPECT_EQ(seen.calls, 3);
+  EXPECT_EQ(g_streams_made, 3);
+  EXPECT_EQ(g_streams_destroyed, 3);
   EXPECT_EQ(g_mode, cudaStreamCaptureModeGlobal);
   EXPECT_EQ(last(), "");
   g_refuse_streams = false;

@@ -82,19 +82,23 @@ def test_free_port_is_outside_the_ephemeral_range():
     with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
         low, high = (int(v) for v in f.read().split()[:2])
     ranges = agree._port_ranges()
-    assert ranges, (low, high)
+    if not ranges:
+        pytest.skip("no room outside the ephemeral range %d-%d" % (low, high))
     for _ in range(50):
         port = agree.free_port()
         assert port < low or port > high, (port, low, high)
+        assert not 29400 <= port < 32768, port  # rendezvous defaults, NodePorts
     a, b = ranges[0]
     held = socket.socket()
     try:
-        for port in range(a, b):
+        for port in range(a, b - 1):
             try:
                 held.bind(("", port))
                 break
             except OSError:
                 continue
+        else:
+            pytest.skip("no free port in %d-%d" % (a, b))
         held.listen(1)
         got = agree.free_port(_Picks([port - a, port - a] + [i - a for i in range(port + 1, b)]))
         assert got != port and a <= got < b, (got, port)

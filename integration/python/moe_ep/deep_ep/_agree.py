@@ -216,9 +216,16 @@ def bootstrap_host():
     return found
 
 
+# Below the ephemeral range, ports from here up are left alone: torch's
+# rendezvous defaults (29400, 29500), this library's (29500) and
+# Kubernetes' NodePorts (30000-32767), which may be forwarded without being
+# bound, so a bind check cannot see them.
+_LOW_RANGE_TOP = 29400
+
+
 def _port_ranges():
-    """The ports rank 0 may pick from: [20000, the kernel's lowest
-    ephemeral port) and above its highest one (ip_local_port_range), so the
+    """The ports rank 0 may pick from: above the kernel's highest ephemeral
+    port, and [20000, 29400) below its lowest (ip_local_port_range), so the
     local end of a connection this host opens meanwhile (the agreement
     round's own, UCX's, the engine's) cannot take the port before the group
     listens, as it can one bind(0) reported free."""
@@ -227,7 +234,8 @@ def _port_ranges():
             low, high = (int(v) for v in f.read().split()[:2])
     except (OSError, ValueError):
         low, high = 32768, 60999  # Linux's default range
-    return [(a, b) for a, b in ((20000, low), (high + 1, 65536)) if b - a >= 64]
+    return [(a, b) for a, b in ((high + 1, 65536), (20000, min(low, _LOW_RANGE_TOP)))
+            if b - a >= 64]
 
 
 # Ports tried before falling back to the kernel's pick.
