@@ -110,7 +110,9 @@ static uint64_t nccl_buffer_bytes(const moe_ep_config_t *cfg, int world) {
 }
 
 static void raise_abort(void *ctx, cudaStream_t stream) {
-  (void)mep_ll_raise_abort((const mep_ll_ctx_t *)ctx, stream);
+  /* a refused copy is not left pending as the engine's CUDA error */
+  if (mep_ll_raise_abort((const mep_ll_ctx_t *)ctx, stream) != MEP_KSTATUS_OK)
+    (void)cudaGetLastError();
 }
 
 /* abort: the group failed, or this rank stops setting up while its peers

@@ -86,7 +86,9 @@ static uint64_t ht_buffer_bytes(const moe_ep_config_t *cfg, int world) {
 }
 
 static void raise_abort(void *ctx, cudaStream_t stream) {
-  (void)mep_ht_raise_abort((const mep_ht_ctx_t *)ctx, stream);
+  /* a refused copy is not left pending as the engine's CUDA error */
+  if (mep_ht_raise_abort((const mep_ht_ctx_t *)ctx, stream) != MEP_KSTATUS_OK)
+    (void)cudaGetLastError();
 }
 
 /* abort: the group failed, or this rank stops setting up while its peers
@@ -450,6 +452,12 @@ static moe_ep_status_t learn_num_recv(moe_ep_group_t *g, ht_state_t *s, mep_op_t
   if (e != cudaSuccess) return mep_nccl_cuda_error("the dispatch kernel", e);
   MEP_CHECK(fatal_status(g, s));
   const int64_t n = __atomic_load_n(&s->num_recv[set], __ATOMIC_ACQUIRE);
+  if (n < 0) { /* the host's -1 from before the launch: a kernel that gave up unrecorded */
+    return mep_error(MOE_EP_ERR_INTERNAL,
+                     "dispatch on rank %d: the dispatch kernel ended without reporting its "
+                     "received row count (its waits were aborted); destroy the group",
+                     g->rank);
+  }
   /* Checked here, for this call (a notice from the kernel would outlive a
    * dispatch whose hook was freed unrun and be blamed on the next one). */
   if (n > op->recv_capacity) {
