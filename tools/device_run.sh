@@ -196,28 +196,25 @@ ll_scenarios() {
     --layers=2048:8 --seeds=1 --hooks=0
   api ${E}_skip_timeout $N $((20 * S)) --scenario=skip --experts=8 --max_tokens=8 --layers=128:2 --kernel_ms=2000
 }
+# One gtest binary of the bundle: its log, its summary line, its verdicts
+# (name seconds).
+gtest_step() {
+  timeout "$2" $B/$1 > "$OUT/$1.log" 2>&1
+  summary "$1" $? "$(gtest_key "$OUT/$1.log")"
+  grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure|rank [0-9]+" "$OUT/$1.log" | head -12
+}
 world_tests() {
   ll_world
   # A dispatch reusing its set while the combine of the set's last dispatch
   # is still to be received and a peer has yet to receive that dispatch.
-  timeout 120 $B/ll_world_reuse_test > "$OUT/ll_world_reuse_test.log" 2>&1
-  summary ll_world_reuse_test $? "$(gtest_key "$OUT/ll_world_reuse_test.log")"
-  grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure|rank [0-9]+" "$OUT/ll_world_reuse_test.log" | head -12
+  gtest_step ll_world_reuse_test 120
   # Two pending dispatches combined in different orders on the two ranks.
-  timeout 120 $B/ll_world_order_test > "$OUT/ll_world_order_test.log" 2>&1
-  summary ll_world_order_test $? "$(gtest_key "$OUT/ll_world_order_test.log")"
-  grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure|rank [0-9]+" "$OUT/ll_world_order_test.log" | head -12
+  gtest_step ll_world_order_test 120
   # The abort flag a failed group's teardown raises ends a waiting receive.
-  timeout 120 $B/ll_world_abort_test > "$OUT/ll_world_abort_test.log" 2>&1
-  summary ll_world_abort_test $? "$(gtest_key "$OUT/ll_world_abort_test.log")"
-  grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure|rank [0-9]+" "$OUT/ll_world_abort_test.log" | head -12
-  timeout 300 $B/ht_world_test > "$OUT/ht_world_test.log" 2>&1
-  summary ht_world_test $? "$(gtest_key "$OUT/ht_world_test.log")"
-  grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure|rank [0-9]+" "$OUT/ht_world_test.log" | head -12
+  gtest_step ll_world_abort_test 120
+  gtest_step ht_world_test 300
   # The same with calls free-running across ranks (a rank a call ahead).
-  timeout 300 $B/ht_world_overlap_test > "$OUT/ht_world_overlap_test.log" 2>&1
-  summary ht_world_overlap_test $? "$(gtest_key "$OUT/ht_world_overlap_test.log")"
-  grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure|rank [0-9]+" "$OUT/ht_world_overlap_test.log" | head -12
+  gtest_step ht_world_overlap_test 300
 }
 # quick's public-API half: the kernel test at world 1 (on the first GPU),
 # then the API runs against the oracle: both combine modes, graphs, and

@@ -20,7 +20,6 @@
 #include "runtime/nccl/lsa_link.h"
 #include "runtime/nccl/nccl_common.h"
 #include "runtime/nccl/nccl_setup.h"
-#include "runtime/nccl/nccl_wait.h"
 
 typedef struct nccl_state {
   mep_nccl_t *nccl;
@@ -131,11 +130,8 @@ static moe_ep_status_t nccl_release(moe_ep_group_t *g, int abort) {
     /* Without the NCCL side no kernel of ours ran. */
     (void)mep_nccl_make_current(s->device);
     const mep_nccl_sent_t *last[3] = {&s->sent, &s->received, &s->exported};
-    /* only while a kernel may still run; the flag's copy lands before the
-     * state is freed */
-    if (abort && s->ctx.state != NULL && !mep_nccl_await_sent(last, 3, 0))
-      ended = mep_nccl_on_side_stream(raise_abort, &s->ctx, g->cfg.bootstrap_timeout_ms);
-    if (ended) ended = mep_nccl_await_sent(last, 3, g->cfg.bootstrap_timeout_ms);
+    ended = mep_nccl_end_kernels(last, 3, g->cfg.bootstrap_timeout_ms,
+                                 abort && s->ctx.state != NULL ? raise_abort : NULL, &s->ctx);
     if (!ended) st = mep_nccl_abandoned(g, mep_nccl_bytes_allocated(s->nccl));
   }
   if (ended) { /* else the kernels may still write the records and read the storage */

@@ -160,6 +160,16 @@ int mep_nccl_await_sent(const mep_nccl_sent_t *const *sent, int n, int timeout_m
   return 1;
 }
 
+int mep_nccl_end_kernels(const mep_nccl_sent_t *const *sent, int n, int timeout_ms,
+                         void (*raise_abort)(void *ctx, cudaStream_t stream), void *ctx) {
+  /* only while a kernel may still run; the flag's copy lands before the
+   * caller frees the state */
+  if (raise_abort != NULL && !mep_nccl_await_sent(sent, n, 0) &&
+      !mep_nccl_on_side_stream(raise_abort, ctx, timeout_ms))
+    return 0;
+  return mep_nccl_await_sent(sent, n, timeout_ms);
+}
+
 moe_ep_status_t mep_nccl_abandoned(const moe_ep_group_t *g, uint64_t window_bytes) {
   return mep_error(MOE_EP_ERR_TIMEOUT,
                    "group_destroy on rank %d: the group's last kernels had not ended within "

@@ -5,6 +5,7 @@
 #ifndef MEP_NCCL_COMMON_H_
 #define MEP_NCCL_COMMON_H_
 
+#include <cuda_runtime_api.h>
 #include <stdint.h>
 
 #include "kernels/common/kernels_error.h"
@@ -95,6 +96,13 @@ int mep_nccl_await_sent(const mep_nccl_sent_t *const *sent, int n, int timeout_m
 /* One event (cudaEvent_t) the same way: 1 when it completed, 0 when
  * timeout_ms passed first. */
 int mep_nccl_await_event(void *event, int timeout_ms);
+/* Teardown's wait for the group's last kernels (mep_nccl_await_sent),
+ * after, with raise_abort set (a failed group) and a kernel still
+ * running, raise_abort(ctx, s) on a stream of its own
+ * (mep_nccl_on_side_stream), so waiting kernels give up at their next
+ * check. 1 when everything ended, 0 when the bound passed first. */
+int mep_nccl_end_kernels(const mep_nccl_sent_t *const *sent, int n, int timeout_ms,
+                         void (*raise_abort)(void *ctx, cudaStream_t stream), void *ctx);
 /* group_destroy's TIMEOUT sentence when that wait ran out: the window of
  * `window_bytes` and the rest stay allocated (mep_nccl_abandon). */
 moe_ep_status_t mep_nccl_abandoned(const moe_ep_group_t *g, uint64_t window_bytes);

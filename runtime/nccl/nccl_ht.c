@@ -105,11 +105,8 @@ static moe_ep_status_t ht_release(moe_ep_group_t *g, int abort) {
   if (s->device >= 0 && s->nccl != NULL) {
     (void)mep_nccl_make_current(s->device);
     const mep_nccl_sent_t *last[1] = {&s->sent};
-    /* only while a kernel may still run; the flag's copy lands before the
-     * state is freed */
-    if (abort && s->ctx.state != NULL && !mep_nccl_await_sent(last, 1, 0))
-      ended = mep_nccl_on_side_stream(raise_abort, &s->ctx, g->cfg.bootstrap_timeout_ms);
-    if (ended) ended = mep_nccl_await_sent(last, 1, g->cfg.bootstrap_timeout_ms);
+    ended = mep_nccl_end_kernels(last, 1, g->cfg.bootstrap_timeout_ms,
+                                 abort && s->ctx.state != NULL ? raise_abort : NULL, &s->ctx);
     if (!ended) st = mep_nccl_abandoned(g, mep_nccl_bytes_allocated(s->nccl));
   }
   mep_nccl_sent_destroy(&s->sent);
