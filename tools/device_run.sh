@@ -213,6 +213,8 @@ world_tests() {
   # The abort flag a failed group's teardown raises ends a waiting receive.
   gtest_step ll_world_abort_test 120
   gtest_step ht_world_test 300
+  # Ranks whose calls differ in hidden, top_k or row format.
+  gtest_step ht_world_shape_test 120
   # The same with calls free-running across ranks (a rank a call ahead).
   gtest_step ht_world_overlap_test 300
 }

@@ -58,7 +58,14 @@ enum {
    * source's count words of every channel were this call's (they come in
    * one put): the ranks disagree on the node layout, or a bug; expected =
    * this call's tag, seen = the node word; fatal. */
-  MEP_HT_OP_RELAY_WORD = 23
+  MEP_HT_OP_RELAY_WORD = 23,
+  /* A source's rows are described otherwise than this rank's call (another
+   * hidden, top_k or row format) in a dispatch with worst-case rows, whose
+   * refusal no host sync would learn: expected = this call's row
+   * description, seen = the source's (mep_ht_row_desc); fatal. Without
+   * worst-case rows the dispatch is refused through N_recv instead
+   * (mep_ht_refused_recv). */
+  MEP_HT_OP_ROW_DESC = 24
 };
 
 /* Capacities the window and state are sized for. */

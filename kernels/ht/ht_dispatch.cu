@@ -34,19 +34,34 @@ __device__ void mep_ht_place_own_part(const mep_ht_dispatch_args_t &a, const Mep
   }
 }
 
+/* What mep_ht_read_counts learnt: where channel c's rows from each source
+ * land (base: rows packed by source, then channel), N_recv, and the first
+ * source whose rows are described otherwise than this call's, with its
+ * description (refusal: s << 32 | desc; ~0 when none). */
+struct MepHtCounts {
+  int64_t base[MEP_HT_MAX_RANKS];
+  int64_t total;
+  unsigned long long refusal;
+};
+__device__ __forceinline__ bool mep_ht_refused(const MepHtCounts &k) { return k.refusal != ~0ull; }
+
 /* Every source's count word of every channel for this call's tag: rows
- * per (source, channel) into n[R * C], where channel c's rows from each
- * source land (base[R]: rows packed by source, then channel) and N_recv.
- * A network source's word is there once its count signal has counted
- * this call (its put carries the signal after the word). False on every
- * thread when a wait expired or a source split its tokens into another
- * number of channels (recorded). Block-wide. */
+ * per (source, channel) into n[R * C], and into k the rest above. A
+ * network source's word is there once its count signal has counted this
+ * call (its put carries the signal after the word). False on every thread
+ * when a wait expired or a source split its tokens into another number of
+ * channels (recorded). A source whose row description differs from `mine`
+ * still has its rows counted (they are drained). Block-wide. */
 template <class Tp>
-__device__ bool mep_ht_read_counts(const MepHtParams &p, uint32_t tag, int parity, int c,
-                                   int32_t *n, int64_t *base, int64_t *total) {
+__device__ bool mep_ht_read_counts(const MepHtParams &p, uint32_t tag, uint32_t mine, int parity,
+                                   int c, int32_t *n, MepHtCounts *k) {
   __shared__ int failed;
   const int R = p.dims.world, C = p.chan;
-  if (threadIdx.x == 0) failed = 0;
+  const uint32_t word_tag = mep_ht_cnt_tag(tag);
+  if (threadIdx.x == 0) {
+    failed = 0;
+    k->refusal = ~0ull;
+  }
   __syncthreads();
   const uint64_t cnt_off = p.win.cnt + (uint64_t)parity * R * MEP_HT_MAX_CHANNELS * 8u;
   for (int i = threadIdx.x; i < R * C; i += blockDim.x) {
@@ -67,7 +82,7 @@ __device__ bool mep_ht_read_counts(const MepHtParams &p, uint32_t tag, int parit
           [&](uint64_t v) { return (int32_t)((uint32_t)v - tag) >= 0; }, tag,
           MEP_HT_OP_DISPATCH_COUNTS, s, -1, &seen);
       seen = got ? mep_ld_acquire_sys(w) : seen;
-      if (got && MEP_HT_CNT_TAG(seen) != tag) {
+      if (got && MEP_HT_CNT_TAG(seen) != word_tag) {
         /* The signal counted this call but the word is another's: s sent
          * none on this channel (every call adds 1 to all of its signals). */
         mep_record_timeout(p.wc, MEP_HT_OP_CHANNEL_UNSENT, s, -1, (uint64_t)C, seen);
@@ -76,8 +91,8 @@ __device__ bool mep_ht_read_counts(const MepHtParams &p, uint32_t tag, int parit
     } else {
       got = mep_wait(
           p.wc, [&] { return mep_ld_acquire_sys(w); },
-          [&](uint64_t v) { return MEP_HT_CNT_TAG(v) == tag; }, tag, MEP_HT_OP_DISPATCH_COUNTS, s,
-          -1, &seen);
+          [&](uint64_t v) { return MEP_HT_CNT_TAG(v) == word_tag; }, word_tag,
+          MEP_HT_OP_DISPATCH_COUNTS, s, -1, &seen);
     }
     if (!got) {
       failed = 1;
@@ -86,6 +101,8 @@ __device__ bool mep_ht_read_counts(const MepHtParams &p, uint32_t tag, int parit
       failed = 1;
     } else {
       n[i] = MEP_HT_CNT_ROWS(seen);
+      if (MEP_HT_CNT_DESC(seen) != mine)
+        atomicMin(&k->refusal, (unsigned long long)s << 32 | MEP_HT_CNT_DESC(seen));
     }
   }
   __syncthreads();
@@ -97,10 +114,10 @@ __device__ bool mep_ht_read_counts(const MepHtParams &p, uint32_t tag, int parit
         if (cc < c) before += n[s * C + cc];
         all += n[s * C + cc];
       }
-      base[s] = sum + before;
+      k->base[s] = sum + before;
       sum += all;
     }
-    *total = sum;
+    k->total = sum;
   }
   __syncthreads();
   return failed == 0;
@@ -184,10 +201,10 @@ __device__ void mep_ht_dispatch_send(const MepHtParams &p, const mep_ht_dispatch
   __shared__ uint32_t cnt_node[MEP_HT_MAX_RANKS];
   __shared__ volatile uint64_t wait_slot[MEP_HT_THREADS / 32][2];
   __shared__ int32_t n_sh[MEP_HT_MAX_RANKS * MEP_HT_MAX_CHANNELS];
-  __shared__ int64_t base_sh[MEP_HT_MAX_RANKS];
-  __shared__ int64_t total_sh;
+  __shared__ MepHtCounts k;
   __shared__ int32_t hist[MEP_MAX_LOCAL_EXPERTS];
   const int R = p.dims.world, e_local = a.num_experts / R;
+  const uint32_t desc = mep_ht_row_desc(a.hidden, a.top_k, a.fp8, a.scale_words);
   /* Ranks per node for the relays' counts (the whole group without
    * network peers, where no relay exists). */
   const int nr = Tp::kStaged ? p.dims.node_ranks : R;
@@ -215,7 +232,7 @@ __device__ void mep_ht_dispatch_send(const MepHtParams &p, const mep_ht_dispatch
   const MepHtMasks mc{mask_sh, t0, t1}; /* filled above: the chunks' ballots read it */
   const uint64_t cnt_off = p.win.cnt + (uint64_t)parity * R * MEP_HT_MAX_CHANNELS * 8u;
   for (int d = threadIdx.x / 32; d < R; d += blockDim.x / 32) {
-    const uint64_t word = MEP_HT_CNT_WORD(tag, p.chan, cnt[d]);
+    const uint64_t word = MEP_HT_CNT_WORD(tag, desc, p.chan, cnt[d]);
     if (mep_ht_net<Tp>(p, d)) {
       /* Staged per (parity, destination): the next call's word goes to
        * the other slot, so an unfinished put never reads a newer one. A
@@ -223,8 +240,9 @@ __device__ void mep_ht_dispatch_send(const MepHtParams &p, const mep_ht_dispatch
        * token with an expert on its node); other ranks' is 0. */
       const uint64_t stage = mep_ht_cnt16_off(p, p.win.cnt_stage, parity, d, c);
       const uint64_t node_word =
-          mep_ht_route<Tp>(p, d) == kMepHtNetwork ? MEP_HT_CNT_WORD(tag, p.chan, cnt_node[d / nr])
-                                                  : 0u;
+          mep_ht_route<Tp>(p, d) == kMepHtNetwork
+              ? MEP_HT_CNT_WORD(tag, desc, p.chan, cnt_node[d / nr])
+              : 0u;
       if ((threadIdx.x & 31) == 0)
         *reinterpret_cast<uint4 *>(p.xp.local + stage) =
             make_uint4((uint32_t)word, (uint32_t)(word >> 32), (uint32_t)node_word,
@@ -247,8 +265,8 @@ __device__ void mep_ht_dispatch_send(const MepHtParams &p, const mep_ht_dispatch
   }
 
   /* Where this channel's own rows land needs every source's counts. */
-  if (!mep_ht_read_counts<Tp>(p, tag, parity, c, n_sh, base_sh, &total_sh)) return;
-  const bool drain = total_sh > a.recv_capacity;
+  if (!mep_ht_read_counts<Tp>(p, tag, desc, parity, c, n_sh, &k)) return;
+  const bool drain = k.total > a.recv_capacity || mep_ht_refused(k);
   for (int i = threadIdx.x; i < e_local; i += blockDim.x) hist[i] = 0;
   __syncthreads();
 
@@ -259,7 +277,7 @@ __device__ void mep_ht_dispatch_send(const MepHtParams &p, const mep_ht_dispatch
   const MepHtGroups g = mep_ht_send_groups(R, p.xp.rank);
   const int d = g.group;
   if (d == p.xp.rank) {
-    if (!drain) mep_ht_place_own_part(a, g, mc, d, e_local, base_sh[d], true, hist);
+    if (!drain) mep_ht_place_own_part(a, g, mc, d, e_local, k.base[d], true, hist);
   } else if (d < R && mep_ht_route<Tp>(p, d) != kMepHtRelayed) {
     mep_ht_send_ring<Tp>(p, a, g, c, mc, wait_slot[g.group]);
   }
@@ -272,8 +290,7 @@ template <class Tp>
 __device__ void mep_ht_dispatch_recv(const MepHtParams &p, const mep_ht_dispatch_args_t &a, int c,
                                      uint32_t tag, int parity, uint32_t *mask_sh) {
   __shared__ int32_t n_sh[MEP_HT_MAX_RANKS * MEP_HT_MAX_CHANNELS];
-  __shared__ int64_t base_sh[MEP_HT_MAX_RANKS];
-  __shared__ int64_t total_sh;
+  __shared__ MepHtCounts k;
   __shared__ int32_t hist[MEP_MAX_LOCAL_EXPERTS];
   __shared__ volatile uint64_t wait_slot[MEP_HT_THREADS / 32][2];
   const int R = p.dims.world, C = p.chan, e_local = a.num_experts / R;
@@ -286,9 +303,19 @@ __device__ void mep_ht_dispatch_recv(const MepHtParams &p, const mep_ht_dispatch
   const MepHtMasks mc = mep_ht_masks_fill(mask_sh, a.topk_idx, a.topk_idx_bytes, t0, t1, a.top_k,
                                           a.num_experts, e_local);
 
-  if (!mep_ht_read_counts<Tp>(p, tag, parity, c, n_sh, base_sh, &total_sh)) return;
-  const int64_t total = total_sh;
-  const bool drain = total > a.recv_capacity;
+  const uint32_t desc = mep_ht_row_desc(a.hidden, a.top_k, a.fp8, a.scale_words);
+  if (!mep_ht_read_counts<Tp>(p, tag, desc, parity, c, n_sh, &k)) return;
+  const int64_t total = k.total;
+  /* A source whose rows are laid out otherwise (another hidden, top_k or
+   * row format): every rank drains its rings unwritten and refuses the
+   * call, since any two ranks that differ each see the other. With
+   * worst-case rows no host sync learns of it, so it is recorded (fatal)
+   * and every row is marked empty for the experts. */
+  const bool refused = mep_ht_refused(k);
+  const bool drain = total > a.recv_capacity || refused;
+  if (refused && a.pad && c == 0 && threadIdx.x == 0)
+    mep_record_timeout(p.wc, MEP_HT_OP_ROW_DESC, (int)(k.refusal >> 32), -1, desc,
+                       k.refusal & 0xffffffffu);
   if (c == 0) {
     /* The layout this set's combine sends back along, and N_recv. */
     int32_t *layout = mep_ht_layout_n(p, a.buffer_set);
@@ -298,12 +325,16 @@ __device__ void mep_ht_dispatch_recv(const MepHtParams &p, const mep_ht_dispatch
       reinterpret_cast<int32_t *>(p.state + p.st.layout_chan)[a.buffer_set] = C;
       /* Past recv_capacity the rows are drained unwritten; the runtime
        * compares N_recv with the capacity itself (it knows the call). */
-      if (a.num_recv != nullptr) *a.num_recv = total;
+      if (a.num_recv != nullptr)
+        *a.num_recv = refused ? mep_ht_refused_recv((int)(k.refusal >> 32),
+                                                    (uint32_t)(k.refusal & 0xffffffffu))
+                              : total;
     }
   }
-  if (a.pad && !drain) {
+  if (a.pad && (refused || !drain)) {
     const int K = a.top_k;
-    for (int64_t i = total * K + (int64_t)c * blockDim.x + threadIdx.x; i < a.recv_capacity * K;
+    for (int64_t i = (refused ? 0 : total) * K + (int64_t)c * blockDim.x + threadIdx.x;
+         i < a.recv_capacity * K;
          i += (int64_t)C * blockDim.x) {
       a.recv_topk_idx[i] = -1;
       a.recv_topk_weights[i] = 0.0f;
@@ -316,12 +347,12 @@ __device__ void mep_ht_dispatch_recv(const MepHtParams &p, const mep_ht_dispatch
     bool ok = true;
     for (int s = g.group; s < R && ok; s += g.count) {
       if (s == p.xp.rank) {
-        if (!drain) mep_ht_place_own_part(a, g, mc, s, e_local, base_sh[s], false, hist);
+        if (!drain) mep_ht_place_own_part(a, g, mc, s, e_local, k.base[s], false, hist);
         continue;
       }
       const MepHtRoute route = mep_ht_route<Tp>(p, s);
       if (route == kMepHtNetwork) {
-        ok = mep_ht_relay_ring<Tp>(p, a, g, c, s, tag, parity, base_sh[s], drain, hist,
+        ok = mep_ht_relay_ring<Tp>(p, a, g, c, s, tag, parity, k.base[s], drain, hist,
                                    wait_slot[g.group]);
         continue;
       }
@@ -351,7 +382,7 @@ __device__ void mep_ht_dispatch_recv(const MepHtParams &p, const mep_ht_dispatch
             const char *src =
                 p.xp.local + mep_ht_ring_off(p.win.disp_ring, p.win.disp_row, s, c,
                                              (head + (uint64_t)o) % MEP_HT_RING_ROWS);
-            mep_ht_read_row(a, payload, src, base_sh[s] + got + o, 0, e_local, hist);
+            mep_ht_read_row(a, payload, src, k.base[s] + got + o, 0, e_local, hist);
           }
         }
         /* The group's reads are done before the release store frees the slots. */

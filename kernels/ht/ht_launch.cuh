@@ -86,12 +86,13 @@ static inline mep_kstatus_t mep_ht_check_dispatch(const mep_ht_ctx_t *ctx,
   const char *op = "ht dispatch";
   mep_kstatus_t st = mep_ht_check_call(op, ctx, a, a != nullptr ? a->buffer_set : 0);
   if (st != MEP_KSTATUS_OK) return st;
-  if (a->fp8 && (a->hidden % MEP_HIDDEN_ALIGN != 0 || a->scale_words < 1 ||
-                 a->scale_words > a->hidden / 32))
+  /* The two scale layouts a count word can describe (mep_ht_row_desc). */
+  if (a->fp8 && (a->hidden % MEP_HIDDEN_ALIGN != 0 ||
+                 (a->scale_words != a->hidden / 128 && a->scale_words != (a->hidden + 511) / 512)))
     return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "%s: fp8 rows need hidden a multiple of %d (hidden %d) and "
-                             "1..hidden/32 scale words per row (got %d)", op, MEP_HIDDEN_ALIGN,
-                             a->hidden, a->scale_words);
+                             "hidden/128 (f32) or ceil(hidden/512) (packed UE8M0) scale words per "
+                             "row (got %d)", op, MEP_HIDDEN_ALIGN, a->hidden, a->scale_words);
   if (a->num_tokens > 0 && (a->x == nullptr || a->topk_idx == nullptr ||
                             a->topk_weights == nullptr || (a->fp8 && a->x_scales == nullptr)))
     return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,

@@ -43,25 +43,29 @@ __device__ __forceinline__ int mep_ht_relay_base(const MepHtParams &p, int set, 
  * rank's ring (s, c), each published with one release store of its tail
  * per chunk of up to 32 rows; the network ring's head goes back to s as a
  * signal add. The rows to expect are the relay count in the second word
- * of s's count entry. False when a wait expired (recorded). Whole warp
- * group. */
+ * of s's count entry. Rows are read and forwarded as s laid them out (the
+ * row description in its count word), so a relay whose own call differs
+ * still forwards them whole to ranks that refuse them. False when a wait
+ * expired (recorded). Whole warp group. */
 template <class Tp>
 __device__ bool mep_ht_relay_ring(const MepHtParams &p, const mep_ht_dispatch_args_t &a,
                                   const MepHtGroups &g, int c, int s, uint32_t tag, int parity,
                                   int64_t own_out, bool drain, int32_t *hist,
                                   volatile uint64_t *wait_slot) {
   const int n = p.dims.node_ranks, me_l = p.xp.rank % n, node0 = p.xp.rank - me_l;
-  const int e_local = a.num_experts / p.dims.world, K = a.top_k, lane = threadIdx.x & 31;
-  const uint64_t payload = mep_ht_payload_bytes(a.hidden, a.fp8, a.scale_words);
+  const int e_local = a.num_experts / p.dims.world, lane = threadIdx.x & 31;
   /* mep_ht_read_counts saw s's count signal reach this call: the entry's
-   * put has landed. */
-  const uint64_t w = mep_ld_acquire_sys(
-      reinterpret_cast<const uint64_t *>(p.xp.local +
-                                         mep_ht_cnt16_off(p, p.win.cnt_net, parity, s, c)) +
-      1);
-  if (MEP_HT_CNT_TAG(w) != tag) {
+   * put has landed, and its first word is this call's. */
+  const uint64_t *entry = reinterpret_cast<const uint64_t *>(
+      p.xp.local + mep_ht_cnt16_off(p, p.win.cnt_net, parity, s, c));
+  const uint32_t desc = MEP_HT_CNT_DESC(mep_ld_acquire_sys(entry));
+  const int K = mep_ht_desc_top_k(desc);
+  const uint64_t payload = mep_ht_payload_bytes(mep_ht_desc_hidden(desc), mep_ht_desc_fp8(desc),
+                                                mep_ht_desc_scale_words(desc));
+  const uint64_t w = mep_ld_acquire_sys(entry + 1);
+  if (MEP_HT_CNT_TAG(w) != mep_ht_cnt_tag(tag)) {
     if (g.index == 0 && lane == 0)
-      mep_record_timeout(p.wc, MEP_HT_OP_RELAY_WORD, s, -1, (uint64_t)tag, w);
+      mep_record_timeout(p.wc, MEP_HT_OP_RELAY_WORD, s, -1, (uint64_t)mep_ht_cnt_tag(tag), w);
     return false;
   }
   const int expect = MEP_HT_CNT_ROWS(w);

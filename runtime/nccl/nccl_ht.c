@@ -9,10 +9,12 @@
 #include <string.h>
 
 #include "kernels/ht/ht.h"
+#include "kernels/ht/ht_layout.h"
 #include "kernels/ll/ll.h" /* the LSA resolver and the timeout conversion */
 #include "runtime/config.h"
 #include "runtime/error.h"
 #include "runtime/group.h"
+#include "runtime/nccl/ht_refusal.h"
 #include "runtime/nccl/kernel_load.h"
 #include "runtime/nccl/layout_book.h"
 #include "runtime/nccl/nccl_common.h"
@@ -260,7 +262,7 @@ static moe_ep_status_t record_error(const moe_ep_group_t *g, const mep_error_rec
                      "an HT kernel on rank %d split its tokens into %llu channels but rank %d "
                      "used %llu (count word %#llx): %s",
                      r->rank, (unsigned long long)r->expected, r->peer,
-                     (unsigned long long)((r->seen >> 24) & 0xffu),
+                     (unsigned long long)MEP_HT_CNT_CHAN(r->seen),
                      (unsigned long long)r->seen, kSameChannels);
   }
   if (r->op == MEP_HT_OP_CHANNEL_UNSENT) {
@@ -269,7 +271,8 @@ static moe_ep_status_t record_error(const moe_ep_group_t *g, const mep_error_rec
                      "rank %d sent count words on fewer (its signal counted this call on a "
                      "channel whose count word carries tag %u instead, word %#llx): %s",
                      r->rank, (unsigned long long)r->expected, r->peer,
-                     (unsigned)(r->seen >> 32), (unsigned long long)r->seen, kSameChannels);
+                     (unsigned)MEP_HT_CNT_TAG(r->seen), (unsigned long long)r->seen,
+                     kSameChannels);
   }
   if (r->op == MEP_HT_OP_RELAY_WORD) {
     return mep_error(MOE_EP_ERR_INTERNAL,
@@ -277,8 +280,11 @@ static moe_ep_status_t record_error(const moe_ep_group_t *g, const mep_error_rec
                      "of another call (tag %u, word %#llx; this call's tag is %llu) although its "
                      "count words were this call's: the ranks disagree on ranks_per_node, or "
                      "the relay protocol broke; destroy the group",
-                     r->rank, r->peer, (unsigned)(r->seen >> 32), (unsigned long long)r->seen,
-                     (unsigned long long)r->expected);
+                     r->rank, r->peer, (unsigned)MEP_HT_CNT_TAG(r->seen),
+                     (unsigned long long)r->seen, (unsigned long long)r->expected);
+  }
+  if (r->op == MEP_HT_OP_ROW_DESC) {
+    return mep_ht_row_desc_fatal(r->rank, r->peer, (uint32_t)r->expected, (uint32_t)r->seen);
   }
   if (r->peer < 0) { /* a block's wait on its warps' rows of every source (mep_ht_wait_block) */
     return mep_error(MOE_EP_ERR_TIMEOUT,
@@ -449,6 +455,10 @@ static moe_ep_status_t learn_num_recv(moe_ep_group_t *g, ht_state_t *s, mep_op_t
   if (e != cudaSuccess) return mep_nccl_cuda_error("the dispatch kernel", e);
   MEP_CHECK(fatal_status(g, s));
   const int64_t n = __atomic_load_n(&s->num_recv[set], __ATOMIC_ACQUIRE);
+  if (n < -1) { /* a source's rows laid out otherwise: drained unread, every rank refuses */
+    return mep_ht_refused_error(
+        g->rank, n, mep_ht_row_desc(op->hidden, op->handle->top_k, op->fp8, scale_words(op)));
+  }
   if (n < 0) { /* the host's -1 from before the launch: a kernel that gave up unrecorded */
     return mep_error(MOE_EP_ERR_INTERNAL,
                      "dispatch on rank %d: the dispatch kernel ended without reporting its "

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "kernels/common/kernels_error.h"
 #include "kernels/ht/ht.h"
@@ -69,6 +70,13 @@ TEST(HtLink, DispatchRejectsEachBrokenRule) {
       {"topk_idx_bytes is 2", [](mep_ht_dispatch_args_t *a) { a->topk_idx_bytes = 2; }},
       {"buffer_set is 2", [](mep_ht_dispatch_args_t *a) { a->buffer_set = 2; }},
       {"scale words per row (got 0)", [](mep_ht_dispatch_args_t *a) { a->fp8 = 1; }},
+      // Neither scale layout a count word can describe (56 f32 or 14 packed
+      // words at hidden 7168).
+      {"scale words per row (got 20)",
+       [](mep_ht_dispatch_args_t *a) {
+         a->fp8 = 1;
+         a->scale_words = 20;
+       }},
       {"is NULL with 3 tokens", [](mep_ht_dispatch_args_t *a) { a->num_tokens = 3; }},
       {"recv_count) is NULL", [](mep_ht_dispatch_args_t *a) { a->recv_capacity = 0; }},
   };
@@ -270,10 +278,62 @@ TEST(HtLayout, NetworkRegions) {
 }
 
 TEST(HtLayout, CountWordRoundTrips) {
-  const uint64_t w = MEP_HT_CNT_WORD(0xfffffffeu, MEP_HT_MAX_CHANNELS, MEP_MAX_TOKENS_HT);
-  EXPECT_EQ(MEP_HT_CNT_TAG(w), 0xfffffffeu);
+  const uint32_t desc = mep_ht_row_desc(MEP_MAX_HIDDEN, MEP_MAX_TOP_K, 1, MEP_MAX_HIDDEN / 512);
+  const uint64_t w = MEP_HT_CNT_WORD(0xfffffffeu, desc, MEP_HT_MAX_CHANNELS, MEP_MAX_TOKENS_HT);
+  EXPECT_EQ(MEP_HT_CNT_TAG(w), mep_ht_cnt_tag(0xfffffffeu));
+  EXPECT_EQ(MEP_HT_CNT_DESC(w), desc);
   EXPECT_EQ(MEP_HT_CNT_CHAN(w), MEP_HT_MAX_CHANNELS);
   EXPECT_EQ(MEP_HT_CNT_ROWS(w), MEP_MAX_TOKENS_HT);
+}
+
+// The folded tag is never 0 (a word never written) and differs between
+// the two calls that share a word (epochs two apart), across its wrap and
+// the epoch's.
+TEST(HtLayout, CountWordTagsOfCallsSharingAWordDiffer) {
+  const uint32_t tags[] = {1u, 2u, MEP_HT_CNT_TAG_MAX - 1u, MEP_HT_CNT_TAG_MAX,
+                           MEP_HT_CNT_TAG_MAX + 1u, 0xfffffffeu, 0xffffffffu, 0u};
+  for (uint32_t t : tags) {
+    EXPECT_NE(mep_ht_cnt_tag(t), 0u) << "tag " << t;
+    EXPECT_LE(mep_ht_cnt_tag(t), MEP_HT_CNT_TAG_MAX) << "tag " << t;
+    EXPECT_NE(mep_ht_cnt_tag(t), mep_ht_cnt_tag(t + 2u)) << "tag " << t;
+  }
+}
+
+// A row description holds hidden, top_k and the scale layout exactly, and
+// tells apart every pair of calls whose rows are laid out differently.
+TEST(HtLayout, RowDescriptionsAreExact) {
+  struct Row {
+    int hidden, top_k, fp8, words;
+  };
+  std::vector<Row> rows;
+  for (int h : {8, 128, 2880, 4096, 7168, MEP_MAX_HIDDEN})
+    for (int k : {1, 8, MEP_MAX_TOP_K}) {
+      rows.push_back({h, k, 0, 0});
+      if (h % 128 != 0) continue;
+      rows.push_back({h, k, 1, h / 128});
+      if ((h + 511) / 512 != h / 128) rows.push_back({h, k, 1, (h + 511) / 512});
+    }
+  for (const Row &a : rows) {
+    const uint32_t d = mep_ht_row_desc(a.hidden, a.top_k, a.fp8, a.words);
+    EXPECT_LT(d, 1u << MEP_HT_DESC_BITS);
+    EXPECT_EQ(mep_ht_desc_hidden(d), a.hidden);
+    EXPECT_EQ(mep_ht_desc_top_k(d), a.top_k);
+    EXPECT_EQ(mep_ht_desc_fp8(d), a.fp8);
+    EXPECT_EQ(mep_ht_desc_scale_words(d), a.words) << "hidden " << a.hidden;
+    const int64_t n = mep_ht_refused_recv(MEP_HT_MAX_RANKS - 1, d);
+    EXPECT_LT(n, -1);
+    EXPECT_EQ(mep_ht_refused_source(n), MEP_HT_MAX_RANKS - 1);
+    EXPECT_EQ(mep_ht_refused_desc(n), d);
+    for (const Row &b : rows) {
+      const bool same = a.hidden == b.hidden && a.top_k == b.top_k && a.fp8 == b.fp8 &&
+                        a.words == b.words;
+      EXPECT_EQ(d == mep_ht_row_desc(b.hidden, b.top_k, b.fp8, b.words), same)
+          << a.hidden << "/" << a.top_k << "/" << a.words << " against " << b.hidden << "/"
+          << b.top_k << "/" << b.words;
+    }
+  }
+  EXPECT_EQ(mep_ht_refused_source(mep_ht_refused_recv(0, 0)), 0);
+  EXPECT_EQ(mep_ht_refused_recv(0, 0), -2);
 }
 
 }  // namespace
