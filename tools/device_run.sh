@@ -212,6 +212,8 @@ world_tests() {
   gtest_step ll_world_order_test 120
   # The abort flag a failed group's teardown raises ends a waiting receive.
   gtest_step ll_world_abort_test 120
+  # Ranks whose dispatches differ in hidden, top_k or row format.
+  gtest_step ll_world_shape_test 120
   gtest_step ht_world_test 300
   # Ranks whose calls differ in hidden, top_k or row format.
   gtest_step ht_world_shape_test 120

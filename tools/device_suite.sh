@@ -15,7 +15,7 @@ T=(//plugin:libmoe_ep.so //tests/host:conformance_worker //tools/launcher:moe_ep
    //tests/gpu:ll_gpu_test //tests/gpu:prepare_layout_gpu_test //tests/gpu:set_reuse_gpu_test //tests/gpu:caller_context_gpu_test
    //tests/gpu:export_layout_gpu_test //tests/gpu:ht_world_test //tests/gpu:ht_world_shape_test
    //tests/gpu:ht_world_overlap_test //tests/gpu:ll_world_test //tests/gpu:ll_world_reuse_test
-   //tests/gpu:ll_world_order_test //tests/gpu:ll_world_abort_test
+   //tests/gpu:ll_world_order_test //tests/gpu:ll_world_abort_test //tests/gpu:ll_world_shape_test
    //tests/gpu:libnccl_stall.so
    //integration:moe_ep_demo)
 [ -f tools/bench/BUILD.bazel ] && T+=(//tools/bench:moe_ep_bench //tools/bench:ll_kernel_bench)
@@ -27,6 +27,7 @@ for f in plugin/libmoe_ep.so tests/host/conformance_worker tools/launcher/moe_ep
          tests/gpu/ht_world_test tests/gpu/ht_world_shape_test tests/gpu/ht_world_overlap_test \
          tests/gpu/ll_world_test \
          tests/gpu/ll_world_reuse_test tests/gpu/ll_world_order_test tests/gpu/ll_world_abort_test \
+         tests/gpu/ll_world_shape_test \
          tests/gpu/libnccl_stall.so integration/moe_ep_demo \
          tools/bench/moe_ep_bench tools/bench/ll_kernel_bench; do
   [ -f "bazel-bin/$f" ] && cp -L "bazel-bin/$f" .gpu_bundle/

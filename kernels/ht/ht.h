@@ -60,11 +60,12 @@ enum {
    * this call's tag, seen = the node word; fatal. */
   MEP_HT_OP_RELAY_WORD = 23,
   /* A source's rows are described otherwise than this rank's call (another
-   * hidden, top_k or row format) in a dispatch with worst-case rows, whose
-   * refusal no host sync would learn: expected = this call's row
-   * description, seen = the source's (mep_ht_row_desc); fatal. Without
-   * worst-case rows the dispatch is refused through N_recv instead
-   * (mep_ht_refused_recv). */
+   * hidden, top_k or row format) while some rank's call has worst-case rows,
+   * whose refusal no host sync would learn: expected = this call's row
+   * description, seen = the source's (kernels/common/row_desc.h); fatal,
+   * on every rank alike. Recorded without the abort flag: the rings are
+   * still drained. When no rank has worst-case rows the dispatch is
+   * refused through N_recv instead (mep_ht_refused_recv). */
   MEP_HT_OP_ROW_DESC = 24
 };
 
@@ -117,7 +118,8 @@ typedef struct mep_ht_dispatch_args {
   const void *x;          /* [T, H] bf16, or [T, H] fp8 e4m3 bytes */
   const void *x_scales;   /* fp8: [T, scale_words] 4-byte words; NULL for bf16 */
   int32_t fp8;
-  int32_t scale_words;    /* H/128 (f32) or ceil(H/512) (packed UE8M0); 0 for bf16 */
+  int32_t scale_words;    /* H/128 (f32 storage) or ceil(H/512) (packed UE8M0), as
+                             scale_mode says; 0 for bf16 */
   const void *topk_idx;   /* [T, K] int32 or int64 */
   int32_t topk_idx_bytes;
   int32_t num_tokens;
@@ -134,8 +136,11 @@ typedef struct mep_ht_dispatch_args {
   int32_t *recv_count;    /* [E_local], zeroed by the launcher */
   int64_t recv_capacity;
   int32_t pad;            /* rows from N_recv to cap get idx -1, weight 0 */
-  int32_t reserved0;
-  int64_t *num_recv;      /* device-visible; N_recv (may be NULL) */
+  int32_t scale_mode;     /* fp8: MEP_FP8_SCALE_* of x_scales (told to the peers) */
+  /* Device-visible: N_recv, or below -1 a refusal of the call (a source
+   * made it with another hidden, top_k or row format: mep_ht_refused_recv).
+   * May be NULL only with pad, where a refusal is recorded instead. */
+  int64_t *num_recv;
 } mep_ht_dispatch_args_t;
 
 typedef struct mep_ht_combine_args {

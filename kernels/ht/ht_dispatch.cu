@@ -35,13 +35,17 @@ __device__ void mep_ht_place_own_part(const mep_ht_dispatch_args_t &a, const Mep
 }
 
 /* What mep_ht_read_counts learnt: where channel c's rows from each source
- * land (base: rows packed by source, then channel), N_recv, and the first
+ * land (base: rows packed by source, then channel), N_recv, the first
  * source whose rows are described otherwise than this call's, with its
- * description (refusal: s << 32 | desc; ~0 when none). */
+ * description (refusal: s << 32 | desc; ~0 when none), and whether any
+ * source's call (this rank's included) has worst-case rows. Every rank
+ * reads the same words, so all agree on whether some call differs and on
+ * `worst`. */
 struct MepHtCounts {
   int64_t base[MEP_HT_MAX_RANKS];
   int64_t total;
   unsigned long long refusal;
+  int worst;
 };
 __device__ __forceinline__ bool mep_ht_refused(const MepHtCounts &k) { return k.refusal != ~0ull; }
 
@@ -61,6 +65,7 @@ __device__ bool mep_ht_read_counts(const MepHtParams &p, uint32_t tag, uint32_t 
   if (threadIdx.x == 0) {
     failed = 0;
     k->refusal = ~0ull;
+    k->worst = 0;
   }
   __syncthreads();
   const uint64_t cnt_off = p.win.cnt + (uint64_t)parity * R * MEP_HT_MAX_CHANNELS * 8u;
@@ -103,6 +108,7 @@ __device__ bool mep_ht_read_counts(const MepHtParams &p, uint32_t tag, uint32_t 
       n[i] = MEP_HT_CNT_ROWS(seen);
       if (MEP_HT_CNT_DESC(seen) != mine)
         atomicMin(&k->refusal, (unsigned long long)s << 32 | MEP_HT_CNT_DESC(seen));
+      if (MEP_HT_CNT_WORST(seen)) k->worst = 1;
     }
   }
   __syncthreads();
@@ -204,7 +210,7 @@ __device__ void mep_ht_dispatch_send(const MepHtParams &p, const mep_ht_dispatch
   __shared__ MepHtCounts k;
   __shared__ int32_t hist[MEP_MAX_LOCAL_EXPERTS];
   const int R = p.dims.world, e_local = a.num_experts / R;
-  const uint32_t desc = mep_ht_row_desc(a.hidden, a.top_k, a.fp8, a.scale_words);
+  const uint32_t desc = mep_row_desc(a.hidden, a.top_k, a.fp8, a.scale_mode);
   /* Ranks per node for the relays' counts (the whole group without
    * network peers, where no relay exists). */
   const int nr = Tp::kStaged ? p.dims.node_ranks : R;
@@ -232,7 +238,7 @@ __device__ void mep_ht_dispatch_send(const MepHtParams &p, const mep_ht_dispatch
   const MepHtMasks mc{mask_sh, t0, t1}; /* filled above: the chunks' ballots read it */
   const uint64_t cnt_off = p.win.cnt + (uint64_t)parity * R * MEP_HT_MAX_CHANNELS * 8u;
   for (int d = threadIdx.x / 32; d < R; d += blockDim.x / 32) {
-    const uint64_t word = MEP_HT_CNT_WORD(tag, desc, p.chan, cnt[d]);
+    const uint64_t word = MEP_HT_CNT_WORD(tag, a.pad, desc, p.chan, cnt[d]);
     if (mep_ht_net<Tp>(p, d)) {
       /* Staged per (parity, destination): the next call's word goes to
        * the other slot, so an unfinished put never reads a newer one. A
@@ -241,7 +247,7 @@ __device__ void mep_ht_dispatch_send(const MepHtParams &p, const mep_ht_dispatch
       const uint64_t stage = mep_ht_cnt16_off(p, p.win.cnt_stage, parity, d, c);
       const uint64_t node_word =
           mep_ht_route<Tp>(p, d) == kMepHtNetwork
-              ? MEP_HT_CNT_WORD(tag, desc, p.chan, cnt_node[d / nr])
+              ? MEP_HT_CNT_WORD(tag, a.pad, desc, p.chan, cnt_node[d / nr])
               : 0u;
       if ((threadIdx.x & 31) == 0)
         *reinterpret_cast<uint4 *>(p.xp.local + stage) =
@@ -303,18 +309,20 @@ __device__ void mep_ht_dispatch_recv(const MepHtParams &p, const mep_ht_dispatch
   const MepHtMasks mc = mep_ht_masks_fill(mask_sh, a.topk_idx, a.topk_idx_bytes, t0, t1, a.top_k,
                                           a.num_experts, e_local);
 
-  const uint32_t desc = mep_ht_row_desc(a.hidden, a.top_k, a.fp8, a.scale_words);
+  const uint32_t desc = mep_row_desc(a.hidden, a.top_k, a.fp8, a.scale_mode);
   if (!mep_ht_read_counts<Tp>(p, tag, desc, parity, c, n_sh, &k)) return;
   const int64_t total = k.total;
   /* A source whose rows are laid out otherwise (another hidden, top_k or
    * row format): every rank drains its rings unwritten and refuses the
-   * call, since any two ranks that differ each see the other. With
-   * worst-case rows no host sync learns of it, so it is recorded (fatal)
-   * and every row is marked empty for the experts. */
+   * call, since any two ranks that differ each see the other. When some
+   * rank's call has worst-case rows, no host sync learns of it there, so
+   * every rank records it (fatal) instead, without the abort flag, which
+   * would stop the drain its peers wait on; worst-case rows are all marked
+   * empty for the experts. */
   const bool refused = mep_ht_refused(k);
   const bool drain = total > a.recv_capacity || refused;
-  if (refused && a.pad && c == 0 && threadIdx.x == 0)
-    mep_record_timeout(p.wc, MEP_HT_OP_ROW_DESC, (int)(k.refusal >> 32), -1, desc,
+  if (refused && k.worst && c == 0 && threadIdx.x == 0)
+    mep_publish_record(p.wc.err, p.wc, MEP_HT_OP_ROW_DESC, (int)(k.refusal >> 32), -1, desc,
                        k.refusal & 0xffffffffu);
   if (c == 0) {
     /* The layout this set's combine sends back along, and N_recv. */

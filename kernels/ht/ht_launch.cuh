@@ -8,6 +8,7 @@
 #include "kernels/common/kernels_error.h"
 #include "kernels/common/launch.cuh"
 #include "kernels/ht/ht_device.cuh"
+#include "kernels/ht/ht_layout.h"
 
 /* Channels: one sender and one receiver block each, within the SM budget
  * and the device (every block of the cooperative grid must be resident). */
@@ -86,13 +87,15 @@ static inline mep_kstatus_t mep_ht_check_dispatch(const mep_ht_ctx_t *ctx,
   const char *op = "ht dispatch";
   mep_kstatus_t st = mep_ht_check_call(op, ctx, a, a != nullptr ? a->buffer_set : 0);
   if (st != MEP_KSTATUS_OK) return st;
-  /* The two scale layouts a count word can describe (mep_ht_row_desc). */
-  if (a->fp8 && (a->hidden % MEP_HIDDEN_ALIGN != 0 ||
-                 (a->scale_words != a->hidden / 128 && a->scale_words != (a->hidden + 511) / 512)))
+  /* The scale layouts a count word can describe (row_desc.h). */
+  if (a->fp8 && (a->hidden % MEP_HIDDEN_ALIGN != 0 || a->scale_mode < MEP_FP8_SCALE_F32 ||
+                 a->scale_mode > MEP_FP8_SCALE_UE8M0_PACKED ||
+                 a->scale_words != mep_ht_scale_words(a->hidden, a->scale_mode)))
     return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
-                             "%s: fp8 rows need hidden a multiple of %d (hidden %d) and "
-                             "hidden/128 (f32) or ceil(hidden/512) (packed UE8M0) scale words per "
-                             "row (got %d)", op, MEP_HIDDEN_ALIGN, a->hidden, a->scale_words);
+                             "%s: fp8 rows need hidden a multiple of %d (hidden %d), scale_mode "
+                             "0..2 (got %d) and its scale words per row: hidden/128 for f32 "
+                             "storage, ceil(hidden/512) packed (got %d)", op, MEP_HIDDEN_ALIGN,
+                             a->hidden, a->scale_mode, a->scale_words);
   if (a->num_tokens > 0 && (a->x == nullptr || a->topk_idx == nullptr ||
                             a->topk_weights == nullptr || (a->fp8 && a->x_scales == nullptr)))
     return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
@@ -107,6 +110,11 @@ static inline mep_kstatus_t mep_ht_check_dispatch(const mep_ht_ctx_t *ctx,
                              "%s: an output (recv_x, recv_scales for fp8, recv_topk_idx, "
                              "recv_topk_weights, recv_count) is NULL or recv_capacity %lld < 0",
                              op, (long long)a->recv_capacity);
+  if (!a->pad && a->num_recv == nullptr)
+    return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
+                             "%s: num_recv is NULL without pad: the received row count, or the "
+                             "refusal of a call whose sources' rows differ, has nowhere to go",
+                             op);
   return MEP_KSTATUS_OK;
 }
 

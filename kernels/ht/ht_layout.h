@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 
+#include "kernels/common/row_desc.h"
 #include "kernels/ht/ht.h"
 
 /* Device code computes the same offsets. */
@@ -157,40 +158,36 @@ static inline MEP_HT_HD mep_ht_state_t mep_ht_state_layout(const mep_ht_dims_t *
   return s;
 }
 
-/* A dispatch row's description, as its count words carry it: the ring
- * row a source writes is laid out by its call's hidden, top_k and fp8
- * scale words, so a receiver (or a relay) must read it with the source's
- * description, and a receiver whose own differs refuses the call. Exact in
- * 19 bits: hidden / 8 - 1 (12), top_k - 1 (5), and the scale layout (2):
- * 0 bf16, 1 fp8 with hidden / 128 words, 2 fp8 with ceil(hidden / 512)
- * (the launcher takes no other count; at hidden 128 both are one word,
- * described as 1). */
-#define MEP_HT_DESC_BITS 19
-static inline MEP_HT_HD uint32_t mep_ht_row_desc(int32_t hidden, int32_t top_k, int32_t fp8,
-                                                 int32_t scale_words) {
-  const uint32_t scales = !fp8 ? 0u : scale_words == hidden / 128 ? 1u : 2u;
-  return (uint32_t)(hidden / 8 - 1) | (uint32_t)(top_k - 1) << 12 | scales << 17;
+/* The fp8 scale words of a row that a row description
+ * (kernels/common/row_desc.h) stands for: hidden / 128 (f32 storage) or
+ * ceil(hidden / 512) (packed UE8M0); 0 for bf16. */
+static inline MEP_HT_HD int32_t mep_ht_scale_words(int32_t hidden, int32_t scale_mode) {
+  return scale_mode < 0 ? 0
+         : scale_mode == MEP_FP8_SCALE_UE8M0_PACKED ? (hidden + 511) / 512
+                                                    : hidden / 128;
 }
-static inline MEP_HT_HD int32_t mep_ht_desc_hidden(uint32_t d) { return (int32_t)((d & 0xfffu) + 1u) * 8; }
-static inline MEP_HT_HD int32_t mep_ht_desc_top_k(uint32_t d) { return (int32_t)((d >> 12 & 0x1fu) + 1u); }
-static inline MEP_HT_HD int32_t mep_ht_desc_fp8(uint32_t d) { return (d >> 17 & 3u) != 0u; }
-static inline MEP_HT_HD int32_t mep_ht_desc_scale_words(uint32_t d) {
-  const int32_t h = mep_ht_desc_hidden(d);
-  return (d >> 17 & 3u) == 0u ? 0 : (d >> 17 & 3u) == 1u ? h / 128 : (h + 511) / 512;
+/* The ring row payload of a source whose call `desc` describes. */
+static inline MEP_HT_HD uint64_t mep_ht_desc_payload(uint32_t desc) {
+  const int32_t h = mep_row_desc_hidden(desc), mode = mep_row_desc_scale_mode(desc);
+  return mep_ht_payload_bytes(h, mode >= 0, mep_ht_scale_words(h, mode));
 }
 
-/* Count word: tag (23) | row description (19) | channels (5) | rows (17).
- * The tag is the call's epoch tag (epoch + 1) folded into 1..2^23 - 1
- * (mep_ht_cnt_tag): never 0, which a word never written holds, and
- * different for the two calls two epochs apart that share a word. */
-#define MEP_HT_CNT_TAG_MAX 0x7fffffu
+/* Count word: tag (22) | worst case (1) | row description (19) | channels
+ * (5) | rows (17). The tag is the call's epoch tag (epoch + 1) folded into
+ * 1..2^22 - 1 (mep_ht_cnt_tag): never 0, which a word never written holds,
+ * and different for the two calls two epochs apart that share a word. The
+ * worst-case bit says the source's call has worst-case rows (no host sync
+ * would learn of a refusal); the row description (row_desc.h) how its rows
+ * are laid out. */
+#define MEP_HT_CNT_TAG_MAX 0x3fffffu
 static inline MEP_HT_HD uint32_t mep_ht_cnt_tag(uint32_t tag) {
   return (tag - 1u) % MEP_HT_CNT_TAG_MAX + 1u;
 }
-#define MEP_HT_CNT_WORD(tag, desc, chan, rows)                                         \
-  (((uint64_t)mep_ht_cnt_tag(tag) << 41) | ((uint64_t)(desc) << 22) |                  \
-   ((uint64_t)(chan) << 17) | (uint64_t)(rows))
-#define MEP_HT_CNT_TAG(w) ((uint32_t)((w) >> 41))
+#define MEP_HT_CNT_WORD(tag, worst, desc, chan, rows)                                 \
+  (((uint64_t)mep_ht_cnt_tag(tag) << 42) | ((uint64_t)((worst) ? 1u : 0u) << 41) |    \
+   ((uint64_t)(desc) << 22) | ((uint64_t)(chan) << 17) | (uint64_t)(rows))
+#define MEP_HT_CNT_TAG(w) ((uint32_t)((w) >> 42))
+#define MEP_HT_CNT_WORST(w) ((int)(((w) >> 41) & 1u))
 #define MEP_HT_CNT_DESC(w) ((uint32_t)(((w) >> 22) & 0x7ffffu))
 #define MEP_HT_CNT_CHAN(w) ((int32_t)(((w) >> 17) & 0x1fu))
 #define MEP_HT_CNT_ROWS(w) ((int32_t)((w) & 0x1ffffu))
@@ -199,13 +196,13 @@ static inline MEP_HT_HD uint32_t mep_ht_cnt_tag(uint32_t tag) {
  * the call because source s's rows are described by `desc`, not by this
  * rank's call: below -1 (-1 is the host's value before the kernel). */
 static inline MEP_HT_HD int64_t mep_ht_refused_recv(int32_t s, uint32_t desc) {
-  return -2 - (((int64_t)s << MEP_HT_DESC_BITS) | (int64_t)desc);
+  return -2 - (((int64_t)s << MEP_ROW_DESC_BITS) | (int64_t)desc);
 }
 static inline MEP_HT_HD int32_t mep_ht_refused_source(int64_t n) {
-  return (int32_t)((-2 - n) >> MEP_HT_DESC_BITS);
+  return (int32_t)((-2 - n) >> MEP_ROW_DESC_BITS);
 }
 static inline MEP_HT_HD uint32_t mep_ht_refused_desc(int64_t n) {
-  return (uint32_t)((-2 - n) & ((1 << MEP_HT_DESC_BITS) - 1));
+  return (uint32_t)((-2 - n) & ((1 << MEP_ROW_DESC_BITS) - 1));
 }
 
 #ifdef __cplusplus
@@ -217,8 +214,7 @@ static inline MEP_HT_HD uint32_t mep_ht_refused_desc(int64_t n) {
 
 MEP_HT_STATIC_ASSERT(MEP_MAX_TOKENS_HT < (1 << 17), "an HT count word's rows field is 17 bits");
 MEP_HT_STATIC_ASSERT(MEP_HT_MAX_CHANNELS < 32, "an HT count word's channel field is 5 bits");
-MEP_HT_STATIC_ASSERT(MEP_MAX_HIDDEN / 8 <= 4096 && MEP_MAX_TOP_K <= 32,
-                     "an HT row description holds hidden / 8 - 1 in 12 bits, top_k - 1 in 5");
+MEP_HT_STATIC_ASSERT(MEP_ROW_DESC_BITS == 19, "an HT count word's row description is 19 bits");
 MEP_HT_STATIC_ASSERT(MEP_HT_RING_ROWS >= 2 * MEP_HT_CHUNK,
                      "an HT ring holds two chunks (one written while one drains)");
 

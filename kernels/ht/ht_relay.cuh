@@ -59,9 +59,8 @@ __device__ bool mep_ht_relay_ring(const MepHtParams &p, const mep_ht_dispatch_ar
   const uint64_t *entry = reinterpret_cast<const uint64_t *>(
       p.xp.local + mep_ht_cnt16_off(p, p.win.cnt_net, parity, s, c));
   const uint32_t desc = MEP_HT_CNT_DESC(mep_ld_acquire_sys(entry));
-  const int K = mep_ht_desc_top_k(desc);
-  const uint64_t payload = mep_ht_payload_bytes(mep_ht_desc_hidden(desc), mep_ht_desc_fp8(desc),
-                                                mep_ht_desc_scale_words(desc));
+  const int K = mep_row_desc_top_k(desc);
+  const uint64_t payload = mep_ht_desc_payload(desc);
   const uint64_t w = mep_ld_acquire_sys(entry + 1);
   if (MEP_HT_CNT_TAG(w) != mep_ht_cnt_tag(tag)) {
     if (g.index == 0 && lane == 0)

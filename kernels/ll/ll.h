@@ -66,7 +66,12 @@ enum {
    * (mep_ll_disp_ident); nothing of that peer's combine was summed. Found
    * by the receive's count check, or by the send half while it waits for
    * that peer's pushed weights. Fatal. */
-  MEP_LL_OP_COMBINE_OTHER_DISPATCH = 12
+  MEP_LL_OP_COMBINE_OTHER_DISPATCH = 12,
+  /* A dispatch receive found that rank `peer` made the call with another
+   * hidden, top_k or row format (its slot-list head's row description):
+   * expected = this rank's description, seen = the peer's
+   * (kernels/common/row_desc.h); none of its rows or words was read. Fatal. */
+  MEP_LL_OP_ROW_DESC = 13
 };
 
 /* The LL kernels' records (kernels/common/error_record.h), op MEP_LL_OP_*. */

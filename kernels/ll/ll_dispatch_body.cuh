@@ -52,7 +52,8 @@ __device__ __forceinline__ void mep_dispatch_send_body(const MepLLParams &p,
   const uint64_t my_list = p.set_off + p.lay.disp_list + (uint64_t)p.xp.rank * list_bytes;
   /* This call's list tag: every block's copy holds the last one sent. */
   const uint32_t tag = mep_ll_next_tag(mep_tag(p, R));
-  const uint64_t head = mep_ll_list_head(T, a.weighted, tag);
+  const uint64_t head =
+      mep_ll_list_head(T, a.weighted, mep_row_desc(a.hidden, K, kFp8, a.scale_mode), tag);
   mep_stamp(p, MEP_LL_STAMP_ENTRY);
 
   if constexpr (!Tp::kStaged) {
@@ -205,6 +206,8 @@ __device__ __forceinline__ void mep_dispatch_recv_staged(const MepLLParams &p,
     const uint64_t h = mep_list_fresh(p, head_of(r), mep_ld_relaxed_sys(head_of(r)), t, r, &failed);
     if (mep_ll_head_tokens(h) != tokens[r] || mep_ll_head_weighted(h) != weighted[r]) {
       mep_record_timeout(p.wc, MEP_LL_OP_BAD_SIGNAL, r, -1, t, h);
+      failed = 1;
+    } else if (!mep_head_desc_agrees<kFp8>(p, a, h, r, &failed)) {
       failed = 1;
     }
   }

@@ -347,6 +347,22 @@ __device__ __forceinline__ bool mep_dispatch_count_wait(const MepLLParams &p, in
   return true;
 }
 
+/* Source r made this call with this rank's hidden, top_k and row format
+ * (its list head's row description); else recorded (MEP_LL_OP_ROW_DESC,
+ * fatal) before any of its rows or words is read with this call's layout.
+ * Not judged when this thread's wait for the head failed (*failed, set by
+ * mep_list_fresh): the head it returns then is a stand-in, and an aborted
+ * wait must leave no record. */
+template <bool kFp8>
+__device__ __forceinline__ bool mep_head_desc_agrees(const MepLLParams &p,
+                                                     const MepDispatchArgs &a, uint64_t h, int r,
+                                                     const int *failed) {
+  const uint32_t mine = mep_row_desc(a.hidden, a.top_k, kFp8, a.scale_mode);
+  if (mep_ll_head_desc(h) == mine || *reinterpret_cast<const volatile int *>(failed)) return true;
+  mep_record_timeout(p.wc, MEP_LL_OP_ROW_DESC, r, -1, mine, mep_ll_head_desc(h));
+  return false;
+}
+
 /* A count's code no sender makes, or one that disagrees with the list
  * head (a corrupt or piled-up signal), fails the group like an expired
  * wait. */

@@ -426,6 +426,8 @@ __device__ __forceinline__ void mep_dispatch_recv_lsa(const MepLLParams &p,
       if (n > M) {
         mep_record_timeout(p.wc, MEP_LL_OP_BAD_SIGNAL, r, -1, t, h);
         scan_failed = 1;
+      } else if (!mep_head_desc_agrees<kFp8>(p, a, h, r, &scan_failed)) {
+        scan_failed = 1;
       }
       tokens[r] = n > M ? 0 : n;
       weighted[r] = mep_ll_head_weighted(h);

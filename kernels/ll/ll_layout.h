@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "kernels/common/limits.h"
+#include "kernels/common/row_desc.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -65,11 +66,14 @@ static inline MEP_HD int mep_ll_num_sets(const mep_ll_dims_t *d) {
  * lists while the rows are still in flight, before the count signal.
  *   word: weight f32 bits << 32 | (local expert + 1, 0: none there) << 16
  *         | tag
- *   head: tokens << 32 | weighted << 16 | tag
+ *   head: row description << 44 | tokens << 32 | weighted << 16 | tag
  * Tags run 1..65535 per (buffer set, source) and every LSA call rewrites
  * every word of the list's capacity (max_tokens * the group's top_k; those
  * past its own words with no expert), so a word never still holds a tag
- * equal to the call's unless this call wrote it. */
+ * equal to the call's unless this call wrote it. The row description
+ * (kernels/common/row_desc.h) is the call's hidden, top_k and row format: a
+ * receiver reads a source's rows and words with its own call's, so one
+ * that differs fails the group before any is read. */
 #define MEP_LL_LIST_HEAD_BYTES 16u
 static inline MEP_HD uint32_t mep_ll_next_tag(uint32_t tag) {
   return tag >= 0xffffu ? 1u : tag + 1u;
@@ -84,12 +88,15 @@ static inline MEP_HD int mep_ll_list_expert(uint64_t w) {
   return (int)((w >> 16) & 0xffffu) - 1;
 }
 static inline MEP_HD uint32_t mep_ll_list_weight_bits(uint64_t w) { return (uint32_t)(w >> 32); }
-static inline MEP_HD uint64_t mep_ll_list_head(int tokens, int weighted, uint32_t tag) {
-  return ((uint64_t)(uint32_t)tokens << 32) | ((uint64_t)(weighted ? 1u : 0u) << 16) |
-         (uint64_t)(tag & 0xffffu);
+
+static inline MEP_HD uint64_t mep_ll_list_head(int tokens, int weighted, uint32_t desc,
+                                               uint32_t tag) {
+  return ((uint64_t)desc << 44) | ((uint64_t)(uint32_t)tokens << 32) |
+         ((uint64_t)(weighted ? 1u : 0u) << 16) | (uint64_t)(tag & 0xffffu);
 }
-static inline MEP_HD int mep_ll_head_tokens(uint64_t h) { return (int)(uint32_t)(h >> 32); }
+static inline MEP_HD int mep_ll_head_tokens(uint64_t h) { return (int)((h >> 32) & 0xfffu); }
 static inline MEP_HD int mep_ll_head_weighted(uint64_t h) { return (int)((h >> 16) & 1u); }
+static inline MEP_HD uint32_t mep_ll_head_desc(uint64_t h) { return (uint32_t)(h >> 44); }
 
 /* Bytes of one source's slot list (head + max_tokens * top_k words). */
 static inline MEP_HD uint64_t mep_ll_list_bytes(const mep_ll_dims_t *d) {
@@ -459,6 +466,11 @@ static inline MEP_HD mep_ll_state_layout_t mep_ll_state_layout(const mep_ll_dims
 
 #ifdef __cplusplus
 }
+#define MEP_LL_STATIC_ASSERT(cond, why) static_assert(cond, why)
+#else
+#define MEP_LL_STATIC_ASSERT(cond, why) _Static_assert(cond, why)
 #endif
+
+MEP_LL_STATIC_ASSERT(MEP_MAX_TOKENS_LL < 4096, "a slot-list head's tokens field is 12 bits");
 
 #endif /* MEP_LL_LAYOUT_H_ */

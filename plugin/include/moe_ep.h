@@ -326,7 +326,13 @@ typedef struct moe_ep_group_info {
  * then until the kernel ends (within 4 x timeouts.kernel_ms), and returns
  * MOE_EP_ERR_TIMEOUT past either; a receive tensor with fewer rows than
  * N_recv makes it return MOE_EP_ERR_INVALID_ARGUMENT for that call (the
- * rows were dropped; every rank skips that combine). */
+ * rows were dropped; every rank skips that combine). Ranks whose calls
+ * differ in hidden, top_k or row format (fp8 scale format included) all
+ * refuse the call with MOE_EP_ERR_INVALID_ARGUMENT naming a rank that
+ * differs and both shapes, the group usable and every rank skipping that
+ * combine; if any rank's call carried this flag, the nccl backend cannot
+ * refuse it on that rank, so every rank's group fails with MISMATCH instead
+ * (worst-case rows all marked empty). */
 #define MOE_EP_FLAG_WORST_CASE (1u << 2)
 
 typedef struct moe_ep_prepare_params {
@@ -588,8 +594,10 @@ typedef struct moe_ep_plugin_v1 {
                                 moe_ep_group_info_t *info);
   /* OK, the status that failed the group earlier (see "Which statuses fail
    * a group" at the status enum), or an error a kernel recorded since:
-   * - nccl low_latency: TIMEOUT (a wait expired) or INTERNAL (a receive read
-   *   a signal or list value no sender produces), both failing the group; or
+   * - nccl low_latency: TIMEOUT (a wait expired), INTERNAL (a receive read
+   *   a signal or list value no sender produces) or MISMATCH (ranks
+   *   combined pending dispatches in different orders, or made a dispatch
+   *   with different hidden, top_k or row format), all failing the group; or
    *   INVALID_ARGUMENT, leaving the group usable, for the first drop since
    *   the last report (only this entry reports it): a dispatch that met a
    *   topk_idx value outside -1..num_experts-1 and dropped that slot
@@ -599,7 +607,9 @@ typedef struct moe_ep_plugin_v1 {
    *   receiving rank, naming the source rank). Device-resident routing
    *   cannot be checked before the launch without a sync.
    * - nccl high_throughput: TIMEOUT; MISMATCH (ranks called set_num_sms
-   *   with different values); INTERNAL (a combine launched with another
+   *   with different values, or made a dispatch with different hidden,
+   *   top_k or row format while one had MOE_EP_FLAG_WORST_CASE); INTERNAL
+   *   (a combine launched with another
    *   channel count than its dispatch's layout). All fail the group. HT
    *   kernels treat a topk_idx value outside -1..num_experts-1 as -1 and
    *   carry a repeated expert as given; neither is reported.

@@ -20,6 +20,7 @@
 #include "runtime/nccl/lsa_link.h"
 #include "runtime/nccl/nccl_common.h"
 #include "runtime/nccl/nccl_setup.h"
+#include "runtime/nccl/row_shape.h"
 
 typedef struct nccl_state {
   mep_nccl_t *nccl;
@@ -329,6 +330,10 @@ static moe_ep_status_t timeout_error(const moe_ep_group_t *g, const nccl_state_t
                      r->rank, r->buffer_set, r->peer, (unsigned long long)(r->seen & 1u),
                      (unsigned long long)(r->seen >> 1), (unsigned long long)(r->expected & 1u),
                      (unsigned long long)(r->expected >> 1));
+  }
+  if (r->op == MEP_LL_OP_ROW_DESC) {
+    return mep_ll_row_desc_fatal(r->rank, r->peer, r->buffer_set, (uint32_t)r->expected,
+                                 (uint32_t)r->seen);
   }
   if (r->op == MEP_LL_OP_DISPATCH_REUSE) {
     return mep_error(MOE_EP_ERR_TIMEOUT,

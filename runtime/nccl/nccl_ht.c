@@ -14,13 +14,13 @@
 #include "runtime/config.h"
 #include "runtime/error.h"
 #include "runtime/group.h"
-#include "runtime/nccl/ht_refusal.h"
 #include "runtime/nccl/kernel_load.h"
 #include "runtime/nccl/layout_book.h"
 #include "runtime/nccl/nccl_common.h"
 #include "runtime/nccl/nccl_setup.h"
 #include "runtime/nccl/pinned_pool.h"
 #include "runtime/nccl/nccl_wait.h"
+#include "runtime/nccl/row_shape.h"
 
 /* SMs an HT group uses until set_num_sms says otherwise: engines give
  * communication about 24 SMs while experts compute. */
@@ -321,11 +321,6 @@ static moe_ep_status_t ht_prepare(moe_ep_group_t *g, mep_handle_state_t *h) {
   return mep_nccl_prepare_layout(g, s->device, h);
 }
 
-static int scale_words(const mep_op_t *op) {
-  if (!op->fp8) return 0;
-  return op->scale_format == MOE_EP_FP8_SCALE_UE8M0_PACKED ? (op->hidden + 511) / 512
-                                                           : op->hidden / 128;
-}
 
 static moe_ep_status_t launch_dispatch(moe_ep_group_t *g, ht_state_t *s, mep_op_t *op) {
   mep_handle_state_t *h = op->handle;
@@ -338,7 +333,8 @@ static moe_ep_status_t launch_dispatch(moe_ep_group_t *g, ht_state_t *s, mep_op_
       .x = op->x,
       .x_scales = op->x_scales,
       .fp8 = op->fp8,
-      .scale_words = scale_words(op),
+      .scale_words = mep_ht_scale_words(op->hidden, op->fp8 ? op->scale_format : -1),
+      .scale_mode = op->scale_format, /* MEP_FP8_SCALE_* keep moe_ep's numbers */
       .topk_idx = h->topk_idx,
       .topk_idx_bytes = h->topk_idx_bits / 8,
       .num_tokens = h->num_tokens,
@@ -457,7 +453,7 @@ static moe_ep_status_t learn_num_recv(moe_ep_group_t *g, ht_state_t *s, mep_op_t
   const int64_t n = __atomic_load_n(&s->num_recv[set], __ATOMIC_ACQUIRE);
   if (n < -1) { /* a source's rows laid out otherwise: drained unread, every rank refuses */
     return mep_ht_refused_error(
-        g->rank, n, mep_ht_row_desc(op->hidden, op->handle->top_k, op->fp8, scale_words(op)));
+        g->rank, n, mep_row_desc(op->hidden, op->handle->top_k, op->fp8, op->scale_format));
   }
   if (n < 0) { /* the host's -1 from before the launch: a kernel that gave up unrecorded */
     return mep_error(MOE_EP_ERR_INTERNAL,

@@ -115,6 +115,9 @@ mep_ht_dispatch_args_t DispatchArgs(const Case &c, const o::Problem &p,
   }
   a.fp8 = c.fp8;
   a.scale_words = ScaleWords(c);
+  a.scale_mode = c.scales == o::ScaleFormat::kUe8m0Packed ? MEP_FP8_SCALE_UE8M0_PACKED
+                 : c.scales == o::ScaleFormat::kUe8m0      ? MEP_FP8_SCALE_UE8M0
+                                                           : MEP_FP8_SCALE_F32;
   a.topk_idx = dev->upload(in.topk_idx);
   a.topk_idx_bytes = 8;
   a.num_tokens = in.num_tokens;

@@ -1,7 +1,8 @@
 // worker_ht_bad.cc: bad input to HT dispatch on a live multi-rank group:
 // row format against x's dtype (bf16 and pre-quantised fp8), the scales'
 // shape and dtype, worst-case capacity, receive tensors too small for what
-// arrives, a second dispatch while the first's hook is pending,
+// arrives, ranks whose calls differ in hidden, a second dispatch while the
+// first's hook is pending,
 // handle_layout on an HT handle. Each is refused with the
 // right status and a sentence naming the argument, returns no hook, and the
 // group still works (verified round trips follow).
@@ -302,12 +303,53 @@ void too_few_rows_abandoned(Ctx& c) {
     roundtrip(c, next, "dispatch after an abandoned one into too few rows");
 }
 
+// The last rank makes a dispatch with a smaller hidden than its peers (each
+// rank's own arguments are valid): its rows would be read at the wrong
+// layout, so every rank refuses the call, naming a rank that differs and
+// both calls' shapes, and reads no row; the handle then has no dispatch to
+// combine, and a dispatch of matching shapes on it works. Eager, then with
+// the receive deferred to the hook.
+void hidden_differs_on_one_rank(Ctx& c) {
+  // With one buffer set the dispatch after the refused one would follow it
+  // on the same set with no combine between (README, "Limits").
+  if (c.world < 2 || !c.opt.double_buffer) return;
+  Problem p = problem_of(c, DispatchDtype::kBf16);
+  HtCall call(c, p, 82);
+  if (call.prepare() != MOE_EP_OK) return;
+  const int odd = c.world - 1, H = p.hidden, smaller = H - 8;
+  const int64_t n = call.num_recv();
+  const Tweak shrink = [&](moe_ep_dispatch_params_t& dp) {
+    if (c.rank != odd) return;
+    dp.hidden = smaller;
+    mutable_tensor(dp.x)->shape[1] = smaller;
+    mutable_tensor(dp.recv_x)->shape[1] = smaller;
+  };
+  const std::string must = c.rank == odd ? "rank 0 made this call with hidden=" + std::to_string(H)
+                                         : "rank " + std::to_string(odd) +
+                                               " made this call with hidden=" +
+                                               std::to_string(smaller);
+  expect_status(c, 82, "dispatch whose hidden differs on one rank", call.dispatch(0, n, true, shrink),
+                MOE_EP_ERR_INVALID_ARGUMENT, must.c_str());
+  expect_status(c, 82, "combine of the refused dispatch", call.combine(0, n),
+                MOE_EP_ERR_INVALID_ARGUMENT, "combine needs a completed dispatch");
+  roundtrip(c, call, "dispatch of matching shapes after one whose hidden differed");
+  moe_ep_hook_t* hook = nullptr;
+  if (!expect_status(c, 83, "deferred dispatch whose hidden differs on one rank",
+                     call.dispatch(MOE_EP_FLAG_DEFER_RECV, n, true, shrink, &hook), MOE_EP_OK))
+    return;
+  expect_status(c, 83, "hook_run of a dispatch whose hidden differs on one rank",
+                c.api->hook_run(hook, nullptr), MOE_EP_ERR_INVALID_ARGUMENT, must.c_str());
+  c.api->hook_free(hook);
+  roundtrip(c, call, "dispatch of matching shapes after a deferred one whose hidden differed");
+}
+
 }  // namespace
 
 void run_ht_bad_input(Ctx& c) {
   bf16_x(c);
   fp8_x(c);
   worst_case_then_exact(c);
+  hidden_differs_on_one_rank(c);
   // Only the host backend's HT prepare is collective (the nccl one counts in
   // the dispatch kernel).
   if (c.opt.backend == "host") one_rank_refuses_prepare(c);

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "kernels/common/kernels_error.h"
+#include "kernels/common/kernels_types.h"
+#include "kernels/common/row_desc.h"
 #include "kernels/ht/ht.h"
 #include "kernels/ht/ht_layout.h"
 #include "tests/kernels/fake_ctx.h"
@@ -69,13 +71,24 @@ TEST(HtLink, DispatchRejectsEachBrokenRule) {
       {"num_experts is 257", [](mep_ht_dispatch_args_t *a) { a->num_experts = 257; }},
       {"topk_idx_bytes is 2", [](mep_ht_dispatch_args_t *a) { a->topk_idx_bytes = 2; }},
       {"buffer_set is 2", [](mep_ht_dispatch_args_t *a) { a->buffer_set = 2; }},
-      {"scale words per row (got 0)", [](mep_ht_dispatch_args_t *a) { a->fp8 = 1; }},
-      // Neither scale layout a count word can describe (56 f32 or 14 packed
-      // words at hidden 7168).
-      {"scale words per row (got 20)",
+      {"packed (got 0)", [](mep_ht_dispatch_args_t *a) { a->fp8 = 1; }},
+      // Not the scale mode's words (56 f32 or 14 packed at hidden 7168).
+      {"packed (got 20)",
        [](mep_ht_dispatch_args_t *a) {
          a->fp8 = 1;
          a->scale_words = 20;
+       }},
+      {"packed (got 56)",
+       [](mep_ht_dispatch_args_t *a) {
+         a->fp8 = 1;
+         a->scale_mode = MEP_FP8_SCALE_UE8M0_PACKED;
+         a->scale_words = 56;
+       }},
+      {"scale_mode 0..2 (got 3)",
+       [](mep_ht_dispatch_args_t *a) {
+         a->fp8 = 1;
+         a->scale_mode = 3;
+         a->scale_words = 56;
        }},
       {"is NULL with 3 tokens", [](mep_ht_dispatch_args_t *a) { a->num_tokens = 3; }},
       {"recv_count) is NULL", [](mep_ht_dispatch_args_t *a) { a->recv_capacity = 0; }},
@@ -278,12 +291,17 @@ TEST(HtLayout, NetworkRegions) {
 }
 
 TEST(HtLayout, CountWordRoundTrips) {
-  const uint32_t desc = mep_ht_row_desc(MEP_MAX_HIDDEN, MEP_MAX_TOP_K, 1, MEP_MAX_HIDDEN / 512);
-  const uint64_t w = MEP_HT_CNT_WORD(0xfffffffeu, desc, MEP_HT_MAX_CHANNELS, MEP_MAX_TOKENS_HT);
-  EXPECT_EQ(MEP_HT_CNT_TAG(w), mep_ht_cnt_tag(0xfffffffeu));
-  EXPECT_EQ(MEP_HT_CNT_DESC(w), desc);
-  EXPECT_EQ(MEP_HT_CNT_CHAN(w), MEP_HT_MAX_CHANNELS);
-  EXPECT_EQ(MEP_HT_CNT_ROWS(w), MEP_MAX_TOKENS_HT);
+  const uint32_t desc =
+      mep_row_desc(MEP_MAX_HIDDEN, MEP_MAX_TOP_K, 1, MEP_FP8_SCALE_UE8M0_PACKED);
+  for (int worst : {0, 1}) {
+    const uint64_t w =
+        MEP_HT_CNT_WORD(0xfffffffeu, worst, desc, MEP_HT_MAX_CHANNELS, MEP_MAX_TOKENS_HT);
+    EXPECT_EQ(MEP_HT_CNT_TAG(w), mep_ht_cnt_tag(0xfffffffeu));
+    EXPECT_EQ(MEP_HT_CNT_WORST(w), worst);
+    EXPECT_EQ(MEP_HT_CNT_DESC(w), desc);
+    EXPECT_EQ(MEP_HT_CNT_CHAN(w), MEP_HT_MAX_CHANNELS);
+    EXPECT_EQ(MEP_HT_CNT_ROWS(w), MEP_MAX_TOKENS_HT);
+  }
 }
 
 // The folded tag is never 0 (a word never written) and differs between
@@ -299,39 +317,43 @@ TEST(HtLayout, CountWordTagsOfCallsSharingAWordDiffer) {
   }
 }
 
-// A row description holds hidden, top_k and the scale layout exactly, and
-// tells apart every pair of calls whose rows are laid out differently.
+// A row description holds hidden, top_k and the row format exactly (the
+// scale format too, where f32 and UE8M0 scales, or at hidden 128 f32 and
+// packed ones, have as many words), tells every two such calls apart, and
+// gives each the ring payload its rows have.
 TEST(HtLayout, RowDescriptionsAreExact) {
   struct Row {
-    int hidden, top_k, fp8, words;
+    int hidden, top_k, mode;  // mode -1: bf16
   };
   std::vector<Row> rows;
   for (int h : {8, 128, 2880, 4096, 7168, MEP_MAX_HIDDEN})
-    for (int k : {1, 8, MEP_MAX_TOP_K}) {
-      rows.push_back({h, k, 0, 0});
-      if (h % 128 != 0) continue;
-      rows.push_back({h, k, 1, h / 128});
-      if ((h + 511) / 512 != h / 128) rows.push_back({h, k, 1, (h + 511) / 512});
-    }
+    for (int k : {1, 8, MEP_MAX_TOP_K})
+      for (int mode = -1; mode <= MEP_FP8_SCALE_UE8M0_PACKED; ++mode)
+        if (mode < 0 || h % 128 == 0) rows.push_back({h, k, mode});
   for (const Row &a : rows) {
-    const uint32_t d = mep_ht_row_desc(a.hidden, a.top_k, a.fp8, a.words);
-    EXPECT_LT(d, 1u << MEP_HT_DESC_BITS);
-    EXPECT_EQ(mep_ht_desc_hidden(d), a.hidden);
-    EXPECT_EQ(mep_ht_desc_top_k(d), a.top_k);
-    EXPECT_EQ(mep_ht_desc_fp8(d), a.fp8);
-    EXPECT_EQ(mep_ht_desc_scale_words(d), a.words) << "hidden " << a.hidden;
+    const uint32_t d = mep_row_desc(a.hidden, a.top_k, a.mode >= 0, a.mode);
+    EXPECT_LT(d, 1u << MEP_ROW_DESC_BITS);
+    EXPECT_EQ(mep_row_desc_hidden(d), a.hidden);
+    EXPECT_EQ(mep_row_desc_top_k(d), a.top_k);
+    EXPECT_EQ(mep_row_desc_scale_mode(d), a.mode);
+    EXPECT_EQ(mep_ht_desc_payload(d),
+              mep_ht_payload_bytes(a.hidden, a.mode >= 0, mep_ht_scale_words(a.hidden, a.mode)))
+        << "hidden " << a.hidden << " mode " << a.mode;
     const int64_t n = mep_ht_refused_recv(MEP_HT_MAX_RANKS - 1, d);
     EXPECT_LT(n, -1);
     EXPECT_EQ(mep_ht_refused_source(n), MEP_HT_MAX_RANKS - 1);
     EXPECT_EQ(mep_ht_refused_desc(n), d);
     for (const Row &b : rows) {
-      const bool same = a.hidden == b.hidden && a.top_k == b.top_k && a.fp8 == b.fp8 &&
-                        a.words == b.words;
-      EXPECT_EQ(d == mep_ht_row_desc(b.hidden, b.top_k, b.fp8, b.words), same)
-          << a.hidden << "/" << a.top_k << "/" << a.words << " against " << b.hidden << "/"
-          << b.top_k << "/" << b.words;
+      const bool same = a.hidden == b.hidden && a.top_k == b.top_k && a.mode == b.mode;
+      EXPECT_EQ(d == mep_row_desc(b.hidden, b.top_k, b.mode >= 0, b.mode), same)
+          << a.hidden << "/" << a.top_k << "/" << a.mode << " against " << b.hidden << "/"
+          << b.top_k << "/" << b.mode;
     }
   }
+  EXPECT_EQ(mep_ht_scale_words(7168, MEP_FP8_SCALE_F32), 56);
+  EXPECT_EQ(mep_ht_scale_words(7168, MEP_FP8_SCALE_UE8M0), 56);
+  EXPECT_EQ(mep_ht_scale_words(7168, MEP_FP8_SCALE_UE8M0_PACKED), 14);
+  EXPECT_EQ(mep_ht_scale_words(2048, -1), 0);
   EXPECT_EQ(mep_ht_refused_source(mep_ht_refused_recv(0, 0)), 0);
   EXPECT_EQ(mep_ht_refused_recv(0, 0), -2);
 }

@@ -259,14 +259,19 @@ TEST(LlLayout, ListWordsAndTagsRoundTrip) {
       }
     }
   }
-  for (int tokens : {0, 1, 1024}) {
+  const uint32_t widest = (1u << MEP_ROW_DESC_BITS) - 1u;
+  for (int tokens : {0, 1, MEP_MAX_TOKENS_LL}) {
     for (int weighted : {0, 1}) {
-      const uint64_t h = mep_ll_list_head(tokens, weighted, 77);
-      EXPECT_EQ(mep_ll_head_tokens(h), tokens);
-      EXPECT_EQ(mep_ll_head_weighted(h), weighted);
-      EXPECT_EQ(mep_ll_list_tag(h), 77u);
+      for (uint32_t desc : {0u, widest}) {
+        const uint64_t h = mep_ll_list_head(tokens, weighted, desc, 0xffffu);
+        EXPECT_EQ(mep_ll_head_tokens(h), tokens);
+        EXPECT_EQ(mep_ll_head_weighted(h), weighted);
+        EXPECT_EQ(mep_ll_head_desc(h), desc);
+        EXPECT_EQ(mep_ll_list_tag(h), 0xffffu);
+      }
     }
   }
+
   uint32_t tag = 0, prev = 0;  // zeroed state: the first call's tag is 1
   for (int i = 0; i < 3 * 65535; ++i) {
     tag = mep_ll_next_tag(tag);
