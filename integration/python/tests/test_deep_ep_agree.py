@@ -108,6 +108,67 @@ def test_free_port_is_outside_the_ephemeral_range():
         s.bind(("", got))  # free indeed
 
 
+def _ipv6_loopback():
+    """Whether this machine can bind IPv6's loopback (containers often
+    cannot)."""
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+def test_ipv6_hosts_are_published_in_brackets(monkeypatch):
+    """An IPv6 literal is published as "[addr]:port" (the library splits
+    "host:port" at the last colon only inside brackets), and rank 0's own
+    address on the route toward an IPv6 MASTER_ADDR is taken in that
+    family, where an IPv4 socket could not reach it at all."""
+    assert agree.address_of("fd00::1", 29001) == "[fd00::1]:29001"
+    assert agree.address_of("[fd00::1]", 29001) == "[fd00::1]:29001"
+    assert agree.address_of("10.0.0.1", 29001) == "10.0.0.1:29001"
+    assert agree.address_of("node-3", 29001) == "node-3:29001"
+    if not _ipv6_loopback():
+        pytest.skip("no IPv6 loopback here")
+    monkeypatch.setattr(agree, "store_host", lambda: None)
+    monkeypatch.setenv("MASTER_ADDR", "::1")
+    assert agree.bootstrap_host() == "::1"
+
+
+def test_free_port_checks_the_published_hosts_family():
+    """A port bound in IPv6 is passed over for an IPv6 host and for a name
+    (which may resolve to either family), not for an IPv4 address."""
+    if not _ipv6_loopback():
+        pytest.skip("no IPv6 loopback here")
+    ranges = agree._port_ranges()
+    if not ranges:
+        pytest.skip("no room outside the ephemeral range")
+    a, b = ranges[0]
+    held = socket.socket(socket.AF_INET6)
+    held.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    try:
+        for port in range(a, b - 1):
+            try:
+                held.bind(("::", port))
+            except OSError:
+                continue
+            if agree._bindable(port, [socket.AF_INET]):
+                break
+            held.close()
+            held = socket.socket(socket.AF_INET6)
+            held.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        else:
+            pytest.skip("no port in %d-%d free in IPv4 and bindable in IPv6" % (a, b))
+        held.listen(1)
+        rest = [i - a for i in range(port + 1, b)]
+        for host in ("::1", "node-3", None):
+            got = agree.free_port(_Picks([port - a] + rest), host=host)
+            assert got != port, (host, got)
+        assert agree.free_port(_Picks([port - a]), host="127.0.0.1") == port
+    finally:
+        held.close()
+
+
 def test_comm_agrees_address_and_token(monkeypatch):
     """With comm= (no torch group), rank 0's free port and a job token drawn
     on rank 0 reach every rank, as over a torch group."""

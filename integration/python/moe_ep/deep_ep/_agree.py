@@ -158,11 +158,28 @@ def channel(group, comm, timeout_s=None):
     return Channel(group, comm, timeout_s)
 
 
-def is_loopback(host):
+def _ip(host):
+    """host as an address, or None for a name (an IPv6 zone, "%eth0", is
+    dropped)."""
     try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a name
-        return host == "localhost"
+        return ipaddress.ip_address(host.strip("[]").split("%")[0])
+    except ValueError:
+        return None
+
+
+def is_loopback(host):
+    ip = _ip(host)
+    return ip.is_loopback if ip is not None else host == "localhost"
+
+
+def address_of(host, port):
+    """The bootstrap address "host:port", with an IPv6 literal in brackets
+    ("[fd00::1]:port"), which the library's parser needs to tell the
+    address's colons from the port's."""
+    ip = _ip(host)
+    if ip is not None and ip.version == 6 and not host.startswith("["):
+        return "[%s]:%d" % (host, port)
+    return "%s:%d" % (host, port)
 
 
 def store_host():
@@ -200,18 +217,27 @@ def bootstrap_host():
     master = os.environ.get("MASTER_ADDR") or store_host()
     if not master:
         return "127.0.0.1"
+    # Connecting a UDP socket sends nothing: it only chooses the route, and
+    # with it this end's address, in the family MASTER_ADDR resolves to.
+    found = None
     try:
-        # Connecting a UDP socket sends nothing: it only chooses the route,
-        # and with it this end's address.
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((master, 9))
-            found = s.getsockname()[0]
-    except OSError:
+        targets = socket.getaddrinfo(master.strip("[]"), 9, type=socket.SOCK_DGRAM)
+    except (OSError, UnicodeError):
+        targets = []
+    for family, _, _, _, where in targets:
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect(where)
+                found = s.getsockname()[0]
+                break
+        except OSError:
+            continue
+    if found is None:
         return master
     # A name that resolves to loopback here (127.0.1.1 for the host's own
     # name on Debian) may resolve to a routable address elsewhere: publish
     # the name, as given, unless it is itself a loopback address.
-    if ipaddress.ip_address(found).is_loopback and not is_loopback(master):
+    if is_loopback(found) and not is_loopback(master):
         return master
     return found
 
@@ -242,14 +268,43 @@ def _port_ranges():
 _PORT_TRIES = 256
 
 
-def free_port(rng=None):
+def _families(host):
+    """The address families the group's listener may take for `host`: an
+    address's own, or for a name (None: any) IPv4 and IPv6 both."""
+    ip = _ip(host) if host else None
+    if ip is not None:
+        return [socket.AF_INET6 if ip.version == 6 else socket.AF_INET]
+    return [socket.AF_INET, socket.AF_INET6] if socket.has_ipv6 else [socket.AF_INET]
+
+
+def _bindable(port, families):
+    """Whether nothing is bound to `port` in any of `families` (a family
+    this machine lacks does not count)."""
+    for family in families:
+        try:
+            s = socket.socket(family)
+        except OSError:  # no such family here
+            continue
+        with s:
+            try:
+                if family == socket.AF_INET6:
+                    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                s.bind(("::" if family == socket.AF_INET6 else "", port))
+            except OSError:
+                return False
+    return True
+
+
+def free_port(rng=None, host=None):
     """A TCP port nothing on this machine is bound to now, outside the
     kernel's ephemeral range (_port_ranges), for rank 0 to publish: a
-    group's bootstrap listens there. The kernel's pick (bind(0)) only when
-    no port outside that range is free. rng: randrange's source (a
-    random.SystemRandom by default)."""
+    group's bootstrap listens there, on `host` (its family decides which
+    binds count; a name or None: IPv4 and IPv6 both). The kernel's pick
+    (bind(0)) only when no port outside that range is free. rng:
+    randrange's source (a random.SystemRandom by default)."""
     import random
     rng = rng or random.SystemRandom()
+    families = _families(host)
     ranges = _port_ranges()
     total = sum(b - a for a, b in ranges)
     for _ in range(_PORT_TRIES if ranges else 0):
@@ -259,15 +314,17 @@ def free_port(rng=None):
                 port = a + i
                 break
             i -= b - a
-        with socket.socket() as s:
-            try:
-                s.bind(("", port))
-            except OSError:
-                continue
+        if _bindable(port, families):
             return port
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+    for family in families:
+        try:
+            s = socket.socket(family)
+        except OSError:
+            continue
+        with s:
+            s.bind(("::" if family == socket.AF_INET6 else "", 0))
+            return s.getsockname()[1]
+    raise OSError("no socket family of %s is available on this machine" % host)
 
 
 def group_keys(ch, want_address, tokens, given=None, check_given=False):
@@ -287,7 +344,8 @@ def group_keys(ch, want_address, tokens, given=None, check_given=False):
         return None, tokens
     mine = [None, tokens, given]
     if want_address and ch.rank == 0:
-        mine[0] = "%s:%d" % (bootstrap_host(), free_port())
+        host = bootstrap_host()
+        mine[0] = address_of(host, free_port(host=host))
     everyone = ch.gather(mine)
     givens = [e[2] for e in everyone]
     if check_given and len(set(givens)) > 1:
