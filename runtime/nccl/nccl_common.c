@@ -101,6 +101,11 @@ moe_ep_status_t mep_nccl_prepare_layout(moe_ep_group_t *g, int device, mep_handl
   }
   mep_nccl_caller_t caller;
   MEP_CHECK(mep_nccl_enter(device, &caller));
+  /* A stream CUDA refuses (destroyed, or in an invalidated capture) is bad
+   * input, refused before the launch, which would fail the group. */
+  int capturing;
+  moe_ep_status_t st = mep_nccl_stream_capture(h->prepare_stream, &capturing);
+  if (st != MOE_EP_OK) return mep_nccl_leave(&caller, st);
   mep_prepare_layout_args_t a = {
       .topk_idx = h->topk_idx,
       .topk_idx_bytes = h->topk_idx_bits / 8,

@@ -227,6 +227,58 @@ void dispatch_in_capture(Ctx& c) {
   roundtrip(c, call, "eager round trip after the refused capture");
 }
 
+// nccl: a prepare whose layout outputs would be written on a stream in a
+// capture an earlier call invalidated is refused as bad input naming
+// params->stream (its launch there would fail the group), and the group
+// goes on.
+void prepare_on_invalidated_capture(Ctx& c) {
+  Problem p = problem_of(c, DispatchDtype::kBf16);
+  const RankInputs in = make_inputs(p, c.rank, 84);
+  const int64_t T = in.num_tokens;
+  // Device tensors made before the capture: no allocation or copy inside it.
+  void* d[2] = {};
+  const size_t sizes[2] = {static_cast<size_t>(T * p.top_k * 8), static_cast<size_t>(p.world) * 4};
+  for (int i = 0; i < 2; i++) cuda_check(cudaMalloc(&d[i], sizes[i] + 16), "cudaMalloc");
+  if (T > 0)
+    cuda_check(cudaMemcpy(d[0], in.topk_idx.data(), sizes[0], cudaMemcpyHostToDevice),
+               "cudaMemcpy");
+  const int cuda = MOE_EP_DEVICE_CUDA;
+  Tensor topk(d[0], DT::kI64, {T, p.top_k}, cuda, c.gpu),
+      per_rank(d[1], DT::kI32, {p.world}, cuda, c.gpu);
+  cudaStream_t s;
+  cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  moe_ep_prepare_params_t pp = MOE_EP_INIT(moe_ep_prepare_params_t);
+  pp.topk_idx = topk.get();
+  pp.num_tokens = static_cast<int32_t>(T);
+  pp.top_k = p.top_k;
+  pp.num_tokens_per_rank = per_rank.get();
+  pp.stream = s;
+  cuda_check(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+  c.checks++;
+  if (cudaStreamSynchronize(s) == cudaSuccess)
+    fail(c, 84, "invalidated capture", "cudaStreamSynchronize in a capture succeeded");
+  moe_ep_handle_t* h = nullptr;
+  const moe_ep_status_t st = c.api->prepare(c.group, &pp, &h);
+  const std::string msg = c.api->last_error();
+  cudaGraph_t graph = nullptr;
+  (void)cudaStreamEndCapture(s, &graph);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  (void)cudaGetLastError();
+  cudaStreamDestroy(s);
+  if (h != nullptr) c.api->handle_free(h);
+  for (void* b : d) cudaFree(b);
+  expect_status(c, 84, "prepare on a stream in an invalidated capture", st,
+                MOE_EP_ERR_INVALID_ARGUMENT, "capture that an earlier call invalidated");
+  c.checks++;
+  if (msg.find("params->stream=") == std::string::npos)
+    fail(c, 84, "prepare on a stream in an invalidated capture", "does not name params->stream: " + msg);
+  expect_status(c, 84, "poll_error after the refused prepare", c.api->group_poll_error(c.group),
+                MOE_EP_OK);
+  HtCall call(c, p, 85);
+  if (call.prepare() == MOE_EP_OK) roundtrip(c, call, "round trip after the refused prepare");
+}
+
 // nccl: set_num_sms(0) returns an HT group to the backend's default of 24
 // SMs (fewer on a smaller GPU), not to every SM.
 void default_sms_again(Ctx& c) {
@@ -355,6 +407,7 @@ void run_ht_bad_input(Ctx& c) {
   if (c.opt.backend == "host") one_rank_refuses_prepare(c);
   if (c.opt.backend == "nccl") {
     dispatch_in_capture(c);
+    prepare_on_invalidated_capture(c);
     default_sms_again(c);
     too_few_rows(c);
     too_few_rows_abandoned(c);
