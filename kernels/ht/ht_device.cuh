@@ -331,15 +331,20 @@ __device__ __forceinline__ uint64_t mep_ht_counter(const MepHtParams &p, uint64_
 }
 
 /* Ends a dispatch launch: the last block to arrive sets the epoch to e + 1
- * and resets the ticket for the next launch (a kernel boundary away). Only
+ * and resets the ticket for the next launch (a kernel boundary away). A
+ * fatal record published without the abort flag (MEP_HT_OP_ROW_DESC: the
+ * rings had to drain) raises it there, once every block is done, so the
+ * failed group's later kernels already queued give up at once. Only
  * thread 0 of each block takes part, after its block's barrier. */
 __device__ __forceinline__ void mep_ht_advance_epoch(uint32_t *ticket, uint32_t *epoch,
-                                                     uint32_t e) {
+                                                     uint32_t e, const MepWaitCtx &wc) {
   __syncthreads();
   if (threadIdx.x != 0) return;
   if (atomicAdd(ticket, 1u) == gridDim.x - 1) {
     *ticket = 0;
     *epoch = e + 1u;
+    __threadfence(); /* every block's record before its ticket is seen */
+    if (*reinterpret_cast<volatile int32_t *>(&wc.err->flag) != 0) atomicExch(wc.abort_flag, 1u);
   }
 }
 

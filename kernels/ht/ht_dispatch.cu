@@ -424,7 +424,7 @@ __global__ void __launch_bounds__(MEP_HT_THREADS, 1)
   }
   /* Every block read e before any arrives here, so the next call (stream
    * ordered after this one) reads e + 1 everywhere. */
-  mep_ht_advance_epoch(mep_ht_state_u32(p, p.st.ticket_dispatch), epoch, e);
+  mep_ht_advance_epoch(mep_ht_state_u32(p, p.st.ticket_dispatch), epoch, e, p.wc);
 }
 
 }  // namespace

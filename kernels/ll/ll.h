@@ -70,7 +70,9 @@ enum {
   /* A dispatch receive found that rank `peer` made the call with another
    * hidden, top_k or row format (its slot-list head's row description):
    * expected = this rank's description, seen = the peer's
-   * (kernels/common/row_desc.h); none of its rows or words was read. Fatal. */
+   * (kernels/common/row_desc.h); none of its rows was copied (an LSA
+   * receive may still have walked its lists, bounded by the head's checks).
+   * Fatal. */
   MEP_LL_OP_ROW_DESC = 13
 };
 

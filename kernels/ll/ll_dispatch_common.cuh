@@ -349,7 +349,7 @@ __device__ __forceinline__ bool mep_dispatch_count_wait(const MepLLParams &p, in
 
 /* Source r made this call with this rank's hidden, top_k and row format
  * (its list head's row description); else recorded (MEP_LL_OP_ROW_DESC,
- * fatal) before any of its rows or words is read with this call's layout.
+ * fatal) before any of its rows is copied with this call's layout.
  * Not judged when this thread's wait for the head failed (*failed, set by
  * mep_list_fresh): the head it returns then is a stand-in, and an aborted
  * wait must leave no record. */

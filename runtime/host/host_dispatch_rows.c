@@ -36,8 +36,10 @@ uint32_t mep_host_row_desc(const mep_op_t *op) {
   uint32_t d = ROW_DESC_SET | (uint32_t)op->hidden | (uint32_t)op->handle->top_k << 16;
   if (op->fp8) {
     d |= 1u << 22;
-    if (op->scale_format != MOE_EP_FP8_SCALE_F32 || (op->flags & MOE_EP_FLAG_ROUND_SCALE))
-      d |= 1u << 23;
+    /* ROUND_SCALE makes LL's quantiser's f32 scales powers of two; HT
+     * never quantises and ignores it (moe_ep.h), as the nccl backend does. */
+    const int round = (op->flags & MOE_EP_FLAG_ROUND_SCALE) && op->mode == MOE_EP_MODE_LOW_LATENCY;
+    if (op->scale_format != MOE_EP_FP8_SCALE_F32 || round) d |= 1u << 23;
     if (op->scale_format == MOE_EP_FP8_SCALE_UE8M0_PACKED) d |= 1u << 24;
   }
   return d;

@@ -58,7 +58,7 @@ moe_ep_status_t mep_ll_row_desc_fatal(int32_t rank, int32_t peer, int32_t buffer
   mep_row_desc_text(mine, b, sizeof b);
   return mep_error(MOE_EP_ERR_MISMATCH,
                    "a dispatch receive on rank %d (buffer set %d) found that rank %d made this "
-                   "call with %s, this rank with %s; %s. None of that rank's rows was read; "
+                   "call with %s, this rank with %s; %s. None of that rank's rows was copied; "
                    "destroy the group",
                    rank, buffer_set, peer, a, b, kSameRows);
 }

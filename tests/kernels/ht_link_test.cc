@@ -91,6 +91,8 @@ TEST(HtLink, DispatchRejectsEachBrokenRule) {
          a->scale_words = 56;
        }},
       {"is NULL with 3 tokens", [](mep_ht_dispatch_args_t *a) { a->num_tokens = 3; }},
+      {"num_recv is NULL without pad",
+       [](mep_ht_dispatch_args_t *a) { a->recv_count = reinterpret_cast<int32_t *>(0x100); }},
       {"recv_count) is NULL", [](mep_ht_dispatch_args_t *a) { a->recv_capacity = 0; }},
   };
   for (const Bad &b : bad) {
