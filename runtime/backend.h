@@ -52,6 +52,13 @@ typedef struct mep_backend_ops {
   /* Optional: both halves at once for an op that is not deferred (the nccl
    * backend launches one fused kernel instead of two); NULL = send, recv. */
   moe_ep_status_t (*send_recv)(moe_ep_group_t *group, mep_op_t *op);
+  /* Optional: the receive's checks of hook_run's stream (op->stream),
+   * asked before the hook counts as run: a refusal (INVALID_ARGUMENT: a
+   * stream CUDA refuses, of another GPU or context, or a capture the
+   * receive cannot run in) leaves the hook pending, to be run on another
+   * stream, where a refusal inside `recv`, after the send half went out,
+   * would fail the group or abandon the receive. */
+  moe_ep_status_t (*check_recv)(moe_ep_group_t *group, const mep_op_t *op);
   /* OK or the recorded asynchronous error. */
   moe_ep_status_t (*poll_error)(moe_ep_group_t *group);
   /* Transport used to reach each peer (moe_ep_transport_t). */

@@ -350,9 +350,10 @@ static moe_ep_status_t hook_run_locked(moe_ep_group_t *g, moe_ep_hook_t *hook, v
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "%s; its receive was abandoned (nothing ran)", why);
   }
+  hook->op.stream = stream;
+  if (g->ops->check_recv != NULL) MEP_CHECK(g->ops->check_recv(g, &hook->op));
   hook->ran = 1;
   g->pending[hook->op.buffer_set] = NULL;
-  hook->op.stream = stream;
   moe_ep_status_t st = g->ops->recv(g, &hook->op);
   if (st != MOE_EP_OK && !mep_status_is_fatal(st) && !g->ops->abandon_is_safe) {
     /* The send half went out, so the peers' signals of this operation

@@ -340,7 +340,10 @@ typedef struct moe_ep_prepare_params {
   const moe_ep_tensor_t *topk_idx; /* [T, K] int32/int64, -1 = no expert */
   int32_t num_tokens;              /* T; <= max_tokens_per_rank */
   int32_t top_k;                   /* K; <= config top_k */
-  void *stream;                    /* cudaStream_t (nccl); ignored on host */
+  /* cudaStream_t (nccl): of the group's GPU's primary context (the
+   * runtime API's streams) or a green context of that GPU, in every
+   * entry; another is INVALID_ARGUMENT. Ignored on host. */
+  void *stream;
   /* Layout outputs, both modes (optional, may be NULL): */
   moe_ep_tensor_t *num_tokens_per_rank;   /* [R] int32 */
   moe_ep_tensor_t *num_tokens_per_expert; /* [E] int32 */
@@ -673,7 +676,9 @@ typedef struct moe_ep_plugin_v1 {
                              moe_ep_hook_t **hook);
   /* Finish the deferred receive on `stream` (any host thread; on the nccl
    * backend it is ordered after the send half even on another stream,
-   * cudaStreamPerThread of another thread included). A
+   * cudaStreamPerThread of another thread included). A stream the nccl
+   * backend refuses (see prepare's) is INVALID_ARGUMENT and the hook
+   * stays pending, to be run on another. A
    * hook runs once; it stays owned by the caller until hook_free. Freeing a
    * hook that never ran abandons its receive: the host backend stays
    * usable (after an abandoned combine its next send first waits, bounded,

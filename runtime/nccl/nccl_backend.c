@@ -697,6 +697,7 @@ const mep_backend_ops_t mep_nccl_backend = {
     .prepare = nccl_prepare,
     .send = nccl_send,
     .recv = nccl_recv,
+    .check_recv = mep_nccl_check_recv,
     .send_recv = nccl_send_recv,
     .poll_error = nccl_poll_error,
     .peer_transport = nccl_peer_transport,

@@ -225,7 +225,7 @@ static cudaError_t capture_of(void *stream, unsigned long long *id) {
  * before anything is queued there (mep_nccl_sent_order_if): bad input,
  * not a failure of the group (a destroyed stream, or one in a graph capture
  * an earlier call invalidated). */
-static moe_ep_status_t stream_refused(void *stream, cudaError_t e) {
+static moe_ep_status_t stream_refused(void *stream, const char *arg, cudaError_t e) {
   /* Only the stream's own refusals; anything else (a sticky error an
    * earlier kernel left) is the device's, and fatal. */
   if (e != cudaErrorInvalidResourceHandle && e != cudaErrorInvalidValue &&
@@ -234,22 +234,62 @@ static moe_ep_status_t stream_refused(void *stream, cudaError_t e) {
   (void)cudaGetLastError(); /* not sticky: no later check may read it as its own */
   if (e == cudaErrorStreamCaptureInvalidated) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                     "params->stream=%p is in a CUDA graph capture that an earlier call "
+                     "%s=%p is in a CUDA graph capture that an earlier call "
                      "invalidated; nothing queued there would run (end that capture and "
                      "capture again)",
-                     stream);
+                     arg, stream);
   }
   return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                   "params->stream=%p is not a stream CUDA accepts on the group's device "
+                   "%s=%p is not a stream CUDA accepts on the group's device "
                    "(cudaStreamGetCaptureInfo: %s); pass a live stream of the group's GPU",
-                   stream, cudaGetErrorString(e));
+                   arg, stream, cudaGetErrorString(e));
+}
+
+/* A stream of another GPU, or of another context on this one: the
+ * group's kernels there would run where its memory is not mapped (or fail
+ * to launch, failing the group), so it is bad input. Asked after
+ * capture_of, which turns a destroyed stream away first. */
+static moe_ep_status_t stream_elsewhere(void *stream, const char *arg) {
+  if (mep_nccl_stream_here(stream)) return MOE_EP_OK;
+  int here = -1, there = -1;
+  (void)cudaGetDevice(&here);
+  if (cudaStreamGetDevice((cudaStream_t)stream, &there) != cudaSuccess) {
+    (void)cudaGetLastError();
+    there = -1;
+  }
+  if (there >= 0 && there != here) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "%s=%p is a stream of CUDA device %d, but the group runs on "
+                     "device %d; pass a stream of device %d",
+                     arg, stream, there, here, here);
+  }
+  return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                   "%s=%p belongs to a CUDA context other than device %d's primary "
+                   "context, where the group's memory lives; pass a stream of the primary "
+                   "context (the runtime API's streams) or of a green context of device %d",
+                   arg, stream, here, here);
+}
+
+/* The first question a call asks about the engine's stream: CUDA accepts
+ * it, and it runs in the group's context. */
+static moe_ep_status_t stream_usable(void *stream, const char *arg, unsigned long long *capture) {
+  const cudaError_t e = capture_of(stream, capture);
+  if (e != cudaSuccess) return stream_refused(stream, arg, e);
+  return stream_elsewhere(stream, arg);
+}
+
+moe_ep_status_t mep_nccl_check_recv(moe_ep_group_t *g, const mep_op_t *op) {
+  mep_nccl_caller_t caller;
+  MEP_CHECK(mep_nccl_enter(g->cuda_device, &caller));
+  unsigned long long capture;
+  return mep_nccl_leave(&caller, stream_usable(op->stream, "stream", &capture));
 }
 
 moe_ep_status_t mep_nccl_stream_capture(void *stream, int *capturing) {
-  unsigned long long capture;
-  const cudaError_t e = capture_of(stream, &capture);
-  *capturing = e == cudaSuccess && capture != 0;
-  return e == cudaSuccess ? MOE_EP_OK : stream_refused(stream, e);
+  unsigned long long capture = 0;
+  const moe_ep_status_t st = stream_usable(stream, "params->stream", &capture);
+  *capturing = st == MOE_EP_OK && capture != 0;
+  return st;
 }
 
 moe_ep_status_t mep_nccl_sent_record(mep_nccl_sent_t *sent, int set, void *stream) {
@@ -271,7 +311,10 @@ moe_ep_status_t mep_nccl_sent_record(mep_nccl_sent_t *sent, int set, void *strea
 
 /* Whether two halves on `a` and `b` are in stream order without an event.
  * cudaStreamPerThread names a different stream on every host thread, so
- * two halves given it may be on two streams. */
+ * two halves given it may be on two streams. Comparing handles is enough
+ * otherwise: CUDA frees a destroyed stream's handle only once its queued
+ * work has completed, so a new stream at the same address comes after the
+ * earlier half. */
 static int same_stream(void *a, void *b) { return a == b && a != (void *)cudaStreamPerThread; }
 
 moe_ep_status_t mep_nccl_sent_order(const mep_nccl_sent_t *sent, int set, void *stream) {
@@ -281,10 +324,9 @@ moe_ep_status_t mep_nccl_sent_order(const mep_nccl_sent_t *sent, int set, void *
 
 moe_ep_status_t mep_nccl_sent_order_if(const mep_nccl_sent_t *sent, int set, void *stream,
                                        int *ordered) {
-  unsigned long long capture;
-  cudaError_t e = capture_of(stream, &capture);
+  unsigned long long capture = 0;
   *ordered = 0;
-  if (e != cudaSuccess) return stream_refused(stream, e);
+  MEP_CHECK(stream_usable(stream, "params->stream", &capture));
   *ordered = capture == sent->last_capture[set];
   cudaEvent_t ev;
   if (capture == 0) {
@@ -297,6 +339,6 @@ moe_ep_status_t mep_nccl_sent_order_if(const mep_nccl_sent_t *sent, int set, voi
       return MOE_EP_OK;
     ev = (cudaEvent_t)sent->captured[set];
   }
-  e = cudaStreamWaitEvent((cudaStream_t)stream, ev, 0);
+  const cudaError_t e = cudaStreamWaitEvent((cudaStream_t)stream, ev, 0);
   return e == cudaSuccess ? MOE_EP_OK : mep_nccl_cuda_error("cudaStreamWaitEvent", e);
 }

@@ -78,6 +78,10 @@ moe_ep_status_t mep_nccl_sent_order(const mep_nccl_sent_t *sent, int set, void *
  * params->stream, as in mep_nccl_sent_order_if; a device error stays a
  * fatal CUDA error. */
 moe_ep_status_t mep_nccl_stream_capture(void *stream, int *capturing);
+/* LL's check_recv (backend.h): hook_run's stream (op->stream, named
+ * `stream`), refused as mep_nccl_stream_capture would refuse it, before
+ * the hook counts as run. */
+moe_ep_status_t mep_nccl_check_recv(moe_ep_group_t *g, const mep_op_t *op);
 /* mep_nccl_sent_order, and *ordered: 1 when `stream` now comes after the set's last
  * half (both eager, or both in the capture `stream` is in), 0 when no event
  * could order them (a capture and eager work, or two captures). */

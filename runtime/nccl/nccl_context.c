@@ -12,15 +12,17 @@
 
 /* CUresult cuCtxGetCurrent(CUcontext *), cuCtxSetCurrent(CUcontext),
  * cuDeviceGet(CUdevice *, int), cuDevicePrimaryCtxRetain(CUcontext *,
- * CUdevice). */
+ * CUdevice), cuStreamGetCtx_v2(CUstream, CUcontext *, CUgreenCtx *). */
 typedef int (*ctx_get_fn)(void **);
 typedef int (*ctx_set_fn)(void *);
 typedef int (*dev_get_fn)(int *, int);
 typedef int (*retain_fn)(void **, int);
+typedef int (*stream_ctx_fn)(void *, void **, void **);
 static ctx_get_fn g_ctx_get;
 static ctx_set_fn g_ctx_set;
 static dev_get_fn g_dev_get;
 static retain_fn g_retain;
+static stream_ctx_fn g_stream_ctx;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 enum { CU_SUCCESS = 0, CU_NOT_INITIALIZED = 3 };
 
@@ -29,16 +31,19 @@ enum { CU_SUCCESS = 0, CU_NOT_INITIALIZED = 3 };
 #define MAX_DEVICES 256
 static void *g_primary[MAX_DEVICES];
 
-static void *entry(const char *name) {
+/* The driver's `name` in the form of CUDA `version` (12000: 12.0). */
+static void *entry_at(const char *name, unsigned int version) {
   void *fn = NULL;
   enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q) !=
+  if (cudaGetDriverEntryPointByVersion(name, &fn, version, cudaEnableDefault, &q) !=
           cudaSuccess ||
       q != cudaDriverEntryPointSuccess) {
     return NULL;
   }
   return fn;
 }
+
+static void *entry(const char *name) { return entry_at(name, 12000); }
 
 /* Saving and restoring needs the first pair; switching to a primary
  * context the second too (without it, switching falls back to
@@ -48,6 +53,10 @@ static void resolve(void) {
   if (get == NULL || set == NULL) return;
   g_ctx_get = (ctx_get_fn)get;
   g_ctx_set = (ctx_set_fn)set;
+  /* The form that reports a green context's stream under its device's
+   * primary context (CUDA 12.5); the older one would name the green
+   * context's own, so without it streams are not judged. */
+  g_stream_ctx = (stream_ctx_fn)entry_at("cuStreamGetCtx", 12050);
   void *dev = entry("cuDeviceGet"), *retain = entry("cuDevicePrimaryCtxRetain");
   if (dev == NULL || retain == NULL) return;
   g_dev_get = (dev_get_fn)dev;
@@ -140,6 +149,15 @@ moe_ep_status_t mep_nccl_enter(int device, mep_nccl_caller_t *c) {
 moe_ep_status_t mep_nccl_leave(const mep_nccl_caller_t *c, moe_ep_status_t st) {
   if (c->switched) caller_restore(c);
   return st;
+}
+
+int mep_nccl_stream_here(void *stream) {
+  pthread_once(&g_once, resolve);
+  if (g_stream_ctx == NULL) return 1;
+  void *now = NULL, *ctx = NULL, *green = NULL;
+  if (g_ctx_get(&now) != CU_SUCCESS || now == NULL) return 1;
+  if (g_stream_ctx(stream, &ctx, &green) != CU_SUCCESS) return 1;
+  return ctx == now;
 }
 
 moe_ep_status_t mep_nccl_as_caller(moe_ep_status_t (*fn)(moe_ep_group_t *g), moe_ep_group_t *g) {

@@ -34,6 +34,15 @@ moe_ep_status_t mep_nccl_leave(const mep_nccl_caller_t *c, moe_ep_status_t st);
 /* Runs fn(g) (a create or a teardown, which switch to the group's device
  * on their own) and puts the caller's state back. */
 moe_ep_status_t mep_nccl_as_caller(moe_ep_status_t (*fn)(moe_ep_group_t *g), moe_ep_group_t *g);
+/* Whether work queued on `stream` runs in the context current on this
+ * thread (after mep_nccl_enter: the group's device's primary context,
+ * where the group's memory lives). 0 for a stream of another device, or
+ * of another context on this one: the group's kernels would run where its
+ * memory is not mapped. A green context's stream on the same device
+ * counts as the primary context's, and the special streams (NULL, legacy,
+ * per-thread) as the current context's. 1 when the driver cannot tell
+ * (it predates CUDA 12.5, or the query fails: the launch then reports). */
+int mep_nccl_stream_here(void *stream);
 /* Makes `device`'s primary context current (or, in the fallback, the
  * device current). */
 moe_ep_status_t mep_nccl_make_current(int device);

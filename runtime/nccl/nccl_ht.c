@@ -476,14 +476,22 @@ static moe_ep_status_t learn_num_recv(moe_ep_group_t *g, ht_state_t *s, mep_op_t
   return MOE_EP_OK;
 }
 
+/* hook_run's checks before the hook counts as run: its stream, and a
+ * dispatch without MOE_EP_FLAG_WORST_CASE (a host sync) in a capture. */
+static moe_ep_status_t ht_check_recv(moe_ep_group_t *g, const mep_op_t *op) {
+  MEP_CHECK(mep_nccl_check_recv(g, op));
+  mep_nccl_caller_t caller;
+  MEP_CHECK(mep_nccl_enter(g->cuda_device, &caller));
+  return mep_nccl_leave(&caller, check_capturable(g, op, "hook_run of a dispatch"));
+}
+
 static moe_ep_status_t ht_recv(moe_ep_group_t *g, mep_op_t *op) {
   ht_state_t *s = g->impl;
   mep_nccl_caller_t caller;
   MEP_CHECK(enter(g, s, &caller));
-  /* A hook run inside a capture: refused before the sync (its receive is
-   * then abandoned, which HT survives: the receive half moves no data). */
-  moe_ep_status_t st = check_capturable(g, op, "hook_run of a dispatch");
-  if (st == MOE_EP_OK) st = mep_nccl_sent_order(&s->sent, op->buffer_set, op->stream);
+  /* hook_run asked ht_check_recv first; a dispatch's own receive (not
+   * deferred) comes after ht_send's check_capturable. */
+  moe_ep_status_t st = mep_nccl_sent_order(&s->sent, op->buffer_set, op->stream);
   if (st == MOE_EP_OK && op->kind == MEP_OP_DISPATCH) {
     if (op->flags & MOE_EP_FLAG_WORST_CASE) {
       /* No sync: combine's y then has recv_x's rows. num_recv keeps what a
@@ -515,6 +523,7 @@ const mep_backend_ops_t mep_nccl_ht_backend = {
     .prepare = ht_prepare,
     .send = ht_send,
     .recv = ht_recv,
+    .check_recv = ht_check_recv,
     .poll_error = ht_poll_error,
     .peer_transport = ht_peer_transport,
 };

@@ -196,6 +196,13 @@ bool LlCall::dispatch_abandoned(const char* what) {
 }
 
 moe_ep_status_t LlCall::prepare(bool check) {
+  moe_ep_status_t st = prepare_status();
+  if (!expect_status(c_, seed_, "prepare", st, MOE_EP_OK)) return st;
+  if (check) check_prepare();
+  return st;
+}
+
+moe_ep_status_t LlCall::prepare_status() {
   trace(c_, "prepare", seed_);
   c_.api->handle_free(h_);
   h_ = nullptr;
@@ -208,10 +215,7 @@ moe_ep_status_t LlCall::prepare(bool check) {
   pp.num_tokens_per_expert = t_per_expert_.get();
   pp.is_token_in_rank = t_in_rank_.get();
   moe_ep_prepare_params_t sent = truncated(pp, prepare_size_);
-  moe_ep_status_t st = c_.api->prepare(c_.group, &sent, &h_);
-  if (!expect_status(c_, seed_, "prepare", st, MOE_EP_OK)) return st;
-  if (check) check_prepare();
-  return st;
+  return c_.api->prepare(c_.group, &sent, &h_);
 }
 
 // The HT layout outputs lie past a v1-minimum prepare's struct_size: absent

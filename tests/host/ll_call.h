@@ -19,6 +19,8 @@ class LlCall {
   // prepare with all three layout outputs; check = false leaves them to
   // check_prepare (a prepare captured in a CUDA graph cannot wait).
   moe_ep_status_t prepare(bool check = true);
+  // The same call, its status returned unjudged (a refusal expected).
+  moe_ep_status_t prepare_status();
   void check_prepare();  // the layout outputs against the oracle
   moe_ep_status_t dispatch(uint32_t flags, moe_ep_hook_t** hook);
   void check_dispatch();

@@ -2,7 +2,7 @@
 // row format against x's dtype (bf16 and pre-quantised fp8), the scales'
 // shape and dtype, worst-case capacity, receive tensors too small for what
 // arrives, ranks whose calls differ in hidden, a second dispatch while the
-// first's hook is pending,
+// first's hook is pending, a stream of another CUDA context (nccl),
 // handle_layout on an HT handle. Each is refused with the
 // right status and a sentence naming the argument, returns no hook, and the
 // group still works (verified round trips follow).
@@ -13,6 +13,7 @@
 
 #include "tests/common/mirror.h"
 #include "tests/common/plugin_api.h"
+#include "tests/host/foreign_stream.h"
 #include "tests/host/ht_call.h"
 #include "tests/host/worker_common.h"
 
@@ -279,6 +280,58 @@ void prepare_on_invalidated_capture(Ctx& c) {
   if (call.prepare() == MOE_EP_OK) roundtrip(c, call, "round trip after the refused prepare");
 }
 
+// nccl: a stream of a context of its own on the group's GPU, where the
+// group's memory is not mapped: a dispatch there, and a deferred
+// dispatch's hook_run there, are refused as bad input naming the stream
+// (before, the launch there failed the group), as is that hook's run on a
+// capturing stream (the dispatch learns its count on the host). The
+// refused hook stays pending and runs on the default stream; both halves
+// are checked against the oracle.
+void foreign_stream(Ctx& c) {
+  Problem p = problem_of(c, DispatchDtype::kBf16);
+  HtCall call(c, p, 86);
+  if (call.prepare() != MOE_EP_OK) return;
+  ForeignStream foreign(c.gpu);
+  c.checks++;
+  if (foreign.stream() == nullptr) {
+    fail(c, 86, "a stream of another context", foreign.error());
+    return;
+  }
+  void* other = foreign.stream();
+  const int64_t n = call.num_recv();
+  refused(c, call, "dispatch on another context's stream", 0, n, true,
+          [other](moe_ep_dispatch_params_t& dp) { dp.stream = other; },
+          MOE_EP_ERR_INVALID_ARGUMENT, "belongs to a CUDA context other than device");
+  moe_ep_hook_t* hook = nullptr;
+  if (!expect_status(c, 86, "deferred dispatch",
+                     call.dispatch(MOE_EP_FLAG_DEFER_RECV, n, true, nullptr, &hook), MOE_EP_OK))
+    return;
+  expect_status(c, 86, "hook_run on another context's stream", c.api->hook_run(hook, other),
+                MOE_EP_ERR_INVALID_ARGUMENT, "stream=");
+  // A hook of a dispatch without MOE_EP_FLAG_WORST_CASE (a host sync) run
+  // on a capturing stream: refused before it counts as run, too.
+  cudaStream_t cap;
+  cuda_check(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking), "cudaStreamCreate");
+  cuda_check(cudaStreamBeginCapture(cap, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
+  const moe_ep_status_t in_capture = c.api->hook_run(hook, cap);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(cap, &graph);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  cudaStreamDestroy(cap);
+  expect_status(c, 86, "hook_run in a capture of a dispatch without MOE_EP_FLAG_WORST_CASE",
+                in_capture, MOE_EP_ERR_INVALID_ARGUMENT, "lacks MOE_EP_FLAG_WORST_CASE");
+  c.checks++;
+  if (ended != cudaSuccess)
+    fail(c, 86, "refused hook_run in a capture",
+         std::string("the capture was invalidated: ") + cudaGetErrorString(ended));
+  const moe_ep_status_t ran = c.api->hook_run(hook, nullptr);
+  c.api->hook_free(hook);
+  if (!expect_status(c, 86, "the refused hook run on the default stream", ran, MOE_EP_OK)) return;
+  call.check_dispatch();
+  if (expect_status(c, 86, "combine after the refusals", call.combine(0, n), MOE_EP_OK))
+    call.check_combine();
+}
+
 // nccl: set_num_sms(0) returns an HT group to the backend's default of 24
 // SMs (fewer on a smaller GPU), not to every SM.
 void default_sms_again(Ctx& c) {
@@ -408,6 +461,7 @@ void run_ht_bad_input(Ctx& c) {
   if (c.opt.backend == "nccl") {
     dispatch_in_capture(c);
     prepare_on_invalidated_capture(c);
+    foreign_stream(c);
     default_sms_again(c);
     too_few_rows(c);
     too_few_rows_abandoned(c);

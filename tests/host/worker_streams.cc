@@ -10,7 +10,9 @@
 // handle_layout on another stream than a held dispatch receive, and each
 // half's hook on another host thread's per-thread default stream, with an
 // error of the engine's own left pending on the calling thread. At one
-// rank, a stream in an invalidated capture is refused as bad input.
+// rank, a stream in an invalidated capture is refused as bad input; at
+// any, a stream of another CUDA context on the group's GPU (prepare,
+// dispatch, hook_run; the refused hook then runs).
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
@@ -20,6 +22,7 @@
 #include <thread>
 
 #include "tests/common/mirror.h"
+#include "tests/host/foreign_stream.h"
 #include "tests/host/ll_call.h"
 #include "tests/host/worker_common.h"
 
@@ -226,6 +229,52 @@ bool invalidated_capture_round(Ctx& c, const moe_ep_oracle::Problem& p, cudaStre
   return c.failures == 0;
 }
 
+// A stream of a context of its own on the group's GPU, where the group's
+// memory is not mapped: prepare (its layout kernel), dispatch and a hook's
+// receive on it are refused as bad input naming the stream, before
+// anything is queued, on every rank alike. The refused hook stays pending
+// and runs on the right stream; every result is checked against the
+// oracle and the group goes on.
+bool foreign_stream_round(Ctx& c, const moe_ep_oracle::Problem& p, cudaStream_t ops,
+                          uint64_t seed) {
+  ForeignStream foreign(c.gpu);
+  c.checks++;
+  if (foreign.stream() == nullptr) {
+    fail(c, seed, "a stream of another context", foreign.error());
+    return false;
+  }
+  const char* other_ctx = "belongs to a CUDA context other than device";
+  LlCall call(c, p, seed);
+  call.set_stream(foreign.stream());
+  expect_status(c, seed, "prepare on another context's stream", call.prepare_status(),
+                MOE_EP_ERR_INVALID_ARGUMENT, other_ctx);
+  call.set_stream(ops);
+  if (call.prepare() != MOE_EP_OK) return false;
+  call.set_stream(foreign.stream());
+  expect_status(c, seed, "dispatch on another context's stream", call.dispatch(0, nullptr),
+                MOE_EP_ERR_INVALID_ARGUMENT, other_ctx);
+  call.set_stream(ops);
+  if (!expect_status(c, seed, "dispatch after the refusals", call.dispatch(0, nullptr), MOE_EP_OK))
+    return false;
+  call.check_dispatch();
+  call.make_y();
+  moe_ep_hook_t* hook = nullptr;
+  if (!expect_status(c, seed, "combine, receive deferred", call.combine(MOE_EP_FLAG_DEFER_RECV, &hook),
+                     MOE_EP_OK))
+    return false;
+  expect_status(c, seed, "hook_run on another context's stream",
+                c.api->hook_run(hook, foreign.stream()), MOE_EP_ERR_INVALID_ARGUMENT,
+                "stream=");
+  expect_status(c, seed, "poll_error after the refused hook_run", c.api->group_poll_error(c.group),
+                MOE_EP_OK);
+  const moe_ep_status_t ran = c.api->hook_run(hook, ops);
+  c.api->hook_free(hook);
+  if (!expect_status(c, seed, "the refused hook run on the right stream", ran, MOE_EP_OK))
+    return false;
+  call.check_combine();
+  return c.failures == 0;
+}
+
 }  // namespace
 
 void run_streams(Ctx& c) {
@@ -251,6 +300,7 @@ void run_streams(Ctx& c) {
     if (!perthread_round(c, p, 800 + (uint64_t)s)) break;
   }
   if (c.world == 1 && c.failures == 0) invalidated_capture_round(c, p, ops, 990);
+  if (c.failures == 0) foreign_stream_round(c, p, ops, 995);
   expect_status(c, 0, "poll_error after the rounds", c.api->group_poll_error(c.group), MOE_EP_OK);
   cudaStreamDestroy(ops);
   cudaStreamDestroy(hooks);
