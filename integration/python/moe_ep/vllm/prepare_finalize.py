@@ -343,14 +343,27 @@ class PrepareAndFinalize:
         return done, naming(receiver, self.group.rank)
 
     def _ht_partials(self, op, fused, impl):
-        """[N_recv, H] bf16 partials: fused as given when the experts
-        reduced it (2-D), else weighted and summed over the received top-k."""
+        """[N_recv, H] bf16 partials. impl None: fused as given when the
+        experts reduced it (2-D). TopKWeightAndReduceDelegate (vLLM's "the
+        finalize decides", whose DeepEP finalize then weighs and sums as
+        TopKWeightAndReduceContiguous does): a 2-D fused is the flat
+        [N_recv * top_k, H] expert output. 3-D [N_recv, top_k, H]: weighted
+        and summed over the received top-k."""
         res = op.recv()
         if impl is not None and not _types.is_delegate(impl):
             ids = self._global_ids(res.recv_topk_idx, torch.int64)
             return impl.apply(None, fused, res.recv_topk_weights, ids, op.on_input)
-        if fused.dim() == 2:
+        n, k = res.recv_topk_idx.shape
+        if fused.dim() == 2 and impl is None:
             return fused
+        if fused.dim() == 2:
+            if fused.shape[0] != n * k:
+                raise ValueError(
+                    "finalize: fused_expert_output has shape %s; with "
+                    "TopKWeightAndReduceDelegate a 2-D output is the flat [N_recv * top_k = "
+                    "%d, H] expert output (N_recv=%d, top_k=%d), or pass [N_recv, top_k, H]"
+                    % (tuple(fused.shape), n * k, n, k))
+            fused = fused.view(n, k, fused.shape[1])
         if fused.dim() != 3 or fused.shape[1] != res.recv_topk_idx.shape[1]:
             raise ValueError("finalize: fused_expert_output has shape %s; high_throughput takes "
                              "[N_recv, H] partials or [N_recv, top_k=%d, H] expert outputs"

@@ -437,6 +437,52 @@ def vllm_ht(g, seed, quant_config=None, defer_input_quant=False):
     run_on_thread(hook, seed)
     receiver()
     same("vllm ht finalize", seed, bits(out), oracle.ht_combine(HT, inp))
+    vllm_ht_flat_delegate(g, pf, seed + 1)
+
+
+def ht_combine_first_k(p, inputs, rank):
+    """out [T, H] of rank's tokens when each receiving rank r's experts
+    output bf16(x * ht_partial_scale(r)) for the token's first top-k entry
+    on r and zeros for its others, weighted by the router weights: r's
+    partial is bf16(f32(that row) * w[t, k0]); the partials summed in f32
+    over ranks ascending, then bf16."""
+    x, idx, w = inputs[rank]["x"], inputs[rank]["topk_idx"], inputs[rank]["weights"]
+    out = np.zeros(x.shape, dtype=np.uint16)
+    for t in range(len(x)):
+        acc = np.zeros(p.hidden, dtype=np.float32)
+        for r in sorted({int(e) // p.local for e in idx[t] if e >= 0}):
+            k0 = next(k for k in range(p.top_k) if idx[t][k] >= 0 and idx[t][k] // p.local == r)
+            row = oracle.bf16_float(oracle.bf16_bits(oracle.bf16_float(x[t]) * oracle.ht_partial_scale(r)))
+            partial = oracle.bf16_float(oracle.bf16_bits((row * np.float32(w[t][k0])).astype(np.float32)))
+            acc = (acc + partial).astype(np.float32)
+        out[t] = oracle.bf16_bits(acc)
+    return out
+
+
+def vllm_ht_flat_delegate(g, pf, seed):
+    """TopKWeightAndReduceDelegate with the experts' flat [N_recv * top_k, H]
+    output (vLLM's standard-format experts): finalize weighs it by the
+    received router weights and sums over the top-k, as vLLM's DeepEP
+    finalize does; a flat output of another length is refused naming it."""
+    inputs = oracle.all_inputs(HT, seed)
+    inp = inputs[RANK]
+    x, idx, w = bf16_tensor(inp["x"]), torch.from_numpy(inp["topk_idx"]), torch.from_numpy(inp["weights"])
+    rx, _, _, ids, wts = pf.prepare(x, w, idx, HT.num_experts, None, False, None)
+    n, k = ids.shape
+    flat = torch.zeros((n, k, HT.hidden), dtype=torch.bfloat16)
+    local = (ids >= RANK * HT.local) & (ids < (RANK + 1) * HT.local)
+    row = (rx.float() * float(oracle.ht_partial_scale(RANK))).to(torch.bfloat16)
+    for i in range(n):
+        first = [j for j in range(k) if bool(local[i, j])]
+        if first:
+            flat[i, first[0]] = row[i]
+    out = torch.empty_like(x)
+    expect_raises("vllm ht flat delegate, wrong length", ValueError, "N_recv * top_k",
+                  lambda: pf.finalize(out, torch.zeros((n * k + 1, HT.hidden), dtype=torch.bfloat16),
+                                      wts, ids, False, DelegateStandIn()))
+    pf.finalize(out, flat.view(n * k, HT.hidden), wts, ids, False, DelegateStandIn())
+    same("vllm ht finalize, flat output with the delegate", seed, bits(out),
+         ht_combine_first_k(HT, inputs, RANK))
 
 
 ORACLE_FORMAT = {"f32": "fp8", "ue8m0": "fp8_ue8m0", "ue8m0_packed": "fp8_ue8m0_packed"}
