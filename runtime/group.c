@@ -314,7 +314,10 @@ moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
                      "group_create on rank %d: out of host memory registering the group",
                      g->rank);
     g->broken = made; /* no collective teardown step: the peers are in the agreement */
+    mep_error_saved_t failed;
+    mep_error_save(&failed);
     (void)g->ops->destroy(g);
+    mep_error_restore(&failed);
   }
   MEP_LOG_DEBUG("group", "rank %d: setup: the closing agreement", g->rank);
   st = agree_formed(g, made);
@@ -338,8 +341,11 @@ moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
   *out = g;
   return MOE_EP_OK;
 
-out_destroy_backend:
+out_destroy_backend:;
+  mep_error_saved_t failed; /* the failure's sentence, not the teardown's */
+  mep_error_save(&failed);
   (void)g->ops->destroy(g);
+  mep_error_restore(&failed);
 out_destroy_lock:
   pthread_mutex_destroy(&g->lock);
 out_destroy_bootstrap:
@@ -668,6 +674,13 @@ static moe_ep_status_t set_num_sms_locked(moe_ep_group_t *g, int32_t num_sms) {
                      "set_num_sms: num_sms=%d must be in [0, %d] (0 = the "
                      "backend's default)",
                      num_sms, g->max_sms);
+  }
+  if (num_sms == 1 && g->max_sms > 0 && g->cfg.mode == MOE_EP_MODE_HIGH_THROUGHPUT) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "set_num_sms: num_sms=1 is below the 2 SMs a high_throughput group uses at "
+                     "least (each channel is a sender and a receiver block); pass 0 (the "
+                     "backend's default) or 2..%d",
+                     g->max_sms);
   }
   g->num_sms = num_sms;
   return MOE_EP_OK;

@@ -622,7 +622,9 @@ typedef struct moe_ep_plugin_v1 {
   /* The SMs the group's kernels may use from the next launch on (0: the
    * backend's default). An HT combine repeats its dispatch's split of the
    * tokens, so it runs on the SMs its dispatch ran on, whatever was set in
-   * between; every rank of an HT group must set the same value. */
+   * between; every rank of an HT group must set the same value. An nccl
+   * HT group takes at least 2 (a channel is a sender and a receiver
+   * block): 1 is INVALID_ARGUMENT. */
   moe_ep_status_t (*set_num_sms)(moe_ep_group_t *group, int32_t num_sms);
   moe_ep_status_t (*max_sms_used)(const moe_ep_group_t *group,
                                   int32_t *num_sms);

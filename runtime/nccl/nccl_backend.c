@@ -284,8 +284,12 @@ static moe_ep_status_t nccl_create_here(moe_ep_group_t *g) {
   }
   g->bytes_allocated = mep_nccl_bytes_allocated(s->nccl);
   return MOE_EP_OK;
-out_destroy:
+out_destroy:;
+  /* The failed step's sentence is the one to report, not the teardown's. */
+  mep_error_saved_t failed;
+  mep_error_save(&failed);
   (void)nccl_release(g, 1); /* the peers go on to the closing agreement */
+  mep_error_restore(&failed);
   return st;
 }
 

@@ -227,8 +227,12 @@ static moe_ep_status_t ht_create_here(moe_ep_group_t *g) {
   g->default_sms = s->device_sms < MEP_HT_DEFAULT_SMS ? s->device_sms : MEP_HT_DEFAULT_SMS;
   g->bytes_allocated = mep_nccl_bytes_allocated(s->nccl);
   return MOE_EP_OK;
-out_destroy:
+out_destroy:;
+  /* The failed step's sentence is the one to report, not the teardown's. */
+  mep_error_saved_t failed;
+  mep_error_save(&failed);
   (void)ht_release(g, 1); /* the peers go on to the closing agreement */
+  mep_error_restore(&failed);
   return st;
 }
 
@@ -324,11 +328,7 @@ static moe_ep_status_t ht_prepare(moe_ep_group_t *g, mep_handle_state_t *h) {
 
 static moe_ep_status_t launch_dispatch(moe_ep_group_t *g, ht_state_t *s, mep_op_t *op) {
   mep_handle_state_t *h = op->handle;
-  ht_handle_t *hh = h->backend;
-  if (hh == NULL && (hh = calloc(1, sizeof(*hh))) == NULL) {
-    return mep_error(MOE_EP_ERR_NO_MEMORY, "dispatch on rank %d: out of memory", g->rank);
-  }
-  h->backend = hh;
+  ht_handle_t *hh = h->backend; /* made by ht_send before anything was queued */
   mep_ht_dispatch_args_t a = {
       .x = op->x,
       .x_scales = op->x_scales,
@@ -405,6 +405,12 @@ static moe_ep_status_t ht_send(moe_ep_group_t *g, mep_op_t *op) {
   mep_nccl_caller_t caller;
   MEP_CHECK(enter(g, s, &caller));
   moe_ep_status_t st = check_capturable(g, op, "dispatch");
+  /* The handle's state before anything is queued: running out of memory
+   * later would leave waits and an event record on the engine's stream. */
+  if (st == MOE_EP_OK && op->kind == MEP_OP_DISPATCH && op->handle->backend == NULL &&
+      (op->handle->backend = calloc(1, sizeof(ht_handle_t))) == NULL) {
+    st = mep_error(MOE_EP_ERR_NO_MEMORY, "dispatch on rank %d: out of host memory", g->rank);
+  }
   if (st == MOE_EP_OK && op->kind == MEP_OP_COMBINE) {
     /* Refused before anything is queued for the call. */
     const ht_handle_t *hh = op->handle->backend;

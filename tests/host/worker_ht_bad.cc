@@ -340,6 +340,9 @@ void default_sms_again(Ctx& c) {
              "cudaDeviceGetAttribute");
   const int32_t want = sms < 24 ? sms : 24;
   int32_t used = -1;
+  // One channel is two blocks: one SM is refused, not reported as used.
+  expect_status(c, 0, "set_num_sms(1)", c.api->set_num_sms(c.group, 1),
+                MOE_EP_ERR_INVALID_ARGUMENT, "num_sms=1 is below the 2 SMs");
   expect_status(c, 0, "set_num_sms(8)", c.api->set_num_sms(c.group, 8), MOE_EP_OK);
   expect_status(c, 0, "set_num_sms(0)", c.api->set_num_sms(c.group, 0), MOE_EP_OK);
   expect_status(c, 0, "max_sms_used", c.api->max_sms_used(c.group, &used), MOE_EP_OK);
