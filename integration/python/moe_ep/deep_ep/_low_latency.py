@@ -21,6 +21,24 @@ _FORMATS = {
 }
 
 
+
+def _check_stats(entry, stats, local_experts, device):
+    """cumulative_local_expert_recv_stats is added to after the receive, so
+    checked before anything is sent (as DeepEP checks it before launching):
+    [num_local_experts] int32, contiguous, on x's device."""
+    if stats is None:
+        return
+    ok = (isinstance(stats, torch.Tensor) and stats.dtype == torch.int32 and stats.dim() == 1
+          and stats.shape[0] == local_experts and stats.is_contiguous()
+          and stats.device == device)
+    if not ok:
+        got = ("%s %s on %s%s" % (tuple(stats.shape), stats.dtype, stats.device,
+                                  "" if stats.is_contiguous() else ", not contiguous")
+               if isinstance(stats, torch.Tensor) else type(stats).__name__)
+        raise ValueError("%s: cumulative_local_expert_recv_stats is %s; it must be a contiguous "
+                         "[num_local_experts=%d] torch.int32 tensor on x's device (%s)"
+                         % (entry, got, local_experts, device))
+
 class LowLatencyHandle(tuple):
     """DeepEP's LL handle tuple (src_info, layout_range, N, H, E); the moe-ep
     handle that routes the combine rides along as `.moe_ep`.
@@ -113,6 +131,8 @@ class LowLatencyMixin:
                              "powers of two)" % entry)
         g, fmt = self._ll_group(entry, x, topk_idx, num_max_dispatch_tokens_per_rank,
                                 num_experts, use_fp8, use_ue8m0)
+        _check_stats(entry, cumulative_local_expert_recv_stats, g.num_local_experts,
+                     x.device)
         handle = g.prepare(topk_idx)
         try:
             # Not recorded: the engine holds the hook and may still run it.

@@ -80,6 +80,14 @@ def low_latency(group):
                          allow_nvlink_for_low_latency_mode=True, explicitly_destroy=True,
                          moe_ep_config=HOST)
     inputs, x, idx, w = inputs_for(5)
+    # A wrong stats tensor is refused before anything is sent (every rank
+    # alike), so the verified round trip below is the group's next call.
+    for what, bad in (("[local+1]", torch.zeros(P.local + 1, dtype=torch.int32)),
+                      ("int64", torch.zeros(P.local, dtype=torch.int64))):
+        expect_raises("deep_ep LL stats " + what, ValueError, "cumulative_local_expert_recv_stats is",
+                      lambda: buf.low_latency_dispatch(x, idx, P.max_tokens, P.num_experts,
+                                                       cumulative_local_expert_recv_stats=bad,
+                                                       use_fp8=False))
     stats = torch.zeros(P.local, dtype=torch.int32)
     recv_x, count, handle, event, hook = buf.low_latency_dispatch(
         x, idx, P.max_tokens, P.num_experts, cumulative_local_expert_recv_stats=stats,
