@@ -22,5 +22,8 @@ class DispatchResult:
         self.buffers = buffers
 
     def __repr__(self):
+        # A deferred HT dispatch's rows are set when its hook runs.
+        def shape(t):
+            return "pending" if t is None else tuple(t.shape)
         return "DispatchResult(recv_x=%s, recv_count=%s, num_recv_tokens=%s)" % (
-            tuple(self.recv_x.shape), tuple(self.recv_count.shape), self.num_recv_tokens)
+            shape(self.recv_x), shape(self.recv_count), self.num_recv_tokens)

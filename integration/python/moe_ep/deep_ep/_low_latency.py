@@ -228,6 +228,7 @@ class LowLatencyMixin:
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank, hidden, num_experts):
         """moe-ep's signals carry a per-operation epoch, so its buffers need
         no cleaning between layouts: this checks the sizes only."""
+        self._check_live("clean_low_latency_buffer")
         g = self._ll_ep
         if g is None:
             return

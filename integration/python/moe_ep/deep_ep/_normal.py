@@ -403,6 +403,7 @@ class NormalMixin:
         reuses. A group whose cap the Buffer derived first grows when some
         rank's batch exceeds it (_ht_fit)."""
         entry = "get_dispatch_layout"
+        self._check_live(entry)
         wait_previous(previous_event)
         g = self._ht_ep
         user = self._mode_config("high_throughput")

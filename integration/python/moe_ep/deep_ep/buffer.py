@@ -350,6 +350,12 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         setattr(self, attr, g)
         return g
 
+    def _check_live(self, entry):
+        """Entries that may not reach a group (the torch layout, the
+        buffer check) refuse a destroyed Buffer as those that do."""
+        if self._destroyed:
+            raise RuntimeError("%s: destroy() was called; create a new Buffer" % entry)
+
     def _live_group(self, mode, entry):
         """The group of `mode` a call on a handle needs: it exists once a
         dispatch of that mode made it, until destroy()."""

@@ -439,6 +439,11 @@ def comm_buffer(group):
     if len(set(everyone)) != 1 or address.endswith(":29500"):
         fail("comm= address", 18, "want one address rank 0 picked, got %s" % everyone)
     buf.destroy()
+    # Entries that need no group refuse a destroyed Buffer too.
+    expect_raises("get_dispatch_layout after destroy", RuntimeError, "destroy() was called",
+                  lambda: buf.get_dispatch_layout(idx, P.num_experts))
+    expect_raises("clean_low_latency_buffer after destroy", RuntimeError, "destroy() was called",
+                  lambda: buf.clean_low_latency_buffer(P.max_tokens, P.hidden, P.num_experts))
 
 
 def normal_cached(buf, seed):

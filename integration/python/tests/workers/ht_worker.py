@@ -35,6 +35,9 @@ def roundtrip(g, seed, defer):
     check_layout(seed, inp, h.layout)
     res = g.dispatch(h, x, topk_weights=w, defer=defer)
     if defer:
+        pending = repr(res.result)  # its rows are not there yet
+        if "recv_x=pending" not in pending:
+            fail("repr of a pending dispatch's result", seed, pending)
         res = run_on_thread(res)
         if res is None:
             return
