@@ -68,6 +68,11 @@ def _ht_tokens_from_env():
     return n
 
 
+def _launcher_rank():
+    """Whether the launcher's MOE_EP_RANK / MOE_EP_WORLD_SIZE are set."""
+    return bool(os.environ.get("MOE_EP_RANK") and os.environ.get("MOE_EP_WORLD_SIZE"))
+
+
 def _env_rank_world():
     """(rank, world size) from MOE_EP_RANK / MOE_EP_WORLD_SIZE (the
     launcher's), else from an initialised torch.distributed, else None."""
@@ -79,9 +84,16 @@ def _env_rank_world():
             raise ValueError("Buffer: MOE_EP_RANK=%r and MOE_EP_WORLD_SIZE=%r must be integers "
                              "(this process's rank and the number of ranks)"
                              % (rank, world)) from None
+    if _default_group() is not None:
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return None
+
+
+def _default_group():
+    """torch.distributed's default group when it is initialised, else None."""
     dist = getattr(torch, "distributed", None)
     if dist is not None and dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
+        return dist.group.WORLD
     return None
 
 
@@ -180,6 +192,15 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
                     "process's rank and world size; pass group= (a torch.distributed group) "
                     "or comm= (an mpi4py communicator)")
             self.rank, self.group_size = found
+        # Whom the ranks agree through (the bootstrap port, the job token,
+        # the normal-mode cap): the engine's group or comm, else, where the
+        # rank came from an initialised torch.distributed rather than the
+        # launcher's variables, its default group (with nothing to agree
+        # through, every rank would take the library's default address and
+        # its own cap).
+        self._agree_group = group
+        if group is None and comm is None and not _launcher_rank():
+            self._agree_group = _default_group()
         self.num_nvl_bytes = num_nvl_bytes
         self.num_rdma_bytes = num_rdma_bytes
         self.low_latency_mode = low_latency_mode
@@ -392,7 +413,7 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
     def _channel(self):
         """The rounds over the engine's group or comm, each bounded by the
         Buffer's bootstrap.timeout_ms (_channel_timeout_s)."""
-        return agreement.channel(self.group, self.comm, self._channel_timeout_s())
+        return agreement.channel(self._agree_group, self.comm, self._channel_timeout_s())
 
     def _channel_timeout_s(self):
         """MOE_EP_BOOTSTRAP_TIMEOUT_MS where set (it overrides the

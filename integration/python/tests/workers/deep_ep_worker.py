@@ -423,6 +423,32 @@ def worst_sizes_the_group(group):
     buf.destroy()
 
 
+def default_group_buffer():
+    """Buffer(None) in a process whose rank comes from an initialised
+    torch.distributed (no launcher variables): the ranks agree the
+    bootstrap address over its default group, not the library's default
+    (torch's own port, 127.0.0.1:29500), and a round trip is exact."""
+    saved = {k: os.environ.pop(k) for k in ("MOE_EP_RANK", "MOE_EP_WORLD_SIZE") if k in os.environ}
+    try:
+        buf = deep_ep.Buffer(None, 0, 0, True, explicitly_destroy=True, moe_ep_config=HOST)
+        if (buf.rank, buf.group_size) != (RANK, WORLD):
+            fail("Buffer(None) rank", 19, "%d/%d" % (buf.rank, buf.group_size))
+        inputs, x, idx, w = inputs_for(19)
+        recv_x, count, handle, _, _ = buf.low_latency_dispatch(x, idx, P.max_tokens,
+                                                               P.num_experts, use_fp8=False)
+        check_ll_recv(19, inputs, recv_x, count)
+        out, _, _ = buf.low_latency_combine(expert_outputs(recv_x), idx, w, handle)
+        same("Buffer(None) LL combine", 19, bits(out), oracle.ll_combine(P, inputs[RANK]))
+        address = buf.moe_ep_group.config.bootstrap_address
+        everyone = [None] * WORLD
+        dist.all_gather_object(everyone, address)
+        if len(set(everyone)) != 1 or address.endswith(":29500"):
+            fail("Buffer(None) address", 19, "want one address rank 0 picked, got %s" % everyone)
+        buf.destroy()
+    finally:
+        os.environ.update(saved)
+
+
 def comm_buffer(group):
     """Buffer(comm=...) without a bootstrap address or job token configured:
     the ranks agree both through the communicator, as over a torch group."""
@@ -644,6 +670,7 @@ def main():
     token_given = os.environ.get("MOE_EP_JOB_TOKEN")
     comm_buffer(group)  # first: no Buffer has agreed a token yet
     low_latency(group)
+    default_group_buffer()
     token = os.environ.get("MOE_EP_JOB_TOKEN")
     if token_given is None and (token is None or len(token) != 32):
         fail("job token", "-", "the Buffer agreed no 32-character token: %r" % (token,))
