@@ -309,7 +309,7 @@ moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
   /* Registered before the closing agreement, so that failing to register
    * is this rank's part of it: registered after, a failure here would
    * leave the peers with a group this rank gave up. */
-  if (made == MOE_EP_OK && !mep_registry_add(g, MEP_OBJ_GROUP, NULL)) {
+  if (made == MOE_EP_OK && !mep_registry_add(g, MEP_OBJ_GROUP, NULL, -1)) {
     made = mep_error(MOE_EP_ERR_NO_MEMORY,
                      "group_create on rank %d: out of host memory registering the group",
                      g->rank);
@@ -512,7 +512,7 @@ void mep_group_free(void *obj, mep_obj_kind_t kind, mep_deferred_free_t *link,
                     const char *entry, void (*then)(moe_ep_group_t *g, void *obj),
                     void (*release)(void *obj)) {
   void *owner = NULL;
-  if (obj == NULL || !mep_registry_owner(obj, kind, &owner)) return;
+  if (obj == NULL || !mep_registry_owner(obj, kind, &owner, NULL)) return;
   moe_ep_group_t *g = owner; /* NULL: the group was destroyed */
   /* Inside an entry on this thread (the engine's logger, or a garbage
    * collector running in it), a free never waits for a lock: its own
@@ -546,15 +546,17 @@ moe_ep_status_t mep_owner_group(const void *obj, mep_obj_kind_t kind, const char
   /* The owner comes from the registry, not from the object: another thread
    * may be freeing it, and only its group's lock orders the two. */
   void *owner = NULL;
+  int rank = -1;
   const char *what = kind == MEP_OBJ_HOOK ? "hook" : "handle";
-  if (obj == NULL || !mep_registry_owner(obj, kind, &owner)) {
+  if (obj == NULL || !mep_registry_owner(obj, kind, &owner, &rank)) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "%s: %s=%p is not a live %s (freed, or not from %s)",
                      entry, what, obj, what,
                      kind == MEP_OBJ_HOOK ? "dispatch/combine" : "prepare");
   }
   if (!mep_registry_contains(owner, MEP_OBJ_GROUP)) {
-    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "%s: %s=%p belongs to a destroyed group",
-                     entry, what, obj);
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "%s: %s=%p belongs to rank %d's group, which was destroyed", entry, what,
+                     obj, rank);
   }
   *group = owner;
   return MOE_EP_OK;
@@ -563,7 +565,7 @@ moe_ep_status_t mep_owner_group(const void *obj, mep_obj_kind_t kind, const char
 moe_ep_status_t mep_handle_check(moe_ep_group_t *g, moe_ep_handle_t *h,
                                     const char *entry) {
   void *owner = NULL;
-  if (h == NULL || !mep_registry_owner(h, MEP_OBJ_HANDLE, &owner)) {
+  if (h == NULL || !mep_registry_owner(h, MEP_OBJ_HANDLE, &owner, NULL)) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "%s: handle=%p is not a live handle (freed, or not from "
                      "prepare)",

@@ -59,7 +59,7 @@ static moe_ep_status_t launch(moe_ep_group_t *g, mep_op_t *op,
   if (hook_out != NULL) *hook_out = NULL;
   if (op->flags & MOE_EP_FLAG_DEFER_RECV) {
     hook = calloc(1, sizeof(*hook));
-    if (hook == NULL || !mep_registry_add(hook, MEP_OBJ_HOOK, g)) {
+    if (hook == NULL || !mep_registry_add(hook, MEP_OBJ_HOOK, g, g->rank)) {
       free(hook);
       return mep_error(MOE_EP_ERR_NO_MEMORY, "cannot allocate a hook");
     }

@@ -132,7 +132,7 @@ static moe_ep_status_t prepare_checked(moe_ep_group_t *g, const moe_ep_prepare_p
   h->out_is_token_in_rank = NULL;
   h->prepare_stream = NULL;
   if (st != MOE_EP_OK) goto out_release;
-  if (!mep_registry_add(h, MEP_OBJ_HANDLE, g)) {
+  if (!mep_registry_add(h, MEP_OBJ_HANDLE, g, g->rank)) {
     st = mep_error(MOE_EP_ERR_NO_MEMORY, "prepare: out of memory");
     goto out_release;
   }

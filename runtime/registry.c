@@ -9,6 +9,7 @@ typedef struct entry {
   const void *obj;
   mep_obj_kind_t kind;
   void *owner;
+  int rank; /* the owner's rank when added, kept once the owner is gone */
 } entry_t;
 
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -22,7 +23,7 @@ static size_t find(const void *obj, mep_obj_kind_t kind) {
   return i;
 }
 
-int mep_registry_add(const void *obj, mep_obj_kind_t kind, void *owner) {
+int mep_registry_add(const void *obj, mep_obj_kind_t kind, void *owner, int rank) {
   int ok = 1;
   pthread_mutex_lock(&reg_lock);
   if (reg_len == reg_cap) {
@@ -35,7 +36,7 @@ int mep_registry_add(const void *obj, mep_obj_kind_t kind, void *owner) {
       reg_cap = cap;
     }
   }
-  if (ok) reg_entries[reg_len++] = (entry_t){obj, kind, owner};
+  if (ok) reg_entries[reg_len++] = (entry_t){obj, kind, owner, rank};
   pthread_mutex_unlock(&reg_lock);
   return ok;
 }
@@ -57,14 +58,15 @@ int mep_registry_take(const void *obj, mep_obj_kind_t kind) {
 }
 
 int mep_registry_contains(const void *obj, mep_obj_kind_t kind) {
-  return mep_registry_owner(obj, kind, NULL);
+  return mep_registry_owner(obj, kind, NULL, NULL);
 }
 
-int mep_registry_owner(const void *obj, mep_obj_kind_t kind, void **owner) {
+int mep_registry_owner(const void *obj, mep_obj_kind_t kind, void **owner, int *rank) {
   pthread_mutex_lock(&reg_lock);
   size_t i = find(obj, kind);
   int found = i < reg_len;
   if (found && owner != NULL) *owner = reg_entries[i].owner;
+  if (found && rank != NULL) *rank = reg_entries[i].rank;
   pthread_mutex_unlock(&reg_lock);
   return found;
 }

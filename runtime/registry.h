@@ -16,14 +16,17 @@ typedef enum mep_obj_kind {
   MEP_OBJ_HOOK = 3
 } mep_obj_kind_t;
 
-/* 0 = no memory. `owner` is the group of a handle or hook, NULL for a group. */
-int mep_registry_add(const void *obj, mep_obj_kind_t kind, void *owner);
+/* 0 = no memory. `owner` is the group of a handle or hook, NULL for a
+ * group; `rank` its rank (-1 for a group), kept for sentences about an
+ * object whose group is gone. */
+int mep_registry_add(const void *obj, mep_obj_kind_t kind, void *owner, int rank);
 /* Removes obj if live; returns 1 when this call removed it, 0 when it was
  * not there (so of two threads freeing one object, exactly one wins). */
 int mep_registry_take(const void *obj, mep_obj_kind_t kind);
 int mep_registry_contains(const void *obj, mep_obj_kind_t kind);
-/* 1 and *owner when obj is live as `kind`; 0 otherwise. */
-int mep_registry_owner(const void *obj, mep_obj_kind_t kind, void **owner);
+/* 1 and *owner, *rank (either may be NULL) when obj is live as `kind`;
+ * 0 otherwise. */
+int mep_registry_owner(const void *obj, mep_obj_kind_t kind, void **owner, int *rank);
 /* Every live object owned by `owner` is owned by nobody from now on (its
  * group was destroyed): a later group that the allocator places at the
  * same address does not inherit them. */

@@ -193,7 +193,8 @@ bool stale_handle_run(Ctx& parent, int port_a, int port_b) {
   // The group is destroyed; its hook reports that and runs nothing.
   expect_status(parent, seed + 2, "hook_run of a destroyed group's hook",
                 parent.api->hook_run(stale_hook, nullptr), MOE_EP_ERR_INVALID_ARGUMENT,
-                "destroyed");
+                ("belongs to rank " + std::to_string(parent.rank) +
+                 "'s group, which was destroyed").c_str());
   parent.api->hook_free(stale_hook);
   parent.api->handle_free(hooked);
   // Freed at once, although no group holds them any more.

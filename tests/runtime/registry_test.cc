@@ -10,13 +10,19 @@
 
 namespace {
 
-TEST(Registry, TakeIsWonOnceAndOwnerIsRemembered) {
+TEST(Registry, TakeIsWonOnceAndOwnerAndRankAreRemembered) {
   int group = 0;
   void* obj = std::malloc(64);
-  ASSERT_TRUE(mep_registry_add(obj, MEP_OBJ_HOOK, &group));
+  ASSERT_TRUE(mep_registry_add(obj, MEP_OBJ_HOOK, &group, 3));
   void* owner = nullptr;
-  EXPECT_TRUE(mep_registry_owner(obj, MEP_OBJ_HOOK, &owner));
+  int rank = -1;
+  EXPECT_TRUE(mep_registry_owner(obj, MEP_OBJ_HOOK, &owner, &rank));
   EXPECT_EQ(owner, &group);
+  // The rank outlives the owner: an orphaned entry still names it.
+  mep_registry_orphan(&group);
+  EXPECT_TRUE(mep_registry_owner(obj, MEP_OBJ_HOOK, &owner, &rank));
+  EXPECT_EQ(owner, nullptr);
+  EXPECT_EQ(rank, 3);
   EXPECT_FALSE(mep_registry_contains(obj, MEP_OBJ_HANDLE)) << "registered as a hook, not a handle";
   EXPECT_EQ(mep_registry_take(obj, MEP_OBJ_HOOK), 1);
   EXPECT_EQ(mep_registry_take(obj, MEP_OBJ_HOOK), 0) << "a second free must lose";
@@ -33,7 +39,7 @@ TEST(Registry, RetiredAddressesAreNotHandedOutAgain) {
   for (int i = 0; i < 16; i++) {
     void* obj = std::malloc(kSize);
     ASSERT_NE(obj, nullptr);
-    ASSERT_TRUE(mep_registry_add(obj, MEP_OBJ_HANDLE, nullptr));
+    ASSERT_TRUE(mep_registry_add(obj, MEP_OBJ_HANDLE, nullptr, -1));
     ASSERT_EQ(mep_registry_take(obj, MEP_OBJ_HANDLE), 1);
     retired.insert(obj);
     mep_registry_retire(obj);
