@@ -198,9 +198,9 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         # launcher's variables, its default group (with nothing to agree
         # through, every rank would take the library's default address and
         # its own cap).
-        self._agree_group = group
+        self._default_group = None
         if group is None and comm is None and not _launcher_rank():
-            self._agree_group = _default_group()
+            self._default_group = _default_group()
         self.num_nvl_bytes = num_nvl_bytes
         self.num_rdma_bytes = num_rdma_bytes
         self.low_latency_mode = low_latency_mode
@@ -413,7 +413,10 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
     def _channel(self):
         """The rounds over the engine's group or comm, each bounded by the
         Buffer's bootstrap.timeout_ms (_channel_timeout_s)."""
-        return agreement.channel(self._agree_group, self.comm, self._channel_timeout_s())
+        group = self.group
+        if group is None and self.comm is None:
+            group = self._default_group
+        return agreement.channel(group, self.comm, self._channel_timeout_s())
 
     def _channel_timeout_s(self):
         """MOE_EP_BOOTSTRAP_TIMEOUT_MS where set (it overrides the
