@@ -204,6 +204,15 @@ static moe_ep_status_t validate_params(const moe_ep_group_params_t *p,
   return MOE_EP_OK;
 }
 
+/* Setup's cleanup of a backend it made: the failed step's sentence stays
+ * this thread's last error, not the teardown's. */
+static void destroy_failed_backend(moe_ep_group_t *g) {
+  mep_error_saved_t failed;
+  mep_error_save(&failed);
+  (void)g->ops->destroy(g);
+  mep_error_restore(&failed);
+}
+
 /* After the backend's setup every rank says whether its own succeeded
  * (mep_bootstrap_agree, bounded like every bootstrap wait), and a rank
  * keeps its group only if every rank formed one. A setup's last
@@ -314,10 +323,7 @@ moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
                      "group_create on rank %d: out of host memory registering the group",
                      g->rank);
     g->broken = made; /* no collective teardown step: the peers are in the agreement */
-    mep_error_saved_t failed;
-    mep_error_save(&failed);
-    (void)g->ops->destroy(g);
-    mep_error_restore(&failed);
+    destroy_failed_backend(g);
   }
   MEP_LOG_DEBUG("group", "rank %d: setup: the closing agreement", g->rank);
   st = agree_formed(g, made);
@@ -341,11 +347,8 @@ moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
   *out = g;
   return MOE_EP_OK;
 
-out_destroy_backend:;
-  mep_error_saved_t failed; /* the failure's sentence, not the teardown's */
-  mep_error_save(&failed);
-  (void)g->ops->destroy(g);
-  mep_error_restore(&failed);
+out_destroy_backend:
+  destroy_failed_backend(g);
 out_destroy_lock:
   pthread_mutex_destroy(&g->lock);
 out_destroy_bootstrap:

@@ -549,7 +549,8 @@ static moe_ep_status_t send_half(moe_ep_group_t *g, nccl_state_t *s, mep_op_t *o
  * a small kernel waits for the peers' count signals of that combine
  * without consuming them. Nothing to order before the set's first
  * dispatch's combine was sent. */
-static moe_ep_status_t order_reuse(moe_ep_group_t *g, nccl_state_t *s, const mep_op_t *op) {
+static moe_ep_status_t order_reuse(moe_ep_group_t *g, nccl_state_t *s, const mep_op_t *op,
+                                   const mep_nccl_stream_t *on) {
   if (op->kind != MEP_OP_DISPATCH || !s->reuse[op->buffer_set].sent) return MOE_EP_OK;
   const int comb_set = s->reuse[op->buffer_set].comb_set;
   /* An event orders the dispatch after that receive only when both are
@@ -557,16 +558,16 @@ static moe_ep_status_t order_reuse(moe_ep_group_t *g, nccl_state_t *s, const mep
    * device's state, orders it whichever ran first. */
   if (s->reuse[op->buffer_set].received) {
     int ordered;
-    MEP_CHECK(mep_nccl_sent_order_if(&s->received, comb_set, op->stream, &ordered));
+    MEP_CHECK(mep_nccl_sent_order_if(&s->received, comb_set, on, &ordered));
     if (ordered) return MOE_EP_OK;
   }
-  MEP_CHECK(mep_nccl_sent_order(&s->sent, comb_set, op->stream));
+  MEP_CHECK(mep_nccl_sent_order(&s->sent, comb_set, on));
   MEP_CHECK(mep_nccl_launched(g, mep_ll_await_combine(&s->ctx, comb_set, op->stream),
                               "dispatch (waiting for the peers' combine of the set's last "
                               "dispatch)"));
   /* Teardown waits for the wait kernel too, should the send that follows
    * it be refused at launch. */
-  return mep_nccl_sent_record(&s->sent, op->buffer_set, op->stream);
+  return mep_nccl_sent_record(&s->sent, op->buffer_set, on);
 }
 
 /* A dispatch's send was launched: its set starts a new round. */
@@ -590,25 +591,28 @@ static void reuse_received(nccl_state_t *s, const mep_op_t *op) {
  * whose handle storage and receive count it reads (an engine's expert
  * work orders it so, unless it ran on another stream than the combine's;
  * PROTOCOL.md, section 6, counts on it for the set's reuse). */
-static moe_ep_status_t order_send(nccl_state_t *s, const mep_op_t *op) {
-  MEP_CHECK(mep_nccl_sent_order(&s->received, op->buffer_set, op->stream));
+static moe_ep_status_t order_send(nccl_state_t *s, const mep_op_t *op,
+                                  const mep_nccl_stream_t *on) {
+  MEP_CHECK(mep_nccl_sent_order(&s->received, op->buffer_set, on));
   if (op->kind == MEP_OP_COMBINE) {
     const nccl_handle_t *nh = op->handle->backend;
-    MEP_CHECK(mep_nccl_sent_order(&s->received, nh->set, op->stream));
+    MEP_CHECK(mep_nccl_sent_order(&s->received, nh->set, on));
   }
-  return mep_nccl_sent_order(&s->exported, op->buffer_set, op->stream);
+  return mep_nccl_sent_order(&s->exported, op->buffer_set, on);
 }
 
 static moe_ep_status_t nccl_send(moe_ep_group_t *g, mep_op_t *op) {
   nccl_state_t *s = g->impl;
   mep_nccl_caller_t caller;
   MEP_CHECK(enter_device(g, s, &caller));
+  mep_nccl_stream_t on;
   moe_ep_status_t st = send_checks(g, s, op, 0);
-  if (st == MOE_EP_OK) st = order_send(s, op);
-  if (st == MOE_EP_OK) st = order_reuse(g, s, op);
+  if (st == MOE_EP_OK) st = mep_nccl_stream_open(op->stream, "params->stream", &on);
+  if (st == MOE_EP_OK) st = order_send(s, op, &on);
+  if (st == MOE_EP_OK) st = order_reuse(g, s, op, &on);
   if (st == MOE_EP_OK) st = send_half(g, s, op, 0);
   if (st == MOE_EP_OK) reuse_restart(s, op);
-  if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->sent, op->buffer_set, op->stream);
+  if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->sent, op->buffer_set, &on);
   return mep_nccl_leave(&caller, st);
 }
 
@@ -616,7 +620,9 @@ static moe_ep_status_t nccl_recv(moe_ep_group_t *g, mep_op_t *op) {
   nccl_state_t *s = g->impl;
   mep_nccl_caller_t caller;
   MEP_CHECK(enter_device(g, s, &caller));
-  moe_ep_status_t st = mep_nccl_sent_order(&s->sent, op->buffer_set, op->stream);
+  mep_nccl_stream_t on;
+  moe_ep_status_t st = mep_nccl_stream_open(op->stream, "params->stream", &on);
+  if (st == MOE_EP_OK) st = mep_nccl_sent_order(&s->sent, op->buffer_set, &on);
   if (st != MOE_EP_OK) return mep_nccl_leave(&caller, st);
   if (op->kind == MEP_OP_DISPATCH) {
     mep_ll_dispatch_args_t a;
@@ -628,7 +634,7 @@ static moe_ep_status_t nccl_recv(moe_ep_group_t *g, mep_op_t *op) {
     st = mep_nccl_launched(g, mep_ll_combine_recv(&s->ctx, &a, op->stream), "combine receive");
     if (st == MOE_EP_OK) reuse_received(s, op);
   }
-  if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->received, op->buffer_set, op->stream);
+  if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->received, op->buffer_set, &on);
   return mep_nccl_leave(&caller, st);
 }
 
@@ -636,12 +642,14 @@ static moe_ep_status_t nccl_send_recv(moe_ep_group_t *g, mep_op_t *op) {
   nccl_state_t *s = g->impl;
   mep_nccl_caller_t caller;
   MEP_CHECK(enter_device(g, s, &caller));
+  mep_nccl_stream_t on;
   moe_ep_status_t st = send_checks(g, s, op, 1);
-  if (st == MOE_EP_OK) st = order_send(s, op);
-  if (st == MOE_EP_OK) st = order_reuse(g, s, op);
+  if (st == MOE_EP_OK) st = mep_nccl_stream_open(op->stream, "params->stream", &on);
+  if (st == MOE_EP_OK) st = order_send(s, op, &on);
+  if (st == MOE_EP_OK) st = order_reuse(g, s, op, &on);
   if (st == MOE_EP_OK) st = send_half(g, s, op, 1);
   if (st == MOE_EP_OK) reuse_restart(s, op);
-  if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->received, op->buffer_set, op->stream);
+  if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->received, op->buffer_set, &on);
   return mep_nccl_leave(&caller, st);
 }
 
@@ -664,15 +672,17 @@ static moe_ep_status_t nccl_handle_layout(moe_ep_group_t *g, mep_handle_state_t 
   /* After the dispatch receive that filled the storage and the set's last
    * export, whatever their streams: the set's event then covers every
    * export on it. */
-  st = mep_nccl_sent_order(&s->received, nh->set, stream);
-  if (st == MOE_EP_OK) st = mep_nccl_sent_order(&s->exported, nh->set, stream);
+  mep_nccl_stream_t on;
+  st = mep_nccl_stream_open(stream, "params->stream", &on);
+  if (st == MOE_EP_OK) st = mep_nccl_sent_order(&s->received, nh->set, &on);
+  if (st == MOE_EP_OK) st = mep_nccl_sent_order(&s->exported, nh->set, &on);
   if (st != MOE_EP_OK) return mep_nccl_leave(&caller, st);
   st = mep_nccl_launched(g,
                          mep_ll_export_layout(s->slot_src[nh->set], s->src_count[nh->set],
                                               g->num_local_experts, d->world, d->max_tokens,
                                               src_info, layout_range, stream),
                          "handle_layout");
-  if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->exported, nh->set, stream);
+  if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->exported, nh->set, &on);
   return mep_nccl_leave(&caller, st);
 }
 

@@ -103,8 +103,8 @@ moe_ep_status_t mep_nccl_prepare_layout(moe_ep_group_t *g, int device, mep_handl
   MEP_CHECK(mep_nccl_enter(device, &caller));
   /* A stream CUDA refuses (destroyed, or in an invalidated capture) is bad
    * input, refused before the launch, which would fail the group. */
-  int capturing;
-  moe_ep_status_t st = mep_nccl_stream_capture(h->prepare_stream, &capturing);
+  mep_nccl_stream_t on;
+  moe_ep_status_t st = mep_nccl_stream_open(h->prepare_stream, "params->stream", &on);
   if (st != MOE_EP_OK) return mep_nccl_leave(&caller, st);
   mep_prepare_layout_args_t a = {
       .topk_idx = h->topk_idx,
@@ -222,7 +222,7 @@ static cudaError_t capture_of(void *stream, unsigned long long *id) {
 }
 
 /* The engine's stream refused by CUDA where a call first asks about it,
- * before anything is queued there (mep_nccl_sent_order_if): bad input,
+ * before anything is queued there (mep_nccl_stream_open): bad input,
  * not a failure of the group (a destroyed stream, or one in a graph capture
  * an earlier call invalidated). */
 static moe_ep_status_t stream_refused(void *stream, const char *arg, cudaError_t e) {
@@ -270,10 +270,10 @@ static moe_ep_status_t stream_elsewhere(void *stream, const char *arg) {
                    arg, stream, here, here);
 }
 
-/* The first question a call asks about the engine's stream: CUDA accepts
- * it, and it runs in the group's context. */
-static moe_ep_status_t stream_usable(void *stream, const char *arg, unsigned long long *capture) {
-  const cudaError_t e = capture_of(stream, capture);
+moe_ep_status_t mep_nccl_stream_open(void *stream, const char *arg, mep_nccl_stream_t *out) {
+  out->stream = stream;
+  out->capture = 0;
+  const cudaError_t e = capture_of(stream, &out->capture);
   if (e != cudaSuccess) return stream_refused(stream, arg, e);
   return stream_elsewhere(stream, arg);
 }
@@ -281,31 +281,21 @@ static moe_ep_status_t stream_usable(void *stream, const char *arg, unsigned lon
 moe_ep_status_t mep_nccl_check_recv(moe_ep_group_t *g, const mep_op_t *op) {
   mep_nccl_caller_t caller;
   MEP_CHECK(mep_nccl_enter(g->cuda_device, &caller));
-  unsigned long long capture;
-  return mep_nccl_leave(&caller, stream_usable(op->stream, "stream", &capture));
+  mep_nccl_stream_t st;
+  return mep_nccl_leave(&caller, mep_nccl_stream_open(op->stream, "stream", &st));
 }
 
-moe_ep_status_t mep_nccl_stream_capture(void *stream, int *capturing) {
-  unsigned long long capture = 0;
-  const moe_ep_status_t st = stream_usable(stream, "params->stream", &capture);
-  *capturing = st == MOE_EP_OK && capture != 0;
-  return st;
-}
-
-moe_ep_status_t mep_nccl_sent_record(mep_nccl_sent_t *sent, int set, void *stream) {
-  unsigned long long capture;
-  cudaError_t e = capture_of(stream, &capture);
-  if (e != cudaSuccess) return mep_nccl_cuda_error("cudaStreamGetCaptureInfo", e);
-  cudaEvent_t ev = (cudaEvent_t)(capture != 0 ? sent->captured[set] : sent->event[set]);
-  e = cudaEventRecord(ev, (cudaStream_t)stream);
+moe_ep_status_t mep_nccl_sent_record(mep_nccl_sent_t *sent, int set, const mep_nccl_stream_t *s) {
+  cudaEvent_t ev = (cudaEvent_t)(s->capture != 0 ? sent->captured[set] : sent->event[set]);
+  const cudaError_t e = cudaEventRecord(ev, (cudaStream_t)s->stream);
   if (e != cudaSuccess) return mep_nccl_cuda_error("cudaEventRecord", e);
-  if (capture != 0) {
-    sent->captured_stream[set] = stream;
-    sent->capture[set] = capture;
+  if (s->capture != 0) {
+    sent->captured_stream[set] = s->stream;
+    sent->capture[set] = s->capture;
   } else {
-    sent->stream[set] = stream;
+    sent->stream[set] = s->stream;
   }
-  sent->last_capture[set] = capture;
+  sent->last_capture[set] = s->capture;
   return MOE_EP_OK;
 }
 
@@ -317,28 +307,26 @@ moe_ep_status_t mep_nccl_sent_record(mep_nccl_sent_t *sent, int set, void *strea
  * earlier half. */
 static int same_stream(void *a, void *b) { return a == b && a != (void *)cudaStreamPerThread; }
 
-moe_ep_status_t mep_nccl_sent_order(const mep_nccl_sent_t *sent, int set, void *stream) {
+moe_ep_status_t mep_nccl_sent_order(const mep_nccl_sent_t *sent, int set,
+                                    const mep_nccl_stream_t *s) {
   int ordered;
-  return mep_nccl_sent_order_if(sent, set, stream, &ordered);
+  return mep_nccl_sent_order_if(sent, set, s, &ordered);
 }
 
-moe_ep_status_t mep_nccl_sent_order_if(const mep_nccl_sent_t *sent, int set, void *stream,
-                                       int *ordered) {
-  unsigned long long capture = 0;
-  *ordered = 0;
-  MEP_CHECK(stream_usable(stream, "params->stream", &capture));
-  *ordered = capture == sent->last_capture[set];
+moe_ep_status_t mep_nccl_sent_order_if(const mep_nccl_sent_t *sent, int set,
+                                       const mep_nccl_stream_t *s, int *ordered) {
+  *ordered = s->capture == sent->last_capture[set];
   cudaEvent_t ev;
-  if (capture == 0) {
+  if (s->capture == 0) {
     /* Before any eager half the event was never recorded: waiting on it
      * is a no-op (and NULL is the legacy default stream, not "none"). */
-    if (same_stream(stream, sent->stream[set])) return MOE_EP_OK;
+    if (same_stream(s->stream, sent->stream[set])) return MOE_EP_OK;
     ev = (cudaEvent_t)sent->event[set];
   } else {
-    if (capture != sent->capture[set] || same_stream(stream, sent->captured_stream[set]))
+    if (s->capture != sent->capture[set] || same_stream(s->stream, sent->captured_stream[set]))
       return MOE_EP_OK;
     ev = (cudaEvent_t)sent->captured[set];
   }
-  const cudaError_t e = cudaStreamWaitEvent((cudaStream_t)stream, ev, 0);
+  const cudaError_t e = cudaStreamWaitEvent((cudaStream_t)s->stream, ev, 0);
   return e == cudaSuccess ? MOE_EP_OK : mep_nccl_cuda_error("cudaStreamWaitEvent", e);
 }

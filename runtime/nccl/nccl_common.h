@@ -60,33 +60,43 @@ typedef struct mep_nccl_sent {
 
 moe_ep_status_t mep_nccl_sent_create(mep_nccl_sent_t *sent);
 void mep_nccl_sent_destroy(mep_nccl_sent_t *sent); /* accepts a zeroed one */
-/* After the earlier half on `stream` into buffer set `set`. */
-moe_ep_status_t mep_nccl_sent_record(mep_nccl_sent_t *sent, int set, void *stream);
-/* Before the later half on `stream`: the same stream is already ordered;
+
+/* The engine's stream as a call found it on entry: the graph capture it
+ * is in (0: none). A call cannot end a capture, so one look serves every
+ * half and record the call queues there. */
+typedef struct mep_nccl_stream {
+  void *stream;
+  unsigned long long capture;
+} mep_nccl_stream_t;
+
+/* A call's one question about its stream, asked on the group's device
+ * (mep_nccl_enter) before anything is queued there: CUDA accepts it (a
+ * destroyed stream, or one in a capture an earlier call invalidated, is
+ * INVALID_ARGUMENT naming `arg`), and it runs in the group's context (a
+ * stream of another GPU, or of another context on this one, is
+ * INVALID_ARGUMENT too); a device error stays a fatal CUDA error. */
+moe_ep_status_t mep_nccl_stream_open(void *stream, const char *arg, mep_nccl_stream_t *out);
+/* LL's check_recv (backend.h): hook_run's stream (op->stream, named
+ * `stream`), refused as mep_nccl_stream_open refuses it, before the hook
+ * counts as run. */
+moe_ep_status_t mep_nccl_check_recv(moe_ep_group_t *g, const mep_op_t *op);
+
+/* After the earlier half on `s` into buffer set `set`. */
+moe_ep_status_t mep_nccl_sent_record(mep_nccl_sent_t *sent, int set, const mep_nccl_stream_t *s);
+/* Before the later half on `s`: the same stream is already ordered;
  * another eager stream waits for the last eager half's event, another
  * stream in the same capture for the last captured half's. Across
  * captures, or from a capture to eager work, an event cannot order
  * anything (CUDA refuses a capturing stream's wait on an event recorded
  * outside its capture): the order of the graph's launch is its stream's,
- * the engine's to set. A stream CUDA refuses is INVALID_ARGUMENT naming
- * params->stream: the first question a call asks about its stream, before
- * it queues anything. */
-moe_ep_status_t mep_nccl_sent_order(const mep_nccl_sent_t *sent, int set, void *stream);
-/* Whether the engine's `stream` is capturing a CUDA graph (*capturing),
- * asked before anything is queued there: a stream CUDA refuses (destroyed,
- * or in a capture an earlier call invalidated) is INVALID_ARGUMENT naming
- * params->stream, as in mep_nccl_sent_order_if; a device error stays a
- * fatal CUDA error. */
-moe_ep_status_t mep_nccl_stream_capture(void *stream, int *capturing);
-/* LL's check_recv (backend.h): hook_run's stream (op->stream, named
- * `stream`), refused as mep_nccl_stream_capture would refuse it, before
- * the hook counts as run. */
-moe_ep_status_t mep_nccl_check_recv(moe_ep_group_t *g, const mep_op_t *op);
-/* mep_nccl_sent_order, and *ordered: 1 when `stream` now comes after the set's last
- * half (both eager, or both in the capture `stream` is in), 0 when no event
- * could order them (a capture and eager work, or two captures). */
-moe_ep_status_t mep_nccl_sent_order_if(const mep_nccl_sent_t *sent, int set, void *stream,
-                                       int *ordered);
+ * the engine's to set. */
+moe_ep_status_t mep_nccl_sent_order(const mep_nccl_sent_t *sent, int set,
+                                    const mep_nccl_stream_t *s);
+/* mep_nccl_sent_order, and *ordered: 1 when `s` now comes after the set's
+ * last half (both eager, or both in the capture `s` is in), 0 when no
+ * event could order them (a capture and eager work, or two captures). */
+moe_ep_status_t mep_nccl_sent_order_if(const mep_nccl_sent_t *sent, int set,
+                                       const mep_nccl_stream_t *s, int *ordered);
 
 /* Teardown's wait for the group's last eager work: until the eager event
  * of every set in each of the `n` trackers has completed, polled with

@@ -387,11 +387,9 @@ static moe_ep_status_t launch_combine(moe_ep_group_t *g, ht_state_t *s, mep_op_t
  * refuse the sync and invalidate the capture, failing the group. Refused
  * while nothing has run on op->stream (the send's, or the hook's). */
 static moe_ep_status_t check_capturable(const moe_ep_group_t *g, const mep_op_t *op,
-                                        const char *entry) {
+                                        const mep_nccl_stream_t *on, const char *entry) {
   if (op->kind != MEP_OP_DISPATCH || (op->flags & MOE_EP_FLAG_WORST_CASE)) return MOE_EP_OK;
-  int capturing = 0;
-  MEP_CHECK(mep_nccl_stream_capture(op->stream, &capturing));
-  if (!capturing) return MOE_EP_OK;
+  if (on->capture == 0) return MOE_EP_OK;
   return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                    "%s on rank %d: the stream is capturing a CUDA graph but params->flags=0x%x "
                    "lacks MOE_EP_FLAG_WORST_CASE; without it a high-throughput dispatch learns "
@@ -404,7 +402,9 @@ static moe_ep_status_t ht_send(moe_ep_group_t *g, mep_op_t *op) {
   ht_state_t *s = g->impl;
   mep_nccl_caller_t caller;
   MEP_CHECK(enter(g, s, &caller));
-  moe_ep_status_t st = check_capturable(g, op, "dispatch");
+  mep_nccl_stream_t on;
+  moe_ep_status_t st = mep_nccl_stream_open(op->stream, "params->stream", &on);
+  if (st == MOE_EP_OK) st = check_capturable(g, op, &on, "dispatch");
   /* The handle's state before anything is queued: running out of memory
    * later would leave waits and an event record on the engine's stream. */
   if (st == MOE_EP_OK && op->kind == MEP_OP_DISPATCH && op->handle->backend == NULL &&
@@ -422,11 +422,11 @@ static moe_ep_status_t ht_send(moe_ep_group_t *g, mep_op_t *op) {
    * runs them in turn), and the set's event covers every kernel on the
    * set (teardown waits for it). */
   for (int set = 0; st == MOE_EP_OK && set < MEP_NUM_BUFFER_SETS; set++)
-    st = mep_nccl_sent_order(&s->sent, set, op->stream);
-  if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->reached, op->buffer_set, op->stream);
+    st = mep_nccl_sent_order(&s->sent, set, &on);
+  if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->reached, op->buffer_set, &on);
   if (st == MOE_EP_OK)
     st = op->kind == MEP_OP_DISPATCH ? launch_dispatch(g, s, op) : launch_combine(g, s, op);
-  if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->sent, op->buffer_set, op->stream);
+  if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->sent, op->buffer_set, &on);
   return mep_nccl_leave(&caller, st);
 }
 
@@ -485,10 +485,12 @@ static moe_ep_status_t learn_num_recv(moe_ep_group_t *g, ht_state_t *s, mep_op_t
 /* hook_run's checks before the hook counts as run: its stream, and a
  * dispatch without MOE_EP_FLAG_WORST_CASE (a host sync) in a capture. */
 static moe_ep_status_t ht_check_recv(moe_ep_group_t *g, const mep_op_t *op) {
-  MEP_CHECK(mep_nccl_check_recv(g, op));
   mep_nccl_caller_t caller;
   MEP_CHECK(mep_nccl_enter(g->cuda_device, &caller));
-  return mep_nccl_leave(&caller, check_capturable(g, op, "hook_run of a dispatch"));
+  mep_nccl_stream_t on;
+  moe_ep_status_t st = mep_nccl_stream_open(op->stream, "stream", &on);
+  if (st == MOE_EP_OK) st = check_capturable(g, op, &on, "hook_run of a dispatch");
+  return mep_nccl_leave(&caller, st);
 }
 
 static moe_ep_status_t ht_recv(moe_ep_group_t *g, mep_op_t *op) {
@@ -497,7 +499,9 @@ static moe_ep_status_t ht_recv(moe_ep_group_t *g, mep_op_t *op) {
   MEP_CHECK(enter(g, s, &caller));
   /* hook_run asked ht_check_recv first; a dispatch's own receive (not
    * deferred) comes after ht_send's check_capturable. */
-  moe_ep_status_t st = mep_nccl_sent_order(&s->sent, op->buffer_set, op->stream);
+  mep_nccl_stream_t on;
+  moe_ep_status_t st = mep_nccl_stream_open(op->stream, "params->stream", &on);
+  if (st == MOE_EP_OK) st = mep_nccl_sent_order(&s->sent, op->buffer_set, &on);
   if (st == MOE_EP_OK && op->kind == MEP_OP_DISPATCH) {
     if (op->flags & MOE_EP_FLAG_WORST_CASE) {
       /* No sync: combine's y then has recv_x's rows. num_recv keeps what a
