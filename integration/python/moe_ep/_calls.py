@@ -90,7 +90,7 @@ class Calls:
         """dispatch with self.dp; returns the hook pointer (None unless
         deferred)."""
         self.hook.value = None
-        st = self.lib.dispatch(self.group_ref().pointer, handle.pointer, self.dp_ptr, self.hook_ref)
+        st = self.group_ref()._call(self.lib.dispatch, handle.pointer, self.dp_ptr, self.hook_ref)
         if st != 0:
             raise self.lib.error(st, "dispatch")
         return self.hook.value
@@ -120,7 +120,7 @@ class Calls:
         p.stream = stream = self.stream()  # (a c_void_p field reads 0 as None)
         hook = self.hook
         hook.value = None
-        st = self.lib.combine(self.group_ref().pointer, handle.pointer, self.cp_ptr, self.hook_ref)
+        st = self.group_ref()._call(self.lib.combine, handle.pointer, self.cp_ptr, self.hook_ref)
         if st != 0:
             raise self.lib.error(st, "combine")
         if defer:  # the handle and inputs the deferred receive still reads

@@ -96,7 +96,7 @@ class DroppedHooks:
             return False
         out = ctypes.c_void_p()
         for _ in range(2):  # twice: a blocker run by another thread meanwhile matches nothing
-            if fn(group.pointer, ctypes.byref(out)) != 0:
+            if group._call(fn, ctypes.byref(out)) != 0:
                 return False
             if out.value is None:
                 return True  # its receive ran meanwhile

@@ -110,7 +110,7 @@ class LowLatencyCalls(Calls):
         p.stream = stream = self.stream()  # (a c_void_p field reads 0 as None)
         hook = self.hook
         hook.value = None
-        st = self.lib.dispatch(self.group_ref().pointer, handle.pointer, self.dp_ptr, self.hook_ref)
+        st = self.group_ref()._call(self.lib.dispatch, handle.pointer, self.dp_ptr, self.hook_ref)
         if st != 0:
             raise self.lib.error(st, "dispatch")
         # The library reads these until combine completes.

@@ -12,6 +12,7 @@ from ._rank_named import name_rank_in
 from ._library import resolve
 from ._torch import TensorSlot, stream_reader
 from .config import Config
+from ._entries import Entries
 from .errors import InvalidArgumentError
 from .handle import Handle
 
@@ -71,6 +72,7 @@ class Group:
     def __init__(self, config, rank=None, world_size=None, device=None, nccl_comm=None,
                  library=None):
         self._g = None
+        self._entries = Entries()
         self.close_at_gc = True
         self._lib = resolve(library)
         self.config = config if isinstance(config, Config) else Config(config, self._lib)
@@ -119,10 +121,36 @@ class Group:
         return g
 
     def close(self):
-        """group_destroy (collective). Handles and hooks may be freed later."""
-        g, self._g = self._g, None
-        if g is not None:
-            self._lib.check(self._lib.group_destroy(g), "group_destroy")
+        """group_destroy (collective). Handles and hooks may be freed later.
+        Calls on the group running on other threads end first (moe_ep._entries);
+        new ones are refused from now on."""
+        if self._g is None:
+            return
+
+        def destroy():
+            g, self._g = self._g, None
+            if g is not None:
+                self._lib.check(self._lib.group_destroy(g), "group_destroy")
+
+        self._entries.close(self, destroy)
+
+    def _call(self, fn, *args):
+        """fn(group pointer, *args), counted as one of the group's entries
+        (close waits for it)."""
+        g = self._entries.enter(self._g)
+        try:
+            return fn(g, *args)
+        finally:
+            self._entries.leave()
+
+    def _call_late(self, fn, *args):
+        """fn(*args) on one of the group's handles or hooks, which may come
+        after close (moe_ep._entries.Entries.enter_late)."""
+        self._entries.enter_late(self)
+        try:
+            return fn(*args)
+        finally:
+            self._entries.leave()
 
     def __enter__(self):
         return self
@@ -146,17 +174,17 @@ class Group:
         peers = (ctypes.c_int32 * world)()
         gi.peer_transports = peers
         gi.peer_transports_len = world
-        self._lib.check(self._lib.group_info(self.pointer, ctypes.byref(gi)), "group_info")
+        self._lib.check(self._call(self._lib.group_info, ctypes.byref(gi)), "group_info")
         return GroupInfo(gi.rank, gi.world_size, gi.num_local_experts, _abi.BACKENDS[gi.backend],
                          _abi.MODES[gi.mode], gi.num_sms, gi.bytes_allocated, gi.config_hash,
                          [_abi.TRANSPORTS[peers[i]] for i in range(gi.world_size)])
 
     def set_num_sms(self, num_sms):
-        self._lib.check(self._lib.set_num_sms(self.pointer, int(num_sms)), "set_num_sms")
+        self._lib.check(self._call(self._lib.set_num_sms, int(num_sms)), "set_num_sms")
 
     def max_sms_used(self):
         n = ctypes.c_int32()
-        self._lib.check(self._lib.max_sms_used(self.pointer, ctypes.byref(n)), "max_sms_used")
+        self._lib.check(self._call(self._lib.max_sms_used, ctypes.byref(n)), "max_sms_used")
         return n.value
 
     def poll_error(self):
@@ -173,7 +201,7 @@ class Group:
         report topk_idx. Host backend: only the group's failure (its
         prepare refuses a bad topk_idx). A failed group raises the same
         error from every later operation: close it."""
-        self._lib.check(self._lib.group_poll_error(self.pointer), "group_poll_error")
+        self._lib.check(self._call(self._lib.group_poll_error), "group_poll_error")
 
     # ---- operations --------------------------------------------------------
 
@@ -216,7 +244,7 @@ class Group:
             for s in tls.layout:
                 s.attach(None)
         out = ctypes.c_void_p()
-        st = self._lib.prepare(self.pointer, tls.prepare_ptr, ctypes.byref(out))
+        st = self._call(self._lib.prepare, tls.prepare_ptr, ctypes.byref(out))
         if st != 0:
             raise self._lib.error(st, "prepare")
         return Handle(self, out.value, topk_idx, out_layout)
@@ -294,7 +322,7 @@ class Group:
         tls.src_info.attach(src_info)
         tls.layout_range.attach(layout_range)
         p.stream = self._stream()
-        self._lib.check(fn(handle.pointer, tls.slots_ptr), "handle_layout")
+        self._lib.check(self._call_late(fn, handle.pointer, tls.slots_ptr), "handle_layout")
         return src_info, layout_range
 
     def combine(self, handle, y, *, topk_weights=None, out=None, defer=False):

@@ -45,7 +45,7 @@ class Handle:
         with self._lock:
             ptr, self._ptr = self._ptr, None
         if ptr is not None:
-            self._group._lib.handle_free(ptr)
+            self._group._call_late(self._group._lib.handle_free, ptr)
 
     def __enter__(self):
         return self
@@ -124,17 +124,17 @@ class Hook:
             elif not isinstance(stream, int):
                 stream = stream.cuda_stream
             lib = group._lib
-            st = lib.hook_run(ptr, stream)
+            st = group._call_late(lib.hook_run, ptr, stream)
             # Run or refused, the hook is spent (the library runs a hook at
             # most once, and abandons one it cannot run).
             self._ptr = None
             if st != 0:
                 self._failed = lib.error(st, "hook_run")
                 self._keep = None
-                lib.hook_free(ptr)
+                group._call_late(lib.hook_free, ptr)
                 raise self._failed
             keep, self._keep = self._keep, None
-            lib.hook_free(ptr)
+            group._call_late(lib.hook_free, ptr)
             if self._sent_on is not None and stream != self._sent_on:
                 _used_on(stream, keep, self.result)
         finally:
@@ -160,7 +160,7 @@ class Hook:
             self._keep = None
             self._failed = InvalidArgumentError(
                 "hook_run: this hook's receive was abandoned before it ran; it cannot run now")
-            self._group._lib.hook_free(ptr)
+            self._group._call_late(self._group._lib.hook_free, ptr)
         finally:
             self._lock.release()
 
@@ -181,6 +181,6 @@ class Hook:
         if ptr is not None:
             self._ptr = None
             try:
-                self._group._lib.hook_free(ptr)
+                self._group._call_late(self._group._lib.hook_free, ptr)
             except Exception:
                 pass

@@ -84,12 +84,12 @@ def _env_rank_world():
             raise ValueError("Buffer: MOE_EP_RANK=%r and MOE_EP_WORLD_SIZE=%r must be integers "
                              "(this process's rank and the number of ranks)"
                              % (rank, world)) from None
-    if _default_group() is not None:
+    if _torch_world_group() is not None:
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return None
 
 
-def _default_group():
+def _torch_world_group():
     """torch.distributed's default group when it is initialised, else None."""
     dist = getattr(torch, "distributed", None)
     if dist is not None and dist.is_available() and dist.is_initialized():
@@ -200,7 +200,7 @@ class Buffer(_low_latency.LowLatencyMixin, _normal.NormalMixin):
         # its own cap).
         self._default_group = None
         if group is None and comm is None and not _launcher_rank():
-            self._default_group = _default_group()
+            self._default_group = _torch_world_group()
         self.num_nvl_bytes = num_nvl_bytes
         self.num_rdma_bytes = num_rdma_bytes
         self.low_latency_mode = low_latency_mode

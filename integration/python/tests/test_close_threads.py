@@ -1,0 +1,150 @@
+"""Group.close() against calls on the group running on other threads
+(moe_ep._entries): close waits for a call inside the library before it
+destroys, refuses new calls meanwhile, gives up after the bound with the
+group left open, and a handle freed while group_destroy runs waits for it.
+The group is one real rank on the host backend in this process; the calls
+inside the library are stopped at chosen points, and every wait is bounded
+(interleave.WAIT_S)."""
+import threading
+import time
+
+import pytest
+import torch
+
+import moe_ep
+import moe_ep._entries
+from interleave import WAIT_S, Runner, wait_for
+
+E, H, K, T = 4, 128, 2, 6
+BOUND_WORDS = "(bootstrap.timeout_ms plus four timeouts.kernel_ms, plus 5 s)"
+
+
+class _Recording:
+    """The group's library, recording group_destroy and handle_free (with
+    what was already recorded when each began), and stopping
+    group_destroy until `release_destroy` is set when `hold_destroy` is."""
+
+    def __init__(self, real):
+        self._real = real
+        self.log = []
+        self.hold_destroy = False
+        self.in_destroy = threading.Event()
+        self.release_destroy = threading.Event()
+
+    def group_destroy(self, g):
+        self.log.append("group_destroy")
+        if self.hold_destroy:
+            self.in_destroy.set()
+            wait_for(self.release_destroy, "the test releasing group_destroy")
+        st = self._real.group_destroy(g)
+        self.log.append("group_destroy returned")
+        return st
+
+    def handle_free(self, ptr):
+        self.log.append("handle_free")
+        return self._real.handle_free(ptr)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def poll(cond, what):
+    """Waits (bounded) for a state another thread reaches."""
+    deadline = time.monotonic() + WAIT_S
+    while not cond():
+        assert time.monotonic() < deadline, "%s did not happen within %.0f s" % (what, WAIT_S)
+        time.sleep(0.001)
+
+
+@pytest.fixture
+def group(one_rank_group):
+    g = one_rank_group(mode="low_latency", num_experts=E, hidden=H, top_k=K,
+                       max_tokens_per_rank=16)
+    g._lib = _Recording(g._lib)
+    return g
+
+
+def _closing(g):
+    return g._lib.log or getattr(g._entries, "_closed", False)
+
+
+def test_close_waits_for_a_call_inside_the_library(group):
+    """A call stopped inside the library on another thread: close() does not
+    destroy under it, a new call meanwhile is refused, and the group is
+    destroyed once the call has returned."""
+    lib = group._lib
+    inside, seen = threading.Event(), []
+
+    def stuck_call(g):
+        inside.set()
+        poll(lambda: _closing(group), "close() starting")
+        seen.append(list(lib.log))  # what close had done while this call was inside
+        try:
+            group.info()
+        except moe_ep.InvalidArgumentError as e:
+            seen.append(str(e))
+        return lib.group_poll_error(g)
+
+    caller = Runner(lambda: group._call(stuck_call))
+    caller.start()
+    wait_for(inside, "the call entering the library")
+    group.close()
+    assert caller.outcome("the call") == 0, "rank 0: the call inside the library failed"
+    assert seen[0] == [], \
+        "rank 0: group_destroy ran while another thread's call was inside the library " \
+        "(log %s)" % seen[0]
+    assert seen[1] == "rank 0: moe_ep: this Group is closed", \
+        "rank 0: a call started while close() waited got %r, want the closed sentence" % seen[1]
+    assert lib.log == ["group_destroy", "group_destroy returned"], lib.log
+
+
+def test_close_gives_up_after_the_bound_and_the_group_stays_open(group, monkeypatch):
+    """A call stuck inside the library past the bound: close() raises
+    TimeoutError naming the rank, the count and the bound, the group still
+    works, and a later close() destroys it."""
+    monkeypatch.setattr(moe_ep._entries, "wait_bound_s", lambda g: 0.05)
+    inside, go = threading.Event(), threading.Event()
+
+    def stuck_call(g):
+        inside.set()
+        wait_for(go, "the test letting the call return")
+        return 0
+
+    caller = Runner(lambda: group._call(stuck_call))
+    caller.start()
+    wait_for(inside, "the call entering the library")
+    with pytest.raises(moe_ep.TimeoutError) as e:
+        group.close()
+    want = ("rank 0: close: 1 call(s) on this group on other threads were still running after "
+            "0 s %s; the group stays open (close it again once they return)" % BOUND_WORDS)
+    assert str(e.value) == want, "rank 0: got %r, want %r" % (str(e.value), want)
+    assert group._lib.log == [], "rank 0: group_destroy ran: %s" % group._lib.log
+    assert group.info().world_size == 1  # still open
+    go.set()
+    caller.outcome("the call")
+    group.close()
+    assert group._lib.log == ["group_destroy", "group_destroy returned"], group._lib.log
+
+
+def test_handle_freed_during_group_destroy_waits_for_it(group):
+    """A handle dropped on another thread while group_destroy runs is freed
+    after group_destroy has returned, as moe_ep.h requires."""
+    lib = group._lib
+    gen = torch.Generator().manual_seed(7)
+    ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(T)])
+    handle = group.prepare(ids)
+    lib.hold_destroy = True
+    closer = Runner(group.close)
+    closer.start()
+    wait_for(lib.in_destroy, "group_destroy starting")
+    freer = Runner(handle.free)
+    freer.start()
+    # The free either waits for group_destroy or (without the order) runs
+    # now; either way the log says which came first once both are done.
+    poll(lambda: "handle_free" in lib.log or not freer.is_alive() or
+         getattr(group._entries, "_destroying", False), "the free starting")
+    lib.release_destroy.set()
+    closer.outcome("close")
+    freer.outcome("the free")
+    assert lib.log == ["group_destroy", "group_destroy returned", "handle_free"], \
+        "rank 0: handle_free ran during group_destroy: %s" % lib.log
