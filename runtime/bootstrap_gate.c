@@ -2,7 +2,8 @@
  * address that stands in front of UCX. It sends each connection a
  * challenge, reads its knock into a fixed slot, checks the knock's proof of
  * the job token, has bootstrap_root.c judge the rest, answers with the
- * verdict (proven in turn) and closes. Nothing a connection sends is
+ * verdict (proven in turn when the knock was: an admission or a refusal)
+ * and closes. Nothing a connection sends is
  * allocated for: an outsider gets at most one of MEP_BS_PENDING_KNOCKS
  * slots for at most MEP_BS_KNOCK_WAIT_MS, and no endpoint of rank 0's is
  * made for it. (UCX's own listening ports are another way in, which the
@@ -57,17 +58,28 @@ static int gate_send(mep_bs_knocker_t *k, const mep_bs_knock_hdr_t *h,
                          mep_bs_now_ms());
 }
 
-/* A verdict that carries a reason (REFUSE or BUSY). */
-static void gate_send_reason(mep_bs_knocker_t *k, int type, const char *why) {
+/* A verdict that carries a reason (REFUSE or BUSY). `theirs`, the nonce of
+ * a knock whose proof checked out, or NULL: a refusal of a proven knock is
+ * proven in turn (HMAC over both nonces, its header and the reason), so the
+ * joiner can tell rank 0's final word from an answer anyone could forge and
+ * gives up only on the former. A knock that proved nothing gets no proof: a
+ * joiner with another token could not check one. */
+static void gate_send_reason(const mep_bootstrap_t *bs, mep_bs_knocker_t *k,
+                             int type, const char *why, const uint8_t *theirs) {
   mep_bs_knock_hdr_t h;
-  mep_bs_knock_hdr_init(&h, type, 0, 0, 0, strnlen(why, MEP_BS_REASON_MAX - 1));
-  (void)gate_send(k, &h, NULL, why);
+  mep_bs_knock_hdr_init(&h, type, 0, 0, theirs != NULL ? MEP_BS_PROOF_BYTES : 0,
+                        strnlen(why, MEP_BS_REASON_MAX - 1));
+  uint8_t proof[MEP_BS_PROOF_BYTES];
+  if (theirs != NULL) {
+    mep_bs_proof(bs, MEP_BS_PROOF_REFUSAL, theirs, k->nonce, &h, why, proof);
+  }
+  (void)gate_send(k, &h, proof, why);
 }
 
 static void gate_refuse(mep_bootstrap_t *bs, mep_bs_knocker_t *k,
-                        const char *why) {
+                        const char *why, const uint8_t *theirs) {
   gate_log(bs, k, "%s", why);
-  gate_send_reason(k, MEP_BS_KNOCK_REFUSE, why);
+  gate_send_reason(bs, k, MEP_BS_KNOCK_REFUSE, why, theirs);
   knocker_close(k);
 }
 
@@ -87,18 +99,19 @@ static void gate_answer(mep_bootstrap_t *bs, mep_bs_knocker_t *k) {
     snprintf(why, sizeof(why),
              "wrong job token (the knock claimed rank %d of %d)", h.rank,
              h.world_size);
-    gate_refuse(bs, k, why);
+    gate_refuse(bs, k, why, NULL);
     return;
   }
   int verdict = mep_bs_root_admit(bs, &h, addr, addr_len, k->name, why,
                                   sizeof(why));
   if (verdict == MEP_BS_KNOCK_REFUSE) {
-    gate_refuse(bs, k, why);
+    gate_refuse(bs, k, why, theirs);
     return;
   }
   if (verdict == MEP_BS_KNOCK_BUSY) {
     MEP_LOG_DEBUG("bootstrap", "rank 0: %s: %s", k->name, why);
-    gate_send_reason(k, MEP_BS_KNOCK_BUSY, why);
+    /* Retried by the joiner either way: nothing to prove. */
+    gate_send_reason(bs, k, MEP_BS_KNOCK_BUSY, why, NULL);
   } else {
     mep_bs_knock_hdr_t ok;
     mep_bs_knock_hdr_init(&ok, MEP_BS_KNOCK_OK, 0, bs->world_size,
@@ -150,7 +163,7 @@ static int gate_check_hdr(mep_bootstrap_t *bs, mep_bs_knocker_t *k) {
   } else {
     return 0;
   }
-  gate_refuse(bs, k, why);
+  gate_refuse(bs, k, why, NULL);
   return 1;
 }
 

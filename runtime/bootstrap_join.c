@@ -1,6 +1,7 @@
 /* bootstrap_join.c: a non-zero rank's side of forming the group: knock on
  * rank 0's gate with retry until the deadline (rank, world size, token,
- * this worker's address), then connect to the worker address rank 0
+ * this worker's address; only a refusal rank 0 proves ends the retries
+ * early), then connect to the worker address rank 0
  * answers with, say HELLO, and wait for ACCEPT and "group formed" (or rank
  * 0's reason why not). */
 #define _GNU_SOURCE
@@ -109,8 +110,9 @@ moe_ep_status_t mep_bs_join(mep_bootstrap_t *bs, int64_t start_ms) {
     sleep_ms(nap);
     if (backoff < 100) backoff *= 2;
   }
-  /* An answer that did not prove the token says more than a later
-   * attempt's timeout. */
+  /* An answer that did not prove the token (a forged admission, or a
+   * refusal rank 0 could not prove to a joiner with another token) says
+   * more than a later attempt's timeout. */
   int keep = unproven[0] != '\0' && strcmp(unproven, why) != 0;
   return mep_error(MOE_EP_ERR_BOOTSTRAP,
                    "rank %d could not reach rank 0 at %s within %d ms "

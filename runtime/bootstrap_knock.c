@@ -147,6 +147,46 @@ static int knock_read_hdr(const mep_bootstrap_t *bs, int fd,
   return -1;
 }
 
+/* Reads a REFUSE or BUSY verdict's proof (if any) and reason. A REFUSE
+ * whose proof checks out is rank 0's final word (REFUSED); one without a
+ * proof, or with a wrong one, may come from any process that answered on
+ * the address (or from rank 0 to a joiner whose token differs), so it is
+ * UNPROVEN and retried; a BUSY is retried either way. `why` gets the
+ * reason, printable characters only. */
+static int knock_reason(const mep_bootstrap_t *bs, int fd, int64_t deadline_ms,
+                        const mep_bs_knock_hdr_t *h, const uint8_t *mine,
+                        const uint8_t *theirs, char *why, size_t why_len) {
+  uint8_t proof[MEP_BS_PROOF_BYTES], want[MEP_BS_PROOF_BYTES];
+  char reason[MEP_BS_REASON_MAX];
+  if (fd_read(fd, proof, h->proof_len, deadline_ms, why, why_len) != 0 ||
+      fd_read(fd, reason, h->body_len, deadline_ms, why, why_len) != 0) {
+    return MEP_BS_KNOCK_RETRY;
+  }
+  int proven = 0;
+  if (h->proof_len == MEP_BS_PROOF_BYTES) {
+    mep_bs_proof(bs, MEP_BS_PROOF_REFUSAL, mine, theirs, h, reason, want);
+    proven = mep_bytes_equal(proof, want, sizeof(want));
+  }
+  reason[h->body_len] = '\0';
+  for (uint32_t i = 0; i < h->body_len; i++) {
+    if ((unsigned char)reason[i] < 0x20 || (unsigned char)reason[i] >= 0x7f) reason[i] = '?';
+  }
+  if (h->type == MEP_BS_KNOCK_BUSY) {
+    snprintf(why, why_len, "%s", reason);
+    return MEP_BS_KNOCK_RETRY;
+  }
+  if (proven) {
+    snprintf(why, why_len, "%s", reason);
+    return MEP_BS_KNOCK_REFUSED;
+  }
+  snprintf(why, why_len,
+           "rank 0 answered: %s (not proven: this rank's job token differs "
+           "from rank 0's, or a process other than this group's rank 0 "
+           "answered)",
+           reason);
+  return MEP_BS_KNOCK_UNPROVEN;
+}
+
 /* Reads and checks the verdict on the knock sent with nonce `mine` after
  * challenge `theirs`. */
 static int knock_verdict(const mep_bootstrap_t *bs, int fd,
@@ -157,11 +197,15 @@ static int knock_verdict(const mep_bootstrap_t *bs, int fd,
   if (knock_read_hdr(bs, fd, deadline_ms, &h, why, why_len) != 0) {
     return MEP_BS_KNOCK_RETRY;
   }
-  /* REFUSE and BUSY carry a reason, OK a proof and rank 0's address. */
-  int refuse = h.type == MEP_BS_KNOCK_REFUSE || h.type == MEP_BS_KNOCK_BUSY;
+  /* REFUSE carries a reason (proven when the knock was), BUSY a reason, OK
+   * a proof and rank 0's address. */
+  int refuse = h.type == MEP_BS_KNOCK_REFUSE;
+  int busy = h.type == MEP_BS_KNOCK_BUSY;
   int ok = h.type == MEP_BS_KNOCK_OK;
-  if ((!refuse && !ok) || (refuse && (h.proof_len != 0 ||
-                                      h.body_len > MEP_BS_REASON_MAX - 1)) ||
+  if ((!refuse && !busy && !ok) ||
+      ((refuse || busy) && h.body_len > MEP_BS_REASON_MAX - 1) ||
+      (refuse && h.proof_len != 0 && h.proof_len != MEP_BS_PROOF_BYTES) ||
+      (busy && h.proof_len != 0) ||
       (ok && (h.proof_len != MEP_BS_PROOF_BYTES || h.body_len == 0 ||
               h.body_len > MEP_BS_ADDR_MAX))) {
     snprintf(why, why_len,
@@ -169,20 +213,8 @@ static int knock_verdict(const mep_bootstrap_t *bs, int fd,
              bs->address, h.type, h.proof_len, h.body_len);
     return MEP_BS_KNOCK_RETRY;
   }
-  if (refuse) {
-    char reason[MEP_BS_REASON_MAX];
-    if (fd_read(fd, reason, h.body_len, deadline_ms, why, why_len) != 0) {
-      return MEP_BS_KNOCK_RETRY;
-    }
-    reason[h.body_len] = '\0';
-    /* Refusals are not proven (a joiner with the wrong token could not
-     * check one): print only what is printable. */
-    for (uint32_t i = 0; i < h.body_len; i++) {
-      if ((unsigned char)reason[i] < 0x20 || (unsigned char)reason[i] >= 0x7f) reason[i] = '?';
-    }
-    snprintf(why, why_len, "%s", reason);
-    return h.type == MEP_BS_KNOCK_BUSY ? MEP_BS_KNOCK_RETRY
-                                       : MEP_BS_KNOCK_REFUSED;
+  if (!ok) {
+    return knock_reason(bs, fd, deadline_ms, &h, mine, theirs, why, why_len);
   }
   uint8_t proof[MEP_BS_PROOF_BYTES], want[MEP_BS_PROOF_BYTES];
   if (fd_read(fd, proof, sizeof(proof), deadline_ms, why, why_len) != 0 ||

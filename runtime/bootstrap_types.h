@@ -17,8 +17,9 @@
 #define MEP_BS_AM_ID 63u
 #define MEP_BS_MAGIC 0x4d455042u /* "MEPB" */
 /* The protocol version, the bootstrap's and the host data path's (its
- * region layout): ranks of different versions are refused at the gate. */
-#define MEP_BS_VERSION 5u
+ * region layout): ranks of different versions are refused at the gate.
+ * 6: a refusal of a proven knock carries a proof. */
+#define MEP_BS_VERSION 6u
 /* Bounds the wire fields the handshake carries. */
 #define MEP_BS_TOKEN_MAX 256
 #define MEP_BS_REASON_MAX 512
@@ -57,7 +58,10 @@
  * of its own, its UCX worker address, and a proof, the HMAC-SHA-256 under
  * the job token of the challenge and all of that. Rank 0's verdict is its
  * own worker address with a proof over both nonces (so the joiner knows it
- * reached the real rank 0), or the reason for a refusal. Only then do the
+ * reached the real rank 0), or the reason for a refusal, proven the same
+ * way when the knock's proof checked out (the joiner gives up only on a
+ * proven refusal; an unproven one, which anyone on the port could send, is
+ * retried until the joiner's deadline). Only then do the
  * two UCX workers connect, by worker address; the token never crosses the
  * gate. Rank 0 reads at most this many unanswered connections at a
  * time, each into a fixed buffer of MEP_BS_KNOCK_MAX bytes, and closes one
@@ -83,7 +87,7 @@ typedef enum mep_bs_knock_type {
   MEP_BS_CHALLENGE = 1,    /* 0 -> joiner: nonce */
   MEP_BS_KNOCK = 2,        /* joiner -> 0: proof; nonce + worker address */
   MEP_BS_KNOCK_OK = 3,     /* 0 -> joiner: proof; rank 0's worker address */
-  MEP_BS_KNOCK_REFUSE = 4, /* 0 -> joiner: the reason */
+  MEP_BS_KNOCK_REFUSE = 4, /* 0 -> joiner: proof if the knock's held; reason */
   MEP_BS_KNOCK_BUSY = 5    /* 0 -> joiner: the reason; knock again */
 } mep_bs_knock_type_t;
 
@@ -289,8 +293,10 @@ void mep_bs_proof(const mep_bootstrap_t *bs, const char *label,
                   uint8_t out[MEP_BS_PROOF_BYTES]);
 #define MEP_BS_PROOF_KNOCK "moe-ep knock"
 #define MEP_BS_PROOF_VERDICT "moe-ep verdict"
-/* UNPROVEN: an admission rank 0 did not prove (retried, and named in the
- * final error even if later attempts only time out). */
+#define MEP_BS_PROOF_REFUSAL "moe-ep refusal"
+/* REFUSED: a refusal rank 0 proved (final). UNPROVEN: an admission or a
+ * refusal that carried no valid proof (retried, and named in the final
+ * error even if later attempts only time out). */
 enum { MEP_BS_KNOCK_RETRY = 0, MEP_BS_KNOCK_ADMITTED = 1,
        MEP_BS_KNOCK_REFUSED = 2, MEP_BS_KNOCK_UNPROVEN = 3 };
 /* A joiner's knock: connects to the gate, takes its challenge, presents
