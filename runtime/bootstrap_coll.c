@@ -197,8 +197,28 @@ static moe_ep_status_t root_gather(mep_bootstrap_t *bs, const coll_t *c,
   }
 }
 
-static void root_deliver(mep_bootstrap_t *bs, const coll_t *c,
-                         int64_t deadline) {
+/* Rank 0 could not start sending a rank the op's result for want of its
+ * own memory: its own failure, not that rank's (which is not marked
+ * failed). The group fails (UCX, a fatal status, as coll_member's own
+ * out-of-memory), and the peers are told so by an ABORT that needs no
+ * allocation, naming rank 0 rather than timing out. */
+static moe_ep_status_t root_out_of_memory(mep_bootstrap_t *bs, const coll_t *c, int r) {
+  char why[MEP_BS_REASON_MAX];
+  snprintf(why, sizeof(why),
+           "rank 0 had no memory to send the result of %s #%llu to rank %d "
+           "(UCS_ERR_NO_MEMORY), a failure of rank 0's own; the bootstrap's "
+           "collectives cannot go on",
+           op_name(c->op), (unsigned long long)c->seq, r);
+  mep_bs_root_abort(bs, MOE_EP_ERR_UCX, 0, why);
+  return coll_fail(bs, MOE_EP_ERR_UCX, "%s", why);
+}
+
+/* Rank 0: sends every rank the op's result and waits for the sends. Every
+ * message and send record is made before the first send starts, so that
+ * when rank 0 runs out of memory no rank has the result and every rank
+ * fails this op alike. */
+static moe_ep_status_t root_deliver(mep_bootstrap_t *bs, const coll_t *c,
+                                    int64_t deadline) {
   mep_bs_send_t *sends[MEP_BS_MAX_RANKS];
   mep_bs_hdr_t h;
   mep_bs_hdr_init(bs, &h, MEP_BS_MSG_RESULT);
@@ -208,32 +228,45 @@ static void root_deliver(mep_bootstrap_t *bs, const coll_t *c,
   h.bytes = c->bytes;
   /* Every rank but a broadcast's root gets the same bytes: one copy sent
    * to all of them (world_size copies of an allgather's world-sized
-   * result would grow with world_size squared). */
+   * result would grow with world_size squared); the root gets an empty
+   * one. */
   const int common = c->op == MEP_BS_OP_BROADCAST && c->root == 1 ? 2 : 1;
   h.payload_len = result_len(c, common, bs->world_size);
   mep_bs_blob_t *shared = mep_bs_blob_new(&h, c->out);
+  mep_bs_blob_t *odd = NULL;
+  mep_bs_blob_t *blobs[MEP_BS_MAX_RANKS];
   for (int r = 1; r < bs->world_size; r++) {
-    sends[r] = NULL;
-    if (result_len(c, r, bs->world_size) == h.payload_len && shared != NULL) {
-      (void)mep_bs_send_blob(bs, bs->by_rank[r], shared, &sends[r]);
-    } else {
-      mep_bs_hdr_t own = h;
-      own.payload_len = result_len(c, r, bs->world_size);
-      (void)mep_bs_send(bs, bs->by_rank[r], &own, c->out, &sends[r]);
+    blobs[r] = shared;
+    if (result_len(c, r, bs->world_size) != h.payload_len) {
+      if (odd == NULL) {
+        mep_bs_hdr_t own = h;
+        own.payload_len = result_len(c, r, bs->world_size);
+        odd = mep_bs_blob_new(&own, c->out);
+      }
+      blobs[r] = odd;
     }
   }
+  int short_of = mep_bs_send_each(bs, blobs, sends);
   mep_bs_blob_drop(shared);
+  mep_bs_blob_drop(odd);
+  if (short_of > 0) return root_out_of_memory(bs, c, short_of);
   /* A failed delivery means that rank died after contributing: the others
-   * already have their result, so the failure surfaces in the next op. */
+   * already have their result, so the failure surfaces in the next op.
+   * Only UCX's own want of memory at the start of a send to a live rank
+   * is rank 0's failure (the ranks before it may have their result then:
+   * the ABORT follows it, and their next op fails on it). */
   for (int r = 1; r < bs->world_size; r++) {
     ucs_status_t st = mep_bs_send_wait(bs, sends[r], deadline);
     mep_bs_peer_t *p = bs->by_rank[r];
-    if (st != UCS_OK && !p->failed) {
+    if (st == UCS_ERR_NO_MEMORY && !p->failed) {
+      if (short_of < 0) short_of = r;
+    } else if (st != UCS_OK && !p->failed) {
       p->failed = 1;
       p->fail_status = st;
       p->fail_ms = mep_bs_now_ms();
     }
   }
+  return short_of > 0 ? root_out_of_memory(bs, c, short_of) : MOE_EP_OK;
 }
 
 static moe_ep_status_t coll_root(mep_bootstrap_t *bs, coll_t *c) {
@@ -253,7 +286,7 @@ static moe_ep_status_t coll_root(mep_bootstrap_t *bs, coll_t *c) {
     } else if (c->op == MEP_BS_OP_BROADCAST && c->root != 0 && c->bytes != 0) {
       memcpy(c->out, got[c->root]->payload, c->bytes);
     }
-    root_deliver(bs, c, deadline + mep_bs_slack_ms(bs));
+    st = root_deliver(bs, c, deadline + mep_bs_slack_ms(bs));
   }
   for (int r = 1; r < bs->world_size; r++) mep_bs_msg_free(got[r]);
   return st;

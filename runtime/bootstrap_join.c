@@ -74,7 +74,16 @@ static moe_ep_status_t join_connect(mep_bootstrap_t *bs, const void *addr,
   bs->by_rank[0] = peer;
   mep_bs_hdr_t h;
   mep_bs_hdr_init(bs, &h, MEP_BS_MSG_HELLO);
-  (void)mep_bs_send(bs, peer, &h, NULL, NULL);
+  /* A HELLO this rank has no memory for is its own failure, named now (rank
+   * 0 would only see a rank that never joined). Any other failure is the
+   * connection's, which join_wait reads. */
+  if (mep_bs_send(bs, peer, &h, NULL, NULL) == UCS_ERR_NO_MEMORY) {
+    return mep_error(MOE_EP_ERR_NO_MEMORY,
+                     "rank %d had no memory to send its HELLO to rank 0 at %s "
+                     "(UCS_ERR_NO_MEMORY) after rank 0 admitted it, a failure "
+                     "of rank %d's own; it did not join",
+                     bs->rank, bs->address, bs->rank);
+  }
   MEP_CHECK(join_wait(bs, peer, MEP_BS_MSG_ACCEPT, deadline_ms,
                       "that its HELLO was taken"));
   peer->state = MEP_BS_PEER_JOINED;

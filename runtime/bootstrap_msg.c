@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "runtime/bootstrap_fault.h"
 #include "runtime/bootstrap_types.h"
 #include "runtime/progress.h"
 #include "runtime/error.h"
@@ -342,20 +343,22 @@ void mep_bs_hdr_init(const mep_bootstrap_t *bs, mep_bs_hdr_t *hdr, int type) {
   hdr->failed_rank = -1;
 }
 
-static void send_release(mep_bs_send_t *s);
-
 static void send_done(void *request, ucs_status_t status, void *user_data) {
   mep_bs_send_t *s = (mep_bs_send_t *)user_data;
   ucp_request_free(request);
   if (s->orphaned) {
-    send_release(s);
+    mep_bs_send_release(s);
     return;
   }
   s->status = status;
   s->done = 1;
 }
 
+int mep_bs_fail_alloc_after = -1;
+
 mep_bs_blob_t *mep_bs_blob_new(const mep_bs_hdr_t *hdr, const void *payload) {
+  if (mep_bs_fail_alloc_after == 0) return NULL;
+  if (mep_bs_fail_alloc_after > 0) mep_bs_fail_alloc_after--;
   const size_t len = sizeof(*hdr) + (size_t)hdr->payload_len;
   mep_bs_blob_t *b = (mep_bs_blob_t *)malloc(sizeof(*b) + len);
   if (b == NULL) return NULL;
@@ -370,34 +373,46 @@ void mep_bs_blob_drop(mep_bs_blob_t *b) {
   if (b != NULL && --b->refs == 0) free(b);
 }
 
-static void send_release(mep_bs_send_t *s) {
+void mep_bs_send_release(mep_bs_send_t *s) {
+  if (s == NULL) return;
   mep_bs_blob_drop(s->blob);
   free(s);
 }
 
-ucs_status_t mep_bs_send_blob(mep_bootstrap_t *bs, mep_bs_peer_t *peer, mep_bs_blob_t *blob,
-                              mep_bs_send_t **out) {
-  (void)bs;
-  if (out != NULL) *out = NULL;
-  if (peer == NULL || peer->ep == NULL) return UCS_ERR_NOT_CONNECTED;
+/* Starts one eager active message: header and payload lie one after the
+ * other at `bytes`, `len` bytes in all. Eager only: the receive side then
+ * always gets whole, inline data. The reply flag lets the receiver tie
+ * the message to the endpoint it arrived on (msg_sender). */
+static ucs_status_ptr_t msg_am_send(mep_bs_peer_t *peer, const char *bytes, size_t len,
+                                    ucp_request_param_t *p) {
+  p->op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+  p->flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
+  return ucp_am_send_nbx(peer->ep, MEP_BS_AM_ID, bytes, sizeof(mep_bs_hdr_t),
+                         bytes + sizeof(mep_bs_hdr_t), len - sizeof(mep_bs_hdr_t), p);
+}
+
+mep_bs_send_t *mep_bs_send_new(mep_bs_blob_t *blob) {
   mep_bs_send_t *s = (mep_bs_send_t *)calloc(1, sizeof(*s));
-  if (s == NULL) return UCS_ERR_NO_MEMORY;
+  if (s == NULL) return NULL;
   blob->refs++;
   s->blob = blob;
+  return s;
+}
+
+ucs_status_t mep_bs_send_start(mep_bootstrap_t *bs, mep_bs_peer_t *peer, mep_bs_send_t *s,
+                               mep_bs_send_t **out) {
+  (void)bs;
+  if (out != NULL) *out = NULL;
+  ucs_status_ptr_t r = UCS_STATUS_PTR(UCS_ERR_NOT_CONNECTED);
   s->orphaned = (out == NULL);
-  const char *bytes = (const char *)(blob + 1);
-  ucp_request_param_t p;
-  memset(&p, 0, sizeof(p));
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                   UCP_OP_ATTR_FIELD_FLAGS;
-  p.cb.send = send_done;
-  p.user_data = s;
-  /* Eager only: the receive side then always gets whole, inline data. The
-   * reply flag lets rank 0 tie a HELLO to the endpoint it arrived on. */
-  p.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
-  ucs_status_ptr_t r = ucp_am_send_nbx(peer->ep, MEP_BS_AM_ID, bytes, sizeof(mep_bs_hdr_t),
-                                       bytes + sizeof(mep_bs_hdr_t),
-                                       blob->len - sizeof(mep_bs_hdr_t), &p);
+  if (peer != NULL && peer->ep != NULL) {
+    ucp_request_param_t p;
+    memset(&p, 0, sizeof(p));
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = send_done;
+    p.user_data = s;
+    r = msg_am_send(peer, (const char *)(s->blob + 1), s->blob->len, &p);
+  }
   if (UCS_PTR_IS_PTR(r)) {
     if (out != NULL) *out = s;
     return UCS_INPROGRESS;
@@ -408,7 +423,7 @@ ucs_status_t mep_bs_send_blob(mep_bootstrap_t *bs, mep_bs_peer_t *peer, mep_bs_b
     s->status = st;
     *out = s;
   } else {
-    send_release(s);
+    mep_bs_send_release(s);
   }
   return st;
 }
@@ -419,10 +434,35 @@ ucs_status_t mep_bs_send(mep_bootstrap_t *bs, mep_bs_peer_t *peer,
   if (out != NULL) *out = NULL;
   if (peer == NULL || peer->ep == NULL) return UCS_ERR_NOT_CONNECTED;
   mep_bs_blob_t *blob = mep_bs_blob_new(hdr, payload);
-  if (blob == NULL) return UCS_ERR_NO_MEMORY;
-  ucs_status_t st = mep_bs_send_blob(bs, peer, blob, out);
+  mep_bs_send_t *s = blob != NULL ? mep_bs_send_new(blob) : NULL;
   mep_bs_blob_drop(blob);
-  return st;
+  if (s == NULL) return UCS_ERR_NO_MEMORY;
+  return mep_bs_send_start(bs, peer, s, out);
+}
+
+int mep_bs_send_each(mep_bootstrap_t *bs, mep_bs_blob_t *const *blobs, mep_bs_send_t **sends) {
+  int short_of = -1;
+  for (int r = 1; r < bs->world_size; r++) {
+    sends[r] = blobs[r] != NULL ? mep_bs_send_new(blobs[r]) : NULL;
+    if (sends[r] == NULL && short_of < 0) short_of = r;
+  }
+  for (int r = 1; r < bs->world_size; r++) {
+    if (short_of > 0) {
+      mep_bs_send_release(sends[r]);
+      sends[r] = NULL;
+    } else {
+      (void)mep_bs_send_start(bs, bs->by_rank[r], sends[r], &sends[r]);
+    }
+  }
+  return short_of;
+}
+
+void *mep_bs_send_fixed(mep_bs_peer_t *peer, const void *bytes, size_t len) {
+  if (peer == NULL || peer->ep == NULL) return NULL;
+  ucp_request_param_t p;
+  memset(&p, 0, sizeof(p));
+  ucs_status_ptr_t r = msg_am_send(peer, (const char *)bytes, len, &p);
+  return UCS_PTR_IS_PTR(r) ? r : NULL;
 }
 
 ucs_status_t mep_bs_send_wait(mep_bootstrap_t *bs, mep_bs_send_t *s,
@@ -436,7 +476,7 @@ ucs_status_t mep_bs_send_wait(mep_bootstrap_t *bs, mep_bs_send_t *s,
     return UCS_ERR_TIMED_OUT;
   }
   ucs_status_t st = s->status;
-  send_release(s);
+  mep_bs_send_release(s);
   return st;
 }
 

@@ -3,6 +3,7 @@
  * connecting to an admitted rank's worker, taking its HELLO, and telling
  * everyone the group formed (or why it did not). */
 #define _GNU_SOURCE
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,15 +121,24 @@ int mep_bs_root_admit(mep_bootstrap_t *bs, const mep_bs_knock_hdr_t *h,
   return MEP_BS_KNOCK_OK;
 }
 
-static void root_reply(mep_bootstrap_t *bs, mep_bs_peer_t *peer, int type) {
-  mep_bs_hdr_t h;
-  mep_bs_hdr_init(bs, &h, type);
-  (void)mep_bs_send(bs, peer, &h, NULL, NULL);
+/* Rank 0 could not start `what` to rank r for want of its own memory
+ * while forming the group: its own failure, not rank r's (which would
+ * otherwise wait it out and blame rank 0's silence, or be blamed). Every
+ * connected rank is told (an ABORT that needs no allocation). */
+static moe_ep_status_t root_form_oom(mep_bootstrap_t *bs, const char *what, int r) {
+  char msg[MEP_BS_REASON_MAX];
+  snprintf(msg, sizeof(msg),
+           "rank 0 had no memory to send %s to rank %d (UCS_ERR_NO_MEMORY), a "
+           "failure of rank 0's own; the group on %s cannot form",
+           what, r, bs->address);
+  mep_bs_root_abort(bs, MOE_EP_ERR_NO_MEMORY, 0, msg);
+  return mep_error(MOE_EP_ERR_NO_MEMORY, "%s", msg);
 }
 
 /* An admitted rank's first word on its UCX connection: the ep pair works
- * both ways once rank 0 has it and answers. */
-static void root_handle_hellos(mep_bootstrap_t *bs) {
+ * both ways once rank 0 has it and answers. A rank counts as joined only
+ * once its ACCEPT is on its way. */
+static moe_ep_status_t root_handle_hellos(mep_bootstrap_t *bs) {
   mep_bs_msg_t *m;
   while ((m = mep_bs_msg_take(bs, MEP_BS_MSG_HELLO, NULL)) != NULL) {
     mep_bs_peer_t *peer = m->peer;
@@ -144,13 +154,21 @@ static void root_handle_hellos(mep_bootstrap_t *bs) {
                         "was admitted as rank %d of %d",
                         h->src, h->world_size, h->version, peer->rank,
                         bs->world_size);
-    } else {
-      peer->state = MEP_BS_PEER_JOINED;
-      root_reply(bs, peer, MEP_BS_MSG_ACCEPT);
-      MEP_LOG_DEBUG("bootstrap", "rank 0: rank %d joined", peer->rank);
+      mep_bs_msg_free(m);
+      continue;
     }
     mep_bs_msg_free(m);
+    mep_bs_hdr_t accept;
+    mep_bs_hdr_init(bs, &accept, MEP_BS_MSG_ACCEPT);
+    /* Any other failure is the connection's, which its error callback
+     * reports (root_drop_failed). */
+    if (mep_bs_send(bs, peer, &accept, NULL, NULL) == UCS_ERR_NO_MEMORY) {
+      return root_form_oom(bs, "ACCEPT (the answer to its HELLO)", peer->rank);
+    }
+    peer->state = MEP_BS_PEER_JOINED;
+    MEP_LOG_DEBUG("bootstrap", "rank 0: rank %d joined", peer->rank);
   }
+  return MOE_EP_OK;
 }
 
 /* A rank that died (or was cut) before the group formed may come back:
@@ -182,34 +200,48 @@ void mep_bs_format_ranks(char *buf, size_t len, const int *ranks, int n) {
 
 void mep_bs_root_abort(mep_bootstrap_t *bs, moe_ep_status_t status,
                        int failed_rank, const char *msg) {
-  mep_bs_send_t *sends[MEP_BS_MAX_RANKS];
+  /* The group is dead once this is said: a second verdict would only
+   * overwrite the first while UCX may still read it. */
+  if (bs->abort_sent) return;
+  bs->abort_sent = 1;
+  _Static_assert(offsetof(__typeof__(bs->abort_out), reason) == sizeof(mep_bs_hdr_t),
+                 "the ABORT's reason follows its header");
+  mep_bs_hdr_t *h = &bs->abort_out.hdr;
+  mep_bs_hdr_init(bs, h, MEP_BS_MSG_ABORT);
+  h->status = (int32_t)status;
+  h->failed_rank = failed_rank;
+  h->payload_len = strnlen(msg, MEP_BS_REASON_MAX - 1);
+  memcpy(bs->abort_out.reason, msg, h->payload_len);
+  void *reqs[MEP_BS_MAX_RANKS];
   int n = 0;
-  mep_bs_hdr_t h;
-  mep_bs_hdr_init(bs, &h, MEP_BS_MSG_ABORT);
-  h.status = (int32_t)status;
-  h.failed_rank = failed_rank;
-  h.payload_len = strlen(msg);
   for (int r = 1; r < bs->world_size; r++) {
     mep_bs_peer_t *p = bs->by_rank[r];
     if (p == NULL || p->failed || p->ep == NULL) continue;
-    mep_bs_send_t *s = NULL;
-    (void)mep_bs_send(bs, p, &h, msg, &s);
-    if (s != NULL) sends[n++] = s;
+    void *req = mep_bs_send_fixed(p, &bs->abort_out, sizeof(*h) + h->payload_len);
+    if (req != NULL) reqs[n++] = req;
   }
   /* Best effort and short: the survivors' own deadlines back this up. */
   int64_t wait = bs->timeout_ms < 500 ? bs->timeout_ms : 500;
   int64_t deadline = mep_bs_now_ms() + wait;
-  for (int i = 0; i < n; i++) (void)mep_bs_send_wait(bs, sends[i], deadline);
+  int idle = 0;
+  for (int i = 0; i < n; i++) {
+    while (ucp_request_check_status(reqs[i]) == UCS_INPROGRESS && mep_bs_now_ms() < deadline) {
+      mep_bs_progress(bs, &idle);
+    }
+    ucp_request_free(reqs[i]); /* UCX finishes one still in flight */
+  }
 }
 
 static moe_ep_status_t root_announce(mep_bootstrap_t *bs, int64_t deadline_ms) {
   mep_bs_send_t *sends[MEP_BS_MAX_RANKS];
+  mep_bs_blob_t *blobs[MEP_BS_MAX_RANKS];
   mep_bs_hdr_t h;
   mep_bs_hdr_init(bs, &h, MEP_BS_MSG_FORMED);
-  for (int r = 1; r < bs->world_size; r++) {
-    sends[r] = NULL;
-    (void)mep_bs_send(bs, bs->by_rank[r], &h, NULL, &sends[r]);
-  }
+  mep_bs_blob_t *formed = mep_bs_blob_new(&h, NULL);
+  for (int r = 1; r < bs->world_size; r++) blobs[r] = formed;
+  const int short_of = mep_bs_send_each(bs, blobs, sends);
+  mep_bs_blob_drop(formed);
+  if (short_of > 0) return root_form_oom(bs, "FORMED", short_of);
   /* Joined a moment ago; allow a little past the form deadline. */
   int64_t deadline = deadline_ms + mep_bs_slack_ms(bs);
   int bad = -1;
@@ -220,6 +252,9 @@ static moe_ep_status_t root_announce(mep_bootstrap_t *bs, int64_t deadline_ms) {
       bad = r;
       bad_st = st;
     }
+  }
+  if (bad > 0 && bad_st == UCS_ERR_NO_MEMORY && !bs->by_rank[bad]->failed) {
+    return root_form_oom(bs, "FORMED", bad); /* UCX's own, at the send's start */
   }
   if (bad < 0) return MOE_EP_OK;
   char what[MEP_BS_REASON_MAX - 96];
@@ -264,7 +299,11 @@ moe_ep_status_t mep_bs_root_form(mep_bootstrap_t *bs, int64_t deadline_ms) {
   while (mep_bs_now_ms() < deadline_ms) {
     mep_bs_progress(bs, &idle);
     mep_bs_gate_poll(bs);
-    root_handle_hellos(bs);
+    moe_ep_status_t st = root_handle_hellos(bs);
+    if (st != MOE_EP_OK) {
+      root_close_others(bs, 0);
+      return st;
+    }
     root_drop_failed(bs);
     joined = root_joined(bs);
     if (joined == bs->world_size - 1) {

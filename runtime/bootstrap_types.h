@@ -253,6 +253,15 @@ struct mep_bootstrap {
   /* Sticky failure: once set, every later collective returns it. */
   moe_ep_status_t fail_status;
   char fail_msg[MEP_ERROR_MAX];
+  /* Rank 0's ABORT, header and reason, kept in this struct so that
+   * telling the peers the group is dead needs no allocation (rank 0 may be
+   * failing for want of memory); sent at most once, and UCX may read it
+   * until the worker is destroyed. */
+  struct {
+    mep_bs_hdr_t hdr;
+    char reason[MEP_BS_REASON_MAX];
+  } abort_out;
+  int abort_sent;
   /* ABORT received from rank 0 (non-root ranks). */
   int abort_seen;
   moe_ep_status_t abort_status;
@@ -313,18 +322,41 @@ int64_t mep_bs_now_ms(void);
 void mep_bs_progress(mep_bootstrap_t *bs, int *idle);
 moe_ep_status_t mep_bs_worker_setup(mep_bootstrap_t *bs);
 /* Sends header + payload on peer's ep. With out == NULL the send is
- * fire-and-forget; otherwise *out must later go to mep_bs_send_wait or
- * mep_bs_send_release. */
+ * fire-and-forget; otherwise *out (NULL when the send could not be made:
+ * UCS_ERR_NO_MEMORY, this rank's own memory, or UCS_ERR_NOT_CONNECTED)
+ * must later go to mep_bs_send_wait. */
 ucs_status_t mep_bs_send(mep_bootstrap_t *bs, mep_bs_peer_t *peer,
                          const mep_bs_hdr_t *hdr, const void *payload,
                          mep_bs_send_t **out);
 /* A blob of hdr and its payload_len bytes of payload (one reference, the
- * caller's), or NULL when out of memory; mep_bs_send_blob sends one more
- * reference, and mep_bs_blob_drop gives one back. */
+ * caller's), or NULL when out of memory (or mep_bs_fail_alloc_after,
+ * bootstrap_fault.h, says so); each send record takes one more reference,
+ * and mep_bs_blob_drop (accepts NULL) gives one back. */
 mep_bs_blob_t *mep_bs_blob_new(const mep_bs_hdr_t *hdr, const void *payload);
 void mep_bs_blob_drop(mep_bs_blob_t *b);
-ucs_status_t mep_bs_send_blob(mep_bootstrap_t *bs, mep_bs_peer_t *peer, mep_bs_blob_t *blob,
-                              mep_bs_send_t **out);
+/* A send in two halves, so that a sender can make every record of a step
+ * before it starts any: mep_bs_send_new takes one more reference to blob
+ * (NULL when out of memory); mep_bs_send_start starts it to peer and
+ * takes the record over (*out as for mep_bs_send, never NULL: a send that
+ * failed at once is done, with its status). A record never started goes
+ * back with mep_bs_send_release (accepts NULL). */
+mep_bs_send_t *mep_bs_send_new(mep_bs_blob_t *blob);
+ucs_status_t mep_bs_send_start(mep_bootstrap_t *bs, mep_bs_peer_t *peer, mep_bs_send_t *s,
+                               mep_bs_send_t **out);
+void mep_bs_send_release(mep_bs_send_t *s);
+/* Rank 0: sends blobs[r] to each rank r in 1..world_size-1, every record
+ * made before any send starts, so that a rank 0 out of memory sends no
+ * rank anything. Returns -1 with sends[r] for mep_bs_send_wait; or, having
+ * started nothing (sends[r] all NULL), the first rank whose record could
+ * not be made or whose blobs[r] is NULL. */
+int mep_bs_send_each(mep_bootstrap_t *bs, mep_bs_blob_t *const *blobs, mep_bs_send_t **sends);
+/* Starts a send of `len` bytes (header, then payload) that allocates
+ * nothing of this library's: the bytes are the caller's and must stay
+ * valid until the worker is destroyed. Returns UCX's request while the
+ * send is in flight (poll with ucp_request_check_status, give back with
+ * ucp_request_free), or NULL when it finished at once or could not
+ * start. */
+void *mep_bs_send_fixed(mep_bs_peer_t *peer, const void *bytes, size_t len);
 /* Waits until done or deadline (UCS_ERR_TIMED_OUT); releases the send. */
 ucs_status_t mep_bs_send_wait(mep_bootstrap_t *bs, mep_bs_send_t *s,
                               int64_t deadline_ms);

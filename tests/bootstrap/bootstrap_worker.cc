@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "runtime/bootstrap.h"
+#include "runtime/bootstrap_fault.h"
 #include "runtime/error.h"
 #include "tests/bootstrap/flag_util.h"
 
@@ -38,6 +39,14 @@ struct Opts {
   // gives up before the others' broadcast (1) or agrees in step (0).
   int quit_rank = -1;
   int quit_early = 0;
+  // The rank whose bootstrap runs out of memory for its messages
+  // (mep_bs_fail_alloc_after = 0): from "create" on, or from the
+  // scenario's first "op" on.
+  int oom_rank = -1;
+  std::string oom_at = "op";
+  // Before destroy, wait (up to max_ms) until this file exists: the driver
+  // keeps the rank's connections up until its peers have finished.
+  std::string hold_file;
 };
 
 using mep_test::Flag;
@@ -67,6 +76,9 @@ Opts Parse(int argc, char **argv) {
     else if (Flag(a, "--max_ms", &v)) o.max_ms = atoi(v.c_str());
     else if (Flag(a, "--quit_rank", &v)) o.quit_rank = atoi(v.c_str());
     else if (Flag(a, "--quit_early", &v)) o.quit_early = atoi(v.c_str());
+    else if (Flag(a, "--oom_rank", &v)) o.oom_rank = atoi(v.c_str());
+    else if (Flag(a, "--oom_at", &v)) o.oom_at = v;
+    else if (Flag(a, "--hold_file", &v)) o.hold_file = v;
     else {
       fprintf(stderr, "bootstrap_worker: unknown argument %s\n", a);
       exit(64);
@@ -233,6 +245,7 @@ int main(int argc, char **argv) {
   p.address = o.address.c_str();
   p.timeout_ms = o.timeout_ms;
   p.token = o.token.c_str();
+  if (o.rank == o.oom_rank && o.oom_at == "create") mep_bs_fail_alloc_after = 0;
   int64_t t0 = NowMs();
   mep_bootstrap_t *bs = nullptr;
   moe_ep_status_t st = mep_bootstrap_create(&p, &bs);
@@ -252,10 +265,26 @@ int main(int argc, char **argv) {
   int rc = 0;
   int done = 0;
   int64_t op_ms = 0;
+  if (o.rank == o.oom_rank && o.oom_at == "op") mep_bs_fail_alloc_after = 0;
   if (o.scenario == "collectives") {
     int64_t t1 = NowMs();
     rc = RunCollectives(o, bs, &done, &st);
     op_ms = NowMs() - t1;
+  } else if (o.scenario == "allgather") {
+    // One allgather of each rank's number.
+    int64_t t1 = NowMs();
+    const int64_t mine = 1000 + o.rank;
+    std::vector<int64_t> all(o.world, -1);
+    st = mep_bootstrap_allgather(bs, &mine, all.data(), sizeof mine);
+    op_ms = NowMs() - t1;
+    for (int r = 0; st == MOE_EP_OK && r < o.world; r++) {
+      if (all[r] != 1000 + r) {
+        printf("MISMATCH rank=%d op=allgather block=%d expected=%d got=%lld\n", o.rank, r,
+               1000 + r, (long long)all[r]);
+        rc = 100;
+      }
+    }
+    done = st == MOE_EP_OK && rc == 0;
   } else if (o.scenario == "barrier") {
     int64_t t1 = NowMs();
     st = mep_bootstrap_barrier(bs);
@@ -317,7 +346,12 @@ int main(int argc, char **argv) {
     rc = 64;
   }
   std::string msg = st == MOE_EP_OK ? "" : mep_last_error();
+  mep_bs_fail_alloc_after = -1;
   if (st != MOE_EP_OK) g_stamps.fail_mono_ms = NowMs();
+  for (int64_t end = NowMs() + o.max_ms; !o.hold_file.empty() && NowMs() < end;) {
+    if (access(o.hold_file.c_str(), F_OK) == 0) break;
+    usleep(10000);
+  }
   g_stamps.hwm_kb = StatusKb("VmHWM");
   int64_t t2 = NowMs();
   mep_bootstrap_destroy(bs);
