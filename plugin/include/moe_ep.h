@@ -590,13 +590,11 @@ typedef struct moe_ep_plugin_v1 {
    * communicator the group made itself is torn down by NCCL, which waits
    * for the whole device; so does freeing the group's device memory on a
    * device without memory pools (some vGPU or MIG setups), where cudaFree
-   * stands in for the stream-ordered free. A graph capture still running
-   * that holds the group's calls keeps its memory the same way (the group
-   * is gone; INVALID_ARGUMENT names the capturing stream), so that graph
-   * cannot write memory the next group is given. A graph that holds the
-   * group's calls and was captured to the end must have finished running
-   * and must not be launched again: the group's memory goes back to
-   * CUDA's pools and the library's, where the next group may get it. */
+   * stands in for the stream-ordered free. No graph capture holding the
+   * group's calls may still be running, and CUDA graphs holding them must
+   * have finished running and must not be launched again: the group's
+   * memory goes back to CUDA's pools and the library's, where the next
+   * group may get it. */
   moe_ep_status_t (*group_destroy)(moe_ep_group_t *group);
   moe_ep_status_t (*group_info)(const moe_ep_group_t *group,
                                 moe_ep_group_info_t *info);

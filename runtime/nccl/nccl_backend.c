@@ -126,14 +126,14 @@ static moe_ep_status_t nccl_release(moe_ep_group_t *g, int abort) {
   nccl_state_t *s = g->impl;
   if (s == NULL) return MOE_EP_OK;
   moe_ep_status_t st = MOE_EP_OK;
-  int ended = 1, captured = 0;
+  int ended = 1;
   if (s->device >= 0 && s->nccl != NULL) {
     /* Without the NCCL side no kernel of ours ran. */
     (void)mep_nccl_make_current(s->device);
     const mep_nccl_sent_t *last[3] = {&s->sent, &s->received, &s->exported};
-    ended = mep_nccl_teardown_wait(g, mep_nccl_bytes_allocated(s->nccl), last, 3,
-                                   abort && s->ctx.state != NULL ? raise_abort : NULL, &s->ctx,
-                                   &captured, &st);
+    ended = mep_nccl_end_kernels(last, 3, g->cfg.bootstrap_timeout_ms,
+                                 abort && s->ctx.state != NULL ? raise_abort : NULL, &s->ctx);
+    if (!ended) st = mep_nccl_abandoned(g, mep_nccl_bytes_allocated(s->nccl));
   }
   if (ended) { /* else the kernels may still write the records and read the storage */
     for (int i = 0; i < MEP_NUM_BUFFER_SETS; i++) {
@@ -145,11 +145,9 @@ static moe_ep_status_t nccl_release(moe_ep_group_t *g, int abort) {
     mep_nccl_free(s->nccl, s->ctx.state);
     mep_nccl_free_records(s->rec);
   }
-  if (!captured) { /* else the capture's graph records them */
-    mep_nccl_sent_destroy(&s->sent);
-    mep_nccl_sent_destroy(&s->received);
-    mep_nccl_sent_destroy(&s->exported);
-  }
+  mep_nccl_sent_destroy(&s->sent);
+  mep_nccl_sent_destroy(&s->received);
+  mep_nccl_sent_destroy(&s->exported);
   st = mep_nccl_release(g, s->nccl, ended, abort, st);
   free(s->peer_transport);
   free(s);

@@ -175,23 +175,7 @@ int mep_nccl_end_kernels(const mep_nccl_sent_t *const *sent, int n, int timeout_
   return mep_nccl_await_sent(sent, n, timeout_ms);
 }
 
-/* The id of the graph capture `stream` is in, 0 when none. A capture
- * already invalidated is an error: nothing recorded there would run. */
-static cudaError_t capture_of(void *stream, unsigned long long *id) {
-  enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  unsigned long long got = 0;
-  cudaError_t e = cudaStreamGetCaptureInfo((cudaStream_t)stream, &status, &got, NULL, NULL, NULL,
-                                           NULL);
-  if (e == cudaSuccess && status == cudaStreamCaptureStatusInvalidated)
-    e = cudaErrorStreamCaptureInvalidated;
-  *id = status == cudaStreamCaptureStatusActive ? got : 0;
-  return e;
-}
-
-/* group_destroy's TIMEOUT sentence when the wait for the last kernels ran
- * out: the window of `window_bytes` and the rest stay allocated
- * (mep_nccl_abandon). */
-static moe_ep_status_t abandoned(const moe_ep_group_t *g, uint64_t window_bytes) {
+moe_ep_status_t mep_nccl_abandoned(const moe_ep_group_t *g, uint64_t window_bytes) {
   return mep_error(MOE_EP_ERR_TIMEOUT,
                    "group_destroy on rank %d: the group's last kernels had not ended within "
                    "bootstrap.timeout_ms=%d (they wait behind earlier work on their streams); "
@@ -199,53 +183,6 @@ static moe_ep_status_t abandoned(const moe_ep_group_t *g, uint64_t window_bytes)
                    "communicator are left allocated "
                    "for the life of the process, since those kernels may still use them",
                    g->rank, g->cfg.bootstrap_timeout_ms, (unsigned long long)window_bytes);
-}
-
-/* A graph capture still running that holds a half the trackers recorded:
- * its stream (*stream) is capturing now with the recorded capture id. A
- * stream CUDA no longer accepts holds none (a destroyed stream's capture
- * ended with it). */
-static int capture_running(const mep_nccl_sent_t *const *sent, int n, void **stream,
-                           unsigned long long *id) {
-  for (int i = 0; i < n; i++) {
-    for (int set = 0; set < MEP_NUM_BUFFER_SETS; set++) {
-      if (sent[i]->capture[set] == 0 || sent[i]->captured_stream[set] == NULL) continue;
-      unsigned long long now = 0;
-      if (capture_of(sent[i]->captured_stream[set], &now) != cudaSuccess) {
-        (void)cudaGetLastError(); /* not sticky: the stream's own refusal */
-        continue;
-      }
-      if (now == sent[i]->capture[set]) {
-        *stream = sent[i]->captured_stream[set];
-        *id = now;
-        return 1;
-      }
-    }
-  }
-  return 0;
-}
-
-int mep_nccl_teardown_wait(const moe_ep_group_t *g, uint64_t window_bytes,
-                           const mep_nccl_sent_t *const *sent, int n,
-                           void (*raise_abort)(void *ctx, cudaStream_t stream), void *ctx,
-                           int *captured, moe_ep_status_t *st) {
-  void *stream = NULL;
-  unsigned long long id = 0;
-  *captured = capture_running(sent, n, &stream, &id);
-  if (*captured) {
-    *st = mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                    "group_destroy on rank %d: stream %p is still capturing a CUDA graph "
-                    "(capture id %llu) that holds the group's kernels; the group is gone, but "
-                    "its window (%llu bytes), device state, handle storage, error records, "
-                    "events and communicator stay allocated for the life of the process, so "
-                    "that the graph never touches memory another group was given (end every "
-                    "capture holding the group's calls before group_destroy)",
-                    g->rank, stream, id, (unsigned long long)window_bytes);
-    return 0;
-  }
-  if (mep_nccl_end_kernels(sent, n, g->cfg.bootstrap_timeout_ms, raise_abort, ctx)) return 1;
-  *st = abandoned(g, window_bytes);
-  return 0;
 }
 
 static moe_ep_status_t left_registered(const moe_ep_group_t *g, uint64_t window_bytes) {
@@ -269,6 +206,19 @@ moe_ep_status_t mep_nccl_release(const moe_ep_group_t *g, mep_nccl_t *nccl, int 
   const uint64_t bytes = nccl != NULL ? mep_nccl_bytes_allocated(nccl) : 0;
   if (!mep_nccl_destroy(nccl, abort) && st == MOE_EP_OK) return left_registered(g, bytes);
   return st;
+}
+
+/* The id of the graph capture `stream` is in, 0 when none. A capture
+ * already invalidated is an error: nothing recorded there would run. */
+static cudaError_t capture_of(void *stream, unsigned long long *id) {
+  enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long got = 0;
+  cudaError_t e = cudaStreamGetCaptureInfo((cudaStream_t)stream, &status, &got, NULL, NULL, NULL,
+                                           NULL);
+  if (e == cudaSuccess && status == cudaStreamCaptureStatusInvalidated)
+    e = cudaErrorStreamCaptureInvalidated;
+  *id = status == cudaStreamCaptureStatusActive ? got : 0;
+  return e;
 }
 
 /* The engine's stream refused by CUDA where a call first asks about it,

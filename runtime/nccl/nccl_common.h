@@ -117,16 +117,9 @@ int mep_nccl_await_event(void *event, int timeout_ms);
  * check. 1 when everything ended, 0 when the bound passed first. */
 int mep_nccl_end_kernels(const mep_nccl_sent_t *const *sent, int n, int timeout_ms,
                          void (*raise_abort)(void *ctx, cudaStream_t stream), void *ctx);
-/* Teardown's first step in both modes: 1 when the group's last kernels
- * ended (mep_nccl_end_kernels) and its memory may go back; 0 when it must
- * stay allocated, with *st saying why: a graph capture still running
- * holds a half the trackers recorded (*captured set: its graph may launch
- * those kernels later, so their events stay too; INVALID_ARGUMENT), or the
- * kernels did not end within bootstrap.timeout_ms (TIMEOUT). */
-int mep_nccl_teardown_wait(const moe_ep_group_t *g, uint64_t window_bytes,
-                           const mep_nccl_sent_t *const *sent, int n,
-                           void (*raise_abort)(void *ctx, cudaStream_t stream), void *ctx,
-                           int *captured, moe_ep_status_t *st);
+/* group_destroy's TIMEOUT sentence when that wait ran out: the window of
+ * `window_bytes` and the rest stay allocated (mep_nccl_abandon). */
+moe_ep_status_t mep_nccl_abandoned(const moe_ep_group_t *g, uint64_t window_bytes);
 struct mep_nccl; /* nccl_setup.h */
 /* The backends' last teardown step: nccl's communicator side torn down
  * (ended: the group's kernels ended, mep_nccl_await_sent) or abandoned

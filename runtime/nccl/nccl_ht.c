@@ -103,18 +103,16 @@ static moe_ep_status_t ht_release(moe_ep_group_t *g, int abort) {
   ht_state_t *s = g->impl;
   if (s == NULL) return MOE_EP_OK;
   moe_ep_status_t st = MOE_EP_OK;
-  int ended = 1, captured = 0;
+  int ended = 1;
   if (s->device >= 0 && s->nccl != NULL) {
     (void)mep_nccl_make_current(s->device);
-    const mep_nccl_sent_t *last[2] = {&s->sent, &s->reached};
-    ended = mep_nccl_teardown_wait(g, mep_nccl_bytes_allocated(s->nccl), last, 2,
-                                   abort && s->ctx.state != NULL ? raise_abort : NULL, &s->ctx,
-                                   &captured, &st);
+    const mep_nccl_sent_t *last[1] = {&s->sent};
+    ended = mep_nccl_end_kernels(last, 1, g->cfg.bootstrap_timeout_ms,
+                                 abort && s->ctx.state != NULL ? raise_abort : NULL, &s->ctx);
+    if (!ended) st = mep_nccl_abandoned(g, mep_nccl_bytes_allocated(s->nccl));
   }
-  if (!captured) { /* else the capture's graph records them */
-    mep_nccl_sent_destroy(&s->sent);
-    mep_nccl_sent_destroy(&s->reached);
-  }
+  mep_nccl_sent_destroy(&s->sent);
+  mep_nccl_sent_destroy(&s->reached);
   if (ended) {
     mep_nccl_free(s->nccl, s->ctx.state);
     mep_pinned_give(s->num_recv);
