@@ -8,6 +8,7 @@ while the engine thread closes the group. So every call into the library
 on a group is counted here, and close() first stops new entries, then waits
 (bounded) for the counted ones to leave, and only then destroys."""
 import threading
+from threading import get_ident as _thread_id
 
 from ._bound import bound_words, wait_bound_s
 from .errors import InvalidArgumentError, TimeoutError as MoeEpTimeoutError
@@ -16,13 +17,16 @@ from .errors import InvalidArgumentError, TimeoutError as MoeEpTimeoutError
 class Entries:
     """One group's count of calls into the library."""
 
-    __slots__ = ("_cond", "_running", "_closed", "_destroying")
+    __slots__ = ("_cond", "_running", "_closed", "_destroying", "_closer")
 
     def __init__(self):
-        self._cond = threading.Condition(threading.Lock())
+        # Re-entrant: the garbage collector may run a Handle's or Hook's
+        # __del__ (a free, counted here) on a thread while it holds this lock.
+        self._cond = threading.Condition(threading.RLock())
         self._running = 0
         self._closed = False  # no new entry (close began)
-        self._destroying = False  # group_destroy is running
+        self._destroying = False  # group_destroy is running, or about to
+        self._closer = None  # the thread running close()
 
     def enter(self, pointer):
         """Counts an entry in; returns the group pointer it may use. A
@@ -40,7 +44,10 @@ class Entries:
         group, and a hook of a destroyed group says so), and while
         group_destroy runs it waits for it."""
         with self._cond:
-            if self._destroying:
+            # The closing thread itself runs Python only outside the
+            # library's group_destroy (a free the collector runs there
+            # comes before or after it), so it never waits for itself.
+            if self._destroying and self._closer != _thread_id():
                 bound_s = wait_bound_s(group)
                 if not self._cond.wait_for(lambda: not self._destroying, bound_s):
                     raise MoeEpTimeoutError(
@@ -65,9 +72,11 @@ class Entries:
             if self._closed:
                 return None
             self._closed = True
+            self._closer = _thread_id()
             bound_s = wait_bound_s(group)
             if not self._cond.wait_for(lambda: self._running == 0, bound_s):
                 self._closed = False
+                self._closer = None
                 raise MoeEpTimeoutError(
                     "rank %d: close: %d call(s) on this group on other threads were still "
                     "running after %s; the group stays open (close it again once they "

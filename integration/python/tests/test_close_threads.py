@@ -5,6 +5,7 @@ group left open, and a handle freed while group_destroy runs waits for it.
 The group is one real rank on the host backend in this process; the calls
 inside the library are stopped at chosen points, and every wait is bounded
 (interleave.WAIT_S)."""
+import gc
 import threading
 import time
 
@@ -28,11 +29,14 @@ class _Recording:
         self._real = real
         self.log = []
         self.hold_destroy = False
+        self.collect_in_destroy = False
         self.in_destroy = threading.Event()
         self.release_destroy = threading.Event()
 
     def group_destroy(self, g):
         self.log.append("group_destroy")
+        if self.collect_in_destroy:
+            gc.collect()  # on the closing thread, with group_destroy about to run
         if self.hold_destroy:
             self.in_destroy.set()
             wait_for(self.release_destroy, "the test releasing group_destroy")
@@ -139,12 +143,60 @@ def test_handle_freed_during_group_destroy_waits_for_it(group):
     wait_for(lib.in_destroy, "group_destroy starting")
     freer = Runner(handle.free)
     freer.start()
-    # The free either waits for group_destroy or (without the order) runs
-    # now; either way the log says which came first once both are done.
+    # The free waits for group_destroy (one waiter on the group's count) or,
+    # without the order, runs now; the log says which came first.
+    cond = getattr(getattr(group, "_entries", None), "_cond", None)
     poll(lambda: "handle_free" in lib.log or not freer.is_alive() or
-         getattr(group._entries, "_destroying", False), "the free starting")
+         len(getattr(cond, "_waiters", ())) == 1, "the free waiting or running")
     lib.release_destroy.set()
     closer.outcome("close")
     freer.outcome("the free")
     assert lib.log == ["group_destroy", "group_destroy returned", "handle_free"], \
         "rank 0: handle_free ran during group_destroy: %s" % lib.log
+
+
+def _collectable_handle(g):
+    """A handle only a reference cycle keeps: freed by the next gc.collect()."""
+    gen = torch.Generator().manual_seed(9)
+    ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(T)])
+    cycle = [g.prepare(ids)]
+    cycle.append(cycle)
+
+
+def test_handle_collected_while_close_holds_its_lock(group, monkeypatch):
+    """The collector frees a handle on the closing thread while close()
+    holds the group's count lock: the free goes ahead (before the
+    destroy) instead of waiting for a lock its own thread holds."""
+    lib = group._lib
+
+    def bound_and_collect(g):
+        gc.collect()
+        return 5.0
+
+    gc.disable()  # the collection comes where the test puts it
+    try:
+        _collectable_handle(group)
+        monkeypatch.setattr(moe_ep._entries, "wait_bound_s", bound_and_collect)
+        closer = Runner(group.close)
+        closer.start()
+        closer.outcome("close with a collection under its lock")
+    finally:
+        gc.enable()
+    assert lib.log == ["handle_free", "group_destroy", "group_destroy returned"], \
+        "rank 0: %s" % lib.log
+
+
+def test_handle_collected_on_the_closing_thread_in_destroy_is_freed(group, monkeypatch):
+    """The collector frees a handle on the closing thread once close() has
+    started group_destroy: the free does not wait for its own thread (and
+    so is not given up after the bound, leaking the handle)."""
+    lib = group._lib
+    monkeypatch.setattr(moe_ep._entries, "wait_bound_s", lambda g: 0.05)
+    gc.disable()
+    try:
+        _collectable_handle(group)
+        lib.collect_in_destroy = True
+        group.close()
+    finally:
+        gc.enable()
+    assert "handle_free" in lib.log, "rank 0: the collected handle was never freed: %s" % lib.log
