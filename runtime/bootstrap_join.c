@@ -13,6 +13,9 @@
 #include "runtime/error.h"
 #include "runtime/log.h"
 
+/* The pause before knocking again after an answer that proved nothing. */
+#define MEP_BS_UNPROVEN_BACKOFF_MS 500
+
 static void sleep_ms(int64_t ms) {
   if (ms <= 0) return;
   struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
@@ -111,7 +114,13 @@ moe_ep_status_t mep_bs_join(mep_bootstrap_t *bs, int64_t start_ms) {
                        "%d: %s",
                        bs->rank, bs->address, bs->rank, bs->world_size, why);
     }
-    if (r == MEP_BS_KNOCK_UNPROVEN) snprintf(unproven, sizeof(unproven), "%s", why);
+    if (r == MEP_BS_KNOCK_UNPROVEN) {
+      snprintf(unproven, sizeof(unproven), "%s", why);
+      /* Something answers there (rank 0 to a joiner whose token differs,
+       * or another process): knocking faster changes nothing, and rank 0
+       * logs each refusal it sends within a small budget. */
+      if (backoff < MEP_BS_UNPROVEN_BACKOFF_MS) backoff = MEP_BS_UNPROVEN_BACKOFF_MS;
+    }
     MEP_LOG_DEBUG("bootstrap", "rank %d: attempt %d to reach %s: %s",
                   bs->rank, attempts, bs->address, why);
     int64_t now = mep_bs_now_ms();
