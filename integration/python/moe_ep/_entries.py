@@ -67,16 +67,26 @@ class Entries:
         returns. Entries still running after the bound are stuck in the
         library: the group is then reopened, and moe_ep.TimeoutError says
         so (destroying under them would free what they use). Returns None
-        when the group was already closed."""
+        when the group was already closed; a close while another thread's
+        is under way waits for it and ends as it did."""
         with self._cond:
+            me = _thread_id()
+            if self._closed and self._closer not in (None, me):
+                # Another thread's close is under way: its outcome is this one's.
+                bound_s = 2 * wait_bound_s(group)
+                if not self._cond.wait_for(lambda: self._closer is None, bound_s):
+                    raise MoeEpTimeoutError(
+                        "rank %d: close: another thread's close of this group has not "
+                        "ended within %.0f s" % (_rank(group), bound_s))
             if self._closed:
                 return None
             self._closed = True
-            self._closer = _thread_id()
-            bound_s = wait_bound_s(group)
+            self._closer = me
+            bound_s = wait_bound_s(group) if self._running else 0.0
             if not self._cond.wait_for(lambda: self._running == 0, bound_s):
                 self._closed = False
                 self._closer = None
+                self._cond.notify_all()
                 raise MoeEpTimeoutError(
                     "rank %d: close: %d call(s) on this group on other threads were still "
                     "running after %s; the group stays open (close it again once they "
@@ -87,6 +97,7 @@ class Entries:
         finally:
             with self._cond:
                 self._destroying = False
+                self._closer = None
                 self._cond.notify_all()
 
 

@@ -124,9 +124,6 @@ class Group:
         """group_destroy (collective). Handles and hooks may be freed later.
         Calls on the group running on other threads end first (moe_ep._entries);
         new ones are refused from now on."""
-        if self._g is None:
-            return
-
         def destroy():
             g, self._g = self._g, None
             if g is not None:
@@ -137,20 +134,26 @@ class Group:
     def _call(self, fn, *args):
         """fn(group pointer, *args), counted as one of the group's entries
         (close waits for it)."""
-        g = self._entries.enter(self._g)
+        entered = False
         try:
+            g = self._entries.enter(self._g)
+            entered = True
             return fn(g, *args)
         finally:
-            self._entries.leave()
+            if entered:  # else enter refused it, or an interrupt came first
+                self._entries.leave()
 
     def _call_late(self, fn, *args):
         """fn(*args) on one of the group's handles or hooks, which may come
         after close (moe_ep._entries.Entries.enter_late)."""
-        self._entries.enter_late(self)
+        entered = False
         try:
+            self._entries.enter_late(self)
+            entered = True
             return fn(*args)
         finally:
-            self._entries.leave()
+            if entered:
+                self._entries.leave()
 
     def __enter__(self):
         return self

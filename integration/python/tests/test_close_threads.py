@@ -169,14 +169,14 @@ def test_handle_collected_while_close_holds_its_lock(group, monkeypatch):
     destroy) instead of waiting for a lock its own thread holds."""
     lib = group._lib
 
-    def bound_and_collect(g):
+    def collect_then_thread_id():  # close() asks it with the lock held
         gc.collect()
-        return 5.0
+        return threading.get_ident()
 
     gc.disable()  # the collection comes where the test puts it
     try:
         _collectable_handle(group)
-        monkeypatch.setattr(moe_ep._entries, "wait_bound_s", bound_and_collect)
+        monkeypatch.setattr(moe_ep._entries, "_thread_id", collect_then_thread_id)
         closer = Runner(group.close)
         closer.start()
         closer.outcome("close with a collection under its lock")
@@ -200,3 +200,32 @@ def test_handle_collected_on_the_closing_thread_in_destroy_is_freed(group, monke
     finally:
         gc.enable()
     assert "handle_free" in lib.log, "rank 0: the collected handle was never freed: %s" % lib.log
+
+
+def test_second_close_waits_for_the_first(group):
+    """A close() while another thread's close waits for a call: it returns
+    only once the group is destroyed, not at once as if it were."""
+    lib = group._lib
+    inside, go = threading.Event(), threading.Event()
+
+    def stuck_call(g):
+        inside.set()
+        wait_for(go, "the test letting the call return")
+        return 0
+
+    caller = Runner(lambda: group._call(stuck_call))
+    caller.start()
+    wait_for(inside, "the call entering the library")
+    first = Runner(group.close)
+    first.start()
+    poll(lambda: getattr(group._entries, "_closer", None) is not None, "the first close starting")
+    second = Runner(lambda: list(group.close() or lib.log))  # the log when it returned
+    second.start()
+    poll(lambda: len(group._entries._cond._waiters) == 2 or not second.is_alive(),
+         "the second close waiting or returning")
+    go.set()
+    caller.outcome("the call")
+    first.outcome("the first close")
+    seen = second.outcome("the second close")
+    assert seen == ["group_destroy", "group_destroy returned"], \
+        "rank 0: the second close returned with the log %s, before the group was destroyed" % seen
