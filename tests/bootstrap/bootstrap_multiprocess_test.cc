@@ -215,7 +215,7 @@ TEST_P(BootstrapGroup, StrangersAreRefusedAndTheGroupStillForms) {
   // that joiner knocks until its own deadline and then quotes the unproven
   // answer; rank 0 answers it on its first knock, since the gate listens
   // until the group forms, which waits for ranks started below.
-  constexpr int kWrongTokenTimeoutMs = 5000;
+  constexpr int kWrongTokenTimeoutMs = 10000;
   const std::vector<Stranger> strangers = {
       {"stranger(world size)", w + 1, token, kFormTimeoutMs,
        {"refused to admit rank 1 of " + std::to_string(w + 1), "world size mismatch"}},

@@ -16,6 +16,9 @@
 
 #include "runtime/bootstrap.h"
 #include "runtime/bootstrap_fault.h"
+extern "C" {
+#include "runtime/bootstrap_types.h"  // mep_bs_progress while held open (C, no guard)
+}
 #include "runtime/error.h"
 #include "tests/bootstrap/flag_util.h"
 
@@ -348,8 +351,12 @@ int main(int argc, char **argv) {
   std::string msg = st == MOE_EP_OK ? "" : mep_last_error();
   mep_bs_fail_alloc_after = -1;
   if (st != MOE_EP_OK) g_stamps.fail_mono_ms = NowMs();
+  // Held open, the bootstrap still moves its messages (an ABORT still in
+  // flight reaches the peers however slowly the machine runs).
+  int idle = 0;
   for (int64_t end = NowMs() + o.max_ms; !o.hold_file.empty() && NowMs() < end;) {
     if (access(o.hold_file.c_str(), F_OK) == 0) break;
+    if (bs != nullptr) mep_bs_progress(bs, &idle);
     usleep(10000);
   }
   g_stamps.hwm_kb = StatusKb("VmHWM");
