@@ -167,6 +167,25 @@ def ll_layout(p, inputs, rank):
     return src, ranges
 
 
+def dispatch_layout(topk_idx, num_experts, world):
+    """DeepEP's get_dispatch_layout of one rank's topk_idx [T, K]:
+    (num_tokens_per_rank [R], num_tokens_per_expert [E], is_token_in_rank
+    [T, R]). A token counts once per rank that holds one of its experts
+    (ranks own num_experts / world consecutive experts) and once per expert
+    slot; ids outside [0, num_experts) count nowhere."""
+    local = num_experts // world
+    per_rank = np.zeros(world, dtype=np.int32)
+    per_expert = np.zeros(num_experts, dtype=np.int32)
+    in_rank = np.zeros((len(topk_idx), world), dtype=bool)
+    for t, row in enumerate(topk_idx):
+        for e in row:
+            if 0 <= e < num_experts:
+                per_expert[e] += 1
+                in_rank[t, e // local] = True
+        per_rank += in_rank[t]
+    return per_rank, per_expert, in_rank
+
+
 def expert_scale(e):
     """The tests' expert function: y = bf16(x * (1 + (e % 8) / 8)); the
     product is exact in f32, so the only rounding is to bf16."""
