@@ -93,6 +93,7 @@ moe_ep_status_t mep_bootstrap_create(const mep_bootstrap_params_t *params,
   if (params->token != NULL) {
     snprintf(bs->token, sizeof(bs->token), "%s", params->token);
   }
+  mep_bs_msg_key_init(bs);
   bs->by_rank = (mep_bs_peer_t **)calloc((size_t)bs->world_size,
                                          sizeof(*bs->by_rank));
   if (bs->by_rank == NULL) {
@@ -149,14 +150,10 @@ void mep_bootstrap_destroy(mep_bootstrap_t *bs) {
     int idle = 0;
     for (int i = 0; i < 4; i++) mep_bs_progress(bs, &idle);
   }
-  for (mep_bs_msg_t *m = bs->msgs; m != NULL; m = m->next) {
-    if (m->rndv_desc != NULL) ucp_am_data_release(bs->worker, m->rndv_desc);
-    m->rndv_desc = NULL;
-  }
   if (bs->self_addr != NULL) ucp_worker_release_address(bs->worker, bs->self_addr);
   if (bs->worker != NULL) ucp_worker_destroy(bs->worker);
   if (bs->context != NULL) ucp_cleanup(bs->context);
-  /* After the worker: a receive still in flight may write into a node. */
+  /* The messages queued but never taken. */
   while (bs->msgs != NULL) {
     mep_bs_msg_t *m = bs->msgs;
     bs->msgs = m->next;
@@ -172,6 +169,7 @@ void mep_bootstrap_destroy(mep_bootstrap_t *bs) {
   /* The job token admits to every group of the job: it does not outlive
    * this one in freed memory. */
   explicit_bzero(bs->token, sizeof(bs->token));
+  explicit_bzero(bs->msg_key, sizeof(bs->msg_key));
   free(bs);
 }
 

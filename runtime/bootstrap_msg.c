@@ -20,38 +20,6 @@ int64_t mep_bs_now_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* Rendezvous receives are started outside the AM callback (UCX forbids
- * progress-driving calls inside it). */
-static void msg_rndv_done(void *request, ucs_status_t status, size_t length,
-                          void *user_data) {
-  mep_bs_msg_t *m = (mep_bs_msg_t *)user_data;
-  m->rndv_status = status;
-  m->ready = 1;
-  (void)length;
-  ucp_request_free(request);
-}
-
-static void msgs_start_rndv(mep_bootstrap_t *bs) {
-  for (mep_bs_msg_t *m = bs->msgs; m != NULL; m = m->next) {
-    if (m->rndv_desc == NULL) continue;
-    void *desc = m->rndv_desc;
-    m->rndv_desc = NULL;
-    ucp_request_param_t p;
-    memset(&p, 0, sizeof(p));
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    p.cb.recv_am = msg_rndv_done;
-    p.user_data = m;
-    ucs_status_ptr_t r =
-        ucp_am_recv_data_nbx(bs->worker, desc, m->payload, m->len, &p);
-    if (r == NULL) {
-      m->ready = 1;
-    } else if (UCS_PTR_IS_ERR(r)) {
-      m->rndv_status = UCS_PTR_STATUS(r);
-      m->ready = 1;
-    }
-  }
-}
-
 /* Closes the connections the AM callback condemned (closing inside the
  * callback is not allowed); their queued messages go too. */
 static void peers_close_evicted(mep_bootstrap_t *bs) {
@@ -61,7 +29,7 @@ static void peers_close_evicted(mep_bootstrap_t *bs) {
     if (!p->evict || p->ep == NULL) continue;
     for (mep_bs_msg_t **pp = &bs->msgs; *pp != NULL;) {
       mep_bs_msg_t *m = *pp;
-      if (m->peer != p || !m->ready) {
+      if (m->peer != p) {
         pp = &m->next;
         continue;
       }
@@ -83,7 +51,6 @@ void mep_bs_progress(mep_bootstrap_t *bs, int *idle) {
    * keep the caller from its deadline. */
   while (n < MEP_PROGRESS_PASS_MAX && !bs->evict_pending && ucp_worker_progress(bs->worker) != 0)
     n++;
-  msgs_start_rndv(bs);
   peers_close_evicted(bs);
   if (n != 0) {
     *idle = 0;
@@ -204,9 +171,10 @@ static int msg_admit_member(const mep_bootstrap_t *bs,
   return 1;
 }
 
-/* Everything is checked before anything is allocated or a rendezvous is
- * accepted; a message that fails a check is dropped and its connection
- * cut, so a stranger can make this rank hold at most queue_cap bytes. */
+/* Everything is checked before anything is allocated. A message the job
+ * token's key did not seal is dropped, its connection left alone (it may
+ * not have come on it); a sealed one that breaks the protocol is dropped
+ * and its connection cut. The queue holds at most queue_cap bytes. */
 static ucs_status_t msg_am_cb(void *arg, const void *header,
                               size_t header_length, void *data, size_t length,
                               const ucp_am_recv_param_t *param) {
@@ -219,28 +187,26 @@ static ucs_status_t msg_am_cb(void *arg, const void *header,
                   "is not a bootstrap connection", bs->rank, length);
     return UCS_OK;
   }
+  /* Not sealed with the job token's key (or not even shaped like a
+   * message): from no rank of this group, whatever endpoint UCX tied it to
+   * (by an id the packet itself carries), so it is dropped without being
+   * believed, and that endpoint is not blamed for it. The group's ranks
+   * send eagerly only, so a rendezvous message, whose payload is not here
+   * to check, is dropped too. */
   mep_bs_hdr_t h;
-  if (header_length != sizeof(mep_bs_hdr_t)) {
-    mep_bs_peer_evict(bs, peer, "sent a %zu-byte header (not %zu)",
-                      header_length, sizeof(mep_bs_hdr_t));
-    return UCS_OK;
-  }
-  memcpy(&h, header, sizeof(h));
-  if (h.magic != MEP_BS_MAGIC || h.payload_len != length) {
-    mep_bs_peer_evict(bs, peer,
-                      "sent a malformed message (magic 0x%x, %llu-byte "
-                      "payload announced, %zu sent)",
-                      h.magic, (unsigned long long)h.payload_len, length);
+  if (header_length == sizeof(h)) memcpy(&h, header, sizeof(h));
+  if (header_length != sizeof(h) || h.magic != MEP_BS_MAGIC || h.payload_len != length ||
+      rndv || !mep_bs_sealed(bs, &h, data, length)) {
+    MEP_LOG_DEBUG("bootstrap",
+                  "rank %d: dropped a %zu-byte message on rank %d's connection that the "
+                  "job token's key did not seal",
+                  bs->rank, length, peer->rank);
     return UCS_OK;
   }
   char why[sizeof(peer->why)];
   int bad = bs->rank == 0
                 ? msg_admit_root(bs, peer, &h, length, why, sizeof(why))
                 : msg_admit_member(bs, peer, &h, length, why, sizeof(why));
-  if (!bad && h.type == MEP_BS_MSG_ABORT && rndv) {
-    snprintf(why, sizeof(why), "sent an ABORT by rendezvous");
-    bad = 1;
-  }
   size_t cost = length + sizeof(mep_bs_msg_t);
   if (!bad && bs->queued_bytes + cost > bs->queue_cap) {
     snprintf(why, sizeof(why),
@@ -274,7 +240,6 @@ static ucs_status_t msg_am_cb(void *arg, const void *header,
   m->payload = payload;
   m->len = length;
   m->peer = peer;
-  m->rndv_status = UCS_OK;
   peer->queued_msgs++;
   peer->queued_bytes += length;
   bs->queued_bytes += cost;
@@ -282,12 +247,7 @@ static ucs_status_t msg_am_cb(void *arg, const void *header,
   mep_bs_msg_t **tail = &bs->msgs;
   while (*tail != NULL) tail = &(*tail)->next;
   *tail = m;
-  if (rndv) {
-    m->rndv_desc = data;
-    return UCS_INPROGRESS;
-  }
   if (length != 0) memcpy(payload, data, length);
-  m->ready = 1;
   return UCS_OK;
 }
 
@@ -333,6 +293,40 @@ moe_ep_status_t mep_bs_worker_setup(mep_bootstrap_t *bs) {
   return MOE_EP_OK;
 }
 
+#define MSG_KEY_LABEL "moe-ep message key"
+#define MSG_LABEL "moe-ep message"
+
+void mep_bs_msg_key_init(mep_bootstrap_t *bs) {
+  const void *parts[1] = {MSG_KEY_LABEL};
+  const size_t lens[1] = {sizeof(MSG_KEY_LABEL)};
+  mep_hmac_sha256(bs->token, strlen(bs->token), 1, parts, lens, bs->msg_key);
+}
+
+/* The MAC of a header (its own MAC field read as zeros) and payload. */
+static void msg_mac(const mep_bootstrap_t *bs, const mep_bs_hdr_t *hdr, const void *payload,
+                    size_t len, uint8_t out[MEP_SHA256_BYTES]) {
+  mep_bs_hdr_t h = *hdr;
+  memset(h.mac, 0, sizeof(h.mac));
+  const void *parts[3] = {MSG_LABEL, &h, payload};
+  const size_t lens[3] = {sizeof(MSG_LABEL), sizeof(h), len};
+  mep_hmac_sha256(bs->msg_key, sizeof(bs->msg_key), len != 0 ? 3 : 2, parts, lens, out);
+}
+
+void mep_bs_seal(const mep_bootstrap_t *bs, void *msg) {
+  mep_bs_hdr_t h;
+  memcpy(&h, msg, sizeof(h));
+  uint8_t mac[MEP_SHA256_BYTES];
+  msg_mac(bs, &h, (const char *)msg + sizeof(h), (size_t)h.payload_len, mac);
+  memcpy((char *)msg + offsetof(mep_bs_hdr_t, mac), mac, sizeof(mac));
+}
+
+int mep_bs_sealed(const mep_bootstrap_t *bs, const mep_bs_hdr_t *hdr, const void *payload,
+                  size_t len) {
+  uint8_t want[MEP_SHA256_BYTES];
+  msg_mac(bs, hdr, payload, len, want);
+  return mep_bytes_equal(hdr->mac, want, sizeof(want));
+}
+
 void mep_bs_hdr_init(const mep_bootstrap_t *bs, mep_bs_hdr_t *hdr, int type) {
   memset(hdr, 0, sizeof(*hdr));
   hdr->magic = MEP_BS_MAGIC;
@@ -356,7 +350,8 @@ static void send_done(void *request, ucs_status_t status, void *user_data) {
 
 int mep_bs_fail_alloc_after = -1;
 
-mep_bs_blob_t *mep_bs_blob_new(const mep_bs_hdr_t *hdr, const void *payload) {
+mep_bs_blob_t *mep_bs_blob_new(const mep_bootstrap_t *bs, const mep_bs_hdr_t *hdr,
+                               const void *payload) {
   if (mep_bs_fail_alloc_after == 0) return NULL;
   if (mep_bs_fail_alloc_after > 0) mep_bs_fail_alloc_after--;
   const size_t len = sizeof(*hdr) + (size_t)hdr->payload_len;
@@ -366,6 +361,7 @@ mep_bs_blob_t *mep_bs_blob_new(const mep_bs_hdr_t *hdr, const void *payload) {
   b->len = len;
   memcpy(b + 1, hdr, sizeof(*hdr));
   if (hdr->payload_len != 0) memcpy((char *)(b + 1) + sizeof(*hdr), payload, hdr->payload_len);
+  mep_bs_seal(bs, b + 1);
   return b;
 }
 
@@ -433,7 +429,7 @@ ucs_status_t mep_bs_send(mep_bootstrap_t *bs, mep_bs_peer_t *peer,
                          mep_bs_send_t **out) {
   if (out != NULL) *out = NULL;
   if (peer == NULL || peer->ep == NULL) return UCS_ERR_NOT_CONNECTED;
-  mep_bs_blob_t *blob = mep_bs_blob_new(hdr, payload);
+  mep_bs_blob_t *blob = mep_bs_blob_new(bs, hdr, payload);
   mep_bs_send_t *s = blob != NULL ? mep_bs_send_new(blob) : NULL;
   mep_bs_blob_drop(blob);
   if (s == NULL) return UCS_ERR_NO_MEMORY;
@@ -484,18 +480,13 @@ mep_bs_msg_t *mep_bs_msg_take(mep_bootstrap_t *bs, int type,
                               const mep_bs_peer_t *from) {
   for (mep_bs_msg_t **pp = &bs->msgs; *pp != NULL; pp = &(*pp)->next) {
     mep_bs_msg_t *m = *pp;
-    if (!m->ready || m->hdr.type != type) continue;
+    if (m->hdr.type != type) continue;
     if (from != NULL && m->peer != from) continue;
     *pp = m->next;
     m->next = NULL;
     m->peer->queued_msgs--;
     m->peer->queued_bytes -= m->len;
     bs->queued_bytes -= m->len + sizeof(*m);
-    if (m->rndv_status != UCS_OK) {
-      /* Its payload never fully arrived: as good as never sent. */
-      mep_bs_msg_free(m);
-      return mep_bs_msg_take(bs, type, from);
-    }
     return m;
   }
   return NULL;

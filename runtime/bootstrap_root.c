@@ -212,6 +212,7 @@ void mep_bs_root_abort(mep_bootstrap_t *bs, moe_ep_status_t status,
   h->failed_rank = failed_rank;
   h->payload_len = strnlen(msg, MEP_BS_REASON_MAX - 1);
   memcpy(bs->abort_out.reason, msg, h->payload_len);
+  mep_bs_seal(bs, &bs->abort_out);
   void *reqs[MEP_BS_MAX_RANKS];
   int n = 0;
   for (int r = 1; r < bs->world_size; r++) {
@@ -237,7 +238,7 @@ static moe_ep_status_t root_announce(mep_bootstrap_t *bs, int64_t deadline_ms) {
   mep_bs_blob_t *blobs[MEP_BS_MAX_RANKS];
   mep_bs_hdr_t h;
   mep_bs_hdr_init(bs, &h, MEP_BS_MSG_FORMED);
-  mep_bs_blob_t *formed = mep_bs_blob_new(&h, NULL);
+  mep_bs_blob_t *formed = mep_bs_blob_new(bs, &h, NULL);
   for (int r = 1; r < bs->world_size; r++) blobs[r] = formed;
   const int short_of = mep_bs_send_each(bs, blobs, sends);
   mep_bs_blob_drop(formed);

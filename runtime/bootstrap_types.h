@@ -12,6 +12,7 @@
 
 #include "runtime/bootstrap.h"
 #include "runtime/error.h"
+#include "runtime/hmac.h"
 
 /* The one active-message id the bootstrap registers on its worker. */
 #define MEP_BS_AM_ID 63u
@@ -19,7 +20,7 @@
 /* The protocol version, the bootstrap's and the host data path's (its
  * region layout): ranks of different versions are refused at the gate.
  * 6: a refusal of a proven knock carries a proof. */
-#define MEP_BS_VERSION 6u
+#define MEP_BS_VERSION 7u
 /* Bounds the wire fields the handshake carries. */
 #define MEP_BS_TOKEN_MAX 256
 #define MEP_BS_REASON_MAX 512
@@ -149,6 +150,11 @@ typedef struct mep_bs_hdr {
   int32_t status;      /* ABORT: moe_ep_status_t */
   int32_t failed_rank; /* ABORT: the rank that failed, or -1 */
   uint64_t payload_len;
+  /* HMAC-SHA-256 under the job token's message key of the header (this
+   * field zeroed) and the payload (mep_bs_seal): UCX ties a message to an
+   * endpoint by an id the packet carries, so the key, not the endpoint,
+   * is what says a message came from one of the group's ranks. */
+  uint8_t mac[MEP_SHA256_BYTES];
 } mep_bs_hdr_t;
 
 typedef enum mep_bs_peer_state {
@@ -192,9 +198,6 @@ typedef struct mep_bs_msg {
   struct mep_bs_peer *peer;
   void *payload;
   size_t len;
-  int ready;        /* 0 while a rendezvous receive is still in flight */
-  void *rndv_desc;  /* rendezvous descriptor not yet handed to UCX */
-  ucs_status_t rndv_status;
 } mep_bs_msg_t;
 
 /* A send in flight. The message buffer is a private copy, freed by whoever
@@ -222,6 +225,7 @@ struct mep_bootstrap {
   int timeout_ms;
   char address[MOE_EP_ADDRESS_MAX];
   char token[MEP_BS_TOKEN_MAX];
+  uint8_t msg_key[MEP_SHA256_BYTES]; /* mep_bs_msg_key_init */
   struct sockaddr_storage saddr;
   socklen_t saddr_len;
 
@@ -332,7 +336,8 @@ ucs_status_t mep_bs_send(mep_bootstrap_t *bs, mep_bs_peer_t *peer,
  * caller's), or NULL when out of memory (or mep_bs_fail_alloc_after,
  * bootstrap_fault.h, says so); each send record takes one more reference,
  * and mep_bs_blob_drop (accepts NULL) gives one back. */
-mep_bs_blob_t *mep_bs_blob_new(const mep_bs_hdr_t *hdr, const void *payload);
+mep_bs_blob_t *mep_bs_blob_new(const mep_bootstrap_t *bs, const mep_bs_hdr_t *hdr,
+                               const void *payload);
 void mep_bs_blob_drop(mep_bs_blob_t *b);
 /* A send in two halves, so that a sender can make every record of a step
  * before it starts any: mep_bs_send_new takes one more reference to blob
@@ -360,8 +365,17 @@ void *mep_bs_send_fixed(mep_bs_peer_t *peer, const void *bytes, size_t len);
 /* Waits until done or deadline (UCS_ERR_TIMED_OUT); releases the send. */
 ucs_status_t mep_bs_send_wait(mep_bootstrap_t *bs, mep_bs_send_t *s,
                               int64_t deadline_ms);
+/* The key of the bootstrap's UCX messages, from the job token (the gate
+ * admits only its holders), under a label of its own. */
+void mep_bs_msg_key_init(mep_bootstrap_t *bs);
+/* Fills the MAC of the message at `msg`: a header, then its payload_len
+ * payload bytes. */
+void mep_bs_seal(const mep_bootstrap_t *bs, void *msg);
+/* 1 when hdr->mac is the MAC of hdr and the `len` payload bytes. */
+int mep_bs_sealed(const mep_bootstrap_t *bs, const mep_bs_hdr_t *hdr, const void *payload,
+                  size_t len);
 void mep_bs_hdr_init(const mep_bootstrap_t *bs, mep_bs_hdr_t *hdr, int type);
-/* Unlinks the first ready message of `type` that arrived on `from` (NULL =
+/* Unlinks the first message of `type` that arrived on `from` (NULL =
  * any connection). */
 mep_bs_msg_t *mep_bs_msg_take(mep_bootstrap_t *bs, int type,
                               const mep_bs_peer_t *from);
