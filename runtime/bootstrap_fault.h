@@ -1,8 +1,9 @@
-/* bootstrap_fault.h: a test-only seam that makes the bootstrap's message
- * allocations fail, so that tests can drive a rank out of memory in the
- * middle of the protocol, in real processes. Nothing in the product sets
- * it, and libmoe_ep.so does not export it (plugin/exports.lds exports only
- * the plugin tables). */
+/* bootstrap_fault.h: test-only seams that make the bootstrap's message
+ * allocations fail, or put unsealed messages on its connections, so that
+ * tests can drive a rank out of memory, or a connection UCX gives an
+ * outsider's message to, in the middle of the protocol, in real
+ * processes. Nothing in the product sets them, and libmoe_ep.so does not
+ * export them (plugin/exports.lds exports only the plugin tables). */
 #ifndef MEP_BOOTSTRAP_FAULT_H_
 #define MEP_BOOTSTRAP_FAULT_H_
 
@@ -15,6 +16,13 @@ extern "C" {
  * memory, until it is set to -1 again. Set it on the thread that calls the
  * bootstrap, between calls. */
 extern int mep_bs_fail_alloc_after;
+
+/* 0 (the default): no effect. n > 0: before each of the next n messages
+ * this rank sends, it sends a copy whose MAC is wrong on the same
+ * connection, as an outsider's message would arrive where UCX tied it to
+ * that connection (the receiver must drop it and keep the connection).
+ * Set it like mep_bs_fail_alloc_after. */
+extern int mep_bs_send_unsealed_first;
 
 #ifdef __cplusplus
 }

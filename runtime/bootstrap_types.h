@@ -19,7 +19,8 @@
 #define MEP_BS_MAGIC 0x4d455042u /* "MEPB" */
 /* The protocol version, the bootstrap's and the host data path's (its
  * region layout): ranks of different versions are refused at the gate.
- * 6: a refusal of a proven knock carries a proof. */
+ * 6: a refusal of a proven knock carries a proof; 7: every UCX message
+ * carries a MAC (mep_bs_seal). */
 #define MEP_BS_VERSION 7u
 /* Bounds the wire fields the handshake carries. */
 #define MEP_BS_TOKEN_MAX 256

@@ -47,6 +47,11 @@ struct Opts {
   // scenario's first "op" on.
   int oom_rank = -1;
   std::string oom_at = "op";
+  // The rank that puts an unsealed copy on its connection before each of
+  // its first `unsealed` messages of the scenario's ops
+  // (mep_bs_send_unsealed_first).
+  int unsealed_rank = -1;
+  int unsealed = 0;
   // Before destroy, wait (up to max_ms) until this file exists: the driver
   // keeps the rank's connections up until its peers have finished.
   std::string hold_file;
@@ -81,6 +86,8 @@ Opts Parse(int argc, char **argv) {
     else if (Flag(a, "--quit_early", &v)) o.quit_early = atoi(v.c_str());
     else if (Flag(a, "--oom_rank", &v)) o.oom_rank = atoi(v.c_str());
     else if (Flag(a, "--oom_at", &v)) o.oom_at = v;
+    else if (Flag(a, "--unsealed_rank", &v)) o.unsealed_rank = atoi(v.c_str());
+    else if (Flag(a, "--unsealed", &v)) o.unsealed = atoi(v.c_str());
     else if (Flag(a, "--hold_file", &v)) o.hold_file = v;
     else {
       fprintf(stderr, "bootstrap_worker: unknown argument %s\n", a);
@@ -269,6 +276,7 @@ int main(int argc, char **argv) {
   int done = 0;
   int64_t op_ms = 0;
   if (o.rank == o.oom_rank && o.oom_at == "op") mep_bs_fail_alloc_after = 0;
+  if (o.rank == o.unsealed_rank) mep_bs_send_unsealed_first = o.unsealed;
   if (o.scenario == "collectives") {
     int64_t t1 = NowMs();
     rc = RunCollectives(o, bs, &done, &st);
@@ -350,6 +358,7 @@ int main(int argc, char **argv) {
   }
   std::string msg = st == MOE_EP_OK ? "" : mep_last_error();
   mep_bs_fail_alloc_after = -1;
+  mep_bs_send_unsealed_first = 0;
   if (st != MOE_EP_OK) g_stamps.fail_mono_ms = NowMs();
   // Held open, the bootstrap still moves its messages (an ABORT still in
   // flight reaches the peers however slowly the machine runs).
