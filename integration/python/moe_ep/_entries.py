@@ -55,6 +55,12 @@ class Entries:
                         "on another thread for more than %s" % (_rank(group), bound_words(bound_s)))
             self._running += 1
 
+    def _reopen(self):
+        """close() gave up before group_destroy (lock held)."""
+        self._closed = False
+        self._closer = None
+        self._cond.notify_all()
+
     def leave(self):
         with self._cond:
             self._running -= 1
@@ -68,7 +74,8 @@ class Entries:
         library: the group is then reopened, and moe_ep.TimeoutError says
         so (destroying under them would free what they use). Returns None
         when the group was already closed; a close while another thread's
-        is under way waits for it and ends as it did."""
+        is under way waits for it, and closes the group itself if that one
+        gave up."""
         with self._cond:
             me = _thread_id()
             if self._closed and self._closer not in (None, me):
@@ -82,11 +89,14 @@ class Entries:
                 return None
             self._closed = True
             self._closer = me
-            bound_s = wait_bound_s(group) if self._running else 0.0
-            if not self._cond.wait_for(lambda: self._running == 0, bound_s):
-                self._closed = False
-                self._closer = None
-                self._cond.notify_all()
+            try:
+                bound_s = wait_bound_s(group) if self._running else 0.0
+                drained = self._cond.wait_for(lambda: self._running == 0, bound_s)
+            except BaseException:  # ^C while waiting: the group stays open, as before
+                self._reopen()
+                raise
+            if not drained:
+                self._reopen()
                 raise MoeEpTimeoutError(
                     "rank %d: close: %d call(s) on this group on other threads were still "
                     "running after %s; the group stays open (close it again once they "

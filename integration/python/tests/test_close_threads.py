@@ -229,3 +229,35 @@ def test_second_close_waits_for_the_first(group):
     seen = second.outcome("the second close")
     assert seen == ["group_destroy", "group_destroy returned"], \
         "rank 0: the second close returned with the log %s, before the group was destroyed" % seen
+
+
+class _Interrupt(BaseException):
+    """Stands in for a KeyboardInterrupt that lands while close() waits."""
+
+
+def test_close_interrupted_while_waiting_leaves_the_group_open(group, monkeypatch):
+    """An interrupt while close() waits for a call leaves the group open
+    (not marked closed with group_destroy never run): calls work, and a
+    later close() destroys it."""
+    inside, go = threading.Event(), threading.Event()
+
+    def stuck_call(g):
+        inside.set()
+        wait_for(go, "the test letting the call return")
+        return 0
+
+    def interrupted(g):
+        raise _Interrupt()
+
+    caller = Runner(lambda: group._call(stuck_call))
+    caller.start()
+    wait_for(inside, "the call entering the library")
+    monkeypatch.setattr(moe_ep._entries, "wait_bound_s", interrupted)
+    with pytest.raises(_Interrupt):
+        group.close()
+    monkeypatch.undo()
+    go.set()
+    caller.outcome("the call")
+    assert group.info().world_size == 1, "rank 0: the group is not usable after the interrupt"
+    group.close()
+    assert group._lib.log == ["group_destroy", "group_destroy returned"], group._lib.log
