@@ -428,12 +428,11 @@ static ucs_status_t send_start(mep_bs_peer_t *peer, mep_bs_send_t *s, mep_bs_sen
 int mep_bs_send_unsealed_first = 0;
 
 /* bootstrap_fault.h: a copy of blob whose MAC is wrong, sent and forgotten. */
-static void send_unsealed_copy(mep_bs_peer_t *peer, const mep_bs_blob_t *blob) {
-  mep_bs_blob_t *c = (mep_bs_blob_t *)malloc(sizeof(*c) + blob->len);
+static void send_unsealed_copy(const mep_bootstrap_t *bs, mep_bs_peer_t *peer,
+                               const mep_bs_blob_t *blob) {
+  const mep_bs_hdr_t *hdr = (const mep_bs_hdr_t *)(blob + 1);
+  mep_bs_blob_t *c = mep_bs_blob_new(bs, hdr, hdr + 1);
   if (c == NULL) return;
-  c->refs = 1;
-  c->len = blob->len;
-  memcpy(c + 1, blob + 1, blob->len);
   ((unsigned char *)(c + 1))[offsetof(mep_bs_hdr_t, mac)] ^= 1u;
   mep_bs_send_t *s = mep_bs_send_new(c);
   mep_bs_blob_drop(c);
@@ -442,10 +441,9 @@ static void send_unsealed_copy(mep_bs_peer_t *peer, const mep_bs_blob_t *blob) {
 
 ucs_status_t mep_bs_send_start(mep_bootstrap_t *bs, mep_bs_peer_t *peer, mep_bs_send_t *s,
                                mep_bs_send_t **out) {
-  (void)bs;
   if (mep_bs_send_unsealed_first > 0 && peer != NULL && peer->ep != NULL) {
     mep_bs_send_unsealed_first--;
-    send_unsealed_copy(peer, s->blob);
+    send_unsealed_copy(bs, peer, s->blob);
   }
   return send_start(peer, s, out);
 }

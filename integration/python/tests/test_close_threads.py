@@ -60,6 +60,22 @@ def poll(cond, what):
         time.sleep(0.001)
 
 
+def _call_held_inside(g):
+    """A call on `g` from another thread, held inside the library until the
+    returned Event is set: (its Runner, that Event)."""
+    inside, go = threading.Event(), threading.Event()
+
+    def stuck_call(ptr):
+        inside.set()
+        wait_for(go, "the test letting the call return")
+        return 0
+
+    caller = Runner(lambda: g._call(stuck_call))
+    caller.start()
+    wait_for(inside, "the call entering the library")
+    return caller, go
+
+
 @pytest.fixture
 def group(one_rank_group):
     g = one_rank_group(mode="low_latency", num_experts=E, hidden=H, top_k=K,
@@ -107,16 +123,7 @@ def test_close_gives_up_after_the_bound_and_the_group_stays_open(group, monkeypa
     TimeoutError naming the rank, the count and the bound, the group still
     works, and a later close() destroys it."""
     monkeypatch.setattr(moe_ep._entries, "wait_bound_s", lambda g: 0.05)
-    inside, go = threading.Event(), threading.Event()
-
-    def stuck_call(g):
-        inside.set()
-        wait_for(go, "the test letting the call return")
-        return 0
-
-    caller = Runner(lambda: group._call(stuck_call))
-    caller.start()
-    wait_for(inside, "the call entering the library")
+    caller, go = _call_held_inside(group)
     with pytest.raises(moe_ep.TimeoutError) as e:
         group.close()
     want = ("rank 0: close: 1 call(s) on this group on other threads were still running after "
@@ -206,16 +213,7 @@ def test_second_close_waits_for_the_first(group):
     """A close() while another thread's close waits for a call: it returns
     only once the group is destroyed, not at once as if it were."""
     lib = group._lib
-    inside, go = threading.Event(), threading.Event()
-
-    def stuck_call(g):
-        inside.set()
-        wait_for(go, "the test letting the call return")
-        return 0
-
-    caller = Runner(lambda: group._call(stuck_call))
-    caller.start()
-    wait_for(inside, "the call entering the library")
+    caller, go = _call_held_inside(group)
     first = Runner(group.close)
     first.start()
     poll(lambda: getattr(group._entries, "_closer", None) is not None, "the first close starting")
@@ -239,19 +237,10 @@ def test_close_interrupted_while_waiting_leaves_the_group_open(group, monkeypatc
     """An interrupt while close() waits for a call leaves the group open
     (not marked closed with group_destroy never run): calls work, and a
     later close() destroys it."""
-    inside, go = threading.Event(), threading.Event()
-
-    def stuck_call(g):
-        inside.set()
-        wait_for(go, "the test letting the call return")
-        return 0
-
     def interrupted(g):
         raise _Interrupt()
 
-    caller = Runner(lambda: group._call(stuck_call))
-    caller.start()
-    wait_for(inside, "the call entering the library")
+    caller, go = _call_held_inside(group)
     monkeypatch.setattr(moe_ep._entries, "wait_bound_s", interrupted)
     with pytest.raises(_Interrupt):
         group.close()
