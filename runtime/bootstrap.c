@@ -93,7 +93,6 @@ moe_ep_status_t mep_bootstrap_create(const mep_bootstrap_params_t *params,
   if (params->token != NULL) {
     snprintf(bs->token, sizeof(bs->token), "%s", params->token);
   }
-  mep_bs_msg_key_init(bs);
   bs->by_rank = (mep_bs_peer_t **)calloc((size_t)bs->world_size,
                                          sizeof(*bs->by_rank));
   if (bs->by_rank == NULL) {
@@ -169,7 +168,6 @@ void mep_bootstrap_destroy(mep_bootstrap_t *bs) {
   /* The job token admits to every group of the job: it does not outlive
    * this one in freed memory. */
   explicit_bzero(bs->token, sizeof(bs->token));
-  explicit_bzero(bs->msg_key, sizeof(bs->msg_key));
   free(bs);
 }
 

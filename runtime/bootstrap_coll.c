@@ -232,7 +232,7 @@ static moe_ep_status_t root_deliver(mep_bootstrap_t *bs, const coll_t *c,
    * one. */
   const int common = c->op == MEP_BS_OP_BROADCAST && c->root == 1 ? 2 : 1;
   h.payload_len = result_len(c, common, bs->world_size);
-  mep_bs_blob_t *shared = mep_bs_blob_new(bs, &h, c->out);
+  mep_bs_blob_t *shared = mep_bs_blob_new(&h, c->out);
   mep_bs_blob_t *odd = NULL;
   mep_bs_blob_t *blobs[MEP_BS_MAX_RANKS];
   for (int r = 1; r < bs->world_size; r++) {
@@ -241,7 +241,7 @@ static moe_ep_status_t root_deliver(mep_bootstrap_t *bs, const coll_t *c,
       if (odd == NULL) {
         mep_bs_hdr_t own = h;
         own.payload_len = result_len(c, r, bs->world_size);
-        odd = mep_bs_blob_new(bs, &own, c->out);
+        odd = mep_bs_blob_new(&own, c->out);
       }
       blobs[r] = odd;
     }

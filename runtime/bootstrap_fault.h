@@ -1,8 +1,8 @@
 /* bootstrap_fault.h: test-only seams that make the bootstrap's message
- * allocations fail, or put unsealed messages on its connections, so that
- * tests can drive a rank out of memory, or a connection UCX gives an
- * outsider's message to, in the middle of the protocol, in real
- * processes. Nothing in the product sets them, and libmoe_ep.so does not
+ * allocations fail, or put unsealed or replayed messages on its
+ * connections, so that tests can drive a rank out of memory, or a
+ * connection UCX gives an outsider's message to, in the middle of the
+ * protocol, in real processes. Nothing in the product sets them, and libmoe_ep.so does not
  * export them (plugin/exports.lds exports only the plugin tables). */
 #ifndef MEP_BOOTSTRAP_FAULT_H_
 #define MEP_BOOTSTRAP_FAULT_H_
@@ -18,11 +18,19 @@ extern "C" {
 extern int mep_bs_fail_alloc_after;
 
 /* 0 (the default): no effect. n > 0: before each of the next n messages
- * this rank sends, it sends a copy whose MAC is wrong on the same
- * connection, as an outsider's message would arrive where UCX tied it to
- * that connection (the receiver must drop it and keep the connection).
- * Set it like mep_bs_fail_alloc_after. */
+ * this rank sends, it sends a copy whose MAC is wrong (its number the
+ * original's) on the same connection, as an outsider's message would
+ * arrive where UCX tied it to that connection (the receiver must drop it,
+ * keep the connection, and still take the original). Set it like
+ * mep_bs_fail_alloc_after. */
 extern int mep_bs_send_unsealed_first;
+
+/* 0 (the default): no effect. n > 0: after each of the next n messages
+ * this rank sends, it sends the same sealed bytes again on the same
+ * connection, as someone who saw the message pass would replay it (the
+ * receiver must drop the copy and keep the connection). Set it like
+ * mep_bs_fail_alloc_after. */
+extern int mep_bs_send_replayed_first;
 
 #ifdef __cplusplus
 }

@@ -49,8 +49,7 @@ static void knocker_close(mep_bs_knocker_t *k) {
  * takes a few KiB at once, and a peer that does not read gets nothing. */
 static int gate_send(mep_bs_knocker_t *k, const mep_bs_knock_hdr_t *h,
                      const void *proof, const void *body) {
-  unsigned char rec[sizeof(mep_bs_knock_hdr_t) + MEP_BS_PROOF_BYTES +
-                    MEP_BS_ADDR_MAX];
+  unsigned char rec[MEP_BS_KNOCK_MAX]; /* the longest, a knock or an admission */
   memcpy(rec, h, sizeof(*h));
   if (h->proof_len != 0) memcpy(rec + sizeof(*h), proof, h->proof_len);
   if (h->body_len != 0) memcpy(rec + sizeof(*h) + h->proof_len, body, h->body_len);
@@ -113,13 +112,16 @@ static void gate_answer(mep_bootstrap_t *bs, mep_bs_knocker_t *k) {
     /* Retried by the joiner either way: nothing to prove. */
     gate_send_reason(bs, k, MEP_BS_KNOCK_BUSY, why, NULL);
   } else {
+    /* The group's nonce, then rank 0's worker address, both proven. */
+    unsigned char body[MEP_BS_NONCE_BYTES + MEP_BS_ADDR_MAX];
+    memcpy(body, bs->group_nonce, MEP_BS_NONCE_BYTES);
+    memcpy(body + MEP_BS_NONCE_BYTES, bs->self_addr, bs->self_addr_len);
     mep_bs_knock_hdr_t ok;
-    mep_bs_knock_hdr_init(&ok, MEP_BS_KNOCK_OK, 0, bs->world_size,
-                          MEP_BS_PROOF_BYTES, bs->self_addr_len);
+    mep_bs_knock_hdr_init(&ok, MEP_BS_KNOCK_OK, 0, bs->world_size, MEP_BS_PROOF_BYTES,
+                          MEP_BS_NONCE_BYTES + bs->self_addr_len);
     uint8_t mine[MEP_BS_PROOF_BYTES];
-    mep_bs_proof(bs, MEP_BS_PROOF_VERDICT, theirs, k->nonce, &ok,
-                 bs->self_addr, mine);
-    if (gate_send(k, &ok, mine, bs->self_addr) != 0) {
+    mep_bs_proof(bs, MEP_BS_PROOF_VERDICT, theirs, k->nonce, &ok, body, mine);
+    if (gate_send(k, &ok, mine, body) != 0) {
       /* The joiner knocks again and keeps its slot. */
       MEP_LOG_DEBUG("bootstrap", "rank 0: the verdict to %s was not sent",
                     k->name);

@@ -66,6 +66,8 @@ static moe_ep_status_t join_connect(mep_bootstrap_t *bs, const void *addr,
     return mep_error(MOE_EP_ERR_NO_MEMORY, "rank %d: out of memory",
                      bs->rank);
   }
+  /* Before the ep exists: rank 0's first message is checked under them. */
+  mep_bs_peer_keys(bs, peer, bs->rank, bs->self_addr, bs->self_addr_len);
   ucs_status_t st = mep_bs_peer_connect(bs, peer, addr);
   if (st != UCS_OK) {
     return mep_error(MOE_EP_ERR_UCX,

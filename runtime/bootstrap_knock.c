@@ -188,8 +188,9 @@ static int knock_reason(const mep_bootstrap_t *bs, int fd, int64_t deadline_ms,
 }
 
 /* Reads and checks the verdict on the knock sent with nonce `mine` after
- * challenge `theirs`. */
-static int knock_verdict(const mep_bootstrap_t *bs, int fd,
+ * challenge `theirs`. An admission's body is the group's nonce (kept in
+ * bs->group_nonce once proven), then rank 0's worker address. */
+static int knock_verdict(mep_bootstrap_t *bs, int fd,
                          int64_t deadline_ms, const uint8_t *mine,
                          const uint8_t *theirs, void *addr, size_t *addr_len,
                          char *why, size_t why_len) {
@@ -206,8 +207,8 @@ static int knock_verdict(const mep_bootstrap_t *bs, int fd,
       ((refuse || busy) && h.body_len > MEP_BS_REASON_MAX - 1) ||
       (refuse && h.proof_len != 0 && h.proof_len != MEP_BS_PROOF_BYTES) ||
       (busy && h.proof_len != 0) ||
-      (ok && (h.proof_len != MEP_BS_PROOF_BYTES || h.body_len == 0 ||
-              h.body_len > MEP_BS_ADDR_MAX))) {
+      (ok && (h.proof_len != MEP_BS_PROOF_BYTES || h.body_len <= MEP_BS_NONCE_BYTES ||
+              h.body_len > MEP_BS_NONCE_BYTES + MEP_BS_ADDR_MAX))) {
     snprintf(why, why_len,
              "the answer at %s is not a verdict (type %u, %u + %u bytes)",
              bs->address, h.type, h.proof_len, h.body_len);
@@ -217,11 +218,12 @@ static int knock_verdict(const mep_bootstrap_t *bs, int fd,
     return knock_reason(bs, fd, deadline_ms, &h, mine, theirs, why, why_len);
   }
   uint8_t proof[MEP_BS_PROOF_BYTES], want[MEP_BS_PROOF_BYTES];
+  unsigned char body[MEP_BS_NONCE_BYTES + MEP_BS_ADDR_MAX];
   if (fd_read(fd, proof, sizeof(proof), deadline_ms, why, why_len) != 0 ||
-      fd_read(fd, addr, h.body_len, deadline_ms, why, why_len) != 0) {
+      fd_read(fd, body, h.body_len, deadline_ms, why, why_len) != 0) {
     return MEP_BS_KNOCK_RETRY;
   }
-  mep_bs_proof(bs, MEP_BS_PROOF_VERDICT, mine, theirs, &h, addr, want);
+  mep_bs_proof(bs, MEP_BS_PROOF_VERDICT, mine, theirs, &h, body, want);
   if (!mep_bytes_equal(proof, want, sizeof(want))) {
     snprintf(why, why_len,
              "the answer at %s did not prove it holds the job token (a "
@@ -229,7 +231,9 @@ static int knock_verdict(const mep_bootstrap_t *bs, int fd,
              bs->address);
     return MEP_BS_KNOCK_UNPROVEN;
   }
-  *addr_len = h.body_len;
+  memcpy(bs->group_nonce, body, MEP_BS_NONCE_BYTES);
+  *addr_len = h.body_len - MEP_BS_NONCE_BYTES;
+  memcpy(addr, body + MEP_BS_NONCE_BYTES, *addr_len);
   return MEP_BS_KNOCK_ADMITTED;
 }
 

@@ -171,10 +171,12 @@ static int msg_admit_member(const mep_bootstrap_t *bs,
   return 1;
 }
 
-/* Everything is checked before anything is allocated. A message the job
- * token's key did not seal is dropped, its connection left alone (it may
- * not have come on it); a sealed one that breaks the protocol is dropped
- * and its connection cut. The queue holds at most queue_cap bytes. */
+/* Everything is checked before anything is allocated. A message the
+ * connection's key did not seal, or one it has taken already, is dropped,
+ * the connection left alone (it may not have come on it, or be a copy
+ * someone replayed); a fresh sealed one that breaks the protocol is
+ * dropped and its connection cut. The queue holds at most queue_cap
+ * bytes. */
 static ucs_status_t msg_am_cb(void *arg, const void *header,
                               size_t header_length, void *data, size_t length,
                               const ucp_am_recv_param_t *param) {
@@ -187,23 +189,32 @@ static ucs_status_t msg_am_cb(void *arg, const void *header,
                   "is not a bootstrap connection", bs->rank, length);
     return UCS_OK;
   }
-  /* Not sealed with the job token's key (or not even shaped like a
-   * message): from no rank of this group, whatever endpoint UCX tied it to
-   * (by an id the packet itself carries), so it is dropped without being
-   * believed, and that endpoint is not blamed for it. The group's ranks
-   * send eagerly only, so a rendezvous message, whose payload is not here
-   * to check, is dropped too. */
+  /* Not sealed with this connection's key (or not even shaped like a
+   * message): not from the rank at its other end, whatever endpoint UCX
+   * tied it to (by an id the packet itself carries), so it is dropped
+   * without being believed, and that endpoint is not blamed for it. The
+   * group's ranks send eagerly only, so a rendezvous message, whose
+   * payload is not here to check, is dropped too. */
   mep_bs_hdr_t h;
   if (header_length == sizeof(h)) memcpy(&h, header, sizeof(h));
   /* Longer than any message a rank sends here is not worth hashing. */
   const size_t longest = bs->rank == 0 ? MEP_BS_PAYLOAD_MAX
                                        : (size_t)bs->world_size * MEP_BS_PAYLOAD_MAX;
   if (header_length != sizeof(h) || h.magic != MEP_BS_MAGIC || h.payload_len != length ||
-      rndv || length > longest || !mep_bs_sealed(bs, &h, data, length)) {
+      rndv || length > longest || !mep_bs_sealed(peer, &h, data, length)) {
     MEP_LOG_DEBUG("bootstrap",
                   "rank %d: dropped a %zu-byte message on rank %d's connection that the "
-                  "job token's key did not seal",
+                  "connection's key did not seal",
                   bs->rank, length, peer->rank);
+    return UCS_OK;
+  }
+  /* Sealed for this connection, but its number was taken before: a copy
+   * of an earlier message, sent again by whoever saw it pass. */
+  if (!mep_bs_fresh(peer, h.ctr)) {
+    MEP_LOG_DEBUG("bootstrap",
+                  "rank %d: dropped a replayed %zu-byte message (number %llu) on rank %d's "
+                  "connection",
+                  bs->rank, length, (unsigned long long)h.ctr, peer->rank);
     return UCS_OK;
   }
   char why[sizeof(peer->why)];
@@ -296,38 +307,70 @@ moe_ep_status_t mep_bs_worker_setup(mep_bootstrap_t *bs) {
   return MOE_EP_OK;
 }
 
-#define MSG_KEY_LABEL "moe-ep message key"
+#define KEY_TO_ROOT_LABEL "moe-ep message key, rank to rank 0"
+#define KEY_FROM_ROOT_LABEL "moe-ep message key, rank 0 to rank"
 #define MSG_LABEL "moe-ep message"
 
-void mep_bs_msg_key_init(mep_bootstrap_t *bs) {
-  const void *parts[1] = {MSG_KEY_LABEL};
-  const size_t lens[1] = {sizeof(MSG_KEY_LABEL)};
-  mep_hmac_sha256(bs->token, strlen(bs->token), 1, parts, lens, bs->msg_key);
+static void peer_key(const mep_bootstrap_t *bs, const char *label, int32_t rank,
+                     const void *joiner_addr, size_t addr_len, uint8_t out[MEP_SHA256_BYTES]) {
+  const void *parts[4] = {label, bs->group_nonce, &rank, joiner_addr};
+  const size_t lens[4] = {strlen(label) + 1, sizeof(bs->group_nonce), sizeof(rank), addr_len};
+  mep_hmac_sha256(bs->token, strlen(bs->token), 4, parts, lens, out);
 }
 
-/* The MAC of a header (its own MAC field read as zeros) and payload. */
-static void msg_mac(const mep_bootstrap_t *bs, const mep_bs_hdr_t *hdr, const void *payload,
-                    size_t len, uint8_t out[MEP_SHA256_BYTES]) {
+void mep_bs_peer_keys(const mep_bootstrap_t *bs, mep_bs_peer_t *peer, int rank,
+                      const void *joiner_addr, size_t addr_len) {
+  const int root = bs->rank == 0;
+  peer_key(bs, root ? KEY_TO_ROOT_LABEL : KEY_FROM_ROOT_LABEL, rank, joiner_addr, addr_len,
+           peer->key_in);
+  peer_key(bs, root ? KEY_FROM_ROOT_LABEL : KEY_TO_ROOT_LABEL, rank, joiner_addr, addr_len,
+           peer->key_out);
+}
+
+void mep_bs_digest(const void *payload, size_t len, uint8_t out[MEP_SHA256_BYTES]) {
+  mep_sha256_t sha;
+  mep_sha256_init(&sha);
+  mep_sha256_update(&sha, payload, len);
+  mep_sha256_final(&sha, out);
+}
+
+/* The MAC of a header (its own MAC field read as zeros) and its payload's
+ * digest: a result sent to every rank is hashed once, sealed per rank. */
+static void msg_mac(const uint8_t key[MEP_SHA256_BYTES], const mep_bs_hdr_t *hdr,
+                    const uint8_t digest[MEP_SHA256_BYTES], uint8_t out[MEP_SHA256_BYTES]) {
   mep_bs_hdr_t h = *hdr;
   memset(h.mac, 0, sizeof(h.mac));
-  const void *parts[3] = {MSG_LABEL, &h, payload};
-  const size_t lens[3] = {sizeof(MSG_LABEL), sizeof(h), len};
-  mep_hmac_sha256(bs->msg_key, sizeof(bs->msg_key), len != 0 ? 3 : 2, parts, lens, out);
+  const void *parts[3] = {MSG_LABEL, &h, digest};
+  const size_t lens[3] = {sizeof(MSG_LABEL), sizeof(h), MEP_SHA256_BYTES};
+  mep_hmac_sha256(key, MEP_SHA256_BYTES, 3, parts, lens, out);
 }
 
-void mep_bs_seal(const mep_bootstrap_t *bs, void *msg) {
-  mep_bs_hdr_t h;
-  memcpy(&h, msg, sizeof(h));
-  uint8_t mac[MEP_SHA256_BYTES];
-  msg_mac(bs, &h, (const char *)msg + sizeof(h), (size_t)h.payload_len, mac);
-  memcpy((char *)msg + offsetof(mep_bs_hdr_t, mac), mac, sizeof(mac));
+void mep_bs_seal(mep_bs_peer_t *peer, mep_bs_hdr_t *hdr, const uint8_t digest[MEP_SHA256_BYTES]) {
+  hdr->ctr = ++peer->sent;
+  msg_mac(peer->key_out, hdr, digest, hdr->mac);
 }
 
-int mep_bs_sealed(const mep_bootstrap_t *bs, const mep_bs_hdr_t *hdr, const void *payload,
+int mep_bs_sealed(const mep_bs_peer_t *peer, const mep_bs_hdr_t *hdr, const void *payload,
                   size_t len) {
-  uint8_t want[MEP_SHA256_BYTES];
-  msg_mac(bs, hdr, payload, len, want);
+  uint8_t digest[MEP_SHA256_BYTES], want[MEP_SHA256_BYTES];
+  mep_bs_digest(payload, len, digest);
+  msg_mac(peer->key_in, hdr, digest, want);
   return mep_bytes_equal(hdr->mac, want, sizeof(want));
+}
+
+int mep_bs_fresh(mep_bs_peer_t *peer, uint64_t ctr) {
+  if (ctr == 0) return 0;
+  if (ctr > peer->recv_top) {
+    const uint64_t shift = ctr - peer->recv_top;
+    peer->recv_seen = shift >= 64 ? 0 : peer->recv_seen << shift;
+    peer->recv_seen |= 1;
+    peer->recv_top = ctr;
+    return 1;
+  }
+  const uint64_t back = peer->recv_top - ctr;
+  if (back >= 64 || (peer->recv_seen >> back & 1) != 0) return 0;
+  peer->recv_seen |= (uint64_t)1 << back;
+  return 1;
 }
 
 void mep_bs_hdr_init(const mep_bootstrap_t *bs, mep_bs_hdr_t *hdr, int type) {
@@ -353,18 +396,16 @@ static void send_done(void *request, ucs_status_t status, void *user_data) {
 
 int mep_bs_fail_alloc_after = -1;
 
-mep_bs_blob_t *mep_bs_blob_new(const mep_bootstrap_t *bs, const mep_bs_hdr_t *hdr,
-                               const void *payload) {
+mep_bs_blob_t *mep_bs_blob_new(const mep_bs_hdr_t *hdr, const void *payload) {
   if (mep_bs_fail_alloc_after == 0) return NULL;
   if (mep_bs_fail_alloc_after > 0) mep_bs_fail_alloc_after--;
-  const size_t len = sizeof(*hdr) + (size_t)hdr->payload_len;
+  const size_t len = (size_t)hdr->payload_len;
   mep_bs_blob_t *b = (mep_bs_blob_t *)malloc(sizeof(*b) + len);
   if (b == NULL) return NULL;
   b->refs = 1;
-  b->len = len;
-  memcpy(b + 1, hdr, sizeof(*hdr));
-  if (hdr->payload_len != 0) memcpy((char *)(b + 1) + sizeof(*hdr), payload, hdr->payload_len);
-  mep_bs_seal(bs, b + 1);
+  b->hdr = *hdr;
+  if (len != 0) memcpy(b + 1, payload, len);
+  mep_bs_digest(b + 1, len, b->digest);
   return b;
 }
 
@@ -378,16 +419,15 @@ void mep_bs_send_release(mep_bs_send_t *s) {
   free(s);
 }
 
-/* Starts one eager active message: header and payload lie one after the
- * other at `bytes`, `len` bytes in all. Eager only: the receive side then
+/* Starts one eager active message. Eager only: the receive side then
  * always gets whole, inline data. The reply flag lets the receiver tie
  * the message to the endpoint it arrived on (msg_sender). */
-static ucs_status_ptr_t msg_am_send(mep_bs_peer_t *peer, const char *bytes, size_t len,
-                                    ucp_request_param_t *p) {
+static ucs_status_ptr_t msg_am_send(mep_bs_peer_t *peer, const mep_bs_hdr_t *hdr,
+                                    const void *payload, ucp_request_param_t *p) {
   p->op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
   p->flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
-  return ucp_am_send_nbx(peer->ep, MEP_BS_AM_ID, bytes, sizeof(mep_bs_hdr_t),
-                         bytes + sizeof(mep_bs_hdr_t), len - sizeof(mep_bs_hdr_t), p);
+  return ucp_am_send_nbx(peer->ep, MEP_BS_AM_ID, hdr, sizeof(*hdr), payload,
+                         (size_t)hdr->payload_len, p);
 }
 
 mep_bs_send_t *mep_bs_send_new(mep_bs_blob_t *blob) {
@@ -395,9 +435,11 @@ mep_bs_send_t *mep_bs_send_new(mep_bs_blob_t *blob) {
   if (s == NULL) return NULL;
   blob->refs++;
   s->blob = blob;
+  s->hdr = blob->hdr;
   return s;
 }
 
+/* Starts s as sealed (s->hdr) to peer. */
 static ucs_status_t send_start(mep_bs_peer_t *peer, mep_bs_send_t *s, mep_bs_send_t **out) {
   if (out != NULL) *out = NULL;
   ucs_status_ptr_t r = UCS_STATUS_PTR(UCS_ERR_NOT_CONNECTED);
@@ -408,7 +450,7 @@ static ucs_status_t send_start(mep_bs_peer_t *peer, mep_bs_send_t *s, mep_bs_sen
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.send = send_done;
     p.user_data = s;
-    r = msg_am_send(peer, (const char *)(s->blob + 1), s->blob->len, &p);
+    r = msg_am_send(peer, &s->hdr, s->blob + 1, &p);
   }
   if (UCS_PTR_IS_PTR(r)) {
     if (out != NULL) *out = s;
@@ -426,26 +468,32 @@ static ucs_status_t send_start(mep_bs_peer_t *peer, mep_bs_send_t *s, mep_bs_sen
 }
 
 int mep_bs_send_unsealed_first = 0;
+int mep_bs_send_replayed_first = 0;
 
-/* bootstrap_fault.h: a copy of blob whose MAC is wrong, sent and forgotten. */
-static void send_unsealed_copy(const mep_bootstrap_t *bs, mep_bs_peer_t *peer,
-                               const mep_bs_blob_t *blob) {
-  const mep_bs_hdr_t *hdr = (const mep_bs_hdr_t *)(blob + 1);
-  mep_bs_blob_t *c = mep_bs_blob_new(bs, hdr, hdr + 1);
-  if (c == NULL) return;
-  ((unsigned char *)(c + 1))[offsetof(mep_bs_hdr_t, mac)] ^= 1u;
-  mep_bs_send_t *s = mep_bs_send_new(c);
-  mep_bs_blob_drop(c);
-  if (s != NULL) (void)send_start(peer, s, NULL);
+/* bootstrap_fault.h: a copy of s (NULL when none is due or there is no
+ * memory), with one bit of its MAC flipped when `spoil`. */
+static mep_bs_send_t *fault_copy(const mep_bs_send_t *s, int *due, int spoil) {
+  if (*due <= 0) return NULL;
+  (*due)--;
+  mep_bs_send_t *c = mep_bs_send_new(s->blob);
+  if (c == NULL) return NULL;
+  c->hdr = s->hdr;
+  c->hdr.mac[0] ^= (uint8_t)(spoil != 0);
+  return c;
 }
 
-ucs_status_t mep_bs_send_start(mep_bootstrap_t *bs, mep_bs_peer_t *peer, mep_bs_send_t *s,
-                               mep_bs_send_t **out) {
-  if (mep_bs_send_unsealed_first > 0 && peer != NULL && peer->ep != NULL) {
-    mep_bs_send_unsealed_first--;
-    send_unsealed_copy(bs, peer, s->blob);
+ucs_status_t mep_bs_send_start(mep_bs_peer_t *peer, mep_bs_send_t *s, mep_bs_send_t **out) {
+  mep_bs_send_t *spoiled = NULL, *replayed = NULL;
+  if (peer != NULL && peer->ep != NULL) {
+    mep_bs_seal(peer, &s->hdr, s->blob->digest);
+    /* Made now: s may be done, and freed, as soon as it starts. */
+    spoiled = fault_copy(s, &mep_bs_send_unsealed_first, 1);
+    replayed = fault_copy(s, &mep_bs_send_replayed_first, 0);
   }
-  return send_start(peer, s, out);
+  if (spoiled != NULL) (void)send_start(peer, spoiled, NULL);
+  const ucs_status_t st = send_start(peer, s, out);
+  if (replayed != NULL) (void)send_start(peer, replayed, NULL);
+  return st;
 }
 
 ucs_status_t mep_bs_send(mep_bootstrap_t *bs, mep_bs_peer_t *peer,
@@ -453,11 +501,11 @@ ucs_status_t mep_bs_send(mep_bootstrap_t *bs, mep_bs_peer_t *peer,
                          mep_bs_send_t **out) {
   if (out != NULL) *out = NULL;
   if (peer == NULL || peer->ep == NULL) return UCS_ERR_NOT_CONNECTED;
-  mep_bs_blob_t *blob = mep_bs_blob_new(bs, hdr, payload);
+  mep_bs_blob_t *blob = mep_bs_blob_new(hdr, payload);
   mep_bs_send_t *s = blob != NULL ? mep_bs_send_new(blob) : NULL;
   mep_bs_blob_drop(blob);
   if (s == NULL) return UCS_ERR_NO_MEMORY;
-  return mep_bs_send_start(bs, peer, s, out);
+  return mep_bs_send_start(peer, s, out);
 }
 
 int mep_bs_send_each(mep_bootstrap_t *bs, mep_bs_blob_t *const *blobs, mep_bs_send_t **sends) {
@@ -471,17 +519,17 @@ int mep_bs_send_each(mep_bootstrap_t *bs, mep_bs_blob_t *const *blobs, mep_bs_se
       mep_bs_send_release(sends[r]);
       sends[r] = NULL;
     } else {
-      (void)mep_bs_send_start(bs, bs->by_rank[r], sends[r], &sends[r]);
+      (void)mep_bs_send_start(bs->by_rank[r], sends[r], &sends[r]);
     }
   }
   return short_of;
 }
 
-void *mep_bs_send_fixed(mep_bs_peer_t *peer, const void *bytes, size_t len) {
+void *mep_bs_send_fixed(mep_bs_peer_t *peer, const mep_bs_hdr_t *hdr, const void *payload) {
   if (peer == NULL || peer->ep == NULL) return NULL;
   ucp_request_param_t p;
   memset(&p, 0, sizeof(p));
-  ucs_status_ptr_t r = msg_am_send(peer, (const char *)bytes, len, &p);
+  ucs_status_ptr_t r = msg_am_send(peer, hdr, payload, &p);
   return UCS_PTR_IS_PTR(r) ? r : NULL;
 }
 

@@ -3,6 +3,7 @@
  * connecting to an admitted rank's worker, taking its HELLO, and telling
  * everyone the group formed (or why it did not). */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,6 +98,8 @@ int mep_bs_root_admit(mep_bootstrap_t *bs, const mep_bs_knock_hdr_t *h,
     snprintf(why, why_len, "rank 0 is out of memory");
     return MEP_BS_KNOCK_REFUSE;
   }
+  /* Before the ep exists: its first message is checked under them. */
+  mep_bs_peer_keys(bs, peer, h->rank, addr, addr_len);
   ucs_status_t st = mep_bs_peer_connect(bs, peer, addr);
   if (st != UCS_OK) {
     /* Not kept: nothing refers to a peer without an ep. */
@@ -204,21 +207,21 @@ void mep_bs_root_abort(mep_bootstrap_t *bs, moe_ep_status_t status,
    * overwrite the first while UCX may still read it. */
   if (bs->abort_sent) return;
   bs->abort_sent = 1;
-  _Static_assert(offsetof(__typeof__(bs->abort_out), reason) == sizeof(mep_bs_hdr_t),
-                 "the ABORT's reason follows its header");
-  mep_bs_hdr_t *h = &bs->abort_out.hdr;
-  mep_bs_hdr_init(bs, h, MEP_BS_MSG_ABORT);
-  h->status = (int32_t)status;
-  h->failed_rank = failed_rank;
-  h->payload_len = strnlen(msg, MEP_BS_REASON_MAX - 1);
-  memcpy(bs->abort_out.reason, msg, h->payload_len);
-  mep_bs_seal(bs, &bs->abort_out);
+  mep_bs_hdr_t h;
+  mep_bs_hdr_init(bs, &h, MEP_BS_MSG_ABORT);
+  h.status = (int32_t)status;
+  h.failed_rank = failed_rank;
+  h.payload_len = strnlen(msg, MEP_BS_REASON_MAX - 1);
+  memcpy(bs->abort_reason, msg, h.payload_len);
+  mep_bs_digest(bs->abort_reason, h.payload_len, bs->abort_digest);
   void *reqs[MEP_BS_MAX_RANKS];
   int n = 0;
   for (int r = 1; r < bs->world_size; r++) {
     mep_bs_peer_t *p = bs->by_rank[r];
     if (p == NULL || p->failed || p->ep == NULL) continue;
-    void *req = mep_bs_send_fixed(p, &bs->abort_out, sizeof(*h) + h->payload_len);
+    p->abort_hdr = h;
+    mep_bs_seal(p, &p->abort_hdr, bs->abort_digest);
+    void *req = mep_bs_send_fixed(p, &p->abort_hdr, bs->abort_reason);
     if (req != NULL) reqs[n++] = req;
   }
   /* Best effort and short: the survivors' own deadlines back this up. */
@@ -238,7 +241,7 @@ static moe_ep_status_t root_announce(mep_bootstrap_t *bs, int64_t deadline_ms) {
   mep_bs_blob_t *blobs[MEP_BS_MAX_RANKS];
   mep_bs_hdr_t h;
   mep_bs_hdr_init(bs, &h, MEP_BS_MSG_FORMED);
-  mep_bs_blob_t *formed = mep_bs_blob_new(bs, &h, NULL);
+  mep_bs_blob_t *formed = mep_bs_blob_new(&h, NULL);
   for (int r = 1; r < bs->world_size; r++) blobs[r] = formed;
   const int short_of = mep_bs_send_each(bs, blobs, sends);
   mep_bs_blob_drop(formed);
@@ -294,6 +297,11 @@ static int root_joined(const mep_bootstrap_t *bs) {
 }
 
 moe_ep_status_t mep_bs_root_form(mep_bootstrap_t *bs, int64_t deadline_ms) {
+  if (mep_bs_nonce(bs->group_nonce) != 0) {
+    return mep_error(MOE_EP_ERR_BOOTSTRAP,
+                     "rank 0: getrandom gave no bytes for the group's nonce: %s",
+                     strerror(errno));
+  }
   MEP_CHECK(mep_bs_gate_open(bs));
   int idle = 0;
   int joined = 0;

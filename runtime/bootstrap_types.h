@@ -20,8 +20,10 @@
 /* The protocol version, the bootstrap's and the host data path's (its
  * region layout): ranks of different versions are refused at the gate.
  * 6: a refusal of a proven knock carries a proof; 7: every UCX message
- * carries a MAC (mep_bs_seal). */
-#define MEP_BS_VERSION 7u
+ * carries a MAC (mep_bs_seal); 8: the MAC's keys are the connection's own
+ * and every message carries its number on the connection (replays are
+ * dropped), and rank 0's admission carries the group's nonce. */
+#define MEP_BS_VERSION 8u
 /* Bounds the wire fields the handshake carries. */
 #define MEP_BS_TOKEN_MAX 256
 #define MEP_BS_REASON_MAX 512
@@ -60,7 +62,8 @@
  * of its own, its UCX worker address, and a proof, the HMAC-SHA-256 under
  * the job token of the challenge and all of that. Rank 0's verdict is its
  * own worker address with a proof over both nonces (so the joiner knows it
- * reached the real rank 0), or the reason for a refusal, proven the same
+ * reached the real rank 0) and the group's nonce (the connection's message
+ * keys come from it: mep_bs_peer_keys), or the reason for a refusal, proven the same
  * way when the knock's proof checked out (the joiner gives up only on a
  * proven refusal; an unproven one, which anyone on the port could send, is
  * retried until the joiner's deadline). Only then do the
@@ -88,7 +91,7 @@
 typedef enum mep_bs_knock_type {
   MEP_BS_CHALLENGE = 1,    /* 0 -> joiner: nonce */
   MEP_BS_KNOCK = 2,        /* joiner -> 0: proof; nonce + worker address */
-  MEP_BS_KNOCK_OK = 3,     /* 0 -> joiner: proof; rank 0's worker address */
+  MEP_BS_KNOCK_OK = 3,     /* 0 -> joiner: proof; group nonce + rank 0's worker address */
   MEP_BS_KNOCK_REFUSE = 4, /* 0 -> joiner: proof if the knock's held; reason */
   MEP_BS_KNOCK_BUSY = 5    /* 0 -> joiner: the reason; knock again */
 } mep_bs_knock_type_t;
@@ -150,11 +153,16 @@ typedef struct mep_bs_hdr {
   uint64_t bytes;      /* the op's per-rank byte count */
   int32_t status;      /* ABORT: moe_ep_status_t */
   int32_t failed_rank; /* ABORT: the rank that failed, or -1 */
+  /* This message's number among those its sender sent on this connection
+   * (1, 2, ...): a number the receiver has taken already marks a replay
+   * (mep_bs_fresh). */
+  uint64_t ctr;
   uint64_t payload_len;
-  /* HMAC-SHA-256 under the job token's message key of the header (this
-   * field zeroed) and the payload (mep_bs_seal): UCX ties a message to an
-   * endpoint by an id the packet carries, so the key, not the endpoint,
-   * is what says a message came from one of the group's ranks. */
+  /* HMAC-SHA-256 under the connection's key for this direction of the
+   * header (this field zeroed) and the payload's SHA-256 (mep_bs_seal):
+   * UCX ties a message to an endpoint by an id the packet carries, so the
+   * key, not the endpoint, is what says a message came from the rank at
+   * the other end of this connection, in this group. */
   uint8_t mac[MEP_SHA256_BYTES];
 } mep_bs_hdr_t;
 
@@ -189,6 +197,18 @@ typedef struct mep_bs_peer {
   void *addr;
   size_t addr_len;
   int64_t reserved_ms;
+  /* The connection's message keys (mep_bs_peer_keys), set before its ep
+   * exists: what arrives is checked under key_in, what leaves sealed
+   * under key_out. */
+  uint8_t key_in[MEP_SHA256_BYTES];
+  uint8_t key_out[MEP_SHA256_BYTES];
+  uint64_t sent;      /* the last ctr sealed for this connection */
+  uint64_t recv_top;  /* the highest ctr taken from it */
+  uint64_t recv_seen; /* bit i: ctr recv_top - i taken (i < 64) */
+  /* Rank 0's ABORT header to this rank, sealed for it: here so that
+   * telling the peers the group is dead needs no allocation, and UCX may
+   * read it until the worker is destroyed (peers are freed after). */
+  mep_bs_hdr_t abort_hdr;
 } mep_bs_peer_t;
 
 /* A received message; payload owned by the node. Its sender is the
@@ -201,20 +221,23 @@ typedef struct mep_bs_msg {
   size_t len;
 } mep_bs_msg_t;
 
-/* A send in flight. The message buffer is a private copy, freed by whoever
- * sees the completion last, so a send abandoned at a deadline never reads
- * freed caller memory. */
-/* A message's bytes (header, then payload), shared by the sends of one
- * result to every rank: rank 0 keeps one copy of a world-sized result, not
- * one per rank. Only the bootstrap's own thread touches the count. */
+/* A message's header (its ctr and MAC unset) and payload, shared by the
+ * sends of one result to every rank: rank 0 keeps one copy of a
+ * world-sized result, not one per rank, and hashes it once. Only the
+ * bootstrap's own thread touches the count. */
 typedef struct mep_bs_blob {
   int refs;
-  size_t len;
-  /* len bytes follow */
+  mep_bs_hdr_t hdr;
+  uint8_t digest[MEP_SHA256_BYTES]; /* SHA-256 of the payload */
+  /* hdr.payload_len bytes follow */
 } mep_bs_blob_t;
 
+/* A send in flight: its own header, sealed for its connection, and a
+ * reference to the payload, freed by whoever sees the completion last, so
+ * a send abandoned at a deadline never reads freed caller memory. */
 typedef struct mep_bs_send {
   mep_bs_blob_t *blob;
+  mep_bs_hdr_t hdr;
   int done;
   int orphaned;
   ucs_status_t status;
@@ -226,7 +249,10 @@ struct mep_bootstrap {
   int timeout_ms;
   char address[MOE_EP_ADDRESS_MAX];
   char token[MEP_BS_TOKEN_MAX];
-  uint8_t msg_key[MEP_SHA256_BYTES]; /* mep_bs_msg_key_init */
+  /* Rank 0's, fresh for each group, and sent in its proven admissions: in
+   * every connection's keys, so that no message of another group (another
+   * job run with the same token) is taken here. */
+  uint8_t group_nonce[MEP_BS_NONCE_BYTES];
   struct sockaddr_storage saddr;
   socklen_t saddr_len;
 
@@ -258,14 +284,12 @@ struct mep_bootstrap {
   /* Sticky failure: once set, every later collective returns it. */
   moe_ep_status_t fail_status;
   char fail_msg[MEP_ERROR_MAX];
-  /* Rank 0's ABORT, header and reason, kept in this struct so that
-   * telling the peers the group is dead needs no allocation (rank 0 may be
-   * failing for want of memory); sent at most once, and UCX may read it
-   * until the worker is destroyed. */
-  struct {
-    mep_bs_hdr_t hdr;
-    char reason[MEP_BS_REASON_MAX];
-  } abort_out;
+  /* Rank 0's ABORT reason (each peer has its header), kept in this struct
+   * so that telling the peers the group is dead needs no allocation (rank
+   * 0 may be failing for want of memory); sent at most once, and UCX may
+   * read it until the worker is destroyed. */
+  char abort_reason[MEP_BS_REASON_MAX];
+  uint8_t abort_digest[MEP_SHA256_BYTES];
   int abort_sent;
   /* ABORT received from rank 0 (non-root ranks). */
   int abort_seen;
@@ -316,7 +340,8 @@ enum { MEP_BS_KNOCK_RETRY = 0, MEP_BS_KNOCK_ADMITTED = 1,
 /* A joiner's knock: connects to the gate, takes its challenge, presents
  * rank, world size and this worker's address with the proof, and reads
  * the verdict. ADMITTED fills addr/addr_len (rank 0's worker address,
- * proven; addr holds MEP_BS_ADDR_MAX); the others fill `why`. */
+ * proven; addr holds MEP_BS_ADDR_MAX) and bs->group_nonce; the others
+ * fill `why`. */
 int mep_bs_knock(mep_bootstrap_t *bs, int64_t deadline_ms, void *addr,
                  size_t *addr_len, char *why, size_t why_len);
 
@@ -337,18 +362,17 @@ ucs_status_t mep_bs_send(mep_bootstrap_t *bs, mep_bs_peer_t *peer,
  * caller's), or NULL when out of memory (or mep_bs_fail_alloc_after,
  * bootstrap_fault.h, says so); each send record takes one more reference,
  * and mep_bs_blob_drop (accepts NULL) gives one back. */
-mep_bs_blob_t *mep_bs_blob_new(const mep_bootstrap_t *bs, const mep_bs_hdr_t *hdr,
-                               const void *payload);
+mep_bs_blob_t *mep_bs_blob_new(const mep_bs_hdr_t *hdr, const void *payload);
 void mep_bs_blob_drop(mep_bs_blob_t *b);
 /* A send in two halves, so that a sender can make every record of a step
  * before it starts any: mep_bs_send_new takes one more reference to blob
- * (NULL when out of memory); mep_bs_send_start starts it to peer and
+ * (NULL when out of memory); mep_bs_send_start seals it for peer (the
+ * connection's next number), starts it and
  * takes the record over (*out as for mep_bs_send, never NULL: a send that
  * failed at once is done, with its status). A record never started goes
  * back with mep_bs_send_release (accepts NULL). */
 mep_bs_send_t *mep_bs_send_new(mep_bs_blob_t *blob);
-ucs_status_t mep_bs_send_start(mep_bootstrap_t *bs, mep_bs_peer_t *peer, mep_bs_send_t *s,
-                               mep_bs_send_t **out);
+ucs_status_t mep_bs_send_start(mep_bs_peer_t *peer, mep_bs_send_t *s, mep_bs_send_t **out);
 void mep_bs_send_release(mep_bs_send_t *s);
 /* Rank 0: sends blobs[r] to each rank r in 1..world_size-1, every record
  * made before any send starts, so that a rank 0 out of memory sends no
@@ -356,25 +380,37 @@ void mep_bs_send_release(mep_bs_send_t *s);
  * started nothing (sends[r] all NULL), the first rank whose record could
  * not be made or whose blobs[r] is NULL. */
 int mep_bs_send_each(mep_bootstrap_t *bs, mep_bs_blob_t *const *blobs, mep_bs_send_t **sends);
-/* Starts a send of `len` bytes (header, then payload) that allocates
- * nothing of this library's: the bytes are the caller's and must stay
- * valid until the worker is destroyed. Returns UCX's request while the
- * send is in flight (poll with ucp_request_check_status, give back with
- * ucp_request_free), or NULL when it finished at once or could not
- * start. */
-void *mep_bs_send_fixed(mep_bs_peer_t *peer, const void *bytes, size_t len);
+/* Starts a send of a sealed header and its payload that allocates nothing
+ * of this library's: both are the caller's and must stay valid until the
+ * worker is destroyed. Returns UCX's request while the send is in flight
+ * (poll with ucp_request_check_status, give back with ucp_request_free),
+ * or NULL when it finished at once or could not start. */
+void *mep_bs_send_fixed(mep_bs_peer_t *peer, const mep_bs_hdr_t *hdr, const void *payload);
 /* Waits until done or deadline (UCS_ERR_TIMED_OUT); releases the send. */
 ucs_status_t mep_bs_send_wait(mep_bootstrap_t *bs, mep_bs_send_t *s,
                               int64_t deadline_ms);
-/* The key of the bootstrap's UCX messages, from the job token (the gate
- * admits only its holders), under a label of its own. */
-void mep_bs_msg_key_init(mep_bootstrap_t *bs);
-/* Fills the MAC of the message at `msg`: a header, then its payload_len
- * payload bytes. */
-void mep_bs_seal(const mep_bootstrap_t *bs, void *msg);
-/* 1 when hdr->mac is the MAC of hdr and the `len` payload bytes. */
-int mep_bs_sealed(const mep_bootstrap_t *bs, const mep_bs_hdr_t *hdr, const void *payload,
+/* The keys of the connection between rank 0 and `rank`, whose worker
+ * address joined it (peer->key_in and key_out, as seen from this side):
+ * HMAC-SHA-256 under the job token (the gate admits only its holders) of
+ * a label naming the direction, the group's nonce, the rank and the
+ * address. Another connection, another group or the other direction has
+ * other keys, so none of their messages passes for one of this one's. */
+void mep_bs_peer_keys(const mep_bootstrap_t *bs, mep_bs_peer_t *peer, int rank,
+                      const void *joiner_addr, size_t addr_len);
+void mep_bs_digest(const void *payload, size_t len, uint8_t out[MEP_SHA256_BYTES]);
+/* Numbers hdr as the connection's next message (hdr->ctr) and fills its
+ * MAC under key_out, over the header and the payload's SHA-256. */
+void mep_bs_seal(mep_bs_peer_t *peer, mep_bs_hdr_t *hdr,
+                 const uint8_t digest[MEP_SHA256_BYTES]);
+/* 1 when hdr->mac is the MAC under key_in of hdr and the `len` payload
+ * bytes. */
+int mep_bs_sealed(const mep_bs_peer_t *peer, const mep_bs_hdr_t *hdr, const void *payload,
                   size_t len);
+/* For a sealed message: 1 when its ctr is new on this connection (then
+ * recorded), 0 for a replay, a zero ctr, or one 64 or more below the
+ * highest taken (too old to tell). The ranks' messages may arrive out of
+ * order on UCX's lanes, so any new number within the window is taken. */
+int mep_bs_fresh(mep_bs_peer_t *peer, uint64_t ctr);
 void mep_bs_hdr_init(const mep_bootstrap_t *bs, mep_bs_hdr_t *hdr, int type);
 /* Unlinks the first message of `type` that arrived on `from` (NULL =
  * any connection). */

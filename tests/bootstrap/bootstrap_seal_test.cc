@@ -1,9 +1,14 @@
-// bootstrap_seal_test.cc: the MAC every bootstrap UCX message carries
-// (mep_bs_seal / mep_bs_sealed), against its definition computed here from
-// the HMAC primitive: key = HMAC-SHA-256(job token, "moe-ep message key"
-// with its NUL), MAC = HMAC-SHA-256(key, "moe-ep message" with its NUL,
-// the header with its MAC field zeroed, the payload). Any changed byte of
-// header or payload, or another token, is refused.
+// bootstrap_seal_test.cc: the MAC and number every bootstrap UCX message
+// carries (mep_bs_peer_keys, mep_bs_seal, mep_bs_sealed, mep_bs_fresh),
+// against their definitions computed here from the hash primitives:
+//   key(direction) = HMAC-SHA-256(job token, label with its NUL, the
+//       group's nonce, the joiner's rank as int32, the joiner's worker
+//       address), the label "moe-ep message key, rank to rank 0" or
+//       "moe-ep message key, rank 0 to rank";
+//   MAC = HMAC-SHA-256(key, "moe-ep message" with its NUL, the header
+//       with its MAC field zeroed, SHA-256 of the payload).
+// Any changed byte of header or payload, another token, group, rank,
+// address or direction is refused; a number already taken is refused.
 #include <stddef.h>
 #include <string.h>
 
@@ -21,81 +26,189 @@ extern "C" {
 
 namespace {
 
-std::unique_ptr<mep_bootstrap_t> WithToken(const char *token) {
-  std::unique_ptr<mep_bootstrap_t> bs(new mep_bootstrap_t());
-  snprintf(bs->token, sizeof(bs->token), "%s", token);
-  mep_bs_msg_key_init(bs.get());
-  return bs;
+using Bytes = std::vector<unsigned char>;
+
+const Bytes kAddr = {'w', 'o', 'r', 'k', 'e', 'r', ' ', '1', 0, 7};
+
+struct Side {
+  std::unique_ptr<mep_bootstrap_t> bs{new mep_bootstrap_t()};
+  mep_bs_peer_t peer{};
+};
+
+// One end of the connection between rank 0 and rank `joiner`: rank 0's
+// when `root`, else the joiner's.
+std::unique_ptr<Side> End(bool root, const char *token, unsigned char group, int joiner = 1,
+                          const Bytes &addr = kAddr) {
+  std::unique_ptr<Side> s(new Side());
+  snprintf(s->bs->token, sizeof(s->bs->token), "%s", token);
+  memset(s->bs->group_nonce, group, sizeof(s->bs->group_nonce));
+  s->bs->rank = root ? 0 : joiner;
+  s->bs->world_size = 4;
+  mep_bs_peer_keys(s->bs.get(), &s->peer, joiner, addr.data(), addr.size());
+  return s;
 }
 
-// A CONTRIB of rank 1 with `n` payload bytes, laid out as the wire has it.
-std::vector<unsigned char> Message(const mep_bootstrap_t *bs, size_t n) {
+// A CONTRIB with `n` payload bytes: header, then payload, as the wire has it.
+Bytes Message(const mep_bootstrap_t *bs, size_t n) {
   mep_bs_hdr_t h;
   mep_bs_hdr_init(bs, &h, MEP_BS_MSG_CONTRIB);
-  h.src = 1;
   h.seq = 3;
   h.op = MEP_BS_OP_ALLGATHER;
   h.bytes = n;
   h.payload_len = n;
-  std::vector<unsigned char> m(sizeof(h) + n);
+  Bytes m(sizeof(h) + n);
   memcpy(m.data(), &h, sizeof(h));
   for (size_t i = 0; i < n; i++) m[sizeof(h) + i] = (unsigned char)(i * 7 + 1);
   return m;
 }
 
-std::vector<unsigned char> Expected(const char *token, const std::vector<unsigned char> &m) {
-  static const char kKeyLabel[] = "moe-ep message key", kLabel[] = "moe-ep message";
-  unsigned char key[MEP_SHA256_BYTES], mac[MEP_SHA256_BYTES];
-  const void *kp[1] = {kKeyLabel};
-  const size_t kl[1] = {sizeof(kKeyLabel)};
-  mep_hmac_sha256(token, strlen(token), 1, kp, kl, key);
-  std::vector<unsigned char> hdr(m.begin(), m.begin() + sizeof(mep_bs_hdr_t));
-  memset(hdr.data() + offsetof(mep_bs_hdr_t, mac), 0, MEP_SHA256_BYTES);
-  const void *parts[3] = {kLabel, hdr.data(), m.data() + sizeof(mep_bs_hdr_t)};
-  const size_t lens[3] = {sizeof(kLabel), hdr.size(), m.size() - sizeof(mep_bs_hdr_t)};
-  mep_hmac_sha256(key, sizeof(key), m.size() > hdr.size() ? 3 : 2, parts, lens, mac);
-  return std::vector<unsigned char>(mac, mac + sizeof(mac));
+void Seal(Side *from, Bytes *m) {
+  mep_bs_hdr_t h;
+  memcpy(&h, m->data(), sizeof(h));
+  uint8_t digest[MEP_SHA256_BYTES];
+  mep_bs_digest(m->data() + sizeof(h), m->size() - sizeof(h), digest);
+  mep_bs_seal(&from->peer, &h, digest);
+  memcpy(m->data(), &h, sizeof(h));
 }
 
-bool Sealed(const mep_bootstrap_t *bs, const std::vector<unsigned char> &m) {
+bool Sealed(const Side &to, const Bytes &m) {
   mep_bs_hdr_t h;
   memcpy(&h, m.data(), sizeof(h));
-  return mep_bs_sealed(bs, &h, m.data() + sizeof(h), m.size() - sizeof(h)) != 0;
+  return mep_bs_sealed(&to.peer, &h, m.data() + sizeof(h), m.size() - sizeof(h)) != 0;
 }
 
-TEST(BootstrapSeal, MacIsTheDefinitionsAndChecks) {
+Bytes Key(const char *token, const char *label, unsigned char group, int32_t rank,
+          const Bytes &addr) {
+  Bytes nonce(MEP_BS_NONCE_BYTES, group), key(MEP_SHA256_BYTES);
+  const void *parts[4] = {label, nonce.data(), &rank, addr.data()};
+  const size_t lens[4] = {strlen(label) + 1, nonce.size(), sizeof(rank), addr.size()};
+  mep_hmac_sha256(token, strlen(token), 4, parts, lens, key.data());
+  return key;
+}
+
+Bytes Expected(const Bytes &key, const Bytes &m) {
+  static const char kLabel[] = "moe-ep message";
+  Bytes hdr(m.begin(), m.begin() + sizeof(mep_bs_hdr_t)), digest(MEP_SHA256_BYTES),
+      mac(MEP_SHA256_BYTES);
+  memset(hdr.data() + offsetof(mep_bs_hdr_t, mac), 0, MEP_SHA256_BYTES);
+  mep_sha256_t sha;
+  mep_sha256_init(&sha);
+  mep_sha256_update(&sha, m.data() + hdr.size(), m.size() - hdr.size());
+  mep_sha256_final(&sha, digest.data());
+  const void *parts[3] = {kLabel, hdr.data(), digest.data()};
+  const size_t lens[3] = {sizeof(kLabel), hdr.size(), digest.size()};
+  mep_hmac_sha256(key.data(), key.size(), 3, parts, lens, mac.data());
+  return mac;
+}
+
+Bytes MacOf(const Bytes &m) {
+  return Bytes(m.begin() + offsetof(mep_bs_hdr_t, mac),
+               m.begin() + offsetof(mep_bs_hdr_t, mac) + MEP_SHA256_BYTES);
+}
+
+uint64_t CtrOf(const Bytes &m) {
+  mep_bs_hdr_t h;
+  memcpy(&h, m.data(), sizeof(h));
+  return h.ctr;
+}
+
+TEST(BootstrapSeal, MacIsTheDefinitionsBothWays) {
+  const Bytes up = Key("job-token-1", "moe-ep message key, rank to rank 0", 0x11, 1, kAddr);
+  const Bytes down = Key("job-token-1", "moe-ep message key, rank 0 to rank", 0x11, 1, kAddr);
   for (size_t n : {size_t{0}, size_t{1}, size_t{200}}) {
-    auto bs = WithToken("job-token-1");
-    std::vector<unsigned char> m = Message(bs.get(), n);
-    mep_bs_seal(bs.get(), m.data());
-    std::vector<unsigned char> got(m.begin() + offsetof(mep_bs_hdr_t, mac),
-                                   m.begin() + offsetof(mep_bs_hdr_t, mac) + MEP_SHA256_BYTES);
-    EXPECT_EQ(got, Expected("job-token-1", m)) << "payload " << n << " bytes";
-    EXPECT_TRUE(Sealed(bs.get(), m)) << "payload " << n << " bytes";
+    auto root = End(true, "job-token-1", 0x11), joiner = End(false, "job-token-1", 0x11);
+    Bytes m = Message(joiner->bs.get(), n);
+    Seal(joiner.get(), &m);
+    EXPECT_EQ(CtrOf(m), 1u) << "the connection's first message is number 1";
+    EXPECT_EQ(MacOf(m), Expected(up, m)) << "rank 1 to rank 0, payload " << n << " bytes";
+    EXPECT_TRUE(Sealed(*root, m)) << "payload " << n << " bytes";
+    Bytes r = Message(root->bs.get(), n);
+    Seal(root.get(), &r);
+    EXPECT_EQ(MacOf(r), Expected(down, r)) << "rank 0 to rank 1, payload " << n << " bytes";
+    EXPECT_TRUE(Sealed(*joiner, r)) << "payload " << n << " bytes";
+  }
+}
+
+TEST(BootstrapSeal, MessagesAreNumberedInOrder) {
+  auto joiner = End(false, "job-token-1", 0x11);
+  for (uint64_t want = 1; want <= 5; want++) {
+    Bytes m = Message(joiner->bs.get(), 8);
+    Seal(joiner.get(), &m);
+    EXPECT_EQ(CtrOf(m), want);
   }
 }
 
 TEST(BootstrapSeal, EveryChangedByteIsRefused) {
-  auto bs = WithToken("job-token-1");
-  std::vector<unsigned char> m = Message(bs.get(), 64);
-  mep_bs_seal(bs.get(), m.data());
+  auto root = End(true, "job-token-1", 0x11), joiner = End(false, "job-token-1", 0x11);
+  Bytes m = Message(joiner->bs.get(), 64);
+  Seal(joiner.get(), &m);
   for (size_t i = 0; i < m.size(); i++) {
-    std::vector<unsigned char> bad = m;
+    Bytes bad = m;
     bad[i] ^= 0x01;
     if (i >= offsetof(mep_bs_hdr_t, payload_len) &&
         i < offsetof(mep_bs_hdr_t, payload_len) + sizeof(uint64_t)) {
       continue;  // the length is checked against what arrived before the MAC
     }
-    EXPECT_FALSE(Sealed(bs.get(), bad)) << "byte " << i << " of " << m.size() << " changed";
+    EXPECT_FALSE(Sealed(*root, bad)) << "byte " << i << " of " << m.size() << " changed";
   }
 }
 
-TEST(BootstrapSeal, AnotherTokensKeyIsRefused) {
-  auto mine = WithToken("job-token-1"), theirs = WithToken("job-token-2");
-  std::vector<unsigned char> m = Message(theirs.get(), 16);
-  mep_bs_seal(theirs.get(), m.data());
-  EXPECT_TRUE(Sealed(theirs.get(), m));
-  EXPECT_FALSE(Sealed(mine.get(), m)) << "a message sealed under another job token was taken";
+TEST(BootstrapSeal, AnotherConnectionsKeysAreRefused) {
+  auto joiner = End(false, "job-token-1", 0x11);
+  Bytes m = Message(joiner->bs.get(), 16);
+  Seal(joiner.get(), &m);
+  const Bytes other_addr = {'w', 'o', 'r', 'k', 'e', 'r', ' ', '2', 0, 7};
+  struct Case {
+    const char *what;
+    std::unique_ptr<Side> root;
+  } cases[] = {
+      {"the same connection", End(true, "job-token-1", 0x11)},
+      {"another job token", End(true, "job-token-2", 0x11)},
+      {"another group (rank 0's nonce)", End(true, "job-token-1", 0x12)},
+      {"another rank's connection", End(true, "job-token-1", 0x11, 2)},
+      {"another process as rank 1", End(true, "job-token-1", 0x11, 1, other_addr)},
+  };
+  EXPECT_TRUE(Sealed(*cases[0].root, m)) << cases[0].what;
+  for (size_t i = 1; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    EXPECT_FALSE(Sealed(*cases[i].root, m)) << "a message of rank 1's connection was taken under "
+                                            << cases[i].what << "'s key";
+  }
+}
+
+TEST(BootstrapSeal, AMessageSentBackTheWayItCameIsRefused) {
+  auto root = End(true, "job-token-1", 0x11), joiner = End(false, "job-token-1", 0x11);
+  Bytes down = Message(root->bs.get(), 16);
+  Seal(root.get(), &down);
+  EXPECT_FALSE(Sealed(*root, down)) << "rank 0 took back its own message as rank 1's";
+  Bytes up = Message(joiner->bs.get(), 16);
+  Seal(joiner.get(), &up);
+  EXPECT_FALSE(Sealed(*joiner, up)) << "rank 1 took back its own message as rank 0's";
+}
+
+TEST(BootstrapSeal, EachNumberIsTakenOnce) {
+  mep_bs_peer_t p{};
+  EXPECT_FALSE(mep_bs_fresh(&p, 0)) << "number 0 is never sent";
+  for (uint64_t c = 1; c <= 3; c++) {
+    EXPECT_TRUE(mep_bs_fresh(&p, c)) << "number " << c << " in order";
+    EXPECT_FALSE(mep_bs_fresh(&p, c)) << "number " << c << " again";
+  }
+  // Out of order within the window: each once.
+  EXPECT_TRUE(mep_bs_fresh(&p, 10));
+  EXPECT_TRUE(mep_bs_fresh(&p, 7));
+  EXPECT_FALSE(mep_bs_fresh(&p, 7));
+  EXPECT_FALSE(mep_bs_fresh(&p, 3));
+  EXPECT_TRUE(mep_bs_fresh(&p, 4));
+  EXPECT_FALSE(mep_bs_fresh(&p, 10));
+  // 64 or more below the highest: too old to tell, refused.
+  EXPECT_TRUE(mep_bs_fresh(&p, 73));
+  EXPECT_FALSE(mep_bs_fresh(&p, 9)) << "64 below the highest";
+  EXPECT_TRUE(mep_bs_fresh(&p, 11)) << "62 below the highest, not taken yet";
+  EXPECT_FALSE(mep_bs_fresh(&p, 73));
+  // A jump past the window forgets what lies below it.
+  EXPECT_TRUE(mep_bs_fresh(&p, 1000));
+  EXPECT_FALSE(mep_bs_fresh(&p, 73));
+  EXPECT_TRUE(mep_bs_fresh(&p, 999));
+  EXPECT_FALSE(mep_bs_fresh(&p, 1000));
 }
 
 }  // namespace

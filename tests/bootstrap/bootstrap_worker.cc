@@ -48,10 +48,14 @@ struct Opts {
   int oom_rank = -1;
   std::string oom_at = "op";
   // The rank that puts an unsealed copy on its connection before each of
-  // its first `unsealed` messages of the scenario's ops
-  // (mep_bs_send_unsealed_first).
-  int unsealed_rank = -1;
+  // its first `unsealed` messages (mep_bs_send_unsealed_first), and a
+  // replayed copy after each of its first `replayed`
+  // (mep_bs_send_replayed_first): from "create" on (the joining
+  // handshake's messages too), or from the scenario's first "op" on.
+  int copies_rank = -1;
   int unsealed = 0;
+  int replayed = 0;
+  std::string copies_at = "op";
   // Before destroy, wait (up to max_ms) until this file exists: the driver
   // keeps the rank's connections up until its peers have finished.
   std::string hold_file;
@@ -63,6 +67,11 @@ int64_t NowMs() { return mep_test::MonoNowMs(); }
 int EnvInt(const char *name, int dflt) {
   const char *v = getenv(name);
   return v != nullptr && *v != '\0' ? atoi(v) : dflt;
+}
+
+void SetCopies(const Opts &o) {
+  mep_bs_send_unsealed_first = o.unsealed;
+  mep_bs_send_replayed_first = o.replayed;
 }
 
 Opts Parse(int argc, char **argv) {
@@ -86,8 +95,10 @@ Opts Parse(int argc, char **argv) {
     else if (Flag(a, "--quit_early", &v)) o.quit_early = atoi(v.c_str());
     else if (Flag(a, "--oom_rank", &v)) o.oom_rank = atoi(v.c_str());
     else if (Flag(a, "--oom_at", &v)) o.oom_at = v;
-    else if (Flag(a, "--unsealed_rank", &v)) o.unsealed_rank = atoi(v.c_str());
+    else if (Flag(a, "--copies_rank", &v)) o.copies_rank = atoi(v.c_str());
     else if (Flag(a, "--unsealed", &v)) o.unsealed = atoi(v.c_str());
+    else if (Flag(a, "--replayed", &v)) o.replayed = atoi(v.c_str());
+    else if (Flag(a, "--copies_at", &v)) o.copies_at = v;
     else if (Flag(a, "--hold_file", &v)) o.hold_file = v;
     else {
       fprintf(stderr, "bootstrap_worker: unknown argument %s\n", a);
@@ -256,6 +267,7 @@ int main(int argc, char **argv) {
   p.timeout_ms = o.timeout_ms;
   p.token = o.token.c_str();
   if (o.rank == o.oom_rank && o.oom_at == "create") mep_bs_fail_alloc_after = 0;
+  if (o.rank == o.copies_rank && o.copies_at == "create") SetCopies(o);
   int64_t t0 = NowMs();
   mep_bootstrap_t *bs = nullptr;
   moe_ep_status_t st = mep_bootstrap_create(&p, &bs);
@@ -276,7 +288,7 @@ int main(int argc, char **argv) {
   int done = 0;
   int64_t op_ms = 0;
   if (o.rank == o.oom_rank && o.oom_at == "op") mep_bs_fail_alloc_after = 0;
-  if (o.rank == o.unsealed_rank) mep_bs_send_unsealed_first = o.unsealed;
+  if (o.rank == o.copies_rank && o.copies_at == "op") SetCopies(o);
   if (o.scenario == "collectives") {
     int64_t t1 = NowMs();
     rc = RunCollectives(o, bs, &done, &st);
@@ -359,6 +371,7 @@ int main(int argc, char **argv) {
   std::string msg = st == MOE_EP_OK ? "" : mep_last_error();
   mep_bs_fail_alloc_after = -1;
   mep_bs_send_unsealed_first = 0;
+  mep_bs_send_replayed_first = 0;
   if (st != MOE_EP_OK) g_stamps.fail_mono_ms = NowMs();
   // Held open, the bootstrap still moves its messages (an ABORT still in
   // flight reaches the peers however slowly the machine runs).
