@@ -162,6 +162,8 @@ void mep_bootstrap_destroy(mep_bootstrap_t *bs) {
     mep_bs_peer_t *p = bs->peers;
     bs->peers = p->next;
     free(p->addr);
+    explicit_bzero(p->key_in, sizeof(p->key_in));
+    explicit_bzero(p->key_out, sizeof(p->key_out));
     free(p);
   }
   free(bs->by_rank);

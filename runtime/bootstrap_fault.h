@@ -18,11 +18,11 @@ extern "C" {
 extern int mep_bs_fail_alloc_after;
 
 /* 0 (the default): no effect. n > 0: before each of the next n messages
- * this rank sends, it sends a copy whose MAC is wrong (its number the
- * original's) on the same connection, as an outsider's message would
- * arrive where UCX tied it to that connection (the receiver must drop it,
- * keep the connection, and still take the original). Set it like
- * mep_bs_fail_alloc_after. */
+ * this rank sends, it sends a copy whose MAC is wrong and whose number
+ * lies 1000 past the original's on the same connection, as an outsider's
+ * message would arrive where UCX tied it to that connection (the receiver
+ * must drop it without recording its number, keep the connection, and
+ * still take the original). Set it like mep_bs_fail_alloc_after. */
 extern int mep_bs_send_unsealed_first;
 
 /* 0 (the default): no effect. n > 0: after each of the next n messages

@@ -478,7 +478,14 @@ static mep_bs_send_t *fault_copy(const mep_bs_send_t *s, int *due, int spoil) {
   mep_bs_send_t *c = mep_bs_send_new(s->blob);
   if (c == NULL) return NULL;
   c->hdr = s->hdr;
-  c->hdr.mac[0] ^= (uint8_t)(spoil != 0);
+  if (spoil) {
+    /* A number far past the original's: taken as real (its MAC not
+     * checked), the copy is one more message; its number recorded before
+     * the MAC is checked, the original is then too old to take. Either
+     * way the protocol breaks, which is what the tests look for. */
+    c->hdr.ctr += 1000;
+    c->hdr.mac[0] ^= 1u;
+  }
   return c;
 }
 

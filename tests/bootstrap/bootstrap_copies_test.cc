@@ -1,9 +1,10 @@
 // bootstrap_copies_test.cc: copies of messages on a group's own
 // connections are dropped, and the connection they came on is kept:
-//   unsealed  a copy whose MAC is wrong, ahead of the original and with its
-//             number (what UCX delivers there when it ties an outsider's
-//             message to that connection by the endpoint id the packet
-//             carries): the original must still be taken;
+//   unsealed  a copy whose MAC is wrong, ahead of the original, numbered
+//             1000 past it (what UCX delivers there when it ties an
+//             outsider's message to that connection by the endpoint id the
+//             packet carries): dropped without its number being recorded,
+//             so the original is still taken;
 //   replayed  the same sealed bytes again after the original (what someone
 //             who saw the message pass can send).
 // One rank of two makes the copies (the test-only seams

@@ -144,6 +144,7 @@ mep_bs_hdr_t Header(const Opts &o, int type) {
   h.src = o.label;
   h.world_size = o.world;
   h.failed_rank = -1;
+  h.ctr = 1;  // a number the receiver would take, so only the MAC stops it
   return h;
 }
 
