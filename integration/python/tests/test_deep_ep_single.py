@@ -5,6 +5,7 @@ MOE_EP_MAX_TOKENS_PER_RANK while the normal-mode group takes it, and two
 threads' first calls creating one group, and normal-mode layouts kept per
 thread."""
 import gc
+import re
 import threading
 
 import pytest
@@ -212,4 +213,31 @@ def test_layouts_are_kept_per_thread(lib, monkeypatch):
     assert len(prepared) == 2, "rank 0: %d prepares for two layer calls, want 2" % len(prepared)
     for out, want in ((out_a, xa), (out_b, xb)):  # one rank: the row itself
         assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+    buf.destroy()
+
+
+def test_per_token_scales_are_refused_before_prepare(lib, monkeypatch):
+    """DeepEP's per-token scales ([T], or [T, 1] where hidden/128 > 1) and
+    any scale count other than hidden/128 float32 or ceil(hidden/512)
+    int32 are refused with NotImplementedError naming the argument before
+    prepare's count exchange runs, and the group stays usable."""
+    buf = make_buffer(lib, True)
+    x, idx, w = inputs(4)
+    buf.get_dispatch_layout(idx, E)
+    recv_x, _, _, _, handle, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+    buf.combine(recv_x, handle)
+    g, prepared = buf.moe_ep_normal_group, []
+    real = g.prepare
+    monkeypatch.setattr(g, "prepare", lambda *a, **k: prepared.append(1) or real(*a, **k))
+    codes = torch.zeros((4, 1024), dtype=torch.uint8)  # hidden 1024: 8 float32 or 2 int32 scales
+    for scales in (torch.ones(4), torch.ones((4, 1)), torch.ones((4, 2)),
+                   torch.ones((4, 1), dtype=torch.int32), torch.ones((4, 8), dtype=torch.int32)):
+        with pytest.raises(NotImplementedError,
+                           match=r"^rank 0: dispatch: x\[1\] \(scales\) of shape=%s is not "
+                           r"supported" % re.escape(str(tuple(scales.shape)))):
+            buf.dispatch((codes, scales), topk_idx=idx, topk_weights=w)
+    assert prepared == [], "rank 0: %d prepares ran before the refusal" % len(prepared)
+    recv_x, _, _, _, handle, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+    out = buf.combine(recv_x, handle)[0]
+    assert torch.equal(out.view(torch.int16), x.view(torch.int16)), "rank 0: the group after the refusals"
     buf.destroy()

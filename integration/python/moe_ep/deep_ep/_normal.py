@@ -53,12 +53,27 @@ def _split_x(entry, x):
         if not isinstance(t, torch.Tensor):
             raise TypeError("%s: %s must be a torch.Tensor, got %s; pre-quantised x is the pair "
                             "(x_fp8, scales)" % (entry, name, type(t).__name__))
-    if scales.dim() != 2:
-        # DeepEP also takes one scale per token ([T]); moe-ep carries one
-        # per 128 channels (or four UE8M0 exponents per int32).
+    if scales.dim() != 2 or _scale_columns(x_fp8, scales) not in (None, scales.shape[1]):
+        # DeepEP also takes one scale per token ([T] or [T, 1]); moe-ep
+        # carries one per 128 channels (or four UE8M0 exponents per
+        # int32). Refused here, before prepare's collective runs.
         _refuse(entry, "x[1] (scales) of shape", tuple(scales.shape), "scales are [num_tokens, "
-                "hidden/128] float32 or [num_tokens, hidden/512] int32 (UE8M0 packed)")
+                "hidden/128] float32 or [num_tokens, ceil(hidden/512)] int32 (UE8M0 packed)")
     return x_fp8, scales if scales.is_contiguous() else scales.contiguous()
+
+
+def _scale_columns(x_fp8, scales):
+    """The scale columns x_fp8's hidden size takes in scales' dtype, or
+    None where the library's own checks name the fault (x_fp8 not [T, H],
+    H not a multiple of 128, scales of another dtype)."""
+    if x_fp8.dim() != 2 or x_fp8.shape[1] % 128:
+        return None
+    hidden = int(x_fp8.shape[1])
+    if scales.dtype == torch.float32:
+        return hidden // 128
+    if scales.dtype == torch.int32:
+        return (hidden + 511) // 512
+    return None
 
 
 def _capturing():
