@@ -15,35 +15,63 @@ from .errors import InvalidArgumentError, TimeoutError as MoeEpTimeoutError
 
 
 class Entries:
-    """One group's count of calls into the library."""
+    """One group's count of calls into the library.
 
-    __slots__ = ("_cond", "_running", "_closed", "_destroying", "_closer")
+    An interrupt (a KeyboardInterrupt a signal handler raises) must not
+    leave a call counted in after it has left, nor the lock held: close()
+    would then wait out its bound and refuse. CPython raises it only where
+    a Python function starts, right after a C function returns, and at a
+    loop's backward jump. So a call is counted in by putting its own ticket
+    in a set, inside a try whose finally takes the ticket out: an interrupt
+    after the put is inside the try, and the take-out is the finally's
+    first step, done before its first such point (a ticket never put in
+    is taken out as a no-op). The lock is the C RLock itself, whose
+    __exit__ releases before the point after it returns (Condition's
+    __enter__ and __exit__ are Python functions: an interrupt at their
+    start or end would leave it held). What remains: an interrupt in the
+    wake-up after the take-out loses that wake-up, and a close() waiting
+    meanwhile sees the set empty at the end of its bound and goes ahead."""
+
+    __slots__ = ("_lock", "_cond", "_inside", "_closed", "_destroying", "_closer")
 
     def __init__(self):
         # Re-entrant: the garbage collector may run a Handle's or Hook's
         # __del__ (a free, counted here) on a thread while it holds this lock.
-        self._cond = threading.Condition(threading.RLock())
-        self._running = 0
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._inside = set()  # the tickets of the calls counted in
         self._closed = False  # no new entry (close began)
         self._destroying = False  # group_destroy is running, or about to
         self._closer = None  # the thread running close()
 
-    def enter(self, pointer):
-        """Counts an entry in; returns the group pointer it may use. A
-        closing or closed group refuses it."""
-        with self._cond:
+    def call(self, group, late, fn, args):
+        """fn(group's pointer, *args), counted in as one of the group's
+        entries (close waits for it); a closing or closed group refuses it.
+        late: fn(*args) on one of the group's handles or hooks instead
+        (handle_free, hook_run, hook_free), which may come at any time:
+        before close it delays close, after close it goes ahead (handles
+        and hooks outlive their group, and a hook of a destroyed group says
+        so), and while group_destroy runs it waits for it."""
+        ticket = object()
+        try:
+            if late:
+                self._enter_late(ticket, group)
+                return fn(*args)
+            return fn(self._enter(ticket, group), *args)
+        finally:
+            self._inside.discard(ticket)  # first: see the class comment
+            self._wake()
+
+    def _enter(self, ticket, group):
+        with self._lock:
+            pointer = group._g
             if self._closed or pointer is None:
                 raise InvalidArgumentError("moe_ep: this Group is closed")
-            self._running += 1
+            self._inside.add(ticket)
         return pointer
 
-    def enter_late(self, group):
-        """Counts in an entry on a handle or hook (handle_free, hook_run,
-        hook_free), which may come at any time: before close it delays
-        close, after close it goes ahead (handles and hooks outlive their
-        group, and a hook of a destroyed group says so), and while
-        group_destroy runs it waits for it."""
-        with self._cond:
+    def _enter_late(self, ticket, group):
+        with self._lock:
             # The closing thread itself runs Python only outside the
             # library's group_destroy (a free the collector runs there
             # comes before or after it), so it never waits for itself.
@@ -53,19 +81,18 @@ class Entries:
                     raise MoeEpTimeoutError(
                         "rank %d: an entry on a handle or hook: group_destroy has been running "
                         "on another thread for more than %s" % (_rank(group), bound_words(bound_s)))
-            self._running += 1
+            self._inside.add(ticket)
+
+    def _wake(self):
+        with self._lock:
+            if not self._inside:
+                self._cond.notify_all()
 
     def _reopen(self):
         """close() gave up before group_destroy (lock held)."""
         self._closed = False
         self._closer = None
         self._cond.notify_all()
-
-    def leave(self):
-        with self._cond:
-            self._running -= 1
-            if self._running == 0:
-                self._cond.notify_all()
 
     def close(self, group, destroy):
         """Stops new entries, waits for the running ones within the group's
@@ -76,7 +103,7 @@ class Entries:
         when the group was already closed; a close while another thread's
         is under way waits for it, and closes the group itself if that one
         gave up."""
-        with self._cond:
+        with self._lock:
             me = _thread_id()
             if self._closed and self._closer not in (None, me):
                 # Another thread's close is under way: its outcome is this one's.
@@ -90,8 +117,8 @@ class Entries:
             self._closed = True
             self._closer = me
             try:
-                bound_s = wait_bound_s(group) if self._running else 0.0
-                drained = self._cond.wait_for(lambda: self._running == 0, bound_s)
+                bound_s = wait_bound_s(group) if self._inside else 0.0
+                drained = self._cond.wait_for(lambda: not self._inside, bound_s)
             except BaseException:  # ^C while waiting: the group stays open, as before
                 self._reopen()
                 raise
@@ -100,12 +127,12 @@ class Entries:
                 raise MoeEpTimeoutError(
                     "rank %d: close: %d call(s) on this group on other threads were still "
                     "running after %s; the group stays open (close it again once they "
-                    "return)" % (_rank(group), self._running, bound_words(bound_s)))
+                    "return)" % (_rank(group), len(self._inside), bound_words(bound_s)))
             self._destroying = True
         try:
             return destroy()
         finally:
-            with self._cond:
+            with self._lock:
                 self._destroying = False
                 self._closer = None
                 self._cond.notify_all()

@@ -134,26 +134,12 @@ class Group:
     def _call(self, fn, *args):
         """fn(group pointer, *args), counted as one of the group's entries
         (close waits for it)."""
-        entered = False
-        try:
-            g = self._entries.enter(self._g)
-            entered = True
-            return fn(g, *args)
-        finally:
-            if entered:  # else enter refused it, or an interrupt came first
-                self._entries.leave()
+        return self._entries.call(self, False, fn, args)
 
     def _call_late(self, fn, *args):
         """fn(*args) on one of the group's handles or hooks, which may come
-        after close (moe_ep._entries.Entries.enter_late)."""
-        entered = False
-        try:
-            self._entries.enter_late(self)
-            entered = True
-            return fn(*args)
-        finally:
-            if entered:
-                self._entries.leave()
+        after close (moe_ep._entries.Entries.call)."""
+        return self._entries.call(self, True, fn, args)
 
     def __enter__(self):
         return self
