@@ -22,7 +22,8 @@
  * 6: a refusal of a proven knock carries a proof; 7: every UCX message
  * carries a MAC (mep_bs_seal); 8: the MAC's keys are the connection's own
  * and every message carries its number on the connection (replays are
- * dropped), and rank 0's admission carries the group's nonce. */
+ * dropped), rank 0's admission carries the group's nonce, and a host count
+ * word's row description is kernels/common/row_desc.h's. */
 #define MEP_BS_VERSION 8u
 /* Bounds the wire fields the handshake carries. */
 #define MEP_BS_TOKEN_MAX 256

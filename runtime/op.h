@@ -110,6 +110,18 @@ typedef struct mep_op {
   void *out;                  /* [T, H] bf16 */
 } mep_op_t;
 
+/* The scale format of a dispatch's fp8 rows (moe_ep_fp8_scale_t), as both
+ * backends quantise and describe them: MOE_EP_FLAG_ROUND_SCALE makes LL's
+ * f32 scales powers of two, which are MOE_EP_FP8_SCALE_UE8M0's rows; HT
+ * never quantises and ignores it (moe_ep.h). */
+static inline int32_t mep_op_scale_format(const mep_op_t *op) {
+  if (op->scale_format == MOE_EP_FP8_SCALE_F32 && (op->flags & MOE_EP_FLAG_ROUND_SCALE) &&
+      op->mode == MOE_EP_MODE_LOW_LATENCY) {
+    return MOE_EP_FP8_SCALE_UE8M0;
+  }
+  return op->scale_format;
+}
+
 #ifdef __cplusplus
 }
 #endif

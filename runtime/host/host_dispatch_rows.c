@@ -9,9 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/common/row_desc.h"
 #include "runtime/error.h"
 #include "runtime/host/host_slots.h"
 #include "runtime/host/host_state.h"
+#include "runtime/row_desc_text.h"
 #include "runtime/validate.h"
 
 size_t mep_host_scale_row_bytes(const mep_op_t *op) {
@@ -20,8 +22,8 @@ size_t mep_host_scale_row_bytes(const mep_op_t *op) {
 }
 
 void mep_host_row_layout(const mep_op_t *op, mep_row_layout_t *rl) {
-  int pow2 = op->scale_format != MOE_EP_FP8_SCALE_F32 ||
-             (op->flags & MOE_EP_FLAG_ROUND_SCALE);
+  /* Only LL quantises here (HT's fp8 rows come quantised). */
+  int pow2 = mep_op_scale_format(op) != MOE_EP_FP8_SCALE_F32;
   mep_row_layout_init(rl, op->hidden, op->handle->top_k, op->fp8, pow2);
 }
 
@@ -29,33 +31,23 @@ void mep_host_row_layout(const mep_op_t *op, mep_row_layout_t *rl) {
  * word: a receiver parses a source's rows with its own call's layout, so a
  * peer that made the call with another hidden, top_k or row format would
  * be read at the wrong stride (rows silently wrong, or a header read out
- * of a payload). Bit 31 marks a word that carries one. */
+ * of a payload). The description is the nccl kernels' one
+ * (kernels/common/row_desc.h); bit 31 marks a word that carries one, since
+ * a description may be 0 (hidden=8, top_k=1, bf16). */
 #define ROW_DESC_SET (1u << 31)
+#define ROW_DESC_MASK ((1u << MEP_ROW_DESC_BITS) - 1u)
 
 uint32_t mep_host_row_desc(const mep_op_t *op) {
-  uint32_t d = ROW_DESC_SET | (uint32_t)op->hidden | (uint32_t)op->handle->top_k << 16;
-  if (op->fp8) {
-    d |= 1u << 22;
-    /* ROUND_SCALE makes LL's quantiser's f32 scales powers of two; HT
-     * never quantises and ignores it (moe_ep.h), as the nccl backend does. */
-    const int round = (op->flags & MOE_EP_FLAG_ROUND_SCALE) && op->mode == MOE_EP_MODE_LOW_LATENCY;
-    if (op->scale_format != MOE_EP_FP8_SCALE_F32 || round) d |= 1u << 23;
-    if (op->scale_format == MOE_EP_FP8_SCALE_UE8M0_PACKED) d |= 1u << 24;
-  }
-  return d;
+  return ROW_DESC_SET |
+         mep_row_desc(op->hidden, op->handle->top_k, op->fp8, mep_op_scale_format(op));
 }
 
 static void row_desc_text(uint32_t d, char *out, size_t len) {
-  if (!(d & ROW_DESC_SET)) {
+  if ((d & ~ROW_DESC_MASK) != ROW_DESC_SET) {
     snprintf(out, len, "no row description (0x%08x)", (unsigned)d);
     return;
   }
-  const char *fmt = !(d >> 22 & 1u) ? "bf16"
-                    : (d >> 24 & 1u) ? "fp8 with packed UE8M0 scales"
-                    : (d >> 23 & 1u) ? "fp8 with power-of-two scales"
-                                     : "fp8 with f32 scales";
-  snprintf(out, len, "hidden=%u, top_k=%u, %s rows", (unsigned)(d & 0xffffu),
-           (unsigned)(d >> 16 & 0x3fu), fmt);
+  mep_row_desc_text(d & ROW_DESC_MASK, out, len);
 }
 static const uint8_t *source_row(host_state_t *hs, const moe_ep_group_t *g,
                                  const mep_op_t *op, const mep_row_layout_t *rl,

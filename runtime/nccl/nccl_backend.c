@@ -432,10 +432,6 @@ static moe_ep_status_t nccl_prepare(moe_ep_group_t *g, mep_handle_state_t *h) {
 static void dispatch_args(moe_ep_group_t *g, nccl_state_t *s, const mep_op_t *op,
                           mep_ll_dispatch_args_t *a) {
   const mep_handle_state_t *h = op->handle;
-  int scale = op->scale_format;
-  if (scale == MOE_EP_FP8_SCALE_F32 && (op->flags & MOE_EP_FLAG_ROUND_SCALE)) {
-    scale = MOE_EP_FP8_SCALE_UE8M0;
-  }
   *a = (mep_ll_dispatch_args_t){
       .x = op->x,
       .topk_idx = h->topk_idx,
@@ -445,7 +441,7 @@ static void dispatch_args(moe_ep_group_t *g, nccl_state_t *s, const mep_op_t *op
       .top_k = h->top_k,
       .num_experts = g->cfg.num_experts,
       .fp8 = op->fp8,
-      .scale_mode = scale,
+      .scale_mode = mep_op_scale_format(op),
       .buffer_set = op->buffer_set,
       .recv_x = op->recv_x,
       .recv_scales = op->recv_scales,

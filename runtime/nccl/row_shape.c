@@ -1,26 +1,9 @@
 /* row_shape.c: see row_shape.h. */
 #include "runtime/nccl/row_shape.h"
 
-#include <stdio.h>
-
-#include "kernels/common/kernels_types.h"
-#include "kernels/common/row_desc.h"
 #include "kernels/ht/ht_layout.h"
 #include "runtime/error.h"
-
-void mep_row_desc_text(uint32_t desc, char *out, size_t len) {
-  const int mode = mep_row_desc_scale_mode(desc);
-  if (mode < 0) {
-    snprintf(out, len, "hidden=%d, top_k=%d, bf16 rows", mep_row_desc_hidden(desc),
-             mep_row_desc_top_k(desc));
-    return;
-  }
-  snprintf(out, len, "hidden=%d, top_k=%d, fp8 rows with %s scales", mep_row_desc_hidden(desc),
-           mep_row_desc_top_k(desc),
-           mode == MEP_FP8_SCALE_F32     ? "f32"
-           : mode == MEP_FP8_SCALE_UE8M0 ? "power-of-two (UE8M0 in f32)"
-                                         : "packed UE8M0");
-}
+#include "runtime/row_desc_text.h"
 
 static const char kSameRows[] =
     "every rank must make a call with the same hidden, top_k and row format (bf16, or fp8 with "

@@ -1,11 +1,11 @@
 /* row_shape.h: the sentences of a dispatch whose sources made the call
  * with rows laid out otherwise than this rank's (another hidden, top_k or
  * row format), from the row descriptions (kernels/common/row_desc.h) that
- * the HT count words and the LL slot-list heads carry. No CUDA: CPU-tested. */
+ * the HT count words and the LL slot-list heads carry (as
+ * runtime/row_desc_text.h names them). No CUDA: CPU-tested. */
 #ifndef MEP_ROW_SHAPE_H_
 #define MEP_ROW_SHAPE_H_
 
-#include <stddef.h>
 #include <stdint.h>
 
 #include "moe_ep.h"
@@ -13,9 +13,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* "hidden=H, top_k=K, bf16 rows" or "... fp8 rows with <format> scales". */
-void mep_row_desc_text(uint32_t desc, char *out, size_t len);
 
 /* An HT dispatch whose kernel reported the refusal `num_recv`
  * (mep_ht_refused_recv; this rank's call is described by `mine`):

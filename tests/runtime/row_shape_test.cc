@@ -12,6 +12,7 @@ extern "C" {
 #include "kernels/common/row_desc.h"
 #include "runtime/error.h"
 #include "runtime/nccl/row_shape.h"
+#include "runtime/row_desc_text.h"
 }
 
 namespace {
