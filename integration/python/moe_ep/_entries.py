@@ -28,9 +28,13 @@ class Entries:
     is taken out as a no-op). The lock is the C RLock itself, whose
     __exit__ releases before the point after it returns (Condition's
     __enter__ and __exit__ are Python functions: an interrupt at their
-    start or end would leave it held). What remains: an interrupt in the
-    wake-up after the take-out loses that wake-up, and a close() waiting
-    meanwhile sees the set empty at the end of its bound and goes ahead."""
+    start or end would leave it held). close() changes its state by stores
+    alone where an interrupt could otherwise leave it half done (the group
+    marked closed or being destroyed with group_destroy never run), and
+    takes the lock back when one lands inside Condition.wait. What remains:
+    an interrupt in the wake-up after the take-out loses that wake-up, and
+    a close() waiting meanwhile sees the set empty at the end of its bound
+    and goes ahead."""
 
     __slots__ = ("_lock", "_cond", "_inside", "_closed", "_destroying", "_closer")
 
@@ -77,7 +81,7 @@ class Entries:
             # comes before or after it), so it never waits for itself.
             if self._destroying and self._closer != _thread_id():
                 bound_s = wait_bound_s(group)
-                if not self._cond.wait_for(lambda: not self._destroying, bound_s):
+                if not self._wait_for(lambda: not self._destroying, bound_s):
                     raise MoeEpTimeoutError(
                         "rank %d: an entry on a handle or hook: group_destroy has been running "
                         "on another thread for more than %s" % (_rank(group), bound_words(bound_s)))
@@ -88,11 +92,18 @@ class Entries:
             if not self._inside:
                 self._cond.notify_all()
 
-    def _reopen(self):
-        """close() gave up before group_destroy (lock held)."""
-        self._closed = False
-        self._closer = None
-        self._cond.notify_all()
+    def _wait_for(self, predicate, bound_s):
+        """Condition.wait_for with the lock held again whatever it raises:
+        an interrupt that lands in Condition.wait between its release of
+        the lock and its re-acquire (both Python code) would otherwise
+        leave the caller's `with` releasing a lock it no longer holds (a
+        RuntimeError in place of the interrupt)."""
+        try:
+            return self._cond.wait_for(predicate, bound_s)
+        except BaseException:
+            if not self._lock._is_owned():
+                self._lock.acquire()
+            raise
 
     def close(self, group, destroy):
         """Stops new entries, waits for the running ones within the group's
@@ -103,39 +114,55 @@ class Entries:
         when the group was already closed; a close while another thread's
         is under way waits for it, and closes the group itself if that one
         gave up."""
-        with self._lock:
-            me = _thread_id()
-            if self._closed and self._closer not in (None, me):
-                # Another thread's close is under way: its outcome is this one's.
-                bound_s = 2 * wait_bound_s(group)
-                if not self._cond.wait_for(lambda: self._closer is None, bound_s):
-                    raise MoeEpTimeoutError(
-                        "rank %d: close: another thread's close of this group has not "
-                        "ended within %.0f s" % (_rank(group), bound_s))
-            if self._closed:
-                return None
-            self._closed = True
-            self._closer = me
-            try:
-                bound_s = wait_bound_s(group) if self._inside else 0.0
-                drained = self._cond.wait_for(lambda: not self._inside, bound_s)
-            except BaseException:  # ^C while waiting: the group stays open, as before
-                self._reopen()
-                raise
-            if not drained:
-                self._reopen()
-                raise MoeEpTimeoutError(
-                    "rank %d: close: %d call(s) on this group on other threads were still "
-                    "running after %s; the group stays open (close it again once they "
-                    "return)" % (_rank(group), len(self._inside), bound_words(bound_s)))
-            self._destroying = True
+        # armed: group_destroy may be under way, so whatever ends close()
+        # from here on (an interrupt included: it can land right after the
+        # lock's release) must clear _destroying, or frees on other threads
+        # would wait for a destroy that never comes. Set by a store, which
+        # no interrupt can split from the one it goes with.
+        armed = False
         try:
+            with self._lock:
+                me = _thread_id()
+                if self._closed and self._closer not in (None, me):
+                    # Another thread's close is under way: its outcome is this one's.
+                    bound_s = 2 * wait_bound_s(group)
+                    if not self._wait_for(lambda: self._closer is None, bound_s):
+                        raise MoeEpTimeoutError(
+                            "rank %d: close: another thread's close of this group has not "
+                            "ended within %.0f s" % (_rank(group), bound_s))
+                if self._closed:
+                    return None
+                self._closed = True
+                self._closer = me
+                try:
+                    bound_s = wait_bound_s(group) if self._inside else 0.0
+                    drained = self._wait_for(lambda: not self._inside, bound_s)
+                except BaseException:  # ^C while waiting: the group stays open, as before
+                    # Open again by stores alone (an interrupt can land at
+                    # the start of any function called here), then wake a
+                    # close() on another thread that waits for this one.
+                    self._closed, self._closer = False, None
+                    self._cond.notify_all()
+                    raise
+                if not drained:
+                    self._closed, self._closer = False, None
+                    self._cond.notify_all()
+                    raise MoeEpTimeoutError(
+                        "rank %d: close: %d call(s) on this group on other threads were still "
+                        "running after %s; the group stays open (close it again once they "
+                        "return)" % (_rank(group), len(self._inside), bound_words(bound_s)))
+                self._destroying = armed = True
             return destroy()
         finally:
-            with self._lock:
-                self._destroying = False
-                self._closer = None
-                self._cond.notify_all()
+            if armed:
+                with self._lock:
+                    # Stores first, as above. destroy() never took the group
+                    # (an interrupt came first): open again, so that a later
+                    # close() runs it.
+                    self._destroying, self._closer = False, None
+                    if group._g is not None:
+                        self._closed = False
+                    self._cond.notify_all()
 
 
 def _rank(group):

@@ -14,6 +14,7 @@ import torch
 
 import moe_ep
 import moe_ep._entries
+from moe_ep._bound import wait_bound_s
 from interleave import WAIT_S, Runner, wait_for
 
 E, H, K, T = 4, 128, 2, 6
@@ -108,8 +109,16 @@ def test_close_waits_for_a_call_inside_the_library(group):
     caller = Runner(lambda: group._call(stuck_call))
     caller.start()
     wait_for(inside, "the call entering the library")
+    bound_s = wait_bound_s(group)
+    start = time.monotonic()
     group.close()
+    took = time.monotonic() - start
     assert caller.outcome("the call") == 0, "rank 0: the call inside the library failed"
+    # The call returns at once once close() waits: only a lost wake-up
+    # makes close() sit out its bound (75 s by default).
+    assert took < bound_s / 2, \
+        "rank 0: close() took %.1f s of its %.0f s bound after the call returned (a lost " \
+        "wake-up)" % (took, bound_s)
     assert seen[0] == [], \
         "rank 0: group_destroy ran while another thread's call was inside the library " \
         "(log %s)" % seen[0]
