@@ -301,7 +301,7 @@ static moe_ep_status_t coll_member(mep_bootstrap_t *bs, coll_t *c) {
   h.root = c->root;
   h.bytes = c->bytes;
   h.payload_len = c->send_len;
-  const ucs_status_t sent = mep_bs_send(bs, peer, &h, c->send, NULL);
+  const ucs_status_t sent = mep_bs_send(peer, &h, c->send, NULL);
   /* A send this rank had no memory for is its own failure, named now. It
    * fails the group: this rank's part never reaches rank 0, whose
    * collective then ends without it, so every later one would be out of

@@ -86,7 +86,7 @@ static moe_ep_status_t join_connect(mep_bootstrap_t *bs, const void *addr,
   /* A HELLO this rank has no memory for is its own failure, named now (rank
    * 0 would only see a rank that never joined). Any other failure is the
    * connection's, which join_wait reads. */
-  if (mep_bs_send(bs, peer, &h, NULL, NULL) == UCS_ERR_NO_MEMORY) {
+  if (mep_bs_send(peer, &h, NULL, NULL) == UCS_ERR_NO_MEMORY) {
     return mep_error(MOE_EP_ERR_NO_MEMORY,
                      "rank %d had no memory to send its HELLO to rank 0 at %s "
                      "(UCS_ERR_NO_MEMORY) after rank 0 admitted it, a failure "

@@ -1,6 +1,8 @@
-/* bootstrap_msg.c: message framing and transport for the bootstrap: one
- * active-message handler that queues what arrives, sends from private
- * copies with bounded waits, endpoint error callbacks and bounded closes. */
+/* bootstrap_msg.c: message framing and transport for the bootstrap: the
+ * connections' keys, each message's MAC and number (sealed for its
+ * connection, checked and replays dropped on arrival), one active-message
+ * handler that queues what arrives, sends from private copies with bounded
+ * waits, endpoint error callbacks and bounded closes. */
 #define _GNU_SOURCE
 #include <stdarg.h>
 #include <stdio.h>
@@ -480,9 +482,9 @@ static mep_bs_send_t *fault_copy(const mep_bs_send_t *s, int *due, int spoil) {
   c->hdr = s->hdr;
   if (spoil) {
     /* A number far past the original's: taken as real (its MAC not
-     * checked), the copy is one more message; its number recorded before
-     * the MAC is checked, the original is then too old to take. Either
-     * way the protocol breaks, which is what the tests look for. */
+     * checked), or its number recorded before the MAC is checked, it puts
+     * the original and the messages after it out of the window, and the
+     * connection stalls, which is what the tests look for. */
     c->hdr.ctr += 1000;
     c->hdr.mac[0] ^= 1u;
   }
@@ -503,8 +505,7 @@ ucs_status_t mep_bs_send_start(mep_bs_peer_t *peer, mep_bs_send_t *s, mep_bs_sen
   return st;
 }
 
-ucs_status_t mep_bs_send(mep_bootstrap_t *bs, mep_bs_peer_t *peer,
-                         const mep_bs_hdr_t *hdr, const void *payload,
+ucs_status_t mep_bs_send(mep_bs_peer_t *peer, const mep_bs_hdr_t *hdr, const void *payload,
                          mep_bs_send_t **out) {
   if (out != NULL) *out = NULL;
   if (peer == NULL || peer->ep == NULL) return UCS_ERR_NOT_CONNECTED;

@@ -104,6 +104,8 @@ int mep_bs_root_admit(mep_bootstrap_t *bs, const mep_bs_knock_hdr_t *h,
   if (st != UCS_OK) {
     /* Not kept: nothing refers to a peer without an ep. */
     bs->peers = peer->next;
+    explicit_bzero(peer->key_in, sizeof(peer->key_in));
+    explicit_bzero(peer->key_out, sizeof(peer->key_out));
     free(peer);
     free(copy);
     snprintf(why, why_len,
@@ -165,7 +167,7 @@ static moe_ep_status_t root_handle_hellos(mep_bootstrap_t *bs) {
     mep_bs_hdr_init(bs, &accept, MEP_BS_MSG_ACCEPT);
     /* Any other failure is the connection's, which its error callback
      * reports (root_drop_failed). */
-    if (mep_bs_send(bs, peer, &accept, NULL, NULL) == UCS_ERR_NO_MEMORY) {
+    if (mep_bs_send(peer, &accept, NULL, NULL) == UCS_ERR_NO_MEMORY) {
       return root_form_oom(bs, "ACCEPT (the answer to its HELLO)", peer->rank);
     }
     peer->state = MEP_BS_PEER_JOINED;
@@ -213,14 +215,15 @@ void mep_bs_root_abort(mep_bootstrap_t *bs, moe_ep_status_t status,
   h.failed_rank = failed_rank;
   h.payload_len = strnlen(msg, MEP_BS_REASON_MAX - 1);
   memcpy(bs->abort_reason, msg, h.payload_len);
-  mep_bs_digest(bs->abort_reason, h.payload_len, bs->abort_digest);
+  uint8_t digest[MEP_SHA256_BYTES];
+  mep_bs_digest(bs->abort_reason, h.payload_len, digest);
   void *reqs[MEP_BS_MAX_RANKS];
   int n = 0;
   for (int r = 1; r < bs->world_size; r++) {
     mep_bs_peer_t *p = bs->by_rank[r];
     if (p == NULL || p->failed || p->ep == NULL) continue;
     p->abort_hdr = h;
-    mep_bs_seal(p, &p->abort_hdr, bs->abort_digest);
+    mep_bs_seal(p, &p->abort_hdr, digest);
     void *req = mep_bs_send_fixed(p, &p->abort_hdr, bs->abort_reason);
     if (req != NULL) reqs[n++] = req;
   }

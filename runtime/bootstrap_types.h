@@ -61,10 +61,11 @@
  * socket, not UCX. Rank 0 opens each connection with a challenge (a fresh
  * random nonce); the joiner answers with a knock: rank, world size, a nonce
  * of its own, its UCX worker address, and a proof, the HMAC-SHA-256 under
- * the job token of the challenge and all of that. Rank 0's verdict is its
- * own worker address with a proof over both nonces (so the joiner knows it
- * reached the real rank 0) and the group's nonce (the connection's message
- * keys come from it: mep_bs_peer_keys), or the reason for a refusal, proven the same
+ * the job token of the challenge and all of that. Rank 0's verdict is the
+ * group's nonce (the connection's message keys come from it:
+ * mep_bs_peer_keys) and its own worker address, proven with the challenge
+ * and the joiner's nonce (so the joiner knows it reached the real rank 0),
+ * or the reason for a refusal, proven the same
  * way when the knock's proof checked out (the joiner gives up only on a
  * proven refusal; an unproven one, which anyone on the port could send, is
  * retried until the joiner's deadline). Only then do the
@@ -251,8 +252,8 @@ struct mep_bootstrap {
   char address[MOE_EP_ADDRESS_MAX];
   char token[MEP_BS_TOKEN_MAX];
   /* Rank 0's, fresh for each group, and sent in its proven admissions: in
-   * every connection's keys, so that no message of another group (another
-   * job run with the same token) is taken here. */
+   * every connection's keys, so that no message of another group with the
+   * same token (of this job, or of a job run again) is taken here. */
   uint8_t group_nonce[MEP_BS_NONCE_BYTES];
   struct sockaddr_storage saddr;
   socklen_t saddr_len;
@@ -290,7 +291,6 @@ struct mep_bootstrap {
    * 0 may be failing for want of memory); sent at most once, and UCX may
    * read it until the worker is destroyed. */
   char abort_reason[MEP_BS_REASON_MAX];
-  uint8_t abort_digest[MEP_SHA256_BYTES];
   int abort_sent;
   /* ABORT received from rank 0 (non-root ranks). */
   int abort_seen;
@@ -356,8 +356,7 @@ moe_ep_status_t mep_bs_worker_setup(mep_bootstrap_t *bs);
  * fire-and-forget; otherwise *out (NULL when the send could not be made:
  * UCS_ERR_NO_MEMORY, this rank's own memory, or UCS_ERR_NOT_CONNECTED)
  * must later go to mep_bs_send_wait. */
-ucs_status_t mep_bs_send(mep_bootstrap_t *bs, mep_bs_peer_t *peer,
-                         const mep_bs_hdr_t *hdr, const void *payload,
+ucs_status_t mep_bs_send(mep_bs_peer_t *peer, const mep_bs_hdr_t *hdr, const void *payload,
                          mep_bs_send_t **out);
 /* A blob of hdr and its payload_len bytes of payload (one reference, the
  * caller's), or NULL when out of memory (or mep_bs_fail_alloc_after,

@@ -11,9 +11,10 @@
 // mep_bs_send_unsealed_first and mep_bs_send_replayed_first, in one real
 // worker process), from its first message of the joining handshake or of
 // the collectives on; every collective of the run must still complete with
-// the right values on both ranks. Taken as real, a copy would be a second
-// HELLO, contribution or result for the same step, which cuts the
-// connection.
+// the right values on both ranks. Taken as real, a replayed copy would be
+// a second HELLO, contribution or result for the same step, which cuts the
+// connection; an unsealed one would put the original and the messages
+// after it out of the window of numbers taken, and the run would stall.
 #include <memory>
 #include <string>
 #include <vector>

@@ -2,8 +2,9 @@
 process): who runs the collective group_destroy (explicitly_destroy), and
 a low-latency group that keeps num_max_dispatch_tokens_per_rank under
 MOE_EP_MAX_TOKENS_PER_RANK while the normal-mode group takes it, and two
-threads' first calls creating one group, and normal-mode layouts kept per
-thread."""
+threads' first calls creating one group, normal-mode layouts kept per
+thread, and pre-quantised scales of another shape refused before the
+normal-mode dispatch exchanges anything."""
 import gc
 import re
 import threading
@@ -216,7 +217,7 @@ def test_layouts_are_kept_per_thread(lib, monkeypatch):
     buf.destroy()
 
 
-def test_per_token_scales_are_refused_before_prepare(lib, monkeypatch):
+def test_scales_of_another_shape_are_refused_before_prepare(lib, monkeypatch):
     """DeepEP's per-token scales ([T], or [T, 1] where hidden/128 > 1) and
     any scale count other than hidden/128 float32 or ceil(hidden/512)
     int32 are refused with NotImplementedError naming the argument before
