@@ -9,9 +9,14 @@ on a group is counted here, and close() first stops new entries, then waits
 (bounded) for the counted ones to leave, and only then destroys."""
 import threading
 from threading import get_ident as _thread_id
+from time import monotonic as _monotonic
 
 from ._bound import bound_words, wait_bound_s
 from .errors import InvalidArgumentError, TimeoutError as MoeEpTimeoutError
+
+
+# How often a wait on a group's entries looks again without a wake-up.
+WAKE_S = 0.05
 
 
 class Entries:
@@ -31,10 +36,9 @@ class Entries:
     start or end would leave it held). close() changes its state by stores
     alone where an interrupt could otherwise leave it half done (the group
     marked closed or being destroyed with group_destroy never run), and
-    takes the lock back when one lands inside Condition.wait. What remains:
-    an interrupt in the wake-up after the take-out loses that wake-up, and
-    a close() waiting meanwhile sees the set empty at the end of its bound
-    and goes ahead."""
+    takes the lock back when one lands inside Condition.wait. An interrupt
+    in the wake-up after the take-out loses that wake-up; the waits look
+    again every WAKE_S anyway, so a lost one costs at most that."""
 
     __slots__ = ("_lock", "_cond", "_inside", "_closed", "_destroying", "_closer")
 
@@ -93,13 +97,21 @@ class Entries:
                 self._cond.notify_all()
 
     def _wait_for(self, predicate, bound_s):
-        """Condition.wait_for with the lock held again whatever it raises:
-        an interrupt that lands in Condition.wait between its release of
-        the lock and its re-acquire (both Python code) would otherwise
-        leave the caller's `with` releasing a lock it no longer holds (a
-        RuntimeError in place of the interrupt)."""
+        """Condition.wait_for(predicate, bound_s), looking again at least
+        every WAKE_S (a wake-up an interrupt swallowed is not waited for),
+        with the lock held again whatever it raises: an interrupt that
+        lands in Condition.wait between its release of the lock and its
+        re-acquire (both Python code) would otherwise leave the caller's
+        `with` releasing a lock it no longer holds (a RuntimeError in place
+        of the interrupt)."""
         try:
-            return self._cond.wait_for(predicate, bound_s)
+            deadline = _monotonic() + bound_s
+            while not predicate():
+                left = deadline - _monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, WAKE_S))
+            return True
         except BaseException:
             if not self._lock._is_owned():
                 self._lock.acquire()
