@@ -161,10 +161,7 @@ void mep_bootstrap_destroy(mep_bootstrap_t *bs) {
   while (bs->peers != NULL) {
     mep_bs_peer_t *p = bs->peers;
     bs->peers = p->next;
-    free(p->addr);
-    explicit_bzero(p->key_in, sizeof(p->key_in));
-    explicit_bzero(p->key_out, sizeof(p->key_out));
-    free(p);
+    mep_bs_peer_free(p);
   }
   free(bs->by_rank);
   /* The job token admits to every group of the job: it does not outlive

@@ -329,13 +329,6 @@ void mep_bs_peer_keys(const mep_bootstrap_t *bs, mep_bs_peer_t *peer, int rank,
            peer->key_out);
 }
 
-void mep_bs_digest(const void *payload, size_t len, uint8_t out[MEP_SHA256_BYTES]) {
-  mep_sha256_t sha;
-  mep_sha256_init(&sha);
-  mep_sha256_update(&sha, payload, len);
-  mep_sha256_final(&sha, out);
-}
-
 /* The MAC of a header (its own MAC field read as zeros) and its payload's
  * digest: a result sent to every rank is hashed once, sealed per rank. */
 static void msg_mac(const uint8_t key[MEP_SHA256_BYTES], const mep_bs_hdr_t *hdr,
@@ -355,7 +348,7 @@ void mep_bs_seal(mep_bs_peer_t *peer, mep_bs_hdr_t *hdr, const uint8_t digest[ME
 int mep_bs_sealed(const mep_bs_peer_t *peer, const mep_bs_hdr_t *hdr, const void *payload,
                   size_t len) {
   uint8_t digest[MEP_SHA256_BYTES], want[MEP_SHA256_BYTES];
-  mep_bs_digest(payload, len, digest);
+  mep_sha256(payload, len, digest);
   msg_mac(peer->key_in, hdr, digest, want);
   return mep_bytes_equal(hdr->mac, want, sizeof(want));
 }
@@ -407,7 +400,7 @@ mep_bs_blob_t *mep_bs_blob_new(const mep_bs_hdr_t *hdr, const void *payload) {
   b->refs = 1;
   b->hdr = *hdr;
   if (len != 0) memcpy(b + 1, payload, len);
-  mep_bs_digest(b + 1, len, b->digest);
+  mep_sha256(b + 1, len, b->digest);
   return b;
 }
 
@@ -642,6 +635,13 @@ void mep_bs_peer_describe_failure(const mep_bs_peer_t *peer, int64_t since_ms,
            "its connection broke%s: the process exited, was killed or "
            "closed the group (UCX status: %s)",
            when, ucs_status_string(peer->fail_status));
+}
+
+void mep_bs_peer_free(mep_bs_peer_t *p) {
+  free(p->addr);
+  explicit_bzero(p->key_in, sizeof(p->key_in));
+  explicit_bzero(p->key_out, sizeof(p->key_out));
+  free(p);
 }
 
 mep_bs_peer_t *mep_bs_peer_new(mep_bootstrap_t *bs) {

@@ -104,9 +104,7 @@ int mep_bs_root_admit(mep_bootstrap_t *bs, const mep_bs_knock_hdr_t *h,
   if (st != UCS_OK) {
     /* Not kept: nothing refers to a peer without an ep. */
     bs->peers = peer->next;
-    explicit_bzero(peer->key_in, sizeof(peer->key_in));
-    explicit_bzero(peer->key_out, sizeof(peer->key_out));
-    free(peer);
+    mep_bs_peer_free(peer);
     free(copy);
     snprintf(why, why_len,
              "rank 0 cannot create a UCX endpoint to the worker address "
@@ -216,7 +214,7 @@ void mep_bs_root_abort(mep_bootstrap_t *bs, moe_ep_status_t status,
   h.payload_len = strnlen(msg, MEP_BS_REASON_MAX - 1);
   memcpy(bs->abort_reason, msg, h.payload_len);
   uint8_t digest[MEP_SHA256_BYTES];
-  mep_bs_digest(bs->abort_reason, h.payload_len, digest);
+  mep_sha256(bs->abort_reason, h.payload_len, digest);
   void *reqs[MEP_BS_MAX_RANKS];
   int n = 0;
   for (int r = 1; r < bs->world_size; r++) {

@@ -397,7 +397,6 @@ ucs_status_t mep_bs_send_wait(mep_bootstrap_t *bs, mep_bs_send_t *s,
  * other keys, so none of their messages passes for one of this one's. */
 void mep_bs_peer_keys(const mep_bootstrap_t *bs, mep_bs_peer_t *peer, int rank,
                       const void *joiner_addr, size_t addr_len);
-void mep_bs_digest(const void *payload, size_t len, uint8_t out[MEP_SHA256_BYTES]);
 /* Numbers hdr as the connection's next message (hdr->ctr) and fills its
  * MAC under key_out, over the header and the payload's SHA-256. */
 void mep_bs_seal(mep_bs_peer_t *peer, mep_bs_hdr_t *hdr,
@@ -418,6 +417,9 @@ mep_bs_msg_t *mep_bs_msg_take(mep_bootstrap_t *bs, int type,
                               const mep_bs_peer_t *from);
 void mep_bs_msg_free(mep_bs_msg_t *m);
 mep_bs_peer_t *mep_bs_peer_new(mep_bootstrap_t *bs);
+/* Frees a peer struct no list holds any more (its address, its keys
+ * wiped first). */
+void mep_bs_peer_free(mep_bs_peer_t *p);
 /* Cuts a connection that broke the protocol or a bound: records `why`,
  * marks it failed (a joined rank then fails the group naming it), logs at
  * WARN naming it, and closes it at the next progress pass. */

@@ -101,15 +101,20 @@ void mep_sha256_final(mep_sha256_t *s, uint8_t out[MEP_SHA256_BYTES]) {
   }
 }
 
+void mep_sha256(const void *data, size_t len, uint8_t out[MEP_SHA256_BYTES]) {
+  mep_sha256_t s;
+  mep_sha256_init(&s);
+  mep_sha256_update(&s, data, len);
+  mep_sha256_final(&s, out);
+}
+
 void mep_hmac_sha256(const void *key, size_t key_len, int n,
                      const void *const *parts, const size_t *lens,
                      uint8_t out[MEP_SHA256_BYTES]) {
   uint8_t k[64] = {0};
   mep_sha256_t s;
   if (key_len > 64) { /* longer keys are hashed first */
-    mep_sha256_init(&s);
-    mep_sha256_update(&s, key, key_len);
-    mep_sha256_final(&s, k);
+    mep_sha256(key, key_len, k);
   } else if (key_len > 0) {
     memcpy(k, key, key_len);
   }

@@ -25,6 +25,8 @@ typedef struct mep_sha256 {
 void mep_sha256_init(mep_sha256_t *s);
 void mep_sha256_update(mep_sha256_t *s, const void *data, size_t len);
 void mep_sha256_final(mep_sha256_t *s, uint8_t out[MEP_SHA256_BYTES]);
+/* SHA-256 of len bytes in one call. */
+void mep_sha256(const void *data, size_t len, uint8_t out[MEP_SHA256_BYTES]);
 
 /* HMAC over the concatenation of `n` parts (parts[i], lens[i]). */
 void mep_hmac_sha256(const void *key, size_t key_len, int n,

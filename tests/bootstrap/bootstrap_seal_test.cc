@@ -66,7 +66,7 @@ void Seal(Side *from, Bytes *m) {
   mep_bs_hdr_t h;
   memcpy(&h, m->data(), sizeof(h));
   uint8_t digest[MEP_SHA256_BYTES];
-  mep_bs_digest(m->data() + sizeof(h), m->size() - sizeof(h), digest);
+  mep_sha256(m->data() + sizeof(h), m->size() - sizeof(h), digest);
   mep_bs_seal(&from->peer, &h, digest);
   memcpy(m->data(), &h, sizeof(h));
 }

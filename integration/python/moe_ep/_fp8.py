@@ -89,6 +89,14 @@ def round_pow2(s):
     return torch.where((b & _MANT) == 0, b, up).view(torch.float32)
 
 
+def scale_columns(hidden, packed):
+    """The scale columns of rows of `hidden` channels (a multiple of GROUP):
+    one float32 per GROUP channels, or, packed, four UE8M0 exponents per
+    int32."""
+    groups = hidden // GROUP
+    return (groups + 3) // 4 if packed else groups
+
+
 def quantize(x, scale_format="f32", name="x", native=None):
     """x [T, H] bf16 (or float16 / float32; H a multiple of 128) ->
     (codes [T, H] FP8_STORAGE, scales): [T, H/128] float32 for "f32",
@@ -118,7 +126,7 @@ def quantize(x, scale_format="f32", name="x", native=None):
     q = encode(f / s[:, :, None], native).view(t, h)
     if scale_format != "ue8m0_packed":
         return q, s
-    words = (groups + 3) // 4
+    words = scale_columns(h, packed=True)
     exps = torch.zeros((t, 4 * words), dtype=torch.uint8, device=x.device)
     exps[:, :groups] = (s.view(torch.int32) >> 23).to(torch.uint8)  # UE8M0: the biased exponent
     return q, exps.view(torch.int32)

@@ -6,6 +6,7 @@ import weakref
 
 import torch
 
+from .. import _fp8
 from .. import errors as moe_ep_errors
 from . import _agree as agreement
 from .event import EventOverlap, record_event, wait_previous
@@ -66,14 +67,10 @@ def _scale_columns(x_fp8, scales):
     """The scale columns x_fp8's hidden size takes in scales' dtype, or
     None where the library's own checks name the fault (x_fp8 not [T, H],
     H not a multiple of 128, scales of another dtype)."""
-    if x_fp8.dim() != 2 or x_fp8.shape[1] % 128:
+    if x_fp8.dim() != 2 or x_fp8.shape[1] % _fp8.GROUP or \
+            scales.dtype not in (torch.float32, torch.int32):
         return None
-    hidden = int(x_fp8.shape[1])
-    if scales.dtype == torch.float32:
-        return hidden // 128
-    if scales.dtype == torch.int32:
-        return (hidden + 511) // 512
-    return None
+    return _fp8.scale_columns(int(x_fp8.shape[1]), packed=scales.dtype == torch.int32)
 
 
 def _capturing():
