@@ -132,16 +132,29 @@ def quantize(x, scale_format="f32", name="x", native=None):
     return q, exps.view(torch.int32)
 
 
+def tma_aligned_rows(rows, element_size):
+    """rows rounded up to a whole 16 bytes of elements: the column stride
+    DeepGEMM requires of scales stored column-major (a TMA copy's strides
+    are multiples of 16 bytes)."""
+    per = max(1, 16 // element_size)
+    return (rows + per - 1) // per * per
+
+
 def column_major_like(scales):
     """An empty tensor of scales' shape [E, R*N, C] in DeepEP's layout for
     low-latency receive scales: transposed storage (each expert's [C, R*N]
-    block contiguous), the view DeepGEMM's masked grouped GEMM reads. The
-    library's own are row-major; fill it with .copy_(scales) once the
-    receive has completed. None for None."""
+    block contiguous), the view DeepGEMM's masked grouped GEMM reads, with
+    each column's stride R*N rounded up to 16 bytes so the view is the one
+    DeepGEMM's TMA loads take as it is whatever R*N is (DeepEP instead
+    refuses an R*N that is not a multiple of 4). The library's own are
+    row-major; fill it with .copy_(scales) once the receive has completed.
+    None for None."""
     if scales is None:
         return None
     e, s, c = scales.shape
-    return torch.empty((e, c, s), dtype=scales.dtype, device=scales.device).transpose(1, 2)
+    padded = tma_aligned_rows(s, scales.element_size())
+    store = torch.empty((e, c, padded), dtype=scales.dtype, device=scales.device)
+    return store[:, :, :s].transpose(1, 2)
 
 
 def column_major(scales):

@@ -120,3 +120,25 @@ def test_quantize_refuses_what_it_cannot_quantise():
         _fp8.quantize(torch.zeros((2, 128), dtype=torch.int32))
     with pytest.raises(ValueError, match="scale_format='e8m0' must be one of"):
         _fp8.quantize(torch.zeros((2, 128)), "e8m0")
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 6, 8, 13])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32])
+def test_column_major_is_the_layout_deepgemm_reads(rows, dtype):
+    """The receive scales' DeepEP view: shape [E, R*N, C], unit stride
+    along R*N, a column stride of R*N rounded up to 16 bytes (what
+    DeepGEMM's TMA loads require), and the values of the row-major
+    scales, also when R*N is not a multiple of 4."""
+    e, c = 3, 5
+    g = torch.Generator().manual_seed(SEED + rows)
+    src = torch.randint(-2**20, 2**20, (e, rows, c), generator=g).to(dtype)
+    got = _fp8.column_major(src)
+    padded = (rows + 3) // 4 * 4
+    assert tuple(got.shape) == (e, rows, c)
+    assert got.stride() == (c * padded, 1, padded), \
+        "rows %d: stride %s, want %s" % (rows, got.stride(), (c * padded, 1, padded))
+    bad = (got != src).nonzero()
+    assert not len(bad), "seed %d rows %d: first bad index %s: got %s want %s" % (
+        SEED + rows, rows, tuple(bad[0].tolist()), got[tuple(bad[0])].item(),
+        src[tuple(bad[0])].item())
+    assert _fp8.column_major(None) is None

@@ -232,8 +232,10 @@ def low_latency(group):
             x, idx, P.max_tokens, P.num_experts, use_fp8=True, round_scale=ue8m0, use_ue8m0=ue8m0)
         cols = P.hidden // 512 if ue8m0 else P.hidden // 128
         want_dtype = torch.int32 if ue8m0 else torch.float32
-        if scales.shape != (P.local, WORLD * P.max_tokens, cols) or scales.dtype != want_dtype \
-                or scales.stride(1) != 1 or q.dtype != moe_ep.FP8_STORAGE:
+        rows = WORLD * P.max_tokens
+        padded = (rows + 3) // 4 * 4  # DeepGEMM's TMA needs 16-byte column strides
+        if scales.shape != (P.local, rows, cols) or scales.dtype != want_dtype \
+                or scales.stride() != (cols * padded, 1, padded) or q.dtype != moe_ep.FP8_STORAGE:
             fail("deep_ep fp8 layout", seed, "%s %s %s %s" % (tuple(scales.shape), scales.dtype,
                                                             scales.stride(), q.dtype))
         check_ll_recv(seed, inputs, q, count, scales, packed=ue8m0)

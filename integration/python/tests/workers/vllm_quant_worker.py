@@ -146,9 +146,10 @@ def ll_block_fp8_in_dispatch(g, seed):
     a1q, scale, meta, _, _ = pf.prepare(x, w, idx, LL.num_experts, None, False,
                                         Config(FP8, block_shape=[128, 128]))
     e, s, c = scale.shape
-    if scale.stride() != (c * s, 1, s):
+    p = (s + 3) // 4 * 4  # the column stride rounded up to 16 bytes, as DeepGEMM's TMA needs
+    if scale.stride() != (c * p, 1, p):
         fail("vllm ll block fp8 a1q_scale layout", seed, "strides %s, want DeepEP's column-major "
-             "view %s" % (scale.stride(), (c * s, 1, s)))
+             "view %s" % (scale.stride(), (c * p, 1, p)))
     check_dispatch(seed, inputs, moe_ep.DispatchResult(a1q, scale, meta.expert_num_tokens),
                    LL.hidden, fp8=(False, False))
     pf.finalize(torch.empty_like(x), expert_outputs(g, dequantized(a1q, scale)), w, idx, False,
