@@ -102,6 +102,12 @@ out_close:
 
 static moe_ep_status_t parse_all(const char *text, size_t len,
                                  const char *source, moe_ep_config_t **out) {
+  if (len > MEP_CONFIG_FILE_MAX) {
+    return mep_error(MOE_EP_ERR_CONFIG,
+                     "%s is %zu bytes, larger than %u; a config is expected "
+                     "to be small",
+                     source, len, MEP_CONFIG_FILE_MAX);
+  }
   mep_config_origin_t *origin = calloc(1, sizeof(*origin));
   moe_ep_config_t *cfg = malloc(sizeof(*cfg));
   moe_ep_status_t st = MOE_EP_OK;

@@ -119,6 +119,16 @@ static moe_ep_status_t set_int(const mep_config_key_t *key, int32_t *field,
                      "allowed: %s",
                      key->path, where, text, allowed);
   }
+  if (p[0] == '0' && p[1] != '\0') {
+    /* YAML 1.1 readers (libyaml's spec, PyYAML, which engines read the same
+     * file with) take 010 as octal 8: refuse rather than read a number the
+     * engine sees otherwise. */
+    return mep_error(MOE_EP_ERR_CONFIG,
+                     "config key '%s' (%s): '" SHOW "' has a leading zero, "
+                     "which YAML 1.1 readers take as octal; write it without; "
+                     "allowed: %s",
+                     key->path, where, text, allowed);
+  }
   errno = 0;
   long long v = strtoll(text, NULL, 10);
   if (errno == ERANGE || v < INT32_MIN || v > INT32_MAX) {

@@ -376,11 +376,14 @@ static moe_ep_status_t read_document(yaml_ctx_t *c) {
 
 /* libyaml's scanner costs O(depth) per token and its loader O(anchors) per
  * anchor and alias, so a deep or anchor-heavy input (1 MB of '[') takes
- * hours. One event pass over the first document bounds both before the
- * loader runs; engine configs are far inside these limits. */
+ * hours, and its loader keeps ~160 bytes per node of the whole document,
+ * the engine's own keys included (16 MiB of "[a,a,...]" held 1.4 GB). One
+ * event pass bounds all three before the loader runs; engine configs are
+ * far inside these limits. */
 #define MEP_YAML_MAX_DEPTH 64
 #define MEP_YAML_MAX_ANCHORS 1024
 #define MEP_YAML_MAX_ALIASES 65536
+#define MEP_YAML_MAX_NODES (1L << 18)
 
 static moe_ep_status_t check_shape(const char *text, size_t len,
                                    const char *source) {
@@ -391,7 +394,12 @@ static moe_ep_status_t check_shape(const char *text, size_t len,
   }
   yaml_parser_set_input_string(&p, (const unsigned char *)text, len);
   moe_ep_status_t st = MOE_EP_OK;
-  long depth = 0, anchors = 0, aliases = 0;
+  long depth = 0, anchors = 0, aliases = 0, nodes = 0, documents = 0;
+  /* In a document after the first: whether its root is a mapping, and how
+   * many of the root's keys and values have started (even = a key next). */
+  int root_is_map = 0;
+  long root_items = 0;
+  int later_section_line = 0;
   for (int done = 0; !done && st == MOE_EP_OK;) {
     yaml_event_t e;
     if (!yaml_parser_parse(&p, &e)) {
@@ -400,14 +408,26 @@ static moe_ep_status_t check_shape(const char *text, size_t len,
     }
     int line = (int)e.start_mark.line + 1;
     const unsigned char *anchor = NULL;
+    if (documents > 1 && depth == 0) {
+      root_is_map = e.type == YAML_MAPPING_START_EVENT;
+      root_items = 0;
+    } else if (documents > 1 && depth == 1 && root_is_map &&
+               e.type != YAML_MAPPING_END_EVENT) {
+      if (root_items++ % 2 == 0 && e.type == YAML_SCALAR_EVENT &&
+          strcmp((const char *)e.data.scalar.value, SECTION) == 0) {
+        later_section_line = line;
+      }
+    }
     switch (e.type) {
       case YAML_SEQUENCE_START_EVENT:
         anchor = e.data.sequence_start.anchor;
         depth++;
+        nodes++;
         break;
       case YAML_MAPPING_START_EVENT:
         anchor = e.data.mapping_start.anchor;
         depth++;
+        nodes++;
         break;
       case YAML_SEQUENCE_END_EVENT:
       case YAML_MAPPING_END_EVENT:
@@ -415,11 +435,14 @@ static moe_ep_status_t check_shape(const char *text, size_t len,
         break;
       case YAML_SCALAR_EVENT:
         anchor = e.data.scalar.anchor;
+        nodes++;
         break;
       case YAML_ALIAS_EVENT:
         aliases++;
         break;
-      case YAML_DOCUMENT_END_EVENT: /* only the first document is loaded */
+      case YAML_DOCUMENT_START_EVENT:
+        documents++;
+        break;
       case YAML_STREAM_END_EVENT:
         done = 1;
         break;
@@ -428,7 +451,22 @@ static moe_ep_status_t check_shape(const char *text, size_t len,
     }
     anchors += anchor != NULL;
     yaml_event_delete(&e);
-    if (depth > MEP_YAML_MAX_DEPTH) {
+    if (later_section_line != 0) {
+      /* Only the first document is loaded (engine files hold one; later
+       * ones are the engine's business), so a '" SECTION "' section in a
+       * later one, an override appended after '---' say, would be dropped
+       * without a word. */
+      st = mep_error(MOE_EP_ERR_CONFIG,
+                     "%s, line %d: document %ld has a '" SECTION "' section; "
+                     "moe-ep reads the first document only, so put its keys "
+                     "there",
+                     source, later_section_line, documents);
+    } else if (nodes > MEP_YAML_MAX_NODES) {
+      st = mep_error(MOE_EP_ERR_CONFIG,
+                     "%s, line %d: YAML has more than %ld nodes; a config "
+                     "needs a few hundred",
+                     source, line, MEP_YAML_MAX_NODES);
+    } else if (depth > MEP_YAML_MAX_DEPTH) {
       st = mep_error(MOE_EP_ERR_CONFIG,
                      "%s, line %d: YAML nested more than %d levels deep; "
                      "a config needs a handful",

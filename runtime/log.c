@@ -53,10 +53,10 @@ static void log_init_from_env(void) {
       return;
     }
   }
-  char *end = NULL;
-  long v = strtol(env, &end, 10);
-  if (end != env && *end == '\0' && v >= 0 && v <= MOE_EP_LOG_TRACE) {
-    env_level = (int)v;
+  /* One digit, exactly as the config's reader takes it (config_keys.c), so
+   * the two never disagree on a value such as "03". */
+  if (env[0] >= '0' && env[0] <= '0' + MOE_EP_LOG_TRACE && env[1] == '\0') {
+    env_level = env[0] - '0';
     return;
   }
   snprintf(env_bad, sizeof(env_bad), "%s", env);

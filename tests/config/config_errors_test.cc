@@ -50,6 +50,14 @@ TEST_F(ConfigErrors, WrongTypes) {
   ExpectError("moe_ep:\n  hidden: 3.5\n",
               {"'hidden'", "line 2", "'3.5' is not an integer", "8..32768"});
   ExpectError("moe_ep:\n  top_k: 0x10\n", {"'top_k'", "not an integer"});
+  // YAML 1.1 readers (PyYAML, which engines use) take 01024 as octal 532.
+  ExpectError("moe_ep:\n  hidden: 01024\n",
+              {"'hidden'", "line 2", "'01024' has a leading zero", "octal",
+               "8..32768"});
+  ExpectError("moe_ep:\n  ranks_per_node: -08\n", {"'-08' has a leading zero"});
+  ASSERT_EQ(Parse("moe_ep:\n  ranks_per_node: 0\n  hidden: 1024\n"), MOE_EP_OK)
+      << mep_last_error();
+  EXPECT_EQ(cfg_->hidden, 1024);
   ExpectError("moe_ep:\n  num_experts: 99999999999\n",
               {"'num_experts'", "line 2", "does not fit in a 32-bit integer",
                "integer 1..65536"});
@@ -248,6 +256,58 @@ TEST_F(ConfigErrors, DeepNestingAndAnchorFloodsFailFast) {
                   "\nmoe_ep: {top_k: &k 4, hidden: 256}\ny: *k\n"),
             MOE_EP_OK)
       << mep_last_error();
+  EXPECT_EQ(cfg_->top_k, 4);
+}
+
+TEST_F(ConfigErrors, NodeFloodFailsBeforeTheLoaderHoldsIt) {
+  // libyaml's loader keeps every node of the document, the engine's own
+  // keys included: a flat list of millions of items held gigabytes. The
+  // 262145th node is refused by name, before anything is loaded.
+  std::string flood = "moe_ep: {}\nx: [";
+  for (int i = 0; i < 300000; i++) flood += "a,";
+  flood += "a]\n";
+  ExpectError(flood, {"more than 262144 nodes", "line 2"});
+  // A list of a few thousand is an ordinary engine config.
+  std::string many = "moe_ep: {top_k: 4, hidden: 256}\nx: [";
+  for (int i = 0; i < 5000; i++) many += "a,";
+  many += "a]\n";
+  ASSERT_EQ(Parse(many), MOE_EP_OK) << mep_last_error();
+  EXPECT_EQ(cfg_->top_k, 4);
+}
+
+TEST_F(ConfigErrors, AMoeEpSectionInALaterDocumentIsRefused) {
+  // Only the first document is read; a moe_ep section in a later one (an
+  // override appended after '---', say) would be dropped without a word.
+  ExpectError("moe_ep:\n  top_k: 4\n---\nmoe_ep:\n  top_k: 8\n",
+              {"document 2 has a 'moe_ep' section", "line 4", "config text",
+               "reads the first document only"});
+  ExpectError("moe_ep: {}\n---\na: 1\n---\nb: 2\nmoe_ep: {top_k: 2}\n",
+              {"document 3 has a 'moe_ep' section", "line 6"});
+  // A later document is otherwise the engine's: 'moe_ep' as a value, a
+  // nested key or a list item there is not a section.
+  ASSERT_EQ(Parse("moe_ep:\n  top_k: 4\n...\n---\nkey: moe_ep\n"
+                  "engine: {moe_ep: 1}\nx: [moe_ep]\n---\n- moe_ep\n"),
+            MOE_EP_OK)
+      << mep_last_error();
+  EXPECT_EQ(cfg_->top_k, 4);
+  // Broken YAML anywhere in the text is still broken.
+  ExpectError("moe_ep:\n  top_k: 4\n---\n[[[ : : bad\n", {"line"});
+}
+
+TEST_F(ConfigErrors, TextLargerThanAFileMayBeIsRefused) {
+  // A file is read up to 16 MiB; text given directly has the same bound,
+  // checked before libyaml sees it.
+  std::string text = "moe_ep: {top_k: 4}\n#";
+  text.resize((16u << 20) + 1, 'x');
+  moe_ep_status_t st = Parse(text);
+  std::string err = mep_last_error();
+  EXPECT_EQ(st, MOE_EP_ERR_CONFIG) << err;
+  EXPECT_EQ(cfg_, nullptr);
+  EXPECT_NE(err.find("config text is 16777217 bytes, larger than 16777216"),
+            std::string::npos)
+      << err;
+  text.resize(16u << 20);
+  ASSERT_EQ(Parse(text), MOE_EP_OK) << mep_last_error();
   EXPECT_EQ(cfg_->top_k, 4);
 }
 
