@@ -380,9 +380,9 @@ static moe_ep_status_t read_document(yaml_ctx_t *c) {
  * the engine's own keys included (16 MiB of "[a,a,...]" held 1.4 GB). One
  * event pass bounds all three before the loader runs; engine configs are
  * far inside these limits. */
-#define MEP_YAML_MAX_DEPTH 64
-#define MEP_YAML_MAX_ANCHORS 1024
-#define MEP_YAML_MAX_ALIASES 65536
+#define MEP_YAML_MAX_DEPTH 64L
+#define MEP_YAML_MAX_ANCHORS 1024L
+#define MEP_YAML_MAX_ALIASES 65536L
 #define MEP_YAML_MAX_NODES (1L << 18)
 
 static moe_ep_status_t check_shape(const char *text, size_t len,
@@ -461,26 +461,24 @@ static moe_ep_status_t check_shape(const char *text, size_t len,
                      "moe-ep reads the first document only, so put its keys "
                      "there",
                      source, later_section_line, documents);
-    } else if (nodes > MEP_YAML_MAX_NODES) {
-      st = mep_error(MOE_EP_ERR_CONFIG,
-                     "%s, line %d: YAML has more than %ld nodes; a config "
-                     "needs a few hundred",
-                     source, line, MEP_YAML_MAX_NODES);
-    } else if (depth > MEP_YAML_MAX_DEPTH) {
-      st = mep_error(MOE_EP_ERR_CONFIG,
-                     "%s, line %d: YAML nested more than %d levels deep; "
-                     "a config needs a handful",
-                     source, line, MEP_YAML_MAX_DEPTH);
-    } else if (anchors > MEP_YAML_MAX_ANCHORS) {
-      st = mep_error(MOE_EP_ERR_CONFIG,
-                     "%s, line %d: YAML has more than %d anchors; a config "
-                     "needs a handful",
-                     source, line, MEP_YAML_MAX_ANCHORS);
-    } else if (aliases > MEP_YAML_MAX_ALIASES) {
-      st = mep_error(MOE_EP_ERR_CONFIG,
-                     "%s, line %d: YAML has more than %d aliases; a config "
-                     "needs a handful",
-                     source, line, MEP_YAML_MAX_ALIASES);
+    } else {
+      const struct {
+        long count, max;
+        const char *what;
+      } limits[] = {
+          {nodes, MEP_YAML_MAX_NODES, "nodes"},
+          {depth, MEP_YAML_MAX_DEPTH, "levels of nesting"},
+          {anchors, MEP_YAML_MAX_ANCHORS, "anchors"},
+          {aliases, MEP_YAML_MAX_ALIASES, "aliases"},
+      };
+      for (size_t i = 0; i < sizeof(limits) / sizeof(limits[0]); i++) {
+        if (limits[i].count <= limits[i].max) continue;
+        st = mep_error(MOE_EP_ERR_CONFIG,
+                       "%s, line %d: YAML has more than %ld %s; a config "
+                       "needs a few hundred nodes, a handful of the others",
+                       source, line, limits[i].max, limits[i].what);
+        break;
+      }
     }
   }
   yaml_parser_delete(&p);

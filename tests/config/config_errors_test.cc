@@ -245,7 +245,7 @@ TEST_F(ConfigErrors, DeepNestingAndAnchorFloodsFailFast) {
   // a parse that went on would run into the test's own time limit instead
   // (no clock is read here: a loaded machine must not fail this).
   ExpectError("moe_ep: {}\nx: " + std::string(1 << 20, '[') + "\n",
-              {"nested more than 64 levels", "line 2"});
+              {"more than 64 levels of nesting", "line 2"});
   std::string anchors = "moe_ep: {}\n";
   for (int i = 0; i < 100000; i++) {
     anchors += "a" + std::to_string(i) + ": &x" + std::to_string(i) + " 1\n";
