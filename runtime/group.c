@@ -180,16 +180,16 @@ static moe_ep_status_t validate_params(const moe_ep_group_params_t *p,
                      "MOE_EP_INIT(moe_ep_group_params_t)",
                      p->struct_size, offsetof(moe_ep_group_params_t, cuda_device));
   }
-  if (p->config == NULL) {
-    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                     "group_create: params->config is NULL; build one with "
-                     "config_from_yaml");
-  }
   /* The rank first: every later failure names it (mep_group_create). */
   g->rank = p->rank;
   g->world_size = p->world_size;
   if (g->rank < 0) MEP_CHECK(env_int("MOE_EP_RANK", &g->rank));
   if (g->world_size < 0) MEP_CHECK(env_int("MOE_EP_WORLD_SIZE", &g->world_size));
+  if (p->config == NULL) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "group_create: params->config is NULL; build one with "
+                     "config_from_yaml");
+  }
   MEP_CHECK(mep_config_import(p->config, &g->cfg));
   char who[48];
   snprintf(who, sizeof(who), "group_create on rank %d", g->rank);
@@ -616,6 +616,14 @@ static moe_ep_status_t group_info_locked(const moe_ep_group_t *g, moe_ep_group_i
                      "group_info: info is NULL or info->struct_size is below "
                      "the v1 minimum; use MOE_EP_INIT(moe_ep_group_info_t)");
   }
+  /* Refused before anything is written: a failed call leaves info as it was. */
+  if (MEP_HAS_FIELD(info, peer_transports_len) && info->peer_transports != NULL &&
+      info->peer_transports_len < g->world_size) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "group_info: peer_transports_len=%d is smaller than "
+                     "world_size=%d",
+                     info->peer_transports_len, g->world_size);
+  }
   info->rank = g->rank;
   info->world_size = g->world_size;
   info->num_local_experts = g->num_local_experts;
@@ -625,12 +633,6 @@ static moe_ep_status_t group_info_locked(const moe_ep_group_t *g, moe_ep_group_i
   info->bytes_allocated = g->bytes_allocated;
   info->config_hash = g->config_hash;
   if (MEP_HAS_FIELD(info, peer_transports_len) && info->peer_transports != NULL) {
-    if (info->peer_transports_len < g->world_size) {
-      return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                       "group_info: peer_transports_len=%d is smaller than "
-                       "world_size=%d",
-                       info->peer_transports_len, g->world_size);
-    }
     for (int p = 0; p < g->world_size; p++) {
       info->peer_transports[p] = g->ops->peer_transport(g, p);
     }

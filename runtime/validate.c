@@ -144,6 +144,18 @@ moe_ep_status_t mep_tensor_check(const moe_ep_tensor_t *t,
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "%s: %s->data is NULL",
                      r->entry, r->name);
   }
+  /* Contiguous and non-empty here, so the tensor spans `bytes` from
+   * data + byte_offset: a span that wraps the address space is no memory at
+   * all (and pointer overflow is undefined in C). Empty tensors are never
+   * read. */
+  uintptr_t room = UINTPTR_MAX - (uintptr_t)p;
+  if (t->byte_offset > room || (!empty && (uint64_t)bytes > room - t->byte_offset)) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "%s: %s data %p + byte_offset %llu + %lld bytes wraps the "
+                     "address space",
+                     r->entry, r->name, t->data, (unsigned long long)t->byte_offset,
+                     (long long)(empty ? 0 : bytes));
+  }
   p += t->byte_offset;
   /* 16-byte rows let the kernels move whole vectors; small index/count
    * arrays only need their element alignment. */

@@ -80,6 +80,18 @@ TEST_F(Loaded, OneRankGroupThroughTheTable) {
   EXPECT_EQ(info.num_local_experts, 4);
   EXPECT_EQ(info.bytes_allocated, bytes);
   EXPECT_EQ(transports[0], MOE_EP_TRANSPORT_UCX_HOST);
+  // Too short a transport array is refused before anything is written.
+  moe_ep_group_info_t short_info = MOE_EP_INIT(moe_ep_group_info_t);
+  short_info.rank = -7;
+  short_info.world_size = -7;
+  short_info.peer_transports = transports;
+  short_info.peer_transports_len = 0;
+  EXPECT_EQ(t->group_info(g, &short_info), MOE_EP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(t->last_error(), "peer_transports_len=0 is smaller than world_size=1"),
+            nullptr)
+      << t->last_error();
+  EXPECT_EQ(short_info.rank, -7);
+  EXPECT_EQ(short_info.world_size, -7);
   EXPECT_EQ(t->group_destroy(g), MOE_EP_OK);
   EXPECT_EQ(t->group_destroy(g), MOE_EP_ERR_INVALID_ARGUMENT);  // already destroyed
   // num_experts not divisible by the world size fails before any bootstrap.
@@ -90,6 +102,13 @@ TEST_F(Loaded, OneRankGroupThroughTheTable) {
   gp.rank = 2;
   EXPECT_EQ(t->group_create(&gp, &g), MOE_EP_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::strstr(t->last_error(), "rank 2"), nullptr) << t->last_error();
+  // A missing config too names the rank that was given.
+  gp.config = nullptr;
+  gp.rank = 3;
+  gp.world_size = 4;
+  EXPECT_EQ(t->group_create(&gp, &g), MOE_EP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(t->last_error(), "params->config is NULL"), nullptr) << t->last_error();
+  EXPECT_NE(std::strstr(t->last_error(), "rank 3"), nullptr) << t->last_error();
   t->config_free(cfg);
 }
 

@@ -92,6 +92,37 @@ TEST(ValidateTest, ShapeWhoseSizeWrapsIsRefusedNotTakenForEmpty) {
   EXPECT_EQ(Check(d, r), MOE_EP_ERR_INVALID_ARGUMENT) << "with data";
 }
 
+// data + byte_offset + the tensor's bytes must be memory: a byte_offset
+// that wraps the address space (-16: 16 bytes before data) or a span that
+// runs past its top is refused, naming the tensor and the numbers.
+TEST(ValidateTest, ByteOffsetOrSpanThatWrapsTheAddressSpaceIsRefused) {
+  const mep_tensor_rule_t r = Rule(MEP_DEVICE(MOE_EP_DEVICE_CPU, -1));
+  Desc d(MOE_EP_DEVICE_CPU, -1);
+  d.t.byte_offset = ~uint64_t{15};
+  EXPECT_EQ(Check(d, r), MOE_EP_ERR_INVALID_ARGUMENT);
+  std::string msg = mep_last_error();
+  EXPECT_NE(msg.find("dispatch: params->x data"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("byte_offset 18446744073709551600 + 64 bytes wraps the address space"),
+            std::string::npos)
+      << msg;
+  // The last 64 bytes below the top of the address space: data + 64 wraps.
+  d.t.byte_offset = 0;
+  d.t.data = reinterpret_cast<void*>(~uintptr_t{63} + 16);
+  EXPECT_EQ(Check(d, r), MOE_EP_ERR_INVALID_ARGUMENT);
+  msg = mep_last_error();
+  EXPECT_NE(msg.find("+ byte_offset 0 + 64 bytes wraps"), std::string::npos) << msg;
+  // An ordinary offset inside the allocation is taken.
+  Desc ok(MOE_EP_DEVICE_CPU, -1);
+  ok.shape[0] = 2;
+  ok.t.byte_offset = 32;
+  mep_tensor_rule_t open = r;
+  open.shape[0] = -1;
+  void* data = nullptr;
+  int dt = -1;
+  ASSERT_EQ(mep_tensor_check(&ok.t, &open, &data, &dt), MOE_EP_OK) << mep_last_error();
+  EXPECT_EQ(data, reinterpret_cast<char*>(ok.data) + 32);
+}
+
 TEST(ValidateTest, EmptyTensorMayHaveNullDataWhenTheRuleAllowsIt) {
   Desc d(MOE_EP_DEVICE_CPU, -1);
   d.shape[0] = 0;
