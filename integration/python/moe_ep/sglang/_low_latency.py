@@ -76,7 +76,9 @@ class LowLatencyPath:
         op.mode = self.mode
         # fp8 scales in DeepEP's column-major layout, as SGLang's masked
         # grouped GEMM takes them from DeepEP.
-        op.handle, op.topk_ids, op.topk_weights = handle, ids, w
+        # The output's topk_ids are int64, as SGLang's DeepEP dispatcher
+        # gives them (SGLang's router makes int32); the prepare keeps ids.
+        op.handle, op.topk_ids, op.topk_weights = handle, ids.to(torch.int64), w
         op.sent, op.combine_sent = hook, None  # the Hooks, for a give-up (dispatcher._give_up)
         op.recv = Once(column_major_receive(hook), self._bound_s, self.group)
         t, k = (int(n) for n in ids.shape)

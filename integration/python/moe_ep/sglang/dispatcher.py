@@ -220,6 +220,12 @@ class Dispatcher:
     def set_overlap_args(self, combine_overlap_args, meta_overlap_args):
         _refuse_overlap("set_overlap_args", "combine_overlap_args=%r" % (combine_overlap_args,))
 
+    def register_deepep_dispatch_hook(self, hook):
+        """SGLang registers one for single-batch overlap (shared experts
+        run between the dispatch's send and its receive, the combine then
+        overlapped with the down GEMM): refused as set_overlap_args is."""
+        _refuse_overlap("register_deepep_dispatch_hook", "hook=%r" % (hook,))
+
     def clear_overlap_args(self):
         self.overlap_args = None
         self.meta_overlap_args = None

@@ -272,6 +272,13 @@ class PrepareAndFinalize:
         the rows are quantised: a _quant.Plan)."""
         for name, t in (("a1", a1), ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
             _tensor(name, t, entry)
+        # Named in vLLM's terms here; the library would name params->x.
+        if topk_weights.dtype != torch.float32:
+            raise TypeError("%s: topk_weights has dtype %s; it must be torch.float32"
+                            % (entry, topk_weights.dtype))
+        if topk_ids.dtype not in (torch.int32, torch.int64):
+            raise TypeError("%s: topk_ids has dtype %s; it must be torch.int32 or torch.int64"
+                            % (entry, topk_ids.dtype))
         cfg = self.group.config
         if int(num_experts) != cfg.num_experts:
             raise ValueError("%s: num_experts=%d differs from the group's num_experts=%d"
@@ -282,6 +289,12 @@ class PrepareAndFinalize:
         self._expert_map(expert_map, entry)
         quant = _quant.plan(entry, quant_config, defer_input_quant, self._ll, cfg.fp8,
                             self._scale_format, int(a1.shape[-1]) if a1.dim() else 0)
+        if quant.before is None and a1.dtype != torch.bfloat16:
+            # (a1 quantised before an HT dispatch may be any float: the fp8
+            # quantiser names what it takes.)
+            raise TypeError("%s: a1 has dtype %s; moe-ep dispatches bf16 activations (and "
+                            "quantises them to fp8 where quant_config asks for 128-channel "
+                            "block fp8)" % (entry, a1.dtype))
         carried = not self._ll or self._weights_at_dispatch
         if not on_input:
             return (a1, (topk_weights if carried else None), (None if carried else topk_weights),
@@ -350,6 +363,10 @@ class PrepareAndFinalize:
         [N_recv * top_k, H] expert output. 3-D [N_recv, top_k, H]: weighted
         and summed over the received top-k."""
         res = op.recv()
+        if res.recv_topk_idx.shape[0] == 0:
+            # Nothing received: no partial to form, and a reducer's reshape
+            # of zero rows raises (vLLM's DeepEP HT finalize skips it too).
+            return torch.empty((0, fused.shape[-1]), dtype=torch.bfloat16, device=fused.device)
         if impl is not None and not _types.is_delegate(impl):
             ids = self._global_ids(res.recv_topk_idx, torch.int64)
             return impl.apply(None, fused, res.recv_topk_weights, ids, op.on_input)

@@ -120,8 +120,12 @@ def vllm_bad_input(pf, seed):
                   lambda: pf.prepare(x, w, idx, P.num_experts, None, False, Fp8Quant()))
     expect_raises("a1 type", TypeError, "a1 must be a torch.Tensor",
                   lambda: pf.prepare(x.tolist(), w, idx, P.num_experts, None, False, None))
-    expect_raises("library sentence", moe_ep.InvalidArgumentError, "params->x has dtype",
+    expect_raises("a1 dtype", TypeError, "a1 has dtype torch.float32",
                   lambda: pf.prepare(x.float(), w, idx, P.num_experts, None, False, None))
+    beyond = idx.clone()
+    beyond[0, 0] = P.num_experts
+    expect_raises("library sentence", moe_ep.InvalidArgumentError, "topk_idx",
+                  lambda: pf.prepare(x, w, beyond, P.num_experts, None, False, None))
     a1q, _, _, _, _ = pf.prepare(x, w, idx, P.num_experts, None, False, None)
     y = expert_outputs(pf.group, a1q)
     out = torch.empty_like(x)
@@ -250,6 +254,7 @@ def sglang_tbo(d, seed):
     through the positional form."""
     batches = [oracle.all_inputs(P, seed + i) for i in (0, 1)]
     t = [torch_inputs(b[RANK]) for b in batches]
+    t[1] = (t[1][0], t[1][1].to(torch.int32), t[1][2])  # SGLang's router gives int32 ids
     for i in (0, 1):
         d.dispatch_a(t[i][0], TopKOutput(t[i][2], t[i][1]), tbo_subbatch_index=i)
     run_on_thread(d.pending_hook(0), seed)
@@ -259,12 +264,16 @@ def sglang_tbo(d, seed):
         check_dispatch(seed + i, batches[i], moe_ep.DispatchResult(o.hidden_states, None, o.masked_m),
                        P.hidden)
         want_m = (len(t[i][0]) * WORLD * P.top_k + P.num_experts) // P.num_experts
-        if o.hidden_states_scale is not None or o.topk_ids is not t[i][1] or \
+        # topk_ids come back int64 as SGLang's DeepEP dispatcher gives them:
+        # the dispatch's own tensor when it was int64, else an int64 copy.
+        ids_ok = o.topk_ids is t[i][1] if i == 0 else \
+            o.topk_ids.dtype == torch.int64 and torch.equal(o.topk_ids, t[i][1].long())
+        if o.hidden_states_scale is not None or not ids_ok or \
                 o.topk_weights is not t[i][2] or o.expected_m != want_m or \
                 not o.format.is_deepep_ll() or o.format.is_deepep_normal():
-            fail("sglang output", seed + i, "scale None, the dispatch's topk tensors, "
-                 "expected_m=%d and format deepep_ll wanted; got expected_m=%r format %r"
-                 % (want_m, o.expected_m, o.format))
+            fail("sglang output", seed + i, "scale None, the dispatch's topk tensors (ids "
+                 "int64), expected_m=%d and format deepep_ll wanted; got ids %s, expected_m=%r "
+                 "format %r" % (want_m, o.topk_ids.dtype, o.expected_m, o.format))
         y = expert_outputs(d.group, o.hidden_states)
         if i == 0:
             d.combine_a(combine_input=CombineInput(y, o.topk_ids, o.topk_weights),
@@ -299,6 +308,9 @@ def sglang_bad_input(d, seed):
                   lambda: d.combine_a(CombineInput(y, idx, w), topk_weights=w))
     expect_raises("single-batch overlap", NotImplementedError, "single-batch overlap",
                   lambda: d.set_overlap_args(object(), {}))
+    expect_raises("single-batch overlap's dispatch hook", NotImplementedError,
+                  "register_deepep_dispatch_hook: hook=",
+                  lambda: d.register_deepep_dispatch_hook(lambda disp: None))
     expect_raises("nvfp4", NotImplementedError, "input_global_scale",
                   lambda: d.set_quant_config({"input_global_scale": torch.ones(1)}))
     d.set_quant_config({"weight_dtype": "mxfp4"})  # what the dispatch does not read
