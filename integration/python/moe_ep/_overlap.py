@@ -178,20 +178,21 @@ def _oldest(ops):
 
 
 class RecvRing:
-    """Two sets of LL receive buffers per hidden size, used in turn by every
+    """Two sets of LL receive buffers per key (the hidden size, and the row
+    format where adapters may differ in it), used in turn by every
     dispatch that goes through the ring: the library requires a handle's
     combine before the dispatch after next on its group, and the experts
     have read the receive by then, so the set two dispatches back is free
     (as DeepEP's LL receive buffers are). That rule is per group, so one
     ring serves every adapter on a group (group_recv_ring): a model's MoE
     layers share two sets instead of holding two each. No allocation after
-    the first two dispatches of a hidden size, so a CUDA graph can hold it."""
+    the first two dispatches of a key, so a CUDA graph can hold it."""
 
     def __init__(self):
         self._lock = threading.Lock()  # the turn and its dispatch go together
-        self._sets = {}  # hidden -> [DispatchResult or None, DispatchResult or None, next]
+        self._sets = {}  # key -> [DispatchResult or None, DispatchResult or None, next]
 
-    def send(self, hidden, dispatch, bound_s, entry):
+    def send(self, key, dispatch, bound_s, entry):
         """Runs dispatch(buffers) -> Hook with the set whose turn it is
         (None the first two times: "let dispatch allocate") and keeps the
         hook's result as that set. The ring is held from the turn to the
@@ -202,9 +203,9 @@ class RecvRing:
             raise MoeEpTimeoutError("%s: another thread held this group's receive buffers for "
                                     "more than %s" % (entry, bound_words(bound_s)))
         try:
-            s = self._sets.get(hidden)
+            s = self._sets.get(key)
             if s is None:
-                s = self._sets[hidden] = [None, None, 0]
+                s = self._sets[key] = [None, None, 0]
             index = s[2]
             hook = dispatch(s[index])
             s[index] = hook.result

@@ -7,7 +7,9 @@ import collections
 
 import torch
 
+from .. import _fp8
 from .._dropped import group_dropped_hooks
+from .._optional import optional_module
 from .._overlap import Once, column_major_receive, group_recv_ring
 from ._inputs import same_shape
 from ._types import low_latency_format
@@ -37,15 +39,37 @@ class LowLatencyOp:
                  "expected_m")
 
 
+_DEEP_GEMM = "sglang.srt.layers.quantization.deep_gemm_wrapper"
+
+
+def sglang_scale_format():
+    """The fp8 scales SGLang's DeepEP dispatcher asks a low-latency dispatch
+    for (round_scale and use_ue8m0 both ENABLE_JIT_DEEPGEMM and
+    DEEPGEMM_BLACKWELL): "ue8m0_packed" when its JIT DeepGEMM runs on
+    Blackwell, else "f32"; None where SGLang is not importable."""
+    dg = optional_module(_DEEP_GEMM)
+    if dg is None:
+        return None
+    blackwell = bool(getattr(dg, "ENABLE_JIT_DEEPGEMM", False)) and \
+        bool(getattr(dg, "DEEPGEMM_BLACKWELL", False))
+    return "ue8m0_packed" if blackwell else "f32"
+
+
 class LowLatencyPath:
     """weights_at_dispatch: the router weights travel with the tokens and
     combine sums on the experts' ranks (one row back per (token, rank));
     False applies them in combine, as DeepEP does."""
     mode = "low_latency"
 
-    def __init__(self, group, weights_at_dispatch, bound_s):
+    def __init__(self, group, weights_at_dispatch, bound_s, fp8_scale=None):
+        """fp8_scale: the scales of an fp8 group's rows (_fp8.SCALE_FORMATS);
+        None: what SGLang asks DeepEP for (sglang_scale_format), or the
+        group's fp8_scale where SGLang is not importable."""
         self.group = group
         self.weights_at_dispatch = bool(weights_at_dispatch)
+        if fp8_scale is None:
+            fp8_scale = sglang_scale_format()
+        self.format = _fp8.DISPATCH_FORMATS.get(fp8_scale) if group.config.fp8 else None
         self._ring = group_recv_ring(group)
         self._sends = group_dropped_hooks(group)
         self._bound_s = bound_s
@@ -64,10 +88,10 @@ class LowLatencyPath:
         weights = w if self.weights_at_dispatch else None
         try:
             hook = self._ring.send(
-                int(hidden_states.shape[-1]),
+                (int(hidden_states.shape[-1]), self.format),
                 lambda buffers: self._sends.send(
                     lambda: g.dispatch(handle, hidden_states, out=buffers, defer=True,
-                                       topk_weights=weights)),
+                                       topk_weights=weights, format=self.format)),
                 self._bound_s, entry)
         except BaseException:
             handle.free()

@@ -8,7 +8,7 @@ from . import _mode
 
 
 def settle(group, normal_group, deepep_mode, weights_at_dispatch, normal_fp8,
-           expert_alignment):
+           expert_alignment, ll_fp8_scale=None):
     """The dispatcher's mode ('low_latency', 'normal' or 'auto'), after
     every check; raises naming the argument, its value and the rule."""
     if group is not None:
@@ -25,6 +25,14 @@ def settle(group, normal_group, deepep_mode, weights_at_dispatch, normal_fp8,
         raise ValueError("Dispatcher: normal_fp8=%r must be None (rows as given) or one of "
                          "%s (the scales of rows quantised before a normal dispatch)"
                          % (normal_fp8, ", ".join(repr(f) for f in _fp8.SCALE_FORMATS)))
+    if ll_fp8_scale is not None:
+        if ll_fp8_scale not in _fp8.SCALE_FORMATS:
+            raise ValueError("Dispatcher: ll_fp8_scale=%r must be None (as SGLang asks DeepEP) "
+                             "or one of %s" % (ll_fp8_scale,
+                                               ", ".join(repr(f) for f in _fp8.SCALE_FORMATS)))
+        if group is None or not group.config.fp8:
+            raise ValueError("Dispatcher: ll_fp8_scale=%r needs a low-latency group that "
+                             "dispatches fp8 (dispatch_dtype: fp8_e4m3)" % (ll_fp8_scale,))
     if isinstance(expert_alignment, bool) or not isinstance(expert_alignment, int) or \
             expert_alignment < 1:
         raise ValueError("Dispatcher: expert_alignment=%r must be an int >= 1 (SGLang uses "

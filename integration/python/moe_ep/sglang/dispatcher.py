@@ -50,7 +50,11 @@ class Dispatcher:
     "ue8m0_packed" quantises bf16 rows to fp8 per 128-channel group first,
     as SGLang does before DeepGEMM (with UE8M0 scales where DeepGEMM takes
     them). expert_alignment (normal mode, default 1): per-expert counts
-    rounded up to it (SGLang passes 128 for DeepGEMM).
+    rounded up to it (SGLang passes 128 for DeepGEMM). ll_fp8_scale (a
+    low-latency group dispatching fp8): the scales the experts get, "f32",
+    "ue8m0" or "ue8m0_packed"; None asks as SGLang asks DeepEP (packed
+    UE8M0 when its JIT DeepGEMM runs on Blackwell, else f32), or keeps the
+    group's fp8_scale where SGLang is not importable.
 
     dispatch_b and combine_b may run on any thread; dispatch_b, combine_a
     and combine_b check the sub-batch's stage and raise RuntimeError
@@ -65,9 +69,10 @@ class Dispatcher:
     DeepEP's LL buffers)."""
 
     def __init__(self, group=None, *, normal_group=None, deepep_mode=None,
-                 weights_at_dispatch=True, normal_fp8=None, expert_alignment=1):
+                 weights_at_dispatch=True, normal_fp8=None, expert_alignment=1,
+                 ll_fp8_scale=None):
         mode = _setup.settle(group, normal_group, deepep_mode, weights_at_dispatch,
-                             normal_fp8, expert_alignment)
+                             normal_fp8, expert_alignment, ll_fp8_scale)
         self.group = group
         self.normal_group = normal_group
         self.deepep_mode = mode
@@ -78,7 +83,7 @@ class Dispatcher:
         self.meta_overlap_args = None
         self._paths = {
             "low_latency": None if group is None else
-            LowLatencyPath(group, weights_at_dispatch, wait_bound_s(group)),
+            LowLatencyPath(group, weights_at_dispatch, wait_bound_s(group), ll_fp8_scale),
             "normal": None if normal_group is None else
             NormalPath(normal_group, normal_fp8, expert_alignment, wait_bound_s(normal_group)),
         }

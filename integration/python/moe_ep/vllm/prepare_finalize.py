@@ -50,11 +50,14 @@ class PrepareAndFinalize:
     experts' ranks; False sends them with the combine instead, as DeepEP
     (over NVLink they are pushed to the experts' ranks, which still
     pre-reduce; over the network transports one row per (token, expert)
-    comes back; the sum is the same). scale_format (high throughput):
-    the scales of rows an fp8 quant_config has quantised before the
-    dispatch, "f32", "ue8m0" (powers of two in f32, for UE8M0 experts) or
-    "ue8m0_packed" (four exponents per int32); default the group's
-    fp8_scale. moe_config and quant_config are kept for vLLM, which reads
+    comes back; the sum is the same). scale_format: the fp8 scales the
+    experts get, "f32", "ue8m0" (powers of two in f32, for UE8M0 experts)
+    or "ue8m0_packed" (four exponents per int32). High throughput: of rows
+    an fp8 quant_config has quantised before the dispatch; default the
+    group's fp8_scale. Low latency (a group dispatching fp8): default as
+    vLLM's DeepEP LL prepare, settled by post_init_setup: "ue8m0_packed"
+    for experts whose supports_packed_ue8m0_act_scales() is True (DeepGEMM
+    on Blackwell), else "f32"; the group's fp8_scale until then. moe_config and quant_config are kept for vLLM, which reads
     them from its prepare/finalize objects. An fp8 quant_config other than
     one scale per 128 channels (per tensor, per token, other block widths)
     has its rows dispatched bf16 and quantised after the receive, as
@@ -80,12 +83,15 @@ class PrepareAndFinalize:
         if not isinstance(group, Group):
             raise TypeError("PrepareAndFinalize: group must be a moe_ep.Group, got %s"
                             % type(group).__name__)
+        given = scale_format is not None
         if scale_format is None:
             scale_format = group.config.fp8_scale
         if scale_format not in _fp8.SCALE_FORMATS:
             raise ValueError("PrepareAndFinalize: scale_format=%r must be one of %s"
                              % (scale_format, ", ".join(repr(f) for f in _fp8.SCALE_FORMATS)))
         self._scale_format = scale_format
+        self._scale_format_given = given
+        self._ll_format = None  # the LL dispatch's per-call format; None: the group's
         self.group = group
         self.moe_config = moe_config
         self.quant_config = quant_config
@@ -127,6 +133,22 @@ class PrepareAndFinalize:
         return True
 
     def post_init_setup(self, fused_experts):
+        """Settles the LL dispatch's fp8 scales as vLLM's DeepEP LL prepare
+        does: packed UE8M0 for experts that take them, f32 otherwise (see
+        the class). ValueError for packed scales (given as scale_format)
+        that the experts do not take: they would read int32 words as f32."""
+        if not self._ll or not self.group.config.fp8:
+            return None
+        ask = getattr(fused_experts, "supports_packed_ue8m0_act_scales", None)
+        packed_ok = bool(ask()) if callable(ask) else False
+        fmt = self._scale_format if self._scale_format_given else \
+            ("ue8m0_packed" if packed_ok else "f32")
+        if fmt == "ue8m0_packed" and not packed_ok:
+            raise ValueError("post_init_setup: scale_format='ue8m0_packed', but %s does not take "
+                             "packed UE8M0 activation scales (supports_packed_ue8m0_act_scales() "
+                             "is not True); give scale_format 'f32' or 'ue8m0', or none"
+                             % type(fused_experts).__name__)
+        self._ll_format = fmt
         return None
 
     # ---- prepare --------------------------------------------------------------
@@ -180,11 +202,12 @@ class PrepareAndFinalize:
         handle = g.prepare(topk_ids)
         try:
             if self._ll:
+                ll_fmt = _fp8.DISPATCH_FORMATS.get(self._ll_format)
                 hook = self._ring.send(
-                    int(x.shape[-1]),
+                    (int(x.shape[-1]), ll_fmt),
                     lambda buffers: self._sends.send(
                         lambda: g.dispatch(handle, x, topk_weights=w_dispatch, out=buffers,
-                                           defer=True)),
+                                           defer=True, format=ll_fmt)),
                     self._bound_s, entry)
             else:
                 hook = self._sends.send(

@@ -156,6 +156,50 @@ def ll_block_fp8_in_dispatch(g, seed):
                 None)
 
 
+class Experts:
+    """vLLM's experts as post_init_setup sees them: packed None stands for
+    an older vLLM without supports_packed_ue8m0_act_scales."""
+
+    def __init__(self, packed):
+        if packed is not None:
+            self.supports_packed_ue8m0_act_scales = lambda: packed
+
+
+def ll_scales_follow_the_experts(g, seed):
+    """On an fp8 group (fp8_scale ue8m0): the LL dispatch's scales are
+    those vLLM's DeepEP LL prepare asks for once post_init_setup has seen
+    the experts: packed UE8M0 for experts that take them, else f32 (not
+    the group's ue8m0); a given scale_format wins, but packed scales for
+    experts that do not take them are refused."""
+    cases = (
+        ("experts take packed", None, True, (True, True), torch.int32, -(-LL.hidden // 512)),
+        ("experts take no packed", None, False, (False, False), torch.float32, LL.hidden // 128),
+        ("older vLLM", None, None, (False, False), torch.float32, LL.hidden // 128),
+        ("scale_format ue8m0", "ue8m0", True, (True, False), torch.float32, LL.hidden // 128),
+        ("before post_init_setup", None, "unset", (True, False), torch.float32, LL.hidden // 128),
+    )
+    for i, (what, given, packed, fp8, dtype, cols) in enumerate(cases):
+        pf = moe_ep.vllm.PrepareAndFinalize(g, scale_format=given)
+        if packed != "unset":
+            pf.post_init_setup(Experts(packed))
+        inputs = oracle.all_inputs(LL, seed + i)
+        x, idx, w = torch_inputs(inputs[RANK])
+        a1q, scale, meta, _, _ = pf.prepare(x, w, idx, LL.num_experts, None, False,
+                                            Config(FP8, block_shape=[128, 128]))
+        if scale.dtype != dtype or scale.shape[-1] != cols:
+            fail("vllm ll scales, " + what, seed + i, "a1q_scale %s [.., %d], want %s [.., %d]"
+                 % (scale.dtype, scale.shape[-1], dtype, cols))
+        else:
+            check_dispatch(seed + i, inputs, moe_ep.DispatchResult(a1q, scale,
+                                                                   meta.expert_num_tokens),
+                           LL.hidden, fp8=fp8)
+        y = torch.zeros(tuple(a1q.shape), dtype=torch.bfloat16)
+        pf.finalize(torch.empty_like(x), y, w, idx, False, None)
+    pf = moe_ep.vllm.PrepareAndFinalize(g, scale_format="ue8m0_packed")
+    expect_raises("vllm ll packed scales the experts do not take", ValueError,
+                  "Experts does not take packed UE8M0", lambda: pf.post_init_setup(Experts(False)))
+
+
 # ---- refusals -------------------------------------------------------------------
 
 def refusals(pf, seed, cases):
@@ -216,6 +260,10 @@ def main():
                                         dispatch_dtype="fp8_e4m3")) as g:
             refusals(moe_ep.vllm.PrepareAndFinalize(g), 641, LL_FP8_REFUSALS)
             ll_block_fp8_in_dispatch(g, 651)
+        with moe_ep.Group(common.config(3, num_experts=LL.num_experts, hidden=LL.hidden,
+                                        top_k=LL.top_k, max_tokens_per_rank=LL.max_tokens,
+                                        dispatch_dtype="fp8_e4m3", fp8_scale="ue8m0")) as g:
+            ll_scales_follow_the_experts(g, 661)
     common.finish()
 
 
