@@ -644,10 +644,12 @@ typedef struct moe_ep_plugin_v1 {
    * expert in (token, k) order and drops the rest, whose share of the
    * combine is then not defined; it reports both through group_poll_error.
    * high_throughput reports neither, and a repeated expert arrives as given
-   * (recv_topk_idx names it in both slots, recv_count counts both). Combine
-   * a handle before the dispatch after next: buffer sets alternate, and a
-   * later dispatch on the same set replaces the layout (combine then fails
-   * with a sentence saying so). That check counts dispatches as they are
+   * (recv_topk_idx names it in both slots, recv_count counts both). Buffer
+   * sets alternate per operation, dispatch or combine, and a later dispatch
+   * on a handle's set replaces its layout (combine and handle_layout then
+   * fail with a sentence saying so): combine a handle before the dispatch
+   * after next when dispatches follow each other, before the next dispatch
+   * when a combine comes between. That check counts dispatches as they are
    * called or captured: the replay of a CUDA graph re-runs its captured
    * dispatches on their captured buffer sets unseen by the host, so a
    * handle dispatched outside the graph is combined before any replay

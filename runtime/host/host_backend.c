@@ -533,7 +533,7 @@ static moe_ep_status_t host_send(moe_ep_group_t *g, mep_op_t *op) {
   host_state_t *hs = g->impl;
   if (op->kind == MEP_OP_COMBINE) {
     const slot_table_t *tab = op->handle->backend;
-    MEP_CHECK(mep_layout_book_check(&hs->book, g->rank, tab->set, tab->seq));
+    MEP_CHECK(mep_layout_book_check(&hs->book, "combine", g->rank, tab->set, tab->seq));
   }
   mep_host_mesh_begin(hs->mesh);
   if (hs->owed != 0) MEP_CHECK(wait_owed(g));
@@ -623,11 +623,7 @@ static moe_ep_status_t host_handle_layout(moe_ep_group_t *g, mep_handle_state_t 
                                           void *stream) {
   host_state_t *hs = g->impl;
   const slot_table_t *tab = h->backend;
-  moe_ep_status_t st = mep_layout_book_check(&hs->book, g->rank, tab->set, tab->seq);
-  if (st != MOE_EP_OK) {
-    mep_error_prefix("handle_layout");
-    return st;
-  }
+  MEP_CHECK(mep_layout_book_check(&hs->book, "handle_layout", g->rank, tab->set, tab->seq));
   mep_slot_table_layout(tab, g->world_size, (int64_t)g->world_size * g->cfg.max_tokens_per_rank,
                         src_info, layout_range);
   return MOE_EP_OK;

@@ -28,10 +28,10 @@ moe_ep_status_t mep_layout_book_record(mep_layout_book_t *book, int32_t set, uin
                                        moe_ep_status_t launch);
 
 /* MOE_EP_OK when `set` still holds dispatch `seq`'s layout; otherwise
- * INVALID_ARGUMENT with a sentence naming `rank`, both operations and the
- * set. */
-moe_ep_status_t mep_layout_book_check(const mep_layout_book_t *book, int32_t rank, int32_t set,
-                                      uint64_t seq);
+ * INVALID_ARGUMENT with a sentence naming `entry` (the call that needs the
+ * layout: combine, handle_layout), `rank`, both operations and the set. */
+moe_ep_status_t mep_layout_book_check(const mep_layout_book_t *book, const char *entry,
+                                      int32_t rank, int32_t set, uint64_t seq);
 
 #ifdef __cplusplus
 }

@@ -497,7 +497,7 @@ static moe_ep_status_t send_checks(moe_ep_group_t *g, nccl_state_t *s, mep_op_t 
         g, mep_ll_dispatch_validate(fused ? "dispatch" : "dispatch_send", &s->ctx, &a), "dispatch");
   }
   const nccl_handle_t *nh = op->handle->backend;
-  MEP_CHECK(mep_layout_book_check(&s->layouts, g->rank, nh->set, nh->seq));
+  MEP_CHECK(mep_layout_book_check(&s->layouts, "combine", g->rank, nh->set, nh->seq));
   mep_ll_combine_args_t a;
   combine_args(g, s, op, &a);
   return mep_nccl_launched(
@@ -657,11 +657,7 @@ static moe_ep_status_t nccl_handle_layout(moe_ep_group_t *g, mep_handle_state_t 
                                           void *stream) {
   nccl_state_t *s = g->impl;
   const nccl_handle_t *nh = h->backend;
-  moe_ep_status_t st = mep_layout_book_check(&s->layouts, g->rank, nh->set, nh->seq);
-  if (st != MOE_EP_OK) {
-    mep_error_prefix("handle_layout");
-    return st;
-  }
+  MEP_CHECK(mep_layout_book_check(&s->layouts, "handle_layout", g->rank, nh->set, nh->seq));
   mep_nccl_caller_t caller;
   MEP_CHECK(enter_device(g, s, &caller));
   const mep_ll_dims_t *d = &s->ctx.dims;
@@ -669,7 +665,7 @@ static moe_ep_status_t nccl_handle_layout(moe_ep_group_t *g, mep_handle_state_t 
    * export, whatever their streams: the set's event then covers every
    * export on it. */
   mep_nccl_stream_t on;
-  st = mep_nccl_stream_open(stream, "params->stream", &on);
+  moe_ep_status_t st = mep_nccl_stream_open(stream, "params->stream", &on);
   if (st == MOE_EP_OK) st = mep_nccl_sent_order(&s->received, nh->set, &on);
   if (st == MOE_EP_OK) st = mep_nccl_sent_order(&s->exported, nh->set, &on);
   if (st != MOE_EP_OK) return mep_nccl_leave(&caller, st);

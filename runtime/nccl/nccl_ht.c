@@ -414,7 +414,7 @@ static moe_ep_status_t ht_send(moe_ep_group_t *g, mep_op_t *op) {
   if (st == MOE_EP_OK && op->kind == MEP_OP_COMBINE) {
     /* Refused before anything is queued for the call. */
     const ht_handle_t *hh = op->handle->backend;
-    st = mep_layout_book_check(&s->layouts, g->rank, hh->set, hh->seq);
+    st = mep_layout_book_check(&s->layouts, "combine", g->rank, hh->set, hh->seq);
   }
   /* After every set's last send, whatever its stream: the kernels share
    * the group's epoch and ring positions, so one runs after the other

@@ -157,6 +157,8 @@ void layout_after_reuse(Ctx& c, const Problem& p) {
   LayoutOut o(c, p, true, true);
   refused(c, calls[0]->seed(), "handle_layout after its buffer set was reused", calls[0]->handle(),
           &o.lp, MOE_EP_ERR_INVALID_ARGUMENT, "overwritten by a later dispatch on the same set");
+  refused(c, calls[0]->seed(), "handle_layout names itself", calls[0]->handle(), &o.lp,
+          MOE_EP_ERR_INVALID_ARGUMENT, "handle_layout on rank");
   for (size_t i = 1; i < calls.size(); i++) {
     check_layout(c, *calls[i], p, "handle_layout of a live set", true, true);
     if (expect_status(c, calls[i]->seed(), "combine", calls[i]->combine(0, nullptr), MOE_EP_OK))

@@ -39,7 +39,7 @@ void run_reuse(Ctx& c) {
                 MOE_EP_ERR_INVALID_ARGUMENT, "overwritten by a later dispatch on the same set");
   expect_status(c, stale.seed(), "deferred combine after its buffer set was reused",
                 stale.combine(MOE_EP_FLAG_DEFER_RECV, &hook), MOE_EP_ERR_INVALID_ARGUMENT,
-                "combine each handle before the dispatch after next");
+                "lasts until the dispatch after next when dispatches follow each other");
   c.checks++;
   if (hook != nullptr) fail(c, stale.seed(), "refused combine", "returned a hook");
   for (size_t i = 1; i < calls.size(); i++) {

@@ -295,7 +295,10 @@ class Group:
         received slot, -1 past recv_count; layout_range [E_local, R] int64:
         begin << 32 | count of each source rank's slots). Slots are ordered
         by source rank, then token. Valid after the dispatch's receive
-        (its hook ran) until the dispatch after next reuses its buffer set.
+        (its hook ran) until a later dispatch reuses its buffer set: sets
+        alternate per operation, dispatch or combine, so the dispatch after
+        next when dispatches follow each other, the next one when a combine
+        comes between.
         Pass tensors to fill instead of new ones. UnsupportedError for an
         HT handle, or a library older than 0.3."""
         fn = self._lib.entry("handle_layout")

@@ -242,3 +242,36 @@ def test_scales_of_another_shape_are_refused_before_prepare(lib, monkeypatch):
     out = buf.combine(recv_x, handle)[0]
     assert torch.equal(out.view(torch.int16), x.view(torch.int16)), "rank 0: the group after the refusals"
     buf.destroy()
+
+
+def test_cached_dispatch_refuses_new_routing(lib):
+    """dispatch(handle=h) repeats h's layout; a topk_idx or topk_weights
+    given beside it would be ignored, so it is refused (DeepEP asserts
+    the same), and the cached dispatch works without them."""
+    buf = make_buffer(lib, True)
+    x, idx, w = inputs(4)
+    buf.get_dispatch_layout(idx, E)
+    recv_x, _, _, _, handle, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+    for name, kw in (("topk_idx", {"topk_idx": idx.flip(0)}),
+                     ("topk_weights", {"topk_weights": w})):
+        with pytest.raises(ValueError, match="rank 0: dispatch: %s is given with handle=" % name):
+            buf.dispatch(x, handle=handle, **kw)
+    again = buf.dispatch(x, handle=handle)[0]
+    assert torch.equal(again.view(torch.int16), recv_x.view(torch.int16)), \
+        "rank 0: the cached dispatch after the refusals"
+    buf.combine(again, handle)
+    buf.destroy()
+
+
+def test_async_events_keep_the_operation_tensors():
+    """With async_finish on a GPU the event keeps the operation's tensors
+    alive until it is waited on, as DeepEP's does (None entries skipped);
+    without async_finish, or off GPUs, there is no event and nothing kept."""
+    from moe_ep.deep_ep.event import operation_event
+    a, b = torch.ones(2), torch.zeros(3)
+    ev = operation_event(True, True, a, None, b)
+    assert ev.extra_tensors is not None and len(ev.extra_tensors) == 2
+    assert ev.extra_tensors[0] is a and ev.extra_tensors[1] is b
+    for args in ((False, True), (True, False)):
+        ev = operation_event(*args, a, b)
+        assert ev.event is None and ev.extra_tensors is None

@@ -8,7 +8,7 @@ import torch
 from .. import _fp8
 from .._dropped import group_dropped_hooks
 from .._overlap import on_send_stream
-from .event import EventOverlap, record_event
+from .event import operation_event
 from ._refuse import refuse as _refuse
 
 # (use_fp8, use_ue8m0) -> the call's moe-ep row format. DeepEP packs UE8M0
@@ -47,8 +47,9 @@ class LowLatencyHandle(tuple):
     from the library (Group.handle_layout) on first access, by index or by
     unpacking, and are kept: a dispatch whose handle nobody reads pays
     nothing for them. Read them after the receive (the hook, when
-    return_recv_hook=True) and before the dispatch after next reuses the
-    dispatch's buffers, as DeepEP's own tests do right after dispatch."""
+    return_recv_hook=True) and before a later dispatch reuses the
+    dispatch's buffer set (Group.handle_layout: the next dispatch once this
+    one was combined), as DeepEP's own tests do right after dispatch."""
 
     def __new__(cls, group, ep_handle, n, hidden, num_experts):
         self = super().__new__(cls, (None, None, n, hidden, num_experts))
@@ -165,7 +166,8 @@ class LowLatencyMixin:
         recv_x = (res.recv_x, scales_cm) if scales_cm is not None else res.recv_x
         ll_handle = LowLatencyHandle(g, handle, num_max_dispatch_tokens_per_rank,
                                      int(x.shape[-1]), num_experts)
-        event = EventOverlap(record_event(async_finish and g._is_cuda))
+        event = operation_event(async_finish, g._is_cuda, x, topk_idx, res.recv_x, scales_cm,
+                                res.recv_count)
         return recv_x, res.recv_count, ll_handle, event, hook
 
     def low_latency_combine(self, x, topk_idx, topk_weights, handle, use_logfmt=False,
@@ -222,7 +224,7 @@ class LowLatencyMixin:
         hook = None
         if return_recv_hook:
             hook, result = on_send_stream(g, result), result.result
-        event = EventOverlap(record_event(async_finish and g._is_cuda))
+        event = operation_event(async_finish, g._is_cuda, x, topk_idx, topk_weights, result)
         return result, event, hook
 
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank, hidden, num_experts):

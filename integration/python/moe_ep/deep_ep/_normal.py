@@ -9,7 +9,7 @@ import torch
 from .. import _fp8
 from .. import errors as moe_ep_errors
 from . import _agree as agreement
-from .event import EventOverlap, record_event, wait_previous
+from .event import operation_event, wait_previous
 from ._refuse import refuse as _refuse
 
 
@@ -429,7 +429,8 @@ class NormalMixin:
             per_rank, per_expert, in_rank = _torch_layout(topk_idx, num_experts,
                                                           self.group_size)
             self._layout_put((topk_idx, None, num_experts))
-            event = EventOverlap(record_event(async_finish and topk_idx.is_cuda))
+            event = operation_event(async_finish, topk_idx.is_cuda, topk_idx, per_rank,
+                                    per_expert, in_rank)
             return per_rank, None, per_expert, in_rank, event
         if g is None:  # moe_ep_config names the hidden size: the group can be made now
             g = self._ht_group(entry, num_experts, user["hidden"], topk_idx)
@@ -442,7 +443,7 @@ class NormalMixin:
         handle = g.prepare(topk_idx, layout=True)
         self._layout_put((topk_idx, handle, num_experts))
         per_rank, per_expert, in_rank = handle.layout
-        event = EventOverlap(record_event(async_finish and g._is_cuda))
+        event = operation_event(async_finish, g._is_cuda, topk_idx, per_rank, per_expert, in_rank)
         return per_rank, None, per_expert, in_rank, event
 
     def dispatch(self, x, handle=None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
@@ -488,6 +489,11 @@ class NormalMixin:
             if not isinstance(handle, NormalHandle):
                 raise TypeError("%s: handle must be one dispatch returned, got %s"
                                 % (entry, type(handle).__name__))
+            for name, given in (("topk_idx", topk_idx), ("topk_weights", topk_weights)):
+                if given is not None:  # DeepEP asserts the same: the handle routes
+                    raise ValueError("%s: %s is given with handle=; a cached dispatch repeats "
+                                     "the handle's layout, so pass neither (or no handle for a "
+                                     "new routing)" % (entry, name))
             topk_idx, topk_weights = handle.topk_idx, handle.topk_weights
         elif topk_idx is None:
             # is_token_in_rank alone would route the rows, but DeepEP then
@@ -541,9 +547,10 @@ class NormalMixin:
             if not cached:  # a handle the caller passed in stays the caller's
                 ep_handle.free()
             raise
+        event = operation_event(async_finish, g._is_cuda, x, x_scales, topk_idx, topk_weights,
+                                recv_x, recv_scales, recv_idx, recv_w)
         if x_scales is not None:
             recv_x = (recv_x, recv_scales)
-        event = EventOverlap(record_event(async_finish and g._is_cuda))
         if cached:
             handle.worst_rows = worst_rows  # combine follows the latest dispatch
             if self._ht_grows:
@@ -600,5 +607,5 @@ class NormalMixin:
             for b in bias[1:]:
                 acc = acc + b.float()
             out = (acc + out.float()).to(torch.bfloat16)
-        event = EventOverlap(record_event(async_finish and g._is_cuda))
+        event = operation_event(async_finish, g._is_cuda, x, topk_weights, out, combined_w)
         return out, combined_w, event

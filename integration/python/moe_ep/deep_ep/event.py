@@ -74,6 +74,17 @@ class EventOverlap:
             self.current_stream_wait(release_handle=release)
 
 
+def operation_event(async_finish, on_cuda, *tensors):
+    """The EventOverlap an operation returns: with async_finish on a GPU,
+    an event on the current stream that keeps `tensors` (the operation's
+    inputs and outputs; None entries skipped) alive until it is waited on
+    or dropped, as DeepEP's does; else one with no event."""
+    if not (async_finish and on_cuda):
+        return EventOverlap(None)
+    kept = tuple(t for t in tensors if t is not None)
+    return EventOverlap(record_event(True), extra_tensors=kept)
+
+
 def capture():
     """An EventOverlap on the current stream (Buffer.capture)."""
     return EventOverlap(EventHandle())
