@@ -208,14 +208,14 @@ class Group:
         also returns the layout in handle.layout: num_tokens_per_rank [R],
         num_tokens_per_expert [E] int32 and is_token_in_rank [T, R] bool;
         pass tensors to fill instead of new ones (uint8 or bool)."""
+        shape = topk_idx.shape
+        if len(shape) != 2:
+            raise InvalidArgumentError("prepare: topk_idx has shape %s; it must be 2-D, "
+                                       "[num_tokens, top_k]" % (tuple(shape),))
         tls = self._tls
         p = tls.prepare
         tls.topk.attach(topk_idx)
-        shape = topk_idx.shape
-        if len(shape) == 2:
-            p.num_tokens, p.top_k = shape
-        else:
-            p.num_tokens, p.top_k = -1, -1  # the library names the rule
+        p.num_tokens, p.top_k = shape
         p.stream = self._stream()
         if layout is None:
             layout = (self.mode == "high_throughput" or num_tokens_per_rank is not None

@@ -275,3 +275,18 @@ def test_async_events_keep_the_operation_tensors():
     for args in ((False, True), (True, False)):
         ev = operation_event(*args, a, b)
         assert ev.event is None and ev.extra_tensors is None
+
+
+def test_a_cap_out_of_range_names_deeps_argument(lib):
+    """num_max_dispatch_tokens_per_rank above the low-latency range is
+    refused with the library's sentence and the DeepEP argument it came
+    from, in the size hint and in the call that creates the group."""
+    want = (r"max_tokens_per_rank' = 2048 .* out of range for mode low_latency.*"
+            r"DeepEP's num_max_dispatch_tokens_per_rank")
+    with pytest.raises(moe_ep.ConfigError, match=want):
+        Buffer.get_low_latency_rdma_size_hint(2048, H, 1, E)
+    buf = make_buffer(lib, True)
+    x, idx, _ = inputs(4)
+    with pytest.raises(moe_ep.ConfigError, match="rank 0: .*" + want):
+        buf.low_latency_dispatch(x, idx, 2048, E, use_fp8=False)
+    buf.destroy()

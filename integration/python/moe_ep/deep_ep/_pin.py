@@ -6,9 +6,15 @@ MOE_EP_MODE would turn one mode's group into the other's."""
 import os
 
 from ..config import Config as MoeEpConfig
+from ..errors import ConfigError
 
 MODE_ENV = "MOE_EP_MODE"
 TOKENS_ENV = "MOE_EP_MAX_TOKENS_PER_RANK"
+# The config keys a Buffer fills from DeepEP's arguments, by argument name,
+# so a refusal of the value names what the caller passed.
+FROM_ARGUMENT = {"max_tokens_per_rank": "num_max_dispatch_tokens_per_rank",
+                 "hidden": "the hidden size (x.shape[-1], or hidden)",
+                 "num_experts": "num_experts"}
 
 
 def _parsed(cfg, lib, pins):
@@ -21,9 +27,22 @@ def _parsed(cfg, lib, pins):
     text = dict(cfg)
     if "max_tokens_per_rank" in pins and os.environ.get(TOKENS_ENV):
         text["mode"] = "high_throughput"
-    config = MoeEpConfig(text, lib)
-    config.pin(**pins)
+    try:
+        config = MoeEpConfig(text, lib)
+        config.pin(**pins)
+    except ConfigError as e:
+        raise ConfigError("%s%s" % (e, _from_argument(str(e), cfg))) from None
     return config
+
+
+def _from_argument(message, cfg):
+    """A note naming the caller's argument behind the key the library's
+    sentence names, when a Buffer fills that key from one."""
+    for key, argument in FROM_ARGUMENT.items():
+        if "'%s'" % key in message and key in cfg:
+            return " (the Buffer's %s = %r: DeepEP's %s, or moe_ep_config's)" % (
+                key, cfg[key], argument)
+    return ""
 
 
 def group_config(cfg, lib, mode):
