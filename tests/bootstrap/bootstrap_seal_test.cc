@@ -204,11 +204,24 @@ TEST(BootstrapSeal, EachNumberIsTakenOnce) {
   EXPECT_FALSE(mep_bs_fresh(&p, 9)) << "64 below the highest";
   EXPECT_TRUE(mep_bs_fresh(&p, 11)) << "62 below the highest, not taken yet";
   EXPECT_FALSE(mep_bs_fresh(&p, 73));
-  // A jump past the window forgets what lies below it.
+  // A jump past the window forgets what lies below it: every number of
+  // the new window but the top is fresh once (no bit of the old window
+  // survives the jump), and the window is 64 wide: 63 below the top is
+  // taken, 64 below is not.
   EXPECT_TRUE(mep_bs_fresh(&p, 1000));
   EXPECT_FALSE(mep_bs_fresh(&p, 73));
-  EXPECT_TRUE(mep_bs_fresh(&p, 999));
+  EXPECT_FALSE(mep_bs_fresh(&p, 936)) << "64 below the highest after the jump";
+  for (uint64_t c = 937; c < 1000; c++) {
+    EXPECT_TRUE(mep_bs_fresh(&p, c)) << "number " << c << " after the jump to 1000";
+    EXPECT_FALSE(mep_bs_fresh(&p, c)) << "number " << c << " again";
+  }
   EXPECT_FALSE(mep_bs_fresh(&p, 1000));
+  // A step of one past a full window keeps the 63 below it taken.
+  EXPECT_TRUE(mep_bs_fresh(&p, 1001));
+  for (uint64_t c = 938; c <= 1000; c++) {
+    EXPECT_FALSE(mep_bs_fresh(&p, c)) << "number " << c << " after the step to 1001";
+  }
+  EXPECT_FALSE(mep_bs_fresh(&p, 937)) << "64 below 1001";
 }
 
 }  // namespace

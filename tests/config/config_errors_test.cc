@@ -263,10 +263,13 @@ TEST_F(ConfigErrors, NodeFloodFailsBeforeTheLoaderHoldsIt) {
   // libyaml's loader keeps every node of the document, the engine's own
   // keys included: a flat list of millions of items held gigabytes. The
   // 262145th node is refused by name, before anything is loaded.
-  std::string flood = "moe_ep: {}\nx: [";
-  for (int i = 0; i < 300000; i++) flood += "a,";
-  flood += "a]\n";
-  ExpectError(flood, {"more than 262144 nodes", "line 2"});
+  // One item per line, so the line the refusal names pins the limit: the
+  // root mapping, "moe_ep", its {}, "x" and the list are nodes 1-5, so
+  // item i (line 2 + i) is node 5 + i and item 262140, on line 262142, is
+  // the 262145th.
+  std::string flood = "moe_ep: {}\nx:\n";
+  for (int i = 0; i < 270000; i++) flood += "- a\n";
+  ExpectError(flood, {"more than 262144 nodes", "line 262142:"});
   // A list of a few thousand is an ordinary engine config.
   std::string many = "moe_ep: {top_k: 4, hidden: 256}\nx: [";
   for (int i = 0; i < 5000; i++) many += "a,";

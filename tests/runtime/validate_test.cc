@@ -111,6 +111,23 @@ TEST(ValidateTest, ByteOffsetOrSpanThatWrapsTheAddressSpaceIsRefused) {
   EXPECT_EQ(Check(d, r), MOE_EP_ERR_INVALID_ARGUMENT);
   msg = mep_last_error();
   EXPECT_NE(msg.find("+ byte_offset 0 + 64 bytes wraps"), std::string::npos) << msg;
+  // The boundary, with 1-byte elements (no alignment in the way): 32
+  // bytes ending on the last byte of the address space are taken; one
+  // byte higher, the end is past it.
+  mep_tensor_rule_t bytes_rule{"prepare", "params->is_token_in_rank",
+                               MEP_DEVICE(MOE_EP_DEVICE_CPU, -1), MEP_BIT(MEP_DT_U8), 2,
+                               {4, 8, 0}, 0};
+  Desc u8(MOE_EP_DEVICE_CPU, -1);
+  u8.t.dtype = {MOE_EP_DTYPE_UINT, 8, 1};
+  u8.t.data = reinterpret_cast<void*>(~uintptr_t{0} - 32);
+  void* got = nullptr;
+  int got_dt = -1;
+  EXPECT_EQ(mep_tensor_check(&u8.t, &bytes_rule, &got, &got_dt), MOE_EP_OK) << mep_last_error();
+  u8.t.byte_offset = 1;
+  EXPECT_EQ(mep_tensor_check(&u8.t, &bytes_rule, &got, &got_dt), MOE_EP_ERR_INVALID_ARGUMENT);
+  msg = mep_last_error();
+  EXPECT_NE(msg.find("params->is_token_in_rank data"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("+ byte_offset 1 + 32 bytes wraps"), std::string::npos) << msg;
   // An ordinary offset inside the allocation is taken.
   Desc ok(MOE_EP_DEVICE_CPU, -1);
   ok.shape[0] = 2;

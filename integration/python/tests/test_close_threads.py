@@ -14,7 +14,6 @@ import torch
 
 import moe_ep
 import moe_ep._entries
-from moe_ep._bound import wait_bound_s
 from interleave import WAIT_S, Runner, wait_for
 
 E, H, K, T = 4, 128, 2, 6
@@ -61,6 +60,40 @@ def poll(cond, what):
         time.sleep(0.001)
 
 
+def _close_waiting(g):
+    """True once close() waits on the group's condition for calls to leave
+    (a thread is inside Condition.wait)."""
+    return len(g._entries._cond._waiters) == 1
+
+
+def _record_close_waits(g, monkeypatch):
+    """Records each Condition.wait of the group's entries as (timeout, what
+    it returned), and for each notify_all how many threads waited: what
+    close()'s wait did, read without a clock."""
+    cond, waits, notified = g._entries._cond, [], []
+    real_wait, real_notify = cond.wait, cond.notify_all
+
+    def wait(timeout=None):
+        got = real_wait(timeout)
+        waits.append((timeout, got))
+        return got
+
+    def notify_all():
+        notified.append(len(cond._waiters))  # the threads it wakes
+        return real_notify()
+    monkeypatch.setattr(cond, "wait", wait)
+    monkeypatch.setattr(cond, "notify_all", notify_all)
+    return waits, notified
+
+
+def _check_waits_look_again(waits):
+    """Every wait of close() lasted at most 50 ms (it looks again that
+    often, so a lost wake-up costs at most that, not its bound)."""
+    assert waits, "rank 0: close() never waited (the call left before it began to)"
+    long = [t for t, _ in waits if t is None or t > 0.05]
+    assert not long, "rank 0: close() waited %s s at a time; it looks again every 0.05 s" % long
+
+
 def _call_held_inside(g):
     """A call on `g` from another thread, held inside the library until the
     returned Event is set: (its Runner, that Event)."""
@@ -85,20 +118,17 @@ def group(one_rank_group):
     return g
 
 
-def _closing(g):
-    return g._lib.log or getattr(g._entries, "_closed", False)
-
-
-def test_close_waits_for_a_call_inside_the_library(group):
+def test_close_waits_for_a_call_inside_the_library(group, monkeypatch):
     """A call stopped inside the library on another thread: close() does not
-    destroy under it, a new call meanwhile is refused, and the group is
-    destroyed once the call has returned."""
+    destroy under it, a new call meanwhile is refused, the call leaving
+    wakes close(), and the group is destroyed once the call has returned."""
     lib = group._lib
     inside, seen = threading.Event(), []
+    waits, notified = _record_close_waits(group, monkeypatch)
 
     def stuck_call(g):
         inside.set()
-        poll(lambda: _closing(group), "close() starting")
+        poll(lambda: _close_waiting(group), "close() waiting for the call")
         seen.append(list(lib.log))  # what close had done while this call was inside
         try:
             group.info()
@@ -109,16 +139,13 @@ def test_close_waits_for_a_call_inside_the_library(group):
     caller = Runner(lambda: group._call(stuck_call))
     caller.start()
     wait_for(inside, "the call entering the library")
-    bound_s = wait_bound_s(group)
-    start = time.monotonic()
     group.close()
-    took = time.monotonic() - start
     assert caller.outcome("the call") == 0, "rank 0: the call inside the library failed"
-    # The call returns as soon as close() waits, and close() follows it
-    # (not at the end of its bound, 75 s by default).
-    assert took < bound_s / 2, \
-        "rank 0: close() took %.1f s of its %.0f s bound after the call returned (a lost " \
-        "wake-up)" % (took, bound_s)
+    # The call leaving wakes close() (a notify while it waited), and each
+    # of close()'s waits is short whatever happens to that wake-up.
+    assert any(notified), "rank 0: the call left while close() waited and woke nobody " \
+        "(notifies reached %s waiting threads)" % notified
+    _check_waits_look_again(waits)
     assert seen[0] == [], \
         "rank 0: group_destroy ran while another thread's call was inside the library " \
         "(log %s)" % seen[0]
@@ -132,19 +159,19 @@ def test_close_looks_again_without_a_wake_up(group, monkeypatch):
     sends): close() still sees the call has left within moments, not at
     the end of its bound."""
     monkeypatch.setattr(moe_ep._entries.Entries, "_wake", lambda self: None)
+    waits, _ = _record_close_waits(group, monkeypatch)
     caller, go = _call_held_inside(group)
-    bound_s = wait_bound_s(group)
     closer = Runner(group.close)
     closer.start()
-    poll(lambda: _closing(group), "close() starting")
-    start = time.monotonic()
+    poll(lambda: _close_waiting(group), "close() waiting for the call")
     go.set()
     assert caller.outcome("the held call") == 0
     closer.outcome("close()")
-    took = time.monotonic() - start
-    assert took < bound_s / 2, \
-        "rank 0: close() took %.1f s of its %.0f s bound to see a call leave without a wake-up" \
-        % (took, bound_s)
+    # No wake-up came: close() saw the call gone by looking again after a
+    # wait of at most 50 ms that timed out.
+    _check_waits_look_again(waits)
+    assert not any(got for _, got in waits), \
+        "rank 0: a wait of close() was woken (%s) with every wake-up dropped" % waits
     assert group._lib.log == ["group_destroy", "group_destroy returned"], group._lib.log
 
 

@@ -47,6 +47,39 @@ def expected_scales(x_bits, idx, pow2, packed):
     return out
 
 
+def batch(seed):
+    """(x bf16 bits [T, H], topk_idx, weights) of one rank as numpy, and
+    the same as torch tensors."""
+    inp = oracle.make_inputs(oracle.Problem(1, num_experts=E, hidden=H, top_k=K, max_tokens=8),
+                             seed, 0, num_tokens=T)
+    x = torch.from_numpy(inp["x"].view(np.int16)).view(torch.bfloat16)
+    idx = torch.from_numpy(np.ascontiguousarray(inp["topk_idx"]))
+    w = torch.from_numpy(np.ascontiguousarray(inp["weights"]))
+    return inp, x, idx, w
+
+
+def check_scales(what, seed, inp, scales, counts, want):
+    """scales [E, R*N, cols] (a receive's, in DeepEP's view) and counts
+    against the oracle's quantiser for scale format `want`."""
+    cols = -(-H // 512) if want == "ue8m0_packed" else H // 128
+    dtype = torch.int32 if want == "ue8m0_packed" else torch.float32
+    assert scales.dtype == dtype and scales.shape[-1] == cols, \
+        "%s, seed %d: scales %s [.., %d], want %s [.., %d] (%s)" % (
+            what, seed, scales.dtype, scales.shape[-1], dtype, cols, want)
+    exp = expected_scales(inp["x"], inp["topk_idx"], want != "f32", want == "ue8m0_packed")
+    for e, rows in enumerate(exp):
+        n = int(counts[e])
+        want_n = 0 if rows is None else len(rows)
+        assert n == want_n, "%s, seed %d expert %d: count %d, want %d" % (what, seed, e, n,
+                                                                          want_n)
+        if rows is None:
+            continue
+        got = scales[e, :n].contiguous().numpy()
+        bad = np.argwhere(got.view(np.uint32) != rows.view(np.uint32))
+        assert not len(bad), "%s, seed %d expert %d scales (%s): first bad %s: got %r want %r" % (
+            what, seed, e, want, tuple(bad[0]), got[tuple(bad[0])], rows[tuple(bad[0])])
+
+
 @pytest.mark.parametrize("jit, blackwell, given, want", [
     (True, True, None, "ue8m0_packed"),     # SGLang asks for packed UE8M0
     (True, False, None, "f32"),              # Hopper: plain float32 scales
@@ -59,32 +92,43 @@ def test_ll_scales_follow_sglang(one_rank_group, monkeypatch, jit, blackwell, gi
     g = one_rank_group(num_experts=E, hidden=H, top_k=K, max_tokens_per_rank=8,
                        dispatch_dtype="fp8_e4m3", fp8_scale="ue8m0")
     d = Dispatcher(g, ll_fp8_scale=given)
-    inp = oracle.make_inputs(oracle.Problem(1, num_experts=E, hidden=H, top_k=K, max_tokens=8),
-                             SEED, 0, num_tokens=T)
-    x = torch.from_numpy(inp["x"][:T].view(np.int16)).view(torch.bfloat16)
-    idx = torch.from_numpy(np.ascontiguousarray(inp["topk_idx"][:T]))
-    w = torch.from_numpy(np.ascontiguousarray(inp["weights"][:T]))
+    inp, x, idx, w = batch(SEED)
     d.dispatch_a(x, TopKOutput(w, idx))
     out = d.dispatch_b()
-    s = out.hidden_states_scale
-    cols = -(-H // 512) if want == "ue8m0_packed" else H // 128
-    dtype = torch.int32 if want == "ue8m0_packed" else torch.float32
-    assert s.dtype == dtype and s.shape[-1] == cols, \
-        "seed %d: scales %s [.., %d], want %s [.., %d] (%s)" % (SEED, s.dtype, s.shape[-1], dtype,
-                                                              cols, want)
-    exp = expected_scales(inp["x"][:T], inp["topk_idx"][:T], want != "f32",
-                          want == "ue8m0_packed")
-    for e, rows in enumerate(exp):
-        n = int(out.masked_m[e])
-        assert n == (0 if rows is None else len(rows)), "seed %d expert %d count %d" % (SEED, e, n)
-        if rows is None:
-            continue
-        got = s[e, :n].contiguous().numpy()
-        bad = np.argwhere(got.view(np.uint32) != rows.view(np.uint32))
-        assert not len(bad), "seed %d expert %d scales (%s): first bad %s: got %r want %r" % (
-            SEED, e, want, tuple(bad[0]), got[tuple(bad[0])], rows[tuple(bad[0])])
+    check_scales("sglang ll", SEED, inp, out.hidden_states_scale, out.masked_m, want)
     d.combine_a(torch.zeros(tuple(out.hidden_states.shape), dtype=torch.bfloat16), idx, w)
     d.combine_b()
+
+
+def test_adapters_of_two_formats_share_one_group(one_rank_group, monkeypatch):
+    """A vLLM prepare/finalize (the group's f32 scales) and an SGLang
+    dispatcher asking for packed UE8M0 on one group, in an order that does
+    not alternate (v, v, s, s, v, s, s, v): the group's receive ring keeps
+    buffers per format, so each receive has its own format's scales."""
+    import moe_ep.vllm
+    sglang_flags(monkeypatch, None, None)
+    g = one_rank_group(num_experts=E, hidden=H, top_k=K, max_tokens_per_rank=8,
+                       dispatch_dtype="fp8_e4m3", fp8_scale="f32")
+    pf = moe_ep.vllm.PrepareAndFinalize(g)
+    d = Dispatcher(g, ll_fp8_scale="ue8m0_packed")
+    quant = types.SimpleNamespace(quant_dtype=moe_ep.FP8_STORAGE, block_shape=[128, 128],
+                                  per_act_token_quant=False, a1_scale=None)
+    for step, who in enumerate("vvssvssv"):
+        seed = SEED + 10 + step
+        inp, x, idx, w = batch(seed)
+        if who == "v":
+            a1q, scale, meta, _, _ = pf.prepare(x, w, idx, E, None, False, quant)
+            check_scales("vllm step %d" % step, seed, inp, scale, meta.expert_num_tokens, "f32")
+            pf.finalize(torch.empty_like(x), torch.zeros(tuple(a1q.shape), dtype=torch.bfloat16),
+                        w, idx, False, None)
+        else:
+            d.dispatch_a(x, TopKOutput(w, idx))
+            out = d.dispatch_b()
+            check_scales("sglang step %d" % step, seed, inp, out.hidden_states_scale,
+                         out.masked_m, "ue8m0_packed")
+            d.combine_a(torch.zeros(tuple(out.hidden_states.shape), dtype=torch.bfloat16), idx,
+                        w)
+            d.combine_b()
 
 
 def test_ll_fp8_scale_needs_an_fp8_low_latency_group(one_rank_group):
