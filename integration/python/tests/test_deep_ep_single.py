@@ -290,3 +290,28 @@ def test_a_cap_out_of_range_names_deeps_argument(lib):
     with pytest.raises(moe_ep.ConfigError, match="rank 0: .*" + want):
         buf.low_latency_dispatch(x, idx, 2048, E, use_fp8=False)
     buf.destroy()
+
+
+def test_ll_handle_unpacked_before_its_hook_is_filled_by_the_hook(lib):
+    """DeepEP's handle tensors exist once dispatch returns and its receive
+    fills them: unpacked before the hook ran, moe-ep's are tensors the hook
+    fills; after it, src_info names each expert's source tokens ascending
+    (-1 past the count) and layout_range holds 0 << 32 | count (one rank)."""
+    buf = make_buffer(lib, True)
+    x, idx, w = inputs(5)
+    recv_x, count, handle, _, hook = buf.low_latency_dispatch(x, idx, N, E, use_fp8=False,
+                                                              return_recv_hook=True)
+    src_info, layout_range, n, h, e = handle  # before the hook, as DeepEP allows
+    assert (n, h, e) == (N, H, E)
+    hook()
+    for ex in range(E):
+        tokens = [t for t in range(len(idx)) if ex in idx[t].tolist()]
+        want = tokens + [-1] * (N - len(tokens))
+        got = src_info[ex].tolist()
+        assert got == want, "rank 0 expert %d: src_info %s, want %s" % (ex, got, want)
+        assert layout_range[ex, 0].item() == len(tokens), \
+            "rank 0 expert %d: layout_range %d, want %d" % (ex, layout_range[ex, 0].item(),
+                                                           len(tokens))
+    assert handle[0] is src_info, "rank 0: a second read gave other tensors"
+    buf.low_latency_combine(recv_x, idx, w, handle)
+    buf.destroy()

@@ -46,22 +46,47 @@ class LowLatencyHandle(tuple):
     src_info [E_local, R*N] int32 and layout_range [E_local, R] int64 come
     from the library (Group.handle_layout) on first access, by index or by
     unpacking, and are kept: a dispatch whose handle nobody reads pays
-    nothing for them. Read them after the receive (the hook, when
-    return_recv_hook=True) and before a later dispatch reuses the
-    dispatch's buffer set (Group.handle_layout: the next dispatch once this
-    one was combined), as DeepEP's own tests do right after dispatch."""
+    nothing for them. Read before a later dispatch reuses the dispatch's
+    buffer set (Group.handle_layout: the next dispatch once this one was
+    combined), as DeepEP's own tests do right after dispatch. Read before
+    the receive hook ran (return_recv_hook=True), they are tensors the
+    hook fills on its stream when it runs, as DeepEP's receive fills its
+    own."""
 
-    def __new__(cls, group, ep_handle, n, hidden, num_experts):
+    def __new__(cls, group, ep_handle, n, hidden, num_experts, received=True):
         self = super().__new__(cls, (None, None, n, hidden, num_experts))
         self.moe_ep = ep_handle
         self._group = group
         self._layout = None
+        # The hook may run on another thread while this one reads the handle.
+        self._lock = threading.Lock()
+        self._received = received  # the dispatch's receive has run
+        self._fill_on_receive = False
         return self
 
     def _slot_layout(self):
-        if self._layout is None:
-            self._layout = self._group.handle_layout(self.moe_ep)
-        return self._layout
+        with self._lock:
+            if self._layout is None:
+                if self._received:
+                    self._layout = self._group.handle_layout(self.moe_ep)
+                else:
+                    g = self._group
+                    slots = g.world_size * g.config.max_tokens_per_rank
+                    self._layout = (
+                        torch.empty((g.num_local_experts, slots), dtype=torch.int32,
+                                    device=g.device),
+                        torch.empty((g.num_local_experts, g.world_size), dtype=torch.int64,
+                                    device=g.device))
+                    self._fill_on_receive = True
+            return self._layout
+
+    def _receive_ran(self):
+        """Called by the hook after its receive: fills a layout handed out
+        before it (on the hook's stream)."""
+        with self._lock:
+            self._received = True
+            if self._fill_on_receive:
+                self._group.handle_layout(self.moe_ep, *self._layout)
 
     def __getitem__(self, i):
         if isinstance(i, slice):
@@ -154,18 +179,20 @@ class LowLatencyMixin:
             if stats is not None:
                 stats.add_(res.recv_count)
 
+        ll_handle = LowLatencyHandle(g, handle, num_max_dispatch_tokens_per_rank,
+                                     int(x.shape[-1]), num_experts,
+                                     received=not return_recv_hook)
         hook = None
         if return_recv_hook:
             def receive():
                 ep_hook()
                 finish()
+                ll_handle._receive_ran()
             hook = on_send_stream(g, receive)
         else:
             finish()
         self._zero_copy.pass_turn()
         recv_x = (res.recv_x, scales_cm) if scales_cm is not None else res.recv_x
-        ll_handle = LowLatencyHandle(g, handle, num_max_dispatch_tokens_per_rank,
-                                     int(x.shape[-1]), num_experts)
         event = operation_event(async_finish, g._is_cuda, x, topk_idx, res.recv_x, scales_cm,
                                 res.recv_count)
         return recv_x, res.recv_count, ll_handle, event, hook
