@@ -397,8 +397,12 @@ def hooks_on_dispatch_stream(buf, x, idx, w, all_in):
             torch.cuda._sleep(1_000_000_000)
         recv_x.fill_(float("nan"))
         count.fill_(-1)
+        early = (handle[0], handle[1])  # before the hook, as DeepEP allows: the hook fills them
         run(hook)
         check_recv("deep_ep dispatch " + what, recv_x, count, all_in)
+        if handle[0] is not early[0] or handle[1] is not early[1]:
+            fail("deep_ep handle read before the hook, " + what, "a later read gave other tensors")
+        check_handle_layout("deep_ep handle read before the hook, " + what, handle, all_in)
         out, _, hook = buf.low_latency_combine(experts(recv_x), idx, w, handle,
                                                return_recv_hook=True)
         if hold_s1:
