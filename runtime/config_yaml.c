@@ -453,8 +453,8 @@ static moe_ep_status_t check_shape(const char *text, size_t len,
     yaml_event_delete(&e);
     if (later_section_line != 0) {
       /* Only the first document is loaded (engine files hold one; later
-       * ones are the engine's business), so a '" SECTION "' section in a
-       * later one, an override appended after '---' say, would be dropped
+       * ones are the engine's business), so a moe_ep section in a later
+       * one, an override appended after '---' say, would be dropped
        * without a word. */
       st = mep_error(MOE_EP_ERR_CONFIG,
                      "%s, line %d: document %ld has a '" SECTION "' section; "

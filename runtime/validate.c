@@ -144,10 +144,10 @@ moe_ep_status_t mep_tensor_check(const moe_ep_tensor_t *t,
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT, "%s: %s->data is NULL",
                      r->entry, r->name);
   }
-  /* Contiguous and non-empty here, so the tensor spans `bytes` from
-   * data + byte_offset: a span that wraps the address space is no memory at
-   * all (and pointer overflow is undefined in C). Empty tensors are never
-   * read. */
+  /* Past the shape and stride checks the tensor spans `bytes` from
+   * data + byte_offset (nothing when empty: it is never read): a span that
+   * wraps the address space is no memory at all, and pointer overflow is
+   * undefined in C. */
   uintptr_t room = UINTPTR_MAX - (uintptr_t)p;
   if (t->byte_offset > room || (!empty && (uint64_t)bytes > room - t->byte_offset)) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,

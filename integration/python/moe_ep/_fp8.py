@@ -13,8 +13,6 @@ GROUP = 128
 AMAX_FLOOR = 1e-4  # as float32 0x38D1B717, the library's 1e-4f
 FP8_MAX = 448.0
 SCALE_FORMATS = ("f32", "ue8m0", "ue8m0_packed")  # the group config's fp8_scale values
-# Group.dispatch's per-call LL format of fp8 rows with scales of each format.
-DISPATCH_FORMATS = {"f32": "fp8", "ue8m0": "fp8_ue8m0", "ue8m0_packed": "fp8_ue8m0_packed"}
 ROW_FORMATS = {"f32": "fp8", "ue8m0": "fp8_ue8m0", "ue8m0_packed": "fp8_ue8m0_packed"}
 
 # float32 bit patterns (magnitudes) the integer encoder compares with.

@@ -69,7 +69,7 @@ class LowLatencyPath:
         self.weights_at_dispatch = bool(weights_at_dispatch)
         if fp8_scale is None:
             fp8_scale = sglang_scale_format()
-        self.format = _fp8.DISPATCH_FORMATS.get(fp8_scale) if group.config.fp8 else None
+        self.format = _fp8.ROW_FORMATS.get(fp8_scale) if group.config.fp8 else None
         self._ring = group_recv_ring(group)
         self._sends = group_dropped_hooks(group)
         self._bound_s = bound_s

@@ -57,8 +57,9 @@ class PrepareAndFinalize:
     group's fp8_scale. Low latency (a group dispatching fp8): default as
     vLLM's DeepEP LL prepare, settled by post_init_setup: "ue8m0_packed"
     for experts whose supports_packed_ue8m0_act_scales() is True (DeepGEMM
-    on Blackwell), else "f32"; the group's fp8_scale until then. moe_config and quant_config are kept for vLLM, which reads
-    them from its prepare/finalize objects. An fp8 quant_config other than
+    on Blackwell), else "f32"; the group's fp8_scale until then.
+    moe_config and quant_config are kept for vLLM, which reads them from
+    its prepare/finalize objects. An fp8 quant_config other than
     one scale per 128 channels (per tensor, per token, other block widths)
     has its rows dispatched bf16 and quantised after the receive, as
     vLLM's DeepEP prepares do (_quant, _received).
@@ -202,7 +203,7 @@ class PrepareAndFinalize:
         handle = g.prepare(topk_ids)
         try:
             if self._ll:
-                ll_fmt = _fp8.DISPATCH_FORMATS.get(self._ll_format)
+                ll_fmt = _fp8.ROW_FORMATS.get(self._ll_format)
                 hook = self._ring.send(
                     (int(x.shape[-1]), ll_fmt),
                     lambda buffers: self._sends.send(
