@@ -22,6 +22,32 @@ const char *mep_dtype_name(mep_dtype_t dt) {
   return (dt >= 0 && dt < MEP_DT_COUNT_) ? dtypes[dt].name : "unknown";
 }
 
+/* The DLPack name of a dtype no rule takes (float16, int8, float8_e5m2,
+ * bfloat16x2, ...), so that a refusal says what the caller passed and not
+ * only its codes. Families that carry their width in the code (the 8-, 6- and
+ * 4-bit floats) are named without the bits. */
+static void dlpack_name(const moe_ep_data_type_t *dt, char *buf, size_t cap) {
+  static const char *const sized[] = {[0] = "int", [1] = "uint", [2] = "float",
+                                      [4] = "bfloat", [5] = "complex"};
+  static const char *const named[] = {
+      [6] = "bool",           [7] = "float8_e3m4",         [8] = "float8_e4m3",
+      [9] = "float8_e4m3b11fnuz", [10] = "float8_e4m3fn",  [11] = "float8_e4m3fnuz",
+      [12] = "float8_e5m2",   [13] = "float8_e5m2fnuz",    [14] = "float8_e8m0fnu",
+      [15] = "float6_e2m3fn", [16] = "float6_e3m2fn",      [17] = "float4_e2m1fn"};
+  int n;
+  if (dt->code < sizeof(sized) / sizeof(sized[0]) && sized[dt->code] != NULL) {
+    n = snprintf(buf, cap, "%s%u", sized[dt->code], dt->bits);
+  } else if (dt->code < sizeof(named) / sizeof(named[0]) && named[dt->code] != NULL) {
+    n = snprintf(buf, cap, "%s", named[dt->code]);
+  } else {
+    n = snprintf(buf, cap, "a type DLPack does not define");
+    return;
+  }
+  if (dt->lanes != 1 && n >= 0 && (size_t)n < cap) {
+    snprintf(buf + n, cap - (size_t)n, "x%u", dt->lanes);
+  }
+}
+
 int mep_dtype_bytes(mep_dtype_t dt) {
   return (dt >= 0 && dt < MEP_DT_COUNT_) ? dtypes[dt].bits / 8 : 0;
 }
@@ -86,12 +112,16 @@ moe_ep_status_t mep_tensor_check(const moe_ep_tensor_t *t,
   int dt = mep_dtype_of(&t->dtype);
   if (dt < 0 || !(r->dtype_mask & (1u << dt))) {
     mask_names(r->dtype_mask, want, sizeof(want));
+    if (dt < 0) {
+      dlpack_name(&t->dtype, got, sizeof(got));
+    } else {
+      snprintf(got, sizeof(got), "%s", mep_dtype_name(dt));
+    }
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "%s: %s has dtype (code=%u, bits=%u, lanes=%u) = %s; it "
                      "must be %s",
                      r->entry, r->name, t->dtype.code, t->dtype.bits,
-                     t->dtype.lanes, dt < 0 ? "unsupported" : mep_dtype_name(dt),
-                     want);
+                     t->dtype.lanes, got, want);
   }
   if (t->ndim != r->ndim || t->shape == NULL) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,

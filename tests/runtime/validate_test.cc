@@ -72,6 +72,31 @@ TEST(ValidateTest, WrongDtypeAndShapeAreNamed) {
   EXPECT_NE(std::string(mep_last_error()).find("shape"), std::string::npos) << mep_last_error();
 }
 
+// A dtype no rule takes is named as DLPack names it, so the caller reads
+// "float16" and not only its codes.
+TEST(ValidateTest, DtypeNoRuleTakesIsNamedByItsDlpackName) {
+  const struct {
+    moe_ep_data_type_t dtype;
+    const char* name;
+  } cases[] = {
+      {{MOE_EP_DTYPE_FLOAT, 16, 1}, "= float16; it must be bf16"},
+      {{MOE_EP_DTYPE_INT, 8, 1}, "= int8; it must be bf16"},
+      {{MOE_EP_DTYPE_BFLOAT, 16, 2}, "= bfloat16x2; it must be bf16"},
+      {{12, 8, 1}, "= float8_e5m2; it must be bf16"},
+      {{6, 8, 1}, "= bool; it must be bf16"},
+      {{3, 64, 1}, "= a type DLPack does not define; it must be bf16"},
+      {{200, 8, 1}, "= a type DLPack does not define; it must be bf16"},
+      {{MOE_EP_DTYPE_FLOAT, 32, 1}, "(code=2, bits=32, lanes=1) = float32; it must be bf16"},
+  };
+  for (const auto& c : cases) {
+    Desc d(MOE_EP_DEVICE_CUDA, 0);
+    d.t.dtype = c.dtype;
+    EXPECT_EQ(Check(d, Rule(MEP_DEVICE(MOE_EP_DEVICE_CUDA, 0))), MOE_EP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(mep_last_error()).find(c.name), std::string::npos)
+        << "code " << int(c.dtype.code) << ": " << mep_last_error();
+  }
+}
+
 // An open dimension (-1 in the rule: HT recv_x rows, a worst-case y) is the
 // caller's number. A shape whose byte count wraps must not pass as an empty
 // tensor with NULL data, nor as a real one.

@@ -315,3 +315,66 @@ def test_ll_handle_unpacked_before_its_hook_is_filled_by_the_hook(lib):
     assert handle[0] is src_info, "rank 0: a second read gave other tensors"
     buf.low_latency_combine(recv_x, idx, w, handle)
     buf.destroy()
+
+
+def test_library_refusals_name_deeps_arguments(lib):
+    """A tensor the library refuses is named as the DeepEP call named it
+    (low_latency_combine's x, not the library's params->y), under the
+    DeepEP entry; the value and the rule stay the library's, and the
+    group stays usable after each refusal."""
+    buf = make_buffer(lib, True)
+    x, idx, w = inputs()
+    recv_x, _, handle, _, _ = buf.low_latency_dispatch(x, idx, N, E, use_fp8=False)
+    ll_cases = (
+        (r"low_latency_dispatch: x has dtype \(code=2, bits=32, lanes=1\) = float32; it must "
+         r"be bf16", lambda: buf.low_latency_dispatch(x.float(), idx, N, E, use_fp8=False)),
+        (r"low_latency_dispatch: topk_idx has dtype .* = float32; it must be int32 or int64",
+         lambda: buf.low_latency_dispatch(x, idx.float(), N, E, use_fp8=False)),
+        (r"low_latency_dispatch: topk_idx\[0\]\[0\]=%d is not an expert id" % (E + 3),
+         lambda: buf.low_latency_dispatch(x, torch.full_like(idx, E + 3), N, E, use_fp8=False)),
+        (r"low_latency_combine: x has dtype .* = float32; it must be bf16",
+         lambda: buf.low_latency_combine(recv_x.float(), idx, w, handle)),
+        (r"low_latency_combine: topk_weights has dtype \(code=2, bits=16, lanes=1\) = float16; "
+         r"it must be float32", lambda: buf.low_latency_combine(recv_x, idx, w.half(), handle)),
+        (r"low_latency_combine: out has shape \[3, %d\]; it must be \[4, %d\]" % (H, H),
+         lambda: buf.low_latency_combine(recv_x, idx, w, handle,
+                                         out=torch.empty((3, H), dtype=torch.bfloat16))),
+    )
+    for pattern, call in ll_cases:
+        with pytest.raises(moe_ep.InvalidArgumentError, match=r"^(rank 0: )?" + pattern) as e:
+            call()
+        assert "params->" not in str(e.value), "rank 0: %s" % e.value
+    out = buf.low_latency_combine(recv_x, idx, w, handle)[0]
+    want = (w.sum(dim=1, keepdim=True) * x.float()).to(torch.bfloat16)  # one rank, every slot here
+    assert torch.allclose(out.float(), want.float(), rtol=2e-2, atol=2e-2), \
+        "rank 0: the LL round trip after the refusals"
+    buf.get_dispatch_layout(idx, E)
+    for pattern, call in (
+            (r"dispatch: topk_weights has shape \[4, 1\]; it must be \[4, %d\]" % K,
+             lambda: buf.dispatch(x, topk_idx=idx, topk_weights=w[:, :1])),
+            (r"dispatch: x has dtype .* = float32; it must be",
+             lambda: buf.dispatch(x.float(), topk_idx=idx, topk_weights=w))):
+        with pytest.raises(moe_ep.InvalidArgumentError, match=r"^(rank 0: )?" + pattern) as e:
+            call()
+        assert "params->" not in str(e.value), "rank 0: %s" % e.value
+    recv_x, _, _, _, handle, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+    for pattern, y in ((r"combine: x\.shape\[-1\]=%d differs from the dispatch's hidden=%d"
+                        % (H // 2, H), recv_x[:, :H // 2].contiguous()),
+                       (r"combine: x has dtype .* = float32; it must be bf16", recv_x.float())):
+        with pytest.raises(moe_ep.InvalidArgumentError, match=r"^(rank 0: )?" + pattern):
+            buf.combine(y, handle)
+    out = buf.combine(recv_x, handle)[0]
+    assert torch.equal(out.view(torch.int16), x.view(torch.int16)), \
+        "rank 0: the normal-mode round trip after the refusals"
+    buf.destroy()
+
+
+def test_reworded_keeps_the_rank_and_leaves_other_sentences():
+    """The renaming keeps a leading "rank N: " and renames only the fields
+    of its table; a sentence naming none of them is not touched."""
+    from moe_ep.deep_ep._arg_names import COMBINE, reworded
+    assert reworded("rank 3: combine: params->y has shape [1]; it must be [2]", "combine",
+                    COMBINE) == "rank 3: combine: x has shape [1]; it must be [2]"
+    assert reworded("combine: rank 1 failed: params->out is NULL", "combine", COMBINE) is None
+    assert reworded("combine: timed out after 30000 ms waiting for rank 1", "combine",
+                    COMBINE) is None

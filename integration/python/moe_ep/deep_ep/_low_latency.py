@@ -9,6 +9,7 @@ from .. import _fp8
 from .._dropped import group_dropped_hooks
 from .._overlap import on_send_stream
 from .event import operation_event
+from ._arg_names import LOW_LATENCY_COMBINE, LOW_LATENCY_DISPATCH, in_deepep_words
 from ._refuse import refuse as _refuse
 
 # (use_fp8, use_ue8m0) -> the call's moe-ep row format. DeepEP packs UE8M0
@@ -131,6 +132,7 @@ class LowLatencyMixin:
                     "hold fp8 rows only" % cfg.dispatch_dtype)
         return g, fmt
 
+    @in_deepep_words("low_latency_dispatch", LOW_LATENCY_DISPATCH)
     def low_latency_dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
                              cumulative_local_expert_recv_stats=None,
                              dispatch_wait_recv_cost_stats=None, use_fp8=True, round_scale=False,
@@ -197,6 +199,7 @@ class LowLatencyMixin:
                                 res.recv_count)
         return recv_x, res.recv_count, ll_handle, event, hook
 
+    @in_deepep_words("low_latency_combine", LOW_LATENCY_COMBINE)
     def low_latency_combine(self, x, topk_idx, topk_weights, handle, use_logfmt=False,
                             zero_copy=False, async_finish=False, return_recv_hook=False,
                             out=None, combine_wait_recv_cost_stats=None, overlap=False,

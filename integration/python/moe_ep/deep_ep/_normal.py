@@ -10,6 +10,7 @@ from .. import _fp8
 from .. import errors as moe_ep_errors
 from . import _agree as agreement
 from .event import operation_event, wait_previous
+from ._arg_names import COMBINE, DISPATCH, GET_DISPATCH_LAYOUT, in_deepep_words
 from ._refuse import refuse as _refuse
 
 
@@ -405,6 +406,7 @@ class NormalMixin:
             return cached[1]
         return g.prepare(topk_idx)
 
+    @in_deepep_words("get_dispatch_layout", GET_DISPATCH_LAYOUT)
     def get_dispatch_layout(self, topk_idx, num_experts, previous_event=None, async_finish=False,
                             allocate_on_comm_stream=False):
         """Returns (num_tokens_per_rank [R] int32, None, num_tokens_per_expert
@@ -446,6 +448,7 @@ class NormalMixin:
         event = operation_event(async_finish, g._is_cuda, topk_idx, per_rank, per_expert, in_rank)
         return per_rank, None, per_expert, in_rank, event
 
+    @in_deepep_words("dispatch", DISPATCH)
     def dispatch(self, x, handle=None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
                  is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None,
                  topk_weights=None, expert_alignment=1, num_worst_tokens=0, config=None,
@@ -561,6 +564,7 @@ class NormalMixin:
             self._ht_pending.add(new_handle)  # until its combine: the group must not grow
         return recv_x, recv_idx.to(topk_idx.dtype), recv_w, per_expert_list, new_handle, event
 
+    @in_deepep_words("combine", COMBINE)
     def combine(self, x, handle, topk_weights=None, bias=None, config=None, previous_event=None,
                 async_finish=False, allocate_on_comm_stream=False):
         """Returns (combined_x [T, H] bf16, combined_topk_weights, event):

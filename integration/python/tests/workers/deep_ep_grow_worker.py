@@ -202,7 +202,8 @@ def given_cap_stays(group):
     _, _, idx, _ = inputs_for(23, tokens_on(WORLD - 1, 1500))
     if RANK == WORLD - 1:
         expect_raises("batch above the given cap", moe_ep.InvalidArgumentError,
-                      "params->num_tokens=1500 must be in [0, max_tokens_per_rank=1024]",
+                      "get_dispatch_layout: topk_idx.shape[0]=1500 must be in "
+                      "[0, max_tokens_per_rank=1024]",
                       lambda: buf.get_dispatch_layout(idx, P.num_experts))
     else:
         expect_raises("peer of a batch above the given cap", moe_ep.InvalidArgumentError,
