@@ -132,7 +132,8 @@ prepare_layout() {
 }
 # A zero-token layer with NULL data dispatches and combines, and replaces
 # its set's layout (public API, one rank, one GPU); every entry leaves the
-# calling thread's CUDA context as it was.
+# calling thread's CUDA context as it was; group_destroy while a CUDA graph
+# holds the group's calls says BUSY and keeps the memory the graph uses.
 set_reuse() {
   timeout 65 $B/moe_ep_run -n 1 --timeout_s 60 -- $B/set_reuse_gpu_test \
     > "$OUT/set_reuse.log" 2>&1
@@ -142,6 +143,10 @@ set_reuse() {
     > "$OUT/caller_context.log" 2>&1
   summary caller_context_gpu_test $? "$(gtest_key "$OUT/caller_context.log")"
   grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure|context" "$OUT/caller_context.log" | head -8
+  timeout 65 $B/moe_ep_run -n 1 --timeout_s 60 -- $B/graph_destroy_gpu_test \
+    > "$OUT/graph_destroy.log" 2>&1
+  summary graph_destroy_gpu_test $? "$(gtest_key "$OUT/graph_destroy.log")"
+  grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure|rank 0" "$OUT/graph_destroy.log" | head -8
 }
 # One SM: every local expert in one receive block (at 256 experts, several
 # list batches of the LSA receive, kMepBatchUnits); the hot-expert

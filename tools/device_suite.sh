@@ -13,6 +13,7 @@ tools/setup.sh
 NVCC="${NVCC:-/usr/local/cuda/bin/nvcc}"
 T=(//plugin:libmoe_ep.so //tests/host:conformance_worker //tools/launcher:moe_ep_run
    //tests/gpu:ll_gpu_test //tests/gpu:prepare_layout_gpu_test //tests/gpu:set_reuse_gpu_test //tests/gpu:caller_context_gpu_test
+   //tests/gpu:graph_destroy_gpu_test
    //tests/gpu:export_layout_gpu_test //tests/gpu:ht_world_test //tests/gpu:ht_world_shape_test
    //tests/gpu:ht_world_overlap_test //tests/gpu:ll_world_test //tests/gpu:ll_world_reuse_test
    //tests/gpu:ll_world_order_test //tests/gpu:ll_world_abort_test //tests/gpu:ll_world_shape_test
@@ -24,6 +25,7 @@ rm -rf .gpu_bundle && mkdir -p .gpu_bundle
 for f in plugin/libmoe_ep.so tests/host/conformance_worker tools/launcher/moe_ep_run \
          tests/gpu/ll_gpu_test tests/gpu/prepare_layout_gpu_test \
          tests/gpu/set_reuse_gpu_test tests/gpu/caller_context_gpu_test tests/gpu/export_layout_gpu_test \
+         tests/gpu/graph_destroy_gpu_test \
          tests/gpu/ht_world_test tests/gpu/ht_world_shape_test tests/gpu/ht_world_overlap_test \
          tests/gpu/ll_world_test \
          tests/gpu/ll_world_reuse_test tests/gpu/ll_world_order_test tests/gpu/ll_world_abort_test \

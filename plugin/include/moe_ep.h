@@ -594,7 +594,9 @@ typedef struct moe_ep_plugin_v1 {
    * group's calls may still be running, and CUDA graphs holding them must
    * have finished running and must not be launched again: the group's
    * memory goes back to CUDA's pools and the library's, where the next
-   * group may get it. */
+   * group may get it. Graphs (and executable graphs) still holding the
+   * group's calls are counted and the count logged at WARN: destroying
+   * them first is what keeps a later launch from writing freed memory. */
   moe_ep_status_t (*group_destroy)(moe_ep_group_t *group);
   moe_ep_status_t (*group_info)(const moe_ep_group_t *group,
                                 moe_ep_group_info_t *info);

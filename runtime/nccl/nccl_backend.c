@@ -131,9 +131,8 @@ static moe_ep_status_t nccl_release(moe_ep_group_t *g, int abort) {
     /* Without the NCCL side no kernel of ours ran. */
     (void)mep_nccl_make_current(s->device);
     const mep_nccl_sent_t *last[3] = {&s->sent, &s->received, &s->exported};
-    ended = mep_nccl_end_kernels(last, 3, g->cfg.bootstrap_timeout_ms,
-                                 abort && s->ctx.state != NULL ? raise_abort : NULL, &s->ctx);
-    if (!ended) st = mep_nccl_abandoned(g, mep_nccl_bytes_allocated(s->nccl));
+    ended = mep_nccl_quiesce(g, s->nccl, last, 3,
+                             abort && s->ctx.state != NULL ? raise_abort : NULL, &s->ctx, &st);
   }
   if (ended) { /* else the kernels may still write the records and read the storage */
     for (int i = 0; i < MEP_NUM_BUFFER_SETS; i++) {
@@ -426,7 +425,7 @@ _Static_assert((int)MEP_LL_TRANSPORT_LSA == (int)MOE_EP_TRANSPORT_LSA &&
 static moe_ep_status_t nccl_prepare(moe_ep_group_t *g, mep_handle_state_t *h) {
   nccl_state_t *s = g->impl;
   MEP_CHECK(timeout_status(g, s));
-  return mep_nccl_prepare_layout(g, s->device, h);
+  return mep_nccl_prepare_layout(g, s->nccl, s->device, h);
 }
 
 static void dispatch_args(moe_ep_group_t *g, nccl_state_t *s, const mep_op_t *op,
@@ -603,7 +602,7 @@ static moe_ep_status_t nccl_send(moe_ep_group_t *g, mep_op_t *op) {
   MEP_CHECK(enter_device(g, s, &caller));
   mep_nccl_stream_t on;
   moe_ep_status_t st = send_checks(g, s, op, 0);
-  if (st == MOE_EP_OK) st = mep_nccl_stream_open(op->stream, "params->stream", &on);
+  if (st == MOE_EP_OK) st = mep_nccl_stream_open(s->nccl, op->stream, "params->stream", &on);
   if (st == MOE_EP_OK) st = order_send(s, op, &on);
   if (st == MOE_EP_OK) st = order_reuse(g, s, op, &on);
   if (st == MOE_EP_OK) st = send_half(g, s, op, 0);
@@ -617,7 +616,7 @@ static moe_ep_status_t nccl_recv(moe_ep_group_t *g, mep_op_t *op) {
   mep_nccl_caller_t caller;
   MEP_CHECK(enter_device(g, s, &caller));
   mep_nccl_stream_t on;
-  moe_ep_status_t st = mep_nccl_stream_open(op->stream, "params->stream", &on);
+  moe_ep_status_t st = mep_nccl_stream_open(s->nccl, op->stream, "params->stream", &on);
   if (st == MOE_EP_OK) st = mep_nccl_sent_order(&s->sent, op->buffer_set, &on);
   if (st != MOE_EP_OK) return mep_nccl_leave(&caller, st);
   if (op->kind == MEP_OP_DISPATCH) {
@@ -640,7 +639,7 @@ static moe_ep_status_t nccl_send_recv(moe_ep_group_t *g, mep_op_t *op) {
   MEP_CHECK(enter_device(g, s, &caller));
   mep_nccl_stream_t on;
   moe_ep_status_t st = send_checks(g, s, op, 1);
-  if (st == MOE_EP_OK) st = mep_nccl_stream_open(op->stream, "params->stream", &on);
+  if (st == MOE_EP_OK) st = mep_nccl_stream_open(s->nccl, op->stream, "params->stream", &on);
   if (st == MOE_EP_OK) st = order_send(s, op, &on);
   if (st == MOE_EP_OK) st = order_reuse(g, s, op, &on);
   if (st == MOE_EP_OK) st = send_half(g, s, op, 1);
@@ -665,7 +664,7 @@ static moe_ep_status_t nccl_handle_layout(moe_ep_group_t *g, mep_handle_state_t 
    * export, whatever their streams: the set's event then covers every
    * export on it. */
   mep_nccl_stream_t on;
-  moe_ep_status_t st = mep_nccl_stream_open(stream, "params->stream", &on);
+  moe_ep_status_t st = mep_nccl_stream_open(s->nccl, stream, "params->stream", &on);
   if (st == MOE_EP_OK) st = mep_nccl_sent_order(&s->received, nh->set, &on);
   if (st == MOE_EP_OK) st = mep_nccl_sent_order(&s->exported, nh->set, &on);
   if (st != MOE_EP_OK) return mep_nccl_leave(&caller, st);

@@ -12,6 +12,7 @@
 #include "runtime/bootstrap.h"
 #include "runtime/error.h"
 #include "runtime/group.h"
+#include "runtime/log.h"
 #include "runtime/nccl/nccl_setup.h"
 #include "runtime/nccl/nccl_wait.h"
 #include "runtime/nccl/pinned_pool.h"
@@ -95,7 +96,8 @@ moe_ep_status_t mep_nccl_share_uid(void *user, int32_t rank, int32_t world, void
   return mep_bootstrap_broadcast((mep_bootstrap_t *)user, uid, bytes, 0);
 }
 
-moe_ep_status_t mep_nccl_prepare_layout(moe_ep_group_t *g, int device, mep_handle_state_t *h) {
+moe_ep_status_t mep_nccl_prepare_layout(moe_ep_group_t *g, mep_nccl_t *nccl, int device,
+                                        mep_handle_state_t *h) {
   if (!h->out_tokens_per_rank && !h->out_tokens_per_expert && !h->out_is_token_in_rank) {
     return MOE_EP_OK;
   }
@@ -104,7 +106,7 @@ moe_ep_status_t mep_nccl_prepare_layout(moe_ep_group_t *g, int device, mep_handl
   /* A stream CUDA refuses (destroyed, or in an invalidated capture) is bad
    * input, refused before the launch, which would fail the group. */
   mep_nccl_stream_t on;
-  moe_ep_status_t st = mep_nccl_stream_open(h->prepare_stream, "params->stream", &on);
+  moe_ep_status_t st = mep_nccl_stream_open(nccl, h->prepare_stream, "params->stream", &on);
   if (st != MOE_EP_OK) return mep_nccl_leave(&caller, st);
   mep_prepare_layout_args_t a = {
       .topk_idx = h->topk_idx,
@@ -165,8 +167,8 @@ int mep_nccl_await_sent(const mep_nccl_sent_t *const *sent, int n, int timeout_m
   return 1;
 }
 
-int mep_nccl_end_kernels(const mep_nccl_sent_t *const *sent, int n, int timeout_ms,
-                         void (*raise_abort)(void *ctx, cudaStream_t stream), void *ctx) {
+static int end_kernels(const mep_nccl_sent_t *const *sent, int n, int timeout_ms,
+                       void (*raise_abort)(void *ctx, cudaStream_t stream), void *ctx) {
   /* only while a kernel may still run; the flag's copy lands before the
    * caller frees the state */
   if (raise_abort != NULL && !mep_nccl_await_sent(sent, n, 0) &&
@@ -175,7 +177,7 @@ int mep_nccl_end_kernels(const mep_nccl_sent_t *const *sent, int n, int timeout_
   return mep_nccl_await_sent(sent, n, timeout_ms);
 }
 
-moe_ep_status_t mep_nccl_abandoned(const moe_ep_group_t *g, uint64_t window_bytes) {
+static moe_ep_status_t abandoned(const moe_ep_group_t *g, uint64_t window_bytes) {
   return mep_error(MOE_EP_ERR_TIMEOUT,
                    "group_destroy on rank %d: the group's last kernels had not ended within "
                    "bootstrap.timeout_ms=%d (they wait behind earlier work on their streams); "
@@ -183,6 +185,31 @@ moe_ep_status_t mep_nccl_abandoned(const moe_ep_group_t *g, uint64_t window_byte
                    "communicator are left allocated "
                    "for the life of the process, since those kernels may still use them",
                    g->rank, g->cfg.bootstrap_timeout_ms, (unsigned long long)window_bytes);
+}
+
+/* The contract lets graphs that hold the group's calls outlive it as long
+ * as they are never launched again; one still alive is said (the engine's
+ * log) because a launch of it after this point would use freed memory. */
+static void warn_graphs(const moe_ep_group_t *g, int64_t graphs) {
+  const int one = graphs == 1;
+  MEP_LOG_WARN("group",
+               "rank %d: group_destroy: %lld CUDA graph%s (or graph capture%s) holding this "
+               "group's calls %s still alive %d ms after the call; the group's memory is freed "
+               "now, so %s must never be launched again (a launch would write memory that may "
+               "belong to another allocation by then). Destroy the graphs that hold a group's "
+               "calls, and the executable graphs made from them, before group_destroy",
+               g->rank, (long long)graphs, one ? "" : "s", one ? "" : "s", one ? "is" : "are",
+               MEP_NCCL_GRAPH_GRACE_MS, one ? "it" : "they");
+}
+
+int mep_nccl_quiesce(const moe_ep_group_t *g, mep_nccl_t *nccl, const mep_nccl_sent_t *const *sent,
+                     int n, void (*raise_abort)(void *ctx, cudaStream_t stream), void *ctx,
+                     moe_ep_status_t *st) {
+  const int64_t graphs = mep_graph_watch_live(mep_nccl_graphs(nccl), MEP_NCCL_GRAPH_GRACE_MS);
+  if (graphs > 0) warn_graphs(g, graphs);
+  if (end_kernels(sent, n, g->cfg.bootstrap_timeout_ms, raise_abort, ctx)) return 1;
+  *st = abandoned(g, mep_nccl_bytes_allocated(nccl));
+  return 0;
 }
 
 static moe_ep_status_t left_registered(const moe_ep_group_t *g, uint64_t window_bytes) {
@@ -270,19 +297,26 @@ static moe_ep_status_t stream_elsewhere(void *stream, const char *arg) {
                    arg, stream, here, here);
 }
 
-moe_ep_status_t mep_nccl_stream_open(void *stream, const char *arg, mep_nccl_stream_t *out) {
+moe_ep_status_t mep_nccl_stream_open(mep_nccl_t *nccl, void *stream, const char *arg,
+                                     mep_nccl_stream_t *out) {
   out->stream = stream;
   out->capture = 0;
   const cudaError_t e = capture_of(stream, &out->capture);
   if (e != cudaSuccess) return stream_refused(stream, arg, e);
-  return stream_elsewhere(stream, arg);
+  MEP_CHECK(stream_elsewhere(stream, arg));
+  if (nccl == NULL) return MOE_EP_OK;
+  /* Before anything is queued: a graph that holds the call is known to
+   * group_destroy (graph_watch.h). */
+  const cudaError_t w = mep_graph_watch_note(mep_nccl_graphs(nccl), (cudaStream_t)stream,
+                                             out->capture);
+  return w == cudaSuccess ? MOE_EP_OK : mep_nccl_cuda_error("tying the graph capture to the group", w);
 }
 
 moe_ep_status_t mep_nccl_check_recv(moe_ep_group_t *g, const mep_op_t *op) {
   mep_nccl_caller_t caller;
   MEP_CHECK(mep_nccl_enter(g->cuda_device, &caller));
   mep_nccl_stream_t st;
-  return mep_nccl_leave(&caller, mep_nccl_stream_open(op->stream, "stream", &st));
+  return mep_nccl_leave(&caller, mep_nccl_stream_open(NULL, op->stream, "stream", &st));
 }
 
 moe_ep_status_t mep_nccl_sent_record(mep_nccl_sent_t *sent, int set, const mep_nccl_stream_t *s) {

@@ -16,6 +16,8 @@
 #include "runtime/nccl/nccl_context.h"
 #include "runtime/op.h"
 
+struct mep_nccl; /* nccl_setup.h */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -75,7 +77,8 @@ typedef struct mep_nccl_stream {
  * INVALID_ARGUMENT naming `arg`), and it runs in the group's context (a
  * stream of another GPU, or of another context on this one, is
  * INVALID_ARGUMENT too); a device error stays a fatal CUDA error. */
-moe_ep_status_t mep_nccl_stream_open(void *stream, const char *arg, mep_nccl_stream_t *out);
+moe_ep_status_t mep_nccl_stream_open(struct mep_nccl *nccl, void *stream, const char *arg,
+                                     mep_nccl_stream_t *out);
 /* LL's check_recv (backend.h): hook_run's stream (op->stream, named
  * `stream`), refused as mep_nccl_stream_open refuses it, before the hook
  * counts as run. */
@@ -110,17 +113,26 @@ int mep_nccl_await_sent(const mep_nccl_sent_t *const *sent, int n, int timeout_m
 /* One event (cudaEvent_t) the same way: 1 when it completed, 0 when
  * timeout_ms passed first. */
 int mep_nccl_await_event(void *event, int timeout_ms);
-/* Teardown's wait for the group's last kernels (mep_nccl_await_sent),
- * after, with raise_abort set (a failed group) and a kernel still
- * running, raise_abort(ctx, s) on a stream of its own
- * (mep_nccl_on_side_stream), so waiting kernels give up at their next
- * check. 1 when everything ended, 0 when the bound passed first. */
-int mep_nccl_end_kernels(const mep_nccl_sent_t *const *sent, int n, int timeout_ms,
-                         void (*raise_abort)(void *ctx, cudaStream_t stream), void *ctx);
-/* group_destroy's TIMEOUT sentence when that wait ran out: the window of
- * `window_bytes` and the rest stay allocated (mep_nccl_abandon). */
-moe_ep_status_t mep_nccl_abandoned(const moe_ep_group_t *g, uint64_t window_bytes);
-struct mep_nccl; /* nccl_setup.h */
+/* Teardown's first step: whether the group's memory can be freed.
+ *  - A CUDA graph (or capture) still holding the group's calls
+ *    (graph_watch.h, after MEP_NCCL_GRAPH_GRACE_MS) is logged at WARN:
+ *    moe_ep.h lets it outlive the group as long as it is never launched
+ *    again.
+ *  - The group's last eager kernels (mep_nccl_await_sent) must end within
+ *    bootstrap.timeout_ms: 1 when they did; 0, with *st the TIMEOUT
+ *    sentence saying what is left allocated, when they did not. With
+ *    raise_abort set (a failed group) and a kernel still running,
+ *    raise_abort(ctx, s) first runs on a stream of its own
+ *    (mep_nccl_on_side_stream), so waiting kernels give up at their next
+ *    check. */
+int mep_nccl_quiesce(const moe_ep_group_t *g, struct mep_nccl *nccl,
+                     const mep_nccl_sent_t *const *sent, int n,
+                     void (*raise_abort)(void *ctx, cudaStream_t stream), void *ctx,
+                     moe_ep_status_t *st);
+/* How long teardown waits, when graphs holding the group's calls are
+ * alive, for CUDA's release of those destroyed just before it (CUDA
+ * releases them on a thread of its own). */
+#define MEP_NCCL_GRAPH_GRACE_MS 200
 /* The backends' last teardown step: nccl's communicator side torn down
  * (ended: the group's kernels ended, mep_nccl_await_sent) or abandoned
  * (they may still run). Returns st, or, when st is OK and the teardown
@@ -131,7 +143,8 @@ moe_ep_status_t mep_nccl_release(const moe_ep_group_t *g, struct mep_nccl *nccl,
 /* prepare's optional layout outputs (h->out_*): one kernel on the
  * caller's stream, no sync and no allocation, so prepare may be captured
  * in a CUDA graph. Both modes compute them alike. */
-moe_ep_status_t mep_nccl_prepare_layout(moe_ep_group_t *g, int device, mep_handle_state_t *h);
+moe_ep_status_t mep_nccl_prepare_layout(moe_ep_group_t *g, struct mep_nccl *nccl, int device,
+                                        mep_handle_state_t *h);
 
 /* The kernels' LSA addressing (base, stride, local; mep_ll_lsa_from_desc)
  * from nccl's window descriptor, read back on its setup stream within the

@@ -107,9 +107,8 @@ static moe_ep_status_t ht_release(moe_ep_group_t *g, int abort) {
   if (s->device >= 0 && s->nccl != NULL) {
     (void)mep_nccl_make_current(s->device);
     const mep_nccl_sent_t *last[1] = {&s->sent};
-    ended = mep_nccl_end_kernels(last, 1, g->cfg.bootstrap_timeout_ms,
-                                 abort && s->ctx.state != NULL ? raise_abort : NULL, &s->ctx);
-    if (!ended) st = mep_nccl_abandoned(g, mep_nccl_bytes_allocated(s->nccl));
+    ended = mep_nccl_quiesce(g, s->nccl, last, 1,
+                             abort && s->ctx.state != NULL ? raise_abort : NULL, &s->ctx, &st);
   }
   mep_nccl_sent_destroy(&s->sent);
   mep_nccl_sent_destroy(&s->reached);
@@ -322,7 +321,7 @@ static moe_ep_status_t ht_prepare(moe_ep_group_t *g, mep_handle_state_t *h) {
   ht_state_t *s = g->impl;
   MEP_CHECK(fatal_status(g, s));
   h->num_recv = -1; /* learnt by the dispatch kernel's count exchange */
-  return mep_nccl_prepare_layout(g, s->device, h);
+  return mep_nccl_prepare_layout(g, s->nccl, s->device, h);
 }
 
 
@@ -403,7 +402,7 @@ static moe_ep_status_t ht_send(moe_ep_group_t *g, mep_op_t *op) {
   mep_nccl_caller_t caller;
   MEP_CHECK(enter(g, s, &caller));
   mep_nccl_stream_t on;
-  moe_ep_status_t st = mep_nccl_stream_open(op->stream, "params->stream", &on);
+  moe_ep_status_t st = mep_nccl_stream_open(s->nccl, op->stream, "params->stream", &on);
   if (st == MOE_EP_OK) st = check_capturable(g, op, &on, "dispatch");
   /* The handle's state before anything is queued: running out of memory
    * later would leave waits and an event record on the engine's stream. */
@@ -488,7 +487,7 @@ static moe_ep_status_t ht_check_recv(moe_ep_group_t *g, const mep_op_t *op) {
   mep_nccl_caller_t caller;
   MEP_CHECK(mep_nccl_enter(g->cuda_device, &caller));
   mep_nccl_stream_t on;
-  moe_ep_status_t st = mep_nccl_stream_open(op->stream, "stream", &on);
+  moe_ep_status_t st = mep_nccl_stream_open(NULL, op->stream, "stream", &on);
   if (st == MOE_EP_OK) st = check_capturable(g, op, &on, "hook_run of a dispatch");
   return mep_nccl_leave(&caller, st);
 }
@@ -500,7 +499,7 @@ static moe_ep_status_t ht_recv(moe_ep_group_t *g, mep_op_t *op) {
   /* hook_run asked ht_check_recv first; a dispatch's own receive (not
    * deferred) comes after ht_send's check_capturable. */
   mep_nccl_stream_t on;
-  moe_ep_status_t st = mep_nccl_stream_open(op->stream, "params->stream", &on);
+  moe_ep_status_t st = mep_nccl_stream_open(s->nccl, op->stream, "params->stream", &on);
   if (st == MOE_EP_OK) st = mep_nccl_sent_order(&s->sent, op->buffer_set, &on);
   if (st == MOE_EP_OK && op->kind == MEP_OP_DISPATCH) {
     if (op->flags & MOE_EP_FLAG_WORST_CASE) {

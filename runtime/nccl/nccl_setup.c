@@ -22,6 +22,7 @@
 #include "runtime/error.h"
 #include "runtime/nccl/nccl_context.h"
 #include "runtime/log.h"
+#include "runtime/nccl/graph_watch.h"
 #include "runtime/nccl/lsa_link.h"
 #include "runtime/nccl/nccl_dl.h"
 #include "runtime/nccl/nccl_wait.h"
@@ -64,6 +65,7 @@ struct mep_nccl {
   int32_t *peer_nvlink; /* 1 where the peer is in this rank's LSA team (in peer_transport's block) */
   int32_t lsa_link;     /* mep_lsa_link_t: the group's worst LSA team link */
   int32_t lsa_link_peer; /* this rank's peer over that link, -1 if another rank's */
+  mep_graph_watch_t *graphs; /* the captures and graphs holding the group's calls */
   _Alignas(16) unsigned char devcomm[MEP_DEVCOMM_BYTES] /* kernels/common/limits.h */;
 };
 
@@ -370,6 +372,7 @@ static int teardown(mep_nccl_t *n, int abort) {
     if (n->buf != NULL) ncclMemFree(n->buf);
   }
   const int released = !n->stuck;
+  mep_graph_watch_drop(n->graphs);
   free(n->peer_transport);
   free(n);
   return released;
@@ -403,7 +406,8 @@ moe_ep_status_t mep_nccl_create(const mep_nccl_params_t *p, mep_nccl_t **out) {
   n->timeout_ms = p->timeout_ms;
   /* One allocation: peer_nvlink is its second half (freed with it). */
   n->peer_transport = calloc(2u * (size_t)p->world, sizeof(int32_t));
-  if (n->peer_transport == NULL) {
+  n->graphs = mep_graph_watch_create();
+  if (n->peer_transport == NULL || n->graphs == NULL) {
     st = mep_error(MOE_EP_ERR_NO_MEMORY, "nccl_create: out of host memory");
     goto fail;
   }
@@ -543,6 +547,7 @@ const void *mep_nccl_dev_comm(const mep_nccl_t *n) { return n->devcomm; }
 void *mep_nccl_window(const mep_nccl_t *n) { return n->win; }
 void *mep_nccl_window_local(const mep_nccl_t *n) { return n->buf; }
 uint64_t mep_nccl_bytes_allocated(const mep_nccl_t *n) { return n->bytes; }
+mep_graph_watch_t *mep_nccl_graphs(const mep_nccl_t *n) { return n->graphs; }
 int32_t mep_nccl_lsa_size(const mep_nccl_t *n) { return n->lsa_size; }
 int32_t mep_nccl_lsa_link(const mep_nccl_t *n) { return n->lsa_link; }
 

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "moe_ep.h"
+#include "runtime/nccl/graph_watch.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -104,6 +105,8 @@ const void *mep_nccl_dev_comm(const mep_nccl_t *nccl);   /* struct ncclDevComm *
 void *mep_nccl_window(const mep_nccl_t *nccl);           /* ncclWindow_t */
 void *mep_nccl_window_local(const mep_nccl_t *nccl);     /* local device pointer */
 uint64_t mep_nccl_bytes_allocated(const mep_nccl_t *nccl);
+/* The captures and graphs that hold the group's calls (graph_watch.h). */
+mep_graph_watch_t *mep_nccl_graphs(const mep_nccl_t *nccl);
 int32_t mep_nccl_lsa_size(const mep_nccl_t *nccl);
 /* moe_ep_transport_t for each of `len` world ranks (self included). */
 void mep_nccl_peer_transports(const mep_nccl_t *nccl, int32_t *out, int32_t len);
