@@ -520,11 +520,14 @@ void mep_group_free(void *obj, mep_obj_kind_t kind, mep_deferred_free_t *link,
   /* Inside an entry on this thread (the engine's logger, or a garbage
    * collector running in it), a free never waits for a lock: its own
    * group's would be this thread's (not recursive), and another group's
-   * may be held by a thread waiting for this one's. Unless that lock is
-   * free now, the object is taken here and queued on its group, whose next
-   * lock holder (maybe the entry holding it now) finishes it; this thread
-   * does not touch that group again. */
-  if (g != NULL && held_here != NULL) {
+   * may be held by a thread waiting for this one's. So too inside the
+   * logger where this thread holds no group's lock (group_create's lines,
+   * the library's own threads): the thread holding the other group's lock
+   * may be waiting, in its own logger, for a lock this logger holds.
+   * Unless that lock is free now, the object is taken here and queued on
+   * its group, whose next lock holder (maybe the entry holding it now)
+   * finishes it; this thread does not touch that group again. */
+  if (g != NULL && (held_here != NULL || mep_log_in_callback())) {
     if (g != held_here && mep_registry_contains(g, MEP_OBJ_GROUP) &&
         pthread_mutex_trylock(&g->lock) == 0) {
       enter_locked(g);

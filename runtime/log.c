@@ -76,6 +76,8 @@ void mep_log_thread_level(int level) {
 
 int mep_log_thread_level_now(void) { return thread_level; }
 
+int mep_log_in_callback(void) { return thread_in_callback > 0; }
+
 void mep_log_set_logger(moe_ep_logger_fn fn, void *user) {
   pthread_mutex_lock(&log_lock);
   log_fn = fn;

@@ -21,6 +21,9 @@ void mep_log_thread_level(int level);
 /* The level this thread works at (-1: for no group): what a thread the
  * library starts while working for a group passes on to it. */
 int mep_log_thread_level_now(void);
+/* Whether this thread is inside the engine's logger, called by the library
+ * (from an entry, group_create included, or the library's own threads). */
+int mep_log_in_callback(void);
 /* Installs fn (NULL: stderr) and returns once every callback already
  * running on another thread has returned. */
 void mep_log_set_logger(moe_ep_logger_fn fn, void *user);

@@ -497,8 +497,9 @@ typedef struct moe_ep_handle_layout_params {
  *   same thread, they return INVALID_ARGUMENT at once (the lock is not
  *   recursive), and elsewhere they may wait for a lock the logging thread
  *   holds. hook_free and handle_free, called by the logger on the thread of
- *   the entry that logs (a garbage collector running in it), never wait
- *   for a lock: the object is gone to every other call at once, and its
+ *   the entry that logs (a garbage collector running in it; group_create
+ *   included, which holds no group's lock while it logs), never wait for a
+ *   lock: the object is gone to every other call at once, and its
  *   freeing (an unrun hook's receive abandoned, its buffer set given back)
  *   is done at once when its group's lock is free, and otherwise by the
  *   thread holding that lock (the entry that logs, when it is the same

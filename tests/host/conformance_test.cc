@@ -223,7 +223,7 @@ const Case kCases[] = {
     {"abi_sizes_r2_fp8", 2, {"--scenario=abi", "--experts=8", "--max_tokens=16", "--dtype=fp8", "--layers=256:2"}},
     // set_logger: level and text delivered; NULL restores stderr; a logger
     // calling back in, and freeing objects of its own and another group.
-    {"logger_r2", 2, {"--scenario=logger", "--experts=8", "--max_tokens=8", "--layers=128:2"}, 2},
+    {"logger_r2", 2, {"--scenario=logger", "--experts=8", "--max_tokens=8", "--layers=128:2"}, 4},
     // Combine on a handle whose buffer set a later dispatch reused: refused.
     {"reuse_r2_double_buffer", 2, {"--scenario=reuse", "--experts=8", "--max_tokens=8", "--layers=384:4"}},
     {"reuse_r2_single_buffer", 2, {"--scenario=reuse", "--double_buffer=0", "--experts=8", "--max_tokens=8", "--layers=384:4"}},

@@ -1,6 +1,6 @@
 // worker_logger_groups.cc: loggers that free another group's hook and
 // handle (a garbage collector running in them), each inside an entry on
-// its own group on a thread of its own. Such a free must not wait for the
+// its own group on a thread of its own, or inside group_create. Such a free must not wait for the
 // other group's lock: two threads, each holding the lock the other would
 // wait for, would never return. The freed objects are gone at once, and
 // their freeing is finished on their own group (by its lock holder, its
@@ -50,11 +50,13 @@ class Points {
 Points g_points;
 bool g_missed = false;  // a wait for a point ran out
 const moe_ep_plugin_v1_t* g_api = nullptr;
-// This thread's logger action, run once, on the set_num_sms refusal.
+// This thread's logger action, run once, on the first message containing
+// tl_trigger (the set_num_sms refusal unless a round says otherwise).
 thread_local std::function<void()> tl_action;
+thread_local const char* tl_trigger = "set_num_sms";
 
 void acting_logger(void*, int, const char* message) {
-  if (!tl_action || std::string(message).find("set_num_sms") == std::string::npos) return;
+  if (!tl_action || std::string(message).find(tl_trigger) == std::string::npos) return;
   std::function<void()> act;
   act.swap(tl_action);
   act();
@@ -164,19 +166,60 @@ void free_then_destroy(Ctx& a, Ctx& b, const moe_ep_oracle::Problem& p) {
   ll_roundtrip(a, p, 95, false);
 }
 
+// The second thread holds b's lock (its logger waits inside an entry on b)
+// while the first thread's logger, inside group_create of a third group on
+// `port`, frees b's objects. group_create holds no group's lock, but its
+// logger is inside the library all the same: a free that waited for b's
+// lock would wait for the second thread, which waits for that free (30 s,
+// then g_missed).
+void free_inside_create(Ctx& a, Ctx& b, const moe_ep_oracle::Problem& p, int port) {
+  LlCall pending_b(b, p, 101), spare_b(b, p, 102);
+  Victims vb;
+  if (!make_victims(b, pending_b, spare_b, 101, vb)) return;
+  g_points.reset();
+  enum { kHeld, kFreed };
+  std::thread second(refuse_acting, std::ref(b),
+                     [] {
+                       g_points.reach(kHeld);
+                       await_point(kFreed);
+                     },
+                     "second thread:");
+  await_point(kHeld);
+  bool ran = false;
+  tl_trigger = "setup: the bootstrap";  // group_create's first line, at debug
+  tl_action = [&ran, vb] {
+    ran = true;
+    free_victims(vb);
+    g_points.reach(kFreed);
+  };
+  setenv("MOE_EP_LOG_LEVEL", "debug", 1);  // the third group's lines reach the logger
+  moe_ep_group_t* third = create_group_on_port(a, port);
+  unsetenv("MOE_EP_LOG_LEVEL");
+  tl_action = nullptr;
+  tl_trigger = "set_num_sms";
+  if (!ran) g_points.reach(kFreed);  // the second thread need not wait out its bound
+  second.join();
+  a.checks++;
+  if (!ran) fail(a, 0, "logger inside group_create", "group_create logged no setup line");
+  if (third != nullptr) {
+    expect_status(a, 0, "third group's group_destroy", a.api->group_destroy(third), MOE_EP_OK);
+  }
+  expect_freed(b, p, vb, 103, "second group, its objects freed inside group_create:");
+}
+
 }  // namespace
 
 void check_logger_across_groups(Ctx& c) {
   c.checks++;
-  if (c.opt.ports.size() < 2) {
-    fail(c, 0, "logger across groups", "needs two --ports for the other groups");
-    return;
-  }
   g_api = c.api;
   const auto& layer = c.opt.layers[0];
   auto p = problem_for(c, layer.first, layer.second, moe_ep_oracle::Generator::kUniform);
+  if (c.opt.ports.size() < 4) {
+    fail(c, 0, "logger across groups", "needs four --ports for the other groups");
+    return;
+  }
   expect_status(c, 0, "set_logger(acting)", c.api->set_logger(acting_logger, nullptr), MOE_EP_OK);
-  for (int round = 0; round < 2; round++) {
+  for (int round = 0; round < 3; round++) {
     Ctx other = c;
     other.failures = 0;
     other.checks = 0;
@@ -184,8 +227,10 @@ void check_logger_across_groups(Ctx& c) {
     if (other.group == nullptr) break;
     if (round == 0) {
       crossed_frees(c, other, p);
-    } else {
+    } else if (round == 1) {
       free_then_destroy(c, other, p);
+    } else {
+      free_inside_create(c, other, p, c.opt.ports[3]);
     }
     if (other.group != nullptr) {
       expect_status(c, 0, "other group's group_destroy", c.api->group_destroy(other.group),
