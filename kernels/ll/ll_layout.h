@@ -39,7 +39,9 @@ static inline MEP_HD uint64_t mep_ll_dispatch_row_bytes(int64_t hidden, int fp8)
 }
 
 /* Capacities the buffer was sized for. Offsets use these; row strides use
- * the call's hidden/top_k (every rank makes the same call). */
+ * the call's hidden/top_k (every rank makes the same call; a receive checks
+ * each source's row description, mep_head_desc_agrees, and a difference
+ * fails the group with MISMATCH). */
 typedef struct mep_ll_dims {
   int32_t local_experts; /* E_local */
   int32_t world;         /* R */

@@ -181,10 +181,14 @@ class RecvRing:
     """Two sets of LL receive buffers per key (the hidden size, and the row
     format where adapters may differ in it), used in turn by every
     dispatch that goes through the ring: the library requires a handle's
-    combine before the dispatch after next on its group, and the experts
-    have read the receive by then, so the set two dispatches back is free
-    (as DeepEP's LL receive buffers are). That rule is per group, so one
-    ring serves every adapter on a group (group_recv_ring): a model's MoE
+    combine before a later dispatch on its group reuses the library's
+    buffer set of its dispatch (those sets alternate per operation,
+    dispatch or combine: the dispatch after next when dispatches follow
+    each other, the next one when a combine comes between): at the latest
+    before the dispatch after next. The experts have read the receive by
+    then, so the ring's set two dispatches back is free (as DeepEP's LL
+    receive buffers are). That rule is per group, so one ring
+    serves every adapter on a group (group_recv_ring): a model's MoE
     layers share two sets instead of holding two each. No allocation after
     the first two dispatches of a key, so a CUDA graph can hold it."""
 

@@ -180,13 +180,15 @@ class Group:
         """Raises the error that failed the group earlier, or one a kernel
         recorded since; returns None when there is none.
 
-        nccl low_latency: TimeoutError or InternalError (both fail the
-        group), or InvalidArgumentError once for a dispatch that dropped a
-        topk_idx slot outside -1..num_experts-1 or, from one source, the
-        slots of an expert past max_tokens_per_rank (a repeat within a
-        token); the group stays usable. nccl high_throughput: TimeoutError,
-        MismatchError (ranks called set_num_sms differently) or
-        InternalError, all failing the group; its kernels neither check nor
+        nccl low_latency: TimeoutError, MismatchError (a rank dispatched
+        with another hidden, top_k or row format, or ranks combined their
+        pending dispatches in different orders) or InternalError, all
+        failing the group; or InvalidArgumentError once for a dispatch
+        that dropped a topk_idx slot outside -1..num_experts-1 or, from one
+        source, the slots of an expert past max_tokens_per_rank (a repeat
+        within a token); the group stays usable. nccl high_throughput:
+        TimeoutError, MismatchError (ranks called set_num_sms differently)
+        or InternalError, all failing the group; its kernels neither check nor
         report topk_idx. Host backend: only the group's failure (its
         prepare refuses a bad topk_idx). A failed group raises the same
         error from every later operation: close it."""

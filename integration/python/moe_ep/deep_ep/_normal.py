@@ -294,8 +294,10 @@ class NormalMixin:
         of it whose combine has not run (two-batch overlap's other
         micro-batch), retired: that combine still runs on it, and the group
         is closed at the first agreement after every rank's last such
-        combine (_ht_reap). A retired group's rank 0 still listens on its
-        address, so a configured address then gets a port rank 0 picks.
+        combine (_ht_reap). A retired group's rank 0 keeps its address's
+        port bound (not listening) until it is closed, and each live group
+        needs a port of its own, so a configured address then gets a port
+        rank 0 picks.
         Refused on every rank (RuntimeError, the group unchanged) while any
         rank has captured a normal-mode call of the group in a CUDA graph (a
         replay would use the replaced group's buffers)."""

@@ -65,8 +65,11 @@ class Dispatcher:
     receive of it that never ran is abandoned (moe_ep.Hook: on the nccl
     backend in low-latency mode that fails the group), its handle freed,
     and the sub-batch is idle again. Low-latency hidden_states are two
-    buffer sets used in turn, valid until the dispatch after next (as
-    DeepEP's LL buffers)."""
+    buffer sets used in turn; a receive is valid until a later dispatch on
+    the group reuses its library buffer set (sets alternate per operation,
+    dispatch or combine: the dispatch after next when dispatches follow
+    each other, the next one when a combine comes between), as DeepEP's
+    LL buffers are."""
 
     def __init__(self, group=None, *, normal_group=None, deepep_mode=None,
                  weights_at_dispatch=True, normal_fp8=None, expert_alignment=1,

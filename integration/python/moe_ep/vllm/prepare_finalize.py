@@ -76,8 +76,11 @@ class PrepareAndFinalize:
     are mostly abandoned earlier, by the group's book (moe_ep._dropped). The LL receive buffers
     (a1q, its scale, when the dispatch delivers them) are the group's two
     sets, used in turn by every prepare/finalize (one per MoE layer) and
-    SGLang dispatcher on the group: valid until the group's dispatch after
-    next, as DeepEP's are."""
+    SGLang dispatcher on the group: valid until a later dispatch on the
+    group reuses the receive's buffer set (sets alternate per operation,
+    dispatch or combine: the dispatch after next when dispatches follow
+    each other, the next one when a combine comes between), as DeepEP's
+    are."""
 
     def __init__(self, group, *, weights_at_dispatch=True, scale_format=None, moe_config=None,
                  quant_config=None):

@@ -175,7 +175,7 @@ def comm_grows(group):
     if buf.moe_ep_normal_group.config.bootstrap_address != address:
         fail("grown group's address", 12, "%s, want the configured %s"
              % (buf.moe_ep_normal_group.config.bootstrap_address, address))
-    # Grown while a combine is pending: the retired group still listens on
+    # Grown while a combine is pending: the retired group still holds
     # the configured address, so the new one takes rank 0's spare port on
     # the configured host.
     inputs_a, recv_a, handle_a = dispatch(buf, 13, tokens_on(0, 6))
