@@ -94,14 +94,25 @@ out_unlock:
 }
 
 /* An HT handle is dispatched again for "the same layout as before"
- * (DeepEP's cached dispatch) once its previous dispatch completed; the
- * combine then follows the latest. An LL handle takes one dispatch. */
+ * (DeepEP's cached dispatch) once its previous dispatch completed, and
+ * once no combine of it waits in a hook: that combine's receive answers
+ * the dispatch before, whose rows and marks the new one would replace.
+ * The combine then follows the latest. An LL handle takes one dispatch. */
 static moe_ep_status_t check_dispatchable(const moe_ep_group_t *g, const moe_ep_handle_t *h) {
   if (h->dispatched == MEP_DISPATCH_PENDING && !is_ll(g)) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "dispatch: handle=%p has a dispatch whose hook has not run yet; run "
                      "it before dispatching on the handle again",
                      (const void *)h);
+  }
+  for (int i = 0; i < MEP_NUM_BUFFER_SETS && !is_ll(g); i++) {
+    const moe_ep_hook_t *p = g->pending[i];
+    if (p == NULL || p->ran || p->op.kind != MEP_OP_COMBINE || p->op.handle != h) continue;
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "dispatch: handle=%p has a combine whose hook=%p has not run yet; run "
+                     "it before dispatching on the handle again (its receive answers the "
+                     "handle's dispatch before)",
+                     (const void *)h, (const void *)p);
   }
   if (h->dispatched != MEP_UNDISPATCHED && is_ll(g)) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,

@@ -354,7 +354,9 @@ typedef struct moe_ep_prepare_params {
  * before" (DeepEP's dispatch(handle=...), e.g. a second tensor of the same
  * tokens): each dispatch on an HT handle whose previous dispatch completed
  * sends its own x along the handle's layout, and the combine that follows
- * uses the latest dispatch. An LL handle takes one dispatch. */
+ * uses the latest dispatch. While a combine of the handle waits in its
+ * hook (DEFER_RECV), a dispatch on the handle is INVALID_ARGUMENT: that
+ * receive answers the dispatch before. An LL handle takes one dispatch. */
 typedef struct moe_ep_dispatch_params {
   size_t struct_size;
   uint32_t flags;              /* MOE_EP_FLAG_* */

@@ -250,12 +250,13 @@ void HtCall::check_dispatch() {
   }
 }
 
-moe_ep_status_t HtCall::combine(uint32_t flags, int64_t rows) {
+moe_ep_status_t HtCall::combine(uint32_t flags, int64_t rows, moe_ep_hook_t** hook_out) {
   const int T = all_[c_.rank].num_tokens, H = p_.hidden;
-  std::vector<uint16_t> y = ht_partials(p_, want_);
-  y.resize(static_cast<size_t>(rows) * H, 0x7FC1);  // NaN: a row read by mistake shows
+  // A member: a hook run later may still read it.
+  y_ = ht_partials(p_, want_);
+  y_.resize(static_cast<size_t>(rows) * H, 0x7FC1);  // NaN: a row read by mistake shows
   std::fill(out_.begin(), out_.end(), 0x7FC1);
-  Tensor ty(place(m_y_, y.data(), y.size() * 2), DT::kBf16, {rows, H}, dev(), c_.gpu);
+  Tensor ty(place(m_y_, y_.data(), y_.size() * 2), DT::kBf16, {rows, H}, dev(), c_.gpu);
   Tensor to(place(m_out_, out_.data(), out_.size() * 2), DT::kBf16, {T, H}, dev(), c_.gpu);
   moe_ep_combine_params_t cp = MOE_EP_INIT(moe_ep_combine_params_t);
   cp.flags = flags;
@@ -265,6 +266,10 @@ moe_ep_status_t HtCall::combine(uint32_t flags, int64_t rows) {
   cp.out = to.get();
   moe_ep_hook_t* hook = nullptr;
   moe_ep_status_t st = c_.api->combine(c_.group, h_, &cp, &hook);
+  if (hook_out != nullptr) {
+    *hook_out = hook;
+    return st;
+  }
   return run(st, hook, flags, "ht combine hook");
 }
 

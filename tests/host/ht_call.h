@@ -43,8 +43,9 @@ class HtCall {
   void stage(int64_t rows);
   void check_dispatch();
   // y: the oracle's partials of this rank's rows, in `rows` rows (rows past
-  // N_recv are garbage the library must ignore).
-  moe_ep_status_t combine(uint32_t flags, int64_t rows);
+  // N_recv are garbage the library must ignore). A deferred combine runs
+  // its hook at once, unless `hook_out` takes it.
+  moe_ep_status_t combine(uint32_t flags, int64_t rows, moe_ep_hook_t** hook_out = nullptr);
   void check_combine();
   int64_t num_recv() const { return want_.num_recv; }
   void set_stream(void* stream) { stream_ = stream; }
@@ -80,7 +81,7 @@ class HtCall {
   int64_t staged_rows_ = -1;
   std::unique_ptr<Buffers> make_buffers(int64_t rows);
   void* stream_ = nullptr;
-  std::vector<uint16_t> out_;
+  std::vector<uint16_t> out_, y_;
   // Device twins (nccl backend) of what the library reads and writes; a
   // hook may still use them after dispatch returns.
   bool gpu_;

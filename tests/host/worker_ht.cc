@@ -2,7 +2,8 @@
 // dispatch (bf16 or pre-quantised fp8 rows, local ids, weights, per-expert
 // counts; exact or worst-case sized outputs) and combine (partials summed
 // back over ranks), all against the oracle; and a second dispatch on the
-// same handle (DeepEP's cached layout) before the combine.
+// same handle (DeepEP's cached layout) before the combine, refused while a
+// combine of the handle waits in its hook.
 #include <vector>
 
 #include "tests/common/plugin_api.h"
@@ -72,6 +73,38 @@ static void ht_cached_layout(Ctx& c, const Problem& p, uint64_t seed) {
   call.check_combine();
 }
 
+// A deferred combine, then a dispatch on its handle before its hook ran:
+// refused (the receive answers the dispatch before), the hook then gives
+// the oracle's sums, and the handle dispatches and combines again.
+static void ht_dispatch_under_pending_combine(Ctx& c, const Problem& p, uint64_t seed) {
+  HtCall call(c, p, seed);
+  if (call.prepare() != MOE_EP_OK) return;
+  if (!expect_status(c, seed, "pending combine: dispatch", call.dispatch(0, call.num_recv()),
+                     MOE_EP_OK)) {
+    return;
+  }
+  moe_ep_hook_t* hook = nullptr;
+  if (!expect_status(c, seed, "pending combine: deferred combine",
+                     call.combine(MOE_EP_FLAG_DEFER_RECV, call.num_recv(), &hook), MOE_EP_OK)) {
+    return;
+  }
+  expect_status(c, seed, "pending combine: dispatch on its handle before its hook",
+                call.dispatch(0, call.num_recv()), MOE_EP_ERR_INVALID_ARGUMENT,
+                "has a combine whose hook=");
+  expect_status(c, seed, "pending combine: its hook", c.api->hook_run(hook, nullptr), MOE_EP_OK);
+  c.api->hook_free(hook);
+  call.check_combine();
+  if (!expect_status(c, seed, "pending combine: dispatch after the hook",
+                     call.dispatch(0, call.num_recv()), MOE_EP_OK)) {
+    return;
+  }
+  call.check_dispatch();
+  if (expect_status(c, seed, "pending combine: combine after the hook",
+                    call.combine(0, call.num_recv()), MOE_EP_OK)) {
+    call.check_combine();
+  }
+}
+
 void run_ht_conformance(Ctx& c) {
   const Generator gens[] = {Generator::kUniform, Generator::kSkewed, Generator::kAllToOneRank,
                             Generator::kEmptyRanks, Generator::kMasked};
@@ -83,6 +116,8 @@ void run_ht_conformance(Ctx& c) {
       }
     }
     ht_cached_layout(c, problem_for(c, layer.first, layer.second, Generator::kMasked), 61);
+    ht_dispatch_under_pending_combine(c, problem_for(c, layer.first, layer.second,
+                                                     Generator::kUniform), 67);
   }
 }
 
