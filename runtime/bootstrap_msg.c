@@ -15,6 +15,7 @@
 #include "runtime/progress.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
+#include "runtime/ucx_quiet.h"
 
 int64_t mep_bs_now_ms(void) {
   struct timespec ts;
@@ -51,7 +52,7 @@ void mep_bs_progress(mep_bootstrap_t *bs, int *idle) {
    * would otherwise keep this loop (and UCX's reassembly buffers) busy. The
    * pass is capped too, so that traffic which keeps the worker busy cannot
    * keep the caller from its deadline. */
-  while (n < MEP_PROGRESS_PASS_MAX && !bs->evict_pending && ucp_worker_progress(bs->worker) != 0)
+  while (n < MEP_PROGRESS_PASS_MAX && !bs->evict_pending && mep_ucx_progress(bs->worker) != 0)
     n++;
   peers_close_evicted(bs);
   if (n != 0) {
@@ -198,12 +199,12 @@ static ucs_status_t msg_am_cb(void *arg, const void *header,
    * group's ranks send eagerly only, so a rendezvous message, whose
    * payload is not here to check, is dropped too. */
   mep_bs_hdr_t h;
-  if (header_length == sizeof(h)) memcpy(&h, header, sizeof(h));
   /* Longer than any message a rank sends here is not worth hashing. */
   const size_t longest = bs->rank == 0 ? MEP_BS_PAYLOAD_MAX
                                        : (size_t)bs->world_size * MEP_BS_PAYLOAD_MAX;
-  if (header_length != sizeof(h) || h.magic != MEP_BS_MAGIC || h.payload_len != length ||
-      rndv || length > longest || !mep_bs_sealed(peer, &h, data, length)) {
+  const mep_bs_taken_t taken =
+      mep_bs_take(peer, header, header_length, data, length, rndv, longest, &h);
+  if (taken == MEP_BS_UNSEALED) {
     MEP_LOG_DEBUG("bootstrap",
                   "rank %d: dropped a %zu-byte message on rank %d's connection that the "
                   "connection's key did not seal",
@@ -212,7 +213,7 @@ static ucs_status_t msg_am_cb(void *arg, const void *header,
   }
   /* Sealed for this connection, but its number was taken before: a copy
    * of an earlier message, sent again by whoever saw it pass. */
-  if (!mep_bs_fresh(peer, h.ctr)) {
+  if (taken == MEP_BS_REPLAYED) {
     MEP_LOG_DEBUG("bootstrap",
                   "rank %d: dropped a replayed %zu-byte message (number %llu) on rank %d's "
                   "connection",
@@ -351,6 +352,18 @@ int mep_bs_sealed(const mep_bs_peer_t *peer, const mep_bs_hdr_t *hdr, const void
   mep_sha256(payload, len, digest);
   msg_mac(peer->key_in, hdr, digest, want);
   return mep_bytes_equal(hdr->mac, want, sizeof(want));
+}
+
+mep_bs_taken_t mep_bs_take(mep_bs_peer_t *peer, const void *header, size_t header_length,
+                           const void *data, size_t length, int rndv, size_t longest,
+                           mep_bs_hdr_t *h) {
+  memset(h, 0, sizeof(*h));
+  if (header_length != sizeof(*h)) return MEP_BS_UNSEALED;
+  memcpy(h, header, sizeof(*h));
+  if (h->magic != MEP_BS_MAGIC || h->payload_len != length || rndv || length > longest ||
+      !mep_bs_sealed(peer, h, data, length))
+    return MEP_BS_UNSEALED;
+  return mep_bs_fresh(peer, h->ctr) ? MEP_BS_TAKEN : MEP_BS_REPLAYED;
 }
 
 int mep_bs_fresh(mep_bs_peer_t *peer, uint64_t ctr) {

@@ -410,6 +410,20 @@ int mep_bs_sealed(const mep_bs_peer_t *peer, const mep_bs_hdr_t *hdr, const void
  * highest taken (too old to tell). The ranks' messages may arrive out of
  * order on UCX's lanes, so any new number within the window is taken. */
 int mep_bs_fresh(mep_bs_peer_t *peer, uint64_t ctr);
+/* What a received message is before anything in it is believed. */
+typedef enum mep_bs_taken {
+  MEP_BS_TAKEN = 0,    /* sealed for this connection and new: *h holds its header */
+  MEP_BS_UNSEALED = 1, /* not shaped like a message, or not sealed with the key */
+  MEP_BS_REPLAYED = 2  /* sealed, but its number was taken before */
+} mep_bs_taken_t;
+/* The check every message on `peer`'s connection passes first: a header of
+ * the message's size and magic whose payload_len is `length`, an eager
+ * message (`rndv` 0) of at most `longest` bytes, the MAC (mep_bs_sealed),
+ * then the number (mep_bs_fresh, recorded only for a sealed message, so
+ * an unsealed one cannot use up the number of the real one). */
+mep_bs_taken_t mep_bs_take(mep_bs_peer_t *peer, const void *header, size_t header_length,
+                           const void *data, size_t length, int rndv, size_t longest,
+                           mep_bs_hdr_t *h);
 void mep_bs_hdr_init(const mep_bootstrap_t *bs, mep_bs_hdr_t *hdr, int type);
 /* Unlinks the first message of `type` that arrived on `from` (NULL =
  * any connection). */
