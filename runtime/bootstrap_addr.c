@@ -80,6 +80,18 @@ moe_ep_status_t mep_bs_addr_parse(const char *address,
   return MOE_EP_OK;
 }
 
+size_t mep_bs_addr_host(const struct sockaddr_storage *a, uint8_t host[16]) {
+  if (a->ss_family == AF_INET) {
+    memcpy(host, &((const struct sockaddr_in *)a)->sin_addr, 4);
+    return 4;
+  }
+  if (a->ss_family == AF_INET6) {
+    memcpy(host, &((const struct sockaddr_in6 *)a)->sin6_addr, 16);
+    return 16;
+  }
+  return 0;
+}
+
 void mep_bs_addr_name(const struct sockaddr_storage *a, char *buf,
                       size_t len) {
   char host[INET6_ADDRSTRLEN] = "?";

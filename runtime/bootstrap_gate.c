@@ -205,8 +205,37 @@ static void gate_read(mep_bootstrap_t *bs, mep_bs_knocker_t *k) {
   }
 }
 
+static int same_host(const mep_bs_knocker_t *k, const uint8_t *host, size_t host_len) {
+  return k->host_len == host_len && memcmp(k->host, host, host_len) == 0;
+}
+
+int mep_bs_gate_victim(const mep_bs_knocker_t *slots, int n, const uint8_t *host,
+                       size_t host_len) {
+  int victim = -1, most = 0;
+  for (int i = 0; i < n; i++) {
+    /* Slots of a host seen earlier were counted with it. */
+    int first = 1;
+    for (int j = 0; j < i && first; j++) {
+      first = !same_host(&slots[j], slots[i].host, slots[i].host_len);
+    }
+    if (!first) continue;
+    int held = same_host(&slots[i], host, host_len), oldest = i;
+    for (int j = i; j < n; j++) {
+      if (!same_host(&slots[j], slots[i].host, slots[i].host_len)) continue;
+      held++;
+      if (slots[j].accepted_ms < slots[oldest].accepted_ms) oldest = j;
+    }
+    if (held > most || (held == most && slots[oldest].accepted_ms < slots[victim].accepted_ms)) {
+      most = held;
+      victim = oldest;
+    }
+  }
+  return victim;
+}
+
 /* Takes the connections the kernel has queued, a slot each; when every
- * slot is taken the oldest one gives its slot up. */
+ * slot is taken, the host holding the most gives its oldest up
+ * (mep_bs_gate_victim). */
 static void gate_accept(mep_bootstrap_t *bs) {
   for (int i = 0; i < MEP_BS_PENDING_KNOCKS; i++) {
     struct sockaddr_storage from;
@@ -214,25 +243,24 @@ static void gate_accept(mep_bootstrap_t *bs) {
     int fd = accept4(bs->gate_fd, (struct sockaddr *)&from, &len,
                      SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return; /* none queued, or out of descriptors for now */
+    uint8_t host[16];
+    const size_t host_len = mep_bs_addr_host(&from, host);
     mep_bs_knocker_t *slot = NULL;
-    mep_bs_knocker_t *oldest = NULL;
     for (int j = 0; j < MEP_BS_PENDING_KNOCKS && slot == NULL; j++) {
-      mep_bs_knocker_t *k = &bs->knockers[j];
-      if (k->fd < 0) {
-        slot = k;
-      } else if (oldest == NULL || k->accepted_ms < oldest->accepted_ms) {
-        oldest = k;
-      }
+      if (bs->knockers[j].fd < 0) slot = &bs->knockers[j];
     }
     if (slot == NULL) {
-      gate_log(bs, oldest,
+      slot = &bs->knockers[mep_bs_gate_victim(bs->knockers, MEP_BS_PENDING_KNOCKS, host,
+                                               host_len)];
+      gate_log(bs, slot,
                "no whole knock when %d connections were open and another "
-               "came (%zu bytes)",
-               MEP_BS_PENDING_KNOCKS, oldest->got);
-      knocker_close(oldest);
-      slot = oldest;
+               "came (%zu bytes); its host held the most of them",
+               MEP_BS_PENDING_KNOCKS, slot->got);
+      knocker_close(slot);
     }
     slot->fd = fd;
+    memcpy(slot->host, host, sizeof(host));
+    slot->host_len = (uint8_t)host_len;
     slot->got = 0;
     slot->accepted_ms = mep_bs_now_ms();
     mep_bs_addr_name(&from, slot->name, sizeof(slot->name));

@@ -119,6 +119,10 @@ typedef struct mep_bs_knocker {
   int64_t accepted_ms;
   size_t got;
   char name[64]; /* "127.0.0.1:40312" */
+  /* The host it came from (address bytes, 4 or 16; 0: other families):
+   * which slots one host holds when they run out. */
+  uint8_t host[16];
+  uint8_t host_len;
   uint8_t nonce[MEP_BS_NONCE_BYTES]; /* the challenge it was sent */
   unsigned char buf[MEP_BS_KNOCK_MAX];
 } mep_bs_knocker_t;
@@ -306,6 +310,15 @@ moe_ep_status_t mep_bs_addr_parse(const char *address,
                                   socklen_t *out_len);
 /* "127.0.0.1:40312" / "[::1]:40312". */
 void mep_bs_addr_name(const struct sockaddr_storage *a, char *buf, size_t len);
+/* The address bytes of a's host into host[16]; returns their count (4 for
+ * IPv4, 16 for IPv6, 0 for another family). */
+size_t mep_bs_addr_host(const struct sockaddr_storage *a, uint8_t host[16]);
+/* The slot a connection from `host` takes when all `n` are in use: the
+ * oldest of those held by the host holding the most, the newcomer counted
+ * with its own host. A flood from one host then only ever replaces its own
+ * connections, while a joiner from another host keeps its slot. */
+int mep_bs_gate_victim(const mep_bs_knocker_t *slots, int n, const uint8_t *host,
+                       size_t host_len);
 
 /* ---- bootstrap_gate.c (rank 0) ---- */
 /* Listens on the bootstrap address (errno text when the port is taken). */

@@ -14,6 +14,9 @@
 
 #include "runtime/bootstrap.h"
 #include "runtime/error.h"
+extern "C" {
+#include "runtime/bootstrap_types.h"
+}
 
 namespace {
 
@@ -151,6 +154,47 @@ TEST(BootstrapSingleRank, CollectivesAreLocalCopies) {
   mep_bootstrap_destroy(bs);
   mep_bootstrap_destroy(nullptr);  // accepted
   EXPECT_EQ(mep_bootstrap_barrier(nullptr), MOE_EP_ERR_INVALID_ARGUMENT);
+}
+
+// Which gate slot a new connection takes when all are in use: the oldest
+// of the host holding the most (the newcomer counted with its own host), so
+// a flood from one host replaces only its own connections.
+std::vector<mep_bs_knocker_t> Slots(const std::vector<std::pair<uint8_t, int64_t>> &hosts_ms) {
+  std::vector<mep_bs_knocker_t> slots(hosts_ms.size());
+  for (size_t i = 0; i < slots.size(); i++) {
+    slots[i].fd = 100 + (int)i;
+    slots[i].host_len = 4;
+    const uint8_t host[4] = {127, 0, 0, hosts_ms[i].first};
+    memcpy(slots[i].host, host, 4);
+    slots[i].accepted_ms = hosts_ms[i].second;
+  }
+  return slots;
+}
+
+int Victim(const std::vector<mep_bs_knocker_t> &slots, uint8_t newcomer) {
+  const uint8_t host[4] = {127, 0, 0, newcomer};
+  return mep_bs_gate_victim(slots.data(), (int)slots.size(), host, 4);
+}
+
+TEST(BootstrapGate, FullSlotsGiveUpTheBusiestHostsOldest) {
+  // A joiner from .1 (the oldest connection) among a flood from .2.
+  std::vector<std::pair<uint8_t, int64_t>> flood = {{1, 5}};
+  for (int i = 0; i < 63; i++) flood.push_back({2, 10 + i});
+  auto slots = Slots(flood);
+  EXPECT_EQ(Victim(slots, 2), 1) << "the flood's next connection replaces its own oldest";
+  EXPECT_EQ(Victim(slots, 3), 1) << "a third host's too";
+  EXPECT_EQ(Victim(slots, 1), 1) << "the joiner's second connection still does not evict it";
+  // Every host one slot: the oldest goes.
+  auto spread = Slots({{1, 30}, {2, 20}, {3, 40}, {4, 25}});
+  EXPECT_EQ(Victim(spread, 9), 1);
+  // The newcomer counts with its host: two hosts of two, the newcomer's
+  // host then holds three and gives up its own oldest, though the other
+  // host's is older.
+  auto two = Slots({{1, 10}, {2, 5}, {1, 30}, {2, 6}});
+  EXPECT_EQ(Victim(two, 1), 0);
+  EXPECT_EQ(Victim(two, 2), 1);
+  // Equal counts: the older of the two hosts' oldest.
+  EXPECT_EQ(Victim(two, 3), 1);
 }
 
 }  // namespace
