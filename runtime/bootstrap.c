@@ -2,6 +2,7 @@
  * context and worker it owns, forming the group (rank 0 opens its gate, the
  * others knock and join), and a destroy that never hangs. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +70,17 @@ static moe_ep_status_t bs_self_address(mep_bootstrap_t *bs) {
   return MOE_EP_OK;
 }
 
+/* A group of one forms without rank 0's gate, where larger groups get
+ * their nonce: it draws its own and never sends it, so the keys
+ * mep_bootstrap_derive gives it are secret although it may have no
+ * token. */
+static moe_ep_status_t bs_solo_nonce(mep_bootstrap_t *bs) {
+  if (mep_bs_nonce(bs->group_nonce) == 0) return MOE_EP_OK;
+  return mep_error(MOE_EP_ERR_BOOTSTRAP,
+                   "rank 0: getrandom gave no bytes for the group's nonce: %s",
+                   strerror(errno));
+}
+
 moe_ep_status_t mep_bootstrap_create(const mep_bootstrap_params_t *params,
                                      mep_bootstrap_t **out) {
   int64_t start = mep_bs_now_ms();
@@ -118,6 +130,8 @@ moe_ep_status_t mep_bootstrap_create(const mep_bootstrap_params_t *params,
       st = mep_bs_join(bs, start);
     }
     if (st != MOE_EP_OK) goto out_destroy;
+  } else {
+    MEP_CHECK_GOTO(bs_solo_nonce(bs), st, out_destroy);
   }
   MEP_LOG_DEBUG("bootstrap", "rank %d of %d: group formed on %s in %lld ms",
                 bs->rank, bs->world_size, bs->address,
@@ -167,6 +181,7 @@ void mep_bootstrap_destroy(mep_bootstrap_t *bs) {
   /* The job token admits to every group of the job: it does not outlive
    * this one in freed memory. */
   explicit_bzero(bs->token, sizeof(bs->token));
+  explicit_bzero(bs->group_nonce, sizeof(bs->group_nonce)); /* a group of one's is secret */
   free(bs);
 }
 
@@ -176,4 +191,25 @@ int mep_bootstrap_rank(const mep_bootstrap_t *bs) {
 
 int mep_bootstrap_world_size(const mep_bootstrap_t *bs) {
   return bs != NULL ? bs->world_size : -1;
+}
+
+/* Apart from every label the bootstrap itself keys under the token (the
+ * gate's proofs, the connections' keys), so no derived key is one of
+ * those. */
+#define DERIVE_DOMAIN "moe-ep derived key"
+
+moe_ep_status_t mep_bootstrap_derive(const mep_bootstrap_t *bs, const char *label,
+                                     const void *ctx, size_t ctx_len,
+                                     uint8_t out[MEP_BOOTSTRAP_KEY_BYTES]) {
+  if (bs == NULL || label == NULL || out == NULL || (ctx == NULL && ctx_len > 0)) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "bootstrap_derive: bs (%p), label (%p), out (%p) and a non-empty "
+                     "ctx (%p, %zu bytes) must be non-NULL",
+                     (const void *)bs, (const void *)label, (void *)out, ctx, ctx_len);
+  }
+  const void *parts[4] = {DERIVE_DOMAIN, label, bs->group_nonce, ctx};
+  const size_t lens[4] = {sizeof(DERIVE_DOMAIN), strlen(label) + 1, sizeof(bs->group_nonce),
+                          ctx_len};
+  mep_hmac_sha256(bs->token, strlen(bs->token), 4, parts, lens, out);
+  return MOE_EP_OK;
 }

@@ -59,6 +59,21 @@ moe_ep_status_t mep_bootstrap_agree(mep_bootstrap_t *bs, int32_t mine,
  * agreement returned. */
 moe_ep_status_t mep_bootstrap_fail_step(mep_bootstrap_t *bs, moe_ep_status_t status);
 
+/* A key for this group only, for what else the group's ranks must
+ * authenticate (the host mesh's messages): HMAC-SHA-256 under the job
+ * token of "moe-ep derived key" with its NUL, `label` with its NUL, the
+ * group's nonce and ctx[0, ctx_len). Every rank of the group gets the same
+ * 32 bytes for the same label and ctx; another group (another nonce, or
+ * another token) or another label or ctx gets unrelated ones, so a key
+ * seen elsewhere is worth nothing here. The token itself never leaves the
+ * bootstrap. A group of one, which has no token to speak of, draws its
+ * nonce at random and never sends it, so its keys are secret too. Writes
+ * out only on success; not collective, no communication. */
+#define MEP_BOOTSTRAP_KEY_BYTES 32
+moe_ep_status_t mep_bootstrap_derive(const mep_bootstrap_t *bs, const char *label,
+                                     const void *ctx, size_t ctx_len,
+                                     uint8_t out[MEP_BOOTSTRAP_KEY_BYTES]);
+
 
 #ifdef __cplusplus
 }

@@ -23,8 +23,10 @@
  * carries a MAC (mep_bs_seal); 8: the MAC's keys are the connection's own
  * and every message carries its number on the connection (replays are
  * dropped), rank 0's admission carries the group's nonce, and a host count
- * word's row description is kernels/common/row_desc.h's. */
-#define MEP_BS_VERSION 8u
+ * word's row description is kernels/common/row_desc.h's; 9: the host
+ * mesh's headers carry a number and a tag under keys derived from the
+ * token (mep_bootstrap_derive), and its address exchange no key. */
+#define MEP_BS_VERSION 9u
 /* Bounds the wire fields the handshake carries. */
 #define MEP_BS_TOKEN_MAX 256
 #define MEP_BS_REASON_MAX 512

@@ -7,17 +7,16 @@
  * acknowledgements, and an acknowledgement to a peer that just died aborts
  * the process inside UCX; a failed active message is only a failed request. */
 #define _GNU_SOURCE /* posix_memalign under -std=c11 */
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <ucp/api/ucp.h>
 
 #include "runtime/error.h"
-#include "runtime/hmac.h"
 #include "runtime/host/host_mesh_impl.h"
 #include "runtime/log.h"
+#include "runtime/ucx_quiet.h"
 
-#define BLOB_MAX 4096 /* a rank's slot in the key and address exchange */
+#define BLOB_MAX 4096 /* a rank's slot in the address exchange */
 /* Bound on destroy's goodbye: peers that do not answer are gone or stuck. */
 #define GOODBYE_MAX_MS 2000
 
@@ -36,12 +35,12 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status) {
                 (int)(p - m->peers), ucs_status_string(status));
 }
 
-/* A rank's slot in the address exchange: the address's length, the key
- * messages to the rank must carry, the address. */
-#define SLOT_KEY 8
-#define SLOT_ADDRESS (SLOT_KEY + MEP_HOST_KEY_BYTES)
+/* A rank's slot in the address exchange: the address's length, then the
+ * address. No key: each pair's keys are derived on both sides
+ * (host_mesh_seal.c), never sent. */
+#define SLOT_ADDRESS 8
 
-/* Allgathers every rank's key and worker address in fixed slots. */
+/* Allgathers every rank's worker address in fixed slots. */
 static moe_ep_status_t allgather_slots(struct mep_host_mesh *m, mep_bootstrap_t *bs,
                                        const void *addr, size_t len, uint8_t **all) {
   if (len + SLOT_ADDRESS > BLOB_MAX) {
@@ -61,7 +60,6 @@ static moe_ep_status_t allgather_slots(struct mep_host_mesh *m, mep_bootstrap_t 
   }
   uint64_t l = len;
   memcpy(mine, &l, sizeof(l));
-  memcpy(mine + SLOT_KEY, m->key, MEP_HOST_KEY_BYTES);
   memcpy(mine + SLOT_ADDRESS, addr, len);
   moe_ep_status_t st = mep_bootstrap_allgather(bs, mine, *all, BLOB_MAX);
   free(mine);
@@ -95,13 +93,8 @@ static moe_ep_status_t open_worker(struct mep_host_mesh *m) {
   return MOE_EP_OK;
 }
 
-/* The worker's address, kept for mep_host_mesh_address, and this rank's
- * key. */
-static moe_ep_status_t own_address_and_key(struct mep_host_mesh *m) {
-  if (mep_random_bytes(m->key, MEP_HOST_KEY_BYTES) != 0) {
-    return mep_error(MOE_EP_ERR_INTERNAL, "host mesh: rank %d cannot draw its message key: "
-                     "getrandom: %s", m->rank, strerror(errno));
-  }
+/* The worker's address, kept for mep_host_mesh_address and the keys. */
+static moe_ep_status_t own_address(struct mep_host_mesh *m) {
   ucp_address_t *addr;
   size_t addr_len;
   ucs_status_t us = ucp_worker_get_address(m->worker, &addr, &addr_len);
@@ -119,13 +112,32 @@ static moe_ep_status_t own_address_and_key(struct mep_host_mesh *m) {
   return MOE_EP_OK;
 }
 
+/* Every pair's keys, before any endpoint exists: the receiver takes
+ * nothing until `keyed`. Each slot's length is checked again here, since
+ * the keys read the address it bounds. */
+static moe_ep_status_t derive_keys(struct mep_host_mesh *m, const mep_bootstrap_t *bs,
+                                   const uint8_t *all) {
+  for (int p = 0; p < m->world; p++) {
+    const uint8_t *slot = all + (size_t)p * BLOB_MAX;
+    uint64_t len;
+    memcpy(&len, slot, sizeof(len));
+    if (len > BLOB_MAX - SLOT_ADDRESS) {
+      return mep_error(MOE_EP_ERR_BOOTSTRAP, "host mesh: rank %d got a worker address of %llu "
+                       "bytes from rank %d (at most %d)", m->rank, (unsigned long long)len, p,
+                       BLOB_MAX - SLOT_ADDRESS);
+    }
+    MEP_CHECK(mep_host_mesh_derive_keys(m, bs, p, slot + SLOT_ADDRESS, (size_t)len));
+  }
+  m->keyed = 1;
+  return MOE_EP_OK;
+}
+
 static moe_ep_status_t connect_peers(struct mep_host_mesh *m, mep_bootstrap_t *bs) {
-  MEP_CHECK(own_address_and_key(m));
+  MEP_CHECK(own_address(m));
   uint8_t *all;
   moe_ep_status_t st = allgather_slots(m, bs, m->address, m->address_len, &all);
   if (st != MOE_EP_OK) return st;
-  for (int p = 0; p < m->world; p++)
-    memcpy(m->peers[p].key, all + (size_t)p * BLOB_MAX + SLOT_KEY, MEP_HOST_KEY_BYTES);
+  st = derive_keys(m, bs, all);
   for (int p = 0; p < m->world && st == MOE_EP_OK; p++) {
     ucp_ep_params_t ep = {
         .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
@@ -282,7 +294,7 @@ void mep_host_mesh_close_ep(struct mep_host_mesh *m, int p) {
   if (UCS_PTR_IS_PTR(req)) {
     int64_t deadline = mep_host_now_ns() + 1000000000LL;
     while (ucp_request_check_status(req) == UCS_INPROGRESS && mep_host_now_ns() < deadline) {
-      ucp_worker_progress(m->worker);
+      mep_ucx_progress(m->worker);
     }
     ucp_request_free(req);
   }
@@ -299,7 +311,7 @@ static void close_endpoints(struct mep_host_mesh *m) {
   int64_t deadline = mep_host_now_ns() + 1000000000LL;
   for (int r = 0; m->sources != NULL && r < m->world; r++) {
     while (m->sources[r].inflight > 0 && mep_host_now_ns() < deadline) {
-      ucp_worker_progress(m->worker);
+      mep_ucx_progress(m->worker);
     }
   }
 }
@@ -316,14 +328,15 @@ void mep_host_mesh_destroy(mep_host_mesh_t *m) {
     m->queue_head = next;
   }
   if (m->strangers > MEP_HOST_STRANGERS_LOGGED) {
-    MEP_LOG_WARN("host", "rank %d dropped %llu messages without its key in all (the first %d "
-                 "are logged above)", m->rank, (unsigned long long)m->strangers,
+    MEP_LOG_WARN("host", "rank %d dropped %llu messages it could not authenticate in all (the "
+                 "first %d are logged above)", m->rank, (unsigned long long)m->strangers,
                  MEP_HOST_STRANGERS_LOGGED);
   }
   if (m->worker != NULL) ucp_worker_destroy(m->worker);
   /* After the worker: a rendezvous receive close_endpoints gave up on may
    * complete as canceled while the worker is destroyed, and its callback
    * reads its source. */
+  mep_host_mesh_forget_keys(m);
   mep_host_mesh_recv_stop(m);
   if (m->context != NULL) ucp_cleanup(m->context);
   if (m->lock_ready) {

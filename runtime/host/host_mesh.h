@@ -34,8 +34,9 @@ uint8_t *mep_host_mesh_local(mep_host_mesh_t *m);
 /* The mesh worker's UCX address, as this rank's peers connect to it; valid
  * until destroy. */
 const void *mep_host_mesh_address(const mep_host_mesh_t *m, size_t *len);
-/* Messages this rank dropped because they did not carry its key (from
- * outside the group); safe from any thread. */
+/* Messages this rank dropped because it could not authenticate them as
+ * its group's (from outside the group, or replayed); safe from any
+ * thread. */
 uint64_t mep_host_mesh_strangers(const mep_host_mesh_t *m);
 
 /* Starts the clock of one send or receive half: every wait in it shares

@@ -10,10 +10,17 @@
 #define MEP_HOST_MESH_IMPL_H_
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <ucp/api/ucp.h>
 
+#include "runtime/bootstrap.h"
+#include "runtime/hmac.h"
 #include "runtime/host/host_mesh.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* The mesh has a UCX context and worker of its own, so the id only has to
  * be unique within it. */
@@ -28,25 +35,49 @@ enum {
   MEP_HOST_MSG_BYE_ACK = 6
 };
 
-/* Each rank draws a random key at group creation and tells it to its
- * peers over the bootstrap (whose records only admitted ranks send). The
- * mesh's UCX worker accepts connections from any UCX process that reaches
- * its port, so a message that does not carry the receiver's key comes from
- * outside the group: it is counted and dropped before its header is
- * believed or its data read. */
-#define MEP_HOST_KEY_BYTES 16
+/* The mesh's UCX worker accepts connections from any UCX process that
+ * reaches its port, and UCX ties a message to an endpoint by an id the
+ * packet carries, so nothing about how a message arrived says who sent
+ * it. Each ordered pair of ranks (src, dst) has a key of its own, derived
+ * by both from the job token, the group and both ranks' worker addresses
+ * (mep_bootstrap_derive; it never travels), and every message carries its
+ * number among src's messages to dst and a tag under that key over its
+ * header. The receiver checks the tag and the number before it believes
+ * anything in the header; what fails is counted and dropped, its data
+ * unread. The tag covers the header, not the data: a reader of the
+ * network can neither forge nor replay a message, but one who can change
+ * packets in flight can change a put's bytes. */
+#define MEP_HOST_TAG_BYTES 16
 /* Messages from outside the group logged at WARN; the rest are counted. */
 #define MEP_HOST_STRANGERS_LOGGED 16
+/* How far below the highest number taken from a source a number may be
+ * and still be taken (once): a source's messages leave in number order,
+ * and UCX's lanes may reorder a few. */
+#define MEP_HOST_SEQ_WINDOW 64
 
 /* Header of every data-path message: "write these bytes (or this 64-bit
- * value) at this offset of my region", from rank src. */
+ * value) at this offset of my region", from rank src to rank dst. No
+ * padding: the tag is over the bytes before it, as they are. */
 typedef struct mep_host_msg {
-  uint8_t key[MEP_HOST_KEY_BYTES]; /* the receiver's */
+  uint64_t seq; /* src's messages to dst: 1, 2, ... */
   uint64_t offset;
   uint64_t value; /* SIGNAL only */
+  uint64_t bytes; /* the data that follows (a PUT's); 0 for the rest */
   int32_t src;
+  int32_t dst;
   int32_t kind;
+  uint32_t zero;
+  uint8_t tag[MEP_HOST_TAG_BYTES]; /* mep_host_msg_seal */
 } mep_host_msg_t;
+
+/* The bytes the tag covers: the whole header before it. */
+#define MEP_HOST_MSG_TAGGED offsetof(mep_host_msg_t, tag)
+
+/* A direction's key as HMAC-SHA-256's two hash states after the key's
+ * padded block: a tag then costs two SHA-256 blocks, not four. */
+typedef struct mep_host_key {
+  mep_sha256_t inner, outer;
+} mep_host_key_t;
 
 typedef struct mep_host_signal {
   uint64_t offset, value;
@@ -58,6 +89,9 @@ typedef struct mep_host_signal {
 typedef struct mep_host_source {
   struct mep_host_mesh *mesh;
   int rank;
+  mep_host_key_t key_in; /* what its messages to this rank are tagged under */
+  uint64_t seq_top;      /* the highest number taken from it */
+  uint64_t seq_seen;     /* bit i: number seq_top - i taken (i < 64) */
   int inflight;
   mep_host_signal_t *queued;
   size_t nqueued, capqueued;
@@ -78,7 +112,8 @@ typedef struct mep_host_cmd {
 /* What is known about a peer's connection; under the mesh lock. */
 typedef struct mep_host_peer {
   struct mep_host_mesh *mesh;
-  uint8_t key[MEP_HOST_KEY_BYTES]; /* what messages to it carry; set before any send */
+  mep_host_key_t key_out;  /* what messages to it are tagged under; set before any send */
+  uint64_t sent;           /* the number of the last message queued to it */
   ucp_ep_h ep;             /* progress thread (or API thread when stopped) */
   int failed;              /* the endpoint reported an error */
   ucs_status_t fail_status;
@@ -100,10 +135,12 @@ struct mep_host_mesh {
   ucp_context_h context;
   ucp_worker_h worker;
   int handler_set;
-  uint8_t key[MEP_HOST_KEY_BYTES]; /* what messages to this rank must carry */
   uint8_t *address;                /* this rank's worker address, as its peers got it */
   size_t address_len;
-  uint64_t strangers;              /* messages dropped for want of the key; atomic */
+  uint64_t strangers;              /* messages dropped unauthenticated; atomic */
+  /* Every key is derived: until then the receiver takes nothing. Set on
+   * the API thread before the progress thread starts. */
+  int keyed;
   mep_host_source_t *sources; /* progress thread */
   int landed;                 /* progress thread: a signal landed this round */
   /* The highest operation number (signal value) applied from each source:
@@ -133,7 +170,34 @@ struct mep_host_mesh {
   int first_failed; /* first peer whose endpoint failed, or -1 */
   int recv_error;   /* a malformed message or failed receive */
   char recv_error_msg[256];
+  mep_host_msg_t last_sent; /* the latest header queued (mep_host_mesh_keep_sent) */
 };
+
+/* Test-only seam: 0 (the default): no effect. Set before a mesh is made,
+ * each header the mesh queues is also copied, sealed, into its last_sent
+ * under the lock: what one reading the network sees of it. Nothing in
+ * the product sets it, and libmoe_ep.so does not export it. */
+extern int mep_host_mesh_keep_sent;
+
+/* host_mesh_seal.c: keys, tags and numbers */
+/* Derives the keys between this rank and `peer` (whose worker address is
+ * peer_addr): peers[peer].key_out and sources[peer].key_in. */
+moe_ep_status_t mep_host_mesh_derive_keys(struct mep_host_mesh *m, const mep_bootstrap_t *bs,
+                                          int peer, const void *peer_addr, size_t peer_len);
+/* The key's hash states (MEP_BOOTSTRAP_KEY_BYTES of key). */
+void mep_host_key_init(mep_host_key_t *k, const uint8_t *key);
+/* Fills h->tag: HMAC-SHA-256 under k of the header before the tag,
+ * truncated. */
+void mep_host_msg_seal(const mep_host_key_t *k, mep_host_msg_t *h);
+/* 1 when h->tag is the tag of h under k; time independent of where it
+ * differs. */
+int mep_host_msg_sealed(const mep_host_key_t *k, const mep_host_msg_t *h);
+/* For a sealed message: 1 when its number is new from this source (then
+ * recorded), 0 for a replay, a zero number, or one MEP_HOST_SEQ_WINDOW or
+ * more below the highest taken. */
+int mep_host_seq_fresh(mep_host_source_t *s, uint64_t seq);
+/* Wipes every key (destroy). */
+void mep_host_mesh_forget_keys(struct mep_host_mesh *m);
 
 /* host_mesh_recv.c (progress thread) */
 moe_ep_status_t mep_host_mesh_recv_start(struct mep_host_mesh *m);
@@ -168,5 +232,9 @@ moe_ep_status_t mep_host_blame_not_receiving(struct mep_host_mesh *m, const char
 moe_ep_status_t mep_host_blame_unread(struct mep_host_mesh *m, int peer, uint64_t want,
                                       const char *what);
 moe_ep_status_t mep_host_blame_recv_error(struct mep_host_mesh *m, const char *what);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* MEP_HOST_MESH_IMPL_H_ */

@@ -1,6 +1,6 @@
 /* host_mesh_recv.c: the receiving side of the host mesh, run by the
- * progress thread: one active-message handler drops what does not carry
- * this rank's key, writes incoming puts into the local region (eager data
+ * progress thread: one active-message handler drops what it cannot
+ * authenticate (host_mesh_seal.c), writes incoming puts into the local region (eager data
  * copied at once, rendezvous data pulled straight into place), applies
  * signals only after every earlier put from the same source has landed,
  * and notes wire-up and goodbye messages. */
@@ -10,7 +10,6 @@
 #include <string.h>
 
 #include "runtime/error.h"
-#include "runtime/hmac.h"
 #include "runtime/host/host_mesh_impl.h"
 #include "runtime/log.h"
 
@@ -114,31 +113,46 @@ static void on_control(struct mep_host_mesh *m, const mep_host_msg_t *h) {
   pthread_mutex_unlock(&m->lock);
 }
 
-/* A message from outside the group: nothing in it is believed. Returning
+/* A message this rank cannot take as its group's: nothing in it is
+ * believed, not even the rank it names, so it fails nothing. Returning
  * UCS_OK drops its data, a rendezvous one's unfetched. */
-static ucs_status_t drop_stranger(struct mep_host_mesh *m, size_t header_length, size_t length) {
+static ucs_status_t drop_stranger(struct mep_host_mesh *m, const char *why, size_t header_length,
+                                  size_t length) {
   uint64_t n = __atomic_add_fetch(&m->strangers, 1, __ATOMIC_RELAXED);
   if (n <= MEP_HOST_STRANGERS_LOGGED) {
-    MEP_LOG_WARN("host", "rank %d dropped a message without its key (header %zu bytes, data "
-                 "%zu bytes): a UCX process outside the group reached its data path",
-                 m->rank, header_length, length);
+    MEP_LOG_WARN("host", "rank %d dropped a message it could not authenticate (%s; header %zu "
+                 "bytes, data %zu bytes): a UCX process outside the group reached its data "
+                 "path, or replayed a message it saw", m->rank, why, header_length, length);
   }
   return UCS_OK;
+}
+
+/* NULL when h is a message of this group's, sent by h->src to this rank
+ * and not taken before (its number now taken); else why not. The number
+ * is taken only once the tag holds, so a forgery cannot use up a number
+ * the sender will send. */
+static const char *authenticate(struct mep_host_mesh *m, const mep_host_msg_t *h,
+                                size_t length) {
+  if (!m->keyed) return "before the group's keys";
+  if (h->src < 0 || h->src >= m->world) return "names a rank outside the group";
+  mep_host_source_t *s = &m->sources[h->src];
+  if (!mep_host_msg_sealed(&s->key_in, h)) return "its tag is not its sender's";
+  if (h->dst != m->rank || h->zero != 0) return "addressed elsewhere";
+  if (h->bytes != length) return "its data is not the length its header says";
+  if (!mep_host_seq_fresh(s, h->seq)) return "a number its sender used before";
+  return NULL;
 }
 
 static ucs_status_t on_message(void *arg, const void *header, size_t header_length,
                                void *data, size_t length, const ucp_am_recv_param_t *param) {
   struct mep_host_mesh *m = arg;
   mep_host_msg_t h;
-  if (header_length != sizeof(h)) return drop_stranger(m, header_length, length);
-  memcpy(&h, header, sizeof(h));
-  if (!mep_bytes_equal(h.key, m->key, MEP_HOST_KEY_BYTES))
-    return drop_stranger(m, header_length, length);
-  if (h.src < 0 || h.src >= m->world) {
-    recv_fail(m, "a message claimed to come from rank %d (offset %llu, %llu bytes)", h.src,
-              (unsigned long long)h.offset, (unsigned long long)length);
-    return UCS_OK;
+  if (header_length != sizeof(h)) {
+    return drop_stranger(m, "not a header's size", header_length, length);
   }
+  memcpy(&h, header, sizeof(h));
+  const char *why = authenticate(m, &h, length);
+  if (why != NULL) return drop_stranger(m, why, header_length, length);
   if (h.kind != MEP_HOST_MSG_PUT && h.kind != MEP_HOST_MSG_SIGNAL) {
     on_control(m, &h);
     return UCS_OK;

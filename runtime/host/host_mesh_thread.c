@@ -17,6 +17,7 @@
 #include "runtime/host/host_mesh_impl.h"
 #include "runtime/progress.h"
 #include "runtime/log.h"
+#include "runtime/ucx_quiet.h"
 
 /* Longest sleep: a UCX event that never fires only delays progress by
  * this much, it cannot stall the mesh. */
@@ -51,18 +52,29 @@ moe_ep_status_t mep_host_mesh_enqueue(struct mep_host_mesh *m, int peer, int kin
   return MOE_EP_OK;
 }
 
+int mep_host_mesh_keep_sent = 0;
+
 int mep_host_mesh_enqueue_quiet(struct mep_host_mesh *m, int peer, int kind, uint64_t offset,
                                 uint64_t value, const void *data, size_t bytes, int counted) {
   mep_host_cmd_t *c = malloc(sizeof(*c));
   if (c == NULL) return -1;
   *c = (mep_host_cmd_t){.mesh = m,
-                        .hdr = {.offset = offset, .value = value, .src = m->rank, .kind = kind},
+                        .hdr = {.offset = offset,
+                                .value = value,
+                                .bytes = bytes,
+                                .src = m->rank,
+                                .dst = peer,
+                                .kind = kind},
                         .peer = peer,
                         .data = data,
                         .bytes = bytes,
                         .counted = counted};
-  memcpy(c->hdr.key, m->peers[peer].key, MEP_HOST_KEY_BYTES);
   pthread_mutex_lock(&m->lock);
+  /* Numbered under the lock that orders the queue: the queue is issued in
+   * order on the peer's one endpoint, so numbers leave in order. */
+  c->hdr.seq = ++m->peers[peer].sent;
+  mep_host_msg_seal(&m->peers[peer].key_out, &c->hdr);
+  if (mep_host_mesh_keep_sent) m->last_sent = c->hdr;
   int was_empty = m->queue_head == NULL;
   if (was_empty) {
     m->queue_head = c;
@@ -203,7 +215,7 @@ static void *progress_main(void *arg) {
     /* Capped, so that a busy worker (a peer's stream of messages, or
      * outsiders' dropped ones) cannot keep the thread from its queue, its
      * cut and its stop. */
-    for (unsigned n = 0; n < MEP_PROGRESS_PASS_MAX && ucp_worker_progress(m->worker) != 0; n++) {
+    for (unsigned n = 0; n < MEP_PROGRESS_PASS_MAX && mep_ucx_progress(m->worker) != 0; n++) {
     }
     if (m->landed) {
       m->landed = 0;

@@ -1,10 +1,11 @@
 // host_mesh_stranger_test.cc: a UCX process outside the group that reaches
 // the host mesh's worker (its transports listen on ports any UCX process
 // can find) and sends it active messages with the mesh's id, laid out as
-// the mesh's own headers but without the receiving rank's key: puts,
+// the mesh's own headers but without a tag under the group's keys: puts,
 // signals, a goodbye, a short header and rendezvous data. None may touch
 // the region or the peers' state, each is counted, and the mesh then
-// carries the group's own put and signal as before.
+// carries the group's own put and signal as before. (What one who reads
+// the group's traffic can do with it: host_mesh_reader_test.cc.)
 #include <string.h>
 #include <time.h>
 
@@ -19,82 +20,24 @@
 #include "runtime/host/host_mesh.h"
 #include "runtime/host/host_mesh_impl.h"
 #include "tests/common/ports.h"
+#include "tests/host/mesh_outsider.h"
 
 namespace {
 
 constexpr size_t kRegion = 1 << 20;
 constexpr int kTimeoutMs = 30000;
 
-int64_t NowMs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
-}
+int64_t NowMs() { return moe_ep_test::MonoMs(); }
 
-// A UCX context, worker and endpoint of its own, connected to an address.
-class Stranger {
- public:
-  ~Stranger() {
-    if (ep_ != nullptr) {
-      ucp_request_param_t p = {};
-      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-      void *req = ucp_ep_close_nbx(ep_, &p);
-      if (UCS_PTR_IS_PTR(req)) {
-        Progress(req);
-        ucp_request_free(req);
-      }
-    }
-    if (worker_ != nullptr) ucp_worker_destroy(worker_);
-    if (context_ != nullptr) ucp_cleanup(context_);
-  }
+using Stranger = moe_ep_test::MeshOutsider;
 
-  std::string Open(const void *address) {
-    ucp_params_t cp = {};
-    cp.field_mask = UCP_PARAM_FIELD_FEATURES;
-    cp.features = UCP_FEATURE_AM;
-    if (ucp_init(&cp, nullptr, &context_) != UCS_OK) return "ucp_init failed";
-    ucp_worker_params_t wp = {};
-    if (ucp_worker_create(context_, &wp, &worker_) != UCS_OK) return "ucp_worker_create failed";
-    ucp_ep_params_t ep = {};
-    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
-    ep.address = static_cast<const ucp_address_t *>(address);
-    if (ucp_ep_create(worker_, &ep, &ep_) != UCS_OK) return "ucp_ep_create failed";
-    return "";
-  }
-
-  // One active message with the mesh's id; the send's completion status.
-  ucs_status_t Send(const void *header, size_t header_len, const void *data, size_t len,
-                    bool rendezvous) {
-    ucp_request_param_t p = {};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = rendezvous ? UCP_AM_SEND_FLAG_RNDV : UCP_AM_SEND_FLAG_EAGER;
-    void *req = ucp_am_send_nbx(ep_, MEP_HOST_AM_ID, header, header_len, data, len, &p);
-    if (req == nullptr) return UCS_OK;
-    if (UCS_PTR_IS_ERR(req)) return UCS_PTR_STATUS(req);
-    const ucs_status_t st = Progress(req);
-    ucp_request_free(req);
-    return st;
-  }
-
- private:
-  ucs_status_t Progress(void *req) {
-    const int64_t deadline = NowMs() + kTimeoutMs;
-    ucs_status_t st;
-    while ((st = ucp_request_check_status(req)) == UCS_INPROGRESS && NowMs() < deadline)
-      ucp_worker_progress(worker_);
-    return st;
-  }
-
-  ucp_context_h context_ = nullptr;
-  ucp_worker_h worker_ = nullptr;
-  ucp_ep_h ep_ = nullptr;
-};
-
-mep_host_msg_t Forged(int kind, uint64_t offset, uint64_t value, uint8_t key_byte, int src = 0) {
+// A header as the mesh lays it out, to rank 0, with a made-up tag.
+mep_host_msg_t Forged(int kind, uint64_t offset, uint64_t value, uint8_t tag_byte, int src = 0,
+                      uint64_t seq = 1) {
   mep_host_msg_t h;
   memset(&h, 0, sizeof(h));
-  memset(h.key, key_byte, sizeof(h.key));
+  memset(h.tag, tag_byte, sizeof(h.tag));
+  h.seq = seq;
   h.offset = offset;
   h.value = value;
   h.src = src;
@@ -160,32 +103,34 @@ class HostMeshStranger : public ::testing::Test {
   mep_host_mesh_t *mesh_ = nullptr;
 };
 
-TEST_F(HostMeshStranger, MessagesWithoutTheKeyAreDroppedUnread) {
+TEST_F(HostMeshStranger, MessagesWithoutATagAreDroppedUnread) {
   size_t len = 0;
   const void *addr = mep_host_mesh_address(mesh_, &len);
   ASSERT_NE(addr, nullptr);
   ASSERT_GT(len, 0u);
-  Stranger s;
+  Stranger s(kTimeoutMs);
   ASSERT_EQ(s.Open(addr), "");
 
   std::vector<uint8_t> row(512, 0xab), big(256 << 10, 0xcd);
   uint64_t sent = 0;
-  // Keys a stranger might try: none, all ones, and a "likely" pattern.
-  for (uint8_t key_byte : {0x00, 0xff, 0x01}) {
-    const mep_host_msg_t put = Forged(MEP_HOST_MSG_PUT, 0, 0, key_byte);
-    const mep_host_msg_t sig = Forged(MEP_HOST_MSG_SIGNAL, 8192, 1, key_byte);
-    const mep_host_msg_t bye = Forged(MEP_HOST_MSG_BYE, 0, 0, key_byte);
-    const mep_host_msg_t ack = Forged(MEP_HOST_MSG_HELLO_ACK, 0, 0, key_byte);
+  // Tags a stranger might try: none, all ones, and a "likely" pattern.
+  for (uint8_t tag_byte : {0x00, 0xff, 0x01}) {
+    mep_host_msg_t put = Forged(MEP_HOST_MSG_PUT, 0, 0, tag_byte);
+    const mep_host_msg_t sig = Forged(MEP_HOST_MSG_SIGNAL, 8192, 1, tag_byte);
+    const mep_host_msg_t bye = Forged(MEP_HOST_MSG_BYE, 0, 0, tag_byte);
+    const mep_host_msg_t ack = Forged(MEP_HOST_MSG_HELLO_ACK, 0, 0, tag_byte);
+    put.bytes = row.size();
     EXPECT_EQ(s.Send(&put, sizeof(put), row.data(), row.size(), false), UCS_OK);
+    put.bytes = big.size();
     EXPECT_EQ(s.Send(&put, sizeof(put), big.data(), big.size(), true), UCS_OK);
     EXPECT_EQ(s.Send(&sig, sizeof(sig), nullptr, 0, false), UCS_OK);
     EXPECT_EQ(s.Send(&bye, sizeof(bye), nullptr, 0, false), UCS_OK);
     EXPECT_EQ(s.Send(&ack, sizeof(ack), nullptr, 0, false), UCS_OK);
     sent += 5;
   }
-  // Headers a member would be failed for (a source outside the group, a
-  // put past the region): from a stranger, dropped like the rest, so the
-  // key is checked before anything in the header is believed.
+  // Headers a member would be failed for (a put past the region), or that
+  // name a source outside the group: from a stranger, dropped like the
+  // rest, so the tag is checked before anything in the header is believed.
   for (const mep_host_msg_t& bad :
        {Forged(MEP_HOST_MSG_PUT, 0, 0, 0, -1), Forged(MEP_HOST_MSG_SIGNAL, 8192, 1, 0, 1),
         Forged(MEP_HOST_MSG_PUT, kRegion, 0, 0), Forged(MEP_HOST_MSG_BYE, 0, 0, 0, 1 << 30)}) {
@@ -213,10 +158,11 @@ TEST_F(HostMeshStranger, MessagesWithoutTheKeyAreDroppedUnread) {
 TEST_F(HostMeshStranger, RendezvousFloodIsNotFetched) {
   size_t len = 0;
   const void *addr = mep_host_mesh_address(mesh_, &len);
-  Stranger s;
+  Stranger s(kTimeoutMs);
   ASSERT_EQ(s.Open(addr), "");
   std::vector<uint8_t> big(1 << 20, 0xee);
-  const mep_host_msg_t put = Forged(MEP_HOST_MSG_PUT, 0, 0, 0);
+  mep_host_msg_t put = Forged(MEP_HOST_MSG_PUT, 0, 0, 0);
+  put.bytes = big.size();
   constexpr uint64_t kMessages = 256;
   for (uint64_t i = 0; i < kMessages; i++)
     ASSERT_EQ(s.Send(&put, sizeof(put), big.data(), big.size(), true), UCS_OK) << "message " << i;
@@ -225,16 +171,20 @@ TEST_F(HostMeshStranger, RendezvousFloodIsNotFetched) {
   ExpectOwnPutLands();
 }
 
-// A member's signal (the receiving rank's key) at an offset that is not a
-// multiple of 8: one atomic 8-byte store could not carry it, so the mesh
-// fails naming the sender instead of storing it torn.
+// A member's signal (tagged under the group's key, with the sender's next
+// number) at an offset that is not a multiple of 8: one atomic 8-byte
+// store could not carry it, so the mesh fails naming the sender instead of
+// storing it torn.
 TEST_F(HostMeshStranger, MisalignedSignalFailsTheMesh) {
   size_t len = 0;
   const void *addr = mep_host_mesh_address(mesh_, &len);
-  Stranger s;
+  Stranger s(kTimeoutMs);
   ASSERT_EQ(s.Open(addr), "");
   mep_host_msg_t sig = Forged(MEP_HOST_MSG_SIGNAL, 8192 + 4, 1, 0);
-  memcpy(sig.key, mesh_->key, sizeof(sig.key));
+  pthread_mutex_lock(&mesh_->lock);
+  sig.seq = ++mesh_->peers[0].sent;
+  mep_host_msg_seal(&mesh_->peers[0].key_out, &sig);
+  pthread_mutex_unlock(&mesh_->lock);
   ASSERT_EQ(s.Send(&sig, sizeof(sig), nullptr, 0, false), UCS_OK);
   mep_host_mesh_begin(mesh_);  // the wait's deadline
   EXPECT_NE(mep_host_mesh_wait(mesh_, 8192, 1, 0, "misaligned signal wait"), MOE_EP_OK);
