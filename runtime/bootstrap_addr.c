@@ -86,8 +86,14 @@ size_t mep_bs_addr_host(const struct sockaddr_storage *a, uint8_t host[16]) {
     return 4;
   }
   if (a->ss_family == AF_INET6) {
-    memcpy(host, &((const struct sockaddr_in6 *)a)->sin6_addr, 16);
-    return 16;
+    const struct in6_addr *v6 = &((const struct sockaddr_in6 *)a)->sin6_addr;
+    if (IN6_IS_ADDR_V4MAPPED(v6)) { /* ::ffff:a.b.c.d is the IPv4 host */
+      memcpy(host, v6->s6_addr + 12, 4);
+      return 4;
+    }
+    /* One machine may take any number of addresses in its /64. */
+    memcpy(host, v6->s6_addr, 8);
+    return 8;
   }
   return 0;
 }

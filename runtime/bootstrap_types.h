@@ -121,8 +121,8 @@ typedef struct mep_bs_knocker {
   int64_t accepted_ms;
   size_t got;
   char name[64]; /* "127.0.0.1:40312" */
-  /* The host it came from (address bytes, 4 or 16; 0: other families):
-   * which slots one host holds when they run out. */
+  /* The host it came from (mep_bs_addr_host: 4 or 8 bytes; 0: other
+   * families): which slots one host holds when they run out. */
   uint8_t host[16];
   uint8_t host_len;
   uint8_t nonce[MEP_BS_NONCE_BYTES]; /* the challenge it was sent */
@@ -312,8 +312,9 @@ moe_ep_status_t mep_bs_addr_parse(const char *address,
                                   socklen_t *out_len);
 /* "127.0.0.1:40312" / "[::1]:40312". */
 void mep_bs_addr_name(const struct sockaddr_storage *a, char *buf, size_t len);
-/* The address bytes of a's host into host[16]; returns their count (4 for
- * IPv4, 16 for IPv6, 0 for another family). */
+/* What names a's host into host[16]; returns its length: the 4 bytes of an
+ * IPv4 address (an IPv4-mapped IPv6 one too), the 8 of an IPv6 address's
+ * /64 (one machine may use every address in it), 0 for another family. */
 size_t mep_bs_addr_host(const struct sockaddr_storage *a, uint8_t host[16]);
 /* The slot a connection from `host` takes when all `n` are in use: the
  * oldest of those held by the host holding the most, the newcomer counted

@@ -528,8 +528,13 @@ void mep_group_free(void *obj, mep_obj_kind_t kind, mep_deferred_free_t *link,
    * its group, whose next lock holder (maybe the entry holding it now)
    * finishes it; this thread does not touch that group again. */
   if (g != NULL && (held_here != NULL || mep_log_in_callback())) {
-    if (g != held_here && mep_registry_contains(g, MEP_OBJ_GROUP) &&
-        pthread_mutex_trylock(&g->lock) == 0) {
+    const int live = mep_registry_contains(g, MEP_OBJ_GROUP);
+    if (!live && g != held_here) {
+      /* Its group_destroy is under way: nothing may be queued on it. */
+      if (mep_registry_take(obj, kind)) release(obj);
+      return;
+    }
+    if (g != held_here && pthread_mutex_trylock(&g->lock) == 0) {
       enter_locked(g);
     } else {
       if (!mep_registry_take(obj, kind)) return; /* another thread freed it */

@@ -11,6 +11,7 @@
 #include <ucs/debug/log_def.h>
 
 #include "runtime/log.h"
+#include "runtime/pin_library.h"
 
 static __thread int in_progress;
 static unsigned long long lines_taken; /* atomic */
@@ -34,7 +35,13 @@ static ucs_log_func_rc_t take_line(const char *file, unsigned line, const char *
   return UCS_LOG_FUNC_RC_STOP;
 }
 
-static void install(void) { ucs_log_push_handler(take_line); }
+/* UCX keeps the handler for the life of the process, so the library stays
+ * mapped as long (an engine's dlclose would leave UCX calling unmapped
+ * code). */
+static void install(void) {
+  mep_pin_library();
+  ucs_log_push_handler(take_line);
+}
 
 unsigned mep_ucx_progress(ucp_worker_h worker) {
   pthread_once(&installed, install);

@@ -30,7 +30,7 @@ static void dlpack_name(const moe_ep_data_type_t *dt, char *buf, size_t cap) {
   static const char *const sized[] = {[0] = "int", [1] = "uint", [2] = "float",
                                       [4] = "bfloat", [5] = "complex"};
   static const char *const named[] = {
-      [6] = "bool",           [7] = "float8_e3m4",         [8] = "float8_e4m3",
+      [3] = "opaque_handle", [6] = "bool",           [7] = "float8_e3m4",         [8] = "float8_e4m3",
       [9] = "float8_e4m3b11fnuz", [10] = "float8_e4m3fn",  [11] = "float8_e4m3fnuz",
       [12] = "float8_e5m2",   [13] = "float8_e5m2fnuz",    [14] = "float8_e8m0fnu",
       [15] = "float6_e2m3fn", [16] = "float6_e3m2fn",      [17] = "float4_e2m1fn"};

@@ -506,18 +506,23 @@ typedef struct moe_ep_handle_layout_params {
  *   is done at once when its group's lock is free, and otherwise by the
  *   thread holding that lock (the entry that logs, when it is the same
  *   group) before it lets the lock go, or by the group's next entry before
- *   its own work, or by group_destroy. On the library's own threads the logger
- *   must not free them (that thread would wait for the group's lock, held
- *   by an entry that waits for it). The logger's own calls leave the logging entry's last_error
- *   as it was, and what they log is not passed to the logger again.
+ *   its own work, or by group_destroy. On the library's own threads the
+ *   logger's frees do not wait either (the same rule). The logger's own
+ *   calls leave the logging entry's last_error as it was, and what they log
+ *   is not passed to the logger again.
  * - Log levels are per group: messages emitted while an entry works for a
  *   group (and by threads the library starts for it) use that group's
  *   log_level; other messages use warn. MOE_EP_LOG_LEVEL overrides both.
- *   UCX (the bootstrap, the host backend) logs through its own handler,
- *   which is process-wide and may be the engine's: on a peer's failure it
- *   prints its warnings and errors to stderr unless UCX_LOG_LEVEL (or the
- *   engine's own UCX log handler) says otherwise; the library installs
- *   none, and what it reports goes through its own logger.
+ *   UCX (the bootstrap, the host backend) logs through its own handlers,
+ *   which are process-wide. The library adds one, the first time it
+ *   progresses a UCX worker, that takes the lines UCX writes while the
+ *   library progresses its own workers on that thread (an active message
+ *   of an id nobody handles, which anyone reaching a worker's port can
+ *   send; a peer's failure) and passes them to the library's logger at
+ *   debug; every other line (the engine's own UCX use, UCX's own threads,
+ *   the library's calls outside progress) goes on to the handlers before
+ *   it, UCX's printer last. The library then stays loaded for the life of
+ *   the process (moe_ep_unload does not unmap it).
  * - CUDA state (nccl backend): every entry, group_create and group_destroy
  *   included, works on the group's device and leaves the calling thread's
  *   current CUDA context as it found it, none included.

@@ -173,6 +173,10 @@ static inline void *moe_ep_load(const char *path,
   return lib;
 }
 
+/* dlclose. Once the library has progressed a UCX worker (its UCX log
+ * handler) or seen a call captured in a CUDA graph (CUDA's release of the
+ * graph calls into it), it stays mapped for the life of the process: those
+ * callers outlive any unload. */
 static inline void moe_ep_unload(void *lib) {
   if (lib != NULL) dlclose(lib);
 }

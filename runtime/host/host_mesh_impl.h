@@ -45,8 +45,10 @@ enum {
  * header. The receiver checks the tag and the number before it believes
  * anything in the header; what fails is counted and dropped, its data
  * unread. The tag covers the header, not the data: a reader of the
- * network can neither forge nor replay a message, but one who can change
- * packets in flight can change a put's bytes. */
+ * network can neither forge a message nor replay one that was taken, but
+ * one who can change packets in flight, or send a copy of a header with
+ * other data before the real message is taken (which is then dropped as
+ * a replay), can change a put's bytes. */
 #define MEP_HOST_TAG_BYTES 16
 /* Messages from outside the group logged at WARN; the rest are counted. */
 #define MEP_HOST_STRANGERS_LOGGED 16

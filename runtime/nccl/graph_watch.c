@@ -1,12 +1,14 @@
 /* graph_watch.c: see graph_watch.h. The count lives in a block of its own,
  * referenced by the group and by every user object CUDA holds, because
  * CUDA may release the last graph after the group is gone. */
-#define _POSIX_C_SOURCE 200809L /* nanosleep */
+#define _POSIX_C_SOURCE 200809L /* nanosleep, clock_gettime */
 #include "runtime/nccl/graph_watch.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <time.h>
+
+#include "runtime/pin_library.h"
 
 /* Captures noted most recently: a capture holds a layer's every call, and
  * noting each of them again would add a user object per call. */
@@ -71,6 +73,9 @@ cudaError_t mep_graph_watch_note(mep_graph_watch_t *w, cudaStream_t stream,
     e = cudaErrorStreamCaptureInvalidated; /* the capture changed since the call looked */
     goto out;
   }
+  /* CUDA calls `released` whenever the graph goes, maybe after an
+   * engine's dlclose: the library stays mapped. */
+  mep_pin_library();
   cudaUserObject_t obj;
   e = cudaUserObjectCreate(&obj, w, released, 1, cudaUserObjectNoDestructorSync);
   if (e != cudaSuccess) goto out;
@@ -88,11 +93,18 @@ out:
   return e;
 }
 
+static int64_t now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
 int64_t mep_graph_watch_live(mep_graph_watch_t *w, int grace_ms) {
   if (w == NULL) return 0;
   const struct timespec step = {0, 1000000}; /* 1 ms */
+  const int64_t deadline = now_ms() + grace_ms;
   int64_t live = __atomic_load_n(&w->live, __ATOMIC_ACQUIRE);
-  for (int waited = 0; live > 0 && waited < grace_ms; waited++) {
+  while (live > 0 && now_ms() < deadline) {
     nanosleep(&step, NULL);
     live = __atomic_load_n(&w->live, __ATOMIC_ACQUIRE);
   }

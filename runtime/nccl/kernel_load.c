@@ -1,9 +1,8 @@
 /* kernel_load.c: a group's kernels loaded on a thread of its own, waited
  * for with a deadline (kernel_load.h). */
-#define _GNU_SOURCE /* nanosleep under -std=c11, dladdr */
+#define _GNU_SOURCE /* nanosleep under -std=c11 */
 #include "runtime/nccl/kernel_load.h"
 
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -13,6 +12,7 @@
 #include "kernels/common/prepare_layout.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
+#include "runtime/pin_library.h"
 #include "runtime/nccl/nccl_context.h"
 #include "runtime/nccl/nccl_wait.h"
 
@@ -34,14 +34,6 @@ typedef struct load_job {
 
 static void job_release(load_job_t *j) {
   if (atomic_fetch_sub(&j->refs, 1) == 1) free(j);
-}
-
-/* Keeps this library loaded for the life of the process (a dlclose no
- * longer unmaps it). */
-static void pin_library(void) {
-  Dl_info info;
-  if (dladdr((void *)&pin_library, &info) != 0 && info.dli_fname != NULL)
-    (void)dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
 }
 
 static void *load_main(void *arg) {
@@ -89,7 +81,7 @@ static moe_ep_status_t load_kernels(int device, mep_kernel_load_fn mode_load, in
     /* The thread goes on inside the library's code: the library must stay
      * mapped after an engine's dlclose. */
     pthread_detach(thread);
-    pin_library();
+    mep_pin_library();
     st = mep_error(MOE_EP_ERR_TIMEOUT,
                    "rank %d: loading the %s kernels did not end within bootstrap.timeout_ms "
                    "(%d ms): a kernel's first load waits for every kernel running on the "

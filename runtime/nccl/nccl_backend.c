@@ -602,9 +602,10 @@ static moe_ep_status_t nccl_send(moe_ep_group_t *g, mep_op_t *op) {
   MEP_CHECK(enter_device(g, s, &caller));
   mep_nccl_stream_t on;
   moe_ep_status_t st = send_checks(g, s, op, 0);
-  if (st == MOE_EP_OK) st = mep_nccl_stream_open(s->nccl, op->stream, "params->stream", &on);
+  if (st == MOE_EP_OK) st = mep_nccl_stream_open(op->stream, "params->stream", &on);
   if (st == MOE_EP_OK) st = order_send(s, op, &on);
   if (st == MOE_EP_OK) st = order_reuse(g, s, op, &on);
+  if (st == MOE_EP_OK) st = mep_nccl_note_capture(s->nccl, &on);
   if (st == MOE_EP_OK) st = send_half(g, s, op, 0);
   if (st == MOE_EP_OK) reuse_restart(s, op);
   if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->sent, op->buffer_set, &on);
@@ -616,7 +617,8 @@ static moe_ep_status_t nccl_recv(moe_ep_group_t *g, mep_op_t *op) {
   mep_nccl_caller_t caller;
   MEP_CHECK(enter_device(g, s, &caller));
   mep_nccl_stream_t on;
-  moe_ep_status_t st = mep_nccl_stream_open(s->nccl, op->stream, "params->stream", &on);
+  moe_ep_status_t st = mep_nccl_stream_open(op->stream, "params->stream", &on);
+  if (st == MOE_EP_OK) st = mep_nccl_note_capture(s->nccl, &on);
   if (st == MOE_EP_OK) st = mep_nccl_sent_order(&s->sent, op->buffer_set, &on);
   if (st != MOE_EP_OK) return mep_nccl_leave(&caller, st);
   if (op->kind == MEP_OP_DISPATCH) {
@@ -639,9 +641,10 @@ static moe_ep_status_t nccl_send_recv(moe_ep_group_t *g, mep_op_t *op) {
   MEP_CHECK(enter_device(g, s, &caller));
   mep_nccl_stream_t on;
   moe_ep_status_t st = send_checks(g, s, op, 1);
-  if (st == MOE_EP_OK) st = mep_nccl_stream_open(s->nccl, op->stream, "params->stream", &on);
+  if (st == MOE_EP_OK) st = mep_nccl_stream_open(op->stream, "params->stream", &on);
   if (st == MOE_EP_OK) st = order_send(s, op, &on);
   if (st == MOE_EP_OK) st = order_reuse(g, s, op, &on);
+  if (st == MOE_EP_OK) st = mep_nccl_note_capture(s->nccl, &on);
   if (st == MOE_EP_OK) st = send_half(g, s, op, 1);
   if (st == MOE_EP_OK) reuse_restart(s, op);
   if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->received, op->buffer_set, &on);
@@ -664,7 +667,8 @@ static moe_ep_status_t nccl_handle_layout(moe_ep_group_t *g, mep_handle_state_t 
    * export, whatever their streams: the set's event then covers every
    * export on it. */
   mep_nccl_stream_t on;
-  moe_ep_status_t st = mep_nccl_stream_open(s->nccl, stream, "params->stream", &on);
+  moe_ep_status_t st = mep_nccl_stream_open(stream, "params->stream", &on);
+  if (st == MOE_EP_OK) st = mep_nccl_note_capture(s->nccl, &on);
   if (st == MOE_EP_OK) st = mep_nccl_sent_order(&s->received, nh->set, &on);
   if (st == MOE_EP_OK) st = mep_nccl_sent_order(&s->exported, nh->set, &on);
   if (st != MOE_EP_OK) return mep_nccl_leave(&caller, st);

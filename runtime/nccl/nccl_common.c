@@ -106,7 +106,8 @@ moe_ep_status_t mep_nccl_prepare_layout(moe_ep_group_t *g, mep_nccl_t *nccl, int
   /* A stream CUDA refuses (destroyed, or in an invalidated capture) is bad
    * input, refused before the launch, which would fail the group. */
   mep_nccl_stream_t on;
-  moe_ep_status_t st = mep_nccl_stream_open(nccl, h->prepare_stream, "params->stream", &on);
+  moe_ep_status_t st = mep_nccl_stream_open(h->prepare_stream, "params->stream", &on);
+  if (st == MOE_EP_OK) st = mep_nccl_note_capture(nccl, &on);
   if (st != MOE_EP_OK) return mep_nccl_leave(&caller, st);
   mep_prepare_layout_args_t a = {
       .topk_idx = h->topk_idx,
@@ -194,10 +195,10 @@ static void warn_graphs(const moe_ep_group_t *g, int64_t graphs) {
   const int one = graphs == 1;
   MEP_LOG_WARN("group",
                "rank %d: group_destroy: %lld CUDA graph%s (or graph capture%s) holding this "
-               "group's calls %s still alive %d ms after the call; the group's memory is freed "
-               "now, so %s must never be launched again (a launch would write memory that may "
-               "belong to another allocation by then). Destroy the graphs that hold a group's "
-               "calls, and the executable graphs made from them, before group_destroy",
+               "group's calls %s still alive %d ms after the call; the group's memory is given "
+               "up now, so %s must never be launched again (a launch would write memory that "
+               "may belong to another allocation by then). Destroy the graphs that hold a "
+               "group's calls, and the executable graphs made from them, before group_destroy",
                g->rank, (long long)graphs, one ? "" : "s", one ? "" : "s", one ? "is" : "are",
                MEP_NCCL_GRAPH_GRACE_MS, one ? "it" : "they");
 }
@@ -297,26 +298,26 @@ static moe_ep_status_t stream_elsewhere(void *stream, const char *arg) {
                    arg, stream, here, here);
 }
 
-moe_ep_status_t mep_nccl_stream_open(mep_nccl_t *nccl, void *stream, const char *arg,
-                                     mep_nccl_stream_t *out) {
+moe_ep_status_t mep_nccl_stream_open(void *stream, const char *arg, mep_nccl_stream_t *out) {
   out->stream = stream;
   out->capture = 0;
   const cudaError_t e = capture_of(stream, &out->capture);
   if (e != cudaSuccess) return stream_refused(stream, arg, e);
-  MEP_CHECK(stream_elsewhere(stream, arg));
-  if (nccl == NULL) return MOE_EP_OK;
-  /* Before anything is queued: a graph that holds the call is known to
-   * group_destroy (graph_watch.h). */
-  const cudaError_t w = mep_graph_watch_note(mep_nccl_graphs(nccl), (cudaStream_t)stream,
-                                             out->capture);
-  return w == cudaSuccess ? MOE_EP_OK : mep_nccl_cuda_error("tying the graph capture to the group", w);
+  return stream_elsewhere(stream, arg);
+}
+
+moe_ep_status_t mep_nccl_note_capture(mep_nccl_t *nccl, const mep_nccl_stream_t *on) {
+  const cudaError_t w =
+      mep_graph_watch_note(mep_nccl_graphs(nccl), (cudaStream_t)on->stream, on->capture);
+  return w == cudaSuccess ? MOE_EP_OK
+                          : mep_nccl_cuda_error("tying the graph capture to the group", w);
 }
 
 moe_ep_status_t mep_nccl_check_recv(moe_ep_group_t *g, const mep_op_t *op) {
   mep_nccl_caller_t caller;
   MEP_CHECK(mep_nccl_enter(g->cuda_device, &caller));
   mep_nccl_stream_t st;
-  return mep_nccl_leave(&caller, mep_nccl_stream_open(NULL, op->stream, "stream", &st));
+  return mep_nccl_leave(&caller, mep_nccl_stream_open(op->stream, "stream", &st));
 }
 
 moe_ep_status_t mep_nccl_sent_record(mep_nccl_sent_t *sent, int set, const mep_nccl_stream_t *s) {

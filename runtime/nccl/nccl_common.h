@@ -77,8 +77,11 @@ typedef struct mep_nccl_stream {
  * INVALID_ARGUMENT naming `arg`), and it runs in the group's context (a
  * stream of another GPU, or of another context on this one, is
  * INVALID_ARGUMENT too); a device error stays a fatal CUDA error. */
-moe_ep_status_t mep_nccl_stream_open(struct mep_nccl *nccl, void *stream, const char *arg,
-                                     mep_nccl_stream_t *out);
+moe_ep_status_t mep_nccl_stream_open(void *stream, const char *arg, mep_nccl_stream_t *out);
+/* Right before a call queues its first work in a capture: ties the
+ * capture's graph to the group (graph_watch.h), once per capture, so that
+ * group_destroy knows of it. Eager work (on->capture 0): nothing. */
+moe_ep_status_t mep_nccl_note_capture(struct mep_nccl *nccl, const mep_nccl_stream_t *on);
 /* LL's check_recv (backend.h): hook_run's stream (op->stream, named
  * `stream`), refused as mep_nccl_stream_open refuses it, before the hook
  * counts as run. */

@@ -402,7 +402,7 @@ static moe_ep_status_t ht_send(moe_ep_group_t *g, mep_op_t *op) {
   mep_nccl_caller_t caller;
   MEP_CHECK(enter(g, s, &caller));
   mep_nccl_stream_t on;
-  moe_ep_status_t st = mep_nccl_stream_open(s->nccl, op->stream, "params->stream", &on);
+  moe_ep_status_t st = mep_nccl_stream_open(op->stream, "params->stream", &on);
   if (st == MOE_EP_OK) st = check_capturable(g, op, &on, "dispatch");
   /* The handle's state before anything is queued: running out of memory
    * later would leave waits and an event record on the engine's stream. */
@@ -420,6 +420,7 @@ static moe_ep_status_t ht_send(moe_ep_group_t *g, mep_op_t *op) {
    * (free on one stream; two-batch overlap with a stream per micro-batch
    * runs them in turn), and the set's event covers every kernel on the
    * set (teardown waits for it). */
+  if (st == MOE_EP_OK) st = mep_nccl_note_capture(s->nccl, &on);
   for (int set = 0; st == MOE_EP_OK && set < MEP_NUM_BUFFER_SETS; set++)
     st = mep_nccl_sent_order(&s->sent, set, &on);
   if (st == MOE_EP_OK) st = mep_nccl_sent_record(&s->reached, op->buffer_set, &on);
@@ -487,7 +488,7 @@ static moe_ep_status_t ht_check_recv(moe_ep_group_t *g, const mep_op_t *op) {
   mep_nccl_caller_t caller;
   MEP_CHECK(mep_nccl_enter(g->cuda_device, &caller));
   mep_nccl_stream_t on;
-  moe_ep_status_t st = mep_nccl_stream_open(NULL, op->stream, "stream", &on);
+  moe_ep_status_t st = mep_nccl_stream_open(op->stream, "stream", &on);
   if (st == MOE_EP_OK) st = check_capturable(g, op, &on, "hook_run of a dispatch");
   return mep_nccl_leave(&caller, st);
 }
@@ -499,7 +500,8 @@ static moe_ep_status_t ht_recv(moe_ep_group_t *g, mep_op_t *op) {
   /* hook_run asked ht_check_recv first; a dispatch's own receive (not
    * deferred) comes after ht_send's check_capturable. */
   mep_nccl_stream_t on;
-  moe_ep_status_t st = mep_nccl_stream_open(s->nccl, op->stream, "params->stream", &on);
+  moe_ep_status_t st = mep_nccl_stream_open(op->stream, "params->stream", &on);
+  if (st == MOE_EP_OK) st = mep_nccl_note_capture(s->nccl, &on);
   if (st == MOE_EP_OK) st = mep_nccl_sent_order(&s->sent, op->buffer_set, &on);
   if (st == MOE_EP_OK && op->kind == MEP_OP_DISPATCH) {
     if (op->flags & MOE_EP_FLAG_WORST_CASE) {

@@ -176,6 +176,31 @@ int Victim(const std::vector<mep_bs_knocker_t> &slots, uint8_t newcomer) {
   return mep_bs_gate_victim(slots.data(), (int)slots.size(), host, 4);
 }
 
+// A host is its IPv4 address, or its IPv6 address's /64; an IPv4-mapped
+// IPv6 address is the IPv4 host.
+TEST(BootstrapGate, HostIsTheIpv4AddressOrTheIpv6Slash64) {
+  auto v6 = [](const char *text) {
+    sockaddr_storage a = {};
+    auto *s = reinterpret_cast<sockaddr_in6 *>(&a);
+    s->sin6_family = AF_INET6;
+    EXPECT_EQ(inet_pton(AF_INET6, text, &s->sin6_addr), 1) << text;
+    uint8_t host[16] = {};
+    const size_t n = mep_bs_addr_host(&a, host);
+    return std::vector<uint8_t>(host, host + n);
+  };
+  sockaddr_storage a = {};
+  auto *s4 = reinterpret_cast<sockaddr_in *>(&a);
+  s4->sin_family = AF_INET;
+  inet_pton(AF_INET, "10.1.2.3", &s4->sin_addr);
+  uint8_t host[16];
+  ASSERT_EQ(mep_bs_addr_host(&a, host), 4u);
+  EXPECT_EQ(std::vector<uint8_t>(host, host + 4), (std::vector<uint8_t>{10, 1, 2, 3}));
+  EXPECT_EQ(v6("::ffff:10.1.2.3"), (std::vector<uint8_t>{10, 1, 2, 3}));
+  EXPECT_EQ(v6("2001:db8:1:2::1"), v6("2001:db8:1:2:ffff:1:2:3")) << "one /64, one host";
+  EXPECT_NE(v6("2001:db8:1:2::1"), v6("2001:db8:1:3::1"));
+  EXPECT_EQ(v6("2001:db8:1:2::1").size(), 8u);
+}
+
 TEST(BootstrapGate, FullSlotsGiveUpTheBusiestHostsOldest) {
   // A joiner from .1 (the oldest connection) among a flood from .2.
   std::vector<std::pair<uint8_t, int64_t>> flood = {{1, 5}};

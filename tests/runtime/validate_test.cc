@@ -84,7 +84,7 @@ TEST(ValidateTest, DtypeNoRuleTakesIsNamedByItsDlpackName) {
       {{MOE_EP_DTYPE_BFLOAT, 16, 2}, "= bfloat16x2; it must be bf16"},
       {{12, 8, 1}, "= float8_e5m2; it must be bf16"},
       {{6, 8, 1}, "= bool; it must be bf16"},
-      {{3, 64, 1}, "= a type DLPack does not define; it must be bf16"},
+      {{3, 64, 1}, "= opaque_handle; it must be bf16"},
       {{200, 8, 1}, "= a type DLPack does not define; it must be bf16"},
       {{MOE_EP_DTYPE_FLOAT, 32, 1}, "(code=2, bits=32, lanes=1) = float32; it must be bf16"},
   };
