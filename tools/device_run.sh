@@ -147,6 +147,11 @@ set_reuse() {
     > "$OUT/graph_destroy.log" 2>&1
   summary graph_destroy_gpu_test $? "$(gtest_key "$OUT/graph_destroy.log")"
   grep -E "^\[  (PASSED|FAILED) |FAILED  \]|Failure|rank 0" "$OUT/graph_destroy.log" | head -8
+  # Alone, so that its load is the library's only one (the unload unmaps
+  # it unless the library pinned itself).
+  timeout 65 $B/moe_ep_run -n 1 --timeout_s 60 -- $B/graph_destroy_gpu_test \
+    --gtest_filter='*Unload*' > "$OUT/graph_unload.log" 2>&1
+  summary graph_unload_gpu_test $? "$(gtest_key "$OUT/graph_unload.log")"
 }
 # One SM: every local expert in one receive block (at 256 experts, several
 # list batches of the LSA receive, kMepBatchUnits); the hot-expert

@@ -7,6 +7,7 @@
 // before the call. Graphs destroyed before it leave no such line.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <memory>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "moe_ep.h"
+#include "moe_ep_loader.h"
 #include "tests/common/mirror.h"
 #include "tests/common/plugin_api.h"
 #include "tests/gpu/cuda_ok.h"
@@ -174,6 +176,37 @@ TEST_F(GraphDestroy, GraphsDestroyedFirstAreNotSaid) {
   for (CapturedLayer &c : graphs) forget(&c);
   EXPECT_EQ(destroy_group(), MOE_EP_OK) << "rank 0: " << api->last_error();
   EXPECT_EQ(warnings_with(kAlive), before);
+}
+
+// moe_ep.h lets a graph outlive its group; CUDA calls the library when it
+// releases such a graph, so an engine's moe_ep_unload before that must
+// leave the library mapped. Meaningful run alone (--gtest_filter=*Unload*):
+// then this test's load is the library's only one.
+TEST(GraphDestroyUnload, GraphReleasedAfterTheLibraryIsUnloaded) {
+  const moe_ep_plugin_v1_t *api = nullptr;
+  char err[512];
+  void *lib = moe_ep_load(moe_ep_test::plugin_path(g_argv0).c_str(), &api, err, sizeof err);
+  ASSERT_NE(lib, nullptr) << err;
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  moe_ep_group_t *g = nullptr;
+  ASSERT_EQ(moe_ep_test::one_rank_group(api, "low_latency", &g), MOE_EP_OK)
+      << "rank 0: " << api->last_error();
+  moe_ep_test::OneRankLayer L(23);
+  L.m_y.upload();
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CapturedLayer c;
+  ASSERT_EQ(capture_layer(api, g, L, stream, &c), "") << "rank 0 seed 23";
+  EXPECT_EQ(api->group_destroy(g), MOE_EP_OK) << "rank 0: " << api->last_error();
+  moe_ep_unload(lib);
+  // The graph goes after the library was unloaded: CUDA runs the
+  // library's release on a thread of its own, shortly after.
+  CUDA_OK(cudaGraphExecDestroy(c.exec));
+  CUDA_OK(cudaGraphDestroy(c.graph));
+  CUDA_OK(cudaStreamDestroy(stream));
+  CUDA_OK(cudaDeviceSynchronize());
+  usleep(200000);
+  std::printf("rank 0: alive after the graph's release\n");
 }
 
 }  // namespace
