@@ -17,10 +17,17 @@
 #include "runtime/host/host_state.h"
 #include "runtime/nccl/layout_book.h"
 
+/* The staging of one destination's rows before their put (host_create):
+ * as much a communication buffer of the rank's as the region. */
+static size_t staging_bytes(const moe_ep_config_t *cfg, const mep_host_layout_t *l) {
+  return (size_t)cfg->max_tokens_per_rank * l->row_max;
+}
+
+/* What a group allocates for communication: the region and the staging. */
 static uint64_t host_buffer_bytes(const moe_ep_config_t *cfg, int world) {
   mep_host_layout_t l;
   mep_host_layout_init(&l, cfg, world);
-  return mep_host_layout_bytes(&l);
+  return mep_host_layout_bytes(&l) + staging_bytes(cfg, &l);
 }
 
 static moe_ep_status_t host_destroy(moe_ep_group_t *g) {
@@ -40,7 +47,7 @@ static moe_ep_status_t host_create(moe_ep_group_t *g) {
   if (hs == NULL) return mep_error(MOE_EP_ERR_NO_MEMORY, "host backend: out of memory");
   g->impl = hs;
   mep_host_layout_init(&hs->layout, &g->cfg, g->world_size);
-  hs->staging = malloc((size_t)g->cfg.max_tokens_per_rank * hs->layout.row_max);
+  hs->staging = malloc(staging_bytes(&g->cfg, &hs->layout));
   hs->counts = calloc((size_t)g->world_size, sizeof(uint64_t));
   hs->recv_words = calloc((size_t)g->world_size, sizeof(uint64_t));
   if (hs->staging == NULL || hs->counts == NULL || hs->recv_words == NULL) {
