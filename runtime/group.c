@@ -11,6 +11,7 @@
 #include "runtime/config.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
+#include "runtime/ucx_quiet.h"
 #include "runtime/registry.h"
 #include "runtime/validate.h"
 
@@ -245,8 +246,8 @@ static moe_ep_status_t agree_formed(moe_ep_group_t *g, moe_ep_status_t mine) {
   return st;
 }
 
-moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
-                                 moe_ep_group_t **out) {
+static moe_ep_status_t group_create(const moe_ep_group_params_t *params,
+                                    moe_ep_group_t **out) {
   moe_ep_status_t st;
   /* Setup logs at the group's level once its config is read; every exit
    * gives the thread its own level back. */
@@ -417,7 +418,24 @@ static void release_frees(mep_deferred_free_t *d) {
   }
 }
 
+moe_ep_status_t mep_group_create(const moe_ep_group_params_t *params,
+                                 moe_ep_group_t **out) {
+  mep_ucx_quiet_enter(); /* the bootstrap's and host mesh's UCX calls */
+  const moe_ep_status_t st = group_create(params, out);
+  mep_ucx_quiet_leave();
+  return st;
+}
+
+static moe_ep_status_t group_destroy(moe_ep_group_t *group);
+
 moe_ep_status_t mep_group_destroy(moe_ep_group_t *group) {
+  mep_ucx_quiet_enter();
+  const moe_ep_status_t st = group_destroy(group);
+  mep_ucx_quiet_leave();
+  return st;
+}
+
+static moe_ep_status_t group_destroy(moe_ep_group_t *group) {
   if (group == NULL) return MOE_EP_OK;
   if (!mep_registry_contains(group, MEP_OBJ_GROUP)) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
@@ -494,6 +512,7 @@ moe_ep_status_t mep_group_lock(moe_ep_group_t *g, const char *entry) {
  * queued meanwhile (a hook freed from another group's logger no longer
  * holds its buffer set against this entry). */
 static void enter_locked(moe_ep_group_t *g) {
+  mep_ucx_quiet_enter();
   g->held_prev = held_here;
   g->level_prev = mep_log_thread_level_now();
   held_here = g;
@@ -509,6 +528,7 @@ void mep_group_unlock(moe_ep_group_t *g) {
   mep_log_thread_level(g->level_prev);
   pthread_mutex_unlock(&g->lock);
   release_frees(taken);
+  mep_ucx_quiet_leave();
 }
 
 void mep_group_free(void *obj, mep_obj_kind_t kind, mep_deferred_free_t *link,

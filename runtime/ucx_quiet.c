@@ -15,6 +15,8 @@
 
 static __thread int in_progress;
 static unsigned long long lines_taken; /* atomic */
+static unsigned errors_said;           /* atomic */
+#define ERRORS_SAID_MAX 16
 static pthread_once_t installed = PTHREAD_ONCE_INIT;
 
 static ucs_log_func_rc_t take_line(const char *file, unsigned line, const char *function,
@@ -24,13 +26,16 @@ static ucs_log_func_rc_t take_line(const char *file, unsigned line, const char *
   (void)function, (void)comp_conf;
   if (!in_progress) return UCS_LOG_FUNC_RC_CONTINUE;
   __atomic_add_fetch(&lines_taken, 1, __ATOMIC_RELAXED);
-  if (mep_log_level() >= MOE_EP_LOG_DEBUG) {
+  const int said = level <= UCS_LOG_LEVEL_ERROR &&
+                   __atomic_fetch_add(&errors_said, 1, __ATOMIC_RELAXED) < ERRORS_SAID_MAX;
+  const int as = said ? MOE_EP_LOG_WARN : MOE_EP_LOG_DEBUG;
+  if (mep_log_level() >= as) {
     char text[256];
     va_list copy;
     va_copy(copy, ap);
     vsnprintf(text, sizeof(text), message, copy);
     va_end(copy);
-    MEP_LOG_DEBUG("ucx", "UCX %s (%s:%u): %s", ucs_log_level_names[level], file, line, text);
+    mep_log(as, "ucx", "UCX %s (%s:%u): %s", ucs_log_level_names[level], file, line, text);
   }
   return UCS_LOG_FUNC_RC_STOP;
 }
@@ -43,11 +48,17 @@ static void install(void) {
   ucs_log_push_handler(take_line);
 }
 
-unsigned mep_ucx_progress(ucp_worker_h worker) {
+void mep_ucx_quiet_enter(void) {
   pthread_once(&installed, install);
   in_progress++;
+}
+
+void mep_ucx_quiet_leave(void) { in_progress--; }
+
+unsigned mep_ucx_progress(ucp_worker_h worker) {
+  mep_ucx_quiet_enter();
   const unsigned n = ucp_worker_progress(worker);
-  in_progress--;
+  mep_ucx_quiet_leave();
   return n;
 }
 

@@ -14,8 +14,18 @@ extern "C" {
 #endif
 
 /* ucp_worker_progress(worker), with UCX's lines on this thread meanwhile
- * sent to the library's logger (debug level, subsystem "ucx"). */
+ * sent to the library's logger (subsystem "ucx": UCX's errors at warn, the
+ * first 16 in the process, as anyone reaching a port can cause them; the
+ * rest at debug). */
 unsigned mep_ucx_progress(ucp_worker_h worker);
+
+/* The same for every UCX call this thread makes until the matching
+ * leave (nested pairs count): the library's entries (group_create,
+ * group_destroy, the calls under a group's lock) and its own threads, so
+ * what UCX writes while connecting, closing or tearing down goes to the
+ * logger too. */
+void mep_ucx_quiet_enter(void);
+void mep_ucx_quiet_leave(void);
 
 /* How many of UCX's lines the library took from stderr in this process. */
 unsigned long long mep_ucx_lines_taken(void);

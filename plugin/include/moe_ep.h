@@ -515,13 +515,15 @@ typedef struct moe_ep_handle_layout_params {
  *   log_level; other messages use warn. MOE_EP_LOG_LEVEL overrides both.
  *   UCX (the bootstrap, the host backend) logs through its own handlers,
  *   which are process-wide. The library adds one, the first time it
- *   progresses a UCX worker, that takes the lines UCX writes while the
- *   library progresses its own workers on that thread (an active message
+ *   calls UCX, that takes the lines UCX writes on a thread while it is
+ *   inside the library (group_create, group_destroy, an entry holding a
+ *   group's lock, the host backend's progress thread): an active message
  *   of an id nobody handles, which anyone reaching a worker's port can
- *   send; a peer's failure) and passes them to the library's logger at
- *   debug; every other line (the engine's own UCX use, UCX's own threads,
- *   the library's calls outside progress) goes on to the handlers before
- *   it, UCX's printer last. The library then stays loaded for the life of
+ *   send, a peer's failure, a closing connection. It passes them to the
+ *   library's logger, UCX's errors at warn (the first 16 in the process)
+ *   and the rest at debug. Every other line (the engine's own UCX use,
+ *   UCX's own async thread) goes on to the handlers before it, UCX's
+ *   printer last. The library then stays loaded for the life of
  *   the process (moe_ep_unload does not unmap it).
  * - CUDA state (nccl backend): every entry, group_create and group_destroy
  *   included, works on the group's device and leaves the calling thread's

@@ -209,6 +209,7 @@ int mep_host_mesh_quiesce(struct mep_host_mesh *m) {
 static void *progress_main(void *arg) {
   struct mep_host_mesh *m = arg;
   mep_log_thread_level(m->log_level); /* it works for the group that started it */
+  mep_ucx_quiet_enter(); /* the library's thread: every UCX line it causes is the library's */
   for (;;) {
     cut_if_asked(m);
     int stop = drain_queue(m);

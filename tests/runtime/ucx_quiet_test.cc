@@ -1,8 +1,9 @@
 // ucx_quiet_test.cc: UCX's warning for an active message whose id no
 // handler took (what anyone who reaches a worker can cause, once per
 // message) goes to the library's logger when the library progresses the
-// worker (mep_ucx_progress), and is printed by UCX as before when the
-// progress is not the library's (the engine's own UCX use). Two real UCX
+// worker (mep_ucx_progress) or within its entries (mep_ucx_quiet_enter /
+// leave), and is printed by UCX as before when the progress is not the
+// library's (the engine's own UCX use). Two real UCX
 // workers in this process; the receiver handles one id, the sender sends
 // another.
 #include <fcntl.h>
@@ -146,6 +147,22 @@ TEST_F(UcxQuiet, LibraryProgressSendsUcxLinesToTheLogger) {
     logged |= line.find("Active Message was received with id : 7") != std::string::npos;
   }
   EXPECT_TRUE(logged) << "the logger got " << g_lines.size() << " lines";
+}
+
+// Inside the library's entries and on its threads (mep_ucx_quiet_enter /
+// leave), every UCX call's lines are the library's, not only progress's.
+TEST_F(UcxQuiet, LinesBetweenEnterAndLeaveGoToTheLogger) {
+  const unsigned long long before = mep_ucx_lines_taken();
+  const std::string printed = Captured([&] {
+    mep_ucx_quiet_enter();
+    mep_ucx_quiet_enter();  // nested, as an entry inside group_create's logger would be
+    mep_ucx_quiet_leave();
+    SendAndProgress([](ucp_worker_h w) { ucp_worker_progress(w); },
+                    [&] { return mep_ucx_lines_taken() > before; });
+    mep_ucx_quiet_leave();
+  });
+  EXPECT_GT(mep_ucx_lines_taken(), before) << "UCX's warning never reached the library";
+  EXPECT_EQ(printed.find("Active Message"), std::string::npos) << printed;
 }
 
 TEST_F(UcxQuiet, OtherProgressKeepsUcxsOwnPrinting) {
