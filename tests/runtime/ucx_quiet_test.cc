@@ -140,6 +140,7 @@ TEST_F(UcxQuiet, LibraryProgressSendsUcxLinesToTheLogger) {
                     [&] { return mep_ucx_lines_taken() > before; });
   });
   mep_log_set_logger(nullptr, nullptr);
+  mep_log_thread_level(-1);
   EXPECT_GT(mep_ucx_lines_taken(), before) << "UCX's warning never reached the library";
   EXPECT_EQ(printed.find("Active Message"), std::string::npos) << printed;
   bool logged = false;
@@ -152,6 +153,7 @@ TEST_F(UcxQuiet, LibraryProgressSendsUcxLinesToTheLogger) {
 // Inside the library's entries and on its threads (mep_ucx_quiet_enter /
 // leave), every UCX call's lines are the library's, not only progress's.
 TEST_F(UcxQuiet, LinesBetweenEnterAndLeaveGoToTheLogger) {
+  mep_log_set_logger(Record, nullptr);  // the library's own lines are not printed either
   const unsigned long long before = mep_ucx_lines_taken();
   const std::string printed = Captured([&] {
     mep_ucx_quiet_enter();
@@ -161,6 +163,7 @@ TEST_F(UcxQuiet, LinesBetweenEnterAndLeaveGoToTheLogger) {
                     [&] { return mep_ucx_lines_taken() > before; });
     mep_ucx_quiet_leave();
   });
+  mep_log_set_logger(nullptr, nullptr);
   EXPECT_GT(mep_ucx_lines_taken(), before) << "UCX's warning never reached the library";
   EXPECT_EQ(printed.find("Active Message"), std::string::npos) << printed;
 }
