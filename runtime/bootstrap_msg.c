@@ -13,6 +13,7 @@
 #include "runtime/bootstrap_fault.h"
 #include "runtime/bootstrap_types.h"
 #include "runtime/progress.h"
+#include "runtime/replay_window.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
 #include "runtime/ucx_quiet.h"
@@ -367,18 +368,7 @@ mep_bs_taken_t mep_bs_take(mep_bs_peer_t *peer, const void *header, size_t heade
 }
 
 int mep_bs_fresh(mep_bs_peer_t *peer, uint64_t ctr) {
-  if (ctr == 0) return 0;
-  if (ctr > peer->recv_top) {
-    const uint64_t shift = ctr - peer->recv_top;
-    peer->recv_seen = shift >= 64 ? 0 : peer->recv_seen << shift;
-    peer->recv_seen |= 1;
-    peer->recv_top = ctr;
-    return 1;
-  }
-  const uint64_t back = peer->recv_top - ctr;
-  if (back >= 64 || (peer->recv_seen >> back & 1) != 0) return 0;
-  peer->recv_seen |= (uint64_t)1 << back;
-  return 1;
+  return mep_replay_take(&peer->recv_top, &peer->recv_seen, ctr);
 }
 
 void mep_bs_hdr_init(const mep_bootstrap_t *bs, mep_bs_hdr_t *hdr, int type) {

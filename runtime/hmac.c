@@ -1,6 +1,7 @@
 /* hmac.c: SHA-256 and HMAC-SHA-256 (see hmac.h), written from FIPS 180-4
  * and RFC 2104, and the random bytes the gate's nonces and the host mesh's
  * keys come from. */
+#define _GNU_SOURCE /* explicit_bzero */
 #include "runtime/hmac.h"
 
 #include <errno.h>
@@ -108,28 +109,42 @@ void mep_sha256(const void *data, size_t len, uint8_t out[MEP_SHA256_BYTES]) {
   mep_sha256_final(&s, out);
 }
 
+void mep_hmac_key_init(mep_hmac_key_t *k, const void *key, size_t key_len) {
+  uint8_t block[64] = {0};
+  if (key_len > 64) { /* longer keys are hashed first */
+    mep_sha256(key, key_len, block);
+  } else if (key_len > 0) {
+    memcpy(block, key, key_len);
+  }
+  uint8_t pad[64];
+  for (int i = 0; i < 64; i++) pad[i] = block[i] ^ 0x36;
+  mep_sha256_init(&k->inner);
+  mep_sha256_update(&k->inner, pad, 64);
+  for (int i = 0; i < 64; i++) pad[i] = block[i] ^ 0x5c;
+  mep_sha256_init(&k->outer);
+  mep_sha256_update(&k->outer, pad, 64);
+  /* Only the hash states keep anything of the key. */
+  explicit_bzero(block, sizeof(block));
+  explicit_bzero(pad, sizeof(pad));
+}
+
+void mep_hmac_keyed(const mep_hmac_key_t *k, int n, const void *const *parts,
+                    const size_t *lens, uint8_t out[MEP_SHA256_BYTES]) {
+  mep_sha256_t s = k->inner;
+  uint8_t inner[MEP_SHA256_BYTES];
+  for (int i = 0; i < n; i++) mep_sha256_update(&s, parts[i], lens[i]);
+  mep_sha256_final(&s, inner);
+  s = k->outer;
+  mep_sha256_update(&s, inner, sizeof(inner));
+  mep_sha256_final(&s, out);
+}
+
 void mep_hmac_sha256(const void *key, size_t key_len, int n,
                      const void *const *parts, const size_t *lens,
                      uint8_t out[MEP_SHA256_BYTES]) {
-  uint8_t k[64] = {0};
-  mep_sha256_t s;
-  if (key_len > 64) { /* longer keys are hashed first */
-    mep_sha256(key, key_len, k);
-  } else if (key_len > 0) {
-    memcpy(k, key, key_len);
-  }
-  uint8_t pad[64];
-  for (int i = 0; i < 64; i++) pad[i] = k[i] ^ 0x36;
-  uint8_t inner[MEP_SHA256_BYTES];
-  mep_sha256_init(&s);
-  mep_sha256_update(&s, pad, 64);
-  for (int i = 0; i < n; i++) mep_sha256_update(&s, parts[i], lens[i]);
-  mep_sha256_final(&s, inner);
-  for (int i = 0; i < 64; i++) pad[i] = k[i] ^ 0x5c;
-  mep_sha256_init(&s);
-  mep_sha256_update(&s, pad, 64);
-  mep_sha256_update(&s, inner, sizeof(inner));
-  mep_sha256_final(&s, out);
+  mep_hmac_key_t k;
+  mep_hmac_key_init(&k, key, key_len);
+  mep_hmac_keyed(&k, n, parts, lens, out);
 }
 
 int mep_bytes_equal(const void *a, const void *b, size_t n) {

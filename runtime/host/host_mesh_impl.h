@@ -75,11 +75,9 @@ typedef struct mep_host_msg {
 /* The bytes the tag covers: the whole header before it. */
 #define MEP_HOST_MSG_TAGGED offsetof(mep_host_msg_t, tag)
 
-/* A direction's key as HMAC-SHA-256's two hash states after the key's
- * padded block: a tag then costs two SHA-256 blocks, not four. */
-typedef struct mep_host_key {
-  mep_sha256_t inner, outer;
-} mep_host_key_t;
+/* A direction's key, made ready once (hmac.h): a tag then costs two
+ * SHA-256 blocks, not four. */
+typedef mep_hmac_key_t mep_host_key_t;
 
 typedef struct mep_host_signal {
   uint64_t offset, value;

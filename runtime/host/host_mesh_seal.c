@@ -7,11 +7,12 @@
 #include <string.h>
 
 #include "runtime/host/host_mesh_impl.h"
+#include "runtime/replay_window.h"
 
 _Static_assert(sizeof(mep_host_msg_t) == MEP_HOST_MSG_TAGGED + MEP_HOST_TAG_BYTES,
                "mep_host_msg_t has padding the tag would not cover");
 _Static_assert(MEP_HOST_TAG_BYTES <= MEP_SHA256_BYTES, "the tag is a truncated HMAC-SHA-256");
-_Static_assert(MEP_HOST_SEQ_WINDOW == 64, "the window is one 64-bit word");
+_Static_assert(MEP_HOST_SEQ_WINDOW == MEP_REPLAY_WINDOW, "the window is replay_window.h's");
 
 #define KEY_LABEL "moe-ep host data key"
 
@@ -24,26 +25,14 @@ typedef struct key_ctx {
 } key_ctx_t;
 
 void mep_host_key_init(mep_host_key_t *k, const uint8_t *key) {
-  uint8_t pad[64] = {0};
-  memcpy(pad, key, MEP_BOOTSTRAP_KEY_BYTES); /* 32 bytes: no pre-hash (RFC 2104) */
-  for (int i = 0; i < 64; i++) pad[i] ^= 0x36;
-  mep_sha256_init(&k->inner);
-  mep_sha256_update(&k->inner, pad, sizeof(pad));
-  for (int i = 0; i < 64; i++) pad[i] ^= 0x36 ^ 0x5c;
-  mep_sha256_init(&k->outer);
-  mep_sha256_update(&k->outer, pad, sizeof(pad));
-  explicit_bzero(pad, sizeof(pad));
+  mep_hmac_key_init(k, key, MEP_BOOTSTRAP_KEY_BYTES);
 }
 
 static void msg_tag(const mep_host_key_t *k, const mep_host_msg_t *h,
                     uint8_t out[MEP_SHA256_BYTES]) {
-  mep_sha256_t s = k->inner;
-  uint8_t inner[MEP_SHA256_BYTES];
-  mep_sha256_update(&s, h, MEP_HOST_MSG_TAGGED);
-  mep_sha256_final(&s, inner);
-  s = k->outer;
-  mep_sha256_update(&s, inner, sizeof(inner));
-  mep_sha256_final(&s, out);
+  const void *parts[1] = {h};
+  const size_t lens[1] = {MEP_HOST_MSG_TAGGED};
+  mep_hmac_keyed(k, 1, parts, lens, out);
 }
 
 void mep_host_msg_seal(const mep_host_key_t *k, mep_host_msg_t *h) {
@@ -59,18 +48,7 @@ int mep_host_msg_sealed(const mep_host_key_t *k, const mep_host_msg_t *h) {
 }
 
 int mep_host_seq_fresh(mep_host_source_t *s, uint64_t seq) {
-  if (seq == 0) return 0;
-  if (seq > s->seq_top) {
-    const uint64_t shift = seq - s->seq_top;
-    s->seq_seen = shift >= MEP_HOST_SEQ_WINDOW ? 0 : s->seq_seen << shift;
-    s->seq_seen |= 1;
-    s->seq_top = seq;
-    return 1;
-  }
-  const uint64_t back = s->seq_top - seq;
-  if (back >= MEP_HOST_SEQ_WINDOW || (s->seq_seen >> back & 1) != 0) return 0;
-  s->seq_seen |= (uint64_t)1 << back;
-  return 1;
+  return mep_replay_take(&s->seq_top, &s->seq_seen, seq);
 }
 
 static moe_ep_status_t derive_one(const mep_bootstrap_t *bs, const key_ctx_t *ctx,
