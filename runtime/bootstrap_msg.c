@@ -331,28 +331,39 @@ void mep_bs_peer_keys(const mep_bootstrap_t *bs, mep_bs_peer_t *peer, int rank,
            peer->key_out);
 }
 
-/* The MAC of a header (its own MAC field read as zeros) and its payload's
- * digest: a result sent to every rank is hashed once, sealed per rank. */
+/* The MAC of a header (its own MAC field read as zeros), which holds its
+ * payload's digest: a result sent to every rank is hashed once, sealed
+ * per rank. */
 static void msg_mac(const uint8_t key[MEP_SHA256_BYTES], const mep_bs_hdr_t *hdr,
-                    const uint8_t digest[MEP_SHA256_BYTES], uint8_t out[MEP_SHA256_BYTES]) {
+                    uint8_t out[MEP_SHA256_BYTES]) {
   mep_bs_hdr_t h = *hdr;
   memset(h.mac, 0, sizeof(h.mac));
-  const void *parts[3] = {MSG_LABEL, &h, digest};
-  const size_t lens[3] = {sizeof(MSG_LABEL), sizeof(h), MEP_SHA256_BYTES};
-  mep_hmac_sha256(key, MEP_SHA256_BYTES, 3, parts, lens, out);
+  const void *parts[2] = {MSG_LABEL, &h};
+  const size_t lens[2] = {sizeof(MSG_LABEL), sizeof(h)};
+  mep_hmac_sha256(key, MEP_SHA256_BYTES, 2, parts, lens, out);
 }
 
 void mep_bs_seal(mep_bs_peer_t *peer, mep_bs_hdr_t *hdr, const uint8_t digest[MEP_SHA256_BYTES]) {
   hdr->ctr = ++peer->sent;
-  msg_mac(peer->key_out, hdr, digest, hdr->mac);
+  memcpy(hdr->digest, digest, MEP_SHA256_BYTES);
+  msg_mac(peer->key_out, hdr, hdr->mac);
+}
+
+static int header_sealed(const mep_bs_peer_t *peer, const mep_bs_hdr_t *hdr) {
+  uint8_t want[MEP_SHA256_BYTES];
+  msg_mac(peer->key_in, hdr, want);
+  return mep_bytes_equal(hdr->mac, want, sizeof(want));
+}
+
+static int payload_matches(const mep_bs_hdr_t *hdr, const void *payload, size_t len) {
+  uint8_t digest[MEP_SHA256_BYTES];
+  mep_sha256(payload, len, digest);
+  return mep_bytes_equal(hdr->digest, digest, sizeof(digest));
 }
 
 int mep_bs_sealed(const mep_bs_peer_t *peer, const mep_bs_hdr_t *hdr, const void *payload,
                   size_t len) {
-  uint8_t digest[MEP_SHA256_BYTES], want[MEP_SHA256_BYTES];
-  mep_sha256(payload, len, digest);
-  msg_mac(peer->key_in, hdr, digest, want);
-  return mep_bytes_equal(hdr->mac, want, sizeof(want));
+  return header_sealed(peer, hdr) && payload_matches(hdr, payload, len);
 }
 
 mep_bs_taken_t mep_bs_take(mep_bs_peer_t *peer, const void *header, size_t header_length,
@@ -362,8 +373,10 @@ mep_bs_taken_t mep_bs_take(mep_bs_peer_t *peer, const void *header, size_t heade
   if (header_length != sizeof(*h)) return MEP_BS_UNSEALED;
   memcpy(h, header, sizeof(*h));
   if (h->magic != MEP_BS_MAGIC || h->payload_len != length || rndv || length > longest ||
-      !mep_bs_sealed(peer, h, data, length))
+      !header_sealed(peer, h))
     return MEP_BS_UNSEALED;
+  if (!mep_replay_fresh(peer->recv_top, peer->recv_seen, h->ctr)) return MEP_BS_REPLAYED;
+  if (!payload_matches(h, data, length)) return MEP_BS_UNSEALED;
   return mep_bs_fresh(peer, h->ctr) ? MEP_BS_TAKEN : MEP_BS_REPLAYED;
 }
 

@@ -25,8 +25,10 @@
  * dropped), rank 0's admission carries the group's nonce, and a host count
  * word's row description is kernels/common/row_desc.h's; 9: the host
  * mesh's headers carry a number and a tag under keys derived from the
- * token (mep_bootstrap_derive), and its address exchange no key. */
-#define MEP_BS_VERSION 9u
+ * token (mep_bootstrap_derive), and its address exchange no key; 10: a
+ * host count entry is 16 bytes, the count word and the HT prepare number,
+ * and a bootstrap header carries its payload's digest under its MAC. */
+#define MEP_BS_VERSION 10u
 /* Bounds the wire fields the handshake carries. */
 #define MEP_BS_TOKEN_MAX 256
 #define MEP_BS_REASON_MAX 512
@@ -166,11 +168,15 @@ typedef struct mep_bs_hdr {
    * (mep_bs_fresh). */
   uint64_t ctr;
   uint64_t payload_len;
+  /* SHA-256 of the payload: under the MAC with the rest of the header, so
+   * a receiver checks the header (and its number) before it hashes a
+   * payload, and an outsider's message costs it one header's MAC. */
+  uint8_t digest[MEP_SHA256_BYTES];
   /* HMAC-SHA-256 under the connection's key for this direction of the
-   * header (this field zeroed) and the payload's SHA-256 (mep_bs_seal):
-   * UCX ties a message to an endpoint by an id the packet carries, so the
-   * key, not the endpoint, is what says a message came from the rank at
-   * the other end of this connection, in this group. */
+   * header, this field zeroed (mep_bs_seal): UCX ties a message to an
+   * endpoint by an id the packet carries, so the key, not the endpoint, is
+   * what says a message came from the rank at the other end of this
+   * connection, in this group. */
   uint8_t mac[MEP_SHA256_BYTES];
 } mep_bs_hdr_t;
 
@@ -413,12 +419,12 @@ ucs_status_t mep_bs_send_wait(mep_bootstrap_t *bs, mep_bs_send_t *s,
  * other keys, so none of their messages passes for one of this one's. */
 void mep_bs_peer_keys(const mep_bootstrap_t *bs, mep_bs_peer_t *peer, int rank,
                       const void *joiner_addr, size_t addr_len);
-/* Numbers hdr as the connection's next message (hdr->ctr) and fills its
- * MAC under key_out, over the header and the payload's SHA-256. */
+/* Numbers hdr as the connection's next message (hdr->ctr), records the
+ * payload's SHA-256 in it and fills its MAC under key_out. */
 void mep_bs_seal(mep_bs_peer_t *peer, mep_bs_hdr_t *hdr,
                  const uint8_t digest[MEP_SHA256_BYTES]);
-/* 1 when hdr->mac is the MAC under key_in of hdr and the `len` payload
- * bytes. */
+/* 1 when hdr->mac is the MAC under key_in of hdr and hdr->digest the
+ * SHA-256 of the `len` payload bytes. */
 int mep_bs_sealed(const mep_bs_peer_t *peer, const mep_bs_hdr_t *hdr, const void *payload,
                   size_t len);
 /* For a sealed message: 1 when its ctr is new on this connection (then
@@ -434,9 +440,12 @@ typedef enum mep_bs_taken {
 } mep_bs_taken_t;
 /* The check every message on `peer`'s connection passes first: a header of
  * the message's size and magic whose payload_len is `length`, an eager
- * message (`rndv` 0) of at most `longest` bytes, the MAC (mep_bs_sealed),
- * then the number (mep_bs_fresh, recorded only for a sealed message, so
- * an unsealed one cannot use up the number of the real one). */
+ * message (`rndv` 0) of at most `longest` bytes, the header's MAC, a new
+ * number, then the payload's digest; only then is the number recorded
+ * (mep_bs_fresh), so an unsealed message cannot use up the number of the
+ * real one. The payload is hashed only for a sealed header of a new
+ * number: what an outsider sends, or a replay of any size, is refused on
+ * its header alone. */
 mep_bs_taken_t mep_bs_take(mep_bs_peer_t *peer, const void *header, size_t header_length,
                            const void *data, size_t length, int rndv, size_t longest,
                            mep_bs_hdr_t *h);

@@ -62,6 +62,11 @@ struct moe_ep_handle {
   int32_t weighted;
   const float *dispatch_weights;
   int64_t num_recv;      /* HT: rows received by dispatch (-1: not known on the host) */
+  /* HT host: which of the group's count exchanges this handle's prepare
+   * joined (1, 2, ...). Every rank makes the exchanges in the same order,
+   * so matched prepares carry the same number on every rank; a dispatch
+   * sends it, and a receiver refuses rows of another layer call. */
+  uint64_t prepare_no;
   /* HT nccl: recv_x's rows in the latest worst-case dispatch, whose N_recv
    * stays on the device; combine's y then needs that many */
   int64_t worst_rows;

@@ -11,10 +11,19 @@
 
 #define MEP_REPLAY_WINDOW 64
 
+/* 1 when n is new, 0 for a replay, a zero n, or one too old to tell;
+ * nothing is recorded. */
+static inline int mep_replay_fresh(uint64_t top, uint64_t seen, uint64_t n) {
+  if (n == 0) return 0;
+  if (n > top) return 1;
+  const uint64_t back = top - n;
+  return back < MEP_REPLAY_WINDOW && (seen >> back & 1) == 0;
+}
+
 /* 1 when n is new (then recorded), 0 for a replay, a zero n, or one too
  * old to tell. */
 static inline int mep_replay_take(uint64_t *top, uint64_t *seen, uint64_t n) {
-  if (n == 0) return 0;
+  if (!mep_replay_fresh(*top, *seen, n)) return 0;
   if (n > *top) {
     const uint64_t shift = n - *top;
     *seen = shift >= MEP_REPLAY_WINDOW ? 0 : *seen << shift;
@@ -22,9 +31,7 @@ static inline int mep_replay_take(uint64_t *top, uint64_t *seen, uint64_t n) {
     *top = n;
     return 1;
   }
-  const uint64_t back = *top - n;
-  if (back >= MEP_REPLAY_WINDOW || (*seen >> back & 1) != 0) return 0;
-  *seen |= (uint64_t)1 << back;
+  *seen |= (uint64_t)1 << (*top - n);
   return 1;
 }
 

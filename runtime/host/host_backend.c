@@ -48,8 +48,8 @@ static moe_ep_status_t host_create(moe_ep_group_t *g) {
   g->impl = hs;
   mep_host_layout_init(&hs->layout, &g->cfg, g->world_size);
   hs->staging = malloc(staging_bytes(&g->cfg, &hs->layout));
-  hs->counts = calloc((size_t)g->world_size, sizeof(uint64_t));
-  hs->recv_words = calloc((size_t)g->world_size, sizeof(uint64_t));
+  hs->counts = calloc((size_t)g->world_size, sizeof(*hs->counts));
+  hs->recv_words = calloc((size_t)g->world_size, sizeof(*hs->recv_words));
   if (hs->staging == NULL || hs->counts == NULL || hs->recv_words == NULL) {
     (void)host_destroy(g);
     return mep_error(MOE_EP_ERR_NO_MEMORY, "host backend: out of memory");
@@ -105,6 +105,9 @@ static int token_ranks(const moe_ep_group_t *g, const int64_t *topk, int k_n, in
 static moe_ep_status_t exchange_counts(moe_ep_group_t *g, const int32_t *mine,
                                        int64_t *num_recv) {
   int R = g->world_size;
+  /* Numbered before anything can fail: a rank that joins no exchange here
+   * has failed the group. */
+  ((host_state_t *)g->impl)->exchanges++;
   int32_t *all = calloc((size_t)R * (size_t)R, sizeof(int32_t));
   if (all == NULL) {
     /* The peers fail their exchange naming this rank at once, so this
@@ -162,6 +165,7 @@ static moe_ep_status_t host_prepare(moe_ep_group_t *g, mep_handle_state_t *h) {
     int64_t num_recv = 0;
     st = exchange_counts(g, per_rank, &num_recv);
     h->num_recv = num_recv;
+    h->prepare_no = ((host_state_t *)g->impl)->exchanges;
   }
   return st;
 }
@@ -208,12 +212,13 @@ static moe_ep_status_t dispatch_send(moe_ep_group_t *g, mep_op_t *op) {
       }
       n++;
     }
-    hs->counts[d] = (uint64_t)mep_host_row_desc(op) << 32 | (uint64_t)n;
+    hs->counts[d][0] = (uint64_t)mep_host_row_desc(op) << 32 | (uint64_t)n;
+    hs->counts[d][1] = h->prepare_no;
     size_t off = mep_host_off_dispatch_row(&hs->layout, op->buffer_set, g->rank,
                                            g->cfg.max_tokens_per_rank, 0, rl.row_bytes);
     MEP_CHECK(mep_host_mesh_put(hs->mesh, d, hs->staging, (size_t)n * rl.row_bytes, off));
     MEP_CHECK(mep_host_mesh_put(
-        hs->mesh, d, &hs->counts[d], 8,
+        hs->mesh, d, hs->counts[d], MEP_HOST_COUNT_BYTES,
         mep_host_off_dispatch_count(&hs->layout, op->buffer_set, g->rank)));
     /* The staging buffer is reused for the next destination. */
     MEP_CHECK(mep_host_mesh_complete(hs->mesh, "dispatch"));

@@ -63,19 +63,19 @@ int mep_host_combine_width(const moe_ep_group_t *g, const mep_op_t *op) {
   return K < g->world_size ? K : g->world_size;
 }
 
-/* Each source's count word, read once into recv_words. */
+/* Each source's count entry, read once into recv_words. */
 static void read_count_words(moe_ep_group_t *g, const mep_op_t *op) {
   host_state_t *hs = g->impl;
   for (int s = 0; s < g->world_size; s++) {
-    hs->recv_words[s] = __atomic_load_n(
+    const uint64_t *entry =
         (const uint64_t *)(mep_host_mesh_local(hs->mesh) +
-                           mep_host_off_dispatch_count(&hs->layout, op->buffer_set, s)),
-        __ATOMIC_ACQUIRE);
+                           mep_host_off_dispatch_count(&hs->layout, op->buffer_set, s));
+    for (int i = 0; i < 2; i++) hs->recv_words[s][i] = __atomic_load_n(&entry[i], __ATOMIC_ACQUIRE);
   }
 }
 
 static int64_t source_count(const host_state_t *hs, int s) {
-  return (int64_t)(hs->recv_words[s] & 0xffffffffu);
+  return (int64_t)(hs->recv_words[s][0] & 0xffffffffu);
 }
 
 /* One row's header, copied out of the region and checked; every use of a
@@ -113,7 +113,7 @@ static moe_ep_status_t check_descs(moe_ep_group_t *g, const mep_op_t *op) {
   host_state_t *hs = g->impl;
   const uint32_t mine = mep_host_row_desc(op);
   for (int s = 0; s < g->world_size; s++) {
-    const uint32_t theirs = (uint32_t)(hs->recv_words[s] >> 32);
+    const uint32_t theirs = (uint32_t)(hs->recv_words[s][0] >> 32);
     if (theirs == mine) continue;
     char a[96], b[96];
     row_desc_text(theirs, a, sizeof a);
@@ -123,6 +123,28 @@ static moe_ep_status_t check_descs(moe_ep_group_t *g, const mep_op_t *op) {
                      "every rank must make a call with the same hidden, top_k and row format "
                      "(no rows were read; the group stays usable)",
                      g->rank, s, a, b);
+  }
+  return MOE_EP_OK;
+}
+
+/* HT: every source dispatched the layer call of this rank's handle, the
+ * one whose count exchange told this rank how many rows to expect (and
+ * the engine how large recv_x must be), or the call is refused naming the
+ * first that did not. Rows of another call may fit recv_x or not, and
+ * would be read as this call's; a receiver refuses before reading any. */
+static moe_ep_status_t check_layer_call(moe_ep_group_t *g, const mep_op_t *op) {
+  host_state_t *hs = g->impl;
+  const uint64_t mine = op->handle->prepare_no;
+  for (int s = 0; s < g->world_size; s++) {
+    const uint64_t theirs = hs->recv_words[s][1];
+    if (theirs == mine) continue;
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "dispatch on rank %d: rank %d dispatched the layer call of its prepare "
+                     "number %llu, this rank the one of its prepare number %llu (the group's "
+                     "prepares are numbered in the order every rank makes them); every rank "
+                     "must dispatch the same layer call (no rows were read; the group stays "
+                     "usable)",
+                     g->rank, s, (unsigned long long)theirs, (unsigned long long)mine);
   }
   return MOE_EP_OK;
 }
@@ -300,6 +322,7 @@ moe_ep_status_t mep_host_dispatch_read(moe_ep_group_t *g, mep_op_t *op) {
   mep_host_row_layout(op, &rl);
   read_count_words(g, op);
   MEP_CHECK(check_descs(g, op));
+  if (op->mode == MOE_EP_MODE_HIGH_THROUGHPUT) MEP_CHECK(check_layer_call(g, op));
   MEP_CHECK(check_rows(g, op, &rl, mep_host_combine_width(g, op)));
   return op->mode == MOE_EP_MODE_LOW_LATENCY ? dispatch_recv_ll(g, op, &rl)
                                              : dispatch_recv_ht(g, op, &rl);

@@ -29,7 +29,7 @@ void mep_host_layout_init(mep_host_layout_t *l, const moe_ep_config_t *cfg,
   l->combine_row_bytes = ALIGN64((size_t)cfg->hidden * 2u);
   l->dispatch_flags = 0;
   l->dispatch_counts = ALIGN64(w * 8u);
-  l->combine_flags = l->dispatch_counts + ALIGN64(w * 8u);
+  l->combine_flags = l->dispatch_counts + ALIGN64(w * MEP_HOST_COUNT_BYTES);
   /* two halves of combine flags and rows (mep_host_combine_half) */
   l->combine_dispatches = l->combine_flags + 2u * ALIGN64(w * 8u);
   l->dispatch_refusals = l->combine_dispatches + 2u * ALIGN64(w * 8u);
@@ -53,7 +53,7 @@ size_t mep_host_off_dispatch_flag(const mep_host_layout_t *l, int set, int src) 
 }
 
 size_t mep_host_off_dispatch_count(const mep_host_layout_t *l, int set, int src) {
-  return (size_t)set * l->set_bytes + l->dispatch_counts + (size_t)src * 8u;
+  return (size_t)set * l->set_bytes + l->dispatch_counts + (size_t)src * MEP_HOST_COUNT_BYTES;
 }
 
 size_t mep_host_off_combine_flag(const mep_host_layout_t *l, int set, int half, int src) {

@@ -40,6 +40,10 @@ size_t mep_host_layout_bytes(const mep_host_layout_t *l);
  * next dispatch, on the other set: two-batch overlap's order). */
 int mep_host_combine_half(const mep_host_layout_t *l, uint64_t seq);
 
+/* A source's count entry of a dispatch: its count word (row description
+ * << 32 | rows) and the prepare number of its call (HT), 8 bytes each. */
+#define MEP_HOST_COUNT_BYTES 16u
+
 /* Byte offsets in the region of set `set`. */
 size_t mep_host_off_dispatch_flag(const mep_host_layout_t *l, int set, int src);
 size_t mep_host_off_dispatch_count(const mep_host_layout_t *l, int set, int src);

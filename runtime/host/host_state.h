@@ -22,11 +22,16 @@ typedef struct host_state {
   mep_host_mesh_t *mesh;
   mep_host_layout_t layout;
   uint8_t *staging;  /* one destination's rows */
-  uint64_t *counts;  /* [R] stable sources of the row-count puts */
-  /* [R] each source's count word of the dispatch being received, read
-   * once (recv_half): a later operation's puts may land in the region
-   * while it is read, so every use reads this copy. */
-  uint64_t *recv_words;
+  /* [R] stable sources of the row-count puts: per destination the count
+   * word (row description << 32 | rows) and the prepare number of the
+   * call (HT; 0 in LL). */
+  uint64_t (*counts)[2];
+  /* [R] each source's count word and prepare number of the dispatch being
+   * received, read once (recv_half): a later operation's puts may land in
+   * the region while it is read, so every use reads this copy. */
+  uint64_t (*recv_words)[2];
+  /* HT count exchanges this rank has joined (prepare_no of the latest). */
+  uint64_t exchanges;
   mep_layout_book_t book; /* which dispatch's layout each buffer set holds */
   /* seq + 1 of the last combine whose receive was abandoned, until this
    * rank's next send has waited for every peer to reach it (0: none). */

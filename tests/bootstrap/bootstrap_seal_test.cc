@@ -5,12 +5,16 @@
 //       group's nonce, the joiner's rank as int32, the joiner's worker
 //       address), the label "moe-ep message key, rank to rank 0" or
 //       "moe-ep message key, rank 0 to rank";
+//   digest = SHA-256 of the payload, a field of the header;
 //   MAC = HMAC-SHA-256(key, "moe-ep message" with its NUL, the header
-//       with its MAC field zeroed, SHA-256 of the payload).
+//       with its MAC field zeroed).
 // Any changed byte of header or payload, another token, group, rank,
-// address or direction is refused; a number already taken is refused.
+// address or direction is refused; a number already taken is refused; a
+// payload is read only for a sealed header of a new number.
 #include <stddef.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <memory>
@@ -86,18 +90,27 @@ Bytes Key(const char *token, const char *label, unsigned char group, int32_t ran
   return key;
 }
 
-Bytes Expected(const Bytes &key, const Bytes &m) {
-  static const char kLabel[] = "moe-ep message";
-  Bytes hdr(m.begin(), m.begin() + sizeof(mep_bs_hdr_t)), digest(MEP_SHA256_BYTES),
-      mac(MEP_SHA256_BYTES);
-  memset(hdr.data() + offsetof(mep_bs_hdr_t, mac), 0, MEP_SHA256_BYTES);
+Bytes DigestOf(const Bytes &m) {
+  return Bytes(m.begin() + offsetof(mep_bs_hdr_t, digest),
+               m.begin() + offsetof(mep_bs_hdr_t, digest) + MEP_SHA256_BYTES);
+}
+
+Bytes PayloadDigest(const Bytes &m) {
+  Bytes digest(MEP_SHA256_BYTES);
   mep_sha256_t sha;
   mep_sha256_init(&sha);
-  mep_sha256_update(&sha, m.data() + hdr.size(), m.size() - hdr.size());
+  mep_sha256_update(&sha, m.data() + sizeof(mep_bs_hdr_t), m.size() - sizeof(mep_bs_hdr_t));
   mep_sha256_final(&sha, digest.data());
-  const void *parts[3] = {kLabel, hdr.data(), digest.data()};
-  const size_t lens[3] = {sizeof(kLabel), hdr.size(), digest.size()};
-  mep_hmac_sha256(key.data(), key.size(), 3, parts, lens, mac.data());
+  return digest;
+}
+
+Bytes Expected(const Bytes &key, const Bytes &m) {
+  static const char kLabel[] = "moe-ep message";
+  Bytes hdr(m.begin(), m.begin() + sizeof(mep_bs_hdr_t)), mac(MEP_SHA256_BYTES);
+  memset(hdr.data() + offsetof(mep_bs_hdr_t, mac), 0, MEP_SHA256_BYTES);
+  const void *parts[2] = {kLabel, hdr.data()};
+  const size_t lens[2] = {sizeof(kLabel), hdr.size()};
+  mep_hmac_sha256(key.data(), key.size(), 2, parts, lens, mac.data());
   return mac;
 }
 
@@ -120,6 +133,7 @@ TEST(BootstrapSeal, MacIsTheDefinitionsBothWays) {
     Bytes m = Message(joiner->bs.get(), n);
     Seal(joiner.get(), &m);
     EXPECT_EQ(CtrOf(m), 1u) << "the connection's first message is number 1";
+    EXPECT_EQ(DigestOf(m), PayloadDigest(m)) << "payload " << n << " bytes";
     EXPECT_EQ(MacOf(m), Expected(up, m)) << "rank 1 to rank 0, payload " << n << " bytes";
     EXPECT_TRUE(Sealed(*root, m)) << "payload " << n << " bytes";
     Bytes r = Message(root->bs.get(), n);
@@ -266,6 +280,74 @@ TEST(BootstrapSeal, TakeChecksShapeThenSealThenNumber) {
   // The joiner's next message is still taken (nothing above used its number).
   Bytes next = Message(joiner->bs.get(), 0);
   Seal(joiner.get(), &next);
+  EXPECT_EQ(Take(root.get(), next), MEP_BS_TAKEN);
+}
+
+// A payload no read may touch: `n` bytes ending at an inaccessible page.
+class Unreadable {
+ public:
+  explicit Unreadable(size_t n) : page_((size_t)sysconf(_SC_PAGESIZE)), n_(n) {
+    len_ = (n + page_ - 1) / page_ * page_;
+    base_ = mmap(nullptr, len_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  }
+  ~Unreadable() {
+    if (ok()) munmap(base_, len_);
+  }
+  bool ok() const { return base_ != MAP_FAILED; }
+  const void *data() const { return base_; }
+  size_t size() const { return n_; }
+
+ private:
+  size_t page_, n_, len_;
+  void *base_;
+};
+
+mep_bs_taken_t TakeWith(Side *to, const Bytes &header, const Unreadable &payload) {
+  mep_bs_hdr_t h;
+  return mep_bs_take(&to->peer, header.data(), sizeof(mep_bs_hdr_t), payload.data(),
+                     payload.size(), 0, 1 << 20, &h);
+}
+
+// What an outsider sends (a header the key did not seal) and a replay of a
+// real header are refused on the header alone: their payload, here in
+// pages no read may touch, is never hashed (a read would crash the test).
+// Only then is a real message's payload read.
+TEST(BootstrapSeal, PayloadIsReadOnlyForASealedNewHeader) {
+  auto root = End(true, "job-token-1", 0x11), joiner = End(false, "job-token-1", 0x11);
+  Unreadable junk(256 << 10);
+  ASSERT_TRUE(junk.ok());
+  Bytes forged = Message(joiner->bs.get(), 0);
+  mep_bs_hdr_t h;
+  memcpy(&h, forged.data(), sizeof(h));
+  h.payload_len = junk.size();
+  h.ctr = 1;
+  memcpy(forged.data(), &h, sizeof(h));
+  EXPECT_EQ(TakeWith(root.get(), forged, junk), MEP_BS_UNSEALED) << "a header the key did not seal";
+  auto outsider = End(false, "another-token", 0x11);
+  Bytes other = Message(outsider->bs.get(), 0);
+  memcpy(&h, other.data(), sizeof(h));
+  h.payload_len = junk.size();
+  memcpy(other.data(), &h, sizeof(h));
+  Seal(outsider.get(), &other);
+  EXPECT_EQ(TakeWith(root.get(), other, junk), MEP_BS_UNSEALED) << "sealed under another token";
+  // A real message, then its header again with a payload of the same length
+  // that cannot be read: a replay, refused before its payload.
+  Bytes m = Message(joiner->bs.get(), 0);
+  memcpy(&h, m.data(), sizeof(h));
+  h.payload_len = junk.size();
+  h.bytes = junk.size();
+  memcpy(m.data(), &h, sizeof(h));
+  m.resize(sizeof(h) + junk.size(), 0x5a);
+  Seal(joiner.get(), &m);
+  EXPECT_EQ(Take(root.get(), m, 0, 1 << 20), MEP_BS_TAKEN);
+  EXPECT_EQ(TakeWith(root.get(), m, junk), MEP_BS_REPLAYED) << "a replayed header";
+  // A sealed header of a new number whose payload differs from its digest
+  // is refused without using up the number: the real one is still taken.
+  Bytes next = Message(joiner->bs.get(), 24);
+  Seal(joiner.get(), &next);
+  Bytes changed = next;
+  changed.back() ^= 1;
+  EXPECT_EQ(Take(root.get(), changed), MEP_BS_UNSEALED) << "a payload that is not the digest's";
   EXPECT_EQ(Take(root.get(), next), MEP_BS_TAKEN);
 }
 

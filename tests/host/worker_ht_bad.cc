@@ -1,9 +1,9 @@
 // worker_ht_bad.cc: bad input to HT dispatch on a live multi-rank group:
 // row format against x's dtype (bf16 and pre-quantised fp8), the scales'
 // shape and dtype, worst-case capacity, receive tensors too small for what
-// arrives, ranks whose calls differ in hidden, a second dispatch while the
-// first's hook is pending, a stream of another CUDA context (nccl),
-// handle_layout on an HT handle. Each is refused with the
+// arrives, ranks whose calls differ in hidden or in the layer call (host),
+// a second dispatch while the first's hook is pending, a stream of another
+// CUDA context (nccl), handle_layout on an HT handle. Each is refused with the
 // right status and a sentence naming the argument, returns no hook, and the
 // group still works (verified round trips follow).
 #include <cuda_runtime_api.h>
@@ -451,6 +451,36 @@ void hidden_differs_on_one_rank(Ctx& c) {
   roundtrip(c, call, "dispatch of matching shapes after a deferred one whose hidden differed");
 }
 
+// Host backend: two layer calls are prepared, and the last rank dispatches
+// the second while the others dispatch the first. Each receiver sized
+// recv_x from its own handle's count exchange, so the last rank's rows
+// would be read as the other call's (an overflow of recv_x, or the wrong
+// rows in silence when the counts agree): every rank refuses the call,
+// naming a rank whose call differs, reads no row, and both calls then work.
+// Eager, then with the receive deferred to the hook.
+void layer_calls_differ(Ctx& c) {
+  if (c.world < 2 || !c.opt.double_buffer) return;  // as in hidden_differs_on_one_rank
+  Problem p = problem_of(c, DispatchDtype::kBf16);
+  HtCall first(c, p, 84), second(c, p, 85);
+  if (first.prepare() != MOE_EP_OK || second.prepare() != MOE_EP_OK) return;
+  const int odd = c.world - 1;
+  HtCall& mine = c.rank == odd ? second : first;
+  const std::string must = "rank " + std::to_string(c.rank == odd ? 0 : odd) +
+                           " dispatched the layer call of its prepare number";
+  expect_status(c, mine.seed(), "dispatch of another layer call than the last rank's",
+                mine.dispatch(0, mine.num_recv()), MOE_EP_ERR_INVALID_ARGUMENT, must.c_str());
+  roundtrip(c, first, "the first layer call after a dispatch of two different ones");
+  moe_ep_hook_t* hook = nullptr;
+  if (!expect_status(c, mine.seed(), "deferred dispatch of another layer call than the last rank's",
+                     mine.dispatch(MOE_EP_FLAG_DEFER_RECV, mine.num_recv(), true, nullptr, &hook),
+                     MOE_EP_OK))
+    return;
+  expect_status(c, mine.seed(), "hook_run of a dispatch of another layer call than the last rank's",
+                c.api->hook_run(hook, nullptr), MOE_EP_ERR_INVALID_ARGUMENT, must.c_str());
+  c.api->hook_free(hook);
+  roundtrip(c, second, "the second layer call after a deferred dispatch of two different ones");
+}
+
 }  // namespace
 
 void run_ht_bad_input(Ctx& c) {
@@ -460,7 +490,10 @@ void run_ht_bad_input(Ctx& c) {
   hidden_differs_on_one_rank(c);
   // Only the host backend's HT prepare is collective (the nccl one counts in
   // the dispatch kernel).
-  if (c.opt.backend == "host") one_rank_refuses_prepare(c);
+  if (c.opt.backend == "host") {
+    one_rank_refuses_prepare(c);
+    layer_calls_differ(c);
+  }
   if (c.opt.backend == "nccl") {
     dispatch_in_capture(c);
     prepare_on_invalidated_capture(c);
