@@ -42,6 +42,13 @@ static moe_ep_status_t bs_check_params(const mep_bootstrap_params_t *p,
                      "admits only processes that present the job token",
                      p->world_size);
   }
+  if (p->world_size > 1 && strlen(p->token) < MEP_BS_TOKEN_MIN) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "bootstrap_create: token is %zu characters; a group of %d ranks needs at "
+                     "least %d (every key derives from it, and a short one can be guessed "
+                     "offline from one knock seen on the network)",
+                     strlen(p->token), p->world_size, MEP_BS_TOKEN_MIN);
+  }
   if (p->token != NULL && strlen(p->token) >= MEP_BS_TOKEN_MAX) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "bootstrap_create: token is %zu characters; at most %d",

@@ -19,12 +19,18 @@ extern "C" {
 
 typedef struct mep_bootstrap mep_bootstrap_t;
 
+/* The shortest job token a group of more than one rank takes: every key
+ * derives from it, and one knock seen on the network lets anyone try
+ * tokens offline, so a short one would soon be found. */
+#define MEP_BS_TOKEN_MIN 16
+
 typedef struct mep_bootstrap_params {
   int rank;
   int world_size;
   const char *address; /* "host:port" rank 0 listens on / others dial */
   int timeout_ms;      /* bound on forming the group and on every collective */
-  const char *token;   /* job token, "" or NULL = none expected */
+  const char *token;   /* job token (MEP_BS_TOKEN_MIN characters or more);
+                          "" or NULL = none, for a group of one only */
 } mep_bootstrap_params_t;
 
 /* Collective: returns once all world_size ranks have joined (token checked),

@@ -64,7 +64,8 @@ moe_ep_status_t mep_backend_select(int requested, int mode, const mep_backend_op
 }
 
 /* Every rank compares every rank's canonical config, so all of them fail
- * with the same sentence (a differing max_tokens_per_rank must not hang). */
+ * with the same sentence but for the rank that says it (a differing
+ * max_tokens_per_rank must not hang). */
 static moe_ep_status_t check_configs_agree(moe_ep_group_t *g) {
   char mine[CANON_BYTES];
   memset(mine, 0, sizeof(mine));
@@ -98,10 +99,10 @@ static moe_ep_status_t check_configs_agree(moe_ep_group_t *g) {
       char diff[256];
       mep_config_describe_diff(all, theirs, diff, sizeof(diff));
       st = mep_error(MOE_EP_ERR_MISMATCH,
-                     "group_create: ranks disagree on the config: rank 0 vs "
-                     "rank %d: %s (every rank must use the same moe_ep "
+                     "group_create on rank %d: ranks disagree on the config: rank 0 "
+                     "vs rank %d: %s (every rank must use the same moe_ep "
                      "section)",
-                     r, diff);
+                     g->rank, r, diff);
       break;
     }
   }
@@ -293,6 +294,16 @@ static moe_ep_status_t group_create(const moe_ep_group_params_t *params,
                    "its torch.distributed group)",
                    g->rank, g->cfg.bootstrap_token_env,
                    token == NULL ? "unset" : "empty", g->world_size);
+    goto out_free_group;
+  }
+  if (g->world_size > 1 && strlen(token) < MEP_BS_TOKEN_MIN) {
+    st = mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                   "group_create on rank %d: the job token in %s (bootstrap.token_env) is %zu "
+                   "characters; a group of %d ranks needs at least %d, since every key derives "
+                   "from it and a short one can be guessed offline from one knock seen on the "
+                   "network (moe_ep_run and moe_ep.deep_ep.Buffer make 32 random hex digits)",
+                   g->rank, g->cfg.bootstrap_token_env, strlen(token), g->world_size,
+                   MEP_BS_TOKEN_MIN);
     goto out_free_group;
   }
   mep_bootstrap_params_t bp = {

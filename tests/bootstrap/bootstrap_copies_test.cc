@@ -37,7 +37,7 @@ void RunWithCopiesFrom(int sender, const std::string &kind, const std::string &a
   std::vector<std::unique_ptr<Proc>> ranks;
   for (int r = 0; r < 2; r++) {
     std::vector<std::string> argv =
-        WorkerArgv(r, 2, "collectives", address, "tok-copies", kTimeoutMs);
+        WorkerArgv(r, 2, "collectives", address, "tok-copies-of-this-test", kTimeoutMs);
     argv.push_back("--copies_rank=" + std::to_string(sender));
     argv.push_back("--" + kind + "=6");
     argv.push_back("--copies_at=" + at);

@@ -26,7 +26,7 @@
 
 namespace {
 
-constexpr char kToken[] = "the-real-token";
+constexpr char kToken[] = "the-real-job-token";
 // Groups that must form: a bound no step of a loaded machine comes near.
 constexpr int kFormTimeoutMs = 60000;
 

@@ -74,7 +74,7 @@ TEST_P(BootstrapGroup, CollectivesDeliverEveryRanksValues) {
   const int iters = 10;
   std::vector<std::unique_ptr<Proc>> procs;
   for (int r = 0; r < w; r++) {
-    procs.push_back(Start(r, w, "collectives", "tok-abc", kFormTimeoutMs,
+    procs.push_back(Start(r, w, "collectives", "tok-abc-of-this-test", kFormTimeoutMs,
                           {"--iters=" + std::to_string(iters)}));
   }
   WaitAll(Ptrs(procs), NowMs() + kHangGuardMs);
@@ -121,7 +121,7 @@ TEST_P(BootstrapGroup, MissingLastRankFailsEveryoneWithinTimeout) {
   const int w = World();
   std::vector<std::unique_ptr<Proc>> procs;
   for (int r = 0; r < w - 1; r++) {
-    procs.push_back(Start(r, w, "form", "tok", kMissingTimeoutMs));
+    procs.push_back(Start(r, w, "form", "tok-of-this-test-job", kMissingTimeoutMs));
   }
   WaitAll(Ptrs(procs), NowMs() + kHangGuardMs);
   ExpectMissingRank(procs, w - 1, address_);
@@ -131,7 +131,7 @@ TEST_P(BootstrapGroup, MissingRankZeroFailsEveryoneWithinTimeout) {
   const int w = World();
   std::vector<std::unique_ptr<Proc>> procs;
   for (int r = 1; r < w; r++) {
-    procs.push_back(Start(r, w, "form", "tok", kMissingTimeoutMs));
+    procs.push_back(Start(r, w, "form", "tok-of-this-test-job", kMissingTimeoutMs));
   }
   WaitAll(Ptrs(procs), NowMs() + kHangGuardMs);
   ExpectMissingRank(procs, 0, address_);
@@ -150,7 +150,7 @@ TEST_P(BootstrapGroup, KilledRankFailsSurvivorsWithPeerFailed) {
     address_ = "127.0.0.1:" + std::to_string(port_);
     std::vector<std::unique_ptr<Proc>> procs;
     for (int r = 0; r < w; r++) {
-      procs.push_back(Start(r, w, "barrier_loop", "tok", kDeathTimeoutMs,
+      procs.push_back(Start(r, w, "barrier_loop", "tok-of-this-test-job", kDeathTimeoutMs,
                             {"--die_rank=" + std::to_string(victim),
                              "--die_at=20", "--max_ms=" + std::to_string(kDeathTimeoutMs)}));
     }
@@ -197,7 +197,7 @@ TEST_P(BootstrapGroup, KilledRankFailsSurvivorsWithPeerFailed) {
 
 TEST_P(BootstrapGroup, StrangersAreRefusedAndTheGroupStillForms) {
   const int w = World();
-  const std::string token = "job-7f3a9c";
+  const std::string token = "job-7f3a9c-2d41b6e8";
   std::vector<std::unique_ptr<Proc>> group;
   group.push_back(Start(0, w, "barrier", token, kOpenTimeoutMs));
 
@@ -219,7 +219,7 @@ TEST_P(BootstrapGroup, StrangersAreRefusedAndTheGroupStillForms) {
   const std::vector<Stranger> strangers = {
       {"stranger(world size)", w + 1, token, kFormTimeoutMs,
        {"refused to admit rank 1 of " + std::to_string(w + 1), "world size mismatch"}},
-      {"stranger(wrong token)", w, "not-the-token", kWrongTokenTimeoutMs,
+      {"stranger(wrong token)", w, "not-the-job-token-at-all", kWrongTokenTimeoutMs,
        {"could not reach rank 0 at " + address_ + " within " +
             std::to_string(kWrongTokenTimeoutMs) + " ms",
         "rank 0 answered: wrong job token", "(not proven"}},
@@ -238,13 +238,17 @@ TEST_P(BootstrapGroup, StrangersAreRefusedAndTheGroupStillForms) {
     }
   }
 
-  // A process without a token does not even knock.
-  {
-    auto p = Start(1, w, "form", "", kFormTimeoutMs, {}, "stranger(no token)");
+  // A process without a token, or with one too short to keep secret, does
+  // not even knock.
+  for (const auto &t : std::vector<std::pair<std::string, std::string>>{
+           {"", "token is empty"},
+           {"fifteen-chars!!", "token is 15 characters; a group of " + std::to_string(w) +
+                                   " ranks needs at least 16"}}) {
+    auto p = Start(1, w, "form", t.first, kFormTimeoutMs, {}, "stranger(token '" + t.first + "')");
     WaitOne(p.get(), NowMs() + kHangGuardMs);
     auto res = p->Result();
     EXPECT_TRUE(p->Exited(kStatusInvalidArgument)) << p->Describe();
-    EXPECT_NE(res["msg"].find("token is empty"), std::string::npos) << p->Describe();
+    EXPECT_NE(res["msg"].find(t.second), std::string::npos) << p->Describe();
   }
 
   int first_real = 1;
@@ -290,7 +294,7 @@ TEST_P(BootstrapGroup, AgreementCarriesEachRanksSetupStatus) {
   const int w = World();
   std::vector<std::unique_ptr<Proc>> procs;
   for (int r = 0; r < w; r++) {
-    procs.push_back(Start(r, w, "agree", "tok", kFormTimeoutMs,
+    procs.push_back(Start(r, w, "agree", "tok-of-this-test-job", kFormTimeoutMs,
                           {"--quit_rank=" + std::to_string(w - 1)}));
   }
   WaitAll(Ptrs(procs), NowMs() + kHangGuardMs);
@@ -306,7 +310,7 @@ TEST_P(BootstrapGroup, AgreementDuringAnotherStepNamesTheRankThatGaveUp) {
     SetUp();  // a fresh port for each group
     std::vector<std::unique_ptr<Proc>> procs;
     for (int r = 0; r < w; r++) {
-      procs.push_back(Start(r, w, "agree", "tok", kFormTimeoutMs,
+      procs.push_back(Start(r, w, "agree", "tok-of-this-test-job", kFormTimeoutMs,
                             {"--quit_rank=" + std::to_string(quit), "--quit_early=1"}));
     }
     WaitAll(Ptrs(procs), NowMs() + kHangGuardMs);

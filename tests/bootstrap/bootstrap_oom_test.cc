@@ -39,7 +39,7 @@ class BootstrapOom : public ::testing::Test {
 
   std::unique_ptr<Proc> Start(int rank, const std::string &scenario,
                               std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv = WorkerArgv(rank, 2, scenario, address_, "tok-oom", kTimeoutMs);
+    std::vector<std::string> argv = WorkerArgv(rank, 2, scenario, address_, "tok-oom-of-this-test", kTimeoutMs);
     argv.insert(argv.end(), extra.begin(), extra.end());
     return std::make_unique<Proc>(Spawn("rank " + std::to_string(rank), argv));
   }

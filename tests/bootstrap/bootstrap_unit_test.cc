@@ -26,7 +26,7 @@ mep_bootstrap_params_t Params(int rank, int world, const char *addr) {
   p.world_size = world;
   p.address = addr;
   p.timeout_ms = 1000;
-  p.token = "t";
+  p.token = "unit-test-job-token";
   return p;
 }
 
@@ -88,6 +88,16 @@ TEST(BootstrapArgs, OneRanksOwnArgumentsNameTheRank) {
     EXPECT_EQ(msg.rfind("rank 1: bootstrap_create: token is empty; a group of 2 ranks", 0), 0u)
         << msg;
   }
+  // Nor a token short enough to be guessed offline; a group of one takes any.
+  p = Params(1, 2, "127.0.0.1:1");
+  p.token = "fifteen-chars!!";
+  EXPECT_EQ(mep_bootstrap_create(&p, &bs), MOE_EP_ERR_INVALID_ARGUMENT);
+  msg = mep_last_error();
+  EXPECT_EQ(msg.rfind("rank 1: bootstrap_create: token is 15 characters; a group of 2 ranks "
+                      "needs at least 16",
+                      0),
+            0u)
+      << msg;
 }
 
 TEST(BootstrapArgs, PortInUseIsBootstrapErrorNamingAddress) {

@@ -263,7 +263,10 @@ int main(int argc, char** argv) {
   if (mismatch) {
     int& key = c.opt.differ == "ranks_per_node" ? c.opt.ranks_per_node : c.opt.max_tokens;
     want_status = "MOE_EP_ERR_MISMATCH";
-    want_error = c.opt.differ + ": " + std::to_string(key) + " vs " + std::to_string(key + 1);
+    // Every rank names itself, and rank 0 against the first that differs.
+    want_error = "group_create on rank {rank}: ranks disagree on the config: rank 0 vs rank " +
+                 std::string(env_world ? std::to_string(std::atoi(env_world) - 1) : "?") + ": " +
+                 c.opt.differ + ": " + std::to_string(key) + " vs " + std::to_string(key + 1);
     if (env_rank && env_world && std::atoi(env_rank) == std::atoi(env_world) - 1) key += 1;
   }
   size_t at = want_error.find("{rank}");

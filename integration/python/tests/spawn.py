@@ -74,7 +74,7 @@ def library_path():
 
 
 def run_ranks(world, worker, args=(), ports=4, timeout=120, extra_path=(),
-              token="moe-ep-test-job"):
+              token="moe-ep-test-job-token"):
     """Runs workers/<worker> on `world` ranks with `token` as their job
     token (None: MOE_EP_JOB_TOKEN unset); returns (ok, report) where
     report holds every rank's exit code and output."""

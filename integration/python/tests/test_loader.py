@@ -166,3 +166,10 @@ def test_a_group_of_two_ranks_needs_a_job_token(monkeypatch):
     monkeypatch.setenv("MOE_EP_TEST_NO_SUCH_TOKEN", "")
     with pytest.raises(moe_ep.InvalidArgumentError, match="is empty"):
         moe_ep.Group(cfg, rank=1, world_size=2, library=lib)
+    # One character short of the rule.
+    monkeypatch.setenv("MOE_EP_TEST_NO_SUCH_TOKEN", "f" * 15)
+    with pytest.raises(moe_ep.InvalidArgumentError,
+                       match=r"group_create on rank 1: the job token in MOE_EP_TEST_NO_SUCH_TOKEN "
+                             r"\(bootstrap.token_env\) is 15 characters; a group of 2 ranks needs "
+                             r"at least 16"):
+        moe_ep.Group(cfg, rank=1, world_size=2, library=lib)

@@ -624,7 +624,7 @@ def tokens_differ(group):
     """Ranks given different job tokens are told so when the group is made,
     every rank alike, instead of the others waiting out the bootstrap."""
     saved = os.environ.get("MOE_EP_JOB_TOKEN")
-    os.environ["MOE_EP_JOB_TOKEN"] = "given-on-rank-%d" % RANK
+    os.environ["MOE_EP_JOB_TOKEN"] = "given-on-rank-%d-of-this-job" % RANK
     try:
         buf = deep_ep.Buffer(group, 0, 0, low_latency_mode=True, num_qps_per_rank=P.local,
                              explicitly_destroy=True, moe_ep_config=HOST)
