@@ -5,6 +5,7 @@ naming the argument, not at its first prefill."""
 from .. import _fp8
 from ..group import Group
 from . import _mode
+from ._normal_options import FROM_SGLANG
 
 
 def settle(group, normal_group, deepep_mode, weights_at_dispatch, normal_fp8,
@@ -21,10 +22,12 @@ def settle(group, normal_group, deepep_mode, weights_at_dispatch, normal_fp8,
     mode = _default_mode(group, normal_group) if deepep_mode is None else \
         _mode.parse_mode(deepep_mode)
     _check_groups(mode, group, normal_group)
-    if normal_fp8 is not None and normal_fp8 not in _fp8.SCALE_FORMATS:
-        raise ValueError("Dispatcher: normal_fp8=%r must be None (rows as given) or one of "
-                         "%s (the scales of rows quantised before a normal dispatch)"
-                         % (normal_fp8, ", ".join(repr(f) for f in _fp8.SCALE_FORMATS)))
+    if normal_fp8 not in (None, FROM_SGLANG) and normal_fp8 not in _fp8.SCALE_FORMATS:
+        raise ValueError("Dispatcher: normal_fp8=%r must be %r (as SGLang's dispatcher), None "
+                         "(rows as given) or one of %s (the scales of rows quantised before a "
+                         "normal dispatch)"
+                         % (normal_fp8, FROM_SGLANG,
+                            ", ".join(repr(f) for f in _fp8.SCALE_FORMATS)))
     if ll_fp8_scale is not None:
         if ll_fp8_scale not in _fp8.SCALE_FORMATS:
             raise ValueError("Dispatcher: ll_fp8_scale=%r must be None (as SGLang asks DeepEP) "
@@ -33,10 +36,12 @@ def settle(group, normal_group, deepep_mode, weights_at_dispatch, normal_fp8,
         if group is None or not group.config.fp8:
             raise ValueError("Dispatcher: ll_fp8_scale=%r needs a low-latency group that "
                              "dispatches fp8 (dispatch_dtype: fp8_e4m3)" % (ll_fp8_scale,))
-    if isinstance(expert_alignment, bool) or not isinstance(expert_alignment, int) or \
-            expert_alignment < 1:
-        raise ValueError("Dispatcher: expert_alignment=%r must be an int >= 1 (SGLang uses "
-                         "1, or 128 for DeepGEMM)" % (expert_alignment,))
+    if expert_alignment is not None and (
+            isinstance(expert_alignment, bool) or not isinstance(expert_alignment, int) or
+            expert_alignment < 1):
+        raise ValueError("Dispatcher: expert_alignment=%r must be None (as SGLang's "
+                         "dispatcher) or an int >= 1 (SGLang uses 1, or 128 for DeepGEMM)"
+                         % (expert_alignment,))
     _check_options(mode, weights_at_dispatch, normal_fp8, expert_alignment)
     return mode
 
@@ -96,8 +101,8 @@ def _check_options(mode, weights_at_dispatch, normal_fp8, expert_alignment):
                          "a low-latency choice; normal mode always sends the router weights "
                          "with the tokens and the experts apply them")
     if mode == "low_latency":
-        for name, value, default in (("normal_fp8", normal_fp8, None),
-                                     ("expert_alignment", expert_alignment, 1)):
+        for name, value, default in (("normal_fp8", normal_fp8, FROM_SGLANG),
+                                     ("expert_alignment", expert_alignment, None)):
             if value != default:
                 raise ValueError("Dispatcher: %s=%r with deepep_mode='low_latency': it is a "
                                  "normal-mode option (deepep_mode 'normal' or 'auto')"

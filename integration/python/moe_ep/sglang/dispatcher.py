@@ -12,6 +12,7 @@ from .._rank_named import name_rank_in
 from . import _inputs, _mode, _setup
 from ._low_latency import LowLatencyOutput, LowLatencyPath
 from ._normal import NormalOutput, NormalPath
+from ._normal_options import FROM_SGLANG, resolve
 
 __all__ = ["Dispatcher", "LowLatencyOutput", "NormalOutput"]
 
@@ -49,8 +50,13 @@ class Dispatcher:
     (x_fp8, scales) the caller quantised); "f32", "ue8m0" or
     "ue8m0_packed" quantises bf16 rows to fp8 per 128-channel group first,
     as SGLang does before DeepGEMM (with UE8M0 scales where DeepGEMM takes
-    them). expert_alignment (normal mode, default 1): per-expert counts
-    rounded up to it (SGLang passes 128 for DeepGEMM). ll_fp8_scale (a
+    them); "sglang" (the default) does what SGLang's own normal dispatcher
+    does (_normal_options: packed UE8M0 or float32 scales with its JIT
+    DeepGEMM, unless its MoE runner is cutlass or
+    SGLANG_DEEPEP_BF16_DISPATCH is set; rows as given otherwise, and where
+    SGLang is not importable). expert_alignment (normal mode): per-expert
+    counts rounded up to it; None (the default) as SGLang's dispatcher
+    asks, 128 with JIT DeepGEMM, else 1. ll_fp8_scale (a
     low-latency group dispatching fp8): the scales the experts get, "f32",
     "ue8m0" or "ue8m0_packed"; None asks as SGLang asks DeepEP (packed
     UE8M0 when its JIT DeepGEMM runs on Blackwell, else f32), or keeps the
@@ -72,10 +78,11 @@ class Dispatcher:
     LL buffers are."""
 
     def __init__(self, group=None, *, normal_group=None, deepep_mode=None,
-                 weights_at_dispatch=True, normal_fp8=None, expert_alignment=1,
+                 weights_at_dispatch=True, normal_fp8=FROM_SGLANG, expert_alignment=None,
                  ll_fp8_scale=None):
         mode = _setup.settle(group, normal_group, deepep_mode, weights_at_dispatch,
                              normal_fp8, expert_alignment, ll_fp8_scale)
+        normal_fp8, expert_alignment = resolve(normal_fp8, expert_alignment)
         self.group = group
         self.normal_group = normal_group
         self.deepep_mode = mode

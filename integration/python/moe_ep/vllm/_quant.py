@@ -9,7 +9,21 @@ dispatched bf16 and quantised after the receive (moe_ep.vllm._received)."""
 import collections
 
 from .. import _fp8
+from .._optional import optional_module
 from .._torch import FP8_STORAGE
+
+_DEEP_GEMM = "vllm.utils.deep_gemm"
+
+
+def vllm_ht_scale_format(fallback):
+    """The scales vLLM's DeepEP HT prepare quantises a1 with: its
+    per_token_group_quant_fp8 rounds them to powers of two (f32, "ue8m0")
+    where is_deep_gemm_e8m0_used() (DeepGEMM with E8M0 scales), else keeps
+    them plain ("f32"). `fallback` where vLLM is not importable."""
+    used = getattr(optional_module(_DEEP_GEMM), "is_deep_gemm_e8m0_used", None)
+    if not callable(used):
+        return fallback
+    return "ue8m0" if used() else "f32"
 
 
 class Plan(collections.namedtuple("Plan", "before after")):

@@ -53,8 +53,10 @@ class PrepareAndFinalize:
     comes back; the sum is the same). scale_format: the fp8 scales the
     experts get, "f32", "ue8m0" (powers of two in f32, for UE8M0 experts)
     or "ue8m0_packed" (four exponents per int32). High throughput: of rows
-    an fp8 quant_config has quantised before the dispatch; default the
-    group's fp8_scale. Low latency (a group dispatching fp8): default as
+    an fp8 quant_config has quantised before the dispatch; default as
+    vLLM's DeepEP HT prepare quantises ("ue8m0" where vLLM's
+    is_deep_gemm_e8m0_used(), else "f32"), or the group's fp8_scale where
+    vLLM is not importable. Low latency (a group dispatching fp8): default as
     vLLM's DeepEP LL prepare, settled by post_init_setup: "ue8m0_packed"
     for experts whose supports_packed_ue8m0_act_scales() is True (DeepGEMM
     on Blackwell), else "f32"; the group's fp8_scale until then.
@@ -90,6 +92,8 @@ class PrepareAndFinalize:
         given = scale_format is not None
         if scale_format is None:
             scale_format = group.config.fp8_scale
+            if group.mode != "low_latency":  # as vLLM's DeepEP HT prepare quantises
+                scale_format = _quant.vllm_ht_scale_format(scale_format)
         if scale_format not in _fp8.SCALE_FORMATS:
             raise ValueError("PrepareAndFinalize: scale_format=%r must be one of %s"
                              % (scale_format, ", ".join(repr(f) for f in _fp8.SCALE_FORMATS)))
