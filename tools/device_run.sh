@@ -2,7 +2,7 @@
 # device_run.sh (copied to .gpu_bundle/run_device.sh): the GPU suite, run on
 # the GPU machine from the repository root, most important first; every log
 # goes to $OUT and a one-line verdict per step to $OUT/summary.txt.
-# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|rest|one|world|api|llcheck|llscen|misc|ab|htab|htprof|llprof|llpc|sass|lltable|skew|extra|ht|htnet|scale|hold]; quick stops after
+# Usage: [MEP_RANKS=N] bash .gpu_bundle/run_device.sh [full|quick|rest|one|world|api|check|llcheck|llscen|misc|ab|htab|htprof|llprof|llpc|sass|lltable|skew|extra|ht|htnet|scale|hold]; quick stops after
 # the kernel test, the weighted-dispatch and hidden-2880 API runs and the
 # eager benchmarks, and rest runs the rest of full (full = quick + rest);
 # api runs quick's public-API half alone (world 1 and the oracle-checked
@@ -860,6 +860,18 @@ if [ "$MODE" = misc ]; then
 fi
 if [ "$MODE" = hold ]; then
   held_stream_creates
+  cat "$OUT/summary.txt"
+  exit 0
+fi
+# check: the correctness steps a runtime change needs on one GPU (a few
+# minutes): set_reuse's tests (caller context, graph destroy), quick's
+# public-API runs, and the HT bad-input and skipped-combine runs.
+if [ "$MODE" = check ]; then
+  set_reuse
+  quick_api
+  api ht_${E}_bad $N $((60 * S)) --scenario=htbad --mode=ht --experts=8 --max_tokens=16 --layers=256:2
+  api ht_${E}_skip_timeout $N $((20 * S)) --scenario=skip --mode=ht --experts=8 --max_tokens=8 \
+    --layers=128:2 --kernel_ms=2000
   cat "$OUT/summary.txt"
   exit 0
 fi

@@ -326,7 +326,12 @@ typedef struct moe_ep_group_info {
  * then until the kernel ends (within 4 x timeouts.kernel_ms), and returns
  * MOE_EP_ERR_TIMEOUT past either; a receive tensor with fewer rows than
  * N_recv makes it return MOE_EP_ERR_INVALID_ARGUMENT for that call (the
- * rows were dropped; every rank skips that combine). Ranks whose calls
+ * rows were dropped). That refusal is this rank's alone, learnt after
+ * every peer's send: the peers' dispatches return OK, so the engine must
+ * skip that layer call's combine on every rank (a peer's combine of it
+ * waits for this rank's rows until timeouts.kernel_ms, then fails the
+ * group); the host backend knows N_recv from prepare and refuses such a
+ * tensor before sending, on every rank alike. Ranks whose calls
  * differ in hidden, top_k or row format (fp8 scale format included) all
  * refuse the call with MOE_EP_ERR_INVALID_ARGUMENT naming a rank that
  * differs and both shapes, the group usable and every rank skipping that
@@ -342,7 +347,9 @@ typedef struct moe_ep_prepare_params {
   int32_t top_k;                   /* K; <= config top_k */
   /* cudaStream_t (nccl): of the group's GPU's primary context (the
    * runtime API's streams) or a green context of that GPU, in every
-   * entry; another is INVALID_ARGUMENT. Ignored on host. */
+   * entry; another is INVALID_ARGUMENT. Ignored on host, and by a prepare
+   * that asks for no layout output (nothing is queued on it then, and the
+   * per-layer prepare of decode pays no CUDA call to check it). */
   void *stream;
   /* Layout outputs, both modes (optional, may be NULL): */
   moe_ep_tensor_t *num_tokens_per_rank;   /* [R] int32 */
@@ -385,7 +392,11 @@ typedef struct moe_ep_dispatch_params {
   /* HT outputs: */
   moe_ep_tensor_t *recv_topk_idx;      /* [N_recv, K] int32 local id or -1 */
   moe_ep_tensor_t *recv_topk_weights;  /* [N_recv, K] f32 */
-  int64_t *num_recv_tokens;            /* host out: N_recv (HT) */
+  /* host out: N_recv (HT). Written when the receive runs: with
+   * MOE_EP_FLAG_DEFER_RECV in hook_run, so it must stay valid (not a stack
+   * variable of a returned function) until the hook has run or been
+   * freed. */
+  int64_t *num_recv_tokens;
   /* Appended in 0.2 (absent in an older engine's struct = the group's
    * format): moe_ep_dispatch_format_t of this call's rows; recv_x and
    * recv_scales follow it. HT: see x_scales. */

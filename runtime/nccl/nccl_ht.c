@@ -439,6 +439,20 @@ static moe_ep_status_t ht_send(moe_ep_group_t *g, mep_op_t *op) {
  * after kernel_ms each, a block's after four without progress). */
 static moe_ep_status_t learn_num_recv(moe_ep_group_t *g, ht_state_t *s, mep_op_t *op) {
   const int set = op->buffer_set;
+  /* A thread that captures a graph on any stream may not wait on the GPU
+   * (check_capturable saw only params->stream): every query would be
+   * refused until the bound, so the call is refused at once. */
+  const cudaError_t first = mep_nccl_event_query((cudaEvent_t)s->reached.event[set]);
+  if (mep_nccl_query_refused_by_capture(first)) {
+    (void)cudaGetLastError(); /* not sticky: the engine's next check is not to find it */
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "dispatch on rank %d: this thread is capturing a CUDA graph (on another "
+                     "stream than params->stream), where CUDA refuses the host wait that "
+                     "learns N_recv (%s); make the dispatch outside the capture, or with "
+                     "MOE_EP_FLAG_WORST_CASE. Its rows were received and dropped on this rank "
+                     "alone: every rank must skip this layer call's combine",
+                     g->rank, cudaGetErrorString(first));
+  }
   if (!mep_nccl_await_event(s->reached.event[set], g->cfg.bootstrap_timeout_ms)) {
     return mep_error(MOE_EP_ERR_TIMEOUT,
                      "dispatch on rank %d: its stream had not reached the dispatch kernel "

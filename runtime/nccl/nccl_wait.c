@@ -77,6 +77,12 @@ int mep_nccl_query_ended(cudaError_t e) {
   }
 }
 
+int mep_nccl_query_refused_by_capture(cudaError_t e) {
+  /* In thread-local mode another thread's capture refuses nothing here. */
+  return e == cudaErrorStreamCaptureUnsupported || e == cudaErrorStreamCaptureImplicit ||
+         e == cudaErrorStreamCaptureWrongThread || e == cudaErrorStreamCaptureInvalidated;
+}
+
 static void pause_poll(void) {
   const struct timespec ts = {0, MEP_NCCL_POLL_NS};
   nanosleep(&ts, NULL);

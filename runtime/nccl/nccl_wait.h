@@ -40,6 +40,10 @@ int mep_nccl_on_side_stream(void (*work)(void *arg, cudaStream_t stream), void *
  * graph capture (which says nothing of the work): the work has ended, or
  * failed on the device and runs no further. */
 int mep_nccl_query_ended(cudaError_t e);
+/* 1 when a query in thread-local capture mode (mep_nccl_event_query) was
+ * refused because this thread itself is capturing a CUDA graph: no later
+ * query on this thread can answer until that capture ends. */
+int mep_nccl_query_refused_by_capture(cudaError_t e);
 
 /* MOE_EP_ERR_NCCL: "`step` failed: " NCCL's reason for r and its last
  * error on `comm` (NULL: outside a communicator). */

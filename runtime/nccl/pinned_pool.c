@@ -64,6 +64,13 @@ moe_ep_status_t mep_pinned_take(size_t bytes, void **host, void **dev, const cha
     cudaError_t e = cudaHostAlloc(&b->host, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
     if (e != cudaSuccess) {
       free(b);
+      /* Taken during group_create only: no page-locked memory left is
+       * NO_MEMORY, and not the engine's error to find later. */
+      if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        return mep_error(MOE_EP_ERR_NO_MEMORY, "%s: cudaHostAlloc of %zu bytes failed: %s",
+                         what, bytes, cudaGetErrorString(e));
+      }
       return mep_error(MOE_EP_ERR_CUDA, "%s: cudaHostAlloc of %zu bytes failed: %s", what,
                        bytes, cudaGetErrorString(e));
     }

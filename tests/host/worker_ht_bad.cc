@@ -228,6 +228,38 @@ void dispatch_in_capture(Ctx& c) {
   roundtrip(c, call, "eager round trip after the refused capture");
 }
 
+// nccl: an eager dispatch without MOE_EP_FLAG_WORST_CASE made by a thread
+// that is capturing a graph on another stream: CUDA refuses that thread the
+// host wait that learns N_recv, so the call is refused at once naming the
+// capture (before, it spun until 4 x timeouts.kernel_ms and failed the
+// group). At one rank nothing else waits for the dropped rows; with more,
+// every rank's call is made beside a capture, so every rank skips the
+// combine alike. The group then goes on.
+void dispatch_beside_capture(Ctx& c) {
+  Problem p = problem_of(c, DispatchDtype::kBf16);
+  HtCall call(c, p, 86);
+  if (call.prepare() != MOE_EP_OK) return;
+  const int64_t rows = call.num_recv();
+  call.stage(rows);  // uploads are not allowed once the capture begins
+  cudaStream_t other;
+  cuda_check(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), "cudaStreamCreate");
+  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  cuda_check(cudaStreamBeginCapture(other, cudaStreamCaptureModeThreadLocal),
+             "cudaStreamBeginCapture");
+  const moe_ep_status_t st = call.dispatch(0, rows);
+  const std::string msg = c.api->last_error();
+  cudaGraph_t graph = nullptr;
+  (void)cudaStreamEndCapture(other, &graph);  // invalidated by CUDA's refusal
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  (void)cudaGetLastError();
+  cudaStreamDestroy(other);
+  expect_status(c, 86, "eager dispatch by a thread capturing another stream", st,
+                MOE_EP_ERR_INVALID_ARGUMENT, "this thread is capturing a CUDA graph");
+  expect_status(c, 86, "poll_error after a dispatch beside a capture",
+                c.api->group_poll_error(c.group), MOE_EP_OK);
+  roundtrip(c, call, "eager round trip after a dispatch beside a capture");
+}
+
 // nccl: a prepare whose layout outputs would be written on a stream in a
 // capture an earlier call invalidated is refused as bad input naming
 // params->stream (its launch there would fail the group), and the group
@@ -496,6 +528,7 @@ void run_ht_bad_input(Ctx& c) {
   }
   if (c.opt.backend == "nccl") {
     dispatch_in_capture(c);
+    dispatch_beside_capture(c);
     prepare_on_invalidated_capture(c);
     foreign_stream(c);
     default_sms_again(c);
