@@ -69,17 +69,9 @@ struct mep_nccl {
   _Alignas(16) unsigned char devcomm[MEP_DEVCOMM_BYTES] /* kernels/common/limits.h */;
 };
 
-/* Setup runs only inside group_create. Device memory running out there is
- * NO_MEMORY (a smaller config may fit), and CUDA keeps that error as the
- * thread's last one although it is not sticky: it is cleared, so the
- * engine's next check after a kernel of its own does not find it. */
+/* Setup runs only inside group_create (mep_setup_cuda_status). */
 static moe_ep_status_t cuda_fail(const char *call, cudaError_t e) {
-  if (e == cudaErrorMemoryAllocation) {
-    (void)cudaGetLastError();
-    return mep_error(MOE_EP_ERR_NO_MEMORY, "%s failed: out of device memory (%s)", call,
-                     cudaGetErrorString(e));
-  }
-  return mep_error(MOE_EP_ERR_CUDA, "%s failed: %s", call, cudaGetErrorString(e));
+  return mep_error(mep_setup_cuda_status(e), "%s failed: %s", call, cudaGetErrorString(e));
 }
 
 /* Each setup step at debug level, before it starts: where a setup that

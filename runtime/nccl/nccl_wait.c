@@ -63,24 +63,15 @@ cudaError_t mep_nccl_event_query(cudaEvent_t event) { return query_thread_local(
 
 cudaError_t mep_nccl_stream_query(cudaStream_t stream) { return query_thread_local(NULL, stream); }
 
-int mep_nccl_query_ended(cudaError_t e) {
-  switch (e) {
-    case cudaErrorNotReady:
-    case cudaErrorStreamCaptureUnsupported:
-    case cudaErrorStreamCaptureInvalidated:
-    case cudaErrorStreamCaptureImplicit:
-    case cudaErrorStreamCaptureWrongThread:
-    case cudaErrorCapturedEvent:
-      return 0;
-    default:
-      return 1;
-  }
-}
-
 int mep_nccl_query_refused_by_capture(cudaError_t e) {
   /* In thread-local mode another thread's capture refuses nothing here. */
   return e == cudaErrorStreamCaptureUnsupported || e == cudaErrorStreamCaptureImplicit ||
          e == cudaErrorStreamCaptureWrongThread || e == cudaErrorStreamCaptureInvalidated;
+}
+
+int mep_nccl_query_ended(cudaError_t e) {
+  return e != cudaErrorNotReady && e != cudaErrorCapturedEvent &&
+         !mep_nccl_query_refused_by_capture(e);
 }
 
 static void pause_poll(void) {

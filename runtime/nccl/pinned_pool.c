@@ -52,6 +52,12 @@ static block_t *take_free(size_t bytes) {
   return NULL;
 }
 
+moe_ep_status_t mep_setup_cuda_status(int e) {
+  if (e != cudaErrorMemoryAllocation) return MOE_EP_ERR_CUDA;
+  (void)cudaGetLastError();
+  return MOE_EP_ERR_NO_MEMORY;
+}
+
 moe_ep_status_t mep_pinned_take(size_t bytes, void **host, void **dev, const char *what) {
   *host = NULL;
   if (dev != NULL) *dev = NULL;
@@ -64,15 +70,9 @@ moe_ep_status_t mep_pinned_take(size_t bytes, void **host, void **dev, const cha
     cudaError_t e = cudaHostAlloc(&b->host, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
     if (e != cudaSuccess) {
       free(b);
-      /* Taken during group_create only: no page-locked memory left is
-       * NO_MEMORY, and not the engine's error to find later. */
-      if (e == cudaErrorMemoryAllocation) {
-        (void)cudaGetLastError();
-        return mep_error(MOE_EP_ERR_NO_MEMORY, "%s: cudaHostAlloc of %zu bytes failed: %s",
-                         what, bytes, cudaGetErrorString(e));
-      }
-      return mep_error(MOE_EP_ERR_CUDA, "%s: cudaHostAlloc of %zu bytes failed: %s", what,
-                       bytes, cudaGetErrorString(e));
+      /* Taken during group_create only. */
+      return mep_error(mep_setup_cuda_status(e), "%s: cudaHostAlloc of %zu bytes failed: %s",
+                       what, bytes, cudaGetErrorString(e));
     }
     b->bytes = bytes;
     b->taken = 1;

@@ -18,6 +18,13 @@
 extern "C" {
 #endif
 
+/* The status of a CUDA call that failed inside group_create (setup's
+ * allocations; `e` a cudaError_t): running out of memory is NO_MEMORY (a
+ * smaller config may fit), and CUDA's last error, which is not sticky
+ * then, is cleared so the engine's next check after a kernel of its own
+ * does not find it; anything else is CUDA. */
+moe_ep_status_t mep_setup_cuda_status(int e);
+
 /* At least `bytes` of zeroed pinned memory, mapped for every device
  * (portable), in *host; its device alias in *dev (NULL dev: not wanted).
  * `what` names the use in a failure sentence. */

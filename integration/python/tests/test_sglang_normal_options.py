@@ -15,17 +15,12 @@ import torch
 
 import oracle
 from moe_ep.sglang import Dispatcher
+from test_sglang_ll_scales import DEEP_GEMM, TopKOutput
 
-DEEP_GEMM = "sglang.srt.layers.quantization.deep_gemm_wrapper"
 MOE_UTILS = "sglang.srt.layers.moe.utils"
 ENVIRON = "sglang.srt.environ"
 E, H, K, T = 4, 1024, 2, 6
 SEED = 91
-
-
-class TopKOutput:
-    def __init__(self, w, idx):
-        self.topk_weights, self.topk_ids, self.router_logits = w, idx, None
 
 
 def sglang_flags(monkeypatch, jit, ue8m0=False, cutlass=False, bf16=False):
