@@ -20,6 +20,14 @@ int mep_bs_slack_ms(const mep_bootstrap_t *bs) {
   return s;
 }
 
+void mep_bs_waited(const mep_bootstrap_t *bs, int asker, char *buf, size_t len) {
+  if (asker > 0) {
+    snprintf(buf, len, "the %d ms rank %d waits", bs->timeout_ms, asker);
+  } else {
+    snprintf(buf, len, "%d ms", bs->timeout_ms);
+  }
+}
+
 static const char *op_name(int op) {
   switch (op) {
     case MEP_BS_OP_ALLGATHER: return "allgather";
@@ -179,7 +187,8 @@ static moe_ep_status_t root_gather(mep_bootstrap_t *bs, const coll_t *c,
       return root_abort(bs, MOE_EP_ERR_PEER_FAILED, dead, why);
     }
     if (missing == 0) return MOE_EP_OK;
-    if (mep_bs_now_ms() >= deadline) {
+    const int asker = mep_bs_root_overdue(bs, c->seq);
+    if (asker > 0 || mep_bs_now_ms() >= deadline) {
       int late[MEP_BS_MAX_RANKS] = {0};
       int n = 0;
       for (int r = 1; r < bs->world_size; r++) {
@@ -187,10 +196,10 @@ static moe_ep_status_t root_gather(mep_bootstrap_t *bs, const coll_t *c,
       }
       char list[256];
       mep_bs_format_ranks(list, sizeof(list), late, n);
-      snprintf(why, sizeof(why),
-               "%s #%llu: %s %s did not arrive within %d ms", op_name(c->op),
-               (unsigned long long)c->seq, n == 1 ? "rank" : "ranks", list,
-               bs->timeout_ms);
+      char waited[64];
+      mep_bs_waited(bs, asker, waited, sizeof(waited));
+      snprintf(why, sizeof(why), "%s #%llu: %s %s did not arrive within %s", op_name(c->op),
+               (unsigned long long)c->seq, n == 1 ? "rank" : "ranks", list, waited);
       return root_abort(bs, MOE_EP_ERR_TIMEOUT, n == 1 ? late[0] : -1, why);
     }
     mep_bs_progress(bs, &idle);
@@ -318,6 +327,7 @@ static moe_ep_status_t coll_member(mep_bootstrap_t *bs, coll_t *c) {
   int64_t deadline = c->start_ms + bs->timeout_ms + mep_bs_slack_ms(bs);
   int idle = 0;
   int drained = 0;
+  int overdue_sent = 0;
   for (;;) {
     /* An abort may follow a result of this very op on the wire, so the
      * result is looked for first. */
@@ -358,10 +368,19 @@ static moe_ep_status_t coll_member(mep_bootstrap_t *bs, coll_t *c) {
                        bs->rank, op_name(c->op), (unsigned long long)c->seq,
                        what);
     }
+    if (mep_bs_now_ms() >= deadline && !overdue_sent) {
+      /* Rank 0 may have entered the op late and still wait for another
+       * rank: asked now, it names that rank at once (root_overdue). */
+      overdue_sent = 1;
+      if (mep_bs_send_overdue(bs, c->seq) == UCS_OK) {
+        deadline = mep_bs_now_ms() + mep_bs_slack_ms(bs);
+        continue;
+      }
+    }
     if (mep_bs_now_ms() >= deadline) {
       return coll_fail(bs, MOE_EP_ERR_TIMEOUT,
                        "rank %d: %s #%llu: rank 0 did not complete it within "
-                       "%d ms",
+                       "%d ms, nor answered when asked",
                        bs->rank, op_name(c->op), (unsigned long long)c->seq,
                        bs->timeout_ms);
     }

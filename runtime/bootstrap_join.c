@@ -23,10 +23,13 @@ static void sleep_ms(int64_t ms) {
 }
 
 /* Waits on rank 0's connection for a message of `type`; `what` names the
- * wait in the error. */
+ * wait in the error. With `ask` (a joined rank waiting for FORMED), a
+ * deadline that passes first asks rank 0 for its verdict (OVERDUE): rank 0
+ * may have started late and still wait for another rank, which it then
+ * names at once. */
 static moe_ep_status_t join_wait(mep_bootstrap_t *bs, mep_bs_peer_t *peer,
                                  int type, int64_t deadline_ms,
-                                 const char *what) {
+                                 const char *what, int ask) {
   int idle = 0;
   int drained = 0;
   for (;;) {
@@ -51,6 +54,13 @@ static moe_ep_status_t join_wait(mep_bootstrap_t *bs, mep_bs_peer_t *peer,
                        "rank %d: rank 0 at %s failed while this rank waited "
                        "to be told %s: %s",
                        bs->rank, bs->address, what, fail);
+    }
+    if (mep_bs_now_ms() >= deadline_ms && ask) {
+      ask = 0;
+      if (mep_bs_send_overdue(bs, 0) == UCS_OK) {
+        deadline_ms = mep_bs_now_ms() + mep_bs_slack_ms(bs);
+        continue;
+      }
     }
     if (mep_bs_now_ms() >= deadline_ms) {
       return mep_error(MOE_EP_ERR_BOOTSTRAP,
@@ -94,10 +104,10 @@ static moe_ep_status_t join_connect(mep_bootstrap_t *bs, const void *addr,
                      bs->rank, bs->address, bs->rank);
   }
   MEP_CHECK(join_wait(bs, peer, MEP_BS_MSG_ACCEPT, deadline_ms,
-                      "that its HELLO was taken"));
+                      "that its HELLO was taken", 0));
   peer->state = MEP_BS_PEER_JOINED;
   return join_wait(bs, peer, MEP_BS_MSG_FORMED,
-                   deadline_ms + mep_bs_slack_ms(bs), "that the group formed");
+                   deadline_ms + mep_bs_slack_ms(bs), "that the group formed", 1);
 }
 
 moe_ep_status_t mep_bs_join(mep_bootstrap_t *bs, int64_t start_ms) {

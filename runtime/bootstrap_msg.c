@@ -92,6 +92,7 @@ static const char *msg_type_name(int type) {
     case MEP_BS_MSG_ABORT: return "ABORT";
     case MEP_BS_MSG_CONTRIB: return "CONTRIB";
     case MEP_BS_MSG_RESULT: return "RESULT";
+    case MEP_BS_MSG_OVERDUE: return "OVERDUE";
     default: return "unknown message";
   }
 }
@@ -132,11 +133,15 @@ static int msg_admit_root(const mep_bootstrap_t *bs, const mep_bs_peer_t *peer,
     } else {
       return 0;
     }
-  } else if (h->type != MEP_BS_MSG_CONTRIB) {
+  } else if (h->type != MEP_BS_MSG_CONTRIB && h->type != MEP_BS_MSG_OVERDUE) {
     snprintf(why, n, "sent a %s after joining", msg_type_name(h->type));
   } else if (h->src != peer->rank) {
     snprintf(why, n, "sent a message labelled rank %d on the connection that "
              "joined as rank %d", h->src, peer->rank);
+  } else if (h->type == MEP_BS_MSG_OVERDUE && length != 0) {
+    snprintf(why, n, "sent a %zu-byte OVERDUE; an OVERDUE is empty", length);
+  } else if (h->type == MEP_BS_MSG_OVERDUE) {
+    return 0; /* recorded on the connection, not queued */
   } else if (length > MEP_BS_PAYLOAD_MAX) {
     snprintf(why, n, "sent a %zu-byte contribution; the bound is %u bytes",
              length, MEP_BS_PAYLOAD_MAX);
@@ -158,7 +163,8 @@ static int msg_admit_member(const mep_bootstrap_t *bs,
     max = (size_t)bs->world_size * MEP_BS_PAYLOAD_MAX;
   }
   if (h->type == MEP_BS_MSG_HELLO || h->type == MEP_BS_MSG_CONTRIB ||
-      h->type < MEP_BS_MSG_HELLO || h->type > MEP_BS_MSG_RESULT) {
+      h->type == MEP_BS_MSG_OVERDUE || h->type < MEP_BS_MSG_HELLO ||
+      h->type > MEP_BS_MSG_OVERDUE) {
     snprintf(why, n, "sent a %s, which only rank 0 receives",
              msg_type_name(h->type));
   } else if (h->src != 0) {
@@ -225,6 +231,11 @@ static ucs_status_t msg_am_cb(void *arg, const void *header,
   int bad = bs->rank == 0
                 ? msg_admit_root(bs, peer, &h, length, why, sizeof(why))
                 : msg_admit_member(bs, peer, &h, length, why, sizeof(why));
+  if (!bad && h.type == MEP_BS_MSG_OVERDUE) {
+    peer->overdue = 1;
+    peer->overdue_seq = h.seq;
+    return UCS_OK;
+  }
   size_t cost = length + sizeof(mep_bs_msg_t);
   if (!bad && bs->queued_bytes + cost > bs->queue_cap) {
     snprintf(why, sizeof(why),
@@ -523,6 +534,23 @@ ucs_status_t mep_bs_send(mep_bs_peer_t *peer, const mep_bs_hdr_t *hdr, const voi
   mep_bs_blob_drop(blob);
   if (s == NULL) return UCS_ERR_NO_MEMORY;
   return mep_bs_send_start(peer, s, out);
+}
+
+ucs_status_t mep_bs_send_overdue(mep_bootstrap_t *bs, uint64_t seq) {
+  mep_bs_hdr_t h;
+  mep_bs_hdr_init(bs, &h, MEP_BS_MSG_OVERDUE);
+  h.seq = seq;
+  return mep_bs_send(bs->by_rank[0], &h, NULL, NULL);
+}
+
+int mep_bs_root_overdue(const mep_bootstrap_t *bs, uint64_t seq) {
+  for (int r = 1; r < bs->world_size; r++) {
+    const mep_bs_peer_t *p = bs->by_rank[r];
+    if (p != NULL && p->state == MEP_BS_PEER_JOINED && p->overdue && p->overdue_seq == seq) {
+      return r;
+    }
+  }
+  return -1;
 }
 
 int mep_bs_send_each(mep_bootstrap_t *bs, mep_bs_blob_t *const *blobs, mep_bs_send_t **sends) {

@@ -306,7 +306,8 @@ moe_ep_status_t mep_bs_root_form(mep_bootstrap_t *bs, int64_t deadline_ms) {
   MEP_CHECK(mep_bs_gate_open(bs));
   int idle = 0;
   int joined = 0;
-  while (mep_bs_now_ms() < deadline_ms) {
+  int asker = -1;
+  while (mep_bs_now_ms() < deadline_ms && (asker = mep_bs_root_overdue(bs, 0)) < 0) {
     mep_bs_progress(bs, &idle);
     mep_bs_gate_poll(bs);
     moe_ep_status_t st = root_handle_hellos(bs);
@@ -330,11 +331,14 @@ moe_ep_status_t mep_bs_root_form(mep_bootstrap_t *bs, int64_t deadline_ms) {
   char list[256];
   mep_bs_format_ranks(list, sizeof(list), missing, n);
   char msg[MEP_BS_REASON_MAX];
+  /* A joined rank whose own wait ran out first (rank 0 started late)
+   * asked: the same verdict, now, rather than that rank blaming rank 0. */
+  char waited[64];
+  mep_bs_waited(bs, asker, waited, sizeof(waited));
   snprintf(msg, sizeof(msg),
-           "group did not form within %d ms on %s: %s %s never joined "
+           "group did not form within %s on %s: %s %s never joined "
            "(%d of %d ranks present)",
-           bs->timeout_ms, bs->address, n == 1 ? "rank" : "ranks", list,
-           joined + 1, bs->world_size);
+           waited, bs->address, n == 1 ? "rank" : "ranks", list, joined + 1, bs->world_size);
   mep_bs_root_abort(bs, MOE_EP_ERR_BOOTSTRAP, n == 1 ? missing[0] : -1, msg);
   root_close_others(bs, 0);
   return mep_error(MOE_EP_ERR_BOOTSTRAP, "%s", msg);

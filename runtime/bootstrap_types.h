@@ -27,8 +27,10 @@
  * mesh's headers carry a number and a tag under keys derived from the
  * token (mep_bootstrap_derive), and its address exchange no key; 10: a
  * host count entry is 16 bytes, the count word and the HT prepare number,
- * and a bootstrap header carries its payload's digest under its MAC. */
-#define MEP_BS_VERSION 10u
+ * and a bootstrap header carries its payload's digest under its MAC; 11: a
+ * member whose wait ran out sends OVERDUE, and rank 0 answers with its
+ * verdict on the ranks it still waits for. */
+#define MEP_BS_VERSION 11u
 /* Bounds the wire fields the handshake carries. */
 #define MEP_BS_TOKEN_MAX 256
 #define MEP_BS_REASON_MAX 512
@@ -138,7 +140,14 @@ typedef enum mep_bs_msg_type {
   MEP_BS_MSG_FORMED = 4,  /* 0 -> all: every rank joined */
   MEP_BS_MSG_ABORT = 5,   /* 0 -> all: status + reason; the group is dead */
   MEP_BS_MSG_CONTRIB = 6, /* joiner -> 0: one collective's input */
-  MEP_BS_MSG_RESULT = 7   /* 0 -> joiner: that collective's output */
+  MEP_BS_MSG_RESULT = 7,  /* 0 -> joiner: that collective's output */
+  /* joined rank -> 0, empty: its wait for the result of collective `seq`
+   * (0: for FORMED) ran out. Rank 0 may have entered that step late and
+   * still be waiting for another rank; it then fails the step naming that
+   * rank at once, instead of the member blaming rank 0's silence. Rank 0
+   * keeps only the latest one per connection (mep_bs_peer_t.overdue_seq),
+   * never queues it. */
+  MEP_BS_MSG_OVERDUE = 8
 } mep_bs_msg_type_t;
 
 typedef enum mep_bs_op {
@@ -219,6 +228,10 @@ typedef struct mep_bs_peer {
   uint64_t sent;      /* the last ctr sealed for this connection */
   uint64_t recv_top;  /* the highest ctr taken from it */
   uint64_t recv_seen; /* bit i: ctr recv_top - i taken (i < 64) */
+  /* Rank 0: the step the rank's latest OVERDUE named (its seq; 0 for the
+   * group forming), valid when overdue is set. */
+  int overdue;
+  uint64_t overdue_seq;
   /* Rank 0's ABORT header to this rank, sealed for it: here so that
    * telling the peers the group is dead needs no allocation, and UCX may
    * read it until the worker is destroyed (peers are freed after). */
@@ -380,6 +393,17 @@ moe_ep_status_t mep_bs_worker_setup(mep_bootstrap_t *bs);
  * must later go to mep_bs_send_wait. */
 ucs_status_t mep_bs_send(mep_bs_peer_t *peer, const mep_bs_hdr_t *hdr, const void *payload,
                          mep_bs_send_t **out);
+/* A member: tells rank 0 that its wait for step `seq` (a collective's
+ * sequence number; 0: the group forming) ran out (MEP_BS_MSG_OVERDUE),
+ * fire-and-forget. */
+ucs_status_t mep_bs_send_overdue(mep_bootstrap_t *bs, uint64_t seq);
+/* Rank 0: the first joined rank whose latest OVERDUE named step `seq`, or
+ * -1. */
+int mep_bs_root_overdue(const mep_bootstrap_t *bs, uint64_t seq);
+/* How long rank 0's verdict says the missing ranks were waited for:
+ * "<timeout_ms> ms", or, when `asker` (> 0) sent OVERDUE, "the <timeout_ms>
+ * ms rank <asker> waits" (bootstrap_coll.c). */
+void mep_bs_waited(const mep_bootstrap_t *bs, int asker, char *buf, size_t len);
 /* A blob of hdr and its payload_len bytes of payload (one reference, the
  * caller's), or NULL when out of memory (or mep_bs_fail_alloc_after,
  * bootstrap_fault.h, says so); each send record takes one more reference,

@@ -1,6 +1,7 @@
 // bootstrap_multiprocess_test.cc: the UCX bootstrap across real processes on
 // loopback, at 2, 4 and 8 ranks: collective values, a rank that never
 // starts, a rank killed mid-loop (rank 0 too), and strangers refused.
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -326,6 +327,68 @@ TEST_P(BootstrapGroup, AgreementDuringAnotherStepNamesTheRankThatGaveUp) {
     }
   }
 }
+
+// Rank 0 comes late (by more than the slack a member allows past its own
+// timeout) to a step that another rank never reaches. The members' waits
+// run out before rank 0's; they ask rank 0 (OVERDUE), which names the
+// missing rank, so nobody blames rank 0. If rank 0's own deadline comes
+// first instead (a machine that delays a member), it names the same rank:
+// the sentences do not depend on which came first.
+class LateRootGroup : public BootstrapGroup {};
+constexpr int kLateTimeoutMs = 6000;
+constexpr int kLateMs = 1500; /* past the 750 ms slack of a 6000 ms timeout */
+
+TEST_P(LateRootGroup, MembersNameTheRankMissingFromAStep) {
+  const int w = World();
+  const int hung = w - 1;
+  const std::string hang_file = ::testing::TempDir() + "/late_root_hang";
+  unlink(hang_file.c_str());
+  std::vector<std::unique_ptr<Proc>> procs;
+  for (int r = 0; r < w; r++) {
+    procs.push_back(Start(r, w, "late_root", "tok-of-this-test-job", kLateTimeoutMs,
+                          {"--late_ms=" + std::to_string(kLateMs),
+                           "--hang_rank=" + std::to_string(hung), "--hang_file=" + hang_file}));
+  }
+  std::vector<Proc *> on_time;
+  for (int r = 0; r < hung; r++) on_time.push_back(procs[r].get());
+  WaitAll(on_time, NowMs() + kHangGuardMs);
+  const int fd = open(hang_file.c_str(), O_CREAT | O_WRONLY, 0600);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  WaitAll(Ptrs(procs), NowMs() + kHangGuardMs);
+  const std::string named = "barrier #2: rank " + std::to_string(hung) + " did not arrive";
+  for (int r = 0; r < hung; r++) {
+    Proc *p = procs[r].get();
+    auto res = p->Result();
+    EXPECT_EQ(res["status"], "MOE_EP_ERR_TIMEOUT") << p->Describe();
+    EXPECT_NE(res["msg"].find(named), std::string::npos) << p->Describe();
+    EXPECT_EQ(res["msg"].find("rank 0 did not complete"), std::string::npos) << p->Describe();
+  }
+  EXPECT_NE(procs[hung]->Result()["status"], "MOE_EP_OK") << procs[hung]->Describe();
+  unlink(hang_file.c_str());
+}
+
+TEST_P(LateRootGroup, MembersNameTheRankThatNeverJoined) {
+  const int w = World();
+  std::vector<std::unique_ptr<Proc>> procs;
+  for (int r = 0; r < w - 1; r++) {
+    std::vector<std::string> extra;
+    if (r == 0) extra.push_back("--start_delay_ms=" + std::to_string(kLateMs));
+    procs.push_back(Start(r, w, "form", "tok-of-this-test-job", kLateTimeoutMs, extra));
+  }
+  WaitAll(Ptrs(procs), NowMs() + kHangGuardMs);
+  const std::string named = "rank " + std::to_string(w - 1) + " never joined";
+  for (auto &proc : procs) {
+    auto res = proc->Result();
+    EXPECT_EQ(res["status"], "MOE_EP_ERR_BOOTSTRAP") << proc->Describe();
+    EXPECT_NE(res["msg"].find(named), std::string::npos) << proc->Describe();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, LateRootGroup, ::testing::Values(4),
+                         [](const ::testing::TestParamInfo<int> &i) {
+                           return "world" + std::to_string(i.param);
+                         });
 
 INSTANTIATE_TEST_SUITE_P(Ranks, BootstrapGroup, ::testing::Values(2, 4, 8),
                          [](const ::testing::TestParamInfo<int> &i) {

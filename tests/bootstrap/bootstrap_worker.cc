@@ -59,6 +59,13 @@ struct Opts {
   // Before destroy, wait (up to max_ms) until this file exists: the driver
   // keeps the rank's connections up until its peers have finished.
   std::string hold_file;
+  // This rank sleeps this long before bootstrap_create.
+  int start_delay_ms = 0;
+  // Scenario "late_root": rank 0 enters the second barrier late_ms late;
+  // hang_rank enters it only once hang_file exists (or max_ms passed).
+  int late_ms = 0;
+  int hang_rank = -1;
+  std::string hang_file;
 };
 
 using mep_test::Flag;
@@ -100,6 +107,10 @@ Opts Parse(int argc, char **argv) {
     else if (Flag(a, "--replayed", &v)) o.replayed = atoi(v.c_str());
     else if (Flag(a, "--copies_at", &v)) o.copies_at = v;
     else if (Flag(a, "--hold_file", &v)) o.hold_file = v;
+    else if (Flag(a, "--start_delay_ms", &v)) o.start_delay_ms = atoi(v.c_str());
+    else if (Flag(a, "--late_ms", &v)) o.late_ms = atoi(v.c_str());
+    else if (Flag(a, "--hang_rank", &v)) o.hang_rank = atoi(v.c_str());
+    else if (Flag(a, "--hang_file", &v)) o.hang_file = v;
     else {
       fprintf(stderr, "bootstrap_worker: unknown argument %s\n", a);
       exit(64);
@@ -268,6 +279,7 @@ int main(int argc, char **argv) {
   p.token = o.token.c_str();
   if (o.rank == o.oom_rank && o.oom_at == "create") mep_bs_fail_alloc_after = 0;
   if (o.rank == o.copies_rank && o.copies_at == "create") SetCopies(o);
+  if (o.start_delay_ms > 0) usleep((useconds_t)o.start_delay_ms * 1000);
   int64_t t0 = NowMs();
   mep_bootstrap_t *bs = nullptr;
   moe_ep_status_t st = mep_bootstrap_create(&p, &bs);
@@ -324,6 +336,22 @@ int main(int argc, char **argv) {
       op_ms = NowMs() - t1;
       if (st != MOE_EP_OK) break;
       done = i + 1;
+    }
+  } else if (o.scenario == "late_root") {
+    // In step once, then rank 0 comes late to the next barrier and
+    // hang_rank not until the driver says: the ranks that came on time
+    // must learn which rank is missing, not blame rank 0.
+    st = mep_bootstrap_barrier(bs);
+    if (st == MOE_EP_OK) {
+      if (o.rank == 0) usleep((useconds_t)o.late_ms * 1000);
+      for (int64_t end = NowMs() + o.max_ms; o.rank == o.hang_rank && NowMs() < end;) {
+        if (access(o.hang_file.c_str(), F_OK) == 0) break;
+        usleep(10000);
+      }
+      int64_t t1 = NowMs();
+      st = mep_bootstrap_barrier(bs);
+      op_ms = NowMs() - t1;
+      done = st == MOE_EP_OK;
     }
   } else if (o.scenario == "agree") {
     // A setup phase (one broadcast) closed by an agreement; quit_rank's
