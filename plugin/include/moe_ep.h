@@ -477,7 +477,7 @@ typedef struct moe_ep_handle_layout_params {
  *   from either thread. The lock is held while a backend launches (nccl) or moves
  *   (host) a send or receive half, so a concurrent entry waits for it
  *   (bounded by timeouts.kernel_ms on the host backend, plus up to
- *   world_size + 2 seconds after a send that failed, while it cuts its
+ *   3 seconds after a send that failed, while it cuts its
  *   connections so that no send outlives the call; a high-throughput
  *   prepare there exchanges counts over the bootstrap, bounded by
  *   bootstrap.timeout_ms; an nccl high-throughput dispatch that learns its
@@ -582,7 +582,8 @@ typedef struct moe_ep_plugin_v1 {
    * num_experts not divisible by it or more than 1024 experts per rank, a
    * rank outside the world, a ranks_per_node that breaks its rules,
    * nccl_comm on a host group, or, with more than one rank, no job token
-   * (the variable bootstrap.token_env names is unset or empty);
+   * (the variable bootstrap.token_env names is unset or empty) or one of
+   * fewer than 16 or more than 255 characters;
    * UNSUPPORTED for nccl high_throughput beyond 16 ranks; MISMATCH for
    * configs that differ in a key the ranks must agree on, an NCCL other
    * than the one the kernels were built against, or an adopted nccl_comm of

@@ -197,9 +197,9 @@ static moe_ep_status_t dispatch_recv_ll(moe_ep_group_t *g, mep_op_t *op,
   for (int e = 0; e < E_l; e++) {
     if (op->recv_count[e] > slots) {
       return mep_error(MOE_EP_ERR_INTERNAL,
-                       "dispatch: local expert %d would receive %d rows, more than its %lld "
-                       "slots (a peer sent one token to an expert twice)",
-                       e, op->recv_count[e], (long long)slots);
+                       "dispatch on rank %d: local expert %d would receive %d rows, more than "
+                       "its %lld slots (a peer sent one token to an expert twice)",
+                       g->rank, e, op->recv_count[e], (long long)slots);
     }
   }
   slot_table_t *tab = mep_slot_table_new(total, E_l);

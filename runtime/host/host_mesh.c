@@ -190,6 +190,13 @@ static moe_ep_status_t wire_up(struct mep_host_mesh *m) {
                    "group_create: rank %d could not reach rank %d over the host data path: "
                    "rank %d did not answer the wire-up message within timeouts.kernel_ms=%d",
                    m->rank, missing, missing, m->timeout_ms);
+  } else if (m->first_failed >= 0 && !m->peers[m->first_failed].failed) {
+    /* Its goodbye came first: it gave up on the group on its side. */
+    st = mep_error(MOE_EP_ERR_BOOTSTRAP,
+                   "group_create: rank %d lost rank %d while wiring up the host data path: "
+                   "rank %d gave up on the group (its group_create failed; its own error says "
+                   "why)",
+                   m->rank, m->first_failed, m->first_failed);
   } else if (m->first_failed >= 0) {
     st = mep_error(MOE_EP_ERR_BOOTSTRAP,
                    "group_create: rank %d could not connect to rank %d over the host data "
@@ -284,30 +291,50 @@ static void say_goodbye(struct mep_host_mesh *m) {
   }
 }
 
-void mep_host_mesh_close_ep(struct mep_host_mesh *m, int p) {
-  ucp_ep_h ep = m->peers[p].ep;
-  if (ep == NULL) return;
-  /* Force close: a peer may already be gone, so never wait on it. */
+void mep_host_mesh_close_eps(struct mep_host_mesh *m) {
+  if (m->peers == NULL) return;
+  /* Force close: a peer may already be gone, so never wait on it. Every
+   * close is started before any is waited for, under one deadline, so a
+   * close UCX is slow to finish costs the teardown once, not once per
+   * peer. */
   ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                              .flags = UCP_EP_CLOSE_FLAG_FORCE};
-  void *req = ucp_ep_close_nbx(ep, &prm);
-  if (UCS_PTR_IS_PTR(req)) {
-    int64_t deadline = mep_host_now_ns() + 1000000000LL;
-    while (ucp_request_check_status(req) == UCS_INPROGRESS && mep_host_now_ns() < deadline) {
-      mep_ucx_progress(m->worker);
+  int pending = 0;
+  for (int p = 0; p < m->world; p++) {
+    ucp_ep_h ep = m->peers[p].ep;
+    m->peers[p].close_req = NULL;
+    if (ep == NULL) continue;
+    /* Dead once its close is asked for: nothing is issued on it again. */
+    pthread_mutex_lock(&m->lock);
+    m->peers[p].ep = NULL;
+    pthread_mutex_unlock(&m->lock);
+    void *req = ucp_ep_close_nbx(ep, &prm);
+    if (UCS_PTR_IS_PTR(req)) {
+      m->peers[p].close_req = req;
+      pending++;
     }
-    ucp_request_free(req);
   }
-  pthread_mutex_lock(&m->lock);
-  m->peers[p].ep = NULL;
-  pthread_mutex_unlock(&m->lock);
+  const int64_t deadline = mep_host_now_ns() + 1000000000LL;
+  while (pending > 0 && mep_host_now_ns() < deadline) {
+    mep_ucx_progress(m->worker);
+    pending = 0;
+    for (int p = 0; p < m->world; p++) {
+      void *req = m->peers[p].close_req;
+      pending += req != NULL && ucp_request_check_status(req) == UCS_INPROGRESS;
+    }
+  }
+  for (int p = 0; p < m->world; p++) {
+    /* UCX finishes a close still in flight on its own. */
+    if (m->peers[p].close_req != NULL) ucp_request_free(m->peers[p].close_req);
+    m->peers[p].close_req = NULL;
+  }
 }
 
 /* Runs on the API thread once the progress thread has joined: endpoints
  * first (UCX completes or cancels their sends, which frees the queued
  * commands), then rendezvous data still landing in the region. */
 static void close_endpoints(struct mep_host_mesh *m) {
-  for (int p = 0; m->peers != NULL && p < m->world; p++) mep_host_mesh_close_ep(m, p);
+  mep_host_mesh_close_eps(m);
   int64_t deadline = mep_host_now_ns() + 1000000000LL;
   for (int r = 0; m->sources != NULL && r < m->world; r++) {
     while (m->sources[r].inflight > 0 && mep_host_now_ns() < deadline) {

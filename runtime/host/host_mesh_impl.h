@@ -115,6 +115,7 @@ typedef struct mep_host_peer {
   mep_host_key_t key_out;  /* what messages to it are tagged under; set before any send */
   uint64_t sent;           /* the number of the last message queued to it */
   ucp_ep_h ep;             /* progress thread (or API thread when stopped) */
+  void *close_req;         /* its close in flight (mep_host_mesh_close_eps) */
   int failed;              /* the endpoint reported an error */
   ucs_status_t fail_status;
   int said_bye;            /* it destroyed its group (BYE before the error) */
@@ -206,9 +207,10 @@ void mep_host_mesh_recv_stop(struct mep_host_mesh *m);
 /* host_mesh_thread.c */
 moe_ep_status_t mep_host_mesh_thread_start(struct mep_host_mesh *m);
 void mep_host_mesh_thread_stop(struct mep_host_mesh *m); /* joins; accepts never started */
-/* host_mesh.c: force-closes peer p's endpoint (bounded) by whichever thread
- * drives the worker; its outstanding sends end as canceled. */
-void mep_host_mesh_close_ep(struct mep_host_mesh *m, int p);
+/* host_mesh.c: force-closes every peer's endpoint, all at once under one
+ * bound of 1 s, by whichever thread drives the worker; their outstanding
+ * sends end as canceled. */
+void mep_host_mesh_close_eps(struct mep_host_mesh *m);
 /* Queues a send; `counted` sends are what mep_host_mesh_complete waits
  * for. Takes the lock itself; the progress thread may call it too. */
 moe_ep_status_t mep_host_mesh_enqueue(struct mep_host_mesh *m, int peer, int kind,

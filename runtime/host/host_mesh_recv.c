@@ -159,8 +159,9 @@ static ucs_status_t on_message(void *arg, const void *header, size_t header_leng
   }
   size_t span = h.kind == MEP_HOST_MSG_SIGNAL ? sizeof(uint64_t) : length;
   if (h.offset > m->region_bytes || span > m->region_bytes - h.offset) {
-    recv_fail(m, "rank %d sent a put outside the region (offset %llu, %llu bytes)", h.src,
-              (unsigned long long)h.offset, (unsigned long long)span);
+    recv_fail(m, "rank %d sent a %s outside the region (offset %llu, %llu bytes)", h.src,
+              h.kind == MEP_HOST_MSG_SIGNAL ? "signal" : "put", (unsigned long long)h.offset,
+              (unsigned long long)span);
     return UCS_OK;
   }
   if (h.kind == MEP_HOST_MSG_SIGNAL && h.offset % sizeof(uint64_t) != 0) {

@@ -179,7 +179,7 @@ static void cut_if_asked(struct mep_host_mesh *m) {
   int asked = m->cut == 1;
   pthread_mutex_unlock(&m->lock);
   if (!asked) return;
-  for (int p = 0; p < m->world; p++) mep_host_mesh_close_ep(m, p);
+  mep_host_mesh_close_eps(m);
   pthread_mutex_lock(&m->lock);
   m->cut = 2;
   pthread_cond_broadcast(&m->cond);
@@ -193,9 +193,9 @@ int mep_host_mesh_quiesce(struct mep_host_mesh *m) {
   pthread_mutex_unlock(&m->lock);
   if (!busy) return 0;
   wake(m);
-  /* Closing takes up to a second an endpoint; the canceled sends' callbacks
-   * run as it does. */
-  int64_t deadline = mep_host_now_ns() + ((int64_t)m->world + 2) * 1000000000LL;
+  /* Closing the endpoints takes up to a second (all at once); the canceled
+   * sends' callbacks run as it does; two more for the thread to get to it. */
+  int64_t deadline = mep_host_now_ns() + 3 * 1000000000LL;
   pthread_mutex_lock(&m->lock);
   while ((m->cut != 2 || m->completed != m->issued) && mep_host_now_ns() < deadline) {
     struct timespec ts = {deadline / 1000000000LL, deadline % 1000000000LL};

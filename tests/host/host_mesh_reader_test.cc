@@ -27,6 +27,7 @@
 #include "runtime/host/host_mesh_impl.h"
 #include "tests/common/ports.h"
 #include "tests/host/mesh_outsider.h"
+#include "tests/host/mesh_rank.h"
 
 namespace {
 
@@ -40,27 +41,7 @@ int64_t NowMs() { return moe_ep_test::MonoMs(); }
 
 using Reader = moe_ep_test::MeshOutsider;
 
-// One rank: its bootstrap and mesh, made on a thread of its own since both
-// are collective.
-struct Rank {
-  int rank = 0;
-  mep_bootstrap_t *bs = nullptr;
-  mep_host_mesh_t *mesh = nullptr;
-  moe_ep_status_t st = MOE_EP_OK;
-  std::string msg;
-
-  void Create(const std::string &address) {
-    mep_bootstrap_params_t p = {};
-    p.rank = rank;
-    p.world_size = 2;
-    p.address = address.c_str();
-    p.timeout_ms = kTimeoutMs;
-    p.token = "network reader test token";
-    st = mep_bootstrap_create(&p, &bs);
-    if (st == MOE_EP_OK) st = mep_host_mesh_create(bs, kRegion, kTimeoutMs, &mesh);
-    if (st != MOE_EP_OK) msg = mep_last_error();
-  }
-};
+using Rank = moe_ep_test::MeshRank;
 
 class HostMeshReader : public ::testing::Test {
  protected:
@@ -68,8 +49,9 @@ class HostMeshReader : public ::testing::Test {
     mep_host_mesh_keep_sent = 1;
     const std::string address = "127.0.0.1:" + std::to_string(moe_ep_test::free_loopback_port());
     r_[1].rank = 1;
-    std::thread root([&] { r_[0].Create(address); });
-    r_[1].Create(address);
+    const char *token = "network reader test token";
+    std::thread root([&] { r_[0].Create(address, 2, token, kRegion, kTimeoutMs); });
+    r_[1].Create(address, 2, token, kRegion, kTimeoutMs);
     root.join();
     for (const Rank &r : r_) ASSERT_EQ(r.st, MOE_EP_OK) << "rank " << r.rank << ": " << r.msg;
   }

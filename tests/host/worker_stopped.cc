@@ -115,7 +115,7 @@ void run_stopped_peer(Ctx& c) {
   munmap(y, y_bytes);  // the call failed: the engine releases y
   kill(peer, SIGCONT);
   // Time for rank 1 to take data again and for any send still reading y to
-  // run; before the fix this process died here.
+  // run: none may, since y is unmapped and the process would die here.
   std::this_thread::sleep_for(std::chrono::seconds(2));
   outside_barrier(c, "resumed");
   c.api->handle_free(h);
