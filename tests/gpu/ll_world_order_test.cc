@@ -7,7 +7,7 @@
 // combines B' there: each rank must record that the peer's combine answers
 // another dispatch (MEP_LL_OP_COMBINE_OTHER_DISPATCH, naming the peer and
 // both dispatches: their list tag and set) and leave its output
-// unwritten, where it used to sum the other call's rows. LSA with flagged
+// unwritten rather than sum the other call's rows. LSA with flagged
 // partials (16 tokens) and line partials (32), and GIN-emulated (staged
 // count signals); weights at dispatch, and at combine (over LSA pushed to
 // the expert ranks, whose send half waits for them: the mismatch must be
