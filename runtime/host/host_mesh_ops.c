@@ -24,24 +24,6 @@ static void wait_for_news(mep_host_mesh_t *m, int64_t deadline) {
 
 static int lost(const mep_host_peer_t *p) { return p->failed || p->said_bye; }
 
-/* Lock held: the peer whose loss ends a wait on `awaited` (-1: the sends
- * still in flight), or -1. One that died dooms the collective operation,
- * whoever is waited on. One that left (said goodbye: it destroyed its
- * group, often because the operation had already failed there) may have
- * done its part first: only its own signal, or a send to it, is lost, and
- * the wait goes on for the others, which then fail naming whoever is really
- * missing. */
-static int loss_ending_wait(const mep_host_mesh_t *m, int awaited) {
-  if (m->first_failed < 0) return -1;
-  if (awaited >= 0 && lost(&m->peers[awaited])) return awaited;
-  for (int p = 0; p < m->world; p++) {
-    const mep_host_peer_t *q = &m->peers[p];
-    if (p == m->rank || !lost(q)) continue;
-    if (!q->said_bye || p == awaited || (awaited < 0 && q->unsent > 0)) return p;
-  }
-  return -1;
-}
-
 static moe_ep_status_t queue_send(mep_host_mesh_t *m, int peer, int kind, uint64_t offset,
                                   uint64_t value, const void *data, size_t bytes,
                                   const char *what) {
@@ -98,9 +80,8 @@ moe_ep_status_t mep_host_mesh_complete(mep_host_mesh_t *m, const char *what) {
   pthread_mutex_lock(&m->lock);
   moe_ep_status_t st = MOE_EP_OK;
   while (m->completed != m->issued) {
-    const int gone = loss_ending_wait(m, -1);
-    if (gone >= 0) {
-      st = mep_host_blame_lost(m, gone, what);
+    if (m->first_failed >= 0) {
+      st = mep_host_blame_lost(m, m->first_failed, what);
       break;
     }
     if (mep_host_now_ns() > m->deadline_ns) {
@@ -151,9 +132,13 @@ static moe_ep_status_t wait_signal(mep_host_mesh_t *m, const uint64_t *flag, con
       st = mep_host_blame_ahead(m, peer, value, last, what);
       break;
     }
-    const int gone = loss_ending_wait(m, peer);
-    if (gone >= 0) {
-      st = mep_host_blame_lost(m, gone, what);
+    /* Any lost peer dooms the collective operation, whoever we wait on. */
+    if (lost(&m->peers[peer])) {
+      st = mep_host_blame_lost(m, peer, what);
+      break;
+    }
+    if (m->first_failed >= 0) {
+      st = mep_host_blame_lost(m, m->first_failed, what);
       break;
     }
     if (m->recv_error) break;
