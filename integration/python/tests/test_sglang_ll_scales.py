@@ -14,7 +14,8 @@ import torch
 import oracle
 from moe_ep.sglang import Dispatcher
 
-DEEP_GEMM = "sglang.srt.layers.quantization.deep_gemm_wrapper"
+DEEP_GEMM = "sglang.srt.layers.deep_gemm_wrapper"
+OLD_DEEP_GEMM = "sglang.srt.layers.quantization.deep_gemm_wrapper"  # before SGLang moved it
 E, H, K, T = 4, 512, 2, 6
 SEED = 77
 
@@ -24,16 +25,17 @@ class TopKOutput:
         self.topk_weights, self.topk_ids, self.router_logits = w, idx, None
 
 
-def sglang_flags(monkeypatch, jit, blackwell):
-    """SGLang's deep_gemm_wrapper as the dispatcher reads it; None: SGLang
-    not importable."""
+def sglang_flags(monkeypatch, jit, blackwell, path=DEEP_GEMM):
+    """SGLang's deep_gemm_wrapper as the dispatcher reads it, at `path`
+    (the other location absent); None: SGLang not importable."""
+    for name in (DEEP_GEMM, OLD_DEEP_GEMM):
+        monkeypatch.setitem(sys.modules, name, None)
     if jit is None:
-        monkeypatch.setitem(sys.modules, DEEP_GEMM, None)
         monkeypatch.setitem(sys.modules, "sglang", None)
         return
-    mod = types.ModuleType(DEEP_GEMM)
+    mod = types.ModuleType(path)
     mod.ENABLE_JIT_DEEPGEMM, mod.DEEPGEMM_BLACKWELL = jit, blackwell
-    monkeypatch.setitem(sys.modules, DEEP_GEMM, mod)
+    monkeypatch.setitem(sys.modules, path, mod)
 
 
 def expected_scales(x_bits, idx, pow2, packed):
@@ -80,15 +82,16 @@ def check_scales(what, seed, inp, scales, counts, want):
             what, seed, e, want, tuple(bad[0]), got[tuple(bad[0])], rows[tuple(bad[0])])
 
 
-@pytest.mark.parametrize("jit, blackwell, given, want", [
-    (True, True, None, "ue8m0_packed"),     # SGLang asks for packed UE8M0
-    (True, False, None, "f32"),              # Hopper: plain float32 scales
-    (False, True, None, "f32"),              # no JIT DeepGEMM
-    (None, None, None, "ue8m0"),             # no SGLang: the group's fp8_scale
-    (True, True, "f32", "f32"),              # given wins
+@pytest.mark.parametrize("jit, blackwell, given, want, path", [
+    (True, True, None, "ue8m0_packed", DEEP_GEMM),      # SGLang asks for packed UE8M0
+    (True, True, None, "ue8m0_packed", OLD_DEEP_GEMM),  # read where older SGLang has it
+    (True, False, None, "f32", DEEP_GEMM),              # Hopper: plain float32 scales
+    (False, True, None, "f32", DEEP_GEMM),              # no JIT DeepGEMM
+    (None, None, None, "ue8m0", DEEP_GEMM),             # no SGLang: the group's fp8_scale
+    (True, True, "f32", "f32", DEEP_GEMM),              # given wins
 ])
-def test_ll_scales_follow_sglang(one_rank_group, monkeypatch, jit, blackwell, given, want):
-    sglang_flags(monkeypatch, jit, blackwell)
+def test_ll_scales_follow_sglang(one_rank_group, monkeypatch, jit, blackwell, given, want, path):
+    sglang_flags(monkeypatch, jit, blackwell, path)
     g = one_rank_group(num_experts=E, hidden=H, top_k=K, max_tokens_per_rank=8,
                        dispatch_dtype="fp8_e4m3", fp8_scale="ue8m0")
     d = Dispatcher(g, ll_fp8_scale=given)
@@ -96,6 +99,13 @@ def test_ll_scales_follow_sglang(one_rank_group, monkeypatch, jit, blackwell, gi
     d.dispatch_a(x, TopKOutput(w, idx))
     out = d.dispatch_b()
     check_scales("sglang ll", SEED, inp, out.hidden_states_scale, out.masked_m, want)
+    # DeepEP's layout, which SGLang's masked GEMM takes: per expert
+    # column-major, each column's rows padded to 16 bytes (TMA).
+    s = out.hidden_states_scale
+    assert s.stride(1) == 1 and s.stride(2) >= s.shape[1] and s.stride(2) % 4 == 0 and \
+        s.stride(0) == s.stride(2) * s.shape[2], \
+        "sglang ll, seed %d: scales %r strides %r, want column-major per expert" % (
+            SEED, tuple(s.shape), s.stride())
     d.combine_a(torch.zeros(tuple(out.hidden_states.shape), dtype=torch.bfloat16), idx, w)
     d.combine_b()
 

@@ -15,7 +15,7 @@ import torch
 
 import oracle
 from moe_ep.sglang import Dispatcher
-from test_sglang_ll_scales import DEEP_GEMM, TopKOutput
+from test_sglang_ll_scales import DEEP_GEMM, OLD_DEEP_GEMM, TopKOutput
 
 MOE_UTILS = "sglang.srt.layers.moe.utils"
 ENVIRON = "sglang.srt.environ"
@@ -24,8 +24,10 @@ SEED = 91
 
 
 def sglang_flags(monkeypatch, jit, ue8m0=False, cutlass=False, bf16=False):
-    """SGLang's modules as the dispatcher reads them; jit None: SGLang not
+    """SGLang's modules as the dispatcher reads them (an SGLang without
+    get_deepep_output_dtype: its older rules); jit None: SGLang not
     importable."""
+    monkeypatch.setitem(sys.modules, OLD_DEEP_GEMM, None)
     if jit is None:
         for name in (DEEP_GEMM, MOE_UTILS, ENVIRON, "sglang"):
             monkeypatch.setitem(sys.modules, name, None)

@@ -9,8 +9,8 @@ import torch
 
 from .. import _fp8
 from .._dropped import group_dropped_hooks
-from .._optional import optional_module
 from .._overlap import Once, column_major_receive, group_recv_ring
+from . import _sglang
 from ._inputs import same_shape
 from ._types import low_latency_format
 
@@ -39,19 +39,16 @@ class LowLatencyOp:
                  "expected_m")
 
 
-_DEEP_GEMM = "sglang.srt.layers.quantization.deep_gemm_wrapper"
-
-
 def sglang_scale_format():
     """The fp8 scales SGLang's DeepEP dispatcher asks a low-latency dispatch
     for (round_scale and use_ue8m0 both ENABLE_JIT_DEEPGEMM and
     DEEPGEMM_BLACKWELL): "ue8m0_packed" when its JIT DeepGEMM runs on
-    Blackwell, else "f32"; None where SGLang is not importable."""
-    dg = optional_module(_DEEP_GEMM)
-    if dg is None:
+    Blackwell, else "f32"; None where SGLang's deep_gemm_wrapper is not
+    importable."""
+    if _sglang.deep_gemm() is None:
         return None
-    blackwell = bool(getattr(dg, "ENABLE_JIT_DEEPGEMM", False)) and \
-        bool(getattr(dg, "DEEPGEMM_BLACKWELL", False))
+    blackwell = _sglang.deep_gemm_flag("ENABLE_JIT_DEEPGEMM") and \
+        _sglang.deep_gemm_flag("DEEPGEMM_BLACKWELL")
     return "ue8m0_packed" if blackwell else "f32"
 
 
@@ -62,17 +59,40 @@ class LowLatencyPath:
     mode = "low_latency"
 
     def __init__(self, group, weights_at_dispatch, bound_s, fp8_scale=None):
-        """fp8_scale: the scales of an fp8 group's rows (_fp8.SCALE_FORMATS);
-        None: what SGLang asks DeepEP for (sglang_scale_format), or the
-        group's fp8_scale where SGLang is not importable."""
+        """fp8_scale: the scales of fp8 rows (_fp8.SCALE_FORMATS); None:
+        what SGLang asks DeepEP for (sglang_scale_format), or the group's
+        fp8_scale where SGLang is not importable."""
         self.group = group
         self.weights_at_dispatch = bool(weights_at_dispatch)
-        if fp8_scale is None:
-            fp8_scale = sglang_scale_format()
-        self.format = _fp8.ROW_FORMATS.get(fp8_scale) if group.config.fp8 else None
+        self._given_scale = fp8_scale
         self._ring = group_recv_ring(group)
         self._sends = group_dropped_hooks(group)
         self._bound_s = bound_s
+        self.follow(None)
+
+    def follow(self, quant_config):
+        """This path's row format as SGLang's low-latency dispatcher would
+        send under quant_config (_sglang.output_dtype): fp8 or bf16 as
+        SGLang chooses where it is importable, else the group's
+        dispatch_dtype. fp8 rows fit a group of either dtype; bf16 rows on
+        a group that dispatches fp8 are refused by the next dispatch (its
+        buffers hold fp8 rows), with the reason kept here."""
+        cfg = self.group.config
+        dtype = _sglang.output_dtype(quant_config, low_latency=True)
+        fp8 = cfg.fp8 if dtype is None else dtype == "fp8"
+        self._refusal = None
+        self.format = None  # the group's
+        if fp8:
+            scale = self._given_scale or sglang_scale_format()
+            if scale is not None or not cfg.fp8:
+                self.format = _fp8.ROW_FORMATS[scale or "f32"]
+        elif cfg.fp8:
+            self._refusal = (
+                "SGLang dispatches bf16 rows here (its --deepep-dispatcher-output-dtype, the "
+                "quant method's dispatcher_output_dtype, its MoE runner or "
+                "SGLANG_DEEPEP_BF16_DISPATCH), but the low-latency group dispatches fp8 "
+                "(dispatch_dtype: fp8_e4m3), whose buffers hold fp8 rows only; configure the "
+                "group with dispatch_dtype: bf16, which carries either")
 
     def send(self, entry, hidden_states, ids, w):
         if isinstance(hidden_states, tuple):
@@ -83,6 +103,8 @@ class LowLatencyPath:
         if not isinstance(hidden_states, torch.Tensor):
             raise TypeError("%s: hidden_states must be a torch.Tensor, got %s"
                             % (entry, type(hidden_states).__name__))
+        if self._refusal is not None:
+            raise ValueError("%s: %s" % (entry, self._refusal))
         g = self.group
         handle = g.prepare(ids)
         weights = w if self.weights_at_dispatch else None

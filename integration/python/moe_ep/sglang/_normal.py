@@ -68,11 +68,16 @@ class NormalPath:
 
     def __init__(self, group, fp8, expert_alignment, bound_s):
         self.group = group
+        self.follow(fp8, expert_alignment)
+        self._bound_s = bound_s
+        self._sends = group_dropped_hooks(group)
+
+    def follow(self, fp8, expert_alignment):
+        """The options of the dispatches from now on (the dispatcher's
+        set_quant_config changes what SGLang would choose)."""
         self.fp8 = fp8
         self.expert_alignment = expert_alignment
         self._row_format = _fp8.ROW_FORMATS[fp8] if fp8 is not None else None
-        self._bound_s = bound_s
-        self._sends = group_dropped_hooks(group)
 
     def _rows(self, entry, hidden_states):
         """(x, scales or None, format or None) to dispatch."""

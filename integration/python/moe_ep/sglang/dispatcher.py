@@ -52,15 +52,20 @@ class Dispatcher:
     as SGLang does before DeepGEMM (with UE8M0 scales where DeepGEMM takes
     them); "sglang" (the default) does what SGLang's own normal dispatcher
     does (_normal_options: packed UE8M0 or float32 scales with its JIT
-    DeepGEMM, unless its MoE runner is cutlass or
-    SGLANG_DEEPEP_BF16_DISPATCH is set; rows as given otherwise, and where
-    SGLang is not importable). expert_alignment (normal mode): per-expert
-    counts rounded up to it; None (the default) as SGLang's dispatcher
-    asks, 128 with JIT DeepGEMM, else 1. ll_fp8_scale (a
-    low-latency group dispatching fp8): the scales the experts get, "f32",
-    "ue8m0" or "ue8m0_packed"; None asks as SGLang asks DeepEP (packed
-    UE8M0 when its JIT DeepGEMM runs on Blackwell, else f32), or keeps the
-    group's fp8_scale where SGLang is not importable.
+    DeepGEMM where SGLang dispatches fp8; rows as given otherwise, and
+    where SGLang is not importable). expert_alignment (normal mode):
+    per-expert counts rounded up to it; None (the default) as SGLang's
+    dispatcher asks, 128 with JIT DeepGEMM, else 1. Low-latency rows are
+    fp8 or bf16 as SGLang's dispatcher chooses (_sglang.output_dtype: its
+    --deepep-dispatcher-output-dtype, SGLANG_DEEPEP_BF16_DISPATCH, the
+    dispatcher_output_dtype its quant method gives set_quant_config, its
+    MoE runner), or the group's dispatch_dtype where SGLang is not
+    importable; a group that dispatches fp8 cannot carry bf16 rows (the
+    dispatch says so), one that dispatches bf16 carries both.
+    ll_fp8_scale: the scales of low-latency fp8 rows, "f32", "ue8m0" or
+    "ue8m0_packed" (a group dispatching fp8); None asks as SGLang asks
+    DeepEP (packed UE8M0 when its JIT DeepGEMM runs on Blackwell, else
+    f32), or keeps the group's fp8_scale where SGLang is not importable.
 
     dispatch_b and combine_b may run on any thread; dispatch_b, combine_a
     and combine_b check the sub-batch's stage and raise RuntimeError
@@ -82,6 +87,7 @@ class Dispatcher:
                  ll_fp8_scale=None):
         mode = _setup.settle(group, normal_group, deepep_mode, weights_at_dispatch,
                              normal_fp8, expert_alignment, ll_fp8_scale)
+        self._normal_given = (normal_fp8, expert_alignment)
         normal_fp8, expert_alignment = resolve(normal_fp8, expert_alignment)
         self.group = group
         self.normal_group = normal_group
@@ -221,15 +227,27 @@ class Dispatcher:
         return out
 
     def set_quant_config(self, quant_config):
-        """SGLang's quant methods name what they need of the dispatch;
-        NVFP4 input (input_global_scale) is refused: rows travel as bf16
-        or fp8 e4m3."""
+        """SGLang's quant methods name what they need of the dispatch: the
+        rows' dtype (dispatcher_output_dtype) then follows what SGLang's
+        own dispatcher chooses under it, in both modes, for each option not
+        given to the constructor. NVFP4 input (input_global_scale), or a
+        dtype other than bf16 and fp8, is refused: rows travel as bf16 or
+        fp8 e4m3."""
         if not isinstance(quant_config, dict):
             raise TypeError("set_quant_config: quant_config must be a dict, got %s"
                             % type(quant_config).__name__)
         if quant_config.get("input_global_scale") is not None:
             raise NotImplementedError("set_quant_config: input_global_scale (NVFP4 dispatch) is "
                                       "not supported by moe-ep: rows travel as bf16 or fp8 e4m3")
+        try:
+            normal = resolve(*self._normal_given, quant_config=quant_config)
+            ll = self._paths["low_latency"]
+            if ll is not None:
+                ll.follow(quant_config)
+        except NotImplementedError as e:
+            raise NotImplementedError("set_quant_config: %s" % e) from None
+        if self._paths["normal"] is not None:
+            self._paths["normal"].follow(*normal)
         self.quant_config = quant_config
 
     def set_overlap_args(self, combine_overlap_args, meta_overlap_args):
