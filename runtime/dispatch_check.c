@@ -143,5 +143,13 @@ moe_ep_status_t mep_check_ll_dispatch(const moe_ep_group_t *g, const moe_ep_disp
                           {op->handle->num_tokens, p->hidden, 0}, 1};
   MEP_CHECK(mep_tensor_check(p->x, &rx, &data, &dt));
   op->x = data;
-  return ll_outputs(g, p, op);
+  MEP_CHECK(ll_outputs(g, p, op));
+  const mep_named_tensor_t ts[] = {
+      {"params->x", p->x, 0},
+      {"params->topk_weights", op->weighted ? p->topk_weights : NULL, 0},
+      {"params->recv_x", p->recv_x, 1},
+      {"params->recv_scales", op->fp8 ? p->recv_scales : NULL, 1},
+      {"params->recv_count", p->recv_count, 1},
+  };
+  return mep_tensors_disjoint("dispatch", ts, 5);
 }

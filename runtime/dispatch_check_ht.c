@@ -143,5 +143,16 @@ static moe_ep_status_t ht_outputs(const moe_ep_group_t *g, const moe_ep_dispatch
 moe_ep_status_t mep_check_ht_dispatch(const moe_ep_group_t *g, const moe_ep_dispatch_params_t *p,
                                       moe_ep_hook_t **hook, mep_op_t *op) {
   MEP_CHECK(ht_inputs(g, p, hook, op));
-  return ht_outputs(g, p, op);
+  MEP_CHECK(ht_outputs(g, p, op));
+  const mep_named_tensor_t ts[] = {
+      {"params->x", p->x, 0},
+      {"params->x_scales", op->fp8 ? p->x_scales : NULL, 0},
+      {"params->topk_weights", p->topk_weights, 0},
+      {"params->recv_x", p->recv_x, 1},
+      {"params->recv_scales", op->fp8 ? p->recv_scales : NULL, 1},
+      {"params->recv_topk_idx", p->recv_topk_idx, 1},
+      {"params->recv_topk_weights", p->recv_topk_weights, 1},
+      {"params->recv_count", p->recv_count, 1},
+  };
+  return mep_tensors_disjoint("dispatch", ts, 8);
 }

@@ -279,6 +279,12 @@ static moe_ep_status_t combine_locked(moe_ep_group_t *g, moe_ep_handle_t *h,
   mep_tensor_rule_t ro = {"combine", "params->out", dev, MEP_BIT(MEP_DT_BF16), 2,
                           {h->num_tokens, p->hidden, 0}, 1};
   MEP_CHECK(mep_tensor_check(p->out, &ro, &op.out, &dt));
+  const mep_named_tensor_t ts[] = {
+      {"params->y", p->y, 0},
+      {"params->out", p->out, 1},
+      {"params->topk_weights", is_ll(g) ? p->topk_weights : NULL, 0},
+  };
+  MEP_CHECK(mep_tensors_disjoint("combine", ts, 3));
   return launch(g, &op, hook);
 }
 

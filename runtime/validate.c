@@ -202,3 +202,37 @@ moe_ep_status_t mep_tensor_check(const moe_ep_tensor_t *t,
   *dtype = dt;
   return MOE_EP_OK;
 }
+
+/* [first, last] bytes of a tensor that passed mep_tensor_check; 0 when it
+ * has no bytes. */
+static int tensor_bytes(const moe_ep_tensor_t *t, uintptr_t *first, uintptr_t *last) {
+  if (t == NULL || t->data == NULL) return 0;
+  uint64_t bytes = (uint64_t)mep_dtype_bytes(mep_dtype_of(&t->dtype));
+  for (int i = 0; i < t->ndim; i++) bytes *= (uint64_t)t->shape[i];
+  if (bytes == 0) return 0;
+  *first = (uintptr_t)t->data + (uintptr_t)t->byte_offset;
+  *last = *first + (uintptr_t)(bytes - 1);
+  return 1;
+}
+
+moe_ep_status_t mep_tensors_disjoint(const char *entry, const mep_named_tensor_t *ts, int n) {
+  for (int i = 0; i < n; i++) {
+    uintptr_t a0, a1;
+    if (!tensor_bytes(ts[i].t, &a0, &a1)) continue;
+    for (int j = i + 1; j < n; j++) {
+      uintptr_t b0, b1;
+      if (!(ts[i].written || ts[j].written) || !tensor_bytes(ts[j].t, &b0, &b1)) continue;
+      if (a1 < b0 || b1 < a0) continue;
+      const mep_named_tensor_t *w = ts[i].written ? &ts[i] : &ts[j];
+      const mep_named_tensor_t *o = w == &ts[i] ? &ts[j] : &ts[i];
+      return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                       "%s: %s (bytes %#llx..%#llx) and %s (bytes %#llx..%#llx) share memory; "
+                       "the call writes %s while it %s %s, in no fixed order: give %s memory "
+                       "of its own",
+                       entry, ts[i].name, (unsigned long long)a0, (unsigned long long)a1,
+                       ts[j].name, (unsigned long long)b0, (unsigned long long)b1, w->name,
+                       o->written ? "writes" : "reads", o->name, w->name);
+    }
+  }
+  return MOE_EP_OK;
+}

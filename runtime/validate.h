@@ -67,6 +67,21 @@ moe_ep_status_t mep_tensor_check(const moe_ep_tensor_t *t,
                                  const mep_tensor_rule_t *rule, void **data,
                                  int *dtype);
 
+/* One of a call's tensors, for mep_tensors_disjoint: its name in the
+ * call's params, and whether the call writes it. */
+typedef struct mep_named_tensor {
+  const char *name; /* "params->recv_x" */
+  const moe_ep_tensor_t *t;
+  int written;
+} mep_named_tensor_t;
+
+/* Refuses a call whose written tensor shares memory with another of its
+ * tensors: the kernels read and write a call's tensors at once, in no
+ * fixed order, so a shared byte would end up as neither value. Every
+ * tensor passed mep_tensor_check (compact, its dtype known); NULL and
+ * empty ones are skipped. */
+moe_ep_status_t mep_tensors_disjoint(const char *entry, const mep_named_tensor_t *ts, int n);
+
 #ifdef __cplusplus
 }
 #endif

@@ -109,7 +109,11 @@ typedef struct moe_ep_tensor {
  *     dimension of size 1 may have any stride; other views are refused);
  *   - alignment of data + byte_offset: 16 bytes for bf16 and fp8 tensors
  *     (the kernels move whole 16-byte vectors), the element size for the
- *     others. */
+ *     others;
+ *   - within one dispatch or combine, a tensor the call writes shares no
+ *     byte with another of its tensors (e.g. combine's out with its y, or
+ *     dispatch's recv_x with its x): the kernels read and write them at
+ *     once, in no fixed order. */
 
 /* ---- configuration ----------------------------------------------------- */
 

@@ -1,5 +1,6 @@
 // validate_test.cc: mep_tensor_check's device rules (type and, for CUDA, the
-// group's device id), dtype and shape messages, without a GPU.
+// group's device id), dtype and shape messages, and mep_tensors_disjoint's
+// refusal of a written tensor that shares memory, without a GPU.
 #include <string>
 
 #include "gtest/gtest.h"
@@ -177,6 +178,55 @@ TEST(ValidateTest, EmptyTensorMayHaveNullDataWhenTheRuleAllowsIt) {
   EXPECT_EQ(Check(d, r), MOE_EP_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(mep_last_error()).find("params->recv_x->data is NULL"), std::string::npos)
       << mep_last_error();
+}
+
+// Views of one 64-element bf16 buffer: [rows, 8] from element `first`.
+struct View {
+  int64_t shape[2];
+  moe_ep_tensor_t t{};
+  View(uint16_t* base, int first, int rows) : shape{rows, 8} {
+    t.data = base;
+    t.byte_offset = static_cast<uint64_t>(first) * 2u;
+    t.device = {MOE_EP_DEVICE_CPU, 0};
+    t.ndim = 2;
+    t.dtype = {MOE_EP_DTYPE_BFLOAT, 16, 1};
+    t.shape = shape;
+  }
+};
+
+TEST(ValidateTest, WrittenTensorSharingAByteWithAnotherIsRefusedNamingBoth) {
+  uint16_t buf[64] = {};
+  View y(buf, 0, 4), out_same(buf, 0, 4), out_tail(buf, 31, 4), out_after(buf, 32, 4);
+  mep_named_tensor_t ts[] = {{"params->y", &y.t, 0}, {"params->out", &out_same.t, 1}};
+  ASSERT_EQ(mep_tensors_disjoint("combine", ts, 2), MOE_EP_ERR_INVALID_ARGUMENT);
+  const std::string msg = mep_last_error();
+  EXPECT_NE(msg.find("combine: params->y (bytes "), std::string::npos) << msg;
+  EXPECT_NE(msg.find("the call writes params->out while it reads params->y"), std::string::npos)
+      << msg;
+  // One element in common (y's last, out's first) is enough.
+  ts[1].t = &out_tail.t;
+  EXPECT_EQ(mep_tensors_disjoint("combine", ts, 2), MOE_EP_ERR_INVALID_ARGUMENT);
+  // Adjacent is not shared.
+  ts[1].t = &out_after.t;
+  EXPECT_EQ(mep_tensors_disjoint("combine", ts, 2), MOE_EP_OK) << mep_last_error();
+}
+
+TEST(ValidateTest, ReadOnlyTensorsMayShareAndEmptyOrAbsentOnesAreSkipped) {
+  uint16_t buf[64] = {};
+  View a(buf, 0, 4), b(buf, 8, 4), out(buf, 0, 0), w(buf, 40, 2), w2(buf, 44, 2);
+  mep_named_tensor_t ts[] = {{"params->x", &a.t, 0},
+                             {"params->topk_weights", &b.t, 0},
+                             {"params->recv_x", &out.t, 1},
+                             {"params->recv_scales", nullptr, 1},
+                             {"params->recv_count", &w.t, 1}};
+  EXPECT_EQ(mep_tensors_disjoint("dispatch", ts, 5), MOE_EP_OK) << mep_last_error();
+  // Two written tensors may not share either.
+  ts[1] = {"params->recv_topk_idx", &w2.t, 1};
+  ASSERT_EQ(mep_tensors_disjoint("dispatch", ts, 5), MOE_EP_ERR_INVALID_ARGUMENT);
+  const std::string msg = mep_last_error();
+  EXPECT_NE(msg.find("writes params->recv_topk_idx while it writes params->recv_count"),
+            std::string::npos)
+      << msg;
 }
 
 }  // namespace

@@ -143,20 +143,24 @@ class PrepareAndFinalize:
     def post_init_setup(self, fused_experts):
         """Settles the LL dispatch's fp8 scales as vLLM's DeepEP LL prepare
         does: packed UE8M0 for experts that take them, f32 otherwise (see
-        the class). ValueError for packed scales (given as scale_format)
-        that the experts do not take: they would read int32 words as f32."""
-        if not self._ll or not self.group.config.fp8:
-            return None
+        the class). ValueError for packed scales (given as scale_format, in
+        either mode) that the experts do not take: they would read int32
+        words as f32."""
         ask = getattr(fused_experts, "supports_packed_ue8m0_act_scales", None)
         packed_ok = bool(ask()) if callable(ask) else False
-        fmt = self._scale_format if self._scale_format_given else \
-            ("ue8m0_packed" if packed_ok else "f32")
+        given_packed = self._scale_format_given and self._scale_format == "ue8m0_packed"
+        if not self._ll or not self.group.config.fp8:
+            fmt = self._scale_format if given_packed else None
+        else:
+            fmt = self._scale_format if self._scale_format_given else \
+                ("ue8m0_packed" if packed_ok else "f32")
         if fmt == "ue8m0_packed" and not packed_ok:
             raise ValueError("post_init_setup: scale_format='ue8m0_packed', but %s does not take "
                              "packed UE8M0 activation scales (supports_packed_ue8m0_act_scales() "
                              "is not True); give scale_format 'f32' or 'ue8m0', or none"
                              % type(fused_experts).__name__)
-        self._ll_format = fmt
+        if self._ll and self.group.config.fp8:
+            self._ll_format = fmt
         return None
 
     # ---- prepare --------------------------------------------------------------
@@ -320,12 +324,13 @@ class PrepareAndFinalize:
         self._expert_map(expert_map, entry)
         quant = _quant.plan(entry, quant_config, defer_input_quant, self._ll, cfg.fp8,
                             self._scale_format, int(a1.shape[-1]) if a1.dim() else 0)
-        if quant.before is None and a1.dtype != torch.bfloat16:
-            # (a1 quantised before an HT dispatch may be any float: the fp8
-            # quantiser names what it takes.)
+        if a1.dtype != torch.bfloat16:
+            # Also where a1 is quantised first: vLLM's output is made like
+            # a1, and the combine writes bf16.
             raise TypeError("%s: a1 has dtype %s; moe-ep dispatches bf16 activations (and "
                             "quantises them to fp8 where quant_config asks for 128-channel "
-                            "block fp8)" % (entry, a1.dtype))
+                            "block fp8), and combines into a bf16 output like a1"
+                            % (entry, a1.dtype))
         carried = not self._ll or self._weights_at_dispatch
         if not on_input:
             return (a1, (topk_weights if carried else None), (None if carried else topk_weights),
@@ -371,6 +376,12 @@ class PrepareAndFinalize:
                 y = fused_expert_output
             else:
                 y = self._ht_partials(op, fused_expert_output, weight_and_reduce_impl)
+                if _shares_memory(y, output):
+                    # vLLM hands the experts `output` as their buffer when the
+                    # shapes match (N_recv == T) and a no-op reducer returns it;
+                    # the combine reads y while it writes out (the library
+                    # refuses the two sharing memory), so y gets its own.
+                    y = y.clone()
             hook = self._sends.send(
                 lambda: self.group.combine(op.handle, y, topk_weights=op.combine_weights,
                                            out=output, defer=True))
@@ -422,6 +433,16 @@ class PrepareAndFinalize:
         for k in range(fused.shape[1]):  # k order, f32
             acc += (fused[:, k].float() * w[:, k:k + 1]).masked_fill(~valid[:, k:k + 1], 0.0)
         return acc.to(torch.bfloat16)
+
+
+def _shares_memory(a, b):
+    """Whether two tensors' bytes overlap (both dense, as the library takes
+    them)."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or \
+            a.device != b.device or a.numel() == 0 or b.numel() == 0:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
 name_rank_in(PrepareAndFinalize, lambda p: p.group.rank)

@@ -546,7 +546,7 @@ def vllm_ht_quant_refusals(g, seed):
             ("int8", BlockFp8(quant_dtype=torch.int8), "quant_dtype=torch.int8")):
         expect_raises("vllm ht quant " + what, NotImplementedError, fragment,
                       lambda: pf.prepare(x, w, idx, HT.num_experts, None, False, cfg))
-    expect_raises("vllm ht fp8 a1 dtype", ValueError, "a1 has dtype torch.int32",
+    expect_raises("vllm ht fp8 a1 dtype", TypeError, "a1 has dtype torch.int32",
                   lambda: pf.prepare(x.to(torch.int32), w, idx, HT.num_experts, None, False,
                                      BlockFp8()))
     expect_raises("vllm scale_format", ValueError, "scale_format='e8m0' must be one of",
