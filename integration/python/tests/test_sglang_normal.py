@@ -57,6 +57,14 @@ def test_mode_resolution(no_sglang):
     class OldBatch:  # an SGLang ForwardBatch from before is_extend_in_batch
         forward_mode = Decode(False)
     assert _mode.resolve("auto", "dispatch_a", forward_batch=OldBatch()) == "normal"
+    # The forward_mode era passed its ForwardMode where a forward batch goes
+    # (fourth positional of dispatch and combine).
+    assert _mode.resolve("auto", "dispatch_a", forward_batch=Decode(True)) == "low_latency"
+    assert _mode.hinted("auto", "combine_a", forward_batch=Decode(False)) == "normal"
+    assert _mode.is_mode_hint(Decode(True)) and _mode.is_mode_hint(OldBatch())
+    assert not _mode.is_mode_hint(object())
+    with pytest.raises(TypeError, match="forward_mode given twice"):
+        _mode.resolve("auto", "dispatch_a", forward_batch=Decode(True), forward_mode=Decode(True))
     with pytest.raises(ValueError, match="deepep_mode='auto' needs to know"):
         _mode.resolve("auto", "dispatch_a")
     with pytest.raises(TypeError, match=r"forward_mode \(object\) has no is_decode"):

@@ -34,6 +34,12 @@ def _extends(entry, is_extend_in_batch, forward_batch, forward_mode):
     keyword says."""
     if is_extend_in_batch is not None:
         return _flag(entry, "is_extend_in_batch", is_extend_in_batch)
+    if forward_batch is not None and _is_forward_mode(forward_batch):
+        # SGLang of the forward_mode era passed its ForwardMode positionally
+        # where later versions pass the forward batch.
+        if forward_mode is not None:
+            raise TypeError("%s: forward_mode given twice (positionally and by keyword)" % entry)
+        forward_batch, forward_mode = None, forward_batch
     if forward_batch is not None:
         if hasattr(forward_batch, "is_extend_in_batch"):
             return _flag(entry, "forward_batch.is_extend_in_batch",
@@ -49,6 +55,20 @@ def _extends(entry, is_extend_in_batch, forward_batch, forward_mode):
                             "reads" % (entry, type(forward_mode).__name__))
         return not forward_mode.is_decode()
     return None
+
+
+def _is_forward_mode(value):
+    """Whether value is SGLang's ForwardMode (it has is_decode(), and none
+    of a forward batch's fields)."""
+    return callable(getattr(value, "is_decode", None)) and \
+        not hasattr(value, "forward_mode") and not hasattr(value, "is_extend_in_batch")
+
+
+def is_mode_hint(value):
+    """Whether value is a forward batch or a ForwardMode: what older SGLang
+    passes fourth to dispatch and combine."""
+    return hasattr(value, "forward_mode") or hasattr(value, "is_extend_in_batch") or \
+        _is_forward_mode(value)
 
 
 def resolve(mode, entry, is_extend_in_batch=None, forward_batch=None, forward_mode=None):

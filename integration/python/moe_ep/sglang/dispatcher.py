@@ -192,10 +192,10 @@ class Dispatcher:
         The mode is the sub-batch's dispatch's; under 'auto' a mode hint
         given here must agree with it."""
         entry = "combine_a"
-        if overlap_args is not None and (hasattr(overlap_args, "forward_mode") or
-                                         hasattr(overlap_args, "is_extend_in_batch")):
-            # The fourth positional is older SGLang's ForwardBatch (later
-            # versions pass their combine overlap arguments there).
+        if overlap_args is not None and _mode.is_mode_hint(overlap_args):
+            # The fourth positional is older SGLang's ForwardBatch or
+            # ForwardMode (later versions pass their combine overlap
+            # arguments there).
             if forward_batch is not None:
                 raise TypeError("%s: forward_batch given twice (positionally and by keyword)"
                                 % entry)

@@ -211,6 +211,8 @@ def auto_mode(ll, ht):
     normal_batch(d, 505, "auto normal, rank 0 with no tokens", empty_rank=0,
                  forward_batch=ForwardBatch(True))
     ll_batch(d, 506, "auto ll (is_extend_in_batch)", is_extend_in_batch=False)
+    ll_batch(d, 507, "auto ll (a ForwardMode where the forward batch goes)",
+             forward_batch=ForwardMode(decode=True))
     # Current SGLang: no keyword, the global says.
     extend = [False]
     dp_attention.get_is_extend_in_batch = lambda: extend[0]
