@@ -378,3 +378,29 @@ def test_reworded_keeps_the_rank_and_leaves_other_sentences():
     assert reworded("combine: rank 1 failed: params->out is NULL", "combine", COMBINE) is None
     assert reworded("combine: timed out after 30000 ms waiting for rank 1", "combine",
                     COMBINE) is None
+
+
+def test_normal_dispatch_event_keeps_the_ids_it_returns(lib, monkeypatch):
+    """The event a normal dispatch returns is recorded after the received
+    ids take DeepEP's dtype (int64 here, the library's int32), so a stream
+    that waits on it reads them complete, and it keeps them alive; the
+    handle, not DeepEP's tuple, says so when indexed."""
+    from moe_ep.deep_ep import _normal as normal
+    kept = []
+    real = normal.operation_event
+    monkeypatch.setattr(normal, "operation_event",
+                        lambda af, cuda, *ts: kept.append(ts) or real(af, cuda, *ts))
+    buf = make_buffer(lib, True)
+    x, idx, w = inputs(4)
+    buf.get_dispatch_layout(idx, E)
+    recv_x, recv_idx, _, _, handle, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w,
+                                                     async_finish=True)
+    assert recv_idx.dtype == torch.int64
+    assert any(t is recv_idx for t in kept[-1]), \
+        "rank 0: the dispatch's event was recorded before its returned recv_topk_idx was made"
+    with pytest.raises(NotImplementedError, match=r"handle\[0\]: index=0 is not supported by "
+                                                  r"moe-ep: moe-ep's normal-mode handle holds no "
+                                                  r"prefix matrices"):
+        handle[0]
+    buf.combine(recv_x, handle)
+    buf.destroy()

@@ -92,6 +92,10 @@ class Channel:
         stream of its backend's)."""
         import time
         deadline = time.monotonic() + self.timeout_s
+        # Short pauses first (a collective of a few ints ends within tens
+        # of microseconds), doubling up to _POLL_S: every normal-mode layer
+        # call whose cap the Buffer derived takes one such round.
+        pause = 0.0
         while not work.is_completed():
             if time.monotonic() >= deadline:
                 from ..errors import TimeoutError as MoeEpTimeoutError
@@ -100,7 +104,8 @@ class Channel:
                     "within %.0f s (bootstrap.timeout_ms): a rank of the group died or did not "
                     "make the same call; the group is out of step" % (self.rank, what,
                                                                        self.timeout_s))
-            time.sleep(_POLL_S)
+            time.sleep(pause)
+            pause = min(_POLL_S, pause * 2 if pause else 1e-5)
         work.wait()
 
     def gather(self, obj):

@@ -32,6 +32,13 @@ class NormalHandle:
         self.recv_weights_version = _version_or_none(recv_topk_weights)
         self.worst_rows = worst_rows  # rows of the latest dispatch's worst-case outputs, or 0
 
+    def __getitem__(self, i):
+        # DeepEP's handle is a tuple whose first entries are its kernels'
+        # prefix matrices (its tests read handle[0]); this one has none.
+        _refuse("handle[%r]" % (i,), "index", i, "moe-ep's normal-mode handle holds no prefix "
+                "matrices (DeepEP's rank_prefix_matrix, channel_prefix_matrix, ...): pass it "
+                "back as dispatch(handle=) or combine(handle=) only")
+
 
 def _version_or_none(t):
     """t's count of in-place writes, or None for no tensor or one made under
@@ -552,6 +559,10 @@ class NormalMixin:
             if not cached:  # a handle the caller passed in stays the caller's
                 ep_handle.free()
             raise
+        if not cached:
+            # Before the event: a stream that waits on it reads the ids as
+            # returned (DeepEP's dtype, the library's are int32).
+            recv_idx = recv_idx.to(topk_idx.dtype)
         event = operation_event(async_finish, g._is_cuda, x, x_scales, topk_idx, topk_weights,
                                 recv_x, recv_scales, recv_idx, recv_w)
         if x_scales is not None:
@@ -564,7 +575,7 @@ class NormalMixin:
         new_handle = NormalHandle(ep_handle, topk_idx, topk_weights, recv_w, worst_rows)
         if self._ht_grows:
             self._ht_pending.add(new_handle)  # until its combine: the group must not grow
-        return recv_x, recv_idx.to(topk_idx.dtype), recv_w, per_expert_list, new_handle, event
+        return recv_x, recv_idx, recv_w, per_expert_list, new_handle, event
 
     @in_deepep_words("combine", COMBINE)
     def combine(self, x, handle, topk_weights=None, bias=None, config=None, previous_event=None,
