@@ -18,8 +18,7 @@ CARRIED = {"bf16": "bf16", "fp8": "fp8", "int8": "fp8"}
 
 # What SGLang can raise while it cannot answer yet (its server arguments
 # or MoE flags not set up): the older rules then apply.
-_NOT_READY = (AssertionError, AttributeError, KeyError, LookupError, RuntimeError, TypeError,
-              ValueError)
+_NOT_READY = (AssertionError, AttributeError, LookupError, RuntimeError, TypeError, ValueError)
 
 
 def deep_gemm():

@@ -148,18 +148,17 @@ class PrepareAndFinalize:
         words as f32."""
         ask = getattr(fused_experts, "supports_packed_ue8m0_act_scales", None)
         packed_ok = bool(ask()) if callable(ask) else False
-        given_packed = self._scale_format_given and self._scale_format == "ue8m0_packed"
-        if not self._ll or not self.group.config.fp8:
-            fmt = self._scale_format if given_packed else None
+        fp8_ll = self._ll and self.group.config.fp8
+        if self._scale_format_given:
+            fmt = self._scale_format
         else:
-            fmt = self._scale_format if self._scale_format_given else \
-                ("ue8m0_packed" if packed_ok else "f32")
+            fmt = ("ue8m0_packed" if packed_ok else "f32") if fp8_ll else None
         if fmt == "ue8m0_packed" and not packed_ok:
             raise ValueError("post_init_setup: scale_format='ue8m0_packed', but %s does not take "
                              "packed UE8M0 activation scales (supports_packed_ue8m0_act_scales() "
                              "is not True); give scale_format 'f32' or 'ue8m0', or none"
                              % type(fused_experts).__name__)
-        if self._ll and self.group.config.fp8:
+        if fp8_ll:
             self._ll_format = fmt
         return None
 
