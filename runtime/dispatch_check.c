@@ -2,6 +2,7 @@
  * low-latency dispatch's arguments (see dispatch_check.h). */
 #include "runtime/dispatch_check.h"
 
+#include "kernels/common/row_desc.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
 #include "runtime/group.h"
@@ -41,11 +42,11 @@ moe_ep_status_t mep_check_weights(const moe_ep_group_t *g, const mep_handle_stat
 
 moe_ep_status_t mep_dispatch_format(const moe_ep_dispatch_params_t *p, int32_t *format) {
   int32_t f = MEP_HAS_FIELD(p, format) ? p->format : MOE_EP_FORMAT_GROUP;
-  if (f < MOE_EP_FORMAT_GROUP || f > MOE_EP_FORMAT_FP8_UE8M0_PACKED) {
+  if (f < MOE_EP_FORMAT_GROUP || f > MOE_EP_FORMAT_FP8_PER_TOKEN) {
     return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
                      "dispatch: params->format=%d is not a moe_ep_dispatch_format_t value "
                      "(0..%d)",
-                     f, MOE_EP_FORMAT_FP8_UE8M0_PACKED);
+                     f, MOE_EP_FORMAT_FP8_PER_TOKEN);
   }
   *format = f;
   return MOE_EP_OK;
@@ -56,6 +57,7 @@ int32_t mep_format_scale(int32_t format, const moe_ep_config_t *cfg) {
     case MOE_EP_FORMAT_FP8_F32: return MOE_EP_FP8_SCALE_F32;
     case MOE_EP_FORMAT_FP8_UE8M0: return MOE_EP_FP8_SCALE_UE8M0;
     case MOE_EP_FORMAT_FP8_UE8M0_PACKED: return MOE_EP_FP8_SCALE_UE8M0_PACKED;
+    case MOE_EP_FORMAT_FP8_PER_TOKEN: return MEP_FP8_SCALE_PER_TOKEN;
     default: return cfg->fp8_scale;
   }
 }
@@ -67,6 +69,13 @@ static moe_ep_status_t ll_format(const moe_ep_group_t *g, const moe_ep_dispatch_
                                  int *fp8, int32_t *scale_format) {
   int32_t f = MOE_EP_FORMAT_GROUP;
   MEP_CHECK(mep_dispatch_format(p, &f));
+  if (f == MOE_EP_FORMAT_FP8_PER_TOKEN) {
+    return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                     "dispatch: params->format=%d (fp8 with one scale per token) is a format of "
+                     "pre-quantised high-throughput rows; low-latency dispatch quantises bf16 x "
+                     "itself, one scale per 128 channels (formats 0..4)",
+                     f);
+  }
   *fp8 = f == MOE_EP_FORMAT_GROUP ? mep_config_fp8_dispatch(&g->cfg) : f != MOE_EP_FORMAT_BF16;
   *scale_format = mep_format_scale(f, &g->cfg);
   if (!*fp8 && mep_config_fp8_dispatch(&g->cfg)) {
@@ -123,7 +132,7 @@ static moe_ep_status_t ll_outputs(const moe_ep_group_t *g, const moe_ep_dispatch
     int packed = op->scale_format == MOE_EP_FP8_SCALE_UE8M0_PACKED;
     mep_tensor_rule_t rs = {"dispatch", "params->recv_scales", dev,
                             packed ? MEP_BIT(MEP_DT_I32) : MEP_BIT(MEP_DT_F32), 3,
-                            {el, slots, mep_scale_cols(p->hidden, packed)}, 0};
+                            {el, slots, mep_fp8_scale_words(p->hidden, op->scale_format)}, 0};
     MEP_CHECK(mep_tensor_check(p->recv_scales, &rs, &op->recv_scales, &dt));
   }
   return MOE_EP_OK;

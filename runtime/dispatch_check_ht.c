@@ -5,11 +5,13 @@
  * can receive. */
 #include "runtime/dispatch_check.h"
 
+#include "kernels/common/row_desc.h"
 #include "runtime/error.h"
 #include "runtime/group.h"
 #include "runtime/validate.h"
 
-static const char *const kXScalesShape = "[T, H/128] float32, or [T, H/512] int32 when packed";
+static const char *const kXScalesShape =
+    "[T, H/128] float32, [T, H/512] int32 when packed, or [T, 1] float32 per token";
 
 /* params->format against x's dtype; sets the scale format of fp8 rows. */
 static moe_ep_status_t ht_format(const moe_ep_group_t *g, const moe_ep_dispatch_params_t *p,
@@ -69,7 +71,8 @@ static moe_ep_status_t ht_inputs(const moe_ep_group_t *g, const moe_ep_dispatch_
   int packed = op->scale_format == MOE_EP_FP8_SCALE_UE8M0_PACKED;
   mep_tensor_rule_t rs = {"dispatch", "params->x_scales", dev,
                           packed ? MEP_BIT(MEP_DT_I32) : MEP_BIT(MEP_DT_F32), 2,
-                          {h->num_tokens, mep_scale_cols(p->hidden, packed), 0}, 1};
+                          {h->num_tokens, mep_fp8_scale_words(p->hidden, op->scale_format), 0},
+                          1};
   MEP_CHECK(mep_tensor_check(xs, &rs, &data, &dt));
   op->x_scales = data;
   return MOE_EP_OK;
@@ -115,7 +118,7 @@ static moe_ep_status_t ht_outputs(const moe_ep_group_t *g, const moe_ep_dispatch
     int packed = op->scale_format == MOE_EP_FP8_SCALE_UE8M0_PACKED;
     mep_tensor_rule_t rs = {"dispatch", "params->recv_scales", dev,
                             packed ? MEP_BIT(MEP_DT_I32) : MEP_BIT(MEP_DT_F32), 2,
-                            {cap, mep_scale_cols(p->hidden, packed), 0}, 1};
+                            {cap, mep_fp8_scale_words(p->hidden, op->scale_format), 0}, 1};
     MEP_CHECK(mep_tensor_check(p->recv_scales, &rs, &op->recv_scales, &dt));
   }
   mep_tensor_rule_t ri = {"dispatch", "params->recv_topk_idx", dev, MEP_BIT(MEP_DT_I32),

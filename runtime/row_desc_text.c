@@ -15,7 +15,8 @@ void mep_row_desc_text(uint32_t desc, char *out, size_t len) {
   }
   snprintf(out, len, "hidden=%d, top_k=%d, fp8 rows with %s scales", mep_row_desc_hidden(desc),
            mep_row_desc_top_k(desc),
-           mode == MEP_FP8_SCALE_F32     ? "f32"
-           : mode == MEP_FP8_SCALE_UE8M0 ? "power-of-two (UE8M0 in f32)"
-                                         : "packed UE8M0");
+           mode == MEP_FP8_SCALE_F32          ? "f32"
+           : mode == MEP_FP8_SCALE_UE8M0      ? "power-of-two (UE8M0 in f32)"
+           : mode == MEP_FP8_SCALE_PER_TOKEN  ? "per-token f32"
+                                              : "packed UE8M0");
 }

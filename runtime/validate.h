@@ -31,12 +31,6 @@ typedef enum mep_dtype {
 #define MEP_HAS_FIELD(p, field) \
   ((p)->struct_size >= offsetof(__typeof__(*(p)), field) + sizeof((p)->field))
 
-/* Columns of an fp8 scale row: one f32 per 128 channels, or four UE8M0
- * exponents per int32 when packed. */
-static inline int64_t mep_scale_cols(int64_t hidden, int packed) {
-  int64_t groups = hidden / 128;
-  return packed ? (groups + 3) / 4 : groups;
-}
 
 const char *mep_dtype_name(mep_dtype_t dt);
 int mep_dtype_bytes(mep_dtype_t dt);

@@ -564,12 +564,25 @@ ht_suite() {
   ht_net_suite
   ht_bench_suite
 }
+# Pre-quantised rows with one f32 scale per token (MOE_EP_FORMAT_FP8_PER_TOKEN).
+ht_per_token() {
+  api ht_${E}_fp8_per_token $N $((90 * S)) --mode=ht --per_call_format=1 --dtype=fp8 \
+    --scale=per_token --experts=64 --max_tokens=256 --layers=7168:8,128:2 --seeds=2
+  api ht_${E}_worst_case_fp8_per_token $N $((90 * S)) --mode=ht --worst_case=1 --per_call_format=1 \
+    --dtype=fp8 --scale=per_token --experts=64 --max_tokens=64 --layers=2048:8 --seeds=1
+}
+ht_per_token_ginemu() {
+  api ht_${E}_ginemu_fp8_per_token $N $((90 * S)) --mode=ht --transport=gin_emulated \
+    --per_call_format=1 --dtype=fp8 --scale=per_token --experts=64 --max_tokens=256 \
+    --layers=7168:8,4096:4 --seeds=1
+}
 ht_lsa_suite() {
   api ht_${E}_bf16 $N $((90 * S)) --mode=ht --experts=64 --max_tokens=64 --layers=2048:8,2880:6,4096:1 --seeds=2
   api ht_${E}_fp8_f32 $N $((90 * S)) --mode=ht --dtype=fp8 --scale=f32 --experts=256 --max_tokens=512 \
     --layers=7168:8,4096:32 --seeds=1
   api ht_${E}_fp8_packed_per_call $N $((90 * S)) --mode=ht --per_call_format=1 --dtype=fp8 \
     --scale=ue8m0_packed --experts=32 --max_tokens=7 --layers=2048:6,640:3 --seeds=2
+  ht_per_token
   api ht_${E}_worst_case $N $((90 * S)) --mode=ht --worst_case=1 --experts=64 --max_tokens=128 \
     --layers=7168:8,2880:2 --seeds=2
   api ht_${E}_big $N $((240 * S)) --mode=ht --experts=256 --max_tokens=4096 --layers=7168:8 --seeds=1
@@ -591,6 +604,7 @@ ht_net_suite() {
     --layers=2048:8,2880:6,4096:1 --seeds=2
   api ht_${E}_ginemu_fp8_packed $N $((90 * S)) --mode=ht --transport=gin_emulated --dtype=fp8 \
     --scale=ue8m0_packed --experts=256 --max_tokens=512 --layers=7168:8,4096:32 --seeds=1
+  ht_per_token_ginemu
   api ht_${E}_ginemu_worst_case $N $((90 * S)) --mode=ht --transport=gin_emulated --worst_case=1 \
     --experts=64 --max_tokens=128 --layers=7168:8,2880:2 --seeds=2
   api ht_${E}_ginemu_big $N $((240 * S)) --mode=ht --transport=gin_emulated --experts=256 \
@@ -865,13 +879,16 @@ if [ "$MODE" = hold ]; then
 fi
 # check: the correctness steps a runtime change needs on one GPU (a few
 # minutes): set_reuse's tests (caller context, graph destroy), quick's
-# public-API runs, and the HT bad-input and skipped-combine runs.
+# public-API runs, the HT bad-input and skipped-combine runs, and HT rows
+# with per-token scales over both transports.
 if [ "$MODE" = check ]; then
   set_reuse
   quick_api
   api ht_${E}_bad $N $((60 * S)) --scenario=htbad --mode=ht --experts=8 --max_tokens=16 --layers=256:2
   api ht_${E}_skip_timeout $N $((20 * S)) --scenario=skip --mode=ht --experts=8 --max_tokens=8 \
     --layers=128:2 --kernel_ms=2000
+  ht_per_token
+  ht_per_token_ginemu
   cat "$OUT/summary.txt"
   exit 0
 fi

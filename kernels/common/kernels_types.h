@@ -11,11 +11,14 @@ typedef enum mep_kstatus {
   MEP_KSTATUS_CUDA = 2              /* the CUDA runtime refused or failed */
 } mep_kstatus_t;
 
-/* How an fp8 dispatch scales each 128-channel group. */
+/* How an fp8 dispatch's rows are scaled: each 128-channel group (0-2,
+ * moe_ep_fp8_scale_t's numbers), or each row by one f32 (3: pre-quantised
+ * HT rows only, MOE_EP_FORMAT_FP8_PER_TOKEN; no group configures it). */
 enum {
   MEP_FP8_SCALE_F32 = 0,          /* amax / 448 as f32 */
   MEP_FP8_SCALE_UE8M0 = 1,        /* rounded up to a power of two, f32 storage */
-  MEP_FP8_SCALE_UE8M0_PACKED = 2  /* the same exponents, four per int32 */
+  MEP_FP8_SCALE_UE8M0_PACKED = 2, /* the same exponents, four per int32 */
+  MEP_FP8_SCALE_PER_TOKEN = 3     /* one f32 per row, carried as sent */
 };
 
 #endif /* MEP_KERNELS_TYPES_H_ */

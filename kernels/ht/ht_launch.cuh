@@ -89,12 +89,12 @@ static inline mep_kstatus_t mep_ht_check_dispatch(const mep_ht_ctx_t *ctx,
   if (st != MEP_KSTATUS_OK) return st;
   /* The scale layouts a count word can describe (row_desc.h). */
   if (a->fp8 && (a->hidden % MEP_HIDDEN_ALIGN != 0 || a->scale_mode < MEP_FP8_SCALE_F32 ||
-                 a->scale_mode > MEP_FP8_SCALE_UE8M0_PACKED ||
-                 a->scale_words != mep_ht_scale_words(a->hidden, a->scale_mode)))
+                 a->scale_mode > MEP_FP8_SCALE_PER_TOKEN ||
+                 a->scale_words != mep_fp8_scale_words(a->hidden, a->scale_mode)))
     return mep_kernels_error(MEP_KSTATUS_INVALID_ARGUMENT,
                              "%s: fp8 rows need hidden a multiple of %d (hidden %d), scale_mode "
-                             "0..2 (got %d) and its scale words per row: hidden/128 for f32 "
-                             "storage, ceil(hidden/512) packed (got %d)", op, MEP_HIDDEN_ALIGN,
+                             "0..3 (got %d) and its scale words per row: hidden/128 for f32 "
+                             "storage, ceil(hidden/512) packed, 1 per token (got %d)", op, MEP_HIDDEN_ALIGN,
                              a->hidden, a->scale_mode, a->scale_words);
   if (a->num_tokens > 0 && (a->x == nullptr || a->topk_idx == nullptr ||
                             a->topk_weights == nullptr || (a->fp8 && a->x_scales == nullptr)))

@@ -158,37 +158,29 @@ static inline MEP_HT_HD mep_ht_state_t mep_ht_state_layout(const mep_ht_dims_t *
   return s;
 }
 
-/* The fp8 scale words of a row that a row description
- * (kernels/common/row_desc.h) stands for: hidden / 128 (f32 storage) or
- * ceil(hidden / 512) (packed UE8M0); 0 for bf16. */
-static inline MEP_HT_HD int32_t mep_ht_scale_words(int32_t hidden, int32_t scale_mode) {
-  return scale_mode < 0 ? 0
-         : scale_mode == MEP_FP8_SCALE_UE8M0_PACKED ? (hidden + 511) / 512
-                                                    : hidden / 128;
-}
 /* The ring row payload of a source whose call `desc` describes. */
 static inline MEP_HT_HD uint64_t mep_ht_desc_payload(uint32_t desc) {
   const int32_t h = mep_row_desc_hidden(desc), mode = mep_row_desc_scale_mode(desc);
-  return mep_ht_payload_bytes(h, mode >= 0, mep_ht_scale_words(h, mode));
+  return mep_ht_payload_bytes(h, mode >= 0, mep_fp8_scale_words(h, mode));
 }
 
-/* Count word: tag (22) | worst case (1) | row description (19) | channels
+/* Count word: tag (21) | worst case (1) | row description (20) | channels
  * (5) | rows (17). The tag is the call's epoch tag (epoch + 1) folded into
- * 1..2^22 - 1 (mep_ht_cnt_tag): never 0, which a word never written holds,
+ * 1..2^21 - 1 (mep_ht_cnt_tag): never 0, which a word never written holds,
  * and different for the two calls two epochs apart that share a word. The
  * worst-case bit says the source's call has worst-case rows (no host sync
  * would learn of a refusal); the row description (row_desc.h) how its rows
  * are laid out. */
-#define MEP_HT_CNT_TAG_MAX 0x3fffffu
+#define MEP_HT_CNT_TAG_MAX 0x1fffffu
 static inline MEP_HT_HD uint32_t mep_ht_cnt_tag(uint32_t tag) {
   return (tag - 1u) % MEP_HT_CNT_TAG_MAX + 1u;
 }
 #define MEP_HT_CNT_WORD(tag, worst, desc, chan, rows)                                 \
-  (((uint64_t)mep_ht_cnt_tag(tag) << 42) | ((uint64_t)((worst) ? 1u : 0u) << 41) |    \
+  (((uint64_t)mep_ht_cnt_tag(tag) << 43) | ((uint64_t)((worst) ? 1u : 0u) << 42) |    \
    ((uint64_t)(desc) << 22) | ((uint64_t)(chan) << 17) | (uint64_t)(rows))
-#define MEP_HT_CNT_TAG(w) ((uint32_t)((w) >> 42))
-#define MEP_HT_CNT_WORST(w) ((int)(((w) >> 41) & 1u))
-#define MEP_HT_CNT_DESC(w) ((uint32_t)(((w) >> 22) & 0x7ffffu))
+#define MEP_HT_CNT_TAG(w) ((uint32_t)((w) >> 43))
+#define MEP_HT_CNT_WORST(w) ((int)(((w) >> 42) & 1u))
+#define MEP_HT_CNT_DESC(w) ((uint32_t)(((w) >> 22) & 0xfffffu))
 #define MEP_HT_CNT_CHAN(w) ((int32_t)(((w) >> 17) & 0x1fu))
 #define MEP_HT_CNT_ROWS(w) ((int32_t)((w) & 0x1ffffu))
 
@@ -214,7 +206,7 @@ static inline MEP_HT_HD uint32_t mep_ht_refused_desc(int64_t n) {
 
 MEP_HT_STATIC_ASSERT(MEP_MAX_TOKENS_HT < (1 << 17), "an HT count word's rows field is 17 bits");
 MEP_HT_STATIC_ASSERT(MEP_HT_MAX_CHANNELS < 32, "an HT count word's channel field is 5 bits");
-MEP_HT_STATIC_ASSERT(MEP_ROW_DESC_BITS == 19, "an HT count word's row description is 19 bits");
+MEP_HT_STATIC_ASSERT(MEP_ROW_DESC_BITS == 20, "an HT count word's row description is 20 bits");
 MEP_HT_STATIC_ASSERT(MEP_HT_RING_ROWS >= 2 * MEP_HT_CHUNK,
                      "an HT ring holds two chunks (one written while one drains)");
 

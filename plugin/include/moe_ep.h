@@ -21,7 +21,7 @@ extern "C" {
 
 #define MOE_EP_ABI_VERSION 1u
 #define MOE_EP_VERSION_MAJOR 0
-#define MOE_EP_VERSION_MINOR 4
+#define MOE_EP_VERSION_MINOR 5
 #define MOE_EP_VERSION_PATCH 0
 
 /* ---- status ------------------------------------------------------------ */
@@ -181,13 +181,18 @@ typedef enum moe_ep_log_level {
  * bf16 rows only. High throughput ignores dispatch_dtype: its rows follow
  * x's dtype (see x_scales), and fp8_scale names the scales of format GROUP
  * with an fp8 x. An HT group configured fp8_e4m3 still needs its config
- * hidden to be a multiple of 128. */
+ * hidden to be a multiple of 128. FP8_PER_TOKEN names rows that carry one
+ * scale each (DeepEP's [T, 1] scales); only high throughput takes it, and
+ * low latency, which quantises per 128 channels itself, refuses it with
+ * INVALID_ARGUMENT. */
 typedef enum moe_ep_dispatch_format {
   MOE_EP_FORMAT_GROUP = 0,          /* the group's dispatch_dtype and fp8_scale */
   MOE_EP_FORMAT_BF16 = 1,
   MOE_EP_FORMAT_FP8_F32 = 2,        /* fp8 e4m3, one f32 scale per 128 channels */
   MOE_EP_FORMAT_FP8_UE8M0 = 3,      /* power-of-two scales in f32 storage */
-  MOE_EP_FORMAT_FP8_UE8M0_PACKED = 4 /* power-of-two, 4 exponents per int32 */
+  MOE_EP_FORMAT_FP8_UE8M0_PACKED = 4, /* power-of-two, 4 exponents per int32 */
+  MOE_EP_FORMAT_FP8_PER_TOKEN = 5     /* 0.5, HT only: fp8 e4m3 the engine
+                                         quantised, one f32 scale per row */
 } moe_ep_dispatch_format_t;
 
 #define MOE_EP_ADDRESS_MAX 256
@@ -412,9 +417,10 @@ typedef struct moe_ep_dispatch_params {
    * bf16 rows (x_scales NULL, format GROUP or BF16); an fp8 x gives fp8
    * rows whose bytes and scales arrive exactly as sent (bit-exact, never
    * interpreted), with x_scales [T, H/128] f32 for format FP8_F32 or
-   * FP8_UE8M0 (or GROUP when the group's fp8_scale is f32 or ue8m0) and
+   * FP8_UE8M0 (or GROUP when the group's fp8_scale is f32 or ue8m0),
    * [T, H/512] int32 (four UE8M0 bytes per word, H/512 rounded up) for
-   * FP8_UE8M0_PACKED (or GROUP with fp8_scale ue8m0_packed); format BF16
+   * FP8_UE8M0_PACKED (or GROUP with fp8_scale ue8m0_packed), and [T, 1]
+   * f32 for FP8_PER_TOKEN (0.5; an older library refuses format 5); format BF16
    * with an fp8 x, or an fp8 format with a bf16 x, is INVALID_ARGUMENT.
    * recv_x and recv_scales then have x's and x_scales' dtype and columns.
    * fp8 needs H a multiple of 128. Low-latency dispatch quantises bf16 x

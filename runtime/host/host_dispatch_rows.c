@@ -17,8 +17,7 @@
 #include "runtime/validate.h"
 
 size_t mep_host_scale_row_bytes(const mep_op_t *op) {
-  int packed = op->scale_format == MOE_EP_FP8_SCALE_UE8M0_PACKED;
-  return (size_t)mep_scale_cols(op->hidden, packed) * 4u;
+  return (size_t)mep_fp8_scale_words(op->hidden, op->scale_format) * 4u;
 }
 
 void mep_host_row_layout(const mep_op_t *op, mep_row_layout_t *rl) {

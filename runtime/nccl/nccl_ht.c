@@ -332,7 +332,7 @@ static moe_ep_status_t launch_dispatch(moe_ep_group_t *g, ht_state_t *s, mep_op_
       .x = op->x,
       .x_scales = op->x_scales,
       .fp8 = op->fp8,
-      .scale_words = mep_ht_scale_words(op->hidden, op->fp8 ? op->scale_format : -1),
+      .scale_words = mep_fp8_scale_words(op->hidden, op->fp8 ? op->scale_format : -1),
       .scale_mode = op->scale_format, /* MEP_FP8_SCALE_* keep moe_ep's numbers */
       .topk_idx = h->topk_idx,
       .topk_idx_bytes = h->topk_idx_bits / 8,

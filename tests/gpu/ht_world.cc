@@ -29,11 +29,17 @@ o::Problem ProblemOf(const Case &c) {
   return p;
 }
 
-int ScaleWords(const Case &c) {
-  if (!c.fp8) return 0;
-  return c.scales == o::ScaleFormat::kUe8m0Packed ? (c.hidden / 128 + 3) / 4
-                                                  : c.hidden / 128;
+static int ScaleMode(const Case &c) {
+  if (!c.fp8) return -1;
+  switch (c.scales) {
+    case o::ScaleFormat::kUe8m0Packed: return MEP_FP8_SCALE_UE8M0_PACKED;
+    case o::ScaleFormat::kUe8m0: return MEP_FP8_SCALE_UE8M0;
+    case o::ScaleFormat::kPerToken: return MEP_FP8_SCALE_PER_TOKEN;
+    default: return MEP_FP8_SCALE_F32;
+  }
 }
+
+int ScaleWords(const Case &c) { return mep_fp8_scale_words(c.hidden, ScaleMode(c)); }
 
 std::string AllocOutputs(const Case &c, Dev *dev, RankIo *io) {
   const int64_t cap = Capacity(c);
@@ -115,9 +121,7 @@ mep_ht_dispatch_args_t DispatchArgs(const Case &c, const o::Problem &p,
   }
   a.fp8 = c.fp8;
   a.scale_words = ScaleWords(c);
-  a.scale_mode = c.scales == o::ScaleFormat::kUe8m0Packed ? MEP_FP8_SCALE_UE8M0_PACKED
-                 : c.scales == o::ScaleFormat::kUe8m0      ? MEP_FP8_SCALE_UE8M0
-                                                           : MEP_FP8_SCALE_F32;
+  a.scale_mode = c.fp8 ? ScaleMode(c) : MEP_FP8_SCALE_F32;
   a.topk_idx = dev->upload(in.topk_idx);
   a.topk_idx_bytes = 8;
   a.num_tokens = in.num_tokens;

@@ -37,7 +37,7 @@ using mep_world::Dev;
 constexpr int kTimeoutMs = 20000;
 constexpr int kAllRanks = -2, kNoRank = -1;
 
-enum class Differs { kHidden, kTopK, kFp8, kScaleFormat };
+enum class Differs { kHidden, kTopK, kFp8, kScaleFormat, kPerToken };
 
 struct ShapeCase {
   const char *name;
@@ -74,12 +74,14 @@ class HtWorldShape : public ::testing::TestWithParam<ShapeCase> {
     const auto make_fp8 = [&](int mode) {
       a.fp8 = 1;
       a.scale_mode = mode;
-      a.scale_words = mep_ht_scale_words(a.hidden, mode);
+      a.scale_words = mep_fp8_scale_words(a.hidden, mode);
       a.x_scales = dev->upload(std::vector<float>(
           static_cast<size_t>(a.num_tokens > 0 ? a.num_tokens : 1) * a.scale_words, 1.0f));
     };
     if (GetParam().differs == Differs::kScaleFormat)
       make_fp8(r == GetParam().odd ? MEP_FP8_SCALE_UE8M0 : MEP_FP8_SCALE_F32);
+    if (GetParam().differs == Differs::kPerToken)
+      make_fp8(r == GetParam().odd ? MEP_FP8_SCALE_PER_TOKEN : MEP_FP8_SCALE_F32);
     if (r != GetParam().odd) return a;
     switch (GetParam().differs) {
       case Differs::kHidden:
@@ -92,6 +94,7 @@ class HtWorldShape : public ::testing::TestWithParam<ShapeCase> {
         make_fp8(MEP_FP8_SCALE_UE8M0_PACKED);
         break;
       case Differs::kScaleFormat:
+      case Differs::kPerToken:
         break;
     }
     return a;
@@ -193,6 +196,9 @@ const ShapeCase kShapes[] = {
     {"ep3_lsa_top_k", 3, 0, Differs::kTopK, 0, kNoRank},
     {"ep4_lsa_fp8", 4, 0, Differs::kFp8, 2, kNoRank},
     {"ep2_lsa_scale_format", 2, 0, Differs::kScaleFormat, 0, kNoRank},
+    // Per-token scales against 128-channel ones: another row stride.
+    {"ep3_lsa_per_token", 3, 0, Differs::kPerToken, 1, kNoRank},
+    {"ep4_emu_nodes2_per_token", 4, 2, Differs::kPerToken, 2, kNoRank},
     // Rank 3's rows reach node {0, 1} through rank 1 and rank 0's reach
     // {2, 3} through rank 2: both relays forward rows of another layout.
     {"ep4_emu_nodes2_hidden", 4, 2, Differs::kHidden, 3, kNoRank},

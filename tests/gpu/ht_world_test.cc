@@ -317,6 +317,12 @@ const Case kCases[] = {
      8, false, false, 32},
     {"ep4_emu_nodes2_fp8_t200_sms24_4", 4, 2, kEmu, 256, 7168, 8, 200, G::kSkewed, true, S::kF32,
      24, false, true, 4},
+    // One f32 scale per row: a 7172-byte payload padded to 7184 on the
+    // rings, direct and through relays (worst-case rows there).
+    {"ep4_lsa_fp8pertoken_t300", 4, 0, kLsa, 256, 7168, 8, 300, G::kUniform, true, S::kPerToken,
+     16, false},
+    {"ep6_emu_nodes2_fp8pertoken_t100_skewed", 6, 2, kEmu, 96, 2048, 8, 100, G::kSkewed, true,
+     S::kPerToken, 8, true, true},
 };
 
 INSTANTIATE_TEST_SUITE_P(Cases, HtWorld, ::testing::ValuesIn(kCases),

@@ -164,6 +164,10 @@ const Case kCases[] = {
     {"ht_r2_fp8_ue8m0_per_call", 2, {"--mode=ht", "--per_call_format=1", "--experts=8", "--max_tokens=32", "--dtype=fp8", "--scale=ue8m0", "--layers=2048:8,640:3"}},
     {"ht_r4_fp8_packed", 4, {"--mode=ht", "--experts=16", "--max_tokens=16", "--dtype=fp8", "--scale=ue8m0_packed", "--seeds=1", "--layers=2048:8,640:3"}},
     {"ht_r4_fp8_packed_per_call", 4, {"--mode=ht", "--per_call_format=1", "--experts=16", "--max_tokens=16", "--dtype=fp8", "--scale=ue8m0_packed", "--seeds=1", "--layers=1152:4"}},
+    // One f32 scale per row (0.5, MOE_EP_FORMAT_FP8_PER_TOKEN), a per-call
+    // format only; at hidden 128 as many scale words as f32 groups.
+    {"ht_r3_fp8_per_token", 3, {"--mode=ht", "--per_call_format=1", "--experts=12", "--max_tokens=24", "--dtype=fp8", "--scale=per_token", "--layers=2048:8,128:3"}},
+    {"ht_r4_worst_case_fp8_per_token", 4, {"--mode=ht", "--worst_case=1", "--per_call_format=1", "--experts=16", "--max_tokens=16", "--dtype=fp8", "--scale=per_token", "--seeds=1", "--layers=640:4"}},
     // Worst-case sized HT outputs (MOE_EP_FLAG_WORST_CASE): rows past
     // N_recv name no expert; combine takes the fixed-size y.
     {"ht_r2_worst_case", 2, {"--mode=ht", "--worst_case=1", "--experts=8", "--max_tokens=32", "--layers=2048:4,2880:2"}},

@@ -11,12 +11,13 @@ using namespace moe_ep_oracle;
 namespace {
 bool fp8(const Problem& p) { return p.dispatch_dtype == DispatchDtype::kFp8; }
 bool packed(const Problem& p) { return p.scale_format == ScaleFormat::kUe8m0Packed; }
-int scale_cols(const Problem& p) { return packed(p) ? p.packed_scale_words() : p.scale_groups(); }
+int scale_cols(const Problem& p) { return packed(p) ? p.packed_scale_words() : p.scale_floats(); }
 // The problem's fp8 rows as a per-call moe_ep_dispatch_format_t.
 int32_t call_format(const Problem& p) {
   switch (p.scale_format) {
     case ScaleFormat::kUe8m0: return MOE_EP_FORMAT_FP8_UE8M0;
     case ScaleFormat::kUe8m0Packed: return MOE_EP_FORMAT_FP8_UE8M0_PACKED;
+    case ScaleFormat::kPerToken: return MOE_EP_FORMAT_FP8_PER_TOKEN;
     default: return MOE_EP_FORMAT_FP8_F32;
   }
 }

@@ -341,8 +341,12 @@ void run_bad_input(Ctx& c) {
       d.dp.format = MOE_EP_FORMAT_BF16;
       d.expect_refused("bf16 call on an fp8 group", MOE_EP_ERR_UNSUPPORTED, "dispatch_dtype: bf16");
     }
+    // What only high-throughput dispatch takes: per-token scales (0.5),
+    // worst-case sizing and x_scales (0.3).
+    d.dp.format = MOE_EP_FORMAT_FP8_PER_TOKEN;
+    d.expect_refused("per-token format in LL", MOE_EP_ERR_INVALID_ARGUMENT,
+                     "format of pre-quantised high-throughput rows");
     d.dp.format = MOE_EP_FORMAT_GROUP;
-    // What only high-throughput dispatch takes (0.3).
     d.dp.flags = MOE_EP_FLAG_WORST_CASE;
     d.expect_refused("worst-case flag in LL", MOE_EP_ERR_INVALID_ARGUMENT,
                      "MOE_EP_FLAG_WORST_CASE, which is for high_throughput dispatch");

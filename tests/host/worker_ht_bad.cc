@@ -99,6 +99,31 @@ void fp8_x(Ctx& c) {
             mutable_tensor(dp.x_scales)->dtype = dtype_of(DT::kF32);
           },
           MOE_EP_ERR_INVALID_ARGUMENT, "params->x_scales has dtype");
+  // Per-token scales are [T, 1]: the 128-channel scales' columns are not
+  // (hidden 128 aside, where both have one), nor are per-token
+  // receive scales of another width.
+  if (p.scale_groups() != 1) {
+    refused(c, call, "128-channel x_scales with the per-token format", 0, n, true,
+            [&p](moe_ep_dispatch_params_t& dp) {
+              dp.format = MOE_EP_FORMAT_FP8_PER_TOKEN;
+              mutable_tensor(dp.x_scales)->dtype = dtype_of(DT::kF32);
+              mutable_tensor(dp.x_scales)->shape[1] = p.scale_groups();
+            },
+            MOE_EP_ERR_INVALID_ARGUMENT, "params->x_scales has shape");
+  }
+  refused(c, call, "per-token recv_scales two columns wide", 0, n, true,
+          [](moe_ep_dispatch_params_t& dp) {
+            dp.format = MOE_EP_FORMAT_FP8_PER_TOKEN;
+            moe_ep_tensor_t* xs = mutable_tensor(dp.x_scales);
+            xs->dtype = dtype_of(DT::kF32);
+            xs->shape[1] = 1;
+            mutable_tensor(dp.recv_scales)->dtype = dtype_of(DT::kF32);
+            mutable_tensor(dp.recv_scales)->shape[1] = 2;
+          },
+          MOE_EP_ERR_INVALID_ARGUMENT, "params->recv_scales has shape");
+  refused(c, call, "a format past the last", 0, n, true,
+          [](moe_ep_dispatch_params_t& dp) { dp.format = MOE_EP_FORMAT_FP8_PER_TOKEN + 1; },
+          MOE_EP_ERR_INVALID_ARGUMENT, "is not a moe_ep_dispatch_format_t value (0..5)");
   refused(c, call, "fp8 rows without recv_scales", 0, n, true,
           [](moe_ep_dispatch_params_t& dp) { dp.recv_scales = nullptr; },
           MOE_EP_ERR_INVALID_ARGUMENT, "params->recv_scales is NULL");

@@ -72,6 +72,7 @@ moe_ep_oracle::Problem problem_for(const Ctx& c, int hidden, int top_k,
   p.scale_format = c.opt.scale == "ue8m0" || c.opt.round_scale
                        ? moe_ep_oracle::ScaleFormat::kUe8m0
                    : c.opt.scale == "ue8m0_packed" ? moe_ep_oracle::ScaleFormat::kUe8m0Packed
+                   : c.opt.scale == "per_token"    ? moe_ep_oracle::ScaleFormat::kPerToken
                                                    : moe_ep_oracle::ScaleFormat::kF32;
   // HT combine sums per node of ranks_per_node first when it is set.
   p.node_ranks = c.opt.ranks_per_node;
@@ -162,6 +163,12 @@ static bool parse(int argc, char** argv, Options* o) {
     } else {
       return false;
     }
+  }
+  // Per-token scales are a per-call format of HT rows only: no group's
+  // fp8_scale names them.
+  if (o->scale == "per_token" && !(o->ht && o->per_call_format)) {
+    std::fprintf(stderr, "--scale=per_token needs --mode=ht and --per_call_format=1\n");
+    return false;
   }
   return true;
 }

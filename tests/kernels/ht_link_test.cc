@@ -71,23 +71,30 @@ TEST(HtLink, DispatchRejectsEachBrokenRule) {
       {"num_experts is 257", [](mep_ht_dispatch_args_t *a) { a->num_experts = 257; }},
       {"topk_idx_bytes is 2", [](mep_ht_dispatch_args_t *a) { a->topk_idx_bytes = 2; }},
       {"buffer_set is 2", [](mep_ht_dispatch_args_t *a) { a->buffer_set = 2; }},
-      {"packed (got 0)", [](mep_ht_dispatch_args_t *a) { a->fp8 = 1; }},
-      // Not the scale mode's words (56 f32 or 14 packed at hidden 7168).
-      {"packed (got 20)",
+      {"per token (got 0)", [](mep_ht_dispatch_args_t *a) { a->fp8 = 1; }},
+      // Not the scale mode's words (56 f32, 14 packed or 1 per token at
+      // hidden 7168).
+      {"per token (got 20)",
        [](mep_ht_dispatch_args_t *a) {
          a->fp8 = 1;
          a->scale_words = 20;
        }},
-      {"packed (got 56)",
+      {"per token (got 56)",
        [](mep_ht_dispatch_args_t *a) {
          a->fp8 = 1;
          a->scale_mode = MEP_FP8_SCALE_UE8M0_PACKED;
          a->scale_words = 56;
        }},
-      {"scale_mode 0..2 (got 3)",
+      {"per token (got 56)",
        [](mep_ht_dispatch_args_t *a) {
          a->fp8 = 1;
-         a->scale_mode = 3;
+         a->scale_mode = MEP_FP8_SCALE_PER_TOKEN;
+         a->scale_words = 56;
+       }},
+      {"scale_mode 0..3 (got 4)",
+       [](mep_ht_dispatch_args_t *a) {
+         a->fp8 = 1;
+         a->scale_mode = 4;
          a->scale_words = 56;
        }},
       {"is NULL with 3 tokens", [](mep_ht_dispatch_args_t *a) { a->num_tokens = 3; }},
@@ -294,7 +301,8 @@ TEST(HtLayout, NetworkRegions) {
 
 TEST(HtLayout, CountWordRoundTrips) {
   const uint32_t desc =
-      mep_row_desc(MEP_MAX_HIDDEN, MEP_MAX_TOP_K, 1, MEP_FP8_SCALE_UE8M0_PACKED);
+      mep_row_desc(MEP_MAX_HIDDEN, MEP_MAX_TOP_K, 1, MEP_FP8_SCALE_PER_TOKEN);
+  EXPECT_EQ(desc >> (MEP_ROW_DESC_BITS - 1), 1u);  // the description's top bit is in use
   for (int worst : {0, 1}) {
     const uint64_t w =
         MEP_HT_CNT_WORD(0xfffffffeu, worst, desc, MEP_HT_MAX_CHANNELS, MEP_MAX_TOKENS_HT);
@@ -320,8 +328,8 @@ TEST(HtLayout, CountWordTagsOfCallsSharingAWordDiffer) {
 }
 
 // A row description holds hidden, top_k and the row format exactly (the
-// scale format too, where f32 and UE8M0 scales, or at hidden 128 f32 and
-// packed ones, have as many words), tells every two such calls apart, and
+// scale format too, where f32 and UE8M0 scales, or at hidden 128 f32,
+// packed and per-token ones, have as many words), tells every two such calls apart, and
 // gives each the ring payload its rows have.
 TEST(HtLayout, RowDescriptionsAreExact) {
   struct Row {
@@ -330,7 +338,7 @@ TEST(HtLayout, RowDescriptionsAreExact) {
   std::vector<Row> rows;
   for (int h : {8, 128, 2880, 4096, 7168, MEP_MAX_HIDDEN})
     for (int k : {1, 8, MEP_MAX_TOP_K})
-      for (int mode = -1; mode <= MEP_FP8_SCALE_UE8M0_PACKED; ++mode)
+      for (int mode = -1; mode <= MEP_FP8_SCALE_PER_TOKEN; ++mode)
         if (mode < 0 || h % 128 == 0) rows.push_back({h, k, mode});
   for (const Row &a : rows) {
     const uint32_t d = mep_row_desc(a.hidden, a.top_k, a.mode >= 0, a.mode);
@@ -339,7 +347,7 @@ TEST(HtLayout, RowDescriptionsAreExact) {
     EXPECT_EQ(mep_row_desc_top_k(d), a.top_k);
     EXPECT_EQ(mep_row_desc_scale_mode(d), a.mode);
     EXPECT_EQ(mep_ht_desc_payload(d),
-              mep_ht_payload_bytes(a.hidden, a.mode >= 0, mep_ht_scale_words(a.hidden, a.mode)))
+              mep_ht_payload_bytes(a.hidden, a.mode >= 0, mep_fp8_scale_words(a.hidden, a.mode)))
         << "hidden " << a.hidden << " mode " << a.mode;
     const int64_t n = mep_ht_refused_recv(MEP_HT_MAX_RANKS - 1, d);
     EXPECT_LT(n, -1);
@@ -352,10 +360,11 @@ TEST(HtLayout, RowDescriptionsAreExact) {
           << b.top_k << "/" << b.mode;
     }
   }
-  EXPECT_EQ(mep_ht_scale_words(7168, MEP_FP8_SCALE_F32), 56);
-  EXPECT_EQ(mep_ht_scale_words(7168, MEP_FP8_SCALE_UE8M0), 56);
-  EXPECT_EQ(mep_ht_scale_words(7168, MEP_FP8_SCALE_UE8M0_PACKED), 14);
-  EXPECT_EQ(mep_ht_scale_words(2048, -1), 0);
+  EXPECT_EQ(mep_fp8_scale_words(7168, MEP_FP8_SCALE_F32), 56);
+  EXPECT_EQ(mep_fp8_scale_words(7168, MEP_FP8_SCALE_UE8M0), 56);
+  EXPECT_EQ(mep_fp8_scale_words(7168, MEP_FP8_SCALE_UE8M0_PACKED), 14);
+  EXPECT_EQ(mep_fp8_scale_words(7168, MEP_FP8_SCALE_PER_TOKEN), 1);
+  EXPECT_EQ(mep_fp8_scale_words(2048, -1), 0);
   EXPECT_EQ(mep_ht_refused_source(mep_ht_refused_recv(0, 0)), 0);
   EXPECT_EQ(mep_ht_refused_recv(0, 0), -2);
 }

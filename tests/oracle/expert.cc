@@ -21,8 +21,9 @@ void transported_row(const Problem& p, const uint16_t* x, float* out) {
     return;
   }
   std::vector<uint8_t> q(p.hidden);
-  std::vector<float> scales(p.scale_groups());
+  std::vector<float> scales(p.scale_floats());
   quantize_row(x, p.hidden, p.scale_format, q.data(), scales.data());
+  if (p.scale_format == ScaleFormat::kPerToken) scales.assign(p.scale_groups(), scales[0]);
   dequantize_row(q.data(), scales.data(), p.hidden, out);
 }
 

@@ -25,17 +25,17 @@ struct HtDispatchExpected {
   std::vector<int32_t> num_recv_tokens_per_expert;  // [E_local]
   // kFp8 only: the source's pre-quantised row and scales exactly.
   std::vector<uint8_t> recv_x_fp8;          // [N_recv, H] e4m3
-  std::vector<float> recv_scales;           // [N_recv, H/128] (kF32, kUe8m0)
+  std::vector<float> recv_scales;           // [N_recv, H/128] (kF32, kUe8m0), [N_recv, 1] (kPerToken)
   std::vector<int32_t> recv_scales_packed;  // [N_recv, ceil(H/512)] (kUe8m0Packed)
 };
 
 // What an engine that quantises before an HT dispatch passes: x quantised
-// per 128 channels with p.scale_format (quantize_row), its scales as f32
-// [T, H/128], or packed [T, ceil(H/512)] for kUe8m0Packed (then `scales`
-// holds the powers of two the words encode).
+// with p.scale_format (quantize_row), its scales as f32 [T, H/128] (one per
+// 128 channels) or [T, 1] (kPerToken), or packed [T, ceil(H/512)] for
+// kUe8m0Packed (then `scales` holds the powers of two the words encode).
 struct HtFp8Input {
   std::vector<uint8_t> x;        // [T, H] e4m3
-  std::vector<float> scales;     // [T, H/128]
+  std::vector<float> scales;     // [T, scale_floats()]
   std::vector<int32_t> packed;   // [T, ceil(H/512)], kUe8m0Packed only
 };
 HtFp8Input ht_fp8_input(const Problem& p, const RankInputs& in);

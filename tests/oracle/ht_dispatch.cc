@@ -46,7 +46,7 @@ HtDispatchExpected ht_dispatch_expected(const Problem& p, const std::vector<Rank
     // Each source quantised its whole x once; rows arrive as it sent them.
     std::vector<HtFp8Input> q;
     for (const RankInputs& in : all) q.push_back(ht_fp8_input(p, in));
-    const int G = p.scale_groups(), W = p.packed_scale_words();
+    const int G = p.scale_floats(), W = p.packed_scale_words();
     const bool packed = p.scale_format == ScaleFormat::kUe8m0Packed;
     for (int64_t n = 0; n < d.num_recv; ++n) {
       const HtFp8Input& src = q[d.src_rank[n]];
@@ -65,7 +65,7 @@ HtDispatchExpected ht_dispatch_expected(const Problem& p, const std::vector<Rank
 
 HtFp8Input ht_fp8_input(const Problem& p, const RankInputs& in) {
   check_problem(p);
-  const int H = p.hidden, G = p.scale_groups(), W = p.packed_scale_words();
+  const int H = p.hidden, G = p.scale_floats(), W = p.packed_scale_words();
   const size_t T = static_cast<size_t>(in.num_tokens);
   HtFp8Input q;
   q.x.resize(T * H);

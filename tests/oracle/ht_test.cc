@@ -170,7 +170,7 @@ TEST_P(HtFp8, RowsVerbatimAndCombine) {
   p.generator = Generator::kMasked;
   p.dispatch_dtype = DispatchDtype::kFp8;
   p.scale_format = GetParam();
-  const int H = p.hidden, G = p.scale_groups(), W = p.packed_scale_words();
+  const int H = p.hidden, G = p.scale_floats(), W = p.packed_scale_words();
   const bool packed = p.scale_format == ScaleFormat::kUe8m0Packed;
   std::vector<RankInputs> all = make_all_inputs(p, 23);
   std::vector<HtFp8Input> q;
@@ -194,8 +194,9 @@ TEST_P(HtFp8, RowsVerbatimAndCombine) {
         }
       }
       // The partial is of the dequantised row, not of the bf16 source.
-      std::vector<float> deq(H), want(H);
-      dequantize_row(&src.x[t * H], &src.scales[t * G], H, deq.data());
+      std::vector<float> deq(H), want(H), scales(&src.scales[t * G], &src.scales[t * G] + G);
+      if (p.scale_format == ScaleFormat::kPerToken) scales.assign(p.scale_groups(), scales[0]);
+      dequantize_row(&src.x[t * H], scales.data(), H, deq.data());
       transported_row(p, &d.recv_x[n * H], want.data());
       ASSERT_EQ(std::memcmp(deq.data(), want.data(), H * sizeof(float)), 0) << "row " << n;
     }
@@ -212,7 +213,7 @@ TEST_P(HtFp8, RowsVerbatimAndCombine) {
 
 INSTANTIATE_TEST_SUITE_P(Formats, HtFp8,
                          ::testing::Values(ScaleFormat::kF32, ScaleFormat::kUe8m0,
-                                           ScaleFormat::kUe8m0Packed));
+                                           ScaleFormat::kUe8m0Packed, ScaleFormat::kPerToken));
 
 TEST(Compare, ExactMessages) {
   std::vector<uint16_t> a = {float_to_bf16(1.0f), float_to_bf16(2.0f), float_to_bf16(3.0f)};

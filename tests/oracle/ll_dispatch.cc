@@ -12,6 +12,9 @@ namespace moe_ep_oracle {
 LlDispatchExpected ll_dispatch_expected(const Problem& p, const std::vector<RankInputs>& all,
                                         int rank) {
   check_problem(p);
+  if (p.dispatch_dtype == DispatchDtype::kFp8 && p.scale_format == ScaleFormat::kPerToken)
+    throw OracleError("ll_dispatch_expected: LL quantises one scale per 128 channels; "
+                      "kPerToken is a format of HT rows quantised before the dispatch");
   const int K = p.top_k, H = p.hidden, L = p.local_experts();
   LlDispatchExpected d;
   d.rank = rank;

@@ -20,10 +20,12 @@ enum class Generator { kUniform, kSkewed, kAllToOneRank, kEmptyRanks, kMasked };
 
 enum class DispatchDtype { kBf16, kFp8 };
 
-// kF32: scale = amax/448; kUe8m0: that rounded up to a power of two, stored
-// as f32; kUe8m0Packed: the same powers of two as biased exponent bytes,
-// four groups per int32.
-enum class ScaleFormat { kF32, kUe8m0, kUe8m0Packed };
+// kF32: scale = amax/448 per 128-channel group; kUe8m0: that rounded up to
+// a power of two, stored as f32; kUe8m0Packed: the same powers of two as
+// biased exponent bytes, four groups per int32; kPerToken: one f32 scale
+// for the whole row, amax/448 over all its channels (HT only: rows an
+// engine quantised before the dispatch; LL quantises per group).
+enum class ScaleFormat { kF32, kUe8m0, kUe8m0Packed, kPerToken };
 
 struct Problem {
   int world = 1;
@@ -47,6 +49,8 @@ struct Problem {
   int local_id(int64_t e) const { return static_cast<int>(e % local_experts()); }
   int scale_groups() const { return hidden / kGroupSize; }
   int packed_scale_words() const { return (scale_groups() + 3) / 4; }
+  // f32 scales per quantised row: one per group, or one per token.
+  int scale_floats() const { return scale_format == ScaleFormat::kPerToken ? 1 : scale_groups(); }
 };
 
 // An input the oracle cannot serve: a bug in the test, not in the plugin.

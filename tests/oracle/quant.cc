@@ -48,17 +48,24 @@ uint8_t ue8m0_byte(float pow2_scale) {
 
 float ue8m0_to_float(uint8_t byte) { return std::ldexp(1.0f, static_cast<int>(byte) - 127); }
 
-void quantize_row(const uint16_t* x, int hidden, ScaleFormat fmt, uint8_t* q, float* scales) {
-  bool pow2 = fmt != ScaleFormat::kF32;
-  for (int g = 0; g < hidden / kGroupSize; ++g) {
-    const uint16_t* xg = x + g * kGroupSize;
-    float scale = scale_for_amax(group_amax(xg, kGroupSize), pow2);
-    scales[g] = scale;
-    for (int i = 0; i < kGroupSize; ++i) {
-      float v = bf16_to_float(xg[i]);
-      q[g * kGroupSize + i] = std::isnan(v) ? kQuantizedNan : float_to_e4m3(v / scale);
-    }
+// n values of x quantised with one scale, chosen from their own amax.
+static float quantize_span(const uint16_t* x, int n, bool pow2, uint8_t* q) {
+  float scale = scale_for_amax(group_amax(x, n), pow2);
+  for (int i = 0; i < n; ++i) {
+    float v = bf16_to_float(x[i]);
+    q[i] = std::isnan(v) ? kQuantizedNan : float_to_e4m3(v / scale);
   }
+  return scale;
+}
+
+void quantize_row(const uint16_t* x, int hidden, ScaleFormat fmt, uint8_t* q, float* scales) {
+  if (fmt == ScaleFormat::kPerToken) {
+    scales[0] = quantize_span(x, hidden, false, q);
+    return;
+  }
+  bool pow2 = fmt != ScaleFormat::kF32;
+  for (int g = 0; g < hidden / kGroupSize; ++g)
+    scales[g] = quantize_span(x + g * kGroupSize, kGroupSize, pow2, q + g * kGroupSize);
 }
 
 void pack_ue8m0(const float* pow2_scales, int groups, int32_t* words) {

@@ -34,7 +34,8 @@ constexpr uint8_t kQuantizedNan = 0x7F;
 
 // Quantize one row of `hidden` bf16 values (hidden % 128 == 0): fills
 // q[hidden] with e4m3(x / scale) and scales[hidden/128] with each group's
-// scale (a power of two for kUe8m0 and kUe8m0Packed). Non-finite input:
+// scale (a power of two for kUe8m0 and kUe8m0Packed), or with kPerToken
+// scales[0] with the row's one scale (the same rule over all of it). Non-finite input:
 // +-inf gives +-448 (x / scale is +-inf, which satfinite saturates), NaN
 // gives kQuantizedNan; a group with no finite value other than 0 gets the
 // floor's scale, 1e-4 / 448 (2^-22 with power-of-two scales).

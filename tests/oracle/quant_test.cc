@@ -86,6 +86,31 @@ TEST(Quantize, Ue8m0UsesPowerOfTwoScale) {
   EXPECT_EQ(e4m3_to_float(q[0]), 128.0f);
 }
 
+TEST(Quantize, PerTokenTakesOneScaleOverTheWholeRow) {
+  // Group 0 holds the row's amax (448: scale 1); group 1's small values are
+  // scaled by it too, not by their own amax, so 0.01 becomes a subnormal code.
+  const int H = 256;
+  std::vector<uint16_t> x(H, float_to_bf16(0.0f));
+  x[0] = float_to_bf16(448.0f);
+  x[130] = float_to_bf16(0.01f);
+  x[131] = float_to_bf16(-3.0f);
+  std::vector<uint8_t> q(H), q_group(H);
+  std::vector<float> s(2, -1.0f), s_group(2);
+  quantize_row(x.data(), H, ScaleFormat::kPerToken, q.data(), s.data());
+  EXPECT_EQ(s[0], 1.0f);
+  EXPECT_EQ(s[1], -1.0f);  // one scale written, no more
+  EXPECT_EQ(q[0], 0x7E);
+  EXPECT_EQ(q[130], float_to_e4m3(bf16_to_float(x[130])));
+  EXPECT_EQ(q[131], float_to_e4m3(-3.0f));
+  quantize_row(x.data(), H, ScaleFormat::kF32, q_group.data(), s_group.data());
+  EXPECT_EQ(s_group[1], 3.0f / 448.0f);
+  EXPECT_NE(q[130], q_group[130]);
+  // An all-zero row gets the floor, as a group does.
+  std::vector<uint16_t> zero(H, float_to_bf16(0.0f));
+  quantize_row(zero.data(), H, ScaleFormat::kPerToken, q.data(), s.data());
+  EXPECT_EQ(s[0], 1e-4f / 448.0f);
+}
+
 TEST(Quantize, DequantizedErrorWithinHalfAnFp8Step) {
   // bf16 values in [-2, 2] with scale amax/448: |deq - x| <= 2^-4 * |x| for
   // normals (3 mantissa bits), plus half the subnormal step times scale.

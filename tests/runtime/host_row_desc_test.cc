@@ -68,6 +68,16 @@ TEST(HostRowDesc, HighThroughputIgnoresRoundScale) {
   EXPECT_EQ(rounded.text(), "hidden=4096, top_k=6, fp8 rows with f32 scales");
 }
 
+// One scale per row is a layout of its own: at hidden 128 it has as many
+// scale words as 128-channel f32 scales, and the calls still differ.
+TEST(HostRowDesc, PerTokenScalesAreTheirOwnFormat) {
+  const Call per_token(HT, 128, 8, 1, MEP_FP8_SCALE_PER_TOKEN, 0);
+  EXPECT_NE(per_token.desc(), Call(HT, 128, 8, 1, F32, 0).desc());
+  EXPECT_EQ(per_token.text(), "hidden=128, top_k=8, fp8 rows with per-token f32 scales");
+  EXPECT_EQ(Call(HT, 7168, 8, 1, MEP_FP8_SCALE_PER_TOKEN, ROUND).desc() & kMask,
+            mep_row_desc(7168, 8, 1, MEP_FP8_SCALE_PER_TOKEN));
+}
+
 TEST(HostRowDesc, EveryFieldThatChangesTheRowsDiffers) {
   const Call base(LL, 7168, 8, 1, UE8M0, 0);
   EXPECT_NE(base.desc(), Call(LL, 7168 - 128, 8, 1, UE8M0, 0).desc());

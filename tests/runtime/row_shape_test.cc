@@ -29,6 +29,8 @@ TEST(RowShape, HtDescriptionsReadAsTheCallsWereMade) {
   EXPECT_EQ(std::string(text), "hidden=7168, top_k=8, fp8 rows with f32 scales");
   mep_row_desc_text(mep_row_desc(2048, 32, 1, MEP_FP8_SCALE_UE8M0_PACKED), text, sizeof text);
   EXPECT_EQ(std::string(text), "hidden=2048, top_k=32, fp8 rows with packed UE8M0 scales");
+  mep_row_desc_text(mep_row_desc(32768, 32, 1, MEP_FP8_SCALE_PER_TOKEN), text, sizeof text);
+  EXPECT_EQ(std::string(text), "hidden=32768, top_k=32, fp8 rows with per-token f32 scales");
 }
 
 TEST(RowShape, HtRefusedDispatchNamesBothRanksAndKeepsTheGroup) {
