@@ -29,8 +29,9 @@ bit for bit). `ht`: high-throughput groups (256 and 64 experts) through the
 Group API, then the Buffer's normal mode: bf16 dispatch of 0 to 4096
 tokens per rank, hidden 7168 and 2880, top-k 8 and 1 (recv_x rows, local
 expert ids, weights, per-expert counts, num_recv_tokens; the Buffer's
-get_dispatch_layout), pre-quantised fp8 with f32, UE8M0 and packed UE8M0
-scales (bytes and scales verbatim), worst-case outputs (num_worst_tokens),
+get_dispatch_layout), pre-quantised fp8 with f32, UE8M0, packed UE8M0 and
+per-token scales (bytes and scales verbatim; DeepEP's [T] scales through
+the Buffer), worst-case outputs (num_worst_tokens),
 a cached layout (a second tensor on one handle), and combine (with
 DeepEP's bias pair after the cached dispatch), all
 bit-exact against an expectation built from every rank's seeded inputs;
@@ -581,8 +582,9 @@ def ht_inputs(seed, tokens, hidden, experts, top_k=HT_TOP_K):
 def fp8_inputs(seed, tokens, fmt):
     """Every rank's pre-quantised x as an engine passes it: e4m3 codes
     [T, H] (any finite code: HT carries the bytes unread) and scales,
-    [T, H/128] f32 (arbitrary for fp8, powers of two for fp8_ue8m0) or
-    [T, H/512] int32 (fp8_ue8m0_packed: four UE8M0 exponent bytes each)."""
+    [T, H/128] f32 (arbitrary for fp8, powers of two for fp8_ue8m0),
+    [T, H/512] int32 (fp8_ue8m0_packed: four UE8M0 exponent bytes each) or
+    [T, 1] f32 (fp8_per_token)."""
     out = []
     for r in range(WORLD):
         g = torch.Generator().manual_seed(seed * 1000 + r)
@@ -591,6 +593,8 @@ def fp8_inputs(seed, tokens, fmt):
         q[(q & 0x7F) == 0x7F] = 0  # no NaN codes: the combine reads the codes' values
         if fmt == "fp8":
             s = torch.rand(t, groups, generator=g) * 4 + 1e-3
+        elif fmt == "fp8_per_token":
+            s = torch.rand(t, 1, generator=g) * 4 + 1e-3
         elif fmt == "fp8_ue8m0":
             s = torch.pow(2.0, torch.randint(-20, 5, (t, groups), generator=g).float())
         else:
@@ -697,8 +701,8 @@ def ht_fp8(g, experts, seed, tokens, fmt):
         q, s = on_device(quant[RANK])
         _, idx, w = on_device(all_in[RANK])
         h = g.prepare(idx)
-        # The format follows the scales' dtype (f32: fp8, int32: packed);
-        # power-of-two scales in f32 are named.
+        # The format follows the scales (f32: fp8, or one column per token;
+        # int32: packed); power-of-two scales in f32 are named.
         kw = {"format": fmt} if fmt == "fp8_ue8m0" else {}
         res = g.dispatch(h, (q.view(moe_ep.FP8_STORAGE), s), topk_weights=w, **kw)
         want = ht_expected(all_in, experts)
@@ -838,9 +842,10 @@ def check_list(what, got, want):
         fail(what + " num_recv_tokens_per_expert_list", "got %s want %s" % (got, want))
 
 
-def buffer_fp8(buf, experts, seed, tokens, fmt):
+def buffer_fp8(buf, experts, seed, tokens, fmt, one_d=False):
     """(x_fp8, scales) in, (recv_x_fp8, recv_scales) out bit for bit; f32
-    scales as DeepGEMM's column-major view, as engines pass them."""
+    scales as DeepGEMM's column-major view, as engines pass them; one_d:
+    DeepEP's per-token [T] scales, received as [N_recv]."""
     what = "deep_ep E%d %s T=%s" % (experts, fmt, tokens)
     with case(what):
         all_in = ht_inputs(seed, tokens, HT_HIDDEN, experts)
@@ -850,7 +855,12 @@ def buffer_fp8(buf, experts, seed, tokens, fmt):
             s = s.t().contiguous().t()
         _, idx, w = on_device(all_in[RANK])
         (rq, rs), recv_idx, recv_w, counts, handle, _ = buf.dispatch(
-            (q.view(moe_ep.FP8_STORAGE), s), topk_idx=idx, topk_weights=w)
+            (q.view(moe_ep.FP8_STORAGE), s.view(-1) if one_d else s), topk_idx=idx,
+            topk_weights=w)
+        if one_d:
+            if rs.dim() != 1:
+                fail(what + " recv_scales", "shape %s for [T] scales" % (tuple(rs.shape),))
+            rs = rs.view(-1, 1)
         want = ht_expected(all_in, experts)
         want["x"] = routed(want["mine"], [c for c, _ in quant])
         want["scales"] = routed(want["mine"], [c for _, c in quant])
@@ -984,6 +994,7 @@ def part_buffer_normal(address):
         buffer_bf16(buf, experts, *c)
     buffer_fp8(buf, experts, 34, (512, 7), "fp8")
     buffer_fp8(buf, experts, 35, (7, 4096), "fp8_ue8m0_packed")
+    buffer_fp8(buf, experts, 39, (4096, 300), "fp8_per_token", one_d=True)
     buffer_worst(buf, experts, 36, (512, 4096))
     buffer_cached(buf, experts, 37, (4096, 512))
     buffer_graph(buf, experts, (300, 512))
@@ -1003,7 +1014,8 @@ def part_ht():
                 ht_bf16(g, experts, *c)
             if experts == 256:
                 for seed, fmt, tokens in ((16, "fp8", (512, 4096)), (17, "fp8_ue8m0", (7, 512)),
-                                          (18, "fp8_ue8m0_packed", (4096, 1))):
+                                          (18, "fp8_ue8m0_packed", (4096, 1)),
+                                          (27, "fp8_per_token", (300, 4096))):
                     ht_fp8(g, experts, seed, tokens, fmt)
                 ht_worst(g, experts, 19, (512, 4096))
                 ht_cached(g, experts, 20, (4096, 7))

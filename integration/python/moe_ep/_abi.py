@@ -1,4 +1,4 @@
-"""ctypes mirror of plugin/include/moe_ep.h (ABI v1, version 0.4).
+"""ctypes mirror of plugin/include/moe_ep.h (ABI v1, version 0.5).
 
 Field order and types follow the header exactly; tests/abi_layout_test.cc
 pins the C side, and test_abi.py checks these sizes against it. Entries
@@ -39,7 +39,9 @@ FLAG_DEFER_RECV = 1 << 0
 FLAG_ROUND_SCALE = 1 << 1
 FLAG_WORST_CASE = 1 << 2  # 0.3: HT outputs sized world_size * max_tokens_per_rank
 # moe_ep_dispatch_format_t: a dispatch's row format, per call.
-FORMATS = {None: 0, "bf16": 1, "fp8": 2, "fp8_ue8m0": 3, "fp8_ue8m0_packed": 4}
+FORMATS = {None: 0, "bf16": 1, "fp8": 2, "fp8_ue8m0": 3, "fp8_ue8m0_packed": 4,
+           "fp8_per_token": 5}  # 5: 0.5, high throughput only
+FORMAT_SINCE = {"fp8_per_token": (0, 5)}
 
 ADDRESS_MAX = 256
 ENV_NAME_MAX = 64

@@ -11,13 +11,16 @@ from . import _abi
 from ._calls import Calls, hidden_of, split_x
 from ._results import DispatchResult
 from ._torch import FP8_STORAGE, TensorSlot
+from .errors import UnsupportedError
 from .handle import Hook
 
 
 def scale_format(x, x_scales, fmt):
     """The call's format: the caller's, else for an fp8 x the scales'
-    dtype's (f32 and UE8M0 scales travel alike: as f32). Anything else is
-    left to the library, whose sentence names the rule."""
+    (f32 and UE8M0 scales travel alike: as f32; one f32 column is one
+    scale per token unless H is 128, where the two formats are the same
+    bytes). Anything else is left to the library, whose sentence names the
+    rule."""
     if fmt is not None:
         if fmt not in _abi.FORMATS:
             raise ValueError("dispatch: format=%r must be one of %s"
@@ -25,7 +28,23 @@ def scale_format(x, x_scales, fmt):
         return fmt
     if x_scales is None or getattr(x, "dtype", None) not in (torch.uint8, FP8_STORAGE):
         return None
-    return "fp8_ue8m0_packed" if x_scales.dtype == torch.int32 else "fp8"
+    if x_scales.dtype == torch.int32:
+        return "fp8_ue8m0_packed"
+    if x_scales.dim() == 2 and x_scales.shape[1] == 1 and x.dim() == 2 and x.shape[1] != 128:
+        return "fp8_per_token"
+    return "fp8"
+
+
+def check_format_supported(lib, fmt):
+    """A format the loaded library predates is refused here, naming the
+    version it needs (the library itself would say only that the value is
+    out of range)."""
+    since = _abi.FORMAT_SINCE.get(fmt)
+    if since is not None and tuple(lib.version[:2]) < since:
+        raise UnsupportedError(
+            "dispatch: format=%r needs moe-ep %d.%d or later; the library '%s' is version "
+            "%d.%d.%d"
+            % ((fmt,) + since + (lib.path,) + tuple(lib.version)), "dispatch")
 
 
 class HighThroughputCalls(Calls):
@@ -51,6 +70,7 @@ class HighThroughputCalls(Calls):
                                       "quantises (pass x already quantised, with x_scales)")
         x, x_scales = split_x(x, x_scales)
         fmt = scale_format(x, x_scales, fmt)
+        check_format_supported(self.lib, fmt)
         hidden = hidden_of(x, "x")
         if out is None:
             cap = self.capacity if recv_capacity is None else int(recv_capacity)

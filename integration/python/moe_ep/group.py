@@ -275,10 +275,12 @@ class Group:
         High throughput, pre-quantised fp8 (as vLLM and SGLang quantise
         before an HT dispatch): x=(x_fp8, scales), or x_fp8 with
         x_scales=scales; x_fp8 [T, H] float8_e4m3fn (uint8 storage before
-        torch 2.1), scales [T, H/128] float32 or [T, H/512] int32 (UE8M0
-        packed). The rows and scales arrive verbatim: recv_x is fp8 and
-        recv_scales [rows, cols] of the scales' dtype. format defaults to
-        the scales' ("fp8" for float32, "fp8_ue8m0_packed" for int32).
+        torch 2.1), scales [T, H/128] float32, [T, H/512] int32 (UE8M0
+        packed) or [T, 1] float32 (one scale per token; moe-ep 0.5). The
+        rows and scales arrive verbatim: recv_x is fp8 and recv_scales
+        [rows, cols] of the scales' dtype. format defaults to the scales'
+        ("fp8" for float32, "fp8_ue8m0_packed" for int32, "fp8_per_token"
+        for one float32 column when H is not 128).
         worst_case=True (high throughput): outputs of recv_capacity rows
         (default and minimum world_size * max_tokens_per_rank), returned
         whole: rows from num_recv_tokens on have recv_topk_idx -1 and

@@ -290,12 +290,34 @@ def ht_combine(p, inp, seen=None):
     return out
 
 
+def fp8_quantize_per_token(x_bits):
+    """bf16 row -> (e4m3 codes [H], its one scale [1]): the per-group rule
+    taken over the whole row (amax of the finite values, floored at 1e-4,
+    over 448)."""
+    f = bf16_float(x_bits)
+    a = np.abs(f)
+    amax = np.float32(np.where(np.isfinite(a), a, np.float32(0)).max()) if len(f) else 0
+    s = np.float32(max(amax, np.float32(1e-4)) / np.float32(448.0))
+    with np.errstate(invalid="ignore", over="ignore"):
+        q = e4m3_bits((f / s).astype(np.float32))
+    return q, np.array([s], np.float32)
+
+
 def ht_fp8_inputs(p, inp, fmt):
     """What an engine that quantises before an HT dispatch passes for rank
     inputs `inp`, with fmt "fp8" (f32 scales), "fp8_ue8m0" (power-of-two
-    scales as f32) or "fp8_ue8m0_packed": (e4m3 codes [T, H] uint8, scales
-    [T, H/128] float32 or [T, H/512] int32), and the rows as its experts
-    will see them (dequantised, [T, H] float32)."""
+    scales as f32), "fp8_ue8m0_packed" or "fp8_per_token": (e4m3 codes
+    [T, H] uint8, scales [T, H/128] float32, [T, H/512] int32 or [T, 1]
+    float32), and the rows as its experts will see them (dequantised,
+    [T, H] float32)."""
+    if fmt == "fp8_per_token":
+        t = len(inp["x"])
+        q = np.zeros((t, p.hidden), dtype=np.uint8)
+        scales = np.zeros((t, 1), dtype=np.float32)
+        for i in range(t):
+            q[i], scales[i] = fp8_quantize_per_token(inp["x"][i])
+        seen = (e4m3_float(q) * scales).astype(np.float32)
+        return q, scales, seen
     packed = fmt == "fp8_ue8m0_packed"
     pow2 = fmt != "fp8"
     t = len(inp["x"])

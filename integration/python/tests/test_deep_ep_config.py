@@ -268,4 +268,4 @@ def test_pre_quantised_x_is_checked():
     with pytest.raises(TypeError, match=r"x\[1\] \(scales\) must be a torch.Tensor, got NoneType"):
         b.dispatch((q, None))
     with pytest.raises(NotImplementedError, match=r"scales are \[num_tokens, hidden/128\] float32"):
-        b.dispatch((q, torch.ones(2)))
+        b.dispatch((q, torch.ones((2, 3))))

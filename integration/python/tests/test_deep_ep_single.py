@@ -218,10 +218,10 @@ def test_layouts_are_kept_per_thread(lib, monkeypatch):
 
 
 def test_scales_of_another_shape_are_refused_before_prepare(lib, monkeypatch):
-    """DeepEP's per-token scales ([T], or [T, 1] where hidden/128 > 1) and
-    any scale count other than hidden/128 float32 or ceil(hidden/512)
-    int32 are refused with NotImplementedError naming the argument before
-    prepare's count exchange runs, and the group stays usable."""
+    """Any scale count other than hidden/128 float32, ceil(hidden/512)
+    int32 or one float32 per token is refused with NotImplementedError
+    naming the argument before prepare's count exchange runs, and the group
+    stays usable."""
     buf = make_buffer(lib, True)
     x, idx, w = inputs(4)
     buf.get_dispatch_layout(idx, E)
@@ -231,7 +231,7 @@ def test_scales_of_another_shape_are_refused_before_prepare(lib, monkeypatch):
     real = g.prepare
     monkeypatch.setattr(g, "prepare", lambda *a, **k: prepared.append(1) or real(*a, **k))
     codes = torch.zeros((4, 1024), dtype=torch.uint8)  # hidden 1024: 8 float32 or 2 int32 scales
-    for scales in (torch.ones(4), torch.ones((4, 1)), torch.ones((4, 2)),
+    for scales in (torch.ones((4, 2)), torch.ones(4, dtype=torch.int32), torch.ones((4, 1, 1)),
                    torch.ones((4, 1), dtype=torch.int32), torch.ones((4, 8), dtype=torch.int32)):
         with pytest.raises(NotImplementedError,
                            match=r"^rank 0: dispatch: x\[1\] \(scales\) of shape=%s is not "

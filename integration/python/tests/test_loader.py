@@ -52,6 +52,20 @@ def test_a_0_2_library_loads_without_the_later_entries():
         lib.entry("group_busy_hook")
 
 
+def test_a_format_the_library_predates_is_refused_naming_the_version():
+    """Per-token HT rows (format 5) need 0.5: an older library would call
+    the value out of range, so the package says which version it needs."""
+    from moe_ep._ht import check_format_supported
+    old = moe_ep.Library(os.path.join(os.path.dirname(os.path.dirname(library_path())), "tests",
+                                      "plugin", "libfake_v02_plugin.so"))
+    with pytest.raises(moe_ep.UnsupportedError,
+                       match=r"format='fp8_per_token' needs moe-ep 0.5 or later; the library "
+                             r"'.*libfake_v02_plugin.so' is version 0.2.0"):
+        check_format_supported(old, "fp8_per_token")
+    check_format_supported(old, "fp8_ue8m0_packed")
+    check_format_supported(moe_ep.Library(library_path()), "fp8_per_token")
+
+
 def test_a_table_with_a_null_entry_is_refused_naming_it():
     bad = os.path.join(os.path.dirname(os.path.dirname(library_path())), "tests", "plugin",
                        "libfake_null_plugin.so")

@@ -50,10 +50,12 @@ def _version_or_none(t):
 
 
 def _split_x(entry, x):
-    """(x, scales or None) of DeepEP's x or (x_fp8, scales); the library
-    takes row-major scales, so DeepGEMM's column-major view is copied."""
+    """(x, scales or None, whether the scales were DeepEP's one-dimensional
+    per-token [T]) of DeepEP's x or (x_fp8, scales); the library takes
+    row-major 2-D scales, so DeepGEMM's column-major view is copied and [T]
+    is viewed as [T, 1]."""
     if not isinstance(x, tuple):
-        return x, None
+        return x, None, False
     if len(x) != 2:
         raise ValueError("%s: x must be a tensor or (x_fp8, scales), got a tuple of %d"
                          % (entry, len(x)))
@@ -62,13 +64,17 @@ def _split_x(entry, x):
         if not isinstance(t, torch.Tensor):
             raise TypeError("%s: %s must be a torch.Tensor, got %s; pre-quantised x is the pair "
                             "(x_fp8, scales)" % (entry, name, type(t).__name__))
-    if scales.dim() != 2 or _scale_columns(x_fp8, scales) not in (None, scales.shape[1]):
-        # DeepEP also takes one scale per token ([T] or [T, 1]); moe-ep
-        # carries one per 128 channels (or four UE8M0 exponents per
-        # int32). Refused here, before prepare's collective runs.
+    one_d = scales.dim() == 1 and scales.dtype == torch.float32
+    if one_d:
+        scales = scales.view(-1, 1)
+    per_token = scales.dim() == 2 and scales.dtype == torch.float32 and scales.shape[1] == 1
+    if scales.dim() != 2 or (not per_token and
+                             _scale_columns(x_fp8, scales) not in (None, scales.shape[1])):
+        # Refused here, before prepare's collective runs.
         _refuse(entry, "x[1] (scales) of shape", tuple(scales.shape), "scales are [num_tokens, "
-                "hidden/128] float32 or [num_tokens, ceil(hidden/512)] int32 (UE8M0 packed)")
-    return x_fp8, scales if scales.is_contiguous() else scales.contiguous()
+                "hidden/128] float32, [num_tokens, ceil(hidden/512)] int32 (UE8M0 packed), or "
+                "one float32 per token ([num_tokens] or [num_tokens, 1])")
+    return x_fp8, scales if scales.is_contiguous() else scales.contiguous(), one_d
 
 
 def _scale_columns(x_fp8, scales):
@@ -490,7 +496,7 @@ class NormalMixin:
         first grows it when some rank's batch exceeds it (_ht_fit); a
         cached or num_worst_tokens dispatch does not."""
         entry = "dispatch"
-        x, x_scales = _split_x(entry, x)
+        x, x_scales, scales_1d = _split_x(entry, x)
         if num_worst_tokens < 0:
             raise ValueError("%s: num_worst_tokens=%d must be >= 0" % (entry, num_worst_tokens))
         if expert_alignment < 1:
@@ -566,7 +572,8 @@ class NormalMixin:
         event = operation_event(async_finish, g._is_cuda, x, x_scales, topk_idx, topk_weights,
                                 recv_x, recv_scales, recv_idx, recv_w)
         if x_scales is not None:
-            recv_x = (recv_x, recv_scales)
+            # DeepEP's received scales keep the rank of the scales sent.
+            recv_x = (recv_x, recv_scales.view(-1) if scales_1d else recv_scales)
         if cached:
             handle.worst_rows = worst_rows  # combine follows the latest dispatch
             if self._ht_grows:

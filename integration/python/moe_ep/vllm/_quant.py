@@ -3,9 +3,14 @@ quantises, following vLLM's DeepEP prepares (deepep_ht_prepare_finalize,
 deepep_ll_prepare_finalize): fp8 with one scale per 128 channels (block_shape
 [*, 128], what DeepEP's kernels carry) is quantised in the dispatch (a low
 latency group with dispatch_dtype fp8_e4m3) or before it (high throughput,
-with the library's rule, moe_ep._fp8); every other fp8 format (per tensor,
-dynamic or with a static a1_scale; per token; groups of another width) is
-dispatched bf16 and quantised after the receive (moe_ep.vllm._received)."""
+with the library's rule, moe_ep._fp8). Dynamic per-token fp8 in high
+throughput is quantised before the dispatch too, with the rule it would
+have after the receive (moe_ep.vllm._received): a row's scale is its own,
+so the codes and scales are the same bits either way, and the rows cross
+at one byte a channel with one f32 scale (a library of 0.5 or later).
+Every other fp8 format (per tensor, dynamic or with a static a1_scale; per
+token in low latency; groups of another width) is dispatched bf16 and
+quantised after the receive."""
 import collections
 
 from .. import _fp8
@@ -28,9 +33,14 @@ def vllm_ht_scale_format(fallback):
 
 class Plan(collections.namedtuple("Plan", "before after")):
     """before: the scale format ("f32", "ue8m0", "ue8m0_packed") to quantise
-    a1 to before a high-throughput dispatch, else None. after: an
-    AfterReceive when the received rows are quantised, else None."""
+    a1 to before a high-throughput dispatch with the library's rule, or
+    PER_TOKEN (quantised with `after`'s rule before the dispatch instead of
+    after the receive), else None. after: an AfterReceive when the received
+    rows are quantised (or, with PER_TOKEN, the rule), else None."""
     __slots__ = ()
+
+
+PER_TOKEN = "per_token"
 
 
 class AfterReceive(collections.namedtuple(
@@ -105,7 +115,10 @@ def plan(entry, quant_config, defer_input_quant, low_latency, group_fp8, scale_f
             "%s: quant_config %s is quantised after the receive from bf16 rows, but the group "
             "dispatches fp8_e4m3 with 128-channel scales (dispatch_dtype in its moe_ep "
             "config); use a bf16 group" % (entry, _describe(per_token, block, a1_scale)))
-    return Plan(None, AfterReceive(qd, per_token, block, a1_scale))
+    after = AfterReceive(qd, per_token, block, a1_scale)
+    if not low_latency and per_token and block is None and a1_scale is None:
+        return Plan(PER_TOKEN, after)
+    return Plan(None, after)
 
 
 def _block_shape(entry, given, hidden):

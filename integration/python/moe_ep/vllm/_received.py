@@ -7,6 +7,7 @@ vLLM is imported on first use only."""
 import torch
 
 from .._optional import optional_module
+from .._torch import FP8_STORAGE
 from . import _act_quant
 
 _VLLM_MOE_UTILS = "vllm.model_executor.layers.fused_moe.utils"
@@ -42,6 +43,18 @@ def standard(recv_x, after):
         return recv_x, None
     scale = _act_quant.per_tensor_scale(recv_x) if after.dynamic_per_tensor else after.a1_scale
     return _quantize(recv_x, scale, after)
+
+
+def before_dispatch(a1, after):
+    """Dynamic per-token fp8 quantised before a high-throughput dispatch:
+    (codes [T, H], scales [T, 1] float32), each row's scale its own, so the
+    rows arrive as standard() would make them from the received bf16 rows
+    (the quantiser is the same, and it reads nothing beyond the row)."""
+    if a1.shape[0] == 0:
+        return (torch.empty(tuple(a1.shape), dtype=FP8_STORAGE, device=a1.device),
+                torch.empty((0, 1), dtype=torch.float32, device=a1.device))
+    codes, scales = _quantize(a1, None, after)
+    return codes, scales.reshape(-1, 1).to(torch.float32).contiguous()
 
 
 def batched(recv_x, recv_count, after):

@@ -299,6 +299,8 @@ def normal(group):
                   lambda: buf.combine(y, handle, bias=(None, None, None)))
     normal_fp8(buf, 12, "fp8")
     normal_fp8(buf, 13, "fp8_ue8m0_packed")
+    normal_fp8(buf, 14, "fp8_per_token")
+    normal_fp8(buf, 15, "fp8_per_token", one_d=True)
     normal_worst(buf, 14)
     normal_cached(buf, 15)
     buf.destroy()
@@ -326,23 +328,30 @@ def received(inputs, src, key, width, dtype):
     return np.stack([inputs[s][key][t] for s, t in src]) if src else np.zeros((0, width), dtype)
 
 
-def normal_fp8(buf, seed, fmt):
+def normal_fp8(buf, seed, fmt, one_d=False):
     """(x_fp8, scales) in, (recv_x_fp8, recv_scales) out, verbatim; the f32
-    scales as DeepGEMM's column-major view (the Buffer copies them)."""
+    scales as DeepGEMM's column-major view (the Buffer copies them).
+    one_d: DeepEP's per-token scales as [T], received as [N_recv]."""
     inputs, x, idx, w = inputs_for(seed)
     for i in inputs:
         i["q"], i["s"], i["seen"] = oracle.ht_fp8_inputs(P, i, fmt)
     scales = torch.from_numpy(inputs[RANK]["s"])
     if scales.dtype == torch.float32:
         scales = scales.t().contiguous().t()
+    if one_d:
+        scales = scales.view(-1)
     (rq, rs), recv_idx, recv_w, per_expert, handle, _ = buf.dispatch(
         (torch.from_numpy(inputs[RANK]["q"]).view(moe_ep.FP8_STORAGE), scales), topk_idx=idx,
         topk_weights=w)
     src, want_idx, want_w, counts = oracle.ht_dispatch(P, inputs, RANK)
     cols = inputs[RANK]["s"].shape[1]
+    want_s = received(inputs, src, "s", cols, inputs[RANK]["s"].dtype)
+    if rs.dim() != scales.dim():
+        fail("deep_ep HT %s recv_scales" % fmt, seed, "shape %s for scales of shape %s"
+             % (tuple(rs.shape), tuple(scales.shape)))
     same("deep_ep HT %s recv_x" % fmt, seed, bits(rq), received(inputs, src, "q", P.hidden, np.uint8))
     same("deep_ep HT %s recv_scales" % fmt, seed, bits(rs),
-         received(inputs, src, "s", cols, inputs[RANK]["s"].dtype))
+         want_s.reshape(-1) if one_d else want_s)
     same("deep_ep HT %s recv_topk_idx" % fmt, seed, recv_idx.numpy(), want_idx.astype(np.int64))
     if per_expert != [int(c) for c in counts]:
         fail("deep_ep HT %s per-expert list" % fmt, seed, "%s vs %s" % (per_expert, counts))

@@ -63,13 +63,14 @@ E4M3 = torch.from_numpy(oracle.e4m3_float(np.arange(256, dtype=np.uint8)))
 
 def seen_rows(recv_x, recv_scales):
     """The float32 rows the experts see: fp8 codes times their group's
-    scale (packed int32 scales are UE8M0 exponent bytes)."""
+    scale (packed int32 scales are UE8M0 exponent bytes; one column is the
+    token's scale for every group)."""
     n, h = recv_x.shape
     if recv_scales.dtype == torch.int32:
         exps = recv_scales.contiguous().view(torch.uint8)[:, :h // 128].to(torch.float64)
         scales = torch.pow(2.0, exps - 127.0).to(torch.float32)
     else:
-        scales = recv_scales
+        scales = recv_scales.expand(n, h // 128)
     codes = E4M3[recv_x.contiguous().view(torch.uint8).long()].view(n, h // 128, 128)
     return (codes * scales[:, :, None]).view(n, h)
 
@@ -83,7 +84,9 @@ def fp8_roundtrip(g, seed, fmt, as_pair, defer):
     xq, xs = torch.from_numpy(q).view(moe_ep.FP8_STORAGE), torch.from_numpy(sc)
     idx, w = torch.from_numpy(inputs[RANK]["topk_idx"]), torch.from_numpy(inputs[RANK]["weights"])
     h = g.prepare(idx)
-    kw = {"format": fmt} if fmt == "fp8_ue8m0" else {}
+    # fp8_ue8m0 scales are f32 as fp8's are: named. One f32 column is read
+    # as per-token scales at hidden 256; named too when passed by keyword.
+    kw = {"format": fmt} if fmt == "fp8_ue8m0" or (fmt == "fp8_per_token" and not as_pair) else {}
     if as_pair:
         res = g.dispatch(h, (xq, xs), topk_weights=w, defer=defer, **kw)
     else:
@@ -181,7 +184,7 @@ def bad_input(g):
                   lambda: g.dispatch(h, x, x_scales=torch.ones((1, P.hidden // 128)), topk_weights=w1))
     expect_raises("scales of the wrong shape", moe_ep.InvalidArgumentError,
                   "params->x_scales has shape",
-                  lambda: g.dispatch(h, (q, torch.ones((1, 1))), topk_weights=w1))
+                  lambda: g.dispatch(h, (q, torch.ones((1, 3))), topk_weights=w1))
     expect_raises("round_scale", NotImplementedError, "never quantises",
                   lambda: g.dispatch(h, x, topk_weights=w1, round_scale=True))
     expect_raises("handle_layout of an HT handle", moe_ep.UnsupportedError, "LL only",
@@ -209,6 +212,8 @@ def main():
         fp8_roundtrip(g, 4, "fp8", as_pair=True, defer=False)
         fp8_roundtrip(g, 5, "fp8_ue8m0", as_pair=False, defer=True)
         fp8_roundtrip(g, 6, "fp8_ue8m0_packed", as_pair=True, defer=True)
+        fp8_roundtrip(g, 9, "fp8_per_token", as_pair=True, defer=False)
+        fp8_roundtrip(g, 10, "fp8_per_token", as_pair=False, defer=True)
         worst_case(g, 7)
         cached_layout(g, 8)
         bad_input(g)

@@ -68,14 +68,33 @@ def check_types(what, seed, a1q, scale, want_scale_shape):
 
 # ---- high throughput ------------------------------------------------------------
 
-def ht_case(g, cfg, seed):
-    pf = moe_ep.vllm.PrepareAndFinalize(g)
-    what = "vllm ht %r" % cfg
+def ht_case(g, cfg, seed, older_library=False):
+    """older_library: the adapter made on a library that says it is 0.4,
+    which carries no per-token scales: those rows cross bf16 instead."""
+    version = g._lib.version
+    if older_library:
+        g._lib.version = (0, 4, 0)
+    try:
+        pf = moe_ep.vllm.PrepareAndFinalize(g)
+    finally:
+        g._lib.version = version
+    what = "vllm ht %r%s" % (cfg, " (library 0.4)" if older_library else "")
     inputs = edge_inputs(HT, seed)
     inp = inputs[RANK]
     x, idx, w = bf16_tensor(inp["x"]), torch.from_numpy(inp["topk_idx"]), \
         torch.from_numpy(inp["weights"])
-    hook, receiver = pf.prepare_async(x, w, idx, HT.num_experts, None, False, cfg)
+    formats, real = [], g.dispatch
+    g.dispatch = lambda *a, **k: formats.append(k.get("format")) or real(*a, **k)
+    try:
+        hook, receiver = pf.prepare_async(x, w, idx, HT.num_experts, None, False, cfg)
+    finally:
+        del g.dispatch
+    # Dynamic per-token rows cross quantised (their scales are their own);
+    # the other formats cross bf16 and are quantised after the receive.
+    per_token = cfg.per_act_token_quant and cfg.a1_scale is None and cfg.block_shape is None and \
+        not older_library
+    if formats != ["fp8_per_token" if per_token else None]:
+        fail(what + " dispatch format", seed, "the dispatch was made with format %r" % formats)
     run_on_thread(hook, seed)
     a1q, scale, _, ids, wts = receiver()
     src, codes, scales = expected.ht_receive(HT, inputs, RANK, cfg)
@@ -247,6 +266,7 @@ def main():
         for i, cfg in enumerate(configs):
             ht_case(g, cfg, 601 + i)
         if FULL:
+            ht_case(g, CONFIGS[2], 605, older_library=True)
             refusals(moe_ep.vllm.PrepareAndFinalize(g), 611, HT_REFUSALS)
     with moe_ep.Group(common.config(1, num_experts=LL.num_experts, hidden=LL.hidden,
                                     top_k=LL.top_k, max_tokens_per_rank=LL.max_tokens)) as g:
