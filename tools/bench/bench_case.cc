@@ -90,11 +90,16 @@ std::vector<int64_t> Routing(uint64_t seed, int rank, int tokens, int top_k, int
   return idx;
 }
 
+const char* RowsName(int rows) {
+  return rows == kRowsFp8PerToken ? "fp8pt" : rows == kRowsFp8 ? "fp8" : "bf16";
+}
+
 Traffic MakeTraffic(uint64_t seed, int rank, int world, int T, int H, int top_k, int experts,
-                    int fp8, double skew) {
+                    int rows, double skew) {
   const int R = world, el = experts / world;
   Traffic tr;
-  tr.row_disp = fp8 ? static_cast<size_t>(H) + H / 128 * 4 : static_cast<size_t>(H) * 2;
+  tr.row_disp = rows == kRowsBf16 ? static_cast<size_t>(H) * 2
+                : static_cast<size_t>(H) + (rows == kRowsFp8PerToken ? 1 : H / 128) * 4;
   tr.row_comb = static_cast<size_t>(H) * 2;
   // Routing of every rank (deterministic from the seed), so each rank
   // knows what it receives from each peer.

@@ -50,6 +50,11 @@ uint16_t ToBf16(float f);
 std::vector<int64_t> Routing(uint64_t seed, int rank, int tokens, int top_k, int experts,
                              double skew = 0.0);
 
+// A case's rows (Plan::dtypes, Case::fp8): bf16, fp8 with one f32 scale
+// per 128 channels, or (HT only) fp8 with one f32 scale per token.
+enum RowKind { kRowsBf16 = 0, kRowsFp8 = 1, kRowsFp8PerToken = 2 };
+const char* RowsName(int rows);
+
 // What one case moves, known to every rank from the seed.
 struct Traffic {
   size_t row_disp = 0, row_comb = 0;         // bytes of one dispatch / combine row
@@ -59,7 +64,7 @@ struct Traffic {
   std::vector<int32_t> want_count;  // [local experts]: rows this rank receives
 };
 Traffic MakeTraffic(uint64_t seed, int rank, int world, int tokens, int hidden, int top_k,
-                    int experts, int fp8, double skew = 0.0);
+                    int experts, int rows, double skew = 0.0);
 // The byte counts of `rank` into st (kBytes*).
 void AddByteStats(const Traffic& tr, int rank, std::vector<double>* st);
 // The same for an HT case, whose rows travel once per (token, rank): the

@@ -24,7 +24,8 @@ ABSL_FLAG(int32_t, experts, 256, "global expert count (a multiple of the rank co
 ABSL_FLAG(std::string, dtype, "",
           "dispatch dtype: fp8, bf16 or all (default: all in ll mode, bf16 in ht mode). ht "
           "fp8 dispatches x already quantised (fp8 e4m3 with one f32 scale per 128 channels, "
-          "moe-ep 0.3); combine is always bf16");
+          "moe-ep 0.3), ht fp8_per_token with one f32 scale per token (moe-ep 0.5); combine "
+          "is always bf16");
 ABSL_FLAG(int32_t, iters, 0,
           "timed iterations per measurement (0: 1000 in ll mode, 200 in ht mode)");
 ABSL_FLAG(int32_t, warmup, 0,
@@ -102,9 +103,13 @@ Plan ParseFlags(int world) {
     Die("--transport=%s: allowed auto, lsa, gin_emulated", p.transport.c_str());
   }
   if (absl::GetFlag(FLAGS_num_sms) < 0) Die("--num_sms=%d must be >= 0", absl::GetFlag(FLAGS_num_sms));
-  if (dtype == "fp8" || dtype == "all") p.dtypes.push_back(1);
-  if (dtype == "bf16" || dtype == "all") p.dtypes.push_back(0);
-  if (p.dtypes.empty()) Die("--dtype=%s: allowed fp8, bf16, all", dtype.c_str());
+  if (dtype == "fp8" || dtype == "all") p.dtypes.push_back(kRowsFp8);
+  if (dtype == "bf16" || dtype == "all") p.dtypes.push_back(kRowsBf16);
+  if (dtype == "fp8_per_token") {
+    if (!p.ht) Die("--dtype=fp8_per_token is ht mode only: an LL dispatch quantises per 128 channels");
+    p.dtypes.push_back(kRowsFp8PerToken);
+  }
+  if (p.dtypes.empty()) Die("--dtype=%s: allowed fp8, bf16, all, fp8_per_token (ht)", dtype.c_str());
   for (int h : p.hidden) {
     if (h % 128 != 0) Die("--hidden=%d must be a multiple of 128 (fp8 scales cover 128 channels)", h);
   }

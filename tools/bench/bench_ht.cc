@@ -17,6 +17,12 @@
 #else
 #define MEP_BENCH_HT_FP8 0
 #endif
+// 0.5 adds fp8 HT rows with one scale per token (MOE_EP_FORMAT_FP8_PER_TOKEN).
+#if MOE_EP_VERSION_MAJOR > 0 || MOE_EP_VERSION_MINOR >= 5
+#define MEP_BENCH_HT_PER_TOKEN 1
+#else
+#define MEP_BENCH_HT_PER_TOKEN 0
+#endif
 #ifdef MOE_EP_FLAG_WORST_CASE
 #define MEP_BENCH_WORST_CASE MOE_EP_FLAG_WORST_CASE
 #else
@@ -29,7 +35,11 @@ void CheckHtFlags(const Plan& p, const std::string& dtype) {
   if (!absl::GetFlag(FLAGS_dispatch_weights)) {
     Die("--dispatch_weights=false is ll mode only: an HT dispatch always takes topk_weights");
   }
-  if (!MEP_BENCH_HT_FP8 && p.dtypes[0] == 1) {
+  if (!MEP_BENCH_HT_PER_TOKEN && p.dtypes[0] == kRowsFp8PerToken) {
+    Die("--mode=ht --dtype=fp8_per_token needs moe_ep.h 0.5; this bench was built against %d.%d",
+        MOE_EP_VERSION_MAJOR, MOE_EP_VERSION_MINOR);
+  }
+  if (!MEP_BENCH_HT_FP8 && p.dtypes[0] != kRowsBf16) {
     Die("--mode=ht --dtype=%s: fp8 HT input (x pre-quantised, with x_scales) needs moe_ep.h 0.3; "
         "this bench was built against %d.%d: use --dtype=bf16",
         dtype.c_str(), MOE_EP_VERSION_MAJOR, MOE_EP_VERSION_MINOR);
@@ -44,9 +54,13 @@ void CheckHtFlags(const Plan& p, const std::string& dtype) {
 bool HtWorstCase(const Plan& p, int vmaj, int vmin, std::string* line) {
   // A 0.2 library would ignore the appended x_scales and not know the flag.
   const bool v03 = vmaj > 0 || vmin >= 3;
-  if (!v03 && p.dtypes[0] == 1) {
+  if (!v03 && p.dtypes[0] != kRowsBf16) {
     Die("the plugin is moe_ep %d.%d: fp8 HT input (x pre-quantised, with x_scales) needs 0.3; "
         "use --dtype=bf16", vmaj, vmin);
+  }
+  if (vmaj == 0 && vmin < 5 && p.dtypes[0] == kRowsFp8PerToken) {
+    Die("the plugin is moe_ep %d.%d: fp8 HT rows with one scale per token need 0.5; use "
+        "--dtype=fp8", vmaj, vmin);
   }
   const bool worst = MEP_BENCH_WORST_CASE != 0 && v03;
   if (!worst && absl::GetFlag(FLAGS_graph)) {
@@ -179,17 +193,19 @@ void MeasureHt(const Setup& s, const Buffers& b, moe_ep_group_t* group, const Tr
                int fp8, int H, int T, std::vector<double>* st) {
   const int dev = s.dev, K = s.top_k;
   const int64_t cap = s.slots;
-  const char* dtype = fp8 ? "fp8" : "bf16";
+  const char* dtype = RowsName(fp8);
+  // Scale columns of an fp8 row: one per 128 channels, or one per token.
+  const int64_t cols = fp8 == kRowsFp8PerToken ? 1 : H / 128;
   const HtWant want = MakeWant(s, tr, T);
   Desc t_topk, t_x, t_xs, t_w, t_out, t_rx, t_rs, t_rc, t_ri, t_rw, t_y;
   t_topk.Set(b.topk, MOE_EP_DTYPE_INT, 64, dev, {T, K});
   t_x.Set(b.x, fp8 ? MOE_EP_DTYPE_FLOAT8_E4M3FN : MOE_EP_DTYPE_BFLOAT, fp8 ? 8 : 16, dev, {T, H});
-  t_xs.Set(b.x_scales, MOE_EP_DTYPE_FLOAT, 32, dev, {T, H / 128});
+  t_xs.Set(b.x_scales, MOE_EP_DTYPE_FLOAT, 32, dev, {T, cols});
   t_w.Set(b.w, MOE_EP_DTYPE_FLOAT, 32, dev, {T, K});
   t_out.Set(b.out, MOE_EP_DTYPE_BFLOAT, 16, dev, {T, H});
   t_rx.Set(b.recv_x, fp8 ? MOE_EP_DTYPE_FLOAT8_E4M3FN : MOE_EP_DTYPE_BFLOAT, fp8 ? 8 : 16, dev,
            {cap, H});
-  t_rs.Set(b.recv_scales, MOE_EP_DTYPE_FLOAT, 32, dev, {cap, H / 128});
+  t_rs.Set(b.recv_scales, MOE_EP_DTYPE_FLOAT, 32, dev, {cap, cols});
   t_rc.Set(b.recv_count, MOE_EP_DTYPE_INT, 32, dev, {s.el});
   t_ri.Set(b.recv_topk_idx, MOE_EP_DTYPE_INT, 32, dev, {cap, K});
   t_rw.Set(b.recv_topk_w, MOE_EP_DTYPE_FLOAT, 32, dev, {cap, K});
@@ -214,7 +230,13 @@ void MeasureHt(const Setup& s, const Buffers& b, moe_ep_group_t* group, const Tr
   dp.recv_topk_weights = &t_rw.t;
   // With the worst-case flag the host is not told N_recv (no sync to learn it).
   dp.num_recv_tokens = s.worst_case ? nullptr : &n_recv;
+#if MEP_BENCH_HT_PER_TOKEN
+  dp.format = fp8 == kRowsFp8PerToken ? MOE_EP_FORMAT_FP8_PER_TOKEN
+              : fp8                   ? MOE_EP_FORMAT_FP8_F32
+                                      : MOE_EP_FORMAT_BF16;
+#else
   dp.format = fp8 ? MOE_EP_FORMAT_FP8_F32 : MOE_EP_FORMAT_BF16;
+#endif
 #if MEP_BENCH_HT_FP8
   dp.x_scales = fp8 ? &t_xs.t : nullptr;
 #endif

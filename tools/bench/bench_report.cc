@@ -93,7 +93,7 @@ void PrintLatencyRows(const Case& c, int world) {
     ratio += v[kBytesComb] > 0 && v[2 * kComb] > 0
                  ? Fmt("%6.2fx", v[2 * kA2aC] / v[2 * kComb])
                  : std::string("   n/a");
-    printf("%-5s %6d %6d %4d | %s%s\n", c.fp8 ? "fp8" : "bf16", c.hidden, c.tokens, r, cols.c_str(),
+    printf("%-5s %6d %6d %4d | %s%s\n", RowsName(c.fp8), c.hidden, c.tokens, r, cols.c_str(),
            ratio.c_str());
   }
   fflush(stdout);
@@ -117,7 +117,7 @@ void PrintBandwidth(const std::vector<Case>& cases, int world) {
                                                 100 * disp_bw / ceil_bw, 100 * comb_bw / ceil_bw)
                                           : Fmt("%9s %8s | %7s %7s", "n/a", "n/a", "n/a", "n/a");
       printf("%-5s %6d %6d %4d | %9.1f %9.1f %5.2fx | %9.1f %8.1f | %9.1f %9.1f %8.1f | %s | %7.2fx\n",
-             c.fp8 ? "fp8" : "bf16", c.hidden, c.tokens, r, v[kBytesDisp] / 1e3,
+             RowsName(c.fp8), c.hidden, c.tokens, r, v[kBytesDisp] / 1e3,
              v[kBytesDispDedup] / 1e3, v[kBytesDispDedup] > 0 ? v[kBytesDisp] / v[kBytesDispDedup] : 0.0,
              disp_bw, Gbs(v[kBytesDisp], v[2 * kA2aD]), v[kBytesComb] / 1e3, v[kBytesCombDedup] / 1e3,
              comb_bw, ceil_cols.c_str(), v[kBytesDisp] > 0 && v[2 * kDisp] > 0 ? v[2 * kA2aD] / v[2 * kDisp] : 0.0);
@@ -156,7 +156,7 @@ void PrintHtRows(const Case& c, int world) {
     const double ceil_bw = Gbs(v[kBytesPeer], v[2 * kPeer]);
     printf("%-5s %6d %6d %4d | %8.2f %9.1f/%9.1f %7.1f %8.1f | %8.2f %9.1f/%9.1f %7.1f | %9.1f "
            "%9.1f %9s | %8s %8s | %7s %7s\n",
-           c.fp8 ? "fp8" : "bf16", c.hidden, c.tokens, r, v[kBytesDisp] / 1e6, v[2 * kDisp],
+           RowsName(c.fp8), c.hidden, c.tokens, r, v[kBytesDisp] / 1e6, v[2 * kDisp],
            v[2 * kDisp + 1], disp_bw, v[2 * kPrep], v[kBytesComb] / 1e6, v[2 * kComb],
            v[2 * kComb + 1], comb_bw, v[2 * kA2aD], v[2 * kA2aC],
            v[2 * kPeer] > 0 ? Fmt("%.1f", v[2 * kPeer]).c_str() : "n/a",
@@ -169,7 +169,8 @@ void PrintHtRows(const Case& c, int world) {
 
 void PrintHtLegend() {
   printf("\n'disp MB' = rows this rank sends to other ranks (each token once per rank it "
-         "reaches) x row bytes (bf16: 2*hidden; fp8: hidden + 4*hidden/128 of scales), without "
+         "reaches) x row bytes (bf16: 2*hidden; fp8: hidden + 4*hidden/128 of scales; fp8pt: "
+         "hidden + 4), without "
          "the rows' K ids and K weights (8*K bytes a row; dispatch_meta_bytes in the JSON); "
          "'comb MB' = rows this rank returns to other ranks (those it received from them) x "
          "2*hidden; 'prep p50' = prepare alone (part of dispatch); 'a2a d' / 'a2a c' = NCCL "
@@ -210,7 +211,7 @@ void WriteJson(const std::string& path, const RunInfo& run, const std::vector<Ca
     for (int r = 0; r < world; r++) {
       const double* v = &c.all[static_cast<size_t>(r) * kNumStats];
       fprintf(f, "%s    {\"dtype\": \"%s\", \"hidden\": %d, \"tokens\": %d, \"rank\": %d", first ? "" : ",\n",
-              c.fp8 ? "fp8" : "bf16", c.hidden, c.tokens, r);
+              RowsName(c.fp8), c.hidden, c.tokens, r);
       first = false;
       // The times each mode measures (HT: dispatch includes prepare).
       static const std::vector<int> kLl = {kDisp, kComb, kDSend, kDRecv, kCSend,

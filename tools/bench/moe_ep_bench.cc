@@ -240,7 +240,7 @@ int Main(int argc, char** argv) {
             PrintLatencyRows(c, world);
           }
         } else {
-          fprintf(stderr, "rank %d: done %s hidden %d tokens %d\n", rank, fp8 ? "fp8" : "bf16", H, T);
+          fprintf(stderr, "rank %d: done %s hidden %d tokens %d\n", rank, RowsName(fp8), H, T);
         }
       }
     }
