@@ -94,7 +94,8 @@ typedef struct mep_op {
   /* dispatch: this call's row format, resolved from params->format (LL)
    * or from x's dtype (HT, where fp8 rows come pre-quantised) */
   int32_t fp8;          /* 0: bf16 rows; 1: fp8 e4m3 + scales */
-  int32_t scale_format; /* moe_ep_fp8_scale_t (fp8 only) */
+  int32_t scale_format; /* fp8 only: MEP_FP8_SCALE_*, moe_ep_fp8_scale_t's
+                           values or MEP_FP8_SCALE_PER_TOKEN (HT) */
   mep_handle_state_t *handle;
   void *stream;
   /* dispatch */

@@ -118,8 +118,8 @@ typedef struct mep_ht_dispatch_args {
   const void *x;          /* [T, H] bf16, or [T, H] fp8 e4m3 bytes */
   const void *x_scales;   /* fp8: [T, scale_words] 4-byte words; NULL for bf16 */
   int32_t fp8;
-  int32_t scale_words;    /* H/128 (f32 storage) or ceil(H/512) (packed UE8M0), as
-                             scale_mode says; 0 for bf16 */
+  int32_t scale_words;    /* H/128 (f32 storage), ceil(H/512) (packed UE8M0) or 1
+                             (one f32 per token), as scale_mode says; 0 for bf16 */
   const void *topk_idx;   /* [T, K] int32 or int64 */
   int32_t topk_idx_bytes;
   int32_t num_tokens;

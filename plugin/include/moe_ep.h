@@ -177,8 +177,8 @@ typedef enum moe_ep_log_level {
  * buffers, so a group configured bf16 takes every format; a group
  * configured fp8 refuses format BF16 with MOE_EP_ERR_UNSUPPORTED. An fp8
  * format needs the call's hidden to be a multiple of 128 (one scale per 128
- * channels), else INVALID_ARGUMENT: a bf16 group whose hidden is 2880 takes
- * bf16 rows only. High throughput ignores dispatch_dtype: its rows follow
+ * channels; FP8_PER_TOKEN keeps the same rule), else INVALID_ARGUMENT: a
+ * bf16 group whose hidden is 2880 takes bf16 rows only. High throughput ignores dispatch_dtype: its rows follow
  * x's dtype (see x_scales), and fp8_scale names the scales of format GROUP
  * with an fp8 x. An HT group configured fp8_e4m3 still needs its config
  * hidden to be a multiple of 128. FP8_PER_TOKEN names rows that carry one
@@ -388,8 +388,9 @@ typedef struct moe_ep_dispatch_params {
   moe_ep_tensor_t *recv_scales; /* [E_local, R*max_tokens, H/128] f32, or
                                    [E_local, R*max_tokens, H/512 rounded
                                    up] int32; HT with fp8 x: [cap, H/128]
-                                   f32 or [cap, H/512 rounded up] int32,
-                                   as x_scales */
+                                   f32, [cap, H/512 rounded up] int32 or
+                                   [cap, 1] f32 (FP8_PER_TOKEN), as
+                                   x_scales */
   moe_ep_tensor_t *recv_count;  /* [E_local] int32 */
   /* [T, K] f32. HT: required input. LL: optional; when given, the weights
    * travel with the tokens and combine sums each token's experts on the

@@ -168,6 +168,11 @@ def test_plan():
             assert p.after.dynamic_per_tensor == (cfg.block_shape is None and
                                                   cfg.a1_scale is None and
                                                   not cfg.per_act_token_quant)
+    # fp8 rows need whole 128-channel groups: at hidden 2880 per-token rows
+    # cross bf16 and are quantised after the receive.
+    per_token = Config(FP8_STORAGE, per_act_token_quant=True)
+    p = _quant.plan("prepare", per_token, False, False, False, "f32", 2880)
+    assert p.before is None and p.after is not None and p.after.per_act_token_quant, p
 
 
 @pytest.mark.parametrize("cfg, kw, fragment", [

@@ -8,6 +8,7 @@ import torch
 
 from .. import _fp8
 from .. import errors as moe_ep_errors
+from .._ht import check_format_supported, scale_format
 from . import _agree as agreement
 from .event import operation_event, wait_previous
 from ._arg_names import COMBINE, DISPATCH, GET_DISPATCH_LAYOUT, in_deepep_words
@@ -547,6 +548,8 @@ class NormalMixin:
             g = self._ht_fit(entry, topk_idx)
         self._ht_sms(g, config)
         self._note_capture()
+        if x_scales is not None:  # per-token scales need a 0.5 library: said before prepare
+            check_format_supported(g._lib, scale_format(x, x_scales, None))
         ep_handle = handle.moe_ep if cached else self._ht_prepare(g, topk_idx)
         worst_rows = 0
         try:

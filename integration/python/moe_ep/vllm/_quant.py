@@ -7,7 +7,8 @@ with the library's rule, moe_ep._fp8). Dynamic per-token fp8 in high
 throughput is quantised before the dispatch too, with the rule it would
 have after the receive (moe_ep.vllm._received): a row's scale is its own,
 so the codes and scales are the same bits either way, and the rows cross
-at one byte a channel with one f32 scale (a library of 0.5 or later).
+at one byte a channel with one f32 scale (a library of 0.5 or later, and
+a hidden size that is a multiple of 128, as every fp8 row's).
 Every other fp8 format (per tensor, dynamic or with a static a1_scale; per
 token in low latency; groups of another width) is dispatched bf16 and
 quantised after the receive."""
@@ -116,7 +117,10 @@ def plan(entry, quant_config, defer_input_quant, low_latency, group_fp8, scale_f
             "dispatches fp8_e4m3 with 128-channel scales (dispatch_dtype in its moe_ep "
             "config); use a bf16 group" % (entry, _describe(per_token, block, a1_scale)))
     after = AfterReceive(qd, per_token, block, a1_scale)
-    if not low_latency and per_token and block is None and a1_scale is None:
+    # fp8 rows need a hidden size of whole 128-channel groups (the library's
+    # rule for every fp8 format); others cross bf16, as before.
+    if not low_latency and per_token and block is None and a1_scale is None and \
+            hidden % _fp8.GROUP == 0:
         return Plan(PER_TOKEN, after)
     return Plan(None, after)
 

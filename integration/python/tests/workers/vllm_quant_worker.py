@@ -259,7 +259,7 @@ LL_FP8_REFUSALS = [
 
 
 def main():
-    configs = CONFIGS if FULL else CONFIGS[::3]
+    configs = CONFIGS if FULL else CONFIGS[::2]
     with moe_ep.Group(common.config(0, mode="high_throughput", num_experts=HT.num_experts,
                                     hidden=HT.hidden, top_k=HT.top_k,
                                     max_tokens_per_rank=HT.max_tokens)) as g:
