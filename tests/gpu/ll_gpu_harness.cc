@@ -227,7 +227,10 @@ bool upload(const Case &c, const Inputs &in, void *x, void *topk, void *w) {
     if (cudaMemcpy(topk, t32.data(), t32.size() * 4, cudaMemcpyHostToDevice) != cudaSuccess)
       return false;
   }
-  return cudaMemcpy(w, in.w.data(), in.w.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess;
+  // A copy from pageable memory may return before its DMA has landed, and
+  // the kernels run on a non-blocking stream that does not wait for it.
+  return cudaMemcpy(w, in.w.data(), in.w.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess &&
+         cudaStreamSynchronize(cudaStreamLegacy) == cudaSuccess;
 }
 
 // The fields dispatch and combine arguments share: routing, shape, buffer

@@ -210,6 +210,9 @@ class LlGpu : public ::testing::Test {
     ASSERT_EQ(bad, 0) << "dispatch rows and scales differ (first 3 above), rank " << g_rank
                       << " seed " << c.seed;
     ASSERT_EQ(cudaMemcpy(g.y, yh.data(), yh.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    // That copy (pageable memory) may return before its DMA lands; the
+    // combine on the group's non-blocking stream would not wait for it.
+    ASSERT_EQ(cudaStreamSynchronize(cudaStreamLegacy), cudaSuccess);
   }
 
   // Expected out[t][h], exactly as documented, wherever the weights were
@@ -1000,6 +1003,7 @@ TEST_F(LlGpu, CorruptExpertListIsRefusedWithBadSignal) {
                                   : mep_ll_elist_entry(T, 0, tag);
     CUDA_OK(cudaMemcpy(list + (set == 0 ? 0 : 1), &bad, 8, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(g.recv_count, 0xff, (size_t)c.experts * 4));
+    CUDA_OK(cudaStreamSynchronize(cudaStreamLegacy));  // both landed before the launch
     MEP_OK(mep_ll_dispatch_recv(&g.ctx, &d, g.stream));
     CUDA_OK(cudaStreamSynchronize(g.stream));
     ASSERT_EQ(g.rec->flag, 2) << "set " << set << ": the receive took the corrupt word " << bad;

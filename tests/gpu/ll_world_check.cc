@@ -135,6 +135,10 @@ void CheckReceiveMakeY(const o::Problem &p,
     }
   }
   CUDA_OK(cudaMemcpy(b.y, y->data(), y->size() * 2, cudaMemcpyHostToDevice));
+  // Landed (the legacy stream holds the copy) before any rank's
+  // non-blocking stream launches the combine; not a device sync, which
+  // would wait for ranks' kernels that wait for each other.
+  CUDA_OK(cudaStreamSynchronize(cudaStreamLegacy));
 }
 
 void UseBuffers(const RankBufs &b, mep_ll_dispatch_args_t *a) {

@@ -99,9 +99,14 @@ struct Dev {
   template <typename T>
   T *upload(const std::vector<T> &v) {
     T *p = alloc<T>(v.size());
+    // A copy from pageable memory may return before its DMA lands, and
+    // the ranks' streams are non-blocking: the legacy stream, which holds
+    // the copy, is waited for before any launch (not the device: a rank's
+    // kernel may be waiting for the very rank being set up).
     if (p != nullptr && !v.empty() &&
-        cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice) !=
-            cudaSuccess)
+        (cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice) !=
+             cudaSuccess ||
+         cudaStreamSynchronize(cudaStreamLegacy) != cudaSuccess))
       return nullptr;
     return p;
   }
