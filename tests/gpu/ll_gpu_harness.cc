@@ -123,6 +123,7 @@ static bool group_buffers(Group *g) {
   const uint64_t sb = mep_ll_state_bytes(&dims);
   bool ok = cudaMalloc(&g->ctx.state, sb) == cudaSuccess &&
             cudaMemset(g->ctx.state, 0, sb) == cudaSuccess &&
+            cudaStreamSynchronize(cudaStreamLegacy) == cudaSuccess &&
             cudaHostAlloc((void **)&g->rec, sizeof *g->rec, cudaHostAllocMapped) == cudaSuccess;
   if (ok) memset((void *)g->rec, 0, sizeof *g->rec);
   ok = ok && cudaHostGetDevicePointer((void **)&g->ctx.error_dev, g->rec, 0) == cudaSuccess;

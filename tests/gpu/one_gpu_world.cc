@@ -27,7 +27,8 @@ std::unique_ptr<World> World::Create(int world, uint64_t window_bytes,
     *err = CudaSentence("cudaMalloc(windows)", e);
     return nullptr;
   }
-  if ((e = cudaMemset(w->base_, 0, w->stride_ * world)) != cudaSuccess) {
+  if ((e = cudaMemset(w->base_, 0, w->stride_ * world)) != cudaSuccess ||
+      (e = cudaStreamSynchronize(cudaStreamLegacy)) != cudaSuccess) {
     *err = CudaSentence("cudaMemset(windows)", e);
     return nullptr;
   }
@@ -100,7 +101,10 @@ std::string World::Records() const {
 }
 
 std::string World::ZeroWindows() const {
+  // cudaMemset runs on the legacy stream, which the ranks' non-blocking
+  // streams do not wait for: waited for here, before any launch.
   cudaError_t e = cudaMemset(base_, 0, stride_ * world_);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamLegacy);
   return e == cudaSuccess ? "" : CudaSentence("cudaMemset(windows)", e);
 }
 

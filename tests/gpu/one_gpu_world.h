@@ -139,7 +139,8 @@ std::string PointAtRank(const World &w, int r, uint64_t state_bytes, Dev *dev,
   x->state = dev->alloc<char>(state_bytes);
   if (x->state == nullptr)
     return "rank " + std::to_string(r) + ": cudaMalloc(state) failed";
-  const cudaError_t e = cudaMemset(x->state, 0, state_bytes);
+  cudaError_t e = cudaMemset(x->state, 0, state_bytes);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamLegacy);  // as Dev::upload
   return e == cudaSuccess
              ? ""
              : std::string("cudaMemset(state): ") + cudaGetErrorString(e);
