@@ -1,8 +1,6 @@
-"""The vLLM adapter's quant_configs that vLLM quantises after the receive
-(per tensor, per token, other block widths; in high throughput the
-adapter quantises per-token and static rows before the dispatch, to the
-same bits), on the host backend: 2 ranks with every case and the
-refusals, 4 ranks with some."""
+"""The vLLM adapter's quant_configs that dispatch bf16 and quantise the
+received rows (per tensor, per token, other block widths), on the host
+backend: 2 ranks with every case and the refusals, 4 ranks with some."""
 from spawn import run_ranks
 
 

@@ -161,20 +161,18 @@ def test_plan():
                 Config(FP8_STORAGE, block_shape=[128, 64])):
         for ll in (False, True):
             p = plan(cfg, low_latency=ll)
-            # HT's dynamic per-token and static per-tensor rows are quantised
-            # before the dispatch, with the rule they would get after the receive.
-            row_local = cfg.per_act_token_quant or cfg.a1_scale is not None
-            before = _quant.ROW_LOCAL if row_local and cfg.block_shape is None and not ll else None
+            # HT's dynamic per-token rows are quantised before the dispatch,
+            # with the rule they would get after the receive.
+            before = _quant.PER_TOKEN if cfg.per_act_token_quant and not ll else None
             assert p.before == before and p.after is not None, (cfg, ll, p)
             assert p.after.dynamic_per_tensor == (cfg.block_shape is None and
                                                   cfg.a1_scale is None and
                                                   not cfg.per_act_token_quant)
-    # fp8 rows need whole 128-channel groups: at hidden 2880 per-token and
-    # static rows cross bf16 and are quantised after the receive.
-    for cfg in (Config(FP8_STORAGE, per_act_token_quant=True),
-                Config(FP8_STORAGE, a1_scale=torch.ones(1))):
-        p = _quant.plan("prepare", cfg, False, False, False, "f32", 2880)
-        assert p.before is None and p.after is not None, (cfg, p)
+    # fp8 rows need whole 128-channel groups: at hidden 2880 per-token rows
+    # cross bf16 and are quantised after the receive.
+    per_token = Config(FP8_STORAGE, per_act_token_quant=True)
+    p = _quant.plan("prepare", per_token, False, False, False, "f32", 2880)
+    assert p.before is None and p.after is not None and p.after.per_act_token_quant, p
 
 
 @pytest.mark.parametrize("cfg, kw, fragment", [

@@ -5,14 +5,13 @@ deepep_ll_prepare_finalize): fp8 with one scale per 128 channels (block_shape
 latency group with dispatch_dtype fp8_e4m3) or before it (high throughput,
 with the library's rule, moe_ep._fp8). Dynamic per-token fp8 in high
 throughput is quantised before the dispatch too, with the rule it would
-have after the receive (moe_ep.vllm._received), and so is fp8 with a
-static per-tensor a1_scale: a row's codes depend on that row and its own
-scale alone, so they are the same bits either way, and the rows cross at
-one byte a channel with one f32 scale each (a library of 0.5 or later,
-and a hidden size that is a multiple of 128, as every fp8 row's). Every
-other fp8 format (dynamic per tensor, whose scale spans the received
-rows; per token or static in low latency; groups of another width) is
-dispatched bf16 and quantised after the receive."""
+have after the receive (moe_ep.vllm._received): a row's scale is its own,
+so the codes and scales are the same bits either way, and the rows cross
+at one byte a channel with one f32 scale (a library of 0.5 or later, and
+a hidden size that is a multiple of 128, as every fp8 row's).
+Every other fp8 format (per tensor, dynamic or with a static a1_scale; per
+token in low latency; groups of another width) is dispatched bf16 and
+quantised after the receive."""
 import collections
 
 from .. import _fp8
@@ -36,14 +35,13 @@ def vllm_ht_scale_format(fallback):
 class Plan(collections.namedtuple("Plan", "before after")):
     """before: the scale format ("f32", "ue8m0", "ue8m0_packed") to quantise
     a1 to before a high-throughput dispatch with the library's rule, or
-    ROW_LOCAL (quantised with `after`'s rule, dynamic per token or with a
-    static a1_scale, before the dispatch instead of after the receive),
-    else None. after: an AfterReceive when the received rows are quantised
-    (or, with ROW_LOCAL, the rule), else None."""
+    PER_TOKEN (quantised with `after`'s rule before the dispatch instead of
+    after the receive), else None. after: an AfterReceive when the received
+    rows are quantised (or, with PER_TOKEN, the rule), else None."""
     __slots__ = ()
 
 
-ROW_LOCAL = "row_local"
+PER_TOKEN = "per_token"
 
 
 class AfterReceive(collections.namedtuple(
@@ -121,9 +119,9 @@ def plan(entry, quant_config, defer_input_quant, low_latency, group_fp8, scale_f
     after = AfterReceive(qd, per_token, block, a1_scale)
     # fp8 rows need a hidden size of whole 128-channel groups (the library's
     # rule for every fp8 format); others cross bf16, as before.
-    if not low_latency and block is None and (per_token or a1_scale is not None) and \
+    if not low_latency and per_token and block is None and a1_scale is None and \
             hidden % _fp8.GROUP == 0:
-        return Plan(ROW_LOCAL, after)
+        return Plan(PER_TOKEN, after)
     return Plan(None, after)
 
 

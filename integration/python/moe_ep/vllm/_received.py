@@ -46,30 +46,15 @@ def standard(recv_x, after):
 
 
 def before_dispatch(a1, after):
-    """fp8 quantised before a high-throughput dispatch, dynamic per token
-    or with a static per-tensor a1_scale: (codes [T, H], scales [T, 1]
-    float32: each row's own, or the static scale repeated). Each row's
-    codes depend on that row and its scale alone, so the rows arrive as
-    standard() would make them from the received bf16 rows (the quantiser
-    is the same)."""
-    t = a1.shape[0]
-    if t == 0:
+    """Dynamic per-token fp8 quantised before a high-throughput dispatch:
+    (codes [T, H], scales [T, 1] float32), each row's scale its own, so the
+    rows arrive as standard() would make them from the received bf16 rows
+    (the quantiser is the same, and it reads nothing beyond the row)."""
+    if a1.shape[0] == 0:
         return (torch.empty(tuple(a1.shape), dtype=FP8_STORAGE, device=a1.device),
                 torch.empty((0, 1), dtype=torch.float32, device=a1.device))
-    codes, scales = _quantize(a1, after.a1_scale, after)
-    if after.a1_scale is not None:
-        scales = after.a1_scale.reshape(1, 1).to(device=a1.device, dtype=torch.float32)
-        return codes, scales.expand(t, 1).contiguous()
+    codes, scales = _quantize(a1, None, after)
     return codes, scales.reshape(-1, 1).to(torch.float32).contiguous()
-
-
-def as_received(recv_x, recv_scales, sent):
-    """(a1q, a1q_scale) of rows quantised before the dispatch with `sent`'s
-    rule, as standard() would hand them out: the static a1_scale as given,
-    and an empty receive as its empty bf16 rows with no scale."""
-    if recv_x.shape[0] == 0:
-        return recv_x.new_empty(tuple(recv_x.shape), dtype=torch.bfloat16), None
-    return recv_x, (sent.a1_scale if sent.a1_scale is not None else recv_scales)
 
 
 def batched(recv_x, recv_count, after):

@@ -98,9 +98,8 @@ class PrepareAndFinalize:
             raise ValueError("PrepareAndFinalize: scale_format=%r must be one of %s"
                              % (scale_format, ", ".join(repr(f) for f in _fp8.SCALE_FORMATS)))
         self._scale_format = scale_format
-        # Per-token and static per-tensor fp8 rows cross a high-throughput
-        # dispatch quantised where the library carries one scale per row
-        # (0.5), else bf16.
+        # Per-token fp8 rows cross a high-throughput dispatch quantised
+        # where the library carries one scale per row (0.5), else bf16.
         self._per_token_rows = tuple(group._lib.version[:2]) >= (0, 5)
         self._scale_format_given = given
         self._ll_format = None  # the LL dispatch's per-call format; None: the group's
@@ -187,12 +186,11 @@ class PrepareAndFinalize:
         x, w_dispatch, w_combine, quant = self._check_prepare(
             entry, a1, topk_weights, topk_ids, num_experts, expert_map,
             bool(apply_router_weight_on_input), quant_config, bool(defer_input_quant))
-        fmt, after, sent = None, quant.after, None
-        if quant.before == _quant.ROW_LOCAL and self._per_token_rows:
+        fmt, after = None, quant.after
+        if quant.before == _quant.PER_TOKEN and self._per_token_rows:
             # HT: rows quantised as the receive would, sent at one byte a channel
-            x, fmt, after, sent = (_received.before_dispatch(x, quant.after), "fp8_per_token",
-                                   None, quant.after)
-        elif quant.before not in (None, _quant.ROW_LOCAL):
+            x, fmt, after = _received.before_dispatch(x, quant.after), "fp8_per_token", None
+        elif quant.before not in (None, _quant.PER_TOKEN):
             # HT: quantise, then send (x_fp8, scales) verbatim
             x = _fp8.quantize(x, quant.before, name="a1")
             fmt = _fp8.ROW_FORMATS[quant.before]
@@ -210,7 +208,7 @@ class PrepareAndFinalize:
         finally:
             self._turn.release()
         receiver = self._ll_receiver(op, after) if self._ll else \
-            self._ht_receiver(op, topk_ids.dtype, after, sent)
+            self._ht_receiver(op, topk_ids.dtype, after, empty_bf16=fmt == "fp8_per_token")
         return op.recv, naming(receiver, g.rank)
 
     def _dispatch(self, x, topk_ids, w_dispatch, w_combine, fmt, on_input, entry):
@@ -272,10 +270,11 @@ class PrepareAndFinalize:
             return box[0][0], box[0][1], meta, None, None
         return receiver
 
-    def _ht_receiver(self, op, ids_dtype, after, sent=None):
-        """after: the received rows' quantisation, or None; sent: the rule
-        the rows were quantised with before the dispatch, or None (they are
-        handed out as standard() would make them: _received.as_received)."""
+    def _ht_receiver(self, op, ids_dtype, after, empty_bf16=False):
+        """empty_bf16: rows quantised before the dispatch; an empty receive
+        is still handed out as empty bf16 rows without a scale, as where
+        the rows are quantised after it (and as vLLM's DeepEP HT prepare
+        does)."""
         meta_cls = _types.engine_types()[1]
         box = []
         filling = threading.Lock()  # the engine's two micro-batch threads may both call receiver
@@ -286,8 +285,9 @@ class PrepareAndFinalize:
                 if not box:
                     if after is not None:
                         rows = _received.standard(res.recv_x, after)
-                    elif sent is not None:
-                        rows = _received.as_received(res.recv_x, res.recv_scales, sent)
+                    elif empty_bf16 and res.recv_x.shape[0] == 0:
+                        rows = (res.recv_x.new_empty(tuple(res.recv_x.shape),
+                                                     dtype=torch.bfloat16), None)
                     else:
                         rows = (res.recv_x, res.recv_scales)
                     ids = self._global_ids(res.recv_topk_idx, ids_dtype)

@@ -1,10 +1,8 @@
 """vLLM adapter, quant_configs quantised after the receive (per tensor,
 dynamic and static; per token; block_shape [128, 64]) on a
-high-throughput group and a bf16 low-latency group (high throughput
-quantises per-token and static rows before the dispatch instead, which
-must give the same bits): a1q and a1q_scale bit-exact against the tests'
-numpy reference of vLLM's quantisers (vllm_quant_expected) applied to the
-oracle's receive, finalize of the
+high-throughput group and a bf16 low-latency group: a1q and a1q_scale
+bit-exact against the tests' numpy reference of vLLM's quantisers
+(vllm_quant_expected) applied to the oracle's receive, finalize of the
 experts' outputs from the dequantised rows bit-exact; full: refusals
 naming the attribute, and a block-fp8 config on an fp8_e4m3 LL group
 (quantised in the dispatch) against the oracle.
@@ -91,12 +89,11 @@ def ht_case(g, cfg, seed, older_library=False):
         hook, receiver = pf.prepare_async(x, w, idx, HT.num_experts, None, False, cfg)
     finally:
         del g.dispatch
-    # Dynamic per-token and static per-tensor rows cross quantised (each
-    # row's codes are its own); the others cross bf16, quantised after the
-    # receive.
-    row_local = (cfg.per_act_token_quant or cfg.a1_scale is not None) and \
-        cfg.block_shape is None and not older_library
-    if formats != ["fp8_per_token" if row_local else None]:
+    # Dynamic per-token rows cross quantised (their scales are their own);
+    # the other formats cross bf16 and are quantised after the receive.
+    per_token = cfg.per_act_token_quant and cfg.a1_scale is None and cfg.block_shape is None and \
+        not older_library
+    if formats != ["fp8_per_token" if per_token else None]:
         fail(what + " dispatch format", seed, "the dispatch was made with format %r" % formats)
     run_on_thread(hook, seed)
     a1q, scale, _, ids, wts = receiver()
