@@ -11,7 +11,10 @@ at one byte a channel with one f32 scale (a library of 0.5 or later, and
 a hidden size that is a multiple of 128, as every fp8 row's).
 Every other fp8 format (per tensor, dynamic or with a static a1_scale; per
 token in low latency; groups of another width) is dispatched bf16 and
-quantised after the receive."""
+quantised after the receive. A static a1_scale stays after the receive:
+under expert parallelism vLLM takes it as the largest input scale of the
+rank's own experts, so ranks can hold different ones, and the receiving
+rank's is the one its experts dequantise with."""
 import collections
 
 from .. import _fp8

@@ -64,7 +64,8 @@ class PrepareAndFinalize:
     its prepare/finalize objects. An fp8 quant_config other than
     one scale per 128 channels (per tensor, per token, other block widths)
     has its rows dispatched bf16 and quantised after the receive, as
-    vLLM's DeepEP prepares do (_quant, _received).
+    vLLM's DeepEP prepares do (_quant, _received), but for dynamic per-token
+    rows in high throughput, quantised before the dispatch to the same bits.
 
     Every operation between prepare and finalize is found again by the
     topk_ids tensor vLLM passes to both, so two micro-batches may be in
