@@ -11,6 +11,7 @@
 #include "runtime/config.h"
 #include "runtime/error.h"
 #include "runtime/group.h"
+#include "runtime/host/host_counts.h"
 #include "runtime/host/host_layout.h"
 #include "runtime/host/host_mesh.h"
 #include "runtime/host/host_slots.h"
@@ -101,7 +102,6 @@ static int token_ranks(const moe_ep_group_t *g, const int64_t *topk, int k_n, in
 
 /* HT prepare's count exchange: every rank's tokens per destination rank
  * (or its refusal); *num_recv: the rows this rank will receive. */
-#define REFUSED_COUNT (-1)
 static moe_ep_status_t exchange_counts(moe_ep_group_t *g, const int32_t *mine,
                                        int64_t *num_recv) {
   int R = g->world_size;
@@ -123,17 +123,7 @@ static moe_ep_status_t exchange_counts(moe_ep_group_t *g, const int32_t *mine,
   if (st != MOE_EP_OK) {
     mep_error_prefix("prepare: exchanging per-rank token counts");
   } else if (num_recv != NULL) {
-    *num_recv = 0;
-    for (int s = 0; s < R && st == MOE_EP_OK; s++) {
-      if (all[(size_t)s * R] == REFUSED_COUNT) {
-        st = mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
-                       "prepare on rank %d: rank %d refused its own prepare of this layer call "
-                       "(its error says why), so the count exchange has nothing from it; "
-                       "the group stays usable",
-                       g->rank, s);
-      }
-      *num_recv += all[(size_t)s * R + g->rank];
-    }
+    st = mep_host_count_table_read(all, R, g->rank, g->cfg.max_tokens_per_rank, num_recv);
   }
   free(all);
   return st;
@@ -175,7 +165,7 @@ static moe_ep_status_t host_prepare(moe_ep_group_t *g, mep_handle_state_t *h) {
 static moe_ep_status_t host_prepare_refused(moe_ep_group_t *g) {
   if (g->cfg.mode != MOE_EP_MODE_HIGH_THROUGHPUT) return MOE_EP_OK;
   int32_t row[MEP_MAX_RANKS];
-  for (int d = 0; d < g->world_size; d++) row[d] = REFUSED_COUNT;
+  for (int d = 0; d < g->world_size; d++) row[d] = MEP_HOST_REFUSED_COUNT;
   return exchange_counts(g, row, NULL);
 }
 
