@@ -5,6 +5,7 @@
 
 #include "kernels/ht/ht_layout.h"
 #include "kernels/ll/ll.h"
+#include "tests/gpu/scale_mode.h"
 
 namespace ht_world {
 
@@ -29,15 +30,7 @@ o::Problem ProblemOf(const Case &c) {
   return p;
 }
 
-static int ScaleMode(const Case &c) {
-  if (!c.fp8) return -1;
-  switch (c.scales) {
-    case o::ScaleFormat::kUe8m0Packed: return MEP_FP8_SCALE_UE8M0_PACKED;
-    case o::ScaleFormat::kUe8m0: return MEP_FP8_SCALE_UE8M0;
-    case o::ScaleFormat::kPerToken: return MEP_FP8_SCALE_PER_TOKEN;
-    default: return MEP_FP8_SCALE_F32;
-  }
-}
+static int ScaleMode(const Case &c) { return c.fp8 ? mep_world::ScaleMode(c.scales) : -1; }
 
 int ScaleWords(const Case &c) { return mep_fp8_scale_words(c.hidden, ScaleMode(c)); }
 

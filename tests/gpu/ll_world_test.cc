@@ -16,6 +16,7 @@
 #include "tests/gpu/cuda_ok.h"
 #include "tests/gpu/ll_world_check.h"
 #include "tests/gpu/one_gpu_world.h"
+#include "tests/gpu/scale_mode.h"
 #include "tests/oracle/oracle.h"
 
 namespace {
@@ -45,12 +46,6 @@ std::ostream &operator<<(std::ostream &os, const Case &c) {
 constexpr int kLsa = MEP_LL_TRANSPORT_LSA, kEmu = MEP_LL_TRANSPORT_GIN_EMULATED;
 constexpr int kCalls = 3;
 constexpr int kTimeoutMs = 20000;
-
-int ScaleMode(o::ScaleFormat f) {
-  return f == o::ScaleFormat::kF32     ? MEP_FP8_SCALE_F32
-         : f == o::ScaleFormat::kUe8m0 ? MEP_FP8_SCALE_UE8M0
-                                       : MEP_FP8_SCALE_UE8M0_PACKED;
-}
 
 class LlWorld : public ::testing::TestWithParam<Case> {};
 
@@ -113,7 +108,7 @@ TEST_P(LlWorld, MatchesOracle) {
       a.top_k = K;
       a.num_experts = c.experts;
       a.fp8 = c.fp8;
-      a.scale_mode = c.fp8 ? ScaleMode(c.scales) : 0;
+      a.scale_mode = c.fp8 ? mep_world::ScaleMode(c.scales) : 0;
       a.buffer_set = set;
       mep_world::UseBuffers(rb[r], &a);
       a.weighted = c.weighted;

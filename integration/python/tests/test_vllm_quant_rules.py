@@ -173,6 +173,37 @@ def test_plan():
     per_token = Config(FP8_STORAGE, per_act_token_quant=True)
     p = _quant.plan("prepare", per_token, False, False, False, "f32", 2880)
     assert p.before is None and p.after is not None and p.after.per_act_token_quant, p
+    # A library older than 0.5 carries no per-token scales: bf16 rows too.
+    p = _quant.plan("prepare", per_token, False, False, False, "f32", HIDDEN,
+                    per_token_rows=False)
+    assert p.before is None and p.after is not None and p.after.per_act_token_quant, p
+
+
+def test_ht_rows_follow_the_plan():
+    """What a receive hands vLLM under each plan: rows sent quantised as
+    received (an empty per-token receive as empty bf16, no scale, as the
+    after-receive rule hands out an empty receive); bf16 rows quantised
+    after the receive where the plan says so."""
+    per_token = plan(Config(FP8_STORAGE, per_act_token_quant=True))
+    codes = torch.arange(3 * HIDDEN, dtype=torch.int32).remainder(120).to(torch.uint8) \
+        .view(FP8_STORAGE).reshape(3, HIDDEN)
+    scales = torch.tensor([[0.5], [2.0], [1.0]])
+    got = _received.ht_rows(codes, scales, per_token)
+    assert got[0] is codes and got[1] is scales
+    empty = _received.ht_rows(codes[:0], scales[:0], per_token)
+    assert empty[0].dtype == torch.bfloat16 and tuple(empty[0].shape) == (0, HIDDEN)
+    assert empty[1] is None
+    block = plan(Config(FP8_STORAGE, block_shape=[128, 128]))
+    got = _received.ht_rows(codes, scales, block)
+    assert got[0] is codes and got[1] is scales
+    rows = torch.linspace(-3, 3, 2 * HIDDEN).reshape(2, HIDDEN).to(torch.bfloat16)
+    per_tensor = plan(Config(FP8_STORAGE))
+    want = _received.standard(rows, per_tensor.after)
+    got = _received.ht_rows(rows, None, per_tensor)
+    assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8))
+    assert torch.equal(got[1], want[1])
+    got = _received.ht_rows(rows, None, plan(None))
+    assert got[0] is rows and got[1] is None
 
 
 @pytest.mark.parametrize("cfg, kw, fragment", [

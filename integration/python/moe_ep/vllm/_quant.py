@@ -68,9 +68,12 @@ class AfterReceive(collections.namedtuple(
 ROWS_AS_GIVEN = Plan(None, None)
 
 
-def plan(entry, quant_config, defer_input_quant, low_latency, group_fp8, scale_format, hidden):
-    """The Plan for a prepare of rows `hidden` wide. Raises
-    NotImplementedError naming the attribute the adapter cannot honour."""
+def plan(entry, quant_config, defer_input_quant, low_latency, group_fp8, scale_format, hidden,
+         per_token_rows=True):
+    """The Plan for a prepare of rows `hidden` wide. per_token_rows: the
+    library carries fp8 rows with one scale per token (0.5 or later).
+    Raises NotImplementedError naming the attribute the adapter cannot
+    honour."""
     qd = getattr(quant_config, "quant_dtype", None) if quant_config is not None else None
     if qd is None or defer_input_quant:
         if low_latency and group_fp8:
@@ -121,9 +124,9 @@ def plan(entry, quant_config, defer_input_quant, low_latency, group_fp8, scale_f
             "config); use a bf16 group" % (entry, _describe(per_token, block, a1_scale)))
     after = AfterReceive(qd, per_token, block, a1_scale)
     # fp8 rows need a hidden size of whole 128-channel groups (the library's
-    # rule for every fp8 format); others cross bf16, as before.
-    if not low_latency and per_token and block is None and a1_scale is None and \
-            hidden % _fp8.GROUP == 0:
+    # rule for every fp8 format); others cross bf16, as on an older library.
+    if not low_latency and per_token_rows and per_token and block is None and \
+            a1_scale is None and hidden % _fp8.GROUP == 0:
         return Plan(PER_TOKEN, after)
     return Plan(None, after)
 

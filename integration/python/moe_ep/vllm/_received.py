@@ -9,6 +9,7 @@ import torch
 from .._optional import optional_module
 from .._torch import FP8_STORAGE
 from . import _act_quant
+from ._quant import PER_TOKEN
 
 _VLLM_MOE_UTILS = "vllm.model_executor.layers.fused_moe.utils"
 _vllm = []  # [moe_kernel_quantize_input or None], looked up once
@@ -55,6 +56,22 @@ def before_dispatch(a1, after):
                 torch.empty((0, 1), dtype=torch.float32, device=a1.device))
     codes, scales = _quantize(a1, None, after)
     return codes, scales.reshape(-1, 1).to(torch.float32).contiguous()
+
+
+def ht_rows(recv_x, recv_scales, plan):
+    """High throughput: the (a1q, a1q_scale) vLLM's experts get from a
+    receive made under `plan` (moe_ep.vllm._quant.Plan). Rows sent
+    quantised (plan.before: a block format, or PER_TOKEN) are handed out
+    as received, except that an empty PER_TOKEN receive is empty bf16 rows
+    with no scale, as standard() would hand out the same receive; rows sent
+    bf16 are quantised by standard() where plan.after asks."""
+    if plan.before == PER_TOKEN:
+        if recv_x.shape[0] == 0:
+            return recv_x.new_empty(tuple(recv_x.shape), dtype=torch.bfloat16), None
+        return recv_x, recv_scales
+    if plan.after is not None:
+        return standard(recv_x, plan.after)
+    return recv_x, recv_scales
 
 
 def batched(recv_x, recv_count, after):

@@ -187,11 +187,11 @@ class PrepareAndFinalize:
         x, w_dispatch, w_combine, quant = self._check_prepare(
             entry, a1, topk_weights, topk_ids, num_experts, expert_map,
             bool(apply_router_weight_on_input), quant_config, bool(defer_input_quant))
-        fmt, after = None, quant.after
-        if quant.before == _quant.PER_TOKEN and self._per_token_rows:
+        fmt = None
+        if quant.before == _quant.PER_TOKEN:
             # HT: rows quantised as the receive would, sent at one byte a channel
-            x, fmt, after = _received.before_dispatch(x, quant.after), "fp8_per_token", None
-        elif quant.before not in (None, _quant.PER_TOKEN):
+            x, fmt = _received.before_dispatch(x, quant.after), "fp8_per_token"
+        elif quant.before is not None:
             # HT: quantise, then send (x_fp8, scales) verbatim
             x = _fp8.quantize(x, quant.before, name="a1")
             fmt = _fp8.ROW_FORMATS[quant.before]
@@ -208,8 +208,8 @@ class PrepareAndFinalize:
                                 bool(apply_router_weight_on_input), entry)
         finally:
             self._turn.release()
-        receiver = self._ll_receiver(op, after) if self._ll else \
-            self._ht_receiver(op, topk_ids.dtype, after, empty_bf16=fmt == "fp8_per_token")
+        receiver = self._ll_receiver(op, quant.after) if self._ll else \
+            self._ht_receiver(op, topk_ids.dtype, quant)
         return op.recv, naming(receiver, g.rank)
 
     def _dispatch(self, x, topk_ids, w_dispatch, w_combine, fmt, on_input, entry):
@@ -271,11 +271,9 @@ class PrepareAndFinalize:
             return box[0][0], box[0][1], meta, None, None
         return receiver
 
-    def _ht_receiver(self, op, ids_dtype, after, empty_bf16=False):
-        """empty_bf16: rows quantised before the dispatch; an empty receive
-        is still handed out as empty bf16 rows without a scale, as where
-        the rows are quantised after it (and as vLLM's DeepEP HT prepare
-        does)."""
+    def _ht_receiver(self, op, ids_dtype, quant):
+        """quant: the prepare's _quant.Plan, which says how the received
+        rows become vLLM's (a1q, a1q_scale) (_received.ht_rows)."""
         meta_cls = _types.engine_types()[1]
         box = []
         filling = threading.Lock()  # the engine's two micro-batch threads may both call receiver
@@ -284,13 +282,7 @@ class PrepareAndFinalize:
             res = op.recv()
             with filling:
                 if not box:
-                    if after is not None:
-                        rows = _received.standard(res.recv_x, after)
-                    elif empty_bf16 and res.recv_x.shape[0] == 0:
-                        rows = (res.recv_x.new_empty(tuple(res.recv_x.shape),
-                                                     dtype=torch.bfloat16), None)
-                    else:
-                        rows = (res.recv_x, res.recv_scales)
+                    rows = _received.ht_rows(res.recv_x, res.recv_scales, quant)
                     ids = self._global_ids(res.recv_topk_idx, ids_dtype)
                     # The HT receive has already waited for the dispatch on
                     # the host (it learnt N_recv), so the counts are final:
@@ -339,7 +331,8 @@ class PrepareAndFinalize:
                              "by slot" % (entry, tuple(topk_weights.shape), tuple(topk_ids.shape)))
         self._expert_map(expert_map, entry)
         quant = _quant.plan(entry, quant_config, defer_input_quant, self._ll, cfg.fp8,
-                            self._scale_format, int(a1.shape[-1]) if a1.dim() else 0)
+                            self._scale_format, int(a1.shape[-1]) if a1.dim() else 0,
+                            self._per_token_rows)
         if a1.dtype != torch.bfloat16:
             # Also where a1 is quantised first: vLLM's output is made like
             # a1, and the combine writes bf16.
