@@ -27,7 +27,11 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status) {
   if (!p->failed) {
     p->failed = 1;
     p->fail_status = status;
-    if (m->first_failed < 0) m->first_failed = (int)(p - m->peers);
+    /* A peer that said goodbye closes its endpoints next: expected, and
+     * no death (its goodbye may still wait for its data to land). */
+    const int peer = (int)(p - m->peers);
+    const int left = p->said_bye || (m->sources != NULL && m->sources[peer].bye_pending);
+    if (m->first_failed < 0 && !left) m->first_failed = peer;
   }
   pthread_cond_broadcast(&m->cond);
   pthread_mutex_unlock(&m->lock);
@@ -174,6 +178,14 @@ static int wait_every_peer(struct mep_host_mesh *m, int (*done)(const mep_host_p
 
 static int acked_or_lost(const mep_host_peer_t *p) { return p->acked || p->failed; }
 
+/* Lock held: the first other rank that said goodbye, or -1. */
+static int first_goodbye(const struct mep_host_mesh *m) {
+  for (int r = 0; r < m->world; r++) {
+    if (r != m->rank && m->peers[r].said_bye) return r;
+  }
+  return -1;
+}
+
 /* A round trip with every rank (self included) before group_create
  * returns: each endpoint is connected both ways before the first
  * operation, and a rank that cannot be reached fails group_create. */
@@ -183,6 +195,7 @@ static moe_ep_status_t wire_up(struct mep_host_mesh *m) {
   }
   int64_t deadline = mep_host_now_ns() + (int64_t)m->timeout_ms * 1000000LL;
   moe_ep_status_t st = MOE_EP_OK;
+  int quitter;
   pthread_mutex_lock(&m->lock);
   int missing = wait_every_peer(m, acked_or_lost, deadline);
   if (missing >= 0) {
@@ -190,13 +203,12 @@ static moe_ep_status_t wire_up(struct mep_host_mesh *m) {
                    "group_create: rank %d could not reach rank %d over the host data path: "
                    "rank %d did not answer the wire-up message within timeouts.kernel_ms=%d",
                    m->rank, missing, missing, m->timeout_ms);
-  } else if (m->first_failed >= 0 && !m->peers[m->first_failed].failed) {
-    /* Its goodbye came first: it gave up on the group on its side. */
+  } else if ((quitter = first_goodbye(m)) >= 0) {
     st = mep_error(MOE_EP_ERR_BOOTSTRAP,
                    "group_create: rank %d lost rank %d while wiring up the host data path: "
                    "rank %d gave up on the group (its group_create failed; its own error says "
                    "why)",
-                   m->rank, m->first_failed, m->first_failed);
+                   m->rank, quitter, quitter);
   } else if (m->first_failed >= 0) {
     st = mep_error(MOE_EP_ERR_BOOTSTRAP,
                    "group_create: rank %d could not connect to rank %d over the host data "

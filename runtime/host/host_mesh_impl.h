@@ -95,6 +95,9 @@ typedef struct mep_host_source {
   int inflight;
   mep_host_signal_t *queued;
   size_t nqueued, capqueued;
+  /* Its goodbye came while its data was still landing: the goodbye takes
+   * effect (peer said_bye) once the signals before it are applied. */
+  int bye_pending;
 } mep_host_source_t;
 
 /* One queued send: the API thread fills it, the progress thread issues it;
@@ -118,7 +121,9 @@ typedef struct mep_host_peer {
   void *close_req;         /* its close in flight (mep_host_mesh_close_eps) */
   int failed;              /* the endpoint reported an error */
   ucs_status_t fail_status;
-  int said_bye;            /* it destroyed its group (BYE before the error) */
+  /* It destroyed its group (BYE before the error); set once every signal
+   * it sent before the goodbye is applied, so last_op holds its last. */
+  int said_bye;
   int acked;               /* it answered this rank's HELLO */
   int bye_acked;           /* it saw this rank's BYE */
   int send_failed;         /* a send to it completed with an error */
@@ -168,7 +173,10 @@ struct mep_host_mesh {
   int cut;
   uint64_t issued, completed; /* counted sends */
   mep_host_peer_t *peers;
-  int first_failed; /* first peer whose endpoint failed, or -1 */
+  /* First peer whose endpoint failed without a goodbye before it (it
+   * died: every operation is doomed), or -1. A peer that said goodbye
+   * dooms only the operations it left before (mep_host_mesh_ops.c). */
+  int first_failed;
   int recv_error;   /* a malformed message or failed receive */
   char recv_error_msg[256];
   mep_host_msg_t last_sent; /* the latest header queued (mep_host_mesh_keep_sent) */

@@ -24,6 +24,32 @@ static void wait_for_news(mep_host_mesh_t *m, int64_t deadline) {
 
 static int lost(const mep_host_peer_t *p) { return p->failed || p->said_bye; }
 
+/* Lock held: a peer that dooms an operation whose signals carry `value`,
+ * whoever is waited on: one that died, or one that said goodbye before
+ * signalling that operation (its goodbye follows every signal it sent,
+ * so last_op is its last). A peer that left after its part is no reason
+ * to fail the rest of the operation. -1: none. */
+static int doomed_by(const mep_host_mesh_t *m, uint64_t value) {
+  if (m->first_failed >= 0) return m->first_failed;
+  for (int p = 0; p < m->world; p++) {
+    if (p != m->rank && m->peers[p].said_bye &&
+        __atomic_load_n(&m->last_op[p], __ATOMIC_ACQUIRE) < value) {
+      return p;
+    }
+  }
+  return -1;
+}
+
+/* Lock held: a peer that dooms this rank's outstanding sends: one that
+ * died, or one that left with sends to it still outstanding. -1: none. */
+static int sends_doomed_by(const mep_host_mesh_t *m) {
+  if (m->first_failed >= 0) return m->first_failed;
+  for (int p = 0; p < m->world; p++) {
+    if (p != m->rank && m->peers[p].said_bye && m->peers[p].unsent > 0) return p;
+  }
+  return -1;
+}
+
 static moe_ep_status_t queue_send(mep_host_mesh_t *m, int peer, int kind, uint64_t offset,
                                   uint64_t value, const void *data, size_t bytes,
                                   const char *what) {
@@ -80,8 +106,9 @@ moe_ep_status_t mep_host_mesh_complete(mep_host_mesh_t *m, const char *what) {
   pthread_mutex_lock(&m->lock);
   moe_ep_status_t st = MOE_EP_OK;
   while (m->completed != m->issued) {
-    if (m->first_failed >= 0) {
-      st = mep_host_blame_lost(m, m->first_failed, what);
+    const int doomed = sends_doomed_by(m);
+    if (doomed >= 0) {
+      st = mep_host_blame_lost(m, doomed, what);
       break;
     }
     if (mep_host_now_ns() > m->deadline_ns) {
@@ -132,13 +159,13 @@ static moe_ep_status_t wait_signal(mep_host_mesh_t *m, const uint64_t *flag, con
       st = mep_host_blame_ahead(m, peer, value, last, what);
       break;
     }
-    /* Any lost peer dooms the collective operation, whoever we wait on. */
     if (lost(&m->peers[peer])) {
       st = mep_host_blame_lost(m, peer, what);
       break;
     }
-    if (m->first_failed >= 0) {
-      st = mep_host_blame_lost(m, m->first_failed, what);
+    const int doomed = doomed_by(m, value);
+    if (doomed >= 0) {
+      st = mep_host_blame_lost(m, doomed, what);
       break;
     }
     if (m->recv_error) break;

@@ -46,6 +46,16 @@ static void apply_queued(mep_host_source_t *s) {
   s->nqueued = 0;
 }
 
+/* The peer's goodbye takes effect: every signal it sent before it has
+ * been applied, so last_op[src] is the last it will ever send. */
+static void take_bye(struct mep_host_mesh *m, int src) {
+  m->sources[src].bye_pending = 0;
+  pthread_mutex_lock(&m->lock);
+  m->peers[src].said_bye = 1;
+  pthread_cond_broadcast(&m->cond);
+  pthread_mutex_unlock(&m->lock);
+}
+
 static int has_recv_error(struct mep_host_mesh *m) {
   pthread_mutex_lock(&m->lock);
   int e = m->recv_error;
@@ -62,7 +72,10 @@ static void on_rndv_done(void *request, ucs_status_t status, size_t length,
     recv_fail(s->mesh, "receiving rank %d's rendezvous data (%llu bytes) failed: %s", s->rank,
               (unsigned long long)length, ucs_status_string(status));
   }
-  if (--s->inflight == 0 && !has_recv_error(s->mesh)) apply_queued(s);
+  if (--s->inflight == 0 && !has_recv_error(s->mesh)) {
+    apply_queued(s);
+    if (s->bye_pending) take_bye(s->mesh, s->rank);
+  }
   ucp_request_free(request);
 }
 
@@ -101,14 +114,19 @@ static void on_control(struct mep_host_mesh *m, const mep_host_msg_t *h) {
      * leaves the peer to its bounded wait. */
     (void)mep_host_mesh_enqueue(m, h->src, ack, 0, 0, NULL, 0, 0);
   }
+  if (h->kind == MEP_HOST_MSG_BYE) {
+    /* After its rendezvous data still landing, if any (on_rndv_done). */
+    if (m->sources[h->src].inflight > 0) {
+      m->sources[h->src].bye_pending = 1;
+    } else {
+      take_bye(m, h->src);
+    }
+    return;
+  }
   pthread_mutex_lock(&m->lock);
   mep_host_peer_t *p = &m->peers[h->src];
   if (h->kind == MEP_HOST_MSG_HELLO_ACK) p->acked = 1;
   if (h->kind == MEP_HOST_MSG_BYE_ACK) p->bye_acked = 1;
-  if (h->kind == MEP_HOST_MSG_BYE) {
-    p->said_bye = 1;
-    if (m->first_failed < 0 && h->src != m->rank) m->first_failed = h->src;
-  }
   pthread_cond_broadcast(&m->cond);
   pthread_mutex_unlock(&m->lock);
 }

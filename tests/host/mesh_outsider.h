@@ -13,14 +13,9 @@
 #include <ucp/api/ucp.h>
 
 #include "runtime/host/host_mesh_impl.h"
+#include "tests/host/mesh_rank.h"
 
 namespace moe_ep_test {
-
-inline int64_t MonoMs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
-}
 
 class MeshOutsider {
  public:

@@ -4,6 +4,9 @@
 #ifndef MEP_TESTS_HOST_MESH_RANK_H_
 #define MEP_TESTS_HOST_MESH_RANK_H_
 
+#include <time.h>
+
+#include <cstdint>
 #include <string>
 
 #include "runtime/bootstrap.h"
@@ -11,6 +14,12 @@
 #include "runtime/host/host_mesh.h"
 
 namespace moe_ep_test {
+
+inline int64_t MonoMs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
+}
 
 struct MeshRank {
   int rank = 0;
