@@ -29,9 +29,7 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status) {
     p->fail_status = status;
     /* A peer that said goodbye closes its endpoints next: expected, and
      * no death (its goodbye may still wait for its data to land). */
-    const int peer = (int)(p - m->peers);
-    const int left = p->said_bye || (m->sources != NULL && m->sources[peer].bye_pending);
-    if (m->first_failed < 0 && !left) m->first_failed = peer;
+    if (m->first_failed < 0 && !p->bye_heard) m->first_failed = (int)(p - m->peers);
   }
   pthread_cond_broadcast(&m->cond);
   pthread_mutex_unlock(&m->lock);
@@ -176,12 +174,14 @@ static int wait_every_peer(struct mep_host_mesh *m, int (*done)(const mep_host_p
   }
 }
 
-static int acked_or_lost(const mep_host_peer_t *p) { return p->acked || p->failed; }
+static int acked_or_lost(const mep_host_peer_t *p) {
+  return p->acked || p->failed || p->bye_heard;
+}
 
 /* Lock held: the first other rank that said goodbye, or -1. */
 static int first_goodbye(const struct mep_host_mesh *m) {
   for (int r = 0; r < m->world; r++) {
-    if (r != m->rank && m->peers[r].said_bye) return r;
+    if (r != m->rank && m->peers[r].bye_heard) return r;
   }
   return -1;
 }
@@ -195,15 +195,15 @@ static moe_ep_status_t wire_up(struct mep_host_mesh *m) {
   }
   int64_t deadline = mep_host_now_ns() + (int64_t)m->timeout_ms * 1000000LL;
   moe_ep_status_t st = MOE_EP_OK;
-  int quitter;
   pthread_mutex_lock(&m->lock);
   int missing = wait_every_peer(m, acked_or_lost, deadline);
+  const int quitter = first_goodbye(m);
   if (missing >= 0) {
     st = mep_error(MOE_EP_ERR_BOOTSTRAP,
                    "group_create: rank %d could not reach rank %d over the host data path: "
                    "rank %d did not answer the wire-up message within timeouts.kernel_ms=%d",
                    m->rank, missing, missing, m->timeout_ms);
-  } else if ((quitter = first_goodbye(m)) >= 0) {
+  } else if (quitter >= 0) {
     st = mep_error(MOE_EP_ERR_BOOTSTRAP,
                    "group_create: rank %d lost rank %d while wiring up the host data path: "
                    "rank %d gave up on the group (its group_create failed; its own error says "
@@ -281,7 +281,7 @@ out_destroy:
 }
 
 static int goodbye_done(const mep_host_peer_t *p) {
-  return p->bye_acked || p->said_bye || p->failed || p->ep == NULL;
+  return p->bye_acked || p->bye_heard || p->failed || p->ep == NULL;
 }
 
 /* Tells every peer this rank is leaving, and waits (bounded) until each

@@ -9,7 +9,7 @@
 #include "runtime/host/host_mesh_impl.h"
 
 moe_ep_status_t mep_host_blame_lost(struct mep_host_mesh *m, int peer, const char *what) {
-  if (m->peers[peer].said_bye) {
+  if (m->peers[peer].bye_heard) {
     return mep_error(MOE_EP_ERR_PEER_FAILED,
                      "%s: rank %d lost rank %d: rank %d left the group (it destroyed its "
                      "group) while rank %d still needed it for this operation",

@@ -83,7 +83,9 @@ typedef struct mep_host_signal {
   uint64_t offset, value;
 } mep_host_signal_t;
 
-/* Per source rank, progress thread only: rendezvous receives still landing,
+/* Per source rank, on the thread that drives the worker (the progress
+ * thread; the API thread before it starts and after it is joined, where
+ * on_ep_error may run too): rendezvous receives still landing,
  * and the signals that arrived behind them (applied once they land, so a
  * signal never overtakes the data it announces). */
 typedef struct mep_host_source {
@@ -121,8 +123,11 @@ typedef struct mep_host_peer {
   void *close_req;         /* its close in flight (mep_host_mesh_close_eps) */
   int failed;              /* the endpoint reported an error */
   ucs_status_t fail_status;
-  /* It destroyed its group (BYE before the error); set once every signal
-   * it sent before the goodbye is applied, so last_op holds its last. */
+  /* It destroyed its group (BYE before the error). bye_heard: its
+   * goodbye arrived (sends to it are pointless from then on); said_bye:
+   * and every signal it sent before the goodbye is applied, so last_op
+   * holds its last (what waits go by). */
+  int bye_heard;
   int said_bye;
   int acked;               /* it answered this rank's HELLO */
   int bye_acked;           /* it saw this rank's BYE */

@@ -22,7 +22,10 @@ static void wait_for_news(mep_host_mesh_t *m, int64_t deadline) {
   pthread_cond_timedwait(&m->cond, &m->lock, &ts);
 }
 
+/* For waits: its goodbye counts once the signals before it are applied. */
 static int lost(const mep_host_peer_t *p) { return p->failed || p->said_bye; }
+/* For sends: its goodbye counts as soon as it arrives. */
+static int gone(const mep_host_peer_t *p) { return p->failed || p->bye_heard; }
 
 /* Lock held: a peer that dooms an operation whose signals carry `value`,
  * whoever is waited on: one that died, or one that said goodbye before
@@ -45,7 +48,7 @@ static int doomed_by(const mep_host_mesh_t *m, uint64_t value) {
 static int sends_doomed_by(const mep_host_mesh_t *m) {
   if (m->first_failed >= 0) return m->first_failed;
   for (int p = 0; p < m->world; p++) {
-    if (p != m->rank && m->peers[p].said_bye && m->peers[p].unsent > 0) return p;
+    if (p != m->rank && m->peers[p].bye_heard && m->peers[p].unsent > 0) return p;
   }
   return -1;
 }
@@ -54,7 +57,7 @@ static moe_ep_status_t queue_send(mep_host_mesh_t *m, int peer, int kind, uint64
                                   uint64_t value, const void *data, size_t bytes,
                                   const char *what) {
   pthread_mutex_lock(&m->lock);
-  moe_ep_status_t st = lost(&m->peers[peer]) ? mep_host_blame_lost(m, peer, what) : MOE_EP_OK;
+  moe_ep_status_t st = gone(&m->peers[peer]) ? mep_host_blame_lost(m, peer, what) : MOE_EP_OK;
   pthread_mutex_unlock(&m->lock);
   if (st != MOE_EP_OK) return st;
   return mep_host_mesh_enqueue(m, peer, kind, offset, value, data, bytes, 1);
@@ -73,9 +76,9 @@ moe_ep_status_t mep_host_mesh_signal(mep_host_mesh_t *m, int peer,
 
 void mep_host_mesh_signal_quiet(mep_host_mesh_t *m, int peer, size_t remote_off, uint64_t value) {
   pthread_mutex_lock(&m->lock);
-  const int gone = lost(&m->peers[peer]);
+  const int skip = gone(&m->peers[peer]);
   pthread_mutex_unlock(&m->lock);
-  if (gone) return;
+  if (skip) return;
   if (mep_host_mesh_enqueue_quiet(m, peer, MEP_HOST_MSG_SIGNAL, remote_off, value, NULL, 0, 1) ==
       0)
     return;
@@ -93,7 +96,7 @@ void mep_host_mesh_signal_quiet(mep_host_mesh_t *m, int peer, size_t remote_off,
 static moe_ep_status_t send_failure(mep_host_mesh_t *m, const char *what) {
   for (int p = 0; p < m->world; p++) {
     if (!m->peers[p].send_failed) continue;
-    if (lost(&m->peers[p])) return mep_host_blame_lost(m, p, what);
+    if (gone(&m->peers[p])) return mep_host_blame_lost(m, p, what);
     return mep_error(MOE_EP_ERR_PEER_FAILED,
                      "%s: rank %d's send to rank %d failed: %s (rank %d's connection "
                      "is still up)",

@@ -49,11 +49,18 @@ static void apply_queued(mep_host_source_t *s) {
 /* The peer's goodbye takes effect: every signal it sent before it has
  * been applied, so last_op[src] is the last it will ever send. */
 static void take_bye(struct mep_host_mesh *m, int src) {
-  m->sources[src].bye_pending = 0;
   pthread_mutex_lock(&m->lock);
   m->peers[src].said_bye = 1;
   pthread_cond_broadcast(&m->cond);
   pthread_mutex_unlock(&m->lock);
+  m->sources[src].bye_pending = 0;
+}
+
+/* The source's rendezvous receives have all landed: the signals behind
+ * them apply, then a goodbye that came behind those. */
+static void source_landed(mep_host_source_t *s) {
+  apply_queued(s);
+  if (s->bye_pending) take_bye(s->mesh, s->rank);
 }
 
 static int has_recv_error(struct mep_host_mesh *m) {
@@ -72,10 +79,7 @@ static void on_rndv_done(void *request, ucs_status_t status, size_t length,
     recv_fail(s->mesh, "receiving rank %d's rendezvous data (%llu bytes) failed: %s", s->rank,
               (unsigned long long)length, ucs_status_string(status));
   }
-  if (--s->inflight == 0 && !has_recv_error(s->mesh)) {
-    apply_queued(s);
-    if (s->bye_pending) take_bye(s->mesh, s->rank);
-  }
+  if (--s->inflight == 0 && !has_recv_error(s->mesh)) source_landed(s);
   ucp_request_free(request);
 }
 
@@ -115,7 +119,12 @@ static void on_control(struct mep_host_mesh *m, const mep_host_msg_t *h) {
     (void)mep_host_mesh_enqueue(m, h->src, ack, 0, 0, NULL, 0, 0);
   }
   if (h->kind == MEP_HOST_MSG_BYE) {
-    /* After its rendezvous data still landing, if any (on_rndv_done). */
+    pthread_mutex_lock(&m->lock);
+    m->peers[h->src].bye_heard = 1;
+    pthread_cond_broadcast(&m->cond);
+    pthread_mutex_unlock(&m->lock);
+    /* For waits, after its rendezvous data still landing, if any
+     * (source_landed). */
     if (m->sources[h->src].inflight > 0) {
       m->sources[h->src].bye_pending = 1;
     } else {
@@ -210,7 +219,7 @@ static ucs_status_t on_message(void *arg, const void *header, size_t header_leng
   s->inflight++;
   void *req = ucp_am_recv_data_nbx(m->worker, data, m->region + h.offset, length, &p);
   if (req == NULL) {
-    if (--s->inflight == 0) apply_queued(s);
+    if (--s->inflight == 0) source_landed(s);
   } else if (UCS_PTR_IS_ERR(req)) {
     s->inflight--;
     recv_fail(m, "pulling rank %d's data at offset %llu (%llu bytes) failed: %s", h.src,

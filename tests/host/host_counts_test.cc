@@ -62,7 +62,7 @@ struct Bad {
 TEST(HostCounts, EntryOutsideTheBoundFailsEveryRankOnTheSameSource) {
   const int world = 4;
   for (const Bad& b : {Bad{1, 3, kMax + 1}, Bad{2, 0, -2}, Bad{0, 1, INT32_MIN},
-                       Bad{3, 3, INT32_MAX}, Bad{1, 2, -1}}) {
+                       Bad{3, 3, INT32_MAX}, Bad{1, 2, -1}, Bad{2, 0, -1}}) {
     std::vector<int32_t> all = Table(world, 5);
     all[b.src * world + b.dst] = b.value;
     for (int r = 0; r < world; r++) {

@@ -9,8 +9,12 @@
 //     (alive, absent), not rank 2;
 //   - a wait in the next operation, which rank 2 never signalled, fails at
 //     once with PEER_FAILED naming rank 2 as the rank that left.
-// Nothing depends on timing: rank 0 acts only after it has heard the
-// goodbye, and the absent wait is bounded by its timeout alone.
+// The first case fails where any goodbye dooms every wait; the second
+// guards the fast failure that must stay. Nothing depends on timing beyond
+// generous bounds: rank 0 acts only after it has heard the goodbye, the
+// absent wait ends by its timeout alone, and rank 2's destroy waits up to
+// 2 s for rank 0's progress thread to acknowledge the goodbye before it
+// closes its endpoints.
 #include <pthread.h>
 #include <time.h>
 
