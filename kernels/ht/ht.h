@@ -66,7 +66,12 @@ enum {
    * on every rank alike. Recorded without the abort flag: the rings are
    * still drained. When no rank has worst-case rows the dispatch is
    * refused through N_recv instead (mep_ht_refused_recv). */
-  MEP_HT_OP_ROW_DESC = 24
+  MEP_HT_OP_ROW_DESC = 24,
+  /* Not a wait: a dispatch met a topk_idx value outside -1..num_experts-1
+   * and sent that slot as -1 (expert = the value, expected = token, seen
+   * = k), as MEP_LL_OP_BAD_ROUTING. Written into the notice record;
+   * nothing is aborted. */
+  MEP_HT_OP_BAD_ROUTING = 25
 };
 
 /* Capacities the window and state are sized for. */

@@ -99,16 +99,31 @@ __device__ __forceinline__ int64_t mep_ht_topk(const void *idx, int bytes, int64
 }
 
 /* The ranks token t has an expert on (bit r). Out-of-range ids are
- * dropped like -1 (the LL kernels note them; HT's prepare reports the
- * same counts, so the notice is left to LL and to prepare's checks). */
+ * dropped like -1; *bad_k (where given) gets the first such slot, or -1. */
 __device__ __forceinline__ uint64_t mep_ht_dest_mask(const void *idx, int bytes, int t, int K,
-                                                     int num_experts, int e_local) {
+                                                     int num_experts, int e_local,
+                                                     int *bad_k = nullptr) {
   uint64_t m = 0;
+  if (bad_k != nullptr) *bad_k = -1;
   for (int k = 0; k < K; ++k) {
     const int64_t e = mep_ht_topk(idx, bytes, (int64_t)t * K + k);
-    if (e >= 0 && e < num_experts) m |= 1ull << (int)(e / e_local);
+    if (e >= 0 && e < num_experts) {
+      m |= 1ull << (int)(e / e_local);
+    } else if (bad_k != nullptr && e != -1 && *bad_k < 0) {
+      *bad_k = k;
+    }
   }
   return m;
+}
+
+/* Notes the first out-of-range routing entry of a launch (its slot went
+ * as -1); the runtime reports it once through group_poll_error. Never
+ * aborts anything. The value is recorded as its low 32 bits, as LL's. */
+static __device__ __noinline__ void mep_ht_record_bad_routing(const MepWaitCtx &w, int token,
+                                                              int k, int64_t value) {
+  if (w.notice != nullptr)
+    mep_publish_record(w.notice, w, MEP_HT_OP_BAD_ROUTING, -1, (int)value, (uint64_t)token,
+                       (uint64_t)k);
 }
 
 __device__ __forceinline__ void mep_ht_st_release(uint64_t *p, uint64_t v) {

@@ -223,8 +223,13 @@ __device__ void mep_ht_dispatch_send(const MepHtParams &p, const mep_ht_dispatch
   for (int d = threadIdx.x; d < R; d += blockDim.x) cnt[d] = cnt_node[d] = 0;
   __syncthreads();
   for (int t = t0 + threadIdx.x; t < t1; t += blockDim.x) {
+    int bad_k;
     uint64_t m = mep_ht_dest_mask(a.topk_idx, a.topk_idx_bytes, t, a.top_k, a.num_experts,
-                                  e_local);
+                                  e_local, &bad_k);
+    if (bad_k >= 0)
+      mep_ht_record_bad_routing(p.wc, t, bad_k,
+                                mep_ht_topk(a.topk_idx, a.topk_idx_bytes,
+                                            (int64_t)t * a.top_k + bad_k));
     if (t - t0 < MEP_HT_MASK_CACHE) mask_sh[t - t0] = (uint32_t)m;
     if (Tp::kStaged)
       for (int b = 0; b < R / nr; ++b)

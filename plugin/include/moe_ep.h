@@ -22,7 +22,7 @@ extern "C" {
 #define MOE_EP_ABI_VERSION 1u
 #define MOE_EP_VERSION_MAJOR 0
 #define MOE_EP_VERSION_MINOR 5
-#define MOE_EP_VERSION_PATCH 0
+#define MOE_EP_VERSION_PATCH 1
 
 /* ---- status ------------------------------------------------------------ */
 
@@ -678,8 +678,9 @@ typedef struct moe_ep_plugin_v1 {
    * low_latency keeps a source's first max_tokens_per_rank slots of an
    * expert in (token, k) order and drops the rest, whose share of the
    * combine is then not defined; it reports both through group_poll_error.
-   * high_throughput reports neither, and a repeated expert arrives as given
-   * (recv_topk_idx names it in both slots, recv_count counts both). Buffer
+   * high_throughput reports a bad id the same way (since 0.5.1), and a
+   * repeated expert arrives as given, unreported (recv_topk_idx names it in
+   * both slots, recv_count counts both). Buffer
    * sets alternate per operation, dispatch or combine, and a later dispatch
    * on a handle's set replaces its layout (combine and handle_layout then
    * fail with a sentence saying so): combine a handle before the dispatch

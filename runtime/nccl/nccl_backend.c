@@ -383,13 +383,7 @@ static moe_ep_status_t routing_notice(moe_ep_group_t *g, nccl_state_t *s) {
         (unsigned long long)r->seen, (unsigned long long)r->expected,
         (unsigned long long)r->expected);
   } else {
-    st = mep_error(
-        MOE_EP_ERR_INVALID_ARGUMENT,
-        "dispatch on rank %d: topk_idx[%llu][%llu] = %d is outside -1..%d (num_experts - 1); "
-        "that slot was dropped as if it were -1 (the first such entry of an earlier call; "
-        "others may follow it)",
-        r->rank, (unsigned long long)r->expected, (unsigned long long)r->seen, r->expert,
-        g->cfg.num_experts - 1);
+    st = mep_nccl_bad_routing(g, r);
   }
   __atomic_store_n(&r->flag, 0, __ATOMIC_RELEASE);
   return st;

@@ -82,6 +82,15 @@ int mep_nccl_record_ready(const mep_error_record_t *r) {
   return __atomic_load_n(&r->flag, __ATOMIC_ACQUIRE) == 2;
 }
 
+moe_ep_status_t mep_nccl_bad_routing(const moe_ep_group_t *g, const mep_error_record_t *r) {
+  return mep_error(MOE_EP_ERR_INVALID_ARGUMENT,
+                   "dispatch on rank %d: topk_idx[%llu][%llu] = %d is outside -1..%d "
+                   "(num_experts - 1); that slot was dropped as if it were -1 (the first such "
+                   "entry of an earlier call; others may follow it)",
+                   r->rank, (unsigned long long)r->expected, (unsigned long long)r->seen,
+                   r->expert, g->cfg.num_experts - 1);
+}
+
 moe_ep_status_t mep_nccl_launched(const moe_ep_group_t *g, mep_kstatus_t k, const char *what) {
   if (k == MEP_KSTATUS_OK) return MOE_EP_OK;
   moe_ep_status_t st = k == MEP_KSTATUS_INVALID_ARGUMENT ? MOE_EP_ERR_INVALID_ARGUMENT

@@ -37,6 +37,10 @@ moe_ep_status_t mep_nccl_alloc_records(mep_error_record_t **host,
 void mep_nccl_free_records(mep_error_record_t *host);
 /* A record the GPU finished writing (read fresh: host-mapped memory). */
 int mep_nccl_record_ready(const mep_error_record_t *r);
+/* The sentence of a notice record of an out-of-range topk_idx entry
+ * (MEP_LL_OP_BAD_ROUTING, MEP_HT_OP_BAD_ROUTING: expert = the value,
+ * expected = token, seen = k): INVALID_ARGUMENT, the group usable. */
+moe_ep_status_t mep_nccl_bad_routing(const moe_ep_group_t *g, const mep_error_record_t *r);
 
 
 /* A launcher's status as moe-ep's, with its sentence and this rank. */

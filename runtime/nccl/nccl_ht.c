@@ -308,7 +308,21 @@ static moe_ep_status_t fatal_status(const moe_ep_group_t *g, const ht_state_t *s
   return mep_nccl_record_ready(&s->rec[0]) ? record_error(g, &s->rec[0]) : MOE_EP_OK;
 }
 
-static moe_ep_status_t ht_poll_error(moe_ep_group_t *g) { return fatal_status(g, g->impl); }
+/* A routing notice (MEP_HT_OP_BAD_ROUTING), reported once (the record is
+ * cleared): the dispatch ran with the slot as -1, and the group stays
+ * usable. */
+static moe_ep_status_t routing_notice(const moe_ep_group_t *g, ht_state_t *s) {
+  mep_error_record_t *r = &s->rec[1];
+  if (!mep_nccl_record_ready(r)) return MOE_EP_OK;
+  const moe_ep_status_t st = mep_nccl_bad_routing(g, r);
+  __atomic_store_n(&r->flag, 0, __ATOMIC_RELEASE);
+  return st;
+}
+
+static moe_ep_status_t ht_poll_error(moe_ep_group_t *g) {
+  MEP_CHECK(fatal_status(g, g->impl));
+  return routing_notice(g, g->impl);
+}
 
 static moe_ep_status_t enter(moe_ep_group_t *g, ht_state_t *s, mep_nccl_caller_t *caller) {
   MEP_CHECK(fatal_status(g, s));

@@ -330,4 +330,110 @@ INSTANTIATE_TEST_SUITE_P(Cases, HtWorld, ::testing::ValuesIn(kCases),
                            return std::string(i.param.name);
                          });
 
+
+// Out-of-range topk_idx entries (above num_experts - 1 on one rank, below
+// -1 on another) are sent as -1 and noted in the rank's notice record
+// (MEP_HT_OP_BAD_ROUTING: the value, token and slot), nothing aborted: every
+// rank's outputs match the oracle's for those entries as -1, bit for bit,
+// and the calls before and after leave no record. Over NVLink and over
+// GIN-emulated with a node per rank.
+class HtWorldRouting : public ::testing::TestWithParam<int> {};
+
+struct BadEntry {
+  int rank;
+  int64_t value;
+  bool last;  // the last routed slot of the rank's call, else the first
+  int64_t t = -1, k = -1;
+};
+
+TEST_P(HtWorldRouting, OutOfRangeIdsGoAsMinusOneAndAreNoted) {
+  const int node_ranks = GetParam();
+  const Case c{"routing", 3, node_ranks, node_ranks == 0 ? kLsa : kEmu, 48, 1024, 4, 16,
+               o::Generator::kUniform, false, o::ScaleFormat::kF32, 8, false};
+  const o::Problem p = ProblemOf(c);
+  HtGroup grp;
+  ASSERT_EQ(MakeGroup(c, kTimeoutMs, &grp), "");
+  for (int call = 0; call < 3; ++call) {
+    CallData d = MakeCall(c, p, call);
+    std::vector<BadEntry> bad;
+    if (call == 1) bad = {{1, c.experts + 5, false}, {2, -7, true}};
+    for (BadEntry &b : bad) {
+      const std::vector<int64_t> &ids = d.all[b.rank].topk_idx;
+      for (size_t i = 0; i < ids.size(); ++i) {
+        const size_t at = b.last ? ids.size() - 1 - i : i;
+        if (ids[at] >= 0) {
+          b.t = static_cast<int64_t>(at) / c.top_k;
+          b.k = static_cast<int64_t>(at) % c.top_k;
+          break;
+        }
+      }
+      ASSERT_GE(b.t, 0) << "rank " << b.rank << " routes nothing in call " << call;
+      d.all[b.rank].topk_idx[b.t * c.top_k + b.k] = -1;  // what the kernels must make of it
+    }
+    for (int r = 0; r < c.world && !bad.empty(); ++r) {
+      d.want[r] = o::ht_dispatch_expected(p, d.all, r);
+      d.ys[r] = o::ht_wide_partials(d.want[r].num_recv, c.hidden, d.seed * 31 + r);
+    }
+    Dev call_dev;
+    std::vector<mep_ht_dispatch_args_t> da(c.world);
+    for (int r = 0; r < c.world; ++r) da[r] = DispatchArgs(c, p, d, r, grp.io[r], &call_dev);
+    for (const BadEntry &b : bad) {
+      int64_t *slot = static_cast<int64_t *>(const_cast<void *>(da[b.rank].topk_idx)) +
+                      b.t * c.top_k + b.k;
+      ASSERT_EQ(cudaMemcpy(slot, &b.value, sizeof(b.value), cudaMemcpyHostToDevice), cudaSuccess);
+    }
+    ASSERT_EQ(grp.world->Settle(), "");
+    ASSERT_EQ(grp.world->LaunchAll([&](int r, cudaStream_t s) {
+      return mep_ht_dispatch(&grp.io[r].ctx, &da[r], s);
+    }),
+              "");
+    ASSERT_EQ(grp.world->Sync(), "") << "dispatch, call " << call;
+    for (int r = 0; r < c.world; ++r) {
+      const mep_error_record_t &fatal = grp.world->records(r)[0];
+      EXPECT_EQ(fatal.flag, 0) << "rank " << r << ", call " << call << ": "
+                               << grp.world->Records();
+      mep_error_record_t &notice = grp.world->records(r)[1];
+      const BadEntry *want = nullptr;
+      for (const BadEntry &b : bad)
+        if (b.rank == r) want = &b;
+      if (want == nullptr) {
+        EXPECT_EQ(notice.flag, 0) << "rank " << r << ", call " << call << ": "
+                                  << grp.world->Records();
+        continue;
+      }
+      ASSERT_EQ(notice.flag, 2) << "rank " << r << " noted nothing for topk_idx[" << want->t
+                                << "][" << want->k << "] = " << want->value;
+      EXPECT_EQ(notice.op, MEP_HT_OP_BAD_ROUTING);
+      EXPECT_EQ(notice.rank, r);
+      EXPECT_EQ(notice.expert, static_cast<int>(want->value));
+      EXPECT_EQ(notice.expected, static_cast<uint64_t>(want->t));
+      EXPECT_EQ(notice.seen, static_cast<uint64_t>(want->k));
+      notice.flag = 0;  // as the runtime's report clears it
+    }
+    for (int r = 0; r < c.world; ++r)
+      EXPECT_EQ(CheckDispatch(c, d, r, grp.io[r]), "")
+          << "rank " << r << ", call " << call << ", seed " << d.seed;
+    if (HasFailure()) return;
+    std::vector<mep_ht_combine_args_t> ca(c.world);
+    for (int r = 0; r < c.world; ++r) ca[r] = CombineArgs(c, d, r, da[r], grp.io[r], &call_dev);
+    ASSERT_EQ(grp.world->Settle(), "");
+    ASSERT_EQ(grp.world->LaunchAll([&](int r, cudaStream_t s) {
+      return mep_ht_combine(&grp.io[r].ctx, &ca[r], s);
+    }),
+              "");
+    ASSERT_EQ(grp.world->Sync(), "") << "combine, call " << call;
+    ASSERT_EQ(grp.world->Records(), "") << "combine, call " << call;
+    int64_t order_matters = 0;
+    for (int r = 0; r < c.world; ++r)
+      EXPECT_EQ(CheckCombine(c, p, d, r, grp.io[r], &order_matters), "")
+          << "rank " << r << ", call " << call << ", seed " << d.seed;
+    if (HasFailure()) return;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(LsaAndNodesOfOne, HtWorldRouting, ::testing::Values(0, 1),
+                         [](const ::testing::TestParamInfo<int> &i) {
+                           return std::string(i.param == 0 ? "lsa" : "emu_nodes1");
+                         });
+
 }  // namespace

@@ -66,6 +66,26 @@ moe_ep_status_t HtCall::prepare(bool expect_ok) {
   return st;
 }
 
+bool HtCall::route_out_of_range(int64_t value, int64_t* t, int64_t* k) {
+  int64_t mine = -1;
+  for (int s = 0; s < p_.world; ++s) {
+    std::vector<int64_t>& ids = all_[s].topk_idx;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] < 0) continue;
+      ids[i] = -1;
+      if (s == c_.rank) mine = static_cast<int64_t>(i);
+      break;
+    }
+  }
+  want_ = ht_dispatch_expected(p_, all_, c_.rank);
+  topk_ = all_[c_.rank].topk_idx;
+  if (mine < 0) return false;
+  topk_[mine] = value;
+  *t = mine / p_.top_k;
+  *k = mine % p_.top_k;
+  return true;
+}
+
 void HtCall::set_x_variant(int hidden) {
   p_.hidden = hidden;
   all_ = make_all_inputs(p_, seed_);  // the routing does not depend on hidden

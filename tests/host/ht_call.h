@@ -30,6 +30,11 @@ class HtCall {
   // same tokens): the seed's inputs at that hidden, each value negated,
   // halved and shifted, so no row repeats the previous dispatch's.
   void set_x_variant(int hidden);
+  // Before prepare: every rank's first routed slot becomes -1 in the
+  // oracle's inputs, and this rank hands the library `value` there instead
+  // (out of range: the nccl kernels send it as -1 and note it). False
+  // when this rank routes nothing; *t and *k: the slot.
+  bool route_out_of_range(int64_t value, int64_t* t, int64_t* k);
   // Receive tensors of `rows` rows (+1 poisoned spare row the library must
   // not touch); num_recv_tokens is passed only when `count_out`. A deferred
   // dispatch runs its hook at once, unless `hook_out` takes it. `tweak` may

@@ -540,6 +540,30 @@ void layer_calls_differ(Ctx& c) {
 
 }  // namespace
 
+// nccl: a device-resident topk_idx with an out-of-range expert id. The
+// dispatch cannot check it before launching (that would need a sync); the
+// kernel sends the slot as -1 and notes it, and group_poll_error reports
+// it once as INVALID_ARGUMENT naming the entry. The round trip matches the
+// oracle with that slot -1 (every rank corrupts its own first routed slot),
+// and the group stays usable.
+void out_of_range_id(Ctx& c) {
+  HtCall call(c, problem_of(c, DispatchDtype::kBf16), 83);
+  const int64_t bad = c.opt.num_experts + 9;
+  int64_t t = -1, k = -1;
+  const bool routed = call.route_out_of_range(bad, &t, &k);
+  if (call.prepare() != MOE_EP_OK) return;
+  roundtrip(c, call, "dispatch with an out-of-range id");
+  if (!routed) return;
+  const std::string want = "dispatch on rank " + std::to_string(c.rank) + ": topk_idx[" +
+                           std::to_string(t) + "][" + std::to_string(k) + "] = " +
+                           std::to_string(bad) + " is outside -1.." +
+                           std::to_string(c.opt.num_experts - 1);
+  expect_status(c, call.seed(), "poll_error after the out-of-range id",
+                c.api->group_poll_error(c.group), MOE_EP_ERR_INVALID_ARGUMENT, want.c_str());
+  expect_status(c, call.seed(), "poll_error again (reported once)",
+                c.api->group_poll_error(c.group), MOE_EP_OK);
+}
+
 void run_ht_bad_input(Ctx& c) {
   bf16_x(c);
   fp8_x(c);
@@ -559,6 +583,7 @@ void run_ht_bad_input(Ctx& c) {
     default_sms_again(c);
     too_few_rows(c);
     too_few_rows_abandoned(c);
+    out_of_range_id(c);
   }
   moe_ep_group_info_t info = MOE_EP_INIT(moe_ep_group_info_t);
   expect_status(c, 0, "group_info", c.api->group_info(c.group, &info), MOE_EP_OK);
