@@ -116,14 +116,18 @@ __device__ __forceinline__ uint64_t mep_ht_dest_mask(const void *idx, int bytes,
   return m;
 }
 
-/* Notes the first out-of-range routing entry of a launch (its slot went
- * as -1); the runtime reports it once through group_poll_error. Never
- * aborts anything. The value is recorded as its low 32 bits, as LL's. */
+/* Notes an out-of-range routing entry (its slot went as -1) unless the
+ * notice record already holds one not yet reported; the runtime reports
+ * it once through group_poll_error. Never aborts anything. The value is
+ * clamped to int32, as LL's, so the sentence never names an in-range id. */
 static __device__ __noinline__ void mep_ht_record_bad_routing(const MepWaitCtx &w, int token,
                                                               int k, int64_t value) {
   if (w.notice != nullptr)
-    mep_publish_record(w.notice, w, MEP_HT_OP_BAD_ROUTING, -1, (int)value, (uint64_t)token,
-                       (uint64_t)k);
+    mep_publish_record(w.notice, w, MEP_HT_OP_BAD_ROUTING, -1,
+                       value < INT32_MIN   ? INT32_MIN
+                       : value > INT32_MAX ? INT32_MAX
+                                           : (int)value,
+                       (uint64_t)token, (uint64_t)k);
 }
 
 __device__ __forceinline__ void mep_ht_st_release(uint64_t *p, uint64_t v) {

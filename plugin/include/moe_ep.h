@@ -651,9 +651,11 @@ typedef struct moe_ep_plugin_v1 {
    *   with different values, or made a dispatch with different hidden,
    *   top_k or row format while one had MOE_EP_FLAG_WORST_CASE); INTERNAL
    *   (a combine launched with another
-   *   channel count than its dispatch's layout). All fail the group. HT
-   *   kernels treat a topk_idx value outside -1..num_experts-1 as -1 and
-   *   carry a repeated expert as given; neither is reported.
+   *   channel count than its dispatch's layout). All fail the group. Then,
+   *   since 0.5.1, INVALID_ARGUMENT once for a dispatch that met a topk_idx
+   *   value outside -1..num_experts-1 and sent that slot as -1 (reported
+   *   by the rank whose topk_idx it was); the group stays usable. A
+   *   repeated expert is carried as given and not reported.
    * - host backend: nothing beyond the group's failure (its prepare
    *   refuses a bad topk_idx value or a repeat with INVALID_ARGUMENT). */
   moe_ep_status_t (*group_poll_error)(moe_ep_group_t *group);

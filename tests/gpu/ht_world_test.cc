@@ -332,8 +332,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, HtWorld, ::testing::ValuesIn(kCases),
 
 
 // Out-of-range topk_idx entries (above num_experts - 1 on one rank, below
-// -1 on another) are sent as -1 and noted in the rank's notice record
-// (MEP_HT_OP_BAD_ROUTING: the value, token and slot), nothing aborted: every
+// -1 on another, past int32 on a third) are sent as -1 and noted in the
+// rank's notice record (MEP_HT_OP_BAD_ROUTING: the value clamped to int32,
+// token and slot), nothing aborted: every
 // rank's outputs match the oracle's for those entries as -1, bit for bit,
 // and the calls before and after leave no record. Over NVLink and over
 // GIN-emulated with a node per rank.
@@ -356,7 +357,8 @@ TEST_P(HtWorldRouting, OutOfRangeIdsGoAsMinusOneAndAreNoted) {
   for (int call = 0; call < 3; ++call) {
     CallData d = MakeCall(c, p, call);
     std::vector<BadEntry> bad;
-    if (call == 1) bad = {{1, c.experts + 5, false}, {2, -7, true}};
+    if (call == 1)
+      bad = {{0, (int64_t{1} << 32) + 3, false}, {1, c.experts + 5, false}, {2, -7, true}};
     for (BadEntry &b : bad) {
       const std::vector<int64_t> &ids = d.all[b.rank].topk_idx;
       for (size_t i = 0; i < ids.size(); ++i) {
@@ -405,7 +407,7 @@ TEST_P(HtWorldRouting, OutOfRangeIdsGoAsMinusOneAndAreNoted) {
                                 << "][" << want->k << "] = " << want->value;
       EXPECT_EQ(notice.op, MEP_HT_OP_BAD_ROUTING);
       EXPECT_EQ(notice.rank, r);
-      EXPECT_EQ(notice.expert, static_cast<int>(want->value));
+      EXPECT_EQ(notice.expert, want->value > INT32_MAX ? INT32_MAX : static_cast<int>(want->value));
       EXPECT_EQ(notice.expected, static_cast<uint64_t>(want->t));
       EXPECT_EQ(notice.seen, static_cast<uint64_t>(want->k));
       notice.flag = 0;  // as the runtime's report clears it

@@ -73,6 +73,9 @@ class Group:
                  library=None):
         self._g = None
         self._entries = Entries()
+        # A routing notice read by the package itself (_poll_fatal), kept
+        # for the engine's next poll_error: the library reports it once.
+        self._kept_notice = None
         self.close_at_gc = True
         self._lib = resolve(library)
         self.config = config if isinstance(config, Config) else Config(config, self._lib)
@@ -188,11 +191,26 @@ class Group:
         source, the slots of an expert past max_tokens_per_rank (a repeat
         within a token); the group stays usable. nccl high_throughput:
         TimeoutError, MismatchError (ranks called set_num_sms differently)
-        or InternalError, all failing the group; its kernels neither check nor
-        report topk_idx. Host backend: only the group's failure (its
-        prepare refuses a bad topk_idx). A failed group raises the same
-        error from every later operation: close it."""
+        or InternalError, all failing the group; or InvalidArgumentError
+        once for a dispatch that sent a topk_idx slot outside
+        -1..num_experts-1 as -1 (library 0.5.1 or later; a repeated expert
+        is carried as given and not reported); the group stays usable.
+        Host backend: only the group's failure (its prepare refuses a bad
+        topk_idx). A failed group raises the same error from every later
+        operation: close it."""
+        kept, self._kept_notice = self._kept_notice, None
+        if kept is not None:
+            raise kept
         self._lib.check(self._call(self._lib.group_poll_error), "group_poll_error")
+
+    def _poll_fatal(self):
+        """poll_error for the package's own checks: raises what failed the
+        group; a routing notice (InvalidArgumentError, the group usable)
+        is kept for the engine's next poll_error instead of raised here."""
+        try:
+            self.poll_error()
+        except InvalidArgumentError as e:
+            self._kept_notice = e
 
     # ---- operations --------------------------------------------------------
 

@@ -23,3 +23,27 @@ def test_prepare_names_a_topk_idx_that_is_not_2d(one_rank_group, shape):
         res = g.dispatch(h, x)
         assert res.recv_count.tolist() == [1, 2, 1, 1], \
             "rank 0: counts after the refusal %s, want [1, 2, 1, 1]" % res.recv_count.tolist()
+
+
+def test_routing_notice_read_by_the_package_waits_for_poll_error(one_rank_group, monkeypatch):
+    """The Buffer's worst-case check polls the group for failures; a routing
+    notice it meets there (the library reports one once, the group usable)
+    is not raised on that rank alone but handed to the engine's next
+    poll_error, and only once; a failure is still raised at once."""
+    g = one_rank_group(mode="high_throughput", num_experts=E, hidden=H, top_k=K,
+                       max_tokens_per_rank=8)
+    answers = [moe_ep.InvalidArgumentError.status, 0]
+    real_call = g._call
+
+    def call(fn, *args):
+        if fn is g._lib.group_poll_error and answers:
+            return answers.pop(0)
+        return real_call(fn, *args)
+    monkeypatch.setattr(g, "_call", call)
+    g._poll_fatal()  # the notice is kept, not raised
+    with pytest.raises(moe_ep.InvalidArgumentError):
+        g.poll_error()
+    assert g.poll_error() is None, "rank 0: the kept notice was raised twice"
+    answers[:] = [moe_ep.TimeoutError.status]
+    with pytest.raises(moe_ep.TimeoutError):
+        g._poll_fatal()

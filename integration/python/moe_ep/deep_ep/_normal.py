@@ -121,26 +121,28 @@ def _receive_fits(buf, g, res, num_worst_tokens, rows):
     compare over the Buffer's torch group or comm; without either, only
     the rank that overflowed raises (its peers then time out in combine)."""
     n = res.num_recv_tokens
-    notice = None
+    failure = None
     if n is None:  # CUDA group
         if _capturing():
             return
         over = bool((res.recv_topk_idx[num_worst_tokens:] >= 0).any())
         # A dispatch whose kernel timed out (a peer that never called)
         # raises its recorded error here, as its peers' do, rather than
-        # enter a round the missing peer never reaches. Another notice (a
-        # routing id the GPU dropped, reported once) waits for the round.
+        # enter a round the missing peer never reaches. Another failure
+        # waits for the round; a routing notice (an id sent as -1 on this
+        # rank only, the dispatch good on every rank) stays for the
+        # engine's poll_error.
         try:
-            g.poll_error()
+            g._poll_fatal()
         except (moe_ep_errors.TimeoutError, moe_ep_errors.PeerFailedError):
             raise
         except moe_ep_errors.Error as e:
-            notice = e
+            failure = e
     else:
         over = n > num_worst_tokens
     ranks = agreement.ranks_with(buf._channel(), over, buf.rank)
-    if notice is not None and not ranks:
-        raise notice
+    if failure is not None and not ranks:
+        raise failure
     if ranks:
         raise ValueError(
             "dispatch: %s received more than num_worst_tokens=%d tokens (this rank: %s); "
