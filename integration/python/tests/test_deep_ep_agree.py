@@ -186,7 +186,7 @@ def test_comm_agrees_address_and_token(monkeypatch):
 
 
 # A CUDA group's surface _receive_fits uses: nothing recorded.
-GROUP = types.SimpleNamespace(poll_error=lambda: None)
+GROUP = types.SimpleNamespace(_poll_fatal=lambda: None)
 
 
 def test_config_failure_rides_in_the_token_round(monkeypatch):
