@@ -118,24 +118,18 @@ static void on_control(struct mep_host_mesh *m, const mep_host_msg_t *h) {
      * leaves the peer to its bounded wait. */
     (void)mep_host_mesh_enqueue(m, h->src, ack, 0, 0, NULL, 0, 0);
   }
-  if (h->kind == MEP_HOST_MSG_BYE) {
-    pthread_mutex_lock(&m->lock);
-    m->peers[h->src].bye_heard = 1;
-    pthread_cond_broadcast(&m->cond);
-    pthread_mutex_unlock(&m->lock);
-    /* For waits, after its rendezvous data still landing, if any
-     * (source_landed). */
-    if (m->sources[h->src].inflight > 0) {
-      m->sources[h->src].bye_pending = 1;
-    } else {
-      take_bye(m, h->src);
-    }
-    return;
-  }
+  mep_host_source_t *s = &m->sources[h->src];
+  /* For waits, a goodbye counts after the source's rendezvous data still
+   * landing, if any (source_landed); for sends, at once. */
+  if (h->kind == MEP_HOST_MSG_BYE) s->bye_pending = s->inflight > 0;
   pthread_mutex_lock(&m->lock);
   mep_host_peer_t *p = &m->peers[h->src];
   if (h->kind == MEP_HOST_MSG_HELLO_ACK) p->acked = 1;
   if (h->kind == MEP_HOST_MSG_BYE_ACK) p->bye_acked = 1;
+  if (h->kind == MEP_HOST_MSG_BYE) {
+    p->bye_heard = 1;
+    if (!s->bye_pending) p->said_bye = 1;
+  }
   pthread_cond_broadcast(&m->cond);
   pthread_mutex_unlock(&m->lock);
 }
